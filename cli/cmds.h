@@ -1,0 +1,10 @@
+/* cmds.h - the subcommands of the dflash binary. Each takes argc/argv
+ * starting at its own name and returns the process exit code:
+ * 0 success, 1 failure of the work (corrupt data, I/O error), 2 bad usage. */
+#ifndef DF_CMDS_H
+#define DF_CMDS_H
+
+int cmd_dump(int argc, char **argv);
+int cmd_corpus(int argc, char **argv);
+
+#endif

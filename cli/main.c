@@ -1,0 +1,56 @@
+/* dflash - one binary, one subcommand per stage of the pipeline. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cmds.h"
+
+#ifndef DFLASH_VERSION
+#define DFLASH_VERSION "0.1.0"
+#endif
+
+static int cmd_pending(int argc, char **argv)
+{
+    (void)argc;
+    fprintf(stderr,
+            "dflash %s: not built yet. The foundation (corpus, cache, dump) is here; "
+            "extract arrives with the CPU-backend issue, train with the drafter issue.\n",
+            argv[0]);
+    return 2;
+}
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} cmds[] = {
+    {"corpus", cmd_corpus, "tokenized corpora: import JSONL into binary token shards, inspect them"},
+    {"dump", cmd_dump, "inspect a hidden-state cache: summary, samples, slices, --verify, --json"},
+    {"extract", cmd_pending, "run the target over a corpus and write the hidden-state cache"},
+    {"train", cmd_pending, "train a DFlash drafter from a cache"},
+};
+
+static void usage(FILE *f)
+{
+    fprintf(f, "usage: dflash <command> [options]   (dflash <command> --help for its options)\n\n");
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        fprintf(f, "  %-8s %s\n", cmds[i].name, cmds[i].help);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") ||
+        !strcmp(argv[1], "help")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("dflash %s\n", DFLASH_VERSION);
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+        if (!strcmp(argv[1], cmds[i].name))
+            return cmds[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "dflash: unknown command '%s'\n\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,67 @@
+// device.cu - device discovery and a self-test kernel (checks launch + copy).
+#include <stdio.h>
+#include <string.h>
+
+#include "device.h"
+
+extern "C" int df_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError(); // clear the sticky "no device" error
+        return 0;
+    }
+    return n;
+}
+
+extern "C" int df_cuda_device_info_get(int i, df_cuda_device_info *info)
+{
+    cudaDeviceProp p;
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess)
+        return -19; // -ENODEV
+    memset(info, 0, sizeof *info);
+    info->index = i;
+    snprintf(info->name, sizeof info->name, "%s", p.name);
+    info->sm_major = p.major;
+    info->sm_minor = p.minor;
+    info->sm_count = p.multiProcessorCount;
+    info->mem_bytes = p.totalGlobalMem;
+    return 0;
+}
+
+__global__ void saxpy_kernel(int n, float a, const float *x, float *y)
+{
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n)
+        y[i] = a * x[i] + y[i];
+}
+
+extern "C" int df_cuda_selftest(int dev)
+{
+    const int n = 1 << 16;
+    static float hx[1 << 16], hy[1 << 16];
+    for (int i = 0; i < n; i++) {
+        hx[i] = (float)(i % 97) - 48.0f;
+        hy[i] = (float)(i % 13);
+    }
+    float *x = NULL, *y = NULL;
+    int rc = -5; // -EIO
+    if (cudaSetDevice(dev) != cudaSuccess || cudaMalloc(&x, n * sizeof(float)) != cudaSuccess ||
+        cudaMalloc(&y, n * sizeof(float)) != cudaSuccess)
+        goto out;
+    cudaMemcpy(x, hx, n * sizeof(float), cudaMemcpyHostToDevice);
+    cudaMemcpy(y, hy, n * sizeof(float), cudaMemcpyHostToDevice);
+    saxpy_kernel<<<(n + 255) / 256, 256>>>(n, 2.0f, x, y);
+    if (cudaGetLastError() != cudaSuccess)
+        goto out;
+    if (cudaMemcpy(hy, y, n * sizeof(float), cudaMemcpyDeviceToHost) != cudaSuccess)
+        goto out;
+    rc = 0;
+    for (int i = 0; i < n; i++)
+        if (hy[i] != 2.0f * ((float)(i % 97) - 48.0f) + (float)(i % 13))
+            rc = -5;
+out:
+    cudaFree(x);
+    cudaFree(y);
+    return rc;
+}
