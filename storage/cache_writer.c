@@ -1,1 +1,930 @@
-/* stub: to be written */
+/* cache_writer.c - the background cache writer (see cache_writer.h).
+ *
+ * Threads: the caller (put), `threads` encoders, one I/O thread that owns
+ * the io engine and every shard file. Jobs carry a sequence number; the I/O
+ * thread writes them strictly in sequence, so the bytes on disk do not
+ * depend on which encoder finished first. */
+#include "cache_writer.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cache_internal.h"
+#include "fsutil.h"
+#include "io.h"
+#include "le.h"
+#include "log.h"
+
+#define CHUNK (8u << 20) /* bytes per write request: big records go out in parallel */
+
+enum { JOB_QUEUED, JOB_ENCODED };
+
+typedef struct job {
+    uint64_t seq;
+    df_cache_sample s;
+    const void *layer_ptrs[DF_CACHE_MAX_LAYERS];
+    void *raw;                  /* the copy of the caller's sample */
+    size_t raw_bytes, reserved; /* reserved: what put() counted against the bound */
+    uint8_t *rec;               /* encoded record (aligned) */
+    size_t rec_cap, rec_len;
+    uint64_t layer_raw[DF_CACHE_MAX_LAYERS], layer_stored[DF_CACHE_MAX_LAYERS];
+    uint32_t n_loss;
+    int state, failed;
+    int chunks_pending;
+    struct job *next;
+} job;
+
+struct df_cache_writer {
+    char dir[4096];
+    df_cache_params p;
+    df_cache_writer_opts o;
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work, cv_ready, cv_space;
+    job *q_head, *q_tail;       /* waiting for an encoder */
+    job **ring;                 /* by seq % ring_cap: waiting for the I/O thread */
+    size_t ring_cap;
+    uint64_t put_seq, write_seq;
+    uint64_t unfinished;        /* jobs put and not yet released */
+    size_t inflight, max_inflight;
+    int closing, abandon;
+    int err;
+    df_err errmsg;
+    pthread_t *workers;
+    int nworkers;
+    pthread_t io_thread;
+    int io_started;
+
+    /* I/O thread state */
+    df_io *io;
+    int fd;
+    int cur_open;
+    uint32_t cur_seq;
+    uint64_t cur_size;
+    df_cache_entry *ents;
+    size_t n_ents, cap_ents;
+    uint64_t cur_tokens, cur_loss;
+    uint64_t cur_raw[DF_CACHE_MAX_LAYERS], cur_stored[DF_CACHE_MAX_LAYERS];
+    df_cache_part part;         /* finished shards and their totals */
+    size_t cap_shards;
+
+    /* resume */
+    uint64_t *done_ids;
+    size_t n_done;
+    uint64_t last_id;
+    int have_last;
+
+    df_cache_writer_stats st;
+};
+
+/* ------------------------------------------------------------ helpers */
+
+static void set_err(df_cache_writer *w, int rc, const df_err *e)
+{
+    pthread_mutex_lock(&w->mu);
+    if (!w->err) {
+        w->err = rc;
+        if (e)
+            w->errmsg = *e;
+        else
+            df_errf(&w->errmsg, rc, "%s: %s", w->dir, df_strerror(rc));
+    }
+    pthread_cond_broadcast(&w->cv_space);
+    pthread_cond_broadcast(&w->cv_ready);
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void shard_path(const df_cache_writer *w, uint32_t seq, const char *suffix, char *out,
+                       size_t n)
+{
+    char name[64];
+    df_cache_shard_name(name, sizeof name, w->o.rank, seq, suffix);
+    snprintf(out, n, "%s/%s", w->dir, name);
+}
+
+static void job_free(job *j)
+{
+    if (!j)
+        return;
+    free(j->raw);
+    free(j->rec);
+    free(j);
+}
+
+/* ------------------------------------------------------------ encoders */
+
+static void *encoder_main(void *vp)
+{
+    df_cache_writer *w = vp;
+    df_codec_ctx *ctx = df_codec_ctx_new();
+    pthread_mutex_lock(&w->mu);
+    for (;;) {
+        while (!w->q_head && !w->closing)
+            pthread_cond_wait(&w->cv_work, &w->mu);
+        if (w->abandon || (!w->q_head && w->closing))
+            break; /* jobs left in the queue are freed from the ring */
+        job *j = w->q_head;
+        w->q_head = j->next;
+        if (!w->q_head)
+            w->q_tail = NULL;
+        int skip = w->err != 0;
+        pthread_mutex_unlock(&w->mu);
+
+        df_err e = {0};
+        int rc = 0;
+        if (!skip) {
+            j->rec_cap = df_cache_record_bound(&w->p, j->s.n_tokens);
+            j->rec = df_io_alloc(j->rec_cap);
+            if (!ctx || !j->rec)
+                rc = df_errf(&e, -ENOMEM, "sample %" PRIu64 ": out of memory encoding", j->s.id);
+            else
+                rc = df_cache_record_encode(&w->p, &j->s, ctx, j->rec, j->rec_cap, &j->rec_len,
+                                            j->layer_raw, j->layer_stored, &e);
+        }
+        free(j->raw);
+        j->raw = NULL;
+        if (rc)
+            set_err(w, rc, &e);
+
+        pthread_mutex_lock(&w->mu);
+        w->inflight -= j->raw_bytes;
+        j->reserved -= j->raw_bytes;
+        j->failed = skip || rc;
+        j->state = JOB_ENCODED;
+        pthread_cond_broadcast(&w->cv_ready);
+        pthread_cond_broadcast(&w->cv_space);
+    }
+    pthread_mutex_unlock(&w->mu);
+    df_codec_ctx_free(ctx);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ I/O thread */
+
+static void release(df_cache_writer *w, job *j)
+{
+    pthread_mutex_lock(&w->mu);
+    w->inflight -= j->reserved;
+    w->unfinished--;
+    pthread_cond_broadcast(&w->cv_space);
+    pthread_mutex_unlock(&w->mu);
+    job_free(j);
+}
+
+/* Reaps at least min completions (0: whatever is done). */
+static int reap(df_cache_writer *w, unsigned min)
+{
+    df_io_cqe cq[64];
+    double t0 = min ? df_now() : 0;
+    int n = df_io_wait(w->io, cq, 64, min);
+    if (min)
+        w->st.io_wait_s += df_now() - t0;
+    if (n < 0) {
+        df_err e;
+        df_errf(&e, n, "%s: I/O engine failed: %s", w->dir, df_strerror(n));
+        set_err(w, n, &e);
+        return n;
+    }
+    for (int i = 0; i < n; i++) {
+        job *j = (job *)(uintptr_t)cq[i].tag;
+        if (cq[i].res < 0) {
+            df_err e;
+            char path[4200];
+            shard_path(w, w->cur_seq, ".dfc.partial", path, sizeof path);
+            df_errf(&e, (int)cq[i].res, "%s: write of sample %" PRIu64 " failed: %s", path,
+                    j ? j->s.id : 0, df_strerror((int)cq[i].res));
+            set_err(w, (int)cq[i].res, &e);
+        }
+        if (j && --j->chunks_pending == 0)
+            release(w, j);
+    }
+    return n;
+}
+
+static int drain(df_cache_writer *w)
+{
+    while (df_io_inflight(w->io) > 0)
+        if (reap(w, 1) < 0)
+            return -EIO;
+    return 0;
+}
+
+static int submit_write(df_cache_writer *w, const void *buf, size_t len, uint64_t off, job *j)
+{
+    for (;;) {
+        int rc = df_io_write(w->io, w->fd, buf, len, off, (uint64_t)(uintptr_t)j, -1);
+        if (rc != -EBUSY)
+            return rc;
+        if ((rc = reap(w, 1)) < 0)
+            return rc;
+    }
+}
+
+static int open_shard(df_cache_writer *w, uint32_t seq, df_err *e)
+{
+    char path[4200];
+    shard_path(w, seq, ".dfc.partial", path, sizeof path);
+    int direct = 0;
+    int fd = df_io_open_file(path, O_WRONLY | O_CREAT | O_TRUNC, 0644, !w->o.buffered, &direct, e);
+    if (fd < 0)
+        return fd;
+    uint8_t *hdr = df_io_alloc(DF_CACHE_SHARD_HEADER);
+    if (!hdr) {
+        close(fd);
+        return df_errf(e, -ENOMEM, "out of memory");
+    }
+    df_cache_shard_header_encode(&w->p, w->o.rank, seq, hdr);
+    w->fd = fd;
+    w->cur_open = 1;
+    w->cur_seq = seq;
+    w->cur_size = DF_CACHE_SHARD_HEADER;
+    int rc = submit_write(w, hdr, DF_CACHE_SHARD_HEADER, 0, NULL);
+    if (!rc)
+        rc = drain(w);
+    free(hdr);
+    if (rc)
+        return df_errf(e, rc, "%s: writing the shard header failed: %s", path, df_strerror(rc));
+    return 0;
+}
+
+static int part_add_shard(df_cache_writer *w, const df_cache_shard_info *si, const uint64_t *raw,
+                          const uint64_t *stored, uint64_t loss)
+{
+    df_cache_part *pt = &w->part;
+    if (pt->n_shards == w->cap_shards) {
+        size_t nc = w->cap_shards ? 2 * w->cap_shards : 8;
+        df_cache_shard_info *ns = realloc(pt->shards, nc * sizeof *ns);
+        if (!ns)
+            return -ENOMEM;
+        pt->shards = ns;
+        w->cap_shards = nc;
+    }
+    pt->shards[pt->n_shards++] = *si;
+    pt->samples += si->samples;
+    pt->tokens += si->tokens;
+    pt->loss_tokens += loss;
+    for (uint32_t l = 0; l < w->p.n_layers; l++) {
+        pt->layer_raw[l] += raw[l];
+        pt->layer_stored[l] += stored[l];
+        pt->raw_bytes += raw[l];
+        pt->stored_bytes += stored[l];
+    }
+    return 0;
+}
+
+/* fsync the data, write the index, rename .partial into place, fsync the dir. */
+static int finish_shard(df_cache_writer *w, df_err *e)
+{
+    int rc = drain(w);
+    if (rc)
+        return df_errf(e, rc, "%s: writes failed before finishing a shard", w->dir);
+    char part_path[4200], data_path[4200], idx_path[4200];
+    shard_path(w, w->cur_seq, ".dfc.partial", part_path, sizeof part_path);
+    shard_path(w, w->cur_seq, ".dfc", data_path, sizeof data_path);
+    shard_path(w, w->cur_seq, ".dfi", idx_path, sizeof idx_path);
+    if (fsync(w->fd) != 0)
+        return df_errf(e, -errno, "%s: fsync failed: %s", part_path, strerror(errno));
+    close(w->fd);
+    w->fd = -1;
+    w->cur_open = 0;
+    uint8_t *img;
+    size_t len;
+    rc = df_cache_index_encode(&w->p, w->o.rank, w->cur_seq, w->ents, w->n_ents, w->cur_raw,
+                               w->cur_stored, &img, &len, e);
+    if (rc)
+        return rc;
+    rc = df_file_write_atomic(idx_path, img, len, e);
+    free(img);
+    if (rc)
+        return rc;
+    if (rename(part_path, data_path) != 0)
+        return df_errf(e, -errno, "%s: rename to %s failed: %s", part_path, data_path,
+                       strerror(errno));
+    if ((rc = df_fsync_dir(w->dir, e)))
+        return rc;
+    df_cache_shard_info si = {.rank = w->o.rank, .seq = w->cur_seq, .samples = w->n_ents,
+                              .tokens = w->cur_tokens, .bytes = w->cur_size};
+    df_cache_shard_name(si.data, sizeof si.data, w->o.rank, w->cur_seq, ".dfc");
+    df_cache_shard_name(si.index, sizeof si.index, w->o.rank, w->cur_seq, ".dfi");
+    if (part_add_shard(w, &si, w->cur_raw, w->cur_stored, w->cur_loss))
+        return df_errf(e, -ENOMEM, "out of memory");
+    w->n_ents = 0;
+    w->cur_tokens = w->cur_loss = 0;
+    memset(w->cur_raw, 0, sizeof w->cur_raw);
+    memset(w->cur_stored, 0, sizeof w->cur_stored);
+    w->cur_seq++;
+    return 0;
+}
+
+static int add_entry(df_cache_writer *w, const df_cache_entry *t)
+{
+    if (w->n_ents == w->cap_ents) {
+        size_t nc = w->cap_ents ? 2 * w->cap_ents : 1024;
+        df_cache_entry *ne = realloc(w->ents, nc * sizeof *ne);
+        if (!ne)
+            return -ENOMEM;
+        w->ents = ne;
+        w->cap_ents = nc;
+    }
+    w->ents[w->n_ents++] = *t;
+    return 0;
+}
+
+static int write_record(df_cache_writer *w, job *j, df_err *e)
+{
+    int rc;
+    if (w->cur_open && w->cur_size > DF_CACHE_SHARD_HEADER &&
+        w->cur_size + j->rec_len > w->p.shard_bytes)
+        if ((rc = finish_shard(w, e)))
+            return rc;
+    if (!w->cur_open && (rc = open_shard(w, w->cur_seq, e)))
+        return rc;
+    df_cache_entry t = {.id = j->s.id, .offset = w->cur_size, .record_bytes = j->rec_len,
+                        .n_tokens = j->s.n_tokens, .n_loss = j->n_loss,
+                        .header_crc = df_le32(j->rec + 60)};
+    for (uint32_t l = 0; l < w->p.n_layers; l++) {
+        t.stored_bytes += j->layer_stored[l];
+        w->cur_raw[l] += j->layer_raw[l];
+        w->cur_stored[l] += j->layer_stored[l];
+        w->st.raw_bytes += j->layer_raw[l];
+        w->st.stored_bytes += j->layer_stored[l];
+    }
+    if (add_entry(w, &t))
+        return df_errf(e, -ENOMEM, "out of memory");
+    w->cur_tokens += j->s.n_tokens;
+    w->cur_loss += j->n_loss;
+    w->st.samples++;
+    w->st.tokens += j->s.n_tokens;
+    w->st.file_bytes += j->rec_len;
+    j->chunks_pending = (int)((j->rec_len + CHUNK - 1) / CHUNK);
+    uint64_t base = w->cur_size;
+    w->cur_size += j->rec_len;
+    for (size_t o = 0; o < j->rec_len; o += CHUNK) {
+        size_t n = j->rec_len - o < CHUNK ? j->rec_len - o : CHUNK;
+        rc = submit_write(w, j->rec + o, n, base + o, j);
+        if (rc) {
+            /* Requests already queued complete normally and release the job. */
+            j->chunks_pending -= (int)((j->rec_len - o + CHUNK - 1) / CHUNK);
+            if (j->chunks_pending == 0)
+                release(w, j);
+            return df_errf(e, rc, "%s: cannot queue a write: %s", w->dir, df_strerror(rc));
+        }
+    }
+    return 0;
+}
+
+static void *io_main(void *vp)
+{
+    df_cache_writer *w = vp;
+    df_err e = {0};
+    for (;;) {
+        pthread_mutex_lock(&w->mu);
+        job *j = NULL;
+        for (;;) {
+            if (w->abandon)
+                break;
+            job *c = w->ring[w->write_seq % w->ring_cap];
+            if (c && c->state == JOB_ENCODED) {
+                j = c;
+                w->ring[w->write_seq % w->ring_cap] = NULL;
+                w->write_seq++;
+                pthread_cond_broadcast(&w->cv_space);
+                break;
+            }
+            if (df_io_inflight(w->io) > 0) {
+                pthread_mutex_unlock(&w->mu);
+                reap(w, 1);
+                pthread_mutex_lock(&w->mu);
+                continue;
+            }
+            if (w->closing && w->write_seq == w->put_seq)
+                break;
+            pthread_cond_wait(&w->cv_ready, &w->mu);
+        }
+        int failed = w->err != 0;
+        pthread_mutex_unlock(&w->mu);
+        if (!j)
+            break;
+        if (failed || j->failed) {
+            release(w, j);
+            continue;
+        }
+        int rc = write_record(w, j, &e);
+        if (rc)
+            set_err(w, rc, &e);
+    }
+    drain(w);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ resume */
+
+static int cmp_u64(const void *a, const void *b)
+{
+    uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int push_done(df_cache_writer *w, uint64_t id, size_t *cap)
+{
+    if (w->n_done == *cap) {
+        *cap = *cap ? 2 * *cap : 1024;
+        uint64_t *n = realloc(w->done_ids, *cap * sizeof *n);
+        if (!n)
+            return -ENOMEM;
+        w->done_ids = n;
+    }
+    w->done_ids[w->n_done++] = id;
+    if (!w->have_last || id > w->last_id)
+        w->last_id = id;
+    w->have_last = 1;
+    return 0;
+}
+
+/* Scans a partial shard, keeps its verified prefix (truncating the rest) and
+ * leaves it open for appending. Returns 0, or a negative code. */
+static int recover_partial(df_cache_writer *w, uint32_t seq, size_t *done_cap, df_err *e)
+{
+    char path[4200];
+    shard_path(w, seq, ".dfc.partial", path, sizeof path);
+    int fd = open(path, O_RDWR | O_CLOEXEC);
+    if (fd < 0)
+        return df_errf(e, -errno, "%s: cannot open: %s", path, strerror(errno));
+    struct stat st;
+    fstat(fd, &st);
+    uint64_t size = (uint64_t)st.st_size, off = DF_CACHE_SHARD_HEADER;
+    uint8_t hdr[DF_CACHE_SHARD_HEADER];
+    df_err tmp;
+    if (size < DF_CACHE_SHARD_HEADER || pread(fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr ||
+        df_cache_shard_header_check(&w->p, hdr, sizeof hdr, w->o.rank, seq, path, &tmp)) {
+        /* Not even a header made it to disk: start this shard afresh. */
+        close(fd);
+        unlink(path);
+        df_log(DF_LOG_INFO, "resume: %s had no valid header; rewriting it", path);
+        return 1;
+    }
+    uint8_t *buf = NULL;
+    size_t cap = 0;
+    uint64_t kept = 0;
+    while (off + DF_CACHE_RECORD_HEADER <= size) {
+        uint8_t h[DF_CACHE_RECORD_HEADER];
+        if (pread(fd, h, sizeof h, (off_t)off) != (ssize_t)sizeof h)
+            break;
+        uint64_t rb = df_le64(h + 16);
+        if (rb == 0 || rb % DF_CACHE_ALIGN || rb > size - off)
+            break;
+        if (rb > cap) {
+            free(buf);
+            cap = rb;
+            buf = malloc(cap);
+            if (!buf) {
+                close(fd);
+                return df_errf(e, -ENOMEM, "%s: out of memory scanning", path);
+            }
+        }
+        if (pread(fd, buf, rb, (off_t)off) != (ssize_t)rb)
+            break;
+        df_cache_record r;
+        if (df_cache_record_parse(&w->p, buf, rb, &r, &tmp) || r.record_bytes != rb ||
+            df_cache_record_verify(&r, &tmp) || (w->have_last && r.id <= w->last_id))
+            break;
+        const uint32_t *ids;
+        const uint8_t *mask;
+        df_cache_record_tokens(&r, &ids, &mask);
+        df_cache_entry t = {.id = r.id, .offset = off, .record_bytes = rb,
+                            .n_tokens = r.n_tokens, .header_crc = r.header_crc};
+        for (uint32_t i = 0; i < r.n_tokens; i++)
+            t.n_loss += mask ? mask[i] : 1;
+        for (uint32_t i = 0; i < r.n_blocks; i++) {
+            df_cache_block b;
+            df_cache_record_block(&r, i, &b);
+            t.stored_bytes += b.stored_size;
+            w->cur_raw[b.layer] += b.raw_size;
+            w->cur_stored[b.layer] += b.stored_size;
+        }
+        if (add_entry(w, &t) || push_done(w, r.id, done_cap)) {
+            free(buf);
+            close(fd);
+            return df_errf(e, -ENOMEM, "out of memory");
+        }
+        w->cur_tokens += r.n_tokens;
+        w->cur_loss += t.n_loss;
+        w->st.resumed_samples++;
+        w->st.resumed_tokens += r.n_tokens;
+        off += rb;
+        kept++;
+    }
+    free(buf);
+    if (off < size) {
+        df_log(DF_LOG_INFO, "resume: %s: kept %" PRIu64 " verified samples, cut %" PRIu64
+               " bytes of incomplete data at offset %" PRIu64, path, kept, size - off, off);
+        if (ftruncate(fd, (off_t)off) != 0) {
+            int err = -errno;
+            close(fd);
+            return df_errf(e, err, "%s: truncate to %" PRIu64 " failed", path, off);
+        }
+        fsync(fd);
+    }
+    close(fd);
+    int direct = 0;
+    fd = df_io_open_file(path, O_WRONLY, 0644, !w->o.buffered, &direct, e);
+    if (fd < 0)
+        return fd;
+    w->fd = fd;
+    w->cur_open = 1;
+    w->cur_seq = seq;
+    w->cur_size = off;
+    return 0;
+}
+
+static int load_finished(df_cache_writer *w, uint32_t seq, size_t *done_cap, df_err *e)
+{
+    char dpath[4200], ipath[4200];
+    shard_path(w, seq, ".dfc", dpath, sizeof dpath);
+    shard_path(w, seq, ".dfi", ipath, sizeof ipath);
+    char *buf;
+    size_t len;
+    int rc = df_file_read_all(ipath, (size_t)1 << 40, &buf, &len, e);
+    if (rc)
+        return df_err_wrap(e, "resume: finished shard %s", dpath);
+    df_cache_entry *ents;
+    size_t n;
+    uint64_t raw[DF_CACHE_MAX_LAYERS] = {0}, stored[DF_CACHE_MAX_LAYERS] = {0};
+    rc = df_cache_index_parse(&w->p, (uint8_t *)buf, len, seq, ipath, &ents, &n, raw, stored, e);
+    free(buf);
+    if (rc)
+        return rc;
+    struct stat st;
+    uint64_t end = n ? ents[n - 1].offset + ents[n - 1].record_bytes : DF_CACHE_SHARD_HEADER;
+    if (stat(dpath, &st) != 0 || (uint64_t)st.st_size != end) {
+        free(ents);
+        return df_errf(e, -DF_ECORRUPT, "%s: size does not match its index (%" PRIu64 " bytes)",
+                       dpath, end);
+    }
+    df_cache_shard_info si = {.rank = w->o.rank, .seq = seq, .samples = n, .bytes = end};
+    df_cache_shard_name(si.data, sizeof si.data, w->o.rank, seq, ".dfc");
+    df_cache_shard_name(si.index, sizeof si.index, w->o.rank, seq, ".dfi");
+    uint64_t loss = 0;
+    for (size_t i = 0; i < n && !rc; i++) {
+        si.tokens += ents[i].n_tokens;
+        loss += ents[i].n_loss;
+        if (w->have_last && ents[i].id <= w->last_id)
+            rc = df_errf(e, -DF_ECORRUPT, "%s: sample ids not increasing", ipath);
+        else if (push_done(w, ents[i].id, done_cap))
+            rc = df_errf(e, -ENOMEM, "out of memory");
+    }
+    free(ents);
+    if (!rc && part_add_shard(w, &si, raw, stored, loss))
+        rc = df_errf(e, -ENOMEM, "out of memory");
+    w->st.resumed_samples += n;
+    w->st.resumed_tokens += si.tokens;
+    return rc;
+}
+
+/* Finds this rank's shards: finished ones 0..k-1, then at most one partial k. */
+static int resume(df_cache_writer *w, df_err *e)
+{
+    DIR *d = opendir(w->dir);
+    if (!d)
+        return df_errf(e, -errno, "%s: cannot list: %s", w->dir, strerror(errno));
+    uint32_t n_fin = 0, max_fin = 0;
+    int have_partial = 0;
+    uint32_t partial_seq = 0;
+    struct dirent *de;
+    char want[32];
+    snprintf(want, sizeof want, "shard-r%04u-", w->o.rank);
+    while ((de = readdir(d))) {
+        unsigned seq;
+        char rest[32] = {0};
+        if (strncmp(de->d_name, want, strlen(want)) ||
+            sscanf(de->d_name + strlen(want), "%5u%31s", &seq, rest) != 2)
+            continue;
+        if (!strcmp(rest, ".dfc")) {
+            n_fin++;
+            if (seq + 1 > max_fin)
+                max_fin = seq + 1;
+        } else if (!strcmp(rest, ".dfc.partial")) {
+            if (have_partial) {
+                closedir(d);
+                return df_errf(e, -DF_ECORRUPT, "%s: rank %u has two partial shards", w->dir,
+                               w->o.rank);
+            }
+            have_partial = 1;
+            partial_seq = seq;
+        }
+    }
+    closedir(d);
+    if (n_fin != max_fin)
+        return df_errf(e, -DF_ECORRUPT, "%s: rank %u: finished shards are not numbered 0..%u",
+                       w->dir, w->o.rank, n_fin);
+    if (have_partial && partial_seq != n_fin)
+        return df_errf(e, -DF_ECORRUPT, "%s: rank %u: partial shard %u after %u finished ones",
+                       w->dir, w->o.rank, partial_seq, n_fin);
+    size_t cap = 0;
+    int rc;
+    for (uint32_t s = 0; s < n_fin; s++)
+        if ((rc = load_finished(w, s, &cap, e)))
+            return rc;
+    w->cur_seq = n_fin;
+    if (have_partial) {
+        char ipath[4200];
+        shard_path(w, partial_seq, ".dfi", ipath, sizeof ipath);
+        unlink(ipath); /* an index written just before a crash: the scan rebuilds it */
+        rc = recover_partial(w, partial_seq, &cap, e);
+        if (rc < 0)
+            return rc;
+    }
+    if (w->n_done)
+        qsort(w->done_ids, w->n_done, sizeof *w->done_ids, cmp_u64);
+    if (w->n_done)
+        df_log(DF_LOG_INFO, "resume: %s rank %u: %zu samples already complete", w->dir, w->o.rank,
+               w->n_done);
+    return 0;
+}
+
+/* ------------------------------------------------------------ public */
+
+static void writer_free(df_cache_writer *w)
+{
+    if (!w)
+        return;
+    if (w->fd >= 0)
+        close(w->fd);
+    df_io_close(w->io);
+    if (w->ring)
+        for (size_t i = 0; i < w->ring_cap; i++)
+            job_free(w->ring[i]);
+    free(w->ring);
+    free(w->workers);
+    free(w->ents);
+    free(w->done_ids);
+    df_cache_part_free(&w->part);
+    pthread_mutex_destroy(&w->mu);
+    pthread_cond_destroy(&w->cv_work);
+    pthread_cond_destroy(&w->cv_ready);
+    pthread_cond_destroy(&w->cv_space);
+    free(w);
+}
+
+df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
+                                      const df_cache_writer_opts *opts, df_err *e)
+{
+    df_cache_writer *w = calloc(1, sizeof *w);
+    if (!w) {
+        df_errf(e, -ENOMEM, "out of memory");
+        return NULL;
+    }
+    pthread_mutex_init(&w->mu, NULL);
+    pthread_cond_init(&w->cv_work, NULL);
+    pthread_cond_init(&w->cv_ready, NULL);
+    pthread_cond_init(&w->cv_space, NULL);
+    w->fd = -1;
+    if (opts)
+        w->o = *opts;
+    snprintf(w->dir, sizeof w->dir, "%s", dir);
+    char path[4200];
+    int rc = df_cache_params_finish(p, e);
+    if (!rc && w->o.rank >= p->world_size)
+        rc = df_errf(e, -EINVAL, "rank %u out of range for world size %u", w->o.rank,
+                     p->world_size);
+    if (!rc)
+        rc = df_mkdirs(dir, e);
+    if (rc)
+        goto fail;
+    snprintf(path, sizeof path, "%s/manifest.json", dir);
+    if (access(path, F_OK) == 0) {
+        df_errf(e, -EEXIST, "%s: the cache is already complete (manifest.json exists); "
+                "choose another directory or remove it", dir);
+        goto fail;
+    }
+    df_cache_params old;
+    df_err tmp;
+    rc = df_cache_meta_read(dir, &old, &tmp);
+    if (rc == 0) {
+        if ((rc = df_cache_params_compatible(&old, p, e))) {
+            df_err_wrap(e, "%s: cannot resume", dir);
+            goto fail;
+        }
+        memcpy(p->uuid, old.uuid, sizeof p->uuid);
+    } else if (rc == -ENOENT) {
+        if (getrandom(p->uuid, sizeof p->uuid, 0) != (ssize_t)sizeof p->uuid) {
+            df_errf(e, -EIO, "getrandom failed");
+            goto fail;
+        }
+        char *js = df_cache_params_to_json(p);
+        snprintf(path, sizeof path, "%s/meta.json", dir);
+        rc = js ? df_file_write_atomic(path, js, strlen(js), e) : df_errf(e, -ENOMEM, "oom");
+        free(js);
+        if (rc)
+            goto fail;
+    } else {
+        if (e)
+            *e = tmp;
+        goto fail;
+    }
+    w->p = *p;
+    w->part.rank = w->o.rank;
+    w->part.n_layers = p->n_layers;
+    if ((rc = resume(w, e)))
+        goto fail;
+
+    df_io_opts io = {.queue_depth = w->o.queue_depth ? w->o.queue_depth : 16,
+                     .force_fallback = w->o.force_fallback_io};
+    w->io = df_io_open(&io, e);
+    if (!w->io)
+        goto fail;
+    w->st.io_backend = df_io_backend(w->io);
+    w->max_inflight = w->o.max_inflight_bytes ? w->o.max_inflight_bytes : (size_t)1 << 30;
+    w->ring_cap = 4096;
+    w->ring = calloc(w->ring_cap, sizeof *w->ring);
+    w->nworkers = w->o.threads > 0 ? w->o.threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (w->nworkers < 1)
+        w->nworkers = 1;
+    w->workers = calloc((size_t)w->nworkers, sizeof *w->workers);
+    if (!w->ring || !w->workers) {
+        df_errf(e, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < w->nworkers; i++)
+        if (pthread_create(&w->workers[i], NULL, encoder_main, w)) {
+            w->nworkers = i;
+            df_errf(e, -EAGAIN, "cannot start encoder threads");
+            goto fail_threads;
+        }
+    if (pthread_create(&w->io_thread, NULL, io_main, w)) {
+        df_errf(e, -EAGAIN, "cannot start the I/O thread");
+        goto fail_threads;
+    }
+    w->io_started = 1;
+    return w;
+fail_threads:
+    pthread_mutex_lock(&w->mu);
+    w->closing = w->abandon = 1;
+    pthread_cond_broadcast(&w->cv_work);
+    pthread_mutex_unlock(&w->mu);
+    for (int i = 0; i < w->nworkers; i++)
+        pthread_join(w->workers[i], NULL);
+fail:
+    writer_free(w);
+    return NULL;
+}
+
+int df_cache_writer_has(const df_cache_writer *w, uint64_t id)
+{
+    return w->n_done && bsearch(&id, w->done_ids, w->n_done, sizeof id, cmp_u64) != NULL;
+}
+
+int df_cache_writer_put(df_cache_writer *w, const df_cache_sample *s, df_err *e)
+{
+    const df_cache_params *p = &w->p;
+    if (s->n_tokens > DF_CACHE_MAX_TOKENS)
+        return df_errf(e, -EINVAL, "sample %" PRIu64 ": %u tokens, more than %u", s->id,
+                       s->n_tokens, DF_CACHE_MAX_TOKENS);
+    if (w->have_last && s->id <= w->last_id)
+        return df_errf(e, -EINVAL,
+                       "sample %" PRIu64 ": ids must increase (last was %" PRIu64 ")%s", s->id,
+                       w->last_id, df_cache_writer_has(w, s->id) ? "; it is already in the cache" : "");
+    size_t rb = (size_t)p->hidden_size * df_dtype_size(p->dtype);
+    size_t n = s->n_tokens, layer_bytes = n * rb;
+    size_t raw = n * 4 + n + (size_t)p->n_layers * layer_bytes + 64;
+    job *j = calloc(1, sizeof *j);
+    uint8_t *buf = j ? malloc(raw) : NULL;
+    if (!buf) {
+        free(j);
+        return df_errf(e, -ENOMEM, "sample %" PRIu64 ": out of memory for %zu bytes", s->id, raw);
+    }
+    /* Layers first (they are the big, aligned part), then ids, then mask. */
+    for (uint32_t l = 0; l < p->n_layers; l++) {
+        memcpy(buf + l * layer_bytes, s->layers[l], layer_bytes);
+        j->layer_ptrs[l] = buf + l * layer_bytes;
+    }
+    uint32_t *ids = (uint32_t *)(void *)(buf + p->n_layers * layer_bytes);
+    memcpy(ids, s->ids, n * 4);
+    uint8_t *mask = NULL;
+    j->n_loss = (uint32_t)n;
+    if (s->loss_mask) {
+        mask = (uint8_t *)(ids + n);
+        memcpy(mask, s->loss_mask, n);
+        j->n_loss = 0;
+        for (size_t i = 0; i < n; i++)
+            j->n_loss += mask[i] ? 1 : 0;
+    }
+    j->raw = buf;
+    j->raw_bytes = raw;
+    j->reserved = raw + df_cache_record_bound(p, s->n_tokens);
+    j->s = (df_cache_sample){.id = s->id, .n_tokens = s->n_tokens, .ids = ids, .loss_mask = mask,
+                             .layers = j->layer_ptrs};
+
+    double t0 = df_now();
+    pthread_mutex_lock(&w->mu);
+    while (!w->err && ((w->inflight > 0 && w->inflight + j->reserved > w->max_inflight) ||
+                       w->put_seq - w->write_seq >= w->ring_cap))
+        pthread_cond_wait(&w->cv_space, &w->mu);
+    w->st.put_wait_s += df_now() - t0;
+    if (w->err) {
+        int rc = w->err;
+        if (e)
+            *e = w->errmsg;
+        pthread_mutex_unlock(&w->mu);
+        job_free(j);
+        return rc;
+    }
+    j->seq = w->put_seq++;
+    w->ring[j->seq % w->ring_cap] = j;
+    w->inflight += j->reserved;
+    w->unfinished++;
+    if (w->q_tail)
+        w->q_tail->next = j;
+    else
+        w->q_head = j;
+    w->q_tail = j;
+    w->last_id = s->id;
+    w->have_last = 1;
+    pthread_cond_signal(&w->cv_work);
+    pthread_mutex_unlock(&w->mu);
+    return 0;
+}
+
+int df_cache_writer_flush(df_cache_writer *w, df_err *e)
+{
+    pthread_mutex_lock(&w->mu);
+    while (!w->err && w->unfinished > 0)
+        pthread_cond_wait(&w->cv_space, &w->mu);
+    int rc = w->err;
+    if (rc && e)
+        *e = w->errmsg;
+    pthread_mutex_unlock(&w->mu);
+    return rc;
+}
+
+void df_cache_writer_get_stats(df_cache_writer *w, df_cache_writer_stats *st)
+{
+    pthread_mutex_lock(&w->mu);
+    *st = w->st;
+    st->inflight_bytes = w->inflight;
+    pthread_mutex_unlock(&w->mu);
+}
+
+static void stop_threads(df_cache_writer *w, int abandon)
+{
+    pthread_mutex_lock(&w->mu);
+    w->closing = 1;
+    w->abandon = abandon;
+    pthread_cond_broadcast(&w->cv_work);
+    pthread_cond_broadcast(&w->cv_ready);
+    pthread_mutex_unlock(&w->mu);
+    for (int i = 0; i < w->nworkers; i++)
+        pthread_join(w->workers[i], NULL);
+    /* Encoders are gone: wake the I/O thread for what they left. */
+    pthread_mutex_lock(&w->mu);
+    pthread_cond_broadcast(&w->cv_ready);
+    pthread_mutex_unlock(&w->mu);
+    if (w->io_started)
+        pthread_join(w->io_thread, NULL);
+    w->q_head = w->q_tail = NULL; /* any left are still in the ring */
+}
+
+int df_cache_writer_close(df_cache_writer *w, df_err *e)
+{
+    if (!w)
+        return 0;
+    stop_threads(w, 0);
+    int rc = w->err;
+    if (rc) {
+        if (e)
+            *e = w->errmsg;
+    } else {
+        if (w->cur_open && w->n_ents > 0)
+            rc = finish_shard(w, e);
+        else if (w->cur_open) { /* a header and nothing else: not a shard */
+            char path[4200];
+            shard_path(w, w->cur_seq, ".dfc.partial", path, sizeof path);
+            close(w->fd);
+            w->fd = -1;
+            unlink(path);
+        }
+        if (!rc)
+            rc = df_cache_part_write(w->dir, &w->part, e);
+        if (!rc && w->p.world_size == 1)
+            rc = df_cache_finalize(w->dir, e);
+    }
+    writer_free(w);
+    return rc;
+}
+
+void df_cache_writer_abandon(df_cache_writer *w)
+{
+    if (!w)
+        return;
+    stop_threads(w, 1);
+    writer_free(w);
+}

@@ -32,15 +32,9 @@ extern int df_test_failures;
     } while (0)
 
 /* rc must be >= 0; on failure print the error struct's message. */
-#define CHECK_OK(rc, err)                                                                  \
-    do {                                                                                   \
-        long long rc_ = (long long)(rc);                                                   \
-        if (rc_ < 0) {                                                                     \
-            fprintf(stderr, "%s:%d: CHECK_OK failed: %s = %lld (%s)\n", __FILE__, __LINE__, \
-                    #rc, rc_, (err) ? ((df_err *)(err))->msg : "");                        \
-            df_test_failures++;                                                            \
-        }                                                                                  \
-    } while (0)
+#define CHECK_OK(rc, err) df_check_ok_((long long)(rc), (err), __FILE__, __LINE__, #rc)
+
+void df_check_ok_(long long rc, const df_err *e, const char *file, int line, const char *expr);
 
 /* rc must be the negative code want, and the message must contain needle. */
 #define CHECK_ERR(rc, want, err, needle) \

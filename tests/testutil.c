@@ -23,6 +23,15 @@ void df_check_err_(long long rc, int want, const df_err *e, const char *needle,
     }
 }
 
+void df_check_ok_(long long rc, const df_err *e, const char *file, int line, const char *expr)
+{
+    if (rc < 0) {
+        fprintf(stderr, "%s:%d: CHECK_OK failed: %s = %lld (%s)\n", file, line, expr, rc,
+                e ? e->msg : "");
+        df_test_failures++;
+    }
+}
+
 const char *test_tmpdir(const char *name)
 {
     static char path[PATH_MAX];

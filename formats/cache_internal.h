@@ -1,0 +1,29 @@
+/* cache_internal.h - pieces shared by the cache's format, reader and the
+ * storage-side writer; not part of the public API. */
+#ifndef DF_CACHE_INTERNAL_H
+#define DF_CACHE_INTERNAL_H
+
+#include <cjson/cJSON.h>
+
+#include "cache.h"
+
+/* What one writer rank finished (rank-RRRR.json), or the whole cache. */
+typedef struct df_cache_part {
+    uint32_t rank;
+    uint32_t n_layers;
+    uint32_t n_shards;
+    df_cache_shard_info *shards; /* malloc'd */
+    uint64_t samples, tokens, loss_tokens, raw_bytes, stored_bytes;
+    uint64_t layer_raw[DF_CACHE_MAX_LAYERS], layer_stored[DF_CACHE_MAX_LAYERS];
+} df_cache_part;
+
+cJSON *df_cache_params_json(const df_cache_params *p);
+int df_cache_params_from_cjson(const cJSON *o, const char *path, df_cache_params *p, df_err *e);
+cJSON *df_cache_part_json(const df_cache_part *part);
+void df_cache_part_free(df_cache_part *part);
+int df_cache_part_write(const char *dir, const df_cache_part *part, df_err *e);
+int df_cache_meta_read(const char *dir, df_cache_params *p, df_err *e);
+int df_cache_manifest_read(const char *dir, df_cache_params *p, df_cache_part *all,
+                           char *created_by, size_t cb_len, df_err *e);
+
+#endif

@@ -1,0 +1,464 @@
+/* cache_meta.c - meta.json (parameters), rank-RRRR.json (one writer's
+ * finished shards) and manifest.json (the finished cache), all via cJSON. */
+#include <cjson/cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cache.h"
+#include "cache_internal.h"
+#include "fsutil.h"
+
+#ifndef DFLASH_VERSION
+#define DFLASH_VERSION "0.1.0"
+#endif
+
+static void hex16(const uint8_t *u, char out[33])
+{
+    for (int i = 0; i < 16; i++)
+        snprintf(out + 2 * i, 3, "%02x", u[i]);
+}
+
+static int unhex16(const char *s, uint8_t *u)
+{
+    if (strlen(s) != 32)
+        return -1;
+    for (int i = 0; i < 16; i++) {
+        unsigned v;
+        if (sscanf(s + 2 * i, "%2x", &v) != 1)
+            return -1;
+        u[i] = (uint8_t)v;
+    }
+    return 0;
+}
+
+cJSON *df_cache_params_json(const df_cache_params *p)
+{
+    cJSON *o = cJSON_CreateObject();
+    char uuid[33];
+    hex16(p->uuid, uuid);
+    cJSON_AddStringToObject(o, "format", "dflash-hidden-state-cache");
+    cJSON_AddNumberToObject(o, "version", DF_CACHE_VERSION);
+    cJSON_AddStringToObject(o, "uuid", uuid);
+    cJSON *t = cJSON_AddObjectToObject(o, "target");
+    cJSON_AddStringToObject(t, "model_type", p->model_type);
+    cJSON_AddStringToObject(t, "name", p->target_name);
+    cJSON_AddStringToObject(t, "config_sha256", p->config_sha256);
+    cJSON_AddNumberToObject(t, "hidden_size", p->hidden_size);
+    cJSON_AddNumberToObject(t, "num_hidden_layers", p->num_target_layers);
+    cJSON_AddNumberToObject(t, "vocab_size", (double)p->vocab_size);
+    cJSON *ly = cJSON_AddArrayToObject(o, "layers");
+    for (uint32_t i = 0; i < p->n_layers; i++)
+        cJSON_AddItemToArray(ly, cJSON_CreateNumber(p->layer_ids[i]));
+    cJSON_AddStringToObject(o, "dtype", df_dtype_name(p->dtype));
+    cJSON_AddStringToObject(o, "codec", df_codec_name(p->codec));
+    cJSON_AddNumberToObject(o, "codec_level", p->codec_level);
+    cJSON_AddBoolToObject(o, "lossy", df_codec_is_lossy(p->codec));
+    cJSON_AddNumberToObject(o, "rows_per_block", p->rows_per_block);
+    cJSON_AddNumberToObject(o, "shard_bytes", (double)p->shard_bytes);
+    cJSON_AddStringToObject(o, "checksum", "crc32c");
+    cJSON_AddNumberToObject(o, "alignment", DF_CACHE_ALIGN);
+    cJSON *c = cJSON_AddObjectToObject(o, "corpus");
+    cJSON_AddStringToObject(c, "fingerprint", p->corpus_fingerprint);
+    cJSON_AddNumberToObject(c, "docs", (double)p->corpus_docs);
+    cJSON_AddNumberToObject(o, "world_size", p->world_size);
+    return o;
+}
+
+char *df_cache_params_to_json(const df_cache_params *p)
+{
+    cJSON *o = df_cache_params_json(p);
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    return s;
+}
+
+/* Field getters that fail with the key's name. */
+static int get_num(const cJSON *o, const char *k, double lo, double hi, double *v,
+                   const char *path, df_err *e)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsNumber(x))
+        return df_errf(e, -DF_ECORRUPT, "%s: \"%s\" missing or not a number", path, k);
+    if (!(x->valuedouble >= lo && x->valuedouble <= hi) || x->valuedouble != (double)(int64_t)x->valuedouble)
+        return df_errf(e, -DF_ECORRUPT, "%s: \"%s\" = %g out of range", path, k, x->valuedouble);
+    *v = x->valuedouble;
+    return 0;
+}
+
+static int get_str(const cJSON *o, const char *k, char *dst, size_t n, const char *path,
+                   df_err *e)
+{
+    const cJSON *x = cJSON_GetObjectItemCaseSensitive(o, k);
+    if (!cJSON_IsString(x) || strlen(x->valuestring) >= n)
+        return df_errf(e, -DF_ECORRUPT, "%s: \"%s\" missing, not a string or too long", path, k);
+    memcpy(dst, x->valuestring, strlen(x->valuestring) + 1);
+    return 0;
+}
+
+int df_cache_params_from_cjson(const cJSON *o, const char *path, df_cache_params *p, df_err *e)
+{
+    memset(p, 0, sizeof *p);
+    char s[64];
+    double v;
+    int rc;
+    if (!cJSON_IsObject(o))
+        return df_errf(e, -DF_ECORRUPT, "%s: not a JSON object", path);
+    if ((rc = get_str(o, "format", s, sizeof s, path, e)))
+        return rc;
+    if (strcmp(s, "dflash-hidden-state-cache"))
+        return df_errf(e, -DF_ECORRUPT, "%s: format \"%s\" is not a dflash cache", path, s);
+    if ((rc = get_num(o, "version", 0, 1e9, &v, path, e)))
+        return rc;
+    if (v != DF_CACHE_VERSION)
+        return df_errf(e, -DF_EVERSION, "%s: cache version %g; this build reads version %d", path,
+                       v, DF_CACHE_VERSION);
+    char uuid[40];
+    if ((rc = get_str(o, "uuid", uuid, sizeof uuid, path, e)))
+        return rc;
+    if (unhex16(uuid, p->uuid))
+        return df_errf(e, -DF_ECORRUPT, "%s: bad uuid \"%s\"", path, uuid);
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "target");
+    if (!cJSON_IsObject(t))
+        return df_errf(e, -DF_ECORRUPT, "%s: \"target\" missing", path);
+    if ((rc = get_str(t, "model_type", p->model_type, sizeof p->model_type, path, e)) ||
+        (rc = get_str(t, "name", p->target_name, sizeof p->target_name, path, e)) ||
+        (rc = get_str(t, "config_sha256", p->config_sha256, sizeof p->config_sha256, path, e)))
+        return rc;
+    if ((rc = get_num(t, "hidden_size", 1, DF_CACHE_MAX_HIDDEN, &v, path, e)))
+        return rc;
+    p->hidden_size = (uint32_t)v;
+    if ((rc = get_num(t, "num_hidden_layers", 0, 1e6, &v, path, e)))
+        return rc;
+    p->num_target_layers = (uint32_t)v;
+    if ((rc = get_num(t, "vocab_size", 0, 1e12, &v, path, e)))
+        return rc;
+    p->vocab_size = (int64_t)v;
+    const cJSON *ly = cJSON_GetObjectItemCaseSensitive(o, "layers");
+    int nl = cJSON_GetArraySize(ly);
+    if (!cJSON_IsArray(ly) || nl < 1 || nl > DF_CACHE_MAX_LAYERS)
+        return df_errf(e, -DF_ECORRUPT, "%s: \"layers\" must list 1..%d layer ids", path,
+                       DF_CACHE_MAX_LAYERS);
+    p->n_layers = (uint32_t)nl;
+    for (int i = 0; i < nl; i++) {
+        const cJSON *x = cJSON_GetArrayItem(ly, i);
+        if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 1e6)
+            return df_errf(e, -DF_ECORRUPT, "%s: layers[%d] is not a layer id", path, i);
+        p->layer_ids[i] = (int32_t)x->valuedouble;
+    }
+    if ((rc = get_str(o, "dtype", s, sizeof s, path, e)))
+        return rc;
+    p->dtype = df_dtype_from_name(s);
+    if ((rc = get_str(o, "codec", s, sizeof s, path, e)))
+        return rc;
+    p->codec = df_codec_from_name(s);
+    if (p->codec < 0)
+        return df_errf(e, -DF_ECORRUPT, "%s: unknown codec \"%s\"", path, s);
+    if ((rc = get_num(o, "codec_level", -1000, 1000, &v, path, e)))
+        return rc;
+    p->codec_level = (int)v;
+    if ((rc = get_num(o, "rows_per_block", 1, DF_CACHE_MAX_TOKENS, &v, path, e)))
+        return rc;
+    p->rows_per_block = (uint32_t)v;
+    if ((rc = get_num(o, "shard_bytes", DF_CACHE_ALIGN, 1e15, &v, path, e)))
+        return rc;
+    p->shard_bytes = (uint64_t)v;
+    const cJSON *c = cJSON_GetObjectItemCaseSensitive(o, "corpus");
+    if (!cJSON_IsObject(c))
+        return df_errf(e, -DF_ECORRUPT, "%s: \"corpus\" missing", path);
+    if ((rc = get_str(c, "fingerprint", p->corpus_fingerprint, sizeof p->corpus_fingerprint,
+                      path, e)))
+        return rc;
+    if ((rc = get_num(c, "docs", 0, 1e15, &v, path, e)))
+        return rc;
+    p->corpus_docs = (uint64_t)v;
+    if ((rc = get_num(o, "world_size", 1, 1e6, &v, path, e)))
+        return rc;
+    p->world_size = (uint32_t)v;
+    rc = df_cache_params_finish(p, e);
+    return rc ? df_err_wrap(e, "%s", path) : 0;
+}
+
+int df_cache_params_from_json(const char *json, size_t len, const char *path, df_cache_params *p,
+                              df_err *e)
+{
+    cJSON *o = cJSON_ParseWithLength(json, len);
+    if (!o)
+        return df_errf(e, -DF_ECORRUPT, "%s: not valid JSON", path);
+    int rc = df_cache_params_from_cjson(o, path, p, e);
+    cJSON_Delete(o);
+    return rc;
+}
+
+/* ---- rank parts and the manifest ---- */
+
+cJSON *df_cache_part_json(const df_cache_part *part)
+{
+    cJSON *o = cJSON_CreateObject();
+    cJSON_AddNumberToObject(o, "rank", part->rank);
+    cJSON *sh = cJSON_AddArrayToObject(o, "shards");
+    for (uint32_t i = 0; i < part->n_shards; i++) {
+        const df_cache_shard_info *s = &part->shards[i];
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddStringToObject(x, "data", s->data);
+        cJSON_AddStringToObject(x, "index", s->index);
+        cJSON_AddNumberToObject(x, "rank", s->rank);
+        cJSON_AddNumberToObject(x, "seq", s->seq);
+        cJSON_AddNumberToObject(x, "samples", (double)s->samples);
+        cJSON_AddNumberToObject(x, "tokens", (double)s->tokens);
+        cJSON_AddNumberToObject(x, "bytes", (double)s->bytes);
+        cJSON_AddItemToArray(sh, x);
+    }
+    cJSON *t = cJSON_AddObjectToObject(o, "totals");
+    cJSON_AddNumberToObject(t, "samples", (double)part->samples);
+    cJSON_AddNumberToObject(t, "tokens", (double)part->tokens);
+    cJSON_AddNumberToObject(t, "loss_tokens", (double)part->loss_tokens);
+    cJSON_AddNumberToObject(t, "raw_bytes", (double)part->raw_bytes);
+    cJSON_AddNumberToObject(t, "stored_bytes", (double)part->stored_bytes);
+    cJSON *ls = cJSON_AddArrayToObject(o, "layer_bytes");
+    for (uint32_t l = 0; l < part->n_layers; l++) {
+        cJSON *x = cJSON_CreateObject();
+        cJSON_AddNumberToObject(x, "raw", (double)part->layer_raw[l]);
+        cJSON_AddNumberToObject(x, "stored", (double)part->layer_stored[l]);
+        cJSON_AddItemToArray(ls, x);
+    }
+    return o;
+}
+
+static int part_from_cjson(const cJSON *o, uint32_t n_layers, const char *path,
+                           df_cache_part *part, df_err *e)
+{
+    memset(part, 0, sizeof *part);
+    double v;
+    int rc;
+    if ((rc = get_num(o, "rank", 0, 1e6, &v, path, e)))
+        return rc;
+    part->rank = (uint32_t)v;
+    part->n_layers = n_layers;
+    const cJSON *sh = cJSON_GetObjectItemCaseSensitive(o, "shards");
+    if (!cJSON_IsArray(sh))
+        return df_errf(e, -DF_ECORRUPT, "%s: \"shards\" missing", path);
+    int n = cJSON_GetArraySize(sh);
+    part->shards = calloc((size_t)(n > 0 ? n : 1), sizeof *part->shards);
+    if (!part->shards)
+        return df_errf(e, -ENOMEM, "%s: out of memory", path);
+    part->n_shards = (uint32_t)n;
+    for (int i = 0; i < n; i++) {
+        const cJSON *x = cJSON_GetArrayItem(sh, i);
+        df_cache_shard_info *s = &part->shards[i];
+        if ((rc = get_str(x, "data", s->data, sizeof s->data, path, e)) ||
+            (rc = get_str(x, "index", s->index, sizeof s->index, path, e)))
+            return rc;
+        if (strchr(s->data, '/') || strchr(s->index, '/'))
+            return df_errf(e, -DF_ECORRUPT, "%s: shard names must be plain file names", path);
+        if ((rc = get_num(x, "rank", 0, 1e6, &v, path, e)))
+            return rc;
+        s->rank = (uint32_t)v;
+        if ((rc = get_num(x, "seq", 0, 1e9, &v, path, e)))
+            return rc;
+        s->seq = (uint32_t)v;
+        if ((rc = get_num(x, "samples", 0, 1e15, &v, path, e)))
+            return rc;
+        s->samples = (uint64_t)v;
+        if ((rc = get_num(x, "tokens", 0, 1e16, &v, path, e)))
+            return rc;
+        s->tokens = (uint64_t)v;
+        if ((rc = get_num(x, "bytes", 0, 1e18, &v, path, e)))
+            return rc;
+        s->bytes = (uint64_t)v;
+    }
+    const cJSON *t = cJSON_GetObjectItemCaseSensitive(o, "totals");
+    if (!cJSON_IsObject(t))
+        return df_errf(e, -DF_ECORRUPT, "%s: \"totals\" missing", path);
+    uint64_t *dst[] = {&part->samples, &part->tokens, &part->loss_tokens, &part->raw_bytes,
+                       &part->stored_bytes};
+    const char *keys[] = {"samples", "tokens", "loss_tokens", "raw_bytes", "stored_bytes"};
+    for (int i = 0; i < 5; i++) {
+        if ((rc = get_num(t, keys[i], 0, 1e18, &v, path, e)))
+            return rc;
+        *dst[i] = (uint64_t)v;
+    }
+    const cJSON *ls = cJSON_GetObjectItemCaseSensitive(o, "layer_bytes");
+    if (!cJSON_IsArray(ls) || cJSON_GetArraySize(ls) != (int)n_layers)
+        return df_errf(e, -DF_ECORRUPT, "%s: \"layer_bytes\" must have %u entries", path,
+                       n_layers);
+    for (uint32_t l = 0; l < n_layers; l++) {
+        const cJSON *x = cJSON_GetArrayItem(ls, (int)l);
+        if ((rc = get_num(x, "raw", 0, 1e18, &v, path, e)))
+            return rc;
+        part->layer_raw[l] = (uint64_t)v;
+        if ((rc = get_num(x, "stored", 0, 1e18, &v, path, e)))
+            return rc;
+        part->layer_stored[l] = (uint64_t)v;
+    }
+    return 0;
+}
+
+void df_cache_part_free(df_cache_part *part)
+{
+    free(part->shards);
+    part->shards = NULL;
+}
+
+int df_cache_part_write(const char *dir, const df_cache_part *part, df_err *e)
+{
+    char name[64], path[4096];
+    snprintf(name, sizeof name, "rank-%04u.json", part->rank);
+    if (df_path_join(path, sizeof path, dir, name))
+        return df_errf(e, -ENAMETOOLONG, "%s: path too long", dir);
+    cJSON *o = df_cache_part_json(part);
+    char *s = cJSON_Print(o);
+    cJSON_Delete(o);
+    if (!s)
+        return df_errf(e, -ENOMEM, "out of memory");
+    int rc = df_file_write_atomic(path, s, strlen(s), e);
+    free(s);
+    return rc;
+}
+
+#define MAX_JSON (256u << 20)
+
+int df_cache_meta_read(const char *dir, df_cache_params *p, df_err *e)
+{
+    char path[4096];
+    if (df_path_join(path, sizeof path, dir, "meta.json"))
+        return df_errf(e, -ENAMETOOLONG, "%s: path too long", dir);
+    char *buf;
+    size_t len;
+    int rc = df_file_read_all(path, MAX_JSON, &buf, &len, e);
+    if (rc)
+        return rc;
+    rc = df_cache_params_from_json(buf, len, path, p, e);
+    free(buf);
+    return rc;
+}
+
+int df_cache_manifest_read(const char *dir, df_cache_params *p, df_cache_part *all,
+                           char *created_by, size_t cb_len, df_err *e)
+{
+    char path[4096];
+    if (df_path_join(path, sizeof path, dir, "manifest.json"))
+        return df_errf(e, -ENAMETOOLONG, "%s: path too long", dir);
+    char *buf;
+    size_t len;
+    df_err tmp;
+    int rc = df_file_read_all(path, MAX_JSON, &buf, &len, &tmp);
+    if (rc == -ENOENT) {
+        char meta[4096];
+        df_path_join(meta, sizeof meta, dir, "meta.json");
+        FILE *f = fopen(meta, "r");
+        if (f) {
+            fclose(f);
+            return df_errf(e, -ENOENT,
+                           "%s: unfinished cache (meta.json but no manifest.json): its writer did "
+                           "not finish; rerun the extraction to resume it",
+                           dir);
+        }
+        return df_errf(e, -ENOENT, "%s: not a dflash cache (no manifest.json)", dir);
+    }
+    if (rc) {
+        if (e)
+            *e = tmp;
+        return rc;
+    }
+    cJSON *o = cJSON_ParseWithLength(buf, len);
+    free(buf);
+    if (!o)
+        return df_errf(e, -DF_ECORRUPT, "%s: not valid JSON", path);
+    rc = df_cache_params_from_cjson(o, path, p, e);
+    if (!rc) {
+        const cJSON *done = cJSON_GetObjectItemCaseSensitive(o, "complete");
+        if (!cJSON_IsTrue(done))
+            rc = df_errf(e, -DF_ECORRUPT, "%s: \"complete\" is not true", path);
+    }
+    if (!rc)
+        rc = part_from_cjson(o, p->n_layers, path, all, e);
+    if (!rc && created_by) {
+        const cJSON *cb = cJSON_GetObjectItemCaseSensitive(o, "created_by");
+        snprintf(created_by, cb_len, "%s", cJSON_IsString(cb) ? cb->valuestring : "?");
+    }
+    cJSON_Delete(o);
+    return rc;
+}
+
+int df_cache_finalize(const char *dir, df_err *e)
+{
+    df_cache_params p;
+    int rc = df_cache_meta_read(dir, &p, e);
+    if (rc)
+        return rc;
+    df_cache_part all = {.n_layers = p.n_layers};
+    size_t cap = 0;
+    for (uint32_t r = 0; r < p.world_size && !rc; r++) {
+        char name[64], path[4096];
+        snprintf(name, sizeof name, "rank-%04u.json", r);
+        df_path_join(path, sizeof path, dir, name);
+        char *buf;
+        size_t len;
+        rc = df_file_read_all(path, MAX_JSON, &buf, &len, e);
+        if (rc == -ENOENT) {
+            rc = df_errf(e, -EAGAIN, "%s: rank %u of %u has not finished (no %s)", dir, r,
+                         p.world_size, name);
+            break;
+        }
+        if (rc)
+            break;
+        cJSON *o = cJSON_ParseWithLength(buf, len);
+        free(buf);
+        df_cache_part part;
+        if (!o) {
+            rc = df_errf(e, -DF_ECORRUPT, "%s: not valid JSON", path);
+            break;
+        }
+        rc = part_from_cjson(o, p.n_layers, path, &part, e);
+        cJSON_Delete(o);
+        if (!rc && part.rank != r)
+            rc = df_errf(e, -DF_ECORRUPT, "%s: says rank %u", path, part.rank);
+        if (!rc) {
+            if (all.n_shards + part.n_shards > cap) {
+                cap = (all.n_shards + part.n_shards) * 2;
+                df_cache_shard_info *ns = realloc(all.shards, cap * sizeof *ns);
+                if (!ns)
+                    rc = df_errf(e, -ENOMEM, "out of memory");
+                else
+                    all.shards = ns;
+            }
+        }
+        if (!rc) {
+            memcpy(all.shards + all.n_shards, part.shards, part.n_shards * sizeof *part.shards);
+            all.n_shards += part.n_shards;
+            all.samples += part.samples;
+            all.tokens += part.tokens;
+            all.loss_tokens += part.loss_tokens;
+            all.raw_bytes += part.raw_bytes;
+            all.stored_bytes += part.stored_bytes;
+            for (uint32_t l = 0; l < p.n_layers; l++) {
+                all.layer_raw[l] += part.layer_raw[l];
+                all.layer_stored[l] += part.layer_stored[l];
+            }
+        }
+        df_cache_part_free(&part);
+    }
+    if (!rc) {
+        cJSON *o = df_cache_params_json(&p);
+        cJSON_AddBoolToObject(o, "complete", 1);
+        cJSON_AddStringToObject(o, "created_by", "dflash " DFLASH_VERSION);
+        cJSON *pj = df_cache_part_json(&all);
+        /* Move the part's arrays into the manifest object (rank is meaningless here). */
+        cJSON_AddItemToObject(o, "shards", cJSON_DetachItemFromObject(pj, "shards"));
+        cJSON_AddItemToObject(o, "totals", cJSON_DetachItemFromObject(pj, "totals"));
+        cJSON_AddItemToObject(o, "layer_bytes", cJSON_DetachItemFromObject(pj, "layer_bytes"));
+        cJSON_AddNumberToObject(o, "rank", 0);
+        cJSON_Delete(pj);
+        char *s = cJSON_Print(o);
+        cJSON_Delete(o);
+        char path[4096];
+        df_path_join(path, sizeof path, dir, "manifest.json");
+        rc = s ? df_file_write_atomic(path, s, strlen(s), e) : df_errf(e, -ENOMEM, "out of memory");
+        free(s);
+    }
+    free(all.shards);
+    return rc;
+}
