@@ -6,5 +6,6 @@
 
 int cmd_dump(int argc, char **argv);
 int cmd_corpus(int argc, char **argv);
+int cmd_cache(int argc, char **argv);
 
 #endif

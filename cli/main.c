@@ -24,6 +24,7 @@ static const struct {
     const char *help;
 } cmds[] = {
     {"corpus", cmd_corpus, "tokenized corpora: import JSONL into binary token shards, inspect them"},
+    {"cache", cmd_cache, "synthetic caches for tests/benchmarks (synth); stream a cache and time it (read)"},
     {"dump", cmd_dump, "inspect a hidden-state cache: summary, samples, slices, --verify, --json"},
     {"extract", cmd_pending, "run the target over a corpus and write the hidden-state cache"},
     {"train", cmd_pending, "train a DFlash drafter from a cache"},

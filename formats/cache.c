@@ -316,8 +316,8 @@ void df_cache_record_block(const df_cache_record *r, uint32_t i, df_cache_block 
     b->codec = ent[30];
 }
 
-static int check_block_crc(const df_cache_record *r, uint32_t i, const df_cache_block *b,
-                           df_err *e)
+static int check_block_crc(const df_cache_params *p, const df_cache_record *r, uint32_t i,
+                           const df_cache_block *b, df_err *e)
 {
     if (b->offset + b->stored_size > r->len)
         return df_errf(e, -DF_ECORRUPT, "sample %" PRIu64 ": block %u beyond the bytes read",
@@ -325,9 +325,10 @@ static int check_block_crc(const df_cache_record *r, uint32_t i, const df_cache_
     uint32_t crc = df_crc32c(0, r->base + b->offset, b->stored_size);
     if (crc != b->crc)
         return df_errf(e, -DF_ECORRUPT,
-                       "sample %" PRIu64 ": block %u (layer index %u, rows %u..%u) CRC mismatch "
+                       "sample %" PRIu64 ": block %u (target layer %d, rows %u..%u) CRC mismatch "
                        "at record offset %" PRIu64,
-                       r->id, i, b->layer, b->first_row, b->first_row + b->n_rows, b->offset);
+                       r->id, i, b->layer < p->n_layers ? p->layer_ids[b->layer] : -1,
+                       b->first_row, b->first_row + b->n_rows, b->offset);
     return 0;
 }
 
@@ -336,7 +337,7 @@ int df_cache_record_decode_block(const df_cache_params *p, const df_cache_record
 {
     df_cache_block b;
     df_cache_record_block(r, i, &b);
-    int rc = check_block_crc(r, i, &b, e);
+    int rc = check_block_crc(p, r, i, &b, e);
     if (rc)
         return rc;
     df_codec_params cp = {p->dtype, p->hidden_size, p->codec_level};
@@ -347,12 +348,12 @@ int df_cache_record_decode_block(const df_cache_params *p, const df_cache_record
     return 0;
 }
 
-int df_cache_record_verify(const df_cache_record *r, df_err *e)
+int df_cache_record_verify(const df_cache_params *p, const df_cache_record *r, df_err *e)
 {
     for (uint32_t i = 0; i < r->n_blocks; i++) {
         df_cache_block b;
         df_cache_record_block(r, i, &b);
-        int rc = check_block_crc(r, i, &b, e);
+        int rc = check_block_crc(p, r, i, &b, e);
         if (rc)
             return rc;
     }
@@ -579,10 +580,11 @@ int df_cache_index_parse(const df_cache_params *p, const uint8_t *buf, size_t le
             t->record_bytes == 0 || t->record_bytes % DF_CACHE_ALIGN ||
             t->record_bytes > UINT64_MAX / 2 || t->n_loss > t->n_tokens ||
             t->n_tokens > DF_CACHE_MAX_TOKENS || t->stored_bytes > t->record_bytes) {
+            uint64_t id = t->id;
             free(out);
             return df_errf(e, -DF_ECORRUPT, "%s: offset %" PRIu64 ": index entry %" PRIu64
                            " (sample %" PRIu64 ") is inconsistent",
-                           path, off, i, t->id);
+                           path, off, i, id);
         }
         prev_end = t->offset + t->record_bytes;
     }

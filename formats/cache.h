@@ -5,7 +5,7 @@
  * A cache is a directory:
  *   meta.json                 parameters fixed at creation (written first)
  *   shard-rRRRR-SSSSS.dfc     sample records of writer rank R, shard S
- *   shard-rRRRR-SSSSS.dfi     that shard's index (fixed 48-byte entries)
+ *   shard-rRRRR-SSSSS.dfi     that shard's index (48-byte entries + per-layer byte totals)
  *   shard-...dfc.partial      the shard a writer is appending to (no index yet)
  *   rank-RRRR.json            a rank's list of finished shards (written at its close)
  *   manifest.json             everything, written last: a cache without it is unfinished
@@ -147,7 +147,7 @@ int df_cache_record_decode(const df_cache_params *p, const df_cache_record *r,
                            uint64_t layer_mask, void *const *dst, df_pool *pool, df_err *e);
 
 /* Verifies every block CRC of a parsed record without decoding. */
-int df_cache_record_verify(const df_cache_record *r, df_err *e);
+int df_cache_record_verify(const df_cache_params *p, const df_cache_record *r, df_err *e);
 
 /* A per-thread codec context, created on first use, freed at thread exit. */
 df_codec_ctx *df_codec_ctx_tls(void);
@@ -234,7 +234,8 @@ int df_cache_read(df_cache *c, size_t k, uint64_t layer_mask, df_cache_out *out,
 
 /* Reads and checks everything: every record header against its index entry,
  * every block CRC, every token CRC, the shard headers. progress(arg, done,
- * total) is called now and then (may be NULL). Returns 0 or the first error;
+ * total) counts samples; it is called now and then from the pool's threads,
+ * one call at a time (may be NULL). Returns 0 or the first error;
  * *n_bad (may be NULL) counts bad samples (verification goes on past them). */
 int df_cache_verify(df_cache *c, df_pool *pool, void (*progress)(void *, uint64_t, uint64_t),
                     void *arg, uint64_t *n_bad, df_err *e);

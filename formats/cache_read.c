@@ -259,7 +259,7 @@ int df_cache_read(df_cache *c, size_t k, uint64_t layer_mask, df_cache_out *out,
     if (!buf)
         return df_errf(e, -ENOMEM, "sample %" PRIu64 ": out of memory for %" PRIu64 " bytes",
                        t->id, t->record_bytes);
-    df_cache_record r;
+    df_cache_record r = {0};
     int rc = read_prefix(c, t, buf, &r, e);
     const char *path = c->paths[t->shard];
     /* Each selected layer's blocks are contiguous: one read per layer. */
@@ -323,7 +323,7 @@ static int verify_one(void *vp, size_t k)
         if (!rc)
             rc = match_entry(&r, t, c->paths[t->shard], &e);
         if (!rc)
-            rc = df_cache_record_verify(&r, &e);
+            rc = df_cache_record_verify(&c->info.params, &r, &e);
         uint64_t stored = 0, loss = 0;
         for (uint32_t i = 0; !rc && i < r.n_blocks; i++) {
             df_cache_block b;

@@ -45,7 +45,8 @@ struct df_cache_stream {
 
     pthread_mutex_t mu;
     pthread_cond_t cv_io, cv_dec, cv_out;
-    item *items;        /* ring of n_slots, by seq % n_slots */
+    item *items;        /* one per slot: items[k] uses slots[k] */
+    unsigned *seq_slot; /* seq % n_slots -> slot of that seq, for seqs in [next_out, next_read) */
     unsigned n_slots;
     void **slots;
     int own_slots;
@@ -101,10 +102,6 @@ void df_cache_shuffle(uint64_t seed, uint64_t epoch, uint64_t *order, size_t n)
     }
 }
 
-static item *item_of(df_cache_stream *s, size_t seq)
-{
-    return &s->items[seq % s->n_slots];
-}
 
 /* ------------------------------------------------------------ I/O thread */
 
@@ -157,7 +154,7 @@ static void *io_main(void *vp)
         const df_cache_entry *t = df_cache_entry_at(s->c, s->order[s->next_read]);
         pthread_mutex_lock(&s->mu);
         /* Room for one more: a free slot and prefetch budget (always allow one). */
-        while (!s->stop && (s->n_free == 0 || item_of(s, s->next_read)->state != IT_EMPTY ||
+        while (!s->stop && (s->n_free == 0 ||
                             (s->prefetch > 0 && s->prefetch + t->record_bytes > s->max_prefetch))) {
             if (df_io_inflight(s->io) > 0) {
                 pthread_mutex_unlock(&s->mu);
@@ -177,10 +174,12 @@ static void *io_main(void *vp)
             pthread_mutex_unlock(&s->mu);
             break;
         }
-        item *it = item_of(s, s->next_read);
+        unsigned slot = s->free_slots[--s->n_free];
+        item *it = &s->items[slot];
         it->seq = s->next_read;
         it->pos = s->order[s->next_read];
-        it->slot = s->free_slots[--s->n_free];
+        it->slot = slot;
+        s->seq_slot[s->next_read % s->n_slots] = slot;
         it->state = IT_READING;
         it->rc = 0;
         s->prefetch += t->record_bytes;
@@ -338,6 +337,7 @@ void df_cache_stream_close(df_cache_stream *s)
     free(s->fds);
     free(s->items);
     free(s->free_slots);
+    free(s->seq_slot);
     free(s->dec);
     free(s->order);
     pthread_mutex_destroy(&s->mu);
@@ -385,8 +385,9 @@ df_cache_stream *df_cache_stream_open(df_cache *c, const df_cache_stream_opts *o
     s->n_slots = o->n_slots ? o->n_slots : (unsigned)(2 * s->n_dec + 2);
     s->items = calloc(s->n_slots, sizeof *s->items);
     s->free_slots = malloc(s->n_slots * sizeof *s->free_slots);
+    s->seq_slot = malloc(s->n_slots * sizeof *s->seq_slot);
     s->dec = calloc((size_t)s->n_dec, sizeof *s->dec);
-    if (!s->items || !s->free_slots || !s->dec)
+    if (!s->items || !s->free_slots || !s->seq_slot || !s->dec)
         goto oom;
     if (o->slots) {
         s->slots = o->slots;
@@ -449,11 +450,20 @@ int df_cache_stream_next(df_cache_stream *s, df_cache_item *it, df_err *e)
         return 0;
     double t0 = df_now();
     pthread_mutex_lock(&s->mu);
-    item *x = item_of(s, s->next_out);
-    while (!(x->state == IT_READY && x->seq == s->next_out) && !s->io_err)
+    item *x = NULL;
+    for (;;) {
+        if (s->next_out < s->next_read) {
+            x = &s->items[s->seq_slot[s->next_out % s->n_slots]];
+            if (x->state == IT_READY && x->seq == s->next_out)
+                break;
+        }
+        x = NULL;
+        if (s->io_err)
+            break;
         pthread_cond_wait(&s->cv_out, &s->mu);
+    }
     s->st.consumer_wait_s += df_now() - t0;
-    if (!(x->state == IT_READY && x->seq == s->next_out)) {
+    if (!x) {
         int rc = s->io_err;
         if (e)
             *e = s->io_errmsg;
@@ -476,8 +486,7 @@ int df_cache_stream_next(df_cache_stream *s, df_cache_item *it, df_err *e)
 void df_cache_stream_release(df_cache_stream *s, const df_cache_item *it)
 {
     pthread_mutex_lock(&s->mu);
-    item *x = item_of(s, it->seq);
-    x->state = IT_EMPTY;
+    s->items[it->slot].state = IT_EMPTY;
     s->free_slots[s->n_free++] = it->slot;
     pthread_cond_signal(&s->cv_io);
     pthread_mutex_unlock(&s->mu);

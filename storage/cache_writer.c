@@ -495,7 +495,7 @@ static int recover_partial(df_cache_writer *w, uint32_t seq, size_t *done_cap, d
             break;
         df_cache_record r;
         if (df_cache_record_parse(&w->p, buf, rb, &r, &tmp) || r.record_bytes != rb ||
-            df_cache_record_verify(&r, &tmp) || (w->have_last && r.id <= w->last_id))
+            df_cache_record_verify(&w->p, &r, &tmp) || (w->have_last && r.id <= w->last_id))
             break;
         const uint32_t *ids;
         const uint8_t *mask;
