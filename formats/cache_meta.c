@@ -102,7 +102,7 @@ int df_cache_params_from_cjson(const cJSON *o, const char *path, df_cache_params
 {
     memset(p, 0, sizeof *p);
     char s[64];
-    double v;
+    double v = 0;
     int rc;
     if (!cJSON_IsObject(o))
         return df_errf(e, -DF_ECORRUPT, "%s: not a JSON object", path);
@@ -231,7 +231,7 @@ static int part_from_cjson(const cJSON *o, uint32_t n_layers, const char *path,
                            df_cache_part *part, df_err *e)
 {
     memset(part, 0, sizeof *part);
-    double v;
+    double v = 0;
     int rc;
     if ((rc = get_num(o, "rank", 0, 1e6, &v, path, e)))
         return rc;

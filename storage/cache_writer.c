@@ -379,7 +379,9 @@ static int write_record(df_cache_writer *w, job *j, df_err *e)
             return df_errf(e, rc, "%s: cannot queue a write: %s", w->dir, df_strerror(rc));
         }
     }
-    return 0;
+    /* Into the kernel now, so the disk works while we wait for the next record. */
+    rc = df_io_submit(w->io);
+    return rc < 0 ? df_errf(e, rc, "%s: submitting writes failed: %s", w->dir, df_strerror(rc)) : 0;
 }
 
 static void *io_main(void *vp)

@@ -1,2 +1,83 @@
 #!/usr/bin/env bash
-exit 77
+# test_cli.sh DFLASH WORKDIR SRCDIR - the dflash binary end to end, as a user
+# runs it: corpus import -> cache (synthetic states) -> dump/verify/read, then
+# corrupted files and bad usage giving clear errors and the documented exit
+# codes (0 ok, 1 data error, 2 usage).
+set -u
+D=$1 W=$2 SRC=$3
+rm -rf "$W" && mkdir -p "$W"
+fails=0
+fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
+
+# run CODE PATTERN cmd...: exit code must be CODE, stdout+stderr must match PATTERN
+run() {
+  local want=$1 pat=$2; shift 2
+  "$@" >"$W/out" 2>&1
+  local got=$?
+  [ "$got" = "$want" ] || { fail "exit $got (want $want): $*"; sed 's/^/    /' "$W/out" | head -20 >&2; return; }
+  [ -z "$pat" ] || grep -Eq -- "$pat" "$W/out" || { fail "output of '$*' lacks /$pat/"; sed 's/^/    /' "$W/out" | head -20 >&2; }
+}
+
+# flip FILE OFFSET: xor one byte
+flip() {
+  local b; b=$(od -An -tu1 -j"$2" -N1 "$1" | tr -d ' ')
+  printf "$(printf '\\%03o' $((b ^ 0x20)))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
+}
+
+# --- corpus
+run 0 "48 docs|docs +48" "$D" corpus import --vocab 4096 --out "$W/tiny.dtok" "$SRC/data/tiny/corpus.jsonl"
+run 0 "" "$D" corpus info "$W/tiny.dtok"
+run 1 "corpus.jsonl:[0-9]+:[0-9]+: .*vocab" "$D" corpus import --vocab 100 --out "$W/bad.dtok" "$SRC/data/tiny/corpus.jsonl"
+[ ! -e "$W/bad.dtok" ] || fail "a failed import left $W/bad.dtok"
+printf '{"input_ids":[1,2,3],"loss_mask":[1,1]}\n' >"$W/mismatch.jsonl"
+run 1 "mismatch.jsonl" "$D" corpus import --out "$W/m.dtok" "$W/mismatch.jsonl"
+
+# --- a cache of the corpus' tokens with synthetic hidden states, several shards
+run 0 "wrote" "$D" cache synth --out "$W/cache" --corpus "$W/tiny.dtok" --hidden 64 \
+  --target-layers 6 --layers 3 --rows-per-block 32 --shard-mb 1 --threads 2
+run 0 "split-zstd" "$D" dump "$W/cache"
+run 0 "\"samples\":[[:space:]]*48" "$D" dump "$W/cache" --json
+if command -v python3 >/dev/null; then
+  "$D" dump "$W/cache" --json | python3 -c 'import json,sys; d=json.load(sys.stdin); assert d["samples"]==48, d' \
+    || fail "dump --json is not valid JSON with 48 samples"
+fi
+run 0 "shard-r0000-" "$D" dump "$W/cache" --samples --limit 5
+run 0 "mean" "$D" dump "$W/cache" --sample 3 --layer 2
+run 2 "layers|available" "$D" dump "$W/cache" --sample 3 --layer 4
+run 1 "not in|no sample|range" "$D" dump "$W/cache" --sample 4000
+run 0 "OK: 48 samples" "$D" dump "$W/cache" --verify
+run 0 "read .*48 samples" "$D" cache read "$W/cache" --threads 2
+run 0 "read .*48 samples.*threads" "$D" cache read "$W/cache" --fallback-io --shuffle 7
+run 1 "already complete" "$D" cache synth --out "$W/cache" --corpus "$W/tiny.dtok" --hidden 64 \
+  --target-layers 6 --layers 3
+
+# --- corrupted caches: clear errors naming file and sample, exit 1
+cp -r "$W/cache" "$W/flip"
+flip "$W/flip/shard-r0000-00000.dfc" 70000
+run 1 "shard-r0000-00000.dfc.*sample [0-9]+|sample [0-9]+.*CRC" "$D" dump "$W/flip" --verify
+cp -r "$W/cache" "$W/trunc"
+truncate -s -4096 "$W/trunc/shard-r0000-00001.dfc"
+run 1 "shard-r0000-00001.dfc" "$D" dump "$W/trunc"
+cp -r "$W/cache" "$W/ver"
+sed -i 's/"version":\t1,/"version":\t7,/' "$W/ver/manifest.json"
+run 1 "version 7" "$D" dump "$W/ver"
+cp -r "$W/cache" "$W/noman"
+rm "$W/noman/manifest.json"
+run 1 "unfinished" "$D" dump "$W/noman"
+run 1 "not a dflash cache" "$D" dump "$W"
+
+# --- usage
+run 2 "" "$D"
+run 2 "unknown command" "$D" nosuch
+run 2 "" "$D" dump
+run 2 "" "$D" dump "$W/cache" --bogus
+run 2 "codec" "$D" cache synth --out "$W/x" --codec zip
+run 0 "usage" "$D" --help
+run 0 "usage" "$D" dump --help
+run 2 "" "$D" extract
+
+if [ "$fails" -gt 0 ]; then
+  echo "test_cli: $fails failure(s)" >&2
+  exit 1
+fi
+echo ok
