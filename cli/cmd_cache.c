@@ -156,12 +156,16 @@ static int cmd_synth(int argc, char **argv)
         if (data[l])
             df_synth_bf16(data[l], (POOL + 1) * tmax, hidden, seed * 1000003 + l * 7777, NULL);
     }
-    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 1;
     int rc = 0;
     for (uint64_t s = 0; s < samples && !rc; s++) {
         if (df_cache_writer_has(w, s))
             continue;
-        rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+        /* Sample s is a function of (seed, s) alone, so a resumed run writes
+         * exactly what an uninterrupted one would. */
+        uint64_t rng = (seed + 1) * 0x9E3779B97F4A7C15ull ^ (s + 1) * 0xBF58476D1CE4E5B9ull;
+        rng ^= rng >> 31;
+        rng *= 0x94D049BB133111EBull;
+        rng ^= rng >> 29;
         uint32_t n = (uint32_t)(tmin + (rng >> 33) % (tmax - tmin + 1));
         const uint32_t *sid = ids;
         const uint8_t *smask = mask;
