@@ -136,13 +136,6 @@ static int cmd_synth(int argc, char **argv)
     p.shard_bytes = shard_mb << 20;
     df_cache_writer_opts wo = {.threads = (int)threads, .force_fallback_io = fallback,
                                .buffered = buffered};
-    double t0 = df_now();
-    df_cache_writer *w = df_cache_writer_open(out, &p, &wo, &e);
-    if (!w) {
-        fprintf(stderr, "dflash cache synth: %s\n", e.msg);
-        df_corpus_close(corpus);
-        return 1;
-    }
     /* Generating the data costs more than compressing it, so a pool of POOL
      * generated sequences per layer is made once and samples are cut from it
      * (at varying offsets). Blocks are compressed independently, so reuse
@@ -155,6 +148,17 @@ static int cmd_synth(int argc, char **argv)
         data[l] = malloc((POOL + 1) * tmax * hidden * 2 + 2);
         if (data[l])
             df_synth_bf16(data[l], (POOL + 1) * tmax, hidden, seed * 1000003 + l * 7777, NULL);
+    }
+    double t0 = df_now();
+    df_cache_writer *w = df_cache_writer_open(out, &p, &wo, &e);
+    if (!w) {
+        fprintf(stderr, "dflash cache synth: %s\n", e.msg);
+        for (uint32_t l = 0; l < k; l++)
+            free(data[l]);
+        free(ids);
+        free(mask);
+        df_corpus_close(corpus);
+        return 1;
     }
     int rc = 0;
     for (uint64_t s = 0; s < samples && !rc; s++) {
