@@ -140,7 +140,7 @@ static int cmd_synth(int argc, char **argv)
      * generated sequences per layer is made once and samples are cut from it
      * (at varying offsets). Blocks are compressed independently, so reuse
      * does not flatter the ratio. */
-    enum { POOL = 8 };
+    enum { POOL = 4 };
     uint16_t *data[DF_CACHE_MAX_LAYERS] = {0};
     uint32_t *ids = malloc(tmax * 4 + 4);
     uint8_t *mask = malloc(tmax + 1);
