@@ -78,7 +78,7 @@ static int get_int(const jctx *c, const char *key, int required, int64_t lo, int
 
 static int get_i32(const jctx *c, const char *key, int required, int lo, int hi, int *out)
 {
-    int64_t v;
+    int64_t v = 0;
     int rc = get_int(c, key, required, lo, hi, &v);
     if (rc == 1)
         *out = (int)v;

@@ -3,7 +3,7 @@
 # only those that are missing. Uses sudo when not root. Set DFLASH_NO_INSTALL=1
 # to only check.
 set -euo pipefail
-PKGS=(cmake make gcc pkg-config liburing-dev liblz4-dev libzstd-dev libcjson-dev xz-utils)
+PKGS=(cmake make gcc liburing-dev liblz4-dev libzstd-dev libcjson-dev xz-utils)
 # clang + its runtime: the AddressSanitizer/UBSan build and the libFuzzer targets
 PKGS+=(clang libclang-rt-dev)
 missing=()

@@ -8,7 +8,7 @@ extern "C" {
 
 typedef struct df_cuda_device_info {
     int index;
-    char name[128];
+    char name[256];
     int sm_major, sm_minor, sm_count;
     unsigned long long mem_bytes;
 } df_cuda_device_info;

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# gpu-check.sh [LOG_DIR] - on the GPU machine: build for sm_90a + sm_80, run every test
+# (the GPU ones included), run the storage benchmark on the local disk, print a short table last.
+# Full logs go to LOG_DIR (default out/gpu-check). From the repo root, after
+# ../shared/gpu/stage.sh here and with .device carried:   scripts/gpu-check.sh "$OUT"
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+LOG=${1:-$ROOT/out/gpu-check}
+mkdir -p "$LOG"
+cd "$ROOT"
+[ -f .device/env.sh ] && source .device/env.sh
+B=$ROOT/build-gpu
+status=0
+row() { printf '%-28s %s\n' "$1" "$2"; }
+
+{ nvidia-smi -L; nvcc --version | tail -1; uname -r; nproc; free -g | head -2; df -hT /tmp; } >"$LOG/machine.log" 2>&1
+t0=$(date +%s)
+if cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA_ARCHS="90a;80" >"$LOG/cmake.log" 2>&1 &&
+   cmake --build "$B" -j "$(nproc)" >"$LOG/build.log" 2>&1; then
+  build="ok ($(($(date +%s) - t0)) s)"
+else
+  build="FAILED (see build.log)"; status=1
+fi
+tests="not run"
+if [ $status = 0 ]; then
+  ctest --test-dir "$B" --output-on-failure >"$LOG/ctest.log" 2>&1 || status=1
+  tests=$(grep -E "tests passed|tests failed" "$LOG/ctest.log" | tail -1)
+  gpu=$(grep -E "^gpu [0-9]+:" "$B"/Testing/Temporary/LastTest.log | head -2 | tr '\n' ' ')
+  gpu_test=$(grep -E "test_gpu_probe .*(Passed|Failed|Skipped|\*\*\*)" "$LOG/ctest.log" | sed 's/.*test_gpu_probe *\.*//')
+  DFLASH_BUILD_DIR=$B REPEATS=${REPEATS:-3} "$ROOT/scripts/bench-storage.sh" /tmp/dflash-bench "${BENCH_MIB:-2048}" \
+    >"$LOG/bench-storage.log" 2>&1 || status=1
+fi
+
+echo
+echo "== gpu-check ($(date -u +%FT%TZ))"
+row "machine" "$(head -1 "$LOG/machine.log")"
+row "build (sm_90a + sm_80)" "$build"
+row "ctest" "$tests"
+row "test_gpu_probe" "${gpu_test:-?} ${gpu:-}"
+if [ -f "$LOG/bench-storage.log" ]; then
+  echo "-- bench-storage (tail)"
+  tail -9 "$LOG/bench-storage.log"
+fi
+exit $status
