@@ -8,8 +8,9 @@
  *   1 lz4         LZ4 of the raw bytes (~1.00x on bf16: kept for reference)
  *   2 split-lz4   byte planes (all high bytes, then all low bytes), each LZ4
  *   3 split-zstd  byte planes; the high (sign+exponent) plane zstd-1, the rest raw
+ *                 (lower planes zstd too where that shrinks them, e.g. F32 data)
  *   4 fp8-e4m3    LOSSY, opt-in: per-row f32 scale (absmax/448) + e4m3 bytes,
- *                 the e4m3 plane zstd-1 coded
+ *                 the e4m3 plane zstd-1 coded (raw if that does not shrink it)
  *
  * Encoding never grows a block: when a codec's output is not smaller than the
  * raw bytes, df_codec_encode() stores it and returns DF_CODEC_STORED. The id it
@@ -18,6 +19,33 @@
  * Contexts own compression state and scratch memory; one per thread. Decoding
  * is bounds-checked: any input, however corrupt, gives either the exact raw
  * length or -DF_ECORRUPT, never a read or write out of bounds.
+ *
+ * Payload layouts (the sub-headers that let each plane fall back to raw on
+ * its own) are specified in docs/FORMAT-codecs.md. In short: planes are byte
+ * planes of the little-endian elements, plane 0 = the most significant byte;
+ * 2 planes for BF16/F16, 4 for F32 (for F32 the lower planes are zstd-coded
+ * too when a sample says they would shrink, e.g. data upcast from bf16).
+ *
+ * fp8-e4m3 (OCP E4M3FN: bias 7, max 448, no Inf, S.1111.111 = NaN):
+ *   scale = absmax/448 in f32 over the row's finite values (0 for a row with
+ *   none, which then decodes to zeros). code = RNE(x/scale) saturated to
+ *   +-448; NaN and +-Inf become the e4m3 NaN of their sign (e4m3 has no Inf,
+ *   and a non-finite input must stay non-finite so a finiteness check on the
+ *   decoded data still fires). Decoding: v = e4m3(code) * scale in f32, then
+ *   RNE to the dtype (f32 arithmetic so a GPU decoder gets the same bits).
+ *   Error per element: |x - v| <= scale * (half an e4m3 ulp at |x|/scale)
+ *   plus half a dtype ulp at v (and tiny f32 rounding); a row whose absmax is
+ *   below 448 * 2^-126 has a subnormal scale and lower precision.
+ *
+ * Levels (df_codec_params.level): for zstd codecs 0 = the default, zstd 1
+ * with hashLog 6 and minMatch 7 (nearly literals-only: the measured best in
+ * both ratio and speed on sign+exponent planes; docs/FORMAT-codecs.md), any
+ * other value = that plain zstd level (negative = zstd's fast levels). For lz4
+ * codecs 0 or 1 = LZ4 default, < 0 = LZ4 acceleration -level, 2..12 = LZ4HC
+ * at that level. Decoding does not depend on the level.
+ *
+ * Limits: a block whose plane exceeds 2^32-1 bytes (or, for lz4 codecs, LZ4's
+ * ~2 GB input limit) is STORED.
  */
 #ifndef DF_CODEC_H
 #define DF_CODEC_H
@@ -52,20 +80,40 @@ const char *df_codec_name(int id);          /* "split-zstd", or "?" */
 int df_codec_from_name(const char *name);   /* id, or -EINVAL */
 int df_codec_is_lossy(int id);
 
-/* Output capacity that df_codec_encode() needs for raw_len bytes. */
+/* Output capacity that df_codec_encode() needs for raw_len bytes: raw_len
+ * itself, for every codec (encoding never grows a block). */
 size_t df_codec_bound(int id, size_t raw_len, const df_codec_params *p);
 
 /* Encodes src[0..raw_len) with codec id into dst (capacity cap >=
  * df_codec_bound()). Returns the codec id actually used (id, or
- * DF_CODEC_STORED when that is not smaller) and sets *out_len; or a negative
- * code (bad params: raw_len not a whole number of rows, unknown id). */
+ * DF_CODEC_STORED when that is not smaller, always for raw_len 0) and sets
+ * *out_len; or a negative code: -EINVAL for bad params (raw_len not a whole
+ * number of rows, unknown id, dtype not BF16/F16/F32, row_elems 0, cap too
+ * small), -ENOMEM. */
 int df_codec_encode(df_codec_ctx *c, int id, const df_codec_params *p, const void *src,
                     size_t raw_len, void *dst, size_t cap, size_t *out_len, df_err *e);
 
 /* Decodes src[0..src_len) of codec id into exactly raw_len bytes at dst.
  * Returns 0, or -DF_ECORRUPT (with a message) if the data do not decode to
- * exactly raw_len bytes. */
+ * exactly raw_len bytes; -EINVAL for bad params as for encoding; -ENOMEM.
+ * On error dst's contents are unspecified (but nothing outside it is written). */
 int df_codec_decode(df_codec_ctx *c, int id, const df_codec_params *p, const void *src,
                     size_t src_len, void *dst, size_t raw_len, df_err *e);
+
+/* The byte-plane transform of the split codecs, exposed for benchmarks and a
+ * future GPU decoder: planes[k][i] = byte (esize-1-k) of element i, for
+ * esize 1, 2 or 4 (planes[0] = most significant byte). Vectorized (SSE2,
+ * AVX2 when the CPU has it). */
+void df_codec_split_planes(const void *src, size_t n_elems, size_t esize, uint8_t *const planes[]);
+void df_codec_merge_planes(const uint8_t *const planes[], size_t n_elems, size_t esize, void *dst);
+
+/* For tests and benchmarks only (not thread-safe): force the SIMD level of
+ * the plane split/merge and fp8 kernels, 0 = auto, 1 = scalar, 2 = SSE2,
+ * 3 = AVX2 (fp8 has scalar and AVX2 only). Every level gives the same bytes.
+ * Returns 0, -EINVAL, or -ENOTSUP if the CPU lacks it. */
+int df_codec_set_plane_impl(int impl);
+
+/* Value of an OCP E4M3FN byte (NaN for 0x7f/0xff). */
+float df_e4m3_to_f32(uint8_t code);
 
 #endif
