@@ -594,50 +594,9 @@ static int do_samples(df_cache *c, const opts *o)
 /* ------------------------------------------------------------------ */
 /* one sample                                                          */
 
-/* IEEE half -> float, exact (subnormals, inf, NaN included). */
-static float f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h >> 15) << 31;
-    uint32_t exp = (h >> 10) & 0x1f, man = h & 0x3ffu, u;
-    if (exp == 0x1f) {
-        u = sign | 0x7f800000u | (man << 13);
-    } else if (exp) {
-        u = sign | ((exp + 112) << 23) | (man << 13);
-    } else if (man) {
-        /* subnormal: man * 2^-24 */
-        float f = (float)man * 0x1p-24f;
-        memcpy(&u, &f, 4);
-        u |= sign;
-    } else {
-        u = sign;
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static float load_elem(const void *buf, df_dtype t, size_t i)
 {
-    const uint8_t *b = buf;
-    switch (t) {
-    case DF_DTYPE_BF16: {
-        uint16_t h;
-        memcpy(&h, b + 2 * i, 2);
-        return df_bf16_to_f32(h);
-    }
-    case DF_DTYPE_F16: {
-        uint16_t h;
-        memcpy(&h, b + 2 * i, 2);
-        return f16_to_f32(h);
-    }
-    case DF_DTYPE_F32: {
-        float f;
-        memcpy(&f, b + 4 * i, 4);
-        return f;
-    }
-    default:
-        return NAN;
-    }
+    return df_elem_to_f32((const uint8_t *)buf + i * df_dtype_size(t), t);
 }
 
 typedef struct layer_stats {

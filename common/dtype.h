@@ -71,4 +71,55 @@ static inline uint16_t df_f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* f16 bits <-> f32 (exact one way; RNE the other), without F16C. */
+static inline float df_f16_to_f32(uint16_t h)
+{
+    uint32_t s = (uint32_t)(h >> 15) << 31, ex = (h >> 10) & 31, m = h & 0x3ff, u;
+    if (ex == 31)
+        u = s | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0);
+    else if (ex == 0) {
+        float f = (float)m * 0x1p-24f;
+        memcpy(&u, &f, 4);
+        u |= s;
+    } else
+        u = s | ((ex - 15 + 127) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t df_f32_to_f16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint16_t s = (uint16_t)((u >> 16) & 0x8000);
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u)
+        return s | 0x7e00;           /* NaN */
+    if (a >= 0x477ff000u)            /* >= 65520 rounds to inf */
+        return s | 0x7c00;
+    if (a < 0x38800000u) {           /* below 2^-14: f16 subnormal or zero */
+        float af;
+        memcpy(&af, &a, 4);
+        float m = af * 0x1p24f;      /* exact scaling; RNE to integer below */
+        m = (m + 0x1p23f) - 0x1p23f;
+        return s | (uint16_t)m;      /* m == 1024 gives the smallest normal */
+    }
+    a += 0xfffu + ((a >> 13) & 1);
+    return s | (uint16_t)((a - 0x38000000u) >> 13);
+}
+
+/* One element of type t (BF16, F16 or F32) at p, as f32. */
+static inline float df_elem_to_f32(const void *p, df_dtype t)
+{
+    if (t == DF_DTYPE_F32) {
+        float f;
+        memcpy(&f, p, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, p, 2);
+    return t == DF_DTYPE_BF16 ? df_bf16_to_f32(h) : df_f16_to_f32(h);
+}
+
 #endif

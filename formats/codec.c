@@ -717,44 +717,6 @@ float df_e4m3_to_f32(uint8_t c)
     return f;
 }
 
-/* f16 bits <-> f32 (exact one way; RNE the other), without F16C. */
-static inline float f16_to_f32(uint16_t h)
-{
-    uint32_t s = (uint32_t)(h >> 15) << 31, ex = (h >> 10) & 31, m = h & 0x3ff, u;
-    if (ex == 31)
-        u = s | 0x7f800000u | (m << 13) | (m ? 0x400000u : 0);
-    else if (ex == 0) {
-        float f = (float)m * 0x1p-24f;
-        memcpy(&u, &f, 4);
-        u |= s;
-    } else
-        u = s | ((ex - 15 + 127) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t f32_to_f16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint16_t s = (uint16_t)((u >> 16) & 0x8000);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u)
-        return s | 0x7e00;           /* NaN */
-    if (a >= 0x477ff000u)            /* >= 65520 rounds to inf */
-        return s | 0x7c00;
-    if (a < 0x38800000u) {           /* below 2^-14: f16 subnormal or zero */
-        float af;
-        memcpy(&af, &a, 4);
-        float m = af * 0x1p24f;      /* exact scaling; RNE to integer below */
-        m = (m + 0x1p23f) - 0x1p23f;
-        return s | (uint16_t)m;      /* m == 1024 gives the smallest normal */
-    }
-    a += 0xfffu + ((a >> 13) & 1);
-    return s | (uint16_t)((a - 0x38000000u) >> 13);
-}
-
 #define FP8_HDR 5
 
 /* The fp8 encoder's per-row f32 buffer (bits), separate from scratch. */
@@ -782,7 +744,7 @@ static void row_to_f32_bits(const uint8_t *row, size_t n, df_dtype t, uint32_t *
             out[i] = (uint32_t)df_le16(row + 2 * i) << 16;
     } else {
         for (size_t i = 0; i < n; i++) {
-            float f = f16_to_f32(df_le16(row + 2 * i));
+            float f = df_f16_to_f32(df_le16(row + 2 * i));
             memcpy(&out[i], &f, 4);
         }
     }
@@ -961,7 +923,7 @@ static void dequant_scalar(const uint8_t *in, size_t n, float scale, df_dtype t,
         } else {
             float f;
             memcpy(&f, &b, 4);
-            uint16_t h = t == DF_DTYPE_BF16 ? bits_to_bf16(b) : f32_to_f16(f);
+            uint16_t h = t == DF_DTYPE_BF16 ? bits_to_bf16(b) : df_f32_to_f16(f);
             memcpy(out + 2 * i, &h, 2);
         }
     }

@@ -45,6 +45,21 @@ int main(void)
     CHECK_EQ(df_f32_to_bf16(1.00390625f), 0x3f80);   /* tie -> even */
     CHECK_EQ(df_f32_to_bf16(1.01171875f), 0x3f82);   /* tie -> even (up) */
 
+    /* f16: every finite/inf half survives f16 -> f32 -> f16; NaN stays NaN;
+     * values are the IEEE ones (spot checks, incl. subnormals). */
+    int f16_bad = 0;
+    for (uint32_t h = 0; h < 65536; h++) {
+        float f = df_f16_to_f32((uint16_t)h);
+        int nan = (h & 0x7c00) == 0x7c00 && (h & 0x3ff);
+        if (nan ? f == f : df_f32_to_f16(f) != h)
+            f16_bad++;
+    }
+    CHECK_EQ(f16_bad, 0);
+    CHECK(df_f16_to_f32(0x3c00) == 1.0f && df_f16_to_f32(0xc000) == -2.0f);
+    CHECK(df_f16_to_f32(0x0001) == 0x1p-24f && df_f16_to_f32(0x7bff) == 65504.0f);
+    CHECK_EQ(df_f32_to_f16(65520.0f), 0x7c00);      /* rounds to inf */
+    CHECK_EQ(df_f32_to_f16(1.0f + 0x1p-11f), 0x3c00); /* tie -> even */
+
     /* Pool: every index runs exactly once; the lowest failing index's code wins. */
     for (int threads = 1; threads <= 4; threads++) {
         df_pool *p = df_pool_open(threads);

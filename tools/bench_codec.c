@@ -116,26 +116,6 @@ static void cpu_model(char *out, size_t cap)
 
 /* ---- data ----------------------------------------------------------------- */
 
-static uint16_t f32_to_f16_bits(float f)
-{
-    /* for test data only: RNE via the codec-independent path in f32 */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint16_t s = (uint16_t)((u >> 16) & 0x8000);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u)
-        return s | 0x7e00;
-    if (a >= 0x477ff000u)
-        return s | 0x7c00;
-    if (a < 0x38800000u) {
-        float af;
-        memcpy(&af, &a, 4);
-        return s | (uint16_t)lrintf(af * 0x1p24f);
-    }
-    a += 0xfffu + ((a >> 13) & 1);
-    return s | (uint16_t)((a - 0x38000000u) >> 13);
-}
-
 /* bf16 rows -> the dataset's dtype (f32 is exact; f16 rounds) */
 static void convert_rows(const uint16_t *bf, size_t n, df_dtype t, uint8_t *out)
 {
@@ -146,7 +126,7 @@ static void convert_rows(const uint16_t *bf, size_t n, df_dtype t, uint8_t *out)
             float f = df_bf16_to_f32(bf[i]);
             memcpy(out + 4 * i, &f, 4);
         } else {
-            uint16_t h = f32_to_f16_bits(df_bf16_to_f32(bf[i]));
+            uint16_t h = df_f32_to_f16(df_bf16_to_f32(bf[i]));
             memcpy(out + 2 * i, &h, 2);
         }
     }
@@ -285,20 +265,7 @@ static int decode_one(void *arg, size_t i)
 
 static float elem_f32(const uint8_t *p, df_dtype t)
 {
-    if (t == DF_DTYPE_F32) {
-        float f;
-        memcpy(&f, p, 4);
-        return f;
-    }
-    uint16_t h;
-    memcpy(&h, p, 2);
-    if (t == DF_DTYPE_BF16)
-        return df_bf16_to_f32(h);
-    /* f16 */
-    int ex = (h >> 10) & 31, m = h & 0x3ff;
-    float v = ex == 0 ? ldexpf((float)m, -24) : ex == 31 ? (m ? NAN : INFINITY)
-                                                       : ldexpf((float)(m | 0x400), ex - 25);
-    return (h & 0x8000) ? -v : v;
+    return df_elem_to_f32(p, t);
 }
 
 static result run_codec(dataset *d, int id, const opts *o, df_pool *pool)
