@@ -1,0 +1,53 @@
+/* backend_internal.h - what the op dispatch layer (kernels/ops*.c) and the
+ * backends share. df_op_*() validate shapes once, here, then call the
+ * backend's implementation; implementations may assume valid arguments. */
+#ifndef DF_BACKEND_INTERNAL_H
+#define DF_BACKEND_INTERNAL_H
+
+#include "ops.h"
+#include "pool.h"
+
+typedef enum df_backend_kind { DF_BACKEND_CPU = 1, DF_BACKEND_CUDA = 2 } df_backend_kind;
+
+struct df_backend {
+    df_backend_kind kind;
+    df_pool *pool; /* CPU: the worker threads ops split their rows over */
+    int nthreads;
+};
+
+/* CPU implementations (kernels/cpu/). Arguments are already validated. */
+int df_cpu_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, int64_t n,
+                 df_tensor *out);
+int df_cpu_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
+                  int accumulate);
+int df_cpu_add(df_backend *be, const df_tensor *x, df_tensor *y);
+int df_cpu_rmsnorm(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
+                   int plus_one, df_tensor *y);
+int df_cpu_rmsnorm_gated(df_backend *be, const df_tensor *x, const df_tensor *z,
+                         const df_tensor *w, float eps, df_tensor *y);
+int df_cpu_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
+                int rot_dim, double theta);
+int df_cpu_swiglu(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out);
+int df_cpu_sigmoid(df_backend *be, const df_tensor *x, df_tensor *out);
+int df_cpu_silu(df_backend *be, const df_tensor *x, df_tensor *out);
+int df_cpu_attention(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+                     const int32_t *cu_seqlens, int n_seq, int nq, int nkv, int head_dim,
+                     float scale, const df_tensor *gate, df_tensor *out);
+int df_cpu_conv1d_silu(df_backend *be, const df_tensor *x, const df_tensor *w,
+                       const int32_t *cu_seqlens, int n_seq, df_tensor *out);
+int df_cpu_l2norm(df_backend *be, df_tensor *x, float eps, float scale);
+int df_cpu_gdn_gates(df_backend *be, const df_tensor *a, const df_tensor *b,
+                     const df_tensor *A_log, const df_tensor *dt_bias, df_tensor *g,
+                     df_tensor *beta);
+int df_cpu_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+               const df_tensor *g, const df_tensor *beta, const int32_t *cu_seqlens, int n_seq,
+               int hk, int hv, int dk, int dv, df_gdn_mode mode, df_tensor *out);
+
+/* Weight element i of a BF16/F16/F32 vector, as f32. */
+static inline float df_weight_at(const df_tensor *w, int64_t i)
+{
+    return df_elem_to_f32((const uint8_t *)w->data + i * (int64_t)df_dtype_size(w->dtype),
+                          w->dtype);
+}
+
+#endif

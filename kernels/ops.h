@@ -1,0 +1,154 @@
+/* ops.h - the op interface the model code is written against once.
+ *
+ * A backend (CPU today, CUDA next) implements every op below; model code
+ * calls df_op_*() with a backend handle and never knows which one runs.
+ * The CPU backend is the reference: plain C, fp32 math, threads via
+ * common/pool.h; GPU ops are tested against it.
+ *
+ * Tensors: df_tensor views memory the backend can address (host memory for
+ * the CPU backend, device memory for CUDA). Up to 4 dims, row-major, strides
+ * in elements; every op requires the innermost dim to be contiguous
+ * (stride[ndim-1] == 1) and accepts any outer stride (views into fused
+ * projections, e.g. q and gate halves of one GEMM output). 2-D tensors are
+ * [rows, cols].
+ *
+ * Dtypes: activations are F32 in this version (the CPU reference computes
+ * and stores fp32); weights may be BF16, F16 or F32 (read straight from the
+ * mmapped safetensors). Where an op takes a weight it says so.
+ *
+ * Packed sequences: several documents are concatenated along the token
+ * axis; cu_seqlens[0..n_seq] (int32, cu_seqlens[0] = 0, increasing,
+ * cu_seqlens[n_seq] = total tokens) marks their bounds. Causal ops never
+ * look across a bound; recurrent state starts at zero in each sequence.
+ *
+ * Every op returns 0 or a negative errno (-EINVAL on inconsistent shapes,
+ * with nothing written). Ops may run asynchronously on a GPU backend:
+ * df_backend_sync() waits.
+ */
+#ifndef DF_OPS_H
+#define DF_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dtype.h"
+#include "err.h"
+
+#define DF_TENSOR_MAX_DIMS 4
+
+typedef struct df_tensor {
+    void *data;
+    df_dtype dtype;
+    int ndim;
+    int64_t shape[DF_TENSOR_MAX_DIMS];
+    int64_t stride[DF_TENSOR_MAX_DIMS]; /* elements */
+} df_tensor;
+
+/* Contiguous views. */
+df_tensor df_tensor_1d(void *data, df_dtype t, int64_t n);
+df_tensor df_tensor_2d(void *data, df_dtype t, int64_t rows, int64_t cols);
+/* A 2-D view of columns [col0, col0 + cols) of every row of a [rows, ld] matrix. */
+df_tensor df_tensor_cols(const df_tensor *m, int64_t col0, int64_t cols);
+/* Pointer to element (r, c) of a 2-D tensor. */
+void *df_tensor_at(const df_tensor *m, int64_t r, int64_t c);
+int64_t df_tensor_numel(const df_tensor *t);
+
+typedef struct df_backend df_backend;
+
+/* The CPU backend; nthreads 0 = online CPUs. */
+df_backend *df_backend_cpu_open(int nthreads, df_err *e);
+void df_backend_close(df_backend *be);
+const char *df_backend_name(const df_backend *be);
+int df_backend_sync(df_backend *be);
+/* Memory the backend's ops can use (64-byte aligned); free with _free. */
+void *df_backend_alloc(df_backend *be, size_t bytes);
+void df_backend_free(df_backend *be, void *p);
+/* Copies between host memory and backend memory (plain memcpy on the CPU). */
+int df_backend_upload(df_backend *be, void *dst, const void *src, size_t bytes);
+int df_backend_download(df_backend *be, void *dst, const void *src, size_t bytes);
+
+/* ---- dense ops ---- */
+
+/* out[i, :] = table[ids[i], :] as f32. table [V, H] (BF16/F16/F32 weight),
+ * out [n, H]; an id >= V is -EINVAL. */
+int df_op_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, int64_t n,
+                df_tensor *out);
+
+/* y = x @ w^T (+ y if accumulate): x [M, K] f32, w [N, K] weight, y [M, N] f32.
+ * fp32 accumulation. */
+int df_op_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
+                 int accumulate);
+
+/* y = x + y, elementwise, same shapes (the residual add). */
+int df_op_add(df_backend *be, const df_tensor *x, df_tensor *y);
+
+/* RMSNorm over the last dim of x [R, D]: y = x * rsqrt(mean(x^2) + eps) * g,
+ * g = w (plain, Qwen3) or 1 + w (plus_one, Qwen3.5's zero-centred norms).
+ * w [D] weight. Per-head norms (q_norm/k_norm) view [T, heads*D] as
+ * [T*heads, D]. y may alias x. */
+int df_op_rmsnorm(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
+                  int plus_one, df_tensor *y);
+
+/* Gated RMSNorm (the GDN output norm): y = rmsnorm_plain(x) * w * silu(z),
+ * x, z, y [R, D], w [D] weight. y may alias x. */
+int df_op_rmsnorm_gated(df_backend *be, const df_tensor *x, const df_tensor *z,
+                        const df_tensor *w, float eps, df_tensor *y);
+
+/* NeoX RoPE in place on x [T, heads*head_dim]: for each head, the first
+ * rot_dim dims rotate in pairs (d, d + rot_dim/2) by angle
+ * pos[t] * theta^(-2d/rot_dim); dims rot_dim.. are unchanged. Angles are
+ * computed in fp32 (inv_freq in fp32, as HF does), then cos/sin in f32.
+ * pos [T] int32. */
+int df_op_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
+               int rot_dim, double theta);
+
+/* out = silu(gate) * up; all [T, F]. out may alias gate or up. */
+int df_op_swiglu(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out);
+
+/* out = sigmoid(x) elementwise, and silu likewise; out may alias x. */
+int df_op_sigmoid(df_backend *be, const df_tensor *x, df_tensor *out);
+int df_op_silu(df_backend *be, const df_tensor *x, df_tensor *out);
+
+/* Causal attention over packed sequences with GQA:
+ * q [T, nq*D], k [T, nkv*D], v [T, nkv*D] (any row strides), out [T, nq*D];
+ * query head h uses kv head h / (nq/nkv); softmax(q.k * scale) in fp32 over
+ * keys j <= i of the same sequence. If gate (same shape as out) is given,
+ * out *= sigmoid(gate) (Qwen3.5's output gate). */
+int df_op_attention(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+                    const int32_t *cu_seqlens, int n_seq, int nq, int nkv, int head_dim,
+                    float scale, const df_tensor *gate, df_tensor *out);
+
+/* ---- Gated DeltaNet ops (Qwen3.5 linear-attention layers) ---- */
+
+/* Causal depthwise conv1d + SiLU per channel over packed sequences, zero
+ * left padding at each sequence start: out[t, c] = silu(sum_k w[c, k] *
+ * x[t - (K-1) + k, c]). x, out [T, C] (out must not alias x); w [C, K] weight
+ * (the checkpoint's [C, 1, K] viewed 2-D). */
+int df_op_conv1d_silu(df_backend *be, const df_tensor *x, const df_tensor *w,
+                      const int32_t *cu_seqlens, int n_seq, df_tensor *out);
+
+/* In place: each row of x [R, D] becomes x * rsqrt(sum x^2 + eps) * scale. */
+int df_op_l2norm(df_backend *be, df_tensor *x, float eps, float scale);
+
+/* beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias), all fp32:
+ * a, b [T, H] f32; A_log, dt_bias [H] weights; g, beta [T, H] f32 out. */
+int df_op_gdn_gates(df_backend *be, const df_tensor *a, const df_tensor *b,
+                    const df_tensor *A_log, const df_tensor *dt_bias, df_tensor *g,
+                    df_tensor *beta);
+
+typedef enum df_gdn_mode {
+    DF_GDN_RECURRENT = 0, /* token by token: the oracle */
+    DF_GDN_CHUNKED = 1    /* chunks of 64: GEMM-shaped work + a sequential state pass */
+} df_gdn_mode;
+
+/* The gated delta rule over packed sequences. q, k [T, hk*Dk] (already
+ * l2-normalised, q scaled), v [T, hv*Dv], g, beta [T, hv] (g <= 0), out
+ * [T, hv*Dv]. Value head h uses q/k head h / (hv/hk). Per (sequence, value
+ * head) the state S [Dk, Dv] starts at zero:
+ *   S = S * exp(g_t); delta = (v_t - S^T k_t) * beta_t; S += k_t delta^T; o_t = S^T q_t
+ * State in fp32. Both modes give the same result up to rounding. */
+int df_op_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+              const df_tensor *g, const df_tensor *beta, const int32_t *cu_seqlens, int n_seq,
+              int hk, int hv, int dk, int dv, df_gdn_mode mode, df_tensor *out);
+
+#endif
