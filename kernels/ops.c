@@ -1,1 +1,454 @@
-/* stub: being written */
+/* ops.c - tensor helpers, the backend handle, and the dense ops' dispatch.
+ *
+ * Every df_op_*() here checks its arguments completely before anything is
+ * written, so a bad call returns -EINVAL with the outputs untouched, and the
+ * backends (kernels/cpu/, later CUDA) may assume valid arguments. The Gated
+ * DeltaNet ops dispatch from ops_gdn.c. */
+#include "backend_internal.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- tensor helpers ---- */
+
+df_tensor df_tensor_1d(void *data, df_dtype t, int64_t n)
+{
+    df_tensor r;
+    memset(&r, 0, sizeof r);
+    r.data = data;
+    r.dtype = t;
+    r.ndim = 1;
+    r.shape[0] = n;
+    r.stride[0] = 1;
+    return r;
+}
+
+df_tensor df_tensor_2d(void *data, df_dtype t, int64_t rows, int64_t cols)
+{
+    df_tensor r;
+    memset(&r, 0, sizeof r);
+    r.data = data;
+    r.dtype = t;
+    r.ndim = 2;
+    r.shape[0] = rows;
+    r.shape[1] = cols;
+    r.stride[0] = cols;
+    r.stride[1] = 1;
+    return r;
+}
+
+/* An out-of-range request yields an invalid tensor (no data, ndim 0) rather
+ * than a view past the matrix: the helper cannot return an error, but every
+ * op rejects such a tensor with -EINVAL. */
+df_tensor df_tensor_cols(const df_tensor *m, int64_t col0, int64_t cols)
+{
+    df_tensor r;
+    memset(&r, 0, sizeof r);
+    if (!m || m->ndim != 2 || col0 < 0 || cols < 0 || col0 > m->shape[1] ||
+        cols > m->shape[1] - col0 || df_dtype_size(m->dtype) == 0)
+        return r;
+    r = *m;
+    r.data = (uint8_t *)m->data + col0 * m->stride[1] * (int64_t)df_dtype_size(m->dtype);
+    r.shape[1] = cols;
+    return r;
+}
+
+void *df_tensor_at(const df_tensor *m, int64_t r, int64_t c)
+{
+    if (!m || m->ndim != 2 || !m->data)
+        return NULL;
+    return (uint8_t *)m->data +
+           (r * m->stride[0] + c * m->stride[1]) * (int64_t)df_dtype_size(m->dtype);
+}
+
+/* 0 for an invalid tensor (ndim outside 1..4). */
+int64_t df_tensor_numel(const df_tensor *t)
+{
+    if (!t || t->ndim < 1 || t->ndim > DF_TENSOR_MAX_DIMS)
+        return 0;
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim; d++)
+        n *= t->shape[d];
+    return n;
+}
+
+/* ---- backend handle ---- */
+
+df_backend *df_backend_cpu_open(int nthreads, df_err *e)
+{
+    if (nthreads < 0) {
+        df_errf(e, -EINVAL, "cpu backend: nthreads %d < 0", nthreads);
+        return NULL;
+    }
+    df_backend *be = calloc(1, sizeof *be);
+    if (!be) {
+        df_errf(e, -ENOMEM, "cpu backend: out of memory");
+        return NULL;
+    }
+    be->kind = DF_BACKEND_CPU;
+    be->pool = df_pool_open(nthreads);
+    if (!be->pool) {
+        free(be);
+        df_errf(e, -ENOMEM, "cpu backend: cannot start a pool of %d threads", nthreads);
+        return NULL;
+    }
+    be->nthreads = df_pool_size(be->pool);
+    return be;
+}
+
+void df_backend_close(df_backend *be)
+{
+    if (!be)
+        return;
+    df_pool_close(be->pool);
+    free(be);
+}
+
+const char *df_backend_name(const df_backend *be)
+{
+    if (!be)
+        return "none";
+    return be->kind == DF_BACKEND_CPU ? "cpu" : be->kind == DF_BACKEND_CUDA ? "cuda" : "unknown";
+}
+
+/* CPU ops run synchronously: by the time df_op_*() returns, it is done. */
+int df_backend_sync(df_backend *be)
+{
+    return be ? 0 : -EINVAL;
+}
+
+void *df_backend_alloc(df_backend *be, size_t bytes)
+{
+    if (!be || bytes > SIZE_MAX - 64)
+        return NULL;
+    /* aligned_alloc wants a multiple of the alignment; 0 bytes still gives a
+     * unique pointer so callers need no special case. */
+    size_t n = (bytes + 63) & ~(size_t)63;
+    return aligned_alloc(64, n ? n : 64);
+}
+
+void df_backend_free(df_backend *be, void *p)
+{
+    (void)be;
+    free(p);
+}
+
+int df_backend_upload(df_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (!be || (bytes && (!dst || !src)))
+        return -EINVAL;
+    if (bytes)
+        memmove(dst, src, bytes);
+    return 0;
+}
+
+int df_backend_download(df_backend *be, void *dst, const void *src, size_t bytes)
+{
+    return df_backend_upload(be, dst, src, bytes);
+}
+
+/* ---- argument checks ---- */
+
+static int is_weight_dtype(df_dtype t)
+{
+    return t == DF_DTYPE_BF16 || t == DF_DTYPE_F16 || t == DF_DTYPE_F32;
+}
+
+/* A well-formed tensor of dtype class ok(): 1..4 dims, non-negative shapes
+ * and strides, innermost stride 1, data present when non-empty. Outputs
+ * (out != 0) must also not overlap themselves: each outer stride covers the
+ * extent of the dims inside it, so no two elements share memory. */
+static int check_tensor(const df_tensor *t, int ndim_min, int ndim_max, int weight, int out)
+{
+    if (!t || t->ndim < ndim_min || t->ndim > ndim_max)
+        return 0;
+    if (weight ? !is_weight_dtype(t->dtype) : t->dtype != DF_DTYPE_F32)
+        return 0;
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] < 0 || t->stride[d] < 0)
+            return 0;
+    if (t->stride[t->ndim - 1] != 1)
+        return 0;
+    int64_t n = df_tensor_numel(t);
+    if (n > 0 && !t->data)
+        return 0;
+    if (out && n > 0) {
+        int64_t extent = 1; /* elements spanned by the dims inside d */
+        for (int d = t->ndim - 1; d >= 0; d--) {
+            if (t->shape[d] > 1 && t->stride[d] < extent)
+                return 0;
+            if (t->shape[d] > 1)
+                extent = t->stride[d] * (t->shape[d] - 1) + extent;
+        }
+    }
+    return 1;
+}
+
+static int same_shape(const df_tensor *a, const df_tensor *b)
+{
+    if (a->ndim != b->ndim)
+        return 0;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d])
+            return 0;
+    return 1;
+}
+
+/* The same view of the same memory: allowed where the contract says "may alias". */
+static int same_view(const df_tensor *a, const df_tensor *b)
+{
+    if (a->data != b->data || a->dtype != b->dtype || !same_shape(a, b))
+        return 0;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] > 1 && a->stride[d] != b->stride[d])
+            return 0;
+    return 1;
+}
+
+/* A tensor as rows of contiguous bytes: base, count, stride, width. 1-D and
+ * 2-D tensors qualify (the inner stride is 1 after check_tensor); anything
+ * else is described by its bounding range as one "row". */
+typedef struct rowspan {
+    intptr_t base;
+    int64_t rows, stride, width; /* bytes */
+} rowspan;
+
+static rowspan span_of(const df_tensor *t)
+{
+    int64_t es = (int64_t)df_dtype_size(t->dtype);
+    rowspan s = {(intptr_t)t->data, 1, 0, 0};
+    if (df_tensor_numel(t) == 0)
+        return s;
+    if (t->ndim == 1) {
+        s.width = t->shape[0] * es;
+    } else if (t->ndim == 2) {
+        s.rows = t->shape[0];
+        s.stride = t->shape[0] > 1 ? t->stride[0] * es : 0;
+        s.width = t->shape[1] * es;
+    } else {
+        int64_t last = 0;
+        for (int d = 0; d < t->ndim; d++)
+            last += (t->shape[d] - 1) * t->stride[d];
+        s.width = (last + 1) * es;
+    }
+    return s;
+}
+
+static int64_t floor_div(int64_t a, int64_t b) /* b > 0 */
+{
+    int64_t q = a / b;
+    return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+/* Whether two tensors may share a byte. Exact for two column views with the
+ * same row stride (the fused-projection case: q and gate halves of one GEMM
+ * output do not overlap even though their bounding ranges do); otherwise
+ * the bounding ranges are compared, which can only err towards "overlap". */
+static int overlaps(const df_tensor *ta, const df_tensor *tb)
+{
+    rowspan a = span_of(ta), b = span_of(tb);
+    if (a.width == 0 || b.width == 0)
+        return 0;
+    /* A single row has no stride of its own: adopt the other's. */
+    if (a.rows == 1)
+        a.stride = b.stride;
+    if (b.rows == 1)
+        b.stride = a.stride;
+    if (a.stride == b.stride && a.stride >= a.width && a.stride >= b.width) {
+        int64_t S = a.stride;
+        if (S == 0) /* both single rows */
+            return b.base < a.base + a.width && a.base < b.base + b.width;
+        /* Row rb of B starts d + k*S bytes after row ra of A (k = rb - ra);
+         * they overlap iff that offset lies in (-b.width, a.width). */
+        int64_t d = (int64_t)(b.base - a.base);
+        int64_t kmin = -(a.rows - 1), kmax = b.rows - 1;
+        int64_t k0 = floor_div(-b.width - d, S) + 1; /* first k with offset > -b.width */
+        for (int64_t k = k0; k <= k0 + 1; k++)
+            if (k >= kmin && k <= kmax && d + k * S < a.width)
+                return 1;
+        return 0;
+    }
+    intptr_t alo = a.base, ahi = a.base + (intptr_t)((a.rows - 1) * a.stride + a.width);
+    intptr_t blo = b.base, bhi = b.base + (intptr_t)((b.rows - 1) * b.stride + b.width);
+    return blo < ahi && alo < bhi;
+}
+
+/* out may be the very same view as in (when allowed) but not partly overlap it. */
+static int alias_ok(const df_tensor *out, const df_tensor *in, int may_alias)
+{
+    if (may_alias && same_view(out, in))
+        return 1;
+    return !overlaps(out, in);
+}
+
+#define BE_CHECK(be)                          \
+    do {                                      \
+        if (!(be))                            \
+            return -EINVAL;                   \
+        if ((be)->kind != DF_BACKEND_CPU)     \
+            return -ENOSYS;                   \
+    } while (0)
+
+/* ---- dense ops ---- */
+
+int df_op_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, int64_t n,
+                df_tensor *out)
+{
+    if (!be || !check_tensor(table, 2, 2, 1, 0) || !check_tensor(out, 2, 2, 0, 1) || n < 0)
+        return -EINVAL;
+    if (out->shape[0] != n || out->shape[1] != table->shape[1] || (n > 0 && !ids))
+        return -EINVAL;
+    if (!alias_ok(out, table, 0))
+        return -EINVAL;
+    for (int64_t i = 0; i < n; i++)
+        if ((int64_t)ids[i] >= table->shape[0])
+            return -EINVAL;
+    BE_CHECK(be);
+    return df_cpu_embed(be, table, ids, n, out);
+}
+
+int df_op_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
+                 int accumulate)
+{
+    if (!be || !check_tensor(x, 2, 2, 0, 0) || !check_tensor(w, 2, 2, 1, 0) ||
+        !check_tensor(y, 2, 2, 0, 1))
+        return -EINVAL;
+    if (x->shape[1] != w->shape[1] || y->shape[0] != x->shape[0] || y->shape[1] != w->shape[0])
+        return -EINVAL;
+    /* y is written tile by tile while x rows and w are still being read. */
+    if (!alias_ok(y, x, 0) || !alias_ok(y, w, 0))
+        return -EINVAL;
+    BE_CHECK(be);
+    return df_cpu_matmul(be, x, w, y, accumulate);
+}
+
+int df_op_add(df_backend *be, const df_tensor *x, df_tensor *y)
+{
+    if (!be || !check_tensor(x, 1, 4, 0, 0) || !check_tensor(y, 1, 4, 0, 1) || !same_shape(x, y))
+        return -EINVAL;
+    /* Elementwise, so the same view (y = 2y) is well defined; a shifted one is not. */
+    if (!alias_ok(y, x, 1))
+        return -EINVAL;
+    BE_CHECK(be);
+    return df_cpu_add(be, x, y);
+}
+
+static int check_norm_weight(const df_tensor *w, int64_t D)
+{
+    return check_tensor(w, 1, 1, 1, 0) && w->shape[0] == D;
+}
+
+int df_op_rmsnorm(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
+                  int plus_one, df_tensor *y)
+{
+    if (!be || !check_tensor(x, 1, 4, 0, 0) || !check_tensor(y, 1, 4, 0, 1) || !same_shape(x, y))
+        return -EINVAL;
+    if (!check_norm_weight(w, x->shape[x->ndim - 1]) || !(eps >= 0) || !isfinite(eps))
+        return -EINVAL;
+    if (!alias_ok(y, x, 1) || !alias_ok(y, w, 0))
+        return -EINVAL;
+    BE_CHECK(be);
+    return df_cpu_rmsnorm(be, x, w, eps, plus_one, y);
+}
+
+int df_op_rmsnorm_gated(df_backend *be, const df_tensor *x, const df_tensor *z,
+                        const df_tensor *w, float eps, df_tensor *y)
+{
+    if (!be || !check_tensor(x, 1, 4, 0, 0) || !check_tensor(z, 1, 4, 0, 0) ||
+        !check_tensor(y, 1, 4, 0, 1) || !same_shape(x, y) || !same_shape(z, y))
+        return -EINVAL;
+    if (!check_norm_weight(w, x->shape[x->ndim - 1]) || !(eps >= 0) || !isfinite(eps))
+        return -EINVAL;
+    if (!alias_ok(y, x, 1) || !alias_ok(y, z, 0) || !alias_ok(y, w, 0))
+        return -EINVAL;
+    BE_CHECK(be);
+    return df_cpu_rmsnorm_gated(be, x, z, w, eps, y);
+}
+
+int df_op_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
+               int rot_dim, double theta)
+{
+    if (!be || !check_tensor(x, 2, 2, 0, 1) || heads <= 0 || head_dim <= 0)
+        return -EINVAL;
+    if ((int64_t)heads * head_dim != x->shape[1])
+        return -EINVAL;
+    if (rot_dim <= 0 || rot_dim % 2 || rot_dim > head_dim)
+        return -EINVAL;
+    /* theta^(e) for e in [0, 1) must be a finite positive fp32 number. */
+    if (!(theta > 0) || !((float)theta < INFINITY))
+        return -EINVAL;
+    if (x->shape[0] > 0 && !pos)
+        return -EINVAL;
+    BE_CHECK(be);
+    return df_cpu_rope(be, x, pos, heads, head_dim, rot_dim, theta);
+}
+
+/* Three same-shaped elementwise operands; out may be the same view as an input. */
+static int check_elementwise(const df_tensor *a, const df_tensor *b, const df_tensor *out)
+{
+    if (!check_tensor(a, 1, 4, 0, 0) || !check_tensor(out, 1, 4, 0, 1) || !same_shape(a, out))
+        return 0;
+    if (!alias_ok(out, a, 1))
+        return 0;
+    if (b && (!check_tensor(b, 1, 4, 0, 0) || !same_shape(b, out) || !alias_ok(out, b, 1)))
+        return 0;
+    return 1;
+}
+
+int df_op_swiglu(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out)
+{
+    if (!be || !check_elementwise(gate, up, out))
+        return -EINVAL;
+    BE_CHECK(be);
+    return df_cpu_swiglu(be, gate, up, out);
+}
+
+int df_op_sigmoid(df_backend *be, const df_tensor *x, df_tensor *out)
+{
+    if (!be || !check_elementwise(x, NULL, out))
+        return -EINVAL;
+    BE_CHECK(be);
+    return df_cpu_sigmoid(be, x, out);
+}
+
+int df_op_silu(df_backend *be, const df_tensor *x, df_tensor *out)
+{
+    if (!be || !check_elementwise(x, NULL, out))
+        return -EINVAL;
+    BE_CHECK(be);
+    return df_cpu_silu(be, x, out);
+}
+
+int df_op_attention(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+                    const int32_t *cu_seqlens, int n_seq, int nq, int nkv, int head_dim,
+                    float scale, const df_tensor *gate, df_tensor *out)
+{
+    if (!be || !check_tensor(q, 2, 2, 0, 0) || !check_tensor(k, 2, 2, 0, 0) ||
+        !check_tensor(v, 2, 2, 0, 0) || !check_tensor(out, 2, 2, 0, 1))
+        return -EINVAL;
+    if (nq <= 0 || nkv <= 0 || head_dim <= 0 || nq % nkv || !isfinite(scale))
+        return -EINVAL;
+    int64_t T = q->shape[0];
+    if (q->shape[1] != (int64_t)nq * head_dim || !same_shape(q, out))
+        return -EINVAL;
+    if (k->shape[0] != T || v->shape[0] != T || k->shape[1] != (int64_t)nkv * head_dim ||
+        !same_shape(k, v))
+        return -EINVAL;
+    if (gate && (!check_tensor(gate, 2, 2, 0, 0) || !same_shape(gate, out)))
+        return -EINVAL;
+    /* out rows are written while later rows still read k/v (and q, gate):
+     * no overlap at all, not even the same view. */
+    if (!alias_ok(out, q, 0) || !alias_ok(out, k, 0) || !alias_ok(out, v, 0) ||
+        (gate && !alias_ok(out, gate, 0)))
+        return -EINVAL;
+    /* Empty sequences are harmless and allowed (non-decreasing bounds). */
+    if (n_seq < 0 || !cu_seqlens || cu_seqlens[0] != 0 || cu_seqlens[n_seq] != T)
+        return -EINVAL;
+    for (int s = 0; s < n_seq; s++)
+        if (cu_seqlens[s + 1] < cu_seqlens[s])
+            return -EINVAL;
+    BE_CHECK(be);
+    return df_cpu_attention(be, q, k, v, cu_seqlens, n_seq, nq, nkv, head_dim, scale, gate, out);
+}

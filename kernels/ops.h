@@ -22,8 +22,13 @@
  * look across a bound; recurrent state starts at zero in each sequence.
  *
  * Every op returns 0 or a negative errno (-EINVAL on inconsistent shapes,
- * with nothing written). Ops may run asynchronously on a GPU backend:
- * df_backend_sync() waits.
+ * with nothing written).
+ *
+ * Aliasing: where an op says "y may alias x", y may be exactly the same view
+ * as x (same data, shape and strides); an output that partly overlaps any
+ * input is -EINVAL. Disjoint column views of one buffer never overlap.
+ *
+ * Ops may run asynchronously on a GPU backend: df_backend_sync() waits.
  */
 #ifndef DF_OPS_H
 #define DF_OPS_H
@@ -47,10 +52,13 @@ typedef struct df_tensor {
 /* Contiguous views. */
 df_tensor df_tensor_1d(void *data, df_dtype t, int64_t n);
 df_tensor df_tensor_2d(void *data, df_dtype t, int64_t rows, int64_t cols);
-/* A 2-D view of columns [col0, col0 + cols) of every row of a [rows, ld] matrix. */
+/* A 2-D view of columns [col0, col0 + cols) of every row of a [rows, ld] matrix.
+ * Out of range (or m not 2-D): an invalid tensor (data NULL, ndim 0) that
+ * every op rejects with -EINVAL. */
 df_tensor df_tensor_cols(const df_tensor *m, int64_t col0, int64_t cols);
-/* Pointer to element (r, c) of a 2-D tensor. */
+/* Pointer to element (r, c) of a 2-D tensor (NULL if not 2-D). */
 void *df_tensor_at(const df_tensor *m, int64_t r, int64_t c);
+/* Product of the shape; 0 for an invalid tensor (ndim outside 1..4). */
 int64_t df_tensor_numel(const df_tensor *t);
 
 typedef struct df_backend df_backend;
@@ -75,11 +83,14 @@ int df_op_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, int
                 df_tensor *out);
 
 /* y = x @ w^T (+ y if accumulate): x [M, K] f32, w [N, K] weight, y [M, N] f32.
- * fp32 accumulation. */
+ * fp32 accumulation over k; with accumulate the finished sum is added to y
+ * last (residual + projection). y must not overlap x or w. */
 int df_op_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
                  int accumulate);
 
-/* y = x + y, elementwise, same shapes (the residual add). */
+/* y = x + y, elementwise, same shapes (the residual add); y may alias x.
+ * Like the other elementwise ops (and the norms, over their last dim), it
+ * takes any 1..4-D shape, each row of the last dim contiguous. */
 int df_op_add(df_backend *be, const df_tensor *x, df_tensor *y);
 
 /* RMSNorm over the last dim of x [R, D]: y = x * rsqrt(mean(x^2) + eps) * g,
@@ -113,7 +124,8 @@ int df_op_silu(df_backend *be, const df_tensor *x, df_tensor *out);
  * q [T, nq*D], k [T, nkv*D], v [T, nkv*D] (any row strides), out [T, nq*D];
  * query head h uses kv head h / (nq/nkv); softmax(q.k * scale) in fp32 over
  * keys j <= i of the same sequence. If gate (same shape as out) is given,
- * out *= sigmoid(gate) (Qwen3.5's output gate). */
+ * out *= sigmoid(gate) (Qwen3.5's output gate). out must not overlap q, k,
+ * v or gate. Empty sequences (equal bounds) are allowed. */
 int df_op_attention(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
                     const int32_t *cu_seqlens, int n_seq, int nq, int nkv, int head_dim,
                     float scale, const df_tensor *gate, df_tensor *out);
@@ -127,11 +139,16 @@ int df_op_attention(df_backend *be, const df_tensor *q, const df_tensor *k, cons
 int df_op_conv1d_silu(df_backend *be, const df_tensor *x, const df_tensor *w,
                       const int32_t *cu_seqlens, int n_seq, df_tensor *out);
 
-/* In place: each row of x [R, D] becomes x * rsqrt(sum x^2 + eps) * scale. */
+/* In place: each row of x [R, D] becomes (x * rsqrt(sum x^2 + eps)) * scale.
+ * x may also be [T, heads, D] (up to 4-D; the last dim is normalised, any
+ * outer strides): per-head q/k inside the fused conv output. */
 int df_op_l2norm(df_backend *be, df_tensor *x, float eps, float scale);
 
 /* beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias), all fp32:
- * a, b [T, H] f32; A_log, dt_bias [H] weights; g, beta [T, H] f32 out. */
+ * a, b [T, H] f32; A_log, dt_bias [H] weights; g, beta [T, H] f32 out.
+ * softplus as torch: x > 20 ? x : log1p(exp(x)). g and beta must not
+ * overlap each other (column halves of one buffer are fine); each may be
+ * exactly a or b (in place) or must not overlap them. */
 int df_op_gdn_gates(df_backend *be, const df_tensor *a, const df_tensor *b,
                     const df_tensor *A_log, const df_tensor *dt_bias, df_tensor *g,
                     df_tensor *beta);
@@ -142,9 +159,10 @@ typedef enum df_gdn_mode {
 } df_gdn_mode;
 
 /* The gated delta rule over packed sequences. q, k [T, hk*Dk] (already
- * l2-normalised, q scaled), v [T, hv*Dv], g, beta [T, hv] (g <= 0), out
- * [T, hv*Dv]. Value head h uses q/k head h / (hv/hk). Per (sequence, value
- * head) the state S [Dk, Dv] starts at zero:
+ * l2-normalised, q scaled), v [T, hv*Dv], g, beta [T, hv] (g <= 0, not
+ * checked), out [T, hv*Dv], which must not overlap any input. Value head h
+ * uses q/k head h / (hv/hk). Per (sequence, value head) the state
+ * S [Dk, Dv] starts at zero:
  *   S = S * exp(g_t); delta = (v_t - S^T k_t) * beta_t; S += k_t delta^T; o_t = S^T q_t
  * State in fp32. Both modes give the same result up to rounding. */
 int df_op_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,

@@ -1,1 +1,620 @@
-/* stub: being written */
+/* dense.c - the CPU reference for the dense ops: embed, matmul, add, the two
+ * RMSNorms, RoPE, SwiGLU, sigmoid/SiLU and causal attention.
+ *
+ * fp32 math throughout, in the order HF's modeling code does it, so GPU ops
+ * and the HF reference can both be compared against it. Work is split over
+ * be->pool in pieces whose boundaries depend only on the shapes, and every
+ * output element is computed by one piece in a fixed order: results are
+ * bitwise identical for any thread count. Arguments were validated by
+ * kernels/ops.c. */
+#include "backend_internal.h"
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define DF_X86_SIMD 1
+#endif
+
+/* ---- row-parallel helper ---- */
+
+typedef int (*rows_fn)(void *ctx, int64_t r0, int64_t r1);
+
+typedef struct rows_job {
+    rows_fn fn;
+    void *ctx;
+    int64_t n, chunk;
+} rows_job;
+
+static int rows_task(void *arg, size_t i)
+{
+    const rows_job *j = arg;
+    int64_t r0 = (int64_t)i * j->chunk;
+    int64_t r1 = r0 + j->chunk < j->n ? r0 + j->chunk : j->n;
+    return j->fn(j->ctx, r0, r1);
+}
+
+/* fn over [0, n) rows in chunks of about 64K elements of work (cost = work
+ * per row): big enough that the pool's hand-off is noise, small enough to
+ * balance. Each row's result does not depend on the chunking. */
+static int par_rows(df_backend *be, int64_t n, int64_t cost, rows_fn fn, void *ctx)
+{
+    if (n <= 0)
+        return 0;
+    int64_t chunk = cost > 0 ? ((int64_t)1 << 16) / cost : n;
+    if (chunk < 1)
+        chunk = 1;
+    rows_job j = {fn, ctx, n, chunk};
+    return df_pool_for(be->pool, (size_t)((n + chunk - 1) / chunk), rows_task, &j);
+}
+
+/* Rows of an N-D tensor: every index of the outer dims, the last dim contiguous. */
+static int64_t n_rows(const df_tensor *t)
+{
+    int64_t n = 1;
+    for (int d = 0; d < t->ndim - 1; d++)
+        n *= t->shape[d];
+    return n;
+}
+
+static float *row_ptr(const df_tensor *t, int64_t r)
+{
+    int64_t off = 0;
+    for (int d = t->ndim - 2; d >= 0; d--) {
+        off += (r % t->shape[d]) * t->stride[d];
+        r /= t->shape[d];
+    }
+    return (float *)t->data + off;
+}
+
+static int64_t row_len(const df_tensor *t)
+{
+    return t->shape[t->ndim - 1];
+}
+
+/* n consecutive weight elements (BF16/F16/F32) at p, as f32. */
+static void weight_to_f32(const void *p, df_dtype t, int64_t n, float *out)
+{
+    if (t == DF_DTYPE_F32) {
+        memcpy(out, p, (size_t)n * 4);
+    } else if (t == DF_DTYPE_BF16) {
+        const uint16_t *h = p;
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t u = (uint32_t)h[i] << 16;
+            memcpy(&out[i], &u, 4);
+        }
+    } else {
+        const uint16_t *h = p;
+        for (int64_t i = 0; i < n; i++)
+            out[i] = df_f16_to_f32(h[i]);
+    }
+}
+
+static inline float sigmoidf_(float x)
+{
+    return 1.0f / (1.0f + expf(-x));
+}
+
+/* x * sigmoid(x) written as x / (1 + e^-x), as torch's SiLU; for x -> -inf
+ * e^-x overflows to inf and the result is -0, never NaN. */
+static inline float siluf_(float x)
+{
+    return x / (1.0f + expf(-x));
+}
+
+/* ---- embed ---- */
+
+typedef struct embed_ctx {
+    const df_tensor *table;
+    const uint32_t *ids;
+    df_tensor *out;
+} embed_ctx;
+
+static int embed_rows(void *vp, int64_t r0, int64_t r1)
+{
+    const embed_ctx *c = vp;
+    size_t es = df_dtype_size(c->table->dtype);
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *src =
+            (const uint8_t *)c->table->data + (int64_t)c->ids[r] * c->table->stride[0] * (int64_t)es;
+        weight_to_f32(src, c->table->dtype, c->out->shape[1], row_ptr(c->out, r));
+    }
+    return 0;
+}
+
+int df_cpu_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, int64_t n,
+                 df_tensor *out)
+{
+    embed_ctx c = {table, ids, out};
+    return par_rows(be, n, out->shape[1], embed_rows, &c);
+}
+
+/* ---- matmul: y[M, N] (+)= x[M, K] @ w[N, K]^T ----
+ *
+ * Tasks are (MT rows) x (NT columns) tiles of y. A task walks K in blocks
+ * of KC: it converts the w block [NT, KC] to f32 once, transposed into NT/NR
+ * column panels [KC][NR], then runs an MR x NR register-tile kernel over its
+ * rows: y tile += x rows (broadcast) * panel rows. The sums live in a
+ * per-task f32 tile until K is done, then y = tile (+ y): each y element is
+ * one fp32 sum over k in increasing order, added to the old y last (as the
+ * residual add after a projection), whatever the thread count. */
+enum { MR = 6, NR = 16, NT = 64, MT = 32 * MR, KC = 256 };
+
+typedef void (*kern_fn)(int64_t kc, const float *const a[MR], const float *b, float *c,
+                        int zero);
+
+/* Portable kernel: c[MR][NR] (row stride NT) (= 0 if zero) += a[r][k] * b[k][j]. */
+static void kern_c(int64_t kc, const float *const a[MR], const float *b, float *c, int zero)
+{
+    float acc[MR][NR];
+    for (int r = 0; r < MR; r++)
+        for (int j = 0; j < NR; j++)
+            acc[r][j] = zero ? 0.0f : c[r * NT + j];
+    for (int64_t k = 0; k < kc; k++) {
+        const float *bk = b + k * NR;
+        for (int r = 0; r < MR; r++) {
+            float av = a[r][k];
+            for (int j = 0; j < NR; j++)
+                acc[r][j] += av * bk[j];
+        }
+    }
+    for (int r = 0; r < MR; r++)
+        for (int j = 0; j < NR; j++)
+            c[r * NT + j] = acc[r][j];
+}
+
+#ifdef DF_X86_SIMD
+/* The same kernel with AVX2 + FMA: 12 accumulators of 8 lanes, two panel
+ * loads and six broadcasts per k. Chosen at run time (cpu_simd()), so the
+ * library still runs on x86-64 without AVX2. FMA rounds once where the
+ * portable kernel rounds twice: both are fp32 accumulation. */
+__attribute__((target("avx2,fma"))) static void kern_avx2(int64_t kc, const float *const a[MR],
+                                                           const float *b, float *c, int zero)
+{
+    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
+    if (zero) {
+        c00 = c01 = c10 = c11 = c20 = c21 = _mm256_setzero_ps();
+        c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
+    } else {
+        c00 = _mm256_loadu_ps(c + 0 * NT), c01 = _mm256_loadu_ps(c + 0 * NT + 8);
+        c10 = _mm256_loadu_ps(c + 1 * NT), c11 = _mm256_loadu_ps(c + 1 * NT + 8);
+        c20 = _mm256_loadu_ps(c + 2 * NT), c21 = _mm256_loadu_ps(c + 2 * NT + 8);
+        c30 = _mm256_loadu_ps(c + 3 * NT), c31 = _mm256_loadu_ps(c + 3 * NT + 8);
+        c40 = _mm256_loadu_ps(c + 4 * NT), c41 = _mm256_loadu_ps(c + 4 * NT + 8);
+        c50 = _mm256_loadu_ps(c + 5 * NT), c51 = _mm256_loadu_ps(c + 5 * NT + 8);
+    }
+    const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
+    for (int64_t k = 0; k < kc; k++) {
+        __m256 b0 = _mm256_load_ps(b + k * NR), b1 = _mm256_load_ps(b + k * NR + 8);
+        __m256 av = _mm256_broadcast_ss(a0 + k);
+        c00 = _mm256_fmadd_ps(av, b0, c00), c01 = _mm256_fmadd_ps(av, b1, c01);
+        av = _mm256_broadcast_ss(a1 + k);
+        c10 = _mm256_fmadd_ps(av, b0, c10), c11 = _mm256_fmadd_ps(av, b1, c11);
+        av = _mm256_broadcast_ss(a2 + k);
+        c20 = _mm256_fmadd_ps(av, b0, c20), c21 = _mm256_fmadd_ps(av, b1, c21);
+        av = _mm256_broadcast_ss(a3 + k);
+        c30 = _mm256_fmadd_ps(av, b0, c30), c31 = _mm256_fmadd_ps(av, b1, c31);
+        av = _mm256_broadcast_ss(a4 + k);
+        c40 = _mm256_fmadd_ps(av, b0, c40), c41 = _mm256_fmadd_ps(av, b1, c41);
+        av = _mm256_broadcast_ss(a5 + k);
+        c50 = _mm256_fmadd_ps(av, b0, c50), c51 = _mm256_fmadd_ps(av, b1, c51);
+    }
+    _mm256_storeu_ps(c + 0 * NT, c00), _mm256_storeu_ps(c + 0 * NT + 8, c01);
+    _mm256_storeu_ps(c + 1 * NT, c10), _mm256_storeu_ps(c + 1 * NT + 8, c11);
+    _mm256_storeu_ps(c + 2 * NT, c20), _mm256_storeu_ps(c + 2 * NT + 8, c21);
+    _mm256_storeu_ps(c + 3 * NT, c30), _mm256_storeu_ps(c + 3 * NT + 8, c31);
+    _mm256_storeu_ps(c + 4 * NT, c40), _mm256_storeu_ps(c + 4 * NT + 8, c41);
+    _mm256_storeu_ps(c + 5 * NT, c50), _mm256_storeu_ps(c + 5 * NT + 8, c51);
+}
+#endif
+
+/* The AVX2 kernel when the CPU has it, unless DFLASH_CPU_SIMD=0 (tests use
+ * that to check the portable kernel on the same machine). Read once per
+ * matmul call, before any worker runs. */
+static kern_fn pick_kernel(void)
+{
+    const char *env = getenv("DFLASH_CPU_SIMD");
+    if (env && env[0] == '0')
+        return kern_c;
+#ifdef DF_X86_SIMD
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
+        return kern_avx2;
+#endif
+    return kern_c;
+}
+
+typedef struct mm_ctx {
+    const df_tensor *x, *w;
+    df_tensor *y;
+    int accumulate;
+    int64_t n_ntiles;
+    kern_fn kern;
+} mm_ctx;
+
+static int mm_tile(void *vp, size_t task)
+{
+    const mm_ctx *c = vp;
+    int64_t K = c->x->shape[1], N = c->w->shape[0];
+    int64_t m0 = (int64_t)task / c->n_ntiles * MT, n0 = (int64_t)task % c->n_ntiles * NT;
+    int64_t mt = c->x->shape[0] - m0 < MT ? c->x->shape[0] - m0 : MT;
+    int64_t nt = N - n0 < NT ? N - n0 : NT;
+    int64_t mt_pad = (mt + MR - 1) / MR * MR;
+    size_t es = df_dtype_size(c->w->dtype);
+
+    /* Panels [NT/NR][KC][NR] and the [mt_pad][NT] sum tile; 64-byte aligned
+     * so the kernel's panel loads are aligned. */
+    float *panel = aligned_alloc(64, (size_t)NT * KC * sizeof(float));
+    float *tile = aligned_alloc(64, (size_t)(mt_pad * NT) * sizeof(float));
+    float *wrow = malloc((size_t)KC * sizeof(float));
+    if (!panel || !tile || !wrow) {
+        free(panel);
+        free(tile);
+        free(wrow);
+        return -ENOMEM;
+    }
+    if (K == 0)
+        memset(tile, 0, (size_t)(mt_pad * NT) * sizeof(float));
+
+    for (int64_t k0 = 0; k0 < K; k0 += KC) {
+        int64_t kc = K - k0 < KC ? K - k0 : KC;
+        /* Convert and transpose: panel[j / NR][k][j % NR] = w[n0 + j][k0 + k];
+         * columns past N are zero so edge tiles run the full kernel. */
+        for (int64_t j = 0; j < NT; j++) {
+            float *dst = panel + (j / NR) * KC * NR + j % NR;
+            if (j < nt) {
+                const uint8_t *src = (const uint8_t *)c->w->data +
+                                     ((n0 + j) * c->w->stride[0] + k0) * (int64_t)es;
+                weight_to_f32(src, c->w->dtype, kc, wrow);
+                for (int64_t k = 0; k < kc; k++)
+                    dst[k * NR] = wrow[k];
+            } else {
+                for (int64_t k = 0; k < kc; k++)
+                    dst[k * NR] = 0.0f;
+            }
+        }
+        for (int64_t i = 0; i < mt; i += MR) {
+            /* Rows past the tile's end repeat its last row; their sums land
+             * in the padding of the tile and are never stored. */
+            const float *a[MR];
+            for (int r = 0; r < MR; r++) {
+                int64_t row = m0 + (i + r < mt ? i + r : mt - 1);
+                a[r] = (const float *)c->x->data + row * c->x->stride[0] + k0;
+            }
+            for (int64_t jp = 0; jp < (nt + NR - 1) / NR; jp++)
+                c->kern(kc, a, panel + jp * KC * NR, tile + i * NT + jp * NR, k0 == 0);
+        }
+    }
+    for (int64_t i = 0; i < mt; i++) {
+        float *yr = (float *)c->y->data + (m0 + i) * c->y->stride[0] + n0;
+        const float *tr = tile + i * NT;
+        if (c->accumulate)
+            for (int64_t j = 0; j < nt; j++)
+                yr[j] = tr[j] + yr[j];
+        else
+            memcpy(yr, tr, (size_t)nt * sizeof(float));
+    }
+    free(panel);
+    free(tile);
+    free(wrow);
+    return 0;
+}
+
+int df_cpu_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
+                  int accumulate)
+{
+    int64_t M = x->shape[0], N = w->shape[0];
+    if (M == 0 || N == 0)
+        return 0;
+    mm_ctx c = {x, w, y, accumulate, (N + NT - 1) / NT, pick_kernel()};
+    int64_t tasks = (M + MT - 1) / MT * c.n_ntiles;
+    return df_pool_for(be->pool, (size_t)tasks, mm_tile, &c);
+}
+
+/* ---- elementwise ---- */
+
+typedef struct ew_ctx {
+    const df_tensor *a, *b;
+    df_tensor *out;
+    int op;
+} ew_ctx;
+
+enum { EW_ADD, EW_SWIGLU, EW_SIGMOID, EW_SILU };
+
+static int ew_rows(void *vp, int64_t r0, int64_t r1)
+{
+    const ew_ctx *c = vp;
+    int64_t n = row_len(c->out);
+    for (int64_t r = r0; r < r1; r++) {
+        const float *a = row_ptr(c->a, r), *b = c->b ? row_ptr(c->b, r) : NULL;
+        float *o = row_ptr(c->out, r);
+        switch (c->op) {
+        case EW_ADD:
+            for (int64_t i = 0; i < n; i++)
+                o[i] = a[i] + b[i];
+            break;
+        case EW_SWIGLU:
+            for (int64_t i = 0; i < n; i++)
+                o[i] = siluf_(a[i]) * b[i];
+            break;
+        case EW_SIGMOID:
+            for (int64_t i = 0; i < n; i++)
+                o[i] = sigmoidf_(a[i]);
+            break;
+        default:
+            for (int64_t i = 0; i < n; i++)
+                o[i] = siluf_(a[i]);
+            break;
+        }
+    }
+    return 0;
+}
+
+static int ew_run(df_backend *be, const df_tensor *a, const df_tensor *b, df_tensor *out, int op)
+{
+    ew_ctx c = {a, b, out, op};
+    int64_t cost = row_len(out) * (op == EW_ADD ? 1 : 8);
+    return par_rows(be, row_len(out) ? n_rows(out) : 0, cost, ew_rows, &c);
+}
+
+int df_cpu_add(df_backend *be, const df_tensor *x, df_tensor *y)
+{
+    return ew_run(be, x, y, y, EW_ADD);
+}
+
+int df_cpu_swiglu(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out)
+{
+    return ew_run(be, gate, up, out, EW_SWIGLU);
+}
+
+int df_cpu_sigmoid(df_backend *be, const df_tensor *x, df_tensor *out)
+{
+    return ew_run(be, x, NULL, out, EW_SIGMOID);
+}
+
+int df_cpu_silu(df_backend *be, const df_tensor *x, df_tensor *out)
+{
+    return ew_run(be, x, NULL, out, EW_SILU);
+}
+
+/* ---- RMSNorm ---- */
+
+/* Sum of squares in fp32 with 8 interleaved partial sums (as a vectorized
+ * reduction does), combined pairwise in a fixed order. */
+static float sumsq(const float *x, int64_t n)
+{
+    float p[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            p[j] += x[i + j] * x[i + j];
+    for (; i < n; i++)
+        p[i & 7] += x[i] * x[i];
+    return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+}
+
+typedef struct norm_ctx {
+    const df_tensor *x, *z, *w;
+    df_tensor *y;
+    float eps;
+    int plus_one;
+} norm_ctx;
+
+static int norm_rows(void *vp, int64_t r0, int64_t r1)
+{
+    const norm_ctx *c = vp;
+    int64_t D = row_len(c->x);
+    float *g = malloc((size_t)D * sizeof(float));
+    if (!g)
+        return -ENOMEM;
+    weight_to_f32(c->w->data, c->w->dtype, D, g);
+    if (c->plus_one)
+        for (int64_t i = 0; i < D; i++)
+            g[i] = 1.0f + g[i];
+    for (int64_t r = r0; r < r1; r++) {
+        const float *x = row_ptr(c->x, r);
+        float *y = row_ptr(c->y, r);
+        /* HF: x * rsqrt(mean(x^2) + eps), then times the weight. */
+        float inv = 1.0f / sqrtf(sumsq(x, D) / (float)D + c->eps);
+        if (c->z) {
+            const float *z = row_ptr(c->z, r);
+            for (int64_t i = 0; i < D; i++)
+                y[i] = g[i] * (x[i] * inv) * siluf_(z[i]);
+        } else {
+            for (int64_t i = 0; i < D; i++)
+                y[i] = g[i] * (x[i] * inv);
+        }
+    }
+    free(g);
+    return 0;
+}
+
+int df_cpu_rmsnorm(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
+                   int plus_one, df_tensor *y)
+{
+    norm_ctx c = {x, NULL, w, y, eps, plus_one != 0};
+    int64_t D = row_len(x);
+    return par_rows(be, D ? n_rows(x) : 0, D * 3, norm_rows, &c);
+}
+
+int df_cpu_rmsnorm_gated(df_backend *be, const df_tensor *x, const df_tensor *z,
+                         const df_tensor *w, float eps, df_tensor *y)
+{
+    norm_ctx c = {x, z, w, y, eps, 0};
+    int64_t D = row_len(x);
+    return par_rows(be, D ? n_rows(x) : 0, D * 10, norm_rows, &c);
+}
+
+/* ---- RoPE ---- */
+
+typedef struct rope_ctx {
+    df_tensor *x;
+    const int32_t *pos;
+    const float *inv_freq;
+    int heads, head_dim, half;
+} rope_ctx;
+
+static int rope_rows(void *vp, int64_t r0, int64_t r1)
+{
+    const rope_ctx *c = vp;
+    float *cs = malloc((size_t)c->half * 2 * sizeof(float));
+    if (!cs)
+        return -ENOMEM;
+    float *sn = cs + c->half;
+    for (int64_t t = r0; t < r1; t++) {
+        /* HF: freqs = pos (as f32) * inv_freq, one fp32 product; cos/sin in fp32. */
+        float p = (float)c->pos[t];
+        for (int d = 0; d < c->half; d++) {
+            float ang = p * c->inv_freq[d];
+            cs[d] = cosf(ang);
+            sn[d] = sinf(ang);
+        }
+        float *row = (float *)c->x->data + t * c->x->stride[0];
+        for (int h = 0; h < c->heads; h++) {
+            float *v = row + (int64_t)h * c->head_dim;
+            /* x*cos + rotate_half(x)*sin, rotate_half(x) = (-x2, x1). */
+            for (int d = 0; d < c->half; d++) {
+                float x1 = v[d], x2 = v[d + c->half];
+                v[d] = x1 * cs[d] - x2 * sn[d];
+                v[d + c->half] = x2 * cs[d] + x1 * sn[d];
+            }
+        }
+    }
+    free(cs);
+    return 0;
+}
+
+int df_cpu_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
+                int rot_dim, double theta)
+{
+    int half = rot_dim / 2;
+    float *inv_freq = malloc((size_t)half * sizeof(float));
+    if (!inv_freq)
+        return -ENOMEM;
+    /* HF: inv_freq = 1 / theta ** (arange(0, rot, 2).float() / rot), all fp32. */
+    float base = (float)theta;
+    for (int d = 0; d < half; d++)
+        inv_freq[d] = 1.0f / powf(base, (float)(2 * d) / (float)rot_dim);
+    rope_ctx c = {x, pos, inv_freq, heads, head_dim, half};
+    int rc = par_rows(be, x->shape[0], (int64_t)heads * rot_dim * 2 + half * 40, rope_rows, &c);
+    free(inv_freq);
+    return rc;
+}
+
+/* ---- attention ---- */
+
+/* fp32 dot product with 8 interleaved partial sums (vectorizes without
+ * reassociation), combined in a fixed order. */
+static float dot(const float *a, const float *b, int64_t n)
+{
+    float p[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            p[j] += a[i + j] * b[i + j];
+    for (; i < n; i++)
+        p[i & 7] += a[i] * b[i];
+    return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+}
+
+enum { ATT_RB = 16 }; /* query rows per task */
+
+typedef struct att_block {
+    int64_t r0, r1, start; /* query rows [r0, r1) of the sequence starting at start */
+} att_block;
+
+typedef struct att_ctx {
+    const df_tensor *q, *k, *v, *gate;
+    df_tensor *out;
+    const att_block *blocks;
+    int nkv, group, D;
+    float scale;
+    int64_t max_len;
+} att_ctx;
+
+/* One task: a block of query rows x one kv head (and its group of query heads).
+ * Two passes per (row, head), as HF's eager path: scores = (q.k) * scale,
+ * p = softmax in fp32 (max subtracted), out = sum_j p_j v_j. */
+static int att_task(void *vp, size_t task)
+{
+    const att_ctx *c = vp;
+    const att_block *b = &c->blocks[task / (size_t)c->nkv];
+    int g = (int)(task % (size_t)c->nkv);
+    int D = c->D;
+    float *s = malloc((size_t)(c->max_len + D) * sizeof(float));
+    if (!s)
+        return -ENOMEM;
+    float *acc = s + c->max_len;
+    for (int64_t i = b->r0; i < b->r1; i++) {
+        int64_t n = i - b->start + 1; /* keys start .. i */
+        for (int hh = 0; hh < c->group; hh++) {
+            int h = g * c->group + hh;
+            const float *qi = (const float *)c->q->data + i * c->q->stride[0] + (int64_t)h * D;
+            float mx = -INFINITY;
+            for (int64_t j = 0; j < n; j++) {
+                const float *kj = (const float *)c->k->data +
+                                  (b->start + j) * c->k->stride[0] + (int64_t)g * D;
+                s[j] = dot(qi, kj, D) * c->scale;
+                if (s[j] > mx)
+                    mx = s[j];
+            }
+            float sum = 0.0f;
+            for (int64_t j = 0; j < n; j++) {
+                s[j] = expf(s[j] - mx);
+                sum += s[j];
+            }
+            for (int d = 0; d < D; d++)
+                acc[d] = 0.0f;
+            for (int64_t j = 0; j < n; j++) {
+                float p = s[j] / sum;
+                const float *vj = (const float *)c->v->data +
+                                  (b->start + j) * c->v->stride[0] + (int64_t)g * D;
+                for (int d = 0; d < D; d++)
+                    acc[d] += p * vj[d];
+            }
+            float *o = (float *)c->out->data + i * c->out->stride[0] + (int64_t)h * D;
+            if (c->gate) {
+                const float *gt =
+                    (const float *)c->gate->data + i * c->gate->stride[0] + (int64_t)h * D;
+                for (int d = 0; d < D; d++)
+                    o[d] = acc[d] * sigmoidf_(gt[d]);
+            } else {
+                memcpy(o, acc, (size_t)D * sizeof(float));
+            }
+        }
+    }
+    free(s);
+    return 0;
+}
+
+int df_cpu_attention(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+                     const int32_t *cu_seqlens, int n_seq, int nq, int nkv, int head_dim,
+                     float scale, const df_tensor *gate, df_tensor *out)
+{
+    int64_t nblk = 0, max_len = 0;
+    for (int s = 0; s < n_seq; s++) {
+        int64_t len = cu_seqlens[s + 1] - cu_seqlens[s];
+        nblk += (len + ATT_RB - 1) / ATT_RB;
+        if (len > max_len)
+            max_len = len;
+    }
+    if (nblk == 0)
+        return 0;
+    att_block *blocks = malloc((size_t)nblk * sizeof *blocks);
+    if (!blocks)
+        return -ENOMEM;
+    int64_t bi = 0;
+    for (int s = 0; s < n_seq; s++)
+        for (int64_t r = cu_seqlens[s]; r < cu_seqlens[s + 1]; r += ATT_RB) {
+            blocks[bi].r0 = r;
+            blocks[bi].r1 = r + ATT_RB < cu_seqlens[s + 1] ? r + ATT_RB : cu_seqlens[s + 1];
+            blocks[bi].start = cu_seqlens[s];
+            bi++;
+        }
+    att_ctx c = {q, k, v, gate, out, blocks, nkv, nq / nkv, head_dim, scale, max_len};
+    int rc = df_pool_for(be->pool, (size_t)(nblk * nkv), att_task, &c);
+    free(blocks);
+    return rc;
+}
