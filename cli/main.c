@@ -12,8 +12,7 @@ static int cmd_pending(int argc, char **argv)
 {
     (void)argc;
     fprintf(stderr,
-            "dflash %s: not built yet. The foundation (corpus, cache, dump) is here; "
-            "extract arrives with the CPU-backend issue, train with the drafter issue.\n",
+            "dflash %s: not built yet: training arrives with the drafter issue.\n",
             argv[0]);
     return 2;
 }
@@ -26,7 +25,7 @@ static const struct {
     {"corpus", cmd_corpus, "tokenized corpora: import JSONL into binary token shards, inspect them"},
     {"cache", cmd_cache, "synthetic caches for tests/benchmarks (synth); stream a cache and time it (read)"},
     {"dump", cmd_dump, "inspect a hidden-state cache: summary, samples, slices, --verify, --json"},
-    {"extract", cmd_pending, "run the target over a corpus and write the hidden-state cache"},
+    {"extract", cmd_extract, "run the target over a corpus and write the hidden-state cache"},
     {"train", cmd_pending, "train a DFlash drafter from a cache"},
 };
 

@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # demo.sh [OUT_DIR] - the main job end to end on the bundled tiny data.
 #
-# Installs what is missing, builds (or uses DFLASH_BUILD_DIR), then runs as much
-# of extract -> train -> dump -> export as exists today:
-#   1. corpus import  data/tiny/corpus.jsonl -> OUT/corpus.dtok (checked against the vocab)
-#   2. cache          OUT/cache: the corpus' tokens with SYNTHETIC hidden states, through the
-#                     real writer (compression workers, io_uring, shard rotation, manifest)
-#                     -- `dflash extract` (the real target forward) replaces this step next
-#   3. resume         a second writer is killed mid-run (SIGKILL) and rerun: the cache verifies
+# Installs what is missing, builds (or uses DFLASH_BUILD_DIR), then runs as much of
+# extract -> train -> dump -> export as exists today, on the bundled tiny target
+# (data/tiny-qwen3: a random-weight Qwen3 and its own greedy completions):
+#   1. corpus import  its completions -> OUT/corpus.dtok (checked against the vocab)
+#   2. extract        the target's forward on the CPU over the corpus -> OUT/cache
+#                     (feature layers by the DFlash rule, split-zstd, io_uring writer)
+#   3. resume         a cache writer is killed (SIGKILL) mid-run and rerun: the result equals an
+#                     uninterrupted run (on synthetic states: the tiny extraction is too quick to kill)
 #   4. dump           summary, sample listing, one sample's tokens and hidden-state slice
 #   5. verify + read  every CRC and index entry; the streaming reader's rate
-# Training and export arrive with the drafter issues.
+# Training and export arrive with the drafter issue.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${1:-$ROOT/out/demo}
@@ -28,25 +29,25 @@ D=$BUILD/dflash
 rm -rf "$OUT" && mkdir -p "$OUT"
 step() { printf '\n== %s\n' "$*"; }
 
-step "1. import the tokenized corpus (vocab 4096 of the tiny target)"
-"$D" corpus import --vocab 4096 --out "$OUT/corpus.dtok" data/tiny/corpus.jsonl
+TM=data/tiny-qwen3
+step "1. import the tokenized corpus (vocab of the tiny target)"
+"$D" corpus import --model "$TM" --out "$OUT/corpus.dtok" "$TM/corpus.jsonl"
 
-step "2. write the hidden-state cache (synthetic states until 'dflash extract' lands)"
-"$D" cache synth --out "$OUT/cache" --corpus "$OUT/corpus.dtok" --hidden 256 \
-  --target-layers 6 --layers 3 --shard-mb 2
+step "2. extract: the target over the corpus, hidden states into the cache"
+"$D" extract --model "$TM" --data "$OUT/corpus.dtok" --out "$OUT/cache" --layers 0,1,2
 
 step "3. crash and resume: kill -9 a writer mid-run, rerun it, compare with a clean run"
-"$D" cache synth --out "$OUT/crash" --corpus "$OUT/corpus.dtok" --hidden 256 --target-layers 6 \
+"$D" cache synth --out "$OUT/crash" --corpus data/tiny/corpus.jsonl --hidden 256 --target-layers 6 \
   --layers 3 --shard-mb 2 --threads 1 --codec split-lz4 >/dev/null 2>&1 &
 pid=$!
 # kill it once its first shard is finished, while later samples are in flight
 for _ in $(seq 500); do ls "$OUT"/crash/*.dfc >/dev/null 2>&1 && break; sleep 0.01; done
 kill -9 $pid 2>/dev/null || true; wait $pid 2>/dev/null || true
 echo "killed writer; partial files:"; ls "$OUT/crash" | sed 's/^/  /'
-"$D" cache synth --out "$OUT/crash" --corpus "$OUT/corpus.dtok" --hidden 256 --target-layers 6 \
+"$D" cache synth --out "$OUT/crash" --corpus data/tiny/corpus.jsonl --hidden 256 --target-layers 6 \
   --layers 3 --shard-mb 2 --threads 1 --codec split-lz4
 "$D" dump "$OUT/crash" --verify
-"$D" cache synth --out "$OUT/clean" --corpus "$OUT/corpus.dtok" --hidden 256 --target-layers 6 \
+"$D" cache synth --out "$OUT/clean" --corpus data/tiny/corpus.jsonl --hidden 256 --target-layers 6 \
   --layers 3 --shard-mb 2 --threads 1 --codec split-lz4 >/dev/null
 if diff <("$D" dump "$OUT/crash" --samples --limit 0) <("$D" dump "$OUT/clean" --samples --limit 0) >/dev/null; then
   echo "resumed cache == uninterrupted cache: same samples at the same offsets with the same sizes"

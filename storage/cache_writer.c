@@ -916,8 +916,16 @@ int df_cache_writer_close(df_cache_writer *w, df_err *e)
         }
         if (!rc)
             rc = df_cache_part_write(w->dir, &w->part, e);
-        if (!rc && w->p.world_size == 1)
-            rc = df_cache_finalize(w->dir, e);
+        /* The last rank to finish writes the manifest (if two finish at once,
+         * both write the same one; the rename is atomic). */
+        if (!rc) {
+            df_err tmp;
+            rc = df_cache_finalize(w->dir, &tmp);
+            if (rc == -EAGAIN)
+                rc = 0;
+            else if (rc && e)
+                *e = tmp;
+        }
     }
     writer_free(w);
     return rc;

@@ -15,8 +15,9 @@
  * a rank: the samples found on resume are then exactly a prefix of the run,
  * and putting the rest gives the same cache as an uninterrupted run.
  *
- * close() drains everything, writes rank-RRRR.json and, once every rank is
- * done (always, for world_size 1), manifest.json.
+ * close() drains everything, writes rank-RRRR.json and, if every rank is
+ * then done (always, for world_size 1), manifest.json: the last rank to
+ * finish completes the cache.
  */
 #ifndef DF_CACHE_WRITER_H
 #define DF_CACHE_WRITER_H

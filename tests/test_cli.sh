@@ -66,6 +66,29 @@ rm "$W/noman/manifest.json"
 run 1 "unfinished" "$D" dump "$W/noman"
 run 1 "not a dflash cache" "$D" dump "$W"
 
+# --- extract: the bundled tiny target over its own completions
+TM=$SRC/data/tiny-qwen3
+run 0 "extracted .*96 docs.*layers 2," "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext" --quiet
+run 0 "OK: 96 samples" "$D" dump "$W/ext" --verify
+run 0 "qwen3 'tiny-qwen3'" "$D" dump "$W/ext"
+run 1 "already complete" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext" --quiet
+# two ranks write one cache with the same samples
+run 0 "48 docs" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext2" --world-size 2 --rank 1 --quiet
+run 1 "unfinished" "$D" dump "$W/ext2"
+run 0 "48 docs" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext2" --world-size 2 --rank 0 --quiet
+run 0 "OK: 96 samples" "$D" dump "$W/ext2" --verify
+cols() { "$D" dump "$1" --samples --limit 0 | awk 'NR > 2 { print $1, $2, $3, $7 }'; }
+[ "$(cols "$W/ext")" = "$(cols "$W/ext2")" ] || fail "2-rank extraction differs from 1-rank"
+run 0 "features +3 layers: 0 1 2" bash -c "'$D' extract --model '$TM' --data '$TM/corpus.jsonl' --out '$W/ext3' --layers 0,1,2 --codec split-lz4 --quiet && '$D' dump '$W/ext3'"
+# bad input: ids >= vocab, an over-long document, no model, too many layers, bad usage
+run 1 "vocab" "$D" extract --model "$TM" --data "$SRC/data/tiny/corpus.jsonl" --out "$W/bad1" --quiet
+run 1 "longer|max" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad2" --max-len 20 --quiet
+run 1 "config.json" "$D" extract --model "$W" --data "$TM/corpus.jsonl" --out "$W/bad3" --quiet
+run 1 "explicitly" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad4" --layers 3 --quiet
+run 1 "out of range" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad5" --layers 3, --quiet
+run 2 "cuda" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad6" --device cuda
+run 2 "required" "$D" extract --model "$TM"
+
 # --- usage
 run 2 "" "$D"
 run 2 "unknown command" "$D" nosuch
@@ -74,7 +97,7 @@ run 2 "" "$D" dump "$W/cache" --bogus
 run 2 "codec" "$D" cache synth --out "$W/x" --codec zip
 run 0 "usage" "$D" --help
 run 0 "usage" "$D" dump --help
-run 2 "" "$D" extract
+run 2 "" "$D" train
 
 if [ "$fails" -gt 0 ]; then
   echo "test_cli: $fails failure(s)" >&2

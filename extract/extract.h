@@ -1,0 +1,43 @@
+/* extract.h - stage 1: run the target over a corpus once, write the cache.
+ *
+ * Documents are packed into forward batches of about batch_tokens tokens
+ * (a longer document runs alone); the feature layers' hidden states go to
+ * the background cache writer (compression workers, io_uring). Rank r of
+ * world_size takes documents i with i % world_size == r. Rerunning on an
+ * unfinished cache resumes after its last complete, verified sample.
+ */
+#ifndef DF_EXTRACT_H
+#define DF_EXTRACT_H
+
+#include <stdint.h>
+
+#include "err.h"
+#include "ops.h"
+
+typedef struct df_extract_opts {
+    const char *model_dir, *data_path, *out_dir;
+    int n_layers;            /* layers by the DFlash rule when layer_ids is NULL; 0 = min(5, L-3) */
+    const int *layer_ids;    /* explicit 0-based target layer ids, or NULL */
+    int n_layer_ids;
+    int codec, codec_level;
+    int64_t batch_tokens;    /* tokens per forward (0 = 8192) */
+    int64_t max_len;         /* longest document accepted (0 = max_position_embeddings) */
+    int threads;             /* compression threads (0 = all CPUs) */
+    uint32_t rank, world_size;
+    int force_fallback_io, buffered;
+    int progress;            /* 1: a progress line on stderr */
+} df_extract_opts;
+
+typedef struct df_extract_stats {
+    uint64_t docs, tokens;               /* written this run */
+    uint64_t docs_skipped_resume, docs_empty;
+    uint64_t raw_bytes, stored_bytes;
+    double seconds, forward_seconds;
+    int layer_ids[64];
+    int n_layers;
+    const char *io_backend;
+} df_extract_stats;
+
+int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *st, df_err *e);
+
+#endif

@@ -1,0 +1,426 @@
+/* model.c - qwen3 / qwen3_5 target forward over the op interface. */
+#include "model.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "safetensors.h"
+
+typedef struct layer_w {
+    int type; /* df_layer_type */
+    df_tensor in_norm, post_norm;
+    /* attention (full): wq is [nq*D, H], or for the gated qwen3_5 attention
+     * [2*nq*D, H] with all q heads first, then all gate heads (reordered at
+     * load from the checkpoint's per-head [q | gate] layout) */
+    df_tensor wq, wk, wv, wo, q_norm, k_norm;
+    void *wq_owned;
+    /* Gated DeltaNet */
+    df_tensor qkv, z, b, a, conv, dt_bias, A_log, gnorm, out;
+    /* MLP */
+    df_tensor gate, up, down;
+} layer_w;
+
+struct df_model {
+    df_model_config cfg;
+    df_backend *be;
+    df_st *st;
+    char dir[4096];
+    char prefix[64]; /* "model." or "model.language_model." */
+    int plus_one;    /* qwen3_5 norms are x_hat * (1 + w) */
+    df_tensor embed, final_norm;
+    layer_w *layers;
+
+    /* workspace, for up to cap tokens */
+    int64_t cap;
+    float *x, *h, *big1, *big2, *mid1, *mid2, *small;
+    int64_t w_big, w_mid; /* row widths of big* and mid* */
+    int32_t *pos;
+};
+
+/* ------------------------------------------------------------ loading */
+
+static int weight(df_model *m, const char *suffix, int ndim, int64_t d0, int64_t d1, int64_t d2,
+                  df_tensor *t, df_err *e)
+{
+    char name[256];
+    snprintf(name, sizeof name, "%s%s", m->prefix, suffix);
+    int64_t shape[3] = {d0, d1, d2};
+    const df_st_tensor *st;
+    int rc = df_st_expect(m->st, name, DF_DTYPE_INVALID, ndim, shape, &st, e);
+    if (rc)
+        return rc;
+    if (st->dtype != DF_DTYPE_BF16 && st->dtype != DF_DTYPE_F16 && st->dtype != DF_DTYPE_F32)
+        return df_errf(e, -DF_EMISMATCH, "%s: %s has dtype %s; BF16, F16 or F32 expected",
+                       st->file, name, df_dtype_name(st->dtype));
+    /* The CPU backend reads weights straight from the mapping; a GPU backend
+     * will upload them here. 3-D conv weights [C, 1, K] are viewed [C, K]. */
+    if (ndim == 1)
+        *t = df_tensor_1d((void *)st->data, st->dtype, d0);
+    else
+        *t = df_tensor_2d((void *)st->data, st->dtype, d0, ndim == 3 ? d2 : d1);
+    return 0;
+}
+
+static int load_attention(df_model *m, int i, layer_w *L, df_err *e)
+{
+    const df_model_config *c = &m->cfg;
+    int64_t H = c->hidden_size, D = c->head_dim, nq = c->num_attention_heads,
+            nkv = c->num_key_value_heads;
+    char s[128];
+    int rc;
+    int gated = c->arch == DF_ARCH_QWEN3_5 && c->attn_output_gate;
+#define W(suf, nd, a, b, cc, dst)                          \
+    snprintf(s, sizeof s, "layers.%d.%s", i, suf);          \
+    if ((rc = weight(m, s, nd, a, b, cc, dst, e)))           \
+        return rc
+    W("self_attn.q_proj.weight", 2, (gated ? 2 : 1) * nq * D, H, 0, &L->wq);
+    W("self_attn.k_proj.weight", 2, nkv * D, H, 0, &L->wk);
+    W("self_attn.v_proj.weight", 2, nkv * D, H, 0, &L->wv);
+    W("self_attn.o_proj.weight", 2, H, nq * D, 0, &L->wo);
+    W("self_attn.q_norm.weight", 1, D, 0, 0, &L->q_norm);
+    W("self_attn.k_norm.weight", 1, D, 0, 0, &L->k_norm);
+#undef W
+    if (gated) {
+        /* Checkpoint rows: head h = [q_h (D rows) | gate_h (D rows)]. Ours:
+         * all q heads, then all gate heads, so one GEMM output splits into
+         * two [T, nq*D] column views with contiguous heads. */
+        size_t es = df_dtype_size(L->wq.dtype), row = (size_t)H * es;
+        uint8_t *dst = df_backend_alloc(m->be, (size_t)(2 * nq * D) * row);
+        if (!dst)
+            return df_errf(e, -ENOMEM, "out of memory reordering layer %d q_proj", i);
+        const uint8_t *src = L->wq.data;
+        for (int64_t h = 0; h < nq; h++) {
+            memcpy(dst + (size_t)(h * D) * row, src + (size_t)(2 * h * D) * row, (size_t)D * row);
+            memcpy(dst + (size_t)((nq + h) * D) * row, src + (size_t)((2 * h + 1) * D) * row,
+                   (size_t)D * row);
+        }
+        L->wq_owned = dst;
+        L->wq = df_tensor_2d(dst, L->wq.dtype, 2 * nq * D, H);
+    }
+    return 0;
+}
+
+static int load_gdn(df_model *m, int i, layer_w *L, df_err *e)
+{
+    const df_model_config *c = &m->cfg;
+    int64_t H = c->hidden_size, hk = c->linear_num_key_heads, hv = c->linear_num_value_heads,
+            dk = c->linear_key_head_dim, dv = c->linear_value_head_dim,
+            K = c->linear_conv_kernel_dim, C = 2 * hk * dk + hv * dv;
+    char s[128];
+    int rc;
+#define W(suf, nd, a, b, cc, dst)                          \
+    snprintf(s, sizeof s, "layers.%d.%s", i, suf);          \
+    if ((rc = weight(m, s, nd, a, b, cc, dst, e)))           \
+        return rc
+    W("linear_attn.in_proj_qkv.weight", 2, C, H, 0, &L->qkv);
+    W("linear_attn.in_proj_z.weight", 2, hv * dv, H, 0, &L->z);
+    W("linear_attn.in_proj_b.weight", 2, hv, H, 0, &L->b);
+    W("linear_attn.in_proj_a.weight", 2, hv, H, 0, &L->a);
+    W("linear_attn.conv1d.weight", 3, C, 1, K, &L->conv);
+    W("linear_attn.dt_bias", 1, hv, 0, 0, &L->dt_bias);
+    W("linear_attn.A_log", 1, hv, 0, 0, &L->A_log);
+    W("linear_attn.norm.weight", 1, dv, 0, 0, &L->gnorm);
+    W("linear_attn.out_proj.weight", 2, H, hv * dv, 0, &L->out);
+#undef W
+    return 0;
+}
+
+static int load_layer(df_model *m, int i, df_err *e)
+{
+    const df_model_config *c = &m->cfg;
+    layer_w *L = &m->layers[i];
+    int64_t H = c->hidden_size, F = c->intermediate_size;
+    char s[128];
+    int rc;
+    L->type = c->layer_types[i];
+    if (L->type == DF_LAYER_SLIDING)
+        return df_errf(e, -ENOTSUP, "%s: layer %d is a sliding-window layer; sliding-window "
+                       "targets are not supported yet", m->dir, i);
+#define W(suf, nd, a, b, dst)                              \
+    snprintf(s, sizeof s, "layers.%d.%s", i, suf);          \
+    if ((rc = weight(m, s, nd, a, b, 0, dst, e)))            \
+        return rc
+    W("input_layernorm.weight", 1, H, 0, &L->in_norm);
+    W("post_attention_layernorm.weight", 1, H, 0, &L->post_norm);
+    W("mlp.gate_proj.weight", 2, F, H, &L->gate);
+    W("mlp.up_proj.weight", 2, F, H, &L->up);
+    W("mlp.down_proj.weight", 2, H, F, &L->down);
+#undef W
+    return L->type == DF_LAYER_LINEAR ? load_gdn(m, i, L, e) : load_attention(m, i, L, e);
+}
+
+void df_model_close(df_model *m)
+{
+    if (!m)
+        return;
+    if (m->layers)
+        for (int i = 0; i < m->cfg.num_hidden_layers; i++)
+            df_backend_free(m->be, m->layers[i].wq_owned);
+    free(m->layers);
+    float *bufs[] = {m->x, m->h, m->big1, m->big2, m->mid1, m->mid2, m->small};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        df_backend_free(m->be, bufs[i]);
+    free(m->pos);
+    df_st_close(m->st);
+    free(m);
+}
+
+int df_model_open(const char *dir, df_backend *be, df_model **out, df_err *e)
+{
+    *out = NULL;
+    df_model *m = calloc(1, sizeof *m);
+    if (!m)
+        return df_errf(e, -ENOMEM, "out of memory");
+    m->be = be;
+    snprintf(m->dir, sizeof m->dir, "%s", dir);
+    int rc = df_model_config_load(dir, &m->cfg, e);
+    if (!rc)
+        rc = df_st_open(dir, &m->st, e);
+    if (rc)
+        goto fail;
+    const df_model_config *c = &m->cfg;
+    m->plus_one = c->arch == DF_ARCH_QWEN3_5;
+    /* Text tensors sit under model.language_model. in multimodal qwen3_5
+     * checkpoints, under model. otherwise. */
+    snprintf(m->prefix, sizeof m->prefix, "%s",
+             df_st_find(m->st, "model.language_model.embed_tokens.weight") ? "model.language_model."
+                                                                           : "model.");
+    if ((rc = weight(m, "embed_tokens.weight", 2, c->vocab_size, c->hidden_size, 0, &m->embed, e)) ||
+        (rc = weight(m, "norm.weight", 1, c->hidden_size, 0, 0, &m->final_norm, e)))
+        goto fail;
+    m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
+    if (!m->layers) {
+        rc = df_errf(e, -ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < c->num_hidden_layers; i++)
+        if ((rc = load_layer(m, i, e)))
+            goto fail;
+    *out = m;
+    return 0;
+fail:
+    df_model_close(m);
+    return rc;
+}
+
+const df_model_config *df_model_get_config(const df_model *m)
+{
+    return &m->cfg;
+}
+
+/* ------------------------------------------------------------ forward */
+
+static int64_t max3(int64_t a, int64_t b, int64_t c)
+{
+    int64_t m = a > b ? a : b;
+    return m > c ? m : c;
+}
+
+static int reserve(df_model *m, int64_t T, df_err *e)
+{
+    if (T <= m->cap)
+        return 0;
+    const df_model_config *c = &m->cfg;
+    int64_t H = c->hidden_size, D = c->head_dim, nq = c->num_attention_heads,
+            nkv = c->num_key_value_heads, F = c->intermediate_size;
+    int64_t C = 2 * (int64_t)c->linear_num_key_heads * c->linear_key_head_dim +
+                (int64_t)c->linear_num_value_heads * c->linear_value_head_dim;
+    int64_t VD = (int64_t)c->linear_num_value_heads * c->linear_value_head_dim;
+    m->w_big = max3(2 * nq * D, C, F);
+    m->w_mid = max3(nq * D, nkv * D, VD);
+    float **bufs[] = {&m->x, &m->h, &m->big1, &m->big2, &m->mid1, &m->mid2, &m->small};
+    int64_t widths[] = {H, H, m->w_big, m->w_big, m->w_mid, m->w_mid,
+                        4 * (int64_t)(c->linear_num_value_heads ? c->linear_num_value_heads : 1)};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        df_backend_free(m->be, *bufs[i]);
+        *bufs[i] = df_backend_alloc(m->be, (size_t)(T * widths[i]) * sizeof(float));
+        if (!*bufs[i]) {
+            m->cap = 0;
+            return df_errf(e, -ENOMEM, "out of memory for %lld tokens of activations",
+                           (long long)T);
+        }
+    }
+    free(m->pos);
+    m->pos = malloc((size_t)T * sizeof *m->pos);
+    if (!m->pos)
+        return df_errf(e, -ENOMEM, "out of memory");
+    m->cap = T;
+    return 0;
+}
+
+/* A [T, cols] contiguous f32 view of a workspace buffer. */
+static df_tensor act(float *p, int64_t T, int64_t cols)
+{
+    return df_tensor_2d(p, DF_DTYPE_F32, T, cols);
+}
+
+#define CK(call)                                                               \
+    do {                                                                       \
+        int rc_ = (call);                                                      \
+        if (rc_)                                                               \
+            return df_errf(e, rc_, "layer %d: %s failed: %s", li, #call,       \
+                           df_strerror(rc_));                                  \
+    } while (0)
+
+static int attention_block(df_model *m, int li, const int32_t *cu, int n_seq, int64_t T, df_err *e)
+{
+    const df_model_config *c = &m->cfg;
+    const layer_w *L = &m->layers[li];
+    df_backend *be = m->be;
+    int64_t D = c->head_dim, nq = c->num_attention_heads, nkv = c->num_key_value_heads;
+    int gated = L->wq.shape[0] == 2 * nq * D;
+    df_tensor h = act(m->h, T, c->hidden_size);
+    df_tensor qg = act(m->big1, T, L->wq.shape[0]);
+    df_tensor k = act(m->big2, T, nkv * D), v = act(m->mid1, T, nkv * D);
+    df_tensor o = act(m->mid2, T, nq * D);
+    CK(df_op_matmul(be, &h, &L->wq, &qg, 0));
+    CK(df_op_matmul(be, &h, &L->wk, &k, 0));
+    CK(df_op_matmul(be, &h, &L->wv, &v, 0));
+    df_tensor q = df_tensor_cols(&qg, 0, nq * D);
+    df_tensor gate = gated ? df_tensor_cols(&qg, nq * D, nq * D) : q;
+    /* Per-head norms, before RoPE: contiguous [T, heads*D] rows are viewed as
+     * [T*heads, D]; the gated q is a column view (row stride 2*nq*D), so it
+     * is normed head by head. */
+    if (gated) {
+        for (int64_t hh = 0; hh < nq; hh++) {
+            df_tensor qv = df_tensor_cols(&q, hh * D, D);
+            CK(df_op_rmsnorm(be, &qv, &L->q_norm, (float)c->rms_norm_eps, m->plus_one, &qv));
+        }
+    } else {
+        df_tensor qh = act(m->big1, T * nq, D);
+        CK(df_op_rmsnorm(be, &qh, &L->q_norm, (float)c->rms_norm_eps, m->plus_one, &qh));
+    }
+    df_tensor kh = act(m->big2, T * nkv, D);
+    CK(df_op_rmsnorm(be, &kh, &L->k_norm, (float)c->rms_norm_eps, m->plus_one, &kh));
+    CK(df_op_rope(be, &q, m->pos, (int)nq, (int)D, c->rotary_dim, c->rope_theta));
+    CK(df_op_rope(be, &k, m->pos, (int)nkv, (int)D, c->rotary_dim, c->rope_theta));
+    CK(df_op_attention(be, &q, &k, &v, cu, n_seq, (int)nq, (int)nkv, (int)D,
+                       (float)(1.0 / sqrt((double)D)), gated ? &gate : NULL, &o));
+    df_tensor x = act(m->x, T, c->hidden_size);
+    CK(df_op_matmul(be, &o, &L->wo, &x, 1));
+    return 0;
+}
+
+static int gdn_block(df_model *m, int li, const int32_t *cu, int n_seq, int64_t T, df_err *e)
+{
+    const df_model_config *c = &m->cfg;
+    const layer_w *L = &m->layers[li];
+    df_backend *be = m->be;
+    int64_t hk = c->linear_num_key_heads, hv = c->linear_num_value_heads,
+            dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
+    int64_t C = 2 * hk * dk + hv * dv;
+    df_tensor h = act(m->h, T, c->hidden_size);
+    df_tensor qkv = act(m->big1, T, C), conv = act(m->big2, T, C);
+    df_tensor z = act(m->mid1, T, hv * dv), o = act(m->mid2, T, hv * dv);
+    df_tensor a = act(m->small, T, hv), b = act(m->small + T * hv, T, hv);
+    df_tensor g = act(m->small + 2 * T * hv, T, hv), beta = act(m->small + 3 * T * hv, T, hv);
+    CK(df_op_matmul(be, &h, &L->qkv, &qkv, 0));
+    CK(df_op_conv1d_silu(be, &qkv, &L->conv, cu, n_seq, &conv));
+    CK(df_op_matmul(be, &h, &L->z, &z, 0));
+    CK(df_op_matmul(be, &h, &L->a, &a, 0));
+    CK(df_op_matmul(be, &h, &L->b, &b, 0));
+    CK(df_op_gdn_gates(be, &a, &b, &L->A_log, &L->dt_bias, &g, &beta));
+    df_tensor q = df_tensor_cols(&conv, 0, hk * dk), k = df_tensor_cols(&conv, hk * dk, hk * dk);
+    df_tensor v = df_tensor_cols(&conv, 2 * hk * dk, hv * dv);
+    for (int64_t hh = 0; hh < hk; hh++) {
+        df_tensor qv = df_tensor_cols(&q, hh * dk, dk), kv = df_tensor_cols(&k, hh * dk, dk);
+        CK(df_op_l2norm(be, &qv, 1e-6f, (float)(1.0 / sqrt((double)dk))));
+        CK(df_op_l2norm(be, &kv, 1e-6f, 1.0f));
+    }
+    CK(df_op_gdn(be, &q, &k, &v, &g, &beta, cu, n_seq, (int)hk, (int)hv, (int)dk, (int)dv,
+                 DF_GDN_CHUNKED, &o));
+    df_tensor oh = act(m->mid2, T * hv, dv), zh = act(m->mid1, T * hv, dv);
+    CK(df_op_rmsnorm_gated(be, &oh, &zh, &L->gnorm, (float)c->rms_norm_eps, &oh));
+    df_tensor x = act(m->x, T, c->hidden_size);
+    CK(df_op_matmul(be, &o, &L->out, &x, 1));
+    return 0;
+}
+
+static int mlp_block(df_model *m, int li, int64_t T, df_err *e)
+{
+    const df_model_config *c = &m->cfg;
+    const layer_w *L = &m->layers[li];
+    df_backend *be = m->be;
+    df_tensor x = act(m->x, T, c->hidden_size), h = act(m->h, T, c->hidden_size);
+    df_tensor gate = act(m->big1, T, c->intermediate_size), up = act(m->big2, T, c->intermediate_size);
+    CK(df_op_rmsnorm(be, &x, &L->post_norm, (float)c->rms_norm_eps, m->plus_one, &h));
+    CK(df_op_matmul(be, &h, &L->gate, &gate, 0));
+    CK(df_op_matmul(be, &h, &L->up, &up, 0));
+    CK(df_op_swiglu(be, &gate, &up, &gate));
+    CK(df_op_matmul(be, &gate, &L->down, &x, 1));
+    return 0;
+}
+
+/* Writes rows of src (f32 [T, H], backend memory) to dst as dtype. */
+static int store(df_model *m, const float *src, int64_t T, df_dtype dt, void *dst, df_err *e)
+{
+    size_t n = (size_t)(T * m->cfg.hidden_size);
+    if (dt == DF_DTYPE_F32)
+        return df_backend_download(m->be, dst, src, n * sizeof(float));
+    if (dt != DF_DTYPE_BF16)
+        return df_errf(e, -EINVAL, "hidden states can be stored as BF16 or F32, not %s",
+                       df_dtype_name(dt));
+    /* CPU backend: src is host memory; convert in place of a download. */
+    uint16_t *o = dst;
+    for (size_t i = 0; i < n; i++)
+        o[i] = df_f32_to_bf16(src[i]);
+    return 0;
+}
+
+int df_model_forward(df_model *m, const uint32_t *ids, const int32_t *cu, int n_seq, int64_t T,
+                     const int *hs_index, int n_out, df_dtype out_dtype, void *const *out,
+                     df_err *e)
+{
+    const df_model_config *c = &m->cfg;
+    int L = c->num_hidden_layers, last = -1;
+    for (int j = 0; j < n_out; j++) {
+        if (hs_index[j] < 0 || hs_index[j] > L)
+            return df_errf(e, -EINVAL, "hidden-state index %d out of range 0..%d", hs_index[j], L);
+        if (hs_index[j] > last)
+            last = hs_index[j];
+    }
+    if (n_seq < 1 || cu[0] != 0 || cu[n_seq] != T)
+        return df_errf(e, -EINVAL, "cu_seqlens must run from 0 to %lld", (long long)T);
+    int rc = reserve(m, T, e);
+    if (rc)
+        return rc;
+    for (int s = 0; s < n_seq; s++) {
+        if (cu[s + 1] < cu[s])
+            return df_errf(e, -EINVAL, "cu_seqlens not increasing at %d", s);
+        for (int32_t t = cu[s]; t < cu[s + 1]; t++)
+            m->pos[t] = t - cu[s];
+    }
+    for (int64_t t = 0; t < T; t++)
+        if (ids[t] >= (uint64_t)c->vocab_size)
+            return df_errf(e, -EINVAL, "token %lld: id %u >= vocab size %lld", (long long)t, ids[t],
+                           (long long)c->vocab_size);
+    df_backend *be = m->be;
+    df_tensor x = act(m->x, T, c->hidden_size), h = act(m->h, T, c->hidden_size);
+    int li = -1;
+    CK(df_op_embed(be, &m->embed, ids, T, &x));
+    for (int idx = 0; idx <= last; idx++) {
+        if (idx > 0) {
+            li = idx - 1;
+            const layer_w *lw = &m->layers[li];
+            CK(df_op_rmsnorm(be, &x, &lw->in_norm, (float)c->rms_norm_eps, m->plus_one, &h));
+            rc = lw->type == DF_LAYER_LINEAR ? gdn_block(m, li, cu, n_seq, T, e)
+                                             : attention_block(m, li, cu, n_seq, T, e);
+            if (!rc)
+                rc = mlp_block(m, li, T, e);
+            if (rc)
+                return rc;
+        }
+        const float *src = m->x;
+        if (idx == L) { /* HF's last hidden state is the final-normed one */
+            CK(df_op_rmsnorm(be, &x, &m->final_norm, (float)c->rms_norm_eps, m->plus_one, &h));
+            src = m->h;
+        }
+        for (int j = 0; j < n_out; j++)
+            if (hs_index[j] == idx && (rc = store(m, src, T, out_dtype, out[j], e)))
+                return rc;
+    }
+    return df_backend_sync(be);
+}
