@@ -1,0 +1,106 @@
+/* train_ops.h - what training the DFlash drafter needs beyond ops.h:
+ * backward passes, the drafter attention (forward + backward), the fused
+ * LM-head cross-entropy and AdamW. Same conventions as ops.h (df_tensor
+ * views, F32 activations and gradients, weights BF16/F16/F32, -EINVAL on
+ * inconsistent arguments with nothing written). The CPU versions are the
+ * reference the CUDA kernels will be tested against.
+ *
+ * Gradients are F32. "accumulate" = add into the destination instead of
+ * overwriting it (weight gradients are summed over the rows of a batch and
+ * over accumulation steps).
+ */
+#ifndef DF_TRAIN_OPS_H
+#define DF_TRAIN_OPS_H
+
+#include "ops.h"
+
+/* ---- backward of the dense ops (forward in ops.h) ---- */
+
+/* y = x @ w^T:  dx (+)= dy @ w   ([M,N] x [N,K] -> [M,K])
+ *               dw (+)= dy^T @ x ([N,M] x [M,K] -> [N,K], F32) */
+int df_op_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w, df_tensor *dx,
+                       int accumulate);
+int df_op_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x, df_tensor *dw,
+                       int accumulate);
+
+/* RMSNorm backward (plain w or 1 + w): from x, w and dy, dx (+)= ... and
+ * dw += sum over rows (dw F32 [D], always accumulated). dx may be NULL. */
+int df_op_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
+                      int plus_one, const df_tensor *dy, df_tensor *dx, int accumulate_dx,
+                      df_tensor *dw);
+
+/* RoPE backward: the transpose of the rotation (angle -theta), in place on
+ * the gradient dx [T, heads*head_dim]; same arguments as df_op_rope. */
+int df_op_rope_bwd(df_backend *be, df_tensor *dx, const int32_t *pos, int heads, int head_dim,
+                   int rot_dim, double theta);
+
+/* out = silu(gate) * up:  dgate = dout * up * silu'(gate), dup = dout * silu(gate). */
+int df_op_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up,
+                     const df_tensor *dout, df_tensor *dgate, df_tensor *dup);
+
+/* ---- the DFlash drafter attention ----
+ *
+ * One packed row: S context positions (several documents) and n_blocks
+ * blocks of block_size tokens. Queries are the block tokens: q
+ * [n_blocks*bs, nq*D]. Keys/values: the context kc, vc [S, nkv*D] and the
+ * block tokens kb, vb [n_blocks*bs, nkv*D]. For the query at offset
+ * q_off of block b (anchor position p = anchor[b], its document starting at
+ * doc_start[b]):
+ *   context key j is visible iff doc_start[b] <= j < p (strictly before the
+ *     anchor, same document), and for a sliding layer (window W > 0) also
+ *     j >= p + q_off - (W - 1);
+ *   block key (b', k_off) is visible iff b' == b, and for a sliding layer
+ *     k_off <= q_off (causal in the block); full layers see the whole block.
+ * Padding blocks (valid[b] == 0) and rows with nothing visible output 0,
+ * lse = -inf, and get zero gradients — never NaN. GQA: query head h uses kv
+ * head h / (nq/nkv). Softmax in fp32; lse [n_blocks*bs, nq] F32 is saved
+ * for the backward pass. */
+typedef struct df_dflash_blocks {
+    int n_blocks, block_size;
+    const int32_t *anchor;    /* [n_blocks] context index of the anchor token */
+    const int32_t *doc_start; /* [n_blocks] context index where its document starts */
+    const uint8_t *valid;     /* [n_blocks] 0 = padding block */
+    int window;               /* sliding window W; 0 = full-attention layer */
+} df_dflash_blocks;
+
+int df_op_dflash_attn(df_backend *be, const df_tensor *q, const df_tensor *kc,
+                      const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,
+                      const df_dflash_blocks *blk, int nq, int nkv, int head_dim, float scale,
+                      df_tensor *out, df_tensor *lse);
+
+/* Gradients of the above from dout; dq, dkb, dvb are overwritten; dkc, dvc
+ * are overwritten too (context keys are seen by several blocks: their
+ * gradients are summed inside). Deterministic. */
+int df_op_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *kc,
+                          const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,
+                          const df_dflash_blocks *blk, int nq, int nkv, int head_dim, float scale,
+                          const df_tensor *out, const df_tensor *lse, const df_tensor *dout,
+                          df_tensor *dq, df_tensor *dkc, df_tensor *dvc, df_tensor *dkb,
+                          df_tensor *dvb);
+
+/* ---- fused frozen LM head + weighted cross-entropy ----
+ *
+ * logits = h @ head^T (h [N, H] F32, head [V, H] weight, never stored whole:
+ * rows are processed in chunks). Row i with label[i] >= 0 and weight[i] > 0
+ * contributes weight[i] * CE_i; *loss_sum (+)= sum_i weight[i] * CE_i
+ * (the caller divides by the global denominator). If dh is not NULL it gets
+ * d(sum_i weight[i] * CE_i / denom)/dh (the head is frozen: no gradient for
+ * it). argmax [N] (may be NULL) gets each row's argmax (for acc[k]).
+ * ce [N] (may be NULL) gets each row's CE (0 for ignored rows). */
+int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
+                    const int32_t *label, const float *weight, float denom, double *loss_sum,
+                    df_tensor *dh, int32_t *argmax, float *ce);
+
+/* ---- optimizer ----
+ * AdamW over fp32 master weights (n elements): m = b1 m + (1-b1) g;
+ * v = b2 v + (1-b2) g^2; p -= lr * (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd p);
+ * grad is scaled by grad_scale first (global-norm clipping). If out_bf16 is
+ * not NULL, the updated weights are also written there as bf16 (RNE). */
+int df_op_adamw(df_backend *be, float *master, const float *grad, float *m, float *v, int64_t n,
+                float lr, float beta1, float beta2, float eps, float wd, int64_t step,
+                float grad_scale, uint16_t *out_bf16);
+
+/* Sum of squares of n floats (for the global gradient norm), in double. */
+double df_op_sumsq(df_backend *be, const float *x, int64_t n);
+
+#endif

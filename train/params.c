@@ -1,0 +1,104 @@
+/* params.c - the drafter's parameter table (see params.h). */
+#include "params.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int add(df_params *ps, int cap, const char *name, int64_t d0, int64_t d1, int is_norm)
+{
+    if (ps->n >= cap)
+        return -ENOSPC;
+    df_param *p = &ps->p[ps->n++];
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->ndim = d1 ? 2 : 1;
+    p->shape[0] = d0;
+    p->shape[1] = d1;
+    p->numel = d0 * (d1 ? d1 : 1);
+    p->offset = ps->total;
+    p->is_norm = is_norm;
+    ps->total += p->numel;
+    return 0;
+}
+
+int df_params_build(const df_drafter_config *c, df_params *out, df_err *e)
+{
+    memset(out, 0, sizeof *out);
+    int64_t H = c->hidden_size, D = c->head_dim, nq = c->num_attention_heads,
+            nkv = c->num_key_value_heads, F = c->intermediate_size, K = c->num_target_features;
+    if (H <= 0 || D <= 0 || nq <= 0 || nkv <= 0 || F <= 0 || K <= 0 || c->num_hidden_layers <= 0)
+        return df_errf(e, -EINVAL, "drafter config has non-positive sizes");
+    int cap = 3 + 11 * c->num_hidden_layers;
+    out->p = calloc((size_t)cap, sizeof *out->p);
+    if (!out->p)
+        return df_errf(e, -ENOMEM, "out of memory");
+    char n[96];
+    int rc = add(out, cap, "fc.weight", H, K * H, 0);
+    rc |= add(out, cap, "hidden_norm.weight", H, 0, 1);
+    for (int i = 0; i < c->num_hidden_layers && !rc; i++) {
+#define P(suffix, d0, d1, norm)                                 \
+    snprintf(n, sizeof n, "layers.%d.%s", i, suffix);           \
+    rc |= add(out, cap, n, d0, d1, norm)
+        P("input_layernorm.weight", H, 0, 1);
+        P("self_attn.q_proj.weight", nq * D, H, 0);
+        P("self_attn.k_proj.weight", nkv * D, H, 0);
+        P("self_attn.v_proj.weight", nkv * D, H, 0);
+        P("self_attn.o_proj.weight", H, nq * D, 0);
+        P("self_attn.q_norm.weight", D, 0, 1);
+        P("self_attn.k_norm.weight", D, 0, 1);
+        P("post_attention_layernorm.weight", H, 0, 1);
+        P("mlp.gate_proj.weight", F, H, 0);
+        P("mlp.up_proj.weight", F, H, 0);
+        P("mlp.down_proj.weight", H, F, 0);
+#undef P
+    }
+    rc |= add(out, cap, "norm.weight", H, 0, 1);
+    if (rc) {
+        df_params_free(out);
+        return df_errf(e, -EINVAL, "parameter table overflow");
+    }
+    return 0;
+}
+
+void df_params_free(df_params *ps)
+{
+    free(ps->p);
+    memset(ps, 0, sizeof *ps);
+}
+
+int df_params_find(const df_params *ps, const char *name)
+{
+    for (int i = 0; i < ps->n; i++)
+        if (!strcmp(ps->p[i].name, name))
+            return i;
+    return -1;
+}
+
+/* splitmix64 + Box-Muller: deterministic, platform-independent. */
+static uint64_t mix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+void df_params_init(const df_params *ps, float *flat, float std, uint64_t seed)
+{
+    for (int i = 0; i < ps->n; i++) {
+        const df_param *p = &ps->p[i];
+        float *w = flat + p->offset;
+        /* one stream per tensor, so adding a layer does not shift the others */
+        uint64_t s = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
+        for (int64_t k = 0; k < p->numel; k++) {
+            if (p->is_norm) {
+                w[k] = 1.0f;
+                continue;
+            }
+            double u1 = ((mix(&s) >> 11) + 1) * 0x1.0p-53, u2 = (mix(&s) >> 11) * 0x1.0p-53;
+            w[k] = (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+        }
+    }
+}
