@@ -8,15 +8,6 @@
 #define DFLASH_VERSION "0.1.0"
 #endif
 
-static int cmd_pending(int argc, char **argv)
-{
-    (void)argc;
-    fprintf(stderr,
-            "dflash %s: not built yet: training arrives with the drafter issue.\n",
-            argv[0]);
-    return 2;
-}
-
 static const struct {
     const char *name;
     int (*fn)(int, char **);
@@ -26,7 +17,7 @@ static const struct {
     {"cache", cmd_cache, "synthetic caches for tests/benchmarks (synth); stream a cache and time it (read)"},
     {"dump", cmd_dump, "inspect a hidden-state cache: summary, samples, slices, --verify, --json"},
     {"extract", cmd_extract, "run the target over a corpus and write the hidden-state cache"},
-    {"train", cmd_pending, "train a DFlash drafter from a cache"},
+    {"train", cmd_train, "train a DFlash drafter from a cache (CPU backend)"},
 };
 
 static void usage(FILE *f)

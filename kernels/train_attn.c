@@ -1,1 +1,175 @@
-/* stub: being written */
+/* train_attn.c - dispatch and argument checks of the DFlash drafter
+ * attention, forward and backward (contract in train_ops.h).
+ *
+ * Every check runs before anything is written: a rejected call returns
+ * -EINVAL with every output untouched, and the backend (kernels/cpu/
+ * dflash_attn.c) may assume valid arguments:
+ *   - all tensors F32, 2-D, innermost stride 1, any row stride, each row
+ *     stepping over the whole previous one (no self-overlap);
+ *   - q, out, dout, dq [n_blocks*bs, nq*D]; kc, vc, dkc, dvc [S, nkv*D];
+ *     kb, vb, dkb, dvb [n_blocks*bs, nkv*D]; lse [n_blocks*bs, nq];
+ *   - nq, nkv, head_dim >= 1, nq % nkv == 0, scale finite;
+ *   - n_blocks >= 0, block_size >= 1, window >= 0, and for every valid block
+ *     0 <= doc_start <= anchor < S (padding blocks' anchor/doc_start are not
+ *     read: any value goes);
+ *   - outputs share no memory with any input or with each other (inputs may
+ *     overlap one another, e.g. kc and vc as column views of one buffer). */
+#include <errno.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dflash_attn_internal.h"
+
+#define MAX_EXTENT ((int64_t)1 << 60) /* elements a tensor may span */
+
+/* Elements spanned by t: 0 if empty, -1 on overflow or beyond MAX_EXTENT. */
+static int64_t extent(const df_tensor *t)
+{
+    int64_t ext = 1, step;
+    for (int d = 0; d < t->ndim; d++)
+        if (t->shape[d] == 0)
+            return 0;
+    for (int d = 0; d < t->ndim; d++)
+        if (__builtin_mul_overflow(t->shape[d] - 1, t->stride[d], &step) ||
+            __builtin_add_overflow(ext, step, &ext) || ext > MAX_EXTENT)
+            return -1;
+    return ext;
+}
+
+/* An F32 matrix [rows, cols]: innermost stride 1, the row stride covering a
+ * whole row (rows never interleave), data present unless empty. */
+static int f32_2d(const df_tensor *t, int64_t rows, int64_t cols)
+{
+    if (!t || t->ndim != 2 || t->dtype != DF_DTYPE_F32 || t->shape[0] != rows ||
+        t->shape[1] != cols || t->stride[0] < 0 || t->stride[1] != 1)
+        return 0;
+    if (rows == 0 || cols == 0)
+        return 1; /* empty: nothing is ever addressed */
+    if (extent(t) < 0 || (rows > 1 && t->stride[0] < cols))
+        return 0;
+    return t->data != NULL;
+}
+
+/* 1 if no element of a shares memory with an element of b. Exact for
+ * disjoint byte ranges and for 2-D views with one row stride (column slices
+ * of one matrix, e.g. dk and dv halves of a [S, 2*nkv*D] buffer);
+ * conservative (0) otherwise. */
+static int disjoint(const df_tensor *a, const df_tensor *b)
+{
+    int64_t ea = extent(a), eb = extent(b);
+    if (ea == 0 || eb == 0)
+        return 1;
+    uintptr_t pa = (uintptr_t)a->data, pb = (uintptr_t)b->data;
+    uintptr_t za = df_dtype_size(a->dtype), zb = df_dtype_size(b->dtype);
+    if (pa + (uintptr_t)ea * za <= pb || pb + (uintptr_t)eb * zb <= pa)
+        return 1;
+    if (a->ndim != 2 || b->ndim != 2 || za != zb || a->stride[0] != b->stride[0] ||
+        a->stride[0] == 0)
+        return 0;
+    const df_tensor *lo = pa <= pb ? a : b, *hi = pa <= pb ? b : a;
+    uintptr_t gap = (pa <= pb ? pb - pa : pa - pb);
+    if (gap % za)
+        return 0;
+    int64_t ld = a->stride[0];
+    int64_t off = (int64_t)(gap / za) % ld; /* hi's first column, in lo's rows */
+    return off >= lo->shape[1] && off + hi->shape[1] <= ld;
+}
+
+/* Outputs o[0..no) are pairwise disjoint and disjoint from inputs in[0..ni). */
+static int outputs_apart(const df_tensor *const *o, int no, const df_tensor *const *in, int ni)
+{
+    for (int i = 0; i < no; i++) {
+        for (int j = i + 1; j < no; j++)
+            if (!disjoint(o[i], o[j]))
+                return 0;
+        for (int j = 0; j < ni; j++)
+            if (!disjoint(o[i], in[j]))
+                return 0;
+    }
+    return 1;
+}
+
+/* The block table and head counts against a context of S positions. */
+static int blocks_ok(const df_dflash_blocks *blk, int nq, int nkv, int head_dim, float scale,
+                     int64_t S)
+{
+    if (!blk || nq < 1 || nkv < 1 || head_dim < 1 || nq % nkv || !isfinite(scale))
+        return 0;
+    if (blk->n_blocks < 0 || blk->block_size < 1 || blk->window < 0)
+        return 0;
+    if (blk->n_blocks > 0 && (!blk->anchor || !blk->doc_start || !blk->valid))
+        return 0;
+    for (int b = 0; b < blk->n_blocks; b++) {
+        if (!blk->valid[b])
+            continue;
+        int64_t p = blk->anchor[b], s0 = blk->doc_start[b];
+        if (s0 < 0 || s0 > p || p >= S)
+            return 0;
+    }
+    return 1;
+}
+
+/* The five inputs both calls take, and the block table (S = kc's rows). */
+static int inputs_ok(const df_tensor *q, const df_tensor *kc, const df_tensor *vc,
+                     const df_tensor *kb, const df_tensor *vb, const df_dflash_blocks *blk,
+                     int nq, int nkv, int head_dim, float scale)
+{
+    if (!q || !kc || !vc || !kb || !vb || !blk || kc->ndim != 2)
+        return 0;
+    if (blk->n_blocks < 0 || blk->block_size < 1 || nq < 1 || nkv < 1 || head_dim < 1)
+        return 0;
+    int64_t rows = (int64_t)blk->n_blocks * blk->block_size, S = kc->shape[0];
+    int64_t qc = (int64_t)nq * head_dim, kvc = (int64_t)nkv * head_dim;
+    return f32_2d(q, rows, qc) && f32_2d(kc, S, kvc) && f32_2d(vc, S, kvc) &&
+           f32_2d(kb, rows, kvc) && f32_2d(vb, rows, kvc) &&
+           blocks_ok(blk, nq, nkv, head_dim, scale, S);
+}
+
+static int backend_ok(const df_backend *be)
+{
+    return be && (be->kind == DF_BACKEND_CPU || be->kind == DF_BACKEND_CUDA);
+}
+
+int df_op_dflash_attn(df_backend *be, const df_tensor *q, const df_tensor *kc,
+                      const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,
+                      const df_dflash_blocks *blk, int nq, int nkv, int head_dim, float scale,
+                      df_tensor *out, df_tensor *lse)
+{
+    if (!backend_ok(be) || !inputs_ok(q, kc, vc, kb, vb, blk, nq, nkv, head_dim, scale))
+        return -EINVAL;
+    int64_t rows = q->shape[0];
+    if (!f32_2d(out, rows, q->shape[1]) || !f32_2d(lse, rows, nq))
+        return -EINVAL;
+    const df_tensor *o[2] = {out, lse}, *in[5] = {q, kc, vc, kb, vb};
+    if (!outputs_apart(o, 2, in, 5))
+        return -EINVAL;
+    if (be->kind != DF_BACKEND_CPU)
+        return -ENOTSUP;
+    return df_cpu_dflash_attn(be, q, kc, vc, kb, vb, blk, nq, nkv, head_dim, scale, out, lse);
+}
+
+int df_op_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *kc,
+                          const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,
+                          const df_dflash_blocks *blk, int nq, int nkv, int head_dim, float scale,
+                          const df_tensor *out, const df_tensor *lse, const df_tensor *dout,
+                          df_tensor *dq, df_tensor *dkc, df_tensor *dvc, df_tensor *dkb,
+                          df_tensor *dvb)
+{
+    if (!backend_ok(be) || !inputs_ok(q, kc, vc, kb, vb, blk, nq, nkv, head_dim, scale))
+        return -EINVAL;
+    int64_t rows = q->shape[0], S = kc->shape[0];
+    if (!f32_2d(out, rows, q->shape[1]) || !f32_2d(lse, rows, nq) ||
+        !f32_2d(dout, rows, q->shape[1]) || !f32_2d(dq, rows, q->shape[1]) ||
+        !f32_2d(dkc, S, kc->shape[1]) || !f32_2d(dvc, S, kc->shape[1]) ||
+        !f32_2d(dkb, rows, kc->shape[1]) || !f32_2d(dvb, rows, kc->shape[1]))
+        return -EINVAL;
+    const df_tensor *o[5] = {dq, dkc, dvc, dkb, dvb};
+    const df_tensor *in[8] = {q, kc, vc, kb, vb, out, lse, dout};
+    if (!outputs_apart(o, 5, in, 8))
+        return -EINVAL;
+    if (be->kind != DF_BACKEND_CPU)
+        return -ENOTSUP;
+    return df_cpu_dflash_attn_bwd(be, q, kc, vc, kb, vb, blk, nq, nkv, head_dim, scale, out, lse,
+                                  dout, dq, dkc, dvc, dkb, dvb);
+}

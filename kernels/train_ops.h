@@ -17,14 +17,19 @@
 /* ---- backward of the dense ops (forward in ops.h) ---- */
 
 /* y = x @ w^T:  dx (+)= dy @ w   ([M,N] x [N,K] -> [M,K])
- *               dw (+)= dy^T @ x ([N,M] x [M,K] -> [N,K], F32) */
+ *               dw (+)= dy^T @ x ([N,M] x [M,K] -> [N,K], F32)
+ * dy, x F32; w a weight. As df_op_matmul: each element is one fp32 sum (over
+ * n, resp. over the rows m in order); with accumulate the finished sum is
+ * added to the old value last. dx/dw must not overlap any input. */
 int df_op_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w, df_tensor *dx,
                        int accumulate);
 int df_op_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x, df_tensor *dw,
                        int accumulate);
 
 /* RMSNorm backward (plain w or 1 + w): from x, w and dy, dx (+)= ... and
- * dw += sum over rows (dw F32 [D], always accumulated). dx may be NULL. */
+ * dw += sum over rows (dw F32 [D], always accumulated). dx may be NULL.
+ * x, dy, dx: the same 1..4-D shape (last dim D, as df_op_rmsnorm); w [D]
+ * weight. dx may be exactly dy's (or x's) view; dw overlaps nothing. */
 int df_op_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
                       int plus_one, const df_tensor *dy, df_tensor *dx, int accumulate_dx,
                       df_tensor *dw);
@@ -34,7 +39,9 @@ int df_op_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, fl
 int df_op_rope_bwd(df_backend *be, df_tensor *dx, const int32_t *pos, int heads, int head_dim,
                    int rot_dim, double theta);
 
-/* out = silu(gate) * up:  dgate = dout * up * silu'(gate), dup = dout * silu(gate). */
+/* out = silu(gate) * up:  dgate = dout * up * silu'(gate), dup = dout * silu(gate).
+ * All the same 1..4-D shape. dgate and dup must not overlap each other; each
+ * may be exactly the view of an input (in place) or overlap none. */
 int df_op_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up,
                      const df_tensor *dout, df_tensor *dgate, df_tensor *dup);
 
@@ -53,8 +60,12 @@ int df_op_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up,
  *     k_off <= q_off (causal in the block); full layers see the whole block.
  * Padding blocks (valid[b] == 0) and rows with nothing visible output 0,
  * lse = -inf, and get zero gradients — never NaN. GQA: query head h uses kv
- * head h / (nq/nkv). Softmax in fp32; lse [n_blocks*bs, nq] F32 is saved
- * for the backward pass. */
+ * head h / (nq/nkv). Softmax in fp32; lse [n_blocks*bs, nq] F32 (natural
+ * log of sum_j exp(scale * q.k_j)) is saved for the backward pass.
+ * Checked (-EINVAL, nothing written): block_size >= 1, window >= 0, and for
+ * every valid block (valid[b] != 0) 0 <= doc_start <= anchor < S; a padding
+ * block's anchor and doc_start are never read. Outputs (out, lse; dq, dkc,
+ * dvc, dkb, dvb) must not overlap any input or each other. */
 typedef struct df_dflash_blocks {
     int n_blocks, block_size;
     const int32_t *anchor;    /* [n_blocks] context index of the anchor token */
@@ -86,7 +97,12 @@ int df_op_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *k
  * (the caller divides by the global denominator). If dh is not NULL it gets
  * d(sum_i weight[i] * CE_i / denom)/dh (the head is frozen: no gradient for
  * it). argmax [N] (may be NULL) gets each row's argmax (for acc[k]).
- * ce [N] (may be NULL) gets each row's CE (0 for ignored rows). */
+ * ce [N] (may be NULL) gets each row's CE (0 for ignored rows).
+ * Precisely: a negative label ignores the row, label >= V is -EINVAL;
+ * weight NULL means 1 for every row, else each weight must be finite and
+ * >= 0; *loss_sum is added to (loss_sum may be NULL); denom must be finite
+ * and > 0 when dh is given (unused otherwise); ignored rows get dh = 0.
+ * Outputs overlap no input and no other output. */
 int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
                     const int32_t *label, const float *weight, float denom, double *loss_sum,
                     df_tensor *dh, int32_t *argmax, float *ce);
@@ -95,12 +111,15 @@ int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
  * AdamW over fp32 master weights (n elements): m = b1 m + (1-b1) g;
  * v = b2 v + (1-b2) g^2; p -= lr * (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd p);
  * grad is scaled by grad_scale first (global-norm clipping). If out_bf16 is
- * not NULL, the updated weights are also written there as bf16 (RNE). */
+ * not NULL, the updated weights are also written there as bf16 (RNE).
+ * step >= 1; 0 <= beta < 1; eps > 0; lr, wd, grad_scale finite and >= 0;
+ * the arrays share no memory. fp32 math per element. */
 int df_op_adamw(df_backend *be, float *master, const float *grad, float *m, float *v, int64_t n,
                 float lr, float beta1, float beta2, float eps, float wd, int64_t step,
                 float grad_scale, uint16_t *out_bf16);
 
-/* Sum of squares of n floats (for the global gradient norm), in double. */
+/* Sum of squares of n floats (for the global gradient norm), in double.
+ * Bad arguments return -EINVAL as a double (a sum of squares is never < 0). */
 double df_op_sumsq(df_backend *be, const float *x, int64_t n);
 
 #endif

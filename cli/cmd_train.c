@@ -1,0 +1,137 @@
+/* cmd_train.c - `dflash train`: a DFlash drafter from a cache (CPU backend). */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cmds.h"
+#include "train.h"
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: dflash train --cache CACHE --target DIR --out RUN --steps N --mask-token ID [options]\n"
+            "Trains a DFlash drafter on the hidden states in CACHE (made by `dflash extract` from the\n"
+            "target in DIR, whose frozen embedding and lm_head the drafter uses). RUN gets checkpoints,\n"
+            "log.jsonl and, at the end, export/ (config.json + model.safetensors for SGLang/vLLM).\n"
+            "Rerunning the same command resumes from the newest checkpoint, exactly.\n"
+            "drafter:\n"
+            "  --layers N            drafter layers (default 1)\n"
+            "  --layer-types T       full | sliding | a comma list per layer (default: sliding, last full)\n"
+            "  --sliding-window W    window of sliding layers (default 2048)\n"
+            "  --intermediate N --heads N --kv-heads N --head-dim N   (default: the target's)\n"
+            "  --block-size N        block size (default 16)\n"
+            "  --mask-token ID       the target's mask token id (required)\n"
+            "  --target-layers L,..  which of the cache's feature layers to use (default: all)\n"
+            "data:\n"
+            "  --max-tokens N        context tokens per packed row (default 4096)\n"
+            "  --max-anchors N       blocks per row (default 512)\n"
+            "  --rows-per-step N     rows per optimizer step (default 1)\n"
+            "  --gamma G             loss weight decay over block positions (default 7)\n"
+            "  --noise A             uniform feature noise +-A (default 0)\n"
+            "optimisation:\n"
+            "  --steps N             optimizer steps (required)\n"
+            "  --lr LR --min-lr LR   peak and final LR (default 6e-4, 0); warmup --warmup F (0.04)\n"
+            "  --clip C              global gradient-norm clip (default 1.0)\n"
+            "  --init-std S          linear init std (default 0.02)\n"
+            "  --seed S              all randomness (default 1)\n"
+            "bookkeeping:\n"
+            "  --log-every N --ckpt-every N --keep-last N --threads N --quiet\n");
+}
+
+static int num(const char *s, double *v)
+{
+    char *end;
+    errno = 0;
+    if (!s || !*s)
+        return -1;
+    *v = strtod(s, &end);
+    return errno || *end ? -1 : 0;
+}
+
+int cmd_train(int argc, char **argv)
+{
+    df_train_opts o;
+    df_train_opts_defaults(&o);
+    int tl[64], ntl = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        double x = 0;
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--quiet")) {
+            o.quiet = 1;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "dflash train: '%s' needs a value (or is unknown)\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--cache")) o.cache_dir = v;
+        else if (!strcmp(a, "--target")) o.target_dir = v;
+        else if (!strcmp(a, "--out")) o.run_dir = v;
+        else if (!strcmp(a, "--layer-types")) o.layer_types = v;
+        else if (!strcmp(a, "--target-layers")) {
+            const char *p = v;
+            while (*p && ntl < 64) {
+                char *end;
+                long id = strtol(p, &end, 10);
+                if (end == p || id < 0 || (*end && *end != ',')) {
+                    fprintf(stderr, "dflash train: --target-layers '%s': want ids like 1,3\n", v);
+                    return 2;
+                }
+                tl[ntl++] = (int)id;
+                p = *end ? end + 1 : end;
+            }
+            o.target_layers = tl;
+            o.n_target_layers = ntl;
+        } else if (num(v, &x)) {
+            fprintf(stderr, "dflash train: %s: '%s' is not a number\n", a, v);
+            return 2;
+        } else if (!strcmp(a, "--layers")) o.layers = (int)x;
+        else if (!strcmp(a, "--sliding-window")) o.sliding_window = (int)x;
+        else if (!strcmp(a, "--intermediate")) o.intermediate = (int)x;
+        else if (!strcmp(a, "--heads")) o.heads = (int)x;
+        else if (!strcmp(a, "--kv-heads")) o.kv_heads = (int)x;
+        else if (!strcmp(a, "--head-dim")) o.head_dim = (int)x;
+        else if (!strcmp(a, "--block-size")) o.block_size = (int)x;
+        else if (!strcmp(a, "--mask-token")) o.mask_token_id = (int64_t)x;
+        else if (!strcmp(a, "--max-tokens")) o.max_tokens = (int)x;
+        else if (!strcmp(a, "--max-anchors")) o.max_anchors = (int)x;
+        else if (!strcmp(a, "--rows-per-step")) o.rows_per_step = (int)x;
+        else if (!strcmp(a, "--gamma")) o.gamma = x;
+        else if (!strcmp(a, "--noise")) o.noise = (float)x;
+        else if (!strcmp(a, "--steps")) o.steps = (int64_t)x;
+        else if (!strcmp(a, "--lr")) o.lr = x;
+        else if (!strcmp(a, "--min-lr")) o.min_lr = x;
+        else if (!strcmp(a, "--warmup")) o.warmup_frac = x;
+        else if (!strcmp(a, "--clip")) o.clip = x;
+        else if (!strcmp(a, "--init-std")) o.init_std = x;
+        else if (!strcmp(a, "--seed")) o.seed = (uint64_t)x;
+        else if (!strcmp(a, "--log-every")) o.log_every = (int)x;
+        else if (!strcmp(a, "--ckpt-every")) o.ckpt_every = (int)x;
+        else if (!strcmp(a, "--keep-last")) o.keep_last = (int)x;
+        else if (!strcmp(a, "--threads")) o.threads = (int)x;
+        else if (!strcmp(a, "--stop-after")) o.stop_after = (int64_t)x;
+        else {
+            fprintf(stderr, "dflash train: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!o.cache_dir || !o.target_dir || !o.run_dir || o.steps <= 0 || o.mask_token_id < 0) {
+        fprintf(stderr, "dflash train: --cache, --target, --out, --steps and --mask-token are "
+                        "required\n");
+        return 2;
+    }
+    df_err e = {0};
+    int rc = df_train_run(&o, &e);
+    if (rc) {
+        fprintf(stderr, "dflash train: %s\n", e.msg);
+        return 1;
+    }
+    return 0;
+}

@@ -1,0 +1,64 @@
+/* drafter.h - the DFlash drafter (DFLASH.md) forward, loss and backward over
+ * one packed row, on a backend, written once against the op interface.
+ *
+ *   C   = RMSNorm_hidden(F @ fc^T)                   context, shared by all layers
+ *   x   = E_target[block_ids]                        frozen target embedding
+ *   per layer: a = RMSNorm_in(x); q = RoPE(q_norm(a Wq)); k/v of [C ; a] (same Wk, Wv;
+ *              k_norm + RoPE on k; context positions restart per document);
+ *              x += DFlashAttn(q, k, v) Wo; x += down(silu(gate b) * up b), b = RMSNorm_post(x)
+ *   logits = lm_head_target(RMSNorm_final(x))       frozen target head; CE never materialised
+ *
+ * Parameters are the flat fp32 array of params.h (used directly as F32
+ * weights on the CPU backend); gradients accumulate into a flat array of
+ * the same layout, so several rows (and accumulation steps) sum up before
+ * one optimizer step. The loss of a row is sum(w * CE) / denom, with denom
+ * the global sum of weights of the whole step (DFLASH.md).
+ */
+#ifndef DF_DRAFTER_H
+#define DF_DRAFTER_H
+
+#include <stdint.h>
+
+#include "hfconfig.h"
+#include "ops.h"
+#include "params.h"
+#include "train_ops.h"
+
+#define DF_DRAFTER_MAX_BLOCK 64
+
+/* One packed row, as the batch builder makes it. */
+typedef struct df_drafter_row {
+    int64_t S;                 /* context tokens */
+    const float *feat;         /* [S, K*H] target features */
+    const int32_t *ctx_pos;    /* [S] positions, restarting per document */
+    df_dflash_blocks blocks;   /* n_blocks anchors (window set per layer by the drafter) */
+    const uint32_t *block_ids; /* [n_blocks * bs]: anchor token, then mask tokens */
+    const int32_t *block_pos;  /* [n_blocks * bs] */
+    const int32_t *labels;     /* [n_blocks * bs], -1 = none */
+    const float *weights;      /* [n_blocks * bs] loss weights */
+} df_drafter_row;
+
+/* What one row contributes to the step's metrics (summed over rows). */
+typedef struct df_drafter_metrics {
+    double loss_sum;           /* sum w * CE (divide by the step's denominator) */
+    double weight_sum;
+    uint64_t correct[DF_DRAFTER_MAX_BLOCK], counted[DF_DRAFTER_MAX_BLOCK]; /* acc[k] */
+    uint64_t blocks;           /* valid blocks */
+    uint64_t accepted;         /* sum over valid blocks of leading correct positions */
+} df_drafter_metrics;
+
+typedef struct df_drafter df_drafter;
+
+/* embed, head: the target's frozen [V, H] embedding and lm_head (any float
+ * dtype; the caller keeps them alive). */
+int df_drafter_open(const df_drafter_config *c, df_backend *be, const df_tensor *embed,
+                    const df_tensor *head, df_drafter **out, df_err *e);
+void df_drafter_close(df_drafter *d);
+const df_params *df_drafter_params(const df_drafter *d);
+
+/* Forward + loss (+ backward when grad is not NULL: gradients of
+ * sum(w*CE)/denom are ADDED to grad). params: the flat fp32 weights. */
+int df_drafter_row_step(df_drafter *d, const float *params, const df_drafter_row *row,
+                        float denom, float *grad, df_drafter_metrics *m, df_err *e);
+
+#endif

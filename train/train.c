@@ -1,0 +1,537 @@
+/* train.c - the training loop (train.h). */
+#include "train.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "batch.h"
+#include "cache.h"
+#include "cache_stream.h"
+#include "ckpt.h"
+#include "drafter.h"
+#include "fsutil.h"
+#include "params.h"
+#include "safetensors.h"
+#include "schedule.h"
+#include "train_ops.h"
+
+void df_train_opts_defaults(df_train_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    o->layers = 1;
+    o->sliding_window = 2048;
+    o->block_size = 16;
+    o->mask_token_id = -1;
+    o->max_tokens = 4096;
+    o->max_anchors = 512;
+    o->rows_per_step = 1;
+    o->gamma = 7;
+    o->lr = 6e-4;
+    o->warmup_frac = 0.04;
+    o->clip = 1.0;
+    o->init_std = 0.02;
+    o->seed = 1;
+    o->log_every = 10;
+    o->ckpt_every = 0;
+    o->keep_last = 2;
+}
+
+/* ------------------------------------------------------------ the document source
+ * Documents in the shuffled order of epoch `epoch`, from position `pos`; at the
+ * end of an epoch the next one starts with a new order. One document may be
+ * held back ("pending") when it did not fit in a row. */
+typedef struct source {
+    df_cache *cache;
+    uint64_t layer_mask;
+    int threads;
+    uint64_t seed;
+    uint64_t *order;
+    size_t n;
+    uint64_t epoch;
+    size_t pos;                 /* position in order of the next document to hand out */
+    df_cache_stream *s;
+    df_cache_item pending;
+    int have_pending;
+} source;
+
+static int source_open_at(source *src, uint64_t epoch, size_t pos, df_err *e)
+{
+    if (src->s)
+        df_cache_stream_close(src->s);
+    src->s = NULL;
+    src->epoch = epoch;
+    src->pos = pos;
+    df_cache_shuffle(src->seed, epoch, src->order, src->n);
+    df_cache_stream_opts so = {.order = src->order + pos, .n = src->n - pos,
+                               .layer_mask = src->layer_mask, .threads = src->threads};
+    if (src->n - pos == 0)
+        return 0;
+    src->s = df_cache_stream_open(src->cache, &so, e);
+    return src->s ? 0 : (e ? e->code : -EIO);
+}
+
+/* The next document: the held-back one, else the stream's next (0 at the
+ * end of the epoch). */
+static int source_next(source *src, df_cache_item *it, df_err *e)
+{
+    if (src->have_pending) {
+        *it = src->pending;
+        src->have_pending = 0;
+        return 1;
+    }
+    if (!src->s)
+        return 0;
+    int rc = df_cache_stream_next(src->s, it, e);
+    if (rc == 1)
+        src->pos++;
+    return rc;
+}
+
+/* A document that did not fit: it starts the next row. */
+static void source_push_back(source *src, const df_cache_item *it)
+{
+    src->pending = *it;
+    src->have_pending = 1;
+}
+
+/* Position in the epoch's order of the first document not yet in a
+ * finished row: where a resumed run starts reading. */
+static size_t source_position(const source *src)
+{
+    return src->have_pending ? src->pos - 1 : src->pos;
+}
+
+/* ------------------------------------------------------------ helpers */
+
+static int load_target_head(df_st **st, const char *dir, int64_t V, int H, df_tensor *embed,
+                            df_tensor *head, df_err *e)
+{
+    int rc = df_st_open(dir, st, e);
+    if (rc)
+        return rc;
+    const char *en = df_st_find(*st, "model.language_model.embed_tokens.weight")
+                         ? "model.language_model.embed_tokens.weight"
+                         : "model.embed_tokens.weight";
+    const df_st_tensor *te, *th;
+    int64_t shape[2] = {V, H};
+    if ((rc = df_st_expect(*st, en, DF_DTYPE_INVALID, 2, shape, &te, e)))
+        return rc;
+    th = df_st_find(*st, "lm_head.weight");
+    if (!th)
+        th = te; /* tied embeddings */
+    else if ((rc = df_st_check(th, DF_DTYPE_INVALID, 2, shape, e)))
+        return rc;
+    *embed = df_tensor_2d((void *)te->data, te->dtype, V, H);
+    *head = df_tensor_2d((void *)th->data, th->dtype, V, H);
+    return 0;
+}
+
+static int parse_layer_types(const df_train_opts *o, df_drafter_config *c, df_err *e)
+{
+    int n = c->num_hidden_layers;
+    const char *s = o->layer_types;
+    if (!s || !*s) {
+        for (int i = 0; i < n; i++)
+            c->layer_types[i] = i == n - 1 ? DF_LAYER_FULL : DF_LAYER_SLIDING;
+        return 0;
+    }
+    if (!strcmp(s, "full") || !strcmp(s, "sliding")) {
+        for (int i = 0; i < n; i++)
+            c->layer_types[i] = !strcmp(s, "full") ? DF_LAYER_FULL : DF_LAYER_SLIDING;
+        return 0;
+    }
+    int i = 0;
+    const char *p = s;
+    while (*p && i < n) {
+        size_t len = strcspn(p, ",");
+        if (len == 4 && !strncmp(p, "full", 4))
+            c->layer_types[i++] = DF_LAYER_FULL;
+        else if (len == 7 && !strncmp(p, "sliding", 7))
+            c->layer_types[i++] = DF_LAYER_SLIDING;
+        else
+            break;
+        p += len + (p[len] == ',');
+    }
+    if (i != n || *p)
+        return df_errf(e, -EINVAL, "--layer-types '%s': want full, sliding, or %d of them "
+                       "separated by commas", s, n);
+    return 0;
+}
+
+static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double loss, double lr,
+                     double gnorm, const df_drafter_metrics *m, int bs, double tok_s,
+                     double step_s, uint64_t tokens, uint64_t epoch)
+{
+    double tau = m->blocks ? 1.0 + (double)m->accepted / (double)m->blocks : 1.0;
+    if (f) {
+        fprintf(f, "{\"step\":%" PRId64 ",\"epoch\":%" PRIu64 ",\"loss\":%.6f,\"lr\":%.6g,"
+                "\"grad_norm\":%.6g,\"tau_hat\":%.4f,\"tokens\":%" PRIu64 ",\"tokens_per_s\":%.1f,"
+                "\"step_s\":%.4f,\"acc\":[",
+                step, epoch, loss, lr, gnorm, tau, tokens, tok_s, step_s);
+        for (int k = 1; k < bs; k++)
+            fprintf(f, "%s%.4f", k > 1 ? "," : "",
+                    m->counted[k] ? (double)m->correct[k] / (double)m->counted[k] : 0.0);
+        fprintf(f, "]}\n");
+        fflush(f);
+    }
+    if (!quiet) {
+        printf("step %6" PRId64 "/%" PRId64 "  loss %.4f  tau_hat %.3f  acc1 %.3f  acc%d %.3f  "
+               "lr %.2e  |g| %.3f  %.0f tok/s\n",
+               step, steps, loss, tau,
+               m->counted[1] ? (double)m->correct[1] / (double)m->counted[1] : 0.0, bs - 1,
+               m->counted[bs - 1] ? (double)m->correct[bs - 1] / (double)m->counted[bs - 1] : 0.0,
+               lr, gnorm, tok_s);
+        fflush(stdout);
+    }
+}
+
+/* Keeps only the log lines of steps <= step (a resumed run rewrites the rest). */
+static void trim_log(const char *path, int64_t step)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return;
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *o = fopen(tmp, "w");
+    char line[8192];
+    while (o && fgets(line, sizeof line, f)) {
+        long long s;
+        if (sscanf(line, "{\"step\":%lld", &s) == 1 && s <= step)
+            fputs(line, o);
+    }
+    fclose(f);
+    if (o) {
+        fclose(o);
+        rename(tmp, path);
+    }
+}
+
+typedef struct data_pos {
+    uint64_t epoch, pos, tokens;
+} data_pos;
+
+/* ------------------------------------------------------------ the loop */
+
+int df_train_run(const df_train_opts *o, df_err *e)
+{
+    int rc = 0;
+    df_cache *cache = NULL;
+    df_st *tst = NULL;
+    df_backend *be = NULL;
+    df_drafter *d = NULL;
+    df_batch **rows = NULL;
+    float *grad = NULL;
+    FILE *logf = NULL;
+    df_ckpt_state ck = {0};
+    source src = {0};
+    int nrows = o->rows_per_step > 0 ? o->rows_per_step : 1;
+
+    if (o->steps <= 0)
+        return df_errf(e, -EINVAL, "--steps must be > 0");
+    if (o->mask_token_id < 0)
+        return df_errf(e, -EINVAL, "--mask-token is required (the id of the target's mask token)");
+    df_model_config tc;
+    if ((rc = df_model_config_load(o->target_dir, &tc, e)))
+        return rc;
+    if (!(cache = df_cache_open(o->cache_dir, e)))
+        return e ? e->code : -EIO;
+    const df_cache_params *cp = &df_cache_get_info(cache)->params;
+    if (strcmp(cp->config_sha256, tc.config_sha256) || (int)cp->hidden_size != tc.hidden_size) {
+        rc = df_errf(e, -DF_EMISMATCH, "%s was extracted from another target (config sha256 "
+                     "%.12s..., hidden %u) than %s (%.12s..., hidden %d)", o->cache_dir,
+                     cp->config_sha256, cp->hidden_size, o->target_dir, tc.config_sha256,
+                     tc.hidden_size);
+        goto out;
+    }
+
+    /* The drafter config: DFLASH.md shapes, defaults from the target. */
+    df_drafter_config c;
+    memset(&c, 0, sizeof c);
+    c.block_size = o->block_size;
+    c.mask_token_id = o->mask_token_id;
+    c.num_target_features = o->target_layers ? o->n_target_layers : (int)cp->n_layers;
+    for (int i = 0; i < c.num_target_features; i++)
+        c.target_layer_ids[i] = o->target_layers ? o->target_layers[i] : cp->layer_ids[i];
+    c.num_target_layers = tc.num_hidden_layers;
+    c.num_hidden_layers = o->layers;
+    c.hidden_size = tc.hidden_size;
+    c.intermediate_size = o->intermediate ? o->intermediate : tc.intermediate_size;
+    c.num_attention_heads = o->heads ? o->heads : tc.num_attention_heads;
+    c.num_key_value_heads = o->kv_heads ? o->kv_heads : tc.num_key_value_heads;
+    c.head_dim = o->head_dim ? o->head_dim : tc.head_dim;
+    c.rms_norm_eps = tc.rms_norm_eps;
+    c.rope_theta = tc.rope_theta;
+    c.max_position_embeddings = tc.max_position_embeddings ? tc.max_position_embeddings : 32768;
+    c.vocab_size = tc.vocab_size;
+    if ((rc = parse_layer_types(o, &c, e)))
+        goto out;
+    for (int i = 0; i < c.num_hidden_layers; i++)
+        if (c.layer_types[i] == DF_LAYER_SLIDING) {
+            c.sliding_window = o->sliding_window;
+            c.use_sliding_window = true;
+        }
+    if ((rc = df_drafter_config_validate(&c, "drafter", e)))
+        goto out;
+
+    int cache_index[DF_BATCH_MAX_FEATURES];
+    uint64_t layer_mask = 0;
+    if ((rc = df_batch_map_layers(cp, c.target_layer_ids, c.num_target_features, cache_index,
+                                  &layer_mask, e)))
+        goto out;
+
+    df_tensor embed, head;
+    if ((rc = load_target_head(&tst, o->target_dir, tc.vocab_size, tc.hidden_size, &embed, &head, e)))
+        goto out;
+    if (!(be = df_backend_cpu_open(o->threads, e))) {
+        rc = e ? e->code : -ENOMEM;
+        goto out;
+    }
+    if ((rc = df_drafter_open(&c, be, &embed, &head, &d, e)))
+        goto out;
+    const df_params *ps = df_drafter_params(d);
+    int64_t total = ps->total;
+
+    df_lr_schedule sched;
+    if ((rc = df_lr_schedule_init(&sched, o->lr, o->min_lr, o->steps, o->warmup_frac, e)))
+        goto out;
+
+    /* Fresh start or exact resume. */
+    df_rng rng;
+    data_pos dp = {0};
+    int64_t step0 = 0;
+    rc = df_ckpt_load_latest(o->run_dir, &ck, e);
+    if (rc == 0) {
+        if (ck.n_floats != total || memcmp(&ck.config.target_layer_ids, &c.target_layer_ids,
+                                           sizeof c.target_layer_ids) ||
+            ck.config.num_hidden_layers != c.num_hidden_layers ||
+            ck.config.hidden_size != c.hidden_size || ck.config.block_size != c.block_size) {
+            rc = df_errf(e, -DF_EMISMATCH, "%s holds a run of another drafter shape; use another "
+                         "--out", o->run_dir);
+            goto out;
+        }
+        if (ck.rng_len != 32 || ck.data_position_len != sizeof dp ||
+            (rc = df_rng_load(&rng, ck.rng_state, e))) {
+            rc = rc ? rc : df_errf(e, -DF_ECORRUPT, "%s: checkpoint state blobs have the wrong size",
+                                   ck.loaded_from);
+            goto out;
+        }
+        memcpy(&dp, ck.data_position, sizeof dp);
+        free(ck.rng_state);
+        free(ck.data_position);
+        ck.rng_state = ck.data_position = NULL;
+        step0 = ck.step;
+        if (!o->quiet)
+            printf("resuming %s at step %" PRId64 " (epoch %" PRIu64 ", position %" PRIu64 ")\n",
+                   ck.loaded_from, step0, dp.epoch, dp.pos);
+    } else if (rc == -ENOENT) {
+        rc = 0;
+        ck.master = malloc((size_t)total * sizeof(float));
+        ck.adam_m = calloc((size_t)total, sizeof(float));
+        ck.adam_v = calloc((size_t)total, sizeof(float));
+        if (!ck.master || !ck.adam_m || !ck.adam_v) {
+            rc = df_errf(e, -ENOMEM, "out of memory for %" PRId64 " parameters", total);
+            goto out;
+        }
+        df_params_init(ps, ck.master, (float)o->init_std, o->seed);
+        df_rng_seed(&rng, o->seed, 1);
+        if ((rc = df_mkdirs(o->run_dir, e)))
+            goto out;
+    } else {
+        goto out;
+    }
+    if (step0 >= o->steps) {
+        if (!o->quiet)
+            printf("%s: already trained for %" PRId64 " steps\n", o->run_dir, step0);
+        goto export;
+    }
+    char logpath[4200];
+    snprintf(logpath, sizeof logpath, "%s/log.jsonl", o->run_dir);
+    trim_log(logpath, step0);
+    logf = fopen(logpath, "a");
+
+    grad = malloc((size_t)total * sizeof(float));
+    rows = calloc((size_t)nrows, sizeof *rows);
+    if (!grad || !rows) {
+        rc = df_errf(e, -ENOMEM, "out of memory");
+        goto out;
+    }
+    df_batch_config bc = {.max_tokens = o->max_tokens, .max_anchors = o->max_anchors,
+                          .block_size = c.block_size, .mask_token_id = c.mask_token_id,
+                          .vocab_size = c.vocab_size, .hidden_size = c.hidden_size,
+                          .n_features = c.num_target_features, .dtype = cp->dtype,
+                          .gamma = o->gamma, .noise = o->noise};
+    for (int r = 0; r < nrows; r++)
+        if (!(rows[r] = df_batch_create(&bc, e))) {
+            rc = e ? e->code : -ENOMEM;
+            goto out;
+        }
+    src.cache = cache;
+    src.layer_mask = layer_mask;
+    src.threads = 2;
+    src.seed = o->seed;
+    src.n = df_cache_count(cache);
+    src.order = malloc((src.n ? src.n : 1) * sizeof *src.order);
+    if (!src.order) {
+        rc = df_errf(e, -ENOMEM, "out of memory");
+        goto out;
+    }
+    if (src.n == 0) {
+        rc = df_errf(e, -ENODATA, "%s: the cache has no samples", o->cache_dir);
+        goto out;
+    }
+    if ((rc = source_open_at(&src, dp.epoch, dp.pos, e)))
+        goto out;
+
+    double t_prev = df_now();
+    df_drafter_metrics acc = {0};
+    double acc_loss = 0, acc_gnorm = 0;
+    int acc_n = 0;
+    uint64_t acc_tokens = 0;
+    for (int64_t step = step0; step < o->steps; step++) {
+        /* Build the step's rows. */
+        double denom = 0;
+        uint64_t tokens = 0;
+        for (int r = 0; r < nrows; r++) {
+            df_batch_reset(rows[r]);
+            int added_docs = 0;
+            for (;;) {
+                if (src.pos >= src.n && !src.have_pending) {
+                    if (added_docs) /* the epoch ends: this row takes what it has */
+                        break;
+                    if ((rc = source_open_at(&src, src.epoch + 1, 0, e)))
+                        goto out;
+                }
+                df_cache_item it;
+                int got = source_next(&src, &it, e);
+                if (got <= 0) {
+                    rc = got < 0 ? got : df_errf(e, -ENODATA, "%s: no samples", o->cache_dir);
+                    goto out;
+                }
+                df_batch_doc doc;
+                df_batch_doc_from_item(&it, cache_index, c.num_target_features, &doc);
+                int added = df_batch_add(rows[r], &doc, &rng, e);
+                if (added < 0) {
+                    rc = added;
+                    goto out;
+                }
+                if (added == 0) { /* full: this document starts the next row */
+                    source_push_back(&src, &it);
+                    break;
+                }
+                added_docs++;
+                df_cache_stream_release(src.s, &it);
+            }
+            if ((rc = df_batch_finish(rows[r], &rng, e)))
+                goto out;
+            const df_batch_row *br = df_batch_get_row(rows[r]);
+            denom += br->weight_sum;
+            tokens += (uint64_t)br->n_tokens;
+        }
+        /* Forward + backward of every row; the loss is normalised by the
+         * whole step's weight (DFLASH.md: the global denominator). */
+        memset(grad, 0, (size_t)total * sizeof(float));
+        df_drafter_metrics m = {0};
+        for (int r = 0; r < nrows && denom > 0; r++) {
+            const df_batch_row *br = df_batch_get_row(rows[r]);
+            df_drafter_row dr = {.S = br->n_tokens, .feat = br->features, .ctx_pos = br->pos,
+                                 .blocks = br->blocks, .block_ids = (const uint32_t *)br->block_ids,
+                                 .block_pos = br->block_pos, .labels = br->labels,
+                                 .weights = br->weights};
+            if ((rc = df_drafter_row_step(d, ck.master, &dr, (float)denom, grad, &m, e))) {
+                df_err_wrap(e, "step %" PRId64 " row %d", step, r);
+                goto out;
+            }
+        }
+        double loss = denom > 0 ? m.loss_sum / denom : 0.0;
+        double gnorm = sqrt(df_op_sumsq(be, grad, total));
+        if (!isfinite(loss) || !isfinite(gnorm)) {
+            rc = df_errf(e, -ERANGE, "step %" PRId64 ": loss %g, gradient norm %g: not finite "
+                         "(rows of epoch %" PRIu64 " before position %zu)", step, loss, gnorm,
+                         src.epoch, src.pos);
+            goto out;
+        }
+        double lr = df_lr_at(&sched, step);
+        float gscale = gnorm > o->clip && o->clip > 0 ? (float)(o->clip / gnorm) : 1.0f;
+        if (denom > 0)
+            df_op_adamw(be, ck.master, grad, ck.adam_m, ck.adam_v, total, (float)lr, 0.9f, 0.999f,
+                        1e-8f, 0.0f, step + 1, gscale, NULL);
+        /* metrics over the logging interval */
+        acc_loss += loss;
+        acc_gnorm += gnorm;
+        acc_n++;
+        acc_tokens += tokens;
+        acc.blocks += m.blocks;
+        acc.accepted += m.accepted;
+        for (int k = 0; k < DF_DRAFTER_MAX_BLOCK; k++) {
+            acc.correct[k] += m.correct[k];
+            acc.counted[k] += m.counted[k];
+        }
+        dp.tokens += tokens;
+        int64_t done = step + 1;
+        if (done % (o->log_every > 0 ? o->log_every : 1) == 0 || done == o->steps) {
+            double now = df_now();
+            log_step(logf, o->quiet, done, o->steps, acc_loss / acc_n, lr, acc_gnorm / acc_n, &acc,
+                     c.block_size, acc_tokens / (now - t_prev), (now - t_prev) / acc_n, dp.tokens,
+                     src.epoch);
+            t_prev = now;
+            memset(&acc, 0, sizeof acc);
+            acc_loss = acc_gnorm = 0;
+            acc_n = 0;
+            acc_tokens = 0;
+        }
+        int save = (o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == o->steps;
+        if (save) {
+            dp.epoch = src.epoch;
+            dp.pos = source_position(&src);
+            uint8_t rs[32];
+            df_rng_save(&rng, rs);
+            ck.step = done;
+            ck.config = c;
+            ck.n_floats = total;
+            ck.rng_state = rs;
+            ck.rng_len = sizeof rs;
+            data_pos dpc = dp;
+            ck.data_position = &dpc;
+            ck.data_position_len = sizeof dpc;
+            if ((rc = df_ckpt_save(o->run_dir, &ck, o->keep_last, e)))
+                goto out;
+            ck.rng_state = NULL;
+            ck.data_position = NULL;
+            ck.rng_len = ck.data_position_len = 0;
+        }
+        if (o->stop_after > 0 && done - step0 >= o->stop_after)
+            goto out; /* as if killed (tests of resume) */
+    }
+export:;
+    char exp[4200];
+    snprintf(exp, sizeof exp, "%s/export", o->run_dir);
+    if ((rc = df_export_drafter(exp, &c, ps, ck.master, e)))
+        goto out;
+    if (!o->quiet)
+        printf("exported the drafter to %s (config.json + model.safetensors)\n", exp);
+out:
+    if (src.have_pending && src.s)
+        df_cache_stream_release(src.s, &src.pending);
+    df_cache_stream_close(src.s);
+    free(src.order);
+    if (logf)
+        fclose(logf);
+    if (rows)
+        for (int r = 0; r < nrows; r++)
+            df_batch_free(rows[r]);
+    free(rows);
+    free(grad);
+    ck.rng_state = ck.data_position = NULL; /* the caller's buffers, when saving */
+    df_ckpt_state_free(&ck);
+    df_drafter_close(d);
+    df_backend_close(be);
+    df_st_close(tst);
+    df_cache_close(cache);
+    return rc;
+}

@@ -1,0 +1,58 @@
+/* train.h - stage 2: train a DFlash drafter from a cache (CPU backend).
+ *
+ * A step = rows_per_step packed rows (documents streamed from the cache in a
+ * per-epoch shuffled order, anchors sampled per row); the loss is
+ * sum(w * CE) over the step divided by the step's sum of weights; the
+ * hand-written backward accumulates gradients; global-norm clipping; AdamW
+ * over fp32 master weights; warmup + cosine LR. Everything random comes
+ * from seeded generators whose state is checkpointed with the weights, the
+ * optimizer and the data position, so a resumed run continues exactly (bit
+ * for bit on the CPU) as an uninterrupted one.
+ *
+ * RUN/ holds the checkpoints (train/ckpt.h), log.jsonl (one JSON object per
+ * logged step) and, at the end, export/ (config.json + model.safetensors
+ * that serving engines load).
+ */
+#ifndef DF_TRAIN_H
+#define DF_TRAIN_H
+
+#include <stdint.h>
+
+#include "err.h"
+#include "hfconfig.h"
+#include "ops.h"
+
+typedef struct df_train_opts {
+    const char *cache_dir, *target_dir, *run_dir;
+    /* drafter shape (0 = default: the target's sizes, DFLASH.md recipe) */
+    int layers;                 /* default 1 */
+    const char *layer_types;    /* "full", "sliding", or a comma list per layer; default: all
+                                   sliding but the last (full) */
+    int sliding_window;         /* default 2048 */
+    int intermediate, heads, kv_heads, head_dim;
+    int block_size;             /* default 16 */
+    int64_t mask_token_id;      /* required (>= 0) */
+    const int *target_layers;   /* subset of the cache's layers, or NULL = all */
+    int n_target_layers;
+    /* data */
+    int max_tokens;             /* context tokens per row, default 4096 */
+    int max_anchors;            /* blocks per row, default 512 */
+    int rows_per_step;          /* default 1 */
+    double gamma;               /* default 7 */
+    float noise;                /* uniform feature noise, default 0 */
+    /* optimisation */
+    int64_t steps;              /* required (> 0) */
+    double lr, min_lr, warmup_frac, clip, init_std;
+    uint64_t seed;
+    /* bookkeeping */
+    int log_every, ckpt_every, keep_last;
+    int threads;                /* backend threads; 0 = all CPUs */
+    int64_t stop_after;         /* testing: stop (as if killed) after this many steps; 0 = off */
+    int quiet;
+} df_train_opts;
+
+void df_train_opts_defaults(df_train_opts *o);
+
+int df_train_run(const df_train_opts *o, df_err *e);
+
+#endif
