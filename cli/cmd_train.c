@@ -36,6 +36,7 @@ static void usage(FILE *f)
             "  --init-std S          linear init std (default 0.02)\n"
             "  --seed S              all randomness (default 1)\n"
             "bookkeeping:\n"
+            "  --device cpu          the backend (cpu; CUDA is a later issue)\n"
             "  --log-every N --ckpt-every N --keep-last N --threads N --quiet\n");
 }
 
@@ -74,6 +75,13 @@ int cmd_train(int argc, char **argv)
         else if (!strcmp(a, "--target")) o.target_dir = v;
         else if (!strcmp(a, "--out")) o.run_dir = v;
         else if (!strcmp(a, "--layer-types")) o.layer_types = v;
+        else if (!strcmp(a, "--device")) {
+            if (strcmp(v, "cpu")) {
+                fprintf(stderr, "dflash train: device '%s' is not built yet (cpu only; the GPU "
+                                "trainer is a later issue)\n", v);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--target-layers")) {
             const char *p = v;
             while (*p && ntl < 64) {

@@ -89,6 +89,29 @@ run 1 "out of range" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out 
 run 2 "cuda" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad6" --device cuda
 run 2 "required" "$D" extract --model "$TM"
 
+# --- train: the drafter on the bundled cache; the loss falls; exact resume; export
+TA="--cache $W/ext3 --target $TM --steps 60 --mask-token 1 --block-size 8 --max-tokens 512 --max-anchors 32 --lr 3e-3 --log-every 5 --ckpt-every 20 --quiet --device cpu"
+run 0 "" "$D" train $TA --out "$W/runA"
+first=$(head -1 "$W/runA/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
+last=$(tail -1 "$W/runA/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
+awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.3) }' || fail "loss did not fall: $first -> $last"
+run 0 "" "$D" train $TA --out "$W/runB" --stop-after 30   # stops as if killed after step 30
+run 0 "" "$D" train $TA --out "$W/runB"                    # resumes from the step-20 checkpoint
+nolat() { sed -E 's/"tokens_per_s":[0-9.e+-]+,"step_s":[0-9.e+-]+,//' "$1"; }
+[ "$(nolat "$W/runA/log.jsonl")" = "$(nolat "$W/runB/log.jsonl")" ] || fail "resumed run's log differs"
+cmp -s "$W/runA/export/model.safetensors" "$W/runB/export/model.safetensors" || fail "resumed run's weights differ"
+[ -f "$W/runA/export/config.json" ] && grep -q DFlashDraftModel "$W/runA/export/config.json" || fail "no export"
+# a real kill -9 once the first checkpoint exists, then resume: same result
+"$D" train $TA --out "$W/runK" --steps 60 >/dev/null 2>&1 &
+kpid=$!
+for _ in $(seq 1000); do [ -e "$W/runK/ckpt-0000000020" ] && break; sleep 0.005; done
+kill -9 $kpid 2>/dev/null; wait $kpid 2>/dev/null
+run 0 "" "$D" train $TA --out "$W/runK"
+cmp -s "$W/runA/export/model.safetensors" "$W/runK/export/model.safetensors" || fail "run resumed after kill -9 differs"
+run 1 "another target" "$D" train $TA --out "$W/runC" --target "$SRC/tests/fixtures/qwen3_5-tiny"
+run 1 "layer" "$D" train $TA --out "$W/runD" --target-layers 0,3
+run 2 "mask-token" "$D" train --cache "$W/ext3" --target "$TM" --out "$W/runE" --steps 5
+
 # --- usage
 run 2 "" "$D"
 run 2 "unknown command" "$D" nosuch
