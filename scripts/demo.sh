@@ -11,7 +11,8 @@
 #                     uninterrupted run (on synthetic states: the tiny extraction is too quick to kill)
 #   4. dump           summary, sample listing, one sample's tokens and hidden-state slice
 #   5. verify + read  every CRC and index entry; the streaming reader's rate
-# Training and export arrive with the drafter issue.
+#   6. train          a 2-layer DFlash drafter on the cache (CPU backend): the log shows the
+#                     loss falling and tau_hat rising; checkpoints; export/ for SGLang/vLLM
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${1:-$ROOT/out/demo}
@@ -63,5 +64,11 @@ step "4. dump: summary, samples, one sample"
 step "5. verify every checksum, stream it back"
 "$D" dump "$OUT/cache" --verify
 "$D" cache read "$OUT/cache"
+
+step "6. train a DFlash drafter on the cache (CPU), export it"
+"$D" train --cache "$OUT/cache" --target "$TM" --out "$OUT/run" --device cpu --mask-token 1 \
+  --steps ${DEMO_STEPS:-400} --layers 2 --intermediate 256 --block-size 8 --max-tokens 1024 \
+  --max-anchors 128 --lr 5e-3 --log-every 50 --ckpt-every 100
+echo "log: $OUT/run/log.jsonl; drafter: $OUT/run/export/{config.json,model.safetensors}"
 
 printf '\ndemo done: outputs in %s\n' "$OUT"
