@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cmds.h"
+#include "onestep.h"
 #include "train.h"
 
 static void usage(FILE *f)
@@ -141,5 +142,42 @@ int cmd_train(int argc, char **argv)
         fprintf(stderr, "dflash train: %s\n", e.msg);
         return 1;
     }
+    return 0;
+}
+
+/* `dflash train-step --in FILE [--out FILE]`: one step's loss and gradients. */
+int cmd_train_step(int argc, char **argv)
+{
+    const char *in = NULL, *out = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+            printf("usage: dflash train-step --in ROW.safetensors [--out GRADS.safetensors]\n"
+                   "Loss, tau_hat, acc[k] and every parameter's gradient of one drafter row from\n"
+                   "explicit inputs (features, anchors, block tokens, labels, weights, frozen\n"
+                   "embedding/head, all weights): the format of scripts/dflash_reference.py,\n"
+                   "documented in train/onestep.h. For checking us against another implementation.\n");
+            return 0;
+        }
+        if (i + 1 < argc && !strcmp(argv[i], "--in"))
+            in = argv[++i];
+        else if (i + 1 < argc && !strcmp(argv[i], "--out"))
+            out = argv[++i];
+        else {
+            fprintf(stderr, "dflash train-step: bad argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!in) {
+        fprintf(stderr, "dflash train-step: --in is required\n");
+        return 2;
+    }
+    df_err e = {0};
+    df_onestep_result r;
+    if (df_train_onestep(in, out, &r, &e)) {
+        fprintf(stderr, "dflash train-step: %s\n", e.msg);
+        return 1;
+    }
+    printf("loss %.7f  tau_hat %.4f  (%d parameter tensors%s%s)\n", r.loss, r.tau_hat, r.n_params,
+           out ? ", gradients in " : "", out ? out : "");
     return 0;
 }

@@ -9,5 +9,6 @@ int cmd_corpus(int argc, char **argv);
 int cmd_cache(int argc, char **argv);
 int cmd_extract(int argc, char **argv);
 int cmd_train(int argc, char **argv);
+int cmd_train_step(int argc, char **argv);
 
 #endif

@@ -18,13 +18,14 @@ static const struct {
     {"dump", cmd_dump, "inspect a hidden-state cache: summary, samples, slices, --verify, --json"},
     {"extract", cmd_extract, "run the target over a corpus and write the hidden-state cache"},
     {"train", cmd_train, "train a DFlash drafter from a cache (CPU backend)"},
+    {"train-step", cmd_train_step, "one step's loss + gradients from a safetensors file (for checking)"},
 };
 
 static void usage(FILE *f)
 {
     fprintf(f, "usage: dflash <command> [options]   (dflash <command> --help for its options)\n\n");
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
-        fprintf(f, "  %-8s %s\n", cmds[i].name, cmds[i].help);
+        fprintf(f, "  %-11s %s\n", cmds[i].name, cmds[i].help);
 }
 
 int main(int argc, char **argv)

@@ -112,6 +112,9 @@ run 1 "another target" "$D" train $TA --out "$W/runC" --target "$SRC/tests/fixtu
 run 1 "layer" "$D" train $TA --out "$W/runD" --target-layers 0,3
 run 2 "mask-token" "$D" train --cache "$W/ext3" --target "$TM" --out "$W/runE" --steps 5
 
+run 0 "loss 6.82796" "$D" train-step --in "$SRC/tests/fixtures/drafter_ref.safetensors" --out "$W/grads.safetensors"
+run 1 "missing|config" "$D" train-step --in "$W/grads.safetensors"
+
 # --- usage
 run 2 "" "$D"
 run 2 "unknown command" "$D" nosuch

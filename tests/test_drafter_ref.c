@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "drafter.h"
+#include "onestep.h"
 #include "safetensors.h"
 #include "test.h"
 
@@ -140,6 +141,26 @@ int main(void)
         }
     }
     printf("worst gradient rel L2 error over %d tensors: %.2e\n", ps->n, worst);
+
+    /* The one-step command's library path gives the same loss and writes
+     * every gradient, equal to what the model computed above. */
+    char outp[4200];
+    snprintf(outp, sizeof outp, "%s/grads.safetensors", test_tmpdir("onestep"));
+    df_onestep_result res;
+    CHECK_OK(df_train_onestep(path, outp, &res, &e), &e);
+    CHECK(fabs(res.loss - ours) <= 1e-6 * fabs(ours));
+    df_st *go = NULL;
+    CHECK_OK(df_st_open(outp, &go, &e), &e);
+    for (int i = 0; go && i < ps->n; i++) {
+        char n[128];
+        snprintf(n, sizeof n, "grad.%s", ps->p[i].name);
+        const df_st_tensor *t = df_st_find(go, n);
+        CHECK(t && (int64_t)t->numel == ps->p[i].numel &&
+              !memcmp(t->data, g + ps->p[i].offset, (size_t)t->numel * 4));
+    }
+    df_st_close(go);
+    /* bad input: a missing tensor is named */
+    CHECK_ERR(df_train_onestep(outp, NULL, &res, &e), -EINVAL, &e, "config");
     free(w);
     free(g);
     free(vb);
