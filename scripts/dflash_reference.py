@@ -48,16 +48,27 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--config", choices=["a", "b"], default="a",
+                    help="a: 2 layers (sliding W=3, full), GQA 4/2, block 4, 2 documents; "
+                         "b: 3 layers (full, sliding W=6, full), GQA 8/2, block 5, 3 documents")
     a = ap.parse_args()
     g = torch.Generator().manual_seed(a.seed)
 
-    H, K, V, BS, NQ, NKV, D, F, L, W = 32, 2, 61, 4, 4, 2, 8, 48, 2, 3
+    if a.config == "a":
+        H, K, V, BS, NQ, NKV, D, F, W = 32, 2, 61, 4, 4, 2, 8, 48, 3
+        layer_types = ["sliding_attention", "full_attention"]
+        doc_bounds = [(0, 14), (14, 24)]
+        anchors = [0, 5, 12, 14, 21, -1]   # -1 = padding block
+    else:
+        H, K, V, BS, NQ, NKV, D, F, W = 24, 3, 53, 5, 8, 2, 6, 40, 6
+        layer_types = ["full_attention", "sliding_attention", "full_attention"]
+        doc_bounds = [(0, 9), (9, 10), (10, 31)]
+        # the last token of a document (no label at all), a one-token document's
+        # only token, anchors deep in a long document (the window cuts the context)
+        anchors = [3, 8, 9, 10, 17, 26, 29, -1, -1]
+    L = len(layer_types)
     gamma, eps, theta, mask_id = 7.0, 1e-6, 10000.0, 1
-    layer_types = ["sliding_attention", "full_attention"]
-    # one row: documents of 14 and 10 tokens; anchors (context indices) incl. edge cases
-    doc_bounds = [(0, 14), (14, 24)]
-    S = 24
-    anchors = [0, 5, 12, 14, 21, -1]   # -1 = padding block
+    S = doc_bounds[-1][1]
     NB = len(anchors)
 
     ids = torch.randint(2, V, (S,), generator=g)
@@ -193,7 +204,7 @@ def main():
         out["param." + n] = t.detach().float()
         out["grad." + n] = t.grad.float()
     meta = {"config": json.dumps(cfg), "torch": torch.__version__,
-            "made_by": "scripts/dflash_reference.py --seed %d" % a.seed}
+            "made_by": "scripts/dflash_reference.py --config %s --seed %d" % (a.config, a.seed)}
     save_file({k: v.contiguous() for k, v in out.items()}, a.out, metadata=meta)
     print("wrote", a.out, len(out), "tensors")
 
