@@ -5,6 +5,7 @@
  * backends (kernels/cpu/, later CUDA) may assume valid arguments. The Gated
  * DeltaNet ops dispatch from ops_gdn.c. */
 #include "backend_internal.h"
+#include "op_checks.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -151,136 +152,10 @@ int df_backend_download(df_backend *be, void *dst, const void *src, size_t bytes
 
 /* ---- argument checks ---- */
 
-static int is_weight_dtype(df_dtype t)
-{
-    return t == DF_DTYPE_BF16 || t == DF_DTYPE_F16 || t == DF_DTYPE_F32;
-}
-
-/* A well-formed tensor of dtype class ok(): 1..4 dims, non-negative shapes
- * and strides, innermost stride 1, data present when non-empty. Outputs
- * (out != 0) must also not overlap themselves: each outer stride covers the
- * extent of the dims inside it, so no two elements share memory. */
+/* ops.c's tensor rule (op_checks.h): no overflow / span limit. */
 static int check_tensor(const df_tensor *t, int ndim_min, int ndim_max, int weight, int out)
 {
-    if (!t || t->ndim < ndim_min || t->ndim > ndim_max)
-        return 0;
-    if (weight ? !is_weight_dtype(t->dtype) : t->dtype != DF_DTYPE_F32)
-        return 0;
-    for (int d = 0; d < t->ndim; d++)
-        if (t->shape[d] < 0 || t->stride[d] < 0)
-            return 0;
-    if (t->stride[t->ndim - 1] != 1)
-        return 0;
-    int64_t n = df_tensor_numel(t);
-    if (n > 0 && !t->data)
-        return 0;
-    if (out && n > 0) {
-        int64_t extent = 1; /* elements spanned by the dims inside d */
-        for (int d = t->ndim - 1; d >= 0; d--) {
-            if (t->shape[d] > 1 && t->stride[d] < extent)
-                return 0;
-            if (t->shape[d] > 1)
-                extent = t->stride[d] * (t->shape[d] - 1) + extent;
-        }
-    }
-    return 1;
-}
-
-static int same_shape(const df_tensor *a, const df_tensor *b)
-{
-    if (a->ndim != b->ndim)
-        return 0;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d])
-            return 0;
-    return 1;
-}
-
-/* The same view of the same memory: allowed where the contract says "may alias". */
-static int same_view(const df_tensor *a, const df_tensor *b)
-{
-    if (a->data != b->data || a->dtype != b->dtype || !same_shape(a, b))
-        return 0;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] > 1 && a->stride[d] != b->stride[d])
-            return 0;
-    return 1;
-}
-
-/* A tensor as rows of contiguous bytes: base, count, stride, width. 1-D and
- * 2-D tensors qualify (the inner stride is 1 after check_tensor); anything
- * else is described by its bounding range as one "row". */
-typedef struct rowspan {
-    intptr_t base;
-    int64_t rows, stride, width; /* bytes */
-} rowspan;
-
-static rowspan span_of(const df_tensor *t)
-{
-    int64_t es = (int64_t)df_dtype_size(t->dtype);
-    rowspan s = {(intptr_t)t->data, 1, 0, 0};
-    if (df_tensor_numel(t) == 0)
-        return s;
-    if (t->ndim == 1) {
-        s.width = t->shape[0] * es;
-    } else if (t->ndim == 2) {
-        s.rows = t->shape[0];
-        s.stride = t->shape[0] > 1 ? t->stride[0] * es : 0;
-        s.width = t->shape[1] * es;
-    } else {
-        int64_t last = 0;
-        for (int d = 0; d < t->ndim; d++)
-            last += (t->shape[d] - 1) * t->stride[d];
-        s.width = (last + 1) * es;
-    }
-    return s;
-}
-
-static int64_t floor_div(int64_t a, int64_t b) /* b > 0 */
-{
-    int64_t q = a / b;
-    return (a % b != 0 && a < 0) ? q - 1 : q;
-}
-
-/* Whether two tensors may share a byte. Exact for two column views with the
- * same row stride (the fused-projection case: q and gate halves of one GEMM
- * output do not overlap even though their bounding ranges do); otherwise
- * the bounding ranges are compared, which can only err towards "overlap". */
-static int overlaps(const df_tensor *ta, const df_tensor *tb)
-{
-    rowspan a = span_of(ta), b = span_of(tb);
-    if (a.width == 0 || b.width == 0)
-        return 0;
-    /* A single row has no stride of its own: adopt the other's. */
-    if (a.rows == 1)
-        a.stride = b.stride;
-    if (b.rows == 1)
-        b.stride = a.stride;
-    if (a.stride == b.stride && a.stride >= a.width && a.stride >= b.width) {
-        int64_t S = a.stride;
-        if (S == 0) /* both single rows */
-            return b.base < a.base + a.width && a.base < b.base + b.width;
-        /* Row rb of B starts d + k*S bytes after row ra of A (k = rb - ra);
-         * they overlap iff that offset lies in (-b.width, a.width). */
-        int64_t d = (int64_t)(b.base - a.base);
-        int64_t kmin = -(a.rows - 1), kmax = b.rows - 1;
-        int64_t k0 = floor_div(-b.width - d, S) + 1; /* first k with offset > -b.width */
-        for (int64_t k = k0; k <= k0 + 1; k++)
-            if (k >= kmin && k <= kmax && d + k * S < a.width)
-                return 1;
-        return 0;
-    }
-    intptr_t alo = a.base, ahi = a.base + (intptr_t)((a.rows - 1) * a.stride + a.width);
-    intptr_t blo = b.base, bhi = b.base + (intptr_t)((b.rows - 1) * b.stride + b.width);
-    return blo < ahi && alo < bhi;
-}
-
-/* out may be the very same view as in (when allowed) but not partly overlap it. */
-static int alias_ok(const df_tensor *out, const df_tensor *in, int may_alias)
-{
-    if (may_alias && same_view(out, in))
-        return 1;
-    return !overlaps(out, in);
+    return df_check_tensor(t, ndim_min, ndim_max, weight, out, 0);
 }
 
 #define BE_CHECK(be)                          \
@@ -300,7 +175,7 @@ int df_op_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, int
         return -EINVAL;
     if (out->shape[0] != n || out->shape[1] != table->shape[1] || (n > 0 && !ids))
         return -EINVAL;
-    if (!alias_ok(out, table, 0))
+    if (!df_alias_ok(out, table, 0))
         return -EINVAL;
     for (int64_t i = 0; i < n; i++)
         if ((int64_t)ids[i] >= table->shape[0])
@@ -318,7 +193,7 @@ int df_op_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tens
     if (x->shape[1] != w->shape[1] || y->shape[0] != x->shape[0] || y->shape[1] != w->shape[0])
         return -EINVAL;
     /* y is written tile by tile while x rows and w are still being read. */
-    if (!alias_ok(y, x, 0) || !alias_ok(y, w, 0))
+    if (!df_alias_ok(y, x, 0) || !df_alias_ok(y, w, 0))
         return -EINVAL;
     BE_CHECK(be);
     return df_cpu_matmul(be, x, w, y, accumulate);
@@ -326,10 +201,10 @@ int df_op_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tens
 
 int df_op_add(df_backend *be, const df_tensor *x, df_tensor *y)
 {
-    if (!be || !check_tensor(x, 1, 4, 0, 0) || !check_tensor(y, 1, 4, 0, 1) || !same_shape(x, y))
+    if (!be || !check_tensor(x, 1, 4, 0, 0) || !check_tensor(y, 1, 4, 0, 1) || !df_same_shape(x, y))
         return -EINVAL;
     /* Elementwise, so the same view (y = 2y) is well defined; a shifted one is not. */
-    if (!alias_ok(y, x, 1))
+    if (!df_alias_ok(y, x, 1))
         return -EINVAL;
     BE_CHECK(be);
     return df_cpu_add(be, x, y);
@@ -343,11 +218,11 @@ static int check_norm_weight(const df_tensor *w, int64_t D)
 int df_op_rmsnorm(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
                   int plus_one, df_tensor *y)
 {
-    if (!be || !check_tensor(x, 1, 4, 0, 0) || !check_tensor(y, 1, 4, 0, 1) || !same_shape(x, y))
+    if (!be || !check_tensor(x, 1, 4, 0, 0) || !check_tensor(y, 1, 4, 0, 1) || !df_same_shape(x, y))
         return -EINVAL;
     if (!check_norm_weight(w, x->shape[x->ndim - 1]) || !(eps >= 0) || !isfinite(eps))
         return -EINVAL;
-    if (!alias_ok(y, x, 1) || !alias_ok(y, w, 0))
+    if (!df_alias_ok(y, x, 1) || !df_alias_ok(y, w, 0))
         return -EINVAL;
     BE_CHECK(be);
     return df_cpu_rmsnorm(be, x, w, eps, plus_one, y);
@@ -357,11 +232,11 @@ int df_op_rmsnorm_gated(df_backend *be, const df_tensor *x, const df_tensor *z,
                         const df_tensor *w, float eps, df_tensor *y)
 {
     if (!be || !check_tensor(x, 1, 4, 0, 0) || !check_tensor(z, 1, 4, 0, 0) ||
-        !check_tensor(y, 1, 4, 0, 1) || !same_shape(x, y) || !same_shape(z, y))
+        !check_tensor(y, 1, 4, 0, 1) || !df_same_shape(x, y) || !df_same_shape(z, y))
         return -EINVAL;
     if (!check_norm_weight(w, x->shape[x->ndim - 1]) || !(eps >= 0) || !isfinite(eps))
         return -EINVAL;
-    if (!alias_ok(y, x, 1) || !alias_ok(y, z, 0) || !alias_ok(y, w, 0))
+    if (!df_alias_ok(y, x, 1) || !df_alias_ok(y, z, 0) || !df_alias_ok(y, w, 0))
         return -EINVAL;
     BE_CHECK(be);
     return df_cpu_rmsnorm_gated(be, x, z, w, eps, y);
@@ -388,11 +263,11 @@ int df_op_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int 
 /* Three same-shaped elementwise operands; out may be the same view as an input. */
 static int check_elementwise(const df_tensor *a, const df_tensor *b, const df_tensor *out)
 {
-    if (!check_tensor(a, 1, 4, 0, 0) || !check_tensor(out, 1, 4, 0, 1) || !same_shape(a, out))
+    if (!check_tensor(a, 1, 4, 0, 0) || !check_tensor(out, 1, 4, 0, 1) || !df_same_shape(a, out))
         return 0;
-    if (!alias_ok(out, a, 1))
+    if (!df_alias_ok(out, a, 1))
         return 0;
-    if (b && (!check_tensor(b, 1, 4, 0, 0) || !same_shape(b, out) || !alias_ok(out, b, 1)))
+    if (b && (!check_tensor(b, 1, 4, 0, 0) || !df_same_shape(b, out) || !df_alias_ok(out, b, 1)))
         return 0;
     return 1;
 }
@@ -431,17 +306,17 @@ int df_op_attention(df_backend *be, const df_tensor *q, const df_tensor *k, cons
     if (nq <= 0 || nkv <= 0 || head_dim <= 0 || nq % nkv || !isfinite(scale))
         return -EINVAL;
     int64_t T = q->shape[0];
-    if (q->shape[1] != (int64_t)nq * head_dim || !same_shape(q, out))
+    if (q->shape[1] != (int64_t)nq * head_dim || !df_same_shape(q, out))
         return -EINVAL;
     if (k->shape[0] != T || v->shape[0] != T || k->shape[1] != (int64_t)nkv * head_dim ||
-        !same_shape(k, v))
+        !df_same_shape(k, v))
         return -EINVAL;
-    if (gate && (!check_tensor(gate, 2, 2, 0, 0) || !same_shape(gate, out)))
+    if (gate && (!check_tensor(gate, 2, 2, 0, 0) || !df_same_shape(gate, out)))
         return -EINVAL;
     /* out rows are written while later rows still read k/v (and q, gate):
      * no overlap at all, not even the same view. */
-    if (!alias_ok(out, q, 0) || !alias_ok(out, k, 0) || !alias_ok(out, v, 0) ||
-        (gate && !alias_ok(out, gate, 0)))
+    if (!df_alias_ok(out, q, 0) || !df_alias_ok(out, k, 0) || !df_alias_ok(out, v, 0) ||
+        (gate && !df_alias_ok(out, gate, 0)))
         return -EINVAL;
     /* Empty sequences are harmless and allowed (non-decreasing bounds). */
     if (n_seq < 0 || !cu_seqlens || cu_seqlens[0] != 0 || cu_seqlens[n_seq] != T)

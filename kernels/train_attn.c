@@ -20,22 +20,7 @@
 #include <stdint.h>
 
 #include "dflash_attn_internal.h"
-
-#define MAX_EXTENT ((int64_t)1 << 60) /* elements a tensor may span */
-
-/* Elements spanned by t: 0 if empty, -1 on overflow or beyond MAX_EXTENT. */
-static int64_t extent(const df_tensor *t)
-{
-    int64_t ext = 1, step;
-    for (int d = 0; d < t->ndim; d++)
-        if (t->shape[d] == 0)
-            return 0;
-    for (int d = 0; d < t->ndim; d++)
-        if (__builtin_mul_overflow(t->shape[d] - 1, t->stride[d], &step) ||
-            __builtin_add_overflow(ext, step, &ext) || ext > MAX_EXTENT)
-            return -1;
-    return ext;
-}
+#include "op_checks.h"
 
 /* An F32 matrix [rows, cols]: innermost stride 1, the row stride covering a
  * whole row (rows never interleave), data present unless empty. */
@@ -46,34 +31,9 @@ static int f32_2d(const df_tensor *t, int64_t rows, int64_t cols)
         return 0;
     if (rows == 0 || cols == 0)
         return 1; /* empty: nothing is ever addressed */
-    if (extent(t) < 0 || (rows > 1 && t->stride[0] < cols))
+    if (df_extent(t) < 0 || (rows > 1 && t->stride[0] < cols))
         return 0;
     return t->data != NULL;
-}
-
-/* 1 if no element of a shares memory with an element of b. Exact for
- * disjoint byte ranges and for 2-D views with one row stride (column slices
- * of one matrix, e.g. dk and dv halves of a [S, 2*nkv*D] buffer);
- * conservative (0) otherwise. */
-static int disjoint(const df_tensor *a, const df_tensor *b)
-{
-    int64_t ea = extent(a), eb = extent(b);
-    if (ea == 0 || eb == 0)
-        return 1;
-    uintptr_t pa = (uintptr_t)a->data, pb = (uintptr_t)b->data;
-    uintptr_t za = df_dtype_size(a->dtype), zb = df_dtype_size(b->dtype);
-    if (pa + (uintptr_t)ea * za <= pb || pb + (uintptr_t)eb * zb <= pa)
-        return 1;
-    if (a->ndim != 2 || b->ndim != 2 || za != zb || a->stride[0] != b->stride[0] ||
-        a->stride[0] == 0)
-        return 0;
-    const df_tensor *lo = pa <= pb ? a : b, *hi = pa <= pb ? b : a;
-    uintptr_t gap = (pa <= pb ? pb - pa : pa - pb);
-    if (gap % za)
-        return 0;
-    int64_t ld = a->stride[0];
-    int64_t off = (int64_t)(gap / za) % ld; /* hi's first column, in lo's rows */
-    return off >= lo->shape[1] && off + hi->shape[1] <= ld;
 }
 
 /* Outputs o[0..no) are pairwise disjoint and disjoint from inputs in[0..ni). */
@@ -81,10 +41,10 @@ static int outputs_apart(const df_tensor *const *o, int no, const df_tensor *con
 {
     for (int i = 0; i < no; i++) {
         for (int j = i + 1; j < no; j++)
-            if (!disjoint(o[i], o[j]))
+            if (!df_disjoint(o[i], o[j]))
                 return 0;
         for (int j = 0; j < ni; j++)
-            if (!disjoint(o[i], in[j]))
+            if (!df_disjoint(o[i], in[j]))
                 return 0;
     }
     return 1;

@@ -7,17 +7,12 @@
  * output element is computed by one piece in a fixed order: results are
  * bitwise identical for any thread count. Arguments were validated by
  * kernels/ops.c. */
-#include "backend_internal.h"
+#include "cpu_internal.h"
 
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define DF_X86_SIMD 1
-#endif
 
 /* ---- row-parallel helper ---- */
 
@@ -49,48 +44,6 @@ static int par_rows(df_backend *be, int64_t n, int64_t cost, rows_fn fn, void *c
         chunk = 1;
     rows_job j = {fn, ctx, n, chunk};
     return df_pool_for(be->pool, (size_t)((n + chunk - 1) / chunk), rows_task, &j);
-}
-
-/* Rows of an N-D tensor: every index of the outer dims, the last dim contiguous. */
-static int64_t n_rows(const df_tensor *t)
-{
-    int64_t n = 1;
-    for (int d = 0; d < t->ndim - 1; d++)
-        n *= t->shape[d];
-    return n;
-}
-
-static float *row_ptr(const df_tensor *t, int64_t r)
-{
-    int64_t off = 0;
-    for (int d = t->ndim - 2; d >= 0; d--) {
-        off += (r % t->shape[d]) * t->stride[d];
-        r /= t->shape[d];
-    }
-    return (float *)t->data + off;
-}
-
-static int64_t row_len(const df_tensor *t)
-{
-    return t->shape[t->ndim - 1];
-}
-
-/* n consecutive weight elements (BF16/F16/F32) at p, as f32. */
-static void weight_to_f32(const void *p, df_dtype t, int64_t n, float *out)
-{
-    if (t == DF_DTYPE_F32) {
-        memcpy(out, p, (size_t)n * 4);
-    } else if (t == DF_DTYPE_BF16) {
-        const uint16_t *h = p;
-        for (int64_t i = 0; i < n; i++) {
-            uint32_t u = (uint32_t)h[i] << 16;
-            memcpy(&out[i], &u, 4);
-        }
-    } else {
-        const uint16_t *h = p;
-        for (int64_t i = 0; i < n; i++)
-            out[i] = df_f16_to_f32(h[i]);
-    }
 }
 
 static inline float sigmoidf_(float x)
@@ -134,183 +87,27 @@ int df_cpu_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, in
 
 /* ---- matmul: y[M, N] (+)= x[M, K] @ w[N, K]^T ----
  *
- * Tasks are (MT rows) x (NT columns) tiles of y. A task walks K in blocks
- * of KC: it converts the w block [NT, KC] to f32 once, transposed into NT/NR
- * column panels [KC][NR], then runs an MR x NR register-tile kernel over its
- * rows: y tile += x rows (broadcast) * panel rows. The sums live in a
- * per-task f32 tile until K is done, then y = tile (+ y): each y element is
- * one fp32 sum over k in increasing order, added to the old y last (as the
- * residual add after a projection), whatever the thread count. */
-enum { MR = 6, NR = 16, NT = 64, MT = 32 * MR, KC = 256 };
-
-typedef void (*kern_fn)(int64_t kc, const float *const a[MR], const float *b, float *c,
-                        int zero);
-
-/* Portable kernel: c[MR][NR] (row stride NT) (= 0 if zero) += a[r][k] * b[k][j]. */
-static void kern_c(int64_t kc, const float *const a[MR], const float *b, float *c, int zero)
-{
-    float acc[MR][NR];
-    for (int r = 0; r < MR; r++)
-        for (int j = 0; j < NR; j++)
-            acc[r][j] = zero ? 0.0f : c[r * NT + j];
-    for (int64_t k = 0; k < kc; k++) {
-        const float *bk = b + k * NR;
-        for (int r = 0; r < MR; r++) {
-            float av = a[r][k];
-            for (int j = 0; j < NR; j++)
-                acc[r][j] += av * bk[j];
-        }
-    }
-    for (int r = 0; r < MR; r++)
-        for (int j = 0; j < NR; j++)
-            c[r * NT + j] = acc[r][j];
-}
-
-#ifdef DF_X86_SIMD
-/* The same kernel with AVX2 + FMA: 12 accumulators of 8 lanes, two panel
- * loads and six broadcasts per k. Chosen at run time (cpu_simd()), so the
- * library still runs on x86-64 without AVX2. FMA rounds once where the
- * portable kernel rounds twice: both are fp32 accumulation. */
-__attribute__((target("avx2,fma"))) static void kern_avx2(int64_t kc, const float *const a[MR],
-                                                           const float *b, float *c, int zero)
-{
-    __m256 c00, c01, c10, c11, c20, c21, c30, c31, c40, c41, c50, c51;
-    if (zero) {
-        c00 = c01 = c10 = c11 = c20 = c21 = _mm256_setzero_ps();
-        c30 = c31 = c40 = c41 = c50 = c51 = _mm256_setzero_ps();
-    } else {
-        c00 = _mm256_loadu_ps(c + 0 * NT), c01 = _mm256_loadu_ps(c + 0 * NT + 8);
-        c10 = _mm256_loadu_ps(c + 1 * NT), c11 = _mm256_loadu_ps(c + 1 * NT + 8);
-        c20 = _mm256_loadu_ps(c + 2 * NT), c21 = _mm256_loadu_ps(c + 2 * NT + 8);
-        c30 = _mm256_loadu_ps(c + 3 * NT), c31 = _mm256_loadu_ps(c + 3 * NT + 8);
-        c40 = _mm256_loadu_ps(c + 4 * NT), c41 = _mm256_loadu_ps(c + 4 * NT + 8);
-        c50 = _mm256_loadu_ps(c + 5 * NT), c51 = _mm256_loadu_ps(c + 5 * NT + 8);
-    }
-    const float *a0 = a[0], *a1 = a[1], *a2 = a[2], *a3 = a[3], *a4 = a[4], *a5 = a[5];
-    for (int64_t k = 0; k < kc; k++) {
-        __m256 b0 = _mm256_load_ps(b + k * NR), b1 = _mm256_load_ps(b + k * NR + 8);
-        __m256 av = _mm256_broadcast_ss(a0 + k);
-        c00 = _mm256_fmadd_ps(av, b0, c00), c01 = _mm256_fmadd_ps(av, b1, c01);
-        av = _mm256_broadcast_ss(a1 + k);
-        c10 = _mm256_fmadd_ps(av, b0, c10), c11 = _mm256_fmadd_ps(av, b1, c11);
-        av = _mm256_broadcast_ss(a2 + k);
-        c20 = _mm256_fmadd_ps(av, b0, c20), c21 = _mm256_fmadd_ps(av, b1, c21);
-        av = _mm256_broadcast_ss(a3 + k);
-        c30 = _mm256_fmadd_ps(av, b0, c30), c31 = _mm256_fmadd_ps(av, b1, c31);
-        av = _mm256_broadcast_ss(a4 + k);
-        c40 = _mm256_fmadd_ps(av, b0, c40), c41 = _mm256_fmadd_ps(av, b1, c41);
-        av = _mm256_broadcast_ss(a5 + k);
-        c50 = _mm256_fmadd_ps(av, b0, c50), c51 = _mm256_fmadd_ps(av, b1, c51);
-    }
-    _mm256_storeu_ps(c + 0 * NT, c00), _mm256_storeu_ps(c + 0 * NT + 8, c01);
-    _mm256_storeu_ps(c + 1 * NT, c10), _mm256_storeu_ps(c + 1 * NT + 8, c11);
-    _mm256_storeu_ps(c + 2 * NT, c20), _mm256_storeu_ps(c + 2 * NT + 8, c21);
-    _mm256_storeu_ps(c + 3 * NT, c30), _mm256_storeu_ps(c + 3 * NT + 8, c31);
-    _mm256_storeu_ps(c + 4 * NT, c40), _mm256_storeu_ps(c + 4 * NT + 8, c41);
-    _mm256_storeu_ps(c + 5 * NT, c50), _mm256_storeu_ps(c + 5 * NT + 8, c51);
-}
-#endif
-
-/* The AVX2 kernel when the CPU has it, unless DFLASH_CPU_SIMD=0 (tests use
- * that to check the portable kernel on the same machine). Read once per
- * matmul call, before any worker runs. */
-static kern_fn pick_kernel(void)
-{
-    const char *env = getenv("DFLASH_CPU_SIMD");
-    if (env && env[0] == '0')
-        return kern_c;
-#ifdef DF_X86_SIMD
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return kern_avx2;
-#endif
-    return kern_c;
-}
-
-typedef struct mm_ctx {
-    const df_tensor *x, *w;
-    df_tensor *y;
-    int accumulate;
-    int64_t n_ntiles;
-    kern_fn kern;
-} mm_ctx;
-
-static int mm_tile(void *vp, size_t task)
-{
-    const mm_ctx *c = vp;
-    int64_t K = c->x->shape[1], N = c->w->shape[0];
-    int64_t m0 = (int64_t)task / c->n_ntiles * MT, n0 = (int64_t)task % c->n_ntiles * NT;
-    int64_t mt = c->x->shape[0] - m0 < MT ? c->x->shape[0] - m0 : MT;
-    int64_t nt = N - n0 < NT ? N - n0 : NT;
-    int64_t mt_pad = (mt + MR - 1) / MR * MR;
-    size_t es = df_dtype_size(c->w->dtype);
-
-    /* Panels [NT/NR][KC][NR] and the [mt_pad][NT] sum tile; 64-byte aligned
-     * so the kernel's panel loads are aligned. */
-    float *panel = aligned_alloc(64, (size_t)NT * KC * sizeof(float));
-    float *tile = aligned_alloc(64, (size_t)(mt_pad * NT) * sizeof(float));
-    float *wrow = malloc((size_t)KC * sizeof(float));
-    if (!panel || !tile || !wrow) {
-        free(panel);
-        free(tile);
-        free(wrow);
-        return -ENOMEM;
-    }
-    if (K == 0)
-        memset(tile, 0, (size_t)(mt_pad * NT) * sizeof(float));
-
-    for (int64_t k0 = 0; k0 < K; k0 += KC) {
-        int64_t kc = K - k0 < KC ? K - k0 : KC;
-        /* Convert and transpose: panel[j / NR][k][j % NR] = w[n0 + j][k0 + k];
-         * columns past N are zero so edge tiles run the full kernel. */
-        for (int64_t j = 0; j < NT; j++) {
-            float *dst = panel + (j / NR) * KC * NR + j % NR;
-            if (j < nt) {
-                const uint8_t *src = (const uint8_t *)c->w->data +
-                                     ((n0 + j) * c->w->stride[0] + k0) * (int64_t)es;
-                weight_to_f32(src, c->w->dtype, kc, wrow);
-                for (int64_t k = 0; k < kc; k++)
-                    dst[k * NR] = wrow[k];
-            } else {
-                for (int64_t k = 0; k < kc; k++)
-                    dst[k * NR] = 0.0f;
-            }
-        }
-        for (int64_t i = 0; i < mt; i += MR) {
-            /* Rows past the tile's end repeat its last row; their sums land
-             * in the padding of the tile and are never stored. */
-            const float *a[MR];
-            for (int r = 0; r < MR; r++) {
-                int64_t row = m0 + (i + r < mt ? i + r : mt - 1);
-                a[r] = (const float *)c->x->data + row * c->x->stride[0] + k0;
-            }
-            for (int64_t jp = 0; jp < (nt + NR - 1) / NR; jp++)
-                c->kern(kc, a, panel + jp * KC * NR, tile + i * NT + jp * NR, k0 == 0);
-        }
-    }
-    for (int64_t i = 0; i < mt; i++) {
-        float *yr = (float *)c->y->data + (m0 + i) * c->y->stride[0] + n0;
-        const float *tr = tile + i * NT;
-        if (c->accumulate)
-            for (int64_t j = 0; j < nt; j++)
-                yr[j] = tr[j] + yr[j];
-        else
-            memcpy(yr, tr, (size_t)nt * sizeof(float));
-    }
-    free(panel);
-    free(tile);
-    free(wrow);
-    return 0;
-}
-
+ * The shared blocked GEMM (kernels/cpu/gemm.c) with A = x as is and B = w
+ * transposed (B[k][j] = w[j][k], converted to f32 panel by panel): each y
+ * element is one fp32 sum over k in increasing order, added to the old y
+ * last (as the residual add after a projection), whatever the thread count. */
 int df_cpu_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
                   int accumulate)
 {
-    int64_t M = x->shape[0], N = w->shape[0];
-    if (M == 0 || N == 0)
-        return 0;
-    mm_ctx c = {x, w, y, accumulate, (N + NT - 1) / NT, pick_kernel()};
-    int64_t tasks = (M + MT - 1) / MT * c.n_ntiles;
-    return df_pool_for(be->pool, (size_t)tasks, mm_tile, &c);
+    df_gemm g;
+    memset(&g, 0, sizeof g);
+    g.a.data = x->data;
+    g.a.ld = x->stride[0];
+    g.b.data = w->data;
+    g.b.dtype = w->dtype;
+    g.b.ld = w->stride[0];
+    g.b.trans = 1;
+    g.c.data = y->data;
+    g.c.ld = y->stride[0];
+    g.c.accumulate = accumulate;
+    g.K = x->shape[1];
+    g.kern = df_gemm_pick_kernel();
+    return df_gemm_par(be, &g, x->shape[0], w->shape[0]);
 }
 
 /* ---- elementwise ---- */
@@ -505,20 +302,6 @@ int df_cpu_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int
 
 /* ---- attention ---- */
 
-/* fp32 dot product with 8 interleaved partial sums (vectorizes without
- * reassociation), combined in a fixed order. */
-static float dot(const float *a, const float *b, int64_t n)
-{
-    float p[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
-            p[j] += a[i + j] * b[i + j];
-    for (; i < n; i++)
-        p[i & 7] += a[i] * b[i];
-    return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
-}
-
 enum { ATT_RB = 16 }; /* query rows per task */
 
 typedef struct att_block {
@@ -556,7 +339,7 @@ static int att_task(void *vp, size_t task)
             for (int64_t j = 0; j < n; j++) {
                 const float *kj = (const float *)c->k->data +
                                   (b->start + j) * c->k->stride[0] + (int64_t)g * D;
-                s[j] = dot(qi, kj, D) * c->scale;
+                s[j] = dot_f32(qi, kj, D) * c->scale;
                 if (s[j] > mx)
                     mx = s[j];
             }

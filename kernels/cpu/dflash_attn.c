@@ -31,6 +31,7 @@
  *     span meets the tile, each row qo, each query head of the group, it
  *     adds into dkc/dvc of the visible keys of the tile. A key's sum runs
  *     over (b, qo, head) in that order whatever the tiling. No atomics. */
+#include "cpu_internal.h"
 #include "dflash_attn_internal.h"
 
 #include <errno.h>
@@ -40,20 +41,6 @@
 #include <string.h>
 
 enum { CTX_TILE = 64 }; /* context keys per backward pass-2 task */
-
-/* fp32 dot product with 8 interleaved partial sums (vectorizes without
- * reassociation), combined in a fixed order. */
-static float dot(const float *a, const float *b, int n)
-{
-    float p[8] = {0};
-    int i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
-            p[j] += a[i + j] * b[i + j];
-    for (; i < n; i++)
-        p[i & 7] += a[i] * b[i];
-    return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
-}
 
 /* y += a * x */
 static void axpy(float *restrict y, float a, const float *restrict x, int n)
@@ -125,11 +112,11 @@ static int fwd_task(void *vp, size_t task)
             const float *qi = at(c->q, r0 + qo, (int64_t)h * D);
             float mx = -INFINITY;
             for (int j = 0; j < nc; j++) {
-                s[j] = dot(qi, at(c->kc, lo + j, (int64_t)g * D), D) * c->scale;
+                s[j] = dot_f32(qi, at(c->kc, lo + j, (int64_t)g * D), D) * c->scale;
                 mx = s[j] > mx ? s[j] : mx;
             }
             for (int k = 0; k < nb; k++) {
-                s[nc + k] = dot(qi, at(c->kb, r0 + k, (int64_t)g * D), D) * c->scale;
+                s[nc + k] = dot_f32(qi, at(c->kb, r0 + k, (int64_t)g * D), D) * c->scale;
                 mx = s[nc + k] > mx ? s[nc + k] : mx;
             }
             float *o = at(c->o, r0 + qo, (int64_t)h * D);
@@ -219,7 +206,7 @@ static int bwd_rows_task(void *vp, size_t task)
             int64_t hc = (int64_t)h * D;
             const float *qi = at(c->q, r, hc), *doi = at(c->dout, r, hc);
             float L = *at(c->lse, r, h);
-            float Di = dot(doi, at(c->out, r, hc), D);
+            float Di = dot_f32(doi, at(c->out, r, hc), D);
             c->Di[r * c->nq + h] = Di;
             memset(acc, 0, (size_t)D * sizeof(float));
             if (L == -INFINITY) { /* nothing visible: no gradient */
@@ -228,14 +215,14 @@ static int bwd_rows_task(void *vp, size_t task)
             }
             for (int64_t j = lo; j < hi; j++) {
                 const float *kj = at(c->kc, j, gc);
-                float P = expf(dot(qi, kj, D) * c->scale - L);
-                float dS = P * (dot(doi, at(c->vc, j, gc), D) - Di);
+                float P = expf(dot_f32(qi, kj, D) * c->scale - L);
+                float dS = P * (dot_f32(doi, at(c->vc, j, gc), D) - Di);
                 axpy(acc, dS, kj, D);
             }
             for (int k = 0; k < nb; k++) {
                 const float *kk = at(c->kb, r0 + k, gc);
-                float P = expf(dot(qi, kk, D) * c->scale - L);
-                float dS = P * (dot(doi, at(c->vb, r0 + k, gc), D) - Di);
+                float P = expf(dot_f32(qi, kk, D) * c->scale - L);
+                float dS = P * (dot_f32(doi, at(c->vb, r0 + k, gc), D) - Di);
                 axpy(acc, dS, kk, D);
                 axpy(at(c->dkb, r0 + k, gc), dS * c->scale, qi, D);
                 axpy(at(c->dvb, r0 + k, gc), P, doi, D);
@@ -285,8 +272,8 @@ static int bwd_ctx_task(void *vp, size_t task)
                 if (L == -INFINITY)
                     continue;
                 for (int64_t j = a; j < e; j++) {
-                    float P = expf(dot(qi, at(c->kc, j, gc), D) * c->scale - L);
-                    float dS = P * (dot(doi, at(c->vc, j, gc), D) - Di);
+                    float P = expf(dot_f32(qi, at(c->kc, j, gc), D) * c->scale - L);
+                    float dS = P * (dot_f32(doi, at(c->vc, j, gc), D) - Di);
                     axpy(at(c->dkc, j, gc), dS * c->scale, qi, D);
                     axpy(at(c->dvc, j, gc), P, doi, D);
                 }
