@@ -1,0 +1,770 @@
+// dflash_attn.cu - the DFlash drafter attention on the GPU (contract in
+// dflash_attn.h and train_ops.h; the CPU reference is kernels/cpu/dflash_attn.c).
+//
+// First version: FlashAttention-2 structure on CUDA cores (fp32 FMA from
+// shared memory, no tensor cores yet). All kernels use 256 threads = 8 warps.
+//
+// Rows. A "row chunk" is up to RQ = 64 query rows of ONE block b and ONE kv
+// head g: the block's bs x group (query offset qo, head of the group hh)
+// rows, row r = qo * group + hh. They share the anchor and document start, so
+// the block-sparse structure is by construction: a chunk visits only the
+// context keys [lo0, anchor) (lo0 = max(doc_start, anchor - (W-1)), the span
+// of its widest row qo = 0) in tiles of TK = 32 keys, then its own block's
+// keys. Per-key masking inside a tile is one compare per (row, key) (the
+// window's per-row lower bound, the end of the range, in-block causality).
+// Warp w owns rows w + 8 i (i < 8); in the score phase lane = key of the tile,
+// so the online softmax of a row is a warp reduction held in registers; in
+// the accumulate phase lane = head dim (d = lane + 32 k).
+//
+// Forward: one CTA per (block, kv head, row chunk): S = Q K^T, online softmax
+// (fp32 m, l per row), O += P V; out = O / l (bf16), lse = m + log l.
+// Backward (recompute P from lse, no atomics, deterministic):
+//   1. Di = dO . O per (row, head), fp32 workspace.
+//   2. dQ: one CTA per (block, kv head, row chunk), the forward's key loop:
+//      dS = P (dO V^T - Di), dq = scale dS K.
+//   3. dK/dV: one CTA per (kv head, key tile). Context tiles: every valid
+//      block (ascending) whose span meets the tile, all its row chunks (the
+//      transposed visibility). Block tiles: the block's own rows. dv = P^T dO,
+//      dk = scale dS^T Q, summed in fp32 in a fixed order, written once.
+// Padding blocks: out 0, lse -inf, dq/dkb/dvb 0; rows with nothing visible
+// likewise (never NaN).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "dflash_attn.h"
+
+namespace {
+
+// Which forward runs when args.impl == 0.
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD DF_CUDA_DFLASH_IMPL_SIMT
+
+constexpr int NT = 256, NW = 8, RPW = 8, RQ = NW * RPW, TK = 32, PP = TK + 4;
+
+struct Params {
+    int S, nb, bs, W, nq, nkv, group, nch;
+    float scale;
+    const int32_t *anchor, *doc_start;
+    const uint8_t *valid;
+    const uint16_t *q, *kc, *vc, *kb, *vb, *out, *dout;
+    uint16_t *o, *dq, *dkc, *dvc, *dkb, *dvb;
+    float *lse;
+    const float *lse_in;
+    float *Di;
+};
+
+__device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ uint16_t f2bf(float x)
+{
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+
+__device__ __forceinline__ float warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float warp_sum(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Context keys visible to row qo of a valid block: [lo, anchor).
+__device__ __forceinline__ int ctx_lo(int anc, int ds, int W, int qo)
+{
+    int lo = ds;
+    if (W > 0 && anc + qo - (W - 1) > lo)
+        lo = anc + qo - (W - 1);
+    return lo < anc ? lo : anc;
+}
+
+// n rows of D bf16 (row i at src + row_off(i)) into dst [n][D+4] floats;
+// rows with row_off < 0 (and rows >= n up to nmax) are zero-filled.
+template <int D, typename F>
+__device__ __forceinline__ void load_rows(float *dst, int nmax, const uint16_t *src, F row_off)
+{
+    constexpr int DP = D + 4, V = D / 8;
+    for (int e = threadIdx.x; e < nmax * V; e += NT) {
+        int i = e / V, c = (e % V) * 8;
+        long long off = row_off(i);
+        float *d = dst + i * DP + c;
+        if (off < 0) {
+            for (int t = 0; t < 8; t++)
+                d[t] = 0.0f;
+            continue;
+        }
+        uint4 u = *reinterpret_cast<const uint4 *>(src + off + c);
+        uint32_t w[4] = {u.x, u.y, u.z, u.w};
+        for (int t = 0; t < 4; t++) {
+            d[2 * t] = __uint_as_float(w[t] << 16);
+            d[2 * t + 1] = __uint_as_float(w[t] & 0xffff0000u);
+        }
+    }
+}
+
+// Row r of chunk ch of block b, kv head g: (global row, head) or valid = false.
+struct RowId {
+    int grow, h, qo;
+    bool ok;
+};
+__device__ __forceinline__ RowId row_id(const Params &p, int b, int g, int ch, int lr)
+{
+    RowId id;
+    int r = ch * RQ + lr;
+    id.ok = r < p.bs * p.group;
+    int qo = id.ok ? r / p.group : 0, hh = id.ok ? r % p.group : 0;
+    id.qo = qo;
+    id.grow = b * p.bs + qo;
+    id.h = g * p.group + hh;
+    return id;
+}
+
+// Scores (and optionally dO.V^T) of the warp's rows x the tile's keys (lane).
+template <int D, bool DP_TOO>
+__device__ __forceinline__ void tile_scores(const float *Qs, const float *Ks, const float *dOs,
+                                            const float *Vs, int warp, int lane, float s[RPW],
+                                            float dp[RPW])
+{
+    constexpr int DP = D + 4;
+#pragma unroll
+    for (int i = 0; i < RPW; i++)
+        s[i] = 0.0f, dp[i] = 0.0f;
+#pragma unroll 4
+    for (int d = 0; d < D; d += 4) {
+        float4 k4 = *reinterpret_cast<const float4 *>(Ks + lane * DP + d);
+        float4 v4;
+        if (DP_TOO)
+            v4 = *reinterpret_cast<const float4 *>(Vs + lane * DP + d);
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            float4 q4 = *reinterpret_cast<const float4 *>(Qs + (warp + NW * i) * DP + d);
+            s[i] += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
+            if (DP_TOO) {
+                float4 o4 = *reinterpret_cast<const float4 *>(dOs + (warp + NW * i) * DP + d);
+                dp[i] += o4.x * v4.x + o4.y * v4.y + o4.z * v4.z + o4.w * v4.w;
+            }
+        }
+    }
+}
+
+// acc[i][k] += sum_c Ps[row_i][c] * Xs[c][lane + 32 k]
+template <int D>
+__device__ __forceinline__ void tile_accum(const float *Ps, const float *Xs, int warp, int lane,
+                                           float acc[RPW][D / 32])
+{
+    constexpr int DP = D + 4, KD = D / 32;
+#pragma unroll 2
+    for (int c = 0; c < TK; c += 4) {
+        float x[4][KD];
+#pragma unroll
+        for (int t = 0; t < 4; t++)
+#pragma unroll
+            for (int k = 0; k < KD; k++)
+                x[t][k] = Xs[(c + t) * DP + lane + 32 * k];
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            float4 p4 = *reinterpret_cast<const float4 *>(Ps + (warp + NW * i) * PP + c);
+#pragma unroll
+            for (int k = 0; k < KD; k++)
+                acc[i][k] += p4.x * x[0][k] + p4.y * x[1][k] + p4.z * x[2][k] + p4.w * x[3][k];
+        }
+    }
+}
+
+// Is key (context index j, or block offset j) visible to a row?
+__device__ __forceinline__ bool visible(bool isctx, int j, int nk_end, int lo, int qo, int W)
+{
+    if (j >= nk_end)
+        return false;
+    return isctx ? j >= lo : (W == 0 || j <= qo);
+}
+
+// ---- forward ----
+template <int D>
+__global__ void __launch_bounds__(NT) fwd_kernel(Params p)
+{
+    constexpr int DP = D + 4, KD = D / 32;
+    extern __shared__ float4 smem4[];
+    float *Qs = reinterpret_cast<float *>(smem4), *Ks = Qs + RQ * DP, *Vs = Ks + TK * DP,
+          *Ps = Vs + TK * DP;
+    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
+        b = blockIdx.x / (p.nch * p.nkv);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    if (!p.valid[b]) {
+        for (int i = 0; i < RPW; i++) {
+            RowId id = row_id(p, b, g, ch, warp + NW * i);
+            if (!id.ok)
+                continue;
+            for (int k = 0; k < KD; k++)
+                p.o[id.grow * ldq + id.h * D + lane + 32 * k] = 0;
+            if (lane == 0)
+                p.lse[(long long)id.grow * p.nq + id.h] = -INFINITY;
+        }
+        return;
+    }
+    int anc = p.anchor[b], ds = p.doc_start[b];
+    int lo0 = ctx_lo(anc, ds, p.W, 0);
+    load_rows<D>(Qs, RQ, p.q, [&](int i) -> long long {
+        RowId id = row_id(p, b, g, ch, i);
+        return id.ok ? id.grow * ldq + id.h * D : -1;
+    });
+    int qo[RPW], lo[RPW];
+    bool rok[RPW];
+    float m[RPW], l[RPW], acc[RPW][KD];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        RowId id = row_id(p, b, g, ch, warp + NW * i);
+        rok[i] = id.ok, qo[i] = id.qo, lo[i] = ctx_lo(anc, ds, p.W, id.qo);
+        m[i] = -INFINITY, l[i] = 0.0f;
+#pragma unroll
+        for (int k = 0; k < KD; k++)
+            acc[i][k] = 0.0f;
+    }
+    int ntc = (anc - lo0 + TK - 1) / TK, ntb = (p.bs + TK - 1) / TK;
+    for (int t = 0; t < ntc + ntb; t++) {
+        bool isctx = t < ntc;
+        int base = isctx ? lo0 + t * TK : (t - ntc) * TK;
+        int end = isctx ? anc : p.bs;
+        __syncthreads();
+        const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
+        long long rbase = isctx ? base : (long long)b * p.bs + base;
+        auto roff = [&](int i) -> long long {
+            return base + i < end ? (rbase + i) * ldk + (long long)g * D : -1;
+        };
+        load_rows<D>(Ks, TK, ksrc, roff);
+        load_rows<D>(Vs, TK, vsrc, roff);
+        __syncthreads();
+        float s[RPW], dummy[RPW];
+        tile_scores<D, false>(Qs, Ks, nullptr, nullptr, warp, lane, s, dummy);
+        float al[RPW];
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            bool vis = rok[i] && visible(isctx, base + lane, end, lo[i], qo[i], p.W);
+            float sv = vis ? s[i] * p.scale : -INFINITY;
+            float mn = fmaxf(m[i], warp_max(sv));
+            float pr, a;
+            if (mn == -INFINITY) {
+                pr = 0.0f, a = 1.0f;
+            } else {
+                pr = vis ? expf(sv - mn) : 0.0f;
+                a = expf(m[i] - mn);
+            }
+            l[i] = l[i] * a + warp_sum(pr);
+            m[i] = mn, al[i] = a;
+            Ps[(warp + NW * i) * PP + lane] = pr;
+        }
+        __syncwarp();
+#pragma unroll
+        for (int i = 0; i < RPW; i++)
+#pragma unroll
+            for (int k = 0; k < KD; k++)
+                acc[i][k] *= al[i];
+        tile_accum<D>(Ps, Vs, warp, lane, acc);
+    }
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        RowId id = row_id(p, b, g, ch, warp + NW * i);
+        if (!id.ok)
+            continue;
+        bool any = l[i] > 0.0f;
+        float inv = any ? 1.0f / l[i] : 0.0f;
+#pragma unroll
+        for (int k = 0; k < KD; k++)
+            p.o[id.grow * ldq + id.h * D + lane + 32 * k] = f2bf(any ? acc[i][k] * inv : 0.0f);
+        if (lane == 0)
+            p.lse[(long long)id.grow * p.nq + id.h] = any ? m[i] + logf(l[i]) : -INFINITY;
+    }
+}
+
+
+// ---- forward on tensor cores (mma.sync m16n8k16 bf16 -> fp32, sm_80+) ----
+// One CTA per (block, kv head, row chunk of 64) as above, 4 warps x 16 rows.
+// Q fragments live in registers; the K tile [32][D] and V^T [D][32] in bf16
+// shared memory (padded: conflict-free 32-bit fragment loads). S = Q K^T is
+// 4 n-tiles of 8 keys in C layout (thread: rows gid and gid + 8, keys 2 t4,
+// 2 t4 + 1); the online softmax reduces over the 4 threads of a quad; P is
+// rounded to bf16 and reused as the A operand of O += P V (FlashAttention-2).
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t ld32(const uint16_t *p)
+{
+    return *reinterpret_cast<const uint32_t *>(p);
+}
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
+{
+    return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
+}
+
+constexpr int MW = 4; // warps per CTA in the mma forward
+
+template <int D>
+__global__ void __launch_bounds__(MW * 32) fwd_mma_kernel(Params p)
+{
+    constexpr int KP = D + 8, VP = TK + 8, KS = D / 16, NTD = D / 8, V8 = D / 8;
+    __shared__ __align__(16) uint16_t Ks[TK * KP];
+    __shared__ __align__(16) uint16_t Vt[D * VP];
+    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
+        b = blockIdx.x / (p.nch * p.nkv);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
+    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    if (!p.valid[b]) {
+        for (int i = 0; i < 16; i++) {
+            RowId id = row_id(p, b, g, ch, warp * 16 + i);
+            if (!id.ok)
+                continue;
+            for (int k = lane; k < D; k += 32)
+                p.o[id.grow * ldq + id.h * D + k] = 0;
+            if (lane == 0)
+                p.lse[(long long)id.grow * p.nq + id.h] = -INFINITY;
+        }
+        return;
+    }
+    int anc = p.anchor[b], ds = p.doc_start[b];
+    int lo0 = ctx_lo(anc, ds, p.W, 0);
+    RowId rid[2] = {row_id(p, b, g, ch, warp * 16 + gid), row_id(p, b, g, ch, warp * 16 + gid + 8)};
+    int rlo[2] = {ctx_lo(anc, ds, p.W, rid[0].qo), ctx_lo(anc, ds, p.W, rid[1].qo)};
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const RowId &id = rid[e & 1];
+            int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
+            qa[ks][e] = id.ok ? ld32(p.q + id.grow * ldq + id.h * D + col) : 0u;
+        }
+    float o[NTD][4];
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd++)
+        o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    int ntc = (anc - lo0 + TK - 1) / TK, ntb = (p.bs + TK - 1) / TK;
+    for (int t = 0; t < ntc + ntb; t++) {
+        bool isctx = t < ntc;
+        int base = isctx ? lo0 + t * TK : (t - ntc) * TK;
+        int end = isctx ? anc : p.bs;
+        const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
+        long long rbase = isctx ? base : (long long)b * p.bs + base;
+        __syncthreads();
+        for (int e = threadIdx.x; e < TK * V8; e += MW * 32) {
+            int key = e / V8, c = (e % V8) * 8;
+            uint4 ku = make_uint4(0, 0, 0, 0), vu = make_uint4(0, 0, 0, 0);
+            if (base + key < end) {
+                long long off = (rbase + key) * ldk + (long long)g * D + c;
+                ku = *reinterpret_cast<const uint4 *>(ksrc + off);
+                vu = *reinterpret_cast<const uint4 *>(vsrc + off);
+            }
+            *reinterpret_cast<uint4 *>(Ks + key * KP + c) = ku;
+            uint32_t w[4] = {vu.x, vu.y, vu.z, vu.w};
+#pragma unroll
+            for (int u = 0; u < 4; u++) {
+                Vt[(c + 2 * u) * VP + key] = (uint16_t)(w[u] & 0xffffu);
+                Vt[(c + 2 * u + 1) * VP + key] = (uint16_t)(w[u] >> 16);
+            }
+        }
+        __syncthreads();
+        float s[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                const uint16_t *kr = Ks + (nt * 8 + gid) * KP + ks * 16 + 2 * t4;
+                mma16816(s[nt], qa[ks], ld32(kr), ld32(kr + 8));
+            }
+        }
+        float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int ri = e >> 1, key = base + nt * 8 + 2 * t4 + (e & 1);
+                bool vis = rid[ri].ok && visible(isctx, key, end, rlo[ri], rid[ri].qo, p.W);
+                s[nt][e] = vis ? s[nt][e] * p.scale : -INFINITY;
+                mx[ri] = fmaxf(mx[ri], s[nt][e]);
+            }
+        float al[2];
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++) {
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
+            float mn = fmaxf(m[ri], mx[ri]);
+            al[ri] = mn == -INFINITY ? 1.0f : expf(m[ri] - mn);
+            m[ri] = mn;
+        }
+        float ps[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int ri = e >> 1;
+                float pr = s[nt][e] == -INFINITY ? 0.0f : expf(s[nt][e] - m[ri]);
+                s[nt][e] = pr;
+                ps[ri] += pr;
+            }
+        l[0] = l[0] * al[0] + ps[0];
+        l[1] = l[1] * al[1] + ps[1];
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++)
+            o[nd][0] *= al[0], o[nd][1] *= al[0], o[nd][2] *= al[1], o[nd][3] *= al[1];
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++) {
+            uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
+                              pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int nd = 0; nd < NTD; nd++) {
+                const uint16_t *vr = Vt + (nd * 8 + gid) * VP + kk * 16 + 2 * t4;
+                mma16816(o[nd], pa, ld32(vr), ld32(vr + 8));
+            }
+        }
+    }
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
+        l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 2);
+    }
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const RowId &id = rid[ri];
+        if (!id.ok)
+            continue;
+        bool any = l[ri] > 0.0f;
+        float inv = any ? 1.0f / l[ri] : 0.0f;
+        uint16_t *orow = p.o + id.grow * ldq + id.h * D;
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++)
+            *reinterpret_cast<uint32_t *>(orow + nd * 8 + 2 * t4) =
+                pack_bf2(o[nd][2 * ri] * inv, o[nd][2 * ri + 1] * inv);
+        if (t4 == 0)
+            p.lse[(long long)id.grow * p.nq + id.h] = any ? m[ri] + logf(l[ri]) : -INFINITY;
+    }
+}
+
+// ---- backward ----
+
+// Di = dO . O per (row, head); one warp each.
+template <int D>
+__global__ void __launch_bounds__(NT) di_kernel(Params p)
+{
+    long long w = ((long long)blockIdx.x * NT + threadIdx.x) / 32, n = (long long)p.nb * p.bs * p.nq;
+    int lane = threadIdx.x % 32;
+    if (w >= n)
+        return;
+    const uint16_t *o = p.out + w * D, *d = p.dout + w * D; // [row, nq*D] == [row*nq + h, D]
+    float s = 0.0f;
+    for (int k = lane; k < D; k += 32)
+        s += bf2f(o[k]) * bf2f(d[k]);
+    s = warp_sum(s);
+    if (lane == 0)
+        p.Di[w] = s;
+}
+
+template <int D>
+__global__ void __launch_bounds__(NT) dq_kernel(Params p)
+{
+    constexpr int DP = D + 4, KD = D / 32;
+    extern __shared__ float4 smem4[];
+    float *Qs = reinterpret_cast<float *>(smem4), *dOs = Qs + RQ * DP, *Ks = dOs + RQ * DP,
+          *Vs = Ks + TK * DP, *Ps = Vs + TK * DP;
+    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
+        b = blockIdx.x / (p.nch * p.nkv);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    if (!p.valid[b]) {
+        for (int i = 0; i < RPW; i++) {
+            RowId id = row_id(p, b, g, ch, warp + NW * i);
+            if (id.ok)
+                for (int k = 0; k < KD; k++)
+                    p.dq[id.grow * ldq + id.h * D + lane + 32 * k] = 0;
+        }
+        return;
+    }
+    int anc = p.anchor[b], ds = p.doc_start[b];
+    int lo0 = ctx_lo(anc, ds, p.W, 0);
+    auto qoff = [&](int i) -> long long {
+        RowId id = row_id(p, b, g, ch, i);
+        return id.ok ? id.grow * ldq + id.h * D : -1;
+    };
+    load_rows<D>(Qs, RQ, p.q, qoff);
+    load_rows<D>(dOs, RQ, p.dout, qoff);
+    int qo[RPW], lo[RPW];
+    bool rok[RPW];
+    float L[RPW], Dr[RPW], acc[RPW][KD];
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        RowId id = row_id(p, b, g, ch, warp + NW * i);
+        rok[i] = id.ok, qo[i] = id.qo, lo[i] = ctx_lo(anc, ds, p.W, id.qo);
+        long long li = (long long)id.grow * p.nq + id.h;
+        L[i] = id.ok ? p.lse_in[li] : -INFINITY;
+        Dr[i] = id.ok ? p.Di[li] : 0.0f;
+        rok[i] = rok[i] && L[i] != -INFINITY;
+#pragma unroll
+        for (int k = 0; k < KD; k++)
+            acc[i][k] = 0.0f;
+    }
+    int ntc = (anc - lo0 + TK - 1) / TK, ntb = (p.bs + TK - 1) / TK;
+    for (int t = 0; t < ntc + ntb; t++) {
+        bool isctx = t < ntc;
+        int base = isctx ? lo0 + t * TK : (t - ntc) * TK;
+        int end = isctx ? anc : p.bs;
+        __syncthreads();
+        const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
+        long long rbase = isctx ? base : (long long)b * p.bs + base;
+        auto roff = [&](int i) -> long long {
+            return base + i < end ? (rbase + i) * ldk + (long long)g * D : -1;
+        };
+        load_rows<D>(Ks, TK, ksrc, roff);
+        load_rows<D>(Vs, TK, vsrc, roff);
+        __syncthreads();
+        float s[RPW], dp[RPW];
+        tile_scores<D, true>(Qs, Ks, dOs, Vs, warp, lane, s, dp);
+#pragma unroll
+        for (int i = 0; i < RPW; i++) {
+            bool vis = rok[i] && visible(isctx, base + lane, end, lo[i], qo[i], p.W);
+            float P = vis ? expf(s[i] * p.scale - L[i]) : 0.0f;
+            Ps[(warp + NW * i) * PP + lane] = vis ? P * (dp[i] - Dr[i]) : 0.0f;
+        }
+        __syncwarp();
+        tile_accum<D>(Ps, Ks, warp, lane, acc);
+    }
+#pragma unroll
+    for (int i = 0; i < RPW; i++) {
+        RowId id = row_id(p, b, g, ch, warp + NW * i);
+        if (!id.ok)
+            continue;
+#pragma unroll
+        for (int k = 0; k < KD; k++)
+            p.dq[id.grow * ldq + id.h * D + lane + 32 * k] = f2bf(acc[i][k] * p.scale);
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(NT) dkv_kernel(Params p)
+{
+    constexpr int DP = D + 4, KD = D / 32, KPW = TK / NW; // keys per warp in the accumulate
+    extern __shared__ float4 smem4[];
+    float *Qs = reinterpret_cast<float *>(smem4), *dOs = Qs + RQ * DP, *Ks = dOs + RQ * DP,
+          *Vs = Ks + TK * DP, *Ps = Vs + TK * DP, *dSs = Ps + RQ * PP;
+    int g = blockIdx.x % p.nkv, tile = blockIdx.x / p.nkv;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    int nct = (p.S + TK - 1) / TK, ntb = (p.bs + TK - 1) / TK;
+    bool isctx = tile < nct;
+    int bb = isctx ? -1 : (tile - nct) / ntb;
+    int base = isctx ? tile * TK : ((tile - nct) % ntb) * TK;
+    int end = isctx ? p.S : p.bs;
+    uint16_t *dk = isctx ? p.dkc : p.dkb, *dv = isctx ? p.dvc : p.dvb;
+    long long rbase = isctx ? base : (long long)bb * p.bs + base;
+    float ak[KPW][KD], av[KPW][KD];
+#pragma unroll
+    for (int j = 0; j < KPW; j++)
+#pragma unroll
+        for (int k = 0; k < KD; k++)
+            ak[j][k] = 0.0f, av[j][k] = 0.0f;
+    if (isctx || p.valid[bb]) {
+        const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
+        auto roff = [&](int i) -> long long {
+            return base + i < end ? (rbase + i) * ldk + (long long)g * D : -1;
+        };
+        load_rows<D>(Ks, TK, ksrc, roff);
+        load_rows<D>(Vs, TK, vsrc, roff);
+        int b0 = isctx ? 0 : bb, b1 = isctx ? p.nb : bb + 1;
+        int kend = base + TK < end ? base + TK : end;
+        for (int b = b0; b < b1; b++) {
+            if (!p.valid[b])
+                continue;
+            int anc = p.anchor[b], ds = p.doc_start[b];
+            if (isctx) {
+                int lo0 = ctx_lo(anc, ds, p.W, 0);
+                if (anc <= base || lo0 >= kend || lo0 >= anc)
+                    continue;
+            }
+            for (int ch = 0; ch < p.nch; ch++) {
+                __syncthreads(); // previous users of Qs/dOs/Ps/dSs are done
+                auto qoff = [&](int i) -> long long {
+                    RowId id = row_id(p, b, g, ch, i);
+                    return id.ok ? id.grow * ldq + id.h * D : -1;
+                };
+                load_rows<D>(Qs, RQ, p.q, qoff);
+                load_rows<D>(dOs, RQ, p.dout, qoff);
+                __syncthreads();
+                float s[RPW], dp[RPW];
+                tile_scores<D, true>(Qs, Ks, dOs, Vs, warp, lane, s, dp);
+#pragma unroll
+                for (int i = 0; i < RPW; i++) {
+                    RowId id = row_id(p, b, g, ch, warp + NW * i);
+                    long long li = (long long)id.grow * p.nq + id.h;
+                    float L = id.ok ? p.lse_in[li] : -INFINITY;
+                    float Dr = id.ok ? p.Di[li] : 0.0f;
+                    bool vis = id.ok && L != -INFINITY &&
+                               (isctx ? (base + lane < anc &&
+                                         base + lane >= ctx_lo(anc, ds, p.W, id.qo))
+                                      : visible(false, base + lane, end, 0, id.qo, p.W));
+                    vis = vis && base + lane < end;
+                    float P = vis ? expf(s[i] * p.scale - L) : 0.0f;
+                    Ps[(warp + NW * i) * PP + lane] = P;
+                    dSs[(warp + NW * i) * PP + lane] = vis ? P * (dp[i] - Dr) : 0.0f;
+                }
+                __syncthreads();
+                int nr = p.bs * p.group - ch * RQ;
+                nr = nr < RQ ? nr : RQ;
+                for (int r = 0; r < nr; r++) {
+                    float o[KD], qq[KD];
+#pragma unroll
+                    for (int k = 0; k < KD; k++)
+                        o[k] = dOs[r * DP + lane + 32 * k], qq[k] = Qs[r * DP + lane + 32 * k];
+#pragma unroll
+                    for (int j = 0; j < KPW; j++) {
+                        float pv = Ps[r * PP + warp + NW * j], sv = dSs[r * PP + warp + NW * j];
+#pragma unroll
+                        for (int k = 0; k < KD; k++)
+                            av[j][k] += pv * o[k], ak[j][k] += sv * qq[k];
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int j = 0; j < KPW; j++) {
+        int c = warp + NW * j;
+        if (base + c >= end)
+            continue;
+        long long off = (rbase + c) * ldk + (long long)g * D;
+#pragma unroll
+        for (int k = 0; k < KD; k++) {
+            dk[off + lane + 32 * k] = f2bf(ak[j][k] * p.scale);
+            dv[off + lane + 32 * k] = f2bf(av[j][k]);
+        }
+    }
+}
+
+constexpr size_t fwd_smem(int D) { return ((size_t)(RQ + 2 * TK) * (D + 4) + RQ * PP) * 4; }
+constexpr size_t dq_smem(int D) { return ((size_t)(2 * RQ + 2 * TK) * (D + 4) + RQ * PP) * 4; }
+constexpr size_t dkv_smem(int D) { return ((size_t)(2 * RQ + 2 * TK) * (D + 4) + 2 * RQ * PP) * 4; }
+
+int check_args(const df_cuda_dflash_args *a, bool bwd)
+{
+    if (!a || a->S < 0 || a->n_blocks < 0 || a->block_size < 1 || a->window < 0 || a->nq < 1 ||
+        a->nkv < 1 || a->nq % a->nkv || (a->head_dim != 64 && a->head_dim != 128) ||
+        !(a->scale == a->scale) || a->impl < 0 || a->impl > DF_CUDA_DFLASH_IMPL_MMA)
+        return -EINVAL;
+    if (!a->anchor || !a->doc_start || !a->valid || !a->q || !a->kc || !a->vc || !a->kb ||
+        !a->vb || !a->out || !a->lse)
+        return -EINVAL;
+    if (bwd && (!a->dout || !a->dq || !a->dkc || !a->dvc || !a->dkb || !a->dvb))
+        return -EINVAL;
+    return 0;
+}
+
+Params make_params(const df_cuda_dflash_args *a)
+{
+    Params p;
+    p.S = a->S, p.nb = a->n_blocks, p.bs = a->block_size, p.W = a->window;
+    p.nq = a->nq, p.nkv = a->nkv, p.group = a->nq / a->nkv;
+    p.nch = (p.bs * p.group + RQ - 1) / RQ;
+    p.scale = a->scale;
+    p.anchor = a->anchor, p.doc_start = a->doc_start, p.valid = a->valid;
+    p.q = a->q, p.kc = a->kc, p.vc = a->vc, p.kb = a->kb, p.vb = a->vb;
+    p.out = a->out, p.dout = a->dout, p.o = a->out;
+    p.dq = a->dq, p.dkc = a->dkc, p.dvc = a->dvc, p.dkb = a->dkb, p.dvb = a->dvb;
+    p.lse = a->lse, p.lse_in = a->lse, p.Di = NULL;
+    return p;
+}
+
+#define CU(x)                                                                            \
+    do {                                                                                 \
+        cudaError_t e_ = (x);                                                            \
+        if (e_ != cudaSuccess) {                                                         \
+            fprintf(stderr, "dflash_attn: %s: %s (%s:%d)\n", #x, cudaGetErrorString(e_), \
+                    __FILE__, __LINE__);                                                 \
+            return -EIO;                                                                 \
+        }                                                                                \
+    } while (0)
+
+template <int D>
+int fwd_launch(const Params &p, cudaStream_t st, int impl)
+{
+    long long n = (long long)p.nb * p.nkv * p.nch;
+    if (n == 0)
+        return 0;
+    if (impl == DF_CUDA_DFLASH_IMPL_MMA) {
+        fwd_mma_kernel<D><<<(unsigned)n, MW * 32, 0, st>>>(p);
+        CU(cudaGetLastError());
+        return 0;
+    }
+    CU(cudaFuncSetAttribute(fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)fwd_smem(D)));
+    fwd_kernel<D><<<(unsigned)n, NT, fwd_smem(D), st>>>(p);
+    CU(cudaGetLastError());
+    return 0;
+}
+
+template <int D>
+int bwd_launch(const Params &p, cudaStream_t st)
+{
+    long long rows = (long long)p.nb * p.bs;
+    if (rows > 0) {
+        long long w = rows * p.nq;
+        di_kernel<D><<<(unsigned)((w * 32 + NT - 1) / NT), NT, 0, st>>>(p);
+        CU(cudaGetLastError());
+        CU(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)dq_smem(D)));
+        dq_kernel<D><<<(unsigned)((long long)p.nb * p.nkv * p.nch), NT, dq_smem(D), st>>>(p);
+        CU(cudaGetLastError());
+    }
+    long long tiles = (p.S + TK - 1) / TK + (long long)p.nb * ((p.bs + TK - 1) / TK);
+    if (tiles > 0) {
+        CU(cudaFuncSetAttribute(dkv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)dkv_smem(D)));
+        dkv_kernel<D><<<(unsigned)(tiles * p.nkv), NT, dkv_smem(D), st>>>(p);
+        CU(cudaGetLastError());
+    }
+    return 0;
+}
+
+} // namespace
+
+extern "C" size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *a)
+{
+    if (!a)
+        return 0;
+    size_t n = (size_t)a->n_blocks * (size_t)a->block_size * (size_t)a->nq * sizeof(float);
+    return n ? n : 4;
+}
+
+extern "C" int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_t st)
+{
+    int rc = check_args(a, false);
+    if (rc)
+        return rc;
+    Params p = make_params(a);
+    int impl = a->impl ? a->impl : DF_CUDA_DFLASH_IMPL_DEFAULT_FWD;
+    return a->head_dim == 64 ? fwd_launch<64>(p, st, impl) : fwd_launch<128>(p, st, impl);
+}
+
+extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_t st)
+{
+    int rc = check_args(a, true);
+    if (rc)
+        return rc;
+    Params p = make_params(a);
+    void *ws = a->workspace;
+    if (!ws)
+        CU(cudaMallocAsync(&ws, df_cuda_dflash_bwd_workspace_bytes(a), st));
+    p.Di = (float *)ws;
+    rc = a->head_dim == 64 ? bwd_launch<64>(p, st) : bwd_launch<128>(p, st);
+    if (!a->workspace)
+        CU(cudaFreeAsync(ws, st));
+    return rc;
+}

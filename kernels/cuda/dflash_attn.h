@@ -1,0 +1,52 @@
+/* dflash_attn.h - the DFlash drafter attention on the GPU, forward and
+ * backward: the same contract as df_op_dflash_attn / _bwd (train_ops.h),
+ * on device pointers, bf16 activations. Every matrix is contiguous
+ * row-major: q, out, dout, dq [n_blocks*bs, nq*D]; kc, vc, dkc, dvc
+ * [S, nkv*D]; kb, vb, dkb, dvb [n_blocks*bs, nkv*D]; lse [n_blocks*bs, nq]
+ * fp32. anchor, doc_start (int32) and valid (uint8) [n_blocks] are device
+ * arrays. bf16 values are raw uint16_t bits. Softmax, accumulation and lse
+ * are fp32; gradients are summed in fp32 and rounded to bf16 once.
+ * Deterministic (no atomics). head_dim: 64 or 128. Returns 0, -EINVAL on bad
+ * arguments (nothing launched), -EIO on a CUDA error. Asynchronous on stream. */
+#ifndef DF_CUDA_DFLASH_ATTN_H
+#define DF_CUDA_DFLASH_ATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct df_cuda_dflash_args {
+    int S, n_blocks, block_size, window; /* window 0: full layer */
+    int nq, nkv, head_dim;
+    float scale;
+    const int32_t *anchor, *doc_start;
+    const uint8_t *valid;
+    const uint16_t *q, *kc, *vc, *kb, *vb; /* inputs (bf16) */
+    uint16_t *out;                         /* forward output (bf16); backward input */
+    float *lse;                            /* forward output; backward input */
+    const uint16_t *dout;                  /* backward input */
+    uint16_t *dq, *dkc, *dvc, *dkb, *dvb;  /* backward outputs */
+    /* backward scratch, df_cuda_dflash_bwd_workspace_bytes() bytes; NULL:
+     * allocated stream-ordered inside (cudaMallocAsync). */
+    void *workspace;
+    /* forward implementation: 0 = the default, DF_CUDA_DFLASH_IMPL_SIMT (CUDA
+     * cores, fp32 FMA) or DF_CUDA_DFLASH_IMPL_MMA (tensor cores, mma.sync
+     * bf16, P rounded to bf16 before P V). The backward is CUDA-core only. */
+    int impl;
+} df_cuda_dflash_args;
+
+enum { DF_CUDA_DFLASH_IMPL_SIMT = 1, DF_CUDA_DFLASH_IMPL_MMA = 2 };
+
+int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_t stream);
+int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_t stream);
+size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

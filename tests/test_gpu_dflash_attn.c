@@ -1,0 +1,451 @@
+/* test_gpu_dflash_attn - the CUDA DFlash drafter attention (kernels/cuda/
+ * dflash_attn.h), forward and backward, against the CPU reference
+ * (df_op_dflash_attn / _bwd) run in fp32 on the same bf16 values.
+ * Skips (77) without a GPU.
+ *
+ * Tolerance (KERNELS.md): for every output, the GPU's max abs error vs the
+ * fp32 reference must be at most 2x that of the same math done naively in
+ * bf16 (computed here: every GEMM-shaped product takes bf16 inputs, sums in
+ * fp32 and rounds its result to bf16 - scores, P, O, dP, dS, dq, dk, dv -
+ * as an unfused bf16 implementation would), plus 1e-6 of the reference's
+ * magnitude. Structural zeros are exact: padding rows (out 0, lse -inf,
+ * dq 0), padding blocks' dkb/dvb, context keys nobody sees (dkc = dvc = 0).
+ * Outputs are NaN-poisoned first; a NaN anywhere fails.
+ * The GPU backward runs on the GPU's own out/lse (as training does), the
+ * CPU backward on the reference's. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime_api.h>
+
+#include "cuda/device.h"
+#include "cuda/dflash_attn.h"
+#include "ops.h"
+#include "test.h"
+#include "train_ops.h"
+
+static uint64_t rng = 4242;
+
+static uint16_t f2bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf2f(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static float rb(float x) { return bf2f(f2bf(x)); } /* round to bf16 */
+
+static void *xcalloc(size_t n)
+{
+    void *p = calloc(n ? n : 1, 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+#define CUDA_OK(x)                                                                     \
+    do {                                                                               \
+        cudaError_t e_ = (x);                                                          \
+        if (e_ != cudaSuccess) {                                                       \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x,                 \
+                    cudaGetErrorString(e_));                                           \
+            exit(1);                                                                   \
+        }                                                                              \
+    } while (0)
+
+typedef struct cfg {
+    const char *name;
+    int S, nb, bs, W, nq, nkv, D;
+    int ndocs;
+    int doc_end[8];
+} cfg;
+
+/* Visible context range of row qo of block b: [lo, hi). */
+static void ctx_range(int anc, int ds, int W, int qo, int *lo, int *hi)
+{
+    int l = ds;
+    if (W > 0 && anc + qo - (W - 1) > l)
+        l = anc + qo - (W - 1);
+    *lo = l < anc ? l : anc;
+    *hi = anc;
+}
+
+typedef struct errs {
+    double err, ref_max;
+    int bad_zero, nan;
+} errs;
+
+/* zrow (may be NULL): per row of cols elements, 1 = structurally zero (must
+ * be exactly 0 in both). Zeros that are only numerical (a row seeing one key
+ * has dS = P (dP - Di) = 0 in exact arithmetic) are compared by tolerance. */
+static void cmp(errs *e, const float *ref, const float *got, int64_t n, const uint8_t *zrow,
+                int64_t cols)
+{
+    memset(e, 0, sizeof *e);
+    for (int64_t i = 0; i < n; i++) {
+        if (zrow && zrow[i / cols] && (got[i] != 0.0f || ref[i] != 0.0f)) {
+            e->bad_zero++;
+            continue;
+        }
+        if (isnan(got[i]) || isnan(ref[i])) {
+            e->nan++;
+            continue;
+        }
+        if (isinf(ref[i]) || isinf(got[i])) {
+            if (ref[i] != got[i])
+                e->bad_zero++;
+            continue;
+        }
+        double d = fabs((double)ref[i] - got[i]);
+        if (d > e->err)
+            e->err = d;
+        if (fabs(ref[i]) > e->ref_max)
+            e->ref_max = fabs(ref[i]);
+    }
+}
+
+static void run_cfg(const cfg *c, df_backend *be)
+{
+    int S = c->S, nb = c->nb, bs = c->bs, W = c->W, nq = c->nq, nkv = c->nkv, D = c->D;
+    int rows = nb * bs, grp = nq / nkv;
+    int64_t nQ = (int64_t)rows * nq * D, nC = (int64_t)S * nkv * D, nB = (int64_t)rows * nkv * D;
+    float scale = 1.0f / sqrtf((float)D);
+    int32_t *anc = xcalloc(nb * 4), *dst = xcalloc(nb * 4);
+    uint8_t *val = xcalloc(nb);
+    /* anchors: document edges first, then random, padding blocks last */
+    int k = 0;
+    for (int d = 0; d < c->ndocs && k < nb; d++) {
+        int s0 = d ? c->doc_end[d - 1] : 0, e0 = c->doc_end[d];
+        int cand[3] = {s0, s0 + 1, e0 - 1};
+        for (int t = 0; t < 3 && k < nb - 2; t++, k++)
+            anc[k] = cand[t], dst[k] = s0, val[k] = 1;
+    }
+    for (; k < nb - 2; k++) {
+        int p = (int)(test_rand(&rng) % (uint64_t)S), d = 0;
+        while (c->doc_end[d] <= p)
+            d++;
+        anc[k] = p, dst[k] = d ? c->doc_end[d - 1] : 0, val[k] = 1;
+    }
+    for (; k < nb; k++) /* padding: garbage that must never be read */
+        anc[k] = -7, dst[k] = 123456, val[k] = 0;
+    /* swap a padding block into the middle */
+    {
+        int m = nb / 2;
+        int32_t ta = anc[m], td = dst[m];
+        uint8_t tv = val[m];
+        anc[m] = anc[nb - 1], dst[m] = dst[nb - 1], val[m] = val[nb - 1];
+        anc[nb - 1] = ta, dst[nb - 1] = td, val[nb - 1] = tv;
+    }
+
+    /* inputs: random bf16, never zero */
+    uint16_t *hq = xcalloc(nQ * 2), *hkc = xcalloc(nC * 2), *hvc = xcalloc(nC * 2),
+             *hkb = xcalloc(nB * 2), *hvb = xcalloc(nB * 2), *hdo = xcalloc(nQ * 2);
+    float *fq = xcalloc(nQ * 4), *fkc = xcalloc(nC * 4), *fvc = xcalloc(nC * 4),
+          *fkb = xcalloc(nB * 4), *fvb = xcalloc(nB * 4), *fdo = xcalloc(nQ * 4);
+    struct {
+        uint16_t *h;
+        float *f;
+        int64_t n;
+        float amp;
+    } in[6] = {{hq, fq, nQ, 2.0f}, {hkc, fkc, nC, 1.0f}, {hvc, fvc, nC, 1.0f},
+               {hkb, fkb, nB, 1.0f}, {hvb, fvb, nB, 1.0f}, {hdo, fdo, nQ, 1.0f}};
+    for (int t = 0; t < 6; t++)
+        for (int64_t i = 0; i < in[t].n; i++) {
+            float x = test_randn(&rng) * in[t].amp;
+            if (x == 0.0f)
+                x = 0.01f;
+            in[t].h[i] = f2bf(x);
+            in[t].f[i] = bf2f(in[t].h[i]);
+        }
+
+    /* CPU fp32 reference */
+    float *ro = xcalloc(nQ * 4), *rl = xcalloc((int64_t)rows * nq * 4), *rdq = xcalloc(nQ * 4),
+          *rdkc = xcalloc(nC * 4), *rdvc = xcalloc(nC * 4), *rdkb = xcalloc(nB * 4),
+          *rdvb = xcalloc(nB * 4);
+    df_tensor tq = df_tensor_2d(fq, DF_DTYPE_F32, rows, nq * D),
+              tkc = df_tensor_2d(fkc, DF_DTYPE_F32, S, nkv * D),
+              tvc = df_tensor_2d(fvc, DF_DTYPE_F32, S, nkv * D),
+              tkb = df_tensor_2d(fkb, DF_DTYPE_F32, rows, nkv * D),
+              tvb = df_tensor_2d(fvb, DF_DTYPE_F32, rows, nkv * D),
+              tdo = df_tensor_2d(fdo, DF_DTYPE_F32, rows, nq * D),
+              to = df_tensor_2d(ro, DF_DTYPE_F32, rows, nq * D),
+              tl = df_tensor_2d(rl, DF_DTYPE_F32, rows, nq),
+              tdq = df_tensor_2d(rdq, DF_DTYPE_F32, rows, nq * D),
+              tdkc = df_tensor_2d(rdkc, DF_DTYPE_F32, S, nkv * D),
+              tdvc = df_tensor_2d(rdvc, DF_DTYPE_F32, S, nkv * D),
+              tdkb = df_tensor_2d(rdkb, DF_DTYPE_F32, rows, nkv * D),
+              tdvb = df_tensor_2d(rdvb, DF_DTYPE_F32, rows, nkv * D);
+    df_dflash_blocks blk = {nb, bs, anc, dst, val, W};
+    CHECK_EQ(df_op_dflash_attn(be, &tq, &tkc, &tvc, &tkb, &tvb, &blk, nq, nkv, D, scale, &to, &tl),
+             0);
+    CHECK_EQ(df_op_dflash_attn_bwd(be, &tq, &tkc, &tvc, &tkb, &tvb, &blk, nq, nkv, D, scale, &to,
+                                   &tl, &tdo, &tdq, &tdkc, &tdvc, &tdkb, &tdvb),
+             0);
+
+    /* naive bf16 baseline */
+    float *no = xcalloc(nQ * 4), *nl = xcalloc((int64_t)rows * nq * 4), *ndq = xcalloc(nQ * 4),
+          *ndkc = xcalloc(nC * 4), *ndvc = xcalloc(nC * 4), *ndkb = xcalloc(nB * 4),
+          *ndvb = xcalloc(nB * 4);
+    int maxk = S + bs;
+    float *sc = xcalloc(maxk * 4), *pp = xcalloc(maxk * 4), *acc = xcalloc(D * 4);
+    const float **kp = xcalloc(maxk * sizeof(float *)), **vp = xcalloc(maxk * sizeof(float *));
+    float **dkp = xcalloc(maxk * sizeof(float *)), **dvp = xcalloc(maxk * sizeof(float *));
+    for (int b = 0; b < nb; b++)
+        for (int qo = 0; qo < bs; qo++)
+            for (int h = 0; h < nq; h++) {
+                int r = b * bs + qo, g = h / grp;
+                float *o = no + ((int64_t)r * nq + h) * D, *dq = ndq + ((int64_t)r * nq + h) * D;
+                if (!val[b]) {
+                    nl[(int64_t)r * nq + h] = -INFINITY;
+                    continue;
+                }
+                int lo, hi, n = 0;
+                ctx_range(anc[b], dst[b], W, qo, &lo, &hi);
+                for (int j = lo; j < hi; j++, n++) {
+                    int64_t off = ((int64_t)j * nkv + g) * D;
+                    kp[n] = fkc + off, vp[n] = fvc + off, dkp[n] = ndkc + off, dvp[n] = ndvc + off;
+                }
+                int kend = W > 0 ? qo + 1 : bs;
+                for (int j = 0; j < kend; j++, n++) {
+                    int64_t off = ((int64_t)(b * bs + j) * nkv + g) * D;
+                    kp[n] = fkb + off, vp[n] = fvb + off, dkp[n] = ndkb + off, dvp[n] = ndvb + off;
+                }
+                const float *qi = fq + ((int64_t)r * nq + h) * D, *doi = fdo + ((int64_t)r * nq + h) * D;
+                float mx = -INFINITY;
+                for (int j = 0; j < n; j++) {
+                    float s = 0;
+                    for (int d = 0; d < D; d++)
+                        s += qi[d] * kp[j][d];
+                    sc[j] = rb(rb(s) * scale);
+                    mx = sc[j] > mx ? sc[j] : mx;
+                }
+                float sum = 0;
+                for (int j = 0; j < n; j++)
+                    sum += (pp[j] = expf(sc[j] - mx));
+                nl[(int64_t)r * nq + h] = mx + logf(sum);
+                memset(acc, 0, D * 4);
+                for (int j = 0; j < n; j++) {
+                    pp[j] = rb(pp[j] / sum);
+                    for (int d = 0; d < D; d++)
+                        acc[d] += pp[j] * vp[j][d];
+                }
+                float Di = 0;
+                for (int d = 0; d < D; d++) {
+                    o[d] = rb(acc[d]);
+                    Di += o[d] * doi[d];
+                }
+                Di = rb(Di);
+                memset(acc, 0, D * 4);
+                for (int j = 0; j < n; j++) {
+                    float dp = 0;
+                    for (int d = 0; d < D; d++)
+                        dp += doi[d] * vp[j][d];
+                    float ds = rb(pp[j] * (rb(dp) - Di));
+                    for (int d = 0; d < D; d++) {
+                        acc[d] += ds * kp[j][d];
+                        dkp[j][d] += ds * qi[d];
+                        dvp[j][d] += pp[j] * doi[d];
+                    }
+                }
+                for (int d = 0; d < D; d++)
+                    dq[d] = rb(acc[d] * scale);
+            }
+    for (int64_t i = 0; i < nC; i++)
+        ndkc[i] = rb(ndkc[i] * scale), ndvc[i] = rb(ndvc[i]);
+    for (int64_t i = 0; i < nB; i++)
+        ndkb[i] = rb(ndkb[i] * scale), ndvb[i] = rb(ndvb[i]);
+
+    /* GPU */
+    uint16_t *dq_, *dkc_, *dvc_, *dkb_, *dvb_, *ddo_, *dout_, *dgq, *dgkc, *dgvc, *dgkb, *dgvb;
+    float *dlse;
+    int32_t *danc, *ddst;
+    uint8_t *dval;
+    CUDA_OK(cudaMalloc((void **)&dq_, nQ * 2));
+    CUDA_OK(cudaMalloc((void **)&dkc_, nC * 2));
+    CUDA_OK(cudaMalloc((void **)&dvc_, nC * 2));
+    CUDA_OK(cudaMalloc((void **)&dkb_, nB * 2));
+    CUDA_OK(cudaMalloc((void **)&dvb_, nB * 2));
+    CUDA_OK(cudaMalloc((void **)&ddo_, nQ * 2));
+    CUDA_OK(cudaMalloc((void **)&dout_, nQ * 2));
+    CUDA_OK(cudaMalloc((void **)&dgq, nQ * 2));
+    CUDA_OK(cudaMalloc((void **)&dgkc, nC * 2));
+    CUDA_OK(cudaMalloc((void **)&dgvc, nC * 2));
+    CUDA_OK(cudaMalloc((void **)&dgkb, nB * 2));
+    CUDA_OK(cudaMalloc((void **)&dgvb, nB * 2));
+    CUDA_OK(cudaMalloc((void **)&dlse, (size_t)rows * nq * 4));
+    CUDA_OK(cudaMalloc((void **)&danc, nb * 4));
+    CUDA_OK(cudaMalloc((void **)&ddst, nb * 4));
+    CUDA_OK(cudaMalloc((void **)&dval, nb));
+    CUDA_OK(cudaMemcpy(dq_, hq, nQ * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dkc_, hkc, nC * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dvc_, hvc, nC * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dkb_, hkb, nB * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dvb_, hvb, nB * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(ddo_, hdo, nQ * 2, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(danc, anc, nb * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(ddst, dst, nb * 4, cudaMemcpyHostToDevice));
+    CUDA_OK(cudaMemcpy(dval, val, nb, cudaMemcpyHostToDevice));
+    /* poison every output (0xffff: bf16 NaN; 0xffffffff: f32 NaN) */
+    CUDA_OK(cudaMemset(dout_, 0xff, nQ * 2));
+    CUDA_OK(cudaMemset(dlse, 0xff, (size_t)rows * nq * 4));
+    CUDA_OK(cudaMemset(dgq, 0xff, nQ * 2));
+    CUDA_OK(cudaMemset(dgkc, 0xff, nC * 2));
+    CUDA_OK(cudaMemset(dgvc, 0xff, nC * 2));
+    CUDA_OK(cudaMemset(dgkb, 0xff, nB * 2));
+    CUDA_OK(cudaMemset(dgvb, 0xff, nB * 2));
+    df_cuda_dflash_args a;
+    memset(&a, 0, sizeof a);
+    a.S = S, a.n_blocks = nb, a.block_size = bs, a.window = W, a.nq = nq, a.nkv = nkv;
+    a.head_dim = D, a.scale = scale;
+    a.anchor = danc, a.doc_start = ddst, a.valid = dval;
+    a.q = dq_, a.kc = dkc_, a.vc = dvc_, a.kb = dkb_, a.vb = dvb_;
+    a.out = dout_, a.lse = dlse, a.dout = ddo_;
+    a.dq = dgq, a.dkc = dgkc, a.dvc = dgvc, a.dkb = dgkb, a.dvb = dgvb;
+    CHECK_EQ(df_cuda_dflash_attn_fwd(&a, 0), 0);
+    CHECK_EQ(df_cuda_dflash_attn_bwd(&a, 0), 0);
+    CUDA_OK(cudaDeviceSynchronize());
+
+    /* structural zeros: rows of padding blocks; context keys nobody sees */
+    uint8_t *zq = xcalloc(rows), *zc = xcalloc(S);
+    for (int r = 0; r < rows; r++)
+        zq[r] = !val[r / bs];
+    for (int j = 0; j < S; j++) {
+        zc[j] = 1;
+        for (int b = 0; b < nb; b++) {
+            int lo, hi;
+            if (val[b] && (ctx_range(anc[b], dst[b], W, 0, &lo, &hi), lo <= j && j < hi))
+                zc[j] = 0;
+        }
+    }
+    uint16_t *hb = xcalloc((nQ > nC ? (nQ > nB ? nQ : nB) : (nC > nB ? nC : nB)) * 2);
+    float *go = xcalloc(nQ * 4), *gl = xcalloc((int64_t)rows * nq * 4), *gdq = xcalloc(nQ * 4),
+          *gdkc = xcalloc(nC * 4), *gdvc = xcalloc(nC * 4), *gdkb = xcalloc(nB * 4),
+          *gdvb = xcalloc(nB * 4);
+    struct {
+        const char *nm;
+        uint16_t *dev;
+        float *g, *ref, *nv;
+        int64_t n;
+        const uint8_t *z;
+        int64_t cols;
+    } outs[6] = {{"out", dout_, go, ro, no, nQ, zq, (int64_t)nq * D},
+                 {"dq", dgq, gdq, rdq, ndq, nQ, zq, (int64_t)nq * D},
+                 {"dkc", dgkc, gdkc, rdkc, ndkc, nC, zc, (int64_t)nkv * D},
+                 {"dvc", dgvc, gdvc, rdvc, ndvc, nC, zc, (int64_t)nkv * D},
+                 {"dkb", dgkb, gdkb, rdkb, ndkb, nB, zq, (int64_t)nkv * D},
+                 {"dvb", dgvb, gdvb, rdvb, ndvb, nB, zq, (int64_t)nkv * D}};
+    CUDA_OK(cudaMemcpy(gl, dlse, (size_t)rows * nq * 4, cudaMemcpyDeviceToHost));
+    printf("%-26s", c->name);
+    int ok = 1;
+    {
+        errs eg, en;
+        cmp(&eg, rl, gl, (int64_t)rows * nq, NULL, 1);
+        cmp(&en, rl, nl, (int64_t)rows * nq, NULL, 1);
+        double tol = 2 * en.err + 1e-6 * eg.ref_max;
+        printf(" lse %.1e/%.1e", eg.err, en.err);
+        if (eg.nan || eg.bad_zero || eg.err > tol)
+            ok = 0, printf("(FAIL nan=%d inf-mismatch=%d)", eg.nan, eg.bad_zero);
+    }
+    for (int t = 0; t < 6; t++) {
+        CUDA_OK(cudaMemcpy(hb, outs[t].dev, outs[t].n * 2, cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < outs[t].n; i++)
+            outs[t].g[i] = bf2f(hb[i]);
+        errs eg, en;
+        cmp(&eg, outs[t].ref, outs[t].g, outs[t].n, outs[t].z, outs[t].cols);
+        cmp(&en, outs[t].ref, outs[t].nv, outs[t].n, NULL, 1);
+        double tol = 2 * en.err + 1e-6 * eg.ref_max;
+        printf(" %s %.1e/%.1e", outs[t].nm, eg.err, en.err);
+        if (eg.nan || eg.bad_zero || eg.err > tol)
+            ok = 0, printf("(FAIL nan=%d nonzero=%d)", eg.nan, eg.bad_zero);
+    }
+    /* the tensor-core forward (the pass above ran the default) */
+    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_MMA; impl++) {
+        CUDA_OK(cudaMemset(dout_, 0xff, nQ * 2));
+        CUDA_OK(cudaMemset(dlse, 0xff, (size_t)rows * nq * 4));
+        a.impl = impl;
+        CHECK_EQ(df_cuda_dflash_attn_fwd(&a, 0), 0);
+        CUDA_OK(cudaDeviceSynchronize());
+        CUDA_OK(cudaMemcpy(gl, dlse, (size_t)rows * nq * 4, cudaMemcpyDeviceToHost));
+        CUDA_OK(cudaMemcpy(hb, dout_, nQ * 2, cudaMemcpyDeviceToHost));
+        for (int64_t i = 0; i < nQ; i++)
+            go[i] = bf2f(hb[i]);
+        errs eg, en, lg, ln;
+        cmp(&eg, ro, go, nQ, zq, (int64_t)nq * D);
+        cmp(&en, ro, no, nQ, NULL, 1);
+        cmp(&lg, rl, gl, (int64_t)rows * nq, NULL, 1);
+        cmp(&ln, rl, nl, (int64_t)rows * nq, NULL, 1);
+        int ok2 = !(eg.nan || eg.bad_zero || eg.err > 2 * en.err + 1e-6 * eg.ref_max ||
+                    lg.nan || lg.bad_zero || lg.err > 2 * ln.err + 1e-6 * lg.ref_max);
+        printf(" | %s fwd: out %.1e lse %.1e%s", impl == DF_CUDA_DFLASH_IMPL_MMA ? "mma" : "simt",
+               eg.err, lg.err, ok2 ? "" : " FAIL");
+        ok = ok && ok2;
+    }
+    printf("  %s\n", ok ? "ok" : "FAILED");
+    CHECK(ok);
+
+    cudaFree(dq_), cudaFree(dkc_), cudaFree(dvc_), cudaFree(dkb_), cudaFree(dvb_);
+    cudaFree(ddo_), cudaFree(dout_), cudaFree(dgq), cudaFree(dgkc), cudaFree(dgvc);
+    cudaFree(dgkb), cudaFree(dgvb), cudaFree(dlse), cudaFree(danc), cudaFree(ddst), cudaFree(dval);
+    free(zq), free(zc);
+    free(hb), free(go), free(gl), free(gdq), free(gdkc), free(gdvc), free(gdkb), free(gdvb);
+    free(sc), free(pp), free(acc), free(kp), free(vp), free(dkp), free(dvp);
+    free(no), free(nl), free(ndq), free(ndkc), free(ndvc), free(ndkb), free(ndvb);
+    free(ro), free(rl), free(rdq), free(rdkc), free(rdvc), free(rdkb), free(rdvb);
+    free(hq), free(hkc), free(hvc), free(hkb), free(hvb), free(hdo);
+    free(fq), free(fkc), free(fvc), free(fkb), free(fvb), free(fdo);
+    free(anc), free(dst), free(val);
+}
+
+int main(void)
+{
+    if (df_cuda_device_count() == 0) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    df_err e;
+    df_backend *be = df_backend_cpu_open(8, &e);
+    if (!be) {
+        fprintf(stderr, "cpu backend: %s\n", e.msg);
+        return 1;
+    }
+    {   /* bad arguments: -EINVAL, nothing launched */
+        df_cuda_dflash_args bad;
+        memset(&bad, 0, sizeof bad);
+        bad.block_size = 16, bad.nq = 4, bad.nkv = 2, bad.head_dim = 96;
+        CHECK_EQ(df_cuda_dflash_attn_fwd(&bad, 0), -22);
+        CHECK_EQ(df_cuda_dflash_attn_fwd(NULL, 0), -22);
+        bad.head_dim = 64, bad.nkv = 3;
+        CHECK_EQ(df_cuda_dflash_attn_bwd(&bad, 0), -22);
+    }
+    printf("max abs error: GPU vs fp32 reference / naive bf16 vs fp32 reference\n");
+    static const cfg cfgs[] = {
+        {"full 4/2 D64 bs16", 300, 14, 16, 0, 4, 2, 64, 3, {100, 180, 300}},
+        {"slide40 4/2 D64 bs16", 300, 14, 16, 40, 4, 2, 64, 3, {100, 180, 300}},
+        {"full 8/2 D64 bs16", 300, 14, 16, 0, 8, 2, 64, 3, {100, 180, 300}},
+        {"slide40 8/2 D64 bs16", 300, 14, 16, 40, 8, 2, 64, 3, {100, 180, 300}},
+        {"full 8/2 D64 bs40 (3ch)", 257, 9, 40, 0, 8, 2, 64, 2, {130, 257}},
+        {"slide7 8/2 D64 bs40", 257, 9, 40, 7, 8, 2, 64, 2, {130, 257}},
+        {"full 4/2 D64 bs5", 97, 11, 5, 0, 4, 2, 64, 2, {33, 97}},
+        {"slide3 4/2 D64 bs5", 97, 11, 5, 3, 4, 2, 64, 2, {33, 97}},
+        {"full 32/8 D128 bs16", 1024, 40, 16, 0, 32, 8, 128, 3, {300, 700, 1024}},
+        {"slide256 32/8 D128 bs16", 1024, 40, 16, 256, 32, 8, 128, 3, {300, 700, 1024}},
+        {"full 8/2 D128 bs16", 700, 20, 16, 0, 8, 2, 128, 2, {450, 700}},
+    };
+    for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++)
+        run_cfg(&cfgs[i], be);
+    df_backend_close(be);
+    return test_main_end();
+}
