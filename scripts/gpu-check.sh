@@ -27,7 +27,10 @@ if [ $status = 0 ]; then
   tests=$(grep -E "tests passed|tests failed" "$LOG/ctest.log" | tail -1)
   gpu=$(grep -E "^gpu [0-9]+:" "$B"/Testing/Temporary/LastTest.log | head -2 | tr '\n' ' ')
   gpu_test=$(grep -E "test_gpu_probe .*(Passed|Failed|Skipped|\*\*\*)" "$LOG/ctest.log" | sed 's/.*test_gpu_probe *\.*//')
-  "$B/tools/bench_dflash_attn" >"$LOG/bench-dflash-attn.log" 2>&1 || status=1
+  # ours and torch.compile(flex_attention) on the same anchors, side by side
+  { "$B/tools/bench_dflash_attn" --anchors-out "$LOG/attn-anchors.json" --json-out "$LOG/attn-ours.json" &&
+    python3 "$ROOT/scripts/bench_flex_dflash.py" --anchors "$LOG/attn-anchors.json" --ours "$LOG/attn-ours.json"; } \
+    >"$LOG/bench-dflash-attn.log" 2>&1 || status=1
   DFLASH_BUILD_DIR=$B REPEATS=${REPEATS:-3} "$ROOT/scripts/bench-storage.sh" /tmp/dflash-bench "${BENCH_MIB:-2048}" \
     >"$LOG/bench-storage.log" 2>&1 || status=1
 fi
@@ -40,7 +43,7 @@ row "ctest" "$tests"
 row "test_gpu_probe" "${gpu_test:-?} ${gpu:-}"
 if [ -f "$LOG/bench-dflash-attn.log" ]; then
   echo "-- bench_dflash_attn (tail)"
-  tail -6 "$LOG/bench-dflash-attn.log"
+  tail -8 "$LOG/bench-dflash-attn.log"
 fi
 if [ -f "$LOG/bench-storage.log" ]; then
   echo "-- bench-storage (tail)"

@@ -12,7 +12,9 @@
  * dq 0), padding blocks' dkb/dvb, context keys nobody sees (dkc = dvc = 0).
  * Outputs are NaN-poisoned first; a NaN anywhere fails.
  * The GPU backward runs on the GPU's own out/lse (as training does), the
- * CPU backward on the reference's. */
+ * CPU backward on the reference's. First pass: the default forward and
+ * backward (impl 0); then each backward (CUDA cores, tensor cores) on the
+ * default forward's out/lse, then each forward. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -370,6 +372,28 @@ static void run_cfg(const cfg *c, df_backend *be)
         printf(" %s %.1e/%.1e", outs[t].nm, eg.err, en.err);
         if (eg.nan || eg.bad_zero || eg.err > tol)
             ok = 0, printf("(FAIL nan=%d nonzero=%d)", eg.nan, eg.bad_zero);
+    }
+    /* each backward explicitly (CUDA cores, tensor cores), on the default
+     * forward's out/lse (still in dout_/dlse); every gradient poisoned first */
+    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_MMA; impl++) {
+        for (int t = 1; t < 6; t++)
+            CUDA_OK(cudaMemset(outs[t].dev, 0xff, outs[t].n * 2));
+        a.impl = impl;
+        CHECK_EQ(df_cuda_dflash_attn_bwd(&a, 0), 0);
+        CUDA_OK(cudaDeviceSynchronize());
+        printf(" | %s bwd:", impl == DF_CUDA_DFLASH_IMPL_MMA ? "mma" : "simt");
+        for (int t = 1; t < 6; t++) {
+            CUDA_OK(cudaMemcpy(hb, outs[t].dev, outs[t].n * 2, cudaMemcpyDeviceToHost));
+            for (int64_t i = 0; i < outs[t].n; i++)
+                outs[t].g[i] = bf2f(hb[i]);
+            errs eg, en;
+            cmp(&eg, outs[t].ref, outs[t].g, outs[t].n, outs[t].z, outs[t].cols);
+            cmp(&en, outs[t].ref, outs[t].nv, outs[t].n, NULL, 1);
+            double tol = 2 * en.err + 1e-6 * eg.ref_max;
+            printf(" %s %.1e", outs[t].nm, eg.err);
+            if (eg.nan || eg.bad_zero || eg.err > tol)
+                ok = 0, printf("(FAIL nan=%d nonzero=%d)", eg.nan, eg.bad_zero);
+        }
     }
     /* the tensor-core forward (the pass above ran the default) */
     for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_MMA; impl++) {

@@ -8,9 +8,11 @@
 // pairs: forward 4 * D per pair per head (QK^T and PV), backward 2.5x the
 // forward (FlashAttention convention: 5 matmuls vs 2). Also checks that two
 // backward runs give bitwise-equal gradients (determinism).
-// The forward is timed twice: the CUDA-core (simt) and the tensor-core (mma.sync)
-// kernel; the backward is CUDA-core.
-// Usage: bench_dflash_attn [repeats]
+// Forward and backward are timed for the defaults (tensor cores, mma.sync) and
+// the CUDA-core (simt) kernels; the last line is JSON (also --json-out F).
+// --anchors-out F writes the shape and anchors as JSON for
+// scripts/bench_flex_dflash.py (the same mask under torch flex_attention).
+// Usage: bench_dflash_attn [repeats] [--anchors-out F.json] [--json-out F.json]
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -19,6 +21,7 @@
 #include <string.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "cuda/dflash_attn.h"
@@ -58,7 +61,19 @@ static uint16_t *dev_rand(size_t n)
 
 int main(int argc, char **argv)
 {
-    int reps = argc > 1 ? atoi(argv[1]) : 20;
+    int reps = 20;
+    const char *anchors_out = NULL, *json_out = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--anchors-out") && i + 1 < argc)
+            anchors_out = argv[++i];
+        else if (!strcmp(argv[i], "--json-out") && i + 1 < argc)
+            json_out = argv[++i];
+        else if (atoi(argv[i]) > 0)
+            reps = atoi(argv[i]);
+        else
+            return fprintf(stderr, "usage: bench_dflash_attn [repeats] [--anchors-out F.json] "
+                                   "[--json-out F.json]\n"), 2;
+    }
     const int S = 4096, NB = 512, BS = 16, NQ = 32, NKV = 8, D = 128, ROWS = NB * BS;
     const int doc_end[3] = {1500, 2800, 4096};
     // loss mask: per document a 15% prompt (0), then assistant turns (1) with
@@ -88,6 +103,23 @@ int main(int argc, char **argv)
     printf("27B drafter shape: S=%d, %d blocks x %d (%d valid of %zu candidates), %d/%d heads, D=%d\n",
            S, NB, BS, nv, cand.size(), NQ, NKV, D);
 
+    if (anchors_out) { // the shape and anchors, for scripts/bench_flex_dflash.py
+        FILE *f = fopen(anchors_out, "w");
+        if (!f)
+            return fprintf(stderr, "cannot write %s\n", anchors_out), 1;
+        fprintf(f, "{\"S\": %d, \"n_blocks\": %d, \"block_size\": %d, \"nq\": %d, \"nkv\": %d, "
+                   "\"head_dim\": %d, \"windows\": [0, 2048]",
+                S, NB, BS, NQ, NKV, D);
+        const char *nm[3] = {"anchor", "doc_start", "valid"};
+        for (int k = 0; k < 3; k++) {
+            fprintf(f, ", \"%s\": [", nm[k]);
+            for (int b = 0; b < NB; b++)
+                fprintf(f, "%s%d", b ? ", " : "", k == 0 ? anc[b] : k == 1 ? dst[b] : (int)val[b]);
+            fprintf(f, "]");
+        }
+        if (fprintf(f, "}\n") < 0 || fclose(f))
+            return fprintf(stderr, "cannot write %s\n", anchors_out), 1;
+    }
     size_t nQ = (size_t)ROWS * NQ * D, nC = (size_t)S * NKV * D, nB = (size_t)ROWS * NKV * D;
     size_t free0, total;
     CU(cudaMemGetInfo(&free0, &total));
@@ -126,6 +158,7 @@ int main(int argc, char **argv)
     CU(cudaEventCreate(&e1));
     const int Ws[2] = {0, 2048};
     int rc_all = 0;
+    std::string json = "{\"bench\": \"dflash_attn\", \"impl\": \"default (mma)\", \"layers\": [";
     for (int li = 0; li < 2; li++) {
         a.window = Ws[li];
         double pairs = 0;
@@ -141,14 +174,13 @@ int main(int argc, char **argv)
         }
         pairs *= NQ;
         double ffl = 4.0 * D * pairs, bfl = 2.5 * ffl;
-        float mma_ms = 0;
-        {
+        auto time_ms = [&](bool bwd, int impl, float *mn) -> double {
             std::vector<float> tm;
-            a.impl = DF_CUDA_DFLASH_IMPL_MMA;
+            a.impl = impl;
             for (int it = 0; it < 3 + reps; it++) {
                 CU(cudaEventRecord(e0));
-                if (df_cuda_dflash_attn_fwd(&a, 0))
-                    return 1;
+                if (bwd ? df_cuda_dflash_attn_bwd(&a, 0) : df_cuda_dflash_attn_fwd(&a, 0))
+                    exit(1);
                 CU(cudaEventRecord(e1));
                 CU(cudaEventSynchronize(e1));
                 float ms;
@@ -157,36 +189,20 @@ int main(int argc, char **argv)
                     tm.push_back(ms);
             }
             std::sort(tm.begin(), tm.end());
-            mma_ms = tm[tm.size() / 2];
-            a.impl = DF_CUDA_DFLASH_IMPL_SIMT;
-        }
-        std::vector<float> tf, tb;
-        for (int it = 0; it < 3 + reps; it++) {
-            CU(cudaEventRecord(e0));
-            if (df_cuda_dflash_attn_fwd(&a, 0))
-                return 1;
-            CU(cudaEventRecord(e1));
-            CU(cudaEventSynchronize(e1));
-            float ms;
-            CU(cudaEventElapsedTime(&ms, e0, e1));
-            if (it >= 3)
-                tf.push_back(ms);
-            CU(cudaEventRecord(e0));
-            if (df_cuda_dflash_attn_bwd(&a, 0))
-                return 1;
-            CU(cudaEventRecord(e1));
-            CU(cudaEventSynchronize(e1));
-            CU(cudaEventElapsedTime(&ms, e0, e1));
-            if (it >= 3)
-                tb.push_back(ms);
-        }
-        std::sort(tf.begin(), tf.end());
-        std::sort(tb.begin(), tb.end());
-        double mf = tf[tf.size() / 2], mb = tb[tb.size() / 2];
-        // determinism: two backward runs, bitwise equal
+            if (mn)
+                *mn = tm[0];
+            return tm[tm.size() / 2];
+        };
+        float fmin, bmin;
+        double fs = time_ms(false, DF_CUDA_DFLASH_IMPL_SIMT, NULL);
+        double bs_ = time_ms(true, DF_CUDA_DFLASH_IMPL_SIMT, NULL); // on the simt forward's out/lse
+        double mf = time_ms(false, 0, &fmin);                      // the defaults (mma)
+        double mb = time_ms(true, 0, &bmin);
+        // determinism: two default backward runs, bitwise equal
         std::vector<uint16_t> h1(nC), h2(nC), g1(nQ), g2(nQ);
         CU(cudaMemcpy(h1.data(), dkc, nC * 2, cudaMemcpyDeviceToHost));
         CU(cudaMemcpy(g1.data(), dq, nQ * 2, cudaMemcpyDeviceToHost));
+        a.impl = 0;
         if (df_cuda_dflash_attn_bwd(&a, 0))
             return 1;
         CU(cudaDeviceSynchronize());
@@ -194,11 +210,26 @@ int main(int argc, char **argv)
         CU(cudaMemcpy(g2.data(), dq, nQ * 2, cudaMemcpyDeviceToHost));
         int det = h1 == h2 && g1 == g2;
         rc_all |= !det;
-        printf("%-14s visible pairs %.3g: fwd %.3f ms %.1f TFLOP/s (min %.3f), bwd %.3f ms %.1f "
-               "TFLOP/s (min %.3f), deterministic %s\n",
-               a.window ? "sliding W=2048" : "full", pairs, mf, ffl / mf * 1e-9, tf[0], mb,
-               bfl / mb * 1e-9, tb[0], det ? "yes" : "NO");
-        printf("%-14s mma.sync fwd %.3f ms %.1f TFLOP/s\n", "", mma_ms, ffl / mma_ms * 1e-9);
+        const char *nm = a.window ? "sliding" : "full";
+        printf("%-8s visible pairs %.3g: default fwd %.3f ms %.1f TFLOP/s (min %.3f), bwd %.3f ms "
+               "%.1f TFLOP/s (min %.3f), deterministic %s; simt fwd %.3f ms, simt bwd %.3f ms\n",
+               nm, pairs, mf, ffl / mf * 1e-9, fmin, mb, bfl / mb * 1e-9, bmin, det ? "yes" : "NO",
+               fs, bs_);
+        char buf[512];
+        snprintf(buf, sizeof buf,
+                 "%s{\"layer\": \"%s\", \"window\": %d, \"pairs\": %.0f, \"fwd_ms\": %.4f, "
+                 "\"bwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"bwd_tflops\": %.2f, "
+                 "\"simt_fwd_ms\": %.4f, \"simt_bwd_ms\": %.4f, \"deterministic\": %s}",
+                 li ? ", " : "", nm, a.window, pairs, mf, mb, ffl / mf * 1e-9, bfl / mb * 1e-9, fs,
+                 bs_, det ? "true" : "false");
+        json += buf;
+    }
+    json += "]}";
+    printf("%s\n", json.c_str());
+    if (json_out) {
+        FILE *f = fopen(json_out, "w");
+        if (!f || fprintf(f, "%s\n", json.c_str()) < 0 || fclose(f))
+            return fprintf(stderr, "cannot write %s\n", json_out), 1;
     }
     size_t free2;
     CU(cudaMemGetInfo(&free2, &total));

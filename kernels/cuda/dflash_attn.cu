@@ -1,8 +1,10 @@
 // dflash_attn.cu - the DFlash drafter attention on the GPU (contract in
 // dflash_attn.h and train_ops.h; the CPU reference is kernels/cpu/dflash_attn.c).
 //
-// First version: FlashAttention-2 structure on CUDA cores (fp32 FMA from
-// shared memory, no tensor cores yet). All kernels use 256 threads = 8 warps.
+// FlashAttention-2 structure. Two implementations of both passes (args.impl):
+// tensor cores (mma.sync m16n8k16 bf16, 4 warps; the default) and CUDA cores
+// (fp32 FMA from shared memory, 256 threads = 8 warps; described first below,
+// the mma kernels follow the same work split and determinism).
 //
 // Rows. A "row chunk" is up to RQ = 64 query rows of ONE block b and ONE kv
 // head g: the block's bs x group (query offset qo, head of the group hh)
@@ -39,7 +41,9 @@
 namespace {
 
 // Which forward runs when args.impl == 0.
-#define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD DF_CUDA_DFLASH_IMPL_SIMT
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD DF_CUDA_DFLASH_IMPL_MMA
+// Which backward runs when args.impl == 0.
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD DF_CUDA_DFLASH_IMPL_MMA
 
 constexpr int NT = 256, NW = 8, RPW = 8, RQ = NW * RPW, TK = 32, PP = TK + 4;
 
@@ -649,6 +653,294 @@ __global__ void __launch_bounds__(NT) dkv_kernel(Params p)
     }
 }
 
+// ---- backward on tensor cores (mma.sync m16n8k16 bf16 -> fp32) ----
+// The FlashAttention-2 backward with the CUDA-core kernels' work split (so the
+// same determinism: every output element summed in a fixed order by one
+// thread, written once, no atomics). Operands are bf16 (P and dS rounded to
+// bf16 before their products, as the naive bf16 math does); fp32 accumulate.
+// B fragments of a product whose reduction runs over the rows of a
+// row-major shared tile (dS K, P^T dO, dS^T Q) are two 16-bit loads
+// (conflict-free with the D + 8 padding).
+__device__ __forceinline__ uint32_t ld_pair_col(const uint16_t *p, int ld)
+{
+    return (uint32_t)p[0] | ((uint32_t)p[ld] << 16);
+}
+
+// dQ: one CTA per (block, kv head, row chunk of 64), 4 warps x 16 rows (the
+// mma forward's loop). S = Q K^T and dP = dO V^T from Q / dO fragments in
+// registers; dS = P (dP - Di); dq += dS K.
+template <int D>
+__global__ void __launch_bounds__(MW * 32) dq_mma_kernel(Params p)
+{
+    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, V8 = D / 8;
+    __shared__ __align__(16) uint16_t Ks[TK * KP];
+    __shared__ __align__(16) uint16_t Vs[TK * KP];
+    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
+        b = blockIdx.x / (p.nch * p.nkv);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
+    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    if (!p.valid[b]) {
+        for (int i = 0; i < 16; i++) {
+            RowId id = row_id(p, b, g, ch, warp * 16 + i);
+            if (!id.ok)
+                continue;
+            for (int k = lane; k < D; k += 32)
+                p.dq[id.grow * ldq + id.h * D + k] = 0;
+        }
+        return;
+    }
+    int anc = p.anchor[b], ds = p.doc_start[b];
+    int lo0 = ctx_lo(anc, ds, p.W, 0);
+    RowId rid[2] = {row_id(p, b, g, ch, warp * 16 + gid), row_id(p, b, g, ch, warp * 16 + gid + 8)};
+    int rlo[2];
+    float L[2], Dr[2];
+    bool rok[2];
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        rlo[ri] = ctx_lo(anc, ds, p.W, rid[ri].qo);
+        long long li = (long long)rid[ri].grow * p.nq + rid[ri].h;
+        L[ri] = rid[ri].ok ? p.lse_in[li] : -INFINITY;
+        Dr[ri] = rid[ri].ok ? p.Di[li] : 0.0f;
+        rok[ri] = rid[ri].ok && L[ri] != -INFINITY;
+    }
+    uint32_t qa[KS][4], da[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const RowId &id = rid[e & 1];
+            int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
+            long long off = id.grow * ldq + id.h * D + col;
+            qa[ks][e] = id.ok ? ld32(p.q + off) : 0u;
+            da[ks][e] = id.ok ? ld32(p.dout + off) : 0u;
+        }
+    float acc[NTD][4];
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd++)
+        acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
+    int ntc = (anc - lo0 + TK - 1) / TK, ntb = (p.bs + TK - 1) / TK;
+    for (int t = 0; t < ntc + ntb; t++) {
+        bool isctx = t < ntc;
+        int base = isctx ? lo0 + t * TK : (t - ntc) * TK;
+        int end = isctx ? anc : p.bs;
+        const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
+        long long rbase = isctx ? base : (long long)b * p.bs + base;
+        __syncthreads();
+        for (int e = threadIdx.x; e < TK * V8; e += MW * 32) {
+            int key = e / V8, c = (e % V8) * 8;
+            uint4 ku = make_uint4(0, 0, 0, 0), vu = make_uint4(0, 0, 0, 0);
+            if (base + key < end) {
+                long long off = (rbase + key) * ldk + (long long)g * D + c;
+                ku = *reinterpret_cast<const uint4 *>(ksrc + off);
+                vu = *reinterpret_cast<const uint4 *>(vsrc + off);
+            }
+            *reinterpret_cast<uint4 *>(Ks + key * KP + c) = ku;
+            *reinterpret_cast<uint4 *>(Vs + key * KP + c) = vu;
+        }
+        __syncthreads();
+        float s[4][4], dp[4][4];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+            dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                const uint16_t *kr = Ks + (nt * 8 + gid) * KP + ks * 16 + 2 * t4;
+                const uint16_t *vr = Vs + (nt * 8 + gid) * KP + ks * 16 + 2 * t4;
+                mma16816(s[nt], qa[ks], ld32(kr), ld32(kr + 8));
+                mma16816(dp[nt], da[ks], ld32(vr), ld32(vr + 8));
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int ri = e >> 1, key = base + nt * 8 + 2 * t4 + (e & 1);
+                bool vis = rok[ri] && visible(isctx, key, end, rlo[ri], rid[ri].qo, p.W);
+                float P = vis ? expf(s[nt][e] * p.scale - L[ri]) : 0.0f;
+                s[nt][e] = vis ? P * (dp[nt][e] - Dr[ri]) : 0.0f;
+            }
+#pragma unroll
+        for (int kk = 0; kk < 2; kk++) {
+            uint32_t sa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
+                              pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+            for (int nd = 0; nd < NTD; nd++) {
+                const uint16_t *kr = Ks + (kk * 16 + 2 * t4) * KP + nd * 8 + gid;
+                mma16816(acc[nd], sa, ld_pair_col(kr, KP), ld_pair_col(kr + 8 * KP, KP));
+            }
+        }
+    }
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const RowId &id = rid[ri];
+        if (!id.ok)
+            continue;
+        uint16_t *qrow = p.dq + id.grow * ldq + id.h * D;
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++)
+            *reinterpret_cast<uint32_t *>(qrow + nd * 8 + 2 * t4) =
+                pack_bf2(acc[nd][2 * ri] * p.scale, acc[nd][2 * ri + 1] * p.scale);
+    }
+}
+
+// dK/dV: one CTA per (kv head, key tile of TKM = 64 keys), warp w owns keys
+// 16 w .. 16 w + 15 (the M dimension). For every valid block whose span meets
+// the tile (ascending; block tiles: their own block), every row chunk of 64:
+// Q / dO rows to shared memory, S^T = K Q^T and dP^T = V dO^T (K / V A
+// fragments from shared memory), P^T, dS^T, then dv += P^T dO, dk += dS^T Q,
+// 32 rows at a time.
+constexpr int TKM = MW * 16;
+template <int D>
+constexpr size_t dkv_mma_smem() { return (size_t)(2 * TKM + 2 * RQ) * (D + 8) * 2 + (size_t)RQ * 16; }
+
+template <int D>
+__global__ void __launch_bounds__(MW * 32) dkv_mma_kernel(Params p)
+{
+    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, V8 = D / 8;
+    extern __shared__ float4 smem4[];
+    uint16_t *Ks = reinterpret_cast<uint16_t *>(smem4), *Vs = Ks + TKM * KP, *Qs = Vs + TKM * KP,
+             *dOs = Qs + RQ * KP;
+    float *Ls = reinterpret_cast<float *>(dOs + RQ * KP), *Ds = Ls + RQ;
+    int *Qo = reinterpret_cast<int *>(Ds + RQ), *Lo = Qo + RQ;
+    int g = blockIdx.x % p.nkv, tile = blockIdx.x / p.nkv;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
+    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    int nct = (p.S + TKM - 1) / TKM, ntb = (p.bs + TKM - 1) / TKM;
+    bool isctx = tile < nct;
+    int bb = isctx ? -1 : (tile - nct) / ntb;
+    int base = isctx ? tile * TKM : ((tile - nct) % ntb) * TKM;
+    int end = isctx ? p.S : p.bs;
+    uint16_t *dk = isctx ? p.dkc : p.dkb, *dv = isctx ? p.dvc : p.dvb;
+    long long rbase = isctx ? base : (long long)bb * p.bs + base;
+    int kw = warp * 16;
+    float ak[NTD][4], av[NTD][4];
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            ak[nd][e] = 0.0f, av[nd][e] = 0.0f;
+    if (isctx || p.valid[bb]) {
+        const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
+        for (int e = threadIdx.x; e < TKM * V8; e += MW * 32) {
+            int key = e / V8, c = (e % V8) * 8;
+            uint4 ku = make_uint4(0, 0, 0, 0), vu = make_uint4(0, 0, 0, 0);
+            if (base + key < end) {
+                long long off = (rbase + key) * ldk + (long long)g * D + c;
+                ku = *reinterpret_cast<const uint4 *>(ksrc + off);
+                vu = *reinterpret_cast<const uint4 *>(vsrc + off);
+            }
+            *reinterpret_cast<uint4 *>(Ks + key * KP + c) = ku;
+            *reinterpret_cast<uint4 *>(Vs + key * KP + c) = vu;
+        }
+        int b0 = isctx ? 0 : bb, b1 = isctx ? p.nb : bb + 1;
+        int kend = base + TKM < end ? base + TKM : end;
+        for (int b = b0; b < b1; b++) {
+            if (!p.valid[b])
+                continue;
+            int anc = p.anchor[b], ds = p.doc_start[b];
+            if (isctx) {
+                int lo0 = ctx_lo(anc, ds, p.W, 0);
+                if (anc <= base || lo0 >= kend || lo0 >= anc)
+                    continue;
+            }
+            int kend_b = isctx ? anc : end; // keys beyond are invisible to every row
+            for (int ch = 0; ch < p.nch; ch++) {
+                __syncthreads(); // previous users of Qs/dOs/Ls/... are done
+                for (int e = threadIdx.x; e < RQ * V8; e += MW * 32) {
+                    int r = e / V8, c = (e % V8) * 8;
+                    RowId id = row_id(p, b, g, ch, r);
+                    uint4 qu = make_uint4(0, 0, 0, 0), du = make_uint4(0, 0, 0, 0);
+                    if (id.ok) {
+                        long long off = id.grow * ldq + id.h * D + c;
+                        qu = *reinterpret_cast<const uint4 *>(p.q + off);
+                        du = *reinterpret_cast<const uint4 *>(p.dout + off);
+                    }
+                    *reinterpret_cast<uint4 *>(Qs + r * KP + c) = qu;
+                    *reinterpret_cast<uint4 *>(dOs + r * KP + c) = du;
+                }
+                for (int r = threadIdx.x; r < RQ; r += MW * 32) {
+                    RowId id = row_id(p, b, g, ch, r);
+                    long long li = (long long)id.grow * p.nq + id.h;
+                    Ls[r] = id.ok ? p.lse_in[li] : -INFINITY;
+                    Ds[r] = id.ok ? p.Di[li] : 0.0f;
+                    Qo[r] = id.qo;
+                    Lo[r] = ctx_lo(anc, ds, p.W, id.qo);
+                }
+                __syncthreads();
+                for (int h2 = 0; h2 < RQ / 32; h2++) {
+                    float s[4][4], dp[4][4];
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++)
+                            s[nt][e] = 0.0f, dp[nt][e] = 0.0f;
+#pragma unroll
+                    for (int ks = 0; ks < KS; ks++) {
+                        const uint16_t *kr = Ks + (kw + gid) * KP + ks * 16 + 2 * t4;
+                        const uint16_t *vr = Vs + (kw + gid) * KP + ks * 16 + 2 * t4;
+                        uint32_t ka[4] = {ld32(kr), ld32(kr + 8 * KP), ld32(kr + 8), ld32(kr + 8 * KP + 8)};
+                        uint32_t va[4] = {ld32(vr), ld32(vr + 8 * KP), ld32(vr + 8), ld32(vr + 8 * KP + 8)};
+#pragma unroll
+                        for (int nt = 0; nt < 4; nt++) {
+                            const uint16_t *qr = Qs + (h2 * 32 + nt * 8 + gid) * KP + ks * 16 + 2 * t4;
+                            const uint16_t *dr = dOs + (h2 * 32 + nt * 8 + gid) * KP + ks * 16 + 2 * t4;
+                            mma16816(s[nt], ka, ld32(qr), ld32(qr + 8));
+                            mma16816(dp[nt], va, ld32(dr), ld32(dr + 8));
+                        }
+                    }
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            int key = base + kw + gid + (e >> 1) * 8;
+                            int r = h2 * 32 + nt * 8 + 2 * t4 + (e & 1);
+                            float Lr = Ls[r];
+                            bool vis = Lr != -INFINITY && visible(isctx, key, kend_b, Lo[r], Qo[r], p.W);
+                            float P = vis ? expf(s[nt][e] * p.scale - Lr) : 0.0f;
+                            dp[nt][e] = vis ? P * (dp[nt][e] - Ds[r]) : 0.0f;
+                            s[nt][e] = P;
+                        }
+#pragma unroll
+                    for (int kk = 0; kk < 2; kk++) {
+                        uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]),
+                                          pack_bf2(s[2 * kk][2], s[2 * kk][3]),
+                                          pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                          pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                        uint32_t sa[4] = {pack_bf2(dp[2 * kk][0], dp[2 * kk][1]),
+                                          pack_bf2(dp[2 * kk][2], dp[2 * kk][3]),
+                                          pack_bf2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                                          pack_bf2(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+                        int r0 = h2 * 32 + kk * 16 + 2 * t4;
+#pragma unroll
+                        for (int nd = 0; nd < NTD; nd++) {
+                            const uint16_t *dr = dOs + r0 * KP + nd * 8 + gid;
+                            const uint16_t *qr = Qs + r0 * KP + nd * 8 + gid;
+                            mma16816(av[nd], pa, ld_pair_col(dr, KP), ld_pair_col(dr + 8 * KP, KP));
+                            mma16816(ak[nd], sa, ld_pair_col(qr, KP), ld_pair_col(qr + 8 * KP, KP));
+                        }
+                    }
+                }
+            }
+        }
+    }
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        int key = kw + gid + 8 * ri;
+        if (base + key >= end)
+            continue;
+        long long off = (rbase + key) * ldk + (long long)g * D;
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++) {
+            *reinterpret_cast<uint32_t *>(dk + off + nd * 8 + 2 * t4) =
+                pack_bf2(ak[nd][2 * ri] * p.scale, ak[nd][2 * ri + 1] * p.scale);
+            *reinterpret_cast<uint32_t *>(dv + off + nd * 8 + 2 * t4) =
+                pack_bf2(av[nd][2 * ri], av[nd][2 * ri + 1]);
+        }
+    }
+}
+
 constexpr size_t fwd_smem(int D) { return ((size_t)(RQ + 2 * TK) * (D + 4) + RQ * PP) * 4; }
 constexpr size_t dq_smem(int D) { return ((size_t)(2 * RQ + 2 * TK) * (D + 4) + RQ * PP) * 4; }
 constexpr size_t dkv_smem(int D) { return ((size_t)(2 * RQ + 2 * TK) * (D + 4) + 2 * RQ * PP) * 4; }
@@ -711,23 +1003,36 @@ int fwd_launch(const Params &p, cudaStream_t st, int impl)
 }
 
 template <int D>
-int bwd_launch(const Params &p, cudaStream_t st)
+int bwd_launch(const Params &p, cudaStream_t st, int impl)
 {
+    bool mma = impl == DF_CUDA_DFLASH_IMPL_MMA;
     long long rows = (long long)p.nb * p.bs;
     if (rows > 0) {
         long long w = rows * p.nq;
         di_kernel<D><<<(unsigned)((w * 32 + NT - 1) / NT), NT, 0, st>>>(p);
         CU(cudaGetLastError());
-        CU(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)dq_smem(D)));
-        dq_kernel<D><<<(unsigned)((long long)p.nb * p.nkv * p.nch), NT, dq_smem(D), st>>>(p);
+        unsigned n = (unsigned)((long long)p.nb * p.nkv * p.nch);
+        if (mma) {
+            dq_mma_kernel<D><<<n, MW * 32, 0, st>>>(p);
+        } else {
+            CU(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)dq_smem(D)));
+            dq_kernel<D><<<n, NT, dq_smem(D), st>>>(p);
+        }
         CU(cudaGetLastError());
     }
-    long long tiles = (p.S + TK - 1) / TK + (long long)p.nb * ((p.bs + TK - 1) / TK);
+    int tk = mma ? TKM : TK;
+    long long tiles = (p.S + tk - 1) / tk + (long long)p.nb * ((p.bs + tk - 1) / tk);
     if (tiles > 0) {
-        CU(cudaFuncSetAttribute(dkv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)dkv_smem(D)));
-        dkv_kernel<D><<<(unsigned)(tiles * p.nkv), NT, dkv_smem(D), st>>>(p);
+        if (mma) {
+            CU(cudaFuncSetAttribute(dkv_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)dkv_mma_smem<D>()));
+            dkv_mma_kernel<D><<<(unsigned)(tiles * p.nkv), MW * 32, dkv_mma_smem<D>(), st>>>(p);
+        } else {
+            CU(cudaFuncSetAttribute(dkv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)dkv_smem(D)));
+            dkv_kernel<D><<<(unsigned)(tiles * p.nkv), NT, dkv_smem(D), st>>>(p);
+        }
         CU(cudaGetLastError());
     }
     return 0;
@@ -763,7 +1068,8 @@ extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_
     if (!ws)
         CU(cudaMallocAsync(&ws, df_cuda_dflash_bwd_workspace_bytes(a), st));
     p.Di = (float *)ws;
-    rc = a->head_dim == 64 ? bwd_launch<64>(p, st) : bwd_launch<128>(p, st);
+    int impl = a->impl ? a->impl : DF_CUDA_DFLASH_IMPL_DEFAULT_BWD;
+    rc = a->head_dim == 64 ? bwd_launch<64>(p, st, impl) : bwd_launch<128>(p, st, impl);
     if (!a->workspace)
         CU(cudaFreeAsync(ws, st));
     return rc;

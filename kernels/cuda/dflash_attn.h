@@ -34,9 +34,10 @@ typedef struct df_cuda_dflash_args {
     /* backward scratch, df_cuda_dflash_bwd_workspace_bytes() bytes; NULL:
      * allocated stream-ordered inside (cudaMallocAsync). */
     void *workspace;
-    /* forward implementation: 0 = the default, DF_CUDA_DFLASH_IMPL_SIMT (CUDA
-     * cores, fp32 FMA) or DF_CUDA_DFLASH_IMPL_MMA (tensor cores, mma.sync
-     * bf16, P rounded to bf16 before P V). The backward is CUDA-core only. */
+    /* implementation of the forward and the backward: 0 = the defaults
+     * (tensor cores: mma.sync bf16, P and dS rounded to bf16 before their
+     * products), DF_CUDA_DFLASH_IMPL_SIMT (CUDA cores, fp32 FMA) or
+     * DF_CUDA_DFLASH_IMPL_MMA (tensor cores). */
     int impl;
 } df_cuda_dflash_args;
 
