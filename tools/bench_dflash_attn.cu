@@ -158,7 +158,7 @@ int main(int argc, char **argv)
     CU(cudaEventCreate(&e1));
     const int Ws[2] = {0, 2048};
     int rc_all = 0;
-    std::string json = "{\"bench\": \"dflash_attn\", \"impl\": \"default (mma)\", \"layers\": [";
+    std::string json = "{\"bench\": \"dflash_attn\", \"impl\": \"default (mma2)\", \"layers\": [";
     for (int li = 0; li < 2; li++) {
         a.window = Ws[li];
         double pairs = 0;
@@ -196,7 +196,10 @@ int main(int argc, char **argv)
         float fmin, bmin;
         double fs = time_ms(false, DF_CUDA_DFLASH_IMPL_SIMT, NULL);
         double bs_ = time_ms(true, DF_CUDA_DFLASH_IMPL_SIMT, NULL); // on the simt forward's out/lse
-        double mf = time_ms(false, 0, &fmin);                      // the defaults (mma)
+        double f1 = time_ms(false, DF_CUDA_DFLASH_IMPL_MMA, NULL); // the first mma version
+        double b1 = time_ms(true, DF_CUDA_DFLASH_IMPL_MMA, NULL);
+        double b2 = time_ms(true, DF_CUDA_DFLASH_IMPL_MMA3, NULL);  // 128-key dK/dV tiles
+        double mf = time_ms(false, 0, &fmin);                      // the defaults
         double mb = time_ms(true, 0, &bmin);
         // determinism: two default backward runs, bitwise equal
         std::vector<uint16_t> h1(nC), h2(nC), g1(nQ), g2(nQ);
@@ -212,16 +215,17 @@ int main(int argc, char **argv)
         rc_all |= !det;
         const char *nm = a.window ? "sliding" : "full";
         printf("%-8s visible pairs %.3g: default fwd %.3f ms %.1f TFLOP/s (min %.3f), bwd %.3f ms "
-               "%.1f TFLOP/s (min %.3f), deterministic %s; simt fwd %.3f ms, simt bwd %.3f ms\n",
+               "%.1f TFLOP/s (min %.3f), deterministic %s; simt fwd %.3f ms, simt bwd %.3f ms; mma1 fwd %.3f ms, mma1 bwd %.3f ms; mma3 bwd %.3f ms\n",
                nm, pairs, mf, ffl / mf * 1e-9, fmin, mb, bfl / mb * 1e-9, bmin, det ? "yes" : "NO",
-               fs, bs_);
+               fs, bs_, f1, b1, b2);
         char buf[512];
         snprintf(buf, sizeof buf,
                  "%s{\"layer\": \"%s\", \"window\": %d, \"pairs\": %.0f, \"fwd_ms\": %.4f, "
                  "\"bwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"bwd_tflops\": %.2f, "
-                 "\"simt_fwd_ms\": %.4f, \"simt_bwd_ms\": %.4f, \"deterministic\": %s}",
+                 "\"simt_fwd_ms\": %.4f, \"simt_bwd_ms\": %.4f, \"mma1_fwd_ms\": %.4f, "
+                 "\"mma1_bwd_ms\": %.4f, \"mma3_bwd_ms\": %.4f, \"deterministic\": %s}",
                  li ? ", " : "", nm, a.window, pairs, mf, mb, ffl / mf * 1e-9, bfl / mb * 1e-9, fs,
-                 bs_, det ? "true" : "false");
+                 bs_, f1, b1, b2, det ? "true" : "false");
         json += buf;
     }
     json += "]}";

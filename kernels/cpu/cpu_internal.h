@@ -114,4 +114,9 @@ int df_gemm_rows(const df_gemm *g, int64_t i0, int64_t m, int64_t N);
 /* All of C [M, N], split over be->pool in tiles. */
 int df_gemm_par(df_backend *be, const df_gemm *g, int64_t M, int64_t N);
 
+/* RoPE (dense.c): the rotation (sign +1) or its transpose (sign -1); the
+ * backward pass is the transpose, bitwise, since only sin's sign changes. */
+int df_cpu_rope_apply(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
+                      int rot_dim, double theta, float sign);
+
 #endif

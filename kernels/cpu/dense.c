@@ -251,6 +251,7 @@ typedef struct rope_ctx {
     const int32_t *pos;
     const float *inv_freq;
     int heads, head_dim, half;
+    float sign; /* +1: the rotation; -1: its transpose (the backward pass) */
 } rope_ctx;
 
 static int rope_rows(void *vp, int64_t r0, int64_t r1)
@@ -266,7 +267,7 @@ static int rope_rows(void *vp, int64_t r0, int64_t r1)
         for (int d = 0; d < c->half; d++) {
             float ang = p * c->inv_freq[d];
             cs[d] = cosf(ang);
-            sn[d] = sinf(ang);
+            sn[d] = c->sign * sinf(ang); /* negation is exact: the transpose is bitwise */
         }
         float *row = (float *)c->x->data + t * c->x->stride[0];
         for (int h = 0; h < c->heads; h++) {
@@ -283,8 +284,9 @@ static int rope_rows(void *vp, int64_t r0, int64_t r1)
     return 0;
 }
 
-int df_cpu_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
-                int rot_dim, double theta)
+/* The rotation (sign +1) or its transpose (sign -1, RoPE's backward). */
+int df_cpu_rope_apply(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
+                      int rot_dim, double theta, float sign)
 {
     int half = rot_dim / 2;
     float *inv_freq = malloc((size_t)half * sizeof(float));
@@ -294,10 +296,16 @@ int df_cpu_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int
     float base = (float)theta;
     for (int d = 0; d < half; d++)
         inv_freq[d] = 1.0f / powf(base, (float)(2 * d) / (float)rot_dim);
-    rope_ctx c = {x, pos, inv_freq, heads, head_dim, half};
+    rope_ctx c = {x, pos, inv_freq, heads, head_dim, half, sign};
     int rc = par_rows(be, x->shape[0], (int64_t)heads * rot_dim * 2 + half * 40, rope_rows, &c);
     free(inv_freq);
     return rc;
+}
+
+int df_cpu_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
+                int rot_dim, double theta)
+{
+    return df_cpu_rope_apply(be, x, pos, heads, head_dim, rot_dim, theta, 1.0f);
 }
 
 /* ---- attention ---- */

@@ -196,61 +196,12 @@ int df_cpu_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, f
     return rc;
 }
 
-/* ---- RoPE backward ----
- * The forward rotates (x1, x2) -> (x1 c - x2 s, x2 c + x1 s); its transpose
- * maps (d1, d2) -> (d1 c + d2 s, d2 c - d1 s). Angles exactly as the forward
- * (fp32 inv_freq, one fp32 product, cosf/sinf). */
-
-typedef struct rope_ctx {
-    df_tensor *x;
-    const int32_t *pos;
-    const float *inv_freq;
-    int heads, head_dim, half;
-} rope_ctx;
-
-static int rope_bwd_rows(void *vp, int64_t piece, int64_t r0, int64_t r1)
-{
-    const rope_ctx *c = vp;
-    float *cs = malloc((size_t)c->half * 2 * sizeof(float));
-    if (!cs)
-        return -ENOMEM;
-    float *sn = cs + c->half;
-    for (int64_t t = r0; t < r1; t++) {
-        float p = (float)c->pos[t];
-        for (int d = 0; d < c->half; d++) {
-            float ang = p * c->inv_freq[d];
-            cs[d] = cosf(ang);
-            sn[d] = sinf(ang);
-        }
-        float *row = (float *)c->x->data + t * c->x->stride[0];
-        for (int h = 0; h < c->heads; h++) {
-            float *v = row + (int64_t)h * c->head_dim;
-            for (int d = 0; d < c->half; d++) {
-                float d1 = v[d], d2 = v[d + c->half];
-                v[d] = d1 * cs[d] + d2 * sn[d];
-                v[d + c->half] = d2 * cs[d] - d1 * sn[d];
-            }
-        }
-    }
-    free(cs);
-    return 0;
-}
+/* ---- RoPE backward: the transposed rotation, by the forward's code ---- */
 
 int df_cpu_rope_bwd(df_backend *be, df_tensor *dx, const int32_t *pos, int heads, int head_dim,
                     int rot_dim, double theta)
 {
-    int half = rot_dim / 2;
-    float *inv_freq = malloc((size_t)half * sizeof(float));
-    if (!inv_freq)
-        return -ENOMEM;
-    float base = (float)theta;
-    for (int d = 0; d < half; d++)
-        inv_freq[d] = 1.0f / powf(base, (float)(2 * d) / (float)rot_dim);
-    rope_ctx c = {dx, pos, inv_freq, heads, head_dim, half};
-    int64_t cost = (int64_t)heads * rot_dim * 2 + half * 40;
-    int rc = par_range(be, dx->shape[0], ((int64_t)1 << 16) / cost, rope_bwd_rows, &c);
-    free(inv_freq);
-    return rc;
+    return df_cpu_rope_apply(be, dx, pos, heads, head_dim, rot_dim, theta, -1.0f);
 }
 
 /* ---- SwiGLU backward ----

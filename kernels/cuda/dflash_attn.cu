@@ -41,9 +41,9 @@
 namespace {
 
 // Which forward runs when args.impl == 0.
-#define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD DF_CUDA_DFLASH_IMPL_MMA
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD DF_CUDA_DFLASH_IMPL_MMA2
 // Which backward runs when args.impl == 0.
-#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD DF_CUDA_DFLASH_IMPL_MMA
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD DF_CUDA_DFLASH_IMPL_MMA2
 
 constexpr int NT = 256, NW = 8, RPW = 8, RQ = NW * RPW, TK = 32, PP = TK + 4;
 
@@ -941,6 +941,602 @@ __global__ void __launch_bounds__(MW * 32) dkv_mma_kernel(Params p)
     }
 }
 
+// ---- pipelined tensor-core kernels (impl DF_CUDA_DFLASH_IMPL_MMA2, the default) ----
+// Same work split and determinism as the mma kernels above, plus: K/V (and in
+// dK/dV the Q/dO rows) staged by cp.async in two buffers (the next tile's load
+// overlaps this tile's math); every mma operand fetched by ldmatrix (V, K and
+// dO as the k-major B operand through .trans: no transposed stores); forward
+// tiles of 64 keys; per-element masks skipped on tiles every row sees whole;
+// softmax in the exp2 domain. dK/dV: the valid blocks that see a context tile
+// are dealt round-robin (in ascending order) to NSPL CTAs; each sums its share
+// in a fixed order into fp32 partials, and a last kernel adds the NSPL partials
+// in split order (deterministic; balances the late tiles seen by many blocks).
+__device__ __forceinline__ uint32_t smem_u32(const void *ptr)
+{
+    return (uint32_t)__cvta_generic_to_shared(ptr);
+}
+__device__ __forceinline__ void cp16(void *dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
+                 "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldsm4(uint32_t r[4], const void *ptr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(ptr)));
+}
+__device__ __forceinline__ void ldsm4t(uint32_t r[4], const void *ptr)
+{
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_u32(ptr)));
+}
+constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
+
+// acc[n][*] += A (16 x 16 k) * X^T where X is row-major [n rows][k] in shared
+// memory (ld KP): rows n0 .. n0 + 8 NT - 1, k columns k0 .. k0 + 15.
+// (B fragment of "col" layout = rows of X: ldmatrix without .trans.)
+// Used with X = K (S = Q K^T), V (dP = dO V^T), Q / dO (S^T = K Q^T ...).
+template <int NTL, int KP>
+__device__ __forceinline__ void mma_rows(float (*acc)[4], const uint32_t a[4], const uint16_t *X,
+                                         int n0, int k0, int lane)
+{
+#pragma unroll
+    for (int nt = 0; nt < NTL; nt += 2) {
+        uint32_t r[4];
+        // matrices: (nt, k lo), (nt, k hi), (nt + 1, k lo), (nt + 1, k hi)
+        ldsm4(r, X + (n0 + nt * 8 + (lane & 7) + (lane >> 4) * 8) * KP + k0 + ((lane >> 3) & 1) * 8);
+        mma16816(acc[nt], a, r[0], r[1]);
+        mma16816(acc[nt + 1], a, r[2], r[3]);
+    }
+}
+// acc[nd][*] += A (16 x 16 k) * X where X is row-major [k rows][n] in shared
+// memory: k rows k0 .. k0 + 15, n columns 0 .. 8 NTD - 1 (ldmatrix .trans).
+template <int NTD, int KP>
+__device__ __forceinline__ void mma_cols(float (*acc)[4], const uint32_t a[4], const uint16_t *X,
+                                         int k0, int lane)
+{
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd += 2) {
+        uint32_t r[4];
+        // matrices: (k lo, nd), (k hi, nd), (k lo, nd + 1), (k hi, nd + 1)
+        ldsm4t(r, X + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KP + (nd + (lane >> 4)) * 8);
+        mma16816(acc[nd], a, r[0], r[1]);
+        mma16816(acc[nd + 1], a, r[2], r[3]);
+    }
+}
+
+// A fragment (16 rows x 16 k) of a row-major [rows][k] shared matrix.
+template <int KP>
+__device__ __forceinline__ void ldsm_a(uint32_t a[4], const uint16_t *X, int r0, int k0, int lane)
+{
+    ldsm4(a, X + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * KP + k0 + (lane >> 4) * 8);
+}
+
+// K/V tile t of a (block, head) key loop into stage buffers (cp.async, zero
+// fill past the end).
+template <int D, int TKX>
+__device__ __forceinline__ void issue_kv(const Params &p, int b, int g, int anc, int lo0, int ntc,
+                                         int t, uint16_t *Kd, uint16_t *Vd, int nthr)
+{
+    constexpr int KP = D + 8, V8 = D / 8;
+    bool isctx = t < ntc;
+    int base = isctx ? lo0 + t * TKX : (t - ntc) * TKX;
+    int end = isctx ? anc : p.bs;
+    const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
+    long long rbase = isctx ? base : (long long)b * p.bs + base;
+    long long ldk = (long long)p.nkv * D;
+    for (int e = threadIdx.x; e < TKX * V8; e += nthr) {
+        int key = e / V8, c = (e % V8) * 8;
+        bool ok = base + key < end;
+        long long off = ok ? (rbase + key) * ldk + (long long)g * D + c : 0;
+        cp16(Kd + key * KP + c, ksrc + off, ok);
+        cp16(Vd + key * KP + c, vsrc + off, ok);
+    }
+}
+
+constexpr int TKF = 64, TKQ = 32, NSPL = 4;
+template <int D> constexpr size_t fwd3_smem() { return (size_t)2 * 2 * TKF * (D + 8) * 2; }
+template <int D> constexpr size_t dq3_smem() { return (size_t)2 * 2 * TKQ * (D + 8) * 2; }
+
+template <int D>
+__global__ void __launch_bounds__(MW * 32) fwd_mma2_kernel(Params p)
+{
+    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, NTK = TKF / 8;
+    extern __shared__ float4 smem4[];
+    uint16_t *sm = reinterpret_cast<uint16_t *>(smem4);
+    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
+        b = blockIdx.x / (p.nch * p.nkv);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
+    long long ldq = (long long)p.nq * D;
+    if (!p.valid[b]) {
+        for (int i = 0; i < 16; i++) {
+            RowId id = row_id(p, b, g, ch, warp * 16 + i);
+            if (!id.ok)
+                continue;
+            for (int k = lane; k < D; k += 32)
+                p.o[id.grow * ldq + id.h * D + k] = 0;
+            if (lane == 0)
+                p.lse[(long long)id.grow * p.nq + id.h] = -INFINITY;
+        }
+        return;
+    }
+    int anc = p.anchor[b], ds = p.doc_start[b];
+    int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
+    int ntc = (anc - lo0 + TKF - 1) / TKF, ntb = (p.bs + TKF - 1) / TKF, nt = ntc + ntb;
+    issue_kv<D, TKF>(p, b, g, anc, lo0, ntc, 0, sm, sm + TKF * KP, MW * 32);
+    cp_commit();
+    RowId rid[2] = {row_id(p, b, g, ch, warp * 16 + gid), row_id(p, b, g, ch, warp * 16 + gid + 8)};
+    int rlo[2] = {ctx_lo(anc, ds, p.W, rid[0].qo), ctx_lo(anc, ds, p.W, rid[1].qo)};
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const RowId &id = rid[e & 1];
+            int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
+            qa[ks][e] = id.ok ? ld32(p.q + id.grow * ldq + id.h * D + col) : 0u;
+        }
+    float o[NTD][4];
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd++)
+        o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const float sl = p.scale * LOG2E;
+    for (int t = 0; t < nt; t++) {
+        if (t + 1 < nt) {
+            uint16_t *Kd = sm + ((t + 1) & 1) * 2 * TKF * KP;
+            issue_kv<D, TKF>(p, b, g, anc, lo0, ntc, t + 1, Kd, Kd + TKF * KP, MW * 32);
+        }
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        const uint16_t *Ks = sm + (t & 1) * 2 * TKF * KP, *Vs = Ks + TKF * KP;
+        bool isctx = t < ntc;
+        int base = isctx ? lo0 + t * TKF : (t - ntc) * TKF;
+        int end = isctx ? anc : p.bs;
+        bool full = isctx && base >= lohi && base + TKF <= anc;
+        float s[NTK][4];
+#pragma unroll
+        for (int n = 0; n < NTK; n++)
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+            mma_rows<NTK, KP>(s, qa[ks], Ks, 0, ks * 16, lane);
+        float mx[2] = {-INFINITY, -INFINITY};
+        if (full) {
+#pragma unroll
+            for (int n = 0; n < NTK; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[n][e] *= sl;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+                }
+        } else {
+#pragma unroll
+            for (int n = 0; n < NTK; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int ri = e >> 1, key = base + n * 8 + 2 * t4 + (e & 1);
+                    bool vis = rid[ri].ok && visible(isctx, key, end, rlo[ri], rid[ri].qo, p.W);
+                    s[n][e] = vis ? s[n][e] * sl : -INFINITY;
+                    mx[ri] = fmaxf(mx[ri], s[n][e]);
+                }
+        }
+        float al[2];
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++) {
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
+            float mn = fmaxf(m[ri], mx[ri]);
+            al[ri] = mn == -INFINITY ? 1.0f : exp2f(m[ri] - mn);
+            m[ri] = mn;
+        }
+        float ps[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int n = 0; n < NTK; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int ri = e >> 1;
+                float pr = s[n][e] == -INFINITY ? 0.0f : exp2f(s[n][e] - m[ri]);
+                s[n][e] = pr;
+                ps[ri] += pr;
+            }
+        l[0] = l[0] * al[0] + ps[0];
+        l[1] = l[1] * al[1] + ps[1];
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++)
+            o[nd][0] *= al[0], o[nd][1] *= al[0], o[nd][2] *= al[1], o[nd][3] *= al[1];
+#pragma unroll
+        for (int kk = 0; kk < TKF / 16; kk++) {
+            uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
+                              pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            mma_cols<NTD, KP>(o, pa, Vs, kk * 16, lane);
+        }
+        __syncthreads(); // this stage is refilled at t + 2
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
+        l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 2);
+    }
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const RowId &id = rid[ri];
+        if (!id.ok)
+            continue;
+        bool any = l[ri] > 0.0f;
+        float inv = any ? 1.0f / l[ri] : 0.0f;
+        uint16_t *orow = p.o + id.grow * ldq + id.h * D;
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++)
+            *reinterpret_cast<uint32_t *>(orow + nd * 8 + 2 * t4) =
+                pack_bf2(o[nd][2 * ri] * inv, o[nd][2 * ri + 1] * inv);
+        if (t4 == 0)
+            p.lse[(long long)id.grow * p.nq + id.h] = any ? m[ri] * LN2 + logf(l[ri]) : -INFINITY;
+    }
+}
+
+template <int D>
+__global__ void __launch_bounds__(MW * 32) dq_mma2_kernel(Params p)
+{
+    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, NTK = TKQ / 8;
+    extern __shared__ float4 smem4[];
+    uint16_t *sm = reinterpret_cast<uint16_t *>(smem4);
+    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
+        b = blockIdx.x / (p.nch * p.nkv);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
+    long long ldq = (long long)p.nq * D;
+    if (!p.valid[b]) {
+        for (int i = 0; i < 16; i++) {
+            RowId id = row_id(p, b, g, ch, warp * 16 + i);
+            if (!id.ok)
+                continue;
+            for (int k = lane; k < D; k += 32)
+                p.dq[id.grow * ldq + id.h * D + k] = 0;
+        }
+        return;
+    }
+    int anc = p.anchor[b], ds = p.doc_start[b];
+    int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
+    int ntc = (anc - lo0 + TKQ - 1) / TKQ, ntb = (p.bs + TKQ - 1) / TKQ, nt = ntc + ntb;
+    issue_kv<D, TKQ>(p, b, g, anc, lo0, ntc, 0, sm, sm + TKQ * KP, MW * 32);
+    cp_commit();
+    RowId rid[2] = {row_id(p, b, g, ch, warp * 16 + gid), row_id(p, b, g, ch, warp * 16 + gid + 8)};
+    int rlo[2];
+    float L[2], Dr[2];
+    bool rok[2];
+    bool allok = true;
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        rlo[ri] = ctx_lo(anc, ds, p.W, rid[ri].qo);
+        long long li = (long long)rid[ri].grow * p.nq + rid[ri].h;
+        L[ri] = rid[ri].ok ? p.lse_in[li] * LOG2E : -INFINITY;
+        Dr[ri] = rid[ri].ok ? p.Di[li] : 0.0f;
+        rok[ri] = rid[ri].ok && L[ri] != -INFINITY;
+    }
+    allok = __syncthreads_and(rok[0] && rok[1]);
+    uint32_t qa[KS][4], da[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const RowId &id = rid[e & 1];
+            int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
+            long long off = id.grow * ldq + id.h * D + col;
+            qa[ks][e] = id.ok ? ld32(p.q + off) : 0u;
+            da[ks][e] = id.ok ? ld32(p.dout + off) : 0u;
+        }
+    float acc[NTD][4];
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd++)
+        acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
+    const float sl = p.scale * LOG2E;
+    for (int t = 0; t < nt; t++) {
+        if (t + 1 < nt) {
+            uint16_t *Kd = sm + ((t + 1) & 1) * 2 * TKQ * KP;
+            issue_kv<D, TKQ>(p, b, g, anc, lo0, ntc, t + 1, Kd, Kd + TKQ * KP, MW * 32);
+        }
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        const uint16_t *Ks = sm + (t & 1) * 2 * TKQ * KP, *Vs = Ks + TKQ * KP;
+        bool isctx = t < ntc;
+        int base = isctx ? lo0 + t * TKQ : (t - ntc) * TKQ;
+        int end = isctx ? anc : p.bs;
+        bool full = allok && isctx && base >= lohi && base + TKQ <= anc;
+        float s[NTK][4], dp[NTK][4];
+#pragma unroll
+        for (int n = 0; n < NTK; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[n][e] = 0.0f, dp[n][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            mma_rows<NTK, KP>(s, qa[ks], Ks, 0, ks * 16, lane);
+            mma_rows<NTK, KP>(dp, da[ks], Vs, 0, ks * 16, lane);
+        }
+        if (full) {
+#pragma unroll
+            for (int n = 0; n < NTK; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int ri = e >> 1;
+                    float P = exp2f(s[n][e] * sl - L[ri]);
+                    s[n][e] = P * (dp[n][e] - Dr[ri]);
+                }
+        } else {
+#pragma unroll
+            for (int n = 0; n < NTK; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int ri = e >> 1, key = base + n * 8 + 2 * t4 + (e & 1);
+                    bool vis = rok[ri] && visible(isctx, key, end, rlo[ri], rid[ri].qo, p.W);
+                    float P = vis ? exp2f(s[n][e] * sl - L[ri]) : 0.0f;
+                    s[n][e] = vis ? P * (dp[n][e] - Dr[ri]) : 0.0f;
+                }
+        }
+#pragma unroll
+        for (int kk = 0; kk < TKQ / 16; kk++) {
+            uint32_t sa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
+                              pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            mma_cols<NTD, KP>(acc, sa, Ks, kk * 16, lane);
+        }
+        __syncthreads();
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const RowId &id = rid[ri];
+        if (!id.ok)
+            continue;
+        uint16_t *qrow = p.dq + id.grow * ldq + id.h * D;
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++)
+            *reinterpret_cast<uint32_t *>(qrow + nd * 8 + 2 * t4) =
+                pack_bf2(acc[nd][2 * ri] * p.scale, acc[nd][2 * ri + 1] * p.scale);
+    }
+}
+
+// dK/dV, pipelined: CTA (split s, kv head g, key tile of TKM keys); context
+// tiles first (NSPL CTAs each), then block tiles (one CTA each). Work items =
+// (visible block, row chunk) in ascending order; context split s takes items
+// k with k % NSPL == s. Q/dO rows and their lse/Di/qo/lo of the next item are
+// loaded (cp.async) while this item is computed.
+template <int D, int NWK>
+constexpr size_t dkv3_smem() { return (size_t)(2 * NWK * 16 + 4 * RQ) * (D + 8) * 2 + (size_t)2 * RQ * 16; }
+
+struct ItemIter {
+    int b, ch, k;
+};
+
+template <int D, int NWK>
+__global__ void __launch_bounds__(NWK * 32) dkv_mma2_kernel(Params p, float *part)
+{
+    constexpr int TKM = NWK * 16, NTHR = NWK * 32;
+    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, V8 = D / 8;
+    extern __shared__ float4 smem4[];
+    uint16_t *Ks = reinterpret_cast<uint16_t *>(smem4), *Vs = Ks + TKM * KP, *Qb = Vs + TKM * KP;
+    // stage st: Q at Qb + st * 2 RQ KP, dO after it
+    float *Lb = reinterpret_cast<float *>(Qb + 4 * RQ * KP); // [2][RQ] lse*log2e, then [2][RQ] Di
+    float *Db = Lb + 2 * RQ;
+    int *Qob = reinterpret_cast<int *>(Db + 2 * RQ), *Lob = Qob + 2 * RQ;
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
+    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    int nct = (p.S + TKM - 1) / TKM, ntb = (p.bs + TKM - 1) / TKM;
+    int bid = blockIdx.x;
+    bool isctx = bid < nct * p.nkv * NSPL;
+    int split, g, tile;
+    if (isctx) {
+        split = bid % NSPL, g = (bid / NSPL) % p.nkv, tile = bid / (NSPL * p.nkv);
+    } else {
+        int r = bid - nct * p.nkv * NSPL;
+        split = 0, g = r % p.nkv, tile = nct + r / p.nkv;
+    }
+    int bb = isctx ? -1 : (tile - nct) / ntb;
+    int base = isctx ? tile * TKM : ((tile - nct) % ntb) * TKM;
+    int end = isctx ? p.S : p.bs;
+    long long rbase = isctx ? base : (long long)bb * p.bs + base;
+    int kw = warp * 16;
+    float ak[NTD][4], av[NTD][4];
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            ak[nd][e] = 0.0f, av[nd][e] = 0.0f;
+    if (isctx || p.valid[bb]) {
+        const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
+        for (int e = threadIdx.x; e < TKM * V8; e += NTHR) {
+            int key = e / V8, c = (e % V8) * 8;
+            bool ok = base + key < end;
+            long long off = ok ? (rbase + key) * ldk + (long long)g * D + c : 0;
+            cp16(Ks + key * KP + c, ksrc + off, ok);
+            cp16(Vs + key * KP + c, vsrc + off, ok);
+        }
+        cp_commit();
+        int b1 = isctx ? p.nb : bb + 1;
+        int kend = base + TKM < end ? base + TKM : end;
+        // next item at or after (b, ch) with item counter k (uniform across the CTA)
+        auto next = [&](ItemIter it) -> ItemIter {
+            for (;;) {
+                if (it.b >= b1)
+                    return it;
+                bool vb = p.valid[it.b];
+                if (vb && isctx) {
+                    int anc = p.anchor[it.b], lo0 = ctx_lo(anc, p.doc_start[it.b], p.W, 0);
+                    vb = !(anc <= base || lo0 >= kend || lo0 >= anc);
+                }
+                if (vb) {
+                    bool mine = !isctx || it.k % NSPL == split;
+                    it.k++;
+                    if (mine)
+                        return it;
+                    if (++it.ch < p.nch)
+                        continue;
+                }
+                it.b++, it.ch = 0;
+            }
+        };
+        auto advance = [&](ItemIter it) -> ItemIter {
+            if (++it.ch >= p.nch)
+                it.b++, it.ch = 0;
+            return next(it);
+        };
+        auto issue = [&](ItemIter it, int st) {
+            uint16_t *Qd = Qb + st * 2 * RQ * KP, *Dd = Qd + RQ * KP;
+            for (int e = threadIdx.x; e < RQ * V8; e += NTHR) {
+                int r = e / V8, c = (e % V8) * 8;
+                RowId id = row_id(p, it.b, g, it.ch, r);
+                long long off = id.ok ? id.grow * ldq + id.h * D + c : 0;
+                cp16(Qd + r * KP + c, p.q + off, id.ok);
+                cp16(Dd + r * KP + c, p.dout + off, id.ok);
+            }
+            int anc = p.anchor[it.b], ds = p.doc_start[it.b];
+            for (int r = threadIdx.x; r < RQ; r += NTHR) {
+                RowId id = row_id(p, it.b, g, it.ch, r);
+                long long li = (long long)id.grow * p.nq + id.h;
+                Lb[st * RQ + r] = id.ok ? p.lse_in[li] * LOG2E : -INFINITY;
+                Db[st * RQ + r] = id.ok ? p.Di[li] : 0.0f;
+                Qob[st * RQ + r] = id.qo;
+                Lob[st * RQ + r] = ctx_lo(anc, ds, p.W, id.qo);
+            }
+        };
+        ItemIter cur = next(ItemIter{isctx ? 0 : bb, 0, 0});
+        if (cur.b < b1)
+            issue(cur, 0);
+        cp_commit();
+        const float sl = p.scale * LOG2E;
+        int st = 0;
+        while (cur.b < b1) {
+            ItemIter nx = advance(cur);
+            if (nx.b < b1)
+                issue(nx, st ^ 1);
+            cp_commit();
+            cp_wait<1>();
+            __syncthreads();
+            const uint16_t *Qs = Qb + st * 2 * RQ * KP, *dOs = Qs + RQ * KP;
+            const float *Ls = Lb + st * RQ, *Ds = Db + st * RQ;
+            const int *Qo = Qob + st * RQ, *Lo = Lob + st * RQ;
+            int anc = p.anchor[cur.b];
+            int kend_b = isctx ? anc : end;
+            int lohi = ctx_lo(anc, p.doc_start[cur.b], p.W, p.bs - 1);
+            bool full = isctx && (cur.ch + 1) * RQ <= p.bs * p.group && base >= lohi &&
+                        base + TKM <= anc;
+            for (int h2 = 0; h2 < (base + kw < kend ? RQ / 32 : 0); h2++) {
+                float s[4][4], dp[4][4];
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[nt][e] = 0.0f, dp[nt][e] = 0.0f;
+#pragma unroll
+                for (int ks = 0; ks < KS; ks++) {
+                    uint32_t ka[4], va[4];
+                    ldsm_a<KP>(ka, Ks, kw, ks * 16, lane);
+                    ldsm_a<KP>(va, Vs, kw, ks * 16, lane);
+                    mma_rows<4, KP>(s, ka, Qs, h2 * 32, ks * 16, lane);
+                    mma_rows<4, KP>(dp, va, dOs, h2 * 32, ks * 16, lane);
+                }
+                if (full) {
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            int r = h2 * 32 + nt * 8 + 2 * t4 + (e & 1);
+                            float P = exp2f(s[nt][e] * sl - Ls[r]);
+                            dp[nt][e] = P * (dp[nt][e] - Ds[r]);
+                            s[nt][e] = P;
+                        }
+                } else {
+#pragma unroll
+                    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            int key = base + kw + gid + (e >> 1) * 8;
+                            int r = h2 * 32 + nt * 8 + 2 * t4 + (e & 1);
+                            float Lr = Ls[r];
+                            bool vis = Lr != -INFINITY &&
+                                       visible(isctx, key, kend_b, Lo[r], Qo[r], p.W);
+                            float P = vis ? exp2f(s[nt][e] * sl - Lr) : 0.0f;
+                            dp[nt][e] = vis ? P * (dp[nt][e] - Ds[r]) : 0.0f;
+                            s[nt][e] = P;
+                        }
+                }
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++) {
+                    uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]),
+                                      pack_bf2(s[2 * kk][2], s[2 * kk][3]),
+                                      pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                      pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                    uint32_t sa[4] = {pack_bf2(dp[2 * kk][0], dp[2 * kk][1]),
+                                      pack_bf2(dp[2 * kk][2], dp[2 * kk][3]),
+                                      pack_bf2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
+                                      pack_bf2(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
+                    int r0 = h2 * 32 + kk * 16;
+                    mma_cols<NTD, KP>(av, pa, dOs, r0, lane);
+                    mma_cols<NTD, KP>(ak, sa, Qs, r0, lane);
+                }
+            }
+            __syncthreads(); // stage st is refilled by the next iteration's issue
+            cur = nx, st ^= 1;
+        }
+        cp_wait<0>();
+    }
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        int key = kw + gid + 8 * ri;
+        if (base + key >= end)
+            continue;
+        long long off = (rbase + key) * ldk + (long long)g * D;
+        if (isctx) {
+            size_t n = (size_t)p.S * ldk;
+            float *pk = part + (size_t)split * 2 * n, *pv = pk + n;
+#pragma unroll
+            for (int nd = 0; nd < NTD; nd++) {
+                *reinterpret_cast<float2 *>(pk + off + nd * 8 + 2 * t4) =
+                    make_float2(ak[nd][2 * ri] * p.scale, ak[nd][2 * ri + 1] * p.scale);
+                *reinterpret_cast<float2 *>(pv + off + nd * 8 + 2 * t4) =
+                    make_float2(av[nd][2 * ri], av[nd][2 * ri + 1]);
+            }
+        } else {
+#pragma unroll
+            for (int nd = 0; nd < NTD; nd++) {
+                *reinterpret_cast<uint32_t *>(p.dkb + off + nd * 8 + 2 * t4) =
+                    pack_bf2(ak[nd][2 * ri] * p.scale, ak[nd][2 * ri + 1] * p.scale);
+                *reinterpret_cast<uint32_t *>(p.dvb + off + nd * 8 + 2 * t4) =
+                    pack_bf2(av[nd][2 * ri], av[nd][2 * ri + 1]);
+            }
+        }
+    }
+}
+
+// dkc / dvc = sum over splits 0 .. NSPL - 1 of the fp32 partials, in order.
+__global__ void __launch_bounds__(NT) dkv_reduce_kernel(const float *part, size_t n, uint16_t *dk,
+                                                        uint16_t *dv)
+{
+    size_t i = ((size_t)blockIdx.x * NT + threadIdx.x) * 4;
+    if (i >= n)
+        return;
+    float4 sk = make_float4(0, 0, 0, 0), sv = sk;
+    for (int s = 0; s < NSPL; s++) {
+        float4 a = *reinterpret_cast<const float4 *>(part + (size_t)s * 2 * n + i);
+        float4 c = *reinterpret_cast<const float4 *>(part + (size_t)s * 2 * n + n + i);
+        sk.x += a.x, sk.y += a.y, sk.z += a.z, sk.w += a.w;
+        sv.x += c.x, sv.y += c.y, sv.z += c.z, sv.w += c.w;
+    }
+    *reinterpret_cast<uint2 *>(dk + i) = make_uint2(pack_bf2(sk.x, sk.y), pack_bf2(sk.z, sk.w));
+    *reinterpret_cast<uint2 *>(dv + i) = make_uint2(pack_bf2(sv.x, sv.y), pack_bf2(sv.z, sv.w));
+}
+
 constexpr size_t fwd_smem(int D) { return ((size_t)(RQ + 2 * TK) * (D + 4) + RQ * PP) * 4; }
 constexpr size_t dq_smem(int D) { return ((size_t)(2 * RQ + 2 * TK) * (D + 4) + RQ * PP) * 4; }
 constexpr size_t dkv_smem(int D) { return ((size_t)(2 * RQ + 2 * TK) * (D + 4) + 2 * RQ * PP) * 4; }
@@ -949,7 +1545,7 @@ int check_args(const df_cuda_dflash_args *a, bool bwd)
 {
     if (!a || a->S < 0 || a->n_blocks < 0 || a->block_size < 1 || a->window < 0 || a->nq < 1 ||
         a->nkv < 1 || a->nq % a->nkv || (a->head_dim != 64 && a->head_dim != 128) ||
-        !(a->scale == a->scale) || a->impl < 0 || a->impl > DF_CUDA_DFLASH_IMPL_MMA)
+        !(a->scale == a->scale) || a->impl < 0 || a->impl > DF_CUDA_DFLASH_IMPL_MMA3)
         return -EINVAL;
     if (!a->anchor || !a->doc_start || !a->valid || !a->q || !a->kc || !a->vc || !a->kb ||
         !a->vb || !a->out || !a->lse)
@@ -990,6 +1586,13 @@ int fwd_launch(const Params &p, cudaStream_t st, int impl)
     long long n = (long long)p.nb * p.nkv * p.nch;
     if (n == 0)
         return 0;
+    if (impl == DF_CUDA_DFLASH_IMPL_MMA2 || impl == DF_CUDA_DFLASH_IMPL_MMA3) {
+        CU(cudaFuncSetAttribute(fwd_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)fwd3_smem<D>()));
+        fwd_mma2_kernel<D><<<(unsigned)n, MW * 32, fwd3_smem<D>(), st>>>(p);
+        CU(cudaGetLastError());
+        return 0;
+    }
     if (impl == DF_CUDA_DFLASH_IMPL_MMA) {
         fwd_mma_kernel<D><<<(unsigned)n, MW * 32, 0, st>>>(p);
         CU(cudaGetLastError());
@@ -999,6 +1602,45 @@ int fwd_launch(const Params &p, cudaStream_t st, int impl)
                             (int)fwd_smem(D)));
     fwd_kernel<D><<<(unsigned)n, NT, fwd_smem(D), st>>>(p);
     CU(cudaGetLastError());
+    return 0;
+}
+
+// Bytes of the backward workspace before the dK/dV partials (Di), rounded up.
+size_t di_bytes(const df_cuda_dflash_args *a)
+{
+    size_t n = (size_t)a->n_blocks * (size_t)a->block_size * (size_t)a->nq * sizeof(float);
+    return (n + 255) / 256 * 256;
+}
+
+template <int D, int NWK>
+int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part)
+{
+    long long rows = (long long)p.nb * p.bs;
+    if (rows > 0) {
+        long long w = rows * p.nq;
+        di_kernel<D><<<(unsigned)((w * 32 + NT - 1) / NT), NT, 0, st>>>(p);
+        CU(cudaGetLastError());
+        unsigned n = (unsigned)((long long)p.nb * p.nkv * p.nch);
+        CU(cudaFuncSetAttribute(dq_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)dq3_smem<D>()));
+        dq_mma2_kernel<D><<<n, MW * 32, dq3_smem<D>(), st>>>(p);
+        CU(cudaGetLastError());
+    }
+    constexpr int tk = NWK * 16;
+    long long nct = (p.S + tk - 1) / tk, ctas = nct * p.nkv * NSPL +
+                                              (long long)p.nb * ((p.bs + tk - 1) / tk) * p.nkv;
+    if (ctas > 0) {
+        CU(cudaFuncSetAttribute(dkv_mma2_kernel<D, NWK>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)dkv3_smem<D, NWK>()));
+        dkv_mma2_kernel<D, NWK><<<(unsigned)ctas, NWK * 32, dkv3_smem<D, NWK>(), st>>>(p, part);
+        CU(cudaGetLastError());
+    }
+    size_t n = (size_t)p.S * p.nkv * D;
+    if (n > 0) {
+        dkv_reduce_kernel<<<(unsigned)((n / 4 + NT - 1) / NT), NT, 0, st>>>(part, n, p.dkc, p.dvc);
+        CU(cudaGetLastError());
+    }
     return 0;
 }
 
@@ -1044,7 +1686,8 @@ extern "C" size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *
 {
     if (!a)
         return 0;
-    size_t n = (size_t)a->n_blocks * (size_t)a->block_size * (size_t)a->nq * sizeof(float);
+    size_t n = di_bytes(a) + (size_t)NSPL * 2 * (size_t)a->S * (size_t)a->nkv *
+                                 (size_t)a->head_dim * sizeof(float);
     return n ? n : 4;
 }
 
@@ -1069,7 +1712,17 @@ extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_
         CU(cudaMallocAsync(&ws, df_cuda_dflash_bwd_workspace_bytes(a), st));
     p.Di = (float *)ws;
     int impl = a->impl ? a->impl : DF_CUDA_DFLASH_IMPL_DEFAULT_BWD;
-    rc = a->head_dim == 64 ? bwd_launch<64>(p, st, impl) : bwd_launch<128>(p, st, impl);
+    if (impl == DF_CUDA_DFLASH_IMPL_MMA2 || impl == DF_CUDA_DFLASH_IMPL_MMA3) {
+        float *part = (float *)((char *)ws + di_bytes(a));
+        if (impl == DF_CUDA_DFLASH_IMPL_MMA3)
+            rc = a->head_dim == 64 ? bwd_mma2_launch<64, 8>(p, st, part)
+                                   : bwd_mma2_launch<128, 8>(p, st, part);
+        else
+            rc = a->head_dim == 64 ? bwd_mma2_launch<64, 4>(p, st, part)
+                                   : bwd_mma2_launch<128, 4>(p, st, part);
+    } else {
+        rc = a->head_dim == 64 ? bwd_launch<64>(p, st, impl) : bwd_launch<128>(p, st, impl);
+    }
     if (!a->workspace)
         CU(cudaFreeAsync(ws, st));
     return rc;

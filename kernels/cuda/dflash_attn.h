@@ -37,11 +37,16 @@ typedef struct df_cuda_dflash_args {
     /* implementation of the forward and the backward: 0 = the defaults
      * (tensor cores: mma.sync bf16, P and dS rounded to bf16 before their
      * products), DF_CUDA_DFLASH_IMPL_SIMT (CUDA cores, fp32 FMA) or
-     * DF_CUDA_DFLASH_IMPL_MMA (tensor cores). */
+     * DF_CUDA_DFLASH_IMPL_MMA (tensor cores, the first version) or
+     * DF_CUDA_DFLASH_IMPL_MMA2 (tensor cores, cp.async-pipelined, ldmatrix,
+     * split dK/dV, 64-key dK/dV tiles; the default) or
+     * DF_CUDA_DFLASH_IMPL_MMA3 (MMA2 with 128-key dK/dV tiles, 8 warps:
+     * correct but 8% slower at the 27B shape; its forward is MMA2's). */
     int impl;
 } df_cuda_dflash_args;
 
-enum { DF_CUDA_DFLASH_IMPL_SIMT = 1, DF_CUDA_DFLASH_IMPL_MMA = 2 };
+enum { DF_CUDA_DFLASH_IMPL_SIMT = 1, DF_CUDA_DFLASH_IMPL_MMA = 2, DF_CUDA_DFLASH_IMPL_MMA2 = 3,
+       DF_CUDA_DFLASH_IMPL_MMA3 = 4 };
 
 int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_t stream);
 int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_t stream);
