@@ -2,6 +2,8 @@
  * (contracts in op_checks.h). */
 #include "op_checks.h"
 
+#include <math.h>
+
 int df_is_weight_dtype(df_dtype t)
 {
     return t == DF_DTYPE_BF16 || t == DF_DTYPE_F16 || t == DF_DTYPE_F32;
@@ -171,4 +173,17 @@ int df_disjoint(const df_tensor *a, const df_tensor *b)
     int64_t ld = a->stride[0];
     int64_t off = (int64_t)(gap / za) % ld; /* hi's first column, in lo's rows */
     return off >= lo->shape[1] && off + hi->shape[1] <= ld;
+}
+
+int df_rope_args_ok(const df_tensor *x, const int32_t *pos, int heads, int head_dim, int rot_dim,
+                    double theta)
+{
+    if (heads <= 0 || head_dim <= 0 || (int64_t)heads * head_dim != x->shape[1])
+        return 0;
+    if (rot_dim <= 0 || rot_dim % 2 || rot_dim > head_dim)
+        return 0;
+    /* theta^(e) for e in [0, 1) must be a finite positive fp32 number. */
+    if (!(theta > 0) || !((float)theta < INFINITY))
+        return 0;
+    return x->shape[0] == 0 || pos != NULL;
 }

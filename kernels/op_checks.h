@@ -63,4 +63,10 @@ int64_t df_extent(const df_tensor *t);
  * of one matrix); conservative (0) otherwise. */
 int df_disjoint(const df_tensor *a, const df_tensor *b);
 
+/* RoPE's non-tensor arguments against x [T, heads*head_dim]: heads and
+ * head_dim positive and matching, rot_dim even in (0, head_dim], theta a
+ * finite positive fp32 number, pos present when T > 0. */
+int df_rope_args_ok(const df_tensor *x, const int32_t *pos, int heads, int head_dim, int rot_dim,
+                    double theta);
+
 #endif

@@ -245,16 +245,8 @@ int df_op_rmsnorm_gated(df_backend *be, const df_tensor *x, const df_tensor *z,
 int df_op_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
                int rot_dim, double theta)
 {
-    if (!be || !check_tensor(x, 2, 2, 0, 1) || heads <= 0 || head_dim <= 0)
-        return -EINVAL;
-    if ((int64_t)heads * head_dim != x->shape[1])
-        return -EINVAL;
-    if (rot_dim <= 0 || rot_dim % 2 || rot_dim > head_dim)
-        return -EINVAL;
-    /* theta^(e) for e in [0, 1) must be a finite positive fp32 number. */
-    if (!(theta > 0) || !((float)theta < INFINITY))
-        return -EINVAL;
-    if (x->shape[0] > 0 && !pos)
+    if (!be || !check_tensor(x, 2, 2, 0, 1) ||
+        !df_rope_args_ok(x, pos, heads, head_dim, rot_dim, theta))
         return -EINVAL;
     BE_CHECK(be);
     return df_cpu_rope(be, x, pos, heads, head_dim, rot_dim, theta);

@@ -103,15 +103,8 @@ int df_op_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, fl
 int df_op_rope_bwd(df_backend *be, df_tensor *dx, const int32_t *pos, int heads, int head_dim,
                    int rot_dim, double theta)
 {
-    if (!be || !check_tensor(dx, 2, 2, 0, 1) || heads <= 0 || head_dim <= 0)
-        return -EINVAL;
-    if ((int64_t)heads * head_dim != dx->shape[1])
-        return -EINVAL;
-    if (rot_dim <= 0 || rot_dim % 2 || rot_dim > head_dim)
-        return -EINVAL;
-    if (!(theta > 0) || !((float)theta < INFINITY))
-        return -EINVAL;
-    if (dx->shape[0] > 0 && !pos)
+    if (!be || !check_tensor(dx, 2, 2, 0, 1) ||
+        !df_rope_args_ok(dx, pos, heads, head_dim, rot_dim, theta))
         return -EINVAL;
     BE_CHECK(be);
     return df_cpu_rope_bwd(be, dx, pos, heads, head_dim, rot_dim, theta);

@@ -119,4 +119,20 @@ int df_gemm_par(df_backend *be, const df_gemm *g, int64_t M, int64_t N);
 int df_cpu_rope_apply(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
                       int rot_dim, double theta, float sign);
 
+/* RMSNorm's sum of squares in fp32: 8 interleaved partial sums (as a
+ * vectorized reduction does), combined pairwise in a fixed order. The
+ * forward and the backward both use this one, so the backward recomputes
+ * exactly the forward's normaliser. */
+static inline float df_sumsq_f32(const float *x, int64_t n)
+{
+    float p[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int j = 0; j < 8; j++)
+            p[j] += x[i + j] * x[i + j];
+    for (; i < n; i++)
+        p[i & 7] += x[i] * x[i];
+    return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
+}
+
 #endif

@@ -178,20 +178,6 @@ int df_cpu_silu(df_backend *be, const df_tensor *x, df_tensor *out)
 
 /* ---- RMSNorm ---- */
 
-/* Sum of squares in fp32 with 8 interleaved partial sums (as a vectorized
- * reduction does), combined pairwise in a fixed order. */
-static float sumsq(const float *x, int64_t n)
-{
-    float p[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
-            p[j] += x[i + j] * x[i + j];
-    for (; i < n; i++)
-        p[i & 7] += x[i] * x[i];
-    return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
-}
-
 typedef struct norm_ctx {
     const df_tensor *x, *z, *w;
     df_tensor *y;
@@ -214,7 +200,7 @@ static int norm_rows(void *vp, int64_t r0, int64_t r1)
         const float *x = row_ptr(c->x, r);
         float *y = row_ptr(c->y, r);
         /* HF: x * rsqrt(mean(x^2) + eps), then times the weight. */
-        float inv = 1.0f / sqrtf(sumsq(x, D) / (float)D + c->eps);
+        float inv = 1.0f / sqrtf(df_sumsq_f32(x, D) / (float)D + c->eps);
         if (c->z) {
             const float *z = row_ptr(c->z, r);
             for (int64_t i = 0; i < D; i++)

@@ -105,18 +105,6 @@ int df_cpu_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x,
  * piece sums its rows in order into its own f32 partial, the partials are
  * added in piece order, and the total is added to dw. */
 
-static float sumsq_f32(const float *x, int64_t n)
-{
-    float p[8] = {0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int j = 0; j < 8; j++)
-            p[j] += x[i + j] * x[i + j];
-    for (; i < n; i++)
-        p[i & 7] += x[i] * x[i];
-    return ((p[0] + p[4]) + (p[2] + p[6])) + ((p[1] + p[5]) + (p[3] + p[7]));
-}
-
 typedef struct nbwd_ctx {
     const df_tensor *x, *w, *dy;
     df_tensor *dx;
@@ -142,7 +130,7 @@ static int nbwd_piece(void *vp, int64_t piece, int64_t r0, int64_t r1)
         pw[i] = 0.0f;
     for (int64_t r = r0; r < r1; r++) {
         const float *x = row_ptr(c->x, r), *dy = row_ptr(c->dy, r);
-        float inv = 1.0f / sqrtf(sumsq_f32(x, D) / (float)D + c->eps);
+        float inv = 1.0f / sqrtf(df_sumsq_f32(x, D) / (float)D + c->eps);
         double s = 0.0;
         for (int64_t i = 0; i < D; i++) {
             xh[i] = x[i] * inv;
