@@ -9,11 +9,64 @@
 
 typedef enum df_backend_kind { DF_BACKEND_CPU = 1, DF_BACKEND_CUDA = 2 } df_backend_kind;
 
+/* What a backend implements. The dispatch layer (ops.c, ops_gdn.c) checks
+ * every argument, then calls through this table; an entry left NULL makes
+ * the op return -ENOTSUP on that backend. Host-side int arrays (ids, pos,
+ * cu_seqlens) are passed as the caller's host pointers: a device backend
+ * stages them itself. */
+typedef struct df_backend_vt {
+    void (*close)(df_backend *be);
+    int (*sync)(df_backend *be);
+    void *(*alloc)(df_backend *be, size_t bytes);
+    void (*free)(df_backend *be, void *p);
+    int (*upload)(df_backend *be, void *dst, const void *src, size_t bytes);
+    int (*download)(df_backend *be, void *dst, const void *src, size_t bytes);
+    void *(*host_alloc)(df_backend *be, size_t bytes);
+    void (*host_free)(df_backend *be, void *p);
+
+    int (*embed)(df_backend *be, const df_tensor *table, const uint32_t *ids, int64_t n,
+                 df_tensor *out);
+    int (*matmul)(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
+                  int accumulate);
+    int (*add)(df_backend *be, const df_tensor *x, df_tensor *y);
+    int (*rmsnorm)(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
+                   int plus_one, df_tensor *y);
+    int (*rmsnorm_gated)(df_backend *be, const df_tensor *x, const df_tensor *z,
+                         const df_tensor *w, float eps, df_tensor *y);
+    int (*rope)(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
+                int rot_dim, double theta);
+    int (*swiglu)(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out);
+    int (*sigmoid)(df_backend *be, const df_tensor *x, df_tensor *out);
+    int (*silu)(df_backend *be, const df_tensor *x, df_tensor *out);
+    int (*attention)(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+                     const int32_t *cu_seqlens, int n_seq, int nq, int nkv, int head_dim,
+                     float scale, const df_tensor *gate, df_tensor *out);
+    int (*conv1d_silu)(df_backend *be, const df_tensor *x, const df_tensor *w,
+                       const int32_t *cu_seqlens, int n_seq, df_tensor *out);
+    int (*l2norm)(df_backend *be, df_tensor *x, float eps, float scale);
+    int (*gdn_gates)(df_backend *be, const df_tensor *a, const df_tensor *b,
+                     const df_tensor *A_log, const df_tensor *dt_bias, df_tensor *g,
+                     df_tensor *beta);
+    int (*gdn)(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+               const df_tensor *g, const df_tensor *beta, const int32_t *cu_seqlens, int n_seq,
+               int hk, int hv, int dk, int dv, df_gdn_mode mode, df_tensor *out);
+} df_backend_vt;
+
 struct df_backend {
     df_backend_kind kind;
+    const df_backend_vt *vt;
+    df_dtype act;  /* activation dtype: F32 on the CPU, BF16 on CUDA */
+    int host_addressable; /* backend memory is plain host memory */
     df_pool *pool; /* CPU: the worker threads ops split their rows over */
     int nthreads;
+    void *impl;    /* backend-private state (CUDA: stream, cuBLASLt, staging) */
 };
+
+/* 1 when t's dtype is the backend's activation dtype. */
+static inline int df_is_act(const df_backend *be, const df_tensor *t)
+{
+    return t && t->dtype == be->act;
+}
 
 /* CPU implementations (kernels/cpu/). Arguments are already validated. */
 int df_cpu_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, int64_t n,

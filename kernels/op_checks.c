@@ -14,7 +14,8 @@ int df_check_tensor(const df_tensor *t, int ndim_min, int ndim_max, int weight, 
 {
     if (!t || t->ndim < ndim_min || t->ndim > ndim_max)
         return 0;
-    if (weight ? !df_is_weight_dtype(t->dtype) : t->dtype != DF_DTYPE_F32)
+    if (weight == DF_CHK_WEIGHT ? !df_is_weight_dtype(t->dtype)
+                               : t->dtype != (weight == DF_CHK_BF16 ? DF_DTYPE_BF16 : DF_DTYPE_F32))
         return 0;
     for (int d = 0; d < t->ndim; d++)
         if (t->shape[d] < 0 || t->stride[d] < 0)

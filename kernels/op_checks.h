@@ -13,8 +13,11 @@
 /* BF16, F16 or F32: the dtypes a weight may have. */
 int df_is_weight_dtype(df_dtype t);
 
-/* A well-formed tensor: ndim_min..ndim_max dims, dtype F32 (weight == 0) or
- * a weight dtype, non-negative shapes and strides, innermost stride 1, data
+/* The dtype rule of df_check_tensor's `weight` argument. */
+enum { DF_CHK_F32 = 0, DF_CHK_WEIGHT = 1, DF_CHK_BF16 = 2 };
+
+/* A well-formed tensor: ndim_min..ndim_max dims, dtype F32 (weight ==
+ * DF_CHK_F32), BF16 (DF_CHK_BF16) or a weight dtype (DF_CHK_WEIGHT), non-negative shapes and strides, innermost stride 1, data
  * present when non-empty. An output (out != 0) must also not overlap
  * itself: each outer stride of a dim of size > 1 covers the extent of the
  * dims inside it. max_span > 0 also requires the elements a non-empty

@@ -77,6 +77,68 @@ int64_t df_tensor_numel(const df_tensor *t)
 
 /* ---- backend handle ---- */
 
+static void cpu_close(df_backend *be)
+{
+    df_pool_close(be->pool);
+    free(be);
+}
+
+/* CPU ops run synchronously: by the time df_op_*() returns, it is done. */
+static int cpu_sync(df_backend *be)
+{
+    (void)be;
+    return 0;
+}
+
+static void *cpu_alloc(df_backend *be, size_t bytes)
+{
+    (void)be;
+    if (bytes > SIZE_MAX - 64)
+        return NULL;
+    /* aligned_alloc wants a multiple of the alignment; 0 bytes still gives a
+     * unique pointer so callers need no special case. */
+    size_t n = (bytes + 63) & ~(size_t)63;
+    return aligned_alloc(64, n ? n : 64);
+}
+
+static void cpu_free(df_backend *be, void *p)
+{
+    (void)be;
+    free(p);
+}
+
+static int cpu_copy(df_backend *be, void *dst, const void *src, size_t bytes)
+{
+    (void)be;
+    memmove(dst, src, bytes);
+    return 0;
+}
+
+static const df_backend_vt cpu_vt = {
+    .close = cpu_close,
+    .sync = cpu_sync,
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_copy,
+    .download = cpu_copy,
+    .host_alloc = cpu_alloc,
+    .host_free = cpu_free,
+    .embed = df_cpu_embed,
+    .matmul = df_cpu_matmul,
+    .add = df_cpu_add,
+    .rmsnorm = df_cpu_rmsnorm,
+    .rmsnorm_gated = df_cpu_rmsnorm_gated,
+    .rope = df_cpu_rope,
+    .swiglu = df_cpu_swiglu,
+    .sigmoid = df_cpu_sigmoid,
+    .silu = df_cpu_silu,
+    .attention = df_cpu_attention,
+    .conv1d_silu = df_cpu_conv1d_silu,
+    .l2norm = df_cpu_l2norm,
+    .gdn_gates = df_cpu_gdn_gates,
+    .gdn = df_cpu_gdn,
+};
+
 df_backend *df_backend_cpu_open(int nthreads, df_err *e)
 {
     if (nthreads < 0) {
@@ -89,6 +151,9 @@ df_backend *df_backend_cpu_open(int nthreads, df_err *e)
         return NULL;
     }
     be->kind = DF_BACKEND_CPU;
+    be->vt = &cpu_vt;
+    be->act = DF_DTYPE_F32;
+    be->host_addressable = 1;
     be->pool = df_pool_open(nthreads);
     if (!be->pool) {
         free(be);
@@ -101,10 +166,8 @@ df_backend *df_backend_cpu_open(int nthreads, df_err *e)
 
 void df_backend_close(df_backend *be)
 {
-    if (!be)
-        return;
-    df_pool_close(be->pool);
-    free(be);
+    if (be)
+        be->vt->close(be);
 }
 
 const char *df_backend_name(const df_backend *be)
@@ -114,40 +177,55 @@ const char *df_backend_name(const df_backend *be)
     return be->kind == DF_BACKEND_CPU ? "cpu" : be->kind == DF_BACKEND_CUDA ? "cuda" : "unknown";
 }
 
-/* CPU ops run synchronously: by the time df_op_*() returns, it is done. */
+df_dtype df_backend_act_dtype(const df_backend *be)
+{
+    return be ? be->act : DF_DTYPE_INVALID;
+}
+
+int df_backend_host_addressable(const df_backend *be)
+{
+    return be ? be->host_addressable : 0;
+}
+
 int df_backend_sync(df_backend *be)
 {
-    return be ? 0 : -EINVAL;
+    return be ? be->vt->sync(be) : -EINVAL;
 }
 
 void *df_backend_alloc(df_backend *be, size_t bytes)
 {
-    if (!be || bytes > SIZE_MAX - 64)
-        return NULL;
-    /* aligned_alloc wants a multiple of the alignment; 0 bytes still gives a
-     * unique pointer so callers need no special case. */
-    size_t n = (bytes + 63) & ~(size_t)63;
-    return aligned_alloc(64, n ? n : 64);
+    return be ? be->vt->alloc(be, bytes) : NULL;
 }
 
 void df_backend_free(df_backend *be, void *p)
 {
-    (void)be;
-    free(p);
+    if (be && p)
+        be->vt->free(be, p);
+}
+
+void *df_backend_host_alloc(df_backend *be, size_t bytes)
+{
+    return be ? be->vt->host_alloc(be, bytes) : NULL;
+}
+
+void df_backend_host_free(df_backend *be, void *p)
+{
+    if (be && p)
+        be->vt->host_free(be, p);
 }
 
 int df_backend_upload(df_backend *be, void *dst, const void *src, size_t bytes)
 {
     if (!be || (bytes && (!dst || !src)))
         return -EINVAL;
-    if (bytes)
-        memmove(dst, src, bytes);
-    return 0;
+    return bytes ? be->vt->upload(be, dst, src, bytes) : 0;
 }
 
 int df_backend_download(df_backend *be, void *dst, const void *src, size_t bytes)
 {
-    return df_backend_upload(be, dst, src, bytes);
+    if (!be || (bytes && (!dst || !src)))
+        return -EINVAL;
+    return bytes ? be->vt->download(be, dst, src, bytes) : 0;
 }
 
 /* ---- argument checks ---- */
@@ -158,20 +236,21 @@ static int check_tensor(const df_tensor *t, int ndim_min, int ndim_max, int weig
     return df_check_tensor(t, ndim_min, ndim_max, weight, out, 0);
 }
 
-#define BE_CHECK(be)                          \
-    do {                                      \
-        if (!(be))                            \
-            return -EINVAL;                   \
-        if ((be)->kind != DF_BACKEND_CPU)     \
-            return -ENOSYS;                   \
-    } while (0)
+/* Activations have the backend's dtype (F32 on the CPU, BF16 on CUDA). */
+#define ACT(be) ((be)->act == DF_DTYPE_BF16 ? DF_CHK_BF16 : DF_CHK_F32)
+
+/* Weights: any weight dtype on the CPU, BF16 on CUDA. */
+#define WT(be) ((be)->act == DF_DTYPE_BF16 ? DF_CHK_BF16 : DF_CHK_WEIGHT)
+
+/* Calls the backend's implementation of op, or -ENOTSUP where it has none. */
+#define DISPATCH(be, op, ...) ((be)->vt->op ? (be)->vt->op(be, __VA_ARGS__) : -ENOTSUP)
 
 /* ---- dense ops ---- */
 
 int df_op_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, int64_t n,
                 df_tensor *out)
 {
-    if (!be || !check_tensor(table, 2, 2, 1, 0) || !check_tensor(out, 2, 2, 0, 1) || n < 0)
+    if (!be || !check_tensor(table, 2, 2, WT(be), 0) || !check_tensor(out, 2, 2, ACT(be), 1) || n < 0)
         return -EINVAL;
     if (out->shape[0] != n || out->shape[1] != table->shape[1] || (n > 0 && !ids))
         return -EINVAL;
@@ -180,120 +259,111 @@ int df_op_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, int
     for (int64_t i = 0; i < n; i++)
         if ((int64_t)ids[i] >= table->shape[0])
             return -EINVAL;
-    BE_CHECK(be);
-    return df_cpu_embed(be, table, ids, n, out);
+    return DISPATCH(be, embed, table, ids, n, out);
 }
 
 int df_op_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
                  int accumulate)
 {
-    if (!be || !check_tensor(x, 2, 2, 0, 0) || !check_tensor(w, 2, 2, 1, 0) ||
-        !check_tensor(y, 2, 2, 0, 1))
+    if (!be || !check_tensor(x, 2, 2, ACT(be), 0) || !check_tensor(w, 2, 2, WT(be), 0) ||
+        !check_tensor(y, 2, 2, ACT(be), 1))
         return -EINVAL;
     if (x->shape[1] != w->shape[1] || y->shape[0] != x->shape[0] || y->shape[1] != w->shape[0])
         return -EINVAL;
     /* y is written tile by tile while x rows and w are still being read. */
     if (!df_alias_ok(y, x, 0) || !df_alias_ok(y, w, 0))
         return -EINVAL;
-    BE_CHECK(be);
-    return df_cpu_matmul(be, x, w, y, accumulate);
+    return DISPATCH(be, matmul, x, w, y, accumulate);
 }
 
 int df_op_add(df_backend *be, const df_tensor *x, df_tensor *y)
 {
-    if (!be || !check_tensor(x, 1, 4, 0, 0) || !check_tensor(y, 1, 4, 0, 1) || !df_same_shape(x, y))
+    if (!be || !check_tensor(x, 1, 4, ACT(be), 0) || !check_tensor(y, 1, 4, ACT(be), 1) || !df_same_shape(x, y))
         return -EINVAL;
     /* Elementwise, so the same view (y = 2y) is well defined; a shifted one is not. */
     if (!df_alias_ok(y, x, 1))
         return -EINVAL;
-    BE_CHECK(be);
-    return df_cpu_add(be, x, y);
+    return DISPATCH(be, add, x, y);
 }
 
-static int check_norm_weight(const df_tensor *w, int64_t D)
+static int check_norm_weight(const df_backend *be, const df_tensor *w, int64_t D)
 {
-    return check_tensor(w, 1, 1, 1, 0) && w->shape[0] == D;
+    return check_tensor(w, 1, 1, WT(be), 0) && w->shape[0] == D;
 }
 
 int df_op_rmsnorm(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
                   int plus_one, df_tensor *y)
 {
-    if (!be || !check_tensor(x, 1, 4, 0, 0) || !check_tensor(y, 1, 4, 0, 1) || !df_same_shape(x, y))
+    if (!be || !check_tensor(x, 1, 4, ACT(be), 0) || !check_tensor(y, 1, 4, ACT(be), 1) || !df_same_shape(x, y))
         return -EINVAL;
-    if (!check_norm_weight(w, x->shape[x->ndim - 1]) || !(eps >= 0) || !isfinite(eps))
+    if (!check_norm_weight(be, w, x->shape[x->ndim - 1]) || !(eps >= 0) || !isfinite(eps))
         return -EINVAL;
     if (!df_alias_ok(y, x, 1) || !df_alias_ok(y, w, 0))
         return -EINVAL;
-    BE_CHECK(be);
-    return df_cpu_rmsnorm(be, x, w, eps, plus_one, y);
+    return DISPATCH(be, rmsnorm, x, w, eps, plus_one, y);
 }
 
 int df_op_rmsnorm_gated(df_backend *be, const df_tensor *x, const df_tensor *z,
                         const df_tensor *w, float eps, df_tensor *y)
 {
-    if (!be || !check_tensor(x, 1, 4, 0, 0) || !check_tensor(z, 1, 4, 0, 0) ||
-        !check_tensor(y, 1, 4, 0, 1) || !df_same_shape(x, y) || !df_same_shape(z, y))
+    if (!be || !check_tensor(x, 1, 4, ACT(be), 0) || !check_tensor(z, 1, 4, ACT(be), 0) ||
+        !check_tensor(y, 1, 4, ACT(be), 1) || !df_same_shape(x, y) || !df_same_shape(z, y))
         return -EINVAL;
-    if (!check_norm_weight(w, x->shape[x->ndim - 1]) || !(eps >= 0) || !isfinite(eps))
+    if (!check_norm_weight(be, w, x->shape[x->ndim - 1]) || !(eps >= 0) || !isfinite(eps))
         return -EINVAL;
     if (!df_alias_ok(y, x, 1) || !df_alias_ok(y, z, 0) || !df_alias_ok(y, w, 0))
         return -EINVAL;
-    BE_CHECK(be);
-    return df_cpu_rmsnorm_gated(be, x, z, w, eps, y);
+    return DISPATCH(be, rmsnorm_gated, x, z, w, eps, y);
 }
 
 int df_op_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
                int rot_dim, double theta)
 {
-    if (!be || !check_tensor(x, 2, 2, 0, 1) ||
+    if (!be || !check_tensor(x, 2, 2, ACT(be), 1) ||
         !df_rope_args_ok(x, pos, heads, head_dim, rot_dim, theta))
         return -EINVAL;
-    BE_CHECK(be);
-    return df_cpu_rope(be, x, pos, heads, head_dim, rot_dim, theta);
+    return DISPATCH(be, rope, x, pos, heads, head_dim, rot_dim, theta);
 }
 
 /* Three same-shaped elementwise operands; out may be the same view as an input. */
-static int check_elementwise(const df_tensor *a, const df_tensor *b, const df_tensor *out)
+static int check_elementwise(const df_backend *be, const df_tensor *a, const df_tensor *b, const df_tensor *out)
 {
-    if (!check_tensor(a, 1, 4, 0, 0) || !check_tensor(out, 1, 4, 0, 1) || !df_same_shape(a, out))
+    if (!check_tensor(a, 1, 4, ACT(be), 0) || !check_tensor(out, 1, 4, ACT(be), 1) || !df_same_shape(a, out))
         return 0;
     if (!df_alias_ok(out, a, 1))
         return 0;
-    if (b && (!check_tensor(b, 1, 4, 0, 0) || !df_same_shape(b, out) || !df_alias_ok(out, b, 1)))
+    if (b && (!check_tensor(b, 1, 4, ACT(be), 0) || !df_same_shape(b, out) || !df_alias_ok(out, b, 1)))
         return 0;
     return 1;
 }
 
 int df_op_swiglu(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out)
 {
-    if (!be || !check_elementwise(gate, up, out))
+    if (!be || !check_elementwise(be, gate, up, out))
         return -EINVAL;
-    BE_CHECK(be);
-    return df_cpu_swiglu(be, gate, up, out);
+    return DISPATCH(be, swiglu, gate, up, out);
 }
 
 int df_op_sigmoid(df_backend *be, const df_tensor *x, df_tensor *out)
 {
-    if (!be || !check_elementwise(x, NULL, out))
+    if (!be || !check_elementwise(be, x, NULL, out))
         return -EINVAL;
-    BE_CHECK(be);
-    return df_cpu_sigmoid(be, x, out);
+    return DISPATCH(be, sigmoid, x, out);
 }
 
 int df_op_silu(df_backend *be, const df_tensor *x, df_tensor *out)
 {
-    if (!be || !check_elementwise(x, NULL, out))
+    if (!be || !check_elementwise(be, x, NULL, out))
         return -EINVAL;
-    BE_CHECK(be);
-    return df_cpu_silu(be, x, out);
+    return DISPATCH(be, silu, x, out);
 }
 
 int df_op_attention(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
                     const int32_t *cu_seqlens, int n_seq, int nq, int nkv, int head_dim,
                     float scale, const df_tensor *gate, df_tensor *out)
 {
-    if (!be || !check_tensor(q, 2, 2, 0, 0) || !check_tensor(k, 2, 2, 0, 0) ||
-        !check_tensor(v, 2, 2, 0, 0) || !check_tensor(out, 2, 2, 0, 1))
+    if (!be || !check_tensor(q, 2, 2, ACT(be), 0) || !check_tensor(k, 2, 2, ACT(be), 0) ||
+        !check_tensor(v, 2, 2, ACT(be), 0) || !check_tensor(out, 2, 2, ACT(be), 1))
         return -EINVAL;
     if (nq <= 0 || nkv <= 0 || head_dim <= 0 || nq % nkv || !isfinite(scale))
         return -EINVAL;
@@ -303,7 +373,7 @@ int df_op_attention(df_backend *be, const df_tensor *q, const df_tensor *k, cons
     if (k->shape[0] != T || v->shape[0] != T || k->shape[1] != (int64_t)nkv * head_dim ||
         !df_same_shape(k, v))
         return -EINVAL;
-    if (gate && (!check_tensor(gate, 2, 2, 0, 0) || !df_same_shape(gate, out)))
+    if (gate && (!check_tensor(gate, 2, 2, ACT(be), 0) || !df_same_shape(gate, out)))
         return -EINVAL;
     /* out rows are written while later rows still read k/v (and q, gate):
      * no overlap at all, not even the same view. */
@@ -316,6 +386,5 @@ int df_op_attention(df_backend *be, const df_tensor *q, const df_tensor *k, cons
     for (int s = 0; s < n_seq; s++)
         if (cu_seqlens[s + 1] < cu_seqlens[s])
             return -EINVAL;
-    BE_CHECK(be);
-    return df_cpu_attention(be, q, k, v, cu_seqlens, n_seq, nq, nkv, head_dim, scale, gate, out);
+    return DISPATCH(be, attention, q, k, v, cu_seqlens, n_seq, nq, nkv, head_dim, scale, gate, out);
 }

@@ -12,9 +12,12 @@
  * projections, e.g. q and gate halves of one GEMM output). 2-D tensors are
  * [rows, cols].
  *
- * Dtypes: activations are F32 in this version (the CPU reference computes
- * and stores fp32); weights may be BF16, F16 or F32 (read straight from the
- * mmapped safetensors). Where an op takes a weight it says so.
+ * Dtypes: activations have the backend's activation dtype (F32 on the CPU
+ * reference, which computes and stores fp32; BF16 on CUDA, which computes
+ * in fp32 and rounds once per op output); where an op says "f32" the tensor
+ * is F32 on every backend. Weights may be BF16, F16 or F32 on the CPU (read
+ * straight from the mmapped safetensors), BF16 on CUDA. Where an op takes a
+ * weight it says so.
  *
  * Packed sequences: several documents are concatenated along the token
  * axis; cu_seqlens[0..n_seq] (int32, cu_seqlens[0] = 0, increasing,
@@ -71,18 +74,36 @@ int df_backend_sync(df_backend *be);
 /* Memory the backend's ops can use (64-byte aligned); free with _free. */
 void *df_backend_alloc(df_backend *be, size_t bytes);
 void df_backend_free(df_backend *be, void *p);
-/* Copies between host memory and backend memory (plain memcpy on the CPU). */
+/* Copies between host memory and backend memory (plain memcpy on the CPU).
+ * On CUDA both are ordered with the backend's stream and return once the
+ * host side is done with (upload) or holds (download) the bytes. */
 int df_backend_upload(df_backend *be, void *dst, const void *src, size_t bytes);
 int df_backend_download(df_backend *be, void *dst, const void *src, size_t bytes);
+/* Host memory the backend copies from/to fastest (pinned on CUDA, plain
+ * aligned memory on the CPU); free with _host_free. */
+void *df_backend_host_alloc(df_backend *be, size_t bytes);
+void df_backend_host_free(df_backend *be, void *p);
+/* The dtype every activation tensor of the ops below must have: F32 on the
+ * CPU backend (the fp32 reference), BF16 on CUDA. Weights may be any weight
+ * dtype on the CPU; the CUDA backend's ops take BF16 weights (model code
+ * converts at upload). */
+df_dtype df_backend_act_dtype(const df_backend *be);
+/* 1 when backend memory is plain host memory (the CPU backend): weights can
+ * then be used straight from a mapping. */
+int df_backend_host_addressable(const df_backend *be);
+
+/* The CUDA backend on device `device` (ops on one stream, cuBLASLt GEMMs).
+ * NULL with e set when there is no such device or the build has no CUDA. */
+df_backend *df_backend_cuda_open(int device, df_err *e);
 
 /* ---- dense ops ---- */
 
-/* out[i, :] = table[ids[i], :] as f32. table [V, H] (BF16/F16/F32 weight),
+/* out[i, :] = table[ids[i], :] (activation dtype). table [V, H] (BF16/F16/F32 weight),
  * out [n, H]; an id >= V is -EINVAL. */
 int df_op_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, int64_t n,
                 df_tensor *out);
 
-/* y = x @ w^T (+ y if accumulate): x [M, K] f32, w [N, K] weight, y [M, N] f32.
+/* y = x @ w^T (+ y if accumulate): x [M, K], w [N, K] weight, y [M, N].
  * fp32 accumulation over k; with accumulate the finished sum is added to y
  * last (residual + projection). y must not overlap x or w. */
 int df_op_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
@@ -145,7 +166,8 @@ int df_op_conv1d_silu(df_backend *be, const df_tensor *x, const df_tensor *w,
 int df_op_l2norm(df_backend *be, df_tensor *x, float eps, float scale);
 
 /* beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias), all fp32:
- * a, b [T, H] f32; A_log, dt_bias [H] weights; g, beta [T, H] f32 out.
+ * a, b [T, H] activations; A_log, dt_bias [H] weights; g, beta [T, H] f32
+ * out (F32 on every backend; in place over a or b only where dtypes agree).
  * softplus as torch: x > 20 ? x : log1p(exp(x)). g and beta must not
  * overlap each other (column halves of one buffer are fine); each may be
  * exactly a or b (in place) or must not overlap them. */

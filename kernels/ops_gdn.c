@@ -39,17 +39,27 @@ static int layout_ok(const df_tensor *t)
     return t->data != NULL;
 }
 
-static int f32_2d(const df_tensor *t, int64_t rows, int64_t cols)
+/* A [rows, cols] tensor of dtype dt. */
+static int mat_2d(const df_tensor *t, df_dtype dt, int64_t rows, int64_t cols)
 {
-    return layout_ok(t) && t->dtype == DF_DTYPE_F32 && t->ndim == 2 && t->shape[0] == rows &&
+    return layout_ok(t) && t->dtype == dt && t->ndim == 2 && t->shape[0] == rows &&
            t->shape[1] == cols;
 }
 
-/* A weight vector [n] (1-D, contiguous). */
-static int weight_1d(const df_tensor *t, int64_t n)
+/* A weight's dtype: any weight dtype on the CPU, BF16 on CUDA. */
+static int weight_dtype_ok(const df_backend *be, df_dtype t)
 {
-    return layout_ok(t) && df_is_weight_dtype(t->dtype) && t->ndim == 1 && t->shape[0] == n;
+    return be->act == DF_DTYPE_BF16 ? t == DF_DTYPE_BF16 : df_is_weight_dtype(t);
 }
+
+/* A weight vector [n] (1-D, contiguous). */
+static int weight_1d(const df_backend *be, const df_tensor *t, int64_t n)
+{
+    return layout_ok(t) && weight_dtype_ok(be, t->dtype) && t->ndim == 1 && t->shape[0] == n;
+}
+
+/* Calls the backend's implementation of op, or -ENOTSUP where it has none. */
+#define DISPATCH(be, op, ...) ((be)->vt->op ? (be)->vt->op(be, __VA_ARGS__) : -ENOTSUP)
 
 /* cu_seqlens[0] = 0, non-decreasing, cu_seqlens[n_seq] = T. */
 static int cu_ok(const int32_t *cu, int n_seq, int64_t T)
@@ -68,23 +78,19 @@ int df_op_conv1d_silu(df_backend *be, const df_tensor *x, const df_tensor *w,
     if (!backend_ok(be) || !x || !w || !out || !layout_ok(x))
         return -EINVAL;
     int64_t T = x->shape[0], C = x->ndim == 2 ? x->shape[1] : -1;
-    if (!f32_2d(x, T, C) || !f32_2d(out, T, C) || !layout_ok(w) || w->ndim != 2 ||
-        !df_is_weight_dtype(w->dtype) || w->shape[0] != C || w->shape[1] < 1 ||
+    if (!mat_2d(x, be->act, T, C) || !mat_2d(out, be->act, T, C) || !layout_ok(w) ||
+        w->ndim != 2 || !weight_dtype_ok(be, w->dtype) || w->shape[0] != C || w->shape[1] < 1 ||
         w->shape[1] > 1024 || !cu_ok(cu_seqlens, n_seq, T) || !df_disjoint(x, out))
         return -EINVAL;
-    if (be->kind != DF_BACKEND_CPU)
-        return -ENOTSUP;
-    return df_cpu_conv1d_silu(be, x, w, cu_seqlens, n_seq, out);
+    return DISPATCH(be, conv1d_silu, x, w, cu_seqlens, n_seq, out);
 }
 
 int df_op_l2norm(df_backend *be, df_tensor *x, float eps, float scale)
 {
-    if (!backend_ok(be) || !layout_ok(x) || x->dtype != DF_DTYPE_F32 ||
+    if (!backend_ok(be) || !layout_ok(x) || x->dtype != be->act ||
         x->shape[x->ndim - 1] > INT32_MAX || !(eps >= 0.0f))
         return -EINVAL;
-    if (be->kind != DF_BACKEND_CPU)
-        return -ENOTSUP;
-    return df_cpu_l2norm(be, x, eps, scale);
+    return DISPATCH(be, l2norm, x, eps, scale);
 }
 
 int df_op_gdn_gates(df_backend *be, const df_tensor *a, const df_tensor *b,
@@ -95,8 +101,9 @@ int df_op_gdn_gates(df_backend *be, const df_tensor *a, const df_tensor *b,
         a->ndim != 2)
         return -EINVAL;
     int64_t T = a->shape[0], H = a->shape[1];
-    if (!f32_2d(a, T, H) || !f32_2d(b, T, H) || !f32_2d(g, T, H) || !f32_2d(beta, T, H) ||
-        !weight_1d(A_log, H) || !weight_1d(dt_bias, H) || !df_disjoint(g, beta))
+    if (!mat_2d(a, be->act, T, H) || !mat_2d(b, be->act, T, H) ||
+        !mat_2d(g, DF_DTYPE_F32, T, H) || !mat_2d(beta, DF_DTYPE_F32, T, H) ||
+        !weight_1d(be, A_log, H) || !weight_1d(be, dt_bias, H) || !df_disjoint(g, beta))
         return -EINVAL;
     /* Each output may be exactly a or b (every element reads a and b before
      * writing g and beta), or must not overlap them. */
@@ -105,9 +112,7 @@ int df_op_gdn_gates(df_backend *be, const df_tensor *a, const df_tensor *b,
         for (int j = 0; j < 2; j++)
             if (!df_same_view(o[i], in[j]) && !df_disjoint(o[i], in[j]))
                 return -EINVAL;
-    if (be->kind != DF_BACKEND_CPU)
-        return -ENOTSUP;
-    return df_cpu_gdn_gates(be, a, b, A_log, dt_bias, g, beta);
+    return DISPATCH(be, gdn_gates, a, b, A_log, dt_bias, g, beta);
 }
 
 int df_op_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
@@ -121,16 +126,16 @@ int df_op_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df_t
         (mode != DF_GDN_RECURRENT && mode != DF_GDN_CHUNKED))
         return -EINVAL;
     int64_t T = q->shape[0];
-    if (!f32_2d(q, T, (int64_t)hk * dk) || !f32_2d(k, T, (int64_t)hk * dk) ||
-        !f32_2d(v, T, (int64_t)hv * dv) || !f32_2d(g, T, hv) || !f32_2d(beta, T, hv) ||
-        !f32_2d(out, T, (int64_t)hv * dv) || !cu_ok(cu_seqlens, n_seq, T))
+    df_dtype at = be->act;
+    if (!mat_2d(q, at, T, (int64_t)hk * dk) || !mat_2d(k, at, T, (int64_t)hk * dk) ||
+        !mat_2d(v, at, T, (int64_t)hv * dv) || !mat_2d(g, DF_DTYPE_F32, T, hv) ||
+        !mat_2d(beta, DF_DTYPE_F32, T, hv) || !mat_2d(out, at, T, (int64_t)hv * dv) ||
+        !cu_ok(cu_seqlens, n_seq, T))
         return -EINVAL;
     /* out is written while q, k, v, g, beta are still being read. */
     const df_tensor *in[5] = {q, k, v, g, beta};
     for (int i = 0; i < 5; i++)
         if (!df_disjoint(out, in[i]))
             return -EINVAL;
-    if (be->kind != DF_BACKEND_CPU)
-        return -ENOTSUP;
-    return df_cpu_gdn(be, q, k, v, g, beta, cu_seqlens, n_seq, hk, hv, dk, dv, mode, out);
+    return DISPATCH(be, gdn, q, k, v, g, beta, cu_seqlens, n_seq, hk, hv, dk, dv, mode, out);
 }

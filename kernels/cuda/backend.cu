@@ -1,0 +1,278 @@
+/* backend.cu - the CUDA backend handle: one device, one stream, stream-
+ * ordered memory, host int-array staging, shared scratch, and the dispatch
+ * table pointing at the kernels in this folder.
+ *
+ * Why one stream: ops are issued by one host thread in model order, so a
+ * single in-order stream gives every dependency for free; the extractor
+ * overlaps its device-to-host copies on a second stream of its own. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+#include "cuda_state.h"
+extern "C" {
+#include "log.h"
+}
+
+int df_cuda_fail(cudaError_t err, const char *what)
+{
+    if (err == cudaSuccess)
+        return 0;
+    df_log(DF_LOG_ERROR, "cuda: %s: %s", what, cudaGetErrorString(err));
+    return -EIO;
+}
+
+int df_cuda_check_launch(const char *what)
+{
+    return df_cuda_fail(cudaGetLastError(), what);
+}
+
+static df_cuda_state *st_of(df_backend *be)
+{
+    return (df_cuda_state *)be->impl;
+}
+
+cudaStream_t df_cuda_stream(df_backend *be)
+{
+    return st_of(be)->stream;
+}
+
+/* ---- staging of host int arrays ---- */
+
+const int32_t *df_cuda_stage_i32(df_backend *be, const int32_t *host, int64_t n)
+{
+    df_cuda_state *s = st_of(be);
+    size_t bytes = (size_t)(n > 0 ? n : 1) * sizeof(int32_t);
+    s->stage_clock++;
+    for (int i = 0; i < DF_CUDA_STAGE_SLOTS; i++) {
+        df_cuda_stage *sl = &s->stage[i];
+        if (sl->n == n && sl->dev && (n == 0 || !memcmp(sl->shadow, host, bytes))) {
+            sl->used = s->stage_clock;
+            return sl->dev;
+        }
+    }
+    /* Miss: refill the least recently used slot. Its old device copy may
+     * still be read by enqueued kernels; the copy below is ordered after
+     * them on the same stream, and a free is stream-ordered too. */
+    df_cuda_stage *v = &s->stage[0];
+    for (int i = 1; i < DF_CUDA_STAGE_SLOTS; i++)
+        if (s->stage[i].used < v->used)
+            v = &s->stage[i];
+    if (v->cap < bytes) {
+        size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 4;
+        if (v->dev && df_cuda_fail(cudaFreeAsync(v->dev, s->stream), "free staging"))
+            return NULL;
+        v->dev = NULL;
+        v->n = -1;
+        free(v->shadow);
+        v->shadow = (int32_t *)malloc(cap);
+        if (!v->shadow || df_cuda_fail(cudaMallocAsync((void **)&v->dev, cap, s->stream),
+                                       "alloc staging")) {
+            v->dev = NULL;
+            v->cap = 0;
+            return NULL;
+        }
+        v->cap = cap;
+    }
+    if (n > 0)
+        memcpy(v->shadow, host, bytes);
+    /* From the shadow (stable until this slot is refilled, which happens on
+     * the host only after this call returns) so the caller's array may be
+     * reused at once. Pageable source: the call returns once staged. */
+    if (n > 0 && df_cuda_fail(cudaMemcpyAsync(v->dev, v->shadow, bytes, cudaMemcpyHostToDevice,
+                                              s->stream),
+                              "stage int array")) {
+        v->n = -1;
+        return NULL;
+    }
+    v->n = n;
+    v->used = s->stage_clock;
+    return v->dev;
+}
+
+void *df_cuda_scratch(df_backend *be, size_t bytes)
+{
+    df_cuda_state *s = st_of(be);
+    if (bytes <= s->scratch_cap)
+        return s->scratch;
+    size_t cap = bytes + bytes / 4;
+    if (s->scratch && df_cuda_fail(cudaFreeAsync(s->scratch, s->stream), "free scratch"))
+        return NULL;
+    s->scratch = NULL;
+    s->scratch_cap = 0;
+    if (df_cuda_fail(cudaMallocAsync(&s->scratch, cap, s->stream), "alloc scratch")) {
+        s->scratch = NULL;
+        return NULL;
+    }
+    s->scratch_cap = cap;
+    return s->scratch;
+}
+
+/* ---- memory and copies ---- */
+
+static int cu_set(df_backend *be)
+{
+    return df_cuda_fail(cudaSetDevice(st_of(be)->device), "set device");
+}
+
+static int cu_sync(df_backend *be)
+{
+    if (cu_set(be))
+        return -EIO;
+    return df_cuda_fail(cudaStreamSynchronize(st_of(be)->stream), "stream synchronize");
+}
+
+static void *cu_alloc(df_backend *be, size_t bytes)
+{
+    void *p = NULL;
+    if (cu_set(be))
+        return NULL;
+    /* 256-byte aligned; 0 bytes still gives a unique pointer. */
+    if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
+        df_log(DF_LOG_ERROR, "cuda: cannot allocate %zu bytes on device %d", bytes, st_of(be)->device);
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_free(df_backend *be, void *p)
+{
+    /* cudaFree synchronises the device: frees happen at teardown or when a
+     * workspace grows, never inside a step. */
+    (void)cu_set(be);
+    (void)cudaFree(p);
+}
+
+static void *cu_host_alloc(df_backend *be, size_t bytes)
+{
+    void *p = NULL;
+    if (cu_set(be))
+        return NULL;
+    if (cudaHostAlloc(&p, bytes ? bytes : 64, cudaHostAllocPortable) != cudaSuccess) {
+        df_log(DF_LOG_ERROR, "cuda: cannot allocate %zu bytes of pinned host memory", bytes);
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    return p;
+}
+
+static void cu_host_free(df_backend *be, void *p)
+{
+    (void)be;
+    (void)cudaFreeHost(p);
+}
+
+static int cu_upload(df_backend *be, void *dst, const void *src, size_t bytes)
+{
+    df_cuda_state *s = st_of(be);
+    if (cu_set(be))
+        return -EIO;
+    /* Ordered on the stream; from pageable memory the call returns once the
+     * source has been staged, from pinned memory we wait for the copy so the
+     * caller may reuse src at once either way. */
+    int rc = df_cuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s->stream),
+                          "upload");
+    return rc ? rc : df_cuda_fail(cudaStreamSynchronize(s->stream), "upload sync");
+}
+
+static int cu_download(df_backend *be, void *dst, const void *src, size_t bytes)
+{
+    df_cuda_state *s = st_of(be);
+    if (cu_set(be))
+        return -EIO;
+    int rc = df_cuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s->stream),
+                          "download");
+    return rc ? rc : df_cuda_fail(cudaStreamSynchronize(s->stream), "download sync");
+}
+
+static void cu_close(df_backend *be)
+{
+    df_cuda_state *s = st_of(be);
+    if (s) {
+        (void)cudaSetDevice(s->device);
+        if (s->stream)
+            (void)cudaStreamSynchronize(s->stream);
+        for (int i = 0; i < DF_CUDA_STAGE_SLOTS; i++) {
+            (void)cudaFree(s->stage[i].dev);
+            free(s->stage[i].shadow);
+        }
+        (void)cudaFree(s->scratch);
+        df_cuda_gemm_close(s);
+        if (s->stream)
+            (void)cudaStreamDestroy(s->stream);
+        free(s);
+    }
+    free(be);
+}
+
+static const df_backend_vt cuda_vt = {
+    /* .close = */ cu_close,
+    /* .sync = */ cu_sync,
+    /* .alloc = */ cu_alloc,
+    /* .free = */ cu_free,
+    /* .upload = */ cu_upload,
+    /* .download = */ cu_download,
+    /* .host_alloc = */ cu_host_alloc,
+    /* .host_free = */ cu_host_free,
+    /* .embed = */ df_cuda_embed,
+    /* .matmul = */ df_cuda_matmul,
+    /* .add = */ df_cuda_add,
+    /* .rmsnorm = */ df_cuda_rmsnorm,
+    /* .rmsnorm_gated = */ df_cuda_rmsnorm_gated,
+    /* .rope = */ df_cuda_rope,
+    /* .swiglu = */ df_cuda_swiglu,
+    /* .sigmoid = */ df_cuda_sigmoid,
+    /* .silu = */ df_cuda_silu,
+    /* .attention = */ df_cuda_attention,
+    /* .conv1d_silu = */ df_cuda_conv1d_silu,
+    /* .l2norm = */ df_cuda_l2norm,
+    /* .gdn_gates = */ df_cuda_gdn_gates,
+    /* .gdn = */ df_cuda_gdn,
+};
+
+extern "C" df_backend *df_backend_cuda_open(int device, df_err *e)
+{
+    int count = 0;
+    cudaError_t err = cudaGetDeviceCount(&count);
+    if (err != cudaSuccess || count == 0) {
+        (void)cudaGetLastError();
+        df_errf(e, -ENODEV, "cuda backend: no CUDA device (%s)",
+                err == cudaSuccess ? "0 devices" : cudaGetErrorString(err));
+        return NULL;
+    }
+    if (device < 0 || device >= count) {
+        df_errf(e, -ENODEV, "cuda backend: device %d does not exist (%d visible)", device, count);
+        return NULL;
+    }
+    df_backend *be = (df_backend *)calloc(1, sizeof *be);
+    df_cuda_state *s = (df_cuda_state *)calloc(1, sizeof *s);
+    if (!be || !s) {
+        free(be);
+        free(s);
+        df_errf(e, -ENOMEM, "cuda backend: out of memory");
+        return NULL;
+    }
+    be->kind = DF_BACKEND_CUDA;
+    be->vt = &cuda_vt;
+    be->act = DF_DTYPE_BF16;
+    be->host_addressable = 0;
+    be->impl = s;
+    s->device = device;
+    for (int i = 0; i < DF_CUDA_STAGE_SLOTS; i++)
+        s->stage[i].n = -1;
+    if ((err = cudaSetDevice(device)) != cudaSuccess ||
+        (err = cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        df_errf(e, -EIO, "cuda backend: device %d: %s", device, cudaGetErrorString(err));
+        cu_close(be);
+        return NULL;
+    }
+    int rc = df_cuda_gemm_open(s, e);
+    if (rc) {
+        cu_close(be);
+        return NULL;
+    }
+    return be;
+}

@@ -1,0 +1,80 @@
+/* cuda_internal.h - what the CUDA backend's files share: the backend's
+ * private state, staging of host int arrays, error mapping, and the op
+ * implementations the dispatch table points at.
+ *
+ * Contract for every df_cuda_<op>(): the same arguments and meaning as the
+ * CPU reference df_cpu_<op>() (ops.h), already validated by the dispatch
+ * layer, except that activation tensors are BF16 (raw uint16_t bits) in
+ * device memory, weights are BF16 device memory, and tensors documented
+ * "f32" are F32 device memory. Int arrays (ids, pos, cu_seqlens) arrive as
+ * the caller's HOST pointers: get a device copy with df_cuda_stage_i32().
+ * Work is enqueued on df_cuda_stream(be) and may still run when the function
+ * returns; it returns 0, or -EIO when a launch or CUDA call failed (after
+ * logging the CUDA error string with df_cuda_fail()). Math is fp32 inside;
+ * each output element is rounded to bf16 once. */
+#ifndef DF_CUDA_INTERNAL_H
+#define DF_CUDA_INTERNAL_H
+
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "backend_internal.h"
+
+cudaStream_t df_cuda_stream(df_backend *be);
+
+/* A device copy of host[0..n), enqueued on the backend's stream. The copy
+ * is cached by content (a later call with equal values returns the same
+ * device pointer without copying), so per-layer calls with the same
+ * positions or bounds cost a memcmp. The pointer stays valid for work
+ * enqueued on the stream before the next df_cuda_stage_i32 call that
+ * misses the cache 8 times. NULL on failure (out of memory, CUDA error). */
+const int32_t *df_cuda_stage_i32(df_backend *be, const int32_t *host, int64_t n);
+
+/* Device scratch of at least bytes, owned by the backend and reused by
+ * every op: valid until the next df_cuda_scratch call (ops on one stream
+ * run in order, so an op may use it for its own launches). NULL on failure. */
+void *df_cuda_scratch(df_backend *be, size_t bytes);
+
+/* Logs "cuda: <what>: <error string>" once and returns -EIO when err is not
+ * cudaSuccess; 0 otherwise. */
+int df_cuda_fail(cudaError_t err, const char *what);
+/* df_cuda_fail(cudaGetLastError(), what): call after kernel launches. */
+int df_cuda_check_launch(const char *what);
+
+/* Op implementations (the .cu files beside this header). */
+int df_cuda_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, int64_t n,
+                  df_tensor *out);
+int df_cuda_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
+                   int accumulate);
+int df_cuda_add(df_backend *be, const df_tensor *x, df_tensor *y);
+int df_cuda_rmsnorm(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
+                    int plus_one, df_tensor *y);
+int df_cuda_rmsnorm_gated(df_backend *be, const df_tensor *x, const df_tensor *z,
+                          const df_tensor *w, float eps, df_tensor *y);
+int df_cuda_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
+                 int rot_dim, double theta);
+int df_cuda_swiglu(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out);
+int df_cuda_sigmoid(df_backend *be, const df_tensor *x, df_tensor *out);
+int df_cuda_silu(df_backend *be, const df_tensor *x, df_tensor *out);
+int df_cuda_attention(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+                      const int32_t *cu_seqlens, int n_seq, int nq, int nkv, int head_dim,
+                      float scale, const df_tensor *gate, df_tensor *out);
+int df_cuda_conv1d_silu(df_backend *be, const df_tensor *x, const df_tensor *w,
+                        const int32_t *cu_seqlens, int n_seq, df_tensor *out);
+int df_cuda_l2norm(df_backend *be, df_tensor *x, float eps, float scale);
+int df_cuda_gdn_gates(df_backend *be, const df_tensor *a, const df_tensor *b,
+                      const df_tensor *A_log, const df_tensor *dt_bias, df_tensor *g,
+                      df_tensor *beta);
+int df_cuda_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+                const df_tensor *g, const df_tensor *beta, const int32_t *cu_seqlens, int n_seq,
+                int hk, int hv, int dk, int dv, df_gdn_mode mode, df_tensor *out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,53 @@
+/* cuda_state.h - the CUDA backend's private state (be->impl), shared by
+ * backend.cu and gemm.cu only; kernels see it through cuda_internal.h. */
+#ifndef DF_CUDA_STATE_H
+#define DF_CUDA_STATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <cuda_runtime_api.h>
+
+#include "err.h"
+
+#define DF_CUDA_STAGE_SLOTS 8
+#define DF_CUDA_GEMM_CACHE 64
+
+typedef struct df_cuda_stage {
+    int32_t *dev;    /* device copy */
+    int32_t *shadow; /* host copy of what dev holds (the cache key) */
+    int64_t n;       /* elements held; -1 empty */
+    size_t cap;      /* bytes of dev and shadow */
+    uint64_t used;   /* LRU clock */
+} df_cuda_stage;
+
+/* One cached cuBLASLt plan: the descriptors and the algorithm chosen once
+ * for a GEMM shape (heuristics are never queried again for it). */
+typedef struct df_cuda_gemm_plan {
+    int64_t m, n, k, lda, ldb, ldc;
+    int accumulate;
+    unsigned align; /* pointer alignment the algorithm was chosen for */
+    void *op, *a, *b, *c; /* cublasLtMatmulDesc_t, cublasLtMatrixLayout_t x3 */
+    unsigned char algo[64]; /* cublasLtMatmulAlgo_t (64 bytes) */
+    int valid;
+} df_cuda_gemm_plan;
+
+typedef struct df_cuda_state {
+    int device;
+    cudaStream_t stream;
+    df_cuda_stage stage[DF_CUDA_STAGE_SLOTS];
+    uint64_t stage_clock;
+    void *scratch;
+    size_t scratch_cap;
+    /* cuBLASLt */
+    void *lt; /* cublasLtHandle_t */
+    void *gemm_ws;
+    size_t gemm_ws_bytes;
+    df_cuda_gemm_plan plans[DF_CUDA_GEMM_CACHE];
+    int n_plans, next_evict;
+} df_cuda_state;
+
+int df_cuda_gemm_open(df_cuda_state *s, df_err *e);
+void df_cuda_gemm_close(df_cuda_state *s);
+
+#endif

@@ -1,0 +1,217 @@
+/* gemm.cu - df_op_matmul on the GPU through cuBLASLt: bf16 in, fp32
+ * accumulate, bf16 out, y = x @ w^T (+ y).
+ *
+ * Row-major y [M, N] = x [M, K] @ w [N, K]^T is, in cuBLAS's column-major
+ * terms, Y^T (N x M, ld = y's row stride) = op_T(W) (W stored K x N, ld =
+ * w's row stride) x X^T (stored K x M, ld = x's row stride): no copies, and
+ * column views (a q or gate half of a fused projection) are just lds.
+ * accumulate is beta = 1: the sum is formed in fp32 and rounded once.
+ *
+ * A plan (descriptors + the algorithm cuBLASLt's heuristic picked) is
+ * cached per (shape, strides, pointer alignment, accumulate): heuristics
+ * run once per shape, never per call. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cublasLt.h>
+
+#include "cuda_internal.h"
+#include "cuda_state.h"
+
+extern "C" {
+#include "log.h"
+}
+
+#define GEMM_WS_BYTES ((size_t)64 << 20)
+
+static int lt_fail(cublasStatus_t st, const char *what)
+{
+    if (st == CUBLAS_STATUS_SUCCESS)
+        return 0;
+    df_log(DF_LOG_ERROR, "cuda: cublasLt %s: status %d", what, (int)st);
+    return -EIO;
+}
+
+int df_cuda_gemm_open(df_cuda_state *s, df_err *e)
+{
+    cublasLtHandle_t h;
+    cublasStatus_t st = cublasLtCreate(&h);
+    if (st != CUBLAS_STATUS_SUCCESS)
+        return df_errf(e, -EIO, "cuda backend: cublasLtCreate failed (status %d)", (int)st);
+    s->lt = h;
+    cudaError_t err = cudaMalloc(&s->gemm_ws, GEMM_WS_BYTES);
+    if (err != cudaSuccess) {
+        s->gemm_ws = NULL;
+        return df_errf(e, -ENOMEM, "cuda backend: GEMM workspace: %s", cudaGetErrorString(err));
+    }
+    s->gemm_ws_bytes = GEMM_WS_BYTES;
+    return 0;
+}
+
+static void plan_free(df_cuda_gemm_plan *p)
+{
+    if (p->op)
+        cublasLtMatmulDescDestroy((cublasLtMatmulDesc_t)p->op);
+    if (p->a)
+        cublasLtMatrixLayoutDestroy((cublasLtMatrixLayout_t)p->a);
+    if (p->b)
+        cublasLtMatrixLayoutDestroy((cublasLtMatrixLayout_t)p->b);
+    if (p->c)
+        cublasLtMatrixLayoutDestroy((cublasLtMatrixLayout_t)p->c);
+    memset(p, 0, sizeof *p);
+}
+
+void df_cuda_gemm_close(df_cuda_state *s)
+{
+    for (int i = 0; i < s->n_plans; i++)
+        plan_free(&s->plans[i]);
+    s->n_plans = 0;
+    if (s->gemm_ws)
+        (void)cudaFree(s->gemm_ws);
+    s->gemm_ws = NULL;
+    if (s->lt)
+        cublasLtDestroy((cublasLtHandle_t)s->lt);
+    s->lt = NULL;
+}
+
+/* Largest power of two (<= 256) dividing every address. */
+static unsigned align_of(const void *a, const void *b, const void *c)
+{
+    uintptr_t v = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | 256;
+    return (unsigned)(v & (~v + 1));
+}
+
+static int plan_build(df_cuda_state *s, df_cuda_gemm_plan *p, unsigned align)
+{
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t a = NULL, b = NULL, c = NULL;
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int rc = lt_fail(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    p->op = op;
+    if (!rc)
+        rc = lt_fail(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
+                     "transa");
+    if (!rc)
+        rc = lt_fail(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
+                     "transb");
+    if (!rc)
+        rc = lt_fail(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, (uint64_t)p->k, (uint64_t)p->n,
+                                                p->lda),
+                     "layout a");
+    p->a = a;
+    if (!rc)
+        rc = lt_fail(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, (uint64_t)p->k, (uint64_t)p->m,
+                                                p->ldb),
+                     "layout b");
+    p->b = b;
+    if (!rc)
+        rc = lt_fail(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, (uint64_t)p->n, (uint64_t)p->m,
+                                                p->ldc),
+                     "layout c");
+    p->c = c;
+    if (!rc)
+        rc = lt_fail(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    if (!rc) {
+        uint64_t ws = s->gemm_ws_bytes;
+        uint32_t al = align;
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                             sizeof ws);
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al,
+                                             sizeof al);
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al,
+                                             sizeof al);
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al,
+                                             sizeof al);
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al,
+                                             sizeof al);
+        cublasLtMatmulHeuristicResult_t res;
+        int found = 0;
+        rc = lt_fail(cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)s->lt, op, a, b, c, c, pref,
+                                                    1, &res, &found),
+                     "heuristic");
+        if (!rc && found < 1)
+            rc = lt_fail(CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm for this shape");
+        if (!rc) {
+            memcpy(p->algo, &res.algo, sizeof res.algo);
+            p->valid = 1;
+        }
+    }
+    if (pref)
+        cublasLtMatmulPreferenceDestroy(pref);
+    if (rc)
+        plan_free(p);
+    return rc;
+}
+
+static df_cuda_gemm_plan *plan_get(df_cuda_state *s, const df_cuda_gemm_plan *key, unsigned align,
+                                   int *rc)
+{
+    for (int i = 0; i < s->n_plans; i++) {
+        df_cuda_gemm_plan *p = &s->plans[i];
+        if (p->valid && p->m == key->m && p->n == key->n && p->k == key->k &&
+            p->lda == key->lda && p->ldb == key->ldb && p->ldc == key->ldc &&
+            p->accumulate == key->accumulate && p->align == align)
+            return p;
+    }
+    df_cuda_gemm_plan *p;
+    if (s->n_plans < DF_CUDA_GEMM_CACHE) {
+        p = &s->plans[s->n_plans++];
+    } else {
+        p = &s->plans[s->next_evict];
+        s->next_evict = (s->next_evict + 1) % DF_CUDA_GEMM_CACHE;
+        plan_free(p);
+    }
+    memset(p, 0, sizeof *p);
+    p->m = key->m;
+    p->n = key->n;
+    p->k = key->k;
+    p->lda = key->lda;
+    p->ldb = key->ldb;
+    p->ldc = key->ldc;
+    p->accumulate = key->accumulate;
+    p->align = align;
+    *rc = plan_build(s, p, align);
+    return *rc ? NULL : p;
+}
+
+int df_cuda_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
+                   int accumulate)
+{
+    df_cuda_state *s = (df_cuda_state *)be->impl;
+    int64_t M = x->shape[0], K = x->shape[1], N = w->shape[0];
+    if (M == 0 || N == 0)
+        return 0;
+    if (K == 0) { /* an empty sum: y = 0, or y unchanged */
+        if (accumulate)
+            return 0;
+        return df_cuda_fail(cudaMemset2DAsync(y->data, (size_t)y->stride[0] * 2, 0, (size_t)N * 2,
+                                              (size_t)M, s->stream),
+                            "matmul zero");
+    }
+    df_cuda_gemm_plan key;
+    memset(&key, 0, sizeof key);
+    key.m = M;
+    key.n = N;
+    key.k = K;
+    key.lda = w->stride[0];
+    key.ldb = x->stride[0];
+    key.ldc = y->stride[0];
+    key.accumulate = accumulate != 0;
+    unsigned align = align_of(x->data, w->data, y->data);
+    int rc = 0;
+    df_cuda_gemm_plan *p = plan_get(s, &key, align, &rc);
+    if (!p)
+        return rc;
+    float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+    return lt_fail(cublasLtMatmul((cublasLtHandle_t)s->lt, (cublasLtMatmulDesc_t)p->op, &alpha,
+                                  w->data, (cublasLtMatrixLayout_t)p->a, x->data,
+                                  (cublasLtMatrixLayout_t)p->b, &beta, y->data,
+                                  (cublasLtMatrixLayout_t)p->c, y->data,
+                                  (cublasLtMatrixLayout_t)p->c,
+                                  (const cublasLtMatmulAlgo_t *)p->algo, s->gemm_ws,
+                                  s->gemm_ws_bytes, s->stream),
+                   "matmul");
+}

@@ -1,0 +1,9 @@
+/* cuda_stub.c - df_backend_cuda_open in a build without CUDA. */
+#include "ops.h"
+
+df_backend *df_backend_cuda_open(int device, df_err *e)
+{
+    df_errf(e, -ENOTSUP, "cuda backend: device %d: this build has no CUDA support "
+                         "(configure with nvcc present and DFLASH_CUDA=ON)", device);
+    return NULL;
+}
