@@ -32,21 +32,139 @@ struct df_model {
     int plus_one;    /* qwen3_5 norms are x_hat * (1 + w) */
     df_tensor embed, final_norm;
     layer_w *layers;
+    int random;      /* weights drawn by df_backend_fill_uniform, no checkpoint */
+    uint64_t seed;
+    df_dtype adt;    /* the backend's activation dtype */
+    size_t aes;      /* its size in bytes */
+    void **owned;    /* backend allocations holding weights */
+    size_t n_owned, cap_owned;
 
-    /* workspace, for up to cap tokens */
+    /* workspace, for up to cap tokens: activations in adt except gb (F32) */
     int64_t cap;
-    float *x, *h, *big1, *big2, *mid1, *mid2, *small;
+    void *x, *h, *big1, *big2, *mid1, *mid2, *ab, *gb;
     int64_t w_big, w_mid; /* row widths of big* and mid* */
     int32_t *pos;
 };
 
 /* ------------------------------------------------------------ loading */
 
+static int own(df_model *m, void *p, df_err *e)
+{
+    if (m->n_owned == m->cap_owned) {
+        size_t cap = m->cap_owned ? 2 * m->cap_owned : 256;
+        void **o = realloc(m->owned, cap * sizeof *o);
+        if (!o) {
+            df_backend_free(m->be, p);
+            return df_errf(e, -ENOMEM, "out of memory");
+        }
+        m->owned = o;
+        m->cap_owned = cap;
+    }
+    m->owned[m->n_owned++] = p;
+    return 0;
+}
+
+/* Puts a host weight where the backend's ops can read it: the CPU reads
+ * the mapping itself; other backends get a BF16 copy in their memory. */
+static int place(df_model *m, const char *name, df_tensor *t, df_err *e)
+{
+    if (df_backend_host_addressable(m->be))
+        return 0;
+    int64_t n = df_tensor_numel(t);
+    uint16_t *dev = df_backend_alloc(m->be, (size_t)n * 2);
+    if (!dev)
+        return df_errf(e, -ENOMEM, "%s: cannot allocate %lld bytes on %s", name,
+                       (long long)n * 2, df_backend_name(m->be));
+    int rc = own(m, dev, e);
+    if (rc)
+        return rc;
+    if (t->dtype == DF_DTYPE_BF16) {
+        rc = df_backend_upload(m->be, dev, t->data, (size_t)n * 2);
+    } else { /* convert in slices so a large F32 checkpoint needs no full copy */
+        enum { SLICE = 1 << 20 };
+        uint16_t *tmp = malloc(SLICE * sizeof *tmp);
+        if (!tmp)
+            return df_errf(e, -ENOMEM, "out of memory");
+        size_t es = df_dtype_size(t->dtype);
+        for (int64_t i = 0; i < n && !rc; i += SLICE) {
+            int64_t k = n - i < SLICE ? n - i : SLICE;
+            for (int64_t j = 0; j < k; j++)
+                tmp[j] = df_f32_to_bf16(
+                    df_elem_to_f32((const uint8_t *)t->data + (size_t)(i + j) * es, t->dtype));
+            rc = df_backend_upload(m->be, dev + i, tmp, (size_t)k * 2);
+        }
+        free(tmp);
+    }
+    if (rc)
+        return df_errf(e, rc, "%s: upload to %s failed", name, df_backend_name(m->be));
+    t->data = dev;
+    t->dtype = DF_DTYPE_BF16;
+    return 0;
+}
+
+/* Random weights (benchmarks): values in [lo, hi) seeded by the name, so a
+ * model is the same on every backend and every run. */
+static int random_weight(df_model *m, const char *name, int64_t n, float lo, float hi, void **p,
+                         df_dtype *dt, df_err *e)
+{
+    *dt = df_backend_host_addressable(m->be) ? DF_DTYPE_F32 : DF_DTYPE_BF16;
+    *p = df_backend_alloc(m->be, (size_t)n * df_dtype_size(*dt));
+    if (!*p)
+        return df_errf(e, -ENOMEM, "%s: cannot allocate %lld elements on %s", name, (long long)n,
+                       df_backend_name(m->be));
+    int rc = own(m, *p, e);
+    if (rc)
+        return rc;
+    uint64_t h = m->seed ^ 0xcbf29ce484222325ull; /* FNV-1a of the name */
+    for (const char *c = name; *c; c++)
+        h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+    if ((rc = df_backend_fill_uniform(m->be, *p, *dt, n, h, lo, hi)))
+        return df_errf(e, rc, "%s: fill failed", name);
+    return 0;
+}
+
+/* The range random weights are drawn from, by the tensor's role. Matrices
+ * get std 0.02 (HF's initializer_range); norms sit near their identity; the
+ * GDN decay parameters stay in the range real checkpoints use. */
+static void random_range(const df_model *m, const char *suffix, int ndim, float *lo, float *hi)
+{
+    const float a = 0.02f * 1.7320508f; /* uniform with std 0.02 */
+    *lo = -a;
+    *hi = a;
+    if (strstr(suffix, "A_log")) {
+        *lo = 0.0f; /* A = exp(A_log) in [1, 16] */
+        *hi = 2.77f;
+    } else if (strstr(suffix, "dt_bias")) {
+        *lo = 0.5f;
+        *hi = 1.5f;
+    } else if (strstr(suffix, "conv1d")) {
+        *lo = -0.5f;
+        *hi = 0.5f;
+    } else if (ndim == 1) { /* norms: (1 + w) with w ~ 0, or w ~ 1 */
+        int plain = strstr(suffix, "linear_attn.norm") != NULL || !m->plus_one;
+        *lo = plain ? 0.9f : -0.1f;
+        *hi = plain ? 1.1f : 0.1f;
+    }
+}
+
 static int weight(df_model *m, const char *suffix, int ndim, int64_t d0, int64_t d1, int64_t d2,
                   df_tensor *t, df_err *e)
 {
     char name[256];
     snprintf(name, sizeof name, "%s%s", m->prefix, suffix);
+    /* 3-D conv weights [C, 1, K] are viewed [C, K]. */
+    int64_t rows = d0, cols = ndim == 1 ? 0 : ndim == 3 ? d2 : d1;
+    if (m->random) {
+        float lo, hi;
+        void *p;
+        df_dtype dt;
+        random_range(m, suffix, ndim, &lo, &hi);
+        int rc = random_weight(m, name, ndim == 1 ? rows : rows * cols, lo, hi, &p, &dt, e);
+        if (rc)
+            return rc;
+        *t = ndim == 1 ? df_tensor_1d(p, dt, rows) : df_tensor_2d(p, dt, rows, cols);
+        return 0;
+    }
     int64_t shape[3] = {d0, d1, d2};
     const df_st_tensor *st;
     int rc = df_st_expect(m->st, name, DF_DTYPE_INVALID, ndim, shape, &st, e);
@@ -55,13 +173,15 @@ static int weight(df_model *m, const char *suffix, int ndim, int64_t d0, int64_t
     if (st->dtype != DF_DTYPE_BF16 && st->dtype != DF_DTYPE_F16 && st->dtype != DF_DTYPE_F32)
         return df_errf(e, -DF_EMISMATCH, "%s: %s has dtype %s; BF16, F16 or F32 expected",
                        st->file, name, df_dtype_name(st->dtype));
-    /* The CPU backend reads weights straight from the mapping; a GPU backend
-     * will upload them here. 3-D conv weights [C, 1, K] are viewed [C, K]. */
     if (ndim == 1)
         *t = df_tensor_1d((void *)st->data, st->dtype, d0);
     else
-        *t = df_tensor_2d((void *)st->data, st->dtype, d0, ndim == 3 ? d2 : d1);
-    return 0;
+        *t = df_tensor_2d((void *)st->data, st->dtype, rows, cols);
+    /* The gated q_proj is reordered on the host before it is placed. */
+    if (strstr(suffix, "self_attn.q_proj") && d0 == 2 * (int64_t)m->cfg.num_attention_heads *
+                                                         m->cfg.head_dim)
+        return 0;
+    return place(m, name, t, e);
 }
 
 static int load_attention(df_model *m, int i, layer_w *L, df_err *e)
@@ -77,18 +197,19 @@ static int load_attention(df_model *m, int i, layer_w *L, df_err *e)
     if ((rc = weight(m, s, nd, a, b, cc, dst, e)))           \
         return rc
     W("self_attn.q_proj.weight", 2, (gated ? 2 : 1) * nq * D, H, 0, &L->wq);
+
     W("self_attn.k_proj.weight", 2, nkv * D, H, 0, &L->wk);
     W("self_attn.v_proj.weight", 2, nkv * D, H, 0, &L->wv);
     W("self_attn.o_proj.weight", 2, H, nq * D, 0, &L->wo);
     W("self_attn.q_norm.weight", 1, D, 0, 0, &L->q_norm);
     W("self_attn.k_norm.weight", 1, D, 0, 0, &L->k_norm);
 #undef W
-    if (gated) {
+    if (gated && !m->random) {
         /* Checkpoint rows: head h = [q_h (D rows) | gate_h (D rows)]. Ours:
          * all q heads, then all gate heads, so one GEMM output splits into
          * two [T, nq*D] column views with contiguous heads. */
         size_t es = df_dtype_size(L->wq.dtype), row = (size_t)H * es;
-        uint8_t *dst = df_backend_alloc(m->be, (size_t)(2 * nq * D) * row);
+        uint8_t *dst = malloc((size_t)(2 * nq * D) * row);
         if (!dst)
             return df_errf(e, -ENOMEM, "out of memory reordering layer %d q_proj", i);
         const uint8_t *src = L->wq.data;
@@ -99,6 +220,13 @@ static int load_attention(df_model *m, int i, layer_w *L, df_err *e)
         }
         L->wq_owned = dst;
         L->wq = df_tensor_2d(dst, L->wq.dtype, 2 * nq * D, H);
+        snprintf(s, sizeof s, "%slayers.%d.self_attn.q_proj.weight", m->prefix, i);
+        if ((rc = place(m, s, &L->wq, e)))
+            return rc;
+        if (!df_backend_host_addressable(m->be)) { /* the device copy is all that is needed */
+            free(L->wq_owned);
+            L->wq_owned = NULL;
+        }
     }
     return 0;
 }
@@ -158,26 +286,34 @@ void df_model_close(df_model *m)
         return;
     if (m->layers)
         for (int i = 0; i < m->cfg.num_hidden_layers; i++)
-            df_backend_free(m->be, m->layers[i].wq_owned);
+            free(m->layers[i].wq_owned);
     free(m->layers);
-    float *bufs[] = {m->x, m->h, m->big1, m->big2, m->mid1, m->mid2, m->small};
+    void *bufs[] = {m->x, m->h, m->big1, m->big2, m->mid1, m->mid2, m->ab, m->gb};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         df_backend_free(m->be, bufs[i]);
+    for (size_t i = 0; i < m->n_owned; i++)
+        df_backend_free(m->be, m->owned[i]);
+    free(m->owned);
     free(m->pos);
     df_st_close(m->st);
     free(m);
 }
 
-int df_model_open(const char *dir, df_backend *be, df_model **out, df_err *e)
+static int model_open(const char *dir, df_backend *be, int random, uint64_t seed,
+                      df_model **out, df_err *e)
 {
     *out = NULL;
     df_model *m = calloc(1, sizeof *m);
     if (!m)
         return df_errf(e, -ENOMEM, "out of memory");
     m->be = be;
+    m->random = random;
+    m->seed = seed;
+    m->adt = df_backend_act_dtype(be);
+    m->aes = df_dtype_size(m->adt);
     snprintf(m->dir, sizeof m->dir, "%s", dir);
     int rc = df_model_config_load(dir, &m->cfg, e);
-    if (!rc)
+    if (!rc && !random)
         rc = df_st_open(dir, &m->st, e);
     if (rc)
         goto fail;
@@ -186,8 +322,9 @@ int df_model_open(const char *dir, df_backend *be, df_model **out, df_err *e)
     /* Text tensors sit under model.language_model. in multimodal qwen3_5
      * checkpoints, under model. otherwise. */
     snprintf(m->prefix, sizeof m->prefix, "%s",
-             df_st_find(m->st, "model.language_model.embed_tokens.weight") ? "model.language_model."
-                                                                           : "model.");
+             !random && df_st_find(m->st, "model.language_model.embed_tokens.weight")
+                 ? "model.language_model."
+                 : "model.");
     if ((rc = weight(m, "embed_tokens.weight", 2, c->vocab_size, c->hidden_size, 0, &m->embed, e)) ||
         (rc = weight(m, "norm.weight", 1, c->hidden_size, 0, 0, &m->final_norm, e)))
         goto fail;
@@ -204,6 +341,17 @@ int df_model_open(const char *dir, df_backend *be, df_model **out, df_err *e)
 fail:
     df_model_close(m);
     return rc;
+}
+
+int df_model_open(const char *dir, df_backend *be, df_model **out, df_err *e)
+{
+    return model_open(dir, be, 0, 0, out, e);
+}
+
+int df_model_open_random(const char *config, df_backend *be, uint64_t seed, df_model **out,
+                         df_err *e)
+{
+    return model_open(config, be, 1, seed, out, e);
 }
 
 const df_model_config *df_model_get_config(const df_model *m)
@@ -231,12 +379,13 @@ static int reserve(df_model *m, int64_t T, df_err *e)
     int64_t VD = (int64_t)c->linear_num_value_heads * c->linear_value_head_dim;
     m->w_big = max3(2 * nq * D, C, F);
     m->w_mid = max3(nq * D, nkv * D, VD);
-    float **bufs[] = {&m->x, &m->h, &m->big1, &m->big2, &m->mid1, &m->mid2, &m->small};
-    int64_t widths[] = {H, H, m->w_big, m->w_big, m->w_mid, m->w_mid,
-                        4 * (int64_t)(c->linear_num_value_heads ? c->linear_num_value_heads : 1)};
+    int64_t hv = c->linear_num_value_heads ? c->linear_num_value_heads : 1;
+    void **bufs[] = {&m->x, &m->h, &m->big1, &m->big2, &m->mid1, &m->mid2, &m->ab, &m->gb};
+    int64_t widths[] = {H, H, m->w_big, m->w_big, m->w_mid, m->w_mid, 2 * hv, 2 * hv};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
+        size_t es = bufs[i] == &m->gb ? sizeof(float) : m->aes; /* g, beta: F32 */
         df_backend_free(m->be, *bufs[i]);
-        *bufs[i] = df_backend_alloc(m->be, (size_t)(T * widths[i]) * sizeof(float));
+        *bufs[i] = df_backend_alloc(m->be, (size_t)(T * widths[i]) * es);
         if (!*bufs[i]) {
             m->cap = 0;
             return df_errf(e, -ENOMEM, "out of memory for %lld tokens of activations",
@@ -251,10 +400,25 @@ static int reserve(df_model *m, int64_t T, df_err *e)
     return 0;
 }
 
-/* A [T, cols] contiguous f32 view of a workspace buffer. */
-static df_tensor act(float *p, int64_t T, int64_t cols)
+/* A [T, cols] contiguous activation view of a workspace buffer. */
+static df_tensor act(const df_model *m, void *p, int64_t T, int64_t cols)
 {
-    return df_tensor_2d(p, DF_DTYPE_F32, T, cols);
+    return df_tensor_2d(p, m->adt, T, cols);
+}
+
+/* [T, heads, D] view of a [T, heads*D] column view (any row stride): the
+ * per-head norms run as one op over it. */
+static df_tensor heads_view(const df_tensor *t, int64_t heads, int64_t D)
+{
+    df_tensor r = *t;
+    r.ndim = 3;
+    r.shape[0] = t->shape[0];
+    r.shape[1] = heads;
+    r.shape[2] = D;
+    r.stride[0] = t->stride[0];
+    r.stride[1] = D;
+    r.stride[2] = 1;
+    return r;
 }
 
 #define CK(call)                                                               \
@@ -272,34 +436,25 @@ static int attention_block(df_model *m, int li, const int32_t *cu, int n_seq, in
     df_backend *be = m->be;
     int64_t D = c->head_dim, nq = c->num_attention_heads, nkv = c->num_key_value_heads;
     int gated = L->wq.shape[0] == 2 * nq * D;
-    df_tensor h = act(m->h, T, c->hidden_size);
-    df_tensor qg = act(m->big1, T, L->wq.shape[0]);
-    df_tensor k = act(m->big2, T, nkv * D), v = act(m->mid1, T, nkv * D);
-    df_tensor o = act(m->mid2, T, nq * D);
+    df_tensor h = act(m, m->h, T, c->hidden_size);
+    df_tensor qg = act(m, m->big1, T, L->wq.shape[0]);
+    df_tensor k = act(m, m->big2, T, nkv * D), v = act(m, m->mid1, T, nkv * D);
+    df_tensor o = act(m, m->mid2, T, nq * D);
     CK(df_op_matmul(be, &h, &L->wq, &qg, 0));
     CK(df_op_matmul(be, &h, &L->wk, &k, 0));
     CK(df_op_matmul(be, &h, &L->wv, &v, 0));
     df_tensor q = df_tensor_cols(&qg, 0, nq * D);
     df_tensor gate = gated ? df_tensor_cols(&qg, nq * D, nq * D) : q;
-    /* Per-head norms, before RoPE: contiguous [T, heads*D] rows are viewed as
-     * [T*heads, D]; the gated q is a column view (row stride 2*nq*D), so it
-     * is normed head by head. */
-    if (gated) {
-        for (int64_t hh = 0; hh < nq; hh++) {
-            df_tensor qv = df_tensor_cols(&q, hh * D, D);
-            CK(df_op_rmsnorm(be, &qv, &L->q_norm, (float)c->rms_norm_eps, m->plus_one, &qv));
-        }
-    } else {
-        df_tensor qh = act(m->big1, T * nq, D);
-        CK(df_op_rmsnorm(be, &qh, &L->q_norm, (float)c->rms_norm_eps, m->plus_one, &qh));
-    }
-    df_tensor kh = act(m->big2, T * nkv, D);
+    /* Per-head norms, before RoPE, as one op over [T, heads, D] views (the
+     * gated q is a column view with row stride 2*nq*D). */
+    df_tensor qh = heads_view(&q, nq, D), kh = heads_view(&k, nkv, D);
+    CK(df_op_rmsnorm(be, &qh, &L->q_norm, (float)c->rms_norm_eps, m->plus_one, &qh));
     CK(df_op_rmsnorm(be, &kh, &L->k_norm, (float)c->rms_norm_eps, m->plus_one, &kh));
     CK(df_op_rope(be, &q, m->pos, (int)nq, (int)D, c->rotary_dim, c->rope_theta));
     CK(df_op_rope(be, &k, m->pos, (int)nkv, (int)D, c->rotary_dim, c->rope_theta));
     CK(df_op_attention(be, &q, &k, &v, cu, n_seq, (int)nq, (int)nkv, (int)D,
                        (float)(1.0 / sqrt((double)D)), gated ? &gate : NULL, &o));
-    df_tensor x = act(m->x, T, c->hidden_size);
+    df_tensor x = act(m, m->x, T, c->hidden_size);
     CK(df_op_matmul(be, &o, &L->wo, &x, 1));
     return 0;
 }
@@ -312,11 +467,12 @@ static int gdn_block(df_model *m, int li, const int32_t *cu, int n_seq, int64_t 
     int64_t hk = c->linear_num_key_heads, hv = c->linear_num_value_heads,
             dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
     int64_t C = 2 * hk * dk + hv * dv;
-    df_tensor h = act(m->h, T, c->hidden_size);
-    df_tensor qkv = act(m->big1, T, C), conv = act(m->big2, T, C);
-    df_tensor z = act(m->mid1, T, hv * dv), o = act(m->mid2, T, hv * dv);
-    df_tensor a = act(m->small, T, hv), b = act(m->small + T * hv, T, hv);
-    df_tensor g = act(m->small + 2 * T * hv, T, hv), beta = act(m->small + 3 * T * hv, T, hv);
+    df_tensor h = act(m, m->h, T, c->hidden_size);
+    df_tensor qkv = act(m, m->big1, T, C), conv = act(m, m->big2, T, C);
+    df_tensor z = act(m, m->mid1, T, hv * dv), o = act(m, m->mid2, T, hv * dv);
+    df_tensor a = act(m, m->ab, T, hv), b = act(m, (uint8_t *)m->ab + T * hv * m->aes, T, hv);
+    df_tensor g = df_tensor_2d(m->gb, DF_DTYPE_F32, T, hv);
+    df_tensor beta = df_tensor_2d((float *)m->gb + T * hv, DF_DTYPE_F32, T, hv);
     CK(df_op_matmul(be, &h, &L->qkv, &qkv, 0));
     CK(df_op_conv1d_silu(be, &qkv, &L->conv, cu, n_seq, &conv));
     CK(df_op_matmul(be, &h, &L->z, &z, 0));
@@ -325,16 +481,14 @@ static int gdn_block(df_model *m, int li, const int32_t *cu, int n_seq, int64_t 
     CK(df_op_gdn_gates(be, &a, &b, &L->A_log, &L->dt_bias, &g, &beta));
     df_tensor q = df_tensor_cols(&conv, 0, hk * dk), k = df_tensor_cols(&conv, hk * dk, hk * dk);
     df_tensor v = df_tensor_cols(&conv, 2 * hk * dk, hv * dv);
-    for (int64_t hh = 0; hh < hk; hh++) {
-        df_tensor qv = df_tensor_cols(&q, hh * dk, dk), kv = df_tensor_cols(&k, hh * dk, dk);
-        CK(df_op_l2norm(be, &qv, 1e-6f, (float)(1.0 / sqrt((double)dk))));
-        CK(df_op_l2norm(be, &kv, 1e-6f, 1.0f));
-    }
+    df_tensor qh = heads_view(&q, hk, dk), kh = heads_view(&k, hk, dk);
+    CK(df_op_l2norm(be, &qh, 1e-6f, (float)(1.0 / sqrt((double)dk))));
+    CK(df_op_l2norm(be, &kh, 1e-6f, 1.0f));
     CK(df_op_gdn(be, &q, &k, &v, &g, &beta, cu, n_seq, (int)hk, (int)hv, (int)dk, (int)dv,
                  DF_GDN_CHUNKED, &o));
-    df_tensor oh = act(m->mid2, T * hv, dv), zh = act(m->mid1, T * hv, dv);
+    df_tensor oh = act(m, m->mid2, T * hv, dv), zh = act(m, m->mid1, T * hv, dv);
     CK(df_op_rmsnorm_gated(be, &oh, &zh, &L->gnorm, (float)c->rms_norm_eps, &oh));
-    df_tensor x = act(m->x, T, c->hidden_size);
+    df_tensor x = act(m, m->x, T, c->hidden_size);
     CK(df_op_matmul(be, &o, &L->out, &x, 1));
     return 0;
 }
@@ -344,8 +498,9 @@ static int mlp_block(df_model *m, int li, int64_t T, df_err *e)
     const df_model_config *c = &m->cfg;
     const layer_w *L = &m->layers[li];
     df_backend *be = m->be;
-    df_tensor x = act(m->x, T, c->hidden_size), h = act(m->h, T, c->hidden_size);
-    df_tensor gate = act(m->big1, T, c->intermediate_size), up = act(m->big2, T, c->intermediate_size);
+    df_tensor x = act(m, m->x, T, c->hidden_size), h = act(m, m->h, T, c->hidden_size);
+    df_tensor gate = act(m, m->big1, T, c->intermediate_size);
+    df_tensor up = act(m, m->big2, T, c->intermediate_size);
     CK(df_op_rmsnorm(be, &x, &L->post_norm, (float)c->rms_norm_eps, m->plus_one, &h));
     CK(df_op_matmul(be, &h, &L->gate, &gate, 0));
     CK(df_op_matmul(be, &h, &L->up, &up, 0));
@@ -354,20 +509,32 @@ static int mlp_block(df_model *m, int li, int64_t T, df_err *e)
     return 0;
 }
 
-/* Writes rows of src (f32 [T, H], backend memory) to dst as dtype. */
-static int store(df_model *m, const float *src, int64_t T, df_dtype dt, void *dst, df_err *e)
+/* Writes rows of src ([T, H] activations, backend memory) to host dst as
+ * dt. Same dtype: one download. BF16 -> F32: download into the first half
+ * of dst, widen in place from the end. F32 -> BF16 (CPU: src is host
+ * memory): narrow while copying. */
+static int store(df_model *m, const void *src, int64_t T, df_dtype dt, void *dst, df_err *e)
 {
     size_t n = (size_t)(T * m->cfg.hidden_size);
-    if (dt == DF_DTYPE_F32)
-        return df_backend_download(m->be, dst, src, n * sizeof(float));
-    if (dt != DF_DTYPE_BF16)
+    if (dt != DF_DTYPE_BF16 && dt != DF_DTYPE_F32)
         return df_errf(e, -EINVAL, "hidden states can be stored as BF16 or F32, not %s",
                        df_dtype_name(dt));
-    /* CPU backend: src is host memory; convert in place of a download. */
-    uint16_t *o = dst;
-    for (size_t i = 0; i < n; i++)
-        o[i] = df_f32_to_bf16(src[i]);
-    return 0;
+    int rc = 0;
+    if (dt == m->adt) {
+        rc = df_backend_download(m->be, dst, src, n * m->aes);
+    } else if (dt == DF_DTYPE_F32) { /* adt BF16 */
+        rc = df_backend_download(m->be, dst, src, n * 2);
+        const uint16_t *h = dst;
+        float *f = dst;
+        for (size_t i = n; i-- > 0;)
+            f[i] = df_bf16_to_f32(h[i]);
+    } else { /* adt F32 on a host backend */
+        const float *f = src;
+        uint16_t *o = dst;
+        for (size_t i = 0; i < n; i++)
+            o[i] = df_f32_to_bf16(f[i]);
+    }
+    return rc ? df_errf(e, rc, "copying hidden states from %s failed", df_backend_name(m->be)) : 0;
 }
 
 int df_model_forward(df_model *m, const uint32_t *ids, const int32_t *cu, int n_seq, int64_t T,
@@ -398,7 +565,7 @@ int df_model_forward(df_model *m, const uint32_t *ids, const int32_t *cu, int n_
             return df_errf(e, -EINVAL, "token %lld: id %u >= vocab size %lld", (long long)t, ids[t],
                            (long long)c->vocab_size);
     df_backend *be = m->be;
-    df_tensor x = act(m->x, T, c->hidden_size), h = act(m->h, T, c->hidden_size);
+    df_tensor x = act(m, m->x, T, c->hidden_size), h = act(m, m->h, T, c->hidden_size);
     int li = -1;
     CK(df_op_embed(be, &m->embed, ids, T, &x));
     for (int idx = 0; idx <= last; idx++) {
@@ -413,7 +580,7 @@ int df_model_forward(df_model *m, const uint32_t *ids, const int32_t *cu, int n_
             if (rc)
                 return rc;
         }
-        const float *src = m->x;
+        const void *src = m->x;
         if (idx == L) { /* HF's last hidden state is the final-normed one */
             CK(df_op_rmsnorm(be, &x, &m->final_norm, (float)c->rms_norm_eps, m->plus_one, &h));
             src = m->h;

@@ -26,6 +26,12 @@
 typedef struct df_model df_model;
 
 int df_model_open(const char *dir, df_backend *be, df_model **out, df_err *e);
+/* A model of the config's shape (a folder holding config.json, or the
+ * file) with random weights drawn on the backend (df_backend_fill_uniform,
+ * seeded by seed and each tensor's name): benchmarks of shapes whose
+ * checkpoint is not at hand, and CPU/GPU comparisons. */
+int df_model_open_random(const char *config, df_backend *be, uint64_t seed, df_model **out,
+                         df_err *e);
 void df_model_close(df_model *m);
 
 const df_model_config *df_model_get_config(const df_model *m);
@@ -33,7 +39,9 @@ const df_model_config *df_model_get_config(const df_model *m);
 /* Runs the forward over T tokens of n_seq packed documents (cu_seqlens
  * [n_seq + 1], positions restart at 0 in each document) and writes hidden
  * state hs_index[i] to out[i] as [T, hidden] of out_dtype (BF16 or F32),
- * host memory. */
+ * host memory (pinned memory from df_backend_host_alloc copies fastest).
+ * The backend computes in its activation dtype (F32 on the CPU, BF16 on
+ * CUDA: HF's bf16 numerics). */
 int df_model_forward(df_model *m, const uint32_t *ids, const int32_t *cu_seqlens, int n_seq,
                      int64_t T, const int *hs_index, int n_out, df_dtype out_dtype,
                      void *const *out, df_err *e);

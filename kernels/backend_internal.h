@@ -23,6 +23,8 @@ typedef struct df_backend_vt {
     int (*download)(df_backend *be, void *dst, const void *src, size_t bytes);
     void *(*host_alloc)(df_backend *be, size_t bytes);
     void (*host_free)(df_backend *be, void *p);
+    int (*fill_uniform)(df_backend *be, void *p, df_dtype dt, int64_t n, uint64_t seed, float lo,
+                        float hi);
 
     int (*embed)(df_backend *be, const df_tensor *table, const uint32_t *ids, int64_t n,
                  df_tensor *out);
@@ -61,6 +63,23 @@ struct df_backend {
     int nthreads;
     void *impl;    /* backend-private state (CUDA: stream, cuBLASLt, staging) */
 };
+
+/* Element i of df_backend_fill_uniform's sequence: a value in [lo, hi)
+ * from a hash of (seed, i), so every backend computes the same numbers. */
+#ifdef __CUDACC__
+#define DF_HOST_DEVICE __host__ __device__
+#else
+#define DF_HOST_DEVICE
+#endif
+DF_HOST_DEVICE static inline float df_fill_value(uint64_t seed, uint64_t i, float lo, float hi)
+{
+    uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull; /* splitmix64 */
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    float u = (float)(z >> 40) * (1.0f / 16777216.0f); /* 24 bits: [0, 1) */
+    return lo + (hi - lo) * u;
+}
 
 /* 1 when t's dtype is the backend's activation dtype. */
 static inline int df_is_act(const df_backend *be, const df_tensor *t)

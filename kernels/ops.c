@@ -114,6 +114,20 @@ static int cpu_copy(df_backend *be, void *dst, const void *src, size_t bytes)
     return 0;
 }
 
+static int cpu_fill_uniform(df_backend *be, void *p, df_dtype dt, int64_t n, uint64_t seed,
+                            float lo, float hi)
+{
+    (void)be;
+    for (int64_t i = 0; i < n; i++) {
+        float v = df_fill_value(seed, (uint64_t)i, lo, hi);
+        if (dt == DF_DTYPE_F32)
+            ((float *)p)[i] = v;
+        else
+            ((uint16_t *)p)[i] = df_f32_to_bf16(v);
+    }
+    return 0;
+}
+
 static const df_backend_vt cpu_vt = {
     .close = cpu_close,
     .sync = cpu_sync,
@@ -123,6 +137,7 @@ static const df_backend_vt cpu_vt = {
     .download = cpu_copy,
     .host_alloc = cpu_alloc,
     .host_free = cpu_free,
+    .fill_uniform = cpu_fill_uniform,
     .embed = df_cpu_embed,
     .matmul = df_cpu_matmul,
     .add = df_cpu_add,
@@ -212,6 +227,15 @@ void df_backend_host_free(df_backend *be, void *p)
 {
     if (be && p)
         be->vt->host_free(be, p);
+}
+
+int df_backend_fill_uniform(df_backend *be, void *p, df_dtype dt, int64_t n, uint64_t seed,
+                            float lo, float hi)
+{
+    if (!be || n < 0 || (n && !p) || (dt != DF_DTYPE_F32 && dt != DF_DTYPE_BF16) ||
+        !isfinite(lo) || !isfinite(hi) || !(lo <= hi))
+        return -EINVAL;
+    return n ? be->vt->fill_uniform(be, p, dt, n, seed, lo, hi) : 0;
 }
 
 int df_backend_upload(df_backend *be, void *dst, const void *src, size_t bytes)

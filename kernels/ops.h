@@ -92,6 +92,12 @@ df_dtype df_backend_act_dtype(const df_backend *be);
  * then be used straight from a mapping. */
 int df_backend_host_addressable(const df_backend *be);
 
+/* Fills n elements (dtype F32 or BF16) of backend memory p with values in
+ * [lo, hi) from a hash of (seed, index): the same numbers on every backend
+ * (random-weight models for benchmarks and CPU/GPU comparisons). */
+int df_backend_fill_uniform(df_backend *be, void *p, df_dtype dt, int64_t n, uint64_t seed,
+                            float lo, float hi);
+
 /* The CUDA backend on device `device` (ops on one stream, cuBLASLt GEMMs).
  * NULL with e set when there is no such device or the build has no CUDA. */
 df_backend *df_backend_cuda_open(int device, df_err *e);

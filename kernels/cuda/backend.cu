@@ -188,6 +188,30 @@ static int cu_download(df_backend *be, void *dst, const void *src, size_t bytes)
     return rc ? rc : df_cuda_fail(cudaStreamSynchronize(s->stream), "download sync");
 }
 
+__global__ void fill_kernel(void *p, int is_f32, int64_t n, uint64_t seed, float lo, float hi)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        float v = df_fill_value(seed, (uint64_t)i, lo, hi);
+        if (is_f32)
+            ((float *)p)[i] = v;
+        else /* round to nearest even, as df_f32_to_bf16 (v is finite) */
+            ((uint16_t *)p)[i] = (uint16_t)((__float_as_uint(v) + 0x7fffu +
+                                             ((__float_as_uint(v) >> 16) & 1u)) >> 16);
+    }
+}
+
+static int cu_fill_uniform(df_backend *be, void *p, df_dtype dt, int64_t n, uint64_t seed,
+                           float lo, float hi)
+{
+    if (cu_set(be))
+        return -EIO;
+    int64_t blocks = (n + 255) / 256;
+    fill_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st_of(be)->stream>>>(
+        p, dt == DF_DTYPE_F32, n, seed, lo, hi);
+    return df_cuda_check_launch("fill_uniform");
+}
+
 static void cu_close(df_backend *be)
 {
     df_cuda_state *s = st_of(be);
@@ -217,6 +241,7 @@ static const df_backend_vt cuda_vt = {
     /* .download = */ cu_download,
     /* .host_alloc = */ cu_host_alloc,
     /* .host_free = */ cu_host_free,
+    /* .fill_uniform = */ cu_fill_uniform,
     /* .embed = */ df_cuda_embed,
     /* .matmul = */ df_cuda_matmul,
     /* .add = */ df_cuda_add,
