@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,13 +15,90 @@
 #include "fsutil.h"
 #include "model.h"
 
+/* Two batches in flight: the forward fills one slot's pinned feature
+ * buffers while the put thread hands the other's samples to the cache
+ * writer (which copies them and compresses/writes in the background). The
+ * forward waits only when the writer side is behind: that wait is the
+ * "writer-bound" share the progress line reports. */
+enum { SLOT_FREE = 0, SLOT_FULL = 1 };
+
+typedef struct slot {
+    int state;
+    int n;               /* documents */
+    int64_t T;           /* tokens */
+    uint32_t *ids;       /* [cap] */
+    int32_t *cu;         /* [cap + 2] */
+    int64_t *docs;       /* [cap + 2] */
+    uint16_t *feat[64];  /* [cap * H] each, pinned */
+} slot;
+
+typedef struct pipe {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    slot slots[2];
+    int done;            /* no more batches */
+    int rc;              /* first put error */
+    df_err err;
+    /* put thread's view */
+    df_cache_writer *w;
+    df_corpus *corpus;
+    int K;
+    size_t H;
+    uint64_t docs_put, tokens_put;
+} pipe_t;
+
+static void *put_main(void *arg)
+{
+    pipe_t *p = arg;
+    for (int s = 0;; s ^= 1) {
+        slot *sl = &p->slots[s];
+        pthread_mutex_lock(&p->mu);
+        while (sl->state != SLOT_FULL && !p->done)
+            pthread_cond_wait(&p->cv, &p->mu);
+        int have = sl->state == SLOT_FULL;
+        pthread_mutex_unlock(&p->mu);
+        if (!have)
+            return NULL; /* done and drained (slots are filled in turn) */
+        int rc = 0;
+        df_err e = {0};
+        for (int j = 0; j < sl->n && !rc; j++) {
+            const uint32_t *di;
+            const uint8_t *dm;
+            uint64_t len;
+            df_corpus_doc(p->corpus, (uint64_t)sl->docs[j], &di, &dm, &len);
+            const void *lp[64];
+            for (int i = 0; i < p->K; i++)
+                lp[i] = sl->feat[i] + (size_t)sl->cu[j] * p->H;
+            df_cache_sample smp = {.id = (uint64_t)sl->docs[j], .n_tokens = (uint32_t)len,
+                                   .ids = di, .loss_mask = dm, .layers = lp};
+            rc = df_cache_writer_put(p->w, &smp, &e);
+            if (!rc) {
+                pthread_mutex_lock(&p->mu);
+                p->docs_put++;
+                p->tokens_put += len;
+                pthread_mutex_unlock(&p->mu);
+            }
+        }
+        pthread_mutex_lock(&p->mu);
+        sl->state = SLOT_FREE;
+        if (rc && !p->rc) {
+            p->rc = rc;
+            p->err = e;
+        }
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+        if (rc)
+            return NULL;
+    }
+}
+
 typedef struct progress {
     int on, tty;
     double t0, last;
 } progress;
 
 static void progress_line(progress *p, const df_extract_stats *st, uint64_t done_docs,
-                          uint64_t total_docs, int final)
+                          uint64_t total_docs, double wait_s, int final)
 {
     if (!p->on)
         return;
@@ -32,12 +110,29 @@ static void progress_line(progress *p, const df_extract_stats *st, uint64_t done
     double tps = dt > 0 ? (double)st->tokens / dt : 0;
     double frac = total_docs ? (double)done_docs / (double)total_docs : 1;
     double eta = frac > 0 && frac < 1 ? dt / frac - dt : 0;
+    double waitf = dt > 0 ? wait_s / dt : 0;
+    char wb[64] = "";
+    if (waitf > 0.05) /* the target waits on compression / the disk */
+        snprintf(wb, sizeof wb, ", writer-bound %.0f%%", 100 * waitf);
     fprintf(stderr, "%sextract: %" PRIu64 "/%" PRIu64 " docs, %" PRIu64 " tokens, %.0f tok/s, "
-            "ETA %.0f s, %.1f MB stored (ratio %.3f)%s",
+            "ETA %.0f s, %.2f GB written (ratio %.3f)%s%s",
             p->tty ? "\r" : "", done_docs, total_docs, st->tokens, tps, eta,
-            st->stored_bytes / 1e6,
-            st->raw_bytes ? (double)st->stored_bytes / (double)st->raw_bytes : 0.0,
+            st->stored_bytes / 1e9,
+            st->raw_bytes ? (double)st->stored_bytes / (double)st->raw_bytes : 0.0, wb,
             p->tty && !final ? "   " : "\n");
+}
+
+/* Waits until slot s is free; returns the seconds waited, or -1 when the
+ * put thread failed. */
+static double slot_wait_free(pipe_t *p, int s)
+{
+    double t0 = df_now();
+    pthread_mutex_lock(&p->mu);
+    while (p->slots[s].state != SLOT_FREE && !p->rc)
+        pthread_cond_wait(&p->cv, &p->mu);
+    int rc = p->rc;
+    pthread_mutex_unlock(&p->mu);
+    return rc ? -1 : df_now() - t0;
 }
 
 int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *st, df_err *e)
@@ -47,11 +142,15 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
     df_model *m = NULL;
     df_corpus *corpus = NULL;
     df_cache_writer *w = NULL;
-    uint16_t *feat[64] = {0};
-    uint32_t *ids = NULL;
-    int32_t *cu = NULL;
-    int64_t *docs = NULL;
-    int rc = df_model_open(o->model_dir, be, &m, e);
+    pipe_t pp;
+    memset(&pp, 0, sizeof pp);
+    pthread_mutex_init(&pp.mu, NULL);
+    pthread_cond_init(&pp.cv, NULL);
+    int put_started = 0;
+    pthread_t put_thread;
+    int rc = o->random_config
+                 ? df_model_open_random(o->random_config, be, o->random_seed, &m, e)
+                 : df_model_open(o->model_dir, be, &m, e);
     if (rc)
         goto out;
     const df_model_config *c = df_model_get_config(m);
@@ -91,8 +190,9 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
     df_cache_params p = {0};
     snprintf(p.model_type, sizeof p.model_type, "%s", c->model_type);
     char dcopy[4096];
-    snprintf(dcopy, sizeof dcopy, "%s", o->model_dir);
-    snprintf(p.target_name, sizeof p.target_name, "%s", basename(dcopy));
+    snprintf(dcopy, sizeof dcopy, "%s", o->random_config ? o->random_config : o->model_dir);
+    snprintf(p.target_name, sizeof p.target_name, "%s%s", o->random_config ? "random:" : "",
+             basename(dcopy));
     snprintf(p.config_sha256, sizeof p.config_sha256, "%s", c->config_sha256);
     p.hidden_size = (uint32_t)c->hidden_size;
     p.num_target_layers = (uint32_t)L;
@@ -126,33 +226,49 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
     }
     int64_t cap = longest > budget ? longest : budget;
     size_t H = (size_t)c->hidden_size;
-    ids = malloc((size_t)cap * sizeof *ids);
-    cu = malloc(((size_t)cap + 2) * sizeof *cu);
-    docs = malloc(((size_t)cap + 2) * sizeof *docs);
-    for (int i = 0; i < K; i++)
-        feat[i] = malloc((size_t)cap * H * 2);
-    if (!ids || !cu || !docs || (K && !feat[K - 1])) {
-        rc = df_errf(e, -ENOMEM, "out of memory for a batch of %lld tokens", (long long)cap);
-        goto out;
+    for (int b = 0; b < 2; b++) {
+        slot *sl = &pp.slots[b];
+        sl->ids = malloc((size_t)cap * sizeof *sl->ids);
+        sl->cu = malloc(((size_t)cap + 2) * sizeof *sl->cu);
+        sl->docs = malloc(((size_t)cap + 2) * sizeof *sl->docs);
+        int ok = sl->ids && sl->cu && sl->docs;
+        for (int i = 0; i < K && ok; i++)
+            ok = (sl->feat[i] = df_backend_host_alloc(be, (size_t)cap * H * 2)) != NULL;
+        if (!ok) {
+            rc = df_errf(e, -ENOMEM, "out of memory for a batch of %lld tokens", (long long)cap);
+            goto out;
+        }
     }
     int hs[64];
-    void *outs[64];
-    for (int i = 0; i < K; i++) {
+    for (int i = 0; i < K; i++)
         hs[i] = layers[i] + 1;
-        outs[i] = feat[i];
-    }
     uint64_t mine = 0;
     for (uint64_t d = o->rank; d < n_docs; d += p.world_size)
         mine++;
+    pp.w = w;
+    pp.corpus = corpus;
+    pp.K = K;
+    pp.H = H;
+    if (pthread_create(&put_thread, NULL, put_main, &pp)) {
+        rc = df_errf(e, -EAGAIN, "cannot start the writer thread");
+        goto out;
+    }
+    put_started = 1;
     progress pr = {.on = o->progress, .tty = isatty(2), .t0 = df_now()};
     pr.last = pr.t0;
-    uint64_t done = 0;
+    uint64_t skipped = 0;
+    double wait_s = 0;
     uint64_t d = o->rank;
-    while (d < n_docs) {
+    for (int s = 0; d < n_docs; s ^= 1) {
+        slot *sl = &pp.slots[s];
+        double waited = slot_wait_free(&pp, s);
+        if (waited < 0)
+            break; /* the put thread failed: reported below */
+        wait_s += waited;
         /* Pack documents into one forward of about `budget` tokens. */
         int n = 0;
         int64_t T = 0;
-        cu[0] = 0;
+        sl->cu[0] = 0;
         for (; d < n_docs; d += p.world_size) {
             const uint32_t *di;
             const uint8_t *dm;
@@ -160,51 +276,59 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
             df_corpus_doc(corpus, d, &di, &dm, &len);
             if (df_cache_writer_has(w, d)) {
                 st->docs_skipped_resume++;
-                done++;
+                skipped++;
                 continue;
             }
             if (len == 0) {
                 st->docs_empty++;
-                done++;
+                skipped++;
                 continue;
             }
             if (n > 0 && T + (int64_t)len > budget)
                 break;
-            memcpy(ids + T, di, len * sizeof *ids);
-            docs[n] = (int64_t)d;
+            memcpy(sl->ids + T, di, len * sizeof *sl->ids);
+            sl->docs[n] = (int64_t)d;
             T += (int64_t)len;
-            cu[++n] = (int32_t)T;
+            sl->cu[++n] = (int32_t)T;
         }
         if (n == 0)
             break;
         double t0 = df_now();
-        if ((rc = df_model_forward(m, ids, cu, n, T, hs, K, DF_DTYPE_BF16, outs, e))) {
-            df_err_wrap(e, "documents %" PRId64 "..%" PRId64, docs[0], docs[n - 1]);
+        if ((rc = df_model_forward(m, sl->ids, sl->cu, n, T, hs, K, DF_DTYPE_BF16,
+                                   (void *const *)sl->feat, e))) {
+            df_err_wrap(e, "documents %" PRId64 "..%" PRId64, sl->docs[0], sl->docs[n - 1]);
             goto out;
         }
         st->forward_seconds += df_now() - t0;
-        for (int j = 0; j < n; j++) {
-            const uint32_t *di;
-            const uint8_t *dm;
-            uint64_t len;
-            df_corpus_doc(corpus, (uint64_t)docs[j], &di, &dm, &len);
-            const void *lp[64];
-            for (int i = 0; i < K; i++)
-                lp[i] = feat[i] + (size_t)cu[j] * H;
-            df_cache_sample s = {.id = (uint64_t)docs[j], .n_tokens = (uint32_t)len, .ids = di,
-                                 .loss_mask = dm, .layers = lp};
-            if ((rc = df_cache_writer_put(w, &s, e)))
-                goto out;
-            st->docs++;
-            st->tokens += len;
-            done++;
-        }
+        sl->n = n;
+        sl->T = T;
+        pthread_mutex_lock(&pp.mu);
+        sl->state = SLOT_FULL;
+        pthread_cond_broadcast(&pp.cv);
+        st->docs = pp.docs_put;
+        st->tokens = pp.tokens_put;
+        pthread_mutex_unlock(&pp.mu);
         df_cache_writer_stats ws;
         df_cache_writer_get_stats(w, &ws);
         st->raw_bytes = ws.raw_bytes;
         st->stored_bytes = ws.stored_bytes;
-        progress_line(&pr, st, done, mine, 0);
+        progress_line(&pr, st, st->docs + skipped, mine, wait_s, 0);
     }
+    pthread_mutex_lock(&pp.mu);
+    pp.done = 1;
+    pthread_cond_broadcast(&pp.cv);
+    pthread_mutex_unlock(&pp.mu);
+    pthread_join(put_thread, NULL);
+    put_started = 0;
+    if (pp.rc) {
+        rc = pp.rc;
+        if (e)
+            *e = pp.err;
+        goto out;
+    }
+    st->docs = pp.docs_put;
+    st->tokens = pp.tokens_put;
+    st->writer_wait_seconds = wait_s;
     if ((rc = df_cache_writer_flush(w, e)))
         goto out;
     df_cache_writer_stats ws;
@@ -215,15 +339,26 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
     rc = df_cache_writer_close(w, e);
     w = NULL;
     st->seconds = df_now() - t_start;
-    progress_line(&pr, st, done, mine, 1);
+    progress_line(&pr, st, st->docs + skipped, mine, wait_s, 1);
 out:
+    if (put_started) { /* an error on this side: stop the put thread first */
+        pthread_mutex_lock(&pp.mu);
+        pp.done = 1;
+        pthread_cond_broadcast(&pp.cv);
+        pthread_mutex_unlock(&pp.mu);
+        pthread_join(put_thread, NULL);
+    }
     if (w)
         df_cache_writer_abandon(w); /* what was written stays resumable */
-    for (int i = 0; i < 64; i++)
-        free(feat[i]);
-    free(ids);
-    free(cu);
-    free(docs);
+    for (int b = 0; b < 2; b++) {
+        for (int i = 0; i < 64; i++)
+            df_backend_host_free(be, pp.slots[b].feat[i]);
+        free(pp.slots[b].ids);
+        free(pp.slots[b].cu);
+        free(pp.slots[b].docs);
+    }
+    pthread_mutex_destroy(&pp.mu);
+    pthread_cond_destroy(&pp.cv);
     df_corpus_close(corpus);
     df_model_close(m);
     return rc;

@@ -16,6 +16,8 @@
 
 typedef struct df_extract_opts {
     const char *model_dir, *data_path, *out_dir;
+    const char *random_config; /* non-NULL: a random-weight model of this config (benchmarks) */
+    uint64_t random_seed;
     int n_layers;            /* layers by the DFlash rule when layer_ids is NULL; 0 = min(5, L-3) */
     const int *layer_ids;    /* explicit 0-based target layer ids, or NULL */
     int n_layer_ids;
@@ -33,6 +35,7 @@ typedef struct df_extract_stats {
     uint64_t docs_skipped_resume, docs_empty;
     uint64_t raw_bytes, stored_bytes;
     double seconds, forward_seconds;
+    double writer_wait_seconds;          /* the forward waited on compression / the disk */
     int layer_ids[64];
     int n_layers;
     const char *io_backend;
