@@ -1,5 +1,9 @@
 /* cmd_extract.c - `dflash extract`: the target over a corpus, into a cache. */
 #include <errno.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -7,7 +11,10 @@
 
 #include "cmds.h"
 #include "codec.h"
+#include "cache.h"
 #include "extract.h"
+
+extern char **environ;
 
 static void usage(FILE *f)
 {
@@ -45,10 +52,127 @@ static int parse_u64(const char *s, uint64_t *v)
     return 0;
 }
 
+/* An integer environment variable (0 <= v < 2^31), or -1. */
+static long env_int(const char *name)
+{
+    const char *v = getenv(name);
+    uint64_t x;
+    return v && !parse_u64(v, &x) && x < 0x80000000ull ? (long)x : -1;
+}
+
+/* A launcher's rank for this process: torchrun (RANK, WORLD_SIZE,
+ * LOCAL_RANK) or Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID). */
+static int launcher_rank(uint32_t *rank, uint32_t *world, int *local)
+{
+    const char *k[2][3] = {{"RANK", "WORLD_SIZE", "LOCAL_RANK"},
+                           {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}};
+    for (int i = 0; i < 2; i++) {
+        long r = env_int(k[i][0]), w = env_int(k[i][1]), l = env_int(k[i][2]);
+        if (r >= 0 && w > 1 && r < w && l >= 0) {
+            *rank = (uint32_t)r;
+            *world = (uint32_t)w;
+            *local = (int)l;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* This node's index and the node count for one process per node
+ * (NODE_RANK/NNODES, or SLURM_NODEID/SLURM_NNODES); 0 of 1 otherwise. */
+static void node_rank(uint32_t *node, uint32_t *nodes)
+{
+    long n = env_int("NODE_RANK"), c = env_int("NNODES");
+    if (n < 0 || c < 1) {
+        n = env_int("SLURM_NODEID");
+        c = env_int("SLURM_NNODES");
+    }
+    *node = n >= 0 && c >= 1 && n < c ? (uint32_t)n : 0;
+    *nodes = n >= 0 && c >= 1 && n < c ? (uint32_t)c : 1;
+}
+
+/* Runs this command once per local GPU as fresh processes (exec, not a bare
+ * fork: CUDA must not be initialised before a fork), rank node*n + i of
+ * nodes*n, and waits for all. The ranks write one cache; the last to finish
+ * writes its manifest. */
+static int spawn_ranks(int argc, char **argv, int n, uint32_t node, uint32_t nodes,
+                       const char *out_dir)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double t0 = ts.tv_sec + ts.tv_nsec * 1e-9;
+    pid_t pids[64];
+    int started = 0, failed = 0;
+    if (n > 64)
+        n = 64;
+    for (int i = 0; i < n; i++) {
+        char **av = calloc((size_t)argc + 10, sizeof *av);
+        char gbuf[16], rbuf[16], wbuf[16];
+        snprintf(gbuf, sizeof gbuf, "%d", i);
+        snprintf(rbuf, sizeof rbuf, "%u", node * (uint32_t)n + (uint32_t)i);
+        snprintf(wbuf, sizeof wbuf, "%u", nodes * (uint32_t)n);
+        if (!av) {
+            failed++;
+            break;
+        }
+        int k = 0;
+        av[k++] = "dflash";
+        for (int j = 0; j < argc; j++) /* argv[0] is "extract" */
+            av[k++] = argv[j];
+        av[k++] = "--gpu";
+        av[k++] = gbuf;
+        av[k++] = "--rank";
+        av[k++] = rbuf;
+        av[k++] = "--world-size";
+        av[k++] = wbuf;
+        av[k] = NULL;
+        int rc = posix_spawn(&pids[i], "/proc/self/exe", NULL, NULL, av, environ);
+        free(av);
+        if (rc) {
+            fprintf(stderr, "dflash extract: cannot start rank %s: %s\n", rbuf, strerror(rc));
+            failed++;
+            break;
+        }
+        started++;
+    }
+    for (int i = 0; i < started; i++) {
+        int status = 0;
+        while (waitpid(pids[i], &status, 0) < 0 && errno == EINTR)
+            ;
+        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+            fprintf(stderr, "dflash extract: GPU %d (rank %u) failed (%s %d); rerun the same "
+                            "command to resume\n", i, node * (uint32_t)n + (uint32_t)i,
+                    WIFEXITED(status) ? "exit" : "signal",
+                    WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+            failed++;
+        }
+    }
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double dt = ts.tv_sec + ts.tv_nsec * 1e-9 - t0;
+    if (failed)
+        return 1;
+    df_err e = {0};
+    df_cache *c = df_cache_open(out_dir, &e);
+    if (c) { /* every rank of every node is done */
+        const df_cache_info *ci = df_cache_get_info(c);
+        printf("extracted on %d GPUs x %u node(s) in %.2f s: %" PRIu64 " samples, %" PRIu64
+               " tokens in the cache (%.0f tok/s if all ran in this call), %.1f MB stored "
+               "(ratio %.3f)\n", n, nodes, dt, ci->samples, ci->tokens, ci->tokens / dt,
+               ci->stored_bytes / 1e6,
+               ci->raw_bytes ? (double)ci->stored_bytes / ci->raw_bytes : 0.0);
+        df_cache_close(c);
+    } else {
+        printf("%d local ranks done in %.2f s; the manifest comes with the last rank of the "
+               "other nodes\n", n, dt);
+    }
+    return 0;
+}
+
 int cmd_extract(int argc, char **argv)
 {
     df_extract_opts o = {.codec = DF_CODEC_SPLIT_ZSTD, .progress = 1, .world_size = 1};
-    const char *layers = "auto", *device = "cpu";
+    const char *layers = "auto", *device = "auto", *gpus = NULL;
+    int gpu = -1, rank_given = 0;
     int ids[64];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -70,6 +194,10 @@ int cmd_extract(int argc, char **argv)
         else if (!strcmp(a, "--out")) o.out_dir = v;
         else if (!strcmp(a, "--layers")) layers = v;
         else if (!strcmp(a, "--device")) device = v;
+        else if (!strcmp(a, "--gpus")) gpus = v;
+        else if (!strcmp(a, "--random-weights")) o.random_config = v;
+        else if (!parse_u64(v, &x) && !strcmp(a, "--seed")) o.random_seed = x;
+        else if (!parse_u64(v, &x) && !strcmp(a, "--gpu") && x < 1024) gpu = (int)x;
         else if (!strcmp(a, "--codec")) {
             if ((o.codec = df_codec_from_name(v)) < 0) {
                 fprintf(stderr, "dflash extract: unknown codec '%s' (stored, lz4, split-lz4, "
@@ -80,27 +208,22 @@ int cmd_extract(int argc, char **argv)
         else if (!parse_u64(v, &x) && !strcmp(a, "--batch-tokens")) o.batch_tokens = (int64_t)x;
         else if (!parse_u64(v, &x) && !strcmp(a, "--max-len")) o.max_len = (int64_t)x;
         else if (!parse_u64(v, &x) && !strcmp(a, "--threads")) o.threads = (int)x;
-        else if (!parse_u64(v, &x) && !strcmp(a, "--rank")) o.rank = (uint32_t)x;
-        else if (!parse_u64(v, &x) && !strcmp(a, "--world-size") && x > 0) o.world_size = (uint32_t)x;
+        else if (!parse_u64(v, &x) && !strcmp(a, "--rank") && x < UINT32_MAX) { o.rank = (uint32_t)x; rank_given = 1; }
+        else if (!parse_u64(v, &x) && !strcmp(a, "--world-size") && x > 0 && x <= UINT32_MAX) o.world_size = (uint32_t)x;
         else {
             fprintf(stderr, "dflash extract: bad option or value: %s %s\n", a, v);
             usage(stderr);
             return 2;
         }
     }
-    if (!o.model_dir || !o.data_path || !o.out_dir) {
-        fprintf(stderr, "dflash extract: --model, --data and --out are required\n");
+    if ((!o.model_dir && !o.random_config) || !o.data_path || !o.out_dir) {
+        fprintf(stderr, "dflash extract: --model (or --random-weights), --data and --out are "
+                        "required\n");
         usage(stderr);
         return 2;
     }
-    if (strcmp(device, "cpu")) {
-        fprintf(stderr, "dflash extract: device '%s' is not built yet (cpu only; the CUDA "
-                        "extractor is the next issue)\n", device);
-        return 2;
-    }
-    if (o.rank >= o.world_size) {
-        fprintf(stderr, "dflash extract: --rank %u out of range for --world-size %u\n", o.rank,
-                o.world_size);
+    if (strcmp(device, "auto") && strcmp(device, "cpu") && strcmp(device, "cuda")) {
+        fprintf(stderr, "dflash extract: --device '%s': want auto, cpu or cuda\n", device);
         return 2;
     }
     if (strcmp(layers, "auto")) {
@@ -127,8 +250,49 @@ int cmd_extract(int argc, char **argv)
             o.n_layer_ids = n;
         }
     }
+    int n_gpu = strcmp(device, "cpu") ? df_backend_cuda_device_count() : 0;
+    if (!strcmp(device, "cuda") && n_gpu == 0) {
+        fprintf(stderr, "dflash extract: --device cuda: no CUDA device is visible%s\n",
+                df_backend_cuda_device_count() < 0 ? " (this build has no CUDA)" : "");
+        return 1;
+    }
+    int use_cuda = n_gpu > 0;
+    if (use_cuda && gpu < 0 && !rank_given) {
+        uint32_t r, wsz;
+        int local;
+        if (launcher_rank(&r, &wsz, &local)) { /* torchrun / Slurm: one process per GPU */
+            o.rank = r;
+            o.world_size = wsz;
+            gpu = local;
+        } else {
+            int n = n_gpu;
+            if (gpus && strcmp(gpus, "all")) {
+                uint64_t k;
+                if (parse_u64(gpus, &k) || k < 1 || k > (uint64_t)n_gpu) {
+                    fprintf(stderr, "dflash extract: --gpus '%s': want all or 1..%d\n", gpus,
+                            n_gpu);
+                    return 2;
+                }
+                n = (int)k;
+            }
+            uint32_t node, nodes;
+            node_rank(&node, &nodes);
+            if (n > 1 || nodes > 1)
+                return spawn_ranks(argc, argv, n, node, nodes, o.out_dir);
+            gpu = 0;
+        }
+    }
+    if (o.rank >= o.world_size) {
+        fprintf(stderr, "dflash extract: --rank %u out of range for --world-size %u\n", o.rank,
+                o.world_size);
+        return 2;
+    }
+    if (use_cuda && gpu >= n_gpu) {
+        fprintf(stderr, "dflash extract: --gpu %d: only %d visible\n", gpu, n_gpu);
+        return 2;
+    }
     df_err e = {0};
-    df_backend *be = df_backend_cpu_open(0, &e);
+    df_backend *be = use_cuda ? df_backend_cuda_open(gpu, &e) : df_backend_cpu_open(0, &e);
     if (!be) {
         fprintf(stderr, "dflash extract: %s\n", e.msg);
         return 1;

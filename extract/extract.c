@@ -95,6 +95,7 @@ static void *put_main(void *arg)
 typedef struct progress {
     int on, tty;
     double t0, last;
+    char who[48]; /* "extract" or "extract[rank r/w]" */
 } progress;
 
 static void progress_line(progress *p, const df_extract_stats *st, uint64_t done_docs,
@@ -114,9 +115,9 @@ static void progress_line(progress *p, const df_extract_stats *st, uint64_t done
     char wb[64] = "";
     if (waitf > 0.05) /* the target waits on compression / the disk */
         snprintf(wb, sizeof wb, ", writer-bound %.0f%%", 100 * waitf);
-    fprintf(stderr, "%sextract: %" PRIu64 "/%" PRIu64 " docs, %" PRIu64 " tokens, %.0f tok/s, "
+    fprintf(stderr, "%s%s: %" PRIu64 "/%" PRIu64 " docs, %" PRIu64 " tokens, %.0f tok/s, "
             "ETA %.0f s, %.2f GB written (ratio %.3f)%s%s",
-            p->tty ? "\r" : "", done_docs, total_docs, st->tokens, tps, eta,
+            p->tty ? "\r" : "", p->who, done_docs, total_docs, st->tokens, tps, eta,
             st->stored_bytes / 1e9,
             st->raw_bytes ? (double)st->stored_bytes / (double)st->raw_bytes : 0.0, wb,
             p->tty && !final ? "   " : "\n");
@@ -254,8 +255,13 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
         goto out;
     }
     put_started = 1;
-    progress pr = {.on = o->progress, .tty = isatty(2), .t0 = df_now()};
+    /* Several ranks share a terminal: plain lines, each naming its rank. */
+    progress pr = {.on = o->progress, .tty = isatty(2) && p.world_size == 1, .t0 = df_now()};
     pr.last = pr.t0;
+    if (p.world_size > 1)
+        snprintf(pr.who, sizeof pr.who, "extract[rank %u/%u]", o->rank, p.world_size);
+    else
+        snprintf(pr.who, sizeof pr.who, "extract");
     uint64_t skipped = 0;
     double wait_s = 0;
     uint64_t d = o->rank;

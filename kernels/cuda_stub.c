@@ -7,3 +7,8 @@ df_backend *df_backend_cuda_open(int device, df_err *e)
                          "(configure with nvcc present and DFLASH_CUDA=ON)", device);
     return NULL;
 }
+
+int df_backend_cuda_device_count(void)
+{
+    return -1;
+}

@@ -101,6 +101,8 @@ int df_backend_fill_uniform(df_backend *be, void *p, df_dtype dt, int64_t n, uin
 /* The CUDA backend on device `device` (ops on one stream, cuBLASLt GEMMs).
  * NULL with e set when there is no such device or the build has no CUDA. */
 df_backend *df_backend_cuda_open(int device, df_err *e);
+/* Visible CUDA devices: 0 with none, -1 in a build without CUDA. */
+int df_backend_cuda_device_count(void);
 
 /* ---- dense ops ---- */
 

@@ -2,14 +2,19 @@
 """make_fixtures.py - reference fixtures made with Hugging Face transformers itself.
 
 Run where torch + transformers are (the GPU machine: torch 2.11, transformers 5.17):
-    python3 scripts/make_fixtures.py --out DIR [--dump-src SRCDIR]
-Writes (docs/FIXTURES.md describes every file and tensor):
+    python3 scripts/make_fixtures.py --out DIR [--dump-src SRCDIR] [--variant tiny|big] [--seed-offset N]
+Writes, for --variant tiny (the default; docs/FIXTURES.md describes every file and tensor):
     DIR/qwen3-tiny/       random-weight Qwen3ForCausalLM (bf16) + expected.safetensors (hidden states)
     DIR/qwen3_5-tiny/     random-weight Qwen3.5 (bf16, multimodal checkpoint layout when transformers
                           allows it) + expected.safetensors + README-names.txt
     DIR/gdn_ref.safetensors  HF's torch chunked and recurrent gated delta rule on random inputs
     DIR/tiny-qwen3/       the bundled demo model (= qwen3-tiny) + corpus.jsonl / eval.jsonl of its
                           own greedy continuations of random prompts
+For --variant big (realistic head dims, for the GPU kernels; made live on the GPU machine, not committed):
+    DIR/qwen3-big/        Qwen3, hidden 256, head_dim 128 + expected.safetensors
+    DIR/qwen3_5-big/      Qwen3.5, hidden 256, head_dim 256, GDN 2 key / 6 value heads of dim 128
+                          + expected.safetensors + README-names.txt  (only parts a, b exist for big)
+--seed-offset N adds N to the weight seeds of both models and to the documents' seed (fresh random models).
 Everything is seeded; weights are drawn on the CPU, forwards run on CUDA when present.
 """
 
@@ -28,13 +33,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-DOC_LENS = [37, 150, 1, 70]  # documents of the hidden-state fixtures (150 = 3 GDN chunks of 64)
-VOCAB = 512
+VOCAB = 512                   # both variants
 ID_LO = 3                     # random ids are drawn from [ID_LO, VOCAB); 0..2 are left unused
-INIT_STD = 0.125              # std of every matrix and embedding (~1/sqrt(hidden): O(1) activations)
+INIT_STD = 0.125              # tiny: std of every matrix and embedding (1/sqrt(hidden): O(1) activations)
 NORM_STD = 0.1                # norm weights: 1 + N(0, NORM_STD) (plain) or N(0, NORM_STD) (zero-centred)
 CONV_STD = 0.35               # GDN depthwise conv taps
-SEED_DOCS = 1234
+SEED_DOCS = 1234              # these three get --seed-offset added
 SEED_QWEN3 = 1
 SEED_QWEN3_5 = 2
 SEED_GDN = 3
@@ -42,6 +46,35 @@ SEED_CORPUS = 100             # train prompts
 SEED_EVAL = 200               # eval prompts
 N_CORPUS, N_EVAL = 96, 32
 PROMPT_MIN, PROMPT_MAX, NEW_TOKENS = 16, 48, 48
+
+# Shapes of the two models and the documents, per --variant. "tiny" is the committed fixtures (tests/fixtures);
+# "big" has the real models' head dims (and Qwen3.5's 1:3 GDN key:value head grouping) for the GPU kernels.
+# init_std = 1/sqrt(hidden) keeps the residual stream O(1) (hs[0] = the embeddings has std init_std).
+_Q35_LAYERS = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
+VARIANTS = {
+    "tiny": {
+        "doc_lens": [37, 150, 1, 70],  # 150 = 3 GDN chunks of 64, the last partial
+        "init_std": INIT_STD,
+        "qwen3": dict(hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=16, max_position_embeddings=512),
+        "qwen3_5": dict(hidden_size=64, intermediate_size=160, num_hidden_layers=4, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=32, max_position_embeddings=512,
+                        linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
+                        linear_num_key_heads=2, linear_num_value_heads=4, layer_types=_Q35_LAYERS,
+                        mrope_section=[2, 1, 1]),  # 8 rotary dims = 4 frequencies
+    },
+    "big": {
+        "doc_lens": [300, 1, 129, 700],  # no multiple of 64; one of length 1; 700 > one 512-block
+        "init_std": 1.0 / math.sqrt(256),  # 0.0625
+        "qwen3": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=3, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=128, max_position_embeddings=4096),
+        "qwen3_5": dict(hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
+                        num_key_value_heads=2, head_dim=256, max_position_embeddings=4096,
+                        linear_conv_kernel_dim=4, linear_key_head_dim=128, linear_value_head_dim=128,
+                        linear_num_key_heads=2, linear_num_value_heads=6, layer_types=_Q35_LAYERS,
+                        mrope_section=[11, 11, 10]),  # 64 rotary dims = 32 frequencies (the real model's)
+    },
+}
 
 torch = None  # imported in main()
 
@@ -89,7 +122,7 @@ def name_seed(seed, name):
     return (seed * 1000003 + zlib.crc32(name.encode())) % (2 ** 63)
 
 
-def randomize(model, seed, zero_centred_classes=()):
+def randomize(model, seed, zero_centred_classes=(), init_std=INIT_STD):
     """Gives every parameter a deterministic, non-trivial random value (drawn in fp32 on the CPU,
     one generator per tensor seeded by its name). Returns the list of (name, kind)."""
     kinds = []
@@ -118,7 +151,7 @@ def randomize(model, seed, zero_centred_classes=()):
         elif "conv1d" in name and "visual" not in name:
             v, kind = CONV_STD * randn(), f"conv N(0,{CONV_STD})"
         else:
-            v, kind = INIT_STD * randn(), f"N(0,{INIT_STD})"
+            v, kind = init_std * randn(), f"N(0,{init_std})"
         with torch.no_grad():
             p.copy_(v.to(p.dtype))
         kinds.append((name, kind))
@@ -202,13 +235,14 @@ def versions():
     return transformers.__version__, torch.__version__
 
 
-def make_docs():
-    g = torch.Generator().manual_seed(SEED_DOCS)
-    return [torch.randint(ID_LO, VOCAB, (n,), generator=g).tolist() for n in DOC_LENS]
+def make_docs(doc_lens, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(ID_LO, VOCAB, (n,), generator=g).tolist() for n in doc_lens]
 
 
-def reference_states(cls, mdir, docs, dev, ref_inv, name, extra_meta, load_kwargs=None):
-    """Loads the saved model twice (bf16, fp32), runs the documents, writes expected.safetensors."""
+def reference_states(cls, mdir, docs, dev, ref_inv, name, extra_meta, run, load_kwargs=None):
+    """Loads the saved model twice (bf16, fp32), runs the documents, writes expected.safetensors.
+    run: the run settings (see main: doc_lens, doc_seed, variant, seed_offset)."""
     from safetensors.torch import save_file
 
     load_kwargs = load_kwargs or {}
@@ -252,11 +286,13 @@ def reference_states(cls, mdir, docs, dev, ref_inv, name, extra_meta, load_kwarg
         tensors[f"hs_fp32.{i}"] = res["fp32"][i].contiguous()
     meta = {"transformers": tv, "torch": tov, "command": " ".join(sys.argv),
             "device": torch.cuda.get_device_name(0) if dev == "cuda" else "cpu",
-            "attn_implementation": str(res["attn"]), "doc_lens": ",".join(map(str, DOC_LENS)),
-            "doc_seed": str(SEED_DOCS),
+            "attn_implementation": str(res["attn"]), "doc_lens": ",".join(map(str, run["doc_lens"])),
+            "doc_seed": str(run["doc_seed"]),
             "hidden_states": "index 0 = embeddings, i in 1..L-1 = output of layer i-1, L = final norm of layer L-1",
             "tf32": "off (torch.backends.cuda.matmul.allow_tf32 = cudnn.allow_tf32 = False)"}
     meta.update({k: str(v) for k, v in extra_meta.items()})
+    if run["variant"] != "tiny" or run["seed_offset"]:  # (absent for the default run: fixtures unchanged)
+        meta.update({"variant": run["variant"], "seed_offset": str(run["seed_offset"])})
     save_file(tensors, os.path.join(mdir, "expected.safetensors"), metadata=meta)
     return res
 
@@ -279,14 +315,14 @@ def write_names(mdir, title, notes):
         f.write("\n".join(lines) + "\n")
 
 
-# ------------------------------------------------------------------------------- a. qwen3-tiny
+# ------------------------------------------------------------------------------- a. qwen3-{variant}
 
-def make_qwen3(out, docs, dev):
+def make_qwen3(out, docs, dev, shape, run):
+    """shape: VARIANTS[v]["qwen3"] (Qwen3Config sizes); run: the run settings (see main)."""
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
-    kw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=160, num_hidden_layers=4,
-              num_attention_heads=4, num_key_value_heads=2, head_dim=16, hidden_act="silu",
-              max_position_embeddings=512, initializer_range=INIT_STD, rms_norm_eps=1e-6,
+    name, seed, init_std = f"qwen3-{run['variant']}", run["seed_qwen3"], run["init_std"]
+    kw = dict(vocab_size=VOCAB, **shape, hidden_act="silu", initializer_range=init_std, rms_norm_eps=1e-6,
               tie_word_embeddings=False, attention_bias=False, use_sliding_window=False,
               bos_token_id=None, eos_token_id=None, pad_token_id=None)
     try:
@@ -294,27 +330,28 @@ def make_qwen3(out, docs, dev):
     except Exception as ex:  # noqa: BLE001
         log(f"  Qwen3Config(rope_parameters=...) failed ({ex!r}); using rope_theta=")
         cfg = Qwen3Config(rope_theta=1e6, **kw)
-    torch.manual_seed(SEED_QWEN3)
+    torch.manual_seed(seed)
     model = Qwen3ForCausalLM(cfg)  # fp32
-    kinds = randomize(model, SEED_QWEN3)
+    kinds = randomize(model, seed, init_std=init_std)
     ref_inv = {n: b.clone() for n, b in inv_freq_buffers(model).items()}
     params_to_bf16(model)
-    mdir = os.path.join(out, "qwen3-tiny")
+    mdir = os.path.join(out, name)
     os.makedirs(mdir, exist_ok=True)
     model.save_pretrained(mdir)
-    print_param_stats(model, kinds, "qwen3-tiny")
-    log("  qwen3-tiny config.json: " + open(os.path.join(mdir, "config.json")).read().replace("\n", " "))
-    res = reference_states(Qwen3ForCausalLM, mdir, docs, dev, ref_inv, "qwen3-tiny",
-                           {"model": "qwen3-tiny", "weights_seed": SEED_QWEN3, "init_std": INIT_STD,
-                            "norm_std": NORM_STD})
-    write_names(mdir, "qwen3-tiny: tensor names", [f"class: {type(model).__name__}",
-                                                     "layout: model.* + lm_head.weight (untied)"])
+    print_param_stats(model, kinds, name)
+    log(f"  {name} config.json: " + open(os.path.join(mdir, "config.json")).read().replace("\n", " "))
+    res = reference_states(Qwen3ForCausalLM, mdir, docs, dev, ref_inv, name,
+                           {"model": name, "weights_seed": seed, "init_std": init_std,
+                            "norm_std": NORM_STD}, run)
+    write_names(mdir, f"{name}: tensor names", [f"class: {type(model).__name__}",
+                                                 "layout: model.* + lm_head.weight (untied)"])
     return mdir, ref_inv, res
 
 
-# ------------------------------------------------------------------------------- b. qwen3_5-tiny
+# ------------------------------------------------------------------------------- b. qwen3_5-{variant}
 
-def make_qwen3_5(out, docs, dev):
+def make_qwen3_5(out, docs, dev, shape, run):
+    """shape: VARIANTS[v]["qwen3_5"] (Qwen3_5TextConfig sizes + layer_types + mrope_section)."""
     import transformers.models.qwen3_5 as q35pkg
     from transformers.models.qwen3_5 import modeling_qwen3_5 as q35
 
@@ -322,15 +359,16 @@ def make_qwen3_5(out, docs, dev):
     log("  modeling_qwen3_5 names: " + ", ".join(n for n in dir(q35) if n.startswith(("Qwen", "torch_"))))
     from transformers.models.qwen3_5.configuration_qwen3_5 import Qwen3_5Config, Qwen3_5TextConfig
 
-    layer_types = ["linear_attention", "linear_attention", "linear_attention", "full_attention"]
-    tkw = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=160, num_hidden_layers=4,
-               num_attention_heads=4, num_key_value_heads=2, head_dim=32, hidden_act="silu",
-               max_position_embeddings=512, initializer_range=INIT_STD, rms_norm_eps=1e-6,
+    name, seed, init_std = f"qwen3_5-{run['variant']}", run["seed_qwen3_5"], run["init_std"]
+    shape = dict(shape)
+    mrope_section = shape.pop("mrope_section")
+    shape["layer_types"] = list(shape["layer_types"])
+    assert len(shape["layer_types"]) == shape["num_hidden_layers"], shape
+    assert 2 * sum(mrope_section) == int(shape["head_dim"] * 0.25), (mrope_section, shape["head_dim"])
+    tkw = dict(vocab_size=VOCAB, **shape, hidden_act="silu", initializer_range=init_std, rms_norm_eps=1e-6,
                tie_word_embeddings=False, attention_bias=False,
-               linear_conv_kernel_dim=4, linear_key_head_dim=16, linear_value_head_dim=16,
-               linear_num_key_heads=2, linear_num_value_heads=4, layer_types=layer_types,
                rope_parameters={"rope_type": "default", "rope_theta": 1e7, "partial_rotary_factor": 0.25,
-                                "mrope_section": [2, 1, 1], "mrope_interleaved": True})
+                                "mrope_section": mrope_section, "mrope_interleaved": True})
     tc = Qwen3_5TextConfig(**tkw)
     for k, v in (("full_attention_interval", 4), ("attn_output_gate", True)):
         try:
@@ -339,19 +377,20 @@ def make_qwen3_5(out, docs, dev):
             log(f"  could not set text_config.{k}: {ex!r}")
     log(f"  Qwen3_5TextConfig: rope_parameters {tc.rope_parameters}, layer_types {tc.layer_types}")
     zc = ("Qwen3_5RMSNorm",)
-    mdir = os.path.join(out, "qwen3_5-tiny")
+    mdir = os.path.join(out, name)
     os.makedirs(mdir, exist_ok=True)
 
     # Preferred: the real checkpoint layout (Qwen3_5ForConditionalGeneration: model_type qwen3_5,
     # text_config, model.language_model.*, a tiny model.visual.*). Fallback: Qwen3_5ForCausalLM.
     layout, model, cls, kinds = None, None, None, None
     vis_base = dict(depth=1, hidden_size=16, intermediate_size=32, num_heads=2, in_channels=3, patch_size=2,
-                    temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=64, num_position_embeddings=16)
+                    temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=shape["hidden_size"],
+                    num_position_embeddings=16)
     for vis in (vis_base, dict(vis_base, rope_parameters={"rope_type": "axial", "rope_theta": 10000.0})):
         try:
             Qwen3_5ForConditionalGeneration = q35.Qwen3_5ForConditionalGeneration
             cfg = Qwen3_5Config(text_config=tc, vision_config=vis, tie_word_embeddings=False)
-            torch.manual_seed(SEED_QWEN3_5)
+            torch.manual_seed(seed)
             model = Qwen3_5ForConditionalGeneration(cfg)
             cls, layout = Qwen3_5ForConditionalGeneration, "multimodal"
             break
@@ -359,22 +398,22 @@ def make_qwen3_5(out, docs, dev):
             log("  Qwen3_5ForConditionalGeneration failed:\n" + traceback.format_exc())
     if model is None:
         Qwen3_5ForCausalLM = q35.Qwen3_5ForCausalLM
-        torch.manual_seed(SEED_QWEN3_5)
+        torch.manual_seed(seed)
         model = Qwen3_5ForCausalLM(tc)
         cls, layout = Qwen3_5ForCausalLM, "text-only"
-    log(f"  qwen3_5-tiny layout: {layout} ({cls.__name__})")
-    kinds = randomize(model, SEED_QWEN3_5, zero_centred_classes=zc)
+    log(f"  {name} layout: {layout} ({cls.__name__})")
+    kinds = randomize(model, seed, zero_centred_classes=zc, init_std=init_std)
     ref_inv = {n: b.clone() for n, b in inv_freq_buffers(model).items()}
     for n, b in ref_inv.items():
         log(f"  {n}: {b.numel()} frequencies (rotary dims {2 * b.numel()}) {b.tolist()}")
     params_to_bf16(model)
     model.save_pretrained(mdir)
-    print_param_stats(model, kinds, "qwen3_5-tiny")
-    log("  qwen3_5-tiny config.json: " + open(os.path.join(mdir, "config.json")).read().replace("\n", " "))
-    res = reference_states(cls, mdir, docs, dev, ref_inv, "qwen3_5-tiny",
-                           {"model": "qwen3_5-tiny", "layout": layout, "weights_seed": SEED_QWEN3_5,
-                            "init_std": INIT_STD, "norm_std": NORM_STD, "conv_std": CONV_STD,
-                            "gdn_backend": "transformers torch fallback (no flash-linear-attention)"})
+    print_param_stats(model, kinds, name)
+    log(f"  {name} config.json: " + open(os.path.join(mdir, "config.json")).read().replace("\n", " "))
+    res = reference_states(cls, mdir, docs, dev, ref_inv, name,
+                           {"model": name, "layout": layout, "weights_seed": seed,
+                            "init_std": init_std, "norm_std": NORM_STD, "conv_std": CONV_STD,
+                            "gdn_backend": "transformers torch fallback (no flash-linear-attention)"}, run)
 
     # Cross-check: the text-only class on the same weights gives the same states.
     alt = None
@@ -418,9 +457,9 @@ def make_qwen3_5(out, docs, dev):
              "GDN layers: layers.N.linear_attn.*, attention layers: layers.N.self_attn.* (q_proj rows per head: [q | gate]).",
              "Norms: input_layernorm, post_attention_layernorm, final norm, q_norm, k_norm are zero-centred (x*(1+w));",
              "linear_attn.norm is plain (w*x) then * silu(z).",
-             f"RoPE: {rot_dims} rotary dims of head_dim 32 "
+             f"RoPE: {rot_dims} rotary dims of head_dim {shape['head_dim']} "
              "(partial_rotary_factor 0.25), theta 1e7."]
-    write_names(mdir, "qwen3_5-tiny: tensor names", notes)
+    write_names(mdir, f"{name}: tensor names", notes)
     return mdir, res, layout
 
 
@@ -607,8 +646,28 @@ def main():
     ap = argparse.ArgumentParser(description="Make the HF-transformers reference fixtures (see docs/FIXTURES.md).")
     ap.add_argument("--out", required=True, help="output folder")
     ap.add_argument("--dump-src", help="also copy the transformers sources used (qwen3, qwen3_5) here")
-    ap.add_argument("--only", default="a,b,c,d", help="comma list of parts a,b,c,d (d needs a)")
+    ap.add_argument("--only", default=None,
+                    help="comma list of parts a,b,c,d (d needs a); default a,b,c,d (tiny), a,b (big: c, d are "
+                         "tiny-only)")
+    ap.add_argument("--variant", default="tiny", choices=sorted(VARIANTS),
+                    help="model/document shapes: tiny (the committed fixtures, default) or big (realistic head "
+                         "dims: DIR/qwen3-big, DIR/qwen3_5-big)")
+    ap.add_argument("--seed-offset", type=int, default=0,
+                    help="added to both models' weight seeds and the documents' seed (default 0)")
     args = ap.parse_args()
+    var = VARIANTS[args.variant]
+    if args.only is None:
+        args.only = "a,b,c,d" if args.variant == "tiny" else "a,b"
+    parts = set(args.only.split(","))
+    if parts - {"a", "b", "c", "d"}:
+        ap.error(f"--only: unknown parts {sorted(parts - {'a', 'b', 'c', 'd'})}")
+    if args.variant != "tiny" and parts & {"c", "d"}:
+        ap.error(f"--only: parts c, d are made for --variant tiny only (got {args.only})")
+    if args.seed_offset < 0:
+        ap.error("--seed-offset must be >= 0")
+    run = {"variant": args.variant, "seed_offset": args.seed_offset, "doc_lens": list(var["doc_lens"]),
+           "doc_seed": SEED_DOCS + args.seed_offset, "seed_qwen3": SEED_QWEN3 + args.seed_offset,
+           "seed_qwen3_5": SEED_QWEN3_5 + args.seed_offset, "init_std": var["init_std"]}
     import torch as _torch
 
     torch = _torch
@@ -629,13 +688,14 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if args.dump_src:
         dump_sources(args.dump_src)
-    parts = set(args.only.split(","))
-    docs = make_docs()
-    log(f"documents: lengths {DOC_LENS}, first ids {[d[:4] for d in docs]}")
+    log(f"variant {args.variant}, seed offset {args.seed_offset}: doc seed {run['doc_seed']}, weight seeds "
+        f"{run['seed_qwen3']} (qwen3) {run['seed_qwen3_5']} (qwen3_5), init std {run['init_std']}")
+    docs = make_docs(run["doc_lens"], run["doc_seed"])
+    log(f"documents: lengths {run['doc_lens']}, first ids {[d[:4] for d in docs]}")
     t0 = time.time()
     failed = []
-    steps = [("a", "qwen3-tiny", lambda: make_qwen3(args.out, docs, dev)),
-             ("b", "qwen3_5-tiny", lambda: make_qwen3_5(args.out, docs, dev)),
+    steps = [("a", f"qwen3-{args.variant}", lambda: make_qwen3(args.out, docs, dev, var["qwen3"], run)),
+             ("b", f"qwen3_5-{args.variant}", lambda: make_qwen3_5(args.out, docs, dev, var["qwen3_5"], run)),
              ("c", "gdn_ref", lambda: make_gdn(args.out)),
              ("d", "tiny-qwen3", lambda: make_tiny_corpus(args.out, os.path.join(args.out, "qwen3-tiny"), dev))]
     for key, what, fn in steps:

@@ -86,7 +86,7 @@ run 1 "longer|max" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$
 run 1 "config.json" "$D" extract --model "$W" --data "$TM/corpus.jsonl" --out "$W/bad3" --quiet
 run 1 "explicitly" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad4" --layers 3 --quiet
 run 1 "out of range" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad5" --layers 3, --quiet
-run 2 "cuda" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad6" --device cuda
+run 2 "want auto, cpu or cuda" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad6" --device tpu
 run 2 "required" "$D" extract --model "$TM"
 
 # --- train: the drafter on the bundled cache; the loss falls; exact resume; export

@@ -301,3 +301,13 @@ extern "C" df_backend *df_backend_cuda_open(int device, df_err *e)
     }
     return be;
 }
+
+extern "C" int df_backend_cuda_device_count(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
