@@ -232,6 +232,44 @@ static void cu_close(df_backend *be)
     free(be);
 }
 
+/* DFLASH_CUDA_FALLBACK=1 runs the CUDA-core fallbacks everywhere (an
+ * oracle for the tuned kernels); otherwise they take only the shapes the
+ * tuned kernels decline with -ENOTSUP. */
+static int force_fallback(void)
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DFLASH_CUDA_FALLBACK");
+        v = e && *e == '1';
+    }
+    return v;
+}
+
+static int cu_attention(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+                        const int32_t *cu_seqlens, int n_seq, int nq, int nkv, int head_dim,
+                        float scale, const df_tensor *gate, df_tensor *out)
+{
+    int rc = force_fallback() ? -ENOTSUP
+                              : df_cuda_attention(be, q, k, v, cu_seqlens, n_seq, nq, nkv,
+                                                  head_dim, scale, gate, out);
+    if (rc == -ENOTSUP)
+        rc = df_cuda_attention_simt(be, q, k, v, cu_seqlens, n_seq, nq, nkv, head_dim, scale,
+                                    gate, out);
+    return rc;
+}
+
+static int cu_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+                  const df_tensor *g, const df_tensor *beta, const int32_t *cu_seqlens, int n_seq,
+                  int hk, int hv, int dk, int dv, df_gdn_mode mode, df_tensor *out)
+{
+    int rc = force_fallback() ? -ENOTSUP
+                              : df_cuda_gdn(be, q, k, v, g, beta, cu_seqlens, n_seq, hk, hv, dk,
+                                            dv, mode, out);
+    if (rc == -ENOTSUP)
+        rc = df_cuda_gdn_recurrent(be, q, k, v, g, beta, cu_seqlens, n_seq, hk, hv, dk, dv, out);
+    return rc;
+}
+
 static const df_backend_vt cuda_vt = {
     /* .close = */ cu_close,
     /* .sync = */ cu_sync,
@@ -251,11 +289,11 @@ static const df_backend_vt cuda_vt = {
     /* .swiglu = */ df_cuda_swiglu,
     /* .sigmoid = */ df_cuda_sigmoid,
     /* .silu = */ df_cuda_silu,
-    /* .attention = */ df_cuda_attention,
+    /* .attention = */ cu_attention,
     /* .conv1d_silu = */ df_cuda_conv1d_silu,
     /* .l2norm = */ df_cuda_l2norm,
     /* .gdn_gates = */ df_cuda_gdn_gates,
-    /* .gdn = */ df_cuda_gdn,
+    /* .gdn = */ cu_gdn,
 };
 
 extern "C" df_backend *df_backend_cuda_open(int device, df_err *e)

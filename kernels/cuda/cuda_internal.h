@@ -74,6 +74,18 @@ int df_cuda_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df
                 const df_tensor *g, const df_tensor *beta, const int32_t *cu_seqlens, int n_seq,
                 int hk, int hv, int dk, int dv, df_gdn_mode mode, df_tensor *out);
 
+/* CUDA-core fallbacks (fallback.cu) for shapes the tuned kernels return
+ * -ENOTSUP for: attention with any head_dim <= 256, the delta rule token by
+ * token for any dk, dv whose state fits in shared memory. */
+int df_cuda_attention_simt(df_backend *be, const df_tensor *q, const df_tensor *k,
+                           const df_tensor *v, const int32_t *cu_seqlens, int n_seq, int nq,
+                           int nkv, int head_dim, float scale, const df_tensor *gate,
+                           df_tensor *out);
+int df_cuda_gdn_recurrent(df_backend *be, const df_tensor *q, const df_tensor *k,
+                          const df_tensor *v, const df_tensor *g, const df_tensor *beta,
+                          const int32_t *cu_seqlens, int n_seq, int hk, int hv, int dk, int dv,
+                          df_tensor *out);
+
 #ifdef __cplusplus
 }
 #endif
