@@ -33,6 +33,8 @@ static void usage(FILE *f)
             "                            max_position_embeddings)\n"
             "  --device cpu              the backend (cpu; cuda arrives with the GPU extractor)\n"
             "  --threads N               compression threads (default: all CPUs)\n"
+            "  --stats-json FILE         also write this process's figures as JSON (with --gpus,\n"
+            "                            each rank writes FILE.rankR)\n"
             "  --rank R --world-size W   this process's share of the corpus (documents i %% W == R)\n"
             "  --fallback-io             pread/pwrite threads instead of io_uring\n"
             "  --buffered                no O_DIRECT\n"
@@ -96,7 +98,7 @@ static void node_rank(uint32_t *node, uint32_t *nodes)
  * nodes*n, and waits for all. The ranks write one cache; the last to finish
  * writes its manifest. */
 static int spawn_ranks(int argc, char **argv, int n, uint32_t node, uint32_t nodes,
-                       const char *out_dir)
+                       const char *out_dir, const char *stats_json)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -106,8 +108,8 @@ static int spawn_ranks(int argc, char **argv, int n, uint32_t node, uint32_t nod
     if (n > 64)
         n = 64;
     for (int i = 0; i < n; i++) {
-        char **av = calloc((size_t)argc + 10, sizeof *av);
-        char gbuf[16], rbuf[16], wbuf[16];
+        char **av = calloc((size_t)argc + 12, sizeof *av);
+        char gbuf[16], rbuf[16], wbuf[16], sbuf[4200];
         snprintf(gbuf, sizeof gbuf, "%d", i);
         snprintf(rbuf, sizeof rbuf, "%u", node * (uint32_t)n + (uint32_t)i);
         snprintf(wbuf, sizeof wbuf, "%u", nodes * (uint32_t)n);
@@ -125,6 +127,11 @@ static int spawn_ranks(int argc, char **argv, int n, uint32_t node, uint32_t nod
         av[k++] = rbuf;
         av[k++] = "--world-size";
         av[k++] = wbuf;
+        if (stats_json) { /* later options win: each rank its own file */
+            snprintf(sbuf, sizeof sbuf, "%s.rank%s", stats_json, rbuf);
+            av[k++] = "--stats-json";
+            av[k++] = sbuf;
+        }
         av[k] = NULL;
         int rc = posix_spawn(&pids[i], "/proc/self/exe", NULL, NULL, av, environ);
         free(av);
@@ -173,6 +180,7 @@ int cmd_extract(int argc, char **argv)
     df_extract_opts o = {.codec = DF_CODEC_SPLIT_ZSTD, .progress = 1, .world_size = 1};
     const char *layers = "auto", *device = "auto", *gpus = NULL;
     int gpu = -1, rank_given = 0;
+    const char *stats_json = NULL;
     int ids[64];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -195,6 +203,7 @@ int cmd_extract(int argc, char **argv)
         else if (!strcmp(a, "--layers")) layers = v;
         else if (!strcmp(a, "--device")) device = v;
         else if (!strcmp(a, "--gpus")) gpus = v;
+        else if (!strcmp(a, "--stats-json")) stats_json = v;
         else if (!strcmp(a, "--random-weights")) o.random_config = v;
         else if (!parse_u64(v, &x) && !strcmp(a, "--seed")) o.random_seed = x;
         else if (!parse_u64(v, &x) && !strcmp(a, "--gpu") && x < 1024) gpu = (int)x;
@@ -278,7 +287,7 @@ int cmd_extract(int argc, char **argv)
             uint32_t node, nodes;
             node_rank(&node, &nodes);
             if (n > 1 || nodes > 1)
-                return spawn_ranks(argc, argv, n, node, nodes, o.out_dir);
+                return spawn_ranks(argc, argv, n, node, nodes, o.out_dir, stats_json);
             gpu = 0;
         }
     }
@@ -304,14 +313,34 @@ int cmd_extract(int argc, char **argv)
         fprintf(stderr, "dflash extract: %s\n", e.msg);
         return 1;
     }
+    double steady = st.seconds - st.setup_seconds;
     printf("extracted %s -> %s: %" PRIu64 " docs (%" PRIu64 " already there, %" PRIu64
-           " empty skipped), %" PRIu64 " tokens in %.2f s (%.0f tok/s; forward %.2f s), layers",
+           " empty skipped), %" PRIu64 " tokens in %.2f s (setup %.2f s; %.0f tok/s after setup; "
+           "forward %.2f s = %.0f tok/s; writer-bound %.0f%%), layers",
            o.data_path, o.out_dir, st.docs, st.docs_skipped_resume, st.docs_empty, st.tokens,
-           st.seconds, st.seconds > 0 ? st.tokens / st.seconds : 0.0, st.forward_seconds);
+           st.seconds, st.setup_seconds, steady > 0 ? st.tokens / steady : 0.0,
+           st.forward_seconds, st.forward_seconds > 0 ? st.tokens / st.forward_seconds : 0.0,
+           steady > 0 ? 100 * st.writer_wait_seconds / steady : 0.0);
     for (int i = 0; i < st.n_layers; i++)
         printf("%s%d", i ? "," : " ", st.layer_ids[i]);
     printf(", %.1f MB raw -> %.1f MB stored (%.3f), %s\n", st.raw_bytes / 1e6,
            st.stored_bytes / 1e6, st.raw_bytes ? (double)st.stored_bytes / st.raw_bytes : 0.0,
            st.io_backend ? st.io_backend : "-");
+    if (stats_json) {
+        FILE *f = fopen(stats_json, "w");
+        if (!f || fprintf(f, "{\"rank\": %u, \"world_size\": %u, \"device\": \"%s\", \"docs\": %"
+                          PRIu64 ", \"tokens\": %" PRIu64 ", \"seconds\": %.4f, \"setup_seconds\": "
+                          "%.4f, \"forward_seconds\": %.4f, \"writer_wait_seconds\": %.4f, "
+                          "\"raw_bytes\": %" PRIu64 ", \"stored_bytes\": %" PRIu64 "}\n",
+                          o.rank, o.world_size, use_cuda ? "cuda" : "cpu", st.docs, st.tokens,
+                          st.seconds, st.setup_seconds, st.forward_seconds,
+                          st.writer_wait_seconds, st.raw_bytes, st.stored_bytes) < 0) {
+            fprintf(stderr, "dflash extract: cannot write %s\n", stats_json);
+            if (f)
+                fclose(f);
+            return 1;
+        }
+        fclose(f);
+    }
     return 0;
 }

@@ -243,6 +243,11 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
     int hs[64];
     for (int i = 0; i < K; i++)
         hs[i] = layers[i] + 1;
+    if ((rc = df_backend_sync(be))) { /* weight uploads / random fills are done */
+        df_errf(e, rc, "%s backend failed while loading the model", df_backend_name(be));
+        goto out;
+    }
+    st->setup_seconds = df_now() - t_start;
     uint64_t mine = 0;
     for (uint64_t d = o->rank; d < n_docs; d += p.world_size)
         mine++;

@@ -35,6 +35,7 @@ typedef struct df_extract_stats {
     uint64_t docs_skipped_resume, docs_empty;
     uint64_t raw_bytes, stored_bytes;
     double seconds, forward_seconds;
+    double setup_seconds;                /* model load (or random init), corpus open */
     double writer_wait_seconds;          /* the forward waited on compression / the disk */
     int layer_ids[64];
     int n_layers;

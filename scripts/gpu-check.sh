@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # gpu-check.sh [LOG_DIR] - on the GPU machine: build for sm_90a + sm_80, run every test
-# (the GPU ones included), run the storage benchmark on the local disk, print a short table last.
+# (the GPU ones included), check the GPU target forward against HF transformers run live on fresh
+# random models, run the benchmarks (drafter attention vs flex_attention, storage, extraction vs
+# HF), print a short table last. STAGES picks stages (default "test live attn storage extract";
+# the build always runs); ARCHS the CUDA architectures (default "90a;80").
 # Full logs go to LOG_DIR (default out/gpu-check). From the repo root, after
 # ../shared/gpu/stage.sh here and with .device carried:   scripts/gpu-check.sh "$OUT"
 set -uo pipefail
@@ -15,24 +18,46 @@ row() { printf '%-28s %s\n' "$1" "$2"; }
 
 { nvidia-smi -L; nvcc --version | tail -1; uname -r; nproc; free -g | head -2; df -hT /tmp; } >"$LOG/machine.log" 2>&1
 t0=$(date +%s)
-if cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA_ARCHS="90a;80" >"$LOG/cmake.log" 2>&1 &&
+STAGES=${STAGES:-test live attn storage extract}
+has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
+if cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA_ARCHS="${ARCHS:-90a;80}" >"$LOG/cmake.log" 2>&1 &&
    cmake --build "$B" -j "$(nproc)" >"$LOG/build.log" 2>&1; then
   build="ok ($(($(date +%s) - t0)) s)"
 else
   build="FAILED (see build.log)"; status=1
 fi
-tests="not run"
-if [ $status = 0 ]; then
-  ctest --test-dir "$B" --output-on-failure >"$LOG/ctest.log" 2>&1 || status=1
+tests="not run"; live="not run"
+if [ $status = 0 ] && has test; then
+  ctest --test-dir "$B" --output-on-failure -j4 >"$LOG/ctest.log" 2>&1 || status=1
   tests=$(grep -E "tests passed|tests failed" "$LOG/ctest.log" | tail -1)
   gpu=$(grep -E "^gpu [0-9]+:" "$B"/Testing/Temporary/LastTest.log | head -2 | tr '\n' ' ')
   gpu_test=$(grep -E "test_gpu_probe .*(Passed|Failed|Skipped|\*\*\*)" "$LOG/ctest.log" | sed 's/.*test_gpu_probe *\.*//')
+fi
+if [ $status = 0 ] && has live; then
+  # Fresh random HF models with the real head dims (128/256, GDN 128), made now by transformers.
+  off=$(( $(date +%s) % 1000 + 1 ))
+  if python3 "$ROOT/scripts/make_fixtures.py" --variant big --seed-offset $off --out "$LOG/live" \
+       >"$LOG/live-fixtures.log" 2>&1 &&
+     DFLASH_GPU_MODEL_DIRS="$LOG/live/qwen3-big:$LOG/live/qwen3_5-big" "$B/tests/test_gpu_model" \
+       >"$LOG/live-test.log" 2>&1; then
+    live="passed (seed offset $off)"
+  else
+    live="FAILED (live-fixtures.log, live-test.log)"; status=1
+  fi
+  rm -f "$LOG"/live/*/*.safetensors
+fi
+if [ $status = 0 ] && has attn; then
   # ours and torch.compile(flex_attention) on the same anchors, side by side
   { "$B/tools/bench_dflash_attn" --anchors-out "$LOG/attn-anchors.json" --json-out "$LOG/attn-ours.json" &&
     python3 "$ROOT/scripts/bench_flex_dflash.py" --anchors "$LOG/attn-anchors.json" --ours "$LOG/attn-ours.json"; } \
     >"$LOG/bench-dflash-attn.log" 2>&1 || status=1
+fi
+if [ $status = 0 ] && has storage; then
   DFLASH_BUILD_DIR=$B REPEATS=${REPEATS:-3} "$ROOT/scripts/bench-storage.sh" /tmp/dflash-bench "${BENCH_MIB:-2048}" \
     >"$LOG/bench-storage.log" 2>&1 || status=1
+fi
+if has extract && [ -x "$B/dflash" ]; then
+  "$ROOT/scripts/bench-extract.sh" "$B" "$LOG/extract" >"$LOG/bench-extract.log" 2>&1 || status=1
 fi
 
 echo
@@ -41,9 +66,15 @@ row "machine" "$(head -1 "$LOG/machine.log")"
 row "build (sm_90a + sm_80)" "$build"
 row "ctest" "$tests"
 row "test_gpu_probe" "${gpu_test:-?} ${gpu:-}"
+row "GPU forward vs live HF" "$live"
+grep -E "FAILED|out of tolerance|rel err .* ratio [2-9]" "$LOG/ctest.log" 2>/dev/null | head -8
 if [ -f "$LOG/bench-dflash-attn.log" ]; then
   echo "-- bench_dflash_attn (tail)"
   tail -8 "$LOG/bench-dflash-attn.log"
+fi
+if [ -f "$LOG/bench-extract.log" ]; then
+  echo "-- bench-extract"
+  grep -vE "^\s*$" "$LOG/extract/bench-extract.txt" 2>/dev/null || tail -5 "$LOG/bench-extract.log"
 fi
 if [ -f "$LOG/bench-storage.log" ]; then
   echo "-- bench-storage (tail)"

@@ -1,8 +1,442 @@
-/* test_gpu_attn_prefill - (placeholder: to be written) */
+/* test_gpu_attn_prefill - the CUDA causal varlen attention (df_op_attention on
+ * the CUDA backend, kernels/cuda/attn_prefill.cu) against the CPU fp32
+ * reference (df_op_attention on the CPU backend) on the same bf16-rounded
+ * values, through the public df_op_* API. Skips (77) without a GPU.
+ *
+ * Tolerance (KERNELS.md, FlashAttention's rule): per case, the GPU output's
+ * max abs error vs the fp32 reference must be <= 2x the max abs error of the
+ * same math done naively in bf16, plus 1e-6 * max|ref|. The naive bf16 math
+ * (computed here): scores = q.k summed in fp32 from the bf16 q, k, times
+ * scale; softmax in fp32; P rounded to bf16; O = sum P v in fp32, rounded to
+ * bf16; with a gate, O * sigmoid(gate) rounded to bf16 again. NaN never
+ * passes. Outputs are NaN-poisoned first (the whole backing buffer of the out
+ * view), and every element outside the out view must still be poison
+ * afterwards (nothing written out of bounds).
+ *
+ * Cases: head_dim 64 / 128 / 256; GQA 1/1, 4/1, 6/1 (Qwen3.5's 24/4), 8/1;
+ * gate on / off; layouts: contiguous, fused (q and gate column views of one
+ * [T, 2 nq D] buffer, k and v of one [T, 2 nkv D] buffer, out inside a wider
+ * buffer), misaligned views (columns at odd offsets / odd strides: the
+ * kernel's repack path); sequences of length 1, empty ones, lengths not
+ * multiples of any tile, one of 1000+ tokens. Every case runs with the
+ * automatic configuration and with each forced candidate configuration
+ * (df_cuda_attention_set_variant), so the portable small-smem kernels are
+ * tested on an H200 too. head_dim 96 must be -ENOTSUP.
+ *
+ * Benchmark: `test_gpu_attn_prefill --bench` (CUDA events on the backend's
+ * stream, median of 20 after 3 warm-ups) times the Qwen3.5-27B and Qwen3-32B
+ * full-attention shapes for every configuration and prints ms and TFLOP/s
+ * (causal FLOPs: 4 D nq sum_s L_s (L_s + 1) / 2). */
+#include <errno.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
-int main(void)
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_internal.h"
+#include "ops.h"
+#include "test.h"
+
+/* attn_prefill.cu's test hook: 0 automatic, v >= 1 forces candidate v - 1. */
+void df_cuda_attention_set_variant(int v);
+#define N_VARIANTS 3
+
+static uint64_t rng = 20240917;
+
+static uint16_t f2bf(float f)
 {
-    printf("not written yet: skipped\n");
-    return 77;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float bf2f(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static float rb(float x) { return bf2f(f2bf(x)); } /* round to bf16 */
+static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+static void *xcalloc(size_t n)
+{
+    void *p = calloc(n ? n : 1, 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+enum { L_CONTIG = 0, L_FUSED = 1, L_MISALIGNED = 2 };
+
+typedef struct acase {
+    const char *name;
+    int nq, nkv, D, gated, layout;
+    int nseq;
+    int lens[8];
+} acase;
+
+/* A device buffer [T, width] bf16 that views live in. */
+typedef struct dbuf {
+    int64_t width;
+    uint16_t *host, *dev;
+} dbuf;
+
+/* Which buffer and column each of q, k, v, gate, out uses. */
+typedef struct place {
+    int buf;
+    int64_t col;
+} place;
+
+enum { TQ = 0, TK, TV, TG, TO, NT_ };
+
+static void layout_of(const acase *c, int64_t *w, int *nbuf, place pl[NT_])
+{
+    int64_t cq = (int64_t)c->nq * c->D, ck = (int64_t)c->nkv * c->D;
+    if (c->layout == L_FUSED) {
+        /* qg [T, 2 cq]: q | gate; kv [T, 2 ck]: k | v; out in [T, cq + 64] */
+        w[0] = 2 * cq, w[1] = 2 * ck, w[2] = cq + 64;
+        *nbuf = 3;
+        pl[TQ] = (place){0, 0}, pl[TG] = (place){0, cq};
+        pl[TK] = (place){1, 0}, pl[TV] = (place){1, ck};
+        pl[TO] = (place){2, 0};
+    } else if (c->layout == L_MISALIGNED) {
+        /* q 8-byte aligned rows; k odd stride; v fine; gate and out odd column */
+        w[0] = cq + 8, w[1] = ck + 3, w[2] = ck + 16, w[3] = cq + 2, w[4] = cq + 1;
+        *nbuf = 5;
+        pl[TQ] = (place){0, 4}, pl[TK] = (place){1, 0}, pl[TV] = (place){2, 8};
+        pl[TG] = (place){3, 1}, pl[TO] = (place){4, 1};
+    } else {
+        w[0] = cq, w[1] = ck, w[2] = ck, w[3] = cq, w[4] = cq;
+        *nbuf = 5;
+        for (int t = 0; t < NT_; t++)
+            pl[t] = (place){t, 0};
+    }
+}
+
+static void run_case(const acase *c, df_backend *cpu, df_backend *gpu)
+{
+    int nq = c->nq, nkv = c->nkv, D = c->D, grp = nq / nkv;
+    int32_t cu[9];
+    cu[0] = 0;
+    for (int s = 0; s < c->nseq; s++)
+        cu[s + 1] = cu[s] + c->lens[s];
+    int64_t T = cu[c->nseq], cq = (int64_t)nq * D, ck = (int64_t)nkv * D;
+    float scale = 1.0f / sqrtf((float)D);
+    int64_t cols[NT_] = {cq, ck, ck, cq, cq};
+
+    /* logical inputs, bf16 values (never zero) and their f32 copies */
+    float *f[NT_];
+    for (int t = 0; t < NT_; t++)
+        f[t] = xcalloc((size_t)(T * cols[t]) * 4);
+    for (int t = TQ; t <= TG; t++) {
+        float amp = t == TQ ? 1.5f : t == TG ? 2.0f : 1.0f;
+        for (int64_t i = 0; i < T * cols[t]; i++) {
+            float x = test_randn(&rng) * amp;
+            if (x == 0.0f)
+                x = 0.01f;
+            f[t][i] = rb(x);
+        }
+    }
+
+    /* CPU fp32 reference on contiguous copies */
+    df_tensor cten[NT_];
+    for (int t = 0; t < NT_; t++)
+        cten[t] = df_tensor_2d(f[t], DF_DTYPE_F32, T, cols[t]);
+    float *ref = f[TO];
+    CHECK_EQ(df_op_attention(cpu, &cten[TQ], &cten[TK], &cten[TV], cu, c->nseq, nq, nkv, D, scale,
+                             c->gated ? &cten[TG] : NULL, &cten[TO]),
+             0);
+
+    /* naive bf16 */
+    float *nv = xcalloc((size_t)(T * cq) * 4), *sc = xcalloc((size_t)(T + 1) * 4),
+          *acc = xcalloc((size_t)D * 4);
+    for (int s = 0; s < c->nseq; s++)
+        for (int64_t i = cu[s]; i < cu[s + 1]; i++)
+            for (int h = 0; h < nq; h++) {
+                int g = h / grp;
+                const float *qi = f[TQ] + i * cq + (int64_t)h * D;
+                int64_t n = i - cu[s] + 1;
+                float mx = -INFINITY;
+                for (int64_t j = 0; j < n; j++) {
+                    const float *kj = f[TK] + (cu[s] + j) * ck + (int64_t)g * D;
+                    float d = 0.0f;
+                    for (int e = 0; e < D; e++)
+                        d += qi[e] * kj[e];
+                    sc[j] = d * scale;
+                    mx = sc[j] > mx ? sc[j] : mx;
+                }
+                float sum = 0.0f;
+                for (int64_t j = 0; j < n; j++)
+                    sum += (sc[j] = expf(sc[j] - mx));
+                memset(acc, 0, (size_t)D * 4);
+                for (int64_t j = 0; j < n; j++) {
+                    float p = rb(sc[j] / sum);
+                    const float *vj = f[TV] + (cu[s] + j) * ck + (int64_t)g * D;
+                    for (int e = 0; e < D; e++)
+                        acc[e] += p * vj[e];
+                }
+                float *o = nv + i * cq + (int64_t)h * D;
+                const float *gt = f[TG] + i * cq + (int64_t)h * D;
+                for (int e = 0; e < D; e++)
+                    o[e] = c->gated ? rb(rb(acc[e]) * sigm(gt[e])) : rb(acc[e]);
+            }
+    double nerr = 0, rmax = 0;
+    for (int64_t i = 0; i < T * cq; i++) {
+        double d = fabs((double)nv[i] - ref[i]);
+        nerr = d > nerr ? d : nerr;
+        rmax = fabs(ref[i]) > rmax ? fabs(ref[i]) : rmax;
+    }
+    double tol = 2 * nerr + 1e-6 * rmax;
+
+    /* device buffers: junk around the views, the out buffer all poison */
+    int64_t w[5];
+    int nbuf;
+    place pl[NT_];
+    layout_of(c, w, &nbuf, pl);
+    dbuf b[5];
+    for (int i = 0; i < nbuf; i++) {
+        b[i].width = w[i];
+        b[i].host = xcalloc((size_t)(T * w[i]) * 2);
+        for (int64_t e = 0; e < T * w[i]; e++)
+            b[i].host[e] = f2bf(test_randn(&rng) * 100.0f); /* junk: would show if read */
+        b[i].dev = df_backend_alloc(gpu, (size_t)(T * w[i]) * 2 + 64);
+        CHECK(b[i].dev != NULL);
+    }
+    for (int64_t e = 0; e < T * w[pl[TO].buf]; e++)
+        b[pl[TO].buf].host[e] = 0xffff; /* bf16 NaN */
+    for (int t = TQ; t <= TG; t++)
+        for (int64_t r = 0; r < T; r++)
+            for (int64_t j = 0; j < cols[t]; j++)
+                b[pl[t].buf].host[r * w[pl[t].buf] + pl[t].col + j] = f2bf(f[t][r * cols[t] + j]);
+    for (int i = 0; i < nbuf; i++)
+        CHECK_EQ(df_backend_upload(gpu, b[i].dev, b[i].host, (size_t)(T * w[i]) * 2), 0);
+    df_tensor gten[NT_];
+    for (int t = 0; t < NT_; t++) {
+        df_tensor whole = df_tensor_2d(b[pl[t].buf].dev, DF_DTYPE_BF16, T, w[pl[t].buf]);
+        gten[t] = df_tensor_cols(&whole, pl[t].col, cols[t]);
+    }
+
+    uint16_t *got = xcalloc((size_t)(T * w[pl[TO].buf]) * 2);
+    printf("%-34s T=%-5lld naive %.2e |", c->name, (long long)T, nerr);
+    int ok = 1;
+    for (int var = 0; var <= N_VARIANTS; var++) {
+        /* re-poison the out buffer for every run */
+        uint16_t *poison = b[pl[TO].buf].host;
+        CHECK_EQ(df_backend_upload(gpu, b[pl[TO].buf].dev, poison,
+                                   (size_t)(T * w[pl[TO].buf]) * 2),
+                 0);
+        df_cuda_attention_set_variant(var);
+        int rc = df_op_attention(gpu, &gten[TQ], &gten[TK], &gten[TV], cu, c->nseq, nq, nkv, D,
+                                 scale, c->gated ? &gten[TG] : NULL, &gten[TO]);
+        df_cuda_attention_set_variant(0);
+        if (rc == -ENOTSUP && var > 0) { /* forced config larger than this GPU allows */
+            printf(" v%d n/a", var);
+            continue;
+        }
+        CHECK_EQ(rc, 0);
+        CHECK_EQ(df_backend_sync(gpu), 0);
+        CHECK_EQ(df_backend_download(gpu, got, b[pl[TO].buf].dev,
+                                     (size_t)(T * w[pl[TO].buf]) * 2),
+                 0);
+        double err = 0;
+        int64_t nan = 0, oob = 0;
+        int64_t wo = w[pl[TO].buf], co = pl[TO].col;
+        for (int64_t r = 0; r < T; r++)
+            for (int64_t j = 0; j < wo; j++) {
+                uint16_t hv = got[r * wo + j];
+                if (j < co || j >= co + cq) {
+                    oob += hv != 0xffff;
+                    continue;
+                }
+                float gv = bf2f(hv), rv = ref[r * cq + j - co];
+                if (isnan(gv) || isnan(rv)) {
+                    nan++;
+                    continue;
+                }
+                double d = fabs((double)gv - rv);
+                err = d > err ? d : err;
+            }
+        int vok = !nan && !oob && err <= tol && rc == 0;
+        printf(" v%d %.2e%s", var, err, vok ? "" : "(FAIL)");
+        if (!vok)
+            printf("[nan=%lld oob=%lld tol=%.2e]", (long long)nan, (long long)oob, tol);
+        ok = ok && vok;
+    }
+    printf("  %s\n", ok ? "ok" : "FAILED");
+    CHECK(ok);
+
+    free(got);
+    for (int i = 0; i < nbuf; i++) {
+        df_backend_free(gpu, b[i].dev);
+        free(b[i].host);
+    }
+    for (int t = 0; t < NT_; t++)
+        free(f[t]);
+    free(nv), free(sc), free(acc);
+}
+
+/* ---- benchmark ---- */
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void bench_one(df_backend *gpu, const char *name, int nq, int nkv, int D, int gated,
+                      int nseq, const int *lens)
+{
+    int32_t cu[17];
+    cu[0] = 0;
+    double flops = 0;
+    for (int s = 0; s < nseq; s++) {
+        cu[s + 1] = cu[s] + lens[s];
+        flops += 4.0 * D * nq * (double)lens[s] * (lens[s] + 1) / 2;
+    }
+    int64_t T = cu[nseq], cq = (int64_t)nq * D, ck = (int64_t)nkv * D;
+    /* the model's layout: q | gate in one buffer (Qwen3.5), k | v in one */
+    int64_t wq = gated ? 2 * cq : cq;
+    uint16_t *qg = df_backend_alloc(gpu, (size_t)(T * wq) * 2),
+             *kv = df_backend_alloc(gpu, (size_t)(T * 2 * ck) * 2),
+             *out = df_backend_alloc(gpu, (size_t)(T * cq) * 2);
+    if (!qg || !kv || !out) {
+        fprintf(stderr, "bench %s: out of device memory\n", name);
+        df_test_failures++;
+        return;
+    }
+    CHECK_EQ(df_backend_fill_uniform(gpu, qg, DF_DTYPE_BF16, T * wq, 1, -2.0f, 2.0f), 0);
+    CHECK_EQ(df_backend_fill_uniform(gpu, kv, DF_DTYPE_BF16, T * 2 * ck, 2, -2.0f, 2.0f), 0);
+    df_tensor tqg = df_tensor_2d(qg, DF_DTYPE_BF16, T, wq), tkv = df_tensor_2d(kv, DF_DTYPE_BF16, T, 2 * ck),
+              to = df_tensor_2d(out, DF_DTYPE_BF16, T, cq);
+    df_tensor tq = df_tensor_cols(&tqg, 0, cq), tg = df_tensor_cols(&tqg, gated ? cq : 0, cq),
+              tk = df_tensor_cols(&tkv, 0, ck), tv = df_tensor_cols(&tkv, ck, ck);
+    cudaStream_t st = df_cuda_stream(gpu);
+    cudaEvent_t ev[2];
+    if (cudaEventCreate(&ev[0]) != cudaSuccess || cudaEventCreate(&ev[1]) != cudaSuccess) {
+        fprintf(stderr, "bench: cudaEventCreate failed\n");
+        df_test_failures++;
+        return;
+    }
+    float scale = 1.0f / sqrtf((float)D);
+    printf("%-40s T=%-6lld", name, (long long)T);
+    for (int var = 0; var <= N_VARIANTS; var++) {
+        enum { WARM = 3, RUNS = 20 };
+        float ms[RUNS];
+        int rc = 0;
+        df_cuda_attention_set_variant(var);
+        for (int i = 0; i < WARM + RUNS && rc == 0; i++) {
+            if (i >= WARM && cudaEventRecord(ev[0], st) != cudaSuccess)
+                rc = -EIO;
+            if (!rc)
+                rc = df_op_attention(gpu, &tq, &tk, &tv, cu, nseq, nq, nkv, D, scale,
+                                     gated ? &tg : NULL, &to);
+            if (!rc && i >= WARM) {
+                if (cudaEventRecord(ev[1], st) != cudaSuccess ||
+                    cudaEventSynchronize(ev[1]) != cudaSuccess ||
+                    cudaEventElapsedTime(&ms[i - WARM], ev[0], ev[1]) != cudaSuccess)
+                    rc = -EIO;
+            }
+        }
+        df_cuda_attention_set_variant(0);
+        if (rc == -ENOTSUP && var > 0) {
+            printf(" | v%d n/a", var);
+            continue;
+        }
+        CHECK_EQ(rc, 0);
+        if (rc)
+            break;
+        qsort(ms, RUNS, sizeof ms[0], cmp_f);
+        float med = ms[RUNS / 2];
+        printf(" | v%d %.3f ms %.0f TFLOP/s", var, med, flops / (med * 1e-3) / 1e12);
+    }
+    printf("\n");
+    cudaEventDestroy(ev[0]), cudaEventDestroy(ev[1]);
+    CHECK_EQ(df_backend_sync(gpu), 0);
+    df_backend_free(gpu, qg), df_backend_free(gpu, kv), df_backend_free(gpu, out);
+}
+
+static void bench(df_backend *gpu)
+{
+    printf("v0 = automatic choice; v1..v%d = forced candidates (attn_prefill.cu)\n", N_VARIANTS);
+    static const int l8k[] = {8192}, l2x4k[] = {4096, 4096}, l16k[] = {8192, 8192},
+                     lmix[] = {4096, 6144, 6144}, l4k[] = {4096};
+    bench_one(gpu, "qwen3.5 24/4 D256 gate 1x4096", 24, 4, 256, 1, 1, l4k);
+    bench_one(gpu, "qwen3.5 24/4 D256 gate 2x4096", 24, 4, 256, 1, 2, l2x4k);
+    bench_one(gpu, "qwen3.5 24/4 D256 gate 1x8192", 24, 4, 256, 1, 1, l8k);
+    bench_one(gpu, "qwen3.5 24/4 D256 gate 4k+6k+6k", 24, 4, 256, 1, 3, lmix);
+    bench_one(gpu, "qwen3.5 24/4 D256 gate 2x8192", 24, 4, 256, 1, 2, l16k);
+    bench_one(gpu, "qwen3 64/8 D128 2x4096", 64, 8, 128, 0, 2, l2x4k);
+    bench_one(gpu, "qwen3 64/8 D128 1x8192", 64, 8, 128, 0, 1, l8k);
+    bench_one(gpu, "qwen3 64/8 D128 2x8192", 64, 8, 128, 0, 2, l16k);
+    bench_one(gpu, "D64 32/8 1x8192", 32, 8, 64, 0, 1, l8k);
+}
+
+int main(int argc, char **argv)
+{
+    df_err e;
+    memset(&e, 0, sizeof e);
+    df_backend *gpu = df_backend_cuda_open(0, &e);
+    if (!gpu) {
+        if (e.code == -ENODEV) {
+            printf("no CUDA device: skipped\n");
+            return 77;
+        }
+        fprintf(stderr, "cuda backend: %s\n", e.msg);
+        return 1;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--bench")) {
+        bench(gpu);
+        df_backend_close(gpu);
+        return test_main_end();
+    }
+    df_backend *cpu = df_backend_cpu_open(0, &e);
+    if (!cpu) {
+        fprintf(stderr, "cpu backend: %s\n", e.msg);
+        df_backend_close(gpu);
+        return 1;
+    }
+
+    { /* head_dim 96: a valid op, not a supported kernel */
+        int T = 4, nq = 2, nkv = 1, D = 96;
+        uint16_t *q = df_backend_alloc(gpu, (size_t)T * nq * D * 2),
+                 *kv = df_backend_alloc(gpu, (size_t)T * nkv * D * 2),
+                 *o = df_backend_alloc(gpu, (size_t)T * nq * D * 2);
+        CHECK(q && kv && o);
+        df_tensor tq = df_tensor_2d(q, DF_DTYPE_BF16, T, nq * D),
+                  tk = df_tensor_2d(kv, DF_DTYPE_BF16, T, nkv * D),
+                  to = df_tensor_2d(o, DF_DTYPE_BF16, T, nq * D);
+        int32_t cu[2] = {0, T};
+        CHECK_EQ(df_op_attention(gpu, &tq, &tk, &tk, cu, 1, nq, nkv, D, 0.1f, NULL, &to),
+                 -ENOTSUP);
+        df_backend_free(gpu, q), df_backend_free(gpu, kv), df_backend_free(gpu, o);
+    }
+
+    printf("max abs error vs the fp32 reference: naive bf16 | GPU per config (v0 auto)\n");
+    static const acase cases[] = {
+        {"D64 2/2 ragged", 2, 2, 64, 0, L_CONTIG, 6, {1, 0, 37, 200, 129, 0}},
+        {"D64 8/1 gate fused", 8, 1, 64, 1, L_FUSED, 3, {300, 1, 65}},
+        {"D64 4/2 misaligned", 4, 2, 64, 0, L_MISALIGNED, 3, {0, 90, 33}},
+        {"D128 4/1 gate fused long", 4, 1, 128, 1, L_FUSED, 3, {1030, 0, 17}},
+        {"D128 16/2 qwen3-like fused", 16, 2, 128, 0, L_FUSED, 4, {513, 255, 1, 128}},
+        {"D128 2/2 contiguous", 2, 2, 128, 0, L_CONTIG, 3, {127, 128, 129}},
+        {"D128 4/2 gate misaligned", 4, 2, 128, 1, L_MISALIGNED, 3, {70, 1, 200}},
+        {"D256 24/4 qwen3.5 gate fused", 24, 4, 256, 1, L_FUSED, 5, {1, 0, 300, 129, 64}},
+        {"D256 2/1 gate fused long", 2, 1, 256, 1, L_FUSED, 3, {1100, 7, 0}},
+        {"D256 2/2 contiguous", 2, 2, 256, 0, L_CONTIG, 4, {127, 128, 129, 1}},
+        {"D256 8/1 gate", 8, 1, 256, 1, L_CONTIG, 2, {65, 200}},
+        {"D256 4/1 gate misaligned", 4, 1, 256, 1, L_MISALIGNED, 2, {150, 3}},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        run_case(&cases[i], cpu, gpu);
+    df_backend_close(cpu);
+    df_backend_close(gpu);
+    return test_main_end();
 }

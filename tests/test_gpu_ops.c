@@ -1,8 +1,720 @@
-/* test_gpu_ops - (placeholder: to be written) */
+/* test_gpu_ops - the CUDA backend's dense and GDN-preprocessing ops (embed,
+ * add, RMSNorm plain / plus_one / gated, RoPE, SwiGLU, sigmoid, SiLU,
+ * conv1d + SiLU, l2norm, GDN gates) and matmul (cuBLASLt), against the CPU
+ * reference. Both run through the public df_op_* dispatch. Skips (77)
+ * without a GPU.
+ *
+ * Every case draws random inputs (never zeros) and rounds them to bf16; the
+ * CPU backend runs on F32 copies of those values (the fp32 reference), the
+ * CUDA backend on BF16 device copies laid out identically: column views with
+ * row strides > cols, 3-D/4-D per-head views with gaps, in-place aliasing.
+ * Non-aliased GPU outputs are poisoned first with NaN bits (0x7fc0; F32
+ * outputs 0x7fc00000), and every element outside an output view must come
+ * back bit for bit as uploaded.
+ *
+ * Tolerance (KERNELS.md, FlashAttention's rule): the GPU's max abs error vs
+ * the fp32 reference must be at most twice that of naive bf16 math. Naive
+ * bf16 math at least rounds its fp32 result to bf16 (for matmul: bf16
+ * inputs, an fp32 sum, a bf16 output, which is exactly that), so per output
+ * view:   max|gpu - ref| <= 2 * max|round_bf16(ref) - ref| + 1e-6 * max|ref|.
+ * NaN (or inf) never passes. One line per case; any failure exits 1. */
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda/device.h"
+#include "ops.h"
+#include "test.h"
+
+static uint64_t rng = 0x5eed0f0b5ull;
+static df_backend *cpu, *gpu;
+
+static const float EPS = 1e-6f;
+
+/* ---- bf16 ---- */
+
+static uint16_t f2bf(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return 0x7fc0;
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static float bf2f(uint16_t h)
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float rb(float x) { return bf2f(f2bf(x)); }
+
+static void *xmalloc(size_t n)
+{
+    void *p = calloc(n ? n : 1, 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+/* ---- buffers: one host f32 copy (CPU side), one device copy (GPU side) ---- */
+
+typedef struct buf {
+    int64_t n;
+    int f32;   /* the device copy is F32 (the gates' outputs), else BF16 */
+    float *h;  /* CPU copy: the values (bf16-exact for a BF16 buffer) */
+    void *img; /* host image of what was uploaded (uint16_t or float) */
+    void *d;   /* device copy */
+} buf;
+
+static size_t esz(const buf *b) { return b->f32 ? 4 : 2; }
+
+static void buf_set(buf *b, int64_t i, float v)
+{
+    if (b->f32) {
+        b->h[i] = v;
+        ((float *)b->img)[i] = v;
+    } else {
+        b->h[i] = rb(v);
+        ((uint16_t *)b->img)[i] = f2bf(v);
+    }
+}
+
+/* n values scale * N(0,1), rounded to bf16 unless f32. */
+static buf buf_new(int64_t n, int f32, float scale)
+{
+    buf b = {n, f32, xmalloc((size_t)n * 4), xmalloc((size_t)n * (f32 ? 4 : 2)), NULL};
+    for (int64_t i = 0; i < n; i++)
+        buf_set(&b, i, scale * test_randn(&rng));
+    b.d = df_backend_alloc(gpu, (size_t)n * esz(&b));
+    if (!b.d) {
+        fprintf(stderr, "device allocation of %lld elements failed\n", (long long)n);
+        exit(2);
+    }
+    return b;
+}
+
+static void buf_upload(const buf *b)
+{
+    CHECK_EQ(df_backend_upload(gpu, b->d, b->img, (size_t)b->n * esz(b)), 0);
+}
+
+static void buf_free(buf *b)
+{
+    free(b->h);
+    free(b->img);
+    df_backend_free(gpu, b->d);
+    memset(b, 0, sizeof *b);
+}
+
+/* ---- views ---- */
+
+typedef struct view {
+    int64_t off;
+    int ndim;
+    int64_t shape[4], stride[4];
+} view;
+
+static view vnd(int64_t off, int ndim, const int64_t *shape, const int64_t *stride)
+{
+    view v;
+    memset(&v, 0, sizeof v);
+    v.off = off;
+    v.ndim = ndim;
+    for (int d = 0; d < ndim; d++) {
+        v.shape[d] = shape[d];
+        v.stride[d] = stride[d];
+    }
+    return v;
+}
+
+/* Columns [col0, col0 + cols) of a [rows, ld] matrix. */
+static view v2(int64_t col0, int64_t rows, int64_t cols, int64_t ld)
+{
+    int64_t sh[2] = {rows, cols}, st[2] = {ld, 1};
+    return vnd(col0, 2, sh, st);
+}
+
+static view v1(int64_t n)
+{
+    int64_t sh[1] = {n}, st[1] = {1};
+    return vnd(0, 1, sh, st);
+}
+
+/* Elements a buffer needs to hold v. */
+static int64_t view_len(view v)
+{
+    int64_t e = v.off + 1;
+    for (int d = 0; d < v.ndim; d++)
+        e += (v.shape[d] - 1) * v.stride[d];
+    return e;
+}
+
+/* Element offsets of v in row-major order into offs (if not NULL); the count. */
+static int64_t view_offsets(view v, int64_t *offs)
+{
+    int64_t n = 1;
+    for (int d = 0; d < v.ndim; d++)
+        n *= v.shape[d];
+    for (int64_t i = 0; offs && i < n; i++) {
+        int64_t r = i, off = v.off;
+        for (int d = v.ndim - 1; d >= 0; d--) {
+            off += (r % v.shape[d]) * v.stride[d];
+            r /= v.shape[d];
+        }
+        offs[i] = off;
+    }
+    return n;
+}
+
+static df_tensor tens(const buf *b, view v, int on_gpu)
+{
+    df_tensor t;
+    memset(&t, 0, sizeof t);
+    t.ndim = v.ndim;
+    for (int d = 0; d < v.ndim; d++) {
+        t.shape[d] = v.shape[d];
+        t.stride[d] = v.stride[d];
+    }
+    if (on_gpu) {
+        t.dtype = b->f32 ? DF_DTYPE_F32 : DF_DTYPE_BF16;
+        t.data = (char *)b->d + v.off * (int64_t)esz(b);
+    } else {
+        t.dtype = DF_DTYPE_F32;
+        t.data = b->h + v.off;
+    }
+    return t;
+}
+
+/* NaN into the device image of v (the CPU copy keeps its values). */
+static void poison(buf *b, view v)
+{
+    int64_t n = view_offsets(v, NULL);
+    int64_t *offs = xmalloc((size_t)n * sizeof *offs);
+    view_offsets(v, offs);
+    for (int64_t i = 0; i < n; i++) {
+        if (b->f32) {
+            uint32_t nan = 0x7fc00000u;
+            memcpy((float *)b->img + offs[i], &nan, 4);
+        } else {
+            ((uint16_t *)b->img)[offs[i]] = 0x7fc0;
+        }
+    }
+    free(offs);
+}
+
+/* Downloads b and compares view v with the CPU copy (the rule at the top);
+ * elements outside v and outside `also` (another view the op wrote, or
+ * NULL) must equal the uploaded image. */
+static void check_view(const char *name, const buf *b, view v, const view *also)
+{
+    size_t bytes = (size_t)b->n * esz(b);
+    char *got = xmalloc(bytes);
+    uint8_t *in = xmalloc((size_t)b->n);
+    int rc = df_backend_download(gpu, got, b->d, bytes);
+    int64_t n = view_offsets(v, NULL);
+    int64_t *offs = xmalloc((size_t)n * sizeof *offs);
+    if (also) {
+        int64_t na = view_offsets(*also, NULL);
+        int64_t *oa = xmalloc((size_t)na * sizeof *oa);
+        view_offsets(*also, oa);
+        for (int64_t i = 0; i < na; i++)
+            in[oa[i]] = 1;
+        free(oa);
+    }
+    view_offsets(v, offs);
+    double err = 0, naive = 0, refmax = 0;
+    int64_t bad = 0, touched = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t o = offs[i];
+        in[o] = 1;
+        float ref = b->h[o];
+        float g = b->f32 ? ((float *)got)[o] : bf2f(((uint16_t *)got)[o]);
+        if (!isfinite(g) || !isfinite(ref)) {
+            bad++;
+            continue;
+        }
+        double d = fabs((double)g - ref), r = fabs((double)rb(ref) - ref);
+        err = d > err ? d : err;
+        naive = r > naive ? r : naive;
+        refmax = fabs(ref) > refmax ? fabs(ref) : refmax;
+    }
+    for (int64_t i = 0; i < b->n; i++)
+        if (!in[i] && memcmp(got + i * esz(b), (char *)b->img + i * esz(b), esz(b)))
+            touched++;
+    double bound = 2.0 * naive + 1e-6 * refmax;
+    int ok = rc == 0 && bad == 0 && touched == 0 && err <= bound;
+    printf("%-52s err %.3e  naive %.3e  bound %.3e  %s\n", name, err, naive, bound,
+           ok ? "ok" : "FAIL");
+    if (!ok) {
+        fprintf(stderr, "%s: download rc %d, %lld non-finite, %lld written outside the view\n",
+                name, rc, (long long)bad, (long long)touched);
+        df_test_failures++;
+    }
+    free(offs);
+    free(in);
+    free(got);
+}
+
+static void check(const char *name, const buf *b, view v) { check_view(name, b, v, NULL); }
+
+/* ---- embed ---- */
+
+static void embed_case(const char *name, int64_t V, int64_t H, int64_t n, int64_t ld,
+                       int64_t col0)
+{
+    view vt = v2(0, V, H, H), vo = v2(col0, n, H, ld);
+    buf tab = buf_new(view_len(vt), 0, 1.0f), out = buf_new(view_len(vo), 0, 1.0f);
+    uint32_t *ids = xmalloc((size_t)n * sizeof *ids);
+    for (int64_t i = 0; i < n; i++)
+        ids[i] = i == 0 ? 0 : i == 1 ? (uint32_t)(V - 1) : (uint32_t)(test_rand(&rng) % V);
+    poison(&out, vo);
+    buf_upload(&tab);
+    buf_upload(&out);
+    df_tensor tc = tens(&tab, vt, 0), tg = tens(&tab, vt, 1);
+    df_tensor oc = tens(&out, vo, 0), og = tens(&out, vo, 1);
+    CHECK_EQ(df_op_embed(cpu, &tc, ids, n, &oc), 0);
+    CHECK_EQ(df_op_embed(gpu, &tg, ids, n, &og), 0);
+    check(name, &out, vo);
+    free(ids);
+    buf_free(&tab);
+    buf_free(&out);
+}
+
+/* ---- matmul ---- */
+
+/* x and y are column views (col0 8 / 16 of wider rows) when xpad / ypad. */
+static void matmul_case(const char *name, int64_t M, int64_t N, int64_t K, int64_t xpad,
+                        int64_t ypad, int acc)
+{
+    view vx = v2(xpad ? 8 : 0, M, K, K + xpad), vw = v2(0, N, K, K);
+    view vy = v2(ypad ? 16 : 0, M, N, N + ypad);
+    buf x = buf_new(view_len(vx), 0, 1.0f), w = buf_new(view_len(vw), 0, 1.0f);
+    buf y = buf_new(view_len(vy), 0, 4.0f);
+    if (!acc)
+        poison(&y, vy);
+    buf_upload(&x);
+    buf_upload(&w);
+    buf_upload(&y);
+    df_tensor xc = tens(&x, vx, 0), xg = tens(&x, vx, 1), wc = tens(&w, vw, 0);
+    df_tensor wg = tens(&w, vw, 1), yc = tens(&y, vy, 0), yg = tens(&y, vy, 1);
+    CHECK_EQ(df_op_matmul(cpu, &xc, &wc, &yc, acc), 0);
+    CHECK_EQ(df_op_matmul(gpu, &xg, &wg, &yg, acc), 0);
+    check(name, &y, vy);
+    buf_free(&x);
+    buf_free(&w);
+    buf_free(&y);
+}
+
+/* ---- elementwise ---- */
+
+enum { OP_ADD, OP_SWIGLU, OP_SIGMOID, OP_SILU };
+
+/* add: y = a + b with y = b (a == b for the aliased case). */
+static int run_ew(df_backend *be, int op, const df_tensor *a, df_tensor *b, df_tensor *o)
+{
+    switch (op) {
+    case OP_ADD:
+        return df_op_add(be, a, b);
+    case OP_SWIGLU:
+        return df_op_swiglu(be, a, b, o);
+    case OP_SIGMOID:
+        return df_op_sigmoid(be, a, o);
+    default:
+        return df_op_silu(be, a, o);
+    }
+}
+
+/* alias: 0 = out in its own buffer (add: y is b's buffer), 'a' = out is a
+ * (same view), 'b' = out is b, 'x' = add with x and y one view. */
+static void ew_case(const char *name, int op, view va, view vb, view vo, int alias)
+{
+    int binary = op == OP_ADD || op == OP_SWIGLU;
+    if (op == OP_ADD && alias == 0)
+        alias = 'b';
+    if (alias == 'a' || alias == 'x')
+        vo = va;
+    if (alias == 'b')
+        vo = vb;
+    if (alias == 'x')
+        vb = va;
+    buf A = buf_new(view_len(va), 0, 2.0f), B, O;
+    memset(&B, 0, sizeof B);
+    memset(&O, 0, sizeof O);
+    /* saturating inputs: exp overflow must give 0 / -0 / x, never NaN */
+    static const float ext[] = {200.0f, -200.0f, 88.5f, -88.5f, 16.0f, -16.0f};
+    if (op != OP_ADD)
+        for (int64_t i = 0; i < A.n; i += 17)
+            buf_set(&A, i, ext[(i / 17) % 6]);
+    if (binary && alias != 'x')
+        B = buf_new(view_len(vb), 0, 2.0f);
+    if (alias == 0)
+        O = buf_new(view_len(vo), 0, 1.0f);
+    buf *pb = binary ? (alias == 'x' ? &A : &B) : NULL;
+    buf *po = alias == 0 ? &O : alias == 'b' ? &B : &A;
+    if (alias == 0)
+        poison(&O, vo);
+    buf_upload(&A);
+    if (B.d)
+        buf_upload(&B);
+    if (O.d)
+        buf_upload(&O);
+    df_tensor ac = tens(&A, va, 0), ag = tens(&A, va, 1), bc, bg, oc, og;
+    memset(&bc, 0, sizeof bc);
+    memset(&bg, 0, sizeof bg);
+    if (pb) {
+        bc = tens(pb, vb, 0);
+        bg = tens(pb, vb, 1);
+    }
+    oc = tens(po, vo, 0);
+    og = tens(po, vo, 1);
+    CHECK_EQ(run_ew(cpu, op, &ac, pb ? &bc : NULL, &oc), 0);
+    CHECK_EQ(run_ew(gpu, op, &ag, pb ? &bg : NULL, &og), 0);
+    check(name, po, vo);
+    buf_free(&A);
+    if (B.d)
+        buf_free(&B);
+    if (O.d)
+        buf_free(&O);
+}
+
+static void test_elementwise(void)
+{
+    static const int ops[4] = {OP_ADD, OP_SWIGLU, OP_SIGMOID, OP_SILU};
+    static const char *names[4] = {"add", "swiglu", "sigmoid", "silu"};
+    char nm[128];
+    for (int k = 0; k < 4; k++) {
+        int op = ops[k];
+        /* contiguous: one long row */
+        snprintf(nm, sizeof nm, "%s [64, 5120] contiguous", names[k]);
+        ew_case(nm, op, v2(0, 64, 5120, 5120), v2(0, 64, 5120, 5120), v2(0, 64, 5120, 5120), 0);
+        snprintf(nm, sizeof nm, "%s [1001] 1-D", names[k]);
+        ew_case(nm, op, v1(1001), v1(1001), v1(1001), 0);
+        /* odd width, column views at unaligned and aligned offsets */
+        snprintf(nm, sizeof nm, "%s [37, 77] column views", names[k]);
+        ew_case(nm, op, v2(3, 37, 77, 90), v2(77, 37, 77, 160), v2(5, 37, 77, 83), 0);
+        /* halves of a fused [T, 2F] projection (SwiGLU's gate | up) */
+        snprintf(nm, sizeof nm, "%s [45, 96] halves of [45, 192]", names[k]);
+        ew_case(nm, op, v2(0, 45, 96, 192), v2(96, 45, 96, 192), v2(8, 45, 96, 112), 0);
+        {
+            int64_t sh[3] = {10, 6, 40}, sa[3] = {6 * 48 + 8, 48, 1}, sb[3] = {240, 40, 1},
+                    so[3] = {6 * 56, 56, 1};
+            snprintf(nm, sizeof nm, "%s [10, 6, 40] 3-D views with gaps", names[k]);
+            ew_case(nm, op, vnd(8, 3, sh, sa), vnd(0, 3, sh, sb), vnd(16, 3, sh, so), 0);
+        }
+        {
+            int64_t sh[4] = {2, 3, 4, 16}, st[4] = {3 * 4 * 24, 4 * 24, 24, 1};
+            snprintf(nm, sizeof nm, "%s [2, 3, 4, 16] 4-D, in place", names[k]);
+            ew_case(nm, op, vnd(8, 4, sh, st), vnd(0, 4, sh, st), vnd(0, 4, sh, st),
+                    op == OP_ADD ? 'x' : 'a');
+        }
+        snprintf(nm, sizeof nm, "%s [33, 130] in place (out = %s)", names[k],
+                 op == OP_ADD ? "x = y" : op == OP_SWIGLU ? "up" : "x");
+        ew_case(nm, op, v2(0, 33, 130, 130), v2(0, 33, 130, 136), v2(0, 33, 130, 130),
+                op == OP_ADD ? 'x' : op == OP_SWIGLU ? 'b' : 'a');
+    }
+}
+
+/* ---- norms ---- */
+
+enum { N_PLAIN, N_PLUS1, N_GATED, N_L2 };
+
+static int run_norm(df_backend *be, int kind, df_tensor *x, const df_tensor *z,
+                    const df_tensor *w, df_tensor *y)
+{
+    switch (kind) {
+    case N_PLAIN:
+    case N_PLUS1:
+        return df_op_rmsnorm(be, x, w, EPS, kind == N_PLUS1, y);
+    case N_GATED:
+        return df_op_rmsnorm_gated(be, x, z, w, EPS, y);
+    default:
+        return df_op_l2norm(be, x, EPS, 0.08838834764831845f);
+    }
+}
+
+/* vz is used by the gated norm only; inplace: y is x (always for l2norm). */
+static void norm_case(const char *name, int kind, view vx, view vz, view vy, int inplace)
+{
+    int64_t D = vx.shape[vx.ndim - 1];
+    if (kind == N_L2)
+        inplace = 1;
+    if (inplace)
+        vy = vx;
+    buf x = buf_new(view_len(vx), 0, 1.5f), z, y, w;
+    memset(&z, 0, sizeof z);
+    memset(&y, 0, sizeof y);
+    w = buf_new(D, 0, kind == N_PLUS1 ? 0.1f : 1.0f);
+    if (kind == N_GATED)
+        z = buf_new(view_len(vz), 0, 2.0f);
+    if (!inplace) {
+        y = buf_new(view_len(vy), 0, 1.0f);
+        poison(&y, vy);
+    }
+    buf *py = inplace ? &x : &y;
+    buf_upload(&x);
+    buf_upload(&w);
+    if (z.d)
+        buf_upload(&z);
+    if (y.d)
+        buf_upload(&y);
+    df_tensor xc = tens(&x, vx, 0), xg = tens(&x, vx, 1), wc = tens(&w, v1(D), 0);
+    df_tensor wg = tens(&w, v1(D), 1), zc, zg;
+    memset(&zc, 0, sizeof zc);
+    memset(&zg, 0, sizeof zg);
+    if (z.d) {
+        zc = tens(&z, vz, 0);
+        zg = tens(&z, vz, 1);
+    }
+    df_tensor yc = tens(py, vy, 0), yg = tens(py, vy, 1);
+    CHECK_EQ(run_norm(cpu, kind, &xc, &zc, &wc, &yc), 0);
+    CHECK_EQ(run_norm(gpu, kind, &xg, &zg, &wg, &yg), 0);
+    check(name, py, vy);
+    buf_free(&x);
+    buf_free(&w);
+    if (z.d)
+        buf_free(&z);
+    if (y.d)
+        buf_free(&y);
+}
+
+static void test_norms(void)
+{
+    view none;
+    memset(&none, 0, sizeof none);
+    /* the hidden size: a block per row, 16-byte vectors */
+    norm_case("rmsnorm [33, 5120]", N_PLAIN, v2(0, 33, 5120, 5120), none, v2(0, 33, 5120, 5120), 0);
+    norm_case("rmsnorm plus_one [33, 5120] in place", N_PLUS1, v2(0, 33, 5120, 5120), none,
+              none, 1);
+    norm_case("rmsnorm plus_one [17, 4096] -> column view", N_PLUS1, v2(0, 17, 4096, 4096),
+              none, v2(8, 17, 4096, 4104), 0);
+    /* > 1024 with a scalar tail (stride 1104), and unaligned (stride 1101) */
+    norm_case("rmsnorm [20, 1101] of [20, 1104] (vector + tail)", N_PLAIN, v2(0, 20, 1101, 1104),
+              none, v2(8, 20, 1101, 1112), 0);
+    norm_case("rmsnorm plus_one [20, 1101] unaligned, in place", N_PLUS1, v2(3, 20, 1101, 1107),
+              none, none, 1);
+    /* warp per row: odd width, unaligned */
+    norm_case("rmsnorm [30, 100] of [30, 104] (vector + tail)", N_PLAIN, v2(0, 30, 100, 104),
+              none, v2(16, 30, 100, 128), 0);
+    norm_case("rmsnorm [50, 77]", N_PLAIN, v2(0, 50, 77, 77), none, v2(0, 50, 77, 77), 0);
+    norm_case("rmsnorm plus_one [50, 77] in place", N_PLUS1, v2(0, 50, 77, 77), none, none, 1);
+    {   /* q_norm on q inside per-head [q | gate] rows: [T, nq, 256], row stride 2*nq*256 */
+        int64_t sh[3] = {40, 4, 256}, sx[3] = {2 * 4 * 256, 512, 1}, sy[3] = {1024, 256, 1};
+        norm_case("q_norm [40, 4, 256] of per-head q|gate", N_PLAIN, vnd(0, 3, sh, sx), none,
+                  vnd(0, 3, sh, sy), 0);
+        norm_case("q_norm plus_one [40, 4, 256] q|gate in place", N_PLUS1, vnd(256, 3, sh, sx),
+                  none, none, 1);
+        /* q columns of a [T, 2*nq*D] buffer: [T, nq, D] with row stride 2*nq*D */
+        int64_t sq[3] = {2 * 4 * 256, 256, 1};
+        norm_case("k_norm plus_one [40, 4, 256] column slice", N_PLUS1, vnd(1024, 3, sh, sq),
+                  none, vnd(0, 3, sh, sy), 0);
+    }
+    norm_case("k_norm plus_one [64, 128] (Qwen3 per-head)", N_PLUS1, v2(0, 64, 128, 128), none,
+              none, 1);
+    {
+        int64_t sh[4] = {2, 3, 5, 24}, st[4] = {3 * 5 * 32 + 8, 5 * 32, 32, 1};
+        norm_case("rmsnorm plus_one [2, 3, 5, 24] 4-D with gaps", N_PLUS1, vnd(0, 4, sh, st),
+                  none, none, 1);
+    }
+    {   /* the GDN output norm: per value head over 128, gate z a column view */
+        int64_t sh[3] = {30, 6, 128}, sx[3] = {768, 128, 1}, sz[3] = {768 + 64, 128, 1};
+        norm_case("rmsnorm_gated [30, 6, 128]", N_GATED, vnd(0, 3, sh, sx), vnd(32, 3, sh, sz),
+                  vnd(0, 3, sh, sx), 0);
+        norm_case("rmsnorm_gated [30, 6, 128] in place", N_GATED, vnd(0, 3, sh, sx),
+                  vnd(8, 3, sh, sz), none, 1);
+    }
+    norm_case("rmsnorm_gated [41, 45] odd", N_GATED, v2(0, 41, 45, 45), v2(1, 41, 45, 50),
+              v2(2, 41, 45, 47), 0);
+    norm_case("rmsnorm_gated [9, 2048] block per row", N_GATED, v2(0, 9, 2048, 2048),
+              v2(0, 9, 2048, 2048), v2(0, 9, 2048, 2048), 0);
+    {   /* l2norm: q/k heads inside the fused conv output [T, 2*hk*D + hv*Dv] */
+        int64_t ld = 2 * 4 * 128 + 8 * 128;
+        int64_t sh[3] = {50, 4, 128}, st[3] = {ld, 128, 1};
+        norm_case("l2norm q [50, 4, 128] of conv output", N_L2, vnd(0, 3, sh, st), none, none, 1);
+        norm_case("l2norm k [50, 4, 128] of conv output", N_L2, vnd(512, 3, sh, st), none, none,
+                  1);
+        int64_t sg[3] = {ld, 256, 1}; /* every other head: gaps between rows */
+        norm_case("l2norm [50, 2, 128] strided heads", N_L2, vnd(0, 3, sh, sg), none, none, 1);
+    }
+    norm_case("l2norm [50, 77]", N_L2, v2(0, 50, 77, 77), none, none, 1);
+    norm_case("l2norm [9, 2048] block per row", N_L2, v2(8, 9, 2048, 2064), none, none, 1);
+    {
+        int64_t sh[4] = {3, 2, 4, 64}, st[4] = {2 * 4 * 72 + 16, 4 * 72, 72, 1};
+        norm_case("l2norm [3, 2, 4, 64] 4-D with gaps", N_L2, vnd(0, 4, sh, st), none, none, 1);
+    }
+}
+
+/* ---- RoPE ---- */
+
+static void rope_case(const char *name, int64_t T, int heads, int hd, int rot, double theta,
+                      int64_t ld, int64_t col0)
+{
+    view vx = v2(col0, T, (int64_t)heads * hd, ld);
+    buf x = buf_new(view_len(vx), 0, 1.5f);
+    int32_t *pos = xmalloc((size_t)T * sizeof *pos);
+    static const int32_t fixed[] = {0, 1, 4095, 4096, 4097, 32768, 100000, 262143, 1000000};
+    for (int64_t t = 0; t < T; t++)
+        pos[t] = t < 9 ? fixed[t] : (int32_t)(test_rand(&rng) % 40000);
+    buf_upload(&x);
+    df_tensor xc = tens(&x, vx, 0), xg = tens(&x, vx, 1);
+    CHECK_EQ(df_op_rope(cpu, &xc, pos, heads, hd, rot, theta), 0);
+    CHECK_EQ(df_op_rope(gpu, &xg, pos, heads, hd, rot, theta), 0);
+    check(name, &x, vx);
+    free(pos);
+    buf_free(&x);
+}
+
+static void test_rope(void)
+{
+    /* Qwen3.5: partial rotary (64 of 256), theta 1e7; q inside a wider row */
+    rope_case("rope q 24x256 rot 64 theta 1e7", 100, 24, 256, 64, 1e7, 24 * 256 * 2, 0);
+    rope_case("rope k 4x256 rot 64, column view", 100, 4, 256, 64, 1e7, 6 * 256, 1024);
+    /* Qwen3: full rotary 128, theta 1e6 */
+    rope_case("rope 8x128 rot 128 theta 1e6", 77, 8, 128, 128, 1e6, 8 * 128, 0);
+    rope_case("rope 3x128 rot 128, column view col0 8", 77, 3, 128, 128, 1e6, 3 * 128 + 24, 8);
+    /* scalar paths: unaligned view; half not a multiple of 8 */
+    rope_case("rope 4x256 rot 64, unaligned col0 4", 40, 4, 256, 64, 1e7, 4 * 256 + 4, 4);
+    rope_case("rope 2x40 rot 24 odd sizes", 40, 2, 40, 24, 1e4, 85, 3);
+    rope_case("rope 5x64 rot 64 theta 1e4", 200, 5, 64, 64, 1e4, 320, 0);
+}
+
+/* ---- conv1d + SiLU ---- */
+
+static void conv_case(const char *name, int64_t C, int K, const int32_t *cu, int n_seq,
+                      int64_t xld, int64_t x0, int64_t wld)
+{
+    int64_t T = cu[n_seq];
+    /* out rows padded to a multiple of 8: the vector path with a partial group */
+    view vx = v2(x0, T, C, xld), vw = v2(0, C, K, wld), vo = v2(0, T, C, (C + 7) / 8 * 8);
+    buf x = buf_new(view_len(vx), 0, 1.5f), w = buf_new(view_len(vw), 0, 0.6f);
+    buf o = buf_new(view_len(vo), 0, 1.0f);
+    poison(&o, vo);
+    buf_upload(&x);
+    buf_upload(&w);
+    buf_upload(&o);
+    df_tensor xc = tens(&x, vx, 0), xg = tens(&x, vx, 1), wc = tens(&w, vw, 0);
+    df_tensor wg = tens(&w, vw, 1), oc = tens(&o, vo, 0), og = tens(&o, vo, 1);
+    CHECK_EQ(df_op_conv1d_silu(cpu, &xc, &wc, cu, n_seq, &oc), 0);
+    CHECK_EQ(df_op_conv1d_silu(gpu, &xg, &wg, cu, n_seq, &og), 0);
+    check(name, &o, vo);
+    buf_free(&x);
+    buf_free(&w);
+    buf_free(&o);
+}
+
+static void test_conv(void)
+{
+    /* lengths 2 (< K), 0, 48, 1, 69: bounds inside 16-token tiles */
+    static const int32_t cu[] = {0, 2, 2, 50, 51, 120};
+    static const int32_t cu_long[] = {0, 700, 701, 1000, 1003, 2000};
+    static const int32_t cu_one[] = {0, 33};
+    conv_case("conv1d K4 C64 5 seqs", 64, 4, cu, 5, 64, 0, 4);
+    conv_case("conv1d K4 C37 (partial group), column view", 37, 4, cu, 5, 48, 8, 4);
+    conv_case("conv1d K4 C40 unaligned column view", 40, 4, cu, 5, 45, 1, 4);
+    conv_case("conv1d K4 C1024 of qkv [T, 1536], long seqs", 1024, 4, cu_long, 5, 1536, 256, 4);
+    conv_case("conv1d K3 C48 (runtime K), w view", 48, 3, cu, 5, 48, 0, 5);
+    conv_case("conv1d K1 C16", 16, 1, cu, 5, 16, 0, 1);
+    conv_case("conv1d K7 C24 one seq", 24, 7, cu_one, 1, 24, 0, 7);
+}
+
+/* ---- GDN gates ---- */
+
+static void gates_case(const char *name, int64_t T, int64_t H)
+{
+    view va = v2(0, T, H, 2 * H + 8), vb = v2(H + 8, T, H, 2 * H + 8);
+    view vg = v2(0, T, H, 2 * H), vbeta = v2(H, T, H, 2 * H);
+    buf ab = buf_new(view_len(vb), 0, 2.0f), gb = buf_new(view_len(vbeta), 1, 1.0f);
+    buf alog = buf_new(H, 0, 0.7f), dtb = buf_new(H, 0, 1.0f);
+    /* a + dt_bias beyond the softplus threshold, around it, and far below */
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t h = 0; h < H; h++) {
+            int64_t i = t * (2 * H + 8) + h;
+            int k = (int)((t + h) % 6);
+            if (k == 0)
+                buf_set(&ab, i, 24.0f + (float)(h % 7));
+            else if (k == 1)
+                buf_set(&ab, i, 20.0f - dtb.h[h] + 0.25f * (float)((t % 5) - 2));
+            else if (k == 2)
+                buf_set(&ab, i, -30.0f);
+        }
+    poison(&gb, vg);
+    poison(&gb, vbeta);
+    buf_upload(&ab);
+    buf_upload(&gb);
+    buf_upload(&alog);
+    buf_upload(&dtb);
+    df_tensor ac = tens(&ab, va, 0), ag = tens(&ab, va, 1), bc = tens(&ab, vb, 0);
+    df_tensor bg = tens(&ab, vb, 1), lc = tens(&alog, v1(H), 0), lg = tens(&alog, v1(H), 1);
+    df_tensor dc = tens(&dtb, v1(H), 0), dg = tens(&dtb, v1(H), 1);
+    df_tensor gc = tens(&gb, vg, 0), gg = tens(&gb, vg, 1);
+    df_tensor ec = tens(&gb, vbeta, 0), eg = tens(&gb, vbeta, 1);
+    CHECK_EQ(df_op_gdn_gates(cpu, &ac, &bc, &lc, &dc, &gc, &ec), 0);
+    CHECK_EQ(df_op_gdn_gates(gpu, &ag, &bg, &lg, &dg, &gg, &eg), 0);
+    char nm[128];
+    snprintf(nm, sizeof nm, "%s: g", name);
+    check_view(nm, &gb, vg, &vbeta);
+    snprintf(nm, sizeof nm, "%s: beta", name);
+    check_view(nm, &gb, vbeta, &vg);
+    buf_free(&ab);
+    buf_free(&gb);
+    buf_free(&alog);
+    buf_free(&dtb);
+}
 
 int main(void)
 {
-    printf("not written yet: skipped\n");
-    return 77;
+    if (df_cuda_device_count() == 0) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    df_err e;
+    memset(&e, 0, sizeof e);
+    gpu = df_backend_cuda_open(0, &e);
+    if (!gpu) {
+        if (e.code == -ENODEV) {
+            printf("no CUDA device: skipped\n");
+            return 77;
+        }
+        fprintf(stderr, "cuda backend: %s\n", e.msg);
+        return 1;
+    }
+    cpu = df_backend_cpu_open(0, &e);
+    if (!cpu) {
+        fprintf(stderr, "cpu backend: %s\n", e.msg);
+        df_backend_close(gpu);
+        return 1;
+    }
+    printf("max abs error vs the fp32 CPU reference; naive = max|bf16(ref) - ref|; "
+           "bound = 2 naive + 1e-6 max|ref|\n");
+
+    embed_case("embed V1000 H256", 1000, 256, 50, 256, 0);
+    embed_case("embed V1000 H77 (scalar)", 1000, 77, 50, 77, 0);
+    embed_case("embed V300 H256 -> column view", 300, 256, 41, 264, 8);
+    embed_case("embed V300 H200 -> unaligned column view", 300, 200, 41, 203, 3);
+
+    matmul_case("matmul 37x80x72", 37, 80, 72, 0, 0, 0);
+    matmul_case("matmul 37x80x72 accumulate", 37, 80, 72, 0, 0, 1);
+    matmul_case("matmul 37x80x72 column views x, y", 37, 80, 72, 24, 16, 0);
+    matmul_case("matmul 37x80x72 column views, accumulate", 37, 80, 72, 24, 16, 1);
+    matmul_case("matmul 512x1024x2048", 512, 1024, 2048, 0, 0, 0);
+    matmul_case("matmul 512x1024x2048 accumulate, column views", 512, 1024, 2048, 24, 16, 1);
+
+    test_elementwise();
+    test_norms();
+    test_rope();
+    test_conv();
+    gates_case("gdn_gates T100 H48", 100, 48);
+    gates_case("gdn_gates T301 H5", 301, 5);
+
+    CHECK_EQ(df_backend_sync(gpu), 0);
+    df_backend_close(cpu);
+    df_backend_close(gpu);
+    return test_main_end();
 }
