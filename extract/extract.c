@@ -65,6 +65,8 @@ static void *put_main(void *arg)
             const uint32_t *di;
             const uint8_t *dm;
             uint64_t len;
+            if (df_cache_writer_has(p->w, (uint64_t)sl->docs[j]))
+                continue; /* resumed: already in the cache (has() only reads) */
             df_corpus_doc(p->corpus, (uint64_t)sl->docs[j], &di, &dm, &len);
             const void *lp[64];
             for (int i = 0; i < p->K; i++)
@@ -276,33 +278,43 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
         if (waited < 0)
             break; /* the put thread failed: reported below */
         wait_s += waited;
-        /* Pack documents into one forward of about `budget` tokens. */
-        int n = 0;
+        /* Pack documents into one forward of about `budget` tokens. Batch
+         * bounds depend on the corpus alone, never on what a resumed cache
+         * already holds, so every document is computed in the same batch as
+         * in an uninterrupted run (bit-identical hidden states); a batch
+         * whose documents are all in the cache is skipped, a partly written
+         * one runs whole and only its missing documents are put. */
+        int n = 0, todo = 0;
         int64_t T = 0;
-        sl->cu[0] = 0;
-        for (; d < n_docs; d += p.world_size) {
-            const uint32_t *di;
-            const uint8_t *dm;
-            uint64_t len;
-            df_corpus_doc(corpus, d, &di, &dm, &len);
-            if (df_cache_writer_has(w, d)) {
-                st->docs_skipped_resume++;
-                skipped++;
-                continue;
+        while (d < n_docs && todo == 0) {
+            n = 0;
+            T = 0;
+            sl->cu[0] = 0;
+            for (; d < n_docs; d += p.world_size) {
+                const uint32_t *di;
+                const uint8_t *dm;
+                uint64_t len;
+                df_corpus_doc(corpus, d, &di, &dm, &len);
+                if (len == 0) {
+                    st->docs_empty++;
+                    skipped++;
+                    continue;
+                }
+                if (n > 0 && T + (int64_t)len > budget)
+                    break;
+                if (df_cache_writer_has(w, d)) {
+                    st->docs_skipped_resume++;
+                    skipped++;
+                } else {
+                    todo++;
+                }
+                memcpy(sl->ids + T, di, len * sizeof *sl->ids);
+                sl->docs[n] = (int64_t)d;
+                T += (int64_t)len;
+                sl->cu[++n] = (int32_t)T;
             }
-            if (len == 0) {
-                st->docs_empty++;
-                skipped++;
-                continue;
-            }
-            if (n > 0 && T + (int64_t)len > budget)
-                break;
-            memcpy(sl->ids + T, di, len * sizeof *sl->ids);
-            sl->docs[n] = (int64_t)d;
-            T += (int64_t)len;
-            sl->cu[++n] = (int32_t)T;
         }
-        if (n == 0)
+        if (todo == 0)
             break;
         double t0 = df_now();
         if ((rc = df_model_forward(m, sl->ids, sl->cu, n, T, hs, K, DF_DTYPE_BF16,

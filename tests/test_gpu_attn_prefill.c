@@ -21,7 +21,9 @@
  * multiples of any tile, one of 1000+ tokens. Every case runs with the
  * automatic configuration and with each forced candidate configuration
  * (df_cuda_attention_set_variant), so the portable small-smem kernels are
- * tested on an H200 too. head_dim 96 must be -ENOTSUP.
+ * tested on an H200 too (forced variants call df_cuda_attention directly, so
+ * the backend's CUDA-core fallback cannot stand in for them). The tuned
+ * kernel must decline head_dim 96 with -ENOTSUP.
  *
  * Benchmark: `test_gpu_attn_prefill --bench` (CUDA events on the backend's
  * stream, median of 20 after 3 warm-ups) times the Qwen3.5-27B and Qwen3-32B
@@ -72,6 +74,23 @@ static void *xcalloc(size_t n)
         exit(2);
     }
     return p;
+}
+
+/* Variant 0: the public df_op_attention (what the model runs; the backend
+ * falls back to its CUDA-core kernel only on -ENOTSUP). A forced variant
+ * calls the tuned kernel's entry directly (same, already valid, arguments),
+ * so a configuration this GPU cannot hold reports -ENOTSUP instead of being
+ * silently replaced by the fallback. */
+static int attn(df_backend *gpu, int var, const df_tensor *q, const df_tensor *k,
+                const df_tensor *v, const int32_t *cu, int n_seq, int nq, int nkv, int D,
+                float scale, const df_tensor *gate, df_tensor *out)
+{
+    if (var == 0)
+        return df_op_attention(gpu, q, k, v, cu, n_seq, nq, nkv, D, scale, gate, out);
+    df_cuda_attention_set_variant(var);
+    int rc = df_cuda_attention(gpu, q, k, v, cu, n_seq, nq, nkv, D, scale, gate, out);
+    df_cuda_attention_set_variant(0);
+    return rc;
 }
 
 enum { L_CONTIG = 0, L_FUSED = 1, L_MISALIGNED = 2 };
@@ -233,10 +252,8 @@ static void run_case(const acase *c, df_backend *cpu, df_backend *gpu)
         CHECK_EQ(df_backend_upload(gpu, b[pl[TO].buf].dev, poison,
                                    (size_t)(T * w[pl[TO].buf]) * 2),
                  0);
-        df_cuda_attention_set_variant(var);
-        int rc = df_op_attention(gpu, &gten[TQ], &gten[TK], &gten[TV], cu, c->nseq, nq, nkv, D,
-                                 scale, c->gated ? &gten[TG] : NULL, &gten[TO]);
-        df_cuda_attention_set_variant(0);
+        int rc = attn(gpu, var, &gten[TQ], &gten[TK], &gten[TV], cu, c->nseq, nq, nkv, D, scale,
+                      c->gated ? &gten[TG] : NULL, &gten[TO]);
         if (rc == -ENOTSUP && var > 0) { /* forced config larger than this GPU allows */
             printf(" v%d n/a", var);
             continue;
@@ -331,13 +348,12 @@ static void bench_one(df_backend *gpu, const char *name, int nq, int nkv, int D,
         enum { WARM = 3, RUNS = 20 };
         float ms[RUNS];
         int rc = 0;
-        df_cuda_attention_set_variant(var);
         for (int i = 0; i < WARM + RUNS && rc == 0; i++) {
             if (i >= WARM && cudaEventRecord(ev[0], st) != cudaSuccess)
                 rc = -EIO;
             if (!rc)
-                rc = df_op_attention(gpu, &tq, &tk, &tv, cu, nseq, nq, nkv, D, scale,
-                                     gated ? &tg : NULL, &to);
+                rc = attn(gpu, var, &tq, &tk, &tv, cu, nseq, nq, nkv, D, scale,
+                          gated ? &tg : NULL, &to);
             if (!rc && i >= WARM) {
                 if (cudaEventRecord(ev[1], st) != cudaSuccess ||
                     cudaEventSynchronize(ev[1]) != cudaSuccess ||
@@ -345,7 +361,6 @@ static void bench_one(df_backend *gpu, const char *name, int nq, int nkv, int D,
                     rc = -EIO;
             }
         }
-        df_cuda_attention_set_variant(0);
         if (rc == -ENOTSUP && var > 0) {
             printf(" | v%d n/a", var);
             continue;
@@ -404,7 +419,10 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    { /* head_dim 96: a valid op, not a supported kernel */
+    if (getenv("DFLASH_CUDA_FALLBACK") && *getenv("DFLASH_CUDA_FALLBACK") == '1')
+        printf("note: DFLASH_CUDA_FALLBACK=1: v0 runs the CUDA-core fallback, v1.. the tuned "
+               "kernel\n");
+    { /* head_dim 96: the tuned kernel declines (the backend then falls back) */
         int T = 4, nq = 2, nkv = 1, D = 96;
         uint16_t *q = df_backend_alloc(gpu, (size_t)T * nq * D * 2),
                  *kv = df_backend_alloc(gpu, (size_t)T * nkv * D * 2),
@@ -414,7 +432,7 @@ int main(int argc, char **argv)
                   tk = df_tensor_2d(kv, DF_DTYPE_BF16, T, nkv * D),
                   to = df_tensor_2d(o, DF_DTYPE_BF16, T, nq * D);
         int32_t cu[2] = {0, T};
-        CHECK_EQ(df_op_attention(gpu, &tq, &tk, &tk, cu, 1, nq, nkv, D, 0.1f, NULL, &to),
+        CHECK_EQ(df_cuda_attention(gpu, &tq, &tk, &tk, cu, 1, nq, nkv, D, 0.1f, NULL, &to),
                  -ENOTSUP);
         df_backend_free(gpu, q), df_backend_free(gpu, kv), df_backend_free(gpu, o);
     }
