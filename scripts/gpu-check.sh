@@ -18,7 +18,7 @@ row() { printf '%-28s %s\n' "$1" "$2"; }
 
 { nvidia-smi -L; nvcc --version | tail -1; uname -r; nproc; free -g | head -2; df -hT /tmp; } >"$LOG/machine.log" 2>&1
 t0=$(date +%s)
-STAGES=${STAGES:-test live attn storage extract}
+STAGES=${STAGES:-test live resume attn storage extract}
 has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 if cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA_ARCHS="${ARCHS:-90a;80}" >"$LOG/cmake.log" 2>&1 &&
    cmake --build "$B" -j "$(nproc)" >"$LOG/build.log" 2>&1; then
@@ -56,6 +56,14 @@ if [ $status = 0 ] && has storage; then
   DFLASH_BUILD_DIR=$B REPEATS=${REPEATS:-3} "$ROOT/scripts/bench-storage.sh" /tmp/dflash-bench "${BENCH_MIB:-2048}" \
     >"$LOG/bench-storage.log" 2>&1 || status=1
 fi
+resume="not run"
+if [ $status = 0 ] && has resume; then
+  if "$ROOT/scripts/gpu-resume-check.sh" "$B" /tmp/dflash-resume >"$LOG/resume.log" 2>&1; then
+    resume="passed: $(grep -E "^killed" "$LOG/resume.log"); $(tail -1 "$LOG/resume.log")"
+  else
+    resume="FAILED (resume.log)"; status=1
+  fi
+fi
 if has extract && [ -x "$B/dflash" ]; then
   "$ROOT/scripts/bench-extract.sh" "$B" "$LOG/extract" >"$LOG/bench-extract.log" 2>&1 || status=1
 fi
@@ -67,6 +75,7 @@ row "build (sm_90a + sm_80)" "$build"
 row "ctest" "$tests"
 row "test_gpu_probe" "${gpu_test:-?} ${gpu:-}"
 row "GPU forward vs live HF" "$live"
+row "kill -9 + resume (GPU)" "$resume"
 grep -E "FAILED|out of tolerance|rel err .* ratio [2-9]" "$LOG/ctest.log" 2>/dev/null | head -8
 if [ -f "$LOG/bench-dflash-attn.log" ]; then
   echo "-- bench_dflash_attn (tail)"

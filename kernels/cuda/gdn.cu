@@ -619,6 +619,15 @@ static int launch(cudaStream_t st, const prep_args &pa, const pass_args &sa, int
                   int n_items)
 {
     const size_t s1 = prep_smem_bytes<DK, DV>(), s2 = pass_dims<DK>::bytes;
+    /* Up to ~110 KB per CTA: fine on sm_80/sm_90 (163/227 KB opt-in), too much
+     * for the ~99 KB parts (sm_86/89/120): say so instead of failing a launch. */
+    int dev = 0, optin = 0;
+    if (df_cuda_fail(cudaGetDevice(&dev), "gdn get device") ||
+        df_cuda_fail(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
+                     "gdn smem limit"))
+        return -EIO;
+    if ((size_t)optin < s1 || (size_t)optin < s2)
+        return -ENOTSUP;
     if (df_cuda_fail(cudaFuncSetAttribute(gdn_chunk_prep<DK, DV>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1),
                      "gdn prep smem") ||
