@@ -520,8 +520,8 @@ static int store(df_model *m, const void *src, int64_t T, df_dtype dt, void *dst
         return df_errf(e, -EINVAL, "hidden states can be stored as BF16 or F32, not %s",
                        df_dtype_name(dt));
     int rc = 0;
-    if (dt == m->adt) {
-        rc = df_backend_download(m->be, dst, src, n * m->aes);
+    if (dt == m->adt) { /* done by the sync that ends the forward */
+        rc = df_backend_download_async(m->be, dst, src, n * m->aes);
     } else if (dt == DF_DTYPE_F32) { /* adt BF16 */
         rc = df_backend_download(m->be, dst, src, n * 2);
         const uint16_t *h = dst;

@@ -21,6 +21,8 @@ typedef struct df_backend_vt {
     void (*free)(df_backend *be, void *p);
     int (*upload)(df_backend *be, void *dst, const void *src, size_t bytes);
     int (*download)(df_backend *be, void *dst, const void *src, size_t bytes);
+    /* Enqueued in op order; done by the next sync (NULL: same as download). */
+    int (*download_async)(df_backend *be, void *dst, const void *src, size_t bytes);
     void *(*host_alloc)(df_backend *be, size_t bytes);
     void (*host_free)(df_backend *be, void *p);
     int (*fill_uniform)(df_backend *be, void *p, df_dtype dt, int64_t n, uint64_t seed, float lo,

@@ -245,6 +245,16 @@ int df_backend_upload(df_backend *be, void *dst, const void *src, size_t bytes)
     return bytes ? be->vt->upload(be, dst, src, bytes) : 0;
 }
 
+int df_backend_download_async(df_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (!be || (bytes && (!dst || !src)))
+        return -EINVAL;
+    if (!bytes)
+        return 0;
+    return be->vt->download_async ? be->vt->download_async(be, dst, src, bytes)
+                                  : be->vt->download(be, dst, src, bytes);
+}
+
 int df_backend_download(df_backend *be, void *dst, const void *src, size_t bytes)
 {
     if (!be || (bytes && (!dst || !src)))

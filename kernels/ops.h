@@ -79,6 +79,10 @@ void df_backend_free(df_backend *be, void *p);
  * host side is done with (upload) or holds (download) the bytes. */
 int df_backend_upload(df_backend *be, void *dst, const void *src, size_t bytes);
 int df_backend_download(df_backend *be, void *dst, const void *src, size_t bytes);
+/* A download ordered after the ops enqueued so far, finished by the next
+ * df_backend_sync(): dst must stay valid until then (pinned memory from
+ * df_backend_host_alloc lets it run asynchronously on CUDA). */
+int df_backend_download_async(df_backend *be, void *dst, const void *src, size_t bytes);
 /* Host memory the backend copies from/to fastest (pinned on CUDA, plain
  * aligned memory on the CPU); free with _host_free. */
 void *df_backend_host_alloc(df_backend *be, size_t bytes);

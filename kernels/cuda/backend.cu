@@ -212,6 +212,15 @@ static int cu_fill_uniform(df_backend *be, void *p, df_dtype dt, int64_t n, uint
     return df_cuda_check_launch("fill_uniform");
 }
 
+static int cu_download_async(df_backend *be, void *dst, const void *src, size_t bytes)
+{
+    df_cuda_state *s = st_of(be);
+    if (cu_set(be))
+        return -EIO;
+    return df_cuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s->stream),
+                        "download (async)");
+}
+
 static void cu_close(df_backend *be)
 {
     df_cuda_state *s = st_of(be);
@@ -277,6 +286,7 @@ static const df_backend_vt cuda_vt = {
     /* .free = */ cu_free,
     /* .upload = */ cu_upload,
     /* .download = */ cu_download,
+    /* .download_async = */ cu_download_async,
     /* .host_alloc = */ cu_host_alloc,
     /* .host_free = */ cu_host_free,
     /* .fill_uniform = */ cu_fill_uniform,
