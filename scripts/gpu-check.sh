@@ -18,7 +18,7 @@ row() { printf '%-28s %s\n' "$1" "$2"; }
 
 { nvidia-smi -L; nvcc --version | tail -1; uname -r; nproc; free -g | head -2; df -hT /tmp; } >"$LOG/machine.log" 2>&1
 t0=$(date +%s)
-STAGES=${STAGES:-test live resume attn storage extract}
+STAGES=${STAGES:-test live resume opbench attn storage extract}
 has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 if cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA_ARCHS="${ARCHS:-90a;80}" >"$LOG/cmake.log" 2>&1 &&
    cmake --build "$B" -j "$(nproc)" >"$LOG/build.log" 2>&1; then
@@ -56,6 +56,9 @@ if [ $status = 0 ] && has storage; then
   DFLASH_BUILD_DIR=$B REPEATS=${REPEATS:-3} "$ROOT/scripts/bench-storage.sh" /tmp/dflash-bench "${BENCH_MIB:-2048}" \
     >"$LOG/bench-storage.log" 2>&1 || status=1
 fi
+if [ $status = 0 ] && has opbench; then # the target ops alone: prefill attention, GDN
+  { "$B/tests/test_gpu_attn_prefill" --bench; "$B/tests/test_gpu_gdn" --bench; } >"$LOG/opbench.log" 2>&1 || status=1
+fi
 resume="not run"
 if [ $status = 0 ] && has resume; then
   if "$ROOT/scripts/gpu-resume-check.sh" "$B" /tmp/dflash-resume >"$LOG/resume.log" 2>&1; then
@@ -80,6 +83,10 @@ grep -E "FAILED|out of tolerance|rel err .* ratio [2-9]" "$LOG/ctest.log" 2>/dev
 if [ -f "$LOG/bench-dflash-attn.log" ]; then
   echo "-- bench_dflash_attn (tail)"
   tail -8 "$LOG/bench-dflash-attn.log"
+fi
+if [ -f "$LOG/opbench.log" ]; then
+  echo "-- target op benchmarks (tail)"
+  tail -24 "$LOG/opbench.log"
 fi
 if [ -f "$LOG/bench-extract.log" ]; then
   echo "-- bench-extract"

@@ -74,6 +74,11 @@ int df_cuda_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df
                 const df_tensor *g, const df_tensor *beta, const int32_t *cu_seqlens, int n_seq,
                 int hk, int hv, int dk, int dv, df_gdn_mode mode, df_tensor *out);
 
+/* l2norm's row launcher in dense.cu, whose row-norm kernel (warp or block
+ * per row, any outer strides, 16-byte vectors) serves the RMSNorms and
+ * l2norm alike; df_cuda_l2norm (gdn_prep.cu) calls it. */
+int df_cuda_l2norm_rows(df_backend *be, df_tensor *x, float eps, float scale);
+
 /* CUDA-core fallbacks (fallback.cu) for shapes the tuned kernels return
  * -ENOTSUP for: attention with any head_dim <= 256, the delta rule token by
  * token for any dk, dv whose state fits in shared memory. */

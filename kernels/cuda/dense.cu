@@ -27,10 +27,6 @@
 
 #include "cuda_internal.h"
 
-/* l2norm's row launcher, called by gdn_prep.cu (the norms share one kernel). */
-int df_cuda_l2norm_rows(df_backend *be, df_tensor *x, float eps, float scale);
-
-enum { DF_NORM_RMS, DF_NORM_RMS_P1, DF_NORM_GATED, DF_NORM_L2 };
 
 namespace {
 
@@ -38,6 +34,8 @@ constexpr int NT = 256;  /* threads per block */
 constexpr int VEC = 8;   /* bf16 per 16-byte vector */
 constexpr int MAXT = 3;  /* operands sharing one row layout */
 constexpr unsigned GRID_CAP = 65535; /* grid dims stay within y/z limits; loops cover the rest */
+
+enum { NORM_RMS, NORM_RMS_P1, NORM_GATED, NORM_L2 };
 
 __host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b)
 {
@@ -353,11 +351,11 @@ __device__ __forceinline__ float norm_out(int mode, float x, float inv, float w,
                                           float scale)
 {
     switch (mode) {
-    case DF_NORM_RMS:
+    case NORM_RMS:
         return w * (x * inv);
-    case DF_NORM_RMS_P1:
+    case NORM_RMS_P1:
         return (1.0f + w) * (x * inv);
-    case DF_NORM_GATED:
+    case NORM_GATED:
         return w * (x * inv) * silu_f(z);
     default:
         return (x * inv) * scale;
@@ -421,7 +419,7 @@ __global__ void __launch_bounds__(NT) norm_kernel(NormArgs p)
         float ss = row_sum<TPR>(norm_sumsq(p, x, lane, TPR), red);
         /* HF: rsqrt(mean(x^2) + eps) for RMSNorm, rsqrt(sum(x^2) + eps) for
          * l2norm, both as 1 / sqrt() like the CPU. */
-        float inv = p.mode == DF_NORM_L2 ? 1.0f / sqrtf(ss + p.eps)
+        float inv = p.mode == NORM_L2 ? 1.0f / sqrtf(ss + p.eps)
                                          : 1.0f / sqrtf(ss / (float)p.L.cols + p.eps);
         norm_write(p, x, z, p.y + off[1], inv, lane, TPR);
     }
@@ -562,7 +560,7 @@ int df_cuda_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, i
 
 int df_cuda_l2norm_rows(df_backend *be, df_tensor *x, float eps, float scale)
 {
-    return norm_rows(be, DF_NORM_L2, x, NULL, NULL, eps, scale, x);
+    return norm_rows(be, NORM_L2, x, NULL, NULL, eps, scale, x);
 }
 
 int df_cuda_add(df_backend *be, const df_tensor *x, df_tensor *y)
@@ -573,14 +571,14 @@ int df_cuda_add(df_backend *be, const df_tensor *x, df_tensor *y)
 int df_cuda_rmsnorm(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
                     int plus_one, df_tensor *y)
 {
-    return norm_rows(be, plus_one ? DF_NORM_RMS_P1 : DF_NORM_RMS, x, NULL, w, eps, 1.0f,
+    return norm_rows(be, plus_one ? NORM_RMS_P1 : NORM_RMS, x, NULL, w, eps, 1.0f,
                              y);
 }
 
 int df_cuda_rmsnorm_gated(df_backend *be, const df_tensor *x, const df_tensor *z,
                           const df_tensor *w, float eps, df_tensor *y)
 {
-    return norm_rows(be, DF_NORM_GATED, x, z, w, eps, 1.0f, y);
+    return norm_rows(be, NORM_GATED, x, z, w, eps, 1.0f, y);
 }
 
 /* inv_freq exactly as the CPU computes it (host powf, bit for bit), staged

@@ -11,9 +11,6 @@
 
 #include "cuda_internal.h"
 
-/* In dense.cu, whose row-norm kernel (warp or block per row, any outer
- * strides, 16-byte vectors) serves the RMSNorms and l2norm alike. */
-int df_cuda_l2norm_rows(df_backend *be, df_tensor *x, float eps, float scale);
 
 namespace {
 
