@@ -296,6 +296,8 @@ int cmd_extract(int argc, char **argv)
                 o.world_size);
         return 2;
     }
+    if (use_cuda && gpu < 0) /* ranks given by hand on one node: spread over its GPUs */
+        gpu = (int)(o.rank % (uint32_t)n_gpu);
     if (use_cuda && gpu >= n_gpu) {
         fprintf(stderr, "dflash extract: --gpu %d: only %d visible\n", gpu, n_gpu);
         return 2;

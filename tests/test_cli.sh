@@ -68,18 +68,18 @@ run 1 "not a dflash cache" "$D" dump "$W"
 
 # --- extract: the bundled tiny target over its own completions
 TM=$SRC/data/tiny-qwen3
-run 0 "extracted .*96 docs.*layers 2," "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext" --quiet
+run 0 "extracted .*96 docs.*layers 2," "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext" --quiet
 run 0 "OK: 96 samples" "$D" dump "$W/ext" --verify
 run 0 "qwen3 'tiny-qwen3'" "$D" dump "$W/ext"
-run 1 "already complete" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext" --quiet
+run 1 "already complete" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext" --quiet
 # two ranks write one cache with the same samples
-run 0 "48 docs" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext2" --world-size 2 --rank 1 --quiet
+run 0 "48 docs" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext2" --world-size 2 --rank 1 --quiet
 run 1 "unfinished" "$D" dump "$W/ext2"
-run 0 "48 docs" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext2" --world-size 2 --rank 0 --quiet
+run 0 "48 docs" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext2" --world-size 2 --rank 0 --quiet
 run 0 "OK: 96 samples" "$D" dump "$W/ext2" --verify
 cols() { "$D" dump "$1" --samples --limit 0 | awk 'NR > 2 { print $1, $2, $3, $7 }'; }
 [ "$(cols "$W/ext")" = "$(cols "$W/ext2")" ] || fail "2-rank extraction differs from 1-rank"
-run 0 "features +3 layers: 0 1 2" bash -c "'$D' extract --model '$TM' --data '$TM/corpus.jsonl' --out '$W/ext3' --layers 0,1,2 --codec split-lz4 --quiet && '$D' dump '$W/ext3'"
+run 0 "features +3 layers: 0 1 2" bash -c "'$D' extract --device cpu --model '$TM' --data '$TM/corpus.jsonl' --out '$W/ext3' --layers 0,1,2 --codec split-lz4 --quiet && '$D' dump '$W/ext3'"
 # bad input: ids >= vocab, an over-long document, no model, too many layers, bad usage
 run 1 "vocab" "$D" extract --model "$TM" --data "$SRC/data/tiny/corpus.jsonl" --out "$W/bad1" --quiet
 run 1 "longer|max" "$D" extract --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad2" --max-len 20 --quiet
