@@ -211,6 +211,14 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
     p.world_size = o->world_size ? o->world_size : 1;
     df_cache_writer_opts wo = {.rank = o->rank, .threads = o->threads,
                                .force_fallback_io = o->force_fallback_io, .buffered = o->buffered};
+    /* Room for about three batches in flight behind the forward (one being
+     * put, one compressing, one writing), or the forward waits on the
+     * writer while the disk still has headroom. */
+    {
+        int64_t bt = o->batch_tokens > 0 ? o->batch_tokens : 8192;
+        size_t batch = (size_t)bt * (size_t)c->hidden_size * 2 * (size_t)K;
+        wo.max_inflight_bytes = batch * 3 > ((size_t)1 << 30) ? batch * 3 : (size_t)1 << 30;
+    }
     if (!(w = df_cache_writer_open(o->out_dir, &p, &wo, e))) {
         rc = e ? e->code : -EIO;
         goto out;

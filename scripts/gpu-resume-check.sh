@@ -26,7 +26,9 @@ EOF
 run() { "$B/dflash" extract --random-weights "$W/config.json" --data "$W/corpus.jsonl" --out "$1" \
           --layers 1,3,5 --batch-tokens 8192 --gpus 1 --quiet; }
 run "$W/a" >"$W/a.log" 2>&1 || { echo "uninterrupted run failed"; cat "$W/a.log"; exit 1; }
-run "$W/b" >"$W/b1.log" 2>&1 &
+# dflash itself in the background (not a shell function: kill -9 must hit the extractor).
+"$B/dflash" extract --random-weights "$W/config.json" --data "$W/corpus.jsonl" --out "$W/b" \
+  --layers 1,3,5 --batch-tokens 8192 --gpus 1 --quiet >"$W/b1.log" 2>&1 &
 pid=$!
 # Kill once a good part of the data is on disk (but before the end).
 full=$(du -sb "$W/a" | cut -f1)

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/random.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -68,6 +69,7 @@ struct df_cache_writer {
     df_io *io;
     int fd;
     int cur_open;
+    int lock_fd; /* flock'd .lock-rRRRR: one writer per rank and cache */
     uint32_t cur_seq;
     uint64_t cur_size;
     df_cache_entry *ents;
@@ -661,6 +663,8 @@ static void writer_free(df_cache_writer *w)
         return;
     if (w->fd >= 0)
         close(w->fd);
+    if (w->lock_fd >= 0)
+        close(w->lock_fd); /* releases the flock */
     df_io_close(w->io);
     if (w->ring)
         for (size_t i = 0; i < w->ring_cap; i++)
@@ -690,6 +694,7 @@ df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
     pthread_cond_init(&w->cv_ready, NULL);
     pthread_cond_init(&w->cv_space, NULL);
     w->fd = -1;
+    w->lock_fd = -1;
     if (opts)
         w->o = *opts;
     snprintf(w->dir, sizeof w->dir, "%s", dir);
@@ -702,6 +707,20 @@ df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
         rc = df_mkdirs(dir, e);
     if (rc)
         goto fail;
+    /* Two processes appending to one rank's shards would corrupt each
+     * other (a second run started while the first still runs): the kernel
+     * drops the lock when its holder dies, so a crash never leaves it set. */
+    snprintf(path, sizeof path, "%s/.lock-r%04u", dir, w->o.rank);
+    w->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (w->lock_fd < 0) {
+        df_errf(e, -errno, "%s: cannot create: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (flock(w->lock_fd, LOCK_EX | LOCK_NB) != 0) {
+        df_errf(e, -EBUSY, "%s: another process is writing rank %u of this cache (%s is "
+                "locked); wait for it or stop it first", dir, w->o.rank, path);
+        goto fail;
+    }
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     if (access(path, F_OK) == 0) {
         df_errf(e, -EEXIST, "%s: the cache is already complete (manifest.json exists); "

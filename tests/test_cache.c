@@ -264,6 +264,16 @@ static void test_resume(void)
     df_cache_writer_opts o = {.threads = 2};
     df_cache_writer *w = df_cache_writer_open(dir, &p, &o, &e);
     CHECK_OK(w ? 0 : e.code, &e);
+    if (w) { /* a second writer of the same rank is refused while this one lives */
+        df_cache_params p2;
+        make_params(&p2, DF_CODEC_SPLIT_ZSTD);
+        df_err e2 = {0};
+        df_cache_writer *w2 = df_cache_writer_open(dir, &p2, &o, &e2);
+        CHECK(w2 == NULL);
+        CHECK_ERR(e2.code, -EBUSY, &e2, "another process is writing rank 0");
+        if (w2)
+            df_cache_writer_abandon(w2);
+    }
     if (w) {
         int have = 0;
         for (int i = 0; i < NS; i++)

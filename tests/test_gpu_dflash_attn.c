@@ -28,6 +28,16 @@
 #include "test.h"
 #include "train_ops.h"
 
+/* name of an implementation (args.impl) in the output */
+static const char *impl_name(int impl)
+{
+    return impl == DF_CUDA_DFLASH_IMPL_MMA4   ? "mma4"
+           : impl == DF_CUDA_DFLASH_IMPL_MMA3 ? "mma3"
+           : impl == DF_CUDA_DFLASH_IMPL_MMA2 ? "mma2"
+           : impl == DF_CUDA_DFLASH_IMPL_MMA  ? "mma"
+                                              : "simt";
+}
+
 static uint64_t rng = 4242;
 
 static uint16_t f2bf(float f)
@@ -375,13 +385,13 @@ static void run_cfg(const cfg *c, df_backend *be)
     }
     /* each backward explicitly (CUDA cores, tensor cores), on the default
      * forward's out/lse (still in dout_/dlse); every gradient poisoned first */
-    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_MMA3; impl++) {
+    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_MMA4; impl++) {
         for (int t = 1; t < 6; t++)
             CUDA_OK(cudaMemset(outs[t].dev, 0xff, outs[t].n * 2));
         a.impl = impl;
         CHECK_EQ(df_cuda_dflash_attn_bwd(&a, 0), 0);
         CUDA_OK(cudaDeviceSynchronize());
-        printf(" | %s bwd:", impl == DF_CUDA_DFLASH_IMPL_MMA3 ? "mma3" : impl == DF_CUDA_DFLASH_IMPL_MMA2 ? "mma2" : impl == DF_CUDA_DFLASH_IMPL_MMA ? "mma" : "simt");
+        printf(" | %s bwd:", impl_name(impl));
         for (int t = 1; t < 6; t++) {
             CUDA_OK(cudaMemcpy(hb, outs[t].dev, outs[t].n * 2, cudaMemcpyDeviceToHost));
             for (int64_t i = 0; i < outs[t].n; i++)
@@ -396,7 +406,7 @@ static void run_cfg(const cfg *c, df_backend *be)
         }
     }
     /* the tensor-core forward (the pass above ran the default) */
-    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_MMA3; impl++) {
+    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_MMA4; impl++) {
         CUDA_OK(cudaMemset(dout_, 0xff, nQ * 2));
         CUDA_OK(cudaMemset(dlse, 0xff, (size_t)rows * nq * 4));
         a.impl = impl;
@@ -413,7 +423,7 @@ static void run_cfg(const cfg *c, df_backend *be)
         cmp(&ln, rl, nl, (int64_t)rows * nq, NULL, 1);
         int ok2 = !(eg.nan || eg.bad_zero || eg.err > 2 * en.err + 1e-6 * eg.ref_max ||
                     lg.nan || lg.bad_zero || lg.err > 2 * ln.err + 1e-6 * lg.ref_max);
-        printf(" | %s fwd: out %.1e lse %.1e%s", impl == DF_CUDA_DFLASH_IMPL_MMA3 ? "mma3" : impl == DF_CUDA_DFLASH_IMPL_MMA2 ? "mma2" : impl == DF_CUDA_DFLASH_IMPL_MMA ? "mma" : "simt",
+        printf(" | %s fwd: out %.1e lse %.1e%s", impl_name(impl),
                eg.err, lg.err, ok2 ? "" : " FAIL");
         ok = ok && ok2;
     }

@@ -8,8 +8,9 @@
 // pairs: forward 4 * D per pair per head (QK^T and PV), backward 2.5x the
 // forward (FlashAttention convention: 5 matmuls vs 2). Also checks that two
 // backward runs give bitwise-equal gradients (determinism).
-// Forward and backward are timed for the defaults (tensor cores, mma.sync) and
-// the CUDA-core (simt) kernels; the last line is JSON (also --json-out F).
+// Forward and backward are timed for the defaults (tensor cores, mma.sync),
+// the CUDA-core (simt) kernels and the other tensor-core versions (mma1, the
+// mma3 and mma4 backwards; mma4 also checked for determinism); the last line is JSON (also --json-out F).
 // --anchors-out F writes the shape and anchors as JSON for
 // scripts/bench_flex_dflash.py (the same mask under torch flex_attention).
 // Usage: bench_dflash_attn [repeats] [--anchors-out F.json] [--json-out F.json]
@@ -213,19 +214,39 @@ int main(int argc, char **argv)
         CU(cudaMemcpy(g2.data(), dq, nQ * 2, cudaMemcpyDeviceToHost));
         int det = h1 == h2 && g1 == g2;
         rc_all |= !det;
+        // impl MMA4 (new context dK/dV), on the default forward's out/lse; its
+        // own determinism check (two runs bitwise equal: dq, dkc, dvc)
+        float b4min;
+        double b4 = time_ms(true, DF_CUDA_DFLASH_IMPL_MMA4, &b4min);
+        std::vector<uint16_t> v1(nC), v2(nC);
+        CU(cudaMemcpy(h1.data(), dkc, nC * 2, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(v1.data(), dvc, nC * 2, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(g1.data(), dq, nQ * 2, cudaMemcpyDeviceToHost));
+        a.impl = DF_CUDA_DFLASH_IMPL_MMA4;
+        if (df_cuda_dflash_attn_bwd(&a, 0))
+            return 1;
+        CU(cudaDeviceSynchronize());
+        CU(cudaMemcpy(h2.data(), dkc, nC * 2, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(v2.data(), dvc, nC * 2, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(g2.data(), dq, nQ * 2, cudaMemcpyDeviceToHost));
+        int det4 = h1 == h2 && v1 == v2 && g1 == g2;
+        rc_all |= !det4;
         const char *nm = a.window ? "sliding" : "full";
         printf("%-8s visible pairs %.3g: default fwd %.3f ms %.1f TFLOP/s (min %.3f), bwd %.3f ms "
-               "%.1f TFLOP/s (min %.3f), deterministic %s; simt fwd %.3f ms, simt bwd %.3f ms; mma1 fwd %.3f ms, mma1 bwd %.3f ms; mma3 bwd %.3f ms\n",
+               "%.1f TFLOP/s (min %.3f), deterministic %s; simt fwd %.3f ms, simt bwd %.3f ms; mma1 fwd %.3f ms, mma1 bwd %.3f ms; mma3 bwd %.3f ms; "
+               "mma4 bwd %.3f ms %.1f TFLOP/s (min %.3f), deterministic %s\n",
                nm, pairs, mf, ffl / mf * 1e-9, fmin, mb, bfl / mb * 1e-9, bmin, det ? "yes" : "NO",
-               fs, bs_, f1, b1, b2);
-        char buf[512];
+               fs, bs_, f1, b1, b2, b4, bfl / b4 * 1e-9, b4min, det4 ? "yes" : "NO");
+        char buf[768];
         snprintf(buf, sizeof buf,
                  "%s{\"layer\": \"%s\", \"window\": %d, \"pairs\": %.0f, \"fwd_ms\": %.4f, "
                  "\"bwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"bwd_tflops\": %.2f, "
                  "\"simt_fwd_ms\": %.4f, \"simt_bwd_ms\": %.4f, \"mma1_fwd_ms\": %.4f, "
-                 "\"mma1_bwd_ms\": %.4f, \"mma3_bwd_ms\": %.4f, \"deterministic\": %s}",
+                 "\"mma1_bwd_ms\": %.4f, \"mma3_bwd_ms\": %.4f, \"deterministic\": %s, "
+                 "\"mma4_bwd_ms\": %.4f, \"mma4_bwd_tflops\": %.2f, \"mma4_deterministic\": %s}",
                  li ? ", " : "", nm, a.window, pairs, mf, mb, ffl / mf * 1e-9, bfl / mb * 1e-9, fs,
-                 bs_, f1, b1, b2, det ? "true" : "false");
+                 bs_, f1, b1, b2, det ? "true" : "false", b4, bfl / b4 * 1e-9,
+                 det4 ? "true" : "false");
         json += buf;
     }
     json += "]}";

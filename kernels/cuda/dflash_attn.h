@@ -41,12 +41,15 @@ typedef struct df_cuda_dflash_args {
      * DF_CUDA_DFLASH_IMPL_MMA2 (tensor cores, cp.async-pipelined, ldmatrix,
      * split dK/dV, 64-key dK/dV tiles; the default) or
      * DF_CUDA_DFLASH_IMPL_MMA3 (MMA2 with 128-key dK/dV tiles, 8 warps:
-     * correct but 8% slower at the 27B shape; its forward is MMA2's). */
+     * correct but 8% slower at the 27B shape; its forward is MMA2's) or
+     * DF_CUDA_DFLASH_IMPL_MMA4 (MMA2's forward, dQ and block-key dK/dV; the
+     * context dK/dV with 128-key tiles, 8 warps, P and dS through shared
+     * memory, per-tile block lists in longest-first order). */
     int impl;
 } df_cuda_dflash_args;
 
 enum { DF_CUDA_DFLASH_IMPL_SIMT = 1, DF_CUDA_DFLASH_IMPL_MMA = 2, DF_CUDA_DFLASH_IMPL_MMA2 = 3,
-       DF_CUDA_DFLASH_IMPL_MMA3 = 4 };
+       DF_CUDA_DFLASH_IMPL_MMA3 = 4, DF_CUDA_DFLASH_IMPL_MMA4 = 5 };
 
 int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_t stream);
 int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_t stream);
