@@ -27,6 +27,10 @@ typedef struct df_backend_vt {
     void (*host_free)(df_backend *be, void *p);
     int (*fill_uniform)(df_backend *be, void *p, df_dtype dt, int64_t n, uint64_t seed, float lo,
                         float hi);
+    /* Op profiling (DFLASH_PROFILE=1; NULL: none): marks the start and end
+     * of one op named name; the backend sums the device time per name. */
+    void (*prof_begin)(df_backend *be, const char *name);
+    void (*prof_end)(df_backend *be);
 
     int (*embed)(df_backend *be, const df_tensor *table, const uint32_t *ids, int64_t n,
                  df_tensor *out);
@@ -64,7 +68,28 @@ struct df_backend {
     df_pool *pool; /* CPU: the worker threads ops split their rows over */
     int nthreads;
     void *impl;    /* backend-private state (CUDA: stream, cuBLASLt, staging) */
+    int prof;      /* profiling on: dispatch brackets every op with prof_begin/end */
 };
+
+/* The dispatch's profiling brackets (ops.c, ops_gdn.c). */
+static inline void df_prof_begin(df_backend *be, const char *name)
+{
+    if (be->prof)
+        be->vt->prof_begin(be, name);
+}
+
+static inline int df_prof_end(df_backend *be, int rc)
+{
+    if (be->prof)
+        be->vt->prof_end(be);
+    return rc;
+}
+
+/* Calls the backend's implementation of op (profiled when asked), or
+ * returns -ENOTSUP where the backend has none. */
+#define DF_DISPATCH(be, op, ...)                                                             \
+    ((be)->vt->op ? (df_prof_begin(be, #op), df_prof_end(be, (be)->vt->op(be, __VA_ARGS__)))  \
+                  : -ENOTSUP)
 
 /* Element i of df_backend_fill_uniform's sequence: a value in [lo, hi)
  * from a hash of (seed, i), so every backend computes the same numbers. */

@@ -276,8 +276,7 @@ static int check_tensor(const df_tensor *t, int ndim_min, int ndim_max, int weig
 /* Weights: any weight dtype on the CPU, BF16 on CUDA. */
 #define WT(be) ((be)->act == DF_DTYPE_BF16 ? DF_CHK_BF16 : DF_CHK_WEIGHT)
 
-/* Calls the backend's implementation of op, or -ENOTSUP where it has none. */
-#define DISPATCH(be, op, ...) ((be)->vt->op ? (be)->vt->op(be, __VA_ARGS__) : -ENOTSUP)
+#define DISPATCH DF_DISPATCH
 
 /* ---- dense ops ---- */
 

@@ -58,8 +58,7 @@ static int weight_1d(const df_backend *be, const df_tensor *t, int64_t n)
     return layout_ok(t) && weight_dtype_ok(be, t->dtype) && t->ndim == 1 && t->shape[0] == n;
 }
 
-/* Calls the backend's implementation of op, or -ENOTSUP where it has none. */
-#define DISPATCH(be, op, ...) ((be)->vt->op ? (be)->vt->op(be, __VA_ARGS__) : -ENOTSUP)
+#define DISPATCH DF_DISPATCH
 
 /* cu_seqlens[0] = 0, non-decreasing, cu_seqlens[n_seq] = T. */
 static int cu_ok(const int32_t *cu, int n_seq, int64_t T)

@@ -131,28 +131,16 @@ EOF2
     fi
   fi
 done
-if [ "${PROFILE:-0}" = 1 ]; then # where the GPU time goes (nsys's per-kernel summary)
-  NSYS=$(command -v nsys || ls /usr/local/cuda/bin/nsys /opt/nvidia/nsight-systems/*/bin/nsys 2>/dev/null | head -1)
-  if [ -n "$NSYS" ]; then
-    for name in q35 q3; do
-      rm -rf "$DISK/prof"
-      "$NSYS" profile -o "$LOG/prof-$name" --force-overwrite true --stats=false \
-        "$B/dflash" extract --random-weights "$LOG/$name/config.json" --data "$LOG/$name-4096.jsonl" \
-        --out "$DISK/prof" --layers 1,16,31,46,61 --batch-tokens 4096 --gpu 0 --quiet >"$LOG/prof-$name.log" 2>&1
-      "$NSYS" stats -q --report cuda_gpu_kern_sum --format csv -o "$LOG/prof-$name" "$LOG/prof-$name.nsys-rep" >>"$LOG/prof-$name.log" 2>&1
-      python3 - "$LOG/prof-${name}_cuda_gpu_kern_sum.csv" "$name" <<'EOF2'
-import csv, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-tot = sum(float(r["Total Time (ns)"]) for r in rows)
-print(f"-- GPU time by kernel, {sys.argv[2]} 4096 (total {tot / 1e9:.2f} s)")
-for r in rows[:14]:
-    print(f"  {100 * float(r['Total Time (ns)']) / tot:5.1f}%  {int(r['Instances']):6d}x  {r['Name'][:90]}")
-EOF2
-      rm -f "$LOG/prof-$name.nsys-rep" "$LOG"/prof-$name*.sqlite
-    done
-  else
-    echo "-- no nsys: profile skipped"
-  fi
+if [ "${PROFILE:-0}" = 1 ]; then # where the GPU time goes: the backend's per-op event timing
+  for name in q35 q3; do
+    rm -rf "$DISK/prof"
+    DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" extract --random-weights "$LOG/$name/config.json" \
+      --data "$LOG/$name-4096.jsonl" --out "$DISK/prof" --layers 1,16,31,46,61 --batch-tokens 4096 \
+      --gpu 0 --quiet >"$LOG/prof-$name.log" 2>&1
+    echo "-- GPU time by op, $name 4096 (DFLASH_PROFILE=1)"
+    grep -A30 "cuda profile" "$LOG/prof-$name.log" | sed 's/^dflash info: //' | head -20
+  done
+  rm -rf "$DISK/prof"
 fi
 if [ "$NGPU" -ge 2 ]; then
   r=$(ours q35 4096 "$NGPU") || r="FAILED"

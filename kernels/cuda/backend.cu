@@ -110,6 +110,77 @@ void *df_cuda_scratch(df_backend *be, size_t bytes)
     return s->scratch;
 }
 
+/* ---- op profiling (DFLASH_PROFILE=1) ----
+ * Each op is bracketed by two events on the stream; at every sync (and when
+ * the bracket array fills) elapsed times are summed per op name; close
+ * logs the table. Costs a few microseconds per op: a measuring mode. */
+
+static void prof_flush(df_cuda_state *s)
+{
+    df_cuda_prof *p = s->prof;
+    if (!p || !p->n)
+        return;
+    (void)cudaEventSynchronize(p->ev[2 * p->n - 1]);
+    for (int i = 0; i < p->n; i++) {
+        float ms = 0;
+        (void)cudaEventElapsedTime(&ms, p->ev[2 * i], p->ev[2 * i + 1]);
+        int k = 0;
+        while (k < p->n_names && strcmp(p->names[k], p->name[i]))
+            k++;
+        if (k == p->n_names && k < DF_CUDA_PROF_NAMES)
+            p->names[p->n_names++] = p->name[i];
+        if (k < DF_CUDA_PROF_NAMES) {
+            p->ms[k] += ms;
+            p->calls[k]++;
+        }
+    }
+    p->n = 0;
+}
+
+static void cu_prof_begin(df_backend *be, const char *name)
+{
+    df_cuda_state *s = st_of(be);
+    df_cuda_prof *p = s->prof;
+    if (p->n == DF_CUDA_PROF_EVENTS)
+        prof_flush(s);
+    p->name[p->n] = name;
+    (void)cudaEventRecord(p->ev[2 * p->n], s->stream);
+}
+
+static void cu_prof_end(df_backend *be)
+{
+    df_cuda_state *s = st_of(be);
+    df_cuda_prof *p = s->prof;
+    (void)cudaEventRecord(p->ev[2 * p->n + 1], s->stream);
+    p->n++;
+}
+
+static void prof_report(df_cuda_state *s)
+{
+    df_cuda_prof *p = s->prof;
+    prof_flush(s);
+    double tot = 0;
+    for (int k = 0; k < p->n_names; k++)
+        tot += p->ms[k];
+    df_log(DF_LOG_INFO, "cuda profile (device %d): %.1f ms in ops", s->device, tot);
+    for (int done = 0; done < p->n_names; done++) { /* largest first */
+        int best = -1;
+        for (int k = 0; k < p->n_names; k++)
+            if (p->calls[k] && (best < 0 || p->ms[k] > p->ms[best]))
+                best = k;
+        if (best < 0)
+            break;
+        df_log(DF_LOG_INFO, "  %-14s %9.1f ms %5.1f%% %8llu calls %8.3f ms/call", p->names[best],
+               p->ms[best], tot > 0 ? 100 * p->ms[best] / tot : 0.0,
+               (unsigned long long)p->calls[best], p->ms[best] / (double)p->calls[best]);
+        p->calls[best] = 0;
+    }
+    for (int i = 0; i < 2 * DF_CUDA_PROF_EVENTS; i++)
+        (void)cudaEventDestroy(p->ev[i]);
+    free(p);
+    s->prof = NULL;
+}
+
 /* ---- memory and copies ---- */
 
 static int cu_set(df_backend *be)
@@ -121,7 +192,9 @@ static int cu_sync(df_backend *be)
 {
     if (cu_set(be))
         return -EIO;
-    return df_cuda_fail(cudaStreamSynchronize(st_of(be)->stream), "stream synchronize");
+    int rc = df_cuda_fail(cudaStreamSynchronize(st_of(be)->stream), "stream synchronize");
+    prof_flush(st_of(be));
+    return rc;
 }
 
 static void *cu_alloc(df_backend *be, size_t bytes)
@@ -228,6 +301,8 @@ static void cu_close(df_backend *be)
         (void)cudaSetDevice(s->device);
         if (s->stream)
             (void)cudaStreamSynchronize(s->stream);
+        if (s->prof)
+            prof_report(s);
         for (int i = 0; i < DF_CUDA_STAGE_SLOTS; i++) {
             (void)cudaFree(s->stage[i].dev);
             free(s->stage[i].shadow);
@@ -290,6 +365,8 @@ static const df_backend_vt cuda_vt = {
     /* .host_alloc = */ cu_host_alloc,
     /* .host_free = */ cu_host_free,
     /* .fill_uniform = */ cu_fill_uniform,
+    /* .prof_begin = */ cu_prof_begin,
+    /* .prof_end = */ cu_prof_end,
     /* .embed = */ df_cuda_embed,
     /* .matmul = */ df_cuda_matmul,
     /* .add = */ df_cuda_add,
@@ -346,6 +423,12 @@ extern "C" df_backend *df_backend_cuda_open(int device, df_err *e)
     if (rc) {
         cu_close(be);
         return NULL;
+    }
+    const char *pe = getenv("DFLASH_PROFILE");
+    if (pe && *pe == '1' && (s->prof = (df_cuda_prof *)calloc(1, sizeof *s->prof))) {
+        for (int i = 0; i < 2 * DF_CUDA_PROF_EVENTS; i++)
+            (void)cudaEventCreate(&s->prof->ev[i]);
+        be->prof = 1;
     }
     return be;
 }

@@ -32,6 +32,19 @@ typedef struct df_cuda_gemm_plan {
     int valid;
 } df_cuda_gemm_plan;
 
+#define DF_CUDA_PROF_EVENTS 4096 /* op brackets pending before a flush */
+#define DF_CUDA_PROF_NAMES 64
+
+typedef struct df_cuda_prof {
+    const char *name[DF_CUDA_PROF_EVENTS]; /* pending brackets: name, start, end */
+    cudaEvent_t ev[2 * DF_CUDA_PROF_EVENTS];
+    int n;
+    const char *names[DF_CUDA_PROF_NAMES]; /* totals per op name */
+    double ms[DF_CUDA_PROF_NAMES];
+    uint64_t calls[DF_CUDA_PROF_NAMES];
+    int n_names;
+} df_cuda_prof;
+
 typedef struct df_cuda_state {
     int device;
     cudaStream_t stream;
@@ -45,6 +58,7 @@ typedef struct df_cuda_state {
     size_t gemm_ws_bytes;
     df_cuda_gemm_plan plans[DF_CUDA_GEMM_CACHE];
     int n_plans, next_evict;
+    df_cuda_prof *prof; /* DFLASH_PROFILE=1 */
 } df_cuda_state;
 
 int df_cuda_gemm_open(df_cuda_state *s, df_err *e);

@@ -30,6 +30,8 @@
 //      dk = scale dS^T Q, summed in fp32 in a fixed order, written once.
 // Padding blocks: out 0, lse -inf, dq/dkb/dvb 0; rows with nothing visible
 // likewise (never NaN).
+// The tensor-core versions (mma, mma2, mma3, mma4) are described before their
+// kernels below; mma4 only replaces the context dK/dV pass (dkv4_kernel).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -1938,6 +1940,13 @@ size_t list_bytes(const df_cuda_dflash_args *a)
 template <int D>
 int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists)
 {
+    // dkv4 needs 174 KiB (D 128) of shared memory per CTA: more than sm_80's
+    // 163 KiB and the 99 KiB of sm_86/89/120. There, run MMA2's backward.
+    int dev, smax;
+    CU(cudaGetDevice(&dev));
+    CU(cudaDeviceGetAttribute(&smax, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    if ((size_t)smax < dkv4_smem<D>())
+        return bwd_mma2_launch<D, MW>(p, st, part);
     long long rows = (long long)p.nb * p.bs;
     if (rows > 0) {
         long long w = rows * p.nq;
