@@ -9,18 +9,23 @@
 
 #include "safetensors.h"
 
+/* The input projections of a block are fused into one weight (one GEMM,
+ * N large enough to fill the GPU; its output columns are split by views):
+ *   attention: w_in = [q ; (gate ;) k ; v] — the gated qwen3_5 q_proj is
+ *     reordered at load from the checkpoint's per-head [q_h | gate_h] rows to
+ *     all q heads, then all gate heads, so q and gate are contiguous heads;
+ *   GDN: w_in = [in_proj_qkv ; in_proj_z ; in_proj_b ; in_proj_a];
+ *   MLP: gate_up = [gate_proj ; up_proj]. */
 typedef struct layer_w {
     int type; /* df_layer_type */
     df_tensor in_norm, post_norm;
-    /* attention (full): wq is [nq*D, H], or for the gated qwen3_5 attention
-     * [2*nq*D, H] with all q heads first, then all gate heads (reordered at
-     * load from the checkpoint's per-head [q | gate] layout) */
-    df_tensor wq, wk, wv, wo, q_norm, k_norm;
-    void *wq_owned;
+    df_tensor w_in;
+    /* attention (full) */
+    df_tensor wo, q_norm, k_norm;
     /* Gated DeltaNet */
-    df_tensor qkv, z, b, a, conv, dt_bias, A_log, gnorm, out;
+    df_tensor conv, dt_bias, A_log, gnorm, out;
     /* MLP */
-    df_tensor gate, up, down;
+    df_tensor gate_up, down;
 } layer_w;
 
 struct df_model {
@@ -38,11 +43,13 @@ struct df_model {
     size_t aes;      /* its size in bytes */
     void **owned;    /* backend allocations holding weights */
     size_t n_owned, cap_owned;
+    void **host_owned; /* host buffers holding fused weights (CPU backend) */
+    size_t n_host, cap_host;
 
     /* workspace, for up to cap tokens: activations in adt except gb (F32) */
     int64_t cap;
-    void *x, *h, *big1, *big2, *mid1, *mid2, *ab, *gb;
-    int64_t w_big, w_mid; /* row widths of big* and mid* */
+    void *x, *h, *big1, *big2, *mid, *gb;
+    int64_t w_big1, w_big2, w_mid; /* row widths of big1, big2 and mid */
     int32_t *pos;
 };
 
@@ -61,6 +68,22 @@ static int own(df_model *m, void *p, df_err *e)
         m->cap_owned = cap;
     }
     m->owned[m->n_owned++] = p;
+    return 0;
+}
+
+static int own_host(df_model *m, void *p, df_err *e)
+{
+    if (m->n_host == m->cap_host) {
+        size_t cap = m->cap_host ? 2 * m->cap_host : 64;
+        void **o = realloc(m->host_owned, cap * sizeof *o);
+        if (!o) {
+            free(p);
+            return df_errf(e, -ENOMEM, "out of memory");
+        }
+        m->host_owned = o;
+        m->cap_host = cap;
+    }
+    m->host_owned[m->n_host++] = p;
     return 0;
 }
 
@@ -177,11 +200,109 @@ static int weight(df_model *m, const char *suffix, int ndim, int64_t d0, int64_t
         *t = df_tensor_1d((void *)st->data, st->dtype, d0);
     else
         *t = df_tensor_2d((void *)st->data, st->dtype, rows, cols);
-    /* The gated q_proj is reordered on the host before it is placed. */
-    if (strstr(suffix, "self_attn.q_proj") && d0 == 2 * (int64_t)m->cfg.num_attention_heads *
-                                                         m->cfg.head_dim)
-        return 0;
     return place(m, name, t, e);
+}
+
+/* One part of a fused weight: its checkpoint suffix and rows; reorder_heads
+ * > 0 reorders per-head [q_h | gate_h] row pairs of that head size. */
+typedef struct part {
+    const char *suffix;
+    int64_t rows;
+    int64_t reorder_heads;
+} part;
+
+/* Copies rows [r0, r0 + n) of a checkpoint tensor into dst (dst_dt: the
+ * same dtype, or F32 when the parts' dtypes differ). */
+static void copy_rows(const df_st_tensor *t, int64_t r0, int64_t n, int64_t cols, df_dtype dst_dt,
+                      uint8_t *dst)
+{
+    size_t es = df_dtype_size(t->dtype), row = (size_t)cols * es;
+    const uint8_t *src = (const uint8_t *)t->data + (size_t)r0 * row;
+    if (dst_dt == t->dtype) {
+        memcpy(dst, src, (size_t)n * row);
+        return;
+    }
+    float *f = (float *)dst;
+    for (size_t i = 0; i < (size_t)(n * cols); i++)
+        f[i] = df_elem_to_f32(src + i * es, t->dtype);
+}
+
+/* A fused [sum rows, cols] weight made of parts (layer li), placed where the
+ * backend reads it. Random models fill each part's rows with that part's
+ * own values, so fusing never changes a model. */
+static int fused_weight(df_model *m, int li, const part *pt, int np, int64_t cols, df_tensor *t,
+                        df_err *e)
+{
+    char name[256], first[256];
+    int64_t rows = 0;
+    for (int i = 0; i < np; i++)
+        rows += pt[i].rows;
+    snprintf(first, sizeof first, "%slayers.%d.%s", m->prefix, li, pt[0].suffix);
+    if (m->random) {
+        df_dtype dt = df_backend_host_addressable(m->be) ? DF_DTYPE_F32 : DF_DTYPE_BF16;
+        size_t es = df_dtype_size(dt);
+        uint8_t *p = df_backend_alloc(m->be, (size_t)(rows * cols) * es);
+        if (!p)
+            return df_errf(e, -ENOMEM, "%s (fused): cannot allocate %lld elements on %s", first,
+                           (long long)(rows * cols), df_backend_name(m->be));
+        int rc = own(m, p, e);
+        int64_t r0 = 0;
+        for (int i = 0; i < np && !rc; i++) {
+            float lo, hi;
+            random_range(m, pt[i].suffix, 2, &lo, &hi);
+            snprintf(name, sizeof name, "%slayers.%d.%s", m->prefix, li, pt[i].suffix);
+            uint64_t h = m->seed ^ 0xcbf29ce484222325ull;
+            for (const char *c = name; *c; c++)
+                h = (h ^ (uint8_t)*c) * 0x100000001b3ull;
+            rc = df_backend_fill_uniform(m->be, p + (size_t)(r0 * cols) * es, dt,
+                                         pt[i].rows * cols, h, lo, hi);
+            if (rc)
+                rc = df_errf(e, rc, "%s: fill failed", name);
+            r0 += pt[i].rows;
+        }
+        *t = df_tensor_2d(p, dt, rows, cols);
+        return rc;
+    }
+    const df_st_tensor *st[8];
+    df_dtype dt = DF_DTYPE_INVALID;
+    for (int i = 0; i < np; i++) {
+        int64_t shape[2] = {pt[i].rows, cols};
+        snprintf(name, sizeof name, "%slayers.%d.%s", m->prefix, li, pt[i].suffix);
+        int rc = df_st_expect(m->st, name, DF_DTYPE_INVALID, 2, shape, &st[i], e);
+        if (rc)
+            return rc;
+        if (st[i]->dtype != DF_DTYPE_BF16 && st[i]->dtype != DF_DTYPE_F16 &&
+            st[i]->dtype != DF_DTYPE_F32)
+            return df_errf(e, -DF_EMISMATCH, "%s: %s has dtype %s; BF16, F16 or F32 expected",
+                           st[i]->file, name, df_dtype_name(st[i]->dtype));
+        dt = i == 0 || st[i]->dtype == dt ? st[i]->dtype : DF_DTYPE_F32;
+    }
+    size_t es = df_dtype_size(dt);
+    uint8_t *buf = malloc((size_t)(rows * cols) * es);
+    if (!buf)
+        return df_errf(e, -ENOMEM, "%s (fused): out of memory", first);
+    uint8_t *dst = buf;
+    for (int i = 0; i < np; i++) {
+        int64_t D = pt[i].reorder_heads;
+        if (D > 0) { /* per-head [q_h | gate_h] -> all q heads, then all gate heads */
+            int64_t nh = pt[i].rows / (2 * D);
+            for (int64_t h = 0; h < nh; h++) {
+                copy_rows(st[i], 2 * h * D, D, cols, dt, dst + (size_t)(h * D * cols) * es);
+                copy_rows(st[i], (2 * h + 1) * D, D, cols, dt,
+                          dst + (size_t)((nh + h) * D * cols) * es);
+            }
+        } else {
+            copy_rows(st[i], 0, pt[i].rows, cols, dt, dst);
+        }
+        dst += (size_t)(pt[i].rows * cols) * es;
+    }
+    *t = df_tensor_2d(buf, dt, rows, cols);
+    int rc = place(m, first, t, e);
+    if (rc || !df_backend_host_addressable(m->be))
+        free(buf); /* placed on the device (or failed): the host copy is done */
+    else
+        rc = own_host(m, buf, e);
+    return rc;
 }
 
 static int load_attention(df_model *m, int i, layer_w *L, df_err *e)
@@ -192,42 +313,19 @@ static int load_attention(df_model *m, int i, layer_w *L, df_err *e)
     char s[128];
     int rc;
     int gated = c->arch == DF_ARCH_QWEN3_5 && c->attn_output_gate;
+    part in[3] = {{"self_attn.q_proj.weight", (gated ? 2 : 1) * nq * D, gated ? D : 0},
+                  {"self_attn.k_proj.weight", nkv * D, 0},
+                  {"self_attn.v_proj.weight", nkv * D, 0}};
+    if ((rc = fused_weight(m, i, in, 3, H, &L->w_in, e)))
+        return rc;
 #define W(suf, nd, a, b, cc, dst)                          \
     snprintf(s, sizeof s, "layers.%d.%s", i, suf);          \
     if ((rc = weight(m, s, nd, a, b, cc, dst, e)))           \
         return rc
-    W("self_attn.q_proj.weight", 2, (gated ? 2 : 1) * nq * D, H, 0, &L->wq);
-
-    W("self_attn.k_proj.weight", 2, nkv * D, H, 0, &L->wk);
-    W("self_attn.v_proj.weight", 2, nkv * D, H, 0, &L->wv);
     W("self_attn.o_proj.weight", 2, H, nq * D, 0, &L->wo);
     W("self_attn.q_norm.weight", 1, D, 0, 0, &L->q_norm);
     W("self_attn.k_norm.weight", 1, D, 0, 0, &L->k_norm);
 #undef W
-    if (gated && !m->random) {
-        /* Checkpoint rows: head h = [q_h (D rows) | gate_h (D rows)]. Ours:
-         * all q heads, then all gate heads, so one GEMM output splits into
-         * two [T, nq*D] column views with contiguous heads. */
-        size_t es = df_dtype_size(L->wq.dtype), row = (size_t)H * es;
-        uint8_t *dst = malloc((size_t)(2 * nq * D) * row);
-        if (!dst)
-            return df_errf(e, -ENOMEM, "out of memory reordering layer %d q_proj", i);
-        const uint8_t *src = L->wq.data;
-        for (int64_t h = 0; h < nq; h++) {
-            memcpy(dst + (size_t)(h * D) * row, src + (size_t)(2 * h * D) * row, (size_t)D * row);
-            memcpy(dst + (size_t)((nq + h) * D) * row, src + (size_t)((2 * h + 1) * D) * row,
-                   (size_t)D * row);
-        }
-        L->wq_owned = dst;
-        L->wq = df_tensor_2d(dst, L->wq.dtype, 2 * nq * D, H);
-        snprintf(s, sizeof s, "%slayers.%d.self_attn.q_proj.weight", m->prefix, i);
-        if ((rc = place(m, s, &L->wq, e)))
-            return rc;
-        if (!df_backend_host_addressable(m->be)) { /* the device copy is all that is needed */
-            free(L->wq_owned);
-            L->wq_owned = NULL;
-        }
-    }
     return 0;
 }
 
@@ -239,14 +337,16 @@ static int load_gdn(df_model *m, int i, layer_w *L, df_err *e)
             K = c->linear_conv_kernel_dim, C = 2 * hk * dk + hv * dv;
     char s[128];
     int rc;
+    part in[4] = {{"linear_attn.in_proj_qkv.weight", C, 0},
+                  {"linear_attn.in_proj_z.weight", hv * dv, 0},
+                  {"linear_attn.in_proj_b.weight", hv, 0},
+                  {"linear_attn.in_proj_a.weight", hv, 0}};
+    if ((rc = fused_weight(m, i, in, 4, H, &L->w_in, e)))
+        return rc;
 #define W(suf, nd, a, b, cc, dst)                          \
     snprintf(s, sizeof s, "layers.%d.%s", i, suf);          \
     if ((rc = weight(m, s, nd, a, b, cc, dst, e)))           \
         return rc
-    W("linear_attn.in_proj_qkv.weight", 2, C, H, 0, &L->qkv);
-    W("linear_attn.in_proj_z.weight", 2, hv * dv, H, 0, &L->z);
-    W("linear_attn.in_proj_b.weight", 2, hv, H, 0, &L->b);
-    W("linear_attn.in_proj_a.weight", 2, hv, H, 0, &L->a);
     W("linear_attn.conv1d.weight", 3, C, 1, K, &L->conv);
     W("linear_attn.dt_bias", 1, hv, 0, 0, &L->dt_bias);
     W("linear_attn.A_log", 1, hv, 0, 0, &L->A_log);
@@ -273,10 +373,11 @@ static int load_layer(df_model *m, int i, df_err *e)
         return rc
     W("input_layernorm.weight", 1, H, 0, &L->in_norm);
     W("post_attention_layernorm.weight", 1, H, 0, &L->post_norm);
-    W("mlp.gate_proj.weight", 2, F, H, &L->gate);
-    W("mlp.up_proj.weight", 2, F, H, &L->up);
     W("mlp.down_proj.weight", 2, H, F, &L->down);
 #undef W
+    part gu[2] = {{"mlp.gate_proj.weight", F, 0}, {"mlp.up_proj.weight", F, 0}};
+    if ((rc = fused_weight(m, i, gu, 2, H, &L->gate_up, e)))
+        return rc;
     return L->type == DF_LAYER_LINEAR ? load_gdn(m, i, L, e) : load_attention(m, i, L, e);
 }
 
@@ -284,11 +385,11 @@ void df_model_close(df_model *m)
 {
     if (!m)
         return;
-    if (m->layers)
-        for (int i = 0; i < m->cfg.num_hidden_layers; i++)
-            free(m->layers[i].wq_owned);
     free(m->layers);
-    void *bufs[] = {m->x, m->h, m->big1, m->big2, m->mid1, m->mid2, m->ab, m->gb};
+    for (size_t i = 0; i < m->n_host; i++)
+        free(m->host_owned[i]);
+    free(m->host_owned);
+    void *bufs[] = {m->x, m->h, m->big1, m->big2, m->mid, m->gb};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         df_backend_free(m->be, bufs[i]);
     for (size_t i = 0; i < m->n_owned; i++)
@@ -377,15 +478,16 @@ static int reserve(df_model *m, int64_t T, df_err *e)
     int64_t C = 2 * (int64_t)c->linear_num_key_heads * c->linear_key_head_dim +
                 (int64_t)c->linear_num_value_heads * c->linear_value_head_dim;
     int64_t VD = (int64_t)c->linear_num_value_heads * c->linear_value_head_dim;
-    m->w_big = max3(2 * nq * D, C, F);
-    m->w_mid = max3(nq * D, nkv * D, VD);
     int64_t hv = c->linear_num_value_heads ? c->linear_num_value_heads : 1;
-    void **bufs[] = {&m->x, &m->h, &m->big1, &m->big2, &m->mid1, &m->mid2, &m->ab, &m->gb};
-    int64_t widths[] = {H, H, m->w_big, m->w_big, m->w_mid, m->w_mid, 2 * hv, 2 * hv};
+    m->w_big1 = max3((2 * nq + 2 * nkv) * D, C + VD + 2 * hv, 2 * F);
+    m->w_big2 = C;
+    m->w_mid = nq * D > VD ? nq * D : VD;
+    void **bufs[] = {&m->x, &m->h, &m->big1, &m->big2, &m->mid, &m->gb};
+    int64_t widths[] = {H, H, m->w_big1, m->w_big2, m->w_mid, 2 * hv};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) {
         size_t es = bufs[i] == &m->gb ? sizeof(float) : m->aes; /* g, beta: F32 */
         df_backend_free(m->be, *bufs[i]);
-        *bufs[i] = df_backend_alloc(m->be, (size_t)(T * widths[i]) * es);
+        *bufs[i] = df_backend_alloc(m->be, (size_t)(T * (widths[i] ? widths[i] : 1)) * es);
         if (!*bufs[i]) {
             m->cap = 0;
             return df_errf(e, -ENOMEM, "out of memory for %lld tokens of activations",
@@ -435,18 +537,17 @@ static int attention_block(df_model *m, int li, const int32_t *cu, int n_seq, in
     const layer_w *L = &m->layers[li];
     df_backend *be = m->be;
     int64_t D = c->head_dim, nq = c->num_attention_heads, nkv = c->num_key_value_heads;
-    int gated = L->wq.shape[0] == 2 * nq * D;
+    int64_t qw = L->w_in.shape[0] - 2 * nkv * D; /* nq*D, or 2*nq*D with the gate */
+    int gated = qw == 2 * nq * D;
     df_tensor h = act(m, m->h, T, c->hidden_size);
-    df_tensor qg = act(m, m->big1, T, L->wq.shape[0]);
-    df_tensor k = act(m, m->big2, T, nkv * D), v = act(m, m->mid1, T, nkv * D);
-    df_tensor o = act(m, m->mid2, T, nq * D);
-    CK(df_op_matmul(be, &h, &L->wq, &qg, 0));
-    CK(df_op_matmul(be, &h, &L->wk, &k, 0));
-    CK(df_op_matmul(be, &h, &L->wv, &v, 0));
-    df_tensor q = df_tensor_cols(&qg, 0, nq * D);
-    df_tensor gate = gated ? df_tensor_cols(&qg, nq * D, nq * D) : q;
-    /* Per-head norms, before RoPE, as one op over [T, heads, D] views (the
-     * gated q is a column view with row stride 2*nq*D). */
+    df_tensor all = act(m, m->big1, T, L->w_in.shape[0]);
+    df_tensor o = act(m, m->mid, T, nq * D);
+    CK(df_op_matmul(be, &h, &L->w_in, &all, 0));
+    df_tensor q = df_tensor_cols(&all, 0, nq * D);
+    df_tensor gate = gated ? df_tensor_cols(&all, nq * D, nq * D) : q;
+    df_tensor k = df_tensor_cols(&all, qw, nkv * D), v = df_tensor_cols(&all, qw + nkv * D, nkv * D);
+    /* Per-head norms, before RoPE, as one op over [T, heads, D] views of the
+     * fused projection's columns. */
     df_tensor qh = heads_view(&q, nq, D), kh = heads_view(&k, nkv, D);
     CK(df_op_rmsnorm(be, &qh, &L->q_norm, (float)c->rms_norm_eps, m->plus_one, &qh));
     CK(df_op_rmsnorm(be, &kh, &L->k_norm, (float)c->rms_norm_eps, m->plus_one, &kh));
@@ -466,27 +567,25 @@ static int gdn_block(df_model *m, int li, const int32_t *cu, int n_seq, int64_t 
     df_backend *be = m->be;
     int64_t hk = c->linear_num_key_heads, hv = c->linear_num_value_heads,
             dk = c->linear_key_head_dim, dv = c->linear_value_head_dim;
-    int64_t C = 2 * hk * dk + hv * dv;
+    int64_t C = 2 * hk * dk + hv * dv, VD = hv * dv;
     df_tensor h = act(m, m->h, T, c->hidden_size);
-    df_tensor qkv = act(m, m->big1, T, C), conv = act(m, m->big2, T, C);
-    df_tensor z = act(m, m->mid1, T, hv * dv), o = act(m, m->mid2, T, hv * dv);
-    df_tensor a = act(m, m->ab, T, hv), b = act(m, (uint8_t *)m->ab + T * hv * m->aes, T, hv);
+    df_tensor all = act(m, m->big1, T, L->w_in.shape[0]), conv = act(m, m->big2, T, C);
+    df_tensor o = act(m, m->mid, T, VD);
     df_tensor g = df_tensor_2d(m->gb, DF_DTYPE_F32, T, hv);
     df_tensor beta = df_tensor_2d((float *)m->gb + T * hv, DF_DTYPE_F32, T, hv);
-    CK(df_op_matmul(be, &h, &L->qkv, &qkv, 0));
+    CK(df_op_matmul(be, &h, &L->w_in, &all, 0));
+    df_tensor qkv = df_tensor_cols(&all, 0, C), z = df_tensor_cols(&all, C, VD);
+    df_tensor b = df_tensor_cols(&all, C + VD, hv), a = df_tensor_cols(&all, C + VD + hv, hv);
     CK(df_op_conv1d_silu(be, &qkv, &L->conv, cu, n_seq, &conv));
-    CK(df_op_matmul(be, &h, &L->z, &z, 0));
-    CK(df_op_matmul(be, &h, &L->a, &a, 0));
-    CK(df_op_matmul(be, &h, &L->b, &b, 0));
     CK(df_op_gdn_gates(be, &a, &b, &L->A_log, &L->dt_bias, &g, &beta));
     df_tensor q = df_tensor_cols(&conv, 0, hk * dk), k = df_tensor_cols(&conv, hk * dk, hk * dk);
-    df_tensor v = df_tensor_cols(&conv, 2 * hk * dk, hv * dv);
+    df_tensor v = df_tensor_cols(&conv, 2 * hk * dk, VD);
     df_tensor qh = heads_view(&q, hk, dk), kh = heads_view(&k, hk, dk);
     CK(df_op_l2norm(be, &qh, 1e-6f, (float)(1.0 / sqrt((double)dk))));
     CK(df_op_l2norm(be, &kh, 1e-6f, 1.0f));
     CK(df_op_gdn(be, &q, &k, &v, &g, &beta, cu, n_seq, (int)hk, (int)hv, (int)dk, (int)dv,
                  DF_GDN_CHUNKED, &o));
-    df_tensor oh = act(m, m->mid2, T * hv, dv), zh = act(m, m->mid1, T * hv, dv);
+    df_tensor oh = heads_view(&o, hv, dv), zh = heads_view(&z, hv, dv);
     CK(df_op_rmsnorm_gated(be, &oh, &zh, &L->gnorm, (float)c->rms_norm_eps, &oh));
     df_tensor x = act(m, m->x, T, c->hidden_size);
     CK(df_op_matmul(be, &o, &L->out, &x, 1));
@@ -498,16 +597,17 @@ static int mlp_block(df_model *m, int li, int64_t T, df_err *e)
     const df_model_config *c = &m->cfg;
     const layer_w *L = &m->layers[li];
     df_backend *be = m->be;
+    int64_t F = c->intermediate_size;
     df_tensor x = act(m, m->x, T, c->hidden_size), h = act(m, m->h, T, c->hidden_size);
-    df_tensor gate = act(m, m->big1, T, c->intermediate_size);
-    df_tensor up = act(m, m->big2, T, c->intermediate_size);
+    df_tensor gu = act(m, m->big1, T, 2 * F);
     CK(df_op_rmsnorm(be, &x, &L->post_norm, (float)c->rms_norm_eps, m->plus_one, &h));
-    CK(df_op_matmul(be, &h, &L->gate, &gate, 0));
-    CK(df_op_matmul(be, &h, &L->up, &up, 0));
+    CK(df_op_matmul(be, &h, &L->gate_up, &gu, 0));
+    df_tensor gate = df_tensor_cols(&gu, 0, F), up = df_tensor_cols(&gu, F, F);
     CK(df_op_swiglu(be, &gate, &up, &gate));
     CK(df_op_matmul(be, &gate, &L->down, &x, 1));
     return 0;
 }
+
 
 /* Writes rows of src ([T, H] activations, backend memory) to host dst as
  * dt. Same dtype: one download. BF16 -> F32: download into the first half
