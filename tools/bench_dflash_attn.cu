@@ -159,7 +159,7 @@ int main(int argc, char **argv)
     CU(cudaEventCreate(&e1));
     const int Ws[2] = {0, 2048};
     int rc_all = 0;
-    std::string json = "{\"bench\": \"dflash_attn\", \"impl\": \"default (mma2)\", \"layers\": [";
+    std::string json = "{\"bench\": \"dflash_attn\", \"impl\": \"default (fwd mma2, bwd mma4)\", \"layers\": [";
     for (int li = 0; li < 2; li++) {
         a.window = Ws[li];
         double pairs = 0;

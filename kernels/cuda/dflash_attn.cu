@@ -45,7 +45,7 @@ namespace {
 // Which forward runs when args.impl == 0.
 #define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD DF_CUDA_DFLASH_IMPL_MMA2
 // Which backward runs when args.impl == 0.
-#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD DF_CUDA_DFLASH_IMPL_MMA2
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD DF_CUDA_DFLASH_IMPL_MMA4 /* 2.27 vs 2.62 ms (H200, 27B shape) */
 
 constexpr int NT = 256, NW = 8, RPW = 8, RQ = NW * RPW, TK = 32, PP = TK + 4;
 
