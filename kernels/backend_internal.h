@@ -5,6 +5,7 @@
 #define DF_BACKEND_INTERNAL_H
 
 #include "ops.h"
+#include "train_ops.h"
 #include "pool.h"
 
 typedef enum df_backend_kind { DF_BACKEND_CPU = 1, DF_BACKEND_CUDA = 2 } df_backend_kind;
@@ -58,6 +59,36 @@ typedef struct df_backend_vt {
     int (*gdn)(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
                const df_tensor *g, const df_tensor *beta, const int32_t *cu_seqlens, int n_seq,
                int hk, int hv, int dk, int dv, df_gdn_mode mode, df_tensor *out);
+
+    /* training ops (train_ops.h) */
+    int (*matmul_bwd_x)(df_backend *be, const df_tensor *dy, const df_tensor *w, df_tensor *dx,
+                        int accumulate);
+    int (*matmul_bwd_w)(df_backend *be, const df_tensor *dy, const df_tensor *x, df_tensor *dw,
+                        int accumulate);
+    int (*rmsnorm_bwd)(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
+                       int plus_one, const df_tensor *dy, df_tensor *dx, int accumulate_dx,
+                       df_tensor *dw);
+    int (*rope_bwd)(df_backend *be, df_tensor *dx, const int32_t *pos, int heads, int head_dim,
+                    int rot_dim, double theta);
+    int (*swiglu_bwd)(df_backend *be, const df_tensor *gate, const df_tensor *up,
+                      const df_tensor *dout, df_tensor *dgate, df_tensor *dup);
+    int (*lmhead_ce)(df_backend *be, const df_tensor *h, const df_tensor *head,
+                     const int32_t *label, const float *weight, float denom, double *loss_sum,
+                     df_tensor *dh, int32_t *argmax, float *ce);
+    int (*adamw)(df_backend *be, float *master, const float *grad, float *m, float *v, int64_t n,
+                 float lr, float beta1, float beta2, float eps, float wd, int64_t step,
+                 float grad_scale, uint16_t *out_bf16);
+    double (*sumsq)(df_backend *be, const float *x, int64_t n);
+    int (*dflash_attn)(df_backend *be, const df_tensor *q, const df_tensor *kc,
+                       const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,
+                       const df_dflash_blocks *blk, int nq, int nkv, int head_dim,
+                       float scale, df_tensor *out, df_tensor *lse);
+    int (*dflash_attn_bwd)(df_backend *be, const df_tensor *q, const df_tensor *kc,
+                           const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,
+                           const df_dflash_blocks *blk, int nq, int nkv, int head_dim,
+                           float scale, const df_tensor *out, const df_tensor *lse,
+                           const df_tensor *dout, df_tensor *dq, df_tensor *dkc, df_tensor *dvc,
+                           df_tensor *dkb, df_tensor *dvb);
 } df_backend_vt;
 
 struct df_backend {

@@ -5,6 +5,8 @@
  * backends (kernels/cpu/, later CUDA) may assume valid arguments. The Gated
  * DeltaNet ops dispatch from ops_gdn.c. */
 #include "backend_internal.h"
+#include "dflash_attn_internal.h"
+#include "train_internal.h"
 #include "op_checks.h"
 
 #include <math.h>
@@ -152,6 +154,16 @@ static const df_backend_vt cpu_vt = {
     .l2norm = df_cpu_l2norm,
     .gdn_gates = df_cpu_gdn_gates,
     .gdn = df_cpu_gdn,
+    .matmul_bwd_x = df_cpu_matmul_bwd_x,
+    .matmul_bwd_w = df_cpu_matmul_bwd_w,
+    .rmsnorm_bwd = df_cpu_rmsnorm_bwd,
+    .rope_bwd = df_cpu_rope_bwd,
+    .swiglu_bwd = df_cpu_swiglu_bwd,
+    .lmhead_ce = df_cpu_lmhead_ce,
+    .adamw = df_cpu_adamw,
+    .sumsq = df_cpu_sumsq,
+    .dflash_attn = df_cpu_dflash_attn,
+    .dflash_attn_bwd = df_cpu_dflash_attn_bwd,
 };
 
 df_backend *df_backend_cpu_open(int nthreads, df_err *e)

@@ -22,11 +22,11 @@
 #include "dflash_attn_internal.h"
 #include "op_checks.h"
 
-/* An F32 matrix [rows, cols]: innermost stride 1, the row stride covering a
+/* A [rows, cols] matrix of dtype dt: innermost stride 1, the row stride covering a
  * whole row (rows never interleave), data present unless empty. */
-static int f32_2d(const df_tensor *t, int64_t rows, int64_t cols)
+static int mat_2d(const df_tensor *t, df_dtype dt, int64_t rows, int64_t cols)
 {
-    if (!t || t->ndim != 2 || t->dtype != DF_DTYPE_F32 || t->shape[0] != rows ||
+    if (!t || t->ndim != 2 || t->dtype != dt || t->shape[0] != rows ||
         t->shape[1] != cols || t->stride[0] < 0 || t->stride[1] != 1)
         return 0;
     if (rows == 0 || cols == 0)
@@ -71,7 +71,7 @@ static int blocks_ok(const df_dflash_blocks *blk, int nq, int nkv, int head_dim,
 }
 
 /* The five inputs both calls take, and the block table (S = kc's rows). */
-static int inputs_ok(const df_tensor *q, const df_tensor *kc, const df_tensor *vc,
+static int inputs_ok(df_dtype at, const df_tensor *q, const df_tensor *kc, const df_tensor *vc,
                      const df_tensor *kb, const df_tensor *vb, const df_dflash_blocks *blk,
                      int nq, int nkv, int head_dim, float scale)
 {
@@ -81,8 +81,8 @@ static int inputs_ok(const df_tensor *q, const df_tensor *kc, const df_tensor *v
         return 0;
     int64_t rows = (int64_t)blk->n_blocks * blk->block_size, S = kc->shape[0];
     int64_t qc = (int64_t)nq * head_dim, kvc = (int64_t)nkv * head_dim;
-    return f32_2d(q, rows, qc) && f32_2d(kc, S, kvc) && f32_2d(vc, S, kvc) &&
-           f32_2d(kb, rows, kvc) && f32_2d(vb, rows, kvc) &&
+    return mat_2d(q, at, rows, qc) && mat_2d(kc, at, S, kvc) && mat_2d(vc, at, S, kvc) &&
+           mat_2d(kb, at, rows, kvc) && mat_2d(vb, at, rows, kvc) &&
            blocks_ok(blk, nq, nkv, head_dim, scale, S);
 }
 
@@ -96,17 +96,16 @@ int df_op_dflash_attn(df_backend *be, const df_tensor *q, const df_tensor *kc,
                       const df_dflash_blocks *blk, int nq, int nkv, int head_dim, float scale,
                       df_tensor *out, df_tensor *lse)
 {
-    if (!backend_ok(be) || !inputs_ok(q, kc, vc, kb, vb, blk, nq, nkv, head_dim, scale))
+    if (!backend_ok(be) || !inputs_ok(be->act, q, kc, vc, kb, vb, blk, nq, nkv, head_dim, scale))
         return -EINVAL;
     int64_t rows = q->shape[0];
-    if (!f32_2d(out, rows, q->shape[1]) || !f32_2d(lse, rows, nq))
+    if (!mat_2d(out, be->act, rows, q->shape[1]) || !mat_2d(lse, DF_DTYPE_F32, rows, nq))
         return -EINVAL;
     const df_tensor *o[2] = {out, lse}, *in[5] = {q, kc, vc, kb, vb};
     if (!outputs_apart(o, 2, in, 5))
         return -EINVAL;
-    if (be->kind != DF_BACKEND_CPU)
-        return -ENOTSUP;
-    return df_cpu_dflash_attn(be, q, kc, vc, kb, vb, blk, nq, nkv, head_dim, scale, out, lse);
+    return DF_DISPATCH(be, dflash_attn, q, kc, vc, kb, vb, blk, nq, nkv, head_dim, scale, out,
+                       lse);
 }
 
 int df_op_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *kc,
@@ -116,20 +115,19 @@ int df_op_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *k
                           df_tensor *dq, df_tensor *dkc, df_tensor *dvc, df_tensor *dkb,
                           df_tensor *dvb)
 {
-    if (!backend_ok(be) || !inputs_ok(q, kc, vc, kb, vb, blk, nq, nkv, head_dim, scale))
+    if (!backend_ok(be) || !inputs_ok(be->act, q, kc, vc, kb, vb, blk, nq, nkv, head_dim, scale))
         return -EINVAL;
     int64_t rows = q->shape[0], S = kc->shape[0];
-    if (!f32_2d(out, rows, q->shape[1]) || !f32_2d(lse, rows, nq) ||
-        !f32_2d(dout, rows, q->shape[1]) || !f32_2d(dq, rows, q->shape[1]) ||
-        !f32_2d(dkc, S, kc->shape[1]) || !f32_2d(dvc, S, kc->shape[1]) ||
-        !f32_2d(dkb, rows, kc->shape[1]) || !f32_2d(dvb, rows, kc->shape[1]))
+    df_dtype at = be->act;
+    if (!mat_2d(out, at, rows, q->shape[1]) || !mat_2d(lse, DF_DTYPE_F32, rows, nq) ||
+        !mat_2d(dout, at, rows, q->shape[1]) || !mat_2d(dq, at, rows, q->shape[1]) ||
+        !mat_2d(dkc, at, S, kc->shape[1]) || !mat_2d(dvc, at, S, kc->shape[1]) ||
+        !mat_2d(dkb, at, rows, kc->shape[1]) || !mat_2d(dvb, at, rows, kc->shape[1]))
         return -EINVAL;
     const df_tensor *o[5] = {dq, dkc, dvc, dkb, dvb};
     const df_tensor *in[8] = {q, kc, vc, kb, vb, out, lse, dout};
     if (!outputs_apart(o, 5, in, 8))
         return -EINVAL;
-    if (be->kind != DF_BACKEND_CPU)
-        return -ENOTSUP;
-    return df_cpu_dflash_attn_bwd(be, q, kc, vc, kb, vb, blk, nq, nkv, head_dim, scale, out, lse,
-                                  dout, dq, dkc, dvc, dkb, dvb);
+    return DF_DISPATCH(be, dflash_attn_bwd, q, kc, vc, kb, vb, blk, nq, nkv, head_dim, scale, out,
+                       lse, dout, dq, dkc, dvc, dkb, dvb);
 }

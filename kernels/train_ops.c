@@ -30,21 +30,19 @@ static int check_tensor(const df_tensor *t, int ndim_min, int ndim_max, int weig
     return df_check_tensor(t, ndim_min, ndim_max, weight, out, MAX_SPAN);
 }
 
-#define BE_CHECK(be)                      \
-    do {                                  \
-        if (!(be))                        \
-            return -EINVAL;               \
-        if ((be)->kind != DF_BACKEND_CPU) \
-            return -ENOSYS;               \
-    } while (0)
+/* Activations and their gradients: the backend's activation dtype; weights:
+ * any weight dtype on the CPU, BF16 on CUDA; weight gradients: always F32. */
+#define ACT(be) ((be)->act == DF_DTYPE_BF16 ? DF_CHK_BF16 : DF_CHK_F32)
+#define WT(be) ((be)->act == DF_DTYPE_BF16 ? DF_CHK_BF16 : DF_CHK_WEIGHT)
+#define GRAD DF_CHK_F32
 
 /* ---- matmul backward ---- */
 
 int df_op_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w, df_tensor *dx,
                        int accumulate)
 {
-    if (!be || !check_tensor(dy, 2, 2, 0, 0) || !check_tensor(w, 2, 2, 1, 0) ||
-        !check_tensor(dx, 2, 2, 0, 1))
+    if (!be || !check_tensor(dy, 2, 2, ACT(be), 0) || !check_tensor(w, 2, 2, WT(be), 0) ||
+        !check_tensor(dx, 2, 2, ACT(be), 1))
         return -EINVAL;
     /* dy [M, N], w [N, K], dx [M, K] */
     if (dy->shape[1] != w->shape[0] || dx->shape[0] != dy->shape[0] ||
@@ -52,15 +50,14 @@ int df_op_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w, 
         return -EINVAL;
     if (!df_alias_ok(dx, dy, 0) || !df_alias_ok(dx, w, 0))
         return -EINVAL;
-    BE_CHECK(be);
-    return df_cpu_matmul_bwd_x(be, dy, w, dx, accumulate);
+    return DF_DISPATCH(be, matmul_bwd_x, dy, w, dx, accumulate);
 }
 
 int df_op_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x, df_tensor *dw,
                        int accumulate)
 {
-    if (!be || !check_tensor(dy, 2, 2, 0, 0) || !check_tensor(x, 2, 2, 0, 0) ||
-        !check_tensor(dw, 2, 2, 0, 1))
+    if (!be || !check_tensor(dy, 2, 2, ACT(be), 0) || !check_tensor(x, 2, 2, ACT(be), 0) ||
+        !check_tensor(dw, 2, 2, GRAD, 1))
         return -EINVAL;
     /* dy [M, N], x [M, K], dw [N, K] */
     if (dy->shape[0] != x->shape[0] || dw->shape[0] != dy->shape[1] ||
@@ -68,8 +65,7 @@ int df_op_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x, 
         return -EINVAL;
     if (!df_alias_ok(dw, dy, 0) || !df_alias_ok(dw, x, 0))
         return -EINVAL;
-    BE_CHECK(be);
-    return df_cpu_matmul_bwd_w(be, dy, x, dw, accumulate);
+    return DF_DISPATCH(be, matmul_bwd_w, dy, x, dw, accumulate);
 }
 
 /* ---- RMSNorm, RoPE, SwiGLU backward ---- */
@@ -78,51 +74,48 @@ int df_op_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, fl
                       int plus_one, const df_tensor *dy, df_tensor *dx, int accumulate_dx,
                       df_tensor *dw)
 {
-    if (!be || !check_tensor(x, 1, 4, 0, 0) || !check_tensor(dy, 1, 4, 0, 0) ||
-        !df_same_shape(x, dy) || !check_tensor(dw, 1, 1, 0, 1))
+    if (!be || !check_tensor(x, 1, 4, ACT(be), 0) || !check_tensor(dy, 1, 4, ACT(be), 0) ||
+        !df_same_shape(x, dy) || !check_tensor(dw, 1, 1, GRAD, 1))
         return -EINVAL;
     int64_t D = x->shape[x->ndim - 1];
-    if (!check_tensor(w, 1, 1, 1, 0) || w->shape[0] != D || dw->shape[0] != D)
+    if (!check_tensor(w, 1, 1, WT(be), 0) || w->shape[0] != D || dw->shape[0] != D)
         return -EINVAL;
     if (!(eps >= 0) || !isfinite(eps))
         return -EINVAL;
     if (!df_alias_ok(dw, x, 0) || !df_alias_ok(dw, w, 0) || !df_alias_ok(dw, dy, 0))
         return -EINVAL;
     if (dx) {
-        if (!check_tensor(dx, 1, 4, 0, 1) || !df_same_shape(dx, x))
+        if (!check_tensor(dx, 1, 4, ACT(be), 1) || !df_same_shape(dx, x))
             return -EINVAL;
         /* Row by row, each row read whole before it is written. */
         if (!df_alias_ok(dx, x, 1) || !df_alias_ok(dx, dy, 1) || !df_alias_ok(dx, w, 0) ||
             df_overlaps(dx, dw))
             return -EINVAL;
     }
-    BE_CHECK(be);
-    return df_cpu_rmsnorm_bwd(be, x, w, eps, plus_one, dy, dx, accumulate_dx, dw);
+    return DF_DISPATCH(be, rmsnorm_bwd, x, w, eps, plus_one, dy, dx, accumulate_dx, dw);
 }
 
 int df_op_rope_bwd(df_backend *be, df_tensor *dx, const int32_t *pos, int heads, int head_dim,
                    int rot_dim, double theta)
 {
-    if (!be || !check_tensor(dx, 2, 2, 0, 1) ||
+    if (!be || !check_tensor(dx, 2, 2, ACT(be), 1) ||
         !df_rope_args_ok(dx, pos, heads, head_dim, rot_dim, theta))
         return -EINVAL;
-    BE_CHECK(be);
-    return df_cpu_rope_bwd(be, dx, pos, heads, head_dim, rot_dim, theta);
+    return DF_DISPATCH(be, rope_bwd, dx, pos, heads, head_dim, rot_dim, theta);
 }
 
 int df_op_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up,
                      const df_tensor *dout, df_tensor *dgate, df_tensor *dup)
 {
     const df_tensor *in[3] = {gate, up, dout};
-    if (!be || !check_tensor(dgate, 1, 4, 0, 1) || !check_tensor(dup, 1, 4, 0, 1) ||
+    if (!be || !check_tensor(dgate, 1, 4, ACT(be), 1) || !check_tensor(dup, 1, 4, ACT(be), 1) ||
         !df_same_shape(dgate, dup) || df_overlaps(dgate, dup))
         return -EINVAL;
     for (int i = 0; i < 3; i++)
-        if (!check_tensor(in[i], 1, 4, 0, 0) || !df_same_shape(in[i], dgate) ||
+        if (!check_tensor(in[i], 1, 4, ACT(be), 0) || !df_same_shape(in[i], dgate) ||
             !df_alias_ok(dgate, in[i], 1) || !df_alias_ok(dup, in[i], 1))
             return -EINVAL;
-    BE_CHECK(be);
-    return df_cpu_swiglu_bwd(be, gate, up, dout, dgate, dup);
+    return DF_DISPATCH(be, swiglu_bwd, gate, up, dout, dgate, dup);
 }
 
 /* ---- LM head + CE ---- */
@@ -131,14 +124,16 @@ int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
                     const int32_t *label, const float *weight, float denom, double *loss_sum,
                     df_tensor *dh, int32_t *argmax, float *ce)
 {
-    if (!be || !check_tensor(h, 2, 2, 0, 0) || !check_tensor(head, 2, 2, 1, 0))
+    if (!be || !check_tensor(h, 2, 2, ACT(be), 0) || !check_tensor(head, 2, 2, WT(be), 0))
         return -EINVAL;
     int64_t N = h->shape[0], V = head->shape[0];
     if (head->shape[1] != h->shape[1] || V < 1 || V > INT32_MAX)
         return -EINVAL;
     if (N > 0 && !label)
         return -EINVAL;
-    for (int64_t i = 0; i < N; i++)
+    /* Labels and weights live in backend memory: checked here where that is
+     * host memory; a device backend ignores rows whose label is >= V. */
+    for (int64_t i = 0; be->host_addressable && i < N; i++)
         if (label[i] >= V || (weight && !(weight[i] >= 0.0f && weight[i] < INFINITY)))
             return -EINVAL;
     df_rowspan in[4] = {df_span_of(h), df_span_of(head), df_span_raw(label, N, sizeof(int32_t)),
@@ -146,7 +141,7 @@ int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
     df_rowspan out[4] = {df_span_raw(loss_sum, 1, sizeof(double)), df_span_raw(argmax, N, sizeof(int32_t)),
                       df_span_raw(ce, N, sizeof(float)), {0, 1, 0, 0}};
     if (dh) {
-        if (!check_tensor(dh, 2, 2, 0, 1) || !df_same_shape(dh, h))
+        if (!check_tensor(dh, 2, 2, ACT(be), 1) || !df_same_shape(dh, h))
             return -EINVAL;
         if (!(denom > 0.0f) || !isfinite(denom))
             return -EINVAL;
@@ -160,8 +155,7 @@ int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
             if (df_spans_overlap(out[i], out[j]))
                 return -EINVAL;
     }
-    BE_CHECK(be);
-    return df_cpu_lmhead_ce(be, h, head, label, weight, denom, loss_sum, dh, argmax, ce);
+    return DF_DISPATCH(be, lmhead_ce, h, head, label, weight, denom, loss_sum, dh, argmax, ce);
 }
 
 /* ---- optimizer ---- */
@@ -187,8 +181,7 @@ int df_op_adamw(df_backend *be, float *master, const float *grad, float *m, floa
         for (int j = i + 1; j < 5; j++)
             if (df_spans_overlap(s[i], s[j]))
                 return -EINVAL;
-    BE_CHECK(be);
-    return df_cpu_adamw(be, master, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_scale,
+    return DF_DISPATCH(be, adamw, master, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_scale,
                         out_bf16);
 }
 
@@ -196,7 +189,7 @@ double df_op_sumsq(df_backend *be, const float *x, int64_t n)
 {
     if (!be || n < 0 || (n > 0 && !x))
         return (double)-EINVAL;
-    if (be->kind != DF_BACKEND_CPU)
-        return (double)-ENOSYS;
-    return df_cpu_sumsq(be, x, n);
+    if (!be->vt->sumsq)
+        return (double)-ENOTSUP;
+    return be->vt->sumsq(be, x, n);
 }

@@ -12,6 +12,7 @@
 
 #include "cuda_internal.h"
 #include "cuda_state.h"
+#include "dflash_attn.h"
 extern "C" {
 #include "log.h"
 }
@@ -354,6 +355,92 @@ static int cu_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const 
     return rc;
 }
 
+/* The DFlash drafter attention (dflash_attn.cu) behind the op interface:
+ * contiguous matrices, block arrays staged from the host. */
+static int dflash_args(df_backend *be, const df_tensor *q, const df_tensor *kc,
+                       const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,
+                       const df_dflash_blocks *blk, int nq, int nkv, int head_dim, float scale,
+                       df_cuda_dflash_args *a)
+{
+    const df_tensor *all[5] = {q, kc, vc, kb, vb};
+    for (int i = 0; i < 5; i++)
+        if (all[i]->shape[0] > 1 && all[i]->stride[0] != all[i]->shape[1])
+            return -ENOTSUP; /* the kernels take contiguous rows */
+    memset(a, 0, sizeof *a);
+    a->S = (int)kc->shape[0];
+    a->n_blocks = blk->n_blocks;
+    a->block_size = blk->block_size;
+    a->window = blk->window;
+    a->nq = nq;
+    a->nkv = nkv;
+    a->head_dim = head_dim;
+    a->scale = scale;
+    int n = blk->n_blocks;
+    a->anchor = df_cuda_stage_i32(be, blk->anchor, n);
+    a->doc_start = a->anchor ? df_cuda_stage_i32(be, blk->doc_start, n) : NULL;
+    /* valid[] is bytes: staged packed into int32 words (the stage cache keys
+     * on content, so an unchanged batch costs a memcmp). */
+    int32_t *words = (int32_t *)calloc((size_t)(n + 3) / 4 + 1, sizeof(int32_t));
+    if (!words)
+        return -ENOMEM;
+    memcpy(words, blk->valid, (size_t)n);
+    a->valid = (const uint8_t *)df_cuda_stage_i32(be, words, (n + 3) / 4 + 1);
+    free(words);
+    if (!a->anchor || !a->doc_start || !a->valid)
+        return -EIO;
+    a->q = (const uint16_t *)q->data;
+    a->kc = (const uint16_t *)kc->data;
+    a->vc = (const uint16_t *)vc->data;
+    a->kb = (const uint16_t *)kb->data;
+    a->vb = (const uint16_t *)vb->data;
+    return 0;
+}
+
+static int cu_dflash_attn(df_backend *be, const df_tensor *q, const df_tensor *kc,
+                          const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,
+                          const df_dflash_blocks *blk, int nq, int nkv, int head_dim, float scale,
+                          df_tensor *out, df_tensor *lse)
+{
+    df_cuda_dflash_args a;
+    int rc = dflash_args(be, q, kc, vc, kb, vb, blk, nq, nkv, head_dim, scale, &a);
+    if (rc)
+        return rc;
+    if ((out->shape[0] > 1 && out->stride[0] != out->shape[1]) ||
+        (lse->shape[0] > 1 && lse->stride[0] != lse->shape[1]))
+        return -ENOTSUP;
+    a.out = (uint16_t *)out->data;
+    a.lse = (float *)lse->data;
+    return df_cuda_dflash_attn_fwd(&a, st_of(be)->stream);
+}
+
+static int cu_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *kc,
+                              const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,
+                              const df_dflash_blocks *blk, int nq, int nkv, int head_dim,
+                              float scale, const df_tensor *out, const df_tensor *lse,
+                              const df_tensor *dout, df_tensor *dq, df_tensor *dkc,
+                              df_tensor *dvc, df_tensor *dkb, df_tensor *dvb)
+{
+    df_cuda_dflash_args a;
+    int rc = dflash_args(be, q, kc, vc, kb, vb, blk, nq, nkv, head_dim, scale, &a);
+    if (rc)
+        return rc;
+    const df_tensor *more[7] = {out, lse, dout, dq, dkc, dvc, dkb};
+    for (int i = 0; i < 7; i++)
+        if (more[i]->shape[0] > 1 && more[i]->stride[0] != more[i]->shape[1])
+            return -ENOTSUP;
+    if (dvb->shape[0] > 1 && dvb->stride[0] != dvb->shape[1])
+        return -ENOTSUP;
+    a.out = (uint16_t *)out->data;
+    a.lse = (float *)lse->data;
+    a.dout = (const uint16_t *)dout->data;
+    a.dq = (uint16_t *)dq->data;
+    a.dkc = (uint16_t *)dkc->data;
+    a.dvc = (uint16_t *)dvc->data;
+    a.dkb = (uint16_t *)dkb->data;
+    a.dvb = (uint16_t *)dvb->data;
+    return df_cuda_dflash_attn_bwd(&a, st_of(be)->stream);
+}
+
 static const df_backend_vt cuda_vt = {
     /* .close = */ cu_close,
     /* .sync = */ cu_sync,
@@ -381,6 +468,17 @@ static const df_backend_vt cuda_vt = {
     /* .l2norm = */ df_cuda_l2norm,
     /* .gdn_gates = */ df_cuda_gdn_gates,
     /* .gdn = */ cu_gdn,
+    /* training ops: the GPU trainer's kernels come next (-ENOTSUP until then) */
+    /* .matmul_bwd_x = */ NULL,
+    /* .matmul_bwd_w = */ NULL,
+    /* .rmsnorm_bwd = */ NULL,
+    /* .rope_bwd = */ NULL,
+    /* .swiglu_bwd = */ NULL,
+    /* .lmhead_ce = */ NULL,
+    /* .adamw = */ NULL,
+    /* .sumsq = */ NULL,
+    /* .dflash_attn = */ cu_dflash_attn,
+    /* .dflash_attn_bwd = */ cu_dflash_attn_bwd,
 };
 
 extern "C" df_backend *df_backend_cuda_open(int device, df_err *e)
