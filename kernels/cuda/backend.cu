@@ -469,8 +469,8 @@ static const df_backend_vt cuda_vt = {
     /* .gdn_gates = */ df_cuda_gdn_gates,
     /* .gdn = */ cu_gdn,
     /* training ops: the GPU trainer's kernels come next (-ENOTSUP until then) */
-    /* .matmul_bwd_x = */ NULL,
-    /* .matmul_bwd_w = */ NULL,
+    /* .matmul_bwd_x = */ df_cuda_matmul_bwd_x,
+    /* .matmul_bwd_w = */ df_cuda_matmul_bwd_w,
     /* .rmsnorm_bwd = */ NULL,
     /* .rope_bwd = */ NULL,
     /* .swiglu_bwd = */ NULL,

@@ -74,6 +74,12 @@ int df_cuda_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df
                 const df_tensor *g, const df_tensor *beta, const int32_t *cu_seqlens, int n_seq,
                 int hk, int hv, int dk, int dv, df_gdn_mode mode, df_tensor *out);
 
+/* Training ops (train_ops.h contracts; weight gradients F32). */
+int df_cuda_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w, df_tensor *dx,
+                         int accumulate);
+int df_cuda_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x, df_tensor *dw,
+                         int accumulate);
+
 /* l2norm's row launcher in dense.cu, whose row-norm kernel (warp or block
  * per row, any outer strides, 16-byte vectors) serves the RMSNorms and
  * l2norm alike; df_cuda_l2norm (gdn_prep.cu) calls it. */

@@ -88,7 +88,10 @@ static int plan_build(df_cuda_state *s, df_cuda_gemm_plan *p, unsigned align)
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t a = NULL, b = NULL, c = NULL;
     cublasLtMatmulPreference_t pref = NULL;
-    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    cublasOperation_t ta = p->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    /* Stored shapes (column-major): op(A) is m x k, op(B) is k x n. */
+    uint64_t ar = p->ta ? p->k : p->m, ac = p->ta ? p->m : p->k;
+    uint64_t br = p->tb ? p->n : p->k, bc = p->tb ? p->k : p->n;
     int rc = lt_fail(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
     p->op = op;
     if (!rc)
@@ -98,18 +101,14 @@ static int plan_build(df_cuda_state *s, df_cuda_gemm_plan *p, unsigned align)
         rc = lt_fail(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
                      "transb");
     if (!rc)
-        rc = lt_fail(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, (uint64_t)p->k, (uint64_t)p->n,
-                                                p->lda),
-                     "layout a");
+        rc = lt_fail(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, ar, ac, p->lda), "layout a");
     p->a = a;
     if (!rc)
-        rc = lt_fail(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, (uint64_t)p->k, (uint64_t)p->m,
-                                                p->ldb),
-                     "layout b");
+        rc = lt_fail(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, br, bc, p->ldb), "layout b");
     p->b = b;
     if (!rc)
-        rc = lt_fail(cublasLtMatrixLayoutCreate(&c, CUDA_R_16BF, (uint64_t)p->n, (uint64_t)p->m,
-                                                p->ldc),
+        rc = lt_fail(cublasLtMatrixLayoutCreate(&c, p->c_f32 ? CUDA_R_32F : CUDA_R_16BF,
+                                                (uint64_t)p->m, (uint64_t)p->n, p->ldc),
                      "layout c");
     p->c = c;
     if (!rc)
@@ -146,16 +145,18 @@ static int plan_build(df_cuda_state *s, df_cuda_gemm_plan *p, unsigned align)
     return rc;
 }
 
-static df_cuda_gemm_plan *plan_get(df_cuda_state *s, const df_cuda_gemm_plan *key, unsigned align,
-                                   int *rc)
+static int same_key(const df_cuda_gemm_plan *p, const df_cuda_gemm_plan *k)
 {
-    for (int i = 0; i < s->n_plans; i++) {
-        df_cuda_gemm_plan *p = &s->plans[i];
-        if (p->valid && p->m == key->m && p->n == key->n && p->k == key->k &&
-            p->lda == key->lda && p->ldb == key->ldb && p->ldc == key->ldc &&
-            p->accumulate == key->accumulate && p->align == align)
-            return p;
-    }
+    return p->m == k->m && p->n == k->n && p->k == k->k && p->lda == k->lda &&
+           p->ldb == k->ldb && p->ldc == k->ldc && p->ta == k->ta && p->tb == k->tb &&
+           p->c_f32 == k->c_f32 && p->accumulate == k->accumulate && p->align == k->align;
+}
+
+static df_cuda_gemm_plan *plan_get(df_cuda_state *s, const df_cuda_gemm_plan *key, int *rc)
+{
+    for (int i = 0; i < s->n_plans; i++)
+        if (s->plans[i].valid && same_key(&s->plans[i], key))
+            return &s->plans[i];
     df_cuda_gemm_plan *p;
     if (s->n_plans < DF_CUDA_GEMM_CACHE) {
         p = &s->plans[s->n_plans++];
@@ -164,54 +165,77 @@ static df_cuda_gemm_plan *plan_get(df_cuda_state *s, const df_cuda_gemm_plan *ke
         s->next_evict = (s->next_evict + 1) % DF_CUDA_GEMM_CACHE;
         plan_free(p);
     }
-    memset(p, 0, sizeof *p);
-    p->m = key->m;
-    p->n = key->n;
-    p->k = key->k;
-    p->lda = key->lda;
-    p->ldb = key->ldb;
-    p->ldc = key->ldc;
-    p->accumulate = key->accumulate;
-    p->align = align;
-    *rc = plan_build(s, p, align);
+    *p = *key;
+    p->op = p->a = p->b = p->c = NULL;
+    p->valid = 0;
+    *rc = plan_build(s, p, key->align);
     return *rc ? NULL : p;
 }
 
-int df_cuda_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
-                   int accumulate)
+/* C (m x n, column-major, ld ldc) = op(A) op(B) (+ C): A, B bf16, C bf16 or
+ * F32, fp32 accumulation, one rounding of C. */
+static int gemm(df_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
+                int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc, int c_f32,
+                int accumulate)
 {
     df_cuda_state *s = (df_cuda_state *)be->impl;
-    int64_t M = x->shape[0], K = x->shape[1], N = w->shape[0];
-    if (M == 0 || N == 0)
+    if (m == 0 || n == 0)
         return 0;
-    if (K == 0) { /* an empty sum: y = 0, or y unchanged */
+    size_t ces = c_f32 ? 4 : 2;
+    if (k == 0) { /* an empty sum: C = 0, or C unchanged */
         if (accumulate)
             return 0;
-        return df_cuda_fail(cudaMemset2DAsync(y->data, (size_t)y->stride[0] * 2, 0, (size_t)N * 2,
-                                              (size_t)M, s->stream),
+        return df_cuda_fail(cudaMemset2DAsync(C, (size_t)ldc * ces, 0, (size_t)m * ces, (size_t)n,
+                                              s->stream),
                             "matmul zero");
     }
     df_cuda_gemm_plan key;
     memset(&key, 0, sizeof key);
-    key.m = M;
-    key.n = N;
-    key.k = K;
-    key.lda = w->stride[0];
-    key.ldb = x->stride[0];
-    key.ldc = y->stride[0];
+    key.m = m;
+    key.n = n;
+    key.k = k;
+    key.lda = lda;
+    key.ldb = ldb;
+    key.ldc = ldc;
+    key.ta = ta;
+    key.tb = tb;
+    key.c_f32 = c_f32;
     key.accumulate = accumulate != 0;
-    unsigned align = align_of(x->data, w->data, y->data);
+    key.align = align_of(A, B, C);
     int rc = 0;
-    df_cuda_gemm_plan *p = plan_get(s, &key, align, &rc);
+    df_cuda_gemm_plan *p = plan_get(s, &key, &rc);
     if (!p)
         return rc;
     float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
-    return lt_fail(cublasLtMatmul((cublasLtHandle_t)s->lt, (cublasLtMatmulDesc_t)p->op, &alpha,
-                                  w->data, (cublasLtMatrixLayout_t)p->a, x->data,
-                                  (cublasLtMatrixLayout_t)p->b, &beta, y->data,
-                                  (cublasLtMatrixLayout_t)p->c, y->data,
+    return lt_fail(cublasLtMatmul((cublasLtHandle_t)s->lt, (cublasLtMatmulDesc_t)p->op, &alpha, A,
+                                  (cublasLtMatrixLayout_t)p->a, B, (cublasLtMatrixLayout_t)p->b,
+                                  &beta, C, (cublasLtMatrixLayout_t)p->c, C,
                                   (cublasLtMatrixLayout_t)p->c,
                                   (const cublasLtMatmulAlgo_t *)p->algo, s->gemm_ws,
                                   s->gemm_ws_bytes, s->stream),
                    "matmul");
+}
+
+/* y [M, N] = x [M, K] @ w [N, K]^T: Y^T = op_T(W) X^T. */
+int df_cuda_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
+                   int accumulate)
+{
+    return gemm(be, 1, 0, w->shape[0], x->shape[0], x->shape[1], w->data, w->stride[0], x->data,
+                x->stride[0], y->data, y->stride[0], 0, accumulate);
+}
+
+/* dx [M, K] = dy [M, N] @ w [N, K]: dX^T = W^T dY^T, both stored as they are. */
+int df_cuda_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w, df_tensor *dx,
+                         int accumulate)
+{
+    return gemm(be, 0, 0, w->shape[1], dy->shape[0], w->shape[0], w->data, w->stride[0],
+                dy->data, dy->stride[0], dx->data, dx->stride[0], 0, accumulate);
+}
+
+/* dw [N, K] (F32) = dy^T [N, M] @ x [M, K]: dW^T = X^T op_T(dY^T). */
+int df_cuda_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x, df_tensor *dw,
+                         int accumulate)
+{
+    return gemm(be, 0, 1, x->shape[1], dy->shape[1], x->shape[0], x->data, x->stride[0],
+                dy->data, dy->stride[0], dw->data, dw->stride[0], 1, accumulate);
 }
