@@ -22,6 +22,11 @@ typedef struct df_backend_vt {
     void (*free)(df_backend *be, void *p);
     int (*upload)(df_backend *be, void *dst, const void *src, size_t bytes);
     int (*download)(df_backend *be, void *dst, const void *src, size_t bytes);
+    /* Within backend memory, in op order (dst and src may not overlap). */
+    int (*copy)(df_backend *be, void *dst, const void *src, size_t bytes);
+    int (*zero)(df_backend *be, void *dst, size_t bytes);
+    /* n elements F32 <-> BF16 (or the same dtype: a copy), backend memory. */
+    int (*cast)(df_backend *be, void *dst, df_dtype dt, const void *src, df_dtype st, int64_t n);
     /* Enqueued in op order; done by the next sync (NULL: same as download). */
     int (*download_async)(df_backend *be, void *dst, const void *src, size_t bytes);
     void *(*host_alloc)(df_backend *be, size_t bytes);

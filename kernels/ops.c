@@ -130,6 +130,29 @@ static int cpu_fill_uniform(df_backend *be, void *p, df_dtype dt, int64_t n, uin
     return 0;
 }
 
+static int cpu_zero(df_backend *be, void *dst, size_t bytes)
+{
+    (void)be;
+    memset(dst, 0, bytes);
+    return 0;
+}
+
+static int cpu_cast(df_backend *be, void *dst, df_dtype dt, const void *src, df_dtype st,
+                    int64_t n)
+{
+    (void)be;
+    if (dt == st) {
+        memmove(dst, src, (size_t)n * df_dtype_size(dt));
+    } else if (dt == DF_DTYPE_BF16) {
+        for (int64_t i = 0; i < n; i++)
+            ((uint16_t *)dst)[i] = df_f32_to_bf16(((const float *)src)[i]);
+    } else {
+        for (int64_t i = 0; i < n; i++)
+            ((float *)dst)[i] = df_bf16_to_f32(((const uint16_t *)src)[i]);
+    }
+    return 0;
+}
+
 static const df_backend_vt cpu_vt = {
     .close = cpu_close,
     .sync = cpu_sync,
@@ -137,6 +160,9 @@ static const df_backend_vt cpu_vt = {
     .free = cpu_free,
     .upload = cpu_copy,
     .download = cpu_copy,
+    .copy = cpu_copy,
+    .zero = cpu_zero,
+    .cast = cpu_cast,
     .host_alloc = cpu_alloc,
     .host_free = cpu_free,
     .fill_uniform = cpu_fill_uniform,
@@ -255,6 +281,40 @@ int df_backend_upload(df_backend *be, void *dst, const void *src, size_t bytes)
     if (!be || (bytes && (!dst || !src)))
         return -EINVAL;
     return bytes ? be->vt->upload(be, dst, src, bytes) : 0;
+}
+
+int df_backend_copy(df_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (!be || (bytes && (!dst || !src)))
+        return -EINVAL;
+    if (bytes && (const uint8_t *)dst < (const uint8_t *)src + bytes &&
+        (const uint8_t *)src < (const uint8_t *)dst + bytes)
+        return -EINVAL;
+    return bytes ? be->vt->copy(be, dst, src, bytes) : 0;
+}
+
+int df_backend_zero(df_backend *be, void *dst, size_t bytes)
+{
+    if (!be || (bytes && !dst))
+        return -EINVAL;
+    return bytes ? be->vt->zero(be, dst, bytes) : 0;
+}
+
+int df_backend_cast(df_backend *be, void *dst, df_dtype dt, const void *src, df_dtype st,
+                    int64_t n)
+{
+    int ok = (dt == DF_DTYPE_F32 || dt == DF_DTYPE_BF16) && (st == DF_DTYPE_F32 || st == DF_DTYPE_BF16);
+    if (!be || !ok || n < 0 || (n && (!dst || !src)))
+        return -EINVAL;
+    if (dst != src) { /* in place only for the same dtype (a no-op) */
+        size_t db = (size_t)n * df_dtype_size(dt), sb = (size_t)n * df_dtype_size(st);
+        if ((const uint8_t *)dst < (const uint8_t *)src + sb &&
+            (const uint8_t *)src < (const uint8_t *)dst + db)
+            return -EINVAL;
+    } else if (dt != st) {
+        return -EINVAL;
+    }
+    return n && dst != src ? be->vt->cast(be, dst, dt, src, st, n) : 0;
 }
 
 int df_backend_download_async(df_backend *be, void *dst, const void *src, size_t bytes)

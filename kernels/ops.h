@@ -79,6 +79,13 @@ void df_backend_free(df_backend *be, void *p);
  * host side is done with (upload) or holds (download) the bytes. */
 int df_backend_upload(df_backend *be, void *dst, const void *src, size_t bytes);
 int df_backend_download(df_backend *be, void *dst, const void *src, size_t bytes);
+/* Copies / zeroes bytes of backend memory, ordered with the ops (dst and
+ * src must not overlap). */
+int df_backend_copy(df_backend *be, void *dst, const void *src, size_t bytes);
+int df_backend_zero(df_backend *be, void *dst, size_t bytes);
+/* n elements of backend memory from dtype st to dt (F32 and BF16; RNE). */
+int df_backend_cast(df_backend *be, void *dst, df_dtype dt, const void *src, df_dtype st,
+                    int64_t n);
 /* A download ordered after the ops enqueued so far, finished by the next
  * df_backend_sync(): dst must stay valid until then (pinned memory from
  * df_backend_host_alloc lets it run asynchronously on CUDA). */

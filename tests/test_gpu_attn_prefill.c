@@ -43,7 +43,7 @@
 
 /* attn_prefill.cu's test hook: 0 automatic, v >= 1 forces candidate v - 1. */
 void df_cuda_attention_set_variant(int v);
-#define N_VARIANTS 3
+#define N_VARIANTS 4
 
 static uint64_t rng = 20240917;
 

@@ -13,10 +13,11 @@ typedef struct layer_idx {
     int window;
 } layer_idx;
 
-/* Activations one layer saves for its backward pass. */
+/* Activations one layer saves for its backward pass (backend memory, the
+ * activation dtype; lse F32). */
 typedef struct layer_act {
-    float *xin, *a, *qraw, *q, *kbraw, *kb, *vb, *kcraw, *kc, *vc, *o, *lse, *xmid, *b, *g, *u,
-        *m;
+    void *xin, *a, *qraw, *q, *kbraw, *kb, *vb, *kcraw, *kc, *vc, *o, *xmid, *b, *g, *u, *m;
+    float *lse;
 } layer_act;
 
 struct df_drafter {
@@ -26,15 +27,21 @@ struct df_drafter {
     df_params ps;
     int fc, hidden_norm, norm;
     layer_idx *li;
-    /* workspace sized for cap_N queries and cap_S context tokens */
+    df_dtype adt, wdt;   /* activation and weight dtypes: F32 on the CPU, BF16 on CUDA */
+    size_t aes, wes;
+    int host;            /* backend memory is host memory */
+    /* workspace sized for cap_N queries and cap_S context tokens (backend memory) */
     int64_t cap_N, cap_S;
-    float *arena;
+    void *arena, *arena32; /* activations; F32 (lse, loss weights) and int32 (labels, argmax) */
     layer_act *act;
-    float *craw, *cn, *xfin, *h;
+    void *feat, *feat32;   /* the row's features on the backend (device backends) */
+    void *craw, *cn, *xfin, *h;
     /* backward scratch */
-    float *dx, *dh, *da, *db, *dq, *dkb, *dvb, *dkc, *dvc, *dout, *dm, *dg, *du, *dcn, *dc;
-    float *dkb2, *dkc2; /* the norms' input gradients (no in-place backward) */
-    int32_t *argmax;
+    void *dx, *dh, *da, *db, *dq, *dkb, *dvb, *dkc, *dvc, *dout, *dm, *dg, *du, *dcn, *dc;
+    void *dkb2, *dkc2; /* the norms' input gradients (no in-place backward) */
+    float *wts;        /* [N] loss weights (backend) */
+    int32_t *labels, *argmax; /* [N] (backend) */
+    int32_t *argmax_host;     /* [N] host copy for the metrics */
 };
 
 const df_params *df_drafter_params(const df_drafter *d)
@@ -46,10 +53,13 @@ void df_drafter_close(df_drafter *d)
 {
     if (!d)
         return;
-    free(d->arena);
+    df_backend_free(d->be, d->arena);
+    df_backend_free(d->be, d->arena32);
+    df_backend_free(d->be, d->feat);
+    df_backend_free(d->be, d->feat32);
     free(d->act);
     free(d->li);
-    free(d->argmax);
+    free(d->argmax_host);
     df_params_free(&d->ps);
     free(d);
 }
@@ -91,6 +101,11 @@ int df_drafter_open(const df_drafter_config *c, df_backend *be, const df_tensor 
         return df_errf(e, -ENOMEM, "out of memory");
     d->c = *c;
     d->be = be;
+    d->adt = df_backend_act_dtype(be);
+    d->wdt = d->adt; /* weights: F32 master on the CPU, BF16 copies on CUDA */
+    d->aes = df_dtype_size(d->adt);
+    d->wes = df_dtype_size(d->wdt);
+    d->host = df_backend_host_addressable(be);
     d->embed = *embed;
     d->head = *head;
     int rc = df_params_build(c, &d->ps, e);
@@ -147,27 +162,41 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
             KD = (int64_t)c->num_key_value_heads * c->head_dim, F = c->intermediate_size,
             nq = c->num_attention_heads;
     int L = c->num_hidden_layers;
-    int64_t per_layer = 4 * N * H + 3 * N * QD + 3 * N * KD + 3 * S * KD + N * nq + 3 * N * F;
+    int64_t per_layer = 4 * N * H + 3 * N * QD + 3 * N * KD + 3 * S * KD + 3 * N * F;
     int64_t shared = 2 * S * H + 2 * N * H;
     int64_t scratch = 4 * N * H + 2 * N * QD + 3 * N * KD + 3 * S * KD + 3 * N * F + 2 * S * H;
     int64_t total = (int64_t)L * per_layer + shared + scratch;
-    free(d->arena);
+    int64_t total32 = (int64_t)L * N * nq + 3 * N; /* lse; weights, labels, argmax */
+    df_backend_free(d->be, d->arena);
+    df_backend_free(d->be, d->arena32);
+    df_backend_free(d->be, d->feat);
+    df_backend_free(d->be, d->feat32);
+    d->feat = d->feat32 = NULL;
     free(d->act);
-    free(d->argmax);
-    d->arena = malloc((size_t)total * sizeof(float));
+    free(d->argmax_host);
+    d->arena = df_backend_alloc(d->be, (size_t)total * d->aes);
+    d->arena32 = df_backend_alloc(d->be, (size_t)total32 * 4);
     d->act = calloc((size_t)L, sizeof *d->act);
-    d->argmax = malloc((size_t)N * sizeof *d->argmax);
-    if (!d->arena || !d->act || !d->argmax) {
-        d->cap_N = d->cap_S = 0;
-        return df_errf(e, -ENOMEM, "out of memory for a row of %lld queries, %lld context tokens",
-                       (long long)N, (long long)S);
+    d->argmax_host = malloc((size_t)N * sizeof *d->argmax_host);
+    int ok = d->arena && d->arena32 && d->act && d->argmax_host;
+    if (ok && !d->host) { /* the row's features, uploaded (F32 staging for a cast) */
+        int64_t KH = (int64_t)c->num_target_features * H;
+        d->feat = df_backend_alloc(d->be, (size_t)(S * KH) * d->aes);
+        d->feat32 = df_backend_alloc(d->be, (size_t)(S * KH) * 4);
+        ok = d->feat && d->feat32;
     }
-    float *p = d->arena;
-#define TAKE(ptr, n) \
-    do {             \
-        ptr = p;     \
-        p += (n);    \
+    if (!ok) {
+        d->cap_N = d->cap_S = 0;
+        return df_errf(e, -ENOMEM, "out of memory on %s for a row of %lld queries, %lld context "
+                       "tokens", df_backend_name(d->be), (long long)N, (long long)S);
+    }
+    uint8_t *p = d->arena;
+#define TAKE(ptr, n)             \
+    do {                         \
+        ptr = (void *)p;         \
+        p += (n) * d->aes;       \
     } while (0)
+    float *p32 = d->arena32;
     for (int l = 0; l < L; l++) {
         layer_act *A = &d->act[l];
         TAKE(A->xin, N * H);
@@ -183,11 +212,15 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
         TAKE(A->kcraw, S * KD);
         TAKE(A->kc, S * KD);
         TAKE(A->vc, S * KD);
-        TAKE(A->lse, N * nq);
+        A->lse = p32;
+        p32 += N * nq;
         TAKE(A->g, N * F);
         TAKE(A->u, N * F);
         TAKE(A->m, N * F);
     }
+    d->wts = p32;
+    d->labels = (int32_t *)(p32 + N);
+    d->argmax = (int32_t *)(p32 + 2 * N);
     TAKE(d->craw, S * H);
     TAKE(d->cn, S * H);
     TAKE(d->xfin, N * H);
@@ -215,19 +248,20 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
     return 0;
 }
 
-static df_tensor M(float *p, int64_t r, int64_t c)
-{
-    return df_tensor_2d(p, DF_DTYPE_F32, r, c);
-}
+/* An activation matrix of the workspace. */
+#define M(p, r, c) df_tensor_2d((p), d->adt, (r), (c))
 
-/* A parameter (or its gradient) as an F32 tensor of its own shape. */
-static df_tensor P(const df_drafter *d, const float *flat, int i)
+/* A parameter (dtype d->wdt) or its gradient (F32) as a tensor of its own
+ * shape, from the flat arrays. */
+static df_tensor param_t(const df_drafter *d, const void *flat, df_dtype dt, int i)
 {
     const df_param *p = &d->ps.p[i];
-    float *x = (float *)flat + p->offset;
-    return p->ndim == 1 ? df_tensor_1d(x, DF_DTYPE_F32, p->shape[0])
-                        : df_tensor_2d(x, DF_DTYPE_F32, p->shape[0], p->shape[1]);
+    uint8_t *x = (uint8_t *)flat + (size_t)p->offset * df_dtype_size(dt);
+    return p->ndim == 1 ? df_tensor_1d(x, dt, p->shape[0])
+                        : df_tensor_2d(x, dt, p->shape[0], p->shape[1]);
 }
+#define PW(d, W, i) param_t((d), (W), (d)->wdt, (i))
+#define PG(d, G, i) param_t((d), (G), DF_DTYPE_F32, (i))
 
 #define CK(call)                                                                          \
     do {                                                                                  \
@@ -247,7 +281,7 @@ static void metrics_add(const df_drafter *d, const df_drafter_row *r, df_drafter
         for (int k = 1; k < bs; k++) {
             int64_t i = (int64_t)b * bs + k;
             int has = r->labels[i] >= 0 && r->weights[i] > 0;
-            int ok = has && d->argmax[i] == r->labels[i];
+            int ok = has && d->argmax_host[i] == r->labels[i];
             if (has) {
                 m->counted[k]++;
                 m->correct[k] += (uint64_t)ok;
@@ -260,7 +294,7 @@ static void metrics_add(const df_drafter *d, const df_drafter_row *r, df_drafter
     }
 }
 
-int df_drafter_row_step(df_drafter *d, const float *W, const df_drafter_row *r, float denom,
+int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, float denom,
                         float *G, df_drafter_metrics *m, df_err *e)
 {
     const df_drafter_config *c = &d->c;
@@ -280,10 +314,34 @@ int df_drafter_row_step(df_drafter *d, const float *W, const df_drafter_row *r, 
     if (rc)
         return rc;
 
+    /* ---- inputs on the backend ---- */
+    df_dtype fdt = r->feat_dtype ? r->feat_dtype : DF_DTYPE_F32;
+    const void *fsrc = r->feat;
+    const int32_t *labels = r->labels;
+    const float *wts = r->weights;
+    if (!d->host) { /* upload: features (cast to bf16 there), labels, weights */
+        size_t nf = (size_t)(S * KH);
+        if (fdt == d->adt) {
+            CK(df_backend_upload(be, d->feat, r->feat, nf * d->aes));
+        } else {
+            CK(df_backend_upload(be, d->feat32, r->feat, nf * df_dtype_size(fdt)));
+            CK(df_backend_cast(be, d->feat, d->adt, d->feat32, fdt, (int64_t)nf));
+        }
+        CK(df_backend_upload(be, d->labels, r->labels, (size_t)N * sizeof(int32_t)));
+        CK(df_backend_upload(be, d->wts, r->weights, (size_t)N * sizeof(float)));
+        fsrc = d->feat;
+        fdt = d->adt;
+        labels = d->labels;
+        wts = d->wts;
+    } else if (fdt != d->adt) {
+        return df_errf(e, -EINVAL, "row features are %s; the %s backend computes in %s",
+                       df_dtype_name(fdt), df_backend_name(be), df_dtype_name(d->adt));
+    }
+
     /* ---- forward ---- */
-    df_tensor feat = df_tensor_2d((void *)r->feat, DF_DTYPE_F32, S, KH);
+    df_tensor feat = df_tensor_2d((void *)fsrc, fdt, S, KH);
     df_tensor craw = M(d->craw, S, H), cn = M(d->cn, S, H);
-    df_tensor wfc = P(d, W, d->fc), whn = P(d, W, d->hidden_norm);
+    df_tensor wfc = PW(d, W, d->fc), whn = PW(d, W, d->hidden_norm);
     CK(df_op_matmul(be, &feat, &wfc, &craw, 0));
     CK(df_op_rmsnorm(be, &craw, &whn, eps, 0, &cn));
     df_tensor x = M(d->act[0].xin, N, H);
@@ -295,10 +353,10 @@ int df_drafter_row_step(df_drafter *d, const float *W, const df_drafter_row *r, 
         df_tensor qraw = M(A->qraw, N, QD), q = M(A->q, N, QD), o = M(A->o, N, QD);
         df_tensor kbraw = M(A->kbraw, N, KD), kb = M(A->kb, N, KD), vb = M(A->vb, N, KD);
         df_tensor kcraw = M(A->kcraw, S, KD), kc = M(A->kc, S, KD), vc = M(A->vc, S, KD);
-        df_tensor lse = M(A->lse, N, nq);
-        df_tensor win = P(d, W, I->in_norm), wq = P(d, W, I->wq), wk = P(d, W, I->wk),
-                  wv = P(d, W, I->wv), wo = P(d, W, I->wo), wqn = P(d, W, I->q_norm),
-                  wkn = P(d, W, I->k_norm);
+        df_tensor lse = df_tensor_2d(A->lse, DF_DTYPE_F32, N, nq);
+        df_tensor win = PW(d, W, I->in_norm), wq = PW(d, W, I->wq), wk = PW(d, W, I->wk),
+                  wv = PW(d, W, I->wv), wo = PW(d, W, I->wo), wqn = PW(d, W, I->q_norm),
+                  wkn = PW(d, W, I->k_norm);
         CK(df_op_rmsnorm(be, &xin, &win, eps, 0, &a));
         CK(df_op_matmul(be, &a, &wq, &qraw, 0));
         CK(df_op_matmul(be, &a, &wk, &kbraw, 0));
@@ -319,28 +377,30 @@ int df_drafter_row_step(df_drafter *d, const float *W, const df_drafter_row *r, 
         CK(df_op_dflash_attn(be, &q, &kc, &vc, &kb, &vb, &blk, (int)nq, (int)nkv, (int)D, scale,
                              &o, &lse));
         /* xmid = xin + o Wo^T */
-        memcpy(A->xmid, A->xin, (size_t)(N * H) * sizeof(float));
+        CK(df_backend_copy(be, A->xmid, A->xin, (size_t)(N * H) * d->aes));
         CK(df_op_matmul(be, &o, &wo, &xmid, 1));
         df_tensor b = M(A->b, N, H), g = M(A->g, N, F), u = M(A->u, N, F), mm = M(A->m, N, F);
-        df_tensor wpn = P(d, W, I->post_norm), wg = P(d, W, I->gate), wu = P(d, W, I->up),
-                  wd = P(d, W, I->down);
+        df_tensor wpn = PW(d, W, I->post_norm), wg = PW(d, W, I->gate), wu = PW(d, W, I->up),
+                  wd = PW(d, W, I->down);
         CK(df_op_rmsnorm(be, &xmid, &wpn, eps, 0, &b));
         CK(df_op_matmul(be, &b, &wg, &g, 0));
         CK(df_op_matmul(be, &b, &wu, &u, 0));
         CK(df_op_swiglu(be, &g, &u, &mm));
         /* the layer output: xmid + m Wd^T, into the next layer's xin (or xfin) */
-        float *next = l + 1 < L ? d->act[l + 1].xin : d->xfin;
-        memcpy(next, A->xmid, (size_t)(N * H) * sizeof(float));
+        void *next = l + 1 < L ? d->act[l + 1].xin : d->xfin;
+        CK(df_backend_copy(be, next, A->xmid, (size_t)(N * H) * d->aes));
         df_tensor xo = M(next, N, H);
         CK(df_op_matmul(be, &mm, &wd, &xo, 1));
     }
-    df_tensor xfin = M(d->xfin, N, H), h = M(d->h, N, H), wn = P(d, W, d->norm);
+    df_tensor xfin = M(d->xfin, N, H), h = M(d->h, N, H), wn = PW(d, W, d->norm);
     CK(df_op_rmsnorm(be, &xfin, &wn, eps, 0, &h));
     df_tensor dh = M(d->dh, N, H);
     double loss = 0;
-    CK(df_op_lmhead_ce(be, &h, &d->head, r->labels, r->weights, denom, &loss, G ? &dh : NULL,
-                       d->argmax, NULL));
+    CK(df_op_lmhead_ce(be, &h, &d->head, labels, wts, denom, &loss, G ? &dh : NULL,
+                       d->host ? d->argmax_host : d->argmax, NULL));
     if (m) {
+        if (!d->host)
+            CK(df_backend_download(be, d->argmax_host, d->argmax, (size_t)N * sizeof(int32_t)));
         m->loss_sum += loss;
         for (int64_t i = 0; i < N; i++)
             if (r->labels[i] >= 0)
@@ -351,24 +411,25 @@ int df_drafter_row_step(df_drafter *d, const float *W, const df_drafter_row *r, 
         return 0;
 
     /* ---- backward ---- */
-    df_tensor dx = M(d->dx, N, H), gwn = P(d, G, d->norm);
+    df_tensor dx = M(d->dx, N, H), gwn = PG(d, G, d->norm);
     CK(df_op_rmsnorm_bwd(be, &xfin, &wn, eps, 0, &dh, &dx, 0, &gwn));
     df_tensor dcn = M(d->dcn, S, H);
-    memset(d->dcn, 0, (size_t)(S * H) * sizeof(float));
+    CK(df_backend_zero(be, d->dcn, (size_t)(S * H) * d->aes));
     for (int l = L - 1; l >= 0; l--) {
         const layer_idx *I = &d->li[l];
         layer_act *A = &d->act[l];
         df_tensor xin = M(A->xin, N, H), a = M(A->a, N, H), xmid = M(A->xmid, N, H);
         df_tensor q = M(A->q, N, QD), o = M(A->o, N, QD);
         df_tensor kb = M(A->kb, N, KD), vb = M(A->vb, N, KD);
-        df_tensor kc = M(A->kc, S, KD), vc = M(A->vc, S, KD), lse = M(A->lse, N, nq);
+        df_tensor kc = M(A->kc, S, KD), vc = M(A->vc, S, KD);
+        df_tensor lse = df_tensor_2d(A->lse, DF_DTYPE_F32, N, nq);
         df_tensor b = M(A->b, N, H), g = M(A->g, N, F), u = M(A->u, N, F), mm = M(A->m, N, F);
         /* MLP: x_out = xmid + m Wd^T */
         df_tensor dm = M(d->dm, N, F), dg = M(d->dg, N, F), du = M(d->du, N, F), db = M(d->db, N, H);
-        df_tensor wd = P(d, W, I->down), gwd = P(d, G, I->down);
-        df_tensor wg = P(d, W, I->gate), gwg = P(d, G, I->gate);
-        df_tensor wu = P(d, W, I->up), gwu = P(d, G, I->up);
-        df_tensor wpn = P(d, W, I->post_norm), gwpn = P(d, G, I->post_norm);
+        df_tensor wd = PW(d, W, I->down), gwd = PG(d, G, I->down);
+        df_tensor wg = PW(d, W, I->gate), gwg = PG(d, G, I->gate);
+        df_tensor wu = PW(d, W, I->up), gwu = PG(d, G, I->up);
+        df_tensor wpn = PW(d, W, I->post_norm), gwpn = PG(d, G, I->post_norm);
         CK(df_op_matmul_bwd_x(be, &dx, &wd, &dm, 0));
         CK(df_op_matmul_bwd_w(be, &dx, &mm, &gwd, 1));
         CK(df_op_swiglu_bwd(be, &g, &u, &dm, &dg, &du));
@@ -382,7 +443,7 @@ int df_drafter_row_step(df_drafter *d, const float *W, const df_drafter_row *r, 
         df_tensor dout = M(d->dout, N, QD), dq = M(d->dq, N, QD);
         df_tensor dkb = M(d->dkb, N, KD), dvb = M(d->dvb, N, KD);
         df_tensor dkc = M(d->dkc, S, KD), dvc = M(d->dvc, S, KD);
-        df_tensor wo = P(d, W, I->wo), gwo = P(d, G, I->wo);
+        df_tensor wo = PW(d, W, I->wo), gwo = PG(d, G, I->wo);
         CK(df_op_matmul_bwd_x(be, &dx, &wo, &dout, 0));
         CK(df_op_matmul_bwd_w(be, &dx, &o, &gwo, 1));
         df_dflash_blocks blk = r->blocks;
@@ -392,8 +453,8 @@ int df_drafter_row_step(df_drafter *d, const float *W, const df_drafter_row *r, 
         CK(df_op_rope_bwd(be, &dq, r->block_pos, (int)nq, (int)D, (int)D, c->rope_theta));
         CK(df_op_rope_bwd(be, &dkb, r->block_pos, (int)nkv, (int)D, (int)D, c->rope_theta));
         CK(df_op_rope_bwd(be, &dkc, r->ctx_pos, (int)nkv, (int)D, (int)D, c->rope_theta));
-        df_tensor wqn = P(d, W, I->q_norm), gwqn = P(d, G, I->q_norm);
-        df_tensor wkn = P(d, W, I->k_norm), gwkn = P(d, G, I->k_norm);
+        df_tensor wqn = PW(d, W, I->q_norm), gwqn = PG(d, G, I->q_norm);
+        df_tensor wkn = PW(d, W, I->k_norm), gwkn = PG(d, G, I->k_norm);
         /* q/k norms, per head ([rows*heads, D] views): the gradients of the raw
          * projections go to other buffers (dout is free again after the
          * attention backward). */
@@ -406,9 +467,9 @@ int df_drafter_row_step(df_drafter *d, const float *W, const df_drafter_row *r, 
         CK(df_op_rmsnorm_bwd(be, &kbr_h, &wkn, eps, 0, &dkb_h, &dkbr_h, 0, &gwkn));
         CK(df_op_rmsnorm_bwd(be, &kcr_h, &wkn, eps, 0, &dkc_h, &dkcr_h, 0, &gwkn));
         df_tensor dqr = M(d->dout, N, QD), dkbr = M(d->dkb2, N, KD), dkcr = M(d->dkc2, S, KD);
-        df_tensor wq = P(d, W, I->wq), gwq = P(d, G, I->wq);
-        df_tensor wk = P(d, W, I->wk), gwk = P(d, G, I->wk);
-        df_tensor wv = P(d, W, I->wv), gwv = P(d, G, I->wv);
+        df_tensor wq = PW(d, W, I->wq), gwq = PG(d, G, I->wq);
+        df_tensor wk = PW(d, W, I->wk), gwk = PG(d, G, I->wk);
+        df_tensor wv = PW(d, W, I->wv), gwv = PG(d, G, I->wv);
         df_tensor da = M(d->da, N, H);
         CK(df_op_matmul_bwd_x(be, &dqr, &wq, &da, 0));
         CK(df_op_matmul_bwd_x(be, &dkbr, &wk, &da, 1));
@@ -420,12 +481,12 @@ int df_drafter_row_step(df_drafter *d, const float *W, const df_drafter_row *r, 
         CK(df_op_matmul_bwd_x(be, &dvc, &wv, &dcn, 1));
         CK(df_op_matmul_bwd_w(be, &dkcr, &cn, &gwk, 1));
         CK(df_op_matmul_bwd_w(be, &dvc, &cn, &gwv, 1));
-        df_tensor win = P(d, W, I->in_norm), gwin = P(d, G, I->in_norm);
+        df_tensor win = PW(d, W, I->in_norm), gwin = PG(d, G, I->in_norm);
         /* dx: d(xmid) flows to d(xin) through the residual, plus the norm's path */
         CK(df_op_rmsnorm_bwd(be, &xin, &win, eps, 0, &da, &dx, 1, &gwin));
     }
     /* context: C = rmsnorm(F fc^T) */
-    df_tensor dc = M(d->dc, S, H), gwhn = P(d, G, d->hidden_norm), gwfc = P(d, G, d->fc);
+    df_tensor dc = M(d->dc, S, H), gwhn = PG(d, G, d->hidden_norm), gwfc = PG(d, G, d->fc);
     CK(df_op_rmsnorm_bwd(be, &craw, &whn, eps, 0, &dcn, &dc, 0, &gwhn));
     CK(df_op_matmul_bwd_w(be, &dc, &feat, &gwfc, 1));
     return 0;

@@ -8,10 +8,12 @@
  *              x += DFlashAttn(q, k, v) Wo; x += down(silu(gate b) * up b), b = RMSNorm_post(x)
  *   logits = lm_head_target(RMSNorm_final(x))       frozen target head; CE never materialised
  *
- * Parameters are the flat fp32 array of params.h (used directly as F32
- * weights on the CPU backend); gradients accumulate into a flat array of
- * the same layout, so several rows (and accumulation steps) sum up before
- * one optimizer step. The loss of a row is sum(w * CE) / denom, with denom
+ * Parameters are a flat array in the layout of params.h, in backend memory:
+ * F32 on the CPU backend (the fp32 master itself), BF16 on CUDA (the bf16
+ * copy the optimizer writes). Gradients accumulate (F32, backend memory)
+ * into a flat array of the same layout, so several rows (and accumulation
+ * steps) sum up before one optimizer step. Row inputs are host memory; a
+ * device backend uploads them. The loss of a row is sum(w * CE) / denom, with denom
  * the global sum of weights of the whole step (DFLASH.md).
  */
 #ifndef DF_DRAFTER_H
@@ -29,7 +31,8 @@
 /* One packed row, as the batch builder makes it. */
 typedef struct df_drafter_row {
     int64_t S;                 /* context tokens */
-    const float *feat;         /* [S, K*H] target features */
+    const void *feat;          /* [S, K*H] target features, host memory */
+    df_dtype feat_dtype;       /* F32 (0 = F32) or BF16; the CPU backend takes F32 */
     const int32_t *ctx_pos;    /* [S] positions, restarting per document */
     df_dflash_blocks blocks;   /* n_blocks anchors (window set per layer by the drafter) */
     const uint32_t *block_ids; /* [n_blocks * bs]: anchor token, then mask tokens */
@@ -58,7 +61,7 @@ const df_params *df_drafter_params(const df_drafter *d);
 
 /* Forward + loss (+ backward when grad is not NULL: gradients of
  * sum(w*CE)/denom are ADDED to grad). params: the flat fp32 weights. */
-int df_drafter_row_step(df_drafter *d, const float *params, const df_drafter_row *row,
+int df_drafter_row_step(df_drafter *d, const void *params, const df_drafter_row *row,
                         float denom, float *grad, df_drafter_metrics *m, df_err *e);
 
 #endif

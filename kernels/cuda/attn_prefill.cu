@@ -333,6 +333,360 @@ __global__ void __launch_bounds__(NW * 32, MINB) attn_fwd_kernel(Params p)
         }
 }
 
+// ---------------------------------------------------------------------------
+// Hopper (sm_90a) path: warpgroup MMA (wgmma), FA3's math without its
+// producer warp / TMA (cp.async by every thread instead; one barrier per kv
+// tile).
+//  - CTA = 2 warpgroups (256 threads), BM 128: warpgroup w owns rows
+//    q0 + 64 w .. + 63. Q, K, V tiles live in shared memory in the canonical
+//    128-byte-swizzle layout: a [rows][D] tile is stored as D / 64 column
+//    blocks of [rows][64] bf16 (128-byte rows), 16-byte chunk c of row r at
+//    chunk c ^ (r % 8); every tile base is 1024-byte aligned.
+//  - S = Q K^T: wgmma m64nBNk16, A = Q and B = K both K-major from shared
+//    memory (descriptor: 128B swizzle, SBO 1024 = 8 rows; the k-step inside a
+//    64-column block advances the start address by 32 bytes).
+//  - O += P V: wgmma m64nDk16, A = P from registers (the S accumulator
+//    fragment packed to bf16 IS the A fragment layout, as with mma.sync), B =
+//    V N-major ("transposed", imm-trans-b 1): LBO = the column-block stride
+//    (BN * 128 bytes), SBO = 1024 (8 keys), the k-step advances 16 keys.
+//  - intra-warpgroup overlap: in iteration t the warpgroup issues S_{t+1} =
+//    Q K_{t+1}^T and then O += P_t V_t; the softmax of S_{t+1} runs while
+//    PV_t is still on the tensor cores; O is rescaled once PV_t retired.
+//  - loads: group t (issued at the top of iteration t, right after the
+//    barrier) brings V_{t+1} and K_{t+2}; K and V have 2 stages each. At the
+//    top of iteration t + 1 it has had a whole iteration to land. cp.async
+//    writes through the generic proxy and wgmma reads through the async one:
+//    every thread fences (fence.proxy.async) after its wait, then the barrier.
+//  - numerics as the mma.sync kernel: fp32 scores in the exp2 domain, P
+//    rounded to bf16 for PV, l summed from the unrounded fp32 P, output
+//    rounded once (gate in the epilogue).
+// D 128: BN 128 (S 64 + O 64 + P 2 x 32 registers), 161 KiB smem;
+// D 256: BN  64 (S 32 + O 128 + P 2 x 16), 193 KiB; D 64: BN 128, 81 KiB.
+// 1 CTA / SM (the two warpgroups and the PV / softmax overlap keep the
+// tensor cores busy). Built only for the 'a' target (__CUDA_ARCH_FEAT_SM90_ALL);
+// elsewhere the kernel traps, and the host picks it only when the loaded
+// binary is sm_90 machine code (wgmma_usable).
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DF_WGMMA 1
+#else
+#define DF_WGMMA 0
+#endif
+
+#if DF_WGMMA
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wg_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Keeps the compiler from touching (or reusing) registers an in-flight wgmma owns.
+__device__ __forceinline__ void reg_fence(float &x) { asm volatile("" : "+f"(x)::"memory"); }
+__device__ __forceinline__ void reg_fence(uint32_t &x) { asm volatile("" : "+r"(x)::"memory"); }
+__device__ __forceinline__ void fence_async_smem()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// 16-byte async copy global -> shared (shared address); ok == false zero-fills.
+__device__ __forceinline__ void cp16s(uint32_t dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(ok ? 16 : 0));
+}
+// Shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits
+// 62-63), base offset 0 (atoms 1024-byte aligned); addresses / offsets in
+// 16-byte units: start bits 0-13, LBO bits 16-29, SBO bits 32-45.
+__device__ __forceinline__ uint64_t gdesc(uint32_t saddr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((saddr & 0x3ffff) >> 4) | ((uint64_t)((lbo >> 4) & 0x3fff) << 16) |
+           ((uint64_t)((sbo >> 4) & 0x3fff) << 32) | (1ull << 62);
+}
+// S (+)= A B: A and B K-major in shared memory (descriptors); scd = 0 overwrites.
+template <int N> __device__ __forceinline__ void wgmma_ss(float *d, uint64_t da, uint64_t db, int scd);
+// O += A B: A (bf16 fragments) in registers, B N-major (transposed) in shared memory.
+template <int N> __device__ __forceinline__ void wgmma_rs(float *d, const uint32_t *a, uint64_t db);
+template <> __device__ __forceinline__ void wgmma_ss<64>(float *d, uint64_t da, uint64_t db, int scd)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(scd));
+}
+
+template <> __device__ __forceinline__ void wgmma_ss<128>(float *d, uint64_t da, uint64_t db, int scd)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "l"(da), "l"(db), "r"(scd));
+}
+
+template <> __device__ __forceinline__ void wgmma_rs<64>(float *d, const uint32_t *a, uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(1));
+}
+
+template <> __device__ __forceinline__ void wgmma_rs<128>(float *d, const uint32_t *a, uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, {%64,%65,%66,%67}, %68, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(1));
+}
+
+template <> __device__ __forceinline__ void wgmma_rs<256>(float *d, const uint32_t *a, uint64_t db)
+{
+    asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95,%96,%97,%98,%99,%100,%101,%102,%103,%104,%105,%106,%107,%108,%109,%110,%111,%112,%113,%114,%115,%116,%117,%118,%119,%120,%121,%122,%123,%124,%125,%126,%127}, {%128,%129,%130,%131}, %132, p, 1, 1, 1;\n}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "n"(1));
+}
+
+#endif
+
+template <int D, int BN> constexpr size_t wg_smem_bytes()
+{
+    return (size_t)128 * D * 2 + (size_t)4 * BN * D * 2 + 1024; // Q, 2 x (K, V), alignment
+}
+
+template <int D, int BN> __global__ void __launch_bounds__(256, 1) attn_wgmma_kernel(Params p)
+{
+#if DF_WGMMA
+    constexpr int BM = 128, NT = 256, V8 = D / 8, RS = NT / V8, NS = BN / 2, NO = D / 2,
+                  NP = BN / 4;
+    constexpr uint32_t QB = BM * D * 2, KB = BN * D * 2;
+    static_assert(D % 64 == 0 && BN % 16 == 0 && RS % 8 == 0 && BN % RS == 0 && BM % RS == 0,
+                  "tile shape");
+    extern __shared__ float4 smem4[];
+    const uint32_t sraw = smem_u32(smem4);
+    const uint32_t sQ = (sraw + 1023) & ~1023u, sK = sQ + QB, sV = sK + 2 * KB;
+    const int h = blockIdx.x % p.nq, it = blockIdx.x / p.nq, g = h / p.group;
+    const int tid = threadIdx.x, wg = tid / 128, warp = (tid / 32) % 4, lane = tid % 32,
+              gid = lane >> 2, t4 = lane & 3;
+    const int s0 = p.items[3 * it], q0 = p.items[3 * it + 1], e0 = p.items[3 * it + 2];
+    const int q1 = e0 - q0 < BM ? e0 : q0 + BM; // rows [q0, q1), keys [s0, q1)
+    const int nt = (q1 - s0 + BN - 1) / BN;
+
+    // Loads: thread tid moves 16-byte column lc of rows lr + i * RS (RS a
+    // multiple of 8, so the swizzle phase lr % 8 is fixed per thread).
+    const int lc = tid % V8, lr = tid / V8;
+    const uint32_t swz = (uint32_t)(((lc % 8) ^ (lr % 8)) * 16) + lr * 128; // in a column block
+    const uint32_t offK = (uint32_t)(lc / 8) * (BN * 128) + swz,
+                   offQ = (uint32_t)(lc / 8) * (BM * 128) + swz;
+    const uint16_t *qt = p.q + (long long)h * D + lc * 8,
+                   *kt = p.k + (long long)g * D + (long long)(s0 + lr) * p.lk + lc * 8,
+                   *vt = p.v + (long long)g * D + (long long)(s0 + lr) * p.lv + lc * 8;
+    // keys past q1 are zero-filled (never visible; zeros keep 0 * V finite)
+    auto load_k = [&](int j, int st) {
+#pragma unroll
+        for (int i = 0; i < BN / RS; i++) {
+            const int key = j * BN + i * RS; // this thread's key - lr, relative to s0
+            const bool ok = s0 + lr + key < q1;
+            cp16s(sK + st * KB + offK + i * RS * 128, kt + (long long)(ok ? key : -lr) * p.lk, ok);
+        }
+    };
+    auto load_v = [&](int j, int st) {
+#pragma unroll
+        for (int i = 0; i < BN / RS; i++) {
+            const int key = j * BN + i * RS;
+            const bool ok = s0 + lr + key < q1;
+            cp16s(sV + st * KB + offK + i * RS * 128, vt + (long long)(ok ? key : -lr) * p.lv, ok);
+        }
+    };
+#pragma unroll
+    for (int i = 0; i < BM / RS; i++) {
+        const int r = q0 + lr + i * RS;
+        const bool ok = r < q1;
+        cp16s(sQ + offQ + i * RS * 128, qt + (ok ? (long long)r * p.lq : 0), ok);
+    }
+    load_k(0, 0);
+    cp_commit(); // Q, K_0
+    load_v(0, 0);
+    if (nt > 1)
+        load_k(1, 1);
+    cp_commit(); // V_0, K_1
+
+    const int wr0 = q0 + wg * 64 + warp * 16; // the warp's first row
+    float o[NO], s[NS], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    uint32_t pk[NP];
+#pragma unroll
+    for (int i = 0; i < NO; i++)
+        o[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NS; i++)
+        s[i] = 0.0f;
+
+    auto issue_qk = [&](int st) {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++) {
+            const uint64_t da = gdesc(sQ + (ks / 4) * (BM * 128) + wg * (64 * 128) + (ks % 4) * 32,
+                                      16, 1024);
+            const uint64_t db = gdesc(sK + st * KB + (ks / 4) * (BN * 128) + (ks % 4) * 32, 16, 1024);
+            wgmma_ss<BN>(s, da, db, ks > 0);
+        }
+    };
+    auto issue_pv = [&](int st) {
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++)
+            wgmma_rs<D>(o, pk + 4 * kk, gdesc(sV + st * KB + kk * 2048, BN * 128, 1024));
+    };
+    // Online softmax of s (tile j) -> P in pn (bf16 A fragments), m, l, and
+    // the factor al for O. Accumulator element 4 n + e: row wr0 + gid + 8 (e >> 1),
+    // key 8 n + 2 t4 + (e & 1) of the tile.
+    auto softmax = [&](int j, float al[2], uint32_t *pn) {
+        const int kbase = s0 + j * BN;
+        float mx[2] = {-INFINITY, -INFINITY};
+        if (kbase + BN - 1 <= wr0) { // mask-free (warp-uniform)
+#pragma unroll
+            for (int i = 0; i < NS; i++) {
+                s[i] *= p.sl;
+                mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+            }
+        } else {
+            const int r0 = wr0 + gid;
+            const int lim[2] = {min(r0, q1 - 1), min(r0 + 8, q1 - 1)};
+#pragma unroll
+            for (int i = 0; i < NS; i++) {
+                const int key = kbase + (i >> 2) * 8 + 2 * t4 + (i & 1);
+                s[i] = key <= lim[(i >> 1) & 1] ? s[i] * p.sl : -INFINITY;
+                mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], s[i]);
+            }
+        }
+        float mb[2];
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++) {
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
+            const float mn = fmaxf(m[ri], mx[ri]);
+            mb[ri] = mn == -INFINITY ? 0.0f : mn; // cannot happen (key s0 is visible)
+            al[ri] = ex2(m[ri] - mb[ri]);           // first tile: 2^-inf = 0
+            m[ri] = mn;
+        }
+        float ps[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < NS; i++) {
+            s[i] = ex2(s[i] - mb[(i >> 1) & 1]);
+            ps[(i >> 1) & 1] += s[i];
+        }
+        l[0] = l[0] * al[0] + ps[0];
+        l[1] = l[1] * al[1] + ps[1];
+        // keys 16 kk .. +15: n-blocks 2 kk (k lo) and 2 kk + 1 (k hi)
+#pragma unroll
+        for (int kk = 0; kk < BN / 16; kk++) {
+            pn[4 * kk + 0] = pack_bf2(s[8 * kk + 0], s[8 * kk + 1]);
+            pn[4 * kk + 1] = pack_bf2(s[8 * kk + 2], s[8 * kk + 3]);
+            pn[4 * kk + 2] = pack_bf2(s[8 * kk + 4], s[8 * kk + 5]);
+            pn[4 * kk + 3] = pack_bf2(s[8 * kk + 6], s[8 * kk + 7]);
+        }
+    };
+
+    cp_wait<1>(); // Q, K_0
+    fence_async_smem();
+    __syncthreads();
+    wg_fence();
+    issue_qk(0);
+    wg_commit();
+    wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NS; i++)
+        reg_fence(s[i]);
+    {
+        float al[2];
+        softmax(0, al, pk); // O is still 0: nothing to rescale
+    }
+    for (int t = 0; t < nt; t++) {
+        cp_wait<0>(); // V_t, K_{t+1} (this thread's part) ...
+        fence_async_smem();
+        __syncthreads(); // ... everyone's; and every warpgroup is done with K_t, V_{t-1}
+        if (t + 1 < nt)
+            load_v(t + 1, (t + 1) & 1);
+        if (t + 2 < nt)
+            load_k(t + 2, t & 1);
+        cp_commit();
+        const bool more = t + 1 < nt; // CTA-uniform
+#pragma unroll
+        for (int i = 0; i < NO; i++)
+            reg_fence(o[i]);
+#pragma unroll
+        for (int i = 0; i < NP; i++)
+            reg_fence(pk[i]);
+        wg_fence();
+        if (more) {
+            issue_qk((t + 1) & 1);
+            wg_commit();
+        }
+        issue_pv(t & 1);
+        wg_commit();
+        if (more) {
+            wg_wait<1>(); // S_{t+1}
+#pragma unroll
+            for (int i = 0; i < NS; i++)
+                reg_fence(s[i]);
+            float al[2];
+            uint32_t pn[NP];
+            softmax(t + 1, al, pn);
+            wg_wait<0>(); // PV_t
+#pragma unroll
+            for (int i = 0; i < NO; i++)
+                reg_fence(o[i]);
+#pragma unroll
+            for (int i = 0; i < NP; i++)
+                reg_fence(pk[i]);
+#pragma unroll
+            for (int i = 0; i < NO; i++)
+                o[i] *= al[(i >> 1) & 1];
+#pragma unroll
+            for (int i = 0; i < NP; i++)
+                pk[i] = pn[i];
+        } else {
+            wg_wait<0>();
+#pragma unroll
+            for (int i = 0; i < NO; i++)
+                reg_fence(o[i]);
+#pragma unroll
+            for (int i = 0; i < NP; i++)
+                reg_fence(pk[i]);
+        }
+    }
+    cp_wait<0>();
+
+    // Epilogue: rows wr0 + gid (+ 8), dims 8 nd + 2 t4, +1.
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        float ls = l[ri];
+        ls += __shfl_xor_sync(0xffffffffu, ls, 1);
+        ls += __shfl_xor_sync(0xffffffffu, ls, 2);
+        const int r = wr0 + gid + ri * 8;
+        if (r >= q1)
+            continue;
+        const float inv = ls > 0.0f ? 1.0f / ls : 0.0f;
+        uint16_t *orow = p.o + (long long)r * p.lo + (long long)h * D + 2 * t4;
+        if (p.gate) {
+            const uint16_t *grow = p.gate + (long long)r * p.lg + (long long)h * D + 2 * t4;
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++) {
+                const uint32_t gw = *reinterpret_cast<const uint32_t *>(grow + nd * 8);
+                *reinterpret_cast<uint32_t *>(orow + nd * 8) =
+                    pack_bf2(o[4 * nd + 2 * ri] * inv * sigm(bf_lo(gw)),
+                             o[4 * nd + 2 * ri + 1] * inv * sigm(bf_hi(gw)));
+            }
+        } else {
+#pragma unroll
+            for (int nd = 0; nd < D / 8; nd++)
+                *reinterpret_cast<uint32_t *>(orow + nd * 8) =
+                    pack_bf2(o[4 * nd + 2 * ri] * inv, o[4 * nd + 2 * ri + 1] * inv);
+        }
+    }
+#else
+    __trap(); // not built for sm_90a: the host never launches this (wgmma_usable)
+#endif
+}
+
 // dst[r][c] = src[r][c] for r < rows, c < cols (bf16, any row strides).
 __global__ void copy2d_kernel(uint16_t *dst, long long ldd, const uint16_t *src, long long lds,
                               long long rows, long long cols)
@@ -378,37 +732,92 @@ template <int D, int NW, int WM, int BN, int MINB> Kern kern()
     return k;
 }
 
-constexpr int NCAND = 3;
+template <int D, int BN> Kern kern_wg()
+{
+    Kern k;
+    k.fn = attn_wgmma_kernel<D, BN>;
+    k.bm = 128, k.bn = BN, k.threads = 256;
+    k.smem = wg_smem_bytes<D, BN>();
+    return k;
+}
 
-// Candidates per head dim, preferred first (ptxas, sm_90a: registers / spills
-// are reported in the file header). The last one of D 256 (99 KiB) fits every
-// sm_80+ part; D 128 / 64's first ones already do.
+constexpr int NCAND = 4;
+
+// Candidates per head dim (ptxas, sm_90a: registers / spills are reported in
+// the file header). c[0..2]: the mma.sync kernel, preferred first; the last
+// one of D 256 (99 KiB) fits every sm_80+ part; D 128 / 64's first ones
+// already do. c[3]: the wgmma kernel (sm_90a only, see wgmma_usable); the
+// automatic choice takes it first wherever it is usable.
 void candidates(int D, Kern c[NCAND])
 {
     if (D == 256) {
         c[0] = kern<256, 8, 1, 64, 1>(); // 198 KiB: H100 / H200
         c[1] = kern<256, 8, 1, 32, 1>(); // 132 KiB: A100
         c[2] = kern<256, 4, 1, 32, 1>(); //  99 KiB: sm_86 / 89 / 120
+        c[3] = kern_wg<256, 64>();       // 193 KiB, sm_90a
     } else if (D == 128) {
         c[0] = kern<128, 4, 2, 32, 2>(); //  68 KiB, no spill
         c[1] = kern<128, 4, 2, 64, 2>(); // 102 KiB, FA2's shape, spills a little
         c[2] = kern<128, 8, 1, 64, 1>(); // 102 KiB, 16 rows per warp
+        c[3] = kern_wg<128, 128>();      // 161 KiB, sm_90a
     } else {
         c[0] = kern<64, 4, 2, 64, 2>(); // 54 KiB
         c[1] = kern<64, 4, 2, 32, 2>(); // 36 KiB
         c[2] = kern<64, 4, 1, 32, 1>(); // 27 KiB
+        c[3] = kern_wg<64, 128>();      // 81 KiB, sm_90a
     }
 }
 
+// Whether the wgmma kernel runs here: a compute capability 9.x device whose
+// loaded code for it is sm_90 machine code from sm_90a-level PTX (a build
+// without the 90a target leaves a trapping stub; a JIT of compute_80 PTX
+// reports ptxVersion 80). Cached per device.
+int wgmma_usable(bool *out)
+{
+    static signed char cache[64]; // 0 unknown, 1 yes, 2 no
+    int dev = 0, major = 0;
+    if (df_cuda_fail(cudaGetDevice(&dev), "attention: get device"))
+        return -EIO;
+    if (dev >= 0 && dev < 64 && cache[dev]) {
+        *out = cache[dev] == 1;
+        return 0;
+    }
+    if (df_cuda_fail(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev),
+                     "attention: compute capability"))
+        return -EIO;
+    bool ok = false;
+    if (major == 9) {
+        cudaFuncAttributes fa;
+        if (df_cuda_fail(cudaFuncGetAttributes(&fa, attn_wgmma_kernel<128, 128>),
+                         "attention: kernel attributes"))
+            return -EIO;
+        ok = fa.binaryVersion == 90 && fa.ptxVersion >= 90;
+    }
+    if (dev >= 0 && dev < 64)
+        cache[dev] = ok ? 1 : 2;
+    *out = ok;
+    return 0;
+}
+
+// -ENOTSUP: no candidate fits (or the forced one does not); -EIO: CUDA error.
 int pick(int D, int optin, Kern *out)
 {
     Kern c[NCAND];
     candidates(D, c);
+    bool wg = false;
+    if (wgmma_usable(&wg))
+        return -EIO;
     if (g_variant >= 1 && g_variant <= NCAND) {
         *out = c[g_variant - 1];
+        if (g_variant - 1 == 3 && !wg)
+            return -ENOTSUP;
         return out->smem <= (size_t)optin ? 0 : -ENOTSUP;
     }
-    for (int i = 0; i < NCAND; i++)
+    if (wg && c[3].smem <= (size_t)optin) {
+        *out = c[3];
+        return 0;
+    }
+    for (int i = 0; i < 3; i++)
         if (c[i].smem <= (size_t)optin) {
             *out = c[i];
             return 0;

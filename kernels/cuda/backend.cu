@@ -286,6 +286,50 @@ static int cu_fill_uniform(df_backend *be, void *p, df_dtype dt, int64_t n, uint
     return df_cuda_check_launch("fill_uniform");
 }
 
+static int cu_copy(df_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (cu_set(be))
+        return -EIO;
+    return df_cuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
+                                        st_of(be)->stream),
+                        "copy");
+}
+
+static int cu_zero(df_backend *be, void *dst, size_t bytes)
+{
+    if (cu_set(be))
+        return -EIO;
+    return df_cuda_fail(cudaMemsetAsync(dst, 0, bytes, st_of(be)->stream), "zero");
+}
+
+__global__ void cast_kernel(void *dst, int to_bf16, const void *src, int64_t n)
+{
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (int64_t)gridDim.x * blockDim.x) {
+        if (to_bf16) {
+            uint32_t u = __float_as_uint(((const float *)src)[i]);
+            uint16_t h = (u & 0x7fffffffu) > 0x7f800000u
+                             ? (uint16_t)((u >> 16) | 0x40)
+                             : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+            ((uint16_t *)dst)[i] = h;
+        } else {
+            ((float *)dst)[i] = __uint_as_float((uint32_t)((const uint16_t *)src)[i] << 16);
+        }
+    }
+}
+
+static int cu_cast(df_backend *be, void *dst, df_dtype dt, const void *src, df_dtype st, int64_t n)
+{
+    if (cu_set(be))
+        return -EIO;
+    if (dt == st)
+        return cu_copy(be, dst, src, (size_t)n * df_dtype_size(dt));
+    int64_t blocks = (n + 255) / 256;
+    cast_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st_of(be)->stream>>>(
+        dst, dt == DF_DTYPE_BF16, src, n);
+    return df_cuda_check_launch("cast");
+}
+
 static int cu_download_async(df_backend *be, void *dst, const void *src, size_t bytes)
 {
     df_cuda_state *s = st_of(be);
@@ -448,6 +492,9 @@ static const df_backend_vt cuda_vt = {
     /* .free = */ cu_free,
     /* .upload = */ cu_upload,
     /* .download = */ cu_download,
+    /* .copy = */ cu_copy,
+    /* .zero = */ cu_zero,
+    /* .cast = */ cu_cast,
     /* .download_async = */ cu_download_async,
     /* .host_alloc = */ cu_host_alloc,
     /* .host_free = */ cu_host_free,

@@ -199,6 +199,65 @@ unsigned capped(int64_t n)
     return n < 1 ? 1u : n > GRID_CAP ? GRID_CAP : (unsigned)n;
 }
 
+/* n / d for 0 <= n < 2^31, 1 <= d < 2^31, by a multiply-high and a shift
+ * (PyTorch's IntDivider): s = ceil(log2 d), m = 2^32 (2^s - d) / d + 1, so
+ * n / d = (umulhi(n, m) + n) >> s (the sum stays below 2^32). The vector
+ * kernels index rows with it instead of 64-bit division. */
+struct FastDiv {
+    uint32_t d, m, s;
+};
+
+FastDiv fast_div(int64_t d)
+{
+    FastDiv f;
+    f.d = d < 1 ? 1u : (uint32_t)d;
+    f.s = 0;
+    while (f.s < 31 && (1u << f.s) < f.d)
+        f.s++;
+    f.m = (uint32_t)((((uint64_t)1 << 32) * (((uint64_t)1 << f.s) - f.d)) / f.d + 1);
+    return f;
+}
+
+__device__ __forceinline__ uint32_t fdiv(uint32_t n, const FastDiv &f)
+{
+    return (__umulhi(n, f.m) + n) >> f.s;
+}
+
+constexpr int64_t IDX_LIMIT = (int64_t)1 << 31; /* fdiv's range */
+
+/* row_offsets for r < 2^31 with the outer sizes as fast dividers (d1 = n1,
+ * d2 = n2); every operand slot, unused ones (stride 0) give 0. */
+__device__ __forceinline__ void row_offsets_fast(const Rows &L, const FastDiv &d1,
+                                                 const FastDiv &d2, uint32_t r, int64_t *off)
+{
+    uint32_t i0 = r, i1 = 0, i2 = 0;
+    if (L.n1 != 1 || L.n2 != 1) { /* uniform */
+        const uint32_t q2 = fdiv(r, d2);
+        i2 = r - q2 * d2.d;
+        const uint32_t q1 = fdiv(q2, d1);
+        i1 = q2 - q1 * d1.d;
+        i0 = q1;
+    }
+#pragma unroll
+    for (int k = 0; k < MAXT; k++)
+        off[k] = (int64_t)i0 * L.st[k][0] + (int64_t)i1 * L.st[k][1] + (int64_t)i2 * L.st[k][2];
+}
+
+__device__ __forceinline__ uint4 ld16(const uint16_t *p)
+{
+    return *reinterpret_cast<const uint4 *>(p);
+}
+
+__device__ __forceinline__ void unpack8(uint4 u, float *f)
+{
+    uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        f[2 * j] = __uint_as_float(w[j] << 16);
+        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+}
+
 struct Launch {
     dim3 grid, block;
 };
@@ -310,6 +369,62 @@ __global__ void ew_kernel(EwArgs p)
             for (int64_t e = c; e < cols && e < c + (p.vec ? VEC : 1); e++)
                 o[e] = f2bf(ew_math(p.op, bf2f(a[e]), b ? bf2f(b[e]) : 0.0f));
         }
+    }
+}
+
+/* The vector path (every row start 16-byte aligned, cols % 8 == 0, fewer
+ * than 2^31 vectors): the tensor is a flat list of rows * cols / 8 vectors,
+ * consecutive threads on consecutive vectors (a row change mid-warp just
+ * starts a new segment). A thread takes EW_U vectors NT apart and issues all
+ * their loads before any math or store, so each has 2 * EW_U 16-byte loads
+ * in flight; row and column come from one fast division per vector.
+ * Aliasing as ew_kernel: out may be exactly a or b, and each element is
+ * loaded and stored by the same thread, the load first. */
+constexpr int EW_U = 4;
+
+struct EwVecArgs {
+    Rows L;
+    FastDiv d1, d2, dv; /* n1, n2, vectors per row */
+    const uint16_t *a, *b;
+    uint16_t *out;
+    uint32_t n; /* vectors in all */
+};
+
+template <int OP>
+__global__ void __launch_bounds__(NT) ew_vec_kernel(EwVecArgs p)
+{
+    constexpr bool BIN = OP == EW_ADD || OP == EW_SWIGLU;
+    const uint32_t base = blockIdx.x * (uint32_t)(NT * EW_U) + threadIdx.x;
+    uint4 ra[EW_U], rb[EW_U];
+    int64_t oo[EW_U];
+#pragma unroll
+    for (int i = 0; i < EW_U; i++) {
+        ra[i] = rb[i] = make_uint4(0, 0, 0, 0);
+        oo[i] = 0;
+        const uint32_t idx = base + (uint32_t)(i * NT);
+        if (idx >= p.n)
+            continue;
+        const uint32_t r = fdiv(idx, p.dv);
+        const int64_t c = (int64_t)(idx - r * p.dv.d) * VEC;
+        int64_t off[MAXT];
+        row_offsets_fast(p.L, p.d1, p.d2, r, off);
+        ra[i] = ld16(p.a + off[0] + c);
+        if (BIN)
+            rb[i] = ld16(p.b + off[2] + c);
+        oo[i] = off[1] + c;
+    }
+#pragma unroll
+    for (int i = 0; i < EW_U; i++) {
+        if (base + (uint32_t)(i * NT) >= p.n)
+            continue;
+        float fa[VEC], fb[VEC];
+        unpack8(ra[i], fa);
+        if (BIN)
+            unpack8(rb[i], fb);
+#pragma unroll
+        for (int j = 0; j < VEC; j++)
+            fa[j] = ew_math(OP, fa[j], BIN ? fb[j] : 0.0f);
+        store8(p.out + oo[i], fa);
     }
 }
 
@@ -425,6 +540,138 @@ __global__ void __launch_bounds__(NT) norm_kernel(NormArgs p)
     }
 }
 
+/* The vector path of the norms (every row start and w 16-byte aligned,
+ * D % 8 == 0, D <= 8192, fewer than 2^31 rows). A row is TPR threads: a
+ * sub-warp group (TPR <= 32, several rows per warp, reduced by xor
+ * shuffles inside the group) or TPR / 32 whole warps (reduced through
+ * shared memory); lane l holds the row's vectors l, l + TPR, ... (NV of
+ * them, coalesced across the group). Each group takes RPT rows. All loads
+ * (x, z, w) are issued first and x stays in registers, so every element is
+ * read once; the stores follow the row sum, so y may be exactly x. One
+ * block is NT / TPR * RPT whole rows: no grid-stride loop, and every thread
+ * reaches the shuffles and the barrier (rows past the end compute on zeros
+ * and store nothing). */
+#ifndef NORMV_MINB
+#define NORMV_MINB 4 /* sub-warp rows: 4 blocks of NT per SM (<= 64 registers) */
+#endif
+
+struct NormVArgs {
+    Rows L;
+    FastDiv d1, d2;
+    const uint16_t *x, *z, *w;
+    uint16_t *y;
+    float eps, scale;
+    int mode, nvec;
+    uint32_t rows;
+};
+
+template <int MODE, int NV, int RPT>
+__device__ __forceinline__ void normv_write(const NormVArgs &p, const uint4 (&xr)[RPT][NV],
+                                            const uint4 (&zr)[RPT][NV], const uint4 (&wr)[NV],
+                                            const int64_t (&yo)[RPT], const bool (&ok)[RPT],
+                                            const float (&inv)[RPT], int lane, int tpr)
+{
+#pragma unroll
+    for (int j = 0; j < RPT; j++) {
+        if (!ok[j])
+            continue;
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            const int v = lane + i * tpr;
+            if (v >= p.nvec)
+                continue;
+            float f[VEC], w[VEC], g[VEC];
+            unpack8(xr[j][i], f);
+            unpack8(wr[i], w);
+            unpack8(zr[j][i], g);
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                f[e] = norm_out(MODE, f[e], inv[j], w[e], g[e], p.scale);
+            store8(p.y + yo[j] + (int64_t)v * VEC, f);
+        }
+    }
+}
+
+template <int MODE, int TPR, int NV, int RPT>
+__global__ void __launch_bounds__(NT, TPR > 32 ? 1 : NORMV_MINB) normv_kernel(NormVArgs p)
+{
+    static_assert(NT % TPR == 0 && (TPR <= 32 || TPR % 32 == 0), "rows of whole groups");
+    static_assert(TPR <= 32 || RPT == 1, "block rows: one row per group");
+    constexpr int G = NT / TPR; /* row groups per block */
+    __shared__ float red[TPR > 32 ? NT / 32 : 1];
+    const int lane = (int)threadIdx.x % TPR, grp = (int)threadIdx.x / TPR;
+    constexpr bool gated = MODE == NORM_GATED, has_w = MODE != NORM_L2;
+    uint4 xr[RPT][NV], zr[RPT][NV], wr[NV];
+    int64_t yo[RPT];
+    bool ok[RPT];
+#pragma unroll
+    for (int i = 0; i < NV; i++) {
+        const int v = lane + i * TPR;
+        wr[i] = make_uint4(0, 0, 0, 0);
+        if (has_w && v < p.nvec)
+            wr[i] = ld16(p.w + (int64_t)v * VEC);
+    }
+#pragma unroll
+    for (int j = 0; j < RPT; j++) {
+        const uint32_t r = blockIdx.x * (uint32_t)(G * RPT) + (uint32_t)(j * G + grp);
+        ok[j] = r < p.rows;
+        int64_t off[MAXT] = {0, 0, 0};
+        if (ok[j])
+            row_offsets_fast(p.L, p.d1, p.d2, r, off);
+        yo[j] = off[1];
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            const int v = lane + i * TPR;
+            xr[j][i] = zr[j][i] = make_uint4(0, 0, 0, 0);
+            if (!ok[j] || v >= p.nvec)
+                continue;
+            xr[j][i] = ld16(p.x + off[0] + (int64_t)v * VEC);
+            if (gated)
+                zr[j][i] = ld16(p.z + off[2] + (int64_t)v * VEC);
+        }
+    }
+    float ss[RPT];
+#pragma unroll
+    for (int j = 0; j < RPT; j++) {
+        ss[j] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            float f[VEC];
+            unpack8(xr[j][i], f); /* zeros where nothing was loaded */
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                ss[j] += f[e] * f[e];
+        }
+    }
+    if (TPR <= 32) {
+#pragma unroll
+        for (int j = 0; j < RPT; j++)
+#pragma unroll
+            for (int o = TPR / 2; o > 0; o >>= 1)
+                ss[j] += __shfl_xor_sync(0xffffffffu, ss[j], o);
+    } else {
+        const int warp = (int)threadIdx.x / 32;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1)
+            ss[0] += __shfl_xor_sync(0xffffffffu, ss[0], o);
+        if (threadIdx.x % 32 == 0)
+            red[warp] = ss[0];
+        __syncthreads();
+        float t = 0.0f;
+#pragma unroll
+        for (int w = 0; w < (TPR > 32 ? TPR / 32 : 1); w++)
+            t += red[grp * (TPR / 32) + w];
+        ss[0] = t;
+    }
+    float inv[RPT];
+#pragma unroll
+    for (int j = 0; j < RPT; j++)
+        /* as norm_kernel: 1 / sqrt(), mean for RMSNorm, sum for l2norm */
+        inv[j] = MODE == NORM_L2 ? 1.0f / sqrtf(ss[j] + p.eps)
+                                 : 1.0f / sqrtf(ss[j] / (float)p.L.cols + p.eps);
+    normv_write<MODE, NV, RPT>(p, xr, zr, wr, yo, ok, inv, lane, TPR);
+}
+
 /* ---- RoPE ---- */
 
 struct RopeArgs {
@@ -484,6 +731,82 @@ __global__ void rope_kernel(RopeArgs p)
     }
 }
 
+/* The vector path of RoPE (as rope_kernel<VEC>'s condition, and half / 8
+ * <= NT). cos / sin depend on (token, pair) only, so a thread keeps the 8
+ * of its chunk of pairs and applies them to several heads: per token, hs
+ * head slots x nchunk chunks of threads, slot s taking heads s, s + hs, ...
+ * (hs about heads / ROPE_H, so about ROPE_H heads each); tpb tokens share a
+ * block. A thread's heads are loaded ROPE_H at a time, the first batch
+ * before its sincosf so their latency overlaps. Same math per pair as
+ * rope_kernel. */
+constexpr int ROPE_H = 4;
+
+struct RopeVArgs {
+    uint16_t *x;
+    const int32_t *pos;
+    const float *inv_freq;
+    int64_t stride;
+    int T, heads, head_dim, half, nchunk, hs, tpt, tpb;
+};
+
+__global__ void __launch_bounds__(NT) rope_vec_kernel(RopeVArgs p)
+{
+    const int sub = (int)threadIdx.x / p.tpt, i = (int)threadIdx.x - sub * p.tpt;
+    const int t = (int)blockIdx.x * p.tpb + sub;
+    if (sub >= p.tpb || t >= p.T)
+        return; /* no barriers below */
+    const int hs = i / p.nchunk, d0 = (i - hs * p.nchunk) * VEC;
+    uint16_t *row = p.x + (int64_t)t * p.stride + d0;
+    const int step = ROPE_H * p.hs;
+    uint4 a[ROPE_H], b[ROPE_H];
+    int h0 = hs; /* < heads: hs <= heads */
+#pragma unroll
+    for (int k = 0; k < ROPE_H; k++) {
+        const int h = h0 + k * p.hs;
+        a[k] = b[k] = make_uint4(0, 0, 0, 0);
+        if (h < p.heads) {
+            a[k] = ld16(row + (int64_t)h * p.head_dim);
+            b[k] = ld16(row + (int64_t)h * p.head_dim + p.half);
+        }
+    }
+    /* HF: one fp32 product pos * inv_freq, cos/sin in fp32. */
+    const float pf = (float)p.pos[t];
+    float cs[VEC], sn[VEC];
+#pragma unroll
+    for (int j = 0; j < VEC; j++)
+        sincosf(pf * p.inv_freq[d0 + j], &sn[j], &cs[j]);
+    for (;;) {
+#pragma unroll
+        for (int k = 0; k < ROPE_H; k++) {
+            const int h = h0 + k * p.hs;
+            if (h >= p.heads)
+                continue;
+            float x1[VEC], x2[VEC];
+            unpack8(a[k], x1);
+            unpack8(b[k], x2);
+#pragma unroll
+            for (int j = 0; j < VEC; j++) {
+                float u = x1[j], w = x2[j];
+                x1[j] = u * cs[j] - w * sn[j];
+                x2[j] = w * cs[j] + u * sn[j];
+            }
+            store8(row + (int64_t)h * p.head_dim, x1);
+            store8(row + (int64_t)h * p.head_dim + p.half, x2);
+        }
+        h0 += step;
+        if (h0 >= p.heads)
+            break;
+#pragma unroll
+        for (int k = 0; k < ROPE_H; k++) {
+            const int h = h0 + k * p.hs;
+            if (h < p.heads) {
+                a[k] = ld16(row + (int64_t)h * p.head_dim);
+                b[k] = ld16(row + (int64_t)h * p.head_dim + p.half);
+            }
+        }
+    }
+}
+
 /* ---- host side ---- */
 
 int ew_run(df_backend *be, const df_tensor *a, const df_tensor *b, df_tensor *out, int op)
@@ -499,9 +822,101 @@ int ew_run(df_backend *be, const df_tensor *a, const df_tensor *b, df_tensor *ou
     p.op = op;
     const void *ptrs[3] = {p.a, p.b, p.out};
     p.vec = rows_vec_ok(p.L, ptrs, 3, b ? 3 : 2);
+    cudaStream_t st = df_cuda_stream(be);
+    const int64_t vpr = p.L.cols / VEC;
+    if (p.vec && p.L.cols % VEC == 0 && p.L.rows * vpr < IDX_LIMIT) {
+        EwVecArgs q;
+        q.L = p.L;
+        q.d1 = fast_div(p.L.n1);
+        q.d2 = fast_div(p.L.n2);
+        q.dv = fast_div(vpr);
+        q.a = p.a;
+        q.b = p.b;
+        q.out = p.out;
+        q.n = (uint32_t)(p.L.rows * vpr);
+        const unsigned blocks = (unsigned)cdiv(q.n, NT * EW_U);
+        switch (op) {
+        case EW_ADD:
+            ew_vec_kernel<EW_ADD><<<blocks, NT, 0, st>>>(q);
+            break;
+        case EW_SWIGLU:
+            ew_vec_kernel<EW_SWIGLU><<<blocks, NT, 0, st>>>(q);
+            break;
+        case EW_SIGMOID:
+            ew_vec_kernel<EW_SIGMOID><<<blocks, NT, 0, st>>>(q);
+            break;
+        default:
+            ew_vec_kernel<EW_SILU><<<blocks, NT, 0, st>>>(q);
+            break;
+        }
+        return df_cuda_check_launch("elementwise kernel");
+    }
     Launch l = rows_launch(p.L.rows, p.vec ? cdiv(p.L.cols, VEC) : p.L.cols);
-    ew_kernel<<<l.grid, l.block, 0, df_cuda_stream(be)>>>(p);
+    ew_kernel<<<l.grid, l.block, 0, st>>>(p);
     return df_cuda_check_launch("elementwise kernel");
+}
+
+template <int TPR, int NV, int RPT>
+void normv_launch(const NormVArgs &q, cudaStream_t st)
+{
+    const unsigned blocks = (unsigned)cdiv(q.rows, NT / TPR * RPT);
+    switch (q.mode) {
+    case NORM_RMS:
+        normv_kernel<NORM_RMS, TPR, NV, RPT><<<blocks, NT, 0, st>>>(q);
+        break;
+    case NORM_RMS_P1:
+        normv_kernel<NORM_RMS_P1, TPR, NV, RPT><<<blocks, NT, 0, st>>>(q);
+        break;
+    case NORM_GATED:
+        normv_kernel<NORM_GATED, TPR, NV, RPT><<<blocks, NT, 0, st>>>(q);
+        break;
+    default:
+        normv_kernel<NORM_L2, TPR, NV, RPT><<<blocks, NT, 0, st>>>(q);
+        break;
+    }
+}
+
+/* The vector norm kernel's shape for rows of nvec 16-byte vectors (<= 1024):
+ * lanes per row x vectors per lane >= nvec, ~2-4 vectors of x per thread. */
+void normv_run(const NormVArgs &q, cudaStream_t st)
+{
+    const int nv = q.nvec;
+    if (nv <= 4)
+        normv_launch<4, 1, 4>(q, st);
+    else if (nv <= 8)
+        normv_launch<8, 1, 4>(q, st);
+    else if (nv <= 16) /* D = 128: 8 lanes x 2 vectors, 8 rows per warp */
+        normv_launch<8, 2, 2>(q, st);
+    else if (nv <= 32) /* D = 256 */
+        normv_launch<16, 2, 2>(q, st);
+    else if (nv <= 64)
+        normv_launch<32, 2, 2>(q, st);
+    else if (nv <= 128)
+        normv_launch<32, 4, 1>(q, st);
+    else /* 128 threads per row, two rows per block; D = 5120: 5 vectors each */
+        switch ((nv + 127) / 128) {
+        case 2:
+            normv_launch<128, 2, 1>(q, st);
+            break;
+        case 3:
+            normv_launch<128, 3, 1>(q, st);
+            break;
+        case 4:
+            normv_launch<128, 4, 1>(q, st);
+            break;
+        case 5:
+            normv_launch<128, 5, 1>(q, st);
+            break;
+        case 6:
+            normv_launch<128, 6, 1>(q, st);
+            break;
+        case 7:
+            normv_launch<128, 7, 1>(q, st);
+            break;
+        default:
+            normv_launch<128, 8, 1>(q, st);
+            break;
+        }
 }
 
 } /* namespace */
@@ -525,6 +940,23 @@ static int norm_rows(df_backend *be, int mode, const df_tensor *x, const df_tens
     const void *ptrs[4] = {p.x, p.y, p.z, p.w};
     p.vec = rows_vec_ok(p.L, ptrs, 4, nt);
     cudaStream_t st = df_cuda_stream(be);
+    if (p.vec && p.L.cols % VEC == 0 && p.L.cols / VEC <= 1024 && p.L.rows < IDX_LIMIT) {
+        NormVArgs q;
+        q.L = p.L;
+        q.d1 = fast_div(p.L.n1);
+        q.d2 = fast_div(p.L.n2);
+        q.x = p.x;
+        q.z = p.z;
+        q.w = p.w;
+        q.y = p.y;
+        q.eps = eps;
+        q.scale = scale;
+        q.mode = mode;
+        q.nvec = (int)(p.L.cols / VEC);
+        q.rows = (uint32_t)p.L.rows;
+        normv_run(q, st);
+        return df_cuda_check_launch("norm kernel");
+    }
     if (p.L.cols <= 1024) {
         norm_kernel<32><<<capped(cdiv(p.L.rows, NT / 32)), NT, 0, st>>>(p);
     } else {
@@ -620,8 +1052,26 @@ int df_cuda_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, in
     int vec = p.half % VEC == 0 && head_dim % VEC == 0 && p.stride % VEC == 0 &&
               !((uintptr_t)p.x & 15u);
     p.nchunk = vec ? p.half / VEC : p.half;
-    Launch l = rows_launch(T, (int64_t)heads * p.nchunk);
     cudaStream_t st = df_cuda_stream(be);
+    if (vec && heads >= 1 && p.nchunk >= 1 && p.nchunk <= NT && T < IDX_LIMIT) {
+        RopeVArgs q;
+        q.x = p.x;
+        q.pos = p.pos;
+        q.inv_freq = p.inv_freq;
+        q.stride = p.stride;
+        q.T = (int)T;
+        q.heads = heads;
+        q.head_dim = head_dim;
+        q.half = p.half;
+        q.nchunk = p.nchunk;
+        int hs = (heads + ROPE_H - 1) / ROPE_H, hs_max = NT / p.nchunk;
+        q.hs = hs < hs_max ? hs : hs_max;
+        q.tpt = q.hs * p.nchunk;
+        q.tpb = NT / q.tpt;
+        rope_vec_kernel<<<(unsigned)cdiv(T, q.tpb), (unsigned)(q.tpb * q.tpt), 0, st>>>(q);
+        return df_cuda_check_launch("rope kernel");
+    }
+    Launch l = rows_launch(T, (int64_t)heads * p.nchunk);
     if (vec)
         rope_kernel<VEC><<<l.grid, l.block, 0, st>>>(p);
     else

@@ -7,45 +7,56 @@
  * which are the same math up to rounding. The GPU result is checked against
  * the CPU recurrent oracle (tests/test_gpu_gdn.c).
  *
+ * Per chunk (Gamma = in-chunk cumsum of g, D_x = diag(x)):
+ *   A_ij = beta_i (k_i.k_j) e^{Gamma_i - Gamma_j} (i > j),  T = (I + A)^-1
+ *   V_new = T D_beta (V - D_{e^Gamma} K S)          (= U - W S of TARGETS.md)
+ *   O     = D_{e^Gamma} Q S + M V_new,  M = (Q K^T) o e^{Gamma_i - Gamma_j} (i >= j)
+ *   S     = e^{Gamma_last} S + K^T D_{e^{Gamma_last - Gamma}} V_new
+ * W = T D_{beta e^Gamma} K and U = T D_beta V are never formed: the state pass
+ * multiplies by T itself (a 64x64 triangular product), so kernel 1 writes
+ * only T, M (packed lower-triangular 8x8 tiles) and four per-token
+ * coefficients: 19 KB per (chunk, head) instead of 80 KB.
+ *
  * Two kernels, both on the backend's stream:
  *
- * 1. gdn_chunk_prep, grid (chunk, value head), 256 threads, fully parallel.
- *    Per chunk and value head h (q/k head h / (hv/hk)): Gamma = in-chunk
- *    cumsum of g; A_ij = beta_i (k_i.k_j) e^{Gamma_i - Gamma_j} (i > j, the
- *    mask applied BEFORE exp, so no positive exponent is ever taken);
- *    T = (I + A)^-1 (block forward substitution, 16x16 blocks, fp32 FMA);
- *    W = T diag(beta e^Gamma) K, U = T diag(beta) V; M = (Q K^T) o
- *    e^{Gamma_i - Gamma_j} (i >= j). The products K K^T, Q K^T, T X run on
- *    tensor cores (mma.sync m16n8k8 TF32, fp32 accumulate): K and Q are bf16
- *    values, exact in TF32, so K K^T and Q K^T are as exact as fp32 FMA.
- * 2. gdn_state_pass, one CTA per (sequence, value head, slice of 32 value
- *    columns), 256 threads, sequential over the sequence's chunks with the
- *    state slice S [dk x 32] fp32 in the mma accumulators:
- *      V_new = U - W S;  O = diag(e^Gamma) Q S + M V_new  (bf16, rounded once)
- *      S = e^{Gamma_last} S + (diag(e^{Gamma_last - Gamma}) K)^T V_new
- *    Tensor cores (TF32) for all four products. The next chunk's W, Q, Gamma
- *    are fetched with cp.async while the current chunk's M V_new and state
- *    update run, and the next M, K while the next W S runs (the two halves
- *    never share buffers). 32 columns keep the CTA at ~110 KB of shared
- *    memory and <= 128 registers, so two CTAs share an SM: Qwen3.5-27B's 48
- *    heads x 4 slices = 192 CTAs all resident on 132 SMs for one document.
+ * 1. gdn_chunk_prep, grid (chunk, value head), 256 threads, fully parallel:
+ *    K K^T and Q K^T on tensor cores (TF32, exact for bf16 inputs), A, T by
+ *    block forward substitution (16x16 blocks, fp32 FMA), M; writes T, M
+ *    rounded to TF32 and the coefficients e^Gamma, beta, e^{Gamma_L - Gamma},
+ *    e^{Gamma_L}.
+ * 2. gdn_state_pass, one CTA per (sequence, value head, 64 value columns),
+ *    4 warps. Each warp owns 16 value columns for the whole sequence and
+ *    keeps S^T [16 x dk] (fp32) in mma accumulators; it never exchanges
+ *    data with another warp, so a chunk has one CTA barrier (the shared
+ *    input ring). Everything is computed transposed (value columns = mma
+ *    rows), which lets an accumulator fragment be the A operand of the next
+ *    product without a shared-memory round trip:
+ *      Y^T  = S^T K^T, P^T = S^T Q^T      bf16 m16n8k16, S split hi + lo
+ *      X^T  = (V^T - Y^T D_eG) D_beta     registers
+ *      Vn^T = X^T T^T                     TF32 m16n8k8 (triangular, 36 mma)
+ *      O^T  = P^T D_eG + Vn^T M^T         TF32 m16n8k8 (triangular)
+ *      S^T  = e^{G_L} S^T + (Vn^T D_L) K  bf16 m16n8k16, Vn D_L split hi + lo
+ *    K, Q, V are bf16 in shared memory as read from the input (ldmatrix,
+ *    .trans for the K of the update and for V), T and M fp32. The inputs of
+ *    chunk c+2 (3-stage ring, 2 where the shared-memory opt-in is < 200 KB)
+ *    are fetched with cp.async while chunk c runs.
+ *    Per warp and chunk (dk = 128): 256 + 128 bf16 mma + 72 TF32 mma, no
+ *    barrier other than the ring's; Qwen3.5-27B (hv = 48, dv = 128): 96 CTAs
+ *    of 4 warps, one warp per SM sub-partition.
  *
- * Scratch (df_cuda_scratch), per (chunk c, value head h), index
- * ch = c * hv + h, all fp32, each block 64 rows (rows >= the chunk's length
- * are written as zeros, Gamma rows repeat Gamma_last):
- *   W [ch][64][dk], U [ch][64][dv], M [ch][64][64], Gamma [ch][64].
- * Precision: fp32 intermediates, not bf16 - a bf16 W or U would add an error
- * of the same size as rounding the state to bf16 (the naive-bf16 bound the
- * test allows only twice of). W and M are stored already rounded to TF32
- * (they only feed mma); U stays full fp32 (it is subtracted, not multiplied).
- * TF32 operands (10-bit mantissa) are rounded with cvt.rna: the per-product
- * error is ~4x below a bf16 rounding, the state itself is accumulated in
- * fp32 and never rounded except as an mma operand (S is re-read from fp32
- * accumulators every chunk, so the rounding does not compound).
+ * Precision: the state is fp32 and only enters products split into two
+ * bf16 halves (hi = bf16(x), lo = bf16(x - hi): ~16 mantissa bits, better
+ * than TF32), against K and Q, which are exact in bf16. V_new D_L enters the
+ * state update the same way. X and V_new enter the triangular products
+ * rounded to TF32 (cvt.rna) against T, M stored as TF32 - the precision of
+ * the former W = T (..K) and U = T (beta V) products. The output is rounded
+ * to bf16 once.
  *
- * Cost (T = 8192, hv = 48, dk = dv = 128): ~0.5 GB of fp32 scratch written
- * once and read by the 4 slice CTAs of each head (mostly L2 hits: they run
- * in step). */
+ * Scratch (df_cuda_scratch), per (chunk c, value head h), ch = c * hv + h,
+ * fp32: T [ch][36][8][8], M [ch][36][8][8] (tile (i, j), j <= i, at
+ * i (i + 1) / 2 + j), C [ch][4][64] (e^Gamma, beta (0 beyond the chunk's
+ * length), e^{Gamma_L - Gamma}, e^{Gamma_L}); padding rows have beta = 0,
+ * so their T rows are unit rows and their V_new is zero. */
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -54,8 +65,10 @@
 #include "cuda_internal.h"
 
 #define GC 64     /* chunk length */
-#define NTHR 256  /* threads per CTA in both kernels (8 warps) */
-#define NSL 32    /* value columns per state-pass CTA */
+#define NTHR 256  /* threads per CTA of kernel 1 (8 warps) */
+#define PTHR 128  /* threads per CTA of the state pass (4 warps) */
+#define PC 64     /* value columns per state-pass CTA (16 per warp) */
+#define TRI (36 * 64) /* floats of a packed lower-triangular [64][64] (36 tiles of 8x8) */
 #define LDA 68    /* row stride (floats) of the [64][64] shared matrices: 68 = 4 mod 32, conflict-free fragments */
 
 /* ---- small device helpers ---- */
@@ -109,28 +122,68 @@ template <int N> __device__ __forceinline__ void cp_wait()
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+/* c += a * b, m16n8k16, bf16 in, fp32 accumulate. a[0] (g, 2t..2t+1), a[1] (g+8, 2t..),
+ * a[2] (g, 2t+8..), a[3] (g+8, 2t+8..); b0 (k 2t..2t+1, n g), b1 (k 2t+8.., n g); the lower
+ * half of a register holds the lower column / k index. c as in mma_tf32. */
+__device__ __forceinline__ void mma_bf16(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* Four 8x8 bf16 matrices from shared memory; lane l gives the address of row l % 8 of
+ * matrix l / 8 (16 bytes, 16-byte aligned). r[m]: lane (g, t) gets matrix m's row g,
+ * columns 2t, 2t+1 (low half = column 2t); .trans: column g, rows 2t, 2t+1. */
+__device__ __forceinline__ void ldsm_x4(uint32_t r[4], const uint16_t *p)
+{
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+__device__ __forceinline__ void ldsm_x4_t(uint32_t r[4], const uint16_t *p)
+{
+    uint32_t s = (uint32_t)__cvta_generic_to_shared(p);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(s));
+}
+
+/* (x0, x1) -> bf16x2 hi = (bf16(x0), bf16(x1)) and lo = the bf16 rounding of the
+ * remainders; x0 in the lower half. hi + lo carries ~16 mantissa bits. */
+__device__ __forceinline__ void split2(float x0, float x1, uint32_t &hi, uint32_t &lo)
+{
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(hi) : "f"(x1), "f"(x0));
+    const float r0 = x0 - __uint_as_float(hi << 16), r1 = x1 - __uint_as_float(hi & 0xffff0000u);
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(lo) : "f"(r1), "f"(r0));
+}
+__device__ __forceinline__ float bf_lo(uint32_t u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float bf_hi(uint32_t u) { return __uint_as_float(u & 0xffff0000u); }
+
 /* ---- kernel 1: per (chunk, value head) ---- */
 
 struct prep_args {
-    const uint16_t *q, *k, *v; /* bf16 activations, row strides below (elements) */
-    int64_t ldq, ldk, ldv;
+    const uint16_t *q, *k; /* bf16 activations, row strides below (elements) */
+    int64_t ldq, ldk;
     const float *g, *beta; /* [T, hv] f32 */
     int64_t ldg, ldb;
     const int32_t *chunks; /* [2 * n_chunks]: token start, length (1..64) */
-    float *W, *U, *M, *G;  /* scratch, layout at the top of the file */
+    float *T, *M, *C;      /* scratch, layout at the top of the file */
     int hv, group;         /* group = hv / hk */
-    int vec;               /* q, k, v rows 8-byte aligned: load 4 bf16 at a time */
+    int vec;               /* q, k rows 8-byte aligned: load 4 bf16 at a time */
 };
 
 template <int D> struct prep_dims {
     static constexpr int LD = D + 4; /* = 4 mod 32: conflict-free A-fragment and row-major B reads */
 };
 
-/* dst[r][0..D) = src row r (bf16 -> f32) * (scale ? scale[r] : 1) for r < L, zeros for
- * r in [L, 64). src points at row 0's first column. */
+/* dst[r][0..D) = src row r (bf16 -> f32) for r < L, zeros for r in [L, 64). src points at
+ * row 0's first column. */
 template <int D>
 __device__ __forceinline__ void load_rows(float *dst, int ldd, const uint16_t *src, int64_t lds,
-                                          int L, int vec, const float *scale)
+                                          int L, int vec)
 {
     constexpr int Q4 = D / 4;
     for (int idx = threadIdx.x; idx < GC * Q4; idx += NTHR) {
@@ -145,63 +198,21 @@ __device__ __forceinline__ void load_rows(float *dst, int ldd, const uint16_t *s
             } else {
                 x0 = bf2f(p[0]), x1 = bf2f(p[1]), x2 = bf2f(p[2]), x3 = bf2f(p[3]);
             }
-            if (scale) {
-                float s = scale[row];
-                x0 *= s, x1 *= s, x2 *= s, x3 *= s;
-            }
         }
         *(float4 *)&dst[row * ldd + c4] = make_float4(x0, x1, x2, x3);
     }
 }
 
-/* out[64][D] (global, row stride D) = T X with T [64][64] lower triangular (sT, stride LDA)
- * and X [64][D] (stride ldx), by one warp: columns [q4 * D/4, (q4+1) * D/4) of all rows.
- * Row block r (16 rows) only needs k < 16 (r + 1): T is zero above its diagonal. */
-template <int D>
-__device__ __forceinline__ void tx_product(float *out, const float *sT, const float *X, int ldx,
-                                           int q4, int round_tf32)
-{
-    constexpr int NT = D / 32; /* n-tiles of 8 per warp */
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-    const int nbase = q4 * (D / 4);
-#pragma unroll
-    for (int r = 0; r < 4; r++) {
-        float acc[NT][4];
-#pragma unroll
-        for (int j = 0; j < NT; j++)
-            acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-        for (int ks = 0; ks < 2 * (r + 1); ks++) {
-            const int k0 = 8 * ks;
-            const float *ta = sT + (16 * r + g) * LDA + k0 + t;
-            uint32_t a0 = tf32(ta[0]), a1 = tf32(ta[8 * LDA]);
-            uint32_t a2 = tf32(ta[4]), a3 = tf32(ta[8 * LDA + 4]);
-#pragma unroll
-            for (int j = 0; j < NT; j++) {
-                const float *xb = X + (k0 + t) * ldx + nbase + 8 * j + g;
-                mma_tf32(acc[j], a0, a1, a2, a3, tf32(xb[0]), tf32(xb[4 * ldx]));
-            }
-        }
-#pragma unroll
-        for (int j = 0; j < NT; j++) {
-            float c0 = acc[j][0], c1 = acc[j][1], c2 = acc[j][2], c3 = acc[j][3];
-            if (round_tf32)
-                c0 = tf32f(c0), c1 = tf32f(c1), c2 = tf32f(c2), c3 = tf32f(c3);
-            float *o = out + (16 * r + g) * D + nbase + 8 * j + 2 * t;
-            *(float2 *)o = make_float2(c0, c1);
-            *(float2 *)(o + 8 * D) = make_float2(c2, c3);
-        }
-    }
-}
+__device__ __forceinline__ int tri_idx(int i8, int j8) { return i8 * (i8 + 1) / 2 + j8; }
 
-template <int DK, int DV>
+template <int DK>
 __global__ void __launch_bounds__(NTHR, 2) gdn_chunk_prep(prep_args a)
 {
     constexpr int KP = prep_dims<DK>::LD;
-    constexpr int VP = prep_dims<(DK > DV ? DK : DV)>::LD;
     extern __shared__ float4 smem_f4[];
-    float *sK = (float *)smem_f4;  /* [64][KP]: K, later diag(beta e^Gamma) K */
-    float *sQV = sK + GC * KP;     /* [64][VP]: Q, later diag(beta) V */
-    float *sA = sQV + GC * VP;     /* [64][LDA]: A (strictly lower) */
+    float *sK = (float *)smem_f4;  /* [64][KP]: K */
+    float *sQ = sK + GC * KP;      /* [64][KP]: Q */
+    float *sA = sQ + GC * KP;      /* [64][LDA]: A (strictly lower) */
     float *sT = sA + GC * LDA;     /* [64][LDA]: (I + A)^-1 */
     float *sY = sT + GC * LDA;     /* [3][16][17]: block products of the inversion */
     float *sG = sY + 3 * 16 * 17;  /* [64] Gamma */
@@ -231,17 +242,16 @@ __global__ void __launch_bounds__(NTHR, 2) gdn_chunk_prep(prep_args a)
         sB[lane + 32] = lane + 32 < L ? a.beta[(int64_t)(t0 + lane + 32) * a.ldb + h] : 0.f;
     }
     /* 2. K and Q rows of the chunk (zeros beyond L). */
-    load_rows<DK>(sK, KP, a.k + (int64_t)t0 * a.ldk + (int64_t)kh * DK, a.ldk, L, a.vec, NULL);
-    load_rows<DK>(sQV, VP, a.q + (int64_t)t0 * a.ldq + (int64_t)kh * DK, a.ldq, L, a.vec, NULL);
+    load_rows<DK>(sK, KP, a.k + (int64_t)t0 * a.ldk + (int64_t)kh * DK, a.ldk, L, a.vec);
+    load_rows<DK>(sQ, KP, a.q + (int64_t)t0 * a.ldq + (int64_t)kh * DK, a.ldq, L, a.vec);
     __syncthreads();
 
     /* 3. K K^T (warps 0-3) -> A in shared memory, Q K^T (warps 4-7) -> M in scratch.
      *    Only tiles touching i >= j are computed; warp q4 takes n-tiles q4 and 7 - q4
-     *    (5 needed tiles each, balanced). Unneeded tiles are written as zeros. */
+     *    (5 needed tiles each, balanced). M keeps its 8x8 tiles (i8, j8 <= i8), packed. */
     {
         const int p = warp >> 2, q4 = warp & 3;
-        const float *As = p ? sQV : sK;
-        const int lda = p ? VP : KP;
+        const float *As = p ? sQ : sK;
         const int nt[2] = {q4, 7 - q4};
         float acc[4][2][4];
 #pragma unroll
@@ -257,9 +267,9 @@ __global__ void __launch_bounds__(NTHR, 2) gdn_chunk_prep(prep_args a)
 #pragma unroll 4
             for (int ks = 0; ks < DK / 8; ks++) {
                 const int k0 = 8 * ks;
-                const float *pa = As + (16 * r + g) * lda + k0 + t;
-                uint32_t a0 = fbits(pa[0]), a1 = fbits(pa[8 * lda]);
-                uint32_t a2 = fbits(pa[4]), a3 = fbits(pa[8 * lda + 4]);
+                const float *pa = As + (16 * r + g) * KP + k0 + t;
+                uint32_t a0 = fbits(pa[0]), a1 = fbits(pa[8 * KP]);
+                uint32_t a2 = fbits(pa[4]), a3 = fbits(pa[8 * KP + 4]);
 #pragma unroll
                 for (int jj = 0; jj < 2; jj++) {
                     if (jj == 1 && !need1)
@@ -269,7 +279,7 @@ __global__ void __launch_bounds__(NTHR, 2) gdn_chunk_prep(prep_args a)
                 }
             }
         }
-        float *Mg = a.M + ch * (GC * GC);
+        float *Mg = a.M + ch * TRI;
 #pragma unroll
         for (int r = 0; r < 4; r++)
 #pragma unroll
@@ -277,16 +287,17 @@ __global__ void __launch_bounds__(NTHR, 2) gdn_chunk_prep(prep_args a)
 #pragma unroll
                 for (int hh = 0; hh < 2; hh++) {
                     const int i = 16 * r + g + 8 * hh, j = 8 * nt[jj] + 2 * t;
+                    const int i8 = 2 * r + hh, j8 = nt[jj];
                     float v0 = acc[r][jj][2 * hh], v1 = acc[r][jj][2 * hh + 1];
                     float o0, o1;
                     if (p == 0) { /* A: strictly lower; exp only of masked-in (<= 0) exponents */
                         o0 = i > j ? sB[i] * v0 * expf(sG[i] - sG[j]) : 0.f;
                         o1 = i > j + 1 ? sB[i] * v1 * expf(sG[i] - sG[j + 1]) : 0.f;
                         *(float2 *)&sA[i * LDA + j] = make_float2(o0, o1);
-                    } else { /* M: lower incl. the diagonal, stored as TF32 (an mma operand) */
+                    } else if (j8 <= i8) { /* M: lower incl. the diagonal, TF32 (an mma operand) */
                         o0 = i >= j ? tf32f(v0 * expf(sG[i] - sG[j])) : 0.f;
                         o1 = i >= j + 1 ? tf32f(v1 * expf(sG[i] - sG[j + 1])) : 0.f;
-                        *(float2 *)&Mg[i * GC + j] = make_float2(o0, o1);
+                        *(float2 *)&Mg[tri_idx(i8, j8) * 64 + g * 8 + 2 * t] = make_float2(o0, o1);
                     }
                 }
             }
@@ -295,9 +306,8 @@ __global__ void __launch_bounds__(NTHR, 2) gdn_chunk_prep(prep_args a)
 
     /* 4. Diagonal 16x16 blocks of T = (I + A)^-1: lane j < 16 of warp I solves
      *    column j of block I by forward substitution, in registers (columns are
-     *    independent: x_i = -sum_{j <= m < i} A_im x_m, x_j = 1).
-     *    Meanwhile every thread scales K by beta e^Gamma in place and loads
-     *    diag(beta) V over Q (Q is no longer needed). */
+     *    independent: x_i = -sum_{j <= m < i} A_im x_m, x_j = 1). Meanwhile the
+     *    other warps write the per-token coefficients. */
     if (warp < 4 && lane < 16) {
         const int I = warp, j = lane;
         const float *Ab = sA + (16 * I) * LDA + 16 * I;
@@ -313,12 +323,15 @@ __global__ void __launch_bounds__(NTHR, 2) gdn_chunk_prep(prep_args a)
 #pragma unroll
         for (int i = 0; i < 16; i++)
             sT[(16 * I + i) * LDA + 16 * I + j] = x[i];
+    } else if (warp >= 4 && tid - 128 < GC) {
+        const int i = tid - 128;
+        float *Cg = a.C + ch * (4 * GC);
+        const float gl = sG[GC - 1]; /* Gamma_last (padding rows repeat it) */
+        Cg[i] = sE[i];
+        Cg[GC + i] = sB[i];
+        Cg[2 * GC + i] = expf(gl - sG[i]);
+        Cg[3 * GC + i] = expf(gl);
     }
-    for (int idx = tid; idx < GC * DK; idx += NTHR) {
-        int row = idx / DK, col = idx % DK;
-        sK[row * KP + col] *= sB[row] * sE[row];
-    }
-    load_rows<DV>(sQV, VP, a.v + (int64_t)t0 * a.ldv + (int64_t)h * DV, a.ldv, L, a.vec, sB);
     __syncthreads();
 
     /* 5. Off-diagonal blocks, by distance d = I - J: from (I + A) T = I,
@@ -345,55 +358,62 @@ __global__ void __launch_bounds__(NTHR, 2) gdn_chunk_prep(prep_args a)
         __syncthreads();
     }
 
-    /* 6. W = T diag(beta e^Gamma) K (warps 0-3), U = T diag(beta) V (warps 4-7). */
-    if (warp < 4)
-        tx_product<DK>(a.W + ch * (GC * DK), sT, sK, KP, warp & 3, 1);
-    else
-        tx_product<DV>(a.U + ch * (GC * DV), sT, sQV, VP, warp & 3, 0);
-    if (tid < GC)
-        a.G[ch * GC + tid] = sG[tid];
+    /* 6. T, packed lower-triangular 8x8 tiles, rounded to TF32. */
+    float *Tg = a.T + ch * TRI;
+    for (int idx = tid; idx < TRI; idx += NTHR) {
+        const int tile = idx >> 6, e = idx & 63;
+        int i8 = 0;
+        while (tri_idx(i8 + 1, 0) <= tile)
+            i8++;
+        const int j8 = tile - tri_idx(i8, 0);
+        Tg[idx] = tf32f(sT[(8 * i8 + (e >> 3)) * LDA + 8 * j8 + (e & 7)]);
+    }
 }
 
-template <int DK, int DV> constexpr size_t prep_smem_bytes()
+template <int DK> constexpr size_t prep_smem_bytes()
 {
-    return sizeof(float) * ((size_t)GC * prep_dims<DK>::LD +
-                            (size_t)GC * prep_dims<(DK > DV ? DK : DV)>::LD + 2 * GC * LDA +
-                            3 * 16 * 17 + 3 * GC);
+    return sizeof(float) * ((size_t)2 * GC * prep_dims<DK>::LD + 2 * GC * LDA + 3 * 16 * 17 +
+                            3 * GC);
 }
 
 /* ---- kernel 2: the sequential state pass ---- */
 
 struct pass_args {
-    const uint16_t *q, *k;
-    int64_t ldq, ldk;
+    const uint16_t *q, *k, *v;
+    int64_t ldq, ldk, ldv;
     uint16_t *out;
     int64_t ldo;
-    const float *W, *U, *M, *G; /* scratch from kernel 1 */
+    const float *T, *M, *C;     /* scratch from kernel 1 */
     const int32_t *chunks;      /* [2 * n_chunks]: token start, length */
     const int32_t *seqs;        /* [2 * n_items]: first chunk, chunk count (longest first) */
-    int hv, group, nslices;
-    int async16; /* q, k rows 16-byte aligned: cp.async, else plain loads */
+    int hv, group, nslices;     /* nslices = dv / PC */
+    int nst;                    /* input ring stages: 2 or 3 */
+    int async16;                /* q, k, v rows 16-byte aligned: cp.async, else plain loads */
+    int ovec;                   /* out rows 16-byte aligned: 16-byte stores */
 };
 
+/* One ring stage (bytes): K, Q [64][HP] bf16, V [64][VP] bf16 (the CTA's PC columns),
+ * T, M [TRI] f32, C [4][64] f32. Then the per-warp output staging [4][64][OP] bf16. */
 template <int DK> struct pass_dims {
-    static constexpr int WP = DK + 4;  /* sW, sSt row stride (floats), = 4 mod 32 */
-    static constexpr int HP = DK + 8;  /* sQ, sK row stride (bf16): 16-byte rows, (HP/2) = 4 mod 32 */
-    static constexpr int VTP = GC + 4; /* sVt row stride (floats) */
-    static constexpr size_t bytes =
-        sizeof(float) * ((size_t)GC * WP + (size_t)GC * LDA + (size_t)NSL * WP +
-                         (size_t)NSL * VTP + 2 * GC) +
-        sizeof(uint16_t) * 2 * (size_t)GC * HP;
+    static constexpr int HP = DK + 8; /* bf16: 16-byte rows, HP / 2 = 4 mod 32 words (ldmatrix conflict-free) */
+    static constexpr int VP = PC + 8; /* likewise */
+    static constexpr int OP = 24;     /* output staging row (bf16): 16 columns + pad */
+    static constexpr size_t oK = 0, oQ = oK + 2 * (size_t)GC * HP, oV = oQ + 2 * (size_t)GC * HP,
+                            oT = oV + 2 * (size_t)GC * VP, oM = oT + 4 * (size_t)TRI,
+                            oC = oM + 4 * (size_t)TRI, stage = oC + 4 * 4 * (size_t)GC;
+    static constexpr size_t ostage = 2 * (size_t)(PTHR / 32) * GC * OP;
+    static constexpr size_t bytes(int nst) { return (size_t)nst * stage + ostage; }
 };
 
-/* Rows 0..63 of a bf16 [., DK] head slice into sh (stride HP), zeros beyond L. */
-template <int DK>
-__device__ __forceinline__ void fetch_bf16_rows(uint16_t *sh, const uint16_t *src, int64_t lds,
-                                                int L, int async16)
+/* Rows 0..63 of a bf16 [., NCOL] slice into sh (row stride LD elements), zeros beyond L. */
+template <int NCOL, int LD>
+__device__ __forceinline__ void fetch_rows(uint16_t *sh, const uint16_t *src, int64_t lds, int L,
+                                           int async16)
 {
-    constexpr int HP = pass_dims<DK>::HP, C8 = DK / 8;
-    for (int idx = threadIdx.x; idx < GC * C8; idx += NTHR) {
+    constexpr int C8 = NCOL / 8;
+    for (int idx = threadIdx.x; idx < GC * C8; idx += PTHR) {
         int row = idx / C8, c8 = (idx % C8) * 8;
-        uint16_t *dst = sh + row * HP + c8;
+        uint16_t *dst = sh + row * LD + c8;
         if (async16) {
             /* rows beyond L: zero-fill, reading nothing (src row 0 is a valid address) */
             cp16(dst, src + (row < L ? (int64_t)row * lds : 0) + c8, row < L ? 16 : 0);
@@ -410,192 +430,217 @@ __device__ __forceinline__ void fetch_bf16_rows(uint16_t *sh, const uint16_t *sr
     }
 }
 
-template <int DK, int DV>
-__global__ void __launch_bounds__(NTHR, 2) gdn_state_pass(pass_args a)
+__device__ __forceinline__ void fetch_f32(float *dst, const float *src, int n)
 {
-    constexpr int WP = pass_dims<DK>::WP, HP = pass_dims<DK>::HP, VTP = pass_dims<DK>::VTP;
-    constexpr int MT3 = DK / 16;          /* state row tiles (16 rows of dk) */
-    constexpr int NG3 = 8 / MT3;          /* warps sharing one state row tile */
-    constexpr int NT3 = (NSL / 8) / NG3;  /* state n-tiles per warp */
-    constexpr int NTS = NSL / 8;          /* n-tiles of a slice */
+    for (int idx = threadIdx.x; idx < n / 4; idx += PTHR)
+        cp16(dst + 4 * idx, src + 4 * idx, 16);
+}
+
+template <int DK, int DV>
+__global__ void __launch_bounds__(PTHR, 1) gdn_state_pass(pass_args a)
+{
+    typedef pass_dims<DK> PD;
+    constexpr int HP = PD::HP, VP = PD::VP, OP = PD::OP;
+    constexpr int NDT = DK / 8; /* d tiles of the state (8 columns of S^T each) */
     extern __shared__ float4 smem_f4[];
-    float *sW = (float *)smem_f4;          /* [64][WP] W (TF32) */
-    float *sM = sW + GC * WP;              /* [64][LDA] M (TF32) */
-    float *sSt = sM + GC * LDA;            /* [NSL][WP] S^T (TF32): column n of the slice, row d */
-    float *sVt = sSt + NSL * WP;           /* [NSL][VTP] V_new^T (TF32) */
-    float *sG = sVt + NSL * VTP;           /* [64] Gamma */
-    float *sD = sG + GC;                   /* [64] e^{Gamma_last - Gamma} */
-    uint16_t *sQ = (uint16_t *)(sD + GC);  /* [64][HP] Q (bf16) */
-    uint16_t *sK = sQ + GC * HP;           /* [64][HP] K (bf16) */
+    unsigned char *smem = (unsigned char *)smem_f4;
 
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
     const int per = a.hv * a.nslices;
     const int item = blockIdx.x / per, rem = blockIdx.x % per;
-    const int h = rem / a.nslices, col0 = (rem % a.nslices) * NSL, kh = h / a.group;
+    const int h = rem / a.nslices, col0 = (rem % a.nslices) * PC, kh = h / a.group;
     const int c0 = a.seqs[2 * item], nc = a.seqs[2 * item + 1];
+    const int n0 = 16 * warp; /* this warp's value columns: col0 + n0 .. + 16 */
     const uint16_t *qh = a.q + (int64_t)kh * DK, *kh_ = a.k + (int64_t)kh * DK;
+    const uint16_t *vh = a.v + (int64_t)h * DV + col0;
+    uint16_t *sO = (uint16_t *)(smem + (size_t)a.nst * PD::stage) + warp * (GC * OP);
 
-    /* Group A of chunk c: W, Q, Gamma (used by the W S / Q S step). */
-    auto issue_a = [&](int c) {
-        const int64_t ch = (int64_t)c * a.hv + h;
-        const int tc = a.chunks[2 * c], L = a.chunks[2 * c + 1];
-        const float *Wg = a.W + ch * (GC * DK);
-        for (int idx = tid; idx < GC * (DK / 4); idx += NTHR) {
-            int row = idx / (DK / 4), c4 = (idx % (DK / 4)) * 4;
-            cp16(sW + row * WP + c4, Wg + row * DK + c4, 16);
-        }
-        if (tid < GC / 4)
-            cp16(sG + 4 * tid, a.G + ch * GC + 4 * tid, 16);
-        fetch_bf16_rows<DK>(sQ, qh + (int64_t)tc * a.ldq, a.ldq, L, a.async16);
-        cp_commit();
-    };
-    /* Group B of chunk c: M, K (used by M V_new and the state update). */
-    auto issue_b = [&](int c) {
-        const int64_t ch = (int64_t)c * a.hv + h;
-        const int tc = a.chunks[2 * c], L = a.chunks[2 * c + 1];
-        const float *Mg = a.M + ch * (GC * GC);
-        for (int idx = tid; idx < GC * (GC / 4); idx += NTHR) {
-            int row = idx / (GC / 4), c4 = (idx % (GC / 4)) * 4;
-            cp16(sM + row * LDA + c4, Mg + row * GC + c4, 16);
-        }
-        fetch_bf16_rows<DK>(sK, kh_ + (int64_t)tc * a.ldk, a.ldk, L, a.async16);
-        cp_commit();
-    };
+    /* ldmatrix lane offsets (q = matrix, r = row): "A" order - matrices (rows +0, cols +0),
+     * (+0, +8), (+8, +0), (+8, +8); "B" order - (+0, +0), (+8, +0), (+0, +8), (+8, +8). */
+    const int lq = lane >> 3, lr = lane & 7;
+    const int rowA = 8 * (lq >> 1) + lr, colA = 8 * (lq & 1);
+    const int rowB = 8 * (lq & 1) + lr, colB = 8 * (lq >> 1);
 
-    for (int idx = tid; idx < NSL * WP; idx += NTHR)
-        sSt[idx] = 0.f; /* S = 0 at the sequence start */
-    float S[NT3][4];    /* this warp's state tile: rows 16 (warp % MT3).., n-tiles NT3 */
-#pragma unroll
-    for (int j = 0; j < NT3; j++)
-        S[j][0] = S[j][1] = S[j][2] = S[j][3] = 0.f;
-    issue_a(c0);
-    issue_b(c0);
-
-    for (int ci = 0; ci < nc; ci++) {
+    auto issue = [&](int ci) {
+        unsigned char *st = smem + (size_t)(ci % a.nst) * PD::stage;
         const int c = c0 + ci;
         const int64_t ch = (int64_t)c * a.hv + h;
         const int tc = a.chunks[2 * c], L = a.chunks[2 * c + 1];
-        cp_wait<1>(); /* group A(c) landed (B(c) may still be in flight) */
-        __syncthreads();
+        fetch_rows<DK, HP>((uint16_t *)(st + PD::oK), kh_ + (int64_t)tc * a.ldk, a.ldk, L,
+                           a.async16);
+        fetch_rows<DK, HP>((uint16_t *)(st + PD::oQ), qh + (int64_t)tc * a.ldq, a.ldq, L,
+                           a.async16);
+        fetch_rows<PC, VP>((uint16_t *)(st + PD::oV), vh + (int64_t)tc * a.ldv, a.ldv, L,
+                           a.async16);
+        fetch_f32((float *)(st + PD::oT), a.T + ch * TRI, TRI);
+        fetch_f32((float *)(st + PD::oM), a.M + ch * TRI, TRI);
+        fetch_f32((float *)(st + PD::oC), a.C + ch * (4 * GC), 4 * GC);
+        cp_commit();
+    };
 
-        /* P1: rows 0..63 = W S -> V_new = U - W S (warps 0-3), rows 64..127 =
-         *     Q S -> O = e^Gamma (Q S) (warps 4-7, kept in registers for P2). */
-        const int r0 = 16 * (warp & 3);
-        float acc[NTS][4];
+    float S[NDT][4]; /* S^T: rows n0 + g (+8), columns 8 j + 2t (+1) */
 #pragma unroll
-        for (int j = 0; j < NTS; j++)
-            acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-        if (warp < 4) {
-            float2 u[NTS][2]; /* U at this thread's accumulator positions, fetched early */
-            const float *Ug = a.U + ch * (GC * DV) + (int64_t)(r0 + g) * DV + col0 + 2 * t;
+    for (int j = 0; j < NDT; j++)
+        S[j][0] = S[j][1] = S[j][2] = S[j][3] = 0.f;
+
+    issue(0);
+    if (a.nst == 3) {
+        if (nc > 1)
+            issue(1);
+        else
+            cp_commit();
+    }
+
+    for (int ci = 0; ci < nc; ci++) {
+        const int c = c0 + ci;
+        const int tc = a.chunks[2 * c], L = a.chunks[2 * c + 1];
+        if (a.nst == 3)
+            cp_wait<1>(); /* this thread's copies of chunk ci landed (ci + 1 may be in flight) */
+        else
+            cp_wait<0>();
+        __syncthreads(); /* chunk ci visible to all; everyone is done with chunk ci - 1's stage */
+        if (ci + a.nst - 1 < nc)
+            issue(ci + a.nst - 1); /* into chunk ci - 1's stage */
+        else
+            cp_commit(); /* an empty group keeps the wait counts uniform */
+
+        const unsigned char *st = smem + (size_t)(ci % a.nst) * PD::stage;
+        const uint16_t *sK = (const uint16_t *)(st + PD::oK), *sQ = (const uint16_t *)(st + PD::oQ);
+        const uint16_t *sV = (const uint16_t *)(st + PD::oV);
+        const float *sT = (const float *)(st + PD::oT), *sM = (const float *)(st + PD::oM);
+        const float *sC = (const float *)(st + PD::oC);
+
+        /* 1. Y^T = S^T K^T and P^T = S^T Q^T: [16 x 64] each, k = dk, S split hi + lo.
+         *    Token tiles jp*2, jp*2+1 per ldmatrix.x4 (rows = tokens, columns = d). */
+        float Y[8][4], O[8][4];
 #pragma unroll
-            for (int j = 0; j < NTS; j++) {
-                u[j][0] = *(const float2 *)(Ug + 8 * j);
-                u[j][1] = *(const float2 *)(Ug + 8 * DV + 8 * j);
-            }
-#pragma unroll 4
-            for (int ks = 0; ks < DK / 8; ks++) {
-                const int k0 = 8 * ks;
-                const float *pa = sW + (r0 + g) * WP + k0 + t;
-                uint32_t a0 = fbits(pa[0]), a1 = fbits(pa[8 * WP]);
-                uint32_t a2 = fbits(pa[4]), a3 = fbits(pa[8 * WP + 4]);
-#pragma unroll
-                for (int j = 0; j < NTS; j++) {
-                    const float *pb = sSt + (8 * j + g) * WP + k0 + t;
-                    mma_tf32(acc[j], a0, a1, a2, a3, fbits(pb[0]), fbits(pb[4]));
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < NTS; j++) {
-                const int n = 8 * j + 2 * t, row = r0 + g;
-                sVt[n * VTP + row] = tf32f(u[j][0].x - acc[j][0]);
-                sVt[(n + 1) * VTP + row] = tf32f(u[j][0].y - acc[j][1]);
-                sVt[n * VTP + row + 8] = tf32f(u[j][1].x - acc[j][2]);
-                sVt[(n + 1) * VTP + row + 8] = tf32f(u[j][1].y - acc[j][3]);
-            }
-        } else {
-#pragma unroll 4
-            for (int ks = 0; ks < DK / 8; ks++) {
-                const int k0 = 8 * ks;
-                const uint16_t *pa = sQ + (r0 + g) * HP + k0 + t;
-                uint32_t a0 = (uint32_t)pa[0] << 16, a1 = (uint32_t)pa[8 * HP] << 16;
-                uint32_t a2 = (uint32_t)pa[4] << 16, a3 = (uint32_t)pa[8 * HP + 4] << 16;
-#pragma unroll
-                for (int j = 0; j < NTS; j++) {
-                    const float *pb = sSt + (8 * j + g) * WP + k0 + t;
-                    mma_tf32(acc[j], a0, a1, a2, a3, fbits(pb[0]), fbits(pb[4]));
-                }
-            }
-            const float e0 = expf(sG[r0 + g]), e1 = expf(sG[r0 + g + 8]);
-#pragma unroll
-            for (int j = 0; j < NTS; j++)
-                acc[j][0] *= e0, acc[j][1] *= e0, acc[j][2] *= e1, acc[j][3] *= e1;
+        for (int j = 0; j < 8; j++) {
+            Y[j][0] = Y[j][1] = Y[j][2] = Y[j][3] = 0.f;
+            O[j][0] = O[j][1] = O[j][2] = O[j][3] = 0.f;
         }
-        if (tid < GC)
-            sD[tid] = expf(sG[GC - 1] - sG[tid]); /* sG[63] = Gamma_last (padding repeats it) */
-        const float eL = expf(sG[GC - 1]);
-        cp_wait<0>(); /* group B(c): M, K */
-        __syncthreads(); /* V_new, sD visible; sW, sQ, sG, sSt free */
-        if (ci + 1 < nc)
-            issue_a(c + 1);
-
-        /* P2 (warps 4-7): O += M V_new, row block r; M is zero above the diagonal. */
-        if (warp >= 4) {
-            const int r = warp - 4;
-            for (int ks = 0; ks < 2 * (r + 1); ks++) {
-                const int k0 = 8 * ks;
-                const float *pa = sM + (16 * r + g) * LDA + k0 + t;
-                uint32_t a0 = fbits(pa[0]), a1 = fbits(pa[8 * LDA]);
-                uint32_t a2 = fbits(pa[4]), a3 = fbits(pa[8 * LDA + 4]);
 #pragma unroll
-                for (int j = 0; j < NTS; j++) {
-                    const float *pb = sVt + (8 * j + g) * VTP + k0 + t;
-                    mma_tf32(acc[j], a0, a1, a2, a3, fbits(pb[0]), fbits(pb[4]));
-                }
-            }
-            const int i0 = 16 * r + g, i1 = i0 + 8;
-            uint16_t *o0 = a.out + (int64_t)(tc + i0) * a.ldo + (int64_t)h * DV + col0 + 2 * t;
-            uint16_t *o1 = o0 + 8 * a.ldo;
+        for (int m = 0; m < DK / 16; m++) {
+            uint32_t ah[4], al[4];
+            split2(S[2 * m][0], S[2 * m][1], ah[0], al[0]);
+            split2(S[2 * m][2], S[2 * m][3], ah[1], al[1]);
+            split2(S[2 * m + 1][0], S[2 * m + 1][1], ah[2], al[2]);
+            split2(S[2 * m + 1][2], S[2 * m + 1][3], ah[3], al[3]);
 #pragma unroll
-            for (int j = 0; j < NTS; j++) {
-                if (i0 < L)
-                    o0[8 * j] = f2bf(acc[j][0]), o0[8 * j + 1] = f2bf(acc[j][1]);
-                if (i1 < L)
-                    o1[8 * j] = f2bf(acc[j][2]), o1[8 * j + 1] = f2bf(acc[j][3]);
+            for (int jp = 0; jp < 4; jp++) {
+                uint32_t bk[4], bq[4];
+                ldsm_x4(bk, sK + (16 * jp + rowA) * HP + 16 * m + colA);
+                ldsm_x4(bq, sQ + (16 * jp + rowA) * HP + 16 * m + colA);
+                mma_bf16(Y[2 * jp], ah, bk[0], bk[1]);
+                mma_bf16(Y[2 * jp + 1], ah, bk[2], bk[3]);
+                mma_bf16(O[2 * jp], ah, bq[0], bq[1]);
+                mma_bf16(O[2 * jp + 1], ah, bq[2], bq[3]);
+                mma_bf16(Y[2 * jp], al, bk[0], bk[1]);
+                mma_bf16(Y[2 * jp + 1], al, bk[2], bk[3]);
+                mma_bf16(O[2 * jp], al, bq[0], bq[1]);
+                mma_bf16(O[2 * jp + 1], al, bq[2], bq[3]);
             }
         }
 
-        /* P3 (all warps): S = e^{Gamma_last} S + (diag(e^{Gamma_last - Gamma}) K)^T V_new. */
-        {
-            const int d0 = 16 * (warp % MT3), nb = (warp / MT3) * NT3;
+        /* 2. X^T = (V^T - Y^T D_eG) D_beta (V^T by ldmatrix.trans: rows = tokens,
+         *    columns = value columns), O^T = P^T D_eG; X to TF32 A fragments
+         *    (k order within a tile: slot t = token 2t, slot t + 4 = token 2t + 1). */
+        uint32_t xa[8][4];
 #pragma unroll
-            for (int j = 0; j < NT3; j++)
-                S[j][0] *= eL, S[j][1] *= eL, S[j][2] *= eL, S[j][3] *= eL;
-#pragma unroll 2
-            for (int ks = 0; ks < GC / 8; ks++) {
-                const int k0 = 8 * ks;
-                const float dl = sD[k0 + t], dh = sD[k0 + t + 4];
-                const uint16_t *pk = sK + (k0 + t) * HP + d0 + g;
-                uint32_t a0 = tf32(bf2f(pk[0]) * dl), a1 = tf32(bf2f(pk[8]) * dl);
-                uint32_t a2 = tf32(bf2f(pk[4 * HP]) * dh), a3 = tf32(bf2f(pk[4 * HP + 8]) * dh);
+        for (int p = 0; p < 4; p++) {
+            uint32_t vv[4];
+            ldsm_x4_t(vv, sV + (16 * p + rowA) * VP + n0 + colA);
 #pragma unroll
-                for (int j = 0; j < NT3; j++) {
-                    const float *pb = sVt + (8 * (nb + j) + g) * VTP + k0 + t;
-                    mma_tf32(S[j], a0, a1, a2, a3, fbits(pb[0]), fbits(pb[4]));
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < NT3; j++) {
-                const int n = 8 * (nb + j) + 2 * t, d = d0 + g;
-                sSt[n * WP + d] = tf32f(S[j][0]);
-                sSt[(n + 1) * WP + d] = tf32f(S[j][1]);
-                sSt[n * WP + d + 8] = tf32f(S[j][2]);
-                sSt[(n + 1) * WP + d + 8] = tf32f(S[j][3]);
+            for (int e = 0; e < 2; e++) {
+                const int j = 2 * p + e;
+                const float2 eg = *(const float2 *)(sC + 8 * j + 2 * t);
+                const float2 bt = *(const float2 *)(sC + GC + 8 * j + 2 * t);
+                const uint32_t vlo = vv[2 * e], vhi = vv[2 * e + 1];
+                xa[j][0] = tf32(bt.x * (bf_lo(vlo) - eg.x * Y[j][0]));
+                xa[j][2] = tf32(bt.y * (bf_hi(vlo) - eg.y * Y[j][1]));
+                xa[j][1] = tf32(bt.x * (bf_lo(vhi) - eg.x * Y[j][2]));
+                xa[j][3] = tf32(bt.y * (bf_hi(vhi) - eg.y * Y[j][3]));
+                O[j][0] *= eg.x, O[j][1] *= eg.y, O[j][2] *= eg.x, O[j][3] *= eg.y;
             }
         }
-        __syncthreads(); /* new S^T visible; sM, sK, sVt, sD free */
-        if (ci + 1 < nc)
-            issue_b(c + 1);
+
+        /* 3. Vn^T = X^T T^T (T lower triangular: output token tile i takes k tiles j <= i);
+         *    B fragment (k slot t, n g) = T[8 i + g][8 j + 2t (+1)], one float2. */
+        float Vn[8][4];
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            Vn[i][0] = Vn[i][1] = Vn[i][2] = Vn[i][3] = 0.f;
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+#pragma unroll
+            for (int i = j; i < 8; i++) {
+                const float2 b = *(const float2 *)(sT + tri_idx(i, j) * 64 + g * 8 + 2 * t);
+                mma_tf32(Vn[i], xa[j][0], xa[j][1], xa[j][2], xa[j][3], fbits(b.x), fbits(b.y));
+            }
+
+        /* 4. O^T += Vn^T M^T (M lower triangular incl. the diagonal). */
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const uint32_t a0 = tf32(Vn[j][0]), a1 = tf32(Vn[j][2]);
+            const uint32_t a2 = tf32(Vn[j][1]), a3 = tf32(Vn[j][3]);
+#pragma unroll
+            for (int i = j; i < 8; i++) {
+                const float2 b = *(const float2 *)(sM + tri_idx(i, j) * 64 + g * 8 + 2 * t);
+                mma_tf32(O[i], a0, a1, a2, a3, fbits(b.x), fbits(b.y));
+            }
+        }
+
+        /* 5. O (bf16, rounded once) through this warp's staging rows to 16-byte stores. */
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const int r0 = 8 * j + 2 * t;
+            sO[r0 * OP + g] = f2bf(O[j][0]);
+            sO[(r0 + 1) * OP + g] = f2bf(O[j][1]);
+            sO[r0 * OP + g + 8] = f2bf(O[j][2]);
+            sO[(r0 + 1) * OP + g + 8] = f2bf(O[j][3]);
+        }
+        __syncwarp();
+#pragma unroll
+        for (int k4 = 0; k4 < 4; k4++) {
+            const int idx = lane + 32 * k4, row = idx >> 1, hf = idx & 1;
+            if (row < L) {
+                uint16_t *dst = a.out + (int64_t)(tc + row) * a.ldo + (int64_t)h * DV + col0 + n0 +
+                                8 * hf;
+                const uint16_t *src = sO + row * OP + 8 * hf;
+                if (a.ovec) {
+                    *(uint4 *)dst = *(const uint4 *)src;
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 8; e++)
+                        dst[e] = src[e];
+                }
+            }
+        }
+
+        /* 6. S^T = e^{G_L} S^T + (Vn^T D_L) K: k = tokens (16 per step), n = d; K B
+         *    fragments by ldmatrix.trans (rows = tokens), d tiles 2 jp, 2 jp + 1. */
+        const float eL = sC[3 * GC];
+#pragma unroll
+        for (int j = 0; j < NDT; j++)
+            S[j][0] *= eL, S[j][1] *= eL, S[j][2] *= eL, S[j][3] *= eL;
+#pragma unroll
+        for (int m = 0; m < 4; m++) {
+            const float2 d0 = *(const float2 *)(sC + 2 * GC + 16 * m + 2 * t);
+            const float2 d1 = *(const float2 *)(sC + 2 * GC + 16 * m + 8 + 2 * t);
+            uint32_t ah[4], al[4];
+            split2(Vn[2 * m][0] * d0.x, Vn[2 * m][1] * d0.y, ah[0], al[0]);
+            split2(Vn[2 * m][2] * d0.x, Vn[2 * m][3] * d0.y, ah[1], al[1]);
+            split2(Vn[2 * m + 1][0] * d1.x, Vn[2 * m + 1][1] * d1.y, ah[2], al[2]);
+            split2(Vn[2 * m + 1][2] * d1.x, Vn[2 * m + 1][3] * d1.y, ah[3], al[3]);
+#pragma unroll
+            for (int jp = 0; jp < NDT / 2; jp++) {
+                uint32_t b[4];
+                ldsm_x4_t(b, sK + (16 * m + rowB) * HP + 16 * jp + colB);
+                mma_bf16(S[2 * jp], ah, b[0], b[1]);
+                mma_bf16(S[2 * jp + 1], ah, b[2], b[3]);
+                mma_bf16(S[2 * jp], al, b[0], b[1]);
+                mma_bf16(S[2 * jp + 1], al, b[2], b[3]);
+            }
+        }
     }
     cp_wait<0>();
 }
@@ -615,31 +660,33 @@ static int cmp_items(const void *x, const void *y)
 }
 
 template <int DK, int DV>
-static int launch(cudaStream_t st, const prep_args &pa, const pass_args &sa, int n_chunks,
-                  int n_items)
+static int launch(cudaStream_t st, const prep_args &pa, pass_args sa, int n_chunks, int n_items)
 {
-    const size_t s1 = prep_smem_bytes<DK, DV>(), s2 = pass_dims<DK>::bytes;
-    /* Up to ~110 KB per CTA: fine on sm_80/sm_90 (163/227 KB opt-in), too much
-     * for the ~99 KB parts (sm_86/89/120): say so instead of failing a launch. */
+    const size_t s1 = prep_smem_bytes<DK>();
+    /* The state pass takes a 3-stage input ring where it fits (sm_90: ~198 KB for
+     * dk = 128), else 2 stages (sm_80: ~136 KB); the ~99 KB parts (sm_86/89/120)
+     * decline (the backend falls back to the recurrent kernel). */
     int dev = 0, optin = 0;
     if (df_cuda_fail(cudaGetDevice(&dev), "gdn get device") ||
         df_cuda_fail(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
                      "gdn smem limit"))
         return -EIO;
+    sa.nst = (size_t)optin >= pass_dims<DK>::bytes(3) ? 3 : 2;
+    const size_t s2 = pass_dims<DK>::bytes(sa.nst);
     if ((size_t)optin < s1 || (size_t)optin < s2)
         return -ENOTSUP;
-    if (df_cuda_fail(cudaFuncSetAttribute(gdn_chunk_prep<DK, DV>,
+    if (df_cuda_fail(cudaFuncSetAttribute(gdn_chunk_prep<DK>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1),
                      "gdn prep smem") ||
         df_cuda_fail(cudaFuncSetAttribute(gdn_state_pass<DK, DV>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2),
                      "gdn pass smem"))
         return -EIO;
-    gdn_chunk_prep<DK, DV><<<dim3((unsigned)n_chunks, (unsigned)pa.hv), NTHR, s1, st>>>(pa);
+    gdn_chunk_prep<DK><<<dim3((unsigned)n_chunks, (unsigned)pa.hv), NTHR, s1, st>>>(pa);
     if (df_cuda_check_launch("gdn chunk prep"))
         return -EIO;
     gdn_state_pass<DK, DV>
-        <<<(unsigned)((int64_t)n_items * sa.hv * sa.nslices), NTHR, s2, st>>>(sa);
+        <<<(unsigned)((int64_t)n_items * sa.hv * sa.nslices), PTHR, s2, st>>>(sa);
     if (df_cuda_check_launch("gdn state pass"))
         return -EIO;
     return 0;
@@ -661,7 +708,8 @@ int df_cuda_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df
     }
     if (n_chunks == 0)
         return 0;
-    if (n_chunks > INT32_MAX / 2 || (int64_t)n_items * hv * (dv / NSL) > INT32_MAX)
+    if (n_chunks > INT32_MAX / 2 ||
+        (int64_t)n_items * hv * (dv / PC) > INT32_MAX)
         return -ENOTSUP;
 
     /* Chunk list [t0, L] per chunk, then [first chunk, count] per non-empty
@@ -692,7 +740,7 @@ int df_cuda_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df
     if (!dev)
         return -EIO;
 
-    const size_t per_ch = (size_t)GC * ((size_t)dk + (size_t)dv + GC + 1);
+    const size_t per_ch = 2 * (size_t)TRI + 4 * (size_t)GC; /* T, M, C floats */
     const size_t n_ch = (size_t)n_chunks * (size_t)hv;
     float *scr = (float *)df_cuda_scratch(be, sizeof(float) * per_ch * n_ch);
     if (!scr)
@@ -701,29 +749,30 @@ int df_cuda_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df
     prep_args pa;
     memset(&pa, 0, sizeof pa);
     pa.q = (const uint16_t *)q->data, pa.k = (const uint16_t *)k->data;
-    pa.v = (const uint16_t *)v->data;
-    pa.ldq = q->stride[0], pa.ldk = k->stride[0], pa.ldv = v->stride[0];
+    pa.ldq = q->stride[0], pa.ldk = k->stride[0];
     pa.g = (const float *)g->data, pa.beta = (const float *)beta->data;
     pa.ldg = g->stride[0], pa.ldb = beta->stride[0];
     pa.chunks = dev;
-    pa.W = scr;
-    pa.U = pa.W + n_ch * GC * (size_t)dk;
-    pa.M = pa.U + n_ch * GC * (size_t)dv;
-    pa.G = pa.M + n_ch * GC * GC;
+    pa.T = scr;
+    pa.M = pa.T + n_ch * TRI;
+    pa.C = pa.M + n_ch * TRI;
     pa.hv = hv, pa.group = hv / hk;
     /* 8-byte vector loads of 4 bf16 need every row start 8-byte aligned */
-    pa.vec = ((uintptr_t)pa.q % 8 == 0) && ((uintptr_t)pa.k % 8 == 0) &&
-             ((uintptr_t)pa.v % 8 == 0) && pa.ldq % 4 == 0 && pa.ldk % 4 == 0 && pa.ldv % 4 == 0;
+    pa.vec = ((uintptr_t)pa.q % 8 == 0) && ((uintptr_t)pa.k % 8 == 0) && pa.ldq % 4 == 0 &&
+             pa.ldk % 4 == 0;
 
     pass_args sa;
     memset(&sa, 0, sizeof sa);
-    sa.q = pa.q, sa.k = pa.k, sa.ldq = pa.ldq, sa.ldk = pa.ldk;
+    sa.q = pa.q, sa.k = pa.k, sa.v = (const uint16_t *)v->data;
+    sa.ldq = pa.ldq, sa.ldk = pa.ldk, sa.ldv = v->stride[0];
     sa.out = (uint16_t *)out->data, sa.ldo = out->stride[0];
-    sa.W = pa.W, sa.U = pa.U, sa.M = pa.M, sa.G = pa.G;
+    sa.T = pa.T, sa.M = pa.M, sa.C = pa.C;
     sa.chunks = dev, sa.seqs = dev + 2 * n_chunks;
-    sa.hv = hv, sa.group = hv / hk, sa.nslices = dv / NSL;
-    sa.async16 = ((uintptr_t)sa.q % 16 == 0) && ((uintptr_t)sa.k % 16 == 0) && sa.ldq % 8 == 0 &&
-                 sa.ldk % 8 == 0;
+    sa.hv = hv, sa.group = hv / hk, sa.nslices = dv / PC;
+    sa.async16 = ((uintptr_t)sa.q % 16 == 0) && ((uintptr_t)sa.k % 16 == 0) &&
+                 ((uintptr_t)sa.v % 16 == 0) && sa.ldq % 8 == 0 && sa.ldk % 8 == 0 &&
+                 sa.ldv % 8 == 0;
+    sa.ovec = ((uintptr_t)sa.out % 16 == 0) && sa.ldo % 8 == 0;
 
     cudaStream_t st = df_cuda_stream(be);
     int nc = (int)n_chunks;

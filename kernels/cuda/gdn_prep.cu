@@ -114,8 +114,9 @@ __device__ __forceinline__ void conv_store(const ConvArgs &p, int64_t t, int64_t
 }
 
 /* One thread: VEC channels x CONV_TT consecutive tokens. KW > 0 is the
- * kernel width known at compile time (Qwen3.5: 4), its weights held in
- * registers; KW == 0 reads p.K and the weights from global (L1-cached).
+ * kernel width known at compile time, its weights held in registers;
+ * KW == 0 (the only instance: K != 4, which conv_win_kernel below takes)
+ * reads p.K and the weights from global (L1-cached).
  * out[t, c] = silu(sum_k w[c, k] x[t - (K-1) + k, c]), taps before the
  * token's sequence start read as zero (skipped), summed in k order. */
 template <int KW>
@@ -157,6 +158,105 @@ __global__ void conv_kernel(ConvArgs p)
                                           : (j < nc ? bf2f(p.w[(c0 + j) * p.ws + k]) : 0.0f);
                         acc[j] += wv * xv[j];
                     }
+                }
+#pragma unroll
+                for (int j = 0; j < VEC; j++)
+                    acc[j] = acc[j] / (1.0f + expf(-acc[j])); /* SiLU as torch */
+                conv_store(p, t, c0, nc, acc);
+            }
+        }
+    }
+}
+
+/* The kernel for a compile-time width KW (Qwen3.5: 4): one thread is VEC
+ * channels x TT consecutive tokens. Its TT + KW - 1 input rows (the tile
+ * and the KW - 1 before it; rows before 0 or past T read as zero and are
+ * never used) are all loaded first into registers, raw bf16, so each
+ * thread has that many independent loads in flight and every row is read
+ * from memory once per tile; then each token is the same k-ordered sum as
+ * conv_kernel, taps before its sequence start skipped. out must not alias
+ * x (the op's contract), so the stores cannot disturb the window. */
+constexpr int CONV_WT = 8; /* tokens per thread */
+
+/* Channels [c0, c0 + nc) of x's row src as packed bf16 (zero past nc). */
+__device__ __forceinline__ uint4 conv_load_raw(const ConvArgs &p, int64_t src, int64_t c0, int nc)
+{
+    const uint16_t *r = p.x + src * p.xs + c0;
+    if (nc == VEC && p.vec)
+        return *reinterpret_cast<const uint4 *>(r);
+    uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < VEC; j++)
+        if (j < nc)
+            w[j / 2] |= (uint32_t)r[j] << (16 * (j & 1));
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+__device__ __forceinline__ void unpack8(uint4 u, float *f)
+{
+    uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        f[2 * j] = __uint_as_float(w[j] << 16);
+        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+}
+
+#ifndef CONV_MINB
+#define CONV_MINB 4
+#endif
+
+template <int KW, int TT>
+__global__ void __launch_bounds__(CONV_NT, CONV_MINB) conv_win_kernel(ConvArgs p)
+{
+    constexpr int NW = TT + KW - 1;
+    const int64_t groups = cdiv(p.C, VEC), tiles = cdiv(p.T, TT);
+    for (int64_t cg = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; cg < groups;
+         cg += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t c0 = cg * VEC;
+        const int nc = p.C - c0 < VEC ? (int)(p.C - c0) : VEC;
+        float wr[KW][VEC];
+#pragma unroll
+        for (int k = 0; k < KW; k++)
+#pragma unroll
+            for (int j = 0; j < VEC; j++)
+                wr[k][j] = j < nc ? bf2f(p.w[(c0 + j) * p.ws + k]) : 0.0f;
+        for (int64_t tt = (int64_t)blockIdx.y * blockDim.y + threadIdx.y; tt < tiles;
+             tt += (int64_t)gridDim.y * blockDim.y) {
+            const int64_t t0 = tt * TT;
+            uint4 win[NW]; /* win[i] = row t0 - (KW - 1) + i */
+#pragma unroll
+            for (int i = 0; i < NW; i++) {
+                const int64_t src = t0 - (KW - 1) + i;
+                win[i] = make_uint4(0, 0, 0, 0);
+                if (src >= 0 && src < p.T)
+                    win[i] = conv_load_raw(p, src, c0, nc);
+            }
+            int s = seq_of(p.cu, p.n_seq, t0);
+            int64_t start = p.cu[s], next = p.cu[s + 1];
+#pragma unroll
+            for (int i = 0; i < TT; i++) {
+                const int64_t t = t0 + i;
+                if (t >= p.T)
+                    break;
+                while (next <= t) { /* t < T = cu[n_seq]: stops at s + 1 <= n_seq */
+                    s++;
+                    start = p.cu[s];
+                    next = p.cu[s + 1];
+                }
+                float acc[VEC];
+#pragma unroll
+                for (int j = 0; j < VEC; j++)
+                    acc[j] = 0.0f;
+#pragma unroll
+                for (int k = 0; k < KW; k++) {
+                    if (t - (KW - 1) + k < start)
+                        continue;
+                    float xv[VEC];
+                    unpack8(win[i + k], xv);
+#pragma unroll
+                    for (int j = 0; j < VEC; j++)
+                        acc[j] += wr[k][j] * xv[j];
                 }
 #pragma unroll
                 for (int j = 0; j < VEC; j++)
@@ -219,12 +319,14 @@ int df_cuda_conv1d_silu(df_backend *be, const df_tensor *x, const df_tensor *w,
     p.vec = !((uintptr_t)p.x & 15u) && !((uintptr_t)p.out & 15u) && p.xs % VEC == 0 &&
             p.os % VEC == 0;
     dim3 grid, block;
-    rows_launch(cdiv(p.T, CONV_TT), cdiv(p.C, VEC), CONV_NT, &grid, &block);
     cudaStream_t st = df_cuda_stream(be);
-    if (p.K == 4)
-        conv_kernel<4><<<grid, block, 0, st>>>(p);
-    else
+    if (p.K == 4) {
+        rows_launch(cdiv(p.T, CONV_WT), cdiv(p.C, VEC), CONV_NT, &grid, &block);
+        conv_win_kernel<4, CONV_WT><<<grid, block, 0, st>>>(p);
+    } else {
+        rows_launch(cdiv(p.T, CONV_TT), cdiv(p.C, VEC), CONV_NT, &grid, &block);
         conv_kernel<0><<<grid, block, 0, st>>>(p);
+    }
     return df_cuda_check_launch("conv1d kernel");
 }
 

@@ -1,0 +1,550 @@
+/* lmhead_ce.cu - the fused frozen LM head + weighted cross-entropy on the
+ * GPU (contract in lmhead_cuda.h / train_ops.h; CPU reference
+ * kernels/cpu/lmhead_ce.c, whose per-row formulas are followed below).
+ *
+ * Liger-style (KERNELS.md, "Cross-entropy over a 248K vocabulary"): rows go
+ * in chunks sized so the chunk's buffers stay under a bound (1 GiB); per
+ * chunk
+ *   1. Z = h_chunk @ head^T, fp32 out of cuBLASLt (bf16 in, fp32 accumulate)
+ *   2. one block per row: max, argmax (lowest index of the max), sum of
+ *      exp(z - max) in double (online: one read of the row), CE, w * CE into
+ *      a per-row double; with dh, a second read of the row turns it into
+ *      G = (softmax - onehot) * w / denom with the CPU's formulas, split as
+ *      G = hi + lo (two bf16: hi written in place over Z, lo to a buffer)
+ *   3. dh32 = hi @ head, dh32 += lo @ head (fp32 out), then dh = bf16(dh32)
+ *      (0 for ignored rows).
+ * Why hi + lo: cuBLASLt has no fp32 x bf16 GEMM, and G rounded to one bf16
+ * (2^-9 relative per entry) adds an error as large as dh's own bf16
+ * rounding; hi + lo carries G to ~2^-17, so dh's only sizeable error is its
+ * final rounding, as on the CPU. The price is one more GEMM of GEMM 1's size.
+ * Why fp32 dh32 in between: a bf16 accumulate of the lo product would round
+ * dh twice.
+ *
+ * In place: a row's G (hi, bf16) is written over the first half of the
+ * row's own fp32 logits. The block walks the row in tiles in increasing
+ * order; every thread reads its tile's logits and computes from them before
+ * a __syncthreads, then writes hi for that tile. Writes of tile t land in
+ * logits [t*TILE/2, (t+1)*TILE/2), all read before that barrier; later
+ * tiles read only beyond (t+1)*TILE. Rows never share memory.
+ *
+ * Determinism: each row is one block with a fixed thread-to-element map and
+ * fixed shuffle/shared reduction trees; the loss is summed over rows by one
+ * block in a fixed order, independent of the chunking; cuBLASLt is bitwise
+ * reproducible for a fixed algorithm on one GPU model, and the algorithm
+ * for a shape is picked once (cached) and reused.
+ *
+ * cuBLASLt: gemm.cu's plans are private to it, so this file keeps its own
+ * per-device handle and a small cache of (shape -> algorithm); descriptors
+ * are cheap host objects made per call, only the heuristic query is cached.
+ * The workspace is carved out of the backend scratch. */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <string.h>
+
+#include <cublasLt.h>
+
+#include "cuda_internal.h"
+#include "lmhead_cuda.h"
+
+extern "C" {
+#include "log.h"
+}
+
+namespace {
+
+constexpr int RT = 512;              /* threads per row block */
+constexpr int RU = 8;                /* logits per thread per tile (loads in flight) */
+constexpr int TILE = RT * RU;        /* logits per tile */
+constexpr int NW = RT / 32;          /* warps per row block */
+constexpr int LT = 1024;             /* threads of the loss-sum block */
+constexpr size_t WS_BYTES = (size_t)32 << 20;           /* cuBLASLt workspace */
+constexpr size_t DEFAULT_CHUNK_BYTES = (size_t)1 << 30; /* per-chunk buffers */
+constexpr int PLAN_CAP = 32;
+constexpr int MAX_DEV = 64;
+
+size_t g_chunk_bytes = 0; /* test hook; 0 = DEFAULT_CHUNK_BYTES */
+
+__device__ __forceinline__ uint16_t f2bf(float f)
+{
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+__device__ __forceinline__ float bf2f(uint16_t h)
+{
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+/* A row is active (contributes loss and gradient) as on the CPU, plus the
+ * device-only rule: a label >= V is ignored, never read. !(w > 0) also
+ * ignores a NaN weight, as the CPU's `weight > 0` test does. */
+__device__ __forceinline__ int row_active(int32_t lab, float w, int64_t V)
+{
+    return lab >= 0 && (int64_t)lab < V && w > 0.0f;
+}
+
+/* Merges (max m, argmax i, sum s of exp(z - m)) with another such triple.
+ * Commutative; on equal maxima the lower index wins (the CPU's first max). */
+__device__ __forceinline__ void merge(float &m, int &i, double &s, float m2, int i2, double s2)
+{
+    float M = fmaxf(m, m2);
+    double a = s != 0.0 ? s * exp((double)m - (double)M) : 0.0;
+    double b = s2 != 0.0 ? s2 * exp((double)m2 - (double)M) : 0.0;
+    i = m2 > m ? i2 : (m > m2 ? i : min(i, i2));
+    m = M;
+    s = a + b;
+}
+
+/* One block per row of the chunk. z: the chunk's logits [rows, ldz] fp32;
+ * global row = row0 + blockIdx.x for label/weight/argmax/ce/row_loss. With
+ * want_dh, z's row becomes hi (bf16, first V entries of the row seen as
+ * uint16_t) and lo[blockIdx.x * ldlo + v] gets the low halves. */
+__global__ void __launch_bounds__(RT) ce_row_kernel(float *__restrict__ z, int64_t ldz, int64_t V,
+                                                    int64_t row0,
+                                                    const int32_t *__restrict__ label,
+                                                    const float *__restrict__ weight,
+                                                    double denom, int want_dh,
+                                                    uint16_t *__restrict__ lo, int64_t ldlo,
+                                                    int32_t *__restrict__ argmax,
+                                                    float *__restrict__ ce,
+                                                    double *__restrict__ row_loss)
+{
+    __shared__ float sh_m[NW];
+    __shared__ int sh_i[NW];
+    __shared__ double sh_s[NW];
+    __shared__ float sh_mx, sh_scf;
+    __shared__ double sh_sc, sh_c;
+    __shared__ int sh_act, sh_lab;
+
+    const int t = threadIdx.x;
+    const int64_t r = blockIdx.x, gi = row0 + r;
+    float *zr = z + r * ldz;
+
+    /* Pass 1: this thread's logits in increasing index order (so a strict
+     * > keeps its first max), an online sum rescaled on each new max. */
+    float m = -INFINITY;
+    int am = INT_MAX;
+    double s = 0.0;
+    for (int64_t b = 0; b < V; b += TILE) {
+        float x[RU];
+#pragma unroll
+        for (int k = 0; k < RU; k++) {
+            int64_t v = b + t + (int64_t)k * RT;
+            x[k] = v < V ? zr[v] : -INFINITY;
+        }
+#pragma unroll
+        for (int k = 0; k < RU; k++) {
+            int64_t v = b + t + (int64_t)k * RT;
+            if (v >= V)
+                break;
+            if (x[k] > m) {
+                /* new max: p of the max itself is exp(0) = 1 exactly */
+                s = s * exp((double)m - (double)x[k]) + 1.0;
+                m = x[k];
+                am = (int)v;
+            } else if (m > -INFINITY) {
+                s += (double)expf(x[k] - m);
+            }
+        }
+    }
+    /* Fixed trees: shuffles within each warp, then warp 0 over the warps. */
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_down_sync(0xffffffffu, m, o);
+        int i2 = __shfl_down_sync(0xffffffffu, am, o);
+        double s2 = __shfl_down_sync(0xffffffffu, s, o);
+        merge(m, am, s, m2, i2, s2);
+    }
+    if ((t & 31) == 0) {
+        sh_m[t >> 5] = m;
+        sh_i[t >> 5] = am;
+        sh_s[t >> 5] = s;
+    }
+    __syncthreads();
+    if (t < 32) {
+        m = t < NW ? sh_m[t] : -INFINITY;
+        am = t < NW ? sh_i[t] : INT_MAX;
+        s = t < NW ? sh_s[t] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float m2 = __shfl_down_sync(0xffffffffu, m, o);
+            int i2 = __shfl_down_sync(0xffffffffu, am, o);
+            double s2 = __shfl_down_sync(0xffffffffu, s, o);
+            merge(m, am, s, m2, i2, s2);
+        }
+    }
+    if (t == 0) {
+        int32_t lab = label[gi];
+        float w = weight ? weight[gi] : 1.0f;
+        int act = row_active(lab, w, V);
+        if (argmax)
+            argmax[gi] = am == INT_MAX ? 0 : am; /* all -inf/NaN: index 0 as the CPU */
+        double cev = 0.0;
+        if (act) {
+            float zl = zr[lab]; /* read before pass 2 overwrites the row */
+            cev = ((double)m + log(s)) - (double)zl;
+            double c = (double)w / denom, sc = c / s;
+            sh_c = c;
+            sh_sc = sc;
+            sh_scf = (float)sc;
+        }
+        if (ce)
+            ce[gi] = act ? (float)cev : 0.0f;
+        row_loss[gi] = act ? (double)w * cev : 0.0;
+        sh_act = act;
+        sh_lab = act ? lab : -1;
+        sh_mx = m;
+    }
+    __syncthreads(); /* also: every pass-1 read of the row is done */
+    if (!want_dh)
+        return;
+
+    uint16_t *hi = (uint16_t *)zr;
+    uint16_t *lor = lo + r * ldlo;
+    if (!sh_act) { /* ignored row: G = 0 (nothing is read any more) */
+        for (int64_t v = t; v < V; v += RT) {
+            hi[v] = 0;
+            lor[v] = 0;
+        }
+        return;
+    }
+    const float mx = sh_mx, scf = sh_scf;
+    const double sc = sh_sc, c = sh_c;
+    const int64_t lab = sh_lab;
+    /* Pass 2 (see the file comment for why the tile order makes in place
+     * safe). G as the CPU: p = expf(z - mx); G = p * (float)(c/s); the
+     * label's entry in double, (float)(p * c/s - c). */
+    for (int64_t b = 0; b < V; b += TILE) {
+        float x[RU];
+        uint16_t gh[RU];
+#pragma unroll
+        for (int k = 0; k < RU; k++) {
+            int64_t v = b + t + (int64_t)k * RT;
+            x[k] = v < V ? zr[v] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < RU; k++) {
+            int64_t v = b + t + (int64_t)k * RT;
+            float p = expf(x[k] - mx);
+            float g = v == lab ? (float)((double)p * sc - c) : p * scf;
+            gh[k] = f2bf(g);
+            /* g - hi is exact in fp32; its bf16 rounding leaves ~2^-17 |g| */
+            if (v < V)
+                lor[v] = f2bf(g - bf2f(gh[k]));
+        }
+        __syncthreads(); /* the tile's reads (consumed above) precede any write */
+#pragma unroll
+        for (int k = 0; k < RU; k++) {
+            int64_t v = b + t + (int64_t)k * RT;
+            if (v < V)
+                hi[v] = gh[k];
+        }
+    }
+}
+
+/* dh[row0 + r] = bf16(d32[r]) for active rows, 0 for ignored ones. */
+__global__ void __launch_bounds__(256) dh_store_kernel(const float *__restrict__ d32, int64_t H,
+                                                       int64_t V, int64_t row0,
+                                                       const int32_t *__restrict__ label,
+                                                       const float *__restrict__ weight,
+                                                       uint16_t *__restrict__ dh, int64_t lddh)
+{
+    const int64_t r = blockIdx.x, gi = row0 + r;
+    int act = row_active(label[gi], weight ? weight[gi] : 1.0f, V);
+    const float *src = d32 + r * H;
+    uint16_t *dst = dh + gi * lddh;
+    for (int64_t k = threadIdx.x; k < H; k += blockDim.x)
+        dst[k] = act ? f2bf(src[k]) : (uint16_t)0;
+}
+
+/* out[0] = sum of x[0..n): thread t sums x[t], x[t + LT], ... in order,
+ * then a fixed tree. One block: the same result for any chunking. */
+__global__ void __launch_bounds__(LT) loss_sum_kernel(const double *__restrict__ x, int64_t n,
+                                                      double *__restrict__ out)
+{
+    __shared__ double sh[LT];
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < n; i += LT)
+        s += x[i];
+    sh[threadIdx.x] = s;
+    __syncthreads();
+    for (int w = LT / 2; w > 0; w >>= 1) {
+        if ((int)threadIdx.x < w)
+            sh[threadIdx.x] += sh[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        out[0] = sh[0];
+}
+
+/* ---- cuBLASLt: own handle per device, cached algorithm per shape ---- */
+
+typedef struct plan_key {
+    int dev, ta, tb, c_f32;
+    int64_t m, n, k, lda, ldb, ldc;
+    unsigned align;
+} plan_key;
+
+typedef struct plan {
+    plan_key key;
+    cublasLtMatmulAlgo_t algo;
+    int valid;
+} plan;
+
+pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER; /* guards the handles and the cache */
+cublasLtHandle_t g_lt[MAX_DEV];                   /* never destroyed: process lifetime */
+plan g_plans[PLAN_CAP];
+int g_next_plan;
+
+int lt_fail(cublasStatus_t st, const char *what)
+{
+    if (st == CUBLAS_STATUS_SUCCESS)
+        return 0;
+    df_log(DF_LOG_ERROR, "cuda: lmhead_ce: cublasLt %s: status %d", what, (int)st);
+    return -EIO;
+}
+
+unsigned align_of(const void *a, const void *b, const void *c)
+{
+    uintptr_t v = (uintptr_t)a | (uintptr_t)b | (uintptr_t)c | 256;
+    return (unsigned)(v & (~v + 1));
+}
+
+/* C (m x n column-major, ld ldc; bf16, or F32 if c_f32) = op(A) op(B)
+ * (+ C if accumulate): A, B bf16, fp32 accumulation, C rounded once. */
+int lt_gemm(cudaStream_t st, void *ws, int ta, int tb, int64_t m, int64_t n, int64_t k,
+            const void *A, int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc,
+            int c_f32, int accumulate)
+{
+    if (m == 0 || n == 0)
+        return 0;
+    size_t ces = c_f32 ? 4 : 2;
+    if (k == 0) /* an empty sum */
+        return accumulate ? 0
+                          : df_cuda_fail(cudaMemset2DAsync(C, (size_t)ldc * ces, 0,
+                                                           (size_t)m * ces, (size_t)n, st),
+                                         "lmhead_ce zero");
+    int dev = 0;
+    if (df_cuda_fail(cudaGetDevice(&dev), "lmhead_ce get device"))
+        return -EIO;
+    if (dev < 0 || dev >= MAX_DEV) {
+        df_log(DF_LOG_ERROR, "cuda: lmhead_ce: device %d out of range", dev);
+        return -EIO;
+    }
+    cublasLtMatmulDesc_t op = NULL;
+    cublasLtMatrixLayout_t a = NULL, b = NULL, c = NULL;
+    cublasOperation_t opa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, opb = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+    uint64_t ar = ta ? k : m, ac = ta ? m : k, br = tb ? n : k, bc = tb ? k : n;
+    int rc = lt_fail(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
+    if (!rc)
+        rc = lt_fail(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &opa,
+                                                    sizeof opa),
+                     "transa");
+    if (!rc)
+        rc = lt_fail(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &opb,
+                                                    sizeof opb),
+                     "transb");
+    if (!rc)
+        rc = lt_fail(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, ar, ac, lda), "layout a");
+    if (!rc)
+        rc = lt_fail(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, br, bc, ldb), "layout b");
+    if (!rc)
+        rc = lt_fail(cublasLtMatrixLayoutCreate(&c, c_f32 ? CUDA_R_32F : CUDA_R_16BF,
+                                                (uint64_t)m, (uint64_t)n, ldc),
+                     "layout c");
+
+    plan_key key;
+    memset(&key, 0, sizeof key); /* compared with memcmp: no stray padding bytes */
+    key.dev = dev;
+    key.ta = ta;
+    key.tb = tb;
+    key.c_f32 = c_f32;
+    key.m = m;
+    key.n = n;
+    key.k = k;
+    key.lda = lda;
+    key.ldb = ldb;
+    key.ldc = ldc;
+    key.align = align_of(A, B, C);
+    cublasLtMatmulAlgo_t algo;
+    memset(&algo, 0, sizeof algo);
+    cublasLtHandle_t lt = NULL;
+    if (!rc) {
+        pthread_mutex_lock(&g_mu);
+        if (!g_lt[dev])
+            rc = lt_fail(cublasLtCreate(&g_lt[dev]), "create");
+        lt = g_lt[dev];
+        int hit = -1;
+        for (int i = 0; !rc && i < PLAN_CAP; i++)
+            if (g_plans[i].valid && !memcmp(&g_plans[i].key, &key, sizeof key)) {
+                hit = i;
+                break;
+            }
+        if (!rc && hit >= 0) {
+            algo = g_plans[hit].algo;
+        } else if (!rc) {
+            /* first time for this shape: ask the heuristic once */
+            cublasLtMatmulPreference_t pref = NULL;
+            rc = lt_fail(cublasLtMatmulPreferenceCreate(&pref), "preference");
+            if (!rc) {
+                uint64_t wsb = WS_BYTES;
+                uint32_t al = key.align;
+                cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                     &wsb, sizeof wsb);
+                cublasLtMatmulPreferenceSetAttribute(
+                    pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al, sizeof al);
+                cublasLtMatmulPreferenceSetAttribute(
+                    pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al, sizeof al);
+                cublasLtMatmulPreferenceSetAttribute(
+                    pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al, sizeof al);
+                cublasLtMatmulPreferenceSetAttribute(
+                    pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al, sizeof al);
+                cublasLtMatmulHeuristicResult_t res;
+                int found = 0;
+                rc = lt_fail(cublasLtMatmulAlgoGetHeuristic(lt, op, a, b, c, c, pref, 1, &res,
+                                                            &found),
+                             "heuristic");
+                if (!rc && found < 1)
+                    rc = lt_fail(CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm for this shape");
+                if (!rc) {
+                    algo = res.algo;
+                    plan *p = &g_plans[g_next_plan];
+                    g_next_plan = (g_next_plan + 1) % PLAN_CAP; /* round-robin eviction */
+                    memcpy(&p->key, &key, sizeof key); /* padding included: memcmp'd */
+                    p->algo = res.algo;
+                    p->valid = 1;
+                }
+            }
+            if (pref)
+                cublasLtMatmulPreferenceDestroy(pref);
+        }
+        pthread_mutex_unlock(&g_mu);
+    }
+    if (!rc) {
+        float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+        rc = lt_fail(cublasLtMatmul(lt, op, &alpha, A, a, B, b, &beta, C, c, C, c, &algo, ws,
+                                    WS_BYTES, st),
+                     "matmul");
+    }
+    /* Host-side objects: cublasLtMatmul has taken what it needs at enqueue. */
+    if (c)
+        cublasLtMatrixLayoutDestroy(c);
+    if (b)
+        cublasLtMatrixLayoutDestroy(b);
+    if (a)
+        cublasLtMatrixLayoutDestroy(a);
+    if (op)
+        cublasLtMatmulDescDestroy(op);
+    return rc;
+}
+
+size_t round_up(size_t x, size_t a)
+{
+    return (x + a - 1) / a * a;
+}
+
+/* A matrix row stride cuBLASLt accepts (>= the row length), or -1: a row
+ * stride below the length only makes sense for a single row. */
+int64_t ld_of(const df_tensor *t)
+{
+    int64_t cols = t->shape[1];
+    if (t->stride[0] >= cols && t->stride[0] >= 1)
+        return t->stride[0];
+    return t->shape[0] <= 1 ? (cols > 0 ? cols : 1) : -1;
+}
+
+} /* namespace */
+
+extern "C" void df_cuda_lmhead_ce_set_chunk_bytes(size_t bytes)
+{
+    g_chunk_bytes = bytes;
+}
+
+extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
+                                 const int32_t *label, const float *weight, float denom,
+                                 double *loss_sum, df_tensor *dh, int32_t *argmax, float *ce)
+{
+    const int64_t N = h->shape[0], H = h->shape[1], V = head->shape[0];
+    if (N == 0)
+        return 0;
+    const int64_t ldh = ld_of(h), ldw = ld_of(head);
+    if (ldh < 0 || ldw < 0) {
+        df_log(DF_LOG_ERROR, "cuda: lmhead_ce: row stride below the row length");
+        return -ENOTSUP;
+    }
+    cudaStream_t st = df_cuda_stream(be);
+    const int want_dh = dh != NULL;
+
+    /* Row strides padded to 32 bytes (fp32 logits) / 16 bytes (lo) so every
+     * row start keeps cuBLASLt's fast aligned paths whatever V is. */
+    const int64_t ldz = (int64_t)round_up((size_t)V, 8);
+    const int64_t ldlo = ldz;
+    size_t per_row = (size_t)ldz * 4 + (want_dh ? (size_t)ldlo * 2 + (size_t)H * 4 : 0);
+    size_t cap = g_chunk_bytes ? g_chunk_bytes : DEFAULT_CHUNK_BYTES;
+    int64_t rows = (int64_t)(cap / per_row);
+    if (rows < 1)
+        rows = 1;
+    if (rows > N)
+        rows = N;
+
+    /* Scratch: [ws][row_loss N + 1 doubles][logits rows x ldz][lo][dh32]. */
+    size_t o_loss = WS_BYTES;
+    size_t o_z = round_up(o_loss + (size_t)(N + 1) * 8, 256);
+    size_t o_lo = round_up(o_z + (size_t)rows * ldz * 4, 256);
+    size_t o_d32 = round_up(o_lo + (want_dh ? (size_t)rows * ldlo * 2 : 0), 256);
+    size_t total = o_d32 + (want_dh ? (size_t)rows * H * 4 : 0);
+    char *sc = (char *)df_cuda_scratch(be, total);
+    if (!sc)
+        return -ENOMEM;
+    void *ws = sc;
+    double *row_loss = (double *)(sc + o_loss);
+    float *z = (float *)(sc + o_z);
+    uint16_t *lo = (uint16_t *)(sc + o_lo);
+    float *d32 = (float *)(sc + o_d32);
+    const uint16_t *hd = (const uint16_t *)h->data, *wd = (const uint16_t *)head->data;
+
+    int rc = 0;
+    for (int64_t r0 = 0; r0 < N && !rc; r0 += rows) {
+        int64_t nr = N - r0 < rows ? N - r0 : rows;
+        /* GEMM 1, Z^T (V x nr, ld ldz) = op_T(head) h_chunk^T: as df_cuda_matmul, fp32 out */
+        rc = lt_gemm(st, ws, 1, 0, V, nr, H, wd, ldw, hd + r0 * ldh, ldh, z, ldz, 1, 0);
+        if (rc)
+            break;
+        ce_row_kernel<<<(unsigned)nr, RT, 0, st>>>(z, ldz, V, r0, label, weight, (double)denom,
+                                                   want_dh, lo, ldlo, argmax, ce, row_loss);
+        if ((rc = df_cuda_check_launch("lmhead_ce rows")))
+            break;
+        if (!want_dh)
+            continue;
+        /* GEMM 2, dh32^T (H x nr) = head^T G^T, hi (ld 2*ldz bf16) then + lo,
+         * as df_cuda_matmul_bwd_x with fp32 out */
+        rc = lt_gemm(st, ws, 0, 0, H, nr, V, wd, ldw, z, 2 * ldz, d32, H, 1, 0);
+        if (!rc)
+            rc = lt_gemm(st, ws, 0, 0, H, nr, V, wd, ldw, lo, ldlo, d32, H, 1, 1);
+        if (rc)
+            break;
+        if (H > 0) {
+            dh_store_kernel<<<(unsigned)nr, 256, 0, st>>>(d32, H, V, r0, label, weight,
+                                                          (uint16_t *)dh->data, dh->stride[0]);
+            rc = df_cuda_check_launch("lmhead_ce dh");
+        }
+    }
+    if (!rc && loss_sum) {
+        double *dsum = row_loss + N;
+        double hsum = 0.0;
+        loss_sum_kernel<<<1, LT, 0, st>>>(row_loss, N, dsum);
+        rc = df_cuda_check_launch("lmhead_ce loss sum");
+        if (!rc)
+            rc = df_cuda_fail(cudaMemcpyAsync(&hsum, dsum, sizeof hsum, cudaMemcpyDeviceToHost, st),
+                              "lmhead_ce loss download");
+        if (!rc)
+            rc = df_cuda_fail(cudaStreamSynchronize(st), "lmhead_ce loss sync");
+        if (!rc)
+            *loss_sum += hsum;
+    }
+    return rc;
+}

@@ -1,0 +1,43 @@
+/* lmhead_cuda.h - the fused frozen LM head + weighted cross-entropy on the
+ * GPU (df_op_lmhead_ce's contract, train_ops.h; CPU reference
+ * kernels/cpu/lmhead_ce.c), as the CUDA backend's implementation.
+ *
+ * h [N, H] and dh [N, H] are BF16 activations, head [V, H] a BF16 weight,
+ * all device memory; label [N] (int32), weight [N] (F32, may be NULL),
+ * argmax [N] and ce [N] (may be NULL) are DEVICE arrays; loss_sum is a HOST
+ * double (may be NULL): it is added to after the stream is synchronized.
+ * Labels are not range-checked by the dispatch on a device backend: a row
+ * with label < 0 or label >= V (or weight not > 0) is ignored (ce 0, dh 0,
+ * no loss), never read out of bounds. Its argmax is still computed.
+ * Arguments are otherwise as validated by kernels/train_ops.c.
+ *
+ * Deterministic: fixed-shape reductions, no atomics; the cuBLASLt algorithm
+ * for a shape is chosen once and reused. Returns 0, -ENOMEM (scratch),
+ * -ENOTSUP (an h/head row stride below H with more than one row), or -EIO
+ * (a CUDA / cuBLASLt error, logged). Enqueued on df_cuda_stream(be); only a
+ * non-NULL loss_sum makes the call wait for the stream. */
+#ifndef DF_CUDA_LMHEAD_CUDA_H
+#define DF_CUDA_LMHEAD_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "backend_internal.h"
+
+int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
+                      const int32_t *label, const float *weight, float denom, double *loss_sum,
+                      df_tensor *dh, int32_t *argmax, float *ce);
+
+/* Test hook: the bound on the per-chunk buffers (logits, and with dh the
+ * low halves of the gradient and an fp32 dh chunk) in bytes; 0 restores the
+ * default (1 GiB). Process-wide; meant for tests that force many chunks. */
+void df_cuda_lmhead_ce_set_chunk_bytes(size_t bytes);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
