@@ -37,7 +37,8 @@ static void usage(FILE *f)
             "  --init-std S          linear init std (default 0.02)\n"
             "  --seed S              all randomness (default 1)\n"
             "bookkeeping:\n"
-            "  --device cpu          the backend (cpu; CUDA is a later issue)\n"
+            "  --device cpu|cuda     the backend (default cpu; cuda: one GPU, --gpu I; the\n"
+            "                        multi-GPU trainer is in progress)\n"
             "  --log-every N --ckpt-every N --keep-last N --threads N --quiet\n");
 }
 
@@ -77,11 +78,11 @@ int cmd_train(int argc, char **argv)
         else if (!strcmp(a, "--out")) o.run_dir = v;
         else if (!strcmp(a, "--layer-types")) o.layer_types = v;
         else if (!strcmp(a, "--device")) {
-            if (strcmp(v, "cpu")) {
-                fprintf(stderr, "dflash train: device '%s' is not built yet (cpu only; the GPU "
-                                "trainer is a later issue)\n", v);
+            if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto")) {
+                fprintf(stderr, "dflash train: --device '%s': want cpu, cuda or auto\n", v);
                 return 2;
             }
+            o.device = v;
         }
         else if (!strcmp(a, "--target-layers")) {
             const char *p = v;
@@ -124,6 +125,7 @@ int cmd_train(int argc, char **argv)
         else if (!strcmp(a, "--ckpt-every")) o.ckpt_every = (int)x;
         else if (!strcmp(a, "--keep-last")) o.keep_last = (int)x;
         else if (!strcmp(a, "--threads")) o.threads = (int)x;
+        else if (!strcmp(a, "--gpu") && x >= 0 && x < 1024) o.gpu = (int)x;
         else if (!strcmp(a, "--stop-after")) o.stop_after = (int64_t)x;
         else {
             fprintf(stderr, "dflash train: unknown option '%s'\n", a);

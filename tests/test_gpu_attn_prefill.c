@@ -21,7 +21,7 @@
  * multiples of any tile, one of 1000+ tokens. Every case runs with the
  * automatic configuration and with each forced candidate configuration
  * (df_cuda_attention_set_variant), so the portable small-smem kernels are
- * tested on an H200 too (forced variants call df_cuda_attention directly, so
+ * tested on an H200 too, and v4, the sm_90a wgmma kernel (forced variants call df_cuda_attention directly, so
  * the backend's CUDA-core fallback cannot stand in for them). The tuned
  * kernel must decline head_dim 96 with -ENOTSUP.
  *
@@ -41,7 +41,9 @@
 #include "ops.h"
 #include "test.h"
 
-/* attn_prefill.cu's test hook: 0 automatic, v >= 1 forces candidate v - 1. */
+/* attn_prefill.cu's test hook: 0 automatic, v >= 1 forces candidate v - 1:
+ * v1..v3 the mma.sync kernel's configurations, v4 the sm_90a wgmma kernel
+ * (n/a on other GPUs and builds without the 90a target). */
 void df_cuda_attention_set_variant(int v);
 #define N_VARIANTS 4
 

@@ -216,6 +216,107 @@ typedef struct data_pos {
     uint64_t epoch, pos, tokens;
 } data_pos;
 
+/* ------------------------------------------------------------ device state */
+
+/* A [V, H] host weight as a BF16 tensor in device memory (*owned). */
+static int device_bf16(df_backend *be, df_tensor *t, void **owned, df_err *e)
+{
+    int64_t n = df_tensor_numel(t);
+    uint16_t *tmp = malloc((size_t)n * 2), *dev = df_backend_alloc(be, (size_t)n * 2);
+    if (!tmp || !dev) {
+        free(tmp);
+        df_backend_free(be, dev);
+        return df_errf(e, -ENOMEM, "out of memory placing a [%lld x %lld] weight on %s",
+                       (long long)t->shape[0], (long long)t->shape[1], df_backend_name(be));
+    }
+    size_t es = df_dtype_size(t->dtype);
+    for (int64_t i = 0; i < n; i++)
+        tmp[i] = t->dtype == DF_DTYPE_BF16
+                     ? ((const uint16_t *)t->data)[i]
+                     : df_f32_to_bf16(df_elem_to_f32((const uint8_t *)t->data + i * es, t->dtype));
+    int rc = df_backend_upload(be, dev, tmp, (size_t)n * 2);
+    free(tmp);
+    if (rc) {
+        df_backend_free(be, dev);
+        return df_errf(e, rc, "upload to %s failed", df_backend_name(be));
+    }
+    *owned = dev;
+    *t = df_tensor_2d(dev, DF_DTYPE_BF16, t->shape[0], t->shape[1]);
+    return 0;
+}
+
+/* The optimizer's arrays where the backend computes: on the CPU they are
+ * the checkpoint's host arrays themselves; on a device, copies (master,
+ * moments, gradients F32; the bf16 weights the drafter reads). */
+typedef struct dev_state {
+    int on_device;
+    float *master, *m, *v, *grad;
+    uint16_t *w16;
+} dev_state;
+
+static void dev_state_free(df_backend *be, dev_state *s)
+{
+    if (s->on_device) {
+        df_backend_free(be, s->master);
+        df_backend_free(be, s->m);
+        df_backend_free(be, s->v);
+        df_backend_free(be, s->grad);
+        df_backend_free(be, s->w16);
+    }
+    memset(s, 0, sizeof *s);
+}
+
+/* Places (uploads) the checkpoint state; grad is the host gradient array
+ * on the CPU. */
+static int dev_state_open(df_backend *be, df_ckpt_state *ck, float *grad, int64_t n,
+                          dev_state *s, df_err *e)
+{
+    memset(s, 0, sizeof *s);
+    if (df_backend_host_addressable(be)) {
+        s->master = ck->master;
+        s->m = ck->adam_m;
+        s->v = ck->adam_v;
+        s->grad = grad;
+        return 0;
+    }
+    s->on_device = 1;
+    size_t b = (size_t)n * 4;
+    s->master = df_backend_alloc(be, b);
+    s->m = df_backend_alloc(be, b);
+    s->v = df_backend_alloc(be, b);
+    s->grad = df_backend_alloc(be, b);
+    s->w16 = df_backend_alloc(be, (size_t)n * 2);
+    if (!s->master || !s->m || !s->v || !s->grad || !s->w16)
+        return df_errf(e, -ENOMEM, "out of memory on %s for %lld parameters' optimizer state",
+                       df_backend_name(be), (long long)n);
+    int rc = df_backend_upload(be, s->master, ck->master, b);
+    if (!rc)
+        rc = df_backend_upload(be, s->m, ck->adam_m, b);
+    if (!rc)
+        rc = df_backend_upload(be, s->v, ck->adam_v, b);
+    if (!rc)
+        rc = df_backend_cast(be, s->w16, DF_DTYPE_BF16, s->master, DF_DTYPE_F32, n);
+    return rc ? df_errf(e, rc, "placing the optimizer state on %s failed", df_backend_name(be))
+              : 0;
+}
+
+/* Brings the device's master and moments back into the checkpoint arrays. */
+static int dev_state_fetch(df_backend *be, const dev_state *s, df_ckpt_state *ck, int64_t n,
+                           df_err *e)
+{
+    if (!s->on_device)
+        return 0;
+    size_t b = (size_t)n * 4;
+    int rc = df_backend_download(be, ck->master, s->master, b);
+    if (!rc)
+        rc = df_backend_download(be, ck->adam_m, s->m, b);
+    if (!rc)
+        rc = df_backend_download(be, ck->adam_v, s->v, b);
+    return rc ? df_errf(e, rc, "copying the optimizer state from %s failed",
+                        df_backend_name(be))
+              : 0;
+}
+
 /* ------------------------------------------------------------ the loop */
 
 int df_train_run(const df_train_opts *o, df_err *e)
@@ -227,6 +328,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
     df_drafter *d = NULL;
     df_batch **rows = NULL;
     float *grad = NULL;
+    dev_state ds = {0};
+    void *dev_embed = NULL, *dev_head = NULL;
     FILE *logf = NULL;
     df_ckpt_state ck = {0};
     source src = {0};
@@ -288,9 +391,17 @@ int df_train_run(const df_train_opts *o, df_err *e)
     df_tensor embed, head;
     if ((rc = load_target_head(&tst, o->target_dir, tc.vocab_size, tc.hidden_size, &embed, &head, e)))
         goto out;
-    if (!(be = df_backend_cpu_open(o->threads, e))) {
+    int on_gpu = o->device && strcmp(o->device, "cpu") &&
+                 (!strcmp(o->device, "cuda") || df_backend_cuda_device_count() > 0);
+    be = on_gpu ? df_backend_cuda_open(o->gpu, e) : df_backend_cpu_open(o->threads, e);
+    if (!be) {
         rc = e ? e->code : -ENOMEM;
         goto out;
+    }
+    if (!df_backend_host_addressable(be)) { /* the frozen embedding and head, bf16 on the device */
+        if ((rc = device_bf16(be, &embed, &dev_embed, e)) ||
+            (rc = device_bf16(be, &head, &dev_head, e)))
+            goto out;
     }
     if ((rc = df_drafter_open(&c, be, &embed, &head, &d, e)))
         goto out;
@@ -361,6 +472,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
         rc = df_errf(e, -ENOMEM, "out of memory");
         goto out;
     }
+    if ((rc = dev_state_open(be, &ck, grad, total, &ds, e)))
+        goto out;
     df_batch_config bc = {.max_tokens = o->max_tokens, .max_anchors = o->max_anchors,
                           .block_size = c.block_size, .mask_token_id = c.mask_token_id,
                           .vocab_size = c.vocab_size, .hidden_size = c.hidden_size,
@@ -435,7 +548,10 @@ int df_train_run(const df_train_opts *o, df_err *e)
         }
         /* Forward + backward of every row; the loss is normalised by the
          * whole step's weight (DFLASH.md: the global denominator). */
-        memset(grad, 0, (size_t)total * sizeof(float));
+        if ((rc = df_backend_zero(be, ds.grad, (size_t)total * sizeof(float)))) {
+            df_errf(e, rc, "step %" PRId64 ": clearing gradients failed", step);
+            goto out;
+        }
         df_drafter_metrics m = {0};
         for (int r = 0; r < nrows && denom > 0; r++) {
             const df_batch_row *br = df_batch_get_row(rows[r]);
@@ -443,13 +559,14 @@ int df_train_run(const df_train_opts *o, df_err *e)
                                  .blocks = br->blocks, .block_ids = (const uint32_t *)br->block_ids,
                                  .block_pos = br->block_pos, .labels = br->labels,
                                  .weights = br->weights};
-            if ((rc = df_drafter_row_step(d, ck.master, &dr, (float)denom, grad, &m, e))) {
+            const void *w = ds.on_device ? (const void *)ds.w16 : (const void *)ds.master;
+            if ((rc = df_drafter_row_step(d, w, &dr, (float)denom, ds.grad, &m, e))) {
                 df_err_wrap(e, "step %" PRId64 " row %d", step, r);
                 goto out;
             }
         }
         double loss = denom > 0 ? m.loss_sum / denom : 0.0;
-        double gnorm = sqrt(df_op_sumsq(be, grad, total));
+        double gnorm = sqrt(df_op_sumsq(be, ds.grad, total));
         if (!isfinite(loss) || !isfinite(gnorm)) {
             rc = df_errf(e, -ERANGE, "step %" PRId64 ": loss %g, gradient norm %g: not finite "
                          "(rows of epoch %" PRIu64 " before position %zu)", step, loss, gnorm,
@@ -458,9 +575,13 @@ int df_train_run(const df_train_opts *o, df_err *e)
         }
         double lr = df_lr_at(&sched, step);
         float gscale = gnorm > o->clip && o->clip > 0 ? (float)(o->clip / gnorm) : 1.0f;
-        if (denom > 0)
-            df_op_adamw(be, ck.master, grad, ck.adam_m, ck.adam_v, total, (float)lr, 0.9f, 0.999f,
-                        1e-8f, 0.0f, step + 1, gscale, NULL);
+        if (denom > 0 &&
+            (rc = df_op_adamw(be, ds.master, ds.grad, ds.m, ds.v, total, (float)lr, 0.9f, 0.999f,
+                              1e-8f, 0.0f, step + 1, gscale, ds.on_device ? ds.w16 : NULL))) {
+            df_errf(e, rc, "step %" PRId64 ": the optimizer failed on %s", step,
+                    df_backend_name(be));
+            goto out;
+        }
         /* metrics over the logging interval */
         acc_loss += loss;
         acc_gnorm += gnorm;
@@ -487,6 +608,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
         }
         int save = (o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == o->steps;
         if (save) {
+            if ((rc = dev_state_fetch(be, &ds, &ck, total, e)))
+                goto out;
             dp.epoch = src.epoch;
             dp.pos = source_position(&src);
             uint8_t rs[32];
@@ -526,6 +649,9 @@ out:
         for (int r = 0; r < nrows; r++)
             df_batch_free(rows[r]);
     free(rows);
+    dev_state_free(be, &ds);
+    df_backend_free(be, dev_embed);
+    df_backend_free(be, dev_head);
     free(grad);
     ck.rng_state = ck.data_position = NULL; /* the caller's buffers, when saving */
     df_ckpt_state_free(&ck);

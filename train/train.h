@@ -1,4 +1,4 @@
-/* train.h - stage 2: train a DFlash drafter from a cache (CPU backend).
+/* train.h - stage 2: train a DFlash drafter from a cache (CPU or one GPU).
  *
  * A step = rows_per_step packed rows (documents streamed from the cache in a
  * per-epoch shuffled order, anchors sampled per row); the loss is
@@ -7,7 +7,10 @@
  * over fp32 master weights; warmup + cosine LR. Everything random comes
  * from seeded generators whose state is checkpointed with the weights, the
  * optimizer and the data position, so a resumed run continues exactly (bit
- * for bit on the CPU) as an uninterrupted one.
+ * for bit on the CPU) as an uninterrupted one. On a GPU the fp32 master,
+ * Adam moments and gradients live on the device, the drafter computes with
+ * a bf16 copy of the master that the optimizer rewrites each step, and the
+ * host holds copies only to write checkpoints and the export.
  *
  * RUN/ holds the checkpoints (train/ckpt.h), log.jsonl (one JSON object per
  * logged step) and, at the end, export/ (config.json + model.safetensors
@@ -47,6 +50,8 @@ typedef struct df_train_opts {
     /* bookkeeping */
     int log_every, ckpt_every, keep_last;
     int threads;                /* backend threads; 0 = all CPUs */
+    const char *device;         /* "cpu", "cuda" or "auto" (NULL = cpu) */
+    int gpu;                    /* CUDA device index */
     int64_t stop_after;         /* testing: stop (as if killed) after this many steps; 0 = off */
     int quiet;
 } df_train_opts;

@@ -25,7 +25,9 @@
 //    the warp's rows are skipped by that warp (it still joins the barriers).
 //    Every row sees at least itself, so no row is ever empty.
 //  - epilogue: O / l, times sigmoid(gate) when given, rounded to bf16 once.
-// Configurations (registers: O is WM * D / 2 floats per thread):
+// On sm_90a builds running on a 9.x GPU a second kernel, attn_wgmma_kernel
+// (warpgroup MMA, described above it), is the automatic choice (variant 4).
+// mma.sync configurations (registers: O is WM * D / 2 floats per thread):
 //   D 256: 8 warps x 16 rows (BM 128), BN 64, 198 KiB smem, 1 CTA / SM
 //   D 128: 4 warps x 32 rows (BM 128), BN 64, 102 KiB smem, 2 CTAs / SM
 //   D  64: 4 warps x 32 rows (BM 128), BN 64,  54 KiB smem
@@ -535,10 +537,10 @@ template <int D, int BN> __global__ void __launch_bounds__(256, 1) attn_wgmma_ke
         for (int kk = 0; kk < BN / 16; kk++)
             wgmma_rs<D>(o, pk + 4 * kk, gdesc(sV + st * KB + kk * 2048, BN * 128, 1024));
     };
-    // Online softmax of s (tile j) -> P in pn (bf16 A fragments), m, l, and
+    // Online softmax of s (tile j) -> P (fp32, in place), m, l, and
     // the factor al for O. Accumulator element 4 n + e: row wr0 + gid + 8 (e >> 1),
     // key 8 n + 2 t4 + (e & 1) of the tile.
-    auto softmax = [&](int j, float al[2], uint32_t *pn) {
+    auto softmax = [&](int j, float al[2]) {
         const int kbase = s0 + j * BN;
         float mx[2] = {-INFINITY, -INFINITY};
         if (kbase + BN - 1 <= wr0) { // mask-free (warp-uniform)
@@ -575,6 +577,11 @@ template <int D, int BN> __global__ void __launch_bounds__(256, 1) attn_wgmma_ke
         }
         l[0] = l[0] * al[0] + ps[0];
         l[1] = l[1] * al[1] + ps[1];
+    };
+    // P (fp32, in s) to the bf16 A fragments of PV. Done only once the
+    // previous PV retired: written while it runs, these registers would make
+    // ptxas serialize the wgmmas (C7513).
+    auto pack_p = [&](uint32_t *pn) {
         // keys 16 kk .. +15: n-blocks 2 kk (k lo) and 2 kk + 1 (k hi)
 #pragma unroll
         for (int kk = 0; kk < BN / 16; kk++) {
@@ -597,9 +604,12 @@ template <int D, int BN> __global__ void __launch_bounds__(256, 1) attn_wgmma_ke
         reg_fence(s[i]);
     {
         float al[2];
-        softmax(0, al, pk); // O is still 0: nothing to rescale
+        softmax(0, al); // O is still 0: nothing to rescale
+        pack_p(pk);
     }
-    for (int t = 0; t < nt; t++) {
+    // Iterations t < nt - 1 overlap S_{t+1} with PV_t; the last one is PV only
+    // (peeled: a conditional QK inside the loop makes ptxas serialize).
+    auto top = [&](int t) {
         cp_wait<0>(); // V_t, K_{t+1} (this thread's part) ...
         fence_async_smem();
         __syncthreads(); // ... everyone's; and every warpgroup is done with K_t, V_{t-1}
@@ -608,7 +618,6 @@ template <int D, int BN> __global__ void __launch_bounds__(256, 1) attn_wgmma_ke
         if (t + 2 < nt)
             load_k(t + 2, t & 1);
         cp_commit();
-        const bool more = t + 1 < nt; // CTA-uniform
 #pragma unroll
         for (int i = 0; i < NO; i++)
             reg_fence(o[i]);
@@ -616,43 +625,41 @@ template <int D, int BN> __global__ void __launch_bounds__(256, 1) attn_wgmma_ke
         for (int i = 0; i < NP; i++)
             reg_fence(pk[i]);
         wg_fence();
-        if (more) {
-            issue_qk((t + 1) & 1);
-            wg_commit();
-        }
+    };
+    for (int t = 0; t < nt - 1; t++) {
+        top(t);
+        issue_qk((t + 1) & 1);
+        wg_commit();
         issue_pv(t & 1);
         wg_commit();
-        if (more) {
-            wg_wait<1>(); // S_{t+1}
+        wg_wait<1>(); // S_{t+1}
 #pragma unroll
-            for (int i = 0; i < NS; i++)
-                reg_fence(s[i]);
-            float al[2];
-            uint32_t pn[NP];
-            softmax(t + 1, al, pn);
-            wg_wait<0>(); // PV_t
+        for (int i = 0; i < NS; i++)
+            reg_fence(s[i]);
+        float al[2];
+        softmax(t + 1, al);
+        wg_wait<0>(); // PV_t
 #pragma unroll
-            for (int i = 0; i < NO; i++)
-                reg_fence(o[i]);
+        for (int i = 0; i < NO; i++)
+            reg_fence(o[i]);
 #pragma unroll
-            for (int i = 0; i < NP; i++)
-                reg_fence(pk[i]);
+        for (int i = 0; i < NP; i++)
+            reg_fence(pk[i]);
 #pragma unroll
-            for (int i = 0; i < NO; i++)
-                o[i] *= al[(i >> 1) & 1];
-#pragma unroll
-            for (int i = 0; i < NP; i++)
-                pk[i] = pn[i];
-        } else {
-            wg_wait<0>();
-#pragma unroll
-            for (int i = 0; i < NO; i++)
-                reg_fence(o[i]);
-#pragma unroll
-            for (int i = 0; i < NP; i++)
-                reg_fence(pk[i]);
-        }
+        for (int i = 0; i < NO; i++)
+            o[i] *= al[(i >> 1) & 1];
+        pack_p(pk);
     }
+    top(nt - 1);
+    issue_pv((nt - 1) & 1);
+    wg_commit();
+    wg_wait<0>();
+#pragma unroll
+    for (int i = 0; i < NO; i++)
+        reg_fence(o[i]);
+#pragma unroll
+    for (int i = 0; i < NP; i++)
+        reg_fence(pk[i]);
     cp_wait<0>();
 
     // Epilogue: rows wr0 + gid (+ 8), dims 8 nd + 2 t4, +1.

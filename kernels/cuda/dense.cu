@@ -552,7 +552,7 @@ __global__ void __launch_bounds__(NT) norm_kernel(NormArgs p)
  * reaches the shuffles and the barrier (rows past the end compute on zeros
  * and store nothing). */
 #ifndef NORMV_MINB
-#define NORMV_MINB 4 /* sub-warp rows: 4 blocks of NT per SM (<= 64 registers) */
+#define NORMV_MINB 4 /* sub-warp rows: 4 blocks of NT per SM (<= 64 registers), gated 3 */
 #endif
 
 struct NormVArgs {
@@ -593,7 +593,8 @@ __device__ __forceinline__ void normv_write(const NormVArgs &p, const uint4 (&xr
 }
 
 template <int MODE, int TPR, int NV, int RPT>
-__global__ void __launch_bounds__(NT, TPR > 32 ? 1 : NORMV_MINB) normv_kernel(NormVArgs p)
+__global__ void __launch_bounds__(NT, TPR > 32 ? 1 : MODE == NORM_GATED ? NORMV_MINB - 1 : NORMV_MINB)
+    normv_kernel(NormVArgs p)
 {
     static_assert(NT % TPR == 0 && (TPR <= 32 || TPR % 32 == 0), "rows of whole groups");
     static_assert(TPR <= 32 || RPT == 1, "block rows: one row per group");

@@ -1,0 +1,890 @@
+/* train_dense.cu - the dense training ops on the GPU: RMSNorm backward
+ * (plain and plus_one), RoPE backward, SwiGLU backward, AdamW and the sum of
+ * squares (contracts in train_ops.h; the CPU reference is
+ * kernels/cpu/train_dense.c, whose formulas are written here in its order,
+ * in fp32; each bf16 output is rounded once, to nearest even).
+ *
+ * Layout. As in dense.cu: tensors are rows of contiguous elements (the last
+ * dim) addressed through up to three outer dims with arbitrary strides,
+ * simplified on the host (rows_of: size-1 dims vanish, dims every operand
+ * steps over contiguously merge). Rows whose starts are all 16-byte aligned
+ * use 16-byte vectors (8 bf16); otherwise the same kernel loads scalars.
+ *
+ * Determinism. The two reductions whose sums cross threads (RMSNorm's dw
+ * over rows, sumsq over the array) never use atomics: every block writes
+ * its own partial in a fixed order, and a second kernel adds the partials
+ * in a fixed order. The orders depend only on the shapes (D, rows, n), not
+ * on the GPU, the grid caps or the alignment: the vector and scalar paths
+ * give each thread the same elements in the same order. */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_internal.h"
+#include "train_cuda.h"
+
+namespace {
+
+constexpr int NT = 256;              /* threads per block */
+constexpr int VEC = 8;               /* bf16 per 16-byte vector */
+constexpr int MAXT = 5;              /* operands sharing one row layout (swiglu_bwd: 5) */
+constexpr unsigned GRID_CAP = 65535; /* grid dims stay within y/z limits; loops cover the rest */
+
+__host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b)
+{
+    return (a + b - 1) / b;
+}
+
+/* ---- bf16 <-> f32 (as dense.cu) ---- */
+
+__device__ __forceinline__ float bf2f(uint16_t h)
+{
+    return __uint_as_float((uint32_t)h << 16);
+}
+
+__device__ __forceinline__ uint16_t f2bf(float f)
+{
+    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
+}
+
+__device__ __forceinline__ void load8(const uint16_t *p, float *f)
+{
+    uint4 u = *reinterpret_cast<const uint4 *>(p);
+    uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        f[2 * j] = __uint_as_float(w[j] << 16);
+        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
+    }
+}
+
+__device__ __forceinline__ uint32_t pack2(float lo, float hi)
+{
+    return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
+}
+
+__device__ __forceinline__ void store8(uint16_t *p, const float *f)
+{
+    uint4 u;
+    u.x = pack2(f[0], f[1]);
+    u.y = pack2(f[2], f[3]);
+    u.z = pack2(f[4], f[5]);
+    u.w = pack2(f[6], f[7]);
+    *reinterpret_cast<uint4 *>(p) = u;
+}
+
+/* Elements [c, c + 8) of a row of n: one vector when allowed and whole,
+ * else scalars, 0 past the end. Both paths give the same values, so a
+ * reduction over them does not depend on which one ran. */
+__device__ __forceinline__ void load_unit(const uint16_t *row, int64_t c, int64_t n, int vec,
+                                          float *f)
+{
+    if (vec && c + VEC <= n) {
+        load8(row + c, f);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; j++)
+        f[j] = c + j < n ? bf2f(row[c + j]) : 0.0f;
+}
+
+__device__ __forceinline__ void store_unit(uint16_t *row, int64_t c, int64_t n, int vec,
+                                           const float *f)
+{
+    if (vec && c + VEC <= n) {
+        store8(row + c, f);
+        return;
+    }
+#pragma unroll
+    for (int j = 0; j < VEC; j++)
+        if (c + j < n)
+            row[c + j] = f2bf(f[j]);
+}
+
+/* ---- row layout (dense.cu's, for up to MAXT operands) ---- */
+
+/* rows x cols, row r = (i0, i1, i2) with i2 fastest; st[k] are operand k's
+ * element strides of i0, i1, i2 (0 for an unused slot). */
+struct Rows {
+    int64_t rows, cols;
+    int64_t n1, n2;
+    int64_t st[MAXT][3];
+};
+
+/* The offsets of operands 0..N-1: a compile-time count keeps off[] in
+ * registers (a loop to a runtime count would put it on the stack). */
+template <int N>
+__device__ __forceinline__ void row_offsets(const Rows &L, int64_t r, int64_t *off)
+{
+    int64_t i0 = r, i1 = 0, i2 = 0;
+    if (L.n1 != 1 || L.n2 != 1) { /* uniform branch: only true for 3-D/4-D strided views */
+        i2 = r % L.n2;
+        r /= L.n2;
+        i1 = r % L.n1;
+        i0 = r / L.n1;
+    }
+#pragma unroll
+    for (int k = 0; k < N; k++)
+        off[k] = i0 * L.st[k][0] + i1 * L.st[k][1] + i2 * L.st[k][2];
+}
+
+/* Sizes n[0..m) and strides s[k][0..m) of t[0]'s outer dims, size-1 dims
+ * dropped, neighbours every operand steps over contiguously merged. */
+int outer_dims(const df_tensor *const *t, int nt, int64_t *n, int64_t s[MAXT][4])
+{
+    int m = 0;
+    for (int d = 0; d < t[0]->ndim - 1; d++) {
+        if (t[0]->shape[d] == 1)
+            continue;
+        n[m] = t[0]->shape[d];
+        for (int k = 0; k < nt; k++)
+            s[k][m] = t[k]->stride[d];
+        m++;
+    }
+    for (int d = m - 2; d >= 0; d--) {
+        int ok = 1;
+        for (int k = 0; k < nt; k++)
+            ok &= s[k][d] == n[d + 1] * s[k][d + 1];
+        if (!ok)
+            continue;
+        n[d] *= n[d + 1];
+        for (int k = 0; k < nt; k++)
+            s[k][d] = s[k][d + 1];
+        for (int e = d + 1; e + 1 < m; e++) {
+            n[e] = n[e + 1];
+            for (int k = 0; k < nt; k++)
+                s[k][e] = s[k][e + 1];
+        }
+        m--;
+    }
+    return m;
+}
+
+/* The shared row layout of nt same-shaped tensors; with merge_cols, outer
+ * dims continuing a row contiguously in every operand fold into cols
+ * (elementwise ops; a norm's row is its last dim and never grows). */
+Rows rows_of(const df_tensor *const *t, int nt, int merge_cols)
+{
+    Rows L;
+    memset(&L, 0, sizeof L);
+    int64_t n[4], s[MAXT][4];
+    int m = outer_dims(t, nt, n, s);
+    L.cols = t[0]->shape[t[0]->ndim - 1];
+    while (merge_cols && m > 0) {
+        int ok = 1;
+        for (int k = 0; k < nt; k++)
+            ok &= s[k][m - 1] == L.cols;
+        if (!ok)
+            break;
+        L.cols *= n[m - 1];
+        m--;
+    }
+    L.rows = 1;
+    L.n1 = L.n2 = 1;
+    for (int j = 0; j < m; j++) {
+        L.rows *= n[j];
+        for (int k = 0; k < nt; k++)
+            L.st[k][j] = s[k][j];
+    }
+    if (m > 1)
+        L.n1 = n[1];
+    if (m > 2)
+        L.n2 = n[2];
+    return L;
+}
+
+/* 1 when every row start of every operand (and each extra pointer) is
+ * 16-byte aligned. */
+int rows_vec_ok(const Rows &L, const void *const *p, int np)
+{
+    for (int i = 0; i < np; i++)
+        if (p[i] && ((uintptr_t)p[i] & 15u))
+            return 0;
+    for (int k = 0; k < MAXT; k++)
+        for (int j = 0; j < 3; j++)
+            if (L.st[k][j] % VEC)
+                return 0;
+    return 1;
+}
+
+unsigned capped(int64_t n)
+{
+    return n < 1 ? 1u : n > GRID_CAP ? GRID_CAP : (unsigned)n;
+}
+
+struct Launch {
+    dim3 grid, block;
+};
+
+/* rows x units in blocks of NT threads: x over a row's units, y over rows;
+ * a row with fewer than NT units shares its block with other rows. */
+Launch rows_launch(int64_t rows, int64_t units)
+{
+    int tx = 1;
+    while (tx < units && tx < NT)
+        tx <<= 1;
+    int ty = NT / tx;
+    Launch l;
+    l.block = dim3((unsigned)tx, (unsigned)ty, 1);
+    l.grid = dim3(capped(cdiv(units, tx)), capped(cdiv(rows, ty)), 1);
+    return l;
+}
+
+#define ROW_LOOP(r, rows) \
+    for (int64_t r = (int64_t)blockIdx.y * blockDim.y + threadIdx.y; r < (rows); \
+         r += (int64_t)gridDim.y * blockDim.y)
+#define UNIT_LOOP(u, units) \
+    for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < (units); \
+         u += (int64_t)gridDim.x * blockDim.x)
+
+/* ---- RMSNorm backward ----
+ *
+ * y = g * xhat, xhat = x * inv, inv = 1/sqrt(mean(x^2) + eps), g = w or 1 + w:
+ *   dx (+)= inv * (g*dy - xhat * cm),  cm = mean(g*dy * xhat)
+ *   dw   += sum over rows of dy * xhat
+ * Three kernels, so that dw can be summed in a fixed order while dx may be
+ * dy's or x's very view:
+ *   1. stats: a row per warp slice (TPR threads) or per block computes
+ *      (inv, cm) into scratch; it reads x and dy whole before anything is
+ *      written. cm = inv * sum(g*dy*x) / D (the CPU sums g*dy*xhat in
+ *      double: same value up to fp32 rounding of one scalar per row).
+ *   2. apply: a 2-D grid of column blocks x row tiles; each thread owns one
+ *      8-column unit for all rows of a tile, writes dx for them (reads of x,
+ *      dy, old dx before the write, in the same thread) and keeps dw's 8
+ *      partial sums in registers; the ty threads of a column then combine
+ *      in y order and the tile's partial row goes to scratch.
+ *   3. dw: each column sums the tiles' partials in a fixed order (8 strided
+ *      groups, then the groups in order) and adds the old dw last, as the
+ *      CPU does.
+ * Tile shape (tx, ty, rows per tile) is a function of D alone. */
+
+/* Operand slots: 0 = x, 1 = dy, 2 = dx. */
+struct NbArgs {
+    Rows L;
+    const uint16_t *x, *dy, *w;
+    uint16_t *dx;
+    float2 *stats;   /* [rows] (inv, cm) */
+    float *partial;  /* [n_tiles][D] */
+    float eps;
+    int plus_one, acc, vec;
+    int64_t rb, n_tiles, ncb; /* rows per tile, tiles, column blocks */
+};
+
+/* The sums of (a, b) over a row's TPR threads, in lane 0 of the row (every
+ * lane for TPR <= 32). The callers' loops are uniform over the block, so
+ * every lane reaches the shuffles and barriers. */
+template <int TPR>
+__device__ __forceinline__ float2 row_sum2(float a, float b, float2 *red)
+{
+    static_assert((TPR <= 32 && 32 % TPR == 0) || TPR == NT, "a row: a warp slice or the block");
+#pragma unroll
+    for (int o = (TPR < 32 ? TPR : 32) / 2; o > 0; o >>= 1) {
+        a += __shfl_xor_sync(0xffffffffu, a, o);
+        b += __shfl_xor_sync(0xffffffffu, b, o);
+    }
+    if (TPR <= 32)
+        return make_float2(a, b);
+    if (threadIdx.x % 32 == 0)
+        red[threadIdx.x / 32] = make_float2(a, b);
+    __syncthreads();
+    float2 t = red[0];
+#pragma unroll
+    for (int i = 1; i < NT / 32; i++) {
+        t.x += red[i].x;
+        t.y += red[i].y;
+    }
+    __syncthreads(); /* red is rewritten for the next row */
+    return t;
+}
+
+template <int TPR>
+__global__ void __launch_bounds__(NT) nbwd_stats_kernel(NbArgs p)
+{
+    constexpr int RPB = NT / TPR;
+    __shared__ float2 red[NT / 32];
+    const int lane = (int)threadIdx.x % TPR, sub = (int)threadIdx.x / TPR;
+    const int64_t D = p.L.cols, units = cdiv(D, VEC);
+    /* base is uniform over the block: the row sum's barriers are reached by all. */
+    for (int64_t base = (int64_t)blockIdx.x * RPB; base < p.L.rows;
+         base += (int64_t)gridDim.x * RPB) {
+        const int64_t r = base + sub;
+        float ss = 0.0f, sd = 0.0f;
+        if (r < p.L.rows) {
+            int64_t off[2];
+            row_offsets<2>(p.L, r, off);
+            const uint16_t *x = p.x + off[0], *dy = p.dy + off[1];
+            for (int64_t u = lane; u < units; u += TPR) {
+                float fx[VEC], fd[VEC], fw[VEC];
+                load_unit(x, u * VEC, D, p.vec, fx);
+                load_unit(dy, u * VEC, D, p.vec, fd);
+                load_unit(p.w, u * VEC, D, p.vec, fw);
+#pragma unroll
+                for (int j = 0; j < VEC; j++) {
+                    float g = p.plus_one ? 1.0f + fw[j] : fw[j];
+                    ss += fx[j] * fx[j];
+                    sd += (g * fd[j]) * fx[j];
+                }
+            }
+        }
+        float2 t = row_sum2<TPR>(ss, sd, red);
+        if (r < p.L.rows && lane == 0) {
+            /* the forward's normaliser, 1 / sqrt() as the CPU */
+            float inv = 1.0f / sqrtf(t.x / (float)D + p.eps);
+            p.stats[r] = make_float2(inv, inv * t.y / (float)D);
+        }
+    }
+}
+
+/* Block (tx, ty): x over 8-column units, y over a tile's rows. */
+__global__ void __launch_bounds__(NT) nbwd_apply_kernel(NbArgs p)
+{
+    __shared__ float red[NT * VEC];
+    const int tx = (int)blockDim.x, ty = (int)blockDim.y;
+    const int64_t D = p.L.cols, units = cdiv(D, VEC);
+    for (int64_t cb = blockIdx.x; cb < p.ncb; cb += gridDim.x) {
+        const int64_t u = cb * tx + threadIdx.x, c = u * VEC;
+        const bool active = u < units;
+        float g[VEC];
+        load_unit(p.w, active ? c : 0, D, p.vec, g);
+#pragma unroll
+        for (int j = 0; j < VEC; j++)
+            g[j] = p.plus_one ? 1.0f + g[j] : g[j];
+        for (int64_t tile = blockIdx.y; tile < p.n_tiles; tile += gridDim.y) {
+            float pw[VEC];
+#pragma unroll
+            for (int j = 0; j < VEC; j++)
+                pw[j] = 0.0f;
+            const int64_t r1 = (tile + 1) * p.rb < p.L.rows ? (tile + 1) * p.rb : p.L.rows;
+            for (int64_t r = tile * p.rb + threadIdx.y; active && r < r1; r += ty) {
+                int64_t off[3];
+                row_offsets<3>(p.L, r, off);
+                const float2 s = p.stats[r];
+                float fx[VEC], fd[VEC], fo[VEC];
+                load_unit(p.x + off[0], c, D, p.vec, fx);
+                load_unit(p.dy + off[1], c, D, p.vec, fd);
+#pragma unroll
+                for (int j = 0; j < VEC; j++) {
+                    float xh = fx[j] * s.x;
+                    pw[j] += fd[j] * xh;
+                    fo[j] = s.x * (g[j] * fd[j] - xh * s.y);
+                }
+                if (p.dx) {
+                    uint16_t *dx = p.dx + off[2]; /* may be x's or dy's row: read above */
+                    if (p.acc) {
+                        float old[VEC];
+                        load_unit(dx, c, D, p.vec, old);
+#pragma unroll
+                        for (int j = 0; j < VEC; j++)
+                            fo[j] = fo[j] + old[j];
+                    }
+                    store_unit(dx, c, D, p.vec, fo);
+                }
+            }
+            /* the ty partial sums of a column, added in y order */
+            float *mine = red + ((int)threadIdx.y * tx + (int)threadIdx.x) * VEC;
+#pragma unroll
+            for (int j = 0; j < VEC; j++)
+                mine[j] = pw[j];
+            __syncthreads();
+            if (threadIdx.y == 0 && active) {
+#pragma unroll
+                for (int j = 0; j < VEC; j++) {
+                    if (c + j >= D)
+                        break;
+                    float t = red[threadIdx.x * VEC + j];
+                    for (int y = 1; y < ty; y++)
+                        t += red[(y * tx + (int)threadIdx.x) * VEC + j];
+                    p.partial[tile * D + c + j] = t;
+                }
+            }
+            __syncthreads(); /* red is rewritten for the next tile */
+        }
+    }
+}
+
+constexpr int DW_GROUPS = 8; /* tile groups of the dw reduction (block 32 x 8) */
+
+/* dw[c] = (sum over tiles of partial[t][c]) + dw[c]: group y sums tiles
+ * y, y + 8, ... in order, then the 8 groups are added in order. */
+__global__ void __launch_bounds__(32 * DW_GROUPS)
+    nbwd_dw_kernel(const float *partial, int64_t n_tiles, int64_t D, float *dw)
+{
+    __shared__ float red[DW_GROUPS][32];
+    for (int64_t cb = blockIdx.x; cb < cdiv(D, 32); cb += gridDim.x) {
+        const int64_t c = cb * 32 + threadIdx.x;
+        float s = 0.0f;
+        if (c < D)
+            for (int64_t t = threadIdx.y; t < n_tiles; t += DW_GROUPS)
+                s += partial[t * D + c];
+        red[threadIdx.y][threadIdx.x] = s;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < D) {
+            float t = red[0][threadIdx.x];
+#pragma unroll
+            for (int y = 1; y < DW_GROUPS; y++)
+                t += red[y][threadIdx.x];
+            dw[c] = t + dw[c];
+        }
+        __syncthreads();
+    }
+}
+
+/* ---- RoPE backward: dense.cu's rope kernel with sin's sign a parameter ---- */
+
+struct RopeArgs {
+    uint16_t *x;
+    const int32_t *pos;
+    const float *inv_freq;
+    int64_t T, stride;
+    int heads, head_dim, half, nchunk;
+    float sign;
+};
+
+/* One unit = V consecutive pairs (d, d + half) of one head of one row;
+ * V == VEC when every such run is 16-byte aligned. Dims >= rot_dim are
+ * never touched. */
+template <int V>
+__global__ void rope_kernel(RopeArgs p)
+{
+    const int64_t units = (int64_t)p.heads * p.nchunk;
+    ROW_LOOP(t, p.T)
+    {
+        const float pf = (float)p.pos[t];
+        UNIT_LOOP(u, units)
+        {
+            const int h = (int)(u / p.nchunk), d0 = (int)(u % p.nchunk) * V;
+            uint16_t *v = p.x + t * p.stride + (int64_t)h * p.head_dim;
+            float x1[V], x2[V];
+            const int nd = p.half - d0 < V ? p.half - d0 : V;
+            if (V == VEC) {
+                load8(v + d0, x1);
+                load8(v + d0 + p.half, x2);
+            } else {
+                for (int j = 0; j < nd; j++) {
+                    x1[j] = bf2f(v[d0 + j]);
+                    x2[j] = bf2f(v[d0 + p.half + j]);
+                }
+            }
+#pragma unroll
+            for (int j = 0; j < V; j++) {
+                if (j >= nd)
+                    break;
+                /* HF: one fp32 product pos * inv_freq, cos/sin in fp32; the
+                 * backward negates sin (exact), as the CPU's sign. */
+                float s, c;
+                sincosf(pf * p.inv_freq[d0 + j], &s, &c);
+                s = p.sign * s;
+                float a = x1[j], b = x2[j];
+                x1[j] = a * c - b * s;
+                x2[j] = b * c + a * s;
+            }
+            if (V == VEC) {
+                store8(v + d0, x1);
+                store8(v + d0 + p.half, x2);
+            } else {
+                for (int j = 0; j < nd; j++) {
+                    v[d0 + j] = f2bf(x1[j]);
+                    v[d0 + p.half + j] = f2bf(x2[j]);
+                }
+            }
+        }
+    }
+}
+
+/* ---- SwiGLU backward ---- */
+
+/* Operand slots: 0 = gate, 1 = up, 2 = dout, 3 = dgate, 4 = dup. */
+struct SwArgs {
+    Rows L;
+    const uint16_t *g, *u, *d;
+    uint16_t *dg, *du;
+    int vec;
+};
+
+/* The CPU's formulas and order: s = sigmoid(g), silu = g / (1 + e^-g);
+ * g -> -inf gives s = 0 and a finite bracket, never NaN. */
+__device__ __forceinline__ void swiglu_bwd_f(float g, float u, float d, float *dg, float *du)
+{
+    float e = expf(-g);
+    float s = 1.0f / (1.0f + e), silu = g / (1.0f + e);
+    *dg = d * u * (s * (1.0f + g * (1.0f - s)));
+    *du = d * silu;
+}
+
+/* dgate / dup may be exactly an input's view: each element's three inputs
+ * are read by the thread that writes its two outputs, before it writes. */
+__global__ void swiglu_bwd_kernel(SwArgs p)
+{
+    const int64_t cols = p.L.cols, units = p.vec ? cdiv(cols, VEC) : cols;
+    ROW_LOOP(r, p.L.rows)
+    {
+        int64_t off[MAXT];
+        row_offsets<MAXT>(p.L, r, off);
+        const uint16_t *g = p.g + off[0], *u = p.u + off[1], *d = p.d + off[2];
+        uint16_t *dg = p.dg + off[3], *du = p.du + off[4];
+        UNIT_LOOP(k, units)
+        {
+            int64_t c = p.vec ? k * VEC : k;
+            if (p.vec && c + VEC <= cols) {
+                float fg[VEC], fu[VEC], fd[VEC];
+                load8(g + c, fg);
+                load8(u + c, fu);
+                load8(d + c, fd);
+#pragma unroll
+                for (int j = 0; j < VEC; j++)
+                    swiglu_bwd_f(fg[j], fu[j], fd[j], &fg[j], &fu[j]);
+                store8(dg + c, fg);
+                store8(du + c, fu);
+                continue;
+            }
+            for (int64_t e = c; e < cols && e < c + (p.vec ? VEC : 1); e++) {
+                float a, b;
+                swiglu_bwd_f(bf2f(g[e]), bf2f(u[e]), bf2f(d[e]), &a, &b);
+                dg[e] = f2bf(a);
+                du[e] = f2bf(b);
+            }
+        }
+    }
+}
+
+/* ---- AdamW ---- */
+
+struct AdamArgs {
+    float *p, *m, *v;
+    const float *g;
+    uint16_t *out;
+    int64_t n;
+    float b1, b2, omb1, omb2, bc1, bc2, lr, eps, wd, gs;
+};
+
+/* One element, the CPU's formula in its order with every operation
+ * rounded on its own (the _rn intrinsics forbid FMA contraction, which
+ * would change the bits):
+ *   g = grad * gs;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) (g g)
+ *   p = p - lr * ((m / bc1) / (sqrt(v / bc2) + eps) + wd p) */
+__device__ __forceinline__ float adam_one(const AdamArgs &a, float gi, float *m, float *v, float p)
+{
+    float g = __fmul_rn(gi, a.gs);
+    float mm = __fadd_rn(__fmul_rn(a.b1, *m), __fmul_rn(a.omb1, g));
+    float vv = __fadd_rn(__fmul_rn(a.b2, *v), __fmul_rn(a.omb2, __fmul_rn(g, g)));
+    float den = __fadd_rn(__fsqrt_rn(__fdiv_rn(vv, a.bc2)), a.eps);
+    float upd = __fadd_rn(__fdiv_rn(__fdiv_rn(mm, a.bc1), den), __fmul_rn(a.wd, p));
+    *m = mm;
+    *v = vv;
+    return __fsub_rn(p, __fmul_rn(a.lr, upd));
+}
+
+/* VEC4: float4 over the n/4 leading quads (all arrays 16-byte aligned,
+ * out 8-byte aligned), the last n%4 elements by the first threads. */
+template <bool VEC4>
+__global__ void __launch_bounds__(NT) adamw_kernel(AdamArgs a)
+{
+    const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    const int64_t nthr = (int64_t)gridDim.x * blockDim.x;
+    int64_t done = 0;
+    if (VEC4) {
+        const int64_t nq = a.n / 4;
+        for (int64_t q = tid; q < nq; q += nthr) {
+            float4 p = reinterpret_cast<const float4 *>(a.p)[q];
+            float4 g = reinterpret_cast<const float4 *>(a.g)[q];
+            float4 m = reinterpret_cast<const float4 *>(a.m)[q];
+            float4 v = reinterpret_cast<const float4 *>(a.v)[q];
+            p.x = adam_one(a, g.x, &m.x, &v.x, p.x);
+            p.y = adam_one(a, g.y, &m.y, &v.y, p.y);
+            p.z = adam_one(a, g.z, &m.z, &v.z, p.z);
+            p.w = adam_one(a, g.w, &m.w, &v.w, p.w);
+            reinterpret_cast<float4 *>(a.p)[q] = p;
+            reinterpret_cast<float4 *>(a.m)[q] = m;
+            reinterpret_cast<float4 *>(a.v)[q] = v;
+            if (a.out)
+                reinterpret_cast<uint2 *>(a.out)[q] = make_uint2(pack2(p.x, p.y), pack2(p.z, p.w));
+        }
+        done = nq * 4;
+    }
+    for (int64_t i = done + tid; i < a.n; i += nthr) {
+        float m = a.m[i], v = a.v[i];
+        float p = adam_one(a, a.g[i], &m, &v, a.p[i]);
+        a.m[i] = m;
+        a.v[i] = v;
+        a.p[i] = p;
+        if (a.out)
+            a.out[i] = f2bf(p);
+    }
+}
+
+/* ---- sum of squares ----
+ * Pieces of SQ_CHUNK elements, one block each: thread t takes the quads
+ * t, t + NT, ... of its piece (16 of them), in double (a float's square is
+ * exact in double, so only the additions round), with one accumulator per
+ * quad lane combined (a0 + a2) + (a1 + a3); then a fixed shuffle tree and
+ * the 8 warps in order. The piece sums are added by one block: thread t
+ * sums pieces t, t + NT, ... in order, then the same tree. A quad is read
+ * as a float4 when x is 16-byte aligned, else as 4 floats: same order. */
+
+constexpr int SQ_CHUNK = NT * 4 * 16; /* 16384 elements per piece */
+
+__device__ __forceinline__ double block_sum_d(double v, double *red)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (threadIdx.x % 32 == 0)
+        red[threadIdx.x / 32] = v;
+    __syncthreads();
+    double t = red[0];
+#pragma unroll
+    for (int i = 1; i < NT / 32; i++)
+        t += red[i];
+    __syncthreads();
+    return t;
+}
+
+__global__ void __launch_bounds__(NT)
+    sumsq_piece_kernel(const float *x, int64_t n, int64_t n_pieces, int vec, double *piece_sum)
+{
+    __shared__ double red[NT / 32];
+    for (int64_t pc = blockIdx.x; pc < n_pieces; pc += gridDim.x) {
+        const int64_t i0 = pc * SQ_CHUNK;
+        double a0 = 0.0, a1 = 0.0, a2 = 0.0, a3 = 0.0;
+#pragma unroll 4
+        for (int k = 0; k < SQ_CHUNK / (4 * NT); k++) {
+            const int64_t i = i0 + ((int64_t)k * NT + threadIdx.x) * 4;
+            float f[4];
+            if (vec && i + 4 <= n) {
+                float4 q = *reinterpret_cast<const float4 *>(x + i);
+                f[0] = q.x, f[1] = q.y, f[2] = q.z, f[3] = q.w;
+            } else {
+#pragma unroll
+                for (int j = 0; j < 4; j++)
+                    f[j] = i + j < n ? x[i + j] : 0.0f;
+            }
+            a0 += (double)f[0] * (double)f[0];
+            a1 += (double)f[1] * (double)f[1];
+            a2 += (double)f[2] * (double)f[2];
+            a3 += (double)f[3] * (double)f[3];
+        }
+        double t = block_sum_d((a0 + a2) + (a1 + a3), red);
+        if (threadIdx.x == 0)
+            piece_sum[pc] = t;
+    }
+}
+
+__global__ void __launch_bounds__(NT)
+    sumsq_final_kernel(const double *piece_sum, int64_t n_pieces, double *out)
+{
+    __shared__ double red[NT / 32];
+    double s = 0.0;
+    for (int64_t i = threadIdx.x; i < n_pieces; i += NT)
+        s += piece_sum[i];
+    double t = block_sum_d(s, red);
+    if (threadIdx.x == 0)
+        *out = t;
+}
+
+} /* namespace */
+
+/* ---- host side ---- */
+
+int df_cuda_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
+                        int plus_one, const df_tensor *dy, df_tensor *dx, int accumulate_dx,
+                        df_tensor *dw)
+{
+    if (df_tensor_numel(x) == 0)
+        return 0; /* no rows (or D == 0): dw += nothing */
+    const df_tensor *t[3] = {x, dy, dx};
+    NbArgs p;
+    memset(&p, 0, sizeof p);
+    p.L = rows_of(t, dx ? 3 : 2, 0);
+    p.x = (const uint16_t *)x->data;
+    p.dy = (const uint16_t *)dy->data;
+    p.w = (const uint16_t *)w->data;
+    p.dx = dx ? (uint16_t *)dx->data : nullptr;
+    p.eps = eps;
+    p.plus_one = plus_one != 0;
+    p.acc = accumulate_dx != 0;
+    const void *ptrs[4] = {p.x, p.dy, p.dx, p.w};
+    p.vec = rows_vec_ok(p.L, ptrs, 4);
+
+    const int64_t R = p.L.rows, D = p.L.cols, units = cdiv(D, VEC);
+    /* Tile shape by D alone (the dw summation order): up to 64 units
+     * (1 KiB of a row) across, ty rows down; >= 16 rows and ~32K elements
+     * per tile, so the partials are <= 1/16 of the input and small D still
+     * gets many tiles. */
+    int tx = 1;
+    while (tx < units && tx < 64)
+        tx <<= 1;
+    const int ty = NT / tx;
+    int64_t rb = cdiv((int64_t)1 << 15, D);
+    if (rb < 16)
+        rb = 16;
+    p.rb = cdiv(rb, ty) * ty;
+    p.n_tiles = cdiv(R, p.rb);
+    p.ncb = cdiv(units, tx);
+
+    /* scratch: the partials [n_tiles][D] f32, then the row stats */
+    size_t part_bytes = ((size_t)(p.n_tiles * D) * sizeof(float) + 255) & ~(size_t)255;
+    char *scr = (char *)df_cuda_scratch(be, part_bytes + (size_t)R * sizeof(float2));
+    if (!scr)
+        return -EIO;
+    p.partial = (float *)scr;
+    p.stats = (float2 *)(scr + part_bytes);
+
+    cudaStream_t st = df_cuda_stream(be);
+    /* stats: TPR threads per row: a warp slice of 8 / 16 with <= 2 units
+     * (16 bf16) per thread, a warp up to D = 1024 (per-head norms), else
+     * the block (the hidden size). */
+    if (units <= 16)
+        nbwd_stats_kernel<8><<<capped(cdiv(R, NT / 8)), NT, 0, st>>>(p);
+    else if (units <= 32)
+        nbwd_stats_kernel<16><<<capped(cdiv(R, NT / 16)), NT, 0, st>>>(p);
+    else if (units <= 128)
+        nbwd_stats_kernel<32><<<capped(cdiv(R, NT / 32)), NT, 0, st>>>(p);
+    else
+        nbwd_stats_kernel<NT><<<capped(R), NT, 0, st>>>(p);
+    int rc = df_cuda_check_launch("rmsnorm_bwd stats kernel");
+    if (rc)
+        return rc;
+    nbwd_apply_kernel<<<dim3(capped(p.ncb), capped(p.n_tiles), 1), dim3((unsigned)tx, (unsigned)ty, 1),
+                        0, st>>>(p);
+    rc = df_cuda_check_launch("rmsnorm_bwd apply kernel");
+    if (rc)
+        return rc;
+    nbwd_dw_kernel<<<capped(cdiv(D, 32)), dim3(32, DW_GROUPS, 1), 0, st>>>(p.partial, p.n_tiles, D,
+                                                                         (float *)dw->data);
+    return df_cuda_check_launch("rmsnorm_bwd dw kernel");
+}
+
+/* inv_freq exactly as the CPU computes it (host powf, bit for bit), staged
+ * through the int32 path as raw bits (dense.cu's reason: a device powf may
+ * differ by an ulp, which pos ~ 1e5 turns into a visible angle error). */
+static const float *rope_inv_freq(df_backend *be, int rot_dim, double theta)
+{
+    int nh = rot_dim / 2;
+    int32_t *bits = (int32_t *)malloc((size_t)nh * sizeof(int32_t));
+    if (!bits)
+        return NULL;
+    float base = (float)theta;
+    for (int d = 0; d < nh; d++) {
+        float f = 1.0f / powf(base, (float)(2 * d) / (float)rot_dim);
+        memcpy(&bits[d], &f, sizeof f);
+    }
+    const int32_t *dev = df_cuda_stage_i32(be, bits, nh);
+    free(bits);
+    return (const float *)dev;
+}
+
+int df_cuda_rope_bwd(df_backend *be, df_tensor *dx, const int32_t *pos, int heads, int head_dim,
+                     int rot_dim, double theta)
+{
+    int64_t T = dx->shape[0];
+    if (T == 0)
+        return 0;
+    RopeArgs p;
+    p.inv_freq = rope_inv_freq(be, rot_dim, theta);
+    p.pos = df_cuda_stage_i32(be, pos, T);
+    if (!p.inv_freq || !p.pos)
+        return -EIO;
+    p.x = (uint16_t *)dx->data;
+    p.T = T;
+    p.stride = dx->stride[0];
+    p.heads = heads;
+    p.head_dim = head_dim;
+    p.half = rot_dim / 2;
+    p.sign = -1.0f; /* the transpose of the rotation */
+    int vec = p.half % VEC == 0 && head_dim % VEC == 0 && p.stride % VEC == 0 &&
+              !((uintptr_t)p.x & 15u);
+    p.nchunk = vec ? p.half / VEC : p.half;
+    Launch l = rows_launch(T, (int64_t)heads * p.nchunk);
+    cudaStream_t st = df_cuda_stream(be);
+    if (vec)
+        rope_kernel<VEC><<<l.grid, l.block, 0, st>>>(p);
+    else
+        rope_kernel<1><<<l.grid, l.block, 0, st>>>(p);
+    return df_cuda_check_launch("rope_bwd kernel");
+}
+
+int df_cuda_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up,
+                       const df_tensor *dout, df_tensor *dgate, df_tensor *dup)
+{
+    if (df_tensor_numel(dgate) == 0)
+        return 0;
+    const df_tensor *t[MAXT] = {gate, up, dout, dgate, dup};
+    SwArgs p;
+    p.L = rows_of(t, MAXT, 1);
+    p.g = (const uint16_t *)gate->data;
+    p.u = (const uint16_t *)up->data;
+    p.d = (const uint16_t *)dout->data;
+    p.dg = (uint16_t *)dgate->data;
+    p.du = (uint16_t *)dup->data;
+    const void *ptrs[5] = {p.g, p.u, p.d, p.dg, p.du};
+    p.vec = rows_vec_ok(p.L, ptrs, 5);
+    Launch l = rows_launch(p.L.rows, p.vec ? cdiv(p.L.cols, VEC) : p.L.cols);
+    swiglu_bwd_kernel<<<l.grid, l.block, 0, df_cuda_stream(be)>>>(p);
+    return df_cuda_check_launch("swiglu_bwd kernel");
+}
+
+int df_cuda_adamw(df_backend *be, float *master, const float *grad, float *m, float *v, int64_t n,
+                  float lr, float beta1, float beta2, float eps, float wd, int64_t step,
+                  float grad_scale, uint16_t *out_bf16)
+{
+    if (n == 0)
+        return 0;
+    /* The scalars exactly as the CPU derives them (double, rounded once). */
+    AdamArgs a;
+    a.p = master;
+    a.m = m;
+    a.v = v;
+    a.g = grad;
+    a.out = out_bf16;
+    a.n = n;
+    a.b1 = beta1;
+    a.b2 = beta2;
+    a.omb1 = (float)(1.0 - (double)beta1);
+    a.omb2 = (float)(1.0 - (double)beta2);
+    a.bc1 = (float)(1.0 - pow((double)beta1, (double)step));
+    a.bc2 = (float)(1.0 - pow((double)beta2, (double)step));
+    a.lr = lr;
+    a.eps = eps;
+    a.wd = wd;
+    a.gs = grad_scale;
+    const int vec = !(((uintptr_t)master | (uintptr_t)grad | (uintptr_t)m | (uintptr_t)v) & 15u) &&
+                    !((uintptr_t)out_bf16 & 7u);
+    /* one thread per quad (or element), grid-stride past 2^20 blocks */
+    int64_t work = vec ? (n / 4 > n % 4 ? n / 4 : n % 4) : n;
+    int64_t blocks = cdiv(work, NT);
+    if (blocks > ((int64_t)1 << 20))
+        blocks = (int64_t)1 << 20;
+    cudaStream_t st = df_cuda_stream(be);
+    if (vec)
+        adamw_kernel<true><<<(unsigned)blocks, NT, 0, st>>>(a);
+    else
+        adamw_kernel<false><<<(unsigned)blocks, NT, 0, st>>>(a);
+    return df_cuda_check_launch("adamw kernel");
+}
+
+double df_cuda_sumsq(df_backend *be, const float *x, int64_t n)
+{
+    if (n == 0)
+        return 0.0;
+    const int64_t np = cdiv(n, SQ_CHUNK);
+    double *scr = (double *)df_cuda_scratch(be, (size_t)(np + 1) * sizeof(double));
+    if (!scr)
+        return (double)-EIO;
+    cudaStream_t st = df_cuda_stream(be);
+    int64_t blocks = np < ((int64_t)1 << 20) ? np : ((int64_t)1 << 20);
+    sumsq_piece_kernel<<<(unsigned)blocks, NT, 0, st>>>(x, n, np, !((uintptr_t)x & 15u), scr + 1);
+    if (df_cuda_check_launch("sumsq kernel"))
+        return (double)-EIO;
+    sumsq_final_kernel<<<1, NT, 0, st>>>(scr + 1, np, scr);
+    if (df_cuda_check_launch("sumsq final kernel"))
+        return (double)-EIO;
+    double s = 0.0;
+    if (df_cuda_fail(cudaMemcpyAsync(&s, scr, sizeof s, cudaMemcpyDeviceToHost, st),
+                     "sumsq download") ||
+        df_cuda_fail(cudaStreamSynchronize(st), "sumsq sync"))
+        return (double)-EIO;
+    return s;
+}

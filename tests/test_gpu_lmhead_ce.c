@@ -1,0 +1,373 @@
+/* test_gpu_lmhead_ce - df_cuda_lmhead_ce (kernels/cuda/lmhead_ce.cu), called
+ * directly on device data, against df_op_lmhead_ce on the CPU backend run
+ * on F32 copies of the same bf16 values. Skips (77) without a GPU.
+ * `--bench` adds a timing run at the drafter's size (N=8192, V=248320,
+ * H=5120): loss only, and loss + dh.
+ *
+ * Every GPU output is NaN-poisoned (ints: -7777) first. Tolerances:
+ *  - logits: both backends sum the same H exact bf16 x bf16 products in
+ *    fp32, in different orders (the CPU in order, cuBLASLt in tiles on
+ *    tensor cores, whose fp32 accumulation need not round to nearest), so a
+ *    logit may differ by dz_i <= 2 (H-1) u L_i, L_i = max_v sum_k |h_ik w_vk|,
+ *    u = 2^-24 (2u allows the non-RN accumulation).
+ *  - ce: lse(z) - z_label moves by at most 2 dz_i, and the rest (expf, the
+ *    double sum) agrees to ~1e-7 relative: |gpu - cpu| <= 1e-4 |cpu| + 2 dz_i.
+ *  - loss (w * ce summed in double): <= 1e-4 |cpu| + sum_i w_i 2 dz_i.
+ *  - argmax: equal, except where the two candidates' exact (double) logits
+ *    are within 1e-5 relative + 2 dz_i (a near-tie fp32 may flip; reported).
+ *  - dh (bf16): max error <= 2x that of naive bf16 (the CPU's fp32 dh
+ *    rounded) + 1e-6 max|ref| (KERNELS.md); the GPU carries G as bf16 hi +
+ *    lo (~2^-17 relative), so its only sizeable error is dh's own rounding.
+ *  - ignored rows (label -1, weight 0, label >= V): ce = 0 and dh = 0
+ *    exactly; argmax is still every row's argmax.
+ * A label >= V: the CPU backend rejects it (-EINVAL, checked here: it can
+ * see host labels), a device backend cannot check device labels and must
+ * ignore the row. The CPU reference therefore gets -1 for that row, and the
+ * row is also checked on its own (ce 0, dh 0, no loss).
+ * Also: a second GPU run is bitwise identical (determinism); a multi-chunk
+ * case (V=50000, N=300, chunk buffers capped at 16 MiB: 55-row chunks, and
+ * 83 rows without dh); V not a multiple of 8 (padded logit rows); weight
+ * NULL; loss only (dh, argmax, ce NULL). */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda/cuda_internal.h"
+#include "cuda/device.h"
+#include "cuda/lmhead_cuda.h"
+#include "ops.h"
+#include "test.h"
+#include "train_ops.h"
+
+#define POISON_I32 (-7777)
+
+static uint64_t rng = 4242;
+
+static float rb(float x)
+{
+    return df_bf16_to_f32(df_f32_to_bf16(x));
+}
+
+/* n bf16-representable values, N(0, scale^2)-ish. */
+static float *rnd(int64_t n, float scale)
+{
+    float *p = malloc((size_t)n * 4 + 4);
+    for (int64_t i = 0; i < n; i++)
+        p[i] = rb(scale * test_randn(&rng));
+    return p;
+}
+
+static void *dev_bf16(df_backend *g, const float *x, int64_t n)
+{
+    uint16_t *h = malloc((size_t)n * 2 + 2);
+    for (int64_t i = 0; i < n; i++)
+        h[i] = df_f32_to_bf16(x[i]);
+    void *d = df_backend_alloc(g, (size_t)n * 2 + 2);
+    CHECK(d && df_backend_upload(g, d, h, (size_t)n * 2) == 0);
+    free(h);
+    return d;
+}
+
+static void *dev_copy(df_backend *g, const void *x, size_t bytes)
+{
+    void *d = df_backend_alloc(g, bytes + 4);
+    CHECK(d && df_backend_upload(g, d, x, bytes) == 0);
+    return d;
+}
+
+/* es 2: bf16 NaN; es 4 + is_int: POISON_I32; es 4: f32 NaN. */
+static void poison(df_backend *g, void *d, int64_t n, size_t es, int is_int)
+{
+    uint8_t *h = malloc((size_t)n * es + 4);
+    for (int64_t i = 0; i < n; i++) {
+        if (es == 2)
+            ((uint16_t *)h)[i] = 0x7fc0;
+        else if (is_int)
+            ((int32_t *)h)[i] = POISON_I32;
+        else
+            ((float *)h)[i] = NAN;
+    }
+    CHECK(df_backend_upload(g, d, h, (size_t)n * es) == 0);
+    free(h);
+}
+
+typedef struct gpu_out {
+    float *ce;
+    int32_t *am;
+    uint16_t *dh;
+    double loss;
+} gpu_out;
+
+/* One direct GPU call on poisoned outputs; results downloaded into o. */
+static int run_gpu(df_backend *g, int64_t N, int64_t V, int64_t H, void *dh_, void *dhead,
+                   void *dlab, void *dw, float denom, int want_dh, int want_am, int want_ce,
+                   gpu_out *o)
+{
+    void *ddh = want_dh ? df_backend_alloc(g, (size_t)(N * H) * 2 + 2) : NULL;
+    void *dam = want_am ? df_backend_alloc(g, (size_t)N * 4) : NULL;
+    void *dce = want_ce ? df_backend_alloc(g, (size_t)N * 4) : NULL;
+    if (ddh)
+        poison(g, ddh, N * H, 2, 0);
+    if (dam)
+        poison(g, dam, N, 4, 1);
+    if (dce)
+        poison(g, dce, N, 4, 0);
+    df_tensor th = df_tensor_2d(dh_, DF_DTYPE_BF16, N, H);
+    df_tensor tw = df_tensor_2d(dhead, DF_DTYPE_BF16, V, H);
+    df_tensor tdh = df_tensor_2d(ddh, DF_DTYPE_BF16, N, H);
+    o->loss = 0.5; /* loss_sum is added to */
+    int rc = df_cuda_lmhead_ce(g, &th, &tw, dlab, dw, denom, &o->loss, ddh ? &tdh : NULL, dam,
+                               dce);
+    CHECK_EQ(rc, 0);
+    CHECK_EQ(df_backend_sync(g), 0);
+    o->dh = NULL, o->am = NULL, o->ce = NULL;
+    if (ddh) {
+        o->dh = malloc((size_t)(N * H) * 2 + 2);
+        CHECK_EQ(df_backend_download(g, o->dh, ddh, (size_t)(N * H) * 2), 0);
+    }
+    if (dam) {
+        o->am = malloc((size_t)N * 4);
+        CHECK_EQ(df_backend_download(g, o->am, dam, (size_t)N * 4), 0);
+    }
+    if (dce) {
+        o->ce = malloc((size_t)N * 4);
+        CHECK_EQ(df_backend_download(g, o->ce, dce, (size_t)N * 4), 0);
+    }
+    df_backend_free(g, ddh), df_backend_free(g, dam), df_backend_free(g, dce);
+    return rc;
+}
+
+static void free_out(gpu_out *o)
+{
+    free(o->ce), free(o->am), free(o->dh);
+}
+
+/* One comparison case. chunk_bytes: 0 = the default chunking. */
+static void check_case(df_backend *g, df_backend *c, int64_t N, int64_t V, int64_t H,
+                       int use_weight, size_t chunk_bytes)
+{
+    float *h = rnd(N * H, 0.35f), *w = rnd(V * H, 0.5f);
+    int32_t *lab = malloc((size_t)N * 4), *lab_cpu = malloc((size_t)N * 4);
+    float *wt = malloc((size_t)N * 4);
+    const int64_t big_row = N > 3 ? 3 : 0; /* the row with label >= V */
+    for (int64_t i = 0; i < N; i++) {
+        lab[i] = (int32_t)(test_rand(&rng) % (uint64_t)V);
+        if (i % 7 == 5)
+            lab[i] = -1;
+        wt[i] = 0.25f + (float)(test_rand(&rng) % 1000) / 500.0f;
+        if (i % 11 == 4)
+            wt[i] = 0.0f;
+    }
+    lab[big_row] = (int32_t)V + 5;
+    if (N > 1)
+        lab[1] = (int32_t)V - 1; /* the last vocabulary entry */
+    memcpy(lab_cpu, lab, (size_t)N * 4);
+    lab_cpu[big_row] = -1;
+    const float *wp = use_weight ? wt : NULL;
+    const float denom = 3.5f;
+
+    /* CPU reference (and: the CPU rejects a label >= V). */
+    float *dh_ref = malloc((size_t)(N * H) * 4 + 4), *ce_ref = malloc((size_t)N * 4);
+    int32_t *am_ref = malloc((size_t)N * 4);
+    double loss_ref = 0.5, dummy = 0.0;
+    df_tensor th = df_tensor_2d(h, DF_DTYPE_F32, N, H), tw = df_tensor_2d(w, DF_DTYPE_F32, V, H);
+    df_tensor tdh = df_tensor_2d(dh_ref, DF_DTYPE_F32, N, H);
+    CHECK_EQ(df_op_lmhead_ce(c, &th, &tw, lab, wp, denom, &dummy, &tdh, am_ref, ce_ref), -EINVAL);
+    CHECK_EQ(df_op_lmhead_ce(c, &th, &tw, lab_cpu, wp, denom, &loss_ref, &tdh, am_ref, ce_ref),
+             0);
+
+    /* Exact logits (double) for the near-tie rule, and each row's bound dz. */
+    double *dz = malloc((size_t)N * 8), *zrow = malloc((size_t)V * 8);
+    double *gap_ok = malloc((size_t)N * 8); /* |z[a] - z[b]| allowed for a flipped argmax */
+    int32_t *dummy_am = NULL;
+    (void)dummy_am;
+    const double u = ldexp(1.0, -24);
+    /* stored per row: z at the CPU argmax; the GPU's argmax is checked below */
+    double *zd_all = malloc((size_t)(N * V) * 8);
+    for (int64_t i = 0; i < N; i++) {
+        double L = 0, zmax = 0;
+        for (int64_t v = 0; v < V; v++) {
+            double s = 0, a = 0;
+            for (int64_t k = 0; k < H; k++) {
+                double p = (double)h[i * H + k] * w[v * H + k];
+                s += p;
+                a += fabs(p);
+            }
+            zrow[v] = s;
+            L = fmax(L, a);
+            zmax = fmax(zmax, fabs(s));
+        }
+        dz[i] = 2.0 * (double)(H > 1 ? H - 1 : 1) * u * L;
+        gap_ok[i] = 1e-5 * zmax + 2.0 * dz[i];
+        memcpy(zd_all + i * V, zrow, (size_t)V * 8);
+    }
+
+    void *dh_ = dev_bf16(g, h, N * H), *dw_ = dev_bf16(g, w, V * H);
+    void *dlab = dev_copy(g, lab, (size_t)N * 4);
+    void *dwt = use_weight ? dev_copy(g, wt, (size_t)N * 4) : NULL;
+    df_cuda_lmhead_ce_set_chunk_bytes(chunk_bytes);
+
+    gpu_out o1, o2, o3;
+    run_gpu(g, N, V, H, dh_, dw_, dlab, dwt, denom, 1, 1, 1, &o1);
+    run_gpu(g, N, V, H, dh_, dw_, dlab, dwt, denom, 1, 1, 1, &o2);
+    run_gpu(g, N, V, H, dh_, dw_, dlab, dwt, denom, 0, 0, 0, &o3); /* loss only */
+
+    /* ce, argmax, loss */
+    int bad_ce = 0, bad_am = 0, flips = 0, nan = 0;
+    double loss_tol = 0, worst_ce = 0;
+    for (int64_t i = 0; i < N; i++) {
+        double wi = use_weight ? wt[i] : 1.0;
+        int act = lab_cpu[i] >= 0 && wi > 0;
+        if (act)
+            loss_tol += wi * 2.0 * dz[i];
+        nan += isnan(o1.ce[i]);
+        double d = fabs((double)o1.ce[i] - ce_ref[i]);
+        if (!act ? o1.ce[i] != 0.0f : !(d <= 1e-4 * fabs(ce_ref[i]) + 2.0 * dz[i]))
+            bad_ce++;
+        if (act && ce_ref[i] != 0)
+            worst_ce = fmax(worst_ce, d / fabs(ce_ref[i]));
+        int32_t ga = o1.am[i], ca = am_ref[i];
+        if (ga < 0 || ga >= V) {
+            bad_am++;
+        } else if (ga != ca) {
+            double gap = fabs(zd_all[i * V + ga] - zd_all[i * V + ca]);
+            if (gap <= gap_ok[i]) {
+                flips++;
+                printf("  row %lld: argmax %d (gpu) vs %d (cpu), exact logits %.9g vs %.9g: "
+                       "near-tie\n",
+                       (long long)i, ga, ca, zd_all[i * V + ga], zd_all[i * V + ca]);
+            } else {
+                bad_am++;
+            }
+        }
+    }
+    loss_tol += 1e-4 * fabs(loss_ref - 0.5);
+    double dl = fabs(o1.loss - loss_ref), dl3 = fabs(o3.loss - loss_ref);
+
+    /* the label >= V row: ignored on the GPU */
+    int big_ok = o1.ce[big_row] == 0.0f;
+    for (int64_t k = 0; k < H; k++)
+        big_ok &= o1.dh[big_row * H + k] == 0;
+
+    /* dh */
+    double err = 0, naive = 0, mx = 0;
+    int dnan = 0, ign_nz = 0;
+    for (int64_t i = 0; i < N; i++) {
+        double wi = use_weight ? wt[i] : 1.0;
+        int act = lab_cpu[i] >= 0 && wi > 0;
+        for (int64_t k = 0; k < H; k++) {
+            float gv = df_bf16_to_f32(o1.dh[i * H + k]), rv = dh_ref[i * H + k];
+            dnan += isnan(gv);
+            if (!act && gv != 0.0f)
+                ign_nz++;
+            err = fmax(err, fabs((double)gv - rv));
+            naive = fmax(naive, fabs((double)rb(rv) - rv));
+            mx = fmax(mx, fabs(rv));
+        }
+    }
+    int dh_ok = !dnan && !ign_nz && err <= 2 * naive + 1e-6 * mx;
+
+    /* determinism: a second run is bitwise identical */
+    int same = o1.loss == o2.loss && !memcmp(o1.ce, o2.ce, (size_t)N * 4) &&
+               !memcmp(o1.am, o2.am, (size_t)N * 4) &&
+               !memcmp(o1.dh, o2.dh, (size_t)(N * H) * 2);
+
+    int ok = !nan && !bad_ce && !bad_am && dl <= loss_tol && dl3 <= loss_tol && big_ok &&
+             dh_ok && same;
+    printf("lmhead_ce N=%lld V=%lld H=%lld weight=%s chunk=%s: ce worst rel %.2e (bad %d), "
+           "argmax bad %d near-tie flips %d, loss %.9g vs %.9g (loss-only %.9g, tol %.2e), "
+           "dh err %.3e naive %.3e, label>=V row %s, repeat %s: %s\n",
+           (long long)N, (long long)V, (long long)H, use_weight ? "yes" : "NULL",
+           chunk_bytes ? "16MiB" : "default", worst_ce, bad_ce, bad_am, flips, o1.loss, loss_ref,
+           o3.loss, loss_tol, err, naive, big_ok ? "ignored" : "WRONG",
+           same ? "bitwise" : "DIFFERS", ok ? "ok" : "FAIL");
+    CHECK(!nan);
+    CHECK_EQ(bad_ce, 0);
+    CHECK_EQ(bad_am, 0);
+    CHECK(dl <= loss_tol);
+    CHECK(dl3 <= loss_tol);
+    CHECK(big_ok);
+    CHECK(dh_ok);
+    CHECK(same);
+
+    df_cuda_lmhead_ce_set_chunk_bytes(0);
+    free_out(&o1), free_out(&o2), free_out(&o3);
+    df_backend_free(g, dh_), df_backend_free(g, dw_), df_backend_free(g, dlab);
+    df_backend_free(g, dwt);
+    free(h), free(w), free(lab), free(lab_cpu), free(wt), free(dh_ref), free(ce_ref);
+    free(am_ref), free(dz), free(zrow), free(gap_ok), free(zd_all);
+}
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+/* The drafter's size: timing only (the CPU reference would take hours). */
+static void bench(df_backend *g)
+{
+    const int64_t N = 8192, V = 248320, H = 5120;
+    void *dh_ = df_backend_alloc(g, (size_t)(N * H) * 2), *dw_ = df_backend_alloc(g, (size_t)(V * H) * 2);
+    void *ddh = df_backend_alloc(g, (size_t)(N * H) * 2), *dam = df_backend_alloc(g, (size_t)N * 4);
+    void *dce = df_backend_alloc(g, (size_t)N * 4);
+    int32_t *lab = malloc((size_t)N * 4);
+    for (int64_t i = 0; i < N; i++)
+        lab[i] = i % 50 == 0 ? -1 : (int32_t)(test_rand(&rng) % (uint64_t)V);
+    void *dlab = dev_copy(g, lab, (size_t)N * 4);
+    CHECK(dh_ && dw_ && ddh && dam && dce && dlab);
+    if (!(dh_ && dw_ && ddh && dam && dce && dlab))
+        return;
+    CHECK_EQ(df_backend_fill_uniform(g, dh_, DF_DTYPE_BF16, N * H, 1, -1.0f, 1.0f), 0);
+    CHECK_EQ(df_backend_fill_uniform(g, dw_, DF_DTYPE_BF16, V * H, 2, -0.03f, 0.03f), 0);
+    df_tensor th = df_tensor_2d(dh_, DF_DTYPE_BF16, N, H), tw = df_tensor_2d(dw_, DF_DTYPE_BF16, V, H);
+    df_tensor tdh = df_tensor_2d(ddh, DF_DTYPE_BF16, N, H);
+    for (int mode = 0; mode < 2; mode++) {
+        double loss = 0, best = 1e30;
+        for (int it = 0; it < 4; it++) { /* the first is a warm-up (plans, scratch) */
+            CHECK_EQ(df_backend_sync(g), 0);
+            double t0 = now_ms();
+            CHECK_EQ(df_cuda_lmhead_ce(g, &th, &tw, dlab, NULL, (float)N, &loss,
+                                       mode ? &tdh : NULL, dam, dce),
+                     0);
+            CHECK_EQ(df_backend_sync(g), 0);
+            double t = now_ms() - t0;
+            if (it > 0 && t < best)
+                best = t;
+        }
+        printf("bench N=%lld V=%lld H=%lld %s: %.2f ms (best of 3; GEMM flops %.1f TFLOP)\n",
+               (long long)N, (long long)V, (long long)H, mode ? "loss + dh" : "loss only", best,
+               (mode ? 3.0 : 1.0) * 2.0 * N * V * H / 1e12);
+    }
+    free(lab);
+    df_backend_free(g, dh_), df_backend_free(g, dw_), df_backend_free(g, ddh);
+    df_backend_free(g, dam), df_backend_free(g, dce), df_backend_free(g, dlab);
+}
+
+int main(int argc, char **argv)
+{
+    int do_bench = argc > 1 && !strcmp(argv[1], "--bench");
+    if (df_cuda_device_count() <= 0) {
+        printf("no CUDA device: skipped\n");
+        return 77;
+    }
+    df_err e = {0};
+    df_backend *g = df_backend_cuda_open(0, &e), *c = df_backend_cpu_open(0, &e);
+    if (!g || !c) {
+        fprintf(stderr, "%s\n", e.msg);
+        return 1;
+    }
+    check_case(g, c, 37, 1000, 64, 1, 0);
+    check_case(g, c, 37, 1000, 64, 0, 0);
+    check_case(g, c, 29, 1001, 72, 1, 0);            /* V % 8 != 0: padded logit rows */
+    check_case(g, c, 300, 50000, 64, 1, (size_t)16 << 20); /* several chunks + a tail */
+    if (do_bench)
+        bench(g);
+    df_backend_close(g);
+    df_backend_close(c);
+    return test_main_end();
+}
