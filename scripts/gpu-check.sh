@@ -59,6 +59,19 @@ fi
 if [ $status = 0 ] && has opbench; then # the target ops alone: prefill attention, GDN
   { "$B/tests/test_gpu_attn_prefill" --bench; "$B/tests/test_gpu_gdn" --bench; } >"$LOG/opbench.log" 2>&1 || status=1
 fi
+train="not run"
+if [ $status = 0 ] && has train; then # the drafter trained on the GPU, on the bundled tiny cache
+  TM=$ROOT/data/tiny-qwen3 W=/tmp/dflash-gpu-train
+  rm -rf $W && mkdir -p $W
+  TA="--cache $W/cache --target $TM --steps 200 --mask-token 1 --block-size 8 --max-tokens 512 --max-anchors 32 --lr 3e-3 --log-every 20 --ckpt-every 100"
+  if "$B/dflash" extract --device cpu --model $TM --data $TM/corpus.jsonl --out $W/cache --quiet >"$LOG/train.log" 2>&1 &&
+     "$B/dflash" train $TA --out $W/gpu --device cuda >>"$LOG/train.log" 2>&1 &&
+     "$B/dflash" train $TA --out $W/cpu --device cpu >>"$LOG/train.log" 2>&1; then
+    train="GPU: $(grep -E '^step +200' "$LOG/train.log" | head -1 | sed 's/  */ /g') | CPU: $(grep -E '^step +200' "$LOG/train.log" | tail -1 | sed 's/  */ /g')"
+  else
+    train="FAILED (train.log)"; status=1
+  fi
+fi
 resume="not run"
 if [ $status = 0 ] && has resume; then
   if "$ROOT/scripts/gpu-resume-check.sh" "$B" /tmp/dflash-resume >"$LOG/resume.log" 2>&1; then
@@ -79,6 +92,7 @@ row "ctest" "$tests"
 row "test_gpu_probe" "${gpu_test:-?} ${gpu:-}"
 row "GPU forward vs live HF" "$live"
 row "kill -9 + resume (GPU)" "$resume"
+row "drafter training (tiny)" "$train"
 grep -E "FAILED|out of tolerance|rel err .* ratio [2-9]" "$LOG/ctest.log" 2>/dev/null | head -8
 if [ -f "$LOG/bench-dflash-attn.log" ]; then
   echo "-- bench_dflash_attn (tail)"
