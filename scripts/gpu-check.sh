@@ -63,7 +63,7 @@ train="not run"
 if [ $status = 0 ] && has train; then # the drafter trained on the GPU, on the bundled tiny cache
   TM=$ROOT/data/tiny-qwen3 W=/tmp/dflash-gpu-train
   rm -rf $W && mkdir -p $W
-  TA="--cache $W/cache --target $TM --steps 200 --mask-token 1 --block-size 8 --max-tokens 512 --max-anchors 32 --lr 3e-3 --log-every 20 --ckpt-every 100"
+  TA="--cache $W/cache --target $TM --steps 200 --mask-token 1 --block-size 8 --max-tokens 512 --max-anchors 32 --lr 3e-3 --log-every 20 --ckpt-every 100 --heads 4 --kv-heads 2 --head-dim 64"
   if "$B/dflash" extract --device cpu --model $TM --data $TM/corpus.jsonl --out $W/cache --quiet >"$LOG/train.log" 2>&1 &&
      "$B/dflash" train $TA --out $W/gpu --device cuda >>"$LOG/train.log" 2>&1 &&
      "$B/dflash" train $TA --out $W/cpu --device cpu >>"$LOG/train.log" 2>&1; then

@@ -338,8 +338,9 @@ __global__ void __launch_bounds__(NT) nbwd_stats_kernel(NbArgs p)
     }
 }
 
-/* Block (tx, ty): x over 8-column units, y over a tile's rows. */
-__global__ void __launch_bounds__(NT) nbwd_apply_kernel(NbArgs p)
+/* Block (tx, ty): x over 8-column units, y over a tile's rows. 4 blocks
+ * (32 warps) per SM: the registers capped at 64, no spills (ptxas -v). */
+__global__ void __launch_bounds__(NT, 4) nbwd_apply_kernel(NbArgs p)
 {
     __shared__ float red[NT * VEC];
     const int tx = (int)blockDim.x, ty = (int)blockDim.y;
