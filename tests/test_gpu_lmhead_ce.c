@@ -35,7 +35,6 @@
 #include <string.h>
 #include <time.h>
 
-#include "cuda/cuda_internal.h"
 #include "cuda/device.h"
 #include "cuda/lmhead_cuda.h"
 #include "ops.h"

@@ -13,6 +13,7 @@
 #include "cuda_internal.h"
 #include "cuda_state.h"
 #include "dflash_attn.h"
+#include "lmhead_cuda.h"
 extern "C" {
 #include "log.h"
 }
@@ -521,7 +522,7 @@ static const df_backend_vt cuda_vt = {
     /* .rmsnorm_bwd = */ NULL,
     /* .rope_bwd = */ NULL,
     /* .swiglu_bwd = */ NULL,
-    /* .lmhead_ce = */ NULL,
+    /* .lmhead_ce = */ df_cuda_lmhead_ce,
     /* .adamw = */ NULL,
     /* .sumsq = */ NULL,
     /* .dflash_attn = */ cu_dflash_attn,
