@@ -17,12 +17,24 @@
  * bf16 math at least rounds its fp32 result to bf16 (for matmul: bf16
  * inputs, an fp32 sum, a bf16 output, which is exactly that), so per output
  * view:   max|gpu - ref| <= 2 * max|round_bf16(ref) - ref| + 1e-6 * max|ref|.
- * NaN (or inf) never passes. One line per case; any failure exits 1. */
+ * NaN (or inf) never passes. One line per case; any failure exits 1.
+ *
+ * Benchmark: `test_gpu_ops --bench` (no checks, no timing otherwise) times
+ * each op at the Qwen3.5-27B / Qwen3-32B extraction shapes and views,
+ * T = 4096: CUDA events on the backend's stream around one call, median of
+ * 20 after 3 warm-ups, ms and TB/s (bytes of the op's views read + written;
+ * weights left out). Before every call its input buffer is refilled on the
+ * GPU (fresh values, as after the producing GEMM, and the GPU is busy while
+ * the host enqueues the call, so launch latency is not timed). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <cuda_runtime_api.h>
+
+#include "cuda/cuda_internal.h"
 #include "cuda/device.h"
 #include "ops.h"
 #include "test.h"
@@ -668,7 +680,190 @@ static void gates_case(const char *name, int64_t T, int64_t H)
     buf_free(&dtb);
 }
 
-int main(void)
+/* ---- benchmark ---- */
+
+enum { B_SWIGLU, B_RMS, B_GATED, B_CONV, B_L2, B_ROPE };
+
+typedef struct bench_op {
+    const char *name;
+    int kind;
+    df_tensor x, y, z, w; /* swiglu: x gate, z up, y out; conv: x in, y out */
+    int plus_one, heads, hd, rot;
+    float scale;
+    double theta, bytes;
+    void *refill; /* BF16 input buffer rewritten before each call */
+    int64_t refill_n;
+} bench_op;
+
+static df_tensor bt2(void *base, int64_t off, int64_t rows, int64_t cols, int64_t ld)
+{
+    df_tensor t;
+    memset(&t, 0, sizeof t);
+    t.data = (uint16_t *)base + off;
+    t.dtype = DF_DTYPE_BF16;
+    t.ndim = 2;
+    t.shape[0] = rows, t.shape[1] = cols;
+    t.stride[0] = ld, t.stride[1] = 1;
+    return t;
+}
+
+/* [rows, heads, D] per-head view of a [rows, ld] buffer from column off. */
+static df_tensor bt3(void *base, int64_t off, int64_t rows, int64_t heads, int64_t D, int64_t ld)
+{
+    df_tensor t = bt2(base, off, rows, heads * D, ld);
+    t.ndim = 3;
+    t.shape[1] = heads, t.shape[2] = D;
+    t.stride[1] = D, t.stride[2] = 1;
+    return t;
+}
+
+static int bench_call(bench_op *o, const int32_t *cu, const int32_t *pos)
+{
+    switch (o->kind) {
+    case B_SWIGLU:
+        return df_op_swiglu(gpu, &o->x, &o->z, &o->y);
+    case B_RMS:
+        return df_op_rmsnorm(gpu, &o->x, &o->w, EPS, o->plus_one, &o->y);
+    case B_GATED:
+        return df_op_rmsnorm_gated(gpu, &o->x, &o->z, &o->w, EPS, &o->y);
+    case B_CONV:
+        return df_op_conv1d_silu(gpu, &o->x, &o->w, cu, 1, &o->y);
+    case B_L2:
+        return df_op_l2norm(gpu, &o->x, EPS, o->scale);
+    default:
+        return df_op_rope(gpu, &o->x, pos, o->heads, o->hd, o->rot, o->theta);
+    }
+}
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+static void bench_one(bench_op *o, const int32_t *cu, const int32_t *pos, cudaEvent_t *ev)
+{
+    enum { WARM = 3, RUNS = 20 };
+    cudaStream_t st = df_cuda_stream(gpu);
+    float ms[RUNS];
+    int rc = 0;
+    for (int i = 0; i < WARM + RUNS && rc == 0; i++) {
+        rc = df_backend_fill_uniform(gpu, o->refill, DF_DTYPE_BF16, o->refill_n,
+                                     100 + (uint64_t)i, -2.0f, 2.0f);
+        if (!rc && cudaEventRecord(ev[0], st) != cudaSuccess)
+            rc = -EIO;
+        if (!rc)
+            rc = bench_call(o, cu, pos);
+        if (!rc && (cudaEventRecord(ev[1], st) != cudaSuccess ||
+                    cudaEventSynchronize(ev[1]) != cudaSuccess))
+            rc = -EIO;
+        if (!rc && i >= WARM && cudaEventElapsedTime(&ms[i - WARM], ev[0], ev[1]) != cudaSuccess)
+            rc = -EIO;
+    }
+    CHECK_EQ(rc, 0);
+    if (rc) {
+        printf("%-56s failed (%d)\n", o->name, rc);
+        return;
+    }
+    qsort(ms, RUNS, sizeof ms[0], cmp_f);
+    float med = ms[RUNS / 2];
+    printf("%-56s %8.4f ms  %5.2f TB/s\n", o->name, med, o->bytes / (med * 1e-3) / 1e12);
+}
+
+static void bench(void)
+{
+    enum { T = 4096 };
+    const double e2 = 2.0; /* bytes per bf16 */
+    /* A: the widest fused projection output (Qwen3-32B gate|up [T, 51200]),
+     * reused for every op's [T, ld] input; B: [T, 10240] outputs; C: the
+     * hidden state [T, 5120]; W: weights. */
+    void *A = df_backend_alloc(gpu, (size_t)T * 51200 * 2), *B = df_backend_alloc(gpu, (size_t)T * 10240 * 2);
+    void *C = df_backend_alloc(gpu, (size_t)T * 5120 * 2), *W = df_backend_alloc(gpu, (size_t)10240 * 4 * 2);
+    int32_t *pos = xmalloc(T * sizeof *pos), cu[2] = {0, T};
+    for (int t = 0; t < T; t++)
+        pos[t] = t;
+    cudaEvent_t ev[2];
+    if (!A || !B || !C || !W || cudaEventCreate(&ev[0]) != cudaSuccess ||
+        cudaEventCreate(&ev[1]) != cudaSuccess) {
+        fprintf(stderr, "bench: out of device memory / events\n");
+        df_test_failures++;
+        return;
+    }
+    CHECK_EQ(df_backend_fill_uniform(gpu, W, DF_DTYPE_BF16, 10240 * 4, 1, -0.5f, 0.5f), 0);
+    bench_op ops[32];
+    int n = 0;
+    memset(ops, 0, sizeof ops);
+#define OP(nm, k) (ops[n].name = (nm), ops[n].kind = (k), &ops[n++])
+    bench_op *o;
+    /* ---- Qwen3.5-27B ---- */
+    o = OP("qwen3.5 swiglu [T,17408] halves of [T,34816], out=gate", B_SWIGLU);
+    o->x = o->y = bt2(A, 0, T, 17408, 34816), o->z = bt2(A, 17408, T, 17408, 34816);
+    o->bytes = 3.0 * T * 17408 * e2, o->refill = A, o->refill_n = (int64_t)T * 34816;
+    o = OP("qwen3.5 rmsnorm_gated o [T,48,128], z ld 16480, y=o", B_GATED);
+    o->x = o->y = bt3(B, 0, T, 48, 128, 6144), o->z = bt3(A, 10240, T, 48, 128, 16480);
+    o->w = bt2(W, 0, 1, 128, 128);
+    o->w.ndim = 1, o->w.shape[0] = 128, o->w.stride[0] = 1;
+    o->bytes = 3.0 * T * 6144 * e2, o->refill = B, o->refill_n = (int64_t)T * 6144;
+    o = OP("qwen3.5 conv1d_silu K4 [T,10240] ld 16480 -> [T,10240]", B_CONV);
+    o->x = bt2(A, 0, T, 10240, 16480), o->y = bt2(B, 0, T, 10240, 10240);
+    o->w = bt2(W, 0, 10240, 4, 4);
+    o->bytes = 2.0 * T * 10240 * e2, o->refill = A, o->refill_n = (int64_t)T * 16480;
+    o = OP("qwen3.5 l2norm q [T,16,128] ld 10240", B_L2);
+    o->x = bt3(B, 0, T, 16, 128, 10240), o->scale = 0.08838834764831845f;
+    o->bytes = 2.0 * T * 2048 * e2, o->refill = B, o->refill_n = (int64_t)T * 10240;
+    o = OP("qwen3.5 l2norm k [T,16,128] ld 10240", B_L2);
+    o->x = bt3(B, 2048, T, 16, 128, 10240), o->scale = 1.0f;
+    o->bytes = 2.0 * T * 2048 * e2, o->refill = B, o->refill_n = (int64_t)T * 10240;
+    o = OP("qwen3.5 rmsnorm plus_one [T,5120] -> h", B_RMS);
+    o->x = bt2(C, 0, T, 5120, 5120), o->y = bt2(B, 0, T, 5120, 5120), o->plus_one = 1;
+    o->bytes = 2.0 * T * 5120 * e2, o->refill = C, o->refill_n = (int64_t)T * 5120;
+    o = OP("qwen3.5 q_norm plus_one [T,24,256] ld 14336, in place", B_RMS);
+    o->x = o->y = bt3(A, 0, T, 24, 256, 14336), o->plus_one = 1;
+    o->bytes = 2.0 * T * 6144 * e2, o->refill = A, o->refill_n = (int64_t)T * 14336;
+    o = OP("qwen3.5 k_norm plus_one [T,4,256] ld 14336, in place", B_RMS);
+    o->x = o->y = bt3(A, 12288, T, 4, 256, 14336), o->plus_one = 1;
+    o->bytes = 2.0 * T * 1024 * e2, o->refill = A, o->refill_n = (int64_t)T * 14336;
+    o = OP("qwen3.5 rope q 24x256 rot 64 [T,6144] ld 14336", B_ROPE);
+    o->x = bt2(A, 0, T, 6144, 14336), o->heads = 24, o->hd = 256, o->rot = 64, o->theta = 1e7;
+    o->bytes = 2.0 * T * 24 * 64 * e2, o->refill = A, o->refill_n = (int64_t)T * 14336;
+    o = OP("qwen3.5 rope k 4x256 rot 64 [T,1024] ld 14336", B_ROPE);
+    o->x = bt2(A, 12288, T, 1024, 14336), o->heads = 4, o->hd = 256, o->rot = 64, o->theta = 1e7;
+    o->bytes = 2.0 * T * 4 * 64 * e2, o->refill = A, o->refill_n = (int64_t)T * 14336;
+    /* ---- Qwen3-32B ---- */
+    o = OP("qwen3 rmsnorm [T,5120] -> h", B_RMS);
+    o->x = bt2(C, 0, T, 5120, 5120), o->y = bt2(B, 0, T, 5120, 5120);
+    o->bytes = 2.0 * T * 5120 * e2, o->refill = C, o->refill_n = (int64_t)T * 5120;
+    o = OP("qwen3 q_norm [T,64,128] ld 10240, in place", B_RMS);
+    o->x = o->y = bt3(A, 0, T, 64, 128, 10240);
+    o->bytes = 2.0 * T * 8192 * e2, o->refill = A, o->refill_n = (int64_t)T * 10240;
+    o = OP("qwen3 k_norm [T,8,128] ld 10240, in place", B_RMS);
+    o->x = o->y = bt3(A, 8192, T, 8, 128, 10240);
+    o->bytes = 2.0 * T * 1024 * e2, o->refill = A, o->refill_n = (int64_t)T * 10240;
+    o = OP("qwen3 rope q 64x128 rot 128 [T,8192] ld 10240", B_ROPE);
+    o->x = bt2(A, 0, T, 8192, 10240), o->heads = 64, o->hd = 128, o->rot = 128, o->theta = 1e6;
+    o->bytes = 2.0 * T * 8192 * e2, o->refill = A, o->refill_n = (int64_t)T * 10240;
+    o = OP("qwen3 rope k 8x128 rot 128 [T,1024] ld 10240", B_ROPE);
+    o->x = bt2(A, 8192, T, 1024, 10240), o->heads = 8, o->hd = 128, o->rot = 128, o->theta = 1e6;
+    o->bytes = 2.0 * T * 1024 * e2, o->refill = A, o->refill_n = (int64_t)T * 10240;
+    o = OP("qwen3 swiglu [T,25600] halves of [T,51200], out=gate", B_SWIGLU);
+    o->x = o->y = bt2(A, 0, T, 25600, 51200), o->z = bt2(A, 25600, T, 25600, 51200);
+    o->bytes = 3.0 * T * 25600 * e2, o->refill = A, o->refill_n = (int64_t)T * 51200;
+#undef OP
+    for (int i = 0; i < n; i++) {
+        if (ops[i].kind == B_RMS) { /* the norm weight: [D] from W */
+            int64_t D = ops[i].x.shape[ops[i].x.ndim - 1];
+            ops[i].w = bt2(W, 0, 1, D, D);
+            ops[i].w.ndim = 1, ops[i].w.shape[0] = D, ops[i].w.stride[0] = 1;
+        }
+        bench_one(&ops[i], cu, pos, ev);
+    }
+    CHECK_EQ(df_backend_sync(gpu), 0);
+    cudaEventDestroy(ev[0]), cudaEventDestroy(ev[1]);
+    free(pos);
+    df_backend_free(gpu, A), df_backend_free(gpu, B), df_backend_free(gpu, C), df_backend_free(gpu, W);
+}
+
+int main(int argc, char **argv)
 {
     if (df_cuda_device_count() == 0) {
         printf("no CUDA device: skipped\n");
@@ -684,6 +879,13 @@ int main(void)
         }
         fprintf(stderr, "cuda backend: %s\n", e.msg);
         return 1;
+    }
+    if (argc > 1 && !strcmp(argv[1], "--bench")) {
+        printf("T = 4096; median of 20 calls (CUDA events), TB/s = view bytes read + "
+               "written / time\n");
+        bench();
+        df_backend_close(gpu);
+        return test_main_end();
     }
     cpu = df_backend_cpu_open(0, &e);
     if (!cpu) {

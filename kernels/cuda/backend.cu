@@ -14,6 +14,7 @@
 #include "cuda_state.h"
 #include "dflash_attn.h"
 #include "lmhead_cuda.h"
+#include "train_cuda.h"
 extern "C" {
 #include "log.h"
 }
@@ -516,15 +517,15 @@ static const df_backend_vt cuda_vt = {
     /* .l2norm = */ df_cuda_l2norm,
     /* .gdn_gates = */ df_cuda_gdn_gates,
     /* .gdn = */ cu_gdn,
-    /* training ops: the GPU trainer's kernels come next (-ENOTSUP until then) */
+    /* training ops */
     /* .matmul_bwd_x = */ df_cuda_matmul_bwd_x,
     /* .matmul_bwd_w = */ df_cuda_matmul_bwd_w,
-    /* .rmsnorm_bwd = */ NULL,
-    /* .rope_bwd = */ NULL,
-    /* .swiglu_bwd = */ NULL,
+    /* .rmsnorm_bwd = */ df_cuda_rmsnorm_bwd,
+    /* .rope_bwd = */ df_cuda_rope_bwd,
+    /* .swiglu_bwd = */ df_cuda_swiglu_bwd,
     /* .lmhead_ce = */ df_cuda_lmhead_ce,
-    /* .adamw = */ NULL,
-    /* .sumsq = */ NULL,
+    /* .adamw = */ df_cuda_adamw,
+    /* .sumsq = */ df_cuda_sumsq,
     /* .dflash_attn = */ cu_dflash_attn,
     /* .dflash_attn_bwd = */ cu_dflash_attn_bwd,
 };

@@ -13,11 +13,18 @@
  * 16-byte aligned use 16-byte vectors (8 bf16) and a scalar tail; anything
  * else (odd strides) takes the scalar path of the same kernel.
  *
- * Launch shapes. Elementwise work is a 2-D grid of rows x units (a unit is
- * one vector or one element); short rows are packed several to a block so
- * narrow tensors (gates, per-head slices) still fill warps. Norms give a row
- * a warp (D <= 1024: per-head q/k norms, the GDN output norm) or a whole
- * block (the hidden size); both loop grid-stride over rows. */
+ * Launch shapes. The vector paths (aligned rows, widths a multiple of 8,
+ * under 2^31 rows / vectors) are the fast ones: elementwise ops run over
+ * the flat list of vectors, 4 per thread with all loads issued first, rows
+ * found by a multiply-high division (ew_vec_kernel); norms give a row a
+ * sub-warp group (D <= 1024: 4..32 lanes, several rows per warp, e.g. 8
+ * lanes x 2 vectors for D = 128) or 128 threads (the hidden size), the row
+ * held in registers so x is read once (normv_kernel); RoPE computes each
+ * token's cos/sin once per 8 pairs and applies them to ~4 heads per thread
+ * (rope_vec_kernel). Everything else (odd widths or strides, unaligned
+ * views) takes the general kernels: a 2-D grid of rows x units (a unit is
+ * one vector or one element), short rows packed several to a block; norms
+ * a warp or a block per row, grid-stride over rows. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>

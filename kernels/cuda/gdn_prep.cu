@@ -2,7 +2,9 @@
  * depthwise conv1d + SiLU over packed sequences, l2norm (dense.cu's row-norm
  * kernel) and the gates beta = sigmoid(b), g = -exp(A_log) softplus(a +
  * dt_bias). The CPU reference is kernels/cpu/gdn.c; formulas follow it in
- * fp32, bf16 outputs rounded once, the gates' outputs stay fp32. */
+ * fp32, bf16 outputs rounded once, the gates' outputs stay fp32. The conv
+ * for K = 4 (Qwen3.5) keeps each thread's input window in registers
+ * (conv_win_kernel); other widths take the general conv_kernel. */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
