@@ -57,7 +57,8 @@ if [ $status = 0 ] && has storage; then
     >"$LOG/bench-storage.log" 2>&1 || status=1
 fi
 if [ $status = 0 ] && has opbench; then # the target ops alone: prefill attention, GDN
-  { "$B/tests/test_gpu_attn_prefill" --bench; "$B/tests/test_gpu_gdn" --bench; } >"$LOG/opbench.log" 2>&1 || status=1
+  { "$B/tests/test_gpu_attn_prefill" --bench; "$B/tests/test_gpu_gdn" --bench;
+    "$B/tests/test_gpu_ops" --bench; "$B/tests/test_gpu_lmhead_ce" --bench; } >"$LOG/opbench.log" 2>&1 || status=1
 fi
 train="not run"
 if [ $status = 0 ] && has train; then # the drafter trained on the GPU, on the bundled tiny cache
@@ -100,7 +101,7 @@ if [ -f "$LOG/bench-dflash-attn.log" ]; then
 fi
 if [ -f "$LOG/opbench.log" ]; then
   echo "-- target op benchmarks (tail)"
-  tail -24 "$LOG/opbench.log"
+  grep -vE "^\s*$" "$LOG/opbench.log" | tail -45
 fi
 if [ -f "$LOG/bench-extract.log" ]; then
   echo "-- bench-extract"
