@@ -28,7 +28,11 @@ else
 fi
 tests="not run"; live="not run"
 if [ $status = 0 ] && has test; then
+  # test_gpu_drafter's reference: our PyTorch DFlash step in fp64 and naive bf16, made now
+  python3 "$ROOT/scripts/dflash_reference.py" --config c --bf16 --out "$LOG/drafter_c.safetensors" \
+    >"$LOG/drafter-ref.log" 2>&1 && export DFLASH_GPU_DRAFTER_REF="$LOG/drafter_c.safetensors"
   ctest --test-dir "$B" --output-on-failure -j4 >"$LOG/ctest.log" 2>&1 || status=1
+  "$B/tests/test_gpu_drafter" >"$LOG/gpu-drafter.log" 2>&1
   tests=$(grep -E "tests passed|tests failed" "$LOG/ctest.log" | tail -1)
   gpu=$(grep -E "^gpu [0-9]+:" "$B"/Testing/Temporary/LastTest.log | head -2 | tr '\n' ' ')
   gpu_test=$(grep -E "test_gpu_probe .*(Passed|Failed|Skipped|\*\*\*)" "$LOG/ctest.log" | sed 's/.*test_gpu_probe *\.*//')
@@ -92,6 +96,7 @@ row "build (sm_90a + sm_80)" "$build"
 row "ctest" "$tests"
 row "test_gpu_probe" "${gpu_test:-?} ${gpu:-}"
 row "GPU forward vs live HF" "$live"
+[ -f "$LOG/gpu-drafter.log" ] && { echo "-- test_gpu_drafter (one training step vs fp64 / naive bf16)"; tail -6 "$LOG/gpu-drafter.log"; }
 row "kill -9 + resume (GPU)" "$resume"
 row "drafter training (tiny)" "$train"
 grep -E "FAILED|out of tolerance|rel err .* ratio [2-9]" "$LOG/ctest.log" 2>/dev/null | head -8
