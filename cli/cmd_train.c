@@ -37,6 +37,8 @@ static void usage(FILE *f)
             "  --init-std S          linear init std (default 0.02)\n"
             "  --seed S              all randomness (default 1)\n"
             "bookkeeping:\n"
+            "  --random-target CFG   benchmarks: a random frozen embedding/head of this config.json\n"
+            "                        instead of --target (the cache's target is not checked)\n"
             "  --device cpu|cuda     the backend (default cpu; cuda: one GPU, --gpu I; the\n"
             "                        multi-GPU trainer is in progress)\n"
             "  --log-every N --ckpt-every N --keep-last N --threads N --quiet\n");
@@ -75,6 +77,7 @@ int cmd_train(int argc, char **argv)
         i++;
         if (!strcmp(a, "--cache")) o.cache_dir = v;
         else if (!strcmp(a, "--target")) o.target_dir = v;
+        else if (!strcmp(a, "--random-target")) o.random_target = v;
         else if (!strcmp(a, "--out")) o.run_dir = v;
         else if (!strcmp(a, "--layer-types")) o.layer_types = v;
         else if (!strcmp(a, "--device")) {
@@ -133,7 +136,8 @@ int cmd_train(int argc, char **argv)
             return 2;
         }
     }
-    if (!o.cache_dir || !o.target_dir || !o.run_dir || o.steps <= 0 || o.mask_token_id < 0) {
+    if (!o.cache_dir || (!o.target_dir && !o.random_target) || !o.run_dir || o.steps <= 0 ||
+        o.mask_token_id < 0) {
         fprintf(stderr, "dflash train: --cache, --target, --out, --steps and --mask-token are "
                         "required\n");
         return 2;

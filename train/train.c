@@ -340,12 +340,13 @@ int df_train_run(const df_train_opts *o, df_err *e)
     if (o->mask_token_id < 0)
         return df_errf(e, -EINVAL, "--mask-token is required (the id of the target's mask token)");
     df_model_config tc;
-    if ((rc = df_model_config_load(o->target_dir, &tc, e)))
+    if ((rc = df_model_config_load(o->random_target ? o->random_target : o->target_dir, &tc, e)))
         return rc;
     if (!(cache = df_cache_open(o->cache_dir, e)))
         return e ? e->code : -EIO;
     const df_cache_params *cp = &df_cache_get_info(cache)->params;
-    if (strcmp(cp->config_sha256, tc.config_sha256) || (int)cp->hidden_size != tc.hidden_size) {
+    if ((!o->random_target && strcmp(cp->config_sha256, tc.config_sha256)) ||
+        (int)cp->hidden_size != tc.hidden_size) {
         rc = df_errf(e, -DF_EMISMATCH, "%s was extracted from another target (config sha256 "
                      "%.12s..., hidden %u) than %s (%.12s..., hidden %d)", o->cache_dir,
                      cp->config_sha256, cp->hidden_size, o->target_dir, tc.config_sha256,
@@ -389,7 +390,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
         goto out;
 
     df_tensor embed, head;
-    if ((rc = load_target_head(&tst, o->target_dir, tc.vocab_size, tc.hidden_size, &embed, &head, e)))
+    if (!o->random_target &&
+        (rc = load_target_head(&tst, o->target_dir, tc.vocab_size, tc.hidden_size, &embed, &head, e)))
         goto out;
     int on_gpu = o->device && strcmp(o->device, "cpu") &&
                  (!strcmp(o->device, "cuda") || df_backend_cuda_device_count() > 0);
@@ -398,7 +400,23 @@ int df_train_run(const df_train_opts *o, df_err *e)
         rc = e ? e->code : -ENOMEM;
         goto out;
     }
-    if (!df_backend_host_addressable(be)) { /* the frozen embedding and head, bf16 on the device */
+    if (o->random_target) { /* benchmarks: a random frozen embedding and head on the backend */
+        df_dtype dt = df_backend_act_dtype(be);
+        size_t nb = (size_t)tc.vocab_size * (size_t)tc.hidden_size * df_dtype_size(dt);
+        dev_embed = df_backend_alloc(be, nb);
+        dev_head = df_backend_alloc(be, nb);
+        if (!dev_embed || !dev_head) {
+            rc = df_errf(e, -ENOMEM, "out of memory for a random [%lld x %d] embedding and head",
+                         (long long)tc.vocab_size, tc.hidden_size);
+            goto out;
+        }
+        int64_t n = tc.vocab_size * (int64_t)tc.hidden_size;
+        if ((rc = df_backend_fill_uniform(be, dev_embed, dt, n, o->seed + 11, -0.035f, 0.035f)) ||
+            (rc = df_backend_fill_uniform(be, dev_head, dt, n, o->seed + 12, -0.035f, 0.035f)))
+            goto out;
+        embed = df_tensor_2d(dev_embed, dt, tc.vocab_size, tc.hidden_size);
+        head = df_tensor_2d(dev_head, dt, tc.vocab_size, tc.hidden_size);
+    } else if (!df_backend_host_addressable(be)) { /* the frozen embedding and head, bf16 on the device */
         if ((rc = device_bf16(be, &embed, &dev_embed, e)) ||
             (rc = device_bf16(be, &head, &dev_head, e)))
             goto out;
