@@ -606,7 +606,7 @@ static int mlp_block(df_model *m, int li, int64_t T, df_err *e)
     df_backend *be = m->be;
     int64_t F = c->intermediate_size;
     df_tensor x = act(m, m->x, T, c->hidden_size), h = act(m, m->h, T, c->hidden_size);
-    df_tensor gu = act(m, m->big1, T, 2 * F);
+    df_tensor gu = act(m, m->big1, T, L->gate_up.shape[0]); /* 2F (+ device padding) */
     CK(df_op_rmsnorm(be, &x, &L->post_norm, (float)c->rms_norm_eps, m->plus_one, &h));
     CK(df_op_matmul(be, &h, &L->gate_up, &gu, 0));
     df_tensor gate = df_tensor_cols(&gu, 0, F), up = df_tensor_cols(&gu, F, F);

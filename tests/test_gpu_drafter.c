@@ -229,7 +229,7 @@ int main(void)
     int rc_cpu = df_drafter_row_step(dc, w32, &r, denom, gcpu, &mc, &e);
     CHECK_OK(rc_cpu, &e);
     double lcpu = mc.loss_sum / denom;
-    df_drafter_close(dc);
+    /* dc stays open until the end: ps (the layout both drafters share) is its table */
 
     /* ---- CUDA: bf16 weights, embedding, head; f32 gradients ---- */
     df_backend *gpu = df_backend_cuda_open(0, &e);
@@ -263,6 +263,7 @@ int main(void)
     }
     if (rc) {
         df_drafter_close(dgpu);
+        df_drafter_close(dc);
         df_backend_close(gpu);
         return test_main_end();
     }
@@ -317,6 +318,7 @@ int main(void)
     free(g64);
     free(g16);
     df_drafter_close(dgpu);
+    df_drafter_close(dc);
     df_backend_free(gpu, demb);
     df_backend_free(gpu, dhead);
     df_backend_free(gpu, dw);
