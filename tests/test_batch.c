@@ -601,6 +601,69 @@ static void test_noise(void)
     freedoc(&A);
 }
 
+/* BF16 rows: the cache's bits without noise; with noise the F32 row rounded
+ * (same RNG draws); padding exact zeros, also after a longer row. */
+static void test_features_bf16(void)
+{
+    df_err e;
+    enum { S = 32 };
+    df_batch_config c = cfg(S, 4, 4), cf = c;
+    c.out_dtype = DF_DTYPE_BF16;
+    df_batch *b = df_batch_create(&c, &e), *bf = df_batch_create(&cf, &e);
+    CHECK(b && bf);
+    tdoc A = mkdoc(0, 31, NULL), B = mkdoc(1, 9, NULL);
+    df_batch_doc da = asdoc(&A, 0, all_layers, 2), db = asdoc(&B, 1, all_layers, 2);
+    df_rng rng;
+    df_rng_seed(&rng, 5, 0);
+    CHECK_EQ(df_batch_add(b, &da, &rng, &e), 1);
+    CHECK_OK(df_batch_finish(b, &rng, &e), &e);
+    const df_batch_row *r = df_batch_get_row(b);
+    CHECK(r->features == NULL && r->features_bf16 != NULL);
+    int same = 1;
+    for (int t = 0; t < 31; t++)
+        for (int k = 0; k < 2; k++)
+            same &= !memcmp(r->features_bf16 + ((size_t)t * 2 + k) * H, A.layer[k] + t * H, H * 2);
+    CHECK(same);
+    df_batch_reset(b); /* shorter row: stale rows cleared */
+    CHECK_EQ(df_batch_add(b, &db, &rng, &e), 1);
+    CHECK_OK(df_batch_finish(b, &rng, &e), &e);
+    int zero = 1;
+    for (size_t i = 9 * 2 * H; i < (size_t)S * 2 * H; i++)
+        zero &= r->features_bf16[i] == 0;
+    CHECK(zero);
+    df_batch_free(b);
+    df_batch_free(bf);
+
+    /* noise: the bf16 row is the f32 row (same draws) rounded to nearest even */
+    c.noise = cf.noise = 3.0f; /* above bf16 resolution at these values (64..200) */
+    b = df_batch_create(&c, &e);
+    bf = df_batch_create(&cf, &e);
+    df_rng r1, r2;
+    df_rng_seed(&r1, 9, 0);
+    df_rng_seed(&r2, 9, 0);
+    CHECK_EQ(df_batch_add(b, &da, &r1, &e), 1);
+    CHECK_EQ(df_batch_add(bf, &da, &r2, &e), 1);
+    CHECK_OK(df_batch_finish(b, &r1, &e), &e);
+    CHECK_OK(df_batch_finish(bf, &r2, &e), &e);
+    const df_batch_row *rb = df_batch_get_row(b), *rf = df_batch_get_row(bf);
+    int match = 1, changed = 0;
+    for (size_t i = 0; i < (size_t)31 * 2 * H; i++) {
+        match &= rb->features_bf16[i] == df_f32_to_bf16(rf->features[i]);
+        changed += rb->features_bf16[i] != A.layer[(i / H) % 2][(i / (2 * H)) * H + i % H];
+    }
+    CHECK(match);
+    CHECK(changed > 0);
+    CHECK(!memcmp(&r1, &r2, sizeof r1));
+    df_batch_free(b);
+    df_batch_free(bf);
+    /* bad output dtype */
+    c.out_dtype = DF_DTYPE_F16;
+    CHECK(df_batch_create(&c, &e) == NULL);
+    CHECK_ERR(e.code, -EINVAL, &e, "F32 or BF16");
+    freedoc(&A);
+    freedoc(&B);
+}
+
 /* Packing protocol: "does not fit", truncation, errors. */
 static void test_packing(void)
 {
@@ -726,6 +789,7 @@ int main(void)
     test_weights_gamma();
     test_features();
     test_noise();
+    test_features_bf16();
     test_packing();
     test_random_rows();
     return test_main_end();

@@ -86,6 +86,8 @@ struct df_batch {
     int finished;
     int dirty;                 /* feature rows [0, dirty) may be non-zero */
     float *own_features;
+    uint16_t *own_features_bf16;
+    float *conv;               /* [H] scratch: one feature row widened (BF16 output with noise) */
     int32_t *cand;             /* [max_tokens] candidate context indices */
     uint8_t *chosen;           /* [max_tokens] scratch for the sorted sweep */
     float *kw;                 /* [bs] exp(-(k-1)/gamma), kw[0] = 0 */
@@ -110,6 +112,8 @@ void df_batch_free(df_batch *b)
         return;
     df_batch_row *r = &b->row;
     free(b->own_features);
+    free(b->own_features_bf16);
+    free(b->conv);
     free(r->ids);
     free(r->loss_mask);
     free(r->pos);
@@ -151,6 +155,12 @@ df_batch *df_batch_create(const df_batch_config *c, df_err *e)
                 df_dtype_name(c->dtype));
         return NULL;
     }
+    if (c->out_dtype != DF_DTYPE_INVALID && c->out_dtype != DF_DTYPE_F32 &&
+        c->out_dtype != DF_DTYPE_BF16) {
+        df_errf(e, -EINVAL, "batch config: row features can be F32 or BF16, not %s",
+                df_dtype_name(c->out_dtype));
+        return NULL;
+    }
     if (!(c->noise >= 0) || !isfinite(c->noise)) {
         df_errf(e, -EINVAL, "batch config: noise %g must be finite and >= 0", (double)c->noise);
         return NULL;
@@ -171,11 +181,18 @@ df_batch *df_batch_create(const df_batch_config *c, df_err *e)
     size_t S = (size_t)c->max_tokens, NB = (size_t)c->max_anchors,
            NT = NB * (size_t)c->block_size;
     df_batch_row *r = &b->row;
-    if (c->features) {
+    int bf16 = c->out_dtype == DF_DTYPE_BF16;
+    if (b->width > SIZE_MAX / sizeof(float) / S)
+        goto oom;
+    if (bf16) {
+        r->features_bf16 = c->features_bf16 ? c->features_bf16
+                                            : (b->own_features_bf16 = calloc(S * b->width, 2));
+        b->conv = malloc((size_t)c->hidden_size * sizeof(float));
+        if (!b->conv)
+            goto oom;
+    } else if (c->features) {
         r->features = c->features;
     } else {
-        if (b->width > SIZE_MAX / sizeof(float) / S)
-            goto oom;
         r->features = b->own_features = calloc(S * b->width, sizeof(float));
     }
     r->ids = calloc(S, sizeof *r->ids);
@@ -194,13 +211,13 @@ df_batch *df_batch_create(const df_batch_config *c, df_err *e)
     b->cand = calloc(S, sizeof *b->cand);
     b->chosen = calloc(S, 1);
     b->kw = calloc((size_t)c->block_size, sizeof *b->kw);
-    if (!r->features || !r->ids || !r->loss_mask || !r->pos || !r->ctx_doc_start ||
+    if ((bf16 ? !r->features_bf16 : !r->features) || !r->ids || !r->loss_mask || !r->pos || !r->ctx_doc_start ||
         !r->doc_offset || !r->doc_id || !r->anchor || !r->doc_start || !r->valid ||
         !r->block_ids || !r->block_pos || !r->labels || !r->weights || !b->cand || !b->chosen ||
         !b->kw)
         goto oom;
     /* The caller's buffer has unknown contents: all of it is dirty. */
-    b->dirty = c->features ? c->max_tokens : 0;
+    b->dirty = (bf16 ? c->features_bf16 != NULL : c->features != NULL) ? c->max_tokens : 0;
     b->kw[0] = 0.0f;
     for (int k = 1; k < c->block_size; k++)
         b->kw[k] = (float)exp(-(double)(k - 1) / b->c.gamma);
@@ -297,10 +314,22 @@ int df_batch_add(df_batch *b, const df_batch_doc *d, df_rng *rng, df_err *e)
         r->pos[t] = (int32_t)i;
         r->ctx_doc_start[t] = s0;
         r->n_loss_tokens += r->loss_mask[t];
-        float *dst = r->features + (size_t)t * b->width;
-        for (int k = 0; k < c->n_features; k++)
-            convert_row(dst + (size_t)k * H, (const uint8_t *)d->layers[k] + (size_t)i * H * esz,
-                        H, c->dtype, c->noise, rng);
+        for (int k = 0; k < c->n_features; k++) {
+            const uint8_t *src = (const uint8_t *)d->layers[k] + (size_t)i * H * esz;
+            if (!r->features_bf16) {
+                convert_row(r->features + (size_t)t * b->width + (size_t)k * H, src, H, c->dtype,
+                            c->noise, rng);
+                continue;
+            }
+            uint16_t *dst = r->features_bf16 + (size_t)t * b->width + (size_t)k * H;
+            if (c->dtype == DF_DTYPE_BF16 && c->noise == 0) {
+                memcpy(dst, src, H * 2); /* the cache's bits, untouched */
+            } else {
+                convert_row(b->conv, src, H, c->dtype, c->noise, rng);
+                for (size_t j = 0; j < H; j++)
+                    dst[j] = df_f32_to_bf16(b->conv[j]);
+            }
+        }
     }
     /* Candidates: p and p+1 both in the (truncated) document and in the loss. */
     for (uint32_t i = 0; i + 1 < n; i++)
@@ -322,9 +351,13 @@ int df_batch_finish(df_batch *b, df_rng *rng, df_err *e)
     int S = r->n_tokens;
 
     /* Padding of the context. */
-    if (b->dirty > S)
-        memset(r->features + (size_t)S * b->width, 0,
-               (size_t)(b->dirty - S) * b->width * sizeof(float));
+    if (b->dirty > S) {
+        size_t n = (size_t)(b->dirty - S) * b->width;
+        if (r->features_bf16)
+            memset(r->features_bf16 + (size_t)S * b->width, 0, n * 2);
+        else
+            memset(r->features + (size_t)S * b->width, 0, n * sizeof(float));
+    }
     b->dirty = S;
     for (int t = S; t < c->max_tokens; t++) {
         r->ids[t] = 0;

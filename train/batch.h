@@ -104,6 +104,10 @@ typedef struct df_batch_config {
     double gamma;            /* weight decay over k; <= 0 = 7 */
     float noise;             /* uniform feature noise amplitude; 0 = off */
     float *features;         /* caller's [max_tokens * K * H] buffer, or NULL */
+    df_dtype out_dtype;      /* the row's features: F32 (0 = F32) or BF16 (a GPU trainer
+                                uploads half the bytes; bf16 sources are copied bit for bit
+                                when noise is 0, else widened, noised and rounded RNE) */
+    uint16_t *features_bf16; /* caller's [max_tokens * K * H] buffer for BF16, or NULL */
 } df_batch_config;
 
 /* One document as the builder reads it (only during df_batch_add). */
@@ -121,7 +125,8 @@ typedef struct df_batch_row {
     int64_t truncated;            /* tokens dropped by truncation in this row */
     int n_loss_tokens;            /* context tokens with loss_mask 1 */
     int n_candidates;             /* anchor candidates in the row */
-    float *features;              /* [max_tokens, K*H] */
+    float *features;              /* [max_tokens, K*H] (out_dtype F32; else NULL) */
+    uint16_t *features_bf16;      /* [max_tokens, K*H] (out_dtype BF16; else NULL) */
     int32_t *ids;                 /* [max_tokens] context token ids */
     uint8_t *loss_mask;           /* [max_tokens] */
     int32_t *pos;                 /* [max_tokens] */

@@ -496,7 +496,10 @@ int df_train_run(const df_train_opts *o, df_err *e)
                           .block_size = c.block_size, .mask_token_id = c.mask_token_id,
                           .vocab_size = c.vocab_size, .hidden_size = c.hidden_size,
                           .n_features = c.num_target_features, .dtype = cp->dtype,
-                          .gamma = o->gamma, .noise = o->noise};
+                          .gamma = o->gamma, .noise = o->noise,
+                          /* a device backend takes the rows as bf16: half the upload, no cast */
+                          .out_dtype = df_backend_host_addressable(be) ? DF_DTYPE_F32
+                                                                       : DF_DTYPE_BF16};
     for (int r = 0; r < nrows; r++)
         if (!(rows[r] = df_batch_create(&bc, e))) {
             rc = e ? e->code : -ENOMEM;
@@ -573,7 +576,11 @@ int df_train_run(const df_train_opts *o, df_err *e)
         df_drafter_metrics m = {0};
         for (int r = 0; r < nrows && denom > 0; r++) {
             const df_batch_row *br = df_batch_get_row(rows[r]);
-            df_drafter_row dr = {.S = br->n_tokens, .feat = br->features, .ctx_pos = br->pos,
+            df_drafter_row dr = {.S = br->n_tokens,
+                                 .feat = br->features_bf16 ? (const void *)br->features_bf16
+                                                           : (const void *)br->features,
+                                 .feat_dtype = br->features_bf16 ? DF_DTYPE_BF16 : DF_DTYPE_F32,
+                                 .ctx_pos = br->pos,
                                  .blocks = br->blocks, .block_ids = (const uint32_t *)br->block_ids,
                                  .block_pos = br->block_pos, .labels = br->labels,
                                  .weights = br->weights};
