@@ -37,6 +37,9 @@ static void usage(FILE *f)
             "  --init-std S          linear init std (default 0.02)\n"
             "  --seed S              all randomness (default 1)\n"
             "bookkeeping:\n"
+            "  --eval-cache CACHE    acc[k], tau_hat, loss on a held-out cache (same target), forward\n"
+            "                        only, same rows each time: --eval-every N steps (default: at\n"
+            "                        the end), --eval-rows R (default 64); logged as eval_* lines\n"
             "  --random-target CFG   benchmarks: a random frozen embedding/head of this config.json\n"
             "                        instead of --target (the cache's target is not checked)\n"
             "  --device cpu|cuda     the backend (default cpu; cuda: one GPU, --gpu I; the\n"
@@ -78,6 +81,7 @@ int cmd_train(int argc, char **argv)
         if (!strcmp(a, "--cache")) o.cache_dir = v;
         else if (!strcmp(a, "--target")) o.target_dir = v;
         else if (!strcmp(a, "--random-target")) o.random_target = v;
+        else if (!strcmp(a, "--eval-cache")) o.eval_cache = v;
         else if (!strcmp(a, "--out")) o.run_dir = v;
         else if (!strcmp(a, "--layer-types")) o.layer_types = v;
         else if (!strcmp(a, "--device")) {
@@ -125,6 +129,8 @@ int cmd_train(int argc, char **argv)
         else if (!strcmp(a, "--init-std")) o.init_std = x;
         else if (!strcmp(a, "--seed")) o.seed = (uint64_t)x;
         else if (!strcmp(a, "--log-every")) o.log_every = (int)x;
+        else if (!strcmp(a, "--eval-every")) o.eval_every = (int)x;
+        else if (!strcmp(a, "--eval-rows")) o.eval_rows = (int)x;
         else if (!strcmp(a, "--ckpt-every")) o.ckpt_every = (int)x;
         else if (!strcmp(a, "--keep-last")) o.keep_last = (int)x;
         else if (!strcmp(a, "--threads")) o.threads = (int)x;

@@ -108,6 +108,11 @@ for _ in $(seq 1000); do [ -e "$W/runK/ckpt-0000000020" ] && break; sleep 0.005;
 kill -9 $kpid 2>/dev/null; wait $kpid 2>/dev/null
 run 0 "" "$D" train $TA --out "$W/runK"
 cmp -s "$W/runA/export/model.safetensors" "$W/runK/export/model.safetensors" || fail "run resumed after kill -9 differs"
+# evaluation on a held-out cache (the bundled eval corpus): logged lines, the same at every resume
+run 0 "" "$D" extract --device cpu --model "$TM" --data "$TM/eval.jsonl" --out "$W/evc" --layers 0,1,2 --quiet
+run 0 "eval @ step 60: .* rows" "$D" train ${TA/--quiet/} --out "$W/runEv" --eval-cache "$W/evc" --eval-every 30 --eval-rows 4
+[ "$(grep -c eval_tau_hat "$W/runEv/log.jsonl")" = 2 ] || fail "expected 2 evaluation lines in log.jsonl"
+run 1 "nope" "$D" train $TA --out "$W/runEv2" --eval-cache "$W/nope"
 run 1 "another target" "$D" train $TA --out "$W/runC" --target "$SRC/tests/fixtures/qwen3_5-tiny"
 run 1 "layer" "$D" train $TA --out "$W/runD" --target-layers 0,3
 run 2 "mask-token" "$D" train --cache "$W/ext3" --target "$TM" --out "$W/runE" --steps 5

@@ -216,6 +216,102 @@ typedef struct data_pos {
     uint64_t epoch, pos, tokens;
 } data_pos;
 
+/* ------------------------------------------------------------ evaluation
+ * acc[k], tau_hat and the loss on a held-out cache, forward only: the same
+ * documents (the first `rows` rows of a fixed order) and the same anchors
+ * (a fixed seed) at every evaluation, so the numbers compare across steps. */
+typedef struct eval_ctx {
+    df_cache *cache;
+    int cache_index[DF_BATCH_MAX_FEATURES];
+    uint64_t layer_mask;
+    df_batch *row;
+    int rows;
+    uint64_t seed;
+} eval_ctx;
+
+static int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t step, FILE *logf,
+                    int quiet, int bs, df_err *e)
+{
+    source src = {.cache = ev->cache, .layer_mask = ev->layer_mask, .threads = 2,
+                  .seed = ev->seed, .n = df_cache_count(ev->cache)};
+    src.order = malloc((src.n ? src.n : 1) * sizeof *src.order);
+    if (!src.order)
+        return df_errf(e, -ENOMEM, "out of memory");
+    df_rng rng;
+    df_rng_seed(&rng, ev->seed, 7);
+    df_drafter_metrics m = {0};
+    int rc = source_open_at(&src, 0, 0, e), n_rows = 0;
+    while (!rc && n_rows < ev->rows && (src.pos < src.n || src.have_pending)) {
+        df_batch_reset(ev->row);
+        int added_docs = 0;
+        for (;;) {
+            df_cache_item it;
+            int got = source_next(&src, &it, e);
+            if (got < 0) {
+                rc = got;
+                break;
+            }
+            if (got == 0)
+                break;
+            df_batch_doc doc;
+            df_batch_doc_from_item(&it, ev->cache_index, K, &doc);
+            int added = df_batch_add(ev->row, &doc, &rng, e);
+            if (added < 0) {
+                rc = added;
+                break;
+            }
+            if (added == 0) {
+                source_push_back(&src, &it);
+                break;
+            }
+            added_docs++;
+            df_cache_stream_release(src.s, &it);
+        }
+        if (rc || !added_docs)
+            break;
+        if ((rc = df_batch_finish(ev->row, &rng, e)))
+            break;
+        const df_batch_row *br = df_batch_get_row(ev->row);
+        df_drafter_row dr = {.S = br->n_tokens,
+                             .feat = br->features_bf16 ? (const void *)br->features_bf16
+                                                       : (const void *)br->features,
+                             .feat_dtype = br->features_bf16 ? DF_DTYPE_BF16 : DF_DTYPE_F32,
+                             .ctx_pos = br->pos, .blocks = br->blocks,
+                             .block_ids = (const uint32_t *)br->block_ids,
+                             .block_pos = br->block_pos, .labels = br->labels,
+                             .weights = br->weights};
+        if (br->weight_sum > 0 && (rc = df_drafter_row_step(d, w, &dr, 1.0f, NULL, &m, e)))
+            df_err_wrap(e, "evaluation row %d", n_rows);
+        n_rows++;
+    }
+    if (src.have_pending && src.s)
+        df_cache_stream_release(src.s, &src.pending);
+    df_cache_stream_close(src.s);
+    free(src.order);
+    if (rc)
+        return rc;
+    double loss = m.weight_sum > 0 ? m.loss_sum / m.weight_sum : 0.0;
+    double tau = m.blocks ? 1.0 + (double)m.accepted / (double)m.blocks : 1.0;
+    if (logf) {
+        fprintf(logf, "{\"step\":%" PRId64 ",\"eval_rows\":%d,\"eval_blocks\":%" PRIu64
+                ",\"eval_loss\":%.6f,\"eval_tau_hat\":%.4f,\"eval_acc\":[",
+                step, n_rows, m.blocks, loss, tau);
+        for (int k = 1; k < bs; k++)
+            fprintf(logf, "%s%.4f", k > 1 ? "," : "",
+                    m.counted[k] ? (double)m.correct[k] / (double)m.counted[k] : 0.0);
+        fprintf(logf, "]}\n");
+        fflush(logf);
+    }
+    if (!quiet) {
+        printf("eval @ step %" PRId64 ": %d rows, %" PRIu64 " blocks, loss %.4f  tau_hat %.3f  "
+               "acc1 %.3f  acc%d %.3f\n", step, n_rows, m.blocks, loss, tau,
+               m.counted[1] ? (double)m.correct[1] / (double)m.counted[1] : 0.0, bs - 1,
+               m.counted[bs - 1] ? (double)m.correct[bs - 1] / (double)m.counted[bs - 1] : 0.0);
+        fflush(stdout);
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------ device state */
 
 /* A [V, H] host weight as a BF16 tensor in device memory (*owned). */
@@ -329,6 +425,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
     df_batch **rows = NULL;
     float *grad = NULL;
     dev_state ds = {0};
+    eval_ctx ev = {0};
     void *dev_embed = NULL, *dev_head = NULL;
     FILE *logf = NULL;
     df_ckpt_state ck = {0};
@@ -505,6 +602,33 @@ int df_train_run(const df_train_opts *o, df_err *e)
             rc = e ? e->code : -ENOMEM;
             goto out;
         }
+    if (o->eval_cache) {
+        if (!(ev.cache = df_cache_open(o->eval_cache, e))) {
+            rc = e ? e->code : -EIO;
+            goto out;
+        }
+        const df_cache_params *ep = &df_cache_get_info(ev.cache)->params;
+        if ((!o->random_target && strcmp(ep->config_sha256, tc.config_sha256)) ||
+            (int)ep->hidden_size != tc.hidden_size) {
+            rc = df_errf(e, -DF_EMISMATCH, "evaluation cache %s was extracted from another target "
+                         "than the training cache", o->eval_cache);
+            goto out;
+        }
+        if ((rc = df_batch_map_layers(ep, c.target_layer_ids, c.num_target_features,
+                                      ev.cache_index, &ev.layer_mask, e))) {
+            df_err_wrap(e, "evaluation cache %s", o->eval_cache);
+            goto out;
+        }
+        df_batch_config ebc = bc;
+        ebc.dtype = ep->dtype;
+        ebc.noise = 0; /* evaluation sees the features as they are */
+        if (!(ev.row = df_batch_create(&ebc, e))) {
+            rc = e ? e->code : -ENOMEM;
+            goto out;
+        }
+        ev.rows = o->eval_rows > 0 ? o->eval_rows : 64;
+        ev.seed = o->seed ^ 0x5eedull;
+    }
     src.cache = cache;
     src.layer_mask = layer_mask;
     src.threads = 2;
@@ -631,6 +755,12 @@ int df_train_run(const df_train_opts *o, df_err *e)
             acc_n = 0;
             acc_tokens = 0;
         }
+        if (ev.cache && ((o->eval_every > 0 && done % o->eval_every == 0) || done == o->steps)) {
+            const void *w = ds.on_device ? (const void *)ds.w16 : (const void *)ds.master;
+            if ((rc = run_eval(&ev, d, w, c.num_target_features, done, logf, o->quiet,
+                               c.block_size, e)))
+                goto out;
+        }
         int save = (o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == o->steps;
         if (save) {
             if ((rc = dev_state_fetch(be, &ds, &ck, total, e)))
@@ -674,6 +804,8 @@ out:
         for (int r = 0; r < nrows; r++)
             df_batch_free(rows[r]);
     free(rows);
+    df_batch_free(ev.row);
+    df_cache_close(ev.cache);
     dev_state_free(be, &ds);
     df_backend_free(be, dev_embed);
     df_backend_free(be, dev_head);

@@ -39,6 +39,11 @@ typedef struct df_train_opts {
     int64_t mask_token_id;      /* required (>= 0) */
     const int *target_layers;   /* subset of the cache's layers, or NULL = all */
     int n_target_layers;
+    /* evaluation on a held-out cache (same target and layers): forward only, the same rows
+     * each time; logged as eval_loss / eval_tau_hat / eval_acc lines in log.jsonl */
+    const char *eval_cache;     /* NULL: none */
+    int eval_every;             /* steps between evaluations (0: only at the end) */
+    int eval_rows;              /* rows per evaluation (0 = 64) */
     /* data */
     int max_tokens;             /* context tokens per row, default 4096 */
     int max_anchors;            /* blocks per row, default 512 */
