@@ -35,6 +35,8 @@ typedef struct df_backend_vt {
                         float hi);
     /* Op profiling (DFLASH_PROFILE=1; NULL: none): marks the start and end
      * of one op named name; the backend sums the device time per name. */
+    /* Device memory in use (bytes; NULL: not known). */
+    int64_t (*mem_used)(df_backend *be);
     void (*prof_begin)(df_backend *be, const char *name);
     void (*prof_end)(df_backend *be);
 

@@ -283,6 +283,11 @@ int df_backend_upload(df_backend *be, void *dst, const void *src, size_t bytes)
     return bytes ? be->vt->upload(be, dst, src, bytes) : 0;
 }
 
+int64_t df_backend_mem_used(df_backend *be)
+{
+    return be && be->vt->mem_used ? be->vt->mem_used(be) : -1;
+}
+
 int df_backend_copy(df_backend *be, void *dst, const void *src, size_t bytes)
 {
     if (!be || (bytes && (!dst || !src)))

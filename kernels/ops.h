@@ -109,6 +109,10 @@ int df_backend_host_addressable(const df_backend *be);
 int df_backend_fill_uniform(df_backend *be, void *p, df_dtype dt, int64_t n, uint64_t seed,
                             float lo, float hi);
 
+/* Bytes of device memory in use on the backend's device (all processes), or
+ * -1 where that is not known (the CPU backend). */
+int64_t df_backend_mem_used(df_backend *be);
+
 /* The CUDA backend on device `device` (ops on one stream, cuBLASLt GEMMs).
  * NULL with e set when there is no such device or the build has no CUDA. */
 df_backend *df_backend_cuda_open(int device, df_err *e);

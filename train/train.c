@@ -163,16 +163,29 @@ static int parse_layer_types(const df_train_opts *o, df_drafter_config *c, df_er
     return 0;
 }
 
+/* Per-interval timing figures of the log (they differ between runs; every
+ * other field of a step is reproducible). */
+typedef struct step_perf {
+    double tok_s, step_s;
+    double data_wait; /* share of the step time spent reading the cache and building rows */
+    double tflops;    /* model TFLOP/s (row_flops) */
+    double mfu;       /* tflops / the peak (0: no peak known) */
+    double mem_gib;   /* device memory in use (-1: not known) */
+} step_perf;
+
 static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double loss, double lr,
-                     double gnorm, const df_drafter_metrics *m, int bs, double tok_s,
-                     double step_s, uint64_t tokens, uint64_t epoch)
+                     double gnorm, const df_drafter_metrics *m, int bs, const step_perf *pf,
+                     uint64_t tokens, uint64_t epoch)
 {
+    double tok_s = pf->tok_s, step_s = pf->step_s;
     double tau = m->blocks ? 1.0 + (double)m->accepted / (double)m->blocks : 1.0;
     if (f) {
         fprintf(f, "{\"step\":%" PRId64 ",\"epoch\":%" PRIu64 ",\"loss\":%.6f,\"lr\":%.6g,"
                 "\"grad_norm\":%.6g,\"tau_hat\":%.4f,\"tokens\":%" PRIu64 ",\"tokens_per_s\":%.1f,"
-                "\"step_s\":%.4f,\"acc\":[",
-                step, epoch, loss, lr, gnorm, tau, tokens, tok_s, step_s);
+                "\"step_s\":%.4f,\"data_wait\":%.4f,\"tflops\":%.2f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
+                "\"acc\":[",
+                step, epoch, loss, lr, gnorm, tau, tokens, tok_s, step_s, pf->data_wait, pf->tflops,
+                pf->mfu, pf->mem_gib);
         for (int k = 1; k < bs; k++)
             fprintf(f, "%s%.4f", k > 1 ? "," : "",
                     m->counted[k] ? (double)m->correct[k] / (double)m->counted[k] : 0.0);
@@ -181,13 +194,48 @@ static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double los
     }
     if (!quiet) {
         printf("step %6" PRId64 "/%" PRId64 "  loss %.4f  tau_hat %.3f  acc1 %.3f  acc%d %.3f  "
-               "lr %.2e  |g| %.3f  %.0f tok/s\n",
+               "lr %.2e  |g| %.3f  %.0f tok/s  %.3f s/step  data %.0f%%",
                step, steps, loss, tau,
                m->counted[1] ? (double)m->correct[1] / (double)m->counted[1] : 0.0, bs - 1,
                m->counted[bs - 1] ? (double)m->correct[bs - 1] / (double)m->counted[bs - 1] : 0.0,
-               lr, gnorm, tok_s);
+               lr, gnorm, tok_s, step_s, 100 * pf->data_wait);
+        if (pf->mfu > 0)
+            printf("  %.0f TFLOP/s (MFU %.1f%%)", pf->tflops, 100 * pf->mfu);
+        if (pf->mem_gib >= 0)
+            printf("  %.1f GiB", pf->mem_gib);
+        printf("\n");
         fflush(stdout);
     }
+}
+
+/* Model FLOPs of one row's forward + backward, as ../shared/bench's
+ * convention counts them (matmuls 6 x params x tokens; the frozen-input fc
+ * and LM head 4 x; attention 3.5 x 4 x visible pairs x heads x head_dim,
+ * visible pairs counted from the row's blocks). */
+static double row_flops(const df_drafter_config *c, const df_batch_row *br)
+{
+    double H = c->hidden_size, D = c->head_dim, QD = (double)c->num_attention_heads * D,
+           KD = (double)c->num_key_value_heads * D, F = c->intermediate_size,
+           KH = (double)c->num_target_features * H, V = (double)c->vocab_size;
+    double S = br->n_tokens, N = (double)br->n_blocks * br->block_size, bs = br->block_size;
+    double per_layer = H * QD + 2 * H * KD + QD * H + 3 * H * F;
+    double f = 4 * S * KH * H + 4 * (double)br->n_weighted * H * V;
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        int W = c->layer_types[l] == DF_LAYER_SLIDING ? c->sliding_window : 0;
+        double pairs = 0;
+        for (int b = 0; b < br->n_blocks; b++) {
+            if (!br->valid[b])
+                continue;
+            for (int q = 0; q < br->block_size; q++) {
+                int64_t lo = br->doc_start[b], hi = br->anchor[b];
+                if (W > 0 && hi + q - (W - 1) > lo)
+                    lo = hi + q - (W - 1);
+                pairs += (double)(hi > lo ? hi - lo : 0) + (W > 0 ? q + 1 : bs);
+            }
+        }
+        f += 6 * per_layer * N + 6 * S * 2 * KD * H + 3.5 * 4 * pairs * c->num_attention_heads * D;
+    }
+    return f;
 }
 
 /* Keeps only the log lines of steps <= step (a resumed run rewrites the rest). */
@@ -646,13 +694,16 @@ int df_train_run(const df_train_opts *o, df_err *e)
     if ((rc = source_open_at(&src, dp.epoch, dp.pos, e)))
         goto out;
 
-    double t_prev = df_now();
+    double t_prev = df_now(), acc_data_s = 0, acc_flops = 0;
+    /* the peak MFU is taken against: the bf16 GEMM ceiling measured on the H200s (KERNELS.md) */
+    double peak = df_backend_host_addressable(be) ? 0 : 790e12;
     df_drafter_metrics acc = {0};
     double acc_loss = 0, acc_gnorm = 0;
     int acc_n = 0;
     uint64_t acc_tokens = 0;
     for (int64_t step = step0; step < o->steps; step++) {
         /* Build the step's rows. */
+        double t_data = df_now();
         double denom = 0;
         uint64_t tokens = 0;
         for (int r = 0; r < nrows; r++) {
@@ -690,7 +741,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
             const df_batch_row *br = df_batch_get_row(rows[r]);
             denom += br->weight_sum;
             tokens += (uint64_t)br->n_tokens;
+            acc_flops += row_flops(&c, br);
         }
+        acc_data_s += df_now() - t_data;
         /* Forward + backward of every row; the loss is normalised by the
          * whole step's weight (DFLASH.md: the global denominator). */
         if ((rc = df_backend_zero(be, ds.grad, (size_t)total * sizeof(float)))) {
@@ -745,11 +798,16 @@ int df_train_run(const df_train_opts *o, df_err *e)
         dp.tokens += tokens;
         int64_t done = step + 1;
         if (done % (o->log_every > 0 ? o->log_every : 1) == 0 || done == o->steps) {
-            double now = df_now();
+            double now = df_now(), dt = now - t_prev;
+            int64_t used = df_backend_mem_used(be);
+            step_perf pf = {.tok_s = acc_tokens / dt, .step_s = dt / acc_n,
+                            .data_wait = acc_data_s / dt, .tflops = acc_flops / dt / 1e12,
+                            .mfu = peak > 0 ? acc_flops / dt / peak : 0,
+                            .mem_gib = used >= 0 ? (double)used / (1 << 30) : -1};
             log_step(logf, o->quiet, done, o->steps, acc_loss / acc_n, lr, acc_gnorm / acc_n, &acc,
-                     c.block_size, acc_tokens / (now - t_prev), (now - t_prev) / acc_n, dp.tokens,
-                     src.epoch);
+                     c.block_size, &pf, dp.tokens, src.epoch);
             t_prev = now;
+            acc_data_s = acc_flops = 0;
             memset(&acc, 0, sizeof acc);
             acc_loss = acc_gnorm = 0;
             acc_n = 0;

@@ -341,6 +341,16 @@ static int cu_download_async(df_backend *be, void *dst, const void *src, size_t 
                         "download (async)");
 }
 
+static int64_t cu_mem_used(df_backend *be)
+{
+    size_t free_b = 0, total = 0;
+    if (cu_set(be) || cudaMemGetInfo(&free_b, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -1;
+    }
+    return (int64_t)(total - free_b);
+}
+
 static void cu_close(df_backend *be)
 {
     df_cuda_state *s = st_of(be);
@@ -501,6 +511,7 @@ static const df_backend_vt cuda_vt = {
     /* .host_alloc = */ cu_host_alloc,
     /* .host_free = */ cu_host_free,
     /* .fill_uniform = */ cu_fill_uniform,
+    /* .mem_used = */ cu_mem_used,
     /* .prof_begin = */ cu_prof_begin,
     /* .prof_end = */ cu_prof_end,
     /* .embed = */ df_cuda_embed,
