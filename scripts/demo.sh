@@ -5,14 +5,16 @@
 # extract -> train -> dump -> export as exists today, on the bundled tiny target
 # (data/tiny-qwen3: a random-weight Qwen3 and its own greedy completions):
 #   1. corpus import  its completions -> OUT/corpus.dtok (checked against the vocab)
-#   2. extract        the target's forward on the CPU over the corpus -> OUT/cache
-#                     (feature layers by the DFlash rule, split-zstd, io_uring writer)
+#   2. extract        the target's forward over the corpus -> OUT/cache (on the GPU when one is
+#                     visible, else the CPU; feature layers 0,1,2, split-zstd, io_uring writer), and
+#                     over the held-out eval corpus -> OUT/eval-cache
 #   3. resume         a cache writer is killed (SIGKILL) mid-run and rerun: the result equals an
 #                     uninterrupted run (on synthetic states: the tiny extraction is too quick to kill)
 #   4. dump           summary, sample listing, one sample's tokens and hidden-state slice
 #   5. verify + read  every CRC and index entry; the streaming reader's rate
-#   6. train          a 2-layer DFlash drafter on the cache (CPU backend): the log shows the
-#                     loss falling and tau_hat rising; checkpoints; export/ for SGLang/vLLM
+#   6. train          a 2-layer DFlash drafter on the cache (GPU when visible, else CPU): the log
+#                     shows the loss falling and tau_hat rising, on the training rows and on the
+#                     held-out eval cache; checkpoints; export/ for SGLang/vLLM; a plot of the log
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${1:-$ROOT/out/demo}
@@ -31,11 +33,20 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 step() { printf '\n== %s\n' "$*"; }
 
 TM=data/tiny-qwen3
+# A visible GPU runs extraction and training on it (the drafter then uses the CUDA attention's
+# head size, 64); otherwise the CPU reference backend does everything.
+if nvidia-smi -L >/dev/null 2>&1; then
+  DEV=cuda; DRAFTER="--heads 4 --kv-heads 2 --head-dim 64"
+else
+  DEV=cpu; DRAFTER=""
+fi
+echo "device: $DEV"
 step "1. import the tokenized corpus (vocab of the tiny target)"
 "$D" corpus import --model "$TM" --out "$OUT/corpus.dtok" "$TM/corpus.jsonl"
 
 step "2. extract: the target over the corpus, hidden states into the cache"
-"$D" extract --model "$TM" --data "$OUT/corpus.dtok" --out "$OUT/cache" --layers 0,1,2
+"$D" extract --device $DEV --model "$TM" --data "$OUT/corpus.dtok" --out "$OUT/cache" --layers 0,1,2
+"$D" extract --device $DEV --model "$TM" --data "$TM/eval.jsonl" --out "$OUT/eval-cache" --layers 0,1,2 --quiet
 
 step "3. crash and resume: kill -9 a writer mid-run, rerun it, compare with a clean run"
 "$D" cache synth --out "$OUT/crash" --corpus data/tiny/corpus.jsonl --hidden 256 --target-layers 6 \
@@ -65,10 +76,14 @@ step "5. verify every checksum, stream it back"
 "$D" dump "$OUT/cache" --verify
 "$D" cache read "$OUT/cache"
 
-step "6. train a DFlash drafter on the cache (CPU), export it"
-"$D" train --cache "$OUT/cache" --target "$TM" --out "$OUT/run" --device cpu --mask-token 1 \
+step "6. train a DFlash drafter on the cache ($DEV), evaluate it on the held-out cache, export it"
+"$D" train --cache "$OUT/cache" --target "$TM" --out "$OUT/run" --device $DEV --mask-token 1 \
   --steps ${DEMO_STEPS:-400} --layers 2 --intermediate 256 --block-size 8 --max-tokens 1024 \
-  --max-anchors 128 --lr 5e-3 --log-every 50 --ckpt-every 100
+  --max-anchors 128 --lr 5e-3 --log-every 50 --ckpt-every 100 $DRAFTER \
+  --eval-cache "$OUT/eval-cache" --eval-every 100 --eval-rows 8
 echo "log: $OUT/run/log.jsonl; drafter: $OUT/run/export/{config.json,model.safetensors}"
+if command -v python3 >/dev/null; then
+  python3 scripts/plot_train_log.py "$OUT/run/log.jsonl" || echo "(plot skipped)"
+fi
 
 printf '\ndemo done: outputs in %s\n' "$OUT"

@@ -96,6 +96,11 @@ def read_log(path):
             skipped += 1
             continue
         obj["step"] = step
+        if recs and recs[-1]["step"] == step and not (set(obj) - {"step"}) & (set(recs[-1]) - {"step"}):
+            # `dflash train` writes a step's evaluation (eval_* fields) as its own line after the
+            # step's training line: the same step with new fields is one record, not a restart.
+            recs[-1].update(obj)
+            continue
         if recs and recs[-1]["step"] >= step:
             if not restarts:
                 warn("%s:%d: step %g goes back (a resumed run?): the later records replace the "
