@@ -2,7 +2,7 @@
 # gpu-check.sh [LOG_DIR] - on the GPU machine: build for sm_90a + sm_80, run every test
 # (the GPU ones included), check the GPU target forward against HF transformers run live on fresh
 # random models, run the benchmarks (drafter attention vs flex_attention, storage, extraction vs
-# HF), print a short table last. STAGES picks stages (default "test live attn storage extract";
+# HF), print a short table last. STAGES picks stages (default: all of them;
 # the build always runs); ARCHS the CUDA architectures (default "90a;80").
 # Full logs go to LOG_DIR (default out/gpu-check). From the repo root, after
 # ../shared/gpu/stage.sh here and with .device carried:   scripts/gpu-check.sh "$OUT"
@@ -18,7 +18,7 @@ row() { printf '%-28s %s\n' "$1" "$2"; }
 
 { nvidia-smi -L; nvcc --version | tail -1; uname -r; nproc; free -g | head -2; df -hT /tmp; } >"$LOG/machine.log" 2>&1
 t0=$(date +%s)
-STAGES=${STAGES:-test live resume opbench attn storage extract}
+STAGES=${STAGES:-test live resume train trainbench opbench attn storage extract}
 has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 if cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA_ARCHS="${ARCHS:-90a;80}" >"$LOG/cmake.log" 2>&1 &&
    cmake --build "$B" -j "$(nproc)" >"$LOG/build.log" 2>&1; then
