@@ -266,30 +266,30 @@ int cmd_extract(int argc, char **argv)
         return 1;
     }
     int use_cuda = n_gpu > 0;
-    if (use_cuda && gpu < 0 && !rank_given) {
-        uint32_t r, wsz;
-        int local;
-        if (launcher_rank(&r, &wsz, &local)) { /* torchrun / Slurm: one process per GPU */
-            o.rank = r;
-            o.world_size = wsz;
-            gpu = local;
-        } else {
-            int n = n_gpu;
-            if (gpus && strcmp(gpus, "all")) {
-                uint64_t k;
-                if (parse_u64(gpus, &k) || k < 1 || k > (uint64_t)n_gpu) {
-                    fprintf(stderr, "dflash extract: --gpus '%s': want all or 1..%d\n", gpus,
-                            n_gpu);
-                    return 2;
-                }
-                n = (int)k;
+    uint32_t lr_rank, lr_world;
+    int lr_local;
+    if (gpu < 0 && !rank_given && launcher_rank(&lr_rank, &lr_world, &lr_local)) {
+        /* torchrun / Slurm: this process is one rank (on the CPU too); its GPU is its local rank */
+        o.rank = lr_rank;
+        o.world_size = lr_world;
+        if (use_cuda)
+            gpu = lr_local % n_gpu;
+    } else if (use_cuda && gpu < 0 && !rank_given) {
+        int n = n_gpu;
+        if (gpus && strcmp(gpus, "all")) {
+            uint64_t k;
+            if (parse_u64(gpus, &k) || k < 1 || k > (uint64_t)n_gpu) {
+                fprintf(stderr, "dflash extract: --gpus '%s': want all or 1..%d\n", gpus,
+                        n_gpu);
+                return 2;
             }
-            uint32_t node, nodes;
-            node_rank(&node, &nodes);
-            if (n > 1 || nodes > 1)
-                return spawn_ranks(argc, argv, n, node, nodes, o.out_dir, stats_json);
-            gpu = 0;
+            n = (int)k;
         }
+        uint32_t node, nodes;
+        node_rank(&node, &nodes);
+        if (n > 1 || nodes > 1)
+            return spawn_ranks(argc, argv, n, node, nodes, o.out_dir, stats_json);
+        gpu = 0;
     }
     if (o.rank >= o.world_size) {
         fprintf(stderr, "dflash extract: --rank %u out of range for --world-size %u\n", o.rank,

@@ -79,6 +79,10 @@ run 0 "48 docs" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl
 run 0 "OK: 96 samples" "$D" dump "$W/ext2" --verify
 cols() { "$D" dump "$1" --samples --limit 0 | awk 'NR > 2 { print $1, $2, $3, $7 }'; }
 [ "$(cols "$W/ext")" = "$(cols "$W/ext2")" ] || fail "2-rank extraction differs from 1-rank"
+# the same two ranks as a launcher (torchrun) would start them: rank and world from the environment
+run 0 "48 docs" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext4" --quiet
+run 0 "48 docs" env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext4" --quiet
+[ "$(cols "$W/ext")" = "$(cols "$W/ext4")" ] || fail "launcher-ranked extraction differs from 1-rank"
 run 0 "features +3 layers: 0 1 2" bash -c "'$D' extract --device cpu --model '$TM' --data '$TM/corpus.jsonl' --out '$W/ext3' --layers 0,1,2 --codec split-lz4 --quiet && '$D' dump '$W/ext3'"
 # bad input: ids >= vocab, an over-long document, no model, too many layers, bad usage
 run 1 "vocab" "$D" extract --model "$TM" --data "$SRC/data/tiny/corpus.jsonl" --out "$W/bad1" --quiet
