@@ -25,7 +25,6 @@ enum { SLOT_FREE = 0, SLOT_FULL = 1 };
 typedef struct slot {
     int state;
     int n;               /* documents */
-    int64_t T;           /* tokens */
     uint32_t *ids;       /* [cap] */
     int32_t *cu;         /* [cap + 2] */
     int64_t *docs;       /* [cap + 2] */
@@ -332,7 +331,6 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
         }
         st->forward_seconds += df_now() - t0;
         sl->n = n;
-        sl->T = T;
         pthread_mutex_lock(&pp.mu);
         sl->state = SLOT_FULL;
         pthread_cond_broadcast(&pp.cv);
