@@ -12,3 +12,15 @@ int df_backend_cuda_device_count(void)
 {
     return -1;
 }
+
+void *df_backend_cuda_stream(df_backend *be)
+{
+    (void)be;
+    return NULL;
+}
+
+int df_backend_cuda_device(df_backend *be)
+{
+    (void)be;
+    return -1;
+}

@@ -118,6 +118,11 @@ int64_t df_backend_mem_used(df_backend *be);
 df_backend *df_backend_cuda_open(int device, df_err *e);
 /* Visible CUDA devices: 0 with none, -1 in a build without CUDA. */
 int df_backend_cuda_device_count(void);
+/* The CUDA backend's stream (a cudaStream_t) and device, for code that
+ * orders its own work with the ops (collectives); NULL / -1 for any other
+ * backend. */
+void *df_backend_cuda_stream(df_backend *be);
+int df_backend_cuda_device(df_backend *be);
 
 /* ---- dense ops ---- */
 

@@ -600,3 +600,17 @@ extern "C" int df_backend_cuda_device_count(void)
     }
     return n;
 }
+
+extern "C" void *df_backend_cuda_stream(df_backend *be)
+{
+    if (!be || be->kind != DF_BACKEND_CUDA)
+        return NULL;
+    return (void *)((df_cuda_state *)be->impl)->stream;
+}
+
+extern "C" int df_backend_cuda_device(df_backend *be)
+{
+    if (!be || be->kind != DF_BACKEND_CUDA)
+        return -1;
+    return ((df_cuda_state *)be->impl)->device;
+}
