@@ -96,6 +96,10 @@ typedef struct df_backend_vt {
                            float scale, const df_tensor *out, const df_tensor *lse,
                            const df_tensor *dout, df_tensor *dq, df_tensor *dkc, df_tensor *dvc,
                            df_tensor *dkb, df_tensor *dvb);
+    /* Host to backend, enqueued in op order, no wait: src must stay as it is
+     * until the next sync (pinned memory: a real async copy). NULL: same as
+     * upload. */
+    int (*upload_async)(df_backend *be, void *dst, const void *src, size_t bytes);
 } df_backend_vt;
 
 struct df_backend {

@@ -322,6 +322,16 @@ int df_backend_cast(df_backend *be, void *dst, df_dtype dt, const void *src, df_
     return n && dst != src ? be->vt->cast(be, dst, dt, src, st, n) : 0;
 }
 
+int df_backend_upload_async(df_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (!be || (bytes && (!dst || !src)))
+        return -EINVAL;
+    if (!bytes)
+        return 0;
+    return be->vt->upload_async ? be->vt->upload_async(be, dst, src, bytes)
+                                : be->vt->upload(be, dst, src, bytes);
+}
+
 int df_backend_download_async(df_backend *be, void *dst, const void *src, size_t bytes)
 {
     if (!be || (bytes && (!dst || !src)))

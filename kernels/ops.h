@@ -90,6 +90,10 @@ int df_backend_cast(df_backend *be, void *dst, df_dtype dt, const void *src, df_
  * df_backend_sync(): dst must stay valid until then (pinned memory from
  * df_backend_host_alloc lets it run asynchronously on CUDA). */
 int df_backend_download_async(df_backend *be, void *dst, const void *src, size_t bytes);
+/* An upload enqueued in op order that does not wait: src must stay unchanged
+ * until the next df_backend_sync() (from df_backend_host_alloc memory it runs
+ * asynchronously on CUDA; plain memcpy on the CPU). */
+int df_backend_upload_async(df_backend *be, void *dst, const void *src, size_t bytes);
 /* Host memory the backend copies from/to fastest (pinned on CUDA, plain
  * aligned memory on the CPU); free with _host_free. */
 void *df_backend_host_alloc(df_backend *be, size_t bytes);

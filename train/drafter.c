@@ -270,7 +270,8 @@ static df_tensor param_t(const df_drafter *d, const void *flat, df_dtype dt, int
             return df_errf(e, rc_, "drafter: %s failed (%s)", #call, df_strerror(rc_));   \
     } while (0)
 
-static void metrics_add(const df_drafter *d, const df_drafter_row *r, df_drafter_metrics *m)
+void df_drafter_row_metrics(const df_drafter *d, const df_drafter_row *r, const int32_t *argmax,
+                            df_drafter_metrics *m)
 {
     int bs = d->c.block_size;
     for (int b = 0; b < r->blocks.n_blocks; b++) {
@@ -281,7 +282,7 @@ static void metrics_add(const df_drafter *d, const df_drafter_row *r, df_drafter
         for (int k = 1; k < bs; k++) {
             int64_t i = (int64_t)b * bs + k;
             int has = r->labels[i] >= 0 && r->weights[i] > 0;
-            int ok = has && d->argmax_host[i] == r->labels[i];
+            int ok = has && argmax[i] == r->labels[i];
             if (has) {
                 m->counted[k]++;
                 m->correct[k] += (uint64_t)ok;
@@ -321,14 +322,17 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
     const float *wts = r->weights;
     if (!d->host) { /* upload: features (cast to bf16 there), labels, weights */
         size_t nf = (size_t)(S * KH);
+        /* pinned inputs: enqueued without waiting for the stream */
+        int (*up)(df_backend *, void *, const void *, size_t) =
+            r->pinned ? df_backend_upload_async : df_backend_upload;
         if (fdt == d->adt) {
-            CK(df_backend_upload(be, d->feat, r->feat, nf * d->aes));
+            CK(up(be, d->feat, r->feat, nf * d->aes));
         } else {
-            CK(df_backend_upload(be, d->feat32, r->feat, nf * df_dtype_size(fdt)));
+            CK(up(be, d->feat32, r->feat, nf * df_dtype_size(fdt)));
             CK(df_backend_cast(be, d->feat, d->adt, d->feat32, fdt, (int64_t)nf));
         }
-        CK(df_backend_upload(be, d->labels, r->labels, (size_t)N * sizeof(int32_t)));
-        CK(df_backend_upload(be, d->wts, r->weights, (size_t)N * sizeof(float)));
+        CK(up(be, d->labels, r->labels, (size_t)N * sizeof(int32_t)));
+        CK(up(be, d->wts, r->weights, (size_t)N * sizeof(float)));
         fsrc = d->feat;
         fdt = d->adt;
         labels = d->labels;
@@ -396,16 +400,20 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
     CK(df_op_rmsnorm(be, &xfin, &wn, eps, 0, &h));
     df_tensor dh = M(d->dh, N, H);
     double loss = 0;
+    int32_t *am_host = r->argmax_out ? r->argmax_out : d->argmax_host;
     CK(df_op_lmhead_ce(be, &h, &d->head, labels, wts, denom, &loss, G ? &dh : NULL,
-                       d->host ? d->argmax_host : d->argmax, NULL));
+                       d->host ? am_host : d->argmax, NULL));
+    if (!d->host && r->argmax_out) /* by the caller's sync; the counts are the caller's */
+        CK(df_backend_download_async(be, r->argmax_out, d->argmax, (size_t)N * sizeof(int32_t)));
     if (m) {
-        if (!d->host)
+        if (!d->host && !r->argmax_out)
             CK(df_backend_download(be, d->argmax_host, d->argmax, (size_t)N * sizeof(int32_t)));
         m->loss_sum += loss;
         for (int64_t i = 0; i < N; i++)
             if (r->labels[i] >= 0)
                 m->weight_sum += r->weights[i];
-        metrics_add(d, r, m);
+        if (!r->argmax_out)
+            df_drafter_row_metrics(d, r, d->argmax_host, m);
     }
     if (!G)
         return 0;

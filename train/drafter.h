@@ -39,6 +39,16 @@ typedef struct df_drafter_row {
     const int32_t *block_pos;  /* [n_blocks * bs] */
     const int32_t *labels;     /* [n_blocks * bs], -1 = none */
     const float *weights;      /* [n_blocks * bs] loss weights */
+    /* Device backends: 1 when feat, labels and weights are df_backend_host_alloc
+     * memory left unchanged until the caller's next df_backend_sync: they are
+     * then uploaded without waiting (the GPU keeps running the previous row). */
+    int pinned;
+    /* NULL: acc[k] / tau counts are added to the metrics at once (a device
+     * backend waits for the row's argmax). Else [n_blocks * bs] host memory
+     * (pinned on a device) that gets the argmax by the caller's next
+     * df_backend_sync; the caller then adds the counts with
+     * df_drafter_row_metrics. */
+    int32_t *argmax_out;
 } df_drafter_row;
 
 /* What one row contributes to the step's metrics (summed over rows). */
@@ -63,5 +73,10 @@ const df_params *df_drafter_params(const df_drafter *d);
  * sum(w*CE)/denom are ADDED to grad). params: the flat fp32 weights. */
 int df_drafter_row_step(df_drafter *d, const void *params, const df_drafter_row *row,
                         float denom, float *grad, df_drafter_metrics *m, df_err *e);
+
+/* The acc[k] / tau counts of a row from its argmax (row->argmax_out after
+ * the sync), added to m. */
+void df_drafter_row_metrics(const df_drafter *d, const df_drafter_row *row, const int32_t *argmax,
+                            df_drafter_metrics *m);
 
 #endif

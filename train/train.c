@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -360,6 +361,214 @@ static int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t s
     return 0;
 }
 
+/* ------------------------------------------------------------ the feeder
+ * A thread that builds the rows of upcoming steps while the backend computes
+ * the current one: two slots, each one step's rows in host memory the
+ * backend uploads from fastest (pinned on CUDA), filled strictly in step
+ * order from one source and one RNG, so the rows are the same as built
+ * inline. Each slot records the data position and the RNG state after its
+ * rows: a checkpoint after step s saves slot s's, and a resumed run rebuilds
+ * step s+1 exactly. */
+#define FEED_SLOTS 2
+
+typedef struct feed_slot {
+    df_batch **rows;          /* [nrows] */
+    uint16_t **feat_bf16;     /* [nrows] caller buffers of the rows (BF16 out) */
+    int32_t **argmax;         /* [nrows] the rows' argmax, downloaded by the step's sync */
+    double denom, flops;
+    uint64_t tokens;
+    data_pos after;           /* epoch / position after these rows */
+    uint8_t rng_after[32];
+    int ready;                /* 1: built, not yet consumed */
+    int rc;                   /* build error (with err) */
+    df_err err;
+} feed_slot;
+
+typedef struct feeder {
+    df_backend *be;
+    source *src;
+    df_rng *rng;
+    const df_drafter_config *c;
+    const int *cache_index;
+    const char *cache_dir;
+    int nrows;
+    int64_t next_step, end_step; /* steps [next_step, end_step) still to build */
+    feed_slot slot[FEED_SLOTS];
+    pthread_t th;
+    int started, stop;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} feeder;
+
+/* Fills one slot with the next step's rows (the feeder thread; the source
+ * and the RNG belong to it while it runs). */
+static int feeder_build(feeder *f, feed_slot *sl, df_err *e)
+{
+    source *src = f->src;
+    sl->denom = sl->flops = 0;
+    sl->tokens = 0;
+    for (int r = 0; r < f->nrows; r++) {
+        df_batch_reset(sl->rows[r]);
+        int added_docs = 0;
+        for (;;) {
+            if (src->pos >= src->n && !src->have_pending) {
+                if (added_docs) /* the epoch ends: this row takes what it has */
+                    break;
+                int rc = source_open_at(src, src->epoch + 1, 0, e);
+                if (rc)
+                    return rc;
+            }
+            df_cache_item it;
+            int got = source_next(src, &it, e);
+            if (got <= 0)
+                return got < 0 ? got : df_errf(e, -ENODATA, "%s: no samples", f->cache_dir);
+            df_batch_doc doc;
+            df_batch_doc_from_item(&it, f->cache_index, f->c->num_target_features, &doc);
+            int added = df_batch_add(sl->rows[r], &doc, f->rng, e);
+            if (added < 0)
+                return added;
+            if (added == 0) { /* full: this document starts the next row */
+                source_push_back(src, &it);
+                break;
+            }
+            added_docs++;
+            df_cache_stream_release(src->s, &it);
+        }
+        int rc = df_batch_finish(sl->rows[r], f->rng, e);
+        if (rc)
+            return rc;
+        const df_batch_row *br = df_batch_get_row(sl->rows[r]);
+        sl->denom += br->weight_sum;
+        sl->tokens += (uint64_t)br->n_tokens;
+        sl->flops += row_flops(f->c, br);
+    }
+    sl->after.epoch = src->epoch;
+    sl->after.pos = source_position(src);
+    df_rng_save(f->rng, sl->rng_after);
+    return 0;
+}
+
+static void *feeder_main(void *arg)
+{
+    feeder *f = arg;
+    for (;;) {
+        pthread_mutex_lock(&f->mu);
+        feed_slot *sl = NULL;
+        while (!f->stop && f->next_step < f->end_step &&
+               (sl = &f->slot[f->next_step % FEED_SLOTS])->ready)
+            pthread_cond_wait(&f->cv, &f->mu);
+        if (f->stop || f->next_step >= f->end_step) {
+            pthread_mutex_unlock(&f->mu);
+            return NULL;
+        }
+        pthread_mutex_unlock(&f->mu);
+        df_err err = {0};
+        int rc = feeder_build(f, sl, &err);
+        pthread_mutex_lock(&f->mu);
+        sl->rc = rc;
+        sl->err = err;
+        sl->ready = 1;
+        f->next_step++;
+        pthread_cond_broadcast(&f->cv);
+        pthread_mutex_unlock(&f->mu);
+        if (rc)
+            return NULL; /* the step that takes this slot reports the error */
+    }
+}
+
+static void feeder_close(feeder *f)
+{
+    if (f->started) {
+        pthread_mutex_lock(&f->mu);
+        f->stop = 1;
+        pthread_cond_broadcast(&f->cv);
+        pthread_mutex_unlock(&f->mu);
+        pthread_join(f->th, NULL);
+        pthread_mutex_destroy(&f->mu);
+        pthread_cond_destroy(&f->cv);
+        f->started = 0;
+    }
+    for (int k = 0; k < FEED_SLOTS; k++) {
+        feed_slot *sl = &f->slot[k];
+        for (int r = 0; sl->rows && r < f->nrows; r++) {
+            df_batch_free(sl->rows[r]);
+            df_backend_host_free(f->be, sl->feat_bf16[r]);
+            df_backend_host_free(f->be, sl->argmax[r]);
+        }
+        free(sl->rows);
+        free(sl->feat_bf16);
+        free(sl->argmax);
+    }
+    memset(f->slot, 0, sizeof f->slot);
+}
+
+/* Slots for rows of config bc (their BF16 feature buffers and argmax arrays
+ * from the backend's host memory), then the thread building steps
+ * [step0, steps). */
+static int feeder_open(feeder *f, const df_batch_config *bc, int64_t step0, int64_t steps,
+                       df_err *e)
+{
+    int64_t S = bc->max_tokens, width = (int64_t)bc->n_features * bc->hidden_size;
+    int64_t N = (int64_t)bc->max_anchors * bc->block_size;
+    for (int k = 0; k < FEED_SLOTS; k++) {
+        feed_slot *sl = &f->slot[k];
+        sl->rows = calloc((size_t)f->nrows, sizeof *sl->rows);
+        sl->feat_bf16 = calloc((size_t)f->nrows, sizeof *sl->feat_bf16);
+        sl->argmax = calloc((size_t)f->nrows, sizeof *sl->argmax);
+        if (!sl->rows || !sl->feat_bf16 || !sl->argmax)
+            return df_errf(e, -ENOMEM, "out of memory");
+        for (int r = 0; r < f->nrows; r++) {
+            df_batch_config c = *bc;
+            if (c.out_dtype == DF_DTYPE_BF16) {
+                sl->feat_bf16[r] = df_backend_host_alloc(f->be, (size_t)(S * width) * 2);
+                if (!sl->feat_bf16[r])
+                    return df_errf(e, -ENOMEM, "out of host memory for a row's features "
+                                   "(%lld x %lld bf16)", (long long)S, (long long)width);
+                c.features_bf16 = sl->feat_bf16[r];
+            }
+            sl->argmax[r] = df_backend_host_alloc(f->be, (size_t)N * sizeof(int32_t));
+            if (!sl->argmax[r])
+                return df_errf(e, -ENOMEM, "out of host memory");
+            if (!(sl->rows[r] = df_batch_create(&c, e)))
+                return e ? e->code : -ENOMEM;
+        }
+    }
+    f->next_step = step0;
+    f->end_step = steps;
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->cv, NULL);
+    if (pthread_create(&f->th, NULL, feeder_main, f)) {
+        pthread_mutex_destroy(&f->mu);
+        pthread_cond_destroy(&f->cv);
+        return df_errf(e, -EAGAIN, "cannot start the data feeder thread");
+    }
+    f->started = 1;
+    return 0;
+}
+
+/* The slot of step `step`, waiting until it is built; its build error if any. */
+static feed_slot *feeder_take(feeder *f, int64_t step, df_err *e, int *rc)
+{
+    feed_slot *sl = &f->slot[step % FEED_SLOTS];
+    pthread_mutex_lock(&f->mu);
+    while (!sl->ready)
+        pthread_cond_wait(&f->cv, &f->mu);
+    pthread_mutex_unlock(&f->mu);
+    *rc = sl->rc;
+    if (sl->rc && e)
+        *e = sl->err;
+    return sl;
+}
+
+/* The step's rows are no longer read (after the step's sync): refill. */
+static void feeder_release(feeder *f, feed_slot *sl)
+{
+    pthread_mutex_lock(&f->mu);
+    sl->ready = 0;
+    pthread_cond_broadcast(&f->cv);
+    pthread_mutex_unlock(&f->mu);
+}
+
 /* ------------------------------------------------------------ device state */
 
 /* A [V, H] host weight as a BF16 tensor in device memory (*owned). */
@@ -470,7 +679,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
     df_st *tst = NULL;
     df_backend *be = NULL;
     df_drafter *d = NULL;
-    df_batch **rows = NULL;
+    feeder fd = {0};
     float *grad = NULL;
     dev_state ds = {0};
     eval_ctx ev = {0};
@@ -630,8 +839,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
     logf = fopen(logpath, "a");
 
     grad = malloc((size_t)total * sizeof(float));
-    rows = calloc((size_t)nrows, sizeof *rows);
-    if (!grad || !rows) {
+    if (!grad) {
         rc = df_errf(e, -ENOMEM, "out of memory");
         goto out;
     }
@@ -645,11 +853,6 @@ int df_train_run(const df_train_opts *o, df_err *e)
                           /* a device backend takes the rows as bf16: half the upload, no cast */
                           .out_dtype = df_backend_host_addressable(be) ? DF_DTYPE_F32
                                                                        : DF_DTYPE_BF16};
-    for (int r = 0; r < nrows; r++)
-        if (!(rows[r] = df_batch_create(&bc, e))) {
-            rc = e ? e->code : -ENOMEM;
-            goto out;
-        }
     if (o->eval_cache) {
         if (!(ev.cache = df_cache_open(o->eval_cache, e))) {
             rc = e ? e->code : -EIO;
@@ -693,6 +896,16 @@ int df_train_run(const df_train_opts *o, df_err *e)
     }
     if ((rc = source_open_at(&src, dp.epoch, dp.pos, e)))
         goto out;
+    fd.be = be;
+    fd.src = &src;
+    fd.rng = &rng;
+    fd.c = &c;
+    fd.cache_index = cache_index;
+    fd.cache_dir = o->cache_dir;
+    fd.nrows = nrows;
+    if ((rc = feeder_open(&fd, &bc, step0, o->stop_after > 0 && step0 + o->stop_after < o->steps
+                                                ? step0 + o->stop_after : o->steps, e)))
+        goto out;
 
     double t_prev = df_now(), acc_data_s = 0, acc_flops = 0;
     /* the peak MFU is taken against: the bf16 GEMM ceiling measured on the H200s (KERNELS.md) */
@@ -702,47 +915,14 @@ int df_train_run(const df_train_opts *o, df_err *e)
     int acc_n = 0;
     uint64_t acc_tokens = 0;
     for (int64_t step = step0; step < o->steps; step++) {
-        /* Build the step's rows. */
+        /* The step's rows, built ahead by the feeder: waiting here is data wait. */
         double t_data = df_now();
-        double denom = 0;
-        uint64_t tokens = 0;
-        for (int r = 0; r < nrows; r++) {
-            df_batch_reset(rows[r]);
-            int added_docs = 0;
-            for (;;) {
-                if (src.pos >= src.n && !src.have_pending) {
-                    if (added_docs) /* the epoch ends: this row takes what it has */
-                        break;
-                    if ((rc = source_open_at(&src, src.epoch + 1, 0, e)))
-                        goto out;
-                }
-                df_cache_item it;
-                int got = source_next(&src, &it, e);
-                if (got <= 0) {
-                    rc = got < 0 ? got : df_errf(e, -ENODATA, "%s: no samples", o->cache_dir);
-                    goto out;
-                }
-                df_batch_doc doc;
-                df_batch_doc_from_item(&it, cache_index, c.num_target_features, &doc);
-                int added = df_batch_add(rows[r], &doc, &rng, e);
-                if (added < 0) {
-                    rc = added;
-                    goto out;
-                }
-                if (added == 0) { /* full: this document starts the next row */
-                    source_push_back(&src, &it);
-                    break;
-                }
-                added_docs++;
-                df_cache_stream_release(src.s, &it);
-            }
-            if ((rc = df_batch_finish(rows[r], &rng, e)))
-                goto out;
-            const df_batch_row *br = df_batch_get_row(rows[r]);
-            denom += br->weight_sum;
-            tokens += (uint64_t)br->n_tokens;
-            acc_flops += row_flops(&c, br);
-        }
+        feed_slot *sl = feeder_take(&fd, step, e, &rc);
+        if (rc)
+            goto out;
+        double denom = sl->denom;
+        uint64_t tokens = sl->tokens;
+        acc_flops += sl->flops;
         acc_data_s += df_now() - t_data;
         /* Forward + backward of every row; the loss is normalised by the
          * whole step's weight (DFLASH.md: the global denominator). */
@@ -752,7 +932,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
         }
         df_drafter_metrics m = {0};
         for (int r = 0; r < nrows && denom > 0; r++) {
-            const df_batch_row *br = df_batch_get_row(rows[r]);
+            const df_batch_row *br = df_batch_get_row(sl->rows[r]);
             df_drafter_row dr = {.S = br->n_tokens,
                                  .feat = br->features_bf16 ? (const void *)br->features_bf16
                                                            : (const void *)br->features,
@@ -760,7 +940,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
                                  .ctx_pos = br->pos,
                                  .blocks = br->blocks, .block_ids = (const uint32_t *)br->block_ids,
                                  .block_pos = br->block_pos, .labels = br->labels,
-                                 .weights = br->weights};
+                                 .weights = br->weights,
+                                 .pinned = br->features_bf16 != NULL,
+                                 .argmax_out = sl->argmax[r]};
             const void *w = ds.on_device ? (const void *)ds.w16 : (const void *)ds.master;
             if ((rc = df_drafter_row_step(d, w, &dr, (float)denom, ds.grad, &m, e))) {
                 df_err_wrap(e, "step %" PRId64 " row %d", step, r);
@@ -769,10 +951,21 @@ int df_train_run(const df_train_opts *o, df_err *e)
         }
         double loss = denom > 0 ? m.loss_sum / denom : 0.0;
         double gnorm = sqrt(df_op_sumsq(be, ds.grad, total));
+        /* sumsq waited for the stream: the rows' uploads and argmax are done */
+        for (int r = 0; r < nrows && denom > 0; r++) {
+            const df_batch_row *br = df_batch_get_row(sl->rows[r]);
+            df_drafter_row dr = {.blocks = br->blocks, .labels = br->labels,
+                                 .weights = br->weights};
+            df_drafter_row_metrics(d, &dr, sl->argmax[r], &m);
+        }
+        data_pos after = sl->after;
+        uint8_t rng_after[32];
+        memcpy(rng_after, sl->rng_after, sizeof rng_after);
+        feeder_release(&fd, sl);
         if (!isfinite(loss) || !isfinite(gnorm)) {
             rc = df_errf(e, -ERANGE, "step %" PRId64 ": loss %g, gradient norm %g: not finite "
-                         "(rows of epoch %" PRIu64 " before position %zu)", step, loss, gnorm,
-                         src.epoch, src.pos);
+                         "(rows of epoch %" PRIu64 " before position %" PRIu64 ")", step, loss,
+                         gnorm, after.epoch, after.pos);
             goto out;
         }
         double lr = df_lr_at(&sched, step);
@@ -805,7 +998,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
                             .mfu = peak > 0 ? acc_flops / dt / peak : 0,
                             .mem_gib = used >= 0 ? (double)used / (1 << 30) : -1};
             log_step(logf, o->quiet, done, o->steps, acc_loss / acc_n, lr, acc_gnorm / acc_n, &acc,
-                     c.block_size, &pf, dp.tokens, src.epoch);
+                     c.block_size, &pf, dp.tokens, after.epoch);
             t_prev = now;
             acc_data_s = acc_flops = 0;
             memset(&acc, 0, sizeof acc);
@@ -823,15 +1016,13 @@ int df_train_run(const df_train_opts *o, df_err *e)
         if (save) {
             if ((rc = dev_state_fetch(be, &ds, &ck, total, e)))
                 goto out;
-            dp.epoch = src.epoch;
-            dp.pos = source_position(&src);
-            uint8_t rs[32];
-            df_rng_save(&rng, rs);
+            dp.epoch = after.epoch;
+            dp.pos = after.pos;
             ck.step = done;
             ck.config = c;
             ck.n_floats = total;
-            ck.rng_state = rs;
-            ck.rng_len = sizeof rs;
+            ck.rng_state = rng_after;
+            ck.rng_len = sizeof rng_after;
             data_pos dpc = dp;
             ck.data_position = &dpc;
             ck.data_position_len = sizeof dpc;
@@ -852,16 +1043,13 @@ export:;
     if (!o->quiet)
         printf("exported the drafter to %s (config.json + model.safetensors)\n", exp);
 out:
+    feeder_close(&fd); /* before the source it reads */
     if (src.have_pending && src.s)
         df_cache_stream_release(src.s, &src.pending);
     df_cache_stream_close(src.s);
     free(src.order);
     if (logf)
         fclose(logf);
-    if (rows)
-        for (int r = 0; r < nrows; r++)
-            df_batch_free(rows[r]);
-    free(rows);
     df_batch_free(ev.row);
     df_cache_close(ev.cache);
     dev_state_free(be, &ds);

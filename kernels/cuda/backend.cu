@@ -332,6 +332,14 @@ static int cu_cast(df_backend *be, void *dst, df_dtype dt, const void *src, df_d
     return df_cuda_check_launch("cast");
 }
 
+static int cu_upload_async(df_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (cu_set(be))
+        return -EIO;
+    return df_cuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_of(be)->stream),
+                        "upload (async)");
+}
+
 static int cu_download_async(df_backend *be, void *dst, const void *src, size_t bytes)
 {
     df_cuda_state *s = st_of(be);
@@ -539,6 +547,7 @@ static const df_backend_vt cuda_vt = {
     /* .sumsq = */ df_cuda_sumsq,
     /* .dflash_attn = */ cu_dflash_attn,
     /* .dflash_attn_bwd = */ cu_dflash_attn_bwd,
+    /* .upload_async = */ cu_upload_async,
 };
 
 extern "C" df_backend *df_backend_cuda_open(int device, df_err *e)

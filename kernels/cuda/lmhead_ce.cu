@@ -16,7 +16,11 @@
  * Why hi + lo: cuBLASLt has no fp32 x bf16 GEMM, and G rounded to one bf16
  * (2^-9 relative per entry) adds an error as large as dh's own bf16
  * rounding; hi + lo carries G to ~2^-17, so dh's only sizeable error is its
- * final rounding, as on the CPU. The price is one more GEMM of GEMM 1's size.
+ * final rounding, as on the CPU. The price is one more GEMM of GEMM 1's size
+ * (a third of the head's time), so it is opt-in (precise mode:
+ * DFLASH_CE_PRECISE=1 or df_cuda_lmhead_ce_set_precise): by default G is
+ * one bf16, the error naive bf16 autograd (PyTorch, SpecForge) has, and
+ * GEMM 2 is the only backward GEMM.
  * Why fp32 dh32 in between: a bf16 accumulate of the lo product would round
  * dh twice.
  *
@@ -68,6 +72,7 @@ constexpr int PLAN_CAP = 32;
 constexpr int MAX_DEV = 64;
 
 size_t g_chunk_bytes = 0; /* test hook; 0 = DEFAULT_CHUNK_BYTES */
+int g_precise = -1;       /* hi + lo gradient; -1 = not yet read from DFLASH_CE_PRECISE */
 
 __device__ __forceinline__ uint16_t f2bf(float f)
 {
@@ -102,7 +107,8 @@ __device__ __forceinline__ void merge(float &m, int &i, double &s, float m2, int
 /* One block per row of the chunk. z: the chunk's logits [rows, ldz] fp32;
  * global row = row0 + blockIdx.x for label/weight/argmax/ce/row_loss. With
  * want_dh, z's row becomes hi (bf16, first V entries of the row seen as
- * uint16_t) and lo[blockIdx.x * ldlo + v] gets the low halves. */
+ * uint16_t) and, unless lo is NULL, lo[blockIdx.x * ldlo + v] gets the low
+ * halves. */
 __global__ void __launch_bounds__(RT) ce_row_kernel(float *__restrict__ z, int64_t ldz, int64_t V,
                                                     int64_t row0,
                                                     const int32_t *__restrict__ label,
@@ -204,11 +210,12 @@ __global__ void __launch_bounds__(RT) ce_row_kernel(float *__restrict__ z, int64
         return;
 
     uint16_t *hi = (uint16_t *)zr;
-    uint16_t *lor = lo + r * ldlo;
+    uint16_t *lor = lo ? lo + r * ldlo : NULL; /* NULL: plain bf16 G, no low halves */
     if (!sh_act) { /* ignored row: G = 0 (nothing is read any more) */
         for (int64_t v = t; v < V; v += RT) {
             hi[v] = 0;
-            lor[v] = 0;
+            if (lor)
+                lor[v] = 0;
         }
         return;
     }
@@ -233,7 +240,7 @@ __global__ void __launch_bounds__(RT) ce_row_kernel(float *__restrict__ z, int64
             float g = v == lab ? (float)((double)p * sc - c) : p * scf;
             gh[k] = f2bf(g);
             /* g - hi is exact in fp32; its bf16 rounding leaves ~2^-17 |g| */
-            if (v < V)
+            if (lo && v < V)
                 lor[v] = f2bf(g - bf2f(gh[k]));
         }
         __syncthreads(); /* the tile's reads (consumed above) precede any write */
@@ -464,6 +471,20 @@ extern "C" void df_cuda_lmhead_ce_set_chunk_bytes(size_t bytes)
     g_chunk_bytes = bytes;
 }
 
+extern "C" void df_cuda_lmhead_ce_set_precise(int on)
+{
+    g_precise = on ? 1 : 0;
+}
+
+static int precise_mode(void)
+{
+    if (g_precise < 0) {
+        const char *v = getenv("DFLASH_CE_PRECISE");
+        g_precise = v && *v == '1';
+    }
+    return g_precise;
+}
+
 extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
                                  const int32_t *label, const float *weight, float denom,
                                  double *loss_sum, df_tensor *dh, int32_t *argmax, float *ce)
@@ -477,13 +498,14 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         return -ENOTSUP;
     }
     cudaStream_t st = df_cuda_stream(be);
-    const int want_dh = dh != NULL;
+    const int want_dh = dh != NULL, want_lo = want_dh && precise_mode();
 
     /* Row strides padded to 32 bytes (fp32 logits) / 16 bytes (lo) so every
      * row start keeps cuBLASLt's fast aligned paths whatever V is. */
     const int64_t ldz = (int64_t)round_up((size_t)V, 8);
     const int64_t ldlo = ldz;
-    size_t per_row = (size_t)ldz * 4 + (want_dh ? (size_t)ldlo * 2 + (size_t)H * 4 : 0);
+    size_t per_row = (size_t)ldz * 4 + (want_lo ? (size_t)ldlo * 2 : 0) +
+                     (want_dh ? (size_t)H * 4 : 0);
     size_t cap = g_chunk_bytes ? g_chunk_bytes : DEFAULT_CHUNK_BYTES;
     int64_t rows = (int64_t)(cap / per_row);
     if (rows < 1)
@@ -495,7 +517,7 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     size_t o_loss = WS_BYTES;
     size_t o_z = round_up(o_loss + (size_t)(N + 1) * 8, 256);
     size_t o_lo = round_up(o_z + (size_t)rows * ldz * 4, 256);
-    size_t o_d32 = round_up(o_lo + (want_dh ? (size_t)rows * ldlo * 2 : 0), 256);
+    size_t o_d32 = round_up(o_lo + (want_lo ? (size_t)rows * ldlo * 2 : 0), 256);
     size_t total = o_d32 + (want_dh ? (size_t)rows * H * 4 : 0);
     char *sc = (char *)df_cuda_scratch(be, total);
     if (!sc)
@@ -515,15 +537,16 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         if (rc)
             break;
         ce_row_kernel<<<(unsigned)nr, RT, 0, st>>>(z, ldz, V, r0, label, weight, (double)denom,
-                                                   want_dh, lo, ldlo, argmax, ce, row_loss);
+                                                   want_dh, want_lo ? lo : NULL, ldlo, argmax,
+                                                   ce, row_loss);
         if ((rc = df_cuda_check_launch("lmhead_ce rows")))
             break;
         if (!want_dh)
             continue;
-        /* GEMM 2, dh32^T (H x nr) = head^T G^T, hi (ld 2*ldz bf16) then + lo,
+        /* GEMM 2, dh32^T (H x nr) = head^T G^T, hi (ld 2*ldz bf16) then (precise) + lo,
          * as df_cuda_matmul_bwd_x with fp32 out */
         rc = lt_gemm(st, ws, 0, 0, H, nr, V, wd, ldw, z, 2 * ldz, d32, H, 1, 0);
-        if (!rc)
+        if (!rc && want_lo)
             rc = lt_gemm(st, ws, 0, 0, H, nr, V, wd, ldw, lo, ldlo, d32, H, 1, 1);
         if (rc)
             break;

@@ -37,6 +37,12 @@ int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
  * default (1 GiB). Process-wide; meant for tests that force many chunks. */
 void df_cuda_lmhead_ce_set_chunk_bytes(size_t bytes);
 
+/* The gradient's precision, process-wide: 0 (default, unless the environment
+ * has DFLASH_CE_PRECISE=1) rounds G = (softmax - onehot) w / denom to one
+ * bf16 before the dh GEMM, as bf16 autograd does; 1 carries it as hi + lo
+ * bf16 (~2^-17 relative) at the cost of one more [N x V x H] GEMM. */
+void df_cuda_lmhead_ce_set_precise(int on);
+
 #ifdef __cplusplus
 }
 #endif
