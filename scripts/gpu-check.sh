@@ -78,28 +78,12 @@ if [ $status = 0 ] && has train; then # the drafter trained on the GPU, on the b
   fi
 fi
 trainbench="not run"
-if [ $status = 0 ] && has trainbench; then # the Qwen3.6-27B drafter shape on one GPU (first look)
-  W=/tmp/dflash-trainbench; rm -rf $W; mkdir -p $W
-  python3 -c "
-import json; json.dump(dict(model_type='qwen3_5_text', hidden_size=5120, num_hidden_layers=64,
-  num_attention_heads=24, num_key_value_heads=4, head_dim=256, intermediate_size=17408, vocab_size=248320,
-  rope_theta=1e7, partial_rotary_factor=0.25, linear_num_key_heads=16, linear_num_value_heads=48,
-  linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
-  max_position_embeddings=262144, attn_output_gate=True, hidden_act='silu',
-  layer_types=['linear_attention' if (i + 1) % 4 else 'full_attention' for i in range(64)]),
-  open('$W/config.json', 'w'))"
-  if "$B/dflash" cache synth --out $W/cache --samples 40 --hidden 5120 --target-layers 64 --layers 5 \
-       --min-tokens 1500 --max-tokens 4096 >"$LOG/trainbench.log" 2>&1 &&
-     "$B/dflash" train --cache $W/cache --random-target $W/config.json --out $W/run --device cuda \
-       --steps 8 --log-every 1 --ckpt-every 1000 --layers 5 --layer-types sliding,sliding,sliding,sliding,full \
-       --heads 32 --kv-heads 8 --head-dim 128 --intermediate 17408 --block-size 16 --max-tokens 4096 \
-       --max-anchors 512 --mask-token 248070 >>"$LOG/trainbench.log" 2>&1; then
-    trainbench="$(grep -E '^step' "$LOG/trainbench.log" | tail -3 | sed 's/  */ /g' | tr '\n' ';')"
-    cp $W/run/log.jsonl "$LOG/trainbench-log.jsonl"
+if [ $status = 0 ] && has trainbench; then # the Qwen3.6-27B drafter shape vs SpecForge, same run
+  if "$ROOT/scripts/bench-train.sh" "$B" "$LOG/trainbench" >"$LOG/trainbench.log" 2>&1; then
+    trainbench="$(grep -E "^ours, 1 GPU" "$LOG/trainbench.log" | sed 's/.*: //')"
   else
     trainbench="FAILED (trainbench.log)"; status=1
   fi
-  rm -rf $W
 fi
 resume="not run"
 if [ $status = 0 ] && has resume; then
@@ -124,6 +108,7 @@ row "GPU forward vs live HF" "$live"
 row "kill -9 + resume (GPU)" "$resume"
 row "drafter training (tiny)" "$train"
 row "27B drafter shape (1 GPU)" "$trainbench"
+[ -f "$LOG/trainbench.log" ] && { echo "-- bench-train"; sed -n '/^== bench-train/,$p' "$LOG/trainbench.log"; }
 grep -E "FAILED|out of tolerance|rel err .* ratio [2-9]" "$LOG/ctest.log" 2>/dev/null | head -8
 if [ -f "$LOG/bench-dflash-attn.log" ]; then
   echo "-- bench_dflash_attn (tail)"

@@ -845,6 +845,16 @@ int df_train_run(const df_train_opts *o, df_err *e)
     }
     if ((rc = dev_state_open(be, &ck, grad, total, &ds, e)))
         goto out;
+    if (!o->quiet) {
+        double gib = 1.0 / (1 << 30), P = (double)total;
+        double eh = 2.0 * (double)tc.vocab_size * tc.hidden_size *
+                    (double)df_dtype_size(embed.dtype) * gib;
+        printf("drafter: %" PRId64 " parameters on %s; persistent state %.2f GiB (weights %.2f, "
+               "fp32 master + moments %.2f, frozen embedding + head %.2f); gradients %.2f GiB\n",
+               total, df_backend_name(be),
+               (ds.on_device ? 2 * P * gib : 0) + 12 * P * gib + eh,
+               ds.on_device ? 2 * P * gib : 0, 12 * P * gib, eh, 4 * P * gib);
+    }
     df_batch_config bc = {.max_tokens = o->max_tokens, .max_anchors = o->max_anchors,
                           .block_size = c.block_size, .mask_token_id = c.mask_token_id,
                           .vocab_size = c.vocab_size, .hidden_size = c.hidden_size,

@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# bench-train.sh BUILD LOGDIR: the Qwen3.6-27B drafter shape (5 layers, 4 sliding + 1 full,
+# hidden 5120, 32/8 heads x 128, MLP 17408, 4096-token rows, 512 anchors x 16, vocab 248320)
+# trained on one GPU from a cache of synthetic features, against SpecForge's own PyTorch step
+# (../shared/bench/bench_dflash_torch.py, SpecForge files in $SPECFORGE_SRC) in the same run.
+#
+# Env: STEPS (timed run, default 14), SAMPLES (4096-token documents in the cache, default 12),
+# GPUS (also run on this many GPUs, one process each; default: 2 when two are visible),
+# PROFILE=1 (a short extra run with DFLASH_PROFILE=1: GPU time per op),
+# SPECFORGE_SRC (default .anchors_src; skipped when absent), WORK (default /tmp/dflash-trainbench).
+# Prints a table last; full logs in LOGDIR.
+set -u
+B=${1:?build dir}; LOG=${2:?log dir}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+W=${WORK:-/tmp/dflash-trainbench}
+STEPS=${STEPS:-14}; SAMPLES=${SAMPLES:-12}
+SRC=${SPECFORGE_SRC:-$ROOT/.anchors_src}
+BENCH=${BENCH_DIR:-$ROOT/../shared/bench}
+[ -d "$BENCH" ] || BENCH=$ROOT/.device/bench
+mkdir -p "$LOG"; rm -rf "$W"; mkdir -p "$W"
+status=0
+ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
+GPUS=${GPUS:-$([ "$ngpu" -ge 2 ] && echo 2 || echo 1)}
+
+python3 -c "
+import json; json.dump(dict(model_type='qwen3_5_text', hidden_size=5120, num_hidden_layers=64,
+  num_attention_heads=24, num_key_value_heads=4, head_dim=256, intermediate_size=17408, vocab_size=248320,
+  rope_theta=1e7, partial_rotary_factor=0.25, linear_num_key_heads=16, linear_num_value_heads=48,
+  linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
+  max_position_embeddings=262144, attn_output_gate=True, hidden_act='silu',
+  layer_types=['linear_attention' if (i + 1) % 4 else 'full_attention' for i in range(64)]),
+  open('$W/config.json', 'w'))"
+t0=$(date +%s)
+"$B/dflash" cache synth --out "$W/cache" --samples "$SAMPLES" --hidden 5120 --target-layers 64 --layers 5 \
+  --min-tokens 4096 --max-tokens 4096 >"$LOG/synth.log" 2>&1 || { echo "synth FAILED"; status=1; }
+echo "synthetic cache: $SAMPLES x 4096 tokens, $(du -sh "$W/cache" | cut -f1), $(($(date +%s) - t0)) s" | tee -a "$LOG/synth.log"
+# warm the page cache: the benchmark is about compute, not the disk (the log's data_wait says)
+cat "$W"/cache/* >/dev/null 2>&1
+
+TA=(--cache "$W/cache" --random-target "$W/config.json" --layers 5
+    --layer-types sliding,sliding,sliding,sliding,full --heads 32 --kv-heads 8 --head-dim 128
+    --intermediate 17408 --block-size 16 --max-tokens 4096 --max-anchors 512 --mask-token 248070
+    --log-every 1 --ckpt-every 100000)
+# median step time (s) of the log's steps after the first 3 (warm-up: plans, allocation)
+med() { python3 -c "
+import json,statistics,sys
+r=[json.loads(l) for l in open('$1') if '\"loss\"' in l]
+r=r[3:] if len(r)>4 else r
+f=lambda k: statistics.median([x[k] for x in r])
+print('%.1f %.0f %.0f %.3f %.1f %.4f' % (1e3*f('step_s'), f('tokens_per_s'), f('tflops'), f('mfu'), max(x['mem_gib'] for x in r), f('data_wait')))
+"; }
+ours="FAILED"; ours2="not run"
+if [ $status = 0 ]; then
+  if "$B/dflash" train "${TA[@]}" --out "$W/run1" --device cuda --steps "$STEPS" >"$LOG/train-1gpu.log" 2>&1; then
+    cp "$W/run1/log.jsonl" "$LOG/train-1gpu.jsonl"; ours=$(med "$W/run1/log.jsonl")
+  else status=1; fi
+  if [ "${PROFILE:-1}" = 1 ]; then
+    DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --out "$W/runp" --device cuda --steps 4 \
+      >"$LOG/train-profile.log" 2>&1 || status=1
+  fi
+  if [ "$GPUS" -ge 2 ] && "$B/dflash" train --help 2>&1 | grep -q -- "--gpus"; then
+    if "$B/dflash" train "${TA[@]}" --out "$W/run2" --device cuda --gpus "$GPUS" --steps "$STEPS" \
+         >"$LOG/train-${GPUS}gpu.log" 2>&1; then
+      cp "$W/run2/log.jsonl" "$LOG/train-${GPUS}gpu.jsonl"; ours2=$(med "$W/run2/log.jsonl")
+    else ours2="FAILED"; status=1; fi
+  fi
+fi
+sf="not run (no $SRC)"
+if [ -d "$SRC/specforge" ]; then
+  if python3 "$BENCH/bench_dflash_torch.py" --src "$SRC" --json-out "$LOG/specforge.json" >"$LOG/specforge.log" 2>&1; then
+    sf=$(python3 -c "
+import json; r=json.load(open('$LOG/specforge.json'))
+print('%.1f ms/step (fwd %.1f bwd %.1f opt %.1f), %.0f model TFLOP/s, peak %.1f GiB (before step %.1f)' % (r['step_ms_median'], r['fwd_ms_median'], r['bwd_ms_median'], r['opt_ms_median'], r['model_tflops_per_s'], r['peak_mem_step_gib'], r['mem_before_step_gib']))")
+  else sf="FAILED (specforge.log)"; status=1; fi
+fi
+rm -rf "$W"
+
+echo
+echo "== bench-train ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) x $ngpu)"
+echo "ours, 1 GPU   (ms/step tok/s TFLOP/s MFU peak-GiB data-wait): $ours"
+echo "ours, $GPUS GPUs (same fields; tok/s is the total):            $ours2"
+echo "SpecForge, 1 GPU: $sf"
+grep -E "persistent|parameters" "$LOG/train-1gpu.log" | head -2
+if [ -f "$LOG/train-profile.log" ]; then
+  echo "-- GPU time per op over the 4-step profiled run (DFLASH_PROFILE=1)"
+  grep -A40 "cuda profile" "$LOG/train-profile.log" | head -40
+fi
+exit $status
