@@ -100,6 +100,8 @@ typedef struct df_backend_vt {
      * until the next sync (pinned memory: a real async copy). NULL: same as
      * upload. */
     int (*upload_async)(df_backend *be, void *dst, const void *src, size_t bytes);
+    /* Profiling: forget what was measured so far (the warm-up). NULL: none. */
+    void (*prof_reset)(df_backend *be);
 } df_backend_vt;
 
 struct df_backend {

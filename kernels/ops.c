@@ -322,6 +322,12 @@ int df_backend_cast(df_backend *be, void *dst, df_dtype dt, const void *src, df_
     return n && dst != src ? be->vt->cast(be, dst, dt, src, st, n) : 0;
 }
 
+void df_backend_profile_reset(df_backend *be)
+{
+    if (be && be->prof && be->vt->prof_reset)
+        be->vt->prof_reset(be);
+}
+
 int df_backend_upload_async(df_backend *be, void *dst, const void *src, size_t bytes)
 {
     if (!be || (bytes && (!dst || !src)))

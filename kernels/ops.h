@@ -116,6 +116,9 @@ int df_backend_fill_uniform(df_backend *be, void *p, df_dtype dt, int64_t n, uin
 /* Bytes of device memory in use on the backend's device (all processes), or
  * -1 where that is not known (the CPU backend). */
 int64_t df_backend_mem_used(df_backend *be);
+/* With DFLASH_PROFILE=1 (per-op GPU times, logged at close): forget the
+ * times so far, e.g. a warm-up step's (plan choice, allocation). */
+void df_backend_profile_reset(df_backend *be);
 
 /* The CUDA backend on device `device` (ops on one stream, cuBLASLt GEMMs).
  * NULL with e set when there is no such device or the build has no CUDA. */

@@ -1000,6 +1000,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
         }
         dp.tokens += tokens;
         int64_t done = step + 1;
+        if (step == step0)
+            df_backend_profile_reset(be); /* the op profile leaves out the warm-up step */
         if (done % (o->log_every > 0 ? o->log_every : 1) == 0 || done == o->steps) {
             double now = df_now(), dt = now - t_prev;
             int64_t used = df_backend_mem_used(be);

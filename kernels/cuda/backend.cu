@@ -158,6 +158,16 @@ static void cu_prof_end(df_backend *be)
     p->n++;
 }
 
+static void cu_prof_reset(df_backend *be)
+{
+    df_cuda_state *s = st_of(be);
+    if (!s->prof)
+        return;
+    prof_flush(s);
+    memset(s->prof->ms, 0, sizeof s->prof->ms);
+    memset(s->prof->calls, 0, sizeof s->prof->calls);
+}
+
 static void prof_report(df_cuda_state *s)
 {
     df_cuda_prof *p = s->prof;
@@ -548,6 +558,7 @@ static const df_backend_vt cuda_vt = {
     /* .dflash_attn = */ cu_dflash_attn,
     /* .dflash_attn_bwd = */ cu_dflash_attn_bwd,
     /* .upload_async = */ cu_upload_async,
+    /* .prof_reset = */ cu_prof_reset,
 };
 
 extern "C" df_backend *df_backend_cuda_open(int device, df_err *e)
