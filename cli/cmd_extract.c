@@ -1,7 +1,5 @@
 /* cmd_extract.c - `dflash extract`: the target over a corpus, into a cache. */
 #include <errno.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 #include <inttypes.h>
@@ -13,8 +11,7 @@
 #include "codec.h"
 #include "cache.h"
 #include "extract.h"
-
-extern char **environ;
+#include "ranks.h"
 
 static void usage(FILE *f)
 {
@@ -54,106 +51,29 @@ static int parse_u64(const char *s, uint64_t *v)
     return 0;
 }
 
-/* An integer environment variable (0 <= v < 2^31), or -1. */
-static long env_int(const char *name)
+/* Per-rank --stats-json FILE.rankR (later options win). */
+static int stats_extra(void *ctx, int i, uint32_t rank, char **av, int cap)
 {
-    const char *v = getenv(name);
-    uint64_t x;
-    return v && !parse_u64(v, &x) && x < 0x80000000ull ? (long)x : -1;
+    static char bufs[64][4200];
+    const char *stats_json = ctx;
+    if (!stats_json || cap < 2 || i >= 64)
+        return 0;
+    snprintf(bufs[i], sizeof bufs[i], "%s.rank%u", stats_json, rank);
+    av[0] = "--stats-json";
+    av[1] = bufs[i];
+    return 2;
 }
 
-/* A launcher's rank for this process: torchrun (RANK, WORLD_SIZE,
- * LOCAL_RANK) or Slurm (SLURM_PROCID, SLURM_NTASKS, SLURM_LOCALID). */
-static int launcher_rank(uint32_t *rank, uint32_t *world, int *local)
-{
-    const char *k[2][3] = {{"RANK", "WORLD_SIZE", "LOCAL_RANK"},
-                           {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}};
-    for (int i = 0; i < 2; i++) {
-        long r = env_int(k[i][0]), w = env_int(k[i][1]), l = env_int(k[i][2]);
-        if (r >= 0 && w > 1 && r < w && l >= 0) {
-            *rank = (uint32_t)r;
-            *world = (uint32_t)w;
-            *local = (int)l;
-            return 1;
-        }
-    }
-    return 0;
-}
-
-/* This node's index and the node count for one process per node
- * (NODE_RANK/NNODES, or SLURM_NODEID/SLURM_NNODES); 0 of 1 otherwise. */
-static void node_rank(uint32_t *node, uint32_t *nodes)
-{
-    long n = env_int("NODE_RANK"), c = env_int("NNODES");
-    if (n < 0 || c < 1) {
-        n = env_int("SLURM_NODEID");
-        c = env_int("SLURM_NNODES");
-    }
-    *node = n >= 0 && c >= 1 && n < c ? (uint32_t)n : 0;
-    *nodes = n >= 0 && c >= 1 && n < c ? (uint32_t)c : 1;
-}
-
-/* Runs this command once per local GPU as fresh processes (exec, not a bare
- * fork: CUDA must not be initialised before a fork), rank node*n + i of
- * nodes*n, and waits for all. The ranks write one cache; the last to finish
- * writes its manifest. */
+/* One process per local GPU (ranks.h); the ranks write one cache and the
+ * last to finish writes its manifest. */
 static int spawn_ranks(int argc, char **argv, int n, uint32_t node, uint32_t nodes,
                        const char *out_dir, const char *stats_json)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     double t0 = ts.tv_sec + ts.tv_nsec * 1e-9;
-    pid_t pids[64];
-    int started = 0, failed = 0;
-    if (n > 64)
-        n = 64;
-    for (int i = 0; i < n; i++) {
-        char **av = calloc((size_t)argc + 12, sizeof *av);
-        char gbuf[16], rbuf[16], wbuf[16], sbuf[4200];
-        snprintf(gbuf, sizeof gbuf, "%d", i);
-        snprintf(rbuf, sizeof rbuf, "%u", node * (uint32_t)n + (uint32_t)i);
-        snprintf(wbuf, sizeof wbuf, "%u", nodes * (uint32_t)n);
-        if (!av) {
-            failed++;
-            break;
-        }
-        int k = 0;
-        av[k++] = "dflash";
-        for (int j = 0; j < argc; j++) /* argv[0] is "extract" */
-            av[k++] = argv[j];
-        av[k++] = "--gpu";
-        av[k++] = gbuf;
-        av[k++] = "--rank";
-        av[k++] = rbuf;
-        av[k++] = "--world-size";
-        av[k++] = wbuf;
-        if (stats_json) { /* later options win: each rank its own file */
-            snprintf(sbuf, sizeof sbuf, "%s.rank%s", stats_json, rbuf);
-            av[k++] = "--stats-json";
-            av[k++] = sbuf;
-        }
-        av[k] = NULL;
-        int rc = posix_spawn(&pids[i], "/proc/self/exe", NULL, NULL, av, environ);
-        free(av);
-        if (rc) {
-            fprintf(stderr, "dflash extract: cannot start rank %s: %s\n", rbuf, strerror(rc));
-            failed++;
-            break;
-        }
-        started++;
-    }
-    for (int i = 0; i < started; i++) {
-        int status = 0;
-        while (waitpid(pids[i], &status, 0) < 0 && errno == EINTR)
-            ;
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            fprintf(stderr, "dflash extract: GPU %d (rank %u) failed (%s %d); rerun the same "
-                            "command to resume\n", i, node * (uint32_t)n + (uint32_t)i,
-                    WIFEXITED(status) ? "exit" : "signal",
-                    WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-            failed++;
-        }
-    }
+    int failed = cli_spawn_ranks("extract", argc, argv, n, node, nodes, stats_extra,
+                                 (void *)stats_json);
     clock_gettime(CLOCK_MONOTONIC, &ts);
     double dt = ts.tv_sec + ts.tv_nsec * 1e-9 - t0;
     if (failed)
@@ -268,7 +188,7 @@ int cmd_extract(int argc, char **argv)
     int use_cuda = n_gpu > 0;
     uint32_t lr_rank, lr_world;
     int lr_local;
-    if (gpu < 0 && !rank_given && launcher_rank(&lr_rank, &lr_world, &lr_local)) {
+    if (gpu < 0 && !rank_given && cli_launcher_rank(&lr_rank, &lr_world, &lr_local)) {
         /* torchrun / Slurm: this process is one rank (on the CPU too); its GPU is its local rank */
         o.rank = lr_rank;
         o.world_size = lr_world;
@@ -286,7 +206,7 @@ int cmd_extract(int argc, char **argv)
             n = (int)k;
         }
         uint32_t node, nodes;
-        node_rank(&node, &nodes);
+        cli_node_rank(&node, &nodes);
         if (n > 1 || nodes > 1)
             return spawn_ranks(argc, argv, n, node, nodes, o.out_dir, stats_json);
         gpu = 0;

@@ -1,11 +1,15 @@
-/* cmd_train.c - `dflash train`: a DFlash drafter from a cache (CPU backend). */
+/* cmd_train.c - `dflash train`: a DFlash drafter from a cache, on one or
+ * more ranks. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 #include "cmds.h"
 #include "onestep.h"
+#include "ranks.h"
 #include "train.h"
 
 static void usage(FILE *f)
@@ -42,8 +46,15 @@ static void usage(FILE *f)
             "                        the end), --eval-rows R (default 64); logged as eval_* lines\n"
             "  --random-target CFG   benchmarks: a random frozen embedding/head of this config.json\n"
             "                        instead of --target (the cache's target is not checked)\n"
-            "  --device cpu|cuda     the backend (default cpu; cuda: one GPU, --gpu I; the\n"
-            "                        multi-GPU trainer is in progress)\n"
+            "  --device cpu|cuda|auto  the backend (default cpu; cuda: one GPU, --gpu I)\n"
+            "data parallel (ZeRO-1: gradients reduce-scattered, optimizer state sharded):\n"
+            "  --gpus N|all          one process per local GPU, started here (NCCL); with\n"
+            "                        NODE_RANK/NNODES (or Slurm's) one such launch per node,\n"
+            "                        DFLASH_RUN_ID the same on every node and RUN on a shared disk\n"
+            "  torchrun / srun       RANK, WORLD_SIZE, LOCAL_RANK (or SLURM_*) make this process\n"
+            "                        one rank (CPU ranks of one machine too: shared memory)\n"
+            "  --rank R --world-size W --run-id ID   the same by hand\n"
+            "  A run resumes with the number of ranks it was started with.\n"
             "  --log-every N --ckpt-every N --keep-last N --threads N --quiet\n");
 }
 
@@ -57,11 +68,23 @@ static int num(const char *s, double *v)
     return errno || *end ? -1 : 0;
 }
 
+/* Every spawned rank gets the launch's --run-id. */
+static int run_id_extra(void *ctx, int i, uint32_t rank, char **av, int cap)
+{
+    if (cap < 2)
+        return 0;
+    av[0] = "--run-id";
+    av[1] = ctx;
+    return 2;
+}
+
 int cmd_train(int argc, char **argv)
 {
     df_train_opts o;
     df_train_opts_defaults(&o);
-    int tl[64], ntl = 0;
+    int tl[64], ntl = 0, gpu_given = 0, rank_given = 0;
+    const char *gpus = NULL;
+    char idbuf[128];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         double x = 0;
@@ -84,6 +107,8 @@ int cmd_train(int argc, char **argv)
         else if (!strcmp(a, "--eval-cache")) o.eval_cache = v;
         else if (!strcmp(a, "--out")) o.run_dir = v;
         else if (!strcmp(a, "--layer-types")) o.layer_types = v;
+        else if (!strcmp(a, "--gpus")) gpus = v;
+        else if (!strcmp(a, "--run-id")) o.run_id = v;
         else if (!strcmp(a, "--device")) {
             if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto")) {
                 fprintf(stderr, "dflash train: --device '%s': want cpu, cuda or auto\n", v);
@@ -134,7 +159,9 @@ int cmd_train(int argc, char **argv)
         else if (!strcmp(a, "--ckpt-every")) o.ckpt_every = (int)x;
         else if (!strcmp(a, "--keep-last")) o.keep_last = (int)x;
         else if (!strcmp(a, "--threads")) o.threads = (int)x;
-        else if (!strcmp(a, "--gpu") && x >= 0 && x < 1024) o.gpu = (int)x;
+        else if (!strcmp(a, "--gpu") && x >= 0 && x < 1024) { o.gpu = (int)x; gpu_given = 1; }
+        else if (!strcmp(a, "--rank") && x >= 0 && x < 1024) { o.rank = (int)x; rank_given = 1; }
+        else if (!strcmp(a, "--world-size") && x >= 1 && x <= 1024) o.world = (int)x;
         else if (!strcmp(a, "--stop-after")) o.stop_after = (int64_t)x;
         else {
             fprintf(stderr, "dflash train: unknown option '%s'\n", a);
@@ -148,6 +175,55 @@ int cmd_train(int argc, char **argv)
                         "required\n");
         return 2;
     }
+    /* Ranks: a launcher's (torchrun / Slurm; CPU ranks too), or one process
+     * per local GPU started here (--gpus), or one process. */
+    int n_gpu = o.device && !strcmp(o.device, "cpu") ? 0 : df_backend_cuda_device_count();
+    uint32_t lr_rank, lr_world, node, nodes;
+    int lr_local;
+    if (!rank_given && cli_launcher_rank(&lr_rank, &lr_world, &lr_local)) {
+        o.rank = (int)lr_rank;
+        o.world = (int)lr_world;
+        if (!gpu_given && n_gpu > 0)
+            o.gpu = lr_local % n_gpu;
+        if (!o.run_id && !(o.run_id = cli_run_id_from_env(idbuf, sizeof idbuf))) {
+            fprintf(stderr, "dflash train: rank %u of %u: set DFLASH_RUN_ID (the same in every "
+                            "rank, new for every launch) or pass --run-id\n", lr_rank, lr_world);
+            return 2;
+        }
+    } else if (gpus && !rank_given) {
+        if (n_gpu <= 0) {
+            fprintf(stderr, "dflash train: --gpus: no CUDA device is visible%s\n",
+                    n_gpu < 0 ? " (this build has no CUDA)" : "");
+            return 2;
+        }
+        int n = n_gpu;
+        if (strcmp(gpus, "all")) {
+            char *end;
+            long k = strtol(gpus, &end, 10);
+            if (*end || k < 1 || k > n_gpu) {
+                fprintf(stderr, "dflash train: --gpus '%s': want all or 1..%d\n", gpus, n_gpu);
+                return 2;
+            }
+            n = (int)k;
+        }
+        cli_node_rank(&node, &nodes);
+        if (n > 1 || nodes > 1) {
+            if (!o.run_id && !(o.run_id = cli_run_id_from_env(idbuf, sizeof idbuf))) {
+                if (nodes > 1) {
+                    fprintf(stderr, "dflash train: several nodes: set DFLASH_RUN_ID (the same on "
+                                    "every node, new for every launch)\n");
+                    return 2;
+                }
+                snprintf(idbuf, sizeof idbuf, "p%ld-%ld", (long)getpid(), (long)time(NULL));
+                o.run_id = idbuf;
+            }
+            return cli_spawn_ranks("train", argc, argv, n, node, nodes, run_id_extra,
+                                   (void *)o.run_id) ? 1 : 0;
+        }
+        o.gpu = 0;
+    }
+    if (o.world > 1 && !o.device)
+        o.device = n_gpu > 0 ? "cuda" : "cpu";
     df_err e = {0};
     int rc = df_train_run(&o, &e);
     if (rc) {

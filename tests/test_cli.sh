@@ -121,6 +121,25 @@ run 1 "another target" "$D" train $TA --out "$W/runC" --target "$SRC/tests/fixtu
 run 1 "layer" "$D" train $TA --out "$W/runD" --target-layers 0,3
 run 2 "mask-token" "$D" train --cache "$W/ext3" --target "$TM" --out "$W/runE" --steps 5
 
+# data parallel on the CPU: two ranks from the environment (as torchrun starts them), one
+# shared-memory communicator, ZeRO-1 shards; a stopped and resumed 2-rank run is bit-identical
+# to an uninterrupted one, and resuming with another number of ranks is refused
+TA2="${TA/--steps 60/--steps 40} --threads 1"
+ranks2() { # ranks2 RUN_ID ARGS...: both ranks, waits; fails when either does
+  local id=$1; shift
+  RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 DFLASH_RUN_ID=$id "$D" train "$@" >"$W/r0.out" 2>&1 & local p0=$!
+  RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 DFLASH_RUN_ID=$id "$D" train "$@" >"$W/r1.out" 2>&1 & local p1=$!
+  wait $p0 || { fail "rank 0 of: $*"; cat "$W/r0.out" >&2; }
+  wait $p1 || { fail "rank 1 of: $*"; cat "$W/r1.out" >&2; }
+}
+ranks2 dp1 $TA2 --out "$W/runP"
+ranks2 dp2 $TA2 --out "$W/runQ" --stop-after 30
+ranks2 dp3 $TA2 --out "$W/runQ"
+cmp -s "$W/runP/export/model.safetensors" "$W/runQ/export/model.safetensors" || fail "2-rank run resumed differs"
+[ "$(nolat "$W/runP/log.jsonl")" = "$(nolat "$W/runQ/log.jsonl")" ] || fail "2-rank resumed run's log differs"
+run 1 "run of 2 rank" "$D" train $TA2 --out "$W/runQ" --steps 50
+run 2 "DFLASH_RUN_ID" env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "$D" train $TA2 --out "$W/runR"
+
 run 0 "loss 6.82796" "$D" train-step --in "$SRC/tests/fixtures/drafter_ref.safetensors" --out "$W/grads.safetensors"
 run 1 "missing|config" "$D" train-step --in "$W/grads.safetensors"
 

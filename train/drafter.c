@@ -42,7 +42,15 @@ struct df_drafter {
     float *wts;        /* [N] loss weights (backend) */
     int32_t *labels, *argmax; /* [N] (backend) */
     int32_t *argmax_host;     /* [N] host copy for the metrics */
+    df_drafter_grad_hook hook;
+    void *hook_ctx;
 };
+
+void df_drafter_set_grad_hook(df_drafter *d, df_drafter_grad_hook fn, void *ctx)
+{
+    d->hook = fn;
+    d->hook_ctx = ctx;
+}
 
 const df_params *df_drafter_params(const df_drafter *d)
 {
@@ -492,10 +500,14 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor win = PW(d, W, I->in_norm), gwin = PG(d, G, I->in_norm);
         /* dx: d(xmid) flows to d(xin) through the residual, plus the norm's path */
         CK(df_op_rmsnorm_bwd(be, &xin, &win, eps, 0, &da, &dx, 1, &gwin));
+        if (d->hook)
+            CK(d->hook(d->hook_ctx, l));
     }
     /* context: C = rmsnorm(F fc^T) */
     df_tensor dc = M(d->dc, S, H), gwhn = PG(d, G, d->hidden_norm), gwfc = PG(d, G, d->fc);
     CK(df_op_rmsnorm_bwd(be, &craw, &whn, eps, 0, &dcn, &dc, 0, &gwhn));
     CK(df_op_matmul_bwd_w(be, &dc, &feat, &gwfc, 1));
+    if (d->hook)
+        CK(d->hook(d->hook_ctx, -1));
     return 0;
 }

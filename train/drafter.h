@@ -74,6 +74,16 @@ const df_params *df_drafter_params(const df_drafter *d);
 int df_drafter_row_step(df_drafter *d, const void *params, const df_drafter_row *row,
                         float denom, float *grad, df_drafter_metrics *m, df_err *e);
 
+/* Called by the backward of df_drafter_row_step as gradients become final
+ * for that row: after layer l's backward with l (l = L-1 down to 0; the
+ * final norm's gradient is done by then too), and with -1 after the last
+ * (fc, hidden_norm). A non-zero return fails the step with that code. The
+ * trainer starts the reduce-scatter of a gradient bucket from here on the
+ * step's last row, so communication overlaps the rest of the backward.
+ * fn NULL: none. */
+typedef int (*df_drafter_grad_hook)(void *ctx, int layer);
+void df_drafter_set_grad_hook(df_drafter *d, df_drafter_grad_hook fn, void *ctx);
+
 /* The acc[k] / tau counts of a row from its argmax (row->argmax_out after
  * the sync), added to m. */
 void df_drafter_row_metrics(const df_drafter *d, const df_drafter_row *row, const int32_t *argmax,

@@ -19,6 +19,7 @@
 #include "params.h"
 #include "safetensors.h"
 #include "schedule.h"
+#include "comm.h"
 #include "train_ops.h"
 
 void df_train_opts_defaults(df_train_opts *o)
@@ -51,8 +52,10 @@ typedef struct source {
     uint64_t layer_mask;
     int threads;
     uint64_t seed;
-    uint64_t *order;
-    size_t n;
+    uint64_t *order;            /* [n_all]: the epoch's order, this rank's share first */
+    size_t n_all;               /* documents in the cache */
+    size_t n;                   /* this rank's documents: order[rank], order[rank + world], ... */
+    int rank, world;
     uint64_t epoch;
     size_t pos;                 /* position in order of the next document to hand out */
     df_cache_stream *s;
@@ -67,7 +70,14 @@ static int source_open_at(source *src, uint64_t epoch, size_t pos, df_err *e)
     src->s = NULL;
     src->epoch = epoch;
     src->pos = pos;
-    df_cache_shuffle(src->seed, epoch, src->order, src->n);
+    df_cache_shuffle(src->seed, epoch, src->order, src->n_all);
+    if (src->world > 1) { /* every world-th document of the epoch's order, from rank */
+        src->n = (src->n_all - (size_t)src->rank + (size_t)src->world - 1) / (size_t)src->world;
+        for (size_t i = 0; i < src->n; i++)
+            src->order[i] = src->order[(size_t)src->rank + i * (size_t)src->world];
+    } else {
+        src->n = src->n_all;
+    }
     df_cache_stream_opts so = {.order = src->order + pos, .n = src->n - pos,
                                .layer_mask = src->layer_mask, .threads = src->threads};
     if (src->n - pos == 0)
@@ -282,8 +292,8 @@ static int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t s
                     int quiet, int bs, df_err *e)
 {
     source src = {.cache = ev->cache, .layer_mask = ev->layer_mask, .threads = 2,
-                  .seed = ev->seed, .n = df_cache_count(ev->cache)};
-    src.order = malloc((src.n ? src.n : 1) * sizeof *src.order);
+                  .seed = ev->seed, .n_all = df_cache_count(ev->cache), .world = 1};
+    src.order = malloc((src.n_all ? src.n_all : 1) * sizeof *src.order);
     if (!src.order)
         return df_errf(e, -ENOMEM, "out of memory");
     df_rng rng;
@@ -598,76 +608,234 @@ static int device_bf16(df_backend *be, df_tensor *t, void **owned, df_err *e)
     return 0;
 }
 
-/* The optimizer's arrays where the backend computes: on the CPU they are
- * the checkpoint's host arrays themselves; on a device, copies (master,
- * moments, gradients F32; the bf16 weights the drafter reads). */
+/* The optimizer's arrays where the backend computes, sharded over the ranks
+ * (ZeRO-1).
+ *
+ * The flat parameter array is cut into buckets at layer boundaries, in
+ * memory order: [fc, hidden_norm, layer 0 ...), [layer 1 ...), ...,
+ * [layer L-1 ..., norm), each boundary rounded up to a multiple of
+ * world * DS_ALIGN (the last one is the padded total np). The backward
+ * finishes the buckets from the last to the first (layer L-1's gradients,
+ * with the final norm's, first; fc's last), and a rounded-up boundary only
+ * moves a few elements of layer k into bucket k-1, which finishes later: so
+ * bucket k+1 can be reduce-scattered as soon as layer k's backward is done.
+ * Rank r owns slice r of every bucket; its shard (master, moments, reduced
+ * gradient) is the concatenation of its slices, and AdamW runs per bucket
+ * on the shard, writing the weights the drafter reads at their place in the
+ * full array, which an all-gather per bucket then completes.
+ *
+ * One rank on the CPU: no copies, master/m/v are the checkpoint's host
+ * arrays and the drafter reads the fp32 master. Otherwise every array is
+ * backend memory: the gradient full size (np) and the shards np/world; the
+ * weights the drafter reads are bf16 on a GPU (the optimizer's output), F32
+ * on the CPU (ranks > 1: the all-gathered master). */
+#define DS_ALIGN 64
+#define DS_MAX_BUCKETS (DF_MAX_LAYERS + 2)
+
 typedef struct dev_state {
-    int on_device;
-    float *master, *m, *v, *grad;
-    uint16_t *w16;
+    int sharded;               /* 0: one CPU rank, the checkpoint's arrays in place */
+    int world, rank;
+    df_comm *comm;
+    int64_t n, np, nshard;     /* parameters, padded, per rank */
+    int nb;                    /* buckets */
+    int64_t b[DS_MAX_BUCKETS + 1], cnt[DS_MAX_BUCKETS], soff[DS_MAX_BUCKETS];
+    float *master, *m, *v;     /* [nshard] (or the checkpoint's [n]) */
+    float *grad;               /* [np] this rank's gradients; scratch for checkpoint gathers */
+    float *gshard;             /* [nshard] reduced gradients (== grad with one rank) */
+    void *w;                   /* [np] the weights the drafter reads */
+    df_dtype wdt;
+    int next_bucket;           /* the grad hook's next bucket to reduce (counting down) */
+    df_err *hook_err;
 } dev_state;
 
 static void dev_state_free(df_backend *be, dev_state *s)
 {
-    if (s->on_device) {
+    if (s->sharded) {
         df_backend_free(be, s->master);
         df_backend_free(be, s->m);
         df_backend_free(be, s->v);
         df_backend_free(be, s->grad);
-        df_backend_free(be, s->w16);
+        if (s->gshard != s->grad)
+            df_backend_free(be, s->gshard);
+        df_backend_free(be, s->w);
     }
     memset(s, 0, sizeof *s);
 }
 
-/* Places (uploads) the checkpoint state; grad is the host gradient array
- * on the CPU. */
-static int dev_state_open(df_backend *be, df_ckpt_state *ck, float *grad, int64_t n,
-                          dev_state *s, df_err *e)
+/* Buckets from the parameter table (see above). */
+static int ds_buckets(dev_state *s, const df_params *ps, int L, df_err *e)
+{
+    int64_t q = (int64_t)s->world * DS_ALIGN;
+    int nb = 0;
+    s->b[nb++] = 0;
+    for (int l = 1; l < L; l++) {
+        char name[64];
+        snprintf(name, sizeof name, "layers.%d.input_layernorm.weight", l);
+        int i = df_params_find(ps, name);
+        if (i < 0)
+            return df_errf(e, -EINVAL, "parameter %s missing", name);
+        int64_t at = (ps->p[i].offset + q - 1) / q * q;
+        if (at > s->b[nb - 1])
+            s->b[nb++] = at;
+    }
+    s->np = (s->n + q - 1) / q * q;
+    s->b[nb] = s->np;
+    s->nb = nb;
+    int64_t off = 0;
+    for (int k = 0; k < nb; k++) {
+        s->cnt[k] = (s->b[k + 1] - s->b[k]) / s->world;
+        s->soff[k] = off;
+        off += s->cnt[k];
+    }
+    s->nshard = off;
+    return 0;
+}
+
+/* This rank's shard of a host [n] array (zeros past n) into dst [nshard]. */
+static void ds_take_shard(const dev_state *s, const float *full, float *dst)
+{
+    for (int k = 0; k < s->nb; k++) {
+        int64_t g = s->b[k] + (int64_t)s->rank * s->cnt[k];
+        for (int64_t i = 0; i < s->cnt[k]; i++)
+            dst[s->soff[k] + i] = g + i < s->n ? full[g + i] : 0.0f;
+    }
+}
+
+/* Places the checkpoint state (fresh or loaded): this rank's shards, and the
+ * full weights the drafter reads. grad: the host gradient array of one CPU
+ * rank. */
+static int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad,
+                          int64_t n, const df_params *ps, int L, dev_state *s, df_err *e)
 {
     memset(s, 0, sizeof *s);
-    if (df_backend_host_addressable(be)) {
+    s->comm = comm;
+    s->world = comm ? df_comm_world(comm) : 1;
+    s->rank = comm ? df_comm_rank(comm) : 0;
+    s->n = n;
+    int rc = ds_buckets(s, ps, L, e);
+    if (rc)
+        return rc;
+    if (df_backend_host_addressable(be) && s->world == 1) {
         s->master = ck->master;
         s->m = ck->adam_m;
         s->v = ck->adam_v;
-        s->grad = grad;
+        s->grad = s->gshard = grad;
+        s->w = ck->master;
+        s->wdt = DF_DTYPE_F32;
+        s->np = n; /* no padding used: the buckets end at n, grad is [n] */
+        s->b[s->nb] = n;
+        s->cnt[s->nb - 1] = n - s->b[s->nb - 1];
         return 0;
     }
-    s->on_device = 1;
-    size_t b = (size_t)n * 4;
-    s->master = df_backend_alloc(be, b);
-    s->m = df_backend_alloc(be, b);
-    s->v = df_backend_alloc(be, b);
-    s->grad = df_backend_alloc(be, b);
-    s->w16 = df_backend_alloc(be, (size_t)n * 2);
-    if (!s->master || !s->m || !s->v || !s->grad || !s->w16)
+    s->sharded = 1;
+    s->wdt = df_backend_act_dtype(be);
+    size_t sb = (size_t)s->nshard * 4;
+    s->master = df_backend_alloc(be, sb);
+    s->m = df_backend_alloc(be, sb);
+    s->v = df_backend_alloc(be, sb);
+    s->grad = df_backend_alloc(be, (size_t)s->np * 4);
+    s->gshard = s->world == 1 ? s->grad : df_backend_alloc(be, sb);
+    s->w = df_backend_alloc(be, (size_t)s->np * df_dtype_size(s->wdt));
+    float *tmp = malloc(sb ? sb : 4);
+    if (!s->master || !s->m || !s->v || !s->grad || !s->gshard || !s->w || !tmp) {
+        free(tmp);
         return df_errf(e, -ENOMEM, "out of memory on %s for %lld parameters' optimizer state",
                        df_backend_name(be), (long long)n);
-    int rc = df_backend_upload(be, s->master, ck->master, b);
+    }
+    float *src[3] = {ck->master, ck->adam_m, ck->adam_v}, *dst[3] = {s->master, s->m, s->v};
+    for (int i = 0; i < 3 && !rc; i++) {
+        ds_take_shard(s, src[i], tmp);
+        rc = df_backend_upload(be, dst[i], tmp, sb);
+    }
+    free(tmp);
+    /* the full weights: the whole master through the gradient buffer, cast */
     if (!rc)
-        rc = df_backend_upload(be, s->m, ck->adam_m, b);
+        rc = df_backend_zero(be, s->grad, (size_t)s->np * 4);
     if (!rc)
-        rc = df_backend_upload(be, s->v, ck->adam_v, b);
+        rc = df_backend_upload(be, s->grad, ck->master, (size_t)n * 4);
     if (!rc)
-        rc = df_backend_cast(be, s->w16, DF_DTYPE_BF16, s->master, DF_DTYPE_F32, n);
+        rc = df_backend_cast(be, s->w, s->wdt, s->grad, DF_DTYPE_F32, s->np);
+    if (!rc)
+        rc = df_backend_sync(be);
     return rc ? df_errf(e, rc, "placing the optimizer state on %s failed", df_backend_name(be))
               : 0;
 }
 
-/* Brings the device's master and moments back into the checkpoint arrays. */
-static int dev_state_fetch(df_backend *be, const dev_state *s, df_ckpt_state *ck, int64_t n,
+/* The drafter's grad hook: reduce-scatters bucket `layer + 1` (bucket 0
+ * after the last layer) as soon as the backward has finished it. */
+static int ds_grad_hook(void *ctx, int layer)
+{
+    dev_state *s = ctx;
+    int k = layer + 1;
+    for (; s->next_bucket >= k && s->next_bucket >= 0; s->next_bucket--) {
+        int j = s->next_bucket;
+        int rc = df_comm_reduce_scatter_f32(s->comm, s->grad + s->b[j], s->gshard + s->soff[j],
+                                            (size_t)s->cnt[j], s->hook_err);
+        if (rc)
+            return rc;
+    }
+    return 0;
+}
+
+/* AdamW on this rank's shard, bucket by bucket, then the full weights
+ * completed by an all-gather per bucket. */
+static int dev_state_adamw(df_backend *be, dev_state *s, float lr, int64_t t, float gscale,
                            df_err *e)
 {
-    if (!s->on_device)
+    size_t es = df_dtype_size(s->wdt);
+    for (int k = 0; k < s->nb; k++) {
+        if (!s->cnt[k])
+            continue;
+        int64_t g = s->b[k] + (int64_t)s->rank * s->cnt[k], o = s->soff[k];
+        /* the bf16 weights the drafter reads, written by the optimizer (GPU) */
+        void *w16 = s->sharded && s->wdt == DF_DTYPE_BF16 ? (uint8_t *)s->w + g * es : NULL;
+        int rc = df_op_adamw(be, s->master + o, s->gshard + o, s->m + o, s->v + o, s->cnt[k], lr,
+                             0.9f, 0.999f, 1e-8f, 0.0f, t, gscale, w16);
+        if (!rc && s->sharded && s->wdt == DF_DTYPE_F32) /* ranks on the CPU: fp32 weights */
+            rc = df_backend_copy(be, (float *)s->w + g, s->master + o, (size_t)s->cnt[k] * 4);
+        if (rc)
+            return df_errf(e, rc, "the optimizer failed on %s", df_backend_name(be));
+    }
+    if (s->world > 1) {
+        for (int k = 0; k < s->nb; k++) {
+            uint8_t *base = (uint8_t *)s->w + s->b[k] * es;
+            int rc = df_comm_all_gather(s->comm, base + (size_t)s->rank * s->cnt[k] * es, base,
+                                        (size_t)s->cnt[k] * es, e);
+            if (rc)
+                return rc;
+        }
+        return df_comm_wait(s->comm, e);
+    }
+    return 0;
+}
+
+/* Brings master and moments back into the checkpoint's [n] host arrays on
+ * every rank (a collective: all ranks call it at the same steps). */
+static int dev_state_fetch(df_backend *be, dev_state *s, df_ckpt_state *ck, df_err *e)
+{
+    if (!s->sharded)
         return 0;
-    size_t b = (size_t)n * 4;
-    int rc = df_backend_download(be, ck->master, s->master, b);
-    if (!rc)
-        rc = df_backend_download(be, ck->adam_m, s->m, b);
-    if (!rc)
-        rc = df_backend_download(be, ck->adam_v, s->v, b);
-    return rc ? df_errf(e, rc, "copying the optimizer state from %s failed",
-                        df_backend_name(be))
-              : 0;
+    float *src[3] = {s->master, s->m, s->v}, *dst[3] = {ck->master, ck->adam_m, ck->adam_v};
+    for (int i = 0; i < 3; i++) {
+        int rc = 0;
+        /* the shards gathered into the (free again) gradient buffer */
+        for (int k = 0; k < s->nb && !rc; k++) {
+            if (s->world > 1)
+                rc = df_comm_all_gather(s->comm, src[i] + s->soff[k], s->grad + s->b[k],
+                                        (size_t)s->cnt[k] * 4, e);
+            else
+                rc = df_backend_copy(be, s->grad + s->b[k], src[i] + s->soff[k],
+                                     (size_t)s->cnt[k] * 4);
+        }
+        if (!rc && s->world > 1)
+            rc = df_comm_wait(s->comm, e);
+        if (!rc)
+            rc = df_backend_download(be, dst[i], s->grad, (size_t)s->n * 4);
+        if (rc)
+            return df_errf(e, rc, "copying the optimizer state from %s failed",
+                           df_backend_name(be));
+    }
+    return 0;
 }
 
 /* ------------------------------------------------------------ the loop */
@@ -687,10 +855,15 @@ int df_train_run(const df_train_opts *o, df_err *e)
     FILE *logf = NULL;
     df_ckpt_state ck = {0};
     source src = {0};
+    df_comm *comm = NULL;
     int nrows = o->rows_per_step > 0 ? o->rows_per_step : 1;
+    int world = o->world > 1 ? o->world : 1, rank = world > 1 ? o->rank : 0;
+    int lead = rank == 0; /* rank 0 writes the log, checkpoints and the export */
 
     if (o->steps <= 0)
         return df_errf(e, -EINVAL, "--steps must be > 0");
+    if (rank < 0 || rank >= world)
+        return df_errf(e, -EINVAL, "rank %d out of range for %d ranks", rank, world);
     if (o->mask_token_id < 0)
         return df_errf(e, -EINVAL, "--mask-token is required (the id of the target's mask token)");
     df_model_config tc;
@@ -754,6 +927,16 @@ int df_train_run(const df_train_opts *o, df_err *e)
         rc = e ? e->code : -ENOMEM;
         goto out;
     }
+    if (world > 1) { /* the ranks meet in the run directory */
+        if ((rc = df_mkdirs(o->run_dir, e)))
+            goto out;
+        df_comm_opts co = {.rank = rank, .world = world, .rdv_dir = o->run_dir,
+                           .run_id = o->run_id ? o->run_id : "default"};
+        if ((rc = df_comm_open(be, &co, &comm, e))) {
+            df_err_wrap(e, "rank %d of %d", rank, world);
+            goto out;
+        }
+    }
     if (o->random_target) { /* benchmarks: a random frozen embedding and head on the backend */
         df_dtype dt = df_backend_act_dtype(be);
         size_t nb = (size_t)tc.vocab_size * (size_t)tc.hidden_size * df_dtype_size(dt);
@@ -798,13 +981,21 @@ int df_train_run(const df_train_opts *o, df_err *e)
                          "--out", o->run_dir);
             goto out;
         }
-        if (ck.rng_len != 32 || ck.data_position_len != sizeof dp ||
-            (rc = df_rng_load(&rng, ck.rng_state, e))) {
-            rc = rc ? rc : df_errf(e, -DF_ECORRUPT, "%s: checkpoint state blobs have the wrong size",
-                                   ck.loaded_from);
+        /* one RNG state and data position per rank */
+        if (ck.rng_len % 32 || ck.data_position_len != ck.rng_len / 32 * sizeof dp) {
+            rc = df_errf(e, -DF_ECORRUPT, "%s: checkpoint state blobs have the wrong size",
+                         ck.loaded_from);
             goto out;
         }
-        memcpy(&dp, ck.data_position, sizeof dp);
+        if (ck.rng_len != 32 * (size_t)world) {
+            rc = df_errf(e, -DF_EMISMATCH, "%s was written by a run of %zu rank(s); resume it "
+                         "with the same number (this run has %d)", ck.loaded_from,
+                         ck.rng_len / 32, world);
+            goto out;
+        }
+        if ((rc = df_rng_load(&rng, (const uint8_t *)ck.rng_state + 32 * rank, e)))
+            goto out;
+        memcpy(&dp, (const uint8_t *)ck.data_position + sizeof dp * rank, sizeof dp);
         free(ck.rng_state);
         free(ck.data_position);
         ck.rng_state = ck.data_position = NULL;
@@ -822,38 +1013,41 @@ int df_train_run(const df_train_opts *o, df_err *e)
             goto out;
         }
         df_params_init(ps, ck.master, (float)o->init_std, o->seed);
-        df_rng_seed(&rng, o->seed, 1);
+        df_rng_seed(&rng, o->seed, 1 + 0x10000ull * (uint64_t)rank); /* rank 0: as one rank */
         if ((rc = df_mkdirs(o->run_dir, e)))
             goto out;
     } else {
         goto out;
     }
     if (step0 >= o->steps) {
-        if (!o->quiet)
+        if (!o->quiet && lead)
             printf("%s: already trained for %" PRId64 " steps\n", o->run_dir, step0);
         goto export;
     }
     char logpath[4200];
     snprintf(logpath, sizeof logpath, "%s/log.jsonl", o->run_dir);
-    trim_log(logpath, step0);
-    logf = fopen(logpath, "a");
+    if (lead) {
+        trim_log(logpath, step0);
+        logf = fopen(logpath, "a");
+    }
 
     grad = malloc((size_t)total * sizeof(float));
     if (!grad) {
         rc = df_errf(e, -ENOMEM, "out of memory");
         goto out;
     }
-    if ((rc = dev_state_open(be, &ck, grad, total, &ds, e)))
+    if ((rc = dev_state_open(be, comm, &ck, grad, total, ps, c.num_hidden_layers, &ds, e)))
         goto out;
-    if (!o->quiet) {
+    if (!o->quiet && lead) {
         double gib = 1.0 / (1 << 30), P = (double)total;
         double eh = 2.0 * (double)tc.vocab_size * tc.hidden_size *
                     (double)df_dtype_size(embed.dtype) * gib;
-        printf("drafter: %" PRId64 " parameters on %s; persistent state %.2f GiB (weights %.2f, "
-               "fp32 master + moments %.2f, frozen embedding + head %.2f); gradients %.2f GiB\n",
-               total, df_backend_name(be),
-               (ds.on_device ? 2 * P * gib : 0) + 12 * P * gib + eh,
-               ds.on_device ? 2 * P * gib : 0, 12 * P * gib, eh, 4 * P * gib);
+        double wb = ds.sharded ? P * gib * (double)df_dtype_size(ds.wdt) : 0;
+        printf("drafter: %" PRId64 " parameters on %s x %d rank(s); persistent state per rank "
+               "%.2f GiB (weights %.2f, fp32 master + moments %.2f, frozen embedding + head "
+               "%.2f); gradients %.2f GiB\n",
+               total, df_backend_name(be), world, wb + 12 * P * gib / world + eh, wb,
+               12 * P * gib / world, eh, 4 * P * gib);
     }
     df_batch_config bc = {.max_tokens = o->max_tokens, .max_anchors = o->max_anchors,
                           .block_size = c.block_size, .mask_token_id = c.mask_token_id,
@@ -894,14 +1088,17 @@ int df_train_run(const df_train_opts *o, df_err *e)
     src.layer_mask = layer_mask;
     src.threads = 2;
     src.seed = o->seed;
-    src.n = df_cache_count(cache);
-    src.order = malloc((src.n ? src.n : 1) * sizeof *src.order);
+    src.n_all = df_cache_count(cache);
+    src.rank = rank;
+    src.world = world;
+    src.order = malloc((src.n_all ? src.n_all : 1) * sizeof *src.order);
     if (!src.order) {
         rc = df_errf(e, -ENOMEM, "out of memory");
         goto out;
     }
-    if (src.n == 0) {
-        rc = df_errf(e, -ENODATA, "%s: the cache has no samples", o->cache_dir);
+    if (src.n_all < (size_t)world) {
+        rc = df_errf(e, -ENODATA, "%s: the cache has %zu samples, fewer than the %d ranks",
+                     o->cache_dir, src.n_all, world);
         goto out;
     }
     if ((rc = source_open_at(&src, dp.epoch, dp.pos, e)))
@@ -932,17 +1129,24 @@ int df_train_run(const df_train_opts *o, df_err *e)
             goto out;
         double denom = sl->denom;
         uint64_t tokens = sl->tokens;
-        acc_flops += sl->flops;
         acc_data_s += df_now() - t_data;
-        /* Forward + backward of every row; the loss is normalised by the
-         * whole step's weight (DFLASH.md: the global denominator). */
-        if ((rc = df_backend_zero(be, ds.grad, (size_t)total * sizeof(float)))) {
+        /* The loss is normalised by the whole step's weight over all ranks
+         * (DFLASH.md: the global denominator). */
+        if (world > 1 && (rc = df_comm_allreduce_host_f64(comm, &denom, 1, e)))
+            goto out;
+        if ((rc = df_backend_zero(be, ds.grad, (size_t)ds.np * sizeof(float)))) {
             df_errf(e, rc, "step %" PRId64 ": clearing gradients failed", step);
             goto out;
         }
+        /* Forward + backward of every row; on the last, each gradient bucket
+         * is reduce-scattered as soon as the backward has finished it. */
         df_drafter_metrics m = {0};
-        for (int r = 0; r < nrows && denom > 0; r++) {
+        ds.next_bucket = ds.nb - 1;
+        ds.hook_err = e;
+        for (int r = 0; r < nrows; r++) {
             const df_batch_row *br = df_batch_get_row(sl->rows[r]);
+            if (denom <= 0 || br->weight_sum <= 0)
+                continue; /* nothing to learn from (its gradients would be 0) */
             df_drafter_row dr = {.S = br->n_tokens,
                                  .feat = br->features_bf16 ? (const void *)br->features_bf16
                                                            : (const void *)br->features,
@@ -953,25 +1157,58 @@ int df_train_run(const df_train_opts *o, df_err *e)
                                  .weights = br->weights,
                                  .pinned = br->features_bf16 != NULL,
                                  .argmax_out = sl->argmax[r]};
-            const void *w = ds.on_device ? (const void *)ds.w16 : (const void *)ds.master;
-            if ((rc = df_drafter_row_step(d, w, &dr, (float)denom, ds.grad, &m, e))) {
+            int last = 1;
+            for (int r2 = r + 1; r2 < nrows; r2++)
+                last &= !(df_batch_get_row(sl->rows[r2])->weight_sum > 0);
+            df_drafter_set_grad_hook(d, world > 1 && last ? ds_grad_hook : NULL, &ds);
+            rc = df_drafter_row_step(d, ds.w, &dr, (float)denom, ds.grad, &m, e);
+            df_drafter_set_grad_hook(d, NULL, NULL);
+            if (rc) {
                 df_err_wrap(e, "step %" PRId64 " row %d", step, r);
                 goto out;
             }
         }
-        double loss = denom > 0 ? m.loss_sum / denom : 0.0;
-        double gnorm = sqrt(df_op_sumsq(be, ds.grad, total));
+        if (world > 1 && (rc = ds_grad_hook(&ds, -1))) /* buckets no row reduced (no rows) */
+            goto out;
+        if (world > 1 && (rc = df_comm_wait(comm, e)))
+            goto out;
+        double sq = df_op_sumsq(be, ds.gshard, ds.world > 1 ? ds.nshard : total);
         /* sumsq waited for the stream: the rows' uploads and argmax are done */
         for (int r = 0; r < nrows && denom > 0; r++) {
             const df_batch_row *br = df_batch_get_row(sl->rows[r]);
+            if (!(br->weight_sum > 0))
+                continue;
             df_drafter_row dr = {.blocks = br->blocks, .labels = br->labels,
                                  .weights = br->weights};
             df_drafter_row_metrics(d, &dr, sl->argmax[r], &m);
         }
+        double flops = sl->flops;
         data_pos after = sl->after;
         uint8_t rng_after[32];
         memcpy(rng_after, sl->rng_after, sizeof rng_after);
         feeder_release(&fd, sl);
+        if (world > 1) { /* the step's figures over all ranks (logged by rank 0) */
+            int bs = c.block_size, nv = 5 + 2 * bs;
+            double v[5 + 2 * DF_DRAFTER_MAX_BLOCK];
+            v[0] = sq, v[1] = m.loss_sum, v[2] = (double)m.blocks, v[3] = (double)m.accepted;
+            v[4] = (double)tokens;
+            for (int k = 0; k < bs; k++) {
+                v[5 + k] = (double)m.correct[k];
+                v[5 + bs + k] = (double)m.counted[k];
+            }
+            if ((rc = df_comm_allreduce_host_f64(comm, v, nv, e)) ||
+                (rc = df_comm_allreduce_host_f64(comm, &flops, 1, e)))
+                goto out;
+            sq = v[0], m.loss_sum = v[1], m.blocks = (uint64_t)v[2], m.accepted = (uint64_t)v[3];
+            tokens = (uint64_t)v[4];
+            for (int k = 0; k < bs; k++) {
+                m.correct[k] = (uint64_t)v[5 + k];
+                m.counted[k] = (uint64_t)v[5 + bs + k];
+            }
+        }
+        acc_flops += flops;
+        double loss = denom > 0 ? m.loss_sum / denom : 0.0;
+        double gnorm = sqrt(sq);
         if (!isfinite(loss) || !isfinite(gnorm)) {
             rc = df_errf(e, -ERANGE, "step %" PRId64 ": loss %g, gradient norm %g: not finite "
                          "(rows of epoch %" PRIu64 " before position %" PRIu64 ")", step, loss,
@@ -980,11 +1217,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
         }
         double lr = df_lr_at(&sched, step);
         float gscale = gnorm > o->clip && o->clip > 0 ? (float)(o->clip / gnorm) : 1.0f;
-        if (denom > 0 &&
-            (rc = df_op_adamw(be, ds.master, ds.grad, ds.m, ds.v, total, (float)lr, 0.9f, 0.999f,
-                              1e-8f, 0.0f, step + 1, gscale, ds.on_device ? ds.w16 : NULL))) {
-            df_errf(e, rc, "step %" PRId64 ": the optimizer failed on %s", step,
-                    df_backend_name(be));
+        if (denom > 0 && (rc = dev_state_adamw(be, &ds, (float)lr, step + 1, gscale, e))) {
+            df_err_wrap(e, "step %" PRId64, step);
             goto out;
         }
         /* metrics over the logging interval */
@@ -1009,7 +1243,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
                             .data_wait = acc_data_s / dt, .tflops = acc_flops / dt / 1e12,
                             .mfu = peak > 0 ? acc_flops / dt / peak : 0,
                             .mem_gib = used >= 0 ? (double)used / (1 << 30) : -1};
-            log_step(logf, o->quiet, done, o->steps, acc_loss / acc_n, lr, acc_gnorm / acc_n, &acc,
+            log_step(logf, o->quiet || !lead, done, o->steps, acc_loss / acc_n, lr, acc_gnorm / acc_n, &acc,
                      c.block_size, &pf, dp.tokens, after.epoch);
             t_prev = now;
             acc_data_s = acc_flops = 0;
@@ -1018,27 +1252,60 @@ int df_train_run(const df_train_opts *o, df_err *e)
             acc_n = 0;
             acc_tokens = 0;
         }
-        if (ev.cache && ((o->eval_every > 0 && done % o->eval_every == 0) || done == o->steps)) {
-            const void *w = ds.on_device ? (const void *)ds.w16 : (const void *)ds.master;
-            if ((rc = run_eval(&ev, d, w, c.num_target_features, done, logf, o->quiet,
+        if (ev.cache && lead &&
+            ((o->eval_every > 0 && done % o->eval_every == 0) || done == o->steps)) {
+            if ((rc = run_eval(&ev, d, ds.w, c.num_target_features, done, logf, o->quiet,
                                c.block_size, e)))
                 goto out;
         }
         int save = (o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == o->steps;
         if (save) {
-            if ((rc = dev_state_fetch(be, &ds, &ck, total, e)))
+            if ((rc = dev_state_fetch(be, &ds, &ck, e)))
                 goto out;
             dp.epoch = after.epoch;
             dp.pos = after.pos;
+            /* every rank's RNG state and data position, gathered as doubles
+             * (32-bit halves and counts below 2^53: exact) */
+            uint8_t rs[32 * 64];
+            data_pos dps[64];
+            if (world > 64) {
+                rc = df_errf(e, -ENOTSUP, "checkpoints of more than 64 ranks");
+                goto out;
+            }
+            if (world > 1) {
+                double g[64 * 11];
+                memset(g, 0, sizeof(double) * 11 * (size_t)world);
+                for (int i = 0; i < 8; i++) {
+                    uint32_t h;
+                    memcpy(&h, rng_after + 4 * i, 4);
+                    g[11 * rank + i] = h;
+                }
+                g[11 * rank + 8] = (double)dp.epoch;
+                g[11 * rank + 9] = (double)dp.pos;
+                g[11 * rank + 10] = (double)dp.tokens;
+                if ((rc = df_comm_allreduce_host_f64(comm, g, 11 * world, e)))
+                    goto out;
+                for (int q = 0; q < world; q++) {
+                    for (int i = 0; i < 8; i++) {
+                        uint32_t h = (uint32_t)g[11 * q + i];
+                        memcpy(rs + 32 * q + 4 * i, &h, 4);
+                    }
+                    dps[q].epoch = (uint64_t)g[11 * q + 8];
+                    dps[q].pos = (uint64_t)g[11 * q + 9];
+                    dps[q].tokens = (uint64_t)g[11 * q + 10];
+                }
+            } else {
+                memcpy(rs, rng_after, 32);
+                dps[0] = dp;
+            }
             ck.step = done;
             ck.config = c;
             ck.n_floats = total;
-            ck.rng_state = rng_after;
-            ck.rng_len = sizeof rng_after;
-            data_pos dpc = dp;
-            ck.data_position = &dpc;
-            ck.data_position_len = sizeof dpc;
-            if ((rc = df_ckpt_save(o->run_dir, &ck, o->keep_last, e)))
+            ck.rng_state = rs;
+            ck.rng_len = 32 * (size_t)world;
+            ck.data_position = dps;
+            ck.data_position_len = sizeof dps[0] * (size_t)world;
+            if (lead && (rc = df_ckpt_save(o->run_dir, &ck, o->keep_last, e)))
                 goto out;
             ck.rng_state = NULL;
             ck.data_position = NULL;
@@ -1048,6 +1315,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
             goto out; /* as if killed (tests of resume) */
     }
 export:;
+    if (!lead)
+        goto out;
     char exp[4200];
     snprintf(exp, sizeof exp, "%s/export", o->run_dir);
     if ((rc = df_export_drafter(exp, &c, ps, ck.master, e)))
@@ -1055,6 +1324,8 @@ export:;
     if (!o->quiet)
         printf("exported the drafter to %s (config.json + model.safetensors)\n", exp);
 out:
+    if (rc && comm)
+        df_comm_abort(comm); /* the other ranks fail fast instead of waiting */
     feeder_close(&fd); /* before the source it reads */
     if (src.have_pending && src.s)
         df_cache_stream_release(src.s, &src.pending);
@@ -1065,6 +1336,7 @@ out:
     df_batch_free(ev.row);
     df_cache_close(ev.cache);
     dev_state_free(be, &ds);
+    df_comm_close(comm);
     df_backend_free(be, dev_embed);
     df_backend_free(be, dev_head);
     free(grad);

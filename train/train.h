@@ -60,6 +60,10 @@ typedef struct df_train_opts {
     const char *device;         /* "cpu", "cuda" or "auto" (NULL = cpu) */
     int gpu;                    /* CUDA device index */
     int64_t stop_after;         /* testing: stop (as if killed) after this many steps; 0 = off */
+    /* data parallel: this process is rank `rank` of `world` (one per GPU, or CPU ranks on
+     * one machine); run_id names this launch's rendezvous files in run_dir (ranks > 1) */
+    int rank, world;
+    const char *run_id;
     int quiet;
 } df_train_opts;
 

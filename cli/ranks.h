@@ -1,0 +1,33 @@
+/* ranks.h - how a command learns its rank: a launcher's environment
+ * (torchrun, Slurm), one process per local GPU started by the command itself
+ * (--gpus), and the token that names one launch's rendezvous. */
+#ifndef DF_CLI_RANKS_H
+#define DF_CLI_RANKS_H
+
+#include <stdint.h>
+
+/* 1 with this process's rank/world/local rank from torchrun (RANK,
+ * WORLD_SIZE, LOCAL_RANK) or Slurm (SLURM_PROCID, SLURM_NTASKS,
+ * SLURM_LOCALID) when the world is > 1; 0 otherwise. */
+int cli_launcher_rank(uint32_t *rank, uint32_t *world, int *local);
+
+/* This node's index and the node count for one process per node
+ * (NODE_RANK/NNODES, or SLURM_NODEID/SLURM_NNODES); 0 of 1 otherwise. */
+void cli_node_rank(uint32_t *node, uint32_t *nodes);
+
+/* A token naming this launch, the same in every rank of it: DFLASH_RUN_ID,
+ * else TORCHELASTIC_RUN_ID, else SLURM_JOB_ID.SLURM_STEP_ID; NULL when none
+ * is set. */
+const char *cli_run_id_from_env(char *buf, int cap);
+
+/* Runs `dflash <argv...>` once per local GPU as fresh processes (exec, not
+ * a bare fork: CUDA must not be initialised before a fork), appending
+ * --gpu i --rank node*n+i --world-size nodes*n and the extra (option, value)
+ * pairs returned by extra(i, rank, ...) (NULL: none), and waits for all.
+ * Returns the number of ranks that failed (0: all exited 0). cmd names the
+ * command in messages. */
+typedef int (*cli_rank_extra_fn)(void *ctx, int i, uint32_t rank, char **av, int cap);
+int cli_spawn_ranks(const char *cmd, int argc, char **argv, int n, uint32_t node, uint32_t nodes,
+                    cli_rank_extra_fn extra, void *ctx);
+
+#endif
