@@ -18,7 +18,7 @@ row() { printf '%-28s %s\n' "$1" "$2"; }
 
 { nvidia-smi -L; nvcc --version | tail -1; uname -r; nproc; free -g | head -2; df -hT /tmp; } >"$LOG/machine.log" 2>&1
 t0=$(date +%s)
-STAGES=${STAGES:-test live resume train trainbench opbench attn storage extract}
+STAGES=${STAGES:-test live resume train trainbench e2e opbench attn storage extract}
 has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 if cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA_ARCHS="${ARCHS:-90a;80}" >"$LOG/cmake.log" 2>&1 &&
    cmake --build "$B" -j "$(nproc)" >"$LOG/build.log" 2>&1; then
@@ -85,6 +85,16 @@ if [ $status = 0 ] && has trainbench; then # the Qwen3.6-27B drafter shape vs Sp
     trainbench="FAILED (trainbench.log)"; status=1
   fi
 fi
+e2e="not run"
+if [ $status = 0 ] && has e2e; then # qwen3-code-8m: extract -> train -> eval -> export, on the GPU
+  if MODEL=${E2E_MODEL:-$ROOT/.device/qwen3-code-8m} "$ROOT/scripts/e2e-qwen3-code.sh" "$B" /tmp/dflash-e2e >"$LOG/e2e.log" 2>&1; then
+    e2e="passed"
+  else
+    e2e="FAILED (e2e.log)"; status=1
+  fi
+  cp -r /tmp/dflash-e2e/logs "$LOG/e2e-logs" 2>/dev/null; cp /tmp/dflash-e2e/run/log.jsonl "$LOG/e2e-log.jsonl" 2>/dev/null
+  cp /tmp/dflash-e2e/run/*.png /tmp/dflash-e2e/run/*.svg "$LOG/" 2>/dev/null
+fi
 resume="not run"
 if [ $status = 0 ] && has resume; then
   if "$ROOT/scripts/gpu-resume-check.sh" "$B" /tmp/dflash-resume >"$LOG/resume.log" 2>&1; then
@@ -108,6 +118,8 @@ row "GPU forward vs live HF" "$live"
 row "kill -9 + resume (GPU)" "$resume"
 row "drafter training (tiny)" "$train"
 row "27B drafter shape (1 GPU)" "$trainbench"
+row "e2e qwen3-code-8m" "$e2e"
+[ -f "$LOG/e2e.log" ] && { echo "-- e2e (tail)"; tail -25 "$LOG/e2e.log"; }
 [ -f "$LOG/trainbench.log" ] && { echo "-- bench-train"; sed -n '/^== bench-train/,$p' "$LOG/trainbench.log"; }
 grep -E "FAILED|out of tolerance|rel err .* ratio [2-9]" "$LOG/ctest.log" 2>/dev/null | head -8
 if [ -f "$LOG/bench-dflash-attn.log" ]; then
