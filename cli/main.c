@@ -17,7 +17,7 @@ static const struct {
     {"cache", cmd_cache, "synthetic caches for tests/benchmarks (synth); stream a cache and time it (read)"},
     {"dump", cmd_dump, "inspect a hidden-state cache: summary, samples, slices, --verify, --json"},
     {"extract", cmd_extract, "run the target over a corpus and write the hidden-state cache"},
-    {"train", cmd_train, "train a DFlash drafter from a cache (CPU backend)"},
+    {"train", cmd_train, "train a DFlash drafter from a cache (CPU, one GPU or many)"},
     {"train-step", cmd_train_step, "one step's loss + gradients from a safetensors file (for checking)"},
 };
 

@@ -958,6 +958,11 @@ int df_train_run(const df_train_opts *o, df_err *e)
             (rc = device_bf16(be, &head, &dev_head, e)))
             goto out;
     }
+    if (!df_backend_host_addressable(be) && c.head_dim != 64 && c.head_dim != 128) {
+        rc = df_errf(e, -ENOTSUP, "drafter head_dim %d: the GPU drafter attention takes 64 or "
+                     "128 (set --head-dim, and --heads/--kv-heads to keep the width)", c.head_dim);
+        goto out;
+    }
     if ((rc = df_drafter_open(&c, be, &embed, &head, &d, e)))
         goto out;
     const df_params *ps = df_drafter_params(d);
@@ -1254,9 +1259,11 @@ int df_train_run(const df_train_opts *o, df_err *e)
         }
         if (ev.cache && lead &&
             ((o->eval_every > 0 && done % o->eval_every == 0) || done == o->steps)) {
+            double t_ev = df_now();
             if ((rc = run_eval(&ev, d, ds.w, c.num_target_features, done, logf, o->quiet,
                                c.block_size, e)))
                 goto out;
+            t_prev += df_now() - t_ev; /* the next interval's throughput leaves it out */
         }
         int save = (o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == o->steps;
         if (save) {
