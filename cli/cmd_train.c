@@ -34,6 +34,8 @@ static void usage(FILE *f)
             "  --rows-per-step N     rows per optimizer step (default 1)\n"
             "  --gamma G             loss weight decay over block positions (default 7)\n"
             "  --noise A             uniform feature noise +-A (default 0)\n"
+            "  --buffered-io         read the cache through the page cache (default O_DIRECT):\n"
+            "                        for a cache that fits in RAM and is read many epochs\n"
             "optimisation:\n"
             "  --steps N             optimizer steps (required)\n"
             "  --lr LR --min-lr LR   peak and final LR (default 6e-4, 0); warmup --warmup F (0.04)\n"
@@ -94,6 +96,10 @@ int cmd_train(int argc, char **argv)
         }
         if (!strcmp(a, "--quiet")) {
             o.quiet = 1;
+            continue;
+        }
+        if (!strcmp(a, "--buffered-io")) {
+            o.buffered_io = 1;
             continue;
         }
         if (!v) {

@@ -42,6 +42,12 @@ struct df_drafter {
     float *wts;        /* [N] loss weights (backend) */
     int32_t *labels, *argmax; /* [N] (backend) */
     int32_t *argmax_host;     /* [N] host copy for the metrics */
+    /* the LM head over scored positions only: their indices, each position's
+     * index among them (n_act for the rest), packed labels and weights (host;
+     * pinned on a device) */
+    uint32_t *act_i, *inv;
+    int32_t *lab_c;
+    float *wts_c;
     df_drafter_grad_hook hook;
     void *hook_ctx;
 };
@@ -68,6 +74,10 @@ void df_drafter_close(df_drafter *d)
     free(d->act);
     free(d->li);
     free(d->argmax_host);
+    free(d->act_i);
+    free(d->inv);
+    df_backend_host_free(d->be, d->lab_c);
+    df_backend_host_free(d->be, d->wts_c);
     df_params_free(&d->ps);
     free(d);
 }
@@ -182,16 +192,24 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
     d->feat = d->feat32 = NULL;
     free(d->act);
     free(d->argmax_host);
+    free(d->act_i);
+    free(d->inv);
+    df_backend_host_free(d->be, d->lab_c);
+    df_backend_host_free(d->be, d->wts_c);
     d->arena = df_backend_alloc(d->be, (size_t)total * d->aes);
     d->arena32 = df_backend_alloc(d->be, (size_t)total32 * 4);
     d->act = calloc((size_t)L, sizeof *d->act);
     d->argmax_host = malloc((size_t)N * sizeof *d->argmax_host);
-    int ok = d->arena && d->arena32 && d->act && d->argmax_host;
-    if (ok && !d->host) { /* the row's features, uploaded (F32 staging for a cast) */
+    d->act_i = malloc((size_t)N * sizeof *d->act_i);
+    d->inv = malloc((size_t)N * sizeof *d->inv);
+    d->lab_c = df_backend_host_alloc(d->be, (size_t)N * sizeof *d->lab_c);
+    d->wts_c = df_backend_host_alloc(d->be, (size_t)N * sizeof *d->wts_c);
+    int ok = d->arena && d->arena32 && d->act && d->argmax_host && d->act_i && d->inv &&
+             d->lab_c && d->wts_c;
+    if (ok && !d->host) { /* the row's features, uploaded (F32 rows: staged at first use) */
         int64_t KH = (int64_t)c->num_target_features * H;
         d->feat = df_backend_alloc(d->be, (size_t)(S * KH) * d->aes);
-        d->feat32 = df_backend_alloc(d->be, (size_t)(S * KH) * 4);
-        ok = d->feat && d->feat32;
+        ok = d->feat != NULL;
     }
     if (!ok) {
         d->cap_N = d->cap_S = 0;
@@ -282,15 +300,21 @@ void df_drafter_row_metrics(const df_drafter *d, const df_drafter_row *r, const 
                             df_drafter_metrics *m)
 {
     int bs = d->c.block_size;
+    int64_t j = 0; /* argmax is packed: the next scored position's entry */
     for (int b = 0; b < r->blocks.n_blocks; b++) {
-        if (!r->blocks.valid[b])
+        if (!r->blocks.valid[b]) {
+            for (int k = 0; k < bs; k++)
+                j += r->labels[(int64_t)b * bs + k] >= 0 && r->weights[(int64_t)b * bs + k] > 0;
             continue;
+        }
         m->blocks++;
         int run = 1;
+        j += r->labels[(int64_t)b * bs] >= 0 && r->weights[(int64_t)b * bs] > 0;
         for (int k = 1; k < bs; k++) {
             int64_t i = (int64_t)b * bs + k;
             int has = r->labels[i] >= 0 && r->weights[i] > 0;
-            int ok = has && argmax[i] == r->labels[i];
+            int ok = has && argmax[j] == r->labels[i];
+            j += has;
             if (has) {
                 m->counted[k]++;
                 m->correct[k] += (uint64_t)ok;
@@ -336,6 +360,10 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         if (fdt == d->adt) {
             CK(up(be, d->feat, r->feat, nf * d->aes));
         } else {
+            if (!d->feat32 && !(d->feat32 = df_backend_alloc(be, (size_t)(d->cap_S *
+                                                (int64_t)c->num_target_features * H) * 4)))
+                return df_errf(e, -ENOMEM, "out of memory on %s staging F32 features",
+                               df_backend_name(be));
             CK(up(be, d->feat32, r->feat, nf * df_dtype_size(fdt)));
             CK(df_backend_cast(be, d->feat, d->adt, d->feat32, fdt, (int64_t)nf));
         }
@@ -409,13 +437,55 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
     df_tensor dh = M(d->dh, N, H);
     double loss = 0;
     int32_t *am_host = r->argmax_out ? r->argmax_out : d->argmax_host;
-    CK(df_op_lmhead_ce(be, &h, &d->head, labels, wts, denom, &loss, G ? &dh : NULL,
-                       d->host ? am_host : d->argmax, NULL));
-    if (!d->host && r->argmax_out) /* by the caller's sync; the counts are the caller's */
-        CK(df_backend_download_async(be, r->argmax_out, d->argmax, (size_t)N * sizeof(int32_t)));
+    /* The LM head (the step's largest GEMMs) over the scored positions only:
+     * a block's anchor position and invalid blocks have no loss. Their rows
+     * are gathered (into da, free here), their dh (into dx, free until the
+     * norm's backward) is spread back by a gather from [dh_c ; 0]. */
+    int64_t na = 0;
+    for (int64_t i = 0; i < N; i++) {
+        int a = r->labels[i] >= 0 && r->weights[i] > 0;
+        d->inv[i] = a ? (uint32_t)na : 0xffffffffu;
+        if (a) {
+            d->act_i[na] = (uint32_t)i;
+            d->lab_c[na] = r->labels[i];
+            d->wts_c[na] = r->weights[i];
+            na++;
+        }
+    }
+    for (int64_t i = 0; i < N; i++)
+        if (d->inv[i] == 0xffffffffu)
+            d->inv[i] = (uint32_t)na; /* the zero row */
+    int32_t *am_dev = d->host ? am_host : d->argmax;
+    if (na == N) {
+        CK(df_op_lmhead_ce(be, &h, &d->head, labels, wts, denom, &loss, G ? &dh : NULL, am_dev,
+                           NULL));
+    } else if (na > 0) {
+        df_tensor hc = M(d->da, na, H), dhc = M(d->dx, na, H);
+        CK(df_op_embed(be, &h, d->act_i, na, &hc));
+        const int32_t *lab_c = d->lab_c;
+        const float *wts_c = d->wts_c;
+        if (!d->host) { /* packed into the workspace (labels, weights are free after this) */
+            CK(df_backend_upload_async(be, d->labels, d->lab_c, (size_t)na * sizeof(int32_t)));
+            CK(df_backend_upload_async(be, d->wts, d->wts_c, (size_t)na * sizeof(float)));
+            lab_c = d->labels;
+            wts_c = d->wts;
+        }
+        CK(df_op_lmhead_ce(be, &hc, &d->head, lab_c, wts_c, denom, &loss, G ? &dhc : NULL, am_dev,
+                           NULL));
+        if (G) {
+            df_tensor dhz = M(d->dx, na + 1, H);
+            CK(df_backend_zero(be, (uint8_t *)d->dx + (size_t)(na * H) * d->aes,
+                               (size_t)H * d->aes));
+            CK(df_op_embed(be, &dhz, d->inv, N, &dh));
+        }
+    } else if (G) {
+        CK(df_backend_zero(be, d->dh, (size_t)(N * H) * d->aes));
+    }
+    if (!d->host && r->argmax_out && na > 0) /* by the caller's sync; the counts are the caller's */
+        CK(df_backend_download_async(be, r->argmax_out, d->argmax, (size_t)na * sizeof(int32_t)));
     if (m) {
-        if (!d->host && !r->argmax_out)
-            CK(df_backend_download(be, d->argmax_host, d->argmax, (size_t)N * sizeof(int32_t)));
+        if (!d->host && !r->argmax_out && na > 0)
+            CK(df_backend_download(be, d->argmax_host, d->argmax, (size_t)na * sizeof(int32_t)));
         m->loss_sum += loss;
         for (int64_t i = 0; i < N; i++)
             if (r->labels[i] >= 0)

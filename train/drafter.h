@@ -45,8 +45,9 @@ typedef struct df_drafter_row {
     int pinned;
     /* NULL: acc[k] / tau counts are added to the metrics at once (a device
      * backend waits for the row's argmax). Else [n_blocks * bs] host memory
-     * (pinned on a device) that gets the argmax by the caller's next
-     * df_backend_sync; the caller then adds the counts with
+     * (pinned on a device) that gets, by the caller's next df_backend_sync,
+     * the argmax of the row's scored positions (label >= 0 and weight > 0)
+     * in order, packed at the front; the caller then adds the counts with
      * df_drafter_row_metrics. */
     int32_t *argmax_out;
 } df_drafter_row;
@@ -84,8 +85,8 @@ int df_drafter_row_step(df_drafter *d, const void *params, const df_drafter_row 
 typedef int (*df_drafter_grad_hook)(void *ctx, int layer);
 void df_drafter_set_grad_hook(df_drafter *d, df_drafter_grad_hook fn, void *ctx);
 
-/* The acc[k] / tau counts of a row from its argmax (row->argmax_out after
- * the sync), added to m. */
+/* The acc[k] / tau counts of a row from its packed argmax (row->argmax_out
+ * after the sync: one entry per scored position, in order), added to m. */
 void df_drafter_row_metrics(const df_drafter *d, const df_drafter_row *row, const int32_t *argmax,
                             df_drafter_metrics *m);
 

@@ -56,6 +56,7 @@ typedef struct source {
     size_t n_all;               /* documents in the cache */
     size_t n;                   /* this rank's documents: order[rank], order[rank + world], ... */
     int rank, world;
+    int buffered;               /* page-cache reads instead of O_DIRECT */
     uint64_t epoch;
     size_t pos;                 /* position in order of the next document to hand out */
     df_cache_stream *s;
@@ -79,7 +80,8 @@ static int source_open_at(source *src, uint64_t epoch, size_t pos, df_err *e)
         src->n = src->n_all;
     }
     df_cache_stream_opts so = {.order = src->order + pos, .n = src->n - pos,
-                               .layer_mask = src->layer_mask, .threads = src->threads};
+                               .layer_mask = src->layer_mask, .threads = src->threads,
+                               .buffered = src->buffered};
     if (src->n - pos == 0)
         return 0;
     src->s = df_cache_stream_open(src->cache, &so, e);
@@ -1096,6 +1098,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
     src.n_all = df_cache_count(cache);
     src.rank = rank;
     src.world = world;
+    src.buffered = o->buffered_io;
     src.order = malloc((src.n_all ? src.n_all : 1) * sizeof *src.order);
     if (!src.order) {
         rc = df_errf(e, -ENOMEM, "out of memory");
