@@ -64,7 +64,7 @@ if [ $status = 0 ] && has opbench; then # the target ops alone: prefill attentio
   { "$B/tests/test_gpu_attn_prefill" --bench; "$B/tests/test_gpu_gdn" --bench;
     "$B/tests/test_gpu_ops" --bench; "$B/tests/test_gpu_lmhead_ce" --bench; } >"$LOG/opbench.log" 2>&1 || status=1
 fi
-train="not run"
+train="not run"; train_resume="not run"
 if [ $status = 0 ] && has train; then # the drafter trained on the GPU, on the bundled tiny cache
   TM=$ROOT/data/tiny-qwen3 W=/tmp/dflash-gpu-train
   rm -rf $W && mkdir -p $W
@@ -73,6 +73,25 @@ if [ $status = 0 ] && has train; then # the drafter trained on the GPU, on the b
      "$B/dflash" train $TA --out $W/gpu --device cuda >>"$LOG/train.log" 2>&1 &&
      "$B/dflash" train $TA --out $W/cpu --device cpu >>"$LOG/train.log" 2>&1; then
     train="GPU: $(grep -E '^step +200' "$LOG/train.log" | head -1 | sed 's/  */ /g') | CPU: $(grep -E '^step +200' "$LOG/train.log" | tail -1 | sed 's/  */ /g')"
+    # one GPU, stopped at step 150 and resumed from the step-100 checkpoint: bit-identical?
+    "$B/dflash" train $TA --out $W/gpuR --device cuda --stop-after 150 >>"$LOG/train.log" 2>&1
+    "$B/dflash" train $TA --out $W/gpuR --device cuda >>"$LOG/train.log" 2>&1
+    if cmp -s $W/gpu/export/model.safetensors $W/gpuR/export/model.safetensors; then
+      train_resume="bit-identical export after stop at 150 + resume from 100"
+    else
+      train_resume="DIFFERS"; status=1
+    fi
+    # two GPUs (NCCL, ZeRO-1): runs, and its resume is bit-identical too
+    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+      "$B/dflash" train $TA --out $W/g2 --gpus 2 >>"$LOG/train.log" 2>&1 &&
+      "$B/dflash" train $TA --out $W/g2R --gpus 2 --stop-after 150 >>"$LOG/train.log" 2>&1 &&
+      "$B/dflash" train $TA --out $W/g2R --gpus 2 >>"$LOG/train.log" 2>&1
+      if cmp -s $W/g2/export/model.safetensors $W/g2R/export/model.safetensors; then
+        train_resume="$train_resume; 2 GPUs too ($(grep -E '^step +200' "$LOG/train.log" | tail -1 | sed 's/  */ /g'))"
+      else
+        train_resume="$train_resume; 2 GPUs: FAILED or DIFFERS"; status=1
+      fi
+    fi
   else
     train="FAILED (train.log)"; status=1
   fi
@@ -117,6 +136,7 @@ row "GPU forward vs live HF" "$live"
 [ -f "$LOG/gpu-drafter.log" ] && { echo "-- test_gpu_drafter (one training step vs fp64 / naive bf16)"; tail -6 "$LOG/gpu-drafter.log"; }
 row "kill -9 + resume (GPU)" "$resume"
 row "drafter training (tiny)" "$train"
+row "trainer resume (GPU)" "$train_resume"
 row "27B drafter shape (1 GPU)" "$trainbench"
 row "e2e qwen3-code-8m" "$e2e"
 [ -f "$LOG/e2e.log" ] && { echo "-- e2e (tail)"; tail -25 "$LOG/e2e.log"; }
