@@ -476,6 +476,20 @@ extern "C" void df_cuda_lmhead_ce_set_precise(int on)
     g_precise = on ? 1 : 0;
 }
 
+/* DEFAULT_CHUNK_BYTES, or DFLASH_CE_CHUNK_MIB (64..65536): larger chunks give
+ * the dh GEMM (H x rows, K = V) more output tiles per wave, at that much
+ * more memory. */
+static size_t chunk_bytes_default(void)
+{
+    static size_t v = 0;
+    if (!v) {
+        const char *e = getenv("DFLASH_CE_CHUNK_MIB");
+        long mib = e ? strtol(e, NULL, 10) : 0;
+        v = mib >= 64 && mib <= 65536 ? (size_t)mib << 20 : DEFAULT_CHUNK_BYTES;
+    }
+    return v;
+}
+
 static int precise_mode(void)
 {
     if (g_precise < 0) {
@@ -506,7 +520,7 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     const int64_t ldlo = ldz;
     size_t per_row = (size_t)ldz * 4 + (want_lo ? (size_t)ldlo * 2 : 0) +
                      (want_dh ? (size_t)H * 4 : 0);
-    size_t cap = g_chunk_bytes ? g_chunk_bytes : DEFAULT_CHUNK_BYTES;
+    size_t cap = g_chunk_bytes ? g_chunk_bytes : chunk_bytes_default();
     int64_t rows = (int64_t)(cap / per_row);
     if (rows < 1)
         rows = 1;
