@@ -14,7 +14,11 @@
  * The GPU backward runs on the GPU's own out/lse (as training does), the
  * CPU backward on the reference's. First pass: the default forward and
  * backward (impl 0); then each backward (CUDA cores, tensor cores) on the
- * default forward's out/lse, then each forward. */
+ * default forward's out/lse; then the backward that impl 0 selects, once as
+ * built in and once switched to mma5 by df_cuda_dflash_set_bwd_impl (the
+ * hook behind DFLASH_ATTN_BWD=mma5), each run twice and required bitwise
+ * equal (determinism); mma5 (mma4 with its dQ CTAs reordered) must also
+ * equal mma4 bitwise when that is the built-in default; then each forward. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +35,8 @@
 /* name of an implementation (args.impl) in the output */
 static const char *impl_name(int impl)
 {
-    return impl == DF_CUDA_DFLASH_IMPL_MMA4   ? "mma4"
+    return impl == DF_CUDA_DFLASH_IMPL_MMA5   ? "mma5"
+           : impl == DF_CUDA_DFLASH_IMPL_MMA4 ? "mma4"
            : impl == DF_CUDA_DFLASH_IMPL_MMA3 ? "mma3"
            : impl == DF_CUDA_DFLASH_IMPL_MMA2 ? "mma2"
            : impl == DF_CUDA_DFLASH_IMPL_MMA  ? "mma"
@@ -385,7 +390,7 @@ static void run_cfg(const cfg *c, df_backend *be)
     }
     /* each backward explicitly (CUDA cores, tensor cores), on the default
      * forward's out/lse (still in dout_/dlse); every gradient poisoned first */
-    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_MMA4; impl++) {
+    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_MMA5; impl++) {
         for (int t = 1; t < 6; t++)
             CUDA_OK(cudaMemset(outs[t].dev, 0xff, outs[t].n * 2));
         a.impl = impl;
@@ -405,8 +410,62 @@ static void run_cfg(const cfg *c, df_backend *be)
                 ok = 0, printf("(FAIL nan=%d nonzero=%d)", eg.nan, eg.bad_zero);
         }
     }
+    /* impl 0 through the selection hook: the built-in default, then mma5;
+     * each backward twice, the gradients bitwise equal (deterministic) */
+    {
+        int64_t ng = nQ + 2 * nC + 2 * nB;
+        uint16_t *run1 = xcalloc(ng * 2), *run2 = xcalloc(ng * 2), *run0 = xcalloc(ng * 2);
+        int impl0 = 0;
+        for (int hv = 0; hv < 2; hv++) {
+            int want = hv ? DF_CUDA_DFLASH_IMPL_MMA5 : 0;
+            CHECK_EQ(df_cuda_dflash_set_bwd_impl(want), 0);
+            if (want)
+                CHECK_EQ(df_cuda_dflash_bwd_impl(), want);
+            a.impl = 0;
+            printf(" | impl0=%s:", impl_name(df_cuda_dflash_bwd_impl()));
+            for (int rep = 0; rep < 2; rep++) {
+                uint16_t *dst_ = rep ? run2 : run1;
+                for (int t = 1; t < 6; t++)
+                    CUDA_OK(cudaMemset(outs[t].dev, 0xff, outs[t].n * 2));
+                CHECK_EQ(df_cuda_dflash_attn_bwd(&a, 0), 0);
+                CUDA_OK(cudaDeviceSynchronize());
+                for (int t = 1; t < 6; t++) {
+                    CUDA_OK(cudaMemcpy(dst_, outs[t].dev, outs[t].n * 2, cudaMemcpyDeviceToHost));
+                    dst_ += outs[t].n;
+                }
+            }
+            int det = !memcmp(run1, run2, ng * 2);
+            printf(" det %s", det ? "yes" : "NO(FAIL)");
+            ok = ok && det;
+            if (!hv) {
+                impl0 = df_cuda_dflash_bwd_impl();
+                memcpy(run0, run1, ng * 2);
+            } else if (impl0 == DF_CUDA_DFLASH_IMPL_MMA4) {
+                int same = !memcmp(run0, run1, ng * 2);
+                printf(" ==mma4 %s", same ? "yes" : "NO(FAIL)");
+                ok = ok && same;
+            }
+            const uint16_t *src_ = run1;
+            for (int t = 1; t < 6; t++) {
+                for (int64_t i = 0; i < outs[t].n; i++)
+                    outs[t].g[i] = bf2f(src_[i]);
+                src_ += outs[t].n;
+                errs eg, en;
+                cmp(&eg, outs[t].ref, outs[t].g, outs[t].n, outs[t].z, outs[t].cols);
+                cmp(&en, outs[t].ref, outs[t].nv, outs[t].n, NULL, 1);
+                double tol = 2 * en.err + 1e-6 * eg.ref_max;
+                printf(" %s %.1e", outs[t].nm, eg.err);
+                if (eg.nan || eg.bad_zero || eg.err > tol)
+                    ok = 0, printf("(FAIL nan=%d nonzero=%d)", eg.nan, eg.bad_zero);
+            }
+        }
+        CHECK_EQ(df_cuda_dflash_set_bwd_impl(0), 0);
+        CHECK_EQ(df_cuda_dflash_set_bwd_impl(-1), -22);
+        CHECK_EQ(df_cuda_dflash_set_bwd_impl(DF_CUDA_DFLASH_IMPL_MMA5 + 1), -22);
+        free(run1), free(run2), free(run0);
+    }
     /* the tensor-core forward (the pass above ran the default) */
-    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_MMA4; impl++) {
+    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_MMA5; impl++) {
         CUDA_OK(cudaMemset(dout_, 0xff, nQ * 2));
         CUDA_OK(cudaMemset(dlse, 0xff, (size_t)rows * nq * 4));
         a.impl = impl;
@@ -477,6 +536,10 @@ int main(void)
         {"full 32/8 D128 bs16", 1024, 40, 16, 0, 32, 8, 128, 3, {300, 700, 1024}},
         {"slide256 32/8 D128 bs16", 1024, 40, 16, 256, 32, 8, 128, 3, {300, 700, 1024}},
         {"full 8/2 D128 bs16", 700, 20, 16, 0, 8, 2, 128, 2, {450, 700}},
+        /* one document, many anchors (the trainer's layout): long spans of
+         * very different lengths, which mma5 reorders */
+        {"1doc full 8/2 D128 bs16", 1024, 48, 16, 0, 8, 2, 128, 1, {1024}},
+        {"1doc slide300 8/2 D128", 1024, 48, 16, 300, 8, 2, 128, 1, {1024}},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++)
         run_cfg(&cfgs[i], be);

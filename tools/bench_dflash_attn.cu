@@ -1,8 +1,10 @@
 // bench_dflash_attn - the CUDA DFlash drafter attention at the 27B drafter's
-// shape: S = 4096 context (3 packed documents), 512 anchors x block 16,
-// 32 query / 8 kv heads, head_dim 128, full (W = 0) and sliding (W = 2048)
-// layers. Anchors are sampled like the trainer: candidates p with
-// loss_mask[p] & loss_mask[p+1] inside a document, up to 512 uniformly
+// shape: S = 4096 context, 512 anchors x block 16, 32 query / 8 kv heads,
+// head_dim 128, full (W = 0) and sliding (W = 2048) layers, in two anchor
+// layouts: "3docs" (3 packed documents; the original rows) and "1doc" (one
+// 4096-token document, the layout the trainer sees: 2-3x more visible
+// context per anchor). Anchors are sampled like the trainer: candidates p
+// with loss_mask[p] & loss_mask[p+1] inside a document, up to 512 uniformly
 // without replacement, sorted. Times forward and backward with CUDA events
 // (median of 20 after 3 warm-ups). TFLOP/s counts only visible (query, key)
 // pairs: forward 4 * D per pair per head (QK^T and PV), backward 2.5x the
@@ -10,10 +12,19 @@
 // backward runs give bitwise-equal gradients (determinism).
 // Forward and backward are timed for the defaults (tensor cores, mma.sync),
 // the CUDA-core (simt) kernels and the other tensor-core versions (mma1, the
-// mma3 and mma4 backwards; mma4 also checked for determinism); the last line is JSON (also --json-out F).
-// --anchors-out F writes the shape and anchors as JSON for
-// scripts/bench_flex_dflash.py (the same mask under torch flex_attention).
-// Usage: bench_dflash_attn [repeats] [--anchors-out F.json] [--json-out F.json]
+// mma3, mma4 and mma5 backwards; mma4 and mma5 also checked for determinism,
+// mma5's gradients compared with the default's); the 1doc layout times only
+// the default, mma4 and mma5. The default's and mma5's backward are also
+// timed pass by pass (args.pass_events: CUDA events between the kernel
+// launches, medians): Di, dQ (with its lists), context tile lists, context
+// dK/dV, block-key dK/dV, split reduction. The last line is JSON (also
+// --json-out F): "layers" holds the 3docs rows (the keys
+// scripts/bench_flex_dflash.py reads), "layers_1doc" the 1doc rows.
+// --anchors-out F writes the 3docs shape and anchors as JSON for
+// scripts/bench_flex_dflash.py (the same mask under torch flex_attention);
+// --anchors-1doc-out F the same for the 1doc layout.
+// Usage: bench_dflash_attn [repeats] [--anchors-out F.json]
+//        [--anchors-1doc-out F.json] [--json-out F.json]
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -60,30 +71,35 @@ static uint16_t *dev_rand(size_t n)
     return d;
 }
 
-int main(int argc, char **argv)
+// Pass names of args.pass_events (DF_CUDA_DFLASH_BWD_EVENTS - 1 passes).
+static const char *const pass_nm[DF_CUDA_DFLASH_BWD_EVENTS - 1] = {"di",      "dq",      "ctx_lists",
+                                                                   "ctx_dkv", "blk_dkv", "reduce"};
+
+static const char *impl_nm(int impl)
 {
-    int reps = 20;
-    const char *anchors_out = NULL, *json_out = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--anchors-out") && i + 1 < argc)
-            anchors_out = argv[++i];
-        else if (!strcmp(argv[i], "--json-out") && i + 1 < argc)
-            json_out = argv[++i];
-        else if (atoi(argv[i]) > 0)
-            reps = atoi(argv[i]);
-        else
-            return fprintf(stderr, "usage: bench_dflash_attn [repeats] [--anchors-out F.json] "
-                                   "[--json-out F.json]\n"), 2;
-    }
-    const int S = 4096, NB = 512, BS = 16, NQ = 32, NKV = 8, D = 128, ROWS = NB * BS;
-    const int doc_end[3] = {1500, 2800, 4096};
+    static const char *const nm[] = {"0", "simt", "mma", "mma2", "mma3", "mma4", "mma5"};
+    return impl >= 0 && impl <= DF_CUDA_DFLASH_IMPL_MMA5 ? nm[impl] : "?";
+}
+
+// An anchor layout: per block anchor / doc_start / valid.
+struct Layout {
+    const char *name;
+    int nv, ncand;
+    std::vector<int32_t> anc, dst;
+    std::vector<uint8_t> val;
+};
+
+// Anchors over documents ending at doc_end (the last one at S), sampled like
+// the trainer (see the top comment).
+static Layout make_layout(const char *name, const std::vector<int> &doc_end, int S, int NB)
+{
     // loss mask: per document a 15% prompt (0), then assistant turns (1) with
     // a short user turn (0) every ~600 tokens
     std::vector<int> lm(S), doc(S);
-    for (int d = 0, s0 = 0; d < 3; s0 = doc_end[d++])
-        for (int p = s0; p < doc_end[d]; p++) {
-            int rel = p - s0, len = doc_end[d] - s0;
-            doc[p] = d;
+    for (size_t d = 0, s0 = 0; d < doc_end.size(); s0 = doc_end[d++])
+        for (int p = (int)s0; p < doc_end[d]; p++) {
+            int rel = p - (int)s0, len = doc_end[d] - (int)s0;
+            doc[p] = (int)d;
             lm[p] = rel >= len * 15 / 100 && (rel % 600) >= 60;
         }
     std::vector<int> cand;
@@ -92,40 +108,77 @@ int main(int argc, char **argv)
             cand.push_back(p);
     for (size_t i = 0; i < cand.size(); i++) // Fisher-Yates: uniform without replacement
         std::swap(cand[i], cand[i + rnd() % (cand.size() - i)]);
-    int nv = (int)std::min<size_t>(NB, cand.size());
-    std::vector<int> an(cand.begin(), cand.begin() + nv);
+    Layout L;
+    L.name = name;
+    L.ncand = (int)cand.size();
+    L.nv = (int)std::min<size_t>(NB, cand.size());
+    std::vector<int> an(cand.begin(), cand.begin() + L.nv);
     std::sort(an.begin(), an.end());
-    std::vector<int32_t> anc(NB, 0), dst(NB, 0);
-    std::vector<uint8_t> val(NB, 0);
-    for (int b = 0; b < nv; b++) {
-        anc[b] = an[b], val[b] = 1;
-        dst[b] = doc[an[b]] ? doc_end[doc[an[b]] - 1] : 0;
+    L.anc.assign(NB, 0), L.dst.assign(NB, 0), L.val.assign(NB, 0);
+    for (int b = 0; b < L.nv; b++) {
+        L.anc[b] = an[b], L.val[b] = 1;
+        L.dst[b] = doc[an[b]] ? doc_end[doc[an[b]] - 1] : 0;
     }
-    printf("27B drafter shape: S=%d, %d blocks x %d (%d valid of %zu candidates), %d/%d heads, D=%d\n",
-           S, NB, BS, nv, cand.size(), NQ, NKV, D);
+    return L;
+}
 
-    if (anchors_out) { // the shape and anchors, for scripts/bench_flex_dflash.py
-        FILE *f = fopen(anchors_out, "w");
-        if (!f)
-            return fprintf(stderr, "cannot write %s\n", anchors_out), 1;
-        fprintf(f, "{\"S\": %d, \"n_blocks\": %d, \"block_size\": %d, \"nq\": %d, \"nkv\": %d, "
-                   "\"head_dim\": %d, \"windows\": [0, 2048]",
-                S, NB, BS, NQ, NKV, D);
-        const char *nm[3] = {"anchor", "doc_start", "valid"};
-        for (int k = 0; k < 3; k++) {
-            fprintf(f, ", \"%s\": [", nm[k]);
-            for (int b = 0; b < NB; b++)
-                fprintf(f, "%s%d", b ? ", " : "", k == 0 ? anc[b] : k == 1 ? dst[b] : (int)val[b]);
-            fprintf(f, "]");
-        }
-        if (fprintf(f, "}\n") < 0 || fclose(f))
-            return fprintf(stderr, "cannot write %s\n", anchors_out), 1;
+static int write_anchors(const char *path, const Layout &L, int S, int NB, int BS, int NQ, int NKV,
+                         int D)
+{
+    FILE *f = fopen(path, "w");
+    if (!f)
+        return fprintf(stderr, "cannot write %s\n", path), 1;
+    fprintf(f, "{\"S\": %d, \"n_blocks\": %d, \"block_size\": %d, \"nq\": %d, \"nkv\": %d, "
+               "\"head_dim\": %d, \"windows\": [0, 2048]",
+            S, NB, BS, NQ, NKV, D);
+    const char *nm[3] = {"anchor", "doc_start", "valid"};
+    for (int k = 0; k < 3; k++) {
+        fprintf(f, ", \"%s\": [", nm[k]);
+        for (int b = 0; b < NB; b++)
+            fprintf(f, "%s%d", b ? ", " : "", k == 0 ? L.anc[b] : k == 1 ? L.dst[b] : (int)L.val[b]);
+        fprintf(f, "]");
     }
+    if (fprintf(f, "}\n") < 0 || fclose(f))
+        return fprintf(stderr, "cannot write %s\n", path), 1;
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    int reps = 20;
+    const char *anchors_out = NULL, *anchors1_out = NULL, *json_out = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--anchors-out") && i + 1 < argc)
+            anchors_out = argv[++i];
+        else if (!strcmp(argv[i], "--anchors-1doc-out") && i + 1 < argc)
+            anchors1_out = argv[++i];
+        else if (!strcmp(argv[i], "--json-out") && i + 1 < argc)
+            json_out = argv[++i];
+        else if (atoi(argv[i]) > 0)
+            reps = atoi(argv[i]);
+        else
+            return fprintf(stderr, "usage: bench_dflash_attn [repeats] [--anchors-out F.json] "
+                                   "[--anchors-1doc-out F.json] [--json-out F.json]\n"), 2;
+    }
+    const int S = 4096, NB = 512, BS = 16, NQ = 32, NKV = 8, D = 128, ROWS = NB * BS;
+    // the 3docs anchors and the tensors draw from the generator as before the
+    // 1doc layout was added (same anchors and data); the 1doc anchors after
+    Layout lays[2];
+    lays[0] = make_layout("3docs", {1500, 2800, 4096}, S, NB);
     size_t nQ = (size_t)ROWS * NQ * D, nC = (size_t)S * NKV * D, nB = (size_t)ROWS * NKV * D;
     size_t free0, total;
     CU(cudaMemGetInfo(&free0, &total));
     uint16_t *q = dev_rand(nQ), *kc = dev_rand(nC), *vc = dev_rand(nC), *kb = dev_rand(nB),
              *vb = dev_rand(nB), *dout = dev_rand(nQ);
+    lays[1] = make_layout("1doc", {4096}, S, NB);
+    for (int k = 0; k < 2; k++)
+        printf("27B drafter shape, %s: S=%d, %d blocks x %d (%d valid of %d candidates), %d/%d "
+               "heads, D=%d\n",
+               lays[k].name, S, NB, BS, lays[k].nv, lays[k].ncand, NQ, NKV, D);
+    if (anchors_out && write_anchors(anchors_out, lays[0], S, NB, BS, NQ, NKV, D))
+        return 1;
+    if (anchors1_out && write_anchors(anchors1_out, lays[1], S, NB, BS, NQ, NKV, D))
+        return 1;
     uint16_t *out, *dq, *dkc, *dvc, *dkb, *dvb;
     float *lse;
     int32_t *danc, *ddst;
@@ -140,9 +193,6 @@ int main(int argc, char **argv)
     CU(cudaMalloc(&danc, NB * 4));
     CU(cudaMalloc(&ddst, NB * 4));
     CU(cudaMalloc(&dval, NB));
-    CU(cudaMemcpy(danc, anc.data(), NB * 4, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(ddst, dst.data(), NB * 4, cudaMemcpyHostToDevice));
-    CU(cudaMemcpy(dval, val.data(), NB, cudaMemcpyHostToDevice));
     df_cuda_dflash_args a;
     memset(&a, 0, sizeof a);
     a.S = S, a.n_blocks = NB, a.block_size = BS, a.nq = NQ, a.nkv = NKV, a.head_dim = D;
@@ -154,100 +204,213 @@ int main(int argc, char **argv)
     CU(cudaMalloc(&a.workspace, wsb));
     size_t free1;
     CU(cudaMemGetInfo(&free1, &total));
-    cudaEvent_t e0, e1;
+    cudaEvent_t e0, e1, pev[DF_CUDA_DFLASH_BWD_EVENTS];
     CU(cudaEventCreate(&e0));
     CU(cudaEventCreate(&e1));
+    for (int i = 0; i < DF_CUDA_DFLASH_BWD_EVENTS; i++)
+        CU(cudaEventCreate(&pev[i]));
     const int Ws[2] = {0, 2048};
+    const int dflt = df_cuda_dflash_bwd_impl();
     int rc_all = 0;
-    std::string json = "{\"bench\": \"dflash_attn\", \"impl\": \"default (fwd mma2, bwd mma4)\", \"layers\": [";
-    for (int li = 0; li < 2; li++) {
-        a.window = Ws[li];
-        double pairs = 0;
-        for (int b = 0; b < NB; b++) {
-            if (!val[b])
-                continue;
-            for (int qo = 0; qo < BS; qo++) {
-                int lo = dst[b];
-                if (a.window > 0 && anc[b] + qo - (a.window - 1) > lo)
-                    lo = anc[b] + qo - (a.window - 1);
-                pairs += (lo < anc[b] ? anc[b] - lo : 0) + (a.window > 0 ? qo + 1 : BS);
+    std::string json = std::string("{\"bench\": \"dflash_attn\", \"impl\": \"default (fwd mma2, bwd ") +
+                       impl_nm(dflt) + ")\", \"layers\": [";
+    printf("default backward: %s (DFLASH_ATTN_BWD / df_cuda_dflash_set_bwd_impl)\n", impl_nm(dflt));
+    for (int lk = 0; lk < 2; lk++) {
+        const Layout &L = lays[lk];
+        bool all_impls = lk == 0; // the slow / old versions on the 3docs layout only
+        CU(cudaMemcpy(danc, L.anc.data(), NB * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(ddst, L.dst.data(), NB * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dval, L.val.data(), NB, cudaMemcpyHostToDevice));
+        if (lk == 1)
+            json += "], \"layers_1doc\": [";
+        for (int li = 0; li < 2; li++) {
+            a.window = Ws[li];
+            double pairs = 0;
+            for (int b = 0; b < NB; b++) {
+                if (!L.val[b])
+                    continue;
+                for (int qo = 0; qo < BS; qo++) {
+                    int lo = L.dst[b];
+                    if (a.window > 0 && L.anc[b] + qo - (a.window - 1) > lo)
+                        lo = L.anc[b] + qo - (a.window - 1);
+                    pairs += (lo < L.anc[b] ? L.anc[b] - lo : 0) + (a.window > 0 ? qo + 1 : BS);
+                }
             }
-        }
-        pairs *= NQ;
-        double ffl = 4.0 * D * pairs, bfl = 2.5 * ffl;
-        auto time_ms = [&](bool bwd, int impl, float *mn) -> double {
-            std::vector<float> tm;
-            a.impl = impl;
-            for (int it = 0; it < 3 + reps; it++) {
-                CU(cudaEventRecord(e0));
-                if (bwd ? df_cuda_dflash_attn_bwd(&a, 0) : df_cuda_dflash_attn_fwd(&a, 0))
+            pairs *= NQ;
+            double ffl = 4.0 * D * pairs, bfl = 2.5 * ffl;
+            auto time_ms = [&](bool bwd, int impl, float *mn) -> double {
+                std::vector<float> tm;
+                a.impl = impl;
+                for (int it = 0; it < 3 + reps; it++) {
+                    CU(cudaEventRecord(e0));
+                    if (bwd ? df_cuda_dflash_attn_bwd(&a, 0) : df_cuda_dflash_attn_fwd(&a, 0))
+                        exit(1);
+                    CU(cudaEventRecord(e1));
+                    CU(cudaEventSynchronize(e1));
+                    float ms;
+                    CU(cudaEventElapsedTime(&ms, e0, e1));
+                    if (it >= 3)
+                        tm.push_back(ms);
+                }
+                std::sort(tm.begin(), tm.end());
+                if (mn)
+                    *mn = tm[0];
+                return tm[tm.size() / 2];
+            };
+            // the backward pass by pass (events between its launches), medians
+            auto pass_ms = [&](int impl, double *pm) {
+                std::vector<float> tm[DF_CUDA_DFLASH_BWD_EVENTS - 1];
+                a.impl = impl;
+                a.pass_events = pev;
+                for (int it = 0; it < 3 + reps; it++) {
+                    if (df_cuda_dflash_attn_bwd(&a, 0))
+                        exit(1);
+                    CU(cudaEventSynchronize(pev[DF_CUDA_DFLASH_BWD_EVENTS - 1]));
+                    for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS && it >= 3; k++) {
+                        float ms;
+                        CU(cudaEventElapsedTime(&ms, pev[k], pev[k + 1]));
+                        tm[k].push_back(ms);
+                    }
+                }
+                a.pass_events = NULL;
+                for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++) {
+                    std::sort(tm[k].begin(), tm[k].end());
+                    pm[k] = tm[k][tm[k].size() / 2];
+                }
+            };
+            // determinism of impl (two runs, bitwise equal: every gradient); the
+            // gradients of the second run stay in gr (dq, dkc, dvc, dkb, dvb)
+            std::vector<uint16_t> gr[5], g2[5];
+            uint16_t *gdev[5] = {dq, dkc, dvc, dkb, dvb};
+            size_t gn[5] = {nQ, nC, nC, nB, nB};
+            auto grads = [&](std::vector<uint16_t> *h) {
+                for (int k = 0; k < 5; k++) {
+                    h[k].resize(gn[k]);
+                    CU(cudaMemcpy(h[k].data(), gdev[k], gn[k] * 2, cudaMemcpyDeviceToHost));
+                }
+            };
+            auto deterministic = [&](int impl) -> int {
+                a.impl = impl;
+                if (df_cuda_dflash_attn_bwd(&a, 0))
                     exit(1);
-                CU(cudaEventRecord(e1));
-                CU(cudaEventSynchronize(e1));
-                float ms;
-                CU(cudaEventElapsedTime(&ms, e0, e1));
-                if (it >= 3)
-                    tm.push_back(ms);
+                CU(cudaDeviceSynchronize());
+                grads(g2);
+                if (df_cuda_dflash_attn_bwd(&a, 0))
+                    exit(1);
+                CU(cudaDeviceSynchronize());
+                grads(gr);
+                int same = 1;
+                for (int k = 0; k < 5; k++)
+                    same &= gr[k] == g2[k];
+                return same;
+            };
+            float fmin, bmin;
+            double fs = 0, bs_ = 0, f1 = 0, b1 = 0, b2 = 0;
+            if (all_impls) {
+                fs = time_ms(false, DF_CUDA_DFLASH_IMPL_SIMT, NULL);
+                bs_ = time_ms(true, DF_CUDA_DFLASH_IMPL_SIMT, NULL); // on the simt forward's out/lse
+                f1 = time_ms(false, DF_CUDA_DFLASH_IMPL_MMA, NULL);  // the first mma version
+                b1 = time_ms(true, DF_CUDA_DFLASH_IMPL_MMA, NULL);
+                b2 = time_ms(true, DF_CUDA_DFLASH_IMPL_MMA3, NULL); // 128-key dK/dV tiles
             }
-            std::sort(tm.begin(), tm.end());
-            if (mn)
-                *mn = tm[0];
-            return tm[tm.size() / 2];
-        };
-        float fmin, bmin;
-        double fs = time_ms(false, DF_CUDA_DFLASH_IMPL_SIMT, NULL);
-        double bs_ = time_ms(true, DF_CUDA_DFLASH_IMPL_SIMT, NULL); // on the simt forward's out/lse
-        double f1 = time_ms(false, DF_CUDA_DFLASH_IMPL_MMA, NULL); // the first mma version
-        double b1 = time_ms(true, DF_CUDA_DFLASH_IMPL_MMA, NULL);
-        double b2 = time_ms(true, DF_CUDA_DFLASH_IMPL_MMA3, NULL);  // 128-key dK/dV tiles
-        double mf = time_ms(false, 0, &fmin);                      // the defaults
-        double mb = time_ms(true, 0, &bmin);
-        // determinism: two default backward runs, bitwise equal
-        std::vector<uint16_t> h1(nC), h2(nC), g1(nQ), g2(nQ);
-        CU(cudaMemcpy(h1.data(), dkc, nC * 2, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(g1.data(), dq, nQ * 2, cudaMemcpyDeviceToHost));
-        a.impl = 0;
-        if (df_cuda_dflash_attn_bwd(&a, 0))
-            return 1;
-        CU(cudaDeviceSynchronize());
-        CU(cudaMemcpy(h2.data(), dkc, nC * 2, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(g2.data(), dq, nQ * 2, cudaMemcpyDeviceToHost));
-        int det = h1 == h2 && g1 == g2;
-        rc_all |= !det;
-        // impl MMA4 (new context dK/dV), on the default forward's out/lse; its
-        // own determinism check (two runs bitwise equal: dq, dkc, dvc)
-        float b4min;
-        double b4 = time_ms(true, DF_CUDA_DFLASH_IMPL_MMA4, &b4min);
-        std::vector<uint16_t> v1(nC), v2(nC);
-        CU(cudaMemcpy(h1.data(), dkc, nC * 2, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(v1.data(), dvc, nC * 2, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(g1.data(), dq, nQ * 2, cudaMemcpyDeviceToHost));
-        a.impl = DF_CUDA_DFLASH_IMPL_MMA4;
-        if (df_cuda_dflash_attn_bwd(&a, 0))
-            return 1;
-        CU(cudaDeviceSynchronize());
-        CU(cudaMemcpy(h2.data(), dkc, nC * 2, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(v2.data(), dvc, nC * 2, cudaMemcpyDeviceToHost));
-        CU(cudaMemcpy(g2.data(), dq, nQ * 2, cudaMemcpyDeviceToHost));
-        int det4 = h1 == h2 && v1 == v2 && g1 == g2;
-        rc_all |= !det4;
-        const char *nm = a.window ? "sliding" : "full";
-        printf("%-8s visible pairs %.3g: default fwd %.3f ms %.1f TFLOP/s (min %.3f), bwd %.3f ms "
-               "%.1f TFLOP/s (min %.3f), deterministic %s; simt fwd %.3f ms, simt bwd %.3f ms; mma1 fwd %.3f ms, mma1 bwd %.3f ms; mma3 bwd %.3f ms; "
-               "mma4 bwd %.3f ms %.1f TFLOP/s (min %.3f), deterministic %s\n",
-               nm, pairs, mf, ffl / mf * 1e-9, fmin, mb, bfl / mb * 1e-9, bmin, det ? "yes" : "NO",
-               fs, bs_, f1, b1, b2, b4, bfl / b4 * 1e-9, b4min, det4 ? "yes" : "NO");
-        char buf[768];
-        snprintf(buf, sizeof buf,
-                 "%s{\"layer\": \"%s\", \"window\": %d, \"pairs\": %.0f, \"fwd_ms\": %.4f, "
-                 "\"bwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"bwd_tflops\": %.2f, "
-                 "\"simt_fwd_ms\": %.4f, \"simt_bwd_ms\": %.4f, \"mma1_fwd_ms\": %.4f, "
-                 "\"mma1_bwd_ms\": %.4f, \"mma3_bwd_ms\": %.4f, \"deterministic\": %s, "
-                 "\"mma4_bwd_ms\": %.4f, \"mma4_bwd_tflops\": %.2f, \"mma4_deterministic\": %s}",
-                 li ? ", " : "", nm, a.window, pairs, mf, mb, ffl / mf * 1e-9, bfl / mb * 1e-9, fs,
-                 bs_, f1, b1, b2, det ? "true" : "false", b4, bfl / b4 * 1e-9,
-                 det4 ? "true" : "false");
-        json += buf;
+            double mf = time_ms(false, 0, &fmin); // the defaults
+            double mb = time_ms(true, 0, &bmin);
+            double pd[DF_CUDA_DFLASH_BWD_EVENTS - 1], p5[DF_CUDA_DFLASH_BWD_EVENTS - 1];
+            pass_ms(0, pd);
+            int det = deterministic(0);
+            rc_all |= !det;
+            std::vector<uint16_t> gd[5]; // the default's gradients, for mma5's comparison
+            for (int k = 0; k < 5; k++)
+                gd[k] = gr[k];
+            // impl MMA4 (new context dK/dV), on the default forward's out/lse
+            float b4min;
+            double b4 = time_ms(true, DF_CUDA_DFLASH_IMPL_MMA4, &b4min);
+            int det4 = deterministic(DF_CUDA_DFLASH_IMPL_MMA4);
+            rc_all |= !det4;
+            // impl MMA5 (new dQ pass): time, passes, determinism, vs the default
+            float b5min;
+            double b5 = time_ms(true, DF_CUDA_DFLASH_IMPL_MMA5, &b5min);
+            pass_ms(DF_CUDA_DFLASH_IMPL_MMA5, p5);
+            int det5 = deterministic(DF_CUDA_DFLASH_IMPL_MMA5);
+            rc_all |= !det5;
+            double rdiff[5]; // max |mma5 - default| / max |default|, per gradient
+            for (int k = 0; k < 5; k++) {
+                double dm = 0, am = 0;
+                for (size_t i = 0; i < gn[k]; i++) {
+                    uint32_t u1 = (uint32_t)gd[k][i] << 16, u2 = (uint32_t)gr[k][i] << 16;
+                    float x1, x2;
+                    memcpy(&x1, &u1, 4), memcpy(&x2, &u2, 4);
+                    double d = fabs((double)x1 - x2);
+                    dm = d > dm || d != d ? d : dm;
+                    am = fabs(x1) > am ? fabs(x1) : am;
+                }
+                rdiff[k] = am > 0 ? dm / am : dm;
+            }
+            const char *nm = a.window ? "sliding" : "full";
+            printf("%-5s %-8s visible pairs %.3g: default fwd %.3f ms %.1f TFLOP/s (min %.3f), bwd "
+                   "%.3f ms %.1f TFLOP/s (min %.3f), deterministic %s",
+                   L.name, nm, pairs, mf, ffl / mf * 1e-9, fmin, mb, bfl / mb * 1e-9, bmin,
+                   det ? "yes" : "NO");
+            if (all_impls)
+                printf("; simt fwd %.3f ms, simt bwd %.3f ms; mma1 fwd %.3f ms, mma1 bwd %.3f ms; "
+                       "mma3 bwd %.3f ms",
+                       fs, bs_, f1, b1, b2);
+            printf("; mma4 bwd %.3f ms %.1f TFLOP/s (min %.3f), deterministic %s; mma5 bwd %.3f ms "
+                   "%.1f TFLOP/s (min %.3f), deterministic %s\n",
+                   b4, bfl / b4 * 1e-9, b4min, det4 ? "yes" : "NO", b5, bfl / b5 * 1e-9, b5min,
+                   det5 ? "yes" : "NO");
+            printf("      %-8s bwd passes ms  %-8s", "", "");
+            for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
+                printf(" %9s", pass_nm[k]);
+            printf(" %9s\n", "sum");
+            const double *pp[2] = {pd, p5};
+            for (int v = 0; v < 2; v++) {
+                double sum = 0;
+                printf("      %-8s %-14s %-8s", "", v ? "mma5" : "default", v ? "" : impl_nm(dflt));
+                for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
+                    printf(" %9.4f", pp[v][k]), sum += pp[v][k];
+                printf(" %9.4f\n", sum);
+            }
+            printf("      %-8s mma5 vs default max|diff|/max|default|: dq %.2e dkc %.2e dvc %.2e "
+                   "dkb %.2e dvb %.2e\n",
+                   "", rdiff[0], rdiff[1], rdiff[2], rdiff[3], rdiff[4]);
+            char buf[2048];
+            int o = 0;
+            bool first = json.back() == '[';
+            if (all_impls)
+                o += snprintf(buf + o, sizeof buf - o,
+                              "%s{\"layer\": \"%s\", \"window\": %d, \"pairs\": %.0f, \"fwd_ms\": %.4f, "
+                              "\"bwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"bwd_tflops\": %.2f, "
+                              "\"simt_fwd_ms\": %.4f, \"simt_bwd_ms\": %.4f, \"mma1_fwd_ms\": %.4f, "
+                              "\"mma1_bwd_ms\": %.4f, \"mma3_bwd_ms\": %.4f, \"deterministic\": %s, "
+                              "\"mma4_bwd_ms\": %.4f, \"mma4_bwd_tflops\": %.2f, \"mma4_deterministic\": %s",
+                              first ? "" : ", ", nm, a.window, pairs, mf, mb, ffl / mf * 1e-9,
+                              bfl / mb * 1e-9, fs, bs_, f1, b1, b2, det ? "true" : "false", b4,
+                              bfl / b4 * 1e-9, det4 ? "true" : "false");
+            else
+                o += snprintf(buf + o, sizeof buf - o,
+                              "%s{\"layer\": \"%s\", \"window\": %d, \"pairs\": %.0f, \"fwd_ms\": %.4f, "
+                              "\"bwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"bwd_tflops\": %.2f, "
+                              "\"deterministic\": %s, \"mma4_bwd_ms\": %.4f, \"mma4_bwd_tflops\": %.2f, "
+                              "\"mma4_deterministic\": %s",
+                              first ? "" : ", ", nm, a.window, pairs, mf, mb, ffl / mf * 1e-9,
+                              bfl / mb * 1e-9, det ? "true" : "false", b4, bfl / b4 * 1e-9,
+                              det4 ? "true" : "false");
+            o += snprintf(buf + o, sizeof buf - o,
+                          ", \"mma5_bwd_ms\": %.4f, \"mma5_bwd_tflops\": %.2f, \"mma5_deterministic\": %s, "
+                          "\"mma5_vs_default_maxrel\": %.3e",
+                          b5, bfl / b5 * 1e-9, det5 ? "true" : "false",
+                          *std::max_element(rdiff, rdiff + 5));
+            for (int v = 0; v < 2; v++) {
+                o += snprintf(buf + o, sizeof buf - o, ", \"%s\": {", v ? "mma5_bwd_pass_ms" : "bwd_pass_ms");
+                for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
+                    o += snprintf(buf + o, sizeof buf - o, "%s\"%s\": %.4f", k ? ", " : "", pass_nm[k],
+                                  pp[v][k]);
+                o += snprintf(buf + o, sizeof buf - o, "}");
+            }
+            snprintf(buf + o, sizeof buf - o, "}");
+            json += buf;
+        }
     }
     json += "]}";
     printf("%s\n", json.c_str());

@@ -30,13 +30,17 @@
 //      dk = scale dS^T Q, summed in fp32 in a fixed order, written once.
 // Padding blocks: out 0, lse -inf, dq/dkb/dvb 0; rows with nothing visible
 // likewise (never NaN).
-// The tensor-core versions (mma, mma2, mma3, mma4) are described before their
-// kernels below; mma4 only replaces the context dK/dV pass (dkv4_kernel).
+// The tensor-core versions (mma, mma2, mma3, mma4, mma5) are described before
+// their kernels below; mma4 only replaces the context dK/dV pass (dkv4_kernel),
+// mma5 (opt-in: DFLASH_ATTN_BWD=mma5 or df_cuda_dflash_set_bwd_impl) is mma4
+// with its dQ CTAs in longest-first order (dq_order_kernel).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "dflash_attn.h"
 
@@ -1187,14 +1191,20 @@ __global__ void __launch_bounds__(MW * 32) fwd_mma2_kernel(Params p)
     }
 }
 
-template <int D>
-__global__ void __launch_bounds__(MW * 32) dq_mma2_kernel(Params p)
+// LPT (impl MMA5): CTA blockIdx takes item order[blockIdx / nkv] (item =
+// b nch + ch), kv head blockIdx % nkv; else (block, kv head, chunk) in order.
+template <int D, bool LPT>
+__global__ void __launch_bounds__(MW * 32) dq_mma2_kernel(Params p, const int *order)
 {
     constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, NTK = TKQ / 8;
     extern __shared__ float4 smem4[];
     uint16_t *sm = reinterpret_cast<uint16_t *>(smem4);
     int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
         b = blockIdx.x / (p.nch * p.nkv);
+    if (LPT) {
+        int item = order[blockIdx.x / p.nkv];
+        ch = item % p.nch, g = blockIdx.x % p.nkv, b = item / p.nch;
+    }
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
     long long ldq = (long long)p.nq * D;
     if (!p.valid[b]) {
@@ -1812,6 +1822,74 @@ __global__ void __launch_bounds__(NW4 * 32, 1)
         }
 }
 
+// ---- backward, impl DF_CUDA_DFLASH_IMPL_MMA5: MMA4 with its dQ CTAs longest first ----
+// MMA2's dQ grid runs (block, kv head, chunk) in block order, and the trainer's
+// blocks come sorted by anchor, so the CTAs with the longest context spans
+// start last and the pass ends in a tail of them (one 4096-token document:
+// spans 0 .. ~4096 keys). MMA5 runs the same dQ kernel over a device-built
+// order of the items (block, chunk): descending key-tile count, ties by
+// index (LPT), kv head fastest. Same math, same sum order per element as
+// MMA2's dQ: the gradients are bitwise MMA4's. Gain (H200, bench_dflash_attn):
+// dQ 2.014 -> 1.964 ms, backward 5.53 -> 5.49 ms on the 1doc full layer, 4.29
+// -> 4.26 sliding; none on 3docs (within noise): the tail was small.
+// Where MMA4's backward goes (ms, the bench's pass events; 3docs full / 1doc
+// full): Di 0.048 / 0.048, dQ 0.745 / 2.014 (~215-235 TFLOP/s counting its 3
+// products), context tile lists 0.008, context dK/dV 1.264 / 3.312 (~165-190
+// TFLOP/s counting its 4 products), block-key dK/dV 0.160 / 0.161 (tiny work:
+// ~25 TFLOP/s), reduction 0.038 / 0.038. The context dK/dV is the largest
+// and least efficient pass (ncu: latency bound, 2 warps per scheduler, shared
+// pipe the busiest at 26%, 7.4 cycles per issued instruction).
+// Measured and dropped (H200, bench_dflash_attn, dQ pass 0.744 ms / 2.00 ms
+// for MMA2's kernel at 3docs / 1doc full): CTAs of two items (2 x 64 rows of
+// neighbouring anchors, 8 warps) sharing each K/V tile, with Q / dO
+// fragments in registers (248 regs, 1 CTA/SM, 64-key tiles, 3-stage ring):
+// 0.848 / 2.17 ms; with Q / dO in shared memory (128 regs, 2 CTAs/SM, 32-key
+// tiles): 0.835 / 2.22 ms, shared-memory bound (L1/shared 68%, 12.4 cycles
+// per issued instruction). MMA2's dQ kernel itself (ncu): latency bound, 2
+// warps per scheduler, 0.39 eligible, tensor pipe 34%, 6.05 cycles per issued
+// instruction (35% waiting on fixed-latency dependencies).
+constexpr int NL5 = 1024; // threads of the list kernel
+
+// out[rank] = i for i < n, ranked by (key(i), i) ascending. Call from every
+// thread of a CTA of NL5 threads (the loops and barriers are CTA-uniform).
+// O(n^2 / NL5) shared-memory compares: 512 items take a few microseconds.
+template <typename K>
+__device__ __forceinline__ void rank_sort5(int n, K key, int *out, unsigned long long *sh)
+{
+    for (int i0 = 0; i0 < n; i0 += NL5) {
+        int i = i0 + threadIdx.x, r = 0;
+        unsigned long long ki = i < n ? key(i) : 0ull;
+        for (int j0 = 0; j0 < n; j0 += NL5) {
+            __syncthreads(); // the previous chunk of keys is read
+            sh[threadIdx.x] = j0 + threadIdx.x < n ? key(j0 + threadIdx.x) : 0ull;
+            __syncthreads();
+            int m = n - j0 < NL5 ? n - j0 : NL5;
+            if (i < n)
+                for (int jj = 0; jj < m; jj++) {
+                    unsigned long long kj = sh[jj];
+                    r += kj < ki || (kj == ki && j0 + jj < i);
+                }
+        }
+        if (i < n)
+            out[r] = i;
+    }
+}
+
+// order[rank] = item (b nch + ch), by descending dq_mma2 tile count (padding
+// blocks: 0), ties by index. Any permutation is correct; this one is LPT.
+__global__ void __launch_bounds__(NL5) dq_order_kernel(Params p, int *order)
+{
+    __shared__ unsigned long long sh[NL5];
+    rank_sort5(p.nb * p.nch, [&](int it) -> unsigned long long {
+        int b = it / p.nch, n = 0;
+        if (p.valid[b]) {
+            int anc = p.anchor[b], lo0 = ctx_lo(anc, p.doc_start[b], p.W, 0);
+            n = (anc - lo0 + TKQ - 1) / TKQ + (p.bs + TKQ - 1) / TKQ;
+        }
+        return (unsigned long long)(0x7fffffff - n);
+    }, order, sh);
+}
+
 constexpr size_t fwd_smem(int D) { return ((size_t)(RQ + 2 * TK) * (D + 4) + RQ * PP) * 4; }
 constexpr size_t dq_smem(int D) { return ((size_t)(2 * RQ + 2 * TK) * (D + 4) + RQ * PP) * 4; }
 constexpr size_t dkv_smem(int D) { return ((size_t)(2 * RQ + 2 * TK) * (D + 4) + 2 * RQ * PP) * 4; }
@@ -1820,7 +1898,7 @@ int check_args(const df_cuda_dflash_args *a, bool bwd)
 {
     if (!a || a->S < 0 || a->n_blocks < 0 || a->block_size < 1 || a->window < 0 || a->nq < 1 ||
         a->nkv < 1 || a->nq % a->nkv || (a->head_dim != 64 && a->head_dim != 128) ||
-        !(a->scale == a->scale) || a->impl < 0 || a->impl > DF_CUDA_DFLASH_IMPL_MMA4)
+        !(a->scale == a->scale) || a->impl < 0 || a->impl > DF_CUDA_DFLASH_IMPL_MMA5)
         return -EINVAL;
     if (!a->anchor || !a->doc_start || !a->valid || !a->q || !a->kc || !a->vc || !a->kb ||
         !a->vb || !a->out || !a->lse)
@@ -1862,7 +1940,7 @@ int fwd_launch(const Params &p, cudaStream_t st, int impl)
     if (n == 0)
         return 0;
     if (impl == DF_CUDA_DFLASH_IMPL_MMA2 || impl == DF_CUDA_DFLASH_IMPL_MMA3 ||
-        impl == DF_CUDA_DFLASH_IMPL_MMA4) {
+        impl == DF_CUDA_DFLASH_IMPL_MMA4 || impl == DF_CUDA_DFLASH_IMPL_MMA5) {
         CU(cudaFuncSetAttribute(fwd_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)fwd3_smem<D>()));
         fwd_mma2_kernel<D><<<(unsigned)n, MW * 32, fwd3_smem<D>(), st>>>(p);
@@ -1888,20 +1966,33 @@ size_t di_bytes(const df_cuda_dflash_args *a)
     return (n + 255) / 256 * 256;
 }
 
+// Records pass event i (args.pass_events) on the stream, if asked for.
+#define REC(ev, i, st)                                   \
+    do {                                                 \
+        if (ev)                                          \
+            CU(cudaEventRecord((ev)[i], st));            \
+    } while (0)
+
 template <int D, int NWK>
-int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part)
+int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, cudaEvent_t *ev)
 {
+    REC(ev, 0, st);
     long long rows = (long long)p.nb * p.bs;
     if (rows > 0) {
         long long w = rows * p.nq;
         di_kernel<D><<<(unsigned)((w * 32 + NT - 1) / NT), NT, 0, st>>>(p);
         CU(cudaGetLastError());
+        REC(ev, 1, st);
         unsigned n = (unsigned)((long long)p.nb * p.nkv * p.nch);
-        CU(cudaFuncSetAttribute(dq_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        CU(cudaFuncSetAttribute(dq_mma2_kernel<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)dq3_smem<D>()));
-        dq_mma2_kernel<D><<<n, MW * 32, dq3_smem<D>(), st>>>(p);
+        dq_mma2_kernel<D, false><<<n, MW * 32, dq3_smem<D>(), st>>>(p, nullptr);
         CU(cudaGetLastError());
+    } else {
+        REC(ev, 1, st);
     }
+    REC(ev, 2, st);
+    REC(ev, 3, st);
     constexpr int tk = NWK * 16;
     long long nct = (p.S + tk - 1) / tk, ctas = nct * p.nkv * NSPL +
                                               (long long)p.nb * ((p.bs + tk - 1) / tk) * p.nkv;
@@ -1912,11 +2003,14 @@ int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part)
         dkv_mma2_kernel<D, NWK><<<(unsigned)ctas, NWK * 32, dkv3_smem<D, NWK>(), st>>>(p, part, 0);
         CU(cudaGetLastError());
     }
+    REC(ev, 4, st); // context and block keys in one kernel
+    REC(ev, 5, st);
     size_t n = (size_t)p.S * p.nkv * D;
     if (n > 0) {
         dkv_reduce_kernel<<<(unsigned)((n / 4 + NT - 1) / NT), NT, 0, st>>>(part, n, p.dkc, p.dvc);
         CU(cudaGetLastError());
     }
+    REC(ev, 6, st);
     return 0;
 }
 
@@ -1934,11 +2028,22 @@ size_t list_bytes(const df_cuda_dflash_args *a)
     return (nct * (2 + (size_t)a->n_blocks) * sizeof(int) + 255) / 256 * 256;
 }
 
+// Bytes of MMA5's dQ item order (n_blocks * chunks ints), after MMA4's lists.
+size_t list5_bytes(const df_cuda_dflash_args *a)
+{
+    size_t group = a->nkv > 0 && a->nq >= a->nkv ? (size_t)(a->nq / a->nkv) : 1;
+    size_t bs = a->block_size > 0 ? (size_t)a->block_size : 0, nb = a->n_blocks > 0 ? (size_t)a->n_blocks : 0;
+    size_t nch = (bs * group + RQ - 1) / RQ;
+    return (nb * nch * sizeof(int) + 255) / 256 * 256;
+}
+
 // MMA4: Di, dQ (MMA2's kernel), the tile lists and their LPT order, the
 // context dK/dV (dkv4_kernel), the block-key dK/dV (MMA2's kernel, block
-// tiles only), the split reduction.
+// tiles only), the split reduction. MMA5 (dq_order != NULL): the same with
+// the dQ CTAs longest first (dq_order_kernel, then dq_mma2_kernel<D, true>).
 template <int D>
-int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists)
+int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, int *dq_order,
+                    cudaEvent_t *ev)
 {
     // dkv4 needs 174 KiB (D 128) of shared memory per CTA: more than sm_80's
     // 163 KiB and the 99 KiB of sm_86/89/120. There, run MMA2's backward.
@@ -1946,18 +2051,31 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists)
     CU(cudaGetDevice(&dev));
     CU(cudaDeviceGetAttribute(&smax, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     if ((size_t)smax < dkv4_smem<D>())
-        return bwd_mma2_launch<D, MW>(p, st, part);
+        return bwd_mma2_launch<D, MW>(p, st, part, ev);
+    REC(ev, 0, st);
     long long rows = (long long)p.nb * p.bs;
     if (rows > 0) {
         long long w = rows * p.nq;
         di_kernel<D><<<(unsigned)((w * 32 + NT - 1) / NT), NT, 0, st>>>(p);
         CU(cudaGetLastError());
+        REC(ev, 1, st);
         unsigned n = (unsigned)((long long)p.nb * p.nkv * p.nch);
-        CU(cudaFuncSetAttribute(dq_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)dq3_smem<D>()));
-        dq_mma2_kernel<D><<<n, MW * 32, dq3_smem<D>(), st>>>(p);
+        if (dq_order) {
+            dq_order_kernel<<<1, NL5, 0, st>>>(p, dq_order);
+            CU(cudaGetLastError());
+            CU(cudaFuncSetAttribute(dq_mma2_kernel<D, true>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq3_smem<D>()));
+            dq_mma2_kernel<D, true><<<n, MW * 32, dq3_smem<D>(), st>>>(p, dq_order);
+        } else {
+            CU(cudaFuncSetAttribute(dq_mma2_kernel<D, false>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq3_smem<D>()));
+            dq_mma2_kernel<D, false><<<n, MW * 32, dq3_smem<D>(), st>>>(p, nullptr);
+        }
         CU(cudaGetLastError());
+    } else {
+        REC(ev, 1, st);
     }
+    REC(ev, 2, st);
     int nct = (p.S + TK4 - 1) / TK4;
     if (nct > 0) {
         int *cnt = lists, *order = cnt + nct, *lst = order + nct;
@@ -1965,12 +2083,16 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists)
         CU(cudaGetLastError());
         tile_order_kernel<<<1, 1024, 0, st>>>(cnt, nct, order);
         CU(cudaGetLastError());
+        REC(ev, 3, st);
         CU(cudaFuncSetAttribute(dkv4_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)dkv4_smem<D>()));
         dkv4_kernel<D><<<(unsigned)((long long)nct * p.nkv * NSPL), NW4 * 32, dkv4_smem<D>(), st>>>(
             p, part, cnt, lst, order);
         CU(cudaGetLastError());
+    } else {
+        REC(ev, 3, st);
     }
+    REC(ev, 4, st);
     // block tiles: MMA2's dK/dV kernel, its CTA ids offset past its context CTAs
     long long nct2 = (p.S + TKM - 1) / TKM, ctx2 = nct2 * p.nkv * NSPL,
               nbt = (long long)p.nb * ((p.bs + TKM - 1) / TKM) * p.nkv;
@@ -1980,11 +2102,13 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists)
         dkv_mma2_kernel<D, MW><<<(unsigned)nbt, MW * 32, dkv3_smem<D, MW>(), st>>>(p, part, (int)ctx2);
         CU(cudaGetLastError());
     }
+    REC(ev, 5, st);
     size_t n = (size_t)p.S * p.nkv * D;
     if (n > 0) {
         dkv_reduce_kernel<<<(unsigned)((n / 4 + NT - 1) / NT), NT, 0, st>>>(part, n, p.dkc, p.dvc);
         CU(cudaGetLastError());
     }
+    REC(ev, 6, st);
     return 0;
 }
 
@@ -2030,8 +2154,54 @@ extern "C" size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *
 {
     if (!a)
         return 0;
-    size_t n = di_bytes(a) + part_bytes(a) + list_bytes(a);
+    size_t n = di_bytes(a) + part_bytes(a) + list_bytes(a) + list5_bytes(a);
     return n ? n : 4;
+}
+
+namespace {
+int g_bwd_impl; // df_cuda_dflash_set_bwd_impl; 0: none
+
+// DFLASH_ATTN_BWD, read once (0: unset or unknown).
+int env_bwd_impl()
+{
+    static int v = -1; // racing first calls compute the same value
+    if (v < 0) {
+        static const struct {
+            const char *nm;
+            int impl;
+        } tab[] = {{"simt", DF_CUDA_DFLASH_IMPL_SIMT}, {"mma", DF_CUDA_DFLASH_IMPL_MMA},
+                   {"mma2", DF_CUDA_DFLASH_IMPL_MMA2}, {"mma3", DF_CUDA_DFLASH_IMPL_MMA3},
+                   {"mma4", DF_CUDA_DFLASH_IMPL_MMA4}, {"mma5", DF_CUDA_DFLASH_IMPL_MMA5}};
+        const char *e = getenv("DFLASH_ATTN_BWD");
+        int r = 0;
+        if (e && *e) {
+            for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+                if (!strcmp(e, tab[i].nm))
+                    r = tab[i].impl;
+            if (!r)
+                fprintf(stderr, "dflash_attn: DFLASH_ATTN_BWD=%s is none of simt, mma, mma2, mma3, "
+                                "mma4, mma5: the default backward\n", e);
+        }
+        v = r;
+    }
+    return v;
+}
+} // namespace
+
+extern "C" int df_cuda_dflash_set_bwd_impl(int impl)
+{
+    if (impl < 0 || impl > DF_CUDA_DFLASH_IMPL_MMA5)
+        return -EINVAL;
+    g_bwd_impl = impl;
+    return 0;
+}
+
+extern "C" int df_cuda_dflash_bwd_impl(void)
+{
+    if (g_bwd_impl)
+        return g_bwd_impl;
+    int e = env_bwd_impl();
+    return e ? e : DF_CUDA_DFLASH_IMPL_DEFAULT_BWD;
 }
 
 extern "C" int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_t st)
@@ -2054,20 +2224,24 @@ extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_
     if (!ws)
         CU(cudaMallocAsync(&ws, df_cuda_dflash_bwd_workspace_bytes(a), st));
     p.Di = (float *)ws;
-    int impl = a->impl ? a->impl : DF_CUDA_DFLASH_IMPL_DEFAULT_BWD;
-    if (impl == DF_CUDA_DFLASH_IMPL_MMA4) {
+    int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
+    cudaEvent_t *ev = a->pass_events;
+    if (impl == DF_CUDA_DFLASH_IMPL_MMA4 || impl == DF_CUDA_DFLASH_IMPL_MMA5) {
         float *part = (float *)((char *)ws + di_bytes(a));
         int *lists = (int *)((char *)ws + di_bytes(a) + part_bytes(a));
-        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists)
-                               : bwd_mma4_launch<128>(p, st, part, lists);
+        int *dq_order = impl == DF_CUDA_DFLASH_IMPL_MMA5
+                            ? (int *)((char *)ws + di_bytes(a) + part_bytes(a) + list_bytes(a))
+                            : NULL;
+        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, ev)
+                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, ev);
     } else if (impl == DF_CUDA_DFLASH_IMPL_MMA2 || impl == DF_CUDA_DFLASH_IMPL_MMA3) {
         float *part = (float *)((char *)ws + di_bytes(a));
         if (impl == DF_CUDA_DFLASH_IMPL_MMA3)
-            rc = a->head_dim == 64 ? bwd_mma2_launch<64, 8>(p, st, part)
-                                   : bwd_mma2_launch<128, 8>(p, st, part);
+            rc = a->head_dim == 64 ? bwd_mma2_launch<64, 8>(p, st, part, ev)
+                                   : bwd_mma2_launch<128, 8>(p, st, part, ev);
         else
-            rc = a->head_dim == 64 ? bwd_mma2_launch<64, 4>(p, st, part)
-                                   : bwd_mma2_launch<128, 4>(p, st, part);
+            rc = a->head_dim == 64 ? bwd_mma2_launch<64, 4>(p, st, part, ev)
+                                   : bwd_mma2_launch<128, 4>(p, st, part, ev);
     } else {
         rc = a->head_dim == 64 ? bwd_launch<64>(p, st, impl) : bwd_launch<128>(p, st, impl);
     }

@@ -44,16 +44,38 @@ typedef struct df_cuda_dflash_args {
      * correct but 8% slower at the 27B shape; its forward is MMA2's) or
      * DF_CUDA_DFLASH_IMPL_MMA4 (MMA2's forward, dQ and block-key dK/dV; the
      * context dK/dV with 128-key tiles, 8 warps, P and dS through shared
-     * memory, per-tile block lists in longest-first order). */
+     * memory, per-tile block lists in longest-first order) or
+     * DF_CUDA_DFLASH_IMPL_MMA5 (MMA4's backward with its dQ CTAs launched
+     * longest span first, from an order built on the device; gradients
+     * bitwise MMA4's; its forward is MMA2's). With impl 0 the backward is
+     * df_cuda_dflash_set_bwd_impl()'s choice, else the environment's
+     * DFLASH_ATTN_BWD (simt, mma, mma2, mma3, mma4, mma5; read once), else
+     * the built-in default (MMA4). */
     int impl;
+    /* backward only, for timing (tools/bench_dflash_attn); NULL: none.
+     * DF_CUDA_DFLASH_BWD_EVENTS events (created by the caller) recorded on
+     * the stream by the MMA2/3/4/5 backwards: [0] first, then one after each
+     * pass: [1] Di, [2] dQ (with MMA5's order), [3] context tile lists,
+     * [4] context dK/dV, [5] block-key dK/dV, [6] the split reduction. A pass
+     * an implementation does not have (or does inside another) records its
+     * event right after the previous one. Other implementations record none. */
+    cudaEvent_t *pass_events;
 } df_cuda_dflash_args;
 
 enum { DF_CUDA_DFLASH_IMPL_SIMT = 1, DF_CUDA_DFLASH_IMPL_MMA = 2, DF_CUDA_DFLASH_IMPL_MMA2 = 3,
-       DF_CUDA_DFLASH_IMPL_MMA3 = 4, DF_CUDA_DFLASH_IMPL_MMA4 = 5 };
+       DF_CUDA_DFLASH_IMPL_MMA3 = 4, DF_CUDA_DFLASH_IMPL_MMA4 = 5, DF_CUDA_DFLASH_IMPL_MMA5 = 6 };
+enum { DF_CUDA_DFLASH_BWD_EVENTS = 7 };
 
 int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_t stream);
 int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_t stream);
 size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *a);
+/* The backward that args.impl == 0 runs, process-wide (tests, benchmarks):
+ * one of the DF_CUDA_DFLASH_IMPL_* values, or 0 for the environment's
+ * DFLASH_ATTN_BWD / the built-in default again. Returns 0 or -EINVAL. Not
+ * synchronised with backwards running on other host threads. */
+int df_cuda_dflash_set_bwd_impl(int impl);
+/* The backward that args.impl == 0 runs now (never 0). */
+int df_cuda_dflash_bwd_impl(void);
 
 #ifdef __cplusplus
 }
