@@ -57,6 +57,9 @@ typedef struct source {
     size_t n;                   /* this rank's documents: order[rank], order[rank + world], ... */
     int rank, world;
     int buffered;               /* page-cache reads instead of O_DIRECT */
+    int ahead;                  /* open the next epoch's stream before this one ends */
+    df_cache_stream *next_s;    /* that stream (epoch next_epoch), or NULL */
+    uint64_t next_epoch;
     uint64_t epoch;
     size_t pos;                 /* position in order of the next document to hand out */
     df_cache_stream *s;
@@ -64,13 +67,10 @@ typedef struct source {
     int have_pending;
 } source;
 
-static int source_open_at(source *src, uint64_t epoch, size_t pos, df_err *e)
+/* This rank's documents in epoch `epoch`'s order, into src->order (src->n
+ * of them). */
+static void source_epoch_order(source *src, uint64_t epoch)
 {
-    if (src->s)
-        df_cache_stream_close(src->s);
-    src->s = NULL;
-    src->epoch = epoch;
-    src->pos = pos;
     df_cache_shuffle(src->seed, epoch, src->order, src->n_all);
     if (src->world > 1) { /* every world-th document of the epoch's order, from rank */
         src->n = (src->n_all - (size_t)src->rank + (size_t)src->world - 1) / (size_t)src->world;
@@ -79,6 +79,26 @@ static int source_open_at(source *src, uint64_t epoch, size_t pos, df_err *e)
     } else {
         src->n = src->n_all;
     }
+}
+
+static int source_open_at(source *src, uint64_t epoch, size_t pos, df_err *e)
+{
+    if (src->next_s && src->next_epoch == epoch && pos == 0) { /* opened ahead: reading on */
+        df_cache_stream_close(src->s);
+        src->s = src->next_s;
+        src->next_s = NULL;
+        src->epoch = epoch;
+        src->pos = 0;
+        return 0;
+    }
+    if (src->s)
+        df_cache_stream_close(src->s);
+    if (src->next_s)
+        df_cache_stream_close(src->next_s);
+    src->s = src->next_s = NULL;
+    src->epoch = epoch;
+    src->pos = pos;
+    source_epoch_order(src, epoch);
     df_cache_stream_opts so = {.order = src->order + pos, .n = src->n - pos,
                                .layer_mask = src->layer_mask, .threads = src->threads,
                                .buffered = src->buffered};
@@ -89,7 +109,9 @@ static int source_open_at(source *src, uint64_t epoch, size_t pos, df_err *e)
 }
 
 /* The next document: the held-back one, else the stream's next (0 at the
- * end of the epoch). */
+ * end of the epoch). Near the end of an epoch the next epoch's stream is
+ * opened (src->ahead), so its reads and decoding overlap the last rows
+ * instead of stalling the first step of the new epoch. */
 static int source_next(source *src, df_cache_item *it, df_err *e)
 {
     if (src->have_pending) {
@@ -102,6 +124,17 @@ static int source_next(source *src, df_cache_item *it, df_err *e)
     int rc = df_cache_stream_next(src->s, it, e);
     if (rc == 1)
         src->pos++;
+    if (rc == 1 && src->ahead && !src->next_s && src->pos + 2 >= src->n) {
+        source_epoch_order(src, src->epoch + 1);
+        df_cache_stream_opts so = {.order = src->order, .n = src->n,
+                                   .layer_mask = src->layer_mask, .threads = src->threads,
+                                   .buffered = src->buffered};
+        if (src->n && !(src->next_s = df_cache_stream_open(src->cache, &so, e))) {
+            df_cache_stream_release(src->s, it);
+            return e ? e->code : -EIO;
+        }
+        src->next_epoch = src->epoch + 1;
+    }
     return rc;
 }
 
@@ -1099,6 +1132,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
     src.rank = rank;
     src.world = world;
     src.buffered = o->buffered_io;
+    src.ahead = 1;
     src.order = malloc((src.n_all ? src.n_all : 1) * sizeof *src.order);
     if (!src.order) {
         rc = df_errf(e, -ENOMEM, "out of memory");
@@ -1340,6 +1374,7 @@ out:
     if (src.have_pending && src.s)
         df_cache_stream_release(src.s, &src.pending);
     df_cache_stream_close(src.s);
+    df_cache_stream_close(src.next_s);
     free(src.order);
     if (logf)
         fclose(logf);
