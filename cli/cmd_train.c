@@ -34,6 +34,8 @@ static void usage(FILE *f)
             "  --rows-per-step N     rows per optimizer step (default 1)\n"
             "  --gamma G             loss weight decay over block positions (default 7)\n"
             "  --noise A             uniform feature noise +-A (default 0)\n"
+            "  --recompute           keep fewer activations: norms, RoPE and SwiGLU outputs are\n"
+            "                        recomputed in the backward (same results, less memory)\n"
             "  --buffered-io         read the cache through the page cache (default O_DIRECT):\n"
             "                        for a cache that fits in RAM and is read many epochs\n"
             "optimisation:\n"
@@ -100,6 +102,10 @@ int cmd_train(int argc, char **argv)
         }
         if (!strcmp(a, "--buffered-io")) {
             o.buffered_io = 1;
+            continue;
+        }
+        if (!strcmp(a, "--recompute")) {
+            o.recompute = 1;
             continue;
         }
         if (!v) {

@@ -6,7 +6,7 @@
 #
 # Rows are read through the page cache (--buffered-io, warmed first) so the figures are about
 # compute; a second 2-GPU run reads the cache from the disk (O_DIRECT) to show what it allows.
-# Env: DISK=0 skips the run from the disk; STEPS (timed run, default 14), SAMPLES (4096-token documents in the cache, default 12),
+# Env: DISK=0 skips the run from the disk; RECOMPUTE=0 the 1-GPU run with --recompute; STEPS (timed run, default 14), SAMPLES (4096-token documents in the cache, default 12),
 # GPUS (also run on this many GPUs, one process each; default: 2 when two are visible),
 # PROFILE=1 (a short extra run with DFLASH_PROFILE=1: GPU time per op),
 # SPECFORGE_SRC (default .anchors_src; skipped when absent), WORK (default /tmp/dflash-trainbench).
@@ -52,13 +52,19 @@ r=r[3:] if len(r)>4 else r
 f=lambda k: statistics.median([x[k] for x in r])
 print('%.1f %.0f %.0f %.3f %.1f %.4f' % (1e3*f('step_s'), f('tokens_per_s'), f('tflops'), f('mfu'), max(x['mem_gib'] for x in r), f('data_wait')))
 "; }
-ours="FAILED"; ours2="not run"; ours2d="not run"
+ours="FAILED"; ours2="not run"; ours2d="not run"; oursrc="not run"
 # the disk's own read rate (O_DIRECT, one cache shard), for the data-wait figures
 disk=$(f=$(ls -S "$W"/cache/*.dfc 2>/dev/null | head -1); [ -n "$f" ] && dd if="$f" of=/dev/null bs=16M iflag=direct 2>&1 | tail -1 | sed 's/.*, //')
 if [ $status = 0 ]; then
   if "$B/dflash" train "${TA[@]}" --out "$W/run1" --device cuda --steps "$STEPS" >"$LOG/train-1gpu.log" 2>&1; then
     cp "$W/run1/log.jsonl" "$LOG/train-1gpu.jsonl"; ours=$(med "$W/run1/log.jsonl")
   else status=1; fi
+  if [ "${RECOMPUTE:-1}" = 1 ]; then # less memory: the cheap activations recomputed in the backward
+    if "$B/dflash" train "${TA[@]}" --out "$W/runrc" --device cuda --steps "$STEPS" --recompute \
+         >"$LOG/train-1gpu-recompute.log" 2>&1; then
+      cp "$W/runrc/log.jsonl" "$LOG/train-1gpu-recompute.jsonl"; oursrc=$(med "$W/runrc/log.jsonl")
+    else oursrc="FAILED"; status=1; fi
+  fi
   if [ "${PROFILE:-1}" = 1 ]; then
     DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --out "$W/runp" --device cuda --steps 4 \
       >"$LOG/train-profile.log" 2>&1 || status=1
@@ -89,6 +95,7 @@ rm -rf "$W"
 echo
 echo "== bench-train ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) x $ngpu)"
 echo "ours, 1 GPU   (ms/step tok/s TFLOP/s MFU peak-GiB data-wait): $ours"
+echo "ours, 1 GPU, --recompute (same fields):                        $oursrc"
 echo "ours, $GPUS GPUs (same fields; tok/s is the total):            $ours2"
 echo "ours, $GPUS GPUs, cache read from the disk (O_DIRECT):           $ours2d"
 echo "disk read rate (dd O_DIRECT, one cache shard): ${disk:-?}"

@@ -138,6 +138,14 @@ int main(void)
     for (int64_t i = 0; i < ps->total; i++)
         acc_bad += fabsf(g2[i] - 2 * g[i]) > 1e-6f * (1 + fabsf(g[i]));
     CHECK_EQ(acc_bad, 0);
+    /* recomputing the cheap activations in the backward: the same bits */
+    df_drafter_set_recompute(d, 1);
+    memset(g2, 0, (size_t)ps->total * 4);
+    df_drafter_metrics m2 = {0};
+    CHECK_OK(df_drafter_row_step(d, w, &r, denom, g2, &m2, &e), &e);
+    CHECK(m2.loss_sum == m.loss_sum);
+    CHECK(memcmp(g, g2, (size_t)ps->total * 4) == 0);
+    df_drafter_set_recompute(d, 0);
 
     const double h = 1e-2;
     for (int i = 0; i < ps->n; i++) {

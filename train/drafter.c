@@ -50,7 +50,16 @@ struct df_drafter {
     float *wts_c;
     df_drafter_grad_hook hook;
     void *hook_ctx;
+    int recompute;     /* a, b, q, kb, kc, m: one shared set, recomputed in the backward */
 };
+
+void df_drafter_set_recompute(df_drafter *d, int on)
+{
+    if ((d->recompute != 0) != (on != 0)) {
+        d->recompute = on != 0;
+        d->cap_N = d->cap_S = 0; /* the workspace layout changes: carve it again */
+    }
+}
 
 void df_drafter_set_grad_hook(df_drafter *d, df_drafter_grad_hook fn, void *ctx)
 {
@@ -180,8 +189,12 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
             KD = (int64_t)c->num_key_value_heads * c->head_dim, F = c->intermediate_size,
             nq = c->num_attention_heads;
     int L = c->num_hidden_layers;
-    int64_t per_layer = 4 * N * H + 3 * N * QD + 3 * N * KD + 3 * S * KD + 3 * N * F;
-    int64_t shared = 2 * S * H + 2 * N * H;
+    /* saved per layer: xin, xmid, qraw, o, kbraw, vb, kcraw, vc, g, u; and a, b, q, kb, kc, m
+     * unless they are recomputed (then one set is shared by all layers) */
+    int64_t cheap = 2 * N * H + N * QD + N * KD + S * KD + N * F;
+    int64_t per_layer = 2 * N * H + 2 * N * QD + 2 * N * KD + 2 * S * KD + 2 * N * F +
+                        (d->recompute ? 0 : cheap);
+    int64_t shared = 2 * S * H + 2 * N * H + (d->recompute ? cheap : 0);
     int64_t scratch = 4 * N * H + 2 * N * QD + 3 * N * KD + 3 * S * KD + 3 * N * F + 2 * S * H;
     int64_t total = (int64_t)L * per_layer + shared + scratch;
     int64_t total32 = (int64_t)L * N * nq + 3 * N; /* lse; weights, labels, argmax */
@@ -223,26 +236,40 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
         p += (n) * d->aes;       \
     } while (0)
     float *p32 = d->arena32;
+    layer_act cs; /* the shared set of the recomputed activations */
+    memset(&cs, 0, sizeof cs);
+    if (d->recompute) {
+        TAKE(cs.a, N * H);
+        TAKE(cs.b, N * H);
+        TAKE(cs.q, N * QD);
+        TAKE(cs.kb, N * KD);
+        TAKE(cs.kc, S * KD);
+        TAKE(cs.m, N * F);
+    }
     for (int l = 0; l < L; l++) {
         layer_act *A = &d->act[l];
         TAKE(A->xin, N * H);
-        TAKE(A->a, N * H);
         TAKE(A->xmid, N * H);
-        TAKE(A->b, N * H);
         TAKE(A->qraw, N * QD);
-        TAKE(A->q, N * QD);
         TAKE(A->o, N * QD);
         TAKE(A->kbraw, N * KD);
-        TAKE(A->kb, N * KD);
         TAKE(A->vb, N * KD);
         TAKE(A->kcraw, S * KD);
-        TAKE(A->kc, S * KD);
         TAKE(A->vc, S * KD);
         A->lse = p32;
         p32 += N * nq;
         TAKE(A->g, N * F);
         TAKE(A->u, N * F);
-        TAKE(A->m, N * F);
+        if (d->recompute) {
+            A->a = cs.a, A->b = cs.b, A->q = cs.q, A->kb = cs.kb, A->kc = cs.kc, A->m = cs.m;
+        } else {
+            TAKE(A->a, N * H);
+            TAKE(A->b, N * H);
+            TAKE(A->q, N * QD);
+            TAKE(A->kb, N * KD);
+            TAKE(A->kc, S * KD);
+            TAKE(A->m, N * F);
+        }
     }
     d->wts = p32;
     d->labels = (int32_t *)(p32 + N);
@@ -510,6 +537,22 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor kc = M(A->kc, S, KD), vc = M(A->vc, S, KD);
         df_tensor lse = df_tensor_2d(A->lse, DF_DTYPE_F32, N, nq);
         df_tensor b = M(A->b, N, H), g = M(A->g, N, F), u = M(A->u, N, F), mm = M(A->m, N, F);
+        if (d->recompute) { /* the forward's ops again, on the layer's saved inputs: same bits */
+            df_tensor win = PW(d, W, I->in_norm), wqn = PW(d, W, I->q_norm),
+                      wkn = PW(d, W, I->k_norm), wpn = PW(d, W, I->post_norm);
+            df_tensor qr_h = M(A->qraw, N * nq, D), q_h = M(A->q, N * nq, D);
+            df_tensor kbr_h = M(A->kbraw, N * nkv, D), kb_h = M(A->kb, N * nkv, D);
+            df_tensor kcr_h = M(A->kcraw, S * nkv, D), kc_h = M(A->kc, S * nkv, D);
+            CK(df_op_rmsnorm(be, &xin, &win, eps, 0, &a));
+            CK(df_op_rmsnorm(be, &qr_h, &wqn, eps, 0, &q_h));
+            CK(df_op_rmsnorm(be, &kbr_h, &wkn, eps, 0, &kb_h));
+            CK(df_op_rmsnorm(be, &kcr_h, &wkn, eps, 0, &kc_h));
+            CK(df_op_rope(be, &q, r->block_pos, (int)nq, (int)D, (int)D, c->rope_theta));
+            CK(df_op_rope(be, &kb, r->block_pos, (int)nkv, (int)D, (int)D, c->rope_theta));
+            CK(df_op_rope(be, &kc, r->ctx_pos, (int)nkv, (int)D, (int)D, c->rope_theta));
+            CK(df_op_rmsnorm(be, &xmid, &wpn, eps, 0, &b));
+            CK(df_op_swiglu(be, &g, &u, &mm));
+        }
         /* MLP: x_out = xmid + m Wd^T */
         df_tensor dm = M(d->dm, N, F), dg = M(d->dg, N, F), du = M(d->du, N, F), db = M(d->db, N, H);
         df_tensor wd = PW(d, W, I->down), gwd = PG(d, G, I->down);

@@ -85,6 +85,13 @@ int df_drafter_row_step(df_drafter *d, const void *params, const df_drafter_row 
 typedef int (*df_drafter_grad_hook)(void *ctx, int layer);
 void df_drafter_set_grad_hook(df_drafter *d, df_drafter_grad_hook fn, void *ctx);
 
+/* Memory for time: with on, the cheap activations (the input and post
+ * norms' outputs, q/k after their norms and RoPE, the SwiGLU product) are
+ * not kept per layer but recomputed in the backward from the saved inputs,
+ * with the same ops, so results are bitwise the same (N = 8192, the 27B
+ * drafter shape: ~0.5 GB per layer less). Default off. */
+void df_drafter_set_recompute(df_drafter *d, int on);
+
 /* The acc[k] / tau counts of a row from its packed argmax (row->argmax_out
  * after the sync: one entry per scored position, in order), added to m. */
 void df_drafter_row_metrics(const df_drafter *d, const df_drafter_row *row, const int32_t *argmax,

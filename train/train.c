@@ -1000,6 +1000,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
     }
     if ((rc = df_drafter_open(&c, be, &embed, &head, &d, e)))
         goto out;
+    df_drafter_set_recompute(d, o->recompute);
     const df_params *ps = df_drafter_params(d);
     int64_t total = ps->total;
 

@@ -50,6 +50,8 @@ typedef struct df_train_opts {
     int rows_per_step;          /* default 1 */
     double gamma;               /* default 7 */
     float noise;                /* uniform feature noise, default 0 */
+    int recompute;              /* recompute the cheap activations in the backward (less memory,
+                                   same results) */
     int buffered_io;            /* read the cache through the page cache (no O_DIRECT): a cache
                                    that fits in RAM is then read from memory after one epoch */
     /* optimisation */
