@@ -1041,7 +1041,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
         free(ck.data_position);
         ck.rng_state = ck.data_position = NULL;
         step0 = ck.step;
-        if (!o->quiet)
+        if (!o->quiet && lead)
             printf("resuming %s at step %" PRId64 " (epoch %" PRIu64 ", position %" PRIu64 ")\n",
                    ck.loaded_from, step0, dp.epoch, dp.pos);
     } else if (rc == -ENOENT) {
