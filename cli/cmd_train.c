@@ -234,6 +234,9 @@ int cmd_train(int argc, char **argv)
         }
         o.gpu = 0;
     }
+    /* testing: every rank trains on rank 0's rows (N ranks must then give one rank's result) */
+    const char *rep = getenv("DFLASH_TEST_REPLICATE_DATA");
+    o.replicate_data = rep && *rep == '1';
     if (o.world > 1 && !o.device)
         o.device = n_gpu > 0 ? "cuda" : "cpu";
     df_err e = {0};

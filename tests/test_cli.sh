@@ -141,6 +141,13 @@ ranks2 dp3 $TA2 --out "$W/runQ"
 cmp -s "$W/runP/export/model.safetensors" "$W/runQ/export/model.safetensors" || fail "2-rank run resumed differs"
 [ "$(nolat "$W/runP/log.jsonl")" = "$(nolat "$W/runQ/log.jsonl")" ] || fail "2-rank resumed run's log differs"
 run 1 "run of 2 rank" "$D" train $TA2 --out "$W/runQ" --steps 50
+# the data-parallel math (denominator over ranks, gradient buckets reduce-scattered from the
+# backward, sharded AdamW, all-gather): two ranks that both read rank 0's rows must give one
+# rank's weights exactly (each rank's gradient is half of it; halves add exactly)
+run 0 "" "$D" train $TA2 --out "$W/runS1"
+DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp4 $TA2 --out "$W/runS2"
+cmp -s "$W/runS1/export/model.safetensors" "$W/runS2/export/model.safetensors" || fail "2 ranks on the same rows differ from 1 rank"
+
 run 2 "DFLASH_RUN_ID" env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "$D" train $TA2 --out "$W/runR"
 
 run 0 "loss 6.82796" "$D" train-step --in "$SRC/tests/fixtures/drafter_ref.safetensors" --out "$W/grads.safetensors"

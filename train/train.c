@@ -796,12 +796,15 @@ static int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, floa
               : 0;
 }
 
-/* The drafter's grad hook: reduce-scatters bucket `layer + 1` (bucket 0
- * after the last layer) as soon as the backward has finished it. */
+/* The drafter's grad hook: after layer l's backward, buckets k >= max(l, 1)
+ * are final (bucket k holds layer k from its rounded start on, and the head
+ * of layer k + 1, done earlier); bucket 0 holds fc and hidden_norm, final
+ * only after the whole backward (layer -1). Reduce-scatters each as soon as
+ * it is final. */
 static int ds_grad_hook(void *ctx, int layer)
 {
     dev_state *s = ctx;
-    int k = layer + 1;
+    int k = layer < 0 ? 0 : layer > 1 ? layer : 1;
     for (; s->next_bucket >= k && s->next_bucket >= 0; s->next_bucket--) {
         int j = s->next_bucket;
         int rc = df_comm_reduce_scatter_f32(s->comm, s->grad + s->b[j], s->gshard + s->soff[j],
@@ -1054,7 +1057,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
             goto out;
         }
         df_params_init(ps, ck.master, (float)o->init_std, o->seed);
-        df_rng_seed(&rng, o->seed, 1 + 0x10000ull * (uint64_t)rank); /* rank 0: as one rank */
+        df_rng_seed(&rng, o->seed, /* rank 0: as one rank */
+                    1 + 0x10000ull * (uint64_t)(o->replicate_data ? 0 : rank));
         if ((rc = df_mkdirs(o->run_dir, e)))
             goto out;
     } else {
@@ -1130,8 +1134,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
     src.threads = 4; /* decompression: a 4096-token row of 5 x 5120 bf16 features is ~200 MB */
     src.seed = o->seed;
     src.n_all = df_cache_count(cache);
-    src.rank = rank;
-    src.world = world;
+    src.rank = o->replicate_data ? 0 : rank;
+    src.world = o->replicate_data ? 1 : world;
     src.buffered = o->buffered_io;
     src.ahead = 1;
     src.order = malloc((src.n_all ? src.n_all : 1) * sizeof *src.order);
@@ -1139,7 +1143,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
         rc = df_errf(e, -ENOMEM, "out of memory");
         goto out;
     }
-    if (src.n_all < (size_t)world) {
+    if (src.n_all < (size_t)src.world) {
         rc = df_errf(e, -ENODATA, "%s: the cache has %zu samples, fewer than the %d ranks",
                      o->cache_dir, src.n_all, world);
         goto out;

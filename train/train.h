@@ -68,6 +68,8 @@ typedef struct df_train_opts {
      * one machine); run_id names this launch's rendezvous files in run_dir (ranks > 1) */
     int rank, world;
     const char *run_id;
+    int replicate_data;         /* testing: every rank reads rank 0's rows, so N ranks must give
+                                   one rank's weights (exact on the CPU) */
     int quiet;
 } df_train_opts;
 
