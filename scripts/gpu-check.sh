@@ -92,6 +92,13 @@ if [ $status = 0 ] && has train; then # the drafter trained on the GPU, on the b
       else
         train_resume="$train_resume; 2 GPUs: FAILED or DIFFERS"; status=1
       fi
+      # both ranks on rank 0's rows: NCCL + ZeRO-1 must reproduce the 1-GPU weights exactly
+      DFLASH_TEST_REPLICATE_DATA=1 "$B/dflash" train $TA --out $W/g2S --gpus 2 >>"$LOG/train.log" 2>&1
+      if cmp -s $W/gpu/export/model.safetensors $W/g2S/export/model.safetensors; then
+        train_resume="$train_resume; 2 GPUs on the same rows = 1 GPU bit for bit"
+      else
+        train_resume="$train_resume; 2 GPUs on the same rows DIFFER from 1 GPU"; status=1
+      fi
     fi
   else
     train="FAILED (train.log)"; status=1
