@@ -3,13 +3,14 @@
  * without NCCL or with fewer than 2 visible GPUs; the parent never touches
  * CUDA (a CUDA context does not survive fork), each child counts devices.
  *
- * Each rank makes its inputs on the GPU with df_backend_fill_uniform (on the
- * backend's stream, immediately followed by the collective, no sync between:
- * this checks that the collective waits for the backend's work), and, after
+ * Each rank makes its inputs on the host, uploads them to a staging buffer and
+ * copies that into the send buffer on the backend's stream, immediately
+ * followed by the collective, no sync between (this checks that the
+ * collective waits for the backend's work), and, after
  * df_comm_wait, copies the result on the backend's stream before reading it
  * back (this checks that the backend's stream waits for the collective).
- * Inputs are the same numbers on every backend, so each rank makes the host
- * copies of both ranks' inputs on the CPU backend and checks the results:
+ * Every rank makes both ranks' inputs (the CPU backend's fill_uniform; the
+ * CUDA one is not bit-equal to it for F32) and checks the results:
  * reduce_scatter bit-exact (a sum of two floats is the same in any order),
  * all_gather out of place and in place, allreduce_host_f64 bit-exact against
  * a rank-order sum, barrier, sizes odd and large; and that the failure paths
@@ -60,7 +61,13 @@ static void t_reduce_scatter(df_backend *be, df_comm *c, int rank, size_t count,
      * rank knows the others' */
     host_uniform(h, DF_DTYPE_F32, (int64_t)all, seed_of(0, salt), -3, 3);
     host_uniform(h1, DF_DTYPE_F32, (int64_t)all, seed_of(1, salt), -3, 3);
-    CHECK_OK(df_backend_upload(be, send, rank ? h1 : h, all * 4), NULL);
+    /* uploaded to a staging buffer, then copied into send on the backend's stream right
+     * before the collective: it must wait for that copy (send starts zeroed) */
+    float *stage = df_backend_alloc(be, all * 4);
+    CHECK(stage != NULL);
+    CHECK_OK(df_backend_zero(be, send, all * 4), NULL);
+    CHECK_OK(df_backend_upload(be, stage, rank ? h1 : h, all * 4), NULL);
+    CHECK_OK(df_backend_copy(be, send, stage, all * 4), NULL);
     CHECK_OK(df_comm_reduce_scatter_f32(c, send, recv, count, &e), &e);
     CHECK_OK(df_comm_wait(c, &e), &e);
     CHECK_OK(df_backend_copy(be, copy, recv, count * 4), NULL);
@@ -73,6 +80,7 @@ static void t_reduce_scatter(df_backend *be, df_comm *c, int rank, size_t count,
                     count, i, got[i], want);
     }
     CHECK_EQ(bad, 0);
+    df_backend_free(be, stage);
     df_backend_free(be, send);
     df_backend_free(be, recv);
     df_backend_free(be, copy);
@@ -97,7 +105,12 @@ static void t_all_gather(df_backend *be, df_comm *c, int rank, size_t bytes, int
     for (int r = 0; r < WORLD; r++) /* every rank's part, made on the host */
         host_uniform(want + (size_t)r * n16 * 2, DF_DTYPE_BF16, (int64_t)n16, seed_of(r, salt),
                      -100, 100);
-    CHECK_OK(df_backend_upload(be, send, want + (size_t)rank * n16 * 2, n16 * 2), NULL);
+    /* through a staging buffer and a copy on the backend's stream (see reduce_scatter) */
+    unsigned char *stage = df_backend_alloc(be, n16 * 2);
+    CHECK(stage != NULL);
+    CHECK_OK(df_backend_zero(be, send, n16 * 2), NULL);
+    CHECK_OK(df_backend_upload(be, stage, want + (size_t)rank * n16 * 2, n16 * 2), NULL);
+    CHECK_OK(df_backend_copy(be, send, stage, n16 * 2), NULL);
     const void *src = send;
     if (in_place) {
         CHECK_OK(df_backend_copy(be, recv + (size_t)rank * bytes, send, bytes), NULL);
@@ -114,6 +127,7 @@ static void t_all_gather(df_backend *be, df_comm *c, int rank, size_t bytes, int
         }
     df_backend_free(be, recv);
     df_backend_free(be, send);
+    df_backend_free(be, stage);
     free(want);
     free(got);
 }
