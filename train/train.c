@@ -1235,22 +1235,21 @@ int df_train_run(const df_train_opts *o, df_err *e)
         memcpy(rng_after, sl->rng_after, sizeof rng_after);
         feeder_release(&fd, sl);
         if (world > 1) { /* the step's figures over all ranks (logged by rank 0) */
-            int bs = c.block_size, nv = 5 + 2 * bs;
-            double v[5 + 2 * DF_DRAFTER_MAX_BLOCK];
+            int bs = c.block_size, nv = 6 + 2 * bs;
+            double v[6 + 2 * DF_DRAFTER_MAX_BLOCK];
             v[0] = sq, v[1] = m.loss_sum, v[2] = (double)m.blocks, v[3] = (double)m.accepted;
-            v[4] = (double)tokens;
+            v[4] = (double)tokens, v[5] = flops;
             for (int k = 0; k < bs; k++) {
-                v[5 + k] = (double)m.correct[k];
-                v[5 + bs + k] = (double)m.counted[k];
+                v[6 + k] = (double)m.correct[k];
+                v[6 + bs + k] = (double)m.counted[k];
             }
-            if ((rc = df_comm_allreduce_host_f64(comm, v, nv, e)) ||
-                (rc = df_comm_allreduce_host_f64(comm, &flops, 1, e)))
+            if ((rc = df_comm_allreduce_host_f64(comm, v, nv, e)))
                 goto out;
             sq = v[0], m.loss_sum = v[1], m.blocks = (uint64_t)v[2], m.accepted = (uint64_t)v[3];
-            tokens = (uint64_t)v[4];
+            tokens = (uint64_t)v[4], flops = v[5];
             for (int k = 0; k < bs; k++) {
-                m.correct[k] = (uint64_t)v[5 + k];
-                m.counted[k] = (uint64_t)v[5 + bs + k];
+                m.correct[k] = (uint64_t)v[6 + k];
+                m.counted[k] = (uint64_t)v[6 + bs + k];
             }
         }
         acc_flops += flops;
