@@ -354,6 +354,29 @@ void df_drafter_row_metrics(const df_drafter *d, const df_drafter_row *r, const 
     }
 }
 
+/* q, kb, kc from their raw projections: per-head RMSNorm, then RoPE (the
+ * forward, and the backward's recompute: one code for the same bits). */
+static int qk_norm_rope(df_drafter *d, const void *W, const layer_idx *I, layer_act *A,
+                        const df_drafter_row *r, int64_t N, int64_t S, df_err *e)
+{
+    const df_drafter_config *c = &d->c;
+    df_backend *be = d->be;
+    int64_t D = c->head_dim, nq = c->num_attention_heads, nkv = c->num_key_value_heads;
+    float eps = (float)c->rms_norm_eps;
+    df_tensor wqn = PW(d, W, I->q_norm), wkn = PW(d, W, I->k_norm);
+    df_tensor qr_h = M(A->qraw, N * nq, D), q_h = M(A->q, N * nq, D);
+    df_tensor kbr_h = M(A->kbraw, N * nkv, D), kb_h = M(A->kb, N * nkv, D);
+    df_tensor kcr_h = M(A->kcraw, S * nkv, D), kc_h = M(A->kc, S * nkv, D);
+    df_tensor q = M(A->q, N, nq * D), kb = M(A->kb, N, nkv * D), kc = M(A->kc, S, nkv * D);
+    CK(df_op_rmsnorm(be, &qr_h, &wqn, eps, 0, &q_h));
+    CK(df_op_rmsnorm(be, &kbr_h, &wkn, eps, 0, &kb_h));
+    CK(df_op_rmsnorm(be, &kcr_h, &wkn, eps, 0, &kc_h));
+    CK(df_op_rope(be, &q, r->block_pos, (int)nq, (int)D, (int)D, c->rope_theta));
+    CK(df_op_rope(be, &kb, r->block_pos, (int)nkv, (int)D, (int)D, c->rope_theta));
+    CK(df_op_rope(be, &kc, r->ctx_pos, (int)nkv, (int)D, (int)D, c->rope_theta));
+    return 0;
+}
+
 int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, float denom,
                         float *G, df_drafter_metrics *m, df_err *e)
 {
@@ -422,23 +445,15 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor kcraw = M(A->kcraw, S, KD), kc = M(A->kc, S, KD), vc = M(A->vc, S, KD);
         df_tensor lse = df_tensor_2d(A->lse, DF_DTYPE_F32, N, nq);
         df_tensor win = PW(d, W, I->in_norm), wq = PW(d, W, I->wq), wk = PW(d, W, I->wk),
-                  wv = PW(d, W, I->wv), wo = PW(d, W, I->wo), wqn = PW(d, W, I->q_norm),
-                  wkn = PW(d, W, I->k_norm);
+                  wv = PW(d, W, I->wv), wo = PW(d, W, I->wo);
         CK(df_op_rmsnorm(be, &xin, &win, eps, 0, &a));
         CK(df_op_matmul(be, &a, &wq, &qraw, 0));
         CK(df_op_matmul(be, &a, &wk, &kbraw, 0));
         CK(df_op_matmul(be, &a, &wv, &vb, 0));
         CK(df_op_matmul(be, &cn, &wk, &kcraw, 0));
         CK(df_op_matmul(be, &cn, &wv, &vc, 0));
-        df_tensor qr_h = M(A->qraw, N * nq, D), q_h = M(A->q, N * nq, D);
-        df_tensor kbr_h = M(A->kbraw, N * nkv, D), kb_h = M(A->kb, N * nkv, D);
-        df_tensor kcr_h = M(A->kcraw, S * nkv, D), kc_h = M(A->kc, S * nkv, D);
-        CK(df_op_rmsnorm(be, &qr_h, &wqn, eps, 0, &q_h));
-        CK(df_op_rmsnorm(be, &kbr_h, &wkn, eps, 0, &kb_h));
-        CK(df_op_rmsnorm(be, &kcr_h, &wkn, eps, 0, &kc_h));
-        CK(df_op_rope(be, &q, r->block_pos, (int)nq, (int)D, (int)D, c->rope_theta));
-        CK(df_op_rope(be, &kb, r->block_pos, (int)nkv, (int)D, (int)D, c->rope_theta));
-        CK(df_op_rope(be, &kc, r->ctx_pos, (int)nkv, (int)D, (int)D, c->rope_theta));
+        if ((rc = qk_norm_rope(d, W, I, A, r, N, S, e)))
+            return rc; /* its message names the op */
         df_dflash_blocks blk = r->blocks;
         blk.window = I->window;
         CK(df_op_dflash_attn(be, &q, &kc, &vc, &kb, &vb, &blk, (int)nq, (int)nkv, (int)D, scale,
@@ -538,18 +553,10 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor lse = df_tensor_2d(A->lse, DF_DTYPE_F32, N, nq);
         df_tensor b = M(A->b, N, H), g = M(A->g, N, F), u = M(A->u, N, F), mm = M(A->m, N, F);
         if (d->recompute) { /* the forward's ops again, on the layer's saved inputs: same bits */
-            df_tensor win = PW(d, W, I->in_norm), wqn = PW(d, W, I->q_norm),
-                      wkn = PW(d, W, I->k_norm), wpn = PW(d, W, I->post_norm);
-            df_tensor qr_h = M(A->qraw, N * nq, D), q_h = M(A->q, N * nq, D);
-            df_tensor kbr_h = M(A->kbraw, N * nkv, D), kb_h = M(A->kb, N * nkv, D);
-            df_tensor kcr_h = M(A->kcraw, S * nkv, D), kc_h = M(A->kc, S * nkv, D);
+            df_tensor win = PW(d, W, I->in_norm), wpn = PW(d, W, I->post_norm);
             CK(df_op_rmsnorm(be, &xin, &win, eps, 0, &a));
-            CK(df_op_rmsnorm(be, &qr_h, &wqn, eps, 0, &q_h));
-            CK(df_op_rmsnorm(be, &kbr_h, &wkn, eps, 0, &kb_h));
-            CK(df_op_rmsnorm(be, &kcr_h, &wkn, eps, 0, &kc_h));
-            CK(df_op_rope(be, &q, r->block_pos, (int)nq, (int)D, (int)D, c->rope_theta));
-            CK(df_op_rope(be, &kb, r->block_pos, (int)nkv, (int)D, (int)D, c->rope_theta));
-            CK(df_op_rope(be, &kc, r->ctx_pos, (int)nkv, (int)D, (int)D, c->rope_theta));
+            if ((rc = qk_norm_rope(d, W, I, A, r, N, S, e)))
+            return rc; /* its message names the op */
             CK(df_op_rmsnorm(be, &xmid, &wpn, eps, 0, &b));
             CK(df_op_swiglu(be, &g, &u, &mm));
         }
