@@ -50,7 +50,9 @@ import json,statistics,sys
 r=[json.loads(l) for l in open('$1') if '\"loss\"' in l]
 r=r[3:] if len(r)>4 else r
 f=lambda k: statistics.median([x[k] for x in r])
-print('%.1f %.0f %.0f %.3f %.1f %.4f' % (1e3*f('step_s'), f('tokens_per_s'), f('tflops'), f('mfu'), max(x['mem_gib'] for x in r), f('data_wait')))
+peak=max(x['mem_gib'] for x in r); x=r[-1]
+above=peak-x.get('mem_base_gib',0)-x.get('persistent_gib',0)
+print('%.1f %.0f %.0f %.3f %.1f %.4f %.2f' % (1e3*f('step_s'), f('tokens_per_s'), f('tflops'), f('mfu'), peak, f('data_wait'), above))
 "; }
 ours="FAILED"; ours2="not run"; ours2d="not run"; oursrc="not run"
 # the disk's own read rate (O_DIRECT, one cache shard), for the data-wait figures
@@ -94,7 +96,8 @@ rm -rf "$W"
 
 echo
 echo "== bench-train ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) x $ngpu)"
-echo "ours, 1 GPU   (ms/step tok/s TFLOP/s MFU peak-GiB data-wait): $ours"
+echo "ours, 1 GPU   (ms/step tok/s TFLOP/s MFU peak-GiB data-wait above-persistent-GiB): $ours"
+echo "  (above-persistent = peak - the CUDA context and handles before the trainer's memory - persistent state)"
 echo "ours, 1 GPU, --recompute (same fields):                        $oursrc"
 echo "ours, $GPUS GPUs (same fields; tok/s is the total):            $ours2"
 echo "ours, $GPUS GPUs, cache read from the disk (O_DIRECT):           $ours2d"

@@ -34,6 +34,7 @@ if [ $status = 0 ] && has test; then
   ctest --test-dir "$B" --output-on-failure -j4 >"$LOG/ctest.log" 2>&1 || status=1
   "$B/tests/test_gpu_drafter" >"$LOG/gpu-drafter.log" 2>&1
   tests=$(grep -E "tests passed|tests failed" "$LOG/ctest.log" | tail -1)
+  echo "ctest: $tests" >>"$LOG/summary.txt"
   gpu=$(grep -E "^gpu [0-9]+:" "$B"/Testing/Temporary/LastTest.log | head -2 | tr '\n' ' ')
   gpu_test=$(grep -E "test_gpu_probe .*(Passed|Failed|Skipped|\*\*\*)" "$LOG/ctest.log" | sed 's/.*test_gpu_probe *\.*//')
 fi
@@ -63,7 +64,8 @@ fi
 if [ $status = 0 ] && has opbench; then # the target ops alone: prefill attention, GDN
   { "$B/tests/test_gpu_attn_prefill" --bench; "$B/tests/test_gpu_gdn" --bench;
     "$B/tests/test_gpu_ops" --bench; "$B/tests/test_gpu_lmhead_ce" --bench;
-    echo "LM head with 2 GiB chunks:"; DFLASH_CE_CHUNK_MIB=2048 "$B/tests/test_gpu_lmhead_ce" --bench | grep bench; } >"$LOG/opbench.log" 2>&1 || status=1
+    echo "LM head with 2 GiB chunks:"; DFLASH_CE_CHUNK_MIB=2048 "$B/tests/test_gpu_lmhead_ce" --bench | grep bench;
+    echo "LM head with 512 MiB chunks:"; DFLASH_CE_CHUNK_MIB=512 "$B/tests/test_gpu_lmhead_ce" --bench | grep bench; } >"$LOG/opbench.log" 2>&1 || status=1
 fi
 train="not run"; train_resume="not run"
 if [ $status = 0 ] && has train; then # the drafter trained on the GPU, on the bundled tiny cache
@@ -103,6 +105,8 @@ if [ $status = 0 ] && has train; then # the drafter trained on the GPU, on the b
   else
     train="FAILED (train.log)"; status=1
   fi
+  # as soon as known: a call that hits its time limit later still has it
+  printf 'drafter training (tiny): %s\ntrainer resume (GPU): %s\n' "$train" "$train_resume" >>"$LOG/summary.txt"
 fi
 trainbench="not run"
 if [ $status = 0 ] && has trainbench; then # the Qwen3.6-27B drafter shape vs SpecForge, same run
@@ -111,6 +115,7 @@ if [ $status = 0 ] && has trainbench; then # the Qwen3.6-27B drafter shape vs Sp
   else
     trainbench="FAILED (trainbench.log)"; status=1
   fi
+  printf '27B drafter shape: %s\n' "$trainbench" >>"$LOG/summary.txt"
 fi
 e2e="not run"
 if [ $status = 0 ] && has e2e; then # qwen3-code-8m: extract -> train -> eval -> export, on the GPU

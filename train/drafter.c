@@ -37,7 +37,7 @@ struct df_drafter {
     void *feat, *feat32;   /* the row's features on the backend (device backends) */
     void *craw, *cn, *xfin, *h;
     /* backward scratch */
-    void *dx, *dh, *da, *db, *dq, *dkb, *dvb, *dkc, *dvc, *dout, *dm, *dg, *du, *dcn, *dc;
+    void *dx, *dh, *da, *db, *dq, *dkb, *dvb, *dkc, *dvc, *dout, *dcn, *dc;
     void *dkb2, *dkc2; /* the norms' input gradients (no in-place backward) */
     float *wts;        /* [N] loss weights (backend) */
     int32_t *labels, *argmax; /* [N] (backend) */
@@ -195,7 +195,7 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
     int64_t per_layer = 2 * N * H + 2 * N * QD + 2 * N * KD + 2 * S * KD + 2 * N * F +
                         (d->recompute ? 0 : cheap);
     int64_t shared = 2 * S * H + 2 * N * H + (d->recompute ? cheap : 0);
-    int64_t scratch = 4 * N * H + 2 * N * QD + 3 * N * KD + 3 * S * KD + 3 * N * F + 2 * S * H;
+    int64_t scratch = 4 * N * H + 2 * N * QD + 3 * N * KD + 3 * S * KD + 2 * S * H;
     int64_t total = (int64_t)L * per_layer + shared + scratch;
     int64_t total32 = (int64_t)L * N * nq + 3 * N; /* lse; weights, labels, argmax */
     df_backend_free(d->be, d->arena);
@@ -288,9 +288,6 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
     TAKE(d->dvb, N * KD);
     TAKE(d->dkc, S * KD);
     TAKE(d->dvc, S * KD);
-    TAKE(d->dm, N * F);
-    TAKE(d->dg, N * F);
-    TAKE(d->du, N * F);
     TAKE(d->dcn, S * H);
     TAKE(d->dc, S * H);
     TAKE(d->dkb2, N * KD);
@@ -561,13 +558,16 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
             CK(df_op_swiglu(be, &g, &u, &mm));
         }
         /* MLP: x_out = xmid + m Wd^T */
-        df_tensor dm = M(d->dm, N, F), dg = M(d->dg, N, F), du = M(d->du, N, F), db = M(d->db, N, H);
+        /* In place, to need no [N, F] scratch: dm overwrites m once Wd's
+         * gradient has read it, dg/du overwrite g/u (swiglu_bwd allows it;
+         * the forward of the next step writes all of them again). */
+        df_tensor dm = mm, dg = g, du = u, db = M(d->db, N, H);
         df_tensor wd = PW(d, W, I->down), gwd = PG(d, G, I->down);
         df_tensor wg = PW(d, W, I->gate), gwg = PG(d, G, I->gate);
         df_tensor wu = PW(d, W, I->up), gwu = PG(d, G, I->up);
         df_tensor wpn = PW(d, W, I->post_norm), gwpn = PG(d, G, I->post_norm);
-        CK(df_op_matmul_bwd_x(be, &dx, &wd, &dm, 0));
         CK(df_op_matmul_bwd_w(be, &dx, &mm, &gwd, 1));
+        CK(df_op_matmul_bwd_x(be, &dx, &wd, &dm, 0));
         CK(df_op_swiglu_bwd(be, &g, &u, &dm, &dg, &du));
         CK(df_op_matmul_bwd_x(be, &dg, &wg, &db, 0));
         CK(df_op_matmul_bwd_x(be, &du, &wu, &db, 1));

@@ -215,8 +215,13 @@ typedef struct step_perf {
     double tok_s, step_s;
     double data_wait; /* share of the step time spent reading the cache and building rows */
     double tflops;    /* model TFLOP/s (row_flops) */
-    double mfu;       /* tflops / the peak (0: no peak known) */
+    double mfu;       /* tflops per rank / one GPU's peak (0: no peak known) */
     double mem_gib;   /* device memory in use (-1: not known) */
+    /* constant over a run: device memory in use before the trainer allocated
+     * anything (the CUDA context, library handles) and the persistent state
+     * (weights, fp32 master + moments, frozen embedding + head) per rank, so
+     * mem_gib - mem_base_gib - persistent_gib is what the step itself needs */
+    double mem_base_gib, persistent_gib;
 } step_perf;
 
 static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double loss, double lr,
@@ -229,9 +234,9 @@ static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double los
         fprintf(f, "{\"step\":%" PRId64 ",\"epoch\":%" PRIu64 ",\"loss\":%.6f,\"lr\":%.6g,"
                 "\"grad_norm\":%.6g,\"tau_hat\":%.4f,\"tokens\":%" PRIu64 ",\"tokens_per_s\":%.1f,"
                 "\"step_s\":%.4f,\"data_wait\":%.4f,\"tflops\":%.2f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
-                "\"acc\":[",
+                "\"mem_base_gib\":%.3f,\"persistent_gib\":%.3f,\"acc\":[",
                 step, epoch, loss, lr, gnorm, tau, tokens, tok_s, step_s, pf->data_wait, pf->tflops,
-                pf->mfu, pf->mem_gib);
+                pf->mfu, pf->mem_gib, pf->mem_base_gib, pf->persistent_gib);
         for (int k = 1; k < bs; k++)
             fprintf(f, "%s%.4f", k > 1 ? "," : "",
                     m->counted[k] ? (double)m->correct[k] / (double)m->counted[k] : 0.0);
@@ -965,6 +970,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
         rc = e ? e->code : -ENOMEM;
         goto out;
     }
+    int64_t mem_base = df_backend_mem_used(be); /* the context and handles, before our memory */
     if (world > 1) { /* the ranks meet in the run directory */
         if ((rc = df_mkdirs(o->run_dir, e)))
             goto out;
@@ -1083,16 +1089,19 @@ int df_train_run(const df_train_opts *o, df_err *e)
     }
     if ((rc = dev_state_open(be, comm, &ck, grad, total, ps, c.num_hidden_layers, &ds, e)))
         goto out;
-    if (!o->quiet && lead) {
+    double persistent_gib;
+    {
         double gib = 1.0 / (1 << 30), P = (double)total;
         double eh = 2.0 * (double)tc.vocab_size * tc.hidden_size *
                     (double)df_dtype_size(embed.dtype) * gib;
         double wb = ds.sharded ? P * gib * (double)df_dtype_size(ds.wdt) : 0;
-        printf("drafter: %" PRId64 " parameters on %s x %d rank(s); persistent state per rank "
-               "%.2f GiB (weights %.2f, fp32 master + moments %.2f, frozen embedding + head "
-               "%.2f); gradients %.2f GiB\n",
-               total, df_backend_name(be), world, wb + 12 * P * gib / world + eh, wb,
-               12 * P * gib / world, eh, 4 * P * gib);
+        persistent_gib = wb + 12 * P * gib / world + eh;
+        if (!o->quiet && lead)
+            printf("drafter: %" PRId64 " parameters on %s x %d rank(s); persistent state per "
+                   "rank %.2f GiB (weights %.2f, fp32 master + moments %.2f, frozen embedding + "
+                   "head %.2f); gradients %.2f GiB\n",
+                   total, df_backend_name(be), world, persistent_gib, wb, 12 * P * gib / world,
+                   eh, 4 * P * gib);
     }
     df_batch_config bc = {.max_tokens = o->max_tokens, .max_anchors = o->max_anchors,
                           .block_size = c.block_size, .mask_token_id = c.mask_token_id,
@@ -1287,8 +1296,10 @@ int df_train_run(const df_train_opts *o, df_err *e)
             int64_t used = df_backend_mem_used(be);
             step_perf pf = {.tok_s = acc_tokens / dt, .step_s = dt / acc_n,
                             .data_wait = acc_data_s / dt, .tflops = acc_flops / dt / 1e12,
-                            .mfu = peak > 0 ? acc_flops / dt / peak : 0,
-                            .mem_gib = used >= 0 ? (double)used / (1 << 30) : -1};
+                            .mfu = peak > 0 ? acc_flops / dt / (peak * world) : 0,
+                            .mem_gib = used >= 0 ? (double)used / (1 << 30) : -1,
+                            .mem_base_gib = mem_base >= 0 ? (double)mem_base / (1 << 30) : -1,
+                            .persistent_gib = persistent_gib};
             log_step(logf, o->quiet || !lead, done, o->steps, acc_loss / acc_n, lr, acc_gnorm / acc_n, &acc,
                      c.block_size, &pf, dp.tokens, after.epoch);
             t_prev = now;

@@ -100,7 +100,10 @@ void *df_cuda_scratch(df_backend *be, size_t bytes)
     df_cuda_state *s = st_of(be);
     if (bytes <= s->scratch_cap)
         return s->scratch;
-    size_t cap = bytes + bytes / 4;
+    /* some slack against regrowing for slightly larger calls, bounded: the
+     * LM head's chunks make this a GiB */
+    size_t slack = bytes / 4 < ((size_t)64 << 20) ? bytes / 4 : ((size_t)64 << 20);
+    size_t cap = bytes + slack;
     if (s->scratch && df_cuda_fail(cudaFreeAsync(s->scratch, s->stream), "free scratch"))
         return NULL;
     s->scratch = NULL;
@@ -512,6 +515,11 @@ static int cu_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tenso
     a.dvc = (uint16_t *)dvc->data;
     a.dkb = (uint16_t *)dkb->data;
     a.dvb = (uint16_t *)dvb->data;
+    /* The workspace from the shared scratch (it only grows): planned memory,
+     * no allocation inside the step; the LM head's chunks use the same bytes
+     * at another time of the step. */
+    if (!(a.workspace = df_cuda_scratch(be, df_cuda_dflash_bwd_workspace_bytes(&a))))
+        return -ENOMEM;
     return df_cuda_dflash_attn_bwd(&a, st_of(be)->stream);
 }
 
