@@ -36,6 +36,7 @@
 #include <unistd.h>
 
 #include "comm.h"
+#include "dtype.h"
 #include "fsutil.h"
 #include "ops.h"
 #include "test.h"
@@ -123,6 +124,45 @@ static void t_allreduce(ctx *t, size_t n, int salt)
     free(v);
     free(want);
     free(tmp);
+}
+
+/* BF16: every rank's values widened, added in fp32 in rank order, rounded
+ * once; the same bits on every transport that is not NCCL. */
+static void t_reduce_scatter_bf16(ctx *t, size_t count, int salt)
+{
+    const size_t all = (size_t)t->world * count;
+    float *tmp = malloc((all ? all : 1) * 4), *acc = malloc((count ? count : 1) * 4);
+    uint16_t *send = malloc((all ? all : 1) * 2), *recv = malloc((count + 2) * 2),
+             *want = malloc((count ? count : 1) * 2);
+    fill_f32(tmp, all, t->rank, salt);
+    for (size_t i = 0; i < all; i++)
+        send[i] = df_f32_to_bf16(tmp[i]);
+    const size_t at = (size_t)t->rank * count;
+    for (int r = 0; r < t->world; r++) {
+        fill_f32(tmp, all, r, salt);
+        for (size_t i = 0; i < count; i++) {
+            float x = df_bf16_to_f32(df_f32_to_bf16(tmp[at + i]));
+            acc[i] = r == 0 ? x : acc[i] + x;
+        }
+    }
+    for (size_t i = 0; i < count; i++)
+        want[i] = df_f32_to_bf16(acc[i]);
+    const uint16_t guard = 0x4321;
+    recv[0] = recv[count + 1] = guard;
+    df_err e = {0};
+    CHECK_OK(df_comm_reduce_scatter(t->c, send, recv + 1, count, DF_DTYPE_BF16, &e), &e);
+    CHECK_OK(df_comm_wait(t->c, &e), &e);
+    if (memcmp(recv + 1, want, count * 2)) {
+        fprintf(stderr, "reduce_scatter bf16 count %zu (world %d rank %d): not bit-exact\n",
+                count, t->world, t->rank);
+        df_test_failures++;
+    }
+    CHECK(recv[0] == guard && recv[count + 1] == guard);
+    free(tmp);
+    free(acc);
+    free(send);
+    free(recv);
+    free(want);
 }
 
 static void t_reduce_scatter(ctx *t, size_t count, int salt)
@@ -246,6 +286,7 @@ static int sc_full(int rank, int world, const char *dir, size_t slot, int big)
     if (big) {
         /* more than one default slot (16 MiB) per call */
         t_reduce_scatter(&t, (size_t)5 << 20 >> 1, 1);
+        t_reduce_scatter_bf16(&t, (size_t)5 << 20, 5);
         t_all_gather(&t, (size_t)20 << 20, 2, 0);
         t_all_gather(&t, ((size_t)17 << 20) + 3, 3, 1);
         t_allreduce(&t, (size_t)3 << 20, 4);
@@ -256,6 +297,8 @@ static int sc_full(int rank, int world, const char *dir, size_t slot, int big)
         const size_t sizes_f32[] = {0, 1, 13, 341, 342, 343, 1000, 30011};
         for (size_t i = 0; i < sizeof sizes_f32 / sizeof *sizes_f32; i++)
             t_reduce_scatter(&t, sizes_f32[i], 20 + (int)i);
+        for (size_t i = 0; i < sizeof sizes_f32 / sizeof *sizes_f32; i++)
+            t_reduce_scatter_bf16(&t, sizes_f32[i], 80 + (int)i);
         const size_t sizes_u8[] = {0, 1, 3, 4095, 4096, 4097, 100003};
         for (size_t i = 0; i < sizeof sizes_u8 / sizeof *sizes_u8; i++) {
             t_all_gather(&t, sizes_u8[i], 40 + (int)i, 0);
@@ -267,6 +310,8 @@ static int sc_full(int rank, int world, const char *dir, size_t slot, int big)
     /* argument errors are refused with nothing done; the communicator goes on */
     float buf[64] = {0};
     CHECK_ERR(df_comm_reduce_scatter_f32(c, buf, buf, 1, &e), -EINVAL, &e, "overlap");
+    CHECK_ERR(df_comm_reduce_scatter(c, buf, buf + 8, 1, DF_DTYPE_F16, &e), -EINVAL, &e,
+              "dtype");
     /* 2 bytes into recv: in place for no rank */
     CHECK_ERR(df_comm_all_gather(c, (char *)buf + 2, buf, 4, &e), -EINVAL, &e, "overlap");
     CHECK_ERR(df_comm_allreduce_host_f64(c, NULL, -1, &e), -EINVAL, &e, "allreduce");

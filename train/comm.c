@@ -51,6 +51,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "dtype.h"
 #include "fsutil.h"
 #include "log.h"
 
@@ -523,24 +524,42 @@ static int shm_allreduce_f64(df_comm *c, double *v, size_t n, df_err *e)
     return 0;
 }
 
-static int shm_reduce_scatter_f32(df_comm *c, const float *send, float *recv, size_t count,
-                                  df_err *e)
+/* BF16 pieces: widened, added in fp32 in rank order, rounded once. */
+static void sum_bf16(uint16_t *restrict d, df_comm *c, size_t at, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        float acc = df_bf16_to_f32(((const uint16_t *)slot_half(c, 0, c->round))[at + i]);
+        for (int r = 1; r < c->world; r++)
+            acc += df_bf16_to_f32(((const uint16_t *)slot_half(c, r, c->round))[at + i]);
+        d[i] = df_f32_to_bf16(acc);
+    }
+}
+
+static int shm_reduce_scatter(df_comm *c, const void *send, void *recv, size_t count,
+                              size_t es, df_err *e)
 {
     const int W = c->world;
-    const size_t per = c->half / (sizeof(float) * (size_t)W);
+    const size_t per = c->half / (es * (size_t)W);
+    const unsigned char *snd = send;
+    unsigned char *rcv = recv;
     for (size_t off = 0; off < count; off += per, c->round++) {
         size_t len = count - off < per ? count - off : per;
         /* piece j of this round: send[j*count + off, +len), for rank j */
-        float *mine = (float *)slot_half(c, c->rank, c->round);
+        unsigned char *mine = slot_half(c, c->rank, c->round);
         for (int j = 0; j < W; j++)
-            memcpy(mine + (size_t)j * len, send + (size_t)j * count + off, len * sizeof *send);
-        int rc = shm_sync(c, "reduce_scatter_f32", e);
+            memcpy(mine + (size_t)j * len * es, snd + ((size_t)j * count + off) * es, len * es);
+        int rc = shm_sync(c, "reduce_scatter", e);
         if (rc)
             return shm_fail(c, rc, e);
         const size_t at = (size_t)c->rank * len;
-        memcpy(recv + off, (const float *)slot_half(c, 0, c->round) + at, len * sizeof *recv);
+        if (es == 2) {
+            sum_bf16((uint16_t *)rcv + off, c, at, len);
+            continue;
+        }
+        float *out = (float *)rcv + off;
+        memcpy(out, (const float *)slot_half(c, 0, c->round) + at, len * sizeof *out);
         for (int r = 1; r < W; r++)
-            add_f32(recv + off, (const float *)slot_half(c, r, c->round) + at, len);
+            add_f32(out, (const float *)slot_half(c, r, c->round) + at, len);
     }
     return 0;
 }
@@ -697,32 +716,42 @@ int df_comm_allreduce_host_f64(df_comm *c, double *v, int n, df_err *e)
 #endif
 }
 
-int df_comm_reduce_scatter_f32(df_comm *c, const float *send, float *recv, size_t count,
-                               df_err *e)
+int df_comm_reduce_scatter(df_comm *c, const void *send, void *recv, size_t count,
+                           df_dtype dtype, df_err *e)
 {
     if (!c)
-        return df_errf(e, -EINVAL, "comm: reduce_scatter_f32: no communicator");
-    if (count > SIZE_MAX / sizeof(float) / (size_t)c->world)
-        return df_errf(e, -EINVAL, "comm: reduce_scatter_f32: count %zu too large", count);
+        return df_errf(e, -EINVAL, "comm: reduce_scatter: no communicator");
+    if (dtype != DF_DTYPE_F32 && dtype != DF_DTYPE_BF16)
+        return df_errf(e, -EINVAL, "comm: reduce_scatter: dtype %s (F32 or BF16)",
+                       df_dtype_name(dtype));
+    const size_t es = df_dtype_size(dtype);
+    if (count > SIZE_MAX / es / (size_t)c->world)
+        return df_errf(e, -EINVAL, "comm: reduce_scatter: count %zu too large", count);
     if (count && (!send || !recv))
-        return df_errf(e, -EINVAL, "comm: reduce_scatter_f32: NULL buffer");
-    if (overlaps(send, (size_t)c->world * count * sizeof(float), recv, count * sizeof(float)))
-        return df_errf(e, -EINVAL, "comm: reduce_scatter_f32: recv overlaps send");
+        return df_errf(e, -EINVAL, "comm: reduce_scatter: NULL buffer");
+    if (overlaps(send, (size_t)c->world * count * es, recv, count * es))
+        return df_errf(e, -EINVAL, "comm: reduce_scatter: recv overlaps send");
     if (c->broken)
-        return refuse_broken(c, "reduce_scatter_f32", e);
+        return refuse_broken(c, "reduce_scatter", e);
     if (count == 0)
         return 0;
     if (c->kind == T_SELF) {
-        int rc = df_backend_copy(c->be, recv, send, count * sizeof(float));
-        return rc ? df_errf(e, rc, "comm: reduce_scatter_f32: backend copy failed") : 0;
+        int rc = df_backend_copy(c->be, recv, send, count * es);
+        return rc ? df_errf(e, rc, "comm: reduce_scatter: backend copy failed") : 0;
     }
     if (c->kind == T_SHM)
-        return shm_reduce_scatter_f32(c, send, recv, count, e);
+        return shm_reduce_scatter(c, send, recv, count, es, e);
 #ifdef DFLASH_HAVE_NCCL
-    return failed(c, df_comm_nccl_reduce_scatter_f32(c->nccl, send, recv, count, e));
+    return failed(c, df_comm_nccl_reduce_scatter(c->nccl, send, recv, count, dtype, e));
 #else
-    return no_nccl("reduce_scatter_f32", e);
+    return no_nccl("reduce_scatter", e);
 #endif
+}
+
+int df_comm_reduce_scatter_f32(df_comm *c, const float *send, float *recv, size_t count,
+                               df_err *e)
+{
+    return df_comm_reduce_scatter(c, send, recv, count, DF_DTYPE_F32, e);
 }
 
 int df_comm_all_gather(df_comm *c, const void *send, void *recv, size_t bytes, df_err *e)

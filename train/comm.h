@@ -110,9 +110,13 @@ const char *df_comm_transport(const df_comm *c);
  * on every rank (added in rank order on every transport). */
 int df_comm_allreduce_host_f64(df_comm *c, double *v, int n, df_err *e);
 
-/* send: world*count F32 in backend memory; recv (count F32, backend memory)
- * gets the sum over ranks of send[rank*count .. +count). recv must not
- * overlap send.
+/* send: world*count elements of dtype (F32 or BF16) in backend memory; recv
+ * (count elements, backend memory) gets the sum over ranks of
+ * send[rank*count .. +count). recv must not overlap send. F32: added in rank
+ * order on shared memory (NCCL: its own order). BF16: on shared memory the
+ * ranks' values are added in fp32 in rank order and rounded once (RNE);
+ * NCCL adds in fp32 per step and rounds after each (once for two ranks, so
+ * both transports agree there).
  *
  * Ordering (this and df_comm_all_gather): the collective reads send after the
  * work enqueued so far on the backend's stream. On CUDA it runs on the
@@ -120,6 +124,9 @@ int df_comm_allreduce_host_f64(df_comm *c, double *v, int n, df_err *e);
  * are reduce-scattered while the backward of earlier layers still runs):
  * until df_comm_wait, the backend's work must neither write send/recv nor
  * read recv, and neither may be freed. On the CPU it is done on return. */
+int df_comm_reduce_scatter(df_comm *c, const void *send, void *recv, size_t count,
+                           df_dtype dtype, df_err *e);
+/* df_comm_reduce_scatter on F32. */
 int df_comm_reduce_scatter_f32(df_comm *c, const float *send, float *recv, size_t count,
                                df_err *e);
 
@@ -147,8 +154,8 @@ int df_comm_nccl_open(df_backend *be, const df_comm_opts *o, int timeout_s,
 void df_comm_nccl_close(df_comm_nccl *n, int abort);
 void df_comm_nccl_abort(df_comm_nccl *n);
 int df_comm_nccl_allreduce_host_f64(df_comm_nccl *n, double *v, int n_vals, df_err *e);
-int df_comm_nccl_reduce_scatter_f32(df_comm_nccl *n, const float *send, float *recv,
-                                    size_t count, df_err *e);
+int df_comm_nccl_reduce_scatter(df_comm_nccl *n, const void *send, void *recv, size_t count,
+                                df_dtype dtype, df_err *e);
 int df_comm_nccl_all_gather(df_comm_nccl *n, const void *send, void *recv, size_t bytes,
                             df_err *e);
 int df_comm_nccl_wait(df_comm_nccl *n, df_err *e);

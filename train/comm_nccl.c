@@ -512,14 +512,15 @@ static int fork_(df_comm_nccl *n, const char *what, df_err *e)
     return 0;
 }
 
-int df_comm_nccl_reduce_scatter_f32(df_comm_nccl *n, const float *send, float *recv,
-                                    size_t count, df_err *e)
+int df_comm_nccl_reduce_scatter(df_comm_nccl *n, const void *send, void *recv, size_t count,
+                                df_dtype dtype, df_err *e)
 {
-    const char *what = "reduce_scatter_f32";
+    const char *what = "reduce_scatter";
     int rc = fork_(n, what, e);
     if (rc)
         return rc;
-    NC(ncclReduceScatter(send, recv, count, ncclFloat32, ncclSum, n->comm, n->stream),
+    ncclDataType_t t = dtype == DF_DTYPE_BF16 ? ncclBfloat16 : ncclFloat32;
+    NC(ncclReduceScatter(send, recv, count, t, ncclSum, n->comm, n->stream),
        "ncclReduceScatter");
     return 0;
 }
