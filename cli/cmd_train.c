@@ -36,6 +36,7 @@ static void usage(FILE *f)
             "  --noise A             uniform feature noise +-A (default 0)\n"
             "  --recompute           keep fewer activations: norms, RoPE and SwiGLU outputs are\n"
             "                        recomputed in the backward (same results, less memory)\n"
+            "  --grad-f32            GPU: gradients in F32 (default BF16, half the memory)\n"
             "  --buffered-io         read the cache through the page cache (default O_DIRECT):\n"
             "                        for a cache that fits in RAM and is read many epochs\n"
             "optimisation:\n"
@@ -106,6 +107,10 @@ int cmd_train(int argc, char **argv)
         }
         if (!strcmp(a, "--recompute")) {
             o.recompute = 1;
+            continue;
+        }
+        if (!strcmp(a, "--grad-f32")) {
+            o.grad_f32 = 1;
             continue;
         }
         if (!v) {

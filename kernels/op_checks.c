@@ -14,8 +14,14 @@ int df_check_tensor(const df_tensor *t, int ndim_min, int ndim_max, int weight, 
 {
     if (!t || t->ndim < ndim_min || t->ndim > ndim_max)
         return 0;
-    if (weight == DF_CHK_WEIGHT ? !df_is_weight_dtype(t->dtype)
-                               : t->dtype != (weight == DF_CHK_BF16 ? DF_DTYPE_BF16 : DF_DTYPE_F32))
+    int dtype_ok;
+    if (weight == DF_CHK_WEIGHT)
+        dtype_ok = df_is_weight_dtype(t->dtype);
+    else if (weight == DF_CHK_GRAD)
+        dtype_ok = t->dtype == DF_DTYPE_F32 || t->dtype == DF_DTYPE_BF16;
+    else
+        dtype_ok = t->dtype == (weight == DF_CHK_BF16 ? DF_DTYPE_BF16 : DF_DTYPE_F32);
+    if (!dtype_ok)
         return 0;
     for (int d = 0; d < t->ndim; d++)
         if (t->shape[d] < 0 || t->stride[d] < 0)

@@ -14,16 +14,17 @@
 int df_is_weight_dtype(df_dtype t);
 
 /* The dtype rule of df_check_tensor's `weight` argument. */
-enum { DF_CHK_F32 = 0, DF_CHK_WEIGHT = 1, DF_CHK_BF16 = 2 };
+enum { DF_CHK_F32 = 0, DF_CHK_WEIGHT = 1, DF_CHK_BF16 = 2, DF_CHK_GRAD = 3 };
 
 /* A well-formed tensor: ndim_min..ndim_max dims, dtype F32 (weight ==
- * DF_CHK_F32), BF16 (DF_CHK_BF16) or a weight dtype (DF_CHK_WEIGHT), non-negative shapes and strides, innermost stride 1, data
- * present when non-empty. An output (out != 0) must also not overlap
- * itself: each outer stride of a dim of size > 1 covers the extent of the
- * dims inside it. max_span > 0 also requires the elements a non-empty
- * tensor spans (and its element count) to be computable without int64
- * overflow and at most max_span (train_ops.c's rule); max_span == 0 checks
- * neither (ops.c's rule). */
+ * DF_CHK_F32), BF16 (DF_CHK_BF16), a weight dtype (DF_CHK_WEIGHT) or a
+ * weight-gradient dtype, F32 or BF16 (DF_CHK_GRAD), non-negative shapes
+ * and strides, innermost stride 1, data present when non-empty. An output
+ * (out != 0) must also not overlap itself: each outer stride of a dim of
+ * size > 1 covers the extent of the dims inside it. max_span > 0 also
+ * requires the elements a non-empty tensor spans (and its element count)
+ * to be computable without int64 overflow and at most max_span
+ * (train_ops.c's rule); max_span == 0 checks neither (ops.c's rule). */
 int df_check_tensor(const df_tensor *t, int ndim_min, int ndim_max, int weight, int out,
                     int64_t max_span);
 

@@ -26,9 +26,9 @@ int df_cpu_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up
 int df_cpu_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
                      const int32_t *label, const float *weight, float denom, double *loss_sum,
                      df_tensor *dh, int32_t *argmax, float *ce);
-int df_cpu_adamw(df_backend *be, float *master, const float *grad, float *m, float *v, int64_t n,
-                 float lr, float beta1, float beta2, float eps, float wd, int64_t step,
-                 float grad_scale, uint16_t *out_bf16);
-double df_cpu_sumsq(df_backend *be, const float *x, int64_t n);
+int df_cpu_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_dtype, float *m,
+                 float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,
+                 int64_t step, float grad_scale, uint16_t *out_bf16);
+double df_cpu_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n);
 
 #endif

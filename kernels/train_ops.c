@@ -7,8 +7,10 @@
  * untouched, and the CPU implementations (kernels/cpu/train_dense.c,
  * kernels/cpu/lmhead_ce.c) may assume valid arguments. The checking helpers
  * are shared with ops.c (op_checks.c); the rules here:
- *   - a tensor: 1..4 dims (as the op says), F32 (activations, gradients) or
- *     BF16/F16/F32 (weights), shapes and strides >= 0, innermost stride 1,
+ *   - a tensor: 1..4 dims (as the op says), the backend's activation dtype
+ *     (activations and their gradients), BF16/F16/F32 (weights; BF16 on
+ *     CUDA) or F32/BF16 (weight gradients), shapes and strides >= 0,
+ *     innermost stride 1,
  *     data present when non-empty, the elements it spans addressable
  *     without int64 overflow; an output also must not overlap itself;
  *   - an output shares no byte with any input or other output, except where
@@ -31,10 +33,11 @@ static int check_tensor(const df_tensor *t, int ndim_min, int ndim_max, int weig
 }
 
 /* Activations and their gradients: the backend's activation dtype; weights:
- * any weight dtype on the CPU, BF16 on CUDA; weight gradients: always F32. */
+ * any weight dtype on the CPU, BF16 on CUDA; weight gradients: F32 or BF16
+ * on every backend. */
 #define ACT(be) ((be)->act == DF_DTYPE_BF16 ? DF_CHK_BF16 : DF_CHK_F32)
 #define WT(be) ((be)->act == DF_DTYPE_BF16 ? DF_CHK_BF16 : DF_CHK_WEIGHT)
-#define GRAD DF_CHK_F32
+#define GRAD DF_CHK_GRAD
 
 /* ---- matmul backward ---- */
 
@@ -160,11 +163,13 @@ int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
 
 /* ---- optimizer ---- */
 
-int df_op_adamw(df_backend *be, float *master, const float *grad, float *m, float *v, int64_t n,
-                float lr, float beta1, float beta2, float eps, float wd, int64_t step,
-                float grad_scale, uint16_t *out_bf16)
+int df_op_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_dtype, float *m,
+                float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,
+                int64_t step, float grad_scale, uint16_t *out_bf16)
 {
     if (!be || n < 0 || n > ((int64_t)1 << 56) || step < 1)
+        return -EINVAL;
+    if (grad_dtype != DF_DTYPE_F32 && grad_dtype != DF_DTYPE_BF16)
         return -EINVAL;
     if (n > 0 && (!master || !grad || !m || !v))
         return -EINVAL;
@@ -174,22 +179,26 @@ int df_op_adamw(df_backend *be, float *master, const float *grad, float *m, floa
     if (!(beta1 >= 0 && beta1 < 1) || !(beta2 >= 0 && beta2 < 1))
         return -EINVAL;
     /* No two arrays may share memory (not even the same pointer: grad
-     * aliasing m or master would change the arithmetic). */
+     * aliasing m or master would change the arithmetic). grad spans n
+     * elements of its own dtype. */
     df_rowspan s[5] = {df_span_raw(master, n, 4), df_span_raw(m, n, 4), df_span_raw(v, n, 4),
-                    df_span_raw(out_bf16, n, 2), df_span_raw(grad, n, 4)};
+                    df_span_raw(out_bf16, n, 2),
+                    df_span_raw(grad, n, df_dtype_size(grad_dtype))};
     for (int i = 0; i < 4; i++)
         for (int j = i + 1; j < 5; j++)
             if (df_spans_overlap(s[i], s[j]))
                 return -EINVAL;
-    return DF_DISPATCH(be, adamw, master, grad, m, v, n, lr, beta1, beta2, eps, wd, step, grad_scale,
-                        out_bf16);
+    return DF_DISPATCH(be, adamw, master, grad, grad_dtype, m, v, n, lr, beta1, beta2, eps, wd,
+                       step, grad_scale, out_bf16);
 }
 
-double df_op_sumsq(df_backend *be, const float *x, int64_t n)
+double df_op_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n)
 {
     if (!be || n < 0 || (n > 0 && !x))
         return (double)-EINVAL;
+    if (dtype != DF_DTYPE_F32 && dtype != DF_DTYPE_BF16)
+        return (double)-EINVAL;
     if (!be->vt->sumsq)
         return (double)-ENOTSUP;
-    return be->vt->sumsq(be, x, n);
+    return be->vt->sumsq(be, x, dtype, n);
 }

@@ -1,13 +1,24 @@
 /* train_ops.h - what training the DFlash drafter needs beyond ops.h:
  * backward passes, the drafter attention (forward + backward), the fused
  * LM-head cross-entropy and AdamW. Same conventions as ops.h (df_tensor
- * views, F32 activations and gradients, weights BF16/F16/F32, -EINVAL on
- * inconsistent arguments with nothing written). The CPU versions are the
+ * views, activations in the backend's activation dtype, weights BF16/F16/F32
+ * on the CPU and BF16 on CUDA, -EINVAL on inconsistent arguments with
+ * nothing written). The CPU versions are the
  * reference the CUDA kernels will be tested against.
  *
- * Gradients are F32. "accumulate" = add into the destination instead of
- * overwriting it (weight gradients are summed over the rows of a batch and
- * over accumulation steps).
+ * Activation gradients have the activation dtype (F32 on the CPU, BF16 on
+ * CUDA). Weight gradients (matmul_bwd_w's and rmsnorm_bwd's dw) are F32 or
+ * BF16 on any backend, whatever the activation dtype: BF16 halves the
+ * memory and traffic of the gradient array, as PyTorch's bf16 training
+ * does. A BF16 dw element is computed exactly as the F32 one (the same fp32
+ * sum, plus - when accumulating - the old value widened to fp32), then
+ * rounded once to bf16, to nearest even. The optimizer (df_op_adamw) and
+ * the gradient norm (df_op_sumsq) read F32 or BF16 gradients, widened
+ * exactly to fp32.
+ *
+ * "accumulate" = add into the destination instead of overwriting it
+ * (weight gradients are summed over the rows of a batch and over
+ * accumulation steps).
  */
 #ifndef DF_TRAIN_OPS_H
 #define DF_TRAIN_OPS_H
@@ -17,17 +28,20 @@
 /* ---- backward of the dense ops (forward in ops.h) ---- */
 
 /* y = x @ w^T:  dx (+)= dy @ w   ([M,N] x [N,K] -> [M,K])
- *               dw (+)= dy^T @ x ([N,M] x [M,K] -> [N,K], F32)
- * dy, x F32; w a weight. As df_op_matmul: each element is one fp32 sum (over
- * n, resp. over the rows m in order); with accumulate the finished sum is
- * added to the old value last. dx/dw must not overlap any input. */
+ *               dw (+)= dy^T @ x ([N,M] x [M,K] -> [N,K], F32 or BF16)
+ * dy, x, dx activations; w a weight. As df_op_matmul: each element is one
+ * fp32 sum (over n, resp. over the rows m in order); with accumulate the
+ * finished sum is added to the old value (widened to fp32) last, in fp32;
+ * a BF16 dw then rounds that once (RNE). dx/dw must not overlap any input. */
 int df_op_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w, df_tensor *dx,
                        int accumulate);
 int df_op_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x, df_tensor *dw,
                        int accumulate);
 
 /* RMSNorm backward (plain w or 1 + w): from x, w and dy, dx (+)= ... and
- * dw += sum over rows (dw F32 [D], always accumulated). dx may be NULL.
+ * dw += sum over rows (dw [D] F32 or BF16, always accumulated: the fp32 sum
+ * over the rows, in a fixed order, plus the old value widened to fp32; a
+ * BF16 dw rounds that once, RNE). dx may be NULL.
  * x, dy, dx: the same 1..4-D shape (last dim D, as df_op_rmsnorm); w [D]
  * weight. dx may be exactly dy's (or x's) view; dw overlaps nothing. */
 int df_op_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
@@ -112,14 +126,20 @@ int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
  * v = b2 v + (1-b2) g^2; p -= lr * (m/(1-b1^t) / (sqrt(v/(1-b2^t)) + eps) + wd p);
  * grad is scaled by grad_scale first (global-norm clipping). If out_bf16 is
  * not NULL, the updated weights are also written there as bf16 (RNE).
+ * grad holds n elements of grad_dtype, DF_DTYPE_F32 or DF_DTYPE_BF16 (else
+ * -EINVAL): each is widened to fp32 exactly, so BF16 gradients give the
+ * very bits F32 gradients of the same values give.
  * step >= 1; 0 <= beta < 1; eps > 0; lr, wd, grad_scale finite and >= 0;
  * the arrays share no memory. fp32 math per element. */
-int df_op_adamw(df_backend *be, float *master, const float *grad, float *m, float *v, int64_t n,
-                float lr, float beta1, float beta2, float eps, float wd, int64_t step,
-                float grad_scale, uint16_t *out_bf16);
+int df_op_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_dtype, float *m,
+                float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,
+                int64_t step, float grad_scale, uint16_t *out_bf16);
 
-/* Sum of squares of n floats (for the global gradient norm), in double.
- * Bad arguments return -EINVAL as a double (a sum of squares is never < 0). */
-double df_op_sumsq(df_backend *be, const float *x, int64_t n);
+/* Sum of squares of n elements of x (for the global gradient norm), in
+ * double: dtype DF_DTYPE_F32 or DF_DTYPE_BF16, each element widened exactly
+ * (a BF16 array gives the very bits the F32 array of the same values
+ * gives). Bad arguments (a NULL x with n > 0, n < 0, another dtype) return
+ * -EINVAL as a double (a sum of squares is never < 0). */
+double df_op_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n);
 
 #endif

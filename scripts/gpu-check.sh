@@ -146,7 +146,7 @@ row "build (sm_90a + sm_80)" "$build"
 row "ctest" "$tests"
 row "test_gpu_probe" "${gpu_test:-?} ${gpu:-}"
 row "GPU forward vs live HF" "$live"
-[ -f "$LOG/gpu-drafter.log" ] && { echo "-- test_gpu_drafter (one training step vs fp64 / naive bf16)"; tail -6 "$LOG/gpu-drafter.log"; }
+[ -f "$LOG/gpu-drafter.log" ] && { echo "-- test_gpu_drafter (one training step vs fp64 / naive bf16)"; grep -E "^loss|gradients:|^metrics|^ok|FAIL" "$LOG/gpu-drafter.log" | head -8; }
 row "kill -9 + resume (GPU)" "$resume"
 row "drafter training (tiny)" "$train"
 row "trainer resume (GPU)" "$train_resume"

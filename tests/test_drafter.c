@@ -12,12 +12,14 @@
  * and a full layer, GQA 4/2, so every path of the backward runs. Also:
  * gradients accumulate (two calls = 2x), metrics are sane, and a row whose
  * blocks are all padding gives loss 0 and zero gradients, not NaN. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "drafter.h"
+#include "dtype.h"
 #include "test.h"
 
 enum { H = 16, K = 2, V = 37, BS = 4, S = 20, NB = 4, N = NB * BS };
@@ -146,6 +148,34 @@ int main(void)
     CHECK(m2.loss_sum == m.loss_sum);
     CHECK(memcmp(g, g2, (size_t)ps->total * 4) == 0);
     df_drafter_set_recompute(d, 0);
+    /* BF16 gradient storage: the same loss; every tensor within bf16
+     * rounding of the F32 gradients (each op rounds its sum once; a tensor two
+     * ops add to, twice), relative L2 <= 2^-7 */
+    CHECK_EQ(df_drafter_set_grad_dtype(d, DF_DTYPE_F16), -EINVAL);
+    CHECK_OK(df_drafter_set_grad_dtype(d, DF_DTYPE_BF16), NULL);
+    CHECK_EQ(df_drafter_grad_dtype(d), DF_DTYPE_BF16);
+    {
+        uint16_t *g16 = calloc((size_t)ps->total, 2);
+        df_drafter_metrics m3 = {0};
+        CHECK_OK(df_drafter_row_step(d, w, &r, denom, g16, &m3, &e), &e);
+        CHECK(m3.loss_sum == m.loss_sum);
+        for (int i = 0; i < ps->n; i++) {
+            const df_param *p = &ps->p[i];
+            double dd = 0, nn = 0;
+            for (int64_t k = 0; k < p->numel; k++) {
+                double x = g[p->offset + k], y = df_bf16_to_f32(g16[p->offset + k]);
+                dd += (x - y) * (x - y);
+                nn += x * x;
+            }
+            if (!(nn > 0) || !(sqrt(dd / nn) <= 1.0 / 128)) {
+                fprintf(stderr, "bf16 gradient of %s: rel L2 %.3g vs F32 (|g| %.3g)\n", p->name,
+                        sqrt(dd / (nn > 0 ? nn : 1)), sqrt(nn));
+                df_test_failures++;
+            }
+        }
+        free(g16);
+    }
+    CHECK_OK(df_drafter_set_grad_dtype(d, DF_DTYPE_F32), NULL);
 
     const double h = 1e-2;
     for (int i = 0; i < ps->n; i++) {

@@ -24,6 +24,7 @@
  * Until the CUDA training kernels are wired, df_drafter_row_step returns
  * -ENOTSUP on CUDA: that FAILS here (it is the thing this test is for). */
 #include <cjson/cJSON.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +32,7 @@
 
 #include "cuda/device.h"
 #include "drafter.h"
+#include "dtype.h"
 #include "ops.h"
 #include "safetensors.h"
 #include "test.h"
@@ -135,6 +137,37 @@ static double l2(const float *a, const float *b, int64_t n)
         s += d * d;
     }
     return sqrt(s);
+}
+
+/* Every gradient tensor of the GPU step (gg, widened to F32) against the fp64
+ * reference: within 2x naive bf16 autograd's own error (L2 per tensor). */
+static void grads_check(const char *what, const df_params *ps, const float *ggpu,
+                        const float *gcpu, const float *const *g64, const float *const *g16)
+{
+    printf("-- %s gradients\n", what);
+    double worst = 0, worst_cpu = 0;
+    int nbad = 0;
+    for (int i = 0; i < ps->n; i++) {
+        const df_param *p = &ps->p[i];
+        const float *gg = ggpu + p->offset, *gc = gcpu + p->offset;
+        int fin = finite_all(gg, p->numel);
+        double dgpu_ = l2(gg, g64[i], p->numel), d16 = l2(g16[i], g64[i], p->numel),
+               nref = l2(g64[i], NULL, p->numel), dcpu = l2(gc, g64[i], p->numel);
+        double bound = 2 * d16 + 1e-6 * nref, ratio = d16 > 0 ? dgpu_ / d16 : INFINITY;
+        int ok = fin && dgpu_ <= bound;
+        printf("%-44s %11.3e %11.3e %11.3e %9.3g %11.3e %s%s\n", p->name, dgpu_, d16, nref, ratio,
+               dcpu, ok ? "ok" : "FAIL", fin ? "" : " (NaN/Inf)");
+        if (!ok) {
+            nbad++;
+            df_test_failures++;
+        }
+        if (fin && ratio > worst)
+            worst = ratio;
+        if (nref > 0 && dcpu / nref > worst_cpu)
+            worst_cpu = dcpu / nref;
+    }
+    printf("%s gradients: %d of %d tensors fail; worst ratio gpu/bf16 %.3f (bound 2); cpu worst rel "
+           "L2 %.2e (information)\n", what, nbad, ps->n, worst, worst_cpu);
 }
 
 int main(void)
@@ -283,30 +316,26 @@ int main(void)
     if (!lok)
         df_test_failures++;
 
-    /* ---- gradients, L2 per tensor ---- */
-    double worst = 0, worst_cpu = 0;
-    int nbad = 0;
-    for (int i = 0; i < ps->n; i++) {
-        const df_param *p = &ps->p[i];
-        const float *gg = ggpu + p->offset, *gc = gcpu + p->offset;
-        int fin = finite_all(gg, p->numel);
-        double dgpu_ = l2(gg, g64[i], p->numel), d16 = l2(g16[i], g64[i], p->numel),
-               nref = l2(g64[i], NULL, p->numel), dcpu = l2(gc, g64[i], p->numel);
-        double bound = 2 * d16 + 1e-6 * nref, ratio = d16 > 0 ? dgpu_ / d16 : INFINITY;
-        int ok = fin && dgpu_ <= bound;
-        printf("%-44s %11.3e %11.3e %11.3e %9.3g %11.3e %s%s\n", p->name, dgpu_, d16, nref, ratio,
-               dcpu, ok ? "ok" : "FAIL", fin ? "" : " (NaN/Inf)");
-        if (!ok) {
-            nbad++;
-            df_test_failures++;
-        }
-        if (fin && ratio > worst)
-            worst = ratio;
-        if (nref > 0 && dcpu / nref > worst_cpu)
-            worst_cpu = dcpu / nref;
+    /* ---- gradients, L2 per tensor: F32, then BF16 gradient storage ---- */
+    grads_check("F32", ps, ggpu, gcpu, g64, g16);
+    uint16_t *dg16 = df_backend_alloc(gpu, (size_t)P * 2), *g16h = malloc((size_t)P * 2);
+    CHECK(dg16 && g16h);
+    if (dg16 && g16h) {
+        CHECK_EQ(df_drafter_set_grad_dtype(dgpu, DF_DTYPE_F16), -EINVAL);
+        CHECK_OK(df_drafter_set_grad_dtype(dgpu, DF_DTYPE_BF16), NULL);
+        CHECK_OK(df_backend_zero(gpu, dg16, (size_t)P * 2), &e);
+        df_drafter_metrics mg2 = {0};
+        CHECK_OK(df_drafter_row_step(dgpu, dw, &r, denom, dg16, &mg2, &e), &e);
+        CHECK_OK(df_backend_sync(gpu), &e);
+        CHECK_OK(df_backend_download(gpu, g16h, dg16, (size_t)P * 2), &e);
+        /* the loss does not depend on the gradient dtype */
+        CHECK(mg2.loss_sum == mg.loss_sum);
+        for (int64_t i = 0; i < P; i++)
+            ggpu[i] = df_bf16_to_f32(g16h[i]);
+        grads_check("BF16", ps, ggpu, gcpu, g64, g16);
     }
-    printf("gradients: %d of %d tensors fail; worst ratio gpu/bf16 %.3f (bound 2); cpu worst rel "
-           "L2 %.2e (information)\n", nbad, ps->n, worst, worst_cpu);
+    df_backend_free(gpu, dg16);
+    free(g16h);
     printf("metrics: gpu %llu blocks, %llu accepted; cpu %llu blocks, %llu accepted\n",
            (unsigned long long)mg.blocks, (unsigned long long)mg.accepted,
            (unsigned long long)mc.blocks, (unsigned long long)mc.accepted);

@@ -22,6 +22,20 @@
  *  - sumsq (double): squares of floats are exact in double, only the n - 1
  *    additions round in some order: |gpu - ref| <= 2 n 2^-53 ref; exact for
  *    n <= 1.
+ * BF16 weight gradients (the trainer may keep its gradient array in bf16):
+ *  - RMSNorm with a BF16 dw: the GPU run with an F32 dw holding the same
+ *    (widened) old values computes the same partials in the same order, so
+ *    dx must match it bit for bit and each bf16 dw element must be exactly
+ *    RNE of the f32 one. Against the CPU's BF16 dw: each side rounds its
+ *    fp32 value once; where the F32 rule's bound (1e-5 sum|terms|) is below
+ *    half a bf16 ulp they are at most 1 bf16 ulp apart (the summation order
+ *    can flip one rounding), elsewhere (sums that cancel) within that bound
+ *    plus half an ulp of each.
+ *  - AdamW and sumsq with BF16 gradients: bit for bit what the GPU gives
+ *    for F32 gradients of the same values (a bf16 widens exactly; the
+ *    arithmetic and the order are the same), for the vector and the scalar
+ *    paths; against the CPU (run with the same BF16 gradients), the F32
+ *    rules above.
  * Determinism: dw and sumsq run twice on the same inputs, bitwise equal;
  * and the same logical data laid out aligned (vector path) and misaligned
  * (scalar path) gives the same bits (the summation orders depend on the
@@ -447,6 +461,126 @@ static void nbwd_layouts(const char *name, view a, view b, int plus_one, int dxm
     free(ra.dw), free(ra.dx), free(rb_.dw), free(rb_.dx);
 }
 
+/* ---- RMSNorm backward, BF16 dw ---- */
+
+static int bf16_dist(uint16_t a, uint16_t b)
+{
+    int ia = (a & 0x8000) ? -(int)(a & 0x7fff) : (int)a;
+    int ib = (b & 0x8000) ? -(int)(b & 0x7fff) : (int)b;
+    return ia > ib ? ia - ib : ib - ia;
+}
+
+static double bf16_ulp(double d) /* bf16 spacing at |d|: 2^(e-8), |d| in [2^(e-1), 2^e) */
+{
+    int e;
+    frexp(d, &e);
+    return d != 0 ? ldexp(1.0, e - 8) : 0;
+}
+
+/* The rule at the top: the GPU's and the CPU's bf16 dw, each the one
+ * rounding of an fp32 value, those within tol of each other. */
+static int bf16_grad_close(uint16_t a, uint16_t b, double tol, int64_t *cancel)
+{
+    float fa = bf2f(a), fb = bf2f(b);
+    if (!isfinite(fa) || !isfinite(fb))
+        return 0;
+    if (tol < 0.5 * bf16_ulp(fb))
+        return bf16_dist(a, b) <= 1;
+    (*cancel)++;
+    return fabs((double)fa - fb) <= tol + 0.5 * (bf16_ulp(fa) + bf16_ulp(fb));
+}
+
+static void nbwd_bf16_case(const char *name, view v, int plus_one, int dxm, int acc)
+{
+    const uint64_t seed = test_rand(&rng);
+    const int64_t D = v.shape[v.ndim - 1];
+    const float eps = 1e-6f;
+    buf x = buf_view(v, seed, 1.5f), dy = buf_view(v, seed + 1, 1.0f), dxb;
+    memset(&dxb, 0, sizeof dxb);
+    buf w = buf_new(D, 0, 0.5f);
+    buf dwb = buf_new(D, 0, 3.0f), dwf = buf_new(D, 1, 1.0f); /* BF16 dw; F32, same values */
+    for (int64_t i = 0; i < D; i++)
+        buf_set(&dwf, i, dwb.h[i]);
+    if (dxm == DX_OWN) {
+        dxb = buf_view(v, seed + 2, 1.0f);
+        if (!acc)
+            poison(&dxb, v);
+    }
+    buf *pdx = dxm == DX_OWN ? &dxb : dxm == DX_IS_DY ? &dy : dxm == DX_IS_X ? &x : NULL;
+
+    /* the bound's magnitudes: |dw0| + sum_rows |dy xhat|, xhat from double 1/rms */
+    int64_t n, *o = offsets_of(v, &n);
+    const int64_t R = n / D;
+    double *mag = xmalloc((size_t)D * sizeof *mag);
+    for (int64_t i = 0; i < D; i++)
+        mag[i] = fabs(dwb.h[i]);
+    for (int64_t r = 0; r < R; r++) {
+        double ss = 0;
+        for (int64_t i = 0; i < D; i++)
+            ss += (double)x.h[o[r * D + i]] * x.h[o[r * D + i]];
+        double inv = 1.0 / sqrt(ss / (double)D + eps);
+        for (int64_t i = 0; i < D; i++)
+            mag[i] += fabs((double)dy.h[o[r * D + i]] * x.h[o[r * D + i]] * inv);
+    }
+
+    /* the GPU with the BF16 dw, then (inputs uploaded again: dx may be one
+     * of them) with the F32 dw */
+    df_tensor xg = tens(&x, v, 1), dyg = tens(&dy, v, 1), dxg;
+    memset(&dxg, 0, sizeof dxg);
+    if (pdx)
+        dxg = tens(pdx, v, 1);
+    df_tensor wg = df_tensor_1d(w.d, DF_DTYPE_BF16, D);
+    df_tensor dwbg = df_tensor_1d(dwb.d, DF_DTYPE_BF16, D);
+    df_tensor dwfg = df_tensor_1d(dwf.d, DF_DTYPE_F32, D);
+    uint16_t *dxr[2] = {NULL, NULL};
+    for (int run = 0; run < 2; run++) {
+        buf_upload(&x), buf_upload(&dy), buf_upload(&w);
+        buf_upload(run ? &dwf : &dwb);
+        if (dxm == DX_OWN)
+            buf_upload(&dxb);
+        CHECK_EQ(df_cuda_rmsnorm_bwd(gpu, &xg, &wg, eps, plus_one, &dyg, pdx ? &dxg : NULL, acc,
+                                     run ? &dwfg : &dwbg),
+                 0);
+        CHECK(sync_ok());
+        if (pdx)
+            dxr[run] = buf_download(pdx);
+    }
+    uint16_t *gb = buf_download(&dwb);
+    float *gf = buf_download(&dwf);
+    int same_dx = !pdx || !memcmp(dxr[0], dxr[1], (size_t)pdx->n * 2);
+    int64_t not_rne = 0;
+    for (int64_t i = 0; i < D; i++)
+        not_rne += gb[i] != f2bf(gf[i]);
+
+    /* the CPU with a BF16 dw holding the same old values */
+    uint16_t *cb = xmalloc((size_t)D * 2);
+    memcpy(cb, dwb.img, (size_t)D * 2);
+    df_tensor xc = tens(&x, v, 0), dyc = tens(&dy, v, 0), dxc;
+    memset(&dxc, 0, sizeof dxc);
+    if (pdx)
+        dxc = tens(pdx, v, 0);
+    df_tensor wc = df_tensor_1d(w.h, DF_DTYPE_F32, D), cdw = df_tensor_1d(cb, DF_DTYPE_BF16, D);
+    CHECK_EQ(df_op_rmsnorm_bwd(cpu, &xc, &wc, eps, plus_one, &dyc, pdx ? &dxc : NULL, acc, &cdw),
+             0);
+    int64_t bad = 0, cancel = 0, differ = 0;
+    for (int64_t i = 0; i < D; i++) {
+        bad += !bf16_grad_close(gb[i], cb[i], 1e-5 * mag[i], &cancel);
+        differ += gb[i] != cb[i];
+    }
+    int ok = bad == 0 && not_rne == 0 && same_dx;
+    printf("  %-50s bf16 dw: == RNE(f32 dw run) %s, dx %s; vs CPU %lld/%lld differ (1 ulp), "
+           "%lld cancelling, %lld bad  %s\n",
+           name, not_rne ? "NO" : "yes", same_dx ? "bitwise equal" : "DIFFERS", (long long)differ,
+           (long long)D, (long long)cancel, (long long)bad, ok ? "ok" : "FAIL");
+    CHECK_EQ(bad, 0);
+    CHECK_EQ(not_rne, 0);
+    CHECK(same_dx);
+    free(o), free(mag), free(gb), free(gf), free(cb), free(dxr[0]), free(dxr[1]);
+    buf_free(&x), buf_free(&dy), buf_free(&w), buf_free(&dwb), buf_free(&dwf);
+    if (dxm == DX_OWN)
+        buf_free(&dxb);
+}
+
 static void test_rmsnorm_bwd(void)
 {
     printf("rmsnorm_bwd (bf16 dx: 2 naive + 1e-6 max|ref|; dw: 1e-5 sum|terms|)\n");
@@ -473,6 +607,17 @@ static void test_rmsnorm_bwd(void)
     nbwd_run("[37, 3, 64] ld 197 at 1 (scalar), plain", v3(1, 37, 3, 64, 197), 0, DX_OWN, 1);
     nbwd_layouts("[300, 2, 128] ld 264 at 0 | 265 at 1", v3(0, 300, 2, 128, 264),
                  v3(1, 300, 2, 128, 265), 1, DX_OWN, 0);
+    printf("rmsnorm_bwd, BF16 dw (== RNE(F32 dw run); vs CPU: 1 bf16 ulp, or 1e-5 sum|terms| "
+           "+ rounding where the sum cancels)\n");
+    nbwd_bf16_case("[37, 4, 64] ld 272, plain, dx own", v3(0, 37, 4, 64, 272), 0, DX_OWN, 0);
+    nbwd_bf16_case("[4096, 16, 64] ld 1032, plus_one, dx own, acc", v3(0, 4096, 16, 64, 1032), 1,
+                   DX_OWN, 1);
+    nbwd_bf16_case("[4096, 1, 5120] ld 5184, plain, dx = dy", v3(0, 4096, 1, 5120, 5184), 0,
+                   DX_IS_DY, 0);
+    nbwd_bf16_case("[4096, 8, 128] ld 1040, plus_one, dx = x", v3(0, 4096, 8, 128, 1040), 1,
+                   DX_IS_X, 0);
+    nbwd_bf16_case("[1, 1, 5120] ld 5184, plain, no dx", v3(0, 1, 1, 5120, 5184), 0, DX_NONE, 0);
+    nbwd_bf16_case("[37, 3, 64] ld 197 at 1 (scalar), acc", v3(1, 37, 3, 64, 197), 0, DX_OWN, 1);
 }
 
 /* ---- RoPE backward ---- */
@@ -570,51 +715,79 @@ static void test_swiglu_bwd(void)
 /* ---- AdamW ---- */
 
 /* Device arrays at element offset off (off 1: not 16-byte aligned, the
- * scalar path). */
-static void adamw_case(int64_t n, int with_out, int off, int64_t step, float gs)
+ * scalar path). gbf: the gradients are bf16 numbers, run on the GPU as an
+ * F32 and then as a BF16 array (from the same p, m, v): the two must agree
+ * bit for bit; the BF16 run is then held to the rules against the CPU run
+ * on the same BF16 array. */
+static void adamw_case(int64_t n, int with_out, int off, int64_t step, float gs, int gbf)
 {
     const float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.1f;
     float *p = xmalloc((size_t)n * 4), *g = xmalloc((size_t)n * 4), *m = xmalloc((size_t)n * 4),
           *v = xmalloc((size_t)n * 4);
+    uint16_t *g16 = xmalloc((size_t)n * 2); /* the bf16 gradients (gbf) */
     for (int64_t i = 0; i < n; i++) {
         p[i] = rnd_from(&rng, 0.05f);
         g[i] = rnd_from(&rng, 0.01f);
         m[i] = rnd_from(&rng, 0.003f);
         v[i] = fabsf(rnd_from(&rng, 1e-4f)) * 1e-2f;
+        if (gbf) {
+            g16[i] = f2bf(g[i]);
+            g[i] = bf2f(g16[i]);
+        }
     }
     size_t bytes = (size_t)(n + off) * 4;
     float *dp = df_backend_alloc(gpu, bytes), *dg = df_backend_alloc(gpu, bytes),
           *dm = df_backend_alloc(gpu, bytes), *dv = df_backend_alloc(gpu, bytes);
     uint16_t *dout = with_out ? df_backend_alloc(gpu, (size_t)(n + off) * 2) : NULL;
-    CHECK(dp && dg && dm && dv && (!with_out || dout));
-    CHECK_EQ(df_backend_upload(gpu, dp + off, p, (size_t)n * 4), 0);
+    uint16_t *dg16 = gbf ? df_backend_alloc(gpu, (size_t)(n + off) * 2) : NULL;
+    CHECK(dp && dg && dm && dv && (!with_out || dout) && (!gbf || dg16));
     CHECK_EQ(df_backend_upload(gpu, dg + off, g, (size_t)n * 4), 0);
-    CHECK_EQ(df_backend_upload(gpu, dm + off, m, (size_t)n * 4), 0);
-    CHECK_EQ(df_backend_upload(gpu, dv + off, v, (size_t)n * 4), 0);
-    if (with_out) {
-        uint16_t *nan = xmalloc((size_t)n * 2);
-        for (int64_t i = 0; i < n; i++)
-            nan[i] = 0x7fc0;
-        CHECK_EQ(df_backend_upload(gpu, dout + off, nan, (size_t)n * 2), 0);
-        free(nan);
-    }
-    CHECK_EQ(df_cuda_adamw(gpu, dp + off, dg + off, dm + off, dv + off, n, lr, b1, b2, eps, wd,
-                           step, gs, with_out ? dout + off : NULL),
-             0);
-    CHECK(sync_ok());
+    if (gbf)
+        CHECK_EQ(df_backend_upload(gpu, dg16 + off, g16, (size_t)n * 2), 0);
     float *gp = xmalloc((size_t)n * 4), *gm = xmalloc((size_t)n * 4), *gv = xmalloc((size_t)n * 4);
     uint16_t *go = with_out ? xmalloc((size_t)n * 2) : NULL;
-    CHECK_EQ(df_backend_download(gpu, gp, dp + off, (size_t)n * 4), 0);
-    CHECK_EQ(df_backend_download(gpu, gm, dm + off, (size_t)n * 4), 0);
-    CHECK_EQ(df_backend_download(gpu, gv, dv + off, (size_t)n * 4), 0);
-    if (with_out)
-        CHECK_EQ(df_backend_download(gpu, go, dout + off, (size_t)n * 2), 0);
+    int64_t differ32 = 0; /* BF16 run vs F32 run */
+    for (int run = 0; run < (gbf ? 2 : 1); run++) {
+        CHECK_EQ(df_backend_upload(gpu, dp + off, p, (size_t)n * 4), 0);
+        CHECK_EQ(df_backend_upload(gpu, dm + off, m, (size_t)n * 4), 0);
+        CHECK_EQ(df_backend_upload(gpu, dv + off, v, (size_t)n * 4), 0);
+        if (with_out) {
+            uint16_t *nan = xmalloc((size_t)n * 2);
+            for (int64_t i = 0; i < n; i++)
+                nan[i] = 0x7fc0;
+            CHECK_EQ(df_backend_upload(gpu, dout + off, nan, (size_t)n * 2), 0);
+            free(nan);
+        }
+        CHECK_EQ(df_cuda_adamw(gpu, dp + off, run ? (const void *)(dg16 + off) : dg + off,
+                               run ? DF_DTYPE_BF16 : DF_DTYPE_F32, dm + off, dv + off, n, lr, b1,
+                               b2, eps, wd, step, gs, with_out ? dout + off : NULL),
+                 0);
+        CHECK(sync_ok());
+        float *np_ = xmalloc((size_t)n * 4), *nm = xmalloc((size_t)n * 4);
+        float *nv = xmalloc((size_t)n * 4);
+        uint16_t *no = with_out ? xmalloc((size_t)n * 2) : NULL;
+        CHECK_EQ(df_backend_download(gpu, np_, dp + off, (size_t)n * 4), 0);
+        CHECK_EQ(df_backend_download(gpu, nm, dm + off, (size_t)n * 4), 0);
+        CHECK_EQ(df_backend_download(gpu, nv, dv + off, (size_t)n * 4), 0);
+        if (with_out)
+            CHECK_EQ(df_backend_download(gpu, no, dout + off, (size_t)n * 2), 0);
+        for (int64_t i = 0; run && i < n; i++)
+            differ32 += memcmp(&np_[i], &gp[i], 4) || memcmp(&nm[i], &gm[i], 4) ||
+                        memcmp(&nv[i], &gv[i], 4) || (with_out && no[i] != go[i]);
+        memcpy(gp, np_, (size_t)n * 4), memcpy(gm, nm, (size_t)n * 4);
+        memcpy(gv, nv, (size_t)n * 4);
+        if (with_out)
+            memcpy(go, no, (size_t)n * 2);
+        free(np_), free(nm), free(nv), free(no);
+    }
 
     /* the reference on copies (p, m, v are updated in place) */
     float *rp = xmalloc((size_t)n * 4), *rm = xmalloc((size_t)n * 4), *rv = xmalloc((size_t)n * 4);
     uint16_t *ro = xmalloc((size_t)n * 2);
     memcpy(rp, p, (size_t)n * 4), memcpy(rm, m, (size_t)n * 4), memcpy(rv, v, (size_t)n * 4);
-    CHECK_EQ(df_op_adamw(cpu, rp, g, rm, rv, n, lr, b1, b2, eps, wd, step, gs, ro), 0);
+    CHECK_EQ(df_op_adamw(cpu, rp, gbf ? (const void *)g16 : g, gbf ? DF_DTYPE_BF16 : DF_DTYPE_F32,
+                         rm, rv, n, lr, b1, b2, eps, wd, step, gs, ro),
+             0);
 
     /* bound: 1e-6 x the magnitudes of each update's terms (double) */
     const double bc1 = 1.0 - pow(b1, (double)step), bc2 = 1.0 - pow(b2, (double)step);
@@ -633,30 +806,41 @@ static void adamw_case(int64_t n, int with_out, int off, int64_t step, float gs)
         if (with_out)
             outbad += go[i] != f2bf(gp[i]);
     }
-    int ok = bad == 0 && outbad == 0;
-    printf("  adamw n=%-8lld out_bf16 %d %-9s step %lld gs %.2f: %lld/%lld bit-exact, %lld out of "
-           "bound, out_bf16 != RNE(master): %lld  %s\n",
+    int ok = bad == 0 && outbad == 0 && differ32 == 0;
+    printf("  adamw n=%-8lld out_bf16 %d %-9s step %lld gs %.2f grad %s: %lld/%lld bit-exact, %lld "
+           "out of bound, out_bf16 != RNE(master): %lld",
            (long long)n, with_out, off ? "unaligned" : "aligned", (long long)step, gs,
-           (long long)exact, (long long)n, (long long)bad, (long long)outbad, ok ? "ok" : "FAIL");
+           gbf ? "BF16" : "F32", (long long)exact, (long long)n, (long long)bad, (long long)outbad);
+    if (gbf)
+        printf(", != the F32-grad run: %lld", (long long)differ32);
+    printf("  %s\n", ok ? "ok" : "FAIL");
     CHECK_EQ(bad, 0);
     CHECK_EQ(outbad, 0);
-    free(p), free(g), free(m), free(v), free(gp), free(gm), free(gv), free(go);
+    CHECK_EQ(differ32, 0);
+    free(p), free(g), free(g16), free(m), free(v), free(gp), free(gm), free(gv), free(go);
     free(rp), free(rm), free(rv), free(ro);
     df_backend_free(gpu, dp), df_backend_free(gpu, dg), df_backend_free(gpu, dm);
     df_backend_free(gpu, dv);
     if (dout)
         df_backend_free(gpu, dout);
+    if (dg16)
+        df_backend_free(gpu, dg16);
 }
 
 static void test_adamw(void)
 {
-    printf("adamw (F32 master/m/v: 1e-6 x sum|terms|; out_bf16 == RNE(master))\n");
-    adamw_case(1, 0, 0, 1, 0.37f);
-    adamw_case(1, 1, 0, 3, 0.37f);
-    adamw_case(1000003, 0, 0, 7, 0.37f);
-    adamw_case(1000003, 1, 0, 7, 0.37f);
-    adamw_case(1000003, 1, 1, 1000, 2.5f);
-    adamw_case(7, 1, 1, 2, 1.0f);
+    printf("adamw (F32 master/m/v: 1e-6 x sum|terms|; out_bf16 == RNE(master); BF16 grads: "
+           "== the F32-grad run bitwise)\n");
+    adamw_case(1, 0, 0, 1, 0.37f, 0);
+    adamw_case(1, 1, 0, 3, 0.37f, 0);
+    adamw_case(1000003, 0, 0, 7, 0.37f, 0);
+    adamw_case(1000003, 1, 0, 7, 0.37f, 0);
+    adamw_case(1000003, 1, 1, 1000, 2.5f, 0);
+    adamw_case(7, 1, 1, 2, 1.0f, 0);
+    adamw_case(1, 1, 0, 3, 0.37f, 1);
+    adamw_case(1000003, 1, 0, 7, 0.37f, 1); /* vector path: 4 bf16 grads per 8-byte load */
+    adamw_case(1000003, 0, 1, 1000, 2.5f, 1); /* scalar path */
+    adamw_case(7, 1, 1, 2, 1.0f, 1);
 }
 
 /* ---- sum of squares ---- */
@@ -673,9 +857,10 @@ static void sumsq_case(int64_t n)
         CHECK_EQ(df_backend_upload(gpu, a, x, (size_t)n * 4), 0);
         CHECK_EQ(df_backend_upload(gpu, b + 1, x, (size_t)n * 4), 0);
     }
-    double g1 = df_cuda_sumsq(gpu, a, n), g2 = df_cuda_sumsq(gpu, a, n);
-    double g3 = df_cuda_sumsq(gpu, b + 1, n);
-    double ref = df_op_sumsq(cpu, x, n);
+    double g1 = df_cuda_sumsq(gpu, a, DF_DTYPE_F32, n);
+    double g2 = df_cuda_sumsq(gpu, a, DF_DTYPE_F32, n);
+    double g3 = df_cuda_sumsq(gpu, b + 1, DF_DTYPE_F32, n);
+    double ref = df_op_sumsq(cpu, x, DF_DTYPE_F32, n);
     double bound = 2.0 * (double)n * ldexp(1.0, -53) * ref;
     if (n <= 1)
         bound = 0; /* one square, exact in double */
@@ -690,6 +875,44 @@ static void sumsq_case(int64_t n)
     df_backend_free(gpu, b);
 }
 
+/* BF16 x (bf16 numbers): aligned (8-byte loads of 4) and misaligned by
+ * one element (scalar loads) on the GPU, and the F32 array of the same
+ * values: all three the same bits; against the CPU (on the BF16 array) the
+ * F32 rule. */
+static void sumsq_bf16_case(int64_t n)
+{
+    uint16_t *x16 = xmalloc((size_t)n * 2 + 2);
+    float *x = xmalloc((size_t)n * 4 + 4);
+    for (int64_t i = 0; i < n; i++) {
+        x16[i] = f2bf(rnd_from(&rng, 1e-2f));
+        x[i] = bf2f(x16[i]);
+    }
+    float *a = df_backend_alloc(gpu, (size_t)n * 4 + 4);
+    uint16_t *b = df_backend_alloc(gpu, (size_t)n * 2 + 4);
+    CHECK(a && b);
+    if (n) {
+        CHECK_EQ(df_backend_upload(gpu, a, x, (size_t)n * 4), 0);
+        CHECK_EQ(df_backend_upload(gpu, b, x16, (size_t)n * 2), 0);
+    }
+    double f32 = df_cuda_sumsq(gpu, a, DF_DTYPE_F32, n);
+    double g1 = df_cuda_sumsq(gpu, b, DF_DTYPE_BF16, n);
+    if (n) /* the same values one element in */
+        CHECK_EQ(df_backend_upload(gpu, b + 1, x16, (size_t)n * 2), 0);
+    double g2 = df_cuda_sumsq(gpu, b + 1, DF_DTYPE_BF16, n);
+    double ref = df_op_sumsq(cpu, x16, DF_DTYPE_BF16, n);
+    double bound = n <= 1 ? 0 : 2.0 * (double)n * ldexp(1.0, -53) * ref;
+    int same = !memcmp(&f32, &g1, 8) && !memcmp(&f32, &g2, 8);
+    int ok = g1 >= 0 && fabs(g1 - ref) <= bound && same;
+    printf("  sumsq BF16 n=%-9lld gpu %.17g ref %.17g |diff| %.2e bound %.2e == F32 run, aligned "
+           "and misaligned: %s  %s\n",
+           (long long)n, g1, ref, fabs(g1 - ref), bound, same ? "bitwise" : "DIFFER",
+           ok ? "ok" : "FAIL");
+    CHECK(ok);
+    free(x16), free(x);
+    df_backend_free(gpu, a);
+    df_backend_free(gpu, b);
+}
+
 static void test_sumsq(void)
 {
     printf("sumsq (double: 2 n 2^-53 ref, exact for n <= 1; deterministic)\n");
@@ -697,6 +920,10 @@ static void test_sumsq(void)
     sumsq_case(1);
     sumsq_case(16387);
     sumsq_case(10000000);
+    sumsq_bf16_case(0);
+    sumsq_bf16_case(1);
+    sumsq_bf16_case(16387);
+    sumsq_bf16_case(10000001);
 }
 
 int main(void)

@@ -8,6 +8,17 @@
  *  - matmul_bwd_w (F32 out, accumulated): both sum the same bf16 products
  *    in fp32, only the order differs: |gpu - ref| <= 1e-5 sum_m |dy x|
  *    elementwise (a bound on reordered fp32 summation over M <= 4096).
+ *  - matmul_bwd_w with a BF16 dw (cuBLASLt's C = D in bf16, beta 1 when
+ *    accumulating), against the CPU's BF16 dw: each side rounds its fp32
+ *    sum (plus the old value) once, so where the F32 rule's bound is below
+ *    half a bf16 ulp the two are at most 1 bf16 ulp apart (the order can
+ *    flip one rounding); where the sum cancels further, |gpu - cpu| <= that
+ *    bound + half an ulp of each. And on inputs whose fp32 sums are exact
+ *    in any order (multiples of 1/8 and 1/64), the GPU must give the CPU's
+ *    bits: RNE of the exact value, ties included. That pins down
+ *    cuBLASLt's epilogue: fp32 acc + beta C, one rounding to nearest even
+ *    (a truncating epilogue, round-half-away, or split-K partials rounded
+ *    to bf16 would all differ).
  *  - DFlash attention through the dispatch (blocks staged from the host):
  *    bit-identical to the same kernels called directly (dflash_attn.h),
  *    and within 2e-2 relative L2 of the CPU reference (a plumbing check;
@@ -147,6 +158,105 @@ static void check_bwd_w(df_backend *g, df_backend *c, int64_t M, int64_t N, int6
     df_backend_free(g, gdy), df_backend_free(g, gx), df_backend_free(g, gdw);
 }
 
+/* ---- BF16 dw ---- */
+
+static const uint16_t BF_POISON = 0x7fc1;
+
+static int bf16_dist(uint16_t a, uint16_t b)
+{
+    int ia = (a & 0x8000) ? -(int)(a & 0x7fff) : (int)a;
+    int ib = (b & 0x8000) ? -(int)(b & 0x7fff) : (int)b;
+    return ia > ib ? ia - ib : ib - ia;
+}
+
+static double bf16_ulp(double d) /* bf16 spacing at |d|: 2^(e-8), |d| in [2^(e-1), 2^e) */
+{
+    int e;
+    frexp(d, &e);
+    return d != 0 ? ldexp(1.0, e - 8) : 0;
+}
+
+/* n nonzero k / 8 (|k| <= 16): bf16-exact, and sums of up to 4096 of their
+ * products plus a bf16 number >= 2 are exact in fp32, in any order. */
+static float *small_exact(int64_t n)
+{
+    float *p = malloc((size_t)n * 4 + 4);
+    for (int64_t i = 0; i < n; i++) {
+        int k = (int)(test_rand(&rng) % 32) - 16;
+        p[i] = (float)(k >= 0 ? k + 1 : k) / 8.0f;
+    }
+    return p;
+}
+
+/* dw [N, K] in rows of ld bf16 (padding poisoned, must stay so). */
+static void check_bwd_w_bf16(df_backend *g, df_backend *c, int64_t M, int64_t N, int64_t K,
+                             int64_t ld, int acc, int exact)
+{
+    float *dy = exact ? small_exact(M * N) : rnd(M * N);
+    float *x = exact ? small_exact(M * K) : rnd(M * K);
+    uint16_t *img = malloc((size_t)(N * ld) * 2 + 2), *ref = malloc((size_t)(N * ld) * 2 + 2);
+    uint16_t *got = malloc((size_t)(N * ld) * 2 + 2);
+    for (int64_t i = 0; i < N * ld; i++) {
+        float v = test_randn(&rng) * 2.0f;
+        if (exact) /* a bf16 number >= 2: a multiple of 1/64 */
+            v = (v < 0 ? -2.0f : 2.0f) + v * 64.0f;
+        else if (fabsf(v) < 0.05f)
+            v = 0.05f;
+        img[i] = (acc && i % ld < K) ? df_f32_to_bf16(v) : BF_POISON;
+    }
+    /* the CPU on the F32 copies of the same values */
+    memcpy(ref, img, (size_t)(N * ld) * 2);
+    df_tensor tdy = df_tensor_2d(dy, DF_DTYPE_F32, M, N), tx = df_tensor_2d(x, DF_DTYPE_F32, M, K);
+    df_tensor rfull = df_tensor_2d(ref, DF_DTYPE_BF16, N, ld), tr = df_tensor_cols(&rfull, 0, K);
+    CHECK_EQ(df_op_matmul_bwd_w(c, &tdy, &tx, &tr, acc), 0);
+    void *gdy = dev_bf16(g, dy, M * N), *gx = dev_bf16(g, x, M * K);
+    void *gdw = df_backend_alloc(g, (size_t)(N * ld) * 2);
+    CHECK(gdw && df_backend_upload(g, gdw, img, (size_t)(N * ld) * 2) == 0);
+    df_tensor Gdy = df_tensor_2d(gdy, DF_DTYPE_BF16, M, N);
+    df_tensor Gx = df_tensor_2d(gx, DF_DTYPE_BF16, M, K);
+    df_tensor gfull = df_tensor_2d(gdw, DF_DTYPE_BF16, N, ld), Gdw = df_tensor_cols(&gfull, 0, K);
+    CHECK_EQ(df_op_matmul_bwd_w(g, &Gdy, &Gx, &Gdw, acc), 0);
+    CHECK_EQ(df_backend_download(g, got, gdw, (size_t)(N * ld) * 2), 0);
+    int64_t bad = 0, pad = 0, cancel = 0, off1 = 0;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < ld; k++) {
+            uint16_t a = got[n * ld + k], b = ref[n * ld + k];
+            if (k >= K) {
+                pad += a != BF_POISON;
+                continue;
+            }
+            float fa = df_bf16_to_f32(a), fb = df_bf16_to_f32(b);
+            if (!isfinite(fa) || !isfinite(fb)) {
+                bad++;
+                continue;
+            }
+            if (exact) {
+                bad += a != b;
+                continue;
+            }
+            double mag = acc ? fabs(df_bf16_to_f32(img[n * ld + k])) : 0;
+            for (int64_t m = 0; m < M; m++)
+                mag += fabs((double)dy[m * N + n] * x[m * K + k]);
+            double tol = 1e-5 * mag; /* the F32 rule: |fp32 gpu - fp32 cpu| <= tol */
+            off1 += a != b;
+            if (tol < 0.5 * bf16_ulp(fb)) {
+                bad += bf16_dist(a, b) > 1;
+            } else {
+                cancel++;
+                bad += !(fabs((double)fa - fb) <= tol + 0.5 * (bf16_ulp(fa) + bf16_ulp(fb)));
+            }
+        }
+    printf("matmul_bwd_w bf16 dw M=%lld N=%lld K=%lld ld=%lld acc=%d %s: %lld/%lld differ "
+           "from the CPU (by 1 ulp), %lld cancelling; %lld bad, %lld padding touched  %s\n",
+           (long long)M, (long long)N, (long long)K, (long long)ld, acc,
+           exact ? "exact sums (bitwise)" : "random", (long long)off1, (long long)(N * K),
+           (long long)cancel, (long long)bad, (long long)pad, bad || pad ? "FAIL" : "ok");
+    CHECK_EQ(bad, 0);
+    CHECK_EQ(pad, 0);
+    free(dy), free(x), free(img), free(ref), free(got);
+    df_backend_free(g, gdy), df_backend_free(g, gx), df_backend_free(g, gdw);
+}
+
 static void check_dflash(df_backend *g, df_backend *c)
 {
     const int S = 300, nb = 12, bs = 8, nq = 4, nkv = 2, D = 64, W = 0;
@@ -239,6 +349,12 @@ int main(void)
     check_bwd_w(g, c, 37, 80, 72, 0);
     check_bwd_w(g, c, 37, 80, 72, 1);
     check_bwd_w(g, c, 1024, 256, 384, 1);
+    check_bwd_w_bf16(g, c, 37, 80, 72, 72, 0, 0);
+    check_bwd_w_bf16(g, c, 37, 80, 72, 80, 1, 0);
+    check_bwd_w_bf16(g, c, 1024, 256, 384, 384, 1, 0);
+    check_bwd_w_bf16(g, c, 4096, 64, 96, 104, 0, 1);
+    check_bwd_w_bf16(g, c, 4096, 64, 96, 96, 1, 1);
+    check_bwd_w_bf16(g, c, 37, 80, 72, 72, 1, 1);
     check_dflash(g, c);
     df_backend_close(g);
     df_backend_close(c);

@@ -18,6 +18,14 @@
  * ~1e-16 |L| / h ~ 1e-10 here, far below the fp32 error of the analytic
  * side, so the FD tolerance is the fp32 one: each says why it holds.
  *
+ * BF16 weight gradients (matmul_bwd_w's and rmsnorm_bwd's dw, adamw's grad,
+ * sumsq's x): a BF16 dw must be exactly RNE of what the same call gives
+ * with an F32 dw holding the widened old values (the same fp32 sum, one
+ * rounding), and within 1 bf16 ulp of the double reference rounded once
+ * (expect_bf16_grad says when more than that can be right); AdamW and
+ * sumsq with BF16 inputs must give the bits F32 inputs of the same values
+ * give.
+ *
  * DFLASH_TRAIN_BENCH=1 also times matmul_bwd_x / _w (M=512, K=N=1024) and
  * the LM-head CE on 1 and 2 threads. */
 #include "train_ops.h"
@@ -199,6 +207,100 @@ static void expect_close(const char *what, double got, double ref, double tol, i
     df_test_failures++;
 }
 
+/* RNE to bf16, independently of dtype.h: the nearer of the two bf16
+ * neighbours (truncation and the next one up in magnitude), ties to even. */
+static int is_bf16_rne(float f, uint16_t h)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
+    float flo, fhi;
+    memcpy(&flo, &lo, 4);
+    memcpy(&fhi, &hi, 4);
+    double dlo = fabs((double)f - flo), dhi = fabs((double)fhi - f);
+    uint16_t want = dlo < dhi ? (uint16_t)(lo >> 16)
+                    : dhi < dlo ? (uint16_t)(hi >> 16)
+                                : (uint16_t)(((lo >> 16) & 1) ? hi >> 16 : lo >> 16);
+    return h == want;
+}
+
+/* ---- bf16 weight gradients ---- */
+
+static const uint16_t BF_POISON = 0x7fc1; /* a NaN no op computes */
+
+static float bf_val(uint16_t h) /* exact, by the bit layout */
+{
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* The bf16 nearest to d, ties to even (d finite, 0 or of bf16's normal
+ * range): |d| in [2^(e-1), 2^e) scaled to [128, 256) is exact in double,
+ * nearbyint rounds it to an integer (to nearest even in the default
+ * rounding mode), the scale back is exact and so is the f32 of 8 bits. */
+static uint16_t bf16_of_double(double d)
+{
+    if (d == 0)
+        return signbit(d) ? 0x8000 : 0;
+    int e;
+    frexp(d, &e);
+    float f = (float)ldexp(nearbyint(ldexp(d, 8 - e)), e - 8);
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)(u >> 16);
+}
+
+/* The spacing of bf16 numbers at |d| (d != 0): 2^(e-8) for |d| in
+ * [2^(e-1), 2^e). */
+static double bf16_ulp(double d)
+{
+    int e;
+    frexp(d, &e);
+    return d != 0 ? ldexp(1.0, e - 8) : 0;
+}
+
+/* How many bf16 numbers apart a and b are (finite, either sign). */
+static int bf16_dist(uint16_t a, uint16_t b)
+{
+    int ia = (a & 0x8000) ? -(int)(a & 0x7fff) : (int)a;
+    int ib = (b & 0x8000) ? -(int)(b & 0x7fff) : (int)b;
+    return ia > ib ? ia - ib : ib - ia;
+}
+
+/* A BF16 weight-gradient element against ref, the exact (double) value of
+ * what the op computes in fp32; tol bounds that fp32 computation's error
+ * (the F32 tests' bound), so the op rounds once some f with |f - ref| <=
+ * tol. Where tol < half a bf16 ulp of ref, RNE(f) is at most 1 bf16 ulp
+ * from RNE(ref) (both within half an ulp of values less than half an ulp
+ * apart; a binade edge between them costs nothing more): the fp32
+ * summation order may flip one rounding, never more, so that is the rule.
+ * Where the sum cancels so much that tol reaches half an ulp of ref, f can
+ * be several bf16 steps of ref away before it is rounded: there, only
+ * |got - ref| <= tol + half an ulp of got holds (the F32 bound plus the one
+ * rounding); those elements are counted (n_cancel). NaN never passes. */
+static int64_t n_cancel, n_bf16_checked;
+static void expect_bf16_grad(const char *what, uint16_t got, double ref, double tol, int64_t idx)
+{
+    float g = bf_val(got);
+    n_bf16_checked++;
+    if (isfinite(g)) {
+        if (tol < 0.5 * bf16_ulp(ref)) {
+            if (bf16_dist(got, bf16_of_double(ref)) <= 1)
+                return;
+        } else {
+            n_cancel++;
+            if (fabs((double)g - ref) <= tol + 0.5 * bf16_ulp(g))
+                return;
+        }
+    }
+    if (n_miss++ < 12)
+        fprintf(stderr, "%s: element %lld: got bf16 %04x (%.9g), want %.9g -> %04x (tol %.3g)\n",
+                what, (long long)idx, got, g, ref, bf16_of_double(ref), tol);
+    df_test_failures++;
+}
+
 /* Largest |analytic - numeric| / max|numeric| seen per op, for the log. */
 static double fd_worst[8];
 enum { FD_MM_X, FD_MM_W, FD_NORM_X, FD_NORM_W, FD_ROPE, FD_SWIGLU, FD_CE, FD_N };
@@ -335,6 +437,111 @@ static void check_matmul_bwd(int64_t M, int64_t N, int64_t K, df_dtype wt, int a
     wmat_free(&w);
 }
 
+/* A [rows, ld] bf16 matrix: poison everywhere, then (if vals) the values
+ * of vals [rows, cols] (bf16 bits) in the live columns. */
+static uint16_t *bf_mat(int64_t rows, int64_t cols, int64_t ld, const uint16_t *vals)
+{
+    uint16_t *p = xmalloc((size_t)(rows * ld + 1) * 2);
+    for (int64_t i = 0; i < rows * ld; i++)
+        p[i] = BF_POISON;
+    for (int64_t r = 0; vals && r < rows; r++)
+        memcpy(p + r * ld, vals + r * cols, (size_t)cols * 2);
+    return p;
+}
+
+static int bf_pad_intact(const uint16_t *p, int64_t rows, int64_t cols, int64_t ld)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = cols; c < ld; c++)
+            if (p[r * ld + c] != BF_POISON)
+                return 0;
+    return 1;
+}
+
+/* A nonzero k / 8, |k| <= 16: products and sums of a few thousand of them
+ * are exact in fp32 (multiples of 1/64 below 2^17), in any order. */
+static float small_exact(void)
+{
+    int k = (int)(test_rand(&rng) % 32) - 16;
+    return (float)(k >= 0 ? k + 1 : k) / 8.0f;
+}
+
+/* BF16 dw of matmul_bwd_w against three references:
+ *   - the same call with an F32 dw holding the widened old values: each
+ *     bf16 element must be exactly RNE of that f32 element (the same fp32
+ *     sum, the old value added last in fp32, one rounding);
+ *   - the sum in double (plus the old value), by expect_bf16_grad's rule
+ *     (at most 1 bf16 ulp; the F32 test's 2e-6 sum|terms| before rounding
+ *     where the sum cancels);
+ *   - exact: dy, x small multiples of 1/8 and old values bf16 numbers >= 2
+ *     (multiples of 1/64), so every fp32 sum is exact: each element must
+ *     be RNE(exact value) bit for bit (ties included: sums of such values
+ *     often fall halfway between two bf16 numbers).
+ * 1 and 3 threads: bitwise equal. Padding columns stay poisoned. */
+static void check_matmul_bwd_w_bf16(int64_t M, int64_t N, int64_t K, int acc, int exact)
+{
+    char what[128];
+    snprintf(what, sizeof what, "matmul_bwd_w bf16 dw M=%lld N=%lld K=%lld acc=%d exact=%d",
+             (long long)M, (long long)N, (long long)K, acc, exact);
+    mat dy = mat_rand(M, N, N + 3, 1.0f), x = mat_rand(M, K, K + 2, 1.0f);
+    if (exact) {
+        for (int64_t i = 0; i < M * (N + 3); i++)
+            dy.p[i] = small_exact();
+        for (int64_t i = 0; i < M * (K + 2); i++)
+            x.p[i] = small_exact();
+    }
+    const int64_t ld = K + 1;
+    uint16_t *old = xmalloc((size_t)(N * K + 1) * 2);
+    for (int64_t i = 0; i < N * K; i++) {
+        float v = test_randn(&rng) * 2.0f;
+        if (exact) /* a bf16 number >= 2 in magnitude: a multiple of 1/64 */
+            v = (v < 0 ? -2.0f : 2.0f) + v * 64.0f;
+        if (fabsf(v) < 0.05f)
+            v = 0.05f;
+        old[i] = df_f32_to_bf16(v);
+    }
+    uint16_t *dw[2] = {bf_mat(N, K, ld, acc ? old : NULL), bf_mat(N, K, ld, acc ? old : NULL)};
+    mat dwf = mat_new(N, K, ld); /* the F32 path on the widened old values */
+    poison(dwf.p, N * ld);
+    for (int64_t n = 0; acc && n < N; n++)
+        for (int64_t k = 0; k < K; k++)
+            *mat_at(&dwf, n, k) = bf_val(old[n * K + k]);
+    for (int b = 0; b < 2; b++) {
+        df_tensor full = df_tensor_2d(dw[b], DF_DTYPE_BF16, N, ld);
+        df_tensor t = df_tensor_cols(&full, 0, K);
+        CHECK_EQ(df_op_matmul_bwd_w(bes[b], &dy.t, &x.t, &t, acc), 0);
+        CHECK(bf_pad_intact(dw[b], N, K, ld));
+    }
+    CHECK_EQ(df_op_matmul_bwd_w(bes[0], &dy.t, &x.t, &dwf.t, acc), 0);
+    if (!bitwise_equal(dw[0], dw[1], N * ld * 2)) {
+        fprintf(stderr, "%s: 1 and 3 threads differ\n", what);
+        df_test_failures++;
+    }
+    int64_t not_rne = 0, not_exact = 0;
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t k = 0; k < K; k++) {
+            uint16_t got = dw[0][n * ld + k];
+            not_rne += !is_bf16_rne(*mat_at(&dwf, n, k), got);
+            double s = 0, a = 0;
+            for (int64_t i = 0; i < M; i++) {
+                double p = (double)*mat_at(&dy, i, n) * *mat_at(&x, i, k);
+                s += p, a += fabs(p);
+            }
+            if (acc)
+                s += bf_val(old[n * K + k]), a += fabs(bf_val(old[n * K + k]));
+            if (exact)
+                not_exact += got != bf16_of_double(s);
+            else
+                expect_bf16_grad(what, got, s, 2e-6 * a, n * K + k);
+        }
+    if (not_rne || not_exact) {
+        fprintf(stderr, "%s: %lld elements not RNE(the F32 path's), %lld not RNE(exact sum)\n",
+                what, (long long)not_rne, (long long)not_exact);
+        df_test_failures++;
+    }
+    free(dy.p), free(x.p), free(old), free(dw[0]), free(dw[1]), free(dwf.p);
+}
+
 static void test_matmul_bwd(void)
 {
     for (int d = 0; d < 3; d++)
@@ -357,6 +564,27 @@ static void test_matmul_bwd(void)
     }
     unsetenv("DFLASH_CPU_SIMD");
 
+    /* BF16 dw. {M, N, K}: as above, plus N x K > 2^20 (the f32 buffer goes
+     * in slabs of rows) and M = 0 (an empty sum: 0, or the old value). */
+    CHECK(bf16_of_double(1.00390625) == 0x3f80 && bf16_of_double(1.01171875) == 0x3f82);
+    CHECK(bf16_of_double(-1.00390625) == 0xbf80 && bf16_of_double(3.0) == 0x4040);
+    CHECK(bf16_of_double(1.0039062500001) == 0x3f81 && bf16_dist(0x3f80, 0xbf80) == 0x7f00);
+    static const int64_t bshapes[][3] = {{1, 1, 1},    {7, 13, 33}, {37, 300, 9},
+                                         {193, 5, 70}, {3, 300, 4000}, {300, 200, 530},
+                                         {0, 4, 5}};
+    for (int simd = 1; simd >= 0; simd--) {
+        setenv("DFLASH_CPU_SIMD", simd ? "1" : "0", 1);
+        for (size_t s = 0; s < sizeof bshapes / sizeof bshapes[0]; s++)
+            for (int acc = 0; acc < 2; acc++)
+                if (simd || bshapes[s][0] * bshapes[s][1] * bshapes[s][2] < 1000000)
+                    check_matmul_bwd_w_bf16(bshapes[s][0], bshapes[s][1], bshapes[s][2], acc, 0);
+    }
+    unsetenv("DFLASH_CPU_SIMD");
+    for (int acc = 0; acc < 2; acc++) {
+        check_matmul_bwd_w_bf16(300, 40, 70, acc, 1);
+        check_matmul_bwd_w_bf16(5, 300, 4000, acc, 1);
+    }
+
     /* Bad arguments: -EINVAL, outputs untouched. */
     mat dy = mat_rand(4, 5, 5, 1.0f), x = mat_rand(4, 8, 8, 1.0f);
     wmat w = wmat_new(DF_DTYPE_BF16, 5, 8, 8, 1.0f);
@@ -372,8 +600,10 @@ static void test_matmul_bwd(void)
     CHECK_EQ(df_op_matmul_bwd_x(bes[0], &dy.t, &t, &dx.t, 0), -EINVAL);
     t = x.t, t.dtype = DF_DTYPE_BF16; /* activations are f32 */
     CHECK_EQ(df_op_matmul_bwd_w(bes[0], &dy.t, &t, &dw.t, 0), -EINVAL);
-    t = dw.t, t.dtype = DF_DTYPE_BF16; /* gradients are f32 */
+    t = dw.t, t.dtype = DF_DTYPE_F16; /* weight gradients are F32 or BF16 */
     CHECK_EQ(df_op_matmul_bwd_w(bes[0], &dy.t, &x.t, &t, 0), -EINVAL);
+    t = dw.t, t.dtype = DF_DTYPE_I32;
+    CHECK_EQ(df_op_matmul_bwd_w(bes[0], &dy.t, &x.t, &t, 1), -EINVAL);
     t = dw.t, t.shape[0] = 4;
     CHECK_EQ(df_op_matmul_bwd_w(bes[0], &dy.t, &x.t, &t, 0), -EINVAL);
     t = dx.t, t.stride[0] = 4; /* rows overlapping each other */
@@ -399,6 +629,16 @@ static void test_matmul_bwd(void)
     CHECK_EQ(df_op_matmul_bwd_w(bes[0], &dyb, &x.t, &dwb, 0), -EINVAL); /* dw over dy's tail */
     dwb.data = buf + 16;
     CHECK_EQ(df_op_matmul_bwd_w(bes[0], &dyb, &x.t, &dwb, 0), 0); /* right after it: fine */
+    /* a BF16 dw spans 2-byte elements: [4, 8] bf16 = 16 floats' bytes */
+    float *bufc = fbuf(64);
+    memcpy(bufc, buf, 64 * 4);
+    df_tensor dwbf = df_tensor_2d(buf + 16 - 1, DF_DTYPE_BF16, 4, 8); /* over dy's last float */
+    CHECK_EQ(df_op_matmul_bwd_w(bes[0], &dyb, &x.t, &dwbf, 0), -EINVAL);
+    CHECK(bitwise_equal(buf, bufc, 64 * 4));
+    dwbf.data = buf + 16;
+    CHECK_EQ(df_op_matmul_bwd_w(bes[0], &dyb, &x.t, &dwbf, 1), 0);
+    CHECK(bitwise_equal(buf + 32, bufc + 32, 32 * 4)); /* it wrote 16 floats' bytes, no more */
+    free(bufc);
     free(buf);
     CHECK(bitwise_equal(x.p, xc, 32 * 4));
     free(dy4.p), free(dy8.p), free(xc), free(dy.p), free(x.p), free(dx.p), free(dw.p);
@@ -564,6 +804,87 @@ static void check_rmsnorm_bwd(int64_t rows, int64_t D, int heads, df_dtype wt, i
     wmat_free(&w);
 }
 
+/* BF16 dw of rmsnorm_bwd ([rows, D] x and dy, padded rows; dx own or
+ * none): the same call with an F32 dw holding the widened old values must
+ * give the same dx bit for bit, and each bf16 dw element must be exactly
+ * RNE of that f32 dw element (the fixed-order fp32 sum plus the old value,
+ * rounded once); against the sum in double, expect_bf16_grad's rule with
+ * the F32 test's 2e-5 sum|terms|. 1 and 3 threads: bitwise equal. */
+static void check_rmsnorm_bwd_bf16(int64_t rows, int64_t D, df_dtype wt, int plus_one,
+                                   int with_dx)
+{
+    char what[128];
+    snprintf(what, sizeof what, "rmsnorm_bwd bf16 dw rows=%lld D=%lld %s +1=%d dx=%d",
+             (long long)rows, (long long)D, df_dtype_name(wt), plus_one, with_dx);
+    const float eps = 1e-6f;
+    const int64_t ld = D + 3;
+    mat x = mat_rand(rows, D, ld, 1.0f), dy = mat_rand(rows, D, ld, 1.0f);
+    for (int64_t r = 0; r < rows; r++) /* rows of very different scales */
+        for (int64_t c = 0; c < D; c++)
+            *mat_at(&x, r, c) *= (float)(1 + r % 5) * 0.7f;
+    wmat w = wvec_new(wt, D, 0.3f, plus_one ? 0.0f : 1.0f);
+    uint16_t *old = xmalloc((size_t)D * 2);
+    for (int64_t i = 0; i < D; i++) {
+        float v = test_randn(&rng);
+        old[i] = df_f32_to_bf16(fabsf(v) < 0.05f ? 0.05f : v);
+    }
+    uint16_t *dw[2];
+    float *dwf = fbuf(D + 2);
+    mat dx[3] = {mat_new(rows, D, ld), mat_new(rows, D, ld), mat_new(rows, D, ld)};
+    for (int b = 0; b < 3; b++)
+        poison(dx[b].p, rows * ld);
+    for (int b = 0; b < 2; b++) {
+        dw[b] = bf_mat(1, D, D + 2, old);
+        df_tensor tdw = df_tensor_1d(dw[b], DF_DTYPE_BF16, D);
+        CHECK_EQ(df_op_rmsnorm_bwd(bes[b], &x.t, &w.t, eps, plus_one, &dy.t,
+                                   with_dx ? &dx[b].t : NULL, 0, &tdw),
+                 0);
+        CHECK(dw[b][D] == BF_POISON && dw[b][D + 1] == BF_POISON);
+    }
+    poison(dwf, D + 2);
+    for (int64_t i = 0; i < D; i++)
+        dwf[i] = bf_val(old[i]);
+    df_tensor tdwf = df_tensor_1d(dwf, DF_DTYPE_F32, D);
+    CHECK_EQ(df_op_rmsnorm_bwd(bes[0], &x.t, &w.t, eps, plus_one, &dy.t,
+                               with_dx ? &dx[2].t : NULL, 0, &tdwf),
+             0);
+    if (!bitwise_equal(dw[0], dw[1], D * 2) ||
+        (with_dx && !bitwise_equal(dx[0].p, dx[1].p, rows * ld * 4))) {
+        fprintf(stderr, "%s: 1 and 3 threads differ\n", what);
+        df_test_failures++;
+    }
+    if (with_dx && !bitwise_equal(dx[0].p, dx[2].p, rows * ld * 4)) {
+        fprintf(stderr, "%s: dx differs between a BF16 and an F32 dw\n", what);
+        df_test_failures++;
+    }
+    double *dws = dbuf(D), *dwa = dbuf(D);
+    for (int64_t i = 0; i < D; i++)
+        dws[i] = bf_val(old[i]), dwa[i] = fabs(bf_val(old[i]));
+    for (int64_t r = 0; r < rows; r++) {
+        double ss = 0;
+        for (int64_t i = 0; i < D; i++)
+            ss += (double)*mat_at(&x, r, i) * *mat_at(&x, r, i);
+        double rr = 1.0 / sqrt(ss / (double)D + eps);
+        for (int64_t i = 0; i < D; i++) {
+            double t = *mat_at(&dy, r, i) * (*mat_at(&x, r, i) * rr);
+            dws[i] += t, dwa[i] += fabs(t);
+        }
+    }
+    int64_t not_rne = 0;
+    for (int64_t i = 0; i < D; i++) {
+        not_rne += !is_bf16_rne(dwf[i], dw[0][i]);
+        expect_bf16_grad(what, dw[0][i], dws[i], 2e-5 * dwa[i], i);
+    }
+    if (not_rne) {
+        fprintf(stderr, "%s: %lld elements not RNE(the F32 path's)\n", what, (long long)not_rne);
+        df_test_failures++;
+    }
+    free(x.p), free(dy.p), free(old), free(dw[0]), free(dw[1]), free(dwf), free(dws), free(dwa);
+    for (int b = 0; b < 3; b++)
+        free(dx[b].p);
+    wmat_free(&w);
+}
+
 static void test_rmsnorm_bwd(void)
 {
     for (int p1 = 0; p1 < 2; p1++)
@@ -579,6 +900,12 @@ static void test_rmsnorm_bwd(void)
     check_rmsnorm_bwd(90, 40, 3, DF_DTYPE_F32, 0, 1, 1, 1);   /* dx = dy's view, accumulate */
     check_rmsnorm_bwd(90, 40, 1, DF_DTYPE_F32, 0, 1, 0, 1);   /* dx = dy's view */
     check_rmsnorm_bwd(129, 40, 1, DF_DTYPE_F32, 1, 0, 0, 0);  /* dw only */
+    /* BF16 dw: several row pieces (5000 x 16: pieces of 4096 rows), big D. */
+    check_rmsnorm_bwd_bf16(5000, 16, DF_DTYPE_F32, 0, 1);
+    check_rmsnorm_bwd_bf16(200, 1000, DF_DTYPE_BF16, 1, 1);
+    check_rmsnorm_bwd_bf16(7, 33, DF_DTYPE_F16, 1, 1);
+    check_rmsnorm_bwd_bf16(1, 1, DF_DTYPE_F32, 0, 1);
+    check_rmsnorm_bwd_bf16(129, 40, DF_DTYPE_BF16, 0, 0);
 
     /* Bad arguments. */
     mat x = mat_rand(4, 8, 8, 1.0f), dy = mat_rand(4, 8, 8, 1.0f), dx = mat_new(4, 8, 8);
@@ -596,7 +923,9 @@ static void test_rmsnorm_bwd(void)
     CHECK_EQ(df_op_rmsnorm_bwd(bes[0], &x.t, &w.t, 1e-6f, 0, &t, &dx.t, 0, &dw), -EINVAL);
     t = dx.t, t.shape[0] = 3;
     CHECK_EQ(df_op_rmsnorm_bwd(bes[0], &x.t, &w.t, 1e-6f, 0, &dy.t, &t, 0, &dw), -EINVAL);
-    t = dw, t.dtype = DF_DTYPE_BF16;
+    t = dw, t.dtype = DF_DTYPE_F16; /* weight gradients are F32 or BF16 */
+    CHECK_EQ(df_op_rmsnorm_bwd(bes[0], &x.t, &w.t, 1e-6f, 0, &dy.t, &dx.t, 0, &t), -EINVAL);
+    t = dw, t.dtype = DF_DTYPE_INVALID;
     CHECK_EQ(df_op_rmsnorm_bwd(bes[0], &x.t, &w.t, 1e-6f, 0, &dy.t, &dx.t, 0, &t), -EINVAL);
     /* dx partly overlapping dy (shifted by a column), dw inside dx */
     df_tensor shifted = df_tensor_2d(dy.p + 1, DF_DTYPE_F32, 4, 7);
@@ -613,6 +942,12 @@ static void test_rmsnorm_bwd(void)
     CHECK_EQ(df_op_rmsnorm_bwd(bes[0], &x.t, &w.t, 1e-6f, 0, &dy.t, &dx.t, 0, &dw_in_dx), -EINVAL);
     df_tensor dw_in_dy = df_tensor_1d(dy.p, DF_DTYPE_F32, 8);
     CHECK_EQ(df_op_rmsnorm_bwd(bes[0], &x.t, &w.t, 1e-6f, 0, &dy.t, &dx.t, 0, &dw_in_dy), -EINVAL);
+    df_tensor dwb_in_dy = df_tensor_1d(dy.p + 31, DF_DTYPE_BF16, 8); /* dy's last float */
+    CHECK_EQ(df_op_rmsnorm_bwd(bes[0], &x.t, &w.t, 1e-6f, 0, &dy.t, &dx.t, 0, &dwb_in_dy),
+             -EINVAL);
+    df_tensor dwb_in_dx = df_tensor_1d(dx.p + 4, DF_DTYPE_BF16, 8);
+    CHECK_EQ(df_op_rmsnorm_bwd(bes[0], &x.t, &w.t, 1e-6f, 0, &dy.t, &dx.t, 0, &dwb_in_dx),
+             -EINVAL);
     CHECK(bitwise_equal(dyc, dy.p, sizeof dyc));
     CHECK(all_poison(dx.p, 32) && all_poison(dwv, 9));
     free(x.p), free(dy.p), free(dx.p);
@@ -1181,23 +1516,6 @@ static void test_lmhead_ce(void)
 
 /* ---- AdamW ---- */
 
-/* RNE to bf16, independently of dtype.h: the nearer of the two bf16
- * neighbours (truncation and the next one up in magnitude), ties to even. */
-static int is_bf16_rne(float f, uint16_t h)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t lo = u & 0xffff0000u, hi = lo + 0x10000u;
-    float flo, fhi;
-    memcpy(&flo, &lo, 4);
-    memcpy(&fhi, &hi, 4);
-    double dlo = fabs((double)f - flo), dhi = fabs((double)fhi - f);
-    uint16_t want = dlo < dhi ? (uint16_t)(lo >> 16)
-                    : dhi < dlo ? (uint16_t)(hi >> 16)
-                                : (uint16_t)(((lo >> 16) & 1) ? hi >> 16 : lo >> 16);
-    return h == want;
-}
-
 /* Several steps against the formula in double, state carried in double.
  * Per step the fp32 update is off by a few u relative in m, v and the ratio
  * m^/(sqrt(v^)+eps) (|ratio| <= ~3 with these gradients) and by u |p| from
@@ -1229,8 +1547,8 @@ static void check_adamw(int64_t n, float lr, float wd, float gs, int with_bf16)
     for (int s = 1; s <= S; s++) {
         fill(g, n, 0.1f);
         for (int b = 0; b < 2; b++)
-            CHECK_EQ(df_op_adamw(bes[b], p[b], g, m[b], v[b], n, lr, b1, b2, eps, wd, s, gs,
-                                 with_bf16 ? o[b] : NULL),
+            CHECK_EQ(df_op_adamw(bes[b], p[b], g, DF_DTYPE_F32, m[b], v[b], n, lr, b1, b2, eps,
+                                 wd, s, gs, with_bf16 ? o[b] : NULL),
                      0);
         double bc1 = 1 - pow((double)b1, s), bc2 = 1 - pow((double)b2, s);
         for (int64_t i = 0; i < n; i++) {
@@ -1260,6 +1578,50 @@ static void check_adamw(int64_t n, float lr, float wd, float gs, int with_bf16)
         free(p[b]), free(m[b]), free(v[b]), free(o[b]);
 }
 
+/* BF16 gradients: S steps with bf16 gradients on one state (1 thread) and
+ * another (3 threads), and with the same values widened to F32 on a third
+ * (1 thread): master, m, v and out_bf16 bitwise equal among all three (a
+ * bf16 widens exactly; the arithmetic after that is the same). The
+ * gradient array starts one element in (unaligned). */
+static void check_adamw_bf16_grad(int64_t n, float lr, float wd, float gs, int with_out)
+{
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f;
+    const int S = 5;
+    float *p[3], *m[3], *v[3], *gf = fbuf(n);
+    uint16_t *o[3], *gb = xmalloc((size_t)(n + 1) * 2);
+    for (int c = 0; c < 3; c++) {
+        p[c] = fbuf(n), m[c] = fbuf(n), v[c] = fbuf(n);
+        o[c] = xmalloc((size_t)(n + 1) * 2);
+        memset(m[c], 0, (size_t)n * 4), memset(v[c], 0, (size_t)n * 4);
+        memset(o[c], 0xee, (size_t)(n + 1) * 2);
+    }
+    fill(p[0], n, 1.0f);
+    memcpy(p[1], p[0], (size_t)n * 4), memcpy(p[2], p[0], (size_t)n * 4);
+    for (int s = 1; s <= S; s++) {
+        for (int64_t i = 0; i < n; i++) {
+            float g = test_randn(&rng) * 0.1f;
+            gb[1 + i] = df_f32_to_bf16(fabsf(g) < 1e-3f ? 1e-3f : g);
+            gf[i] = bf_val(gb[1 + i]);
+        }
+        for (int c = 0; c < 3; c++)
+            CHECK_EQ(df_op_adamw(bes[c == 1], p[c], c < 2 ? (const void *)(gb + 1) : gf,
+                                 c < 2 ? DF_DTYPE_BF16 : DF_DTYPE_F32, m[c], v[c], n, lr, b1, b2,
+                                 eps, wd, s, gs, with_out ? o[c] : NULL),
+                     0);
+    }
+    for (int c = 1; c < 3; c++)
+        CHECK(bitwise_equal(p[0], p[c], n * 4) && bitwise_equal(m[0], m[c], n * 4) &&
+              bitwise_equal(v[0], v[c], n * 4) && bitwise_equal(o[0], o[c], (n + 1) * 2));
+    if (with_out)
+        for (int64_t i = 0; i < n; i++)
+            CHECK(is_bf16_rne(p[0][i], o[0][i]));
+    CHECK_EQ(o[0][n], 0xeeee);
+    CHECK(!bitwise_equal(p[0], m[0], n * 4)); /* it did move */
+    free(gf), free(gb);
+    for (int c = 0; c < 3; c++)
+        free(p[c]), free(m[c]), free(v[c]), free(o[c]);
+}
+
 static void test_adamw(void)
 {
     CHECK(is_bf16_rne(1.0f, 0x3f80) && !is_bf16_rne(1.0f, 0x3f81));
@@ -1268,16 +1630,21 @@ static void test_adamw(void)
     check_adamw(100003, 1e-2f, 0.1f, 0.5f, 1); /* crosses the 32K pieces */
     check_adamw(1000, 6e-4f, 0.0f, 1.0f, 0);
     check_adamw(7, 1e-3f, 0.01f, 0.25f, 1);
+    check_adamw_bf16_grad(100003, 1e-2f, 0.1f, 0.5f, 1);
+    check_adamw_bf16_grad(1000, 6e-4f, 0.0f, 1.0f, 0);
+    check_adamw_bf16_grad(7, 1e-3f, 0.01f, 0.25f, 1);
     /* the RNE itself on ties: p values exactly between two bf16 */
     {
         float p[4] = {1.00390625f, 1.01171875f, -1.00390625f, 3.0f}, g[4] = {0}, m[4] = {0},
               v[4] = {0};
         uint16_t o[4];
-        CHECK_EQ(df_op_adamw(bes[0], p, g, m, v, 4, 0.0f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, 1.0f, o), 0);
+        CHECK_EQ(df_op_adamw(bes[0], p, g, DF_DTYPE_F32, m, v, 4, 0.0f, 0.9f, 0.999f, 1e-8f, 0.0f,
+                             1, 1.0f, o),
+                 0);
         CHECK(o[0] == 0x3f80 && o[1] == 0x3f82 && o[2] == 0xbf80 && o[3] == 0x4040);
     }
-    CHECK_EQ(df_op_adamw(bes[0], NULL, NULL, NULL, NULL, 0, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1,
-                         1.0f, NULL),
+    CHECK_EQ(df_op_adamw(bes[0], NULL, NULL, DF_DTYPE_F32, NULL, NULL, 0, 1e-3f, 0.9f, 0.999f,
+                         1e-8f, 0.0f, 1, 1.0f, NULL),
              0);
 
     /* Bad arguments: nothing written. */
@@ -1286,7 +1653,7 @@ static void test_adamw(void)
     fill(p, 8, 1.0f), fill(g, 8, 1.0f), memset(m, 0, sizeof m), memset(v, 0, sizeof v);
     memcpy(pc, p, sizeof p);
     memset(o, 0x55, sizeof o);
-#define ADAM(...) df_op_adamw(bes[0], __VA_ARGS__)
+#define ADAM(p_, g_, ...) df_op_adamw(bes[0], p_, g_, DF_DTYPE_F32, __VA_ARGS__)
     CHECK_EQ(ADAM(p, g, m, v, 8, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 0, 1.0f, o), -EINVAL); /* step */
     CHECK_EQ(ADAM(p, g, m, v, 8, 1e-3f, 1.0f, 0.999f, 1e-8f, 0.0f, 1, 1.0f, o), -EINVAL);
     CHECK_EQ(ADAM(p, g, m, v, 8, 1e-3f, 0.9f, -0.1f, 1e-8f, 0.0f, 1, 1.0f, o), -EINVAL);
@@ -1300,12 +1667,44 @@ static void test_adamw(void)
     CHECK_EQ(ADAM(p, g, m, v, 8, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, 1.0f, (uint16_t *)(v + 7)),
              -EINVAL);
     CHECK_EQ(ADAM(p, m, m, v, 8, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, 1.0f, o), -EINVAL);
-    CHECK_EQ(df_op_adamw(NULL, p, g, m, v, 8, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1, 1.0f, o),
+    CHECK_EQ(df_op_adamw(NULL, p, g, DF_DTYPE_F32, m, v, 8, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1,
+                         1.0f, o),
              -EINVAL);
 #undef ADAM
+    /* grad dtypes other than F32 / BF16 */
+    static const df_dtype bad[] = {DF_DTYPE_F16, DF_DTYPE_I32, DF_DTYPE_U8, DF_DTYPE_INVALID,
+                                   (df_dtype)99};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK_EQ(df_op_adamw(bes[0], p, g, bad[i], m, v, 8, 1e-3f, 0.9f, 0.999f, 1e-8f, 0.0f, 1,
+                             1.0f, o),
+                 -EINVAL);
     CHECK(bitwise_equal(p, pc, sizeof p));
     for (int i = 0; i < 8; i++)
         CHECK(m[i] == 0.0f && v[i] == 0.0f && o[i] == 0x5555);
+
+    /* The overlap check spans grad by its own element size: 8 bf16 are 16
+     * bytes, so a BF16 grad ending where m starts is fine, the same
+     * pointer as 8 F32 (32 bytes) overlaps m, and 8 bf16 from m's last
+     * element overlap it. */
+    float buf[20], bufc[20];
+    for (int i = 0; i < 20; i++)
+        buf[i] = 0.5f + 0.01f * (float)i; /* grads and states, never zero */
+    memcpy(bufc, buf, sizeof buf);
+    float *mm = buf + 4, *vv = buf + 12; /* m [4, 12), v [12, 20) */
+    CHECK_EQ(df_op_adamw(bes[0], p, buf, DF_DTYPE_F32, mm, vv, 8, 1e-3f, 0.9f, 0.999f, 1e-8f,
+                         0.0f, 1, 1.0f, o),
+             -EINVAL);
+    CHECK_EQ(df_op_adamw(bes[0], p, mm + 7, DF_DTYPE_BF16, mm, vv, 8, 1e-3f, 0.9f, 0.999f, 1e-8f,
+                         0.0f, 1, 1.0f, o),
+             -EINVAL);
+    CHECK(bitwise_equal(buf, bufc, sizeof buf) && bitwise_equal(p, pc, sizeof p));
+    for (int i = 0; i < 8; i++)
+        CHECK(o[i] == 0x5555);
+    CHECK_EQ(df_op_adamw(bes[0], p, buf, DF_DTYPE_BF16, mm, vv, 8, 1e-3f, 0.9f, 0.999f, 1e-8f,
+                         0.0f, 1, 1.0f, o),
+             0);
+    CHECK(bitwise_equal(buf, bufc, 4 * sizeof(float))); /* the grad is read, not written */
+    CHECK(!bitwise_equal(p, pc, sizeof p));
 }
 
 /* ---- sum of squares ---- */
@@ -1318,20 +1717,51 @@ static void test_sumsq(void)
     double ref = 0;
     for (int64_t i = 0; i < n; i++)
         ref += (double)x[i] * x[i];
-    double a = df_op_sumsq(bes[0], x, n), b = df_op_sumsq(bes[1], x, n);
+    double a = df_op_sumsq(bes[0], x, DF_DTYPE_F32, n);
+    double b = df_op_sumsq(bes[1], x, DF_DTYPE_F32, n);
     CHECK(bitwise_equal(&a, &b, 8));
     /* double sums of 2e5 positive terms: ~n u_d relative at worst, 1e-13 */
     expect_close("sumsq", a, ref, 1e-12 * ref, 0);
-    CHECK(df_op_sumsq(bes[0], x, 1) == (double)x[0] * x[0]);
-    CHECK(df_op_sumsq(bes[0], x, 0) == 0.0);
-    CHECK(df_op_sumsq(bes[0], NULL, 0) == 0.0);
+    CHECK(df_op_sumsq(bes[0], x, DF_DTYPE_F32, 1) == (double)x[0] * x[0]);
+    CHECK(df_op_sumsq(bes[0], x, DF_DTYPE_F32, 0) == 0.0);
+    CHECK(df_op_sumsq(bes[0], NULL, DF_DTYPE_F32, 0) == 0.0);
     x[n - 1] = NAN;
-    CHECK(isnan(df_op_sumsq(bes[1], x, n)));
+    CHECK(isnan(df_op_sumsq(bes[1], x, DF_DTYPE_F32, n)));
     x[n - 1] = 1e30f; /* f32 square would overflow; double does not */
-    CHECK(isfinite(df_op_sumsq(bes[1], x, n)) && df_op_sumsq(bes[1], x, n) > 9e59);
-    CHECK(df_op_sumsq(bes[0], NULL, 5) == -EINVAL);
-    CHECK(df_op_sumsq(bes[0], x, -1) == -EINVAL);
-    CHECK(df_op_sumsq(NULL, x, 5) == -EINVAL);
+    CHECK(isfinite(df_op_sumsq(bes[1], x, DF_DTYPE_F32, n)) &&
+          df_op_sumsq(bes[1], x, DF_DTYPE_F32, n) > 9e59);
+    CHECK(df_op_sumsq(bes[0], NULL, DF_DTYPE_F32, 5) == -EINVAL);
+    CHECK(df_op_sumsq(bes[0], x, DF_DTYPE_F32, -1) == -EINVAL);
+    CHECK(df_op_sumsq(NULL, x, DF_DTYPE_F32, 5) == -EINVAL);
+
+    /* BF16: the bits of the F32 array of the widened values, on 1 and 3
+     * threads, at an aligned and an odd element offset (same order). */
+    uint16_t *xb = xmalloc((size_t)(n + 1) * 2);
+    for (int64_t i = 0; i < n; i++) {
+        float f = test_randn(&rng) * 3.0f;
+        xb[i] = df_f32_to_bf16(fabsf(f) < 0.05f ? 0.05f : f);
+        x[i] = bf_val(xb[i]);
+    }
+    double f32 = df_op_sumsq(bes[0], x, DF_DTYPE_F32, n);
+    double b1 = df_op_sumsq(bes[0], xb, DF_DTYPE_BF16, n);
+    double b3 = df_op_sumsq(bes[1], xb, DF_DTYPE_BF16, n);
+    CHECK(f32 > 0 && bitwise_equal(&f32, &b1, 8) && bitwise_equal(&f32, &b3, 8));
+    f32 = df_op_sumsq(bes[0], x + 1, DF_DTYPE_F32, n - 1);
+    b3 = df_op_sumsq(bes[1], xb + 1, DF_DTYPE_BF16, n - 1);
+    CHECK(f32 > 0 && bitwise_equal(&f32, &b3, 8));
+    CHECK(df_op_sumsq(bes[0], xb, DF_DTYPE_BF16, 1) == (double)x[0] * x[0]);
+    CHECK(df_op_sumsq(bes[0], NULL, DF_DTYPE_BF16, 0) == 0.0);
+    xb[n - 1] = 0x7f7f; /* the largest bf16, ~3.4e38: its square only fits a double */
+    CHECK(isfinite(df_op_sumsq(bes[1], xb, DF_DTYPE_BF16, n)) &&
+          df_op_sumsq(bes[1], xb, DF_DTYPE_BF16, n) > 1e76);
+    xb[n - 1] = 0xffc0; /* NaN */
+    CHECK(isnan(df_op_sumsq(bes[1], xb, DF_DTYPE_BF16, n)));
+    CHECK(df_op_sumsq(bes[0], NULL, DF_DTYPE_BF16, 5) == -EINVAL);
+    static const df_dtype bad[] = {DF_DTYPE_F16, DF_DTYPE_I32, DF_DTYPE_I64, DF_DTYPE_INVALID,
+                                   (df_dtype)99};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++)
+        CHECK(df_op_sumsq(bes[0], x, bad[i], n) == -EINVAL);
+    free(xb);
     free(x);
 }
 
@@ -1423,6 +1853,9 @@ int main(void)
     for (int i = 0; i < FD_N; i++)
         printf("finite differences, %-13s max |analytic - numeric| / max|grad| = %.2e\n",
                fd_name[i], fd_worst[i]);
+    printf("bf16 weight gradients: %lld elements checked, %lld where the sum cancels below the\n"
+           "  fp32 bound's resolution (checked against that bound plus one rounding)\n",
+           (long long)n_bf16_checked, (long long)n_cancel);
     if (getenv("DFLASH_TRAIN_BENCH"))
         bench();
     df_backend_close(bes[0]);

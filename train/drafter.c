@@ -51,6 +51,7 @@ struct df_drafter {
     df_drafter_grad_hook hook;
     void *hook_ctx;
     int recompute;     /* a, b, q, kb, kc, m: one shared set, recomputed in the backward */
+    df_dtype gdt;      /* the gradient array's dtype (df_drafter_set_grad_dtype) */
 };
 
 void df_drafter_set_recompute(df_drafter *d, int on)
@@ -59,6 +60,19 @@ void df_drafter_set_recompute(df_drafter *d, int on)
         d->recompute = on != 0;
         d->cap_N = d->cap_S = 0; /* the workspace layout changes: carve it again */
     }
+}
+
+int df_drafter_set_grad_dtype(df_drafter *d, df_dtype dt)
+{
+    if (dt != DF_DTYPE_F32 && dt != DF_DTYPE_BF16)
+        return -EINVAL;
+    d->gdt = dt;
+    return 0;
+}
+
+df_dtype df_drafter_grad_dtype(const df_drafter *d)
+{
+    return d->gdt;
 }
 
 void df_drafter_set_grad_hook(df_drafter *d, df_drafter_grad_hook fn, void *ctx)
@@ -132,6 +146,7 @@ int df_drafter_open(const df_drafter_config *c, df_backend *be, const df_tensor 
     d->wdt = d->adt; /* weights: F32 master on the CPU, BF16 copies on CUDA */
     d->aes = df_dtype_size(d->adt);
     d->wes = df_dtype_size(d->wdt);
+    d->gdt = DF_DTYPE_F32;
     d->host = df_backend_host_addressable(be);
     d->embed = *embed;
     d->head = *head;
@@ -311,7 +326,7 @@ static df_tensor param_t(const df_drafter *d, const void *flat, df_dtype dt, int
                         : df_tensor_2d(x, dt, p->shape[0], p->shape[1]);
 }
 #define PW(d, W, i) param_t((d), (W), (d)->wdt, (i))
-#define PG(d, G, i) param_t((d), (G), DF_DTYPE_F32, (i))
+#define PG(d, G, i) param_t((d), (G), (d)->gdt, (i))
 
 #define CK(call)                                                                          \
     do {                                                                                  \
@@ -375,7 +390,7 @@ static int qk_norm_rope(df_drafter *d, const void *W, const layer_idx *I, layer_
 }
 
 int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, float denom,
-                        float *G, df_drafter_metrics *m, df_err *e)
+                        void *G, df_drafter_metrics *m, df_err *e)
 {
     const df_drafter_config *c = &d->c;
     df_backend *be = d->be;

@@ -10,9 +10,10 @@
  *
  * Parameters are a flat array in the layout of params.h, in backend memory:
  * F32 on the CPU backend (the fp32 master itself), BF16 on CUDA (the bf16
- * copy the optimizer writes). Gradients accumulate (F32, backend memory)
- * into a flat array of the same layout, so several rows (and accumulation
- * steps) sum up before one optimizer step. Row inputs are host memory; a
+ * copy the optimizer writes). Gradients accumulate (F32 by default, or BF16:
+ * df_drafter_set_grad_dtype; backend memory) into a flat array of the same
+ * layout, so several rows (and accumulation steps) sum up before one
+ * optimizer step. Row inputs are host memory; a
  * device backend uploads them. The loss of a row is sum(w * CE) / denom, with denom
  * the global sum of weights of the whole step (DFLASH.md).
  */
@@ -71,9 +72,17 @@ void df_drafter_close(df_drafter *d);
 const df_params *df_drafter_params(const df_drafter *d);
 
 /* Forward + loss (+ backward when grad is not NULL: gradients of
- * sum(w*CE)/denom are ADDED to grad). params: the flat fp32 weights. */
+ * sum(w*CE)/denom are ADDED to grad, in df_drafter_grad_dtype). params: the
+ * flat weights (F32 on the CPU, BF16 on CUDA). */
 int df_drafter_row_step(df_drafter *d, const void *params, const df_drafter_row *row,
-                        float denom, float *grad, df_drafter_metrics *m, df_err *e);
+                        float denom, void *grad, df_drafter_metrics *m, df_err *e);
+
+/* The gradient array's dtype: F32 (the default) or BF16 (half the memory:
+ * every weight gradient is its fp32 sum plus the old value, rounded to bf16
+ * once per op that adds to it, as bf16 training in PyTorch keeps them).
+ * Returns 0 or -EINVAL (another dtype). */
+int df_drafter_set_grad_dtype(df_drafter *d, df_dtype dt);
+df_dtype df_drafter_grad_dtype(const df_drafter *d);
 
 /* Called by the backward of df_drafter_row_step as gradients become final
  * for that row: after layer l's backward with l (l = L-1 down to 0; the

@@ -668,7 +668,10 @@ static int device_bf16(df_backend *be, df_tensor *t, void **owned, df_err *e)
  * arrays and the drafter reads the fp32 master. Otherwise every array is
  * backend memory: the gradient full size (np) and the shards np/world; the
  * weights the drafter reads are bf16 on a GPU (the optimizer's output), F32
- * on the CPU (ranks > 1: the all-gathered master). */
+ * on the CPU (ranks > 1: the all-gathered master). Gradients are BF16 on a
+ * GPU (unless --grad-f32) and F32 on the CPU: the backward rounds each
+ * op's fp32 sum into them, the reduce-scatter adds in that dtype, AdamW
+ * widens them. */
 #define DS_ALIGN 64
 #define DS_MAX_BUCKETS (DF_MAX_LAYERS + 2)
 
@@ -680,8 +683,10 @@ typedef struct dev_state {
     int nb;                    /* buckets */
     int64_t b[DS_MAX_BUCKETS + 1], cnt[DS_MAX_BUCKETS], soff[DS_MAX_BUCKETS];
     float *master, *m, *v;     /* [nshard] (or the checkpoint's [n]) */
-    float *grad;               /* [np] this rank's gradients; scratch for checkpoint gathers */
-    float *gshard;             /* [nshard] reduced gradients (== grad with one rank) */
+    void *grad;                /* [np] this rank's gradients (gdt); scratch for checkpoints */
+    void *gshard;              /* [nshard] reduced gradients (== grad with one rank) */
+    df_dtype gdt;
+    size_t ges;                /* its element size */
     void *w;                   /* [np] the weights the drafter reads */
     df_dtype wdt;
     int next_bucket;           /* the grad hook's next bucket to reduce (counting down) */
@@ -745,7 +750,8 @@ static void ds_take_shard(const dev_state *s, const float *full, float *dst)
  * full weights the drafter reads. grad: the host gradient array of one CPU
  * rank. */
 static int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad,
-                          int64_t n, const df_params *ps, int L, dev_state *s, df_err *e)
+                          int64_t n, const df_params *ps, int L, int grad_f32, dev_state *s,
+                          df_err *e)
 {
     memset(s, 0, sizeof *s);
     s->comm = comm;
@@ -760,6 +766,8 @@ static int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, floa
         s->m = ck->adam_m;
         s->v = ck->adam_v;
         s->grad = s->gshard = grad;
+        s->gdt = DF_DTYPE_F32;
+        s->ges = 4;
         s->w = ck->master;
         s->wdt = DF_DTYPE_F32;
         s->np = n; /* no padding used: the buckets end at n, grad is [n] */
@@ -769,12 +777,14 @@ static int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, floa
     }
     s->sharded = 1;
     s->wdt = df_backend_act_dtype(be);
+    s->gdt = s->wdt == DF_DTYPE_BF16 && !grad_f32 ? DF_DTYPE_BF16 : DF_DTYPE_F32;
+    s->ges = df_dtype_size(s->gdt);
     size_t sb = (size_t)s->nshard * 4;
     s->master = df_backend_alloc(be, sb);
     s->m = df_backend_alloc(be, sb);
     s->v = df_backend_alloc(be, sb);
-    s->grad = df_backend_alloc(be, (size_t)s->np * 4);
-    s->gshard = s->world == 1 ? s->grad : df_backend_alloc(be, sb);
+    s->grad = df_backend_alloc(be, (size_t)s->np * s->ges);
+    s->gshard = s->world == 1 ? s->grad : df_backend_alloc(be, (size_t)s->nshard * s->ges);
     s->w = df_backend_alloc(be, (size_t)s->np * df_dtype_size(s->wdt));
     float *tmp = malloc(sb ? sb : 4);
     if (!s->master || !s->m || !s->v || !s->grad || !s->gshard || !s->w || !tmp) {
@@ -788,13 +798,19 @@ static int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, floa
         rc = df_backend_upload(be, dst[i], tmp, sb);
     }
     free(tmp);
-    /* the full weights: the whole master through the gradient buffer, cast */
-    if (!rc)
-        rc = df_backend_zero(be, s->grad, (size_t)s->np * 4);
-    if (!rc)
-        rc = df_backend_upload(be, s->grad, ck->master, (size_t)n * 4);
-    if (!rc)
-        rc = df_backend_cast(be, s->w, s->wdt, s->grad, DF_DTYPE_F32, s->np);
+    /* the full weights: the master through the gradient buffer (F32 pieces of
+     * its size), cast; the padding past n zero */
+    size_t wes = df_dtype_size(s->wdt);
+    int64_t piece = (int64_t)((size_t)s->np * s->ges / 4);
+    for (int64_t off = 0; off < n && !rc; off += piece) {
+        int64_t len = n - off < piece ? n - off : piece;
+        rc = df_backend_upload(be, s->grad, ck->master + off, (size_t)len * 4);
+        if (!rc)
+            rc = df_backend_cast(be, (uint8_t *)s->w + (size_t)off * wes, s->wdt, s->grad,
+                                 DF_DTYPE_F32, len);
+    }
+    if (!rc && s->np > n)
+        rc = df_backend_zero(be, (uint8_t *)s->w + (size_t)n * wes, (size_t)(s->np - n) * wes);
     if (!rc)
         rc = df_backend_sync(be);
     return rc ? df_errf(e, rc, "placing the optimizer state on %s failed", df_backend_name(be))
@@ -812,8 +828,9 @@ static int ds_grad_hook(void *ctx, int layer)
     int k = layer < 0 ? 0 : layer > 1 ? layer : 1;
     for (; s->next_bucket >= k && s->next_bucket >= 0; s->next_bucket--) {
         int j = s->next_bucket;
-        int rc = df_comm_reduce_scatter_f32(s->comm, s->grad + s->b[j], s->gshard + s->soff[j],
-                                            (size_t)s->cnt[j], s->hook_err);
+        int rc = df_comm_reduce_scatter(s->comm, (uint8_t *)s->grad + (size_t)s->b[j] * s->ges,
+                                        (uint8_t *)s->gshard + (size_t)s->soff[j] * s->ges,
+                                        (size_t)s->cnt[j], s->gdt, s->hook_err);
         if (rc)
             return rc;
     }
@@ -832,8 +849,9 @@ static int dev_state_adamw(df_backend *be, dev_state *s, float lr, int64_t t, fl
         int64_t g = s->b[k] + (int64_t)s->rank * s->cnt[k], o = s->soff[k];
         /* the bf16 weights the drafter reads, written by the optimizer (GPU) */
         void *w16 = s->sharded && s->wdt == DF_DTYPE_BF16 ? (uint8_t *)s->w + g * es : NULL;
-        int rc = df_op_adamw(be, s->master + o, s->gshard + o, s->m + o, s->v + o, s->cnt[k], lr,
-                             0.9f, 0.999f, 1e-8f, 0.0f, t, gscale, w16);
+        int rc = df_op_adamw(be, s->master + o, (uint8_t *)s->gshard + (size_t)o * s->ges, s->gdt,
+                             s->m + o, s->v + o, s->cnt[k], lr, 0.9f, 0.999f, 1e-8f, 0.0f, t,
+                             gscale, w16);
         if (!rc && s->sharded && s->wdt == DF_DTYPE_F32) /* ranks on the CPU: fp32 weights */
             rc = df_backend_copy(be, (float *)s->w + g, s->master + o, (size_t)s->cnt[k] * 4);
         if (rc)
@@ -853,32 +871,44 @@ static int dev_state_adamw(df_backend *be, dev_state *s, float lr, int64_t t, fl
 }
 
 /* Brings master and moments back into the checkpoint's [n] host arrays on
- * every rank (a collective: all ranks call it at the same steps). */
+ * every rank (a collective: all ranks call it at the same steps). With one
+ * rank the shard is the whole array; else each bucket's slices are gathered
+ * into the (free again) gradient buffer, or into a buffer made for it when a
+ * bucket's F32 is larger than the gradients (BF16 gradients, few buckets). */
 static int dev_state_fetch(df_backend *be, dev_state *s, df_ckpt_state *ck, df_err *e)
 {
     if (!s->sharded)
         return 0;
     float *src[3] = {s->master, s->m, s->v}, *dst[3] = {ck->master, ck->adam_m, ck->adam_v};
-    for (int i = 0; i < 3; i++) {
-        int rc = 0;
-        /* the shards gathered into the (free again) gradient buffer */
-        for (int k = 0; k < s->nb && !rc; k++) {
-            if (s->world > 1)
-                rc = df_comm_all_gather(s->comm, src[i] + s->soff[k], s->grad + s->b[k],
-                                        (size_t)s->cnt[k] * 4, e);
-            else
-                rc = df_backend_copy(be, s->grad + s->b[k], src[i] + s->soff[k],
-                                     (size_t)s->cnt[k] * 4);
-        }
-        if (!rc && s->world > 1)
-            rc = df_comm_wait(s->comm, e);
-        if (!rc)
-            rc = df_backend_download(be, dst[i], s->grad, (size_t)s->n * 4);
-        if (rc)
-            return df_errf(e, rc, "copying the optimizer state from %s failed",
+    int64_t big = 0;
+    for (int k = 0; k < s->nb; k++)
+        if (s->b[k + 1] - s->b[k] > big)
+            big = s->b[k + 1] - s->b[k];
+    float *tmp = s->grad, *own = NULL;
+    if (s->world > 1 && (size_t)big * 4 > (size_t)s->np * s->ges) {
+        if (!(own = df_backend_alloc(be, (size_t)big * 4)))
+            return df_errf(e, -ENOMEM, "out of memory on %s gathering a checkpoint",
                            df_backend_name(be));
+        tmp = own;
     }
-    return 0;
+    int rc = 0;
+    for (int i = 0; i < 3 && !rc; i++) {
+        if (s->world == 1) {
+            rc = df_backend_download(be, dst[i], src[i], (size_t)s->n * 4);
+            continue;
+        }
+        for (int k = 0; k < s->nb && !rc; k++) {
+            int64_t keep = (s->b[k + 1] < s->n ? s->b[k + 1] : s->n) - s->b[k];
+            rc = df_comm_all_gather(s->comm, src[i] + s->soff[k], tmp, (size_t)s->cnt[k] * 4, e);
+            if (!rc)
+                rc = df_comm_wait(s->comm, e);
+            if (!rc && keep > 0)
+                rc = df_backend_download(be, dst[i] + s->b[k], tmp, (size_t)keep * 4);
+        }
+    }
+    df_backend_free(be, own);
+    return rc ? df_errf(e, rc, "copying the optimizer state from %s failed", df_backend_name(be))
+              : 0;
 }
 
 /* ------------------------------------------------------------ the loop */
@@ -1087,8 +1117,13 @@ int df_train_run(const df_train_opts *o, df_err *e)
         rc = df_errf(e, -ENOMEM, "out of memory");
         goto out;
     }
-    if ((rc = dev_state_open(be, comm, &ck, grad, total, ps, c.num_hidden_layers, &ds, e)))
+    if ((rc = dev_state_open(be, comm, &ck, grad, total, ps, c.num_hidden_layers, o->grad_f32,
+                             &ds, e)))
         goto out;
+    if ((rc = df_drafter_set_grad_dtype(d, ds.gdt))) {
+        df_errf(e, rc, "gradient dtype %s", df_dtype_name(ds.gdt));
+        goto out;
+    }
     double persistent_gib;
     {
         double gib = 1.0 / (1 << 30), P = (double)total;
@@ -1099,9 +1134,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
         if (!o->quiet && lead)
             printf("drafter: %" PRId64 " parameters on %s x %d rank(s); persistent state per "
                    "rank %.2f GiB (weights %.2f, fp32 master + moments %.2f, frozen embedding + "
-                   "head %.2f); gradients %.2f GiB\n",
+                   "head %.2f); gradients (%s) %.2f GiB\n",
                    total, df_backend_name(be), world, persistent_gib, wb, 12 * P * gib / world,
-                   eh, 4 * P * gib);
+                   eh, df_dtype_name(ds.gdt), (double)ds.ges * P * gib);
     }
     df_batch_config bc = {.max_tokens = o->max_tokens, .max_anchors = o->max_anchors,
                           .block_size = c.block_size, .mask_token_id = c.mask_token_id,
@@ -1190,7 +1225,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
          * (DFLASH.md: the global denominator). */
         if (world > 1 && (rc = df_comm_allreduce_host_f64(comm, &denom, 1, e)))
             goto out;
-        if ((rc = df_backend_zero(be, ds.grad, (size_t)ds.np * sizeof(float)))) {
+        if ((rc = df_backend_zero(be, ds.grad, (size_t)ds.np * ds.ges))) {
             df_errf(e, rc, "step %" PRId64 ": clearing gradients failed", step);
             goto out;
         }
@@ -1228,7 +1263,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
             goto out;
         if (world > 1 && (rc = df_comm_wait(comm, e)))
             goto out;
-        double sq = df_op_sumsq(be, ds.gshard, ds.world > 1 ? ds.nshard : total);
+        double sq = df_op_sumsq(be, ds.gshard, ds.gdt, ds.world > 1 ? ds.nshard : total);
         /* sumsq waited for the stream: the rows' uploads and argmax are done */
         for (int r = 0; r < nrows && denom > 0; r++) {
             const df_batch_row *br = df_batch_get_row(sl->rows[r]);

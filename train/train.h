@@ -52,6 +52,8 @@ typedef struct df_train_opts {
     float noise;                /* uniform feature noise, default 0 */
     int recompute;              /* recompute the cheap activations in the backward (less memory,
                                    same results) */
+    int grad_f32;               /* GPU: keep gradients in F32 (default BF16: half the memory
+                                   and the reduce-scatter traffic); the CPU always uses F32 */
     int buffered_io;            /* read the cache through the page cache (no O_DIRECT): a cache
                                    that fits in RAM is then read from memory after one epoch */
     /* optimisation */

@@ -74,8 +74,52 @@ int df_cpu_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w,
     return df_gemm_par(be, &g, dx->shape[0], dx->shape[1]);
 }
 
+/* A BF16 dw: the GEMM below (the F32 path's, so each element is the very
+ * same fp32 sum) writes a slab of dw's rows as f32 into a buffer, then each
+ * element becomes RNE(sum) or RNE(sum + widened old) (the fp32 add the
+ * F32 path does last): one rounding to bf16. The GEMM's per-element order
+ * does not depend on which rows share a call, so the slabs (which only
+ * bound the buffer, ~4 MiB) change no bit. */
+static int mm_bwd_w_bf16(df_backend *be, const df_gemm *g0, const df_tensor *dw, int accumulate)
+{
+    const int64_t N = dw->shape[0], K = dw->shape[1];
+    if (N == 0 || K == 0)
+        return 0;
+    int64_t slab = ((int64_t)1 << 20) / K;
+    if (slab < 1)
+        slab = 1;
+    if (slab > N)
+        slab = N;
+    float *tmp = malloc((size_t)(slab * K) * sizeof(float));
+    if (!tmp)
+        return -ENOMEM;
+    int rc = 0;
+    for (int64_t n0 = 0; n0 < N && rc == 0; n0 += slab) {
+        const int64_t rows = N - n0 < slab ? N - n0 : slab;
+        df_gemm g = *g0;
+        g.a.data = g0->a.data + n0; /* A = dy^T: its row n is dy's column n */
+        g.c.data = tmp;
+        g.c.ld = K;
+        g.c.accumulate = 0;
+        rc = df_gemm_par(be, &g, rows, K);
+        for (int64_t r = 0; rc == 0 && r < rows; r++) {
+            uint16_t *o = (uint16_t *)dw->data + (n0 + r) * dw->stride[0];
+            const float *t = tmp + r * K;
+            if (accumulate)
+                for (int64_t k = 0; k < K; k++)
+                    o[k] = df_f32_to_bf16(t[k] + df_bf16_to_f32(o[k]));
+            else
+                for (int64_t k = 0; k < K; k++)
+                    o[k] = df_f32_to_bf16(t[k]);
+        }
+    }
+    free(tmp);
+    return rc;
+}
+
 /* dw[N, K] (+)= dy^T[N, M] @ x[M, K]: A = dy transposed (packed per slice),
- * B = x as is. Each dw element is one fp32 sum over the M rows in order. */
+ * B = x as is. Each dw element is one fp32 sum over the M rows in order
+ * (then, for a BF16 dw, rounded once: mm_bwd_w_bf16). */
 int df_cpu_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x, df_tensor *dw,
                         int accumulate)
 {
@@ -87,11 +131,13 @@ int df_cpu_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x,
     g.b.data = x->data;
     g.b.dtype = DF_DTYPE_F32;
     g.b.ld = x->stride[0];
+    g.K = dy->shape[0];
+    g.kern = df_gemm_pick_kernel();
+    if (dw->dtype == DF_DTYPE_BF16)
+        return mm_bwd_w_bf16(be, &g, dw, accumulate);
     g.c.data = dw->data;
     g.c.ld = dw->stride[0];
     g.c.accumulate = accumulate;
-    g.K = dy->shape[0];
-    g.kern = df_gemm_pick_kernel();
     return df_gemm_par(be, &g, dw->shape[0], dw->shape[1]);
 }
 
@@ -103,7 +149,8 @@ int df_cpu_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x,
  * r exactly as the forward computes it (fp32, 8 interleaved partial sums);
  * c in double. dw: rows go in pieces of a fixed size (by D alone); each
  * piece sums its rows in order into its own f32 partial, the partials are
- * added in piece order, and the total is added to dw. */
+ * added in piece order, and the total is added to dw (in fp32; a BF16 dw
+ * is widened, and the f32 result rounded once to bf16). */
 
 typedef struct nbwd_ctx {
     const df_tensor *x, *w, *dy;
@@ -172,12 +219,16 @@ int df_cpu_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, f
     nbwd_ctx c = {x, w, dy, dx, eps, plus_one != 0, accumulate_dx != 0, partial};
     int rc = par_range(be, R, chunk, nbwd_piece, &c);
     if (rc == 0) {
-        float *out = dw->data;
+        float *out = dw->data; /* dw is 1-D: innermost stride 1 */
+        uint16_t *out_bf = dw->data;
         for (int64_t i = 0; i < D; i++) {
             float s = partial[i];
             for (int64_t p = 1; p < np; p++)
                 s += partial[p * D + i];
-            out[i * dw->stride[0]] = s + out[i * dw->stride[0]];
+            if (dw->dtype == DF_DTYPE_BF16)
+                out_bf[i] = df_f32_to_bf16(s + df_bf16_to_f32(out_bf[i]));
+            else
+                out[i] = s + out[i];
         }
     }
     free(partial);
@@ -234,7 +285,7 @@ int df_cpu_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up
 
 /* ---- AdamW ----
  * Per element in fp32, as a fused GPU kernel would:
- *   g = grad * grad_scale
+ *   g = grad * grad_scale   (a BF16 grad widened exactly first)
  *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
  *   p = p - lr * (m / bc1 / (sqrt(v / bc2) + eps) + wd p)
  * bc1 = 1 - b1^t, bc2 = 1 - b2^t and 1 - b1, 1 - b2 computed in double, then
@@ -242,7 +293,8 @@ int df_cpu_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up
 
 typedef struct adam_ctx {
     float *p, *m, *v;
-    const float *g;
+    const float *g;     /* F32 grad, or NULL */
+    const uint16_t *gb; /* BF16 grad, or NULL */
     uint16_t *out;
     float b1, b2, omb1, omb2, bc1, bc2, lr, eps, wd, gs;
 } adam_ctx;
@@ -251,7 +303,7 @@ static int adam_piece(void *vp, int64_t piece, int64_t i0, int64_t i1)
 {
     const adam_ctx *c = vp;
     for (int64_t i = i0; i < i1; i++) {
-        float g = c->g[i] * c->gs;
+        float g = (c->gb ? df_bf16_to_f32(c->gb[i]) : c->g[i]) * c->gs;
         float m = c->b1 * c->m[i] + c->omb1 * g;
         float v = c->b2 * c->v[i] + c->omb2 * (g * g);
         float p = c->p[i];
@@ -266,11 +318,13 @@ static int adam_piece(void *vp, int64_t piece, int64_t i0, int64_t i1)
     return 0;
 }
 
-int df_cpu_adamw(df_backend *be, float *master, const float *grad, float *m, float *v, int64_t n,
-                 float lr, float beta1, float beta2, float eps, float wd, int64_t step,
-                 float grad_scale, uint16_t *out_bf16)
+int df_cpu_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_dtype, float *m,
+                 float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,
+                 int64_t step, float grad_scale, uint16_t *out_bf16)
 {
-    adam_ctx c = {master, m, v, grad, out_bf16, beta1, beta2,
+    const int bf = grad_dtype == DF_DTYPE_BF16;
+    adam_ctx c = {master, m, v, bf ? NULL : (const float *)grad,
+                  bf ? (const uint16_t *)grad : NULL, out_bf16, beta1, beta2,
                   (float)(1.0 - (double)beta1), (float)(1.0 - (double)beta2),
                   (float)(1.0 - pow((double)beta1, (double)step)),
                   (float)(1.0 - pow((double)beta2, (double)step)), lr, eps, wd, grad_scale};
@@ -279,14 +333,22 @@ int df_cpu_adamw(df_backend *be, float *master, const float *grad, float *m, flo
 
 /* ---- sum of squares ----
  * Pieces of 64K elements, each summed in double with 4 interleaved partials
- * (combined (p0 + p2) + (p1 + p3)), the piece sums added in piece order. */
+ * (combined (p0 + p2) + (p1 + p3)), the piece sums added in piece order.
+ * A BF16 array is widened exactly, element by element, in that same order:
+ * the same bits as the F32 array of its values. */
 
 enum { SUMSQ_CHUNK = 1 << 16 };
 
 typedef struct ssq_ctx {
-    const float *x;
+    const float *x;     /* F32, or NULL */
+    const uint16_t *xb; /* BF16, or NULL */
     double *piece_sum;
 } ssq_ctx;
+
+static inline double ssq_at(const ssq_ctx *c, int64_t i)
+{
+    return c->xb ? (double)df_bf16_to_f32(c->xb[i]) : (double)c->x[i];
+}
 
 static int ssq_piece(void *vp, int64_t piece, int64_t i0, int64_t i1)
 {
@@ -294,15 +356,19 @@ static int ssq_piece(void *vp, int64_t piece, int64_t i0, int64_t i1)
     double p[4] = {0, 0, 0, 0};
     int64_t i = i0;
     for (; i + 4 <= i1; i += 4)
-        for (int j = 0; j < 4; j++)
-            p[j] += (double)c->x[i + j] * (double)c->x[i + j];
-    for (; i < i1; i++)
-        p[i & 3] += (double)c->x[i] * (double)c->x[i];
+        for (int j = 0; j < 4; j++) {
+            double e = ssq_at(c, i + j);
+            p[j] += e * e;
+        }
+    for (; i < i1; i++) {
+        double e = ssq_at(c, i);
+        p[i & 3] += e * e;
+    }
     c->piece_sum[piece] = (p[0] + p[2]) + (p[1] + p[3]);
     return 0;
 }
 
-double df_cpu_sumsq(df_backend *be, const float *x, int64_t n)
+double df_cpu_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n)
 {
     int64_t np = n_pieces(n, SUMSQ_CHUNK);
     if (np == 0)
@@ -310,7 +376,8 @@ double df_cpu_sumsq(df_backend *be, const float *x, int64_t n)
     double *ps = malloc((size_t)np * sizeof(double));
     if (!ps)
         return (double)-ENOMEM;
-    ssq_ctx c = {x, ps};
+    const int bf = dtype == DF_DTYPE_BF16;
+    ssq_ctx c = {bf ? NULL : (const float *)x, bf ? (const uint16_t *)x : NULL, ps};
     int rc = par_range(be, n, SUMSQ_CHUNK, ssq_piece, &c);
     double s = 0.0;
     for (int64_t i = 0; i < np; i++)

@@ -74,7 +74,7 @@ int df_cuda_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df
                 const df_tensor *g, const df_tensor *beta, const int32_t *cu_seqlens, int n_seq,
                 int hk, int hv, int dk, int dv, df_gdn_mode mode, df_tensor *out);
 
-/* Training ops (train_ops.h contracts; weight gradients F32). */
+/* Training ops (train_ops.h contracts; weight gradients F32 or BF16). */
 int df_cuda_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w, df_tensor *dx,
                          int accumulate);
 int df_cuda_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x, df_tensor *dw,

@@ -26,7 +26,7 @@ typedef struct df_cuda_stage {
 typedef struct df_cuda_gemm_plan {
     int64_t m, n, k, lda, ldb, ldc;
     int ta, tb;     /* A, B transposed (column-major terms) */
-    int c_f32;      /* C is F32 (weight gradients), else BF16 */
+    int c_f32;      /* C is F32 (F32 weight gradients), else BF16 */
     int accumulate;
     unsigned align; /* pointer alignment the algorithm was chosen for */
     void *op, *a, *b, *c; /* cublasLtMatmulDesc_t, cublasLtMatrixLayout_t x3 */

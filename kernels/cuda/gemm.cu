@@ -1,11 +1,36 @@
-/* gemm.cu - df_op_matmul on the GPU through cuBLASLt: bf16 in, fp32
- * accumulate, bf16 out, y = x @ w^T (+ y).
+/* gemm.cu - df_op_matmul and the backward matmuls on the GPU through
+ * cuBLASLt: bf16 in, fp32 accumulate, bf16 out (weight gradients: F32 or
+ * BF16), y = x @ w^T (+ y).
  *
  * Row-major y [M, N] = x [M, K] @ w [N, K]^T is, in cuBLAS's column-major
  * terms, Y^T (N x M, ld = y's row stride) = op_T(W) (W stored K x N, ld =
  * w's row stride) x X^T (stored K x M, ld = x's row stride): no copies, and
  * column views (a q or gate half of a fused projection) are just lds.
  * accumulate is beta = 1: the sum is formed in fp32 and rounded once.
+ *
+ * The epilogue. cuBLASLt computes D = alpha * (A B) + beta * C with the
+ * product accumulated in the compute type (CUBLAS_COMPUTE_32F), alpha and
+ * beta in the scale type (CUDA_R_32F), and C read in its own type (bf16 C:
+ * widened, exactly). The documentation states that formula and those
+ * types, not the rounding mode of the final conversion to a bf16 D. What
+ * we rely on, as CUTLASS's LinearCombination epilogue does it: alpha * acc
+ * + beta * C in fp32 (one fma), then one conversion to D's type, to
+ * nearest even.
+ * With alpha = beta = 1 both products are exact, so a bf16 D is then
+ * RNE(fp32(acc + C)), the CPU reference's "fp32 sum, plus the old value
+ * widened, rounded once". Not being documented, it is checked on the
+ * device: tests/test_gpu_train_ops.c feeds inputs whose fp32 sums are
+ * exact in any order (so only the epilogue can round) and requires the
+ * CPU's bits, ties included; a truncating or round-half-away conversion,
+ * or a second rounding, fails it.
+ * The one documented way to round a bf16 D more than once is split-K: the
+ * INPLACE and OUTPUT_TYPE reduction schemes add the K slices' partial
+ * results in the output type. Every plan with a bf16 C (matmul, bwd_x and
+ * a BF16 bwd_w alike) therefore allows only the COMPUTE_TYPE scheme
+ * (partials in fp32 in the workspace, one conversion at the end) besides
+ * no split at all (algorithms without split-K, scheme NONE = 0, pass any
+ * reduction-scheme mask). Plans with an F32 C are built as before (the
+ * same algorithm choice, so F32 weight gradients keep their bits).
  *
  * A plan (descriptors + the algorithm cuBLASLt's heuristic picked) is
  * cached per (shape, strides, pointer alignment, accumulate): heuristics
@@ -126,11 +151,18 @@ static int plan_build(df_cuda_state *s, df_cuda_gemm_plan *p, unsigned align)
                                              sizeof al);
         cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al,
                                              sizeof al);
+        if (!p->c_f32) { /* one rounding of a bf16 D: no split-K partials in bf16 (above) */
+            uint32_t mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+            rc = lt_fail(cublasLtMatmulPreferenceSetAttribute(
+                             pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &mask, sizeof mask),
+                         "reduction scheme");
+        }
         cublasLtMatmulHeuristicResult_t res;
         int found = 0;
-        rc = lt_fail(cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)s->lt, op, a, b, c, c, pref,
-                                                    1, &res, &found),
-                     "heuristic");
+        if (!rc)
+            rc = lt_fail(cublasLtMatmulAlgoGetHeuristic((cublasLtHandle_t)s->lt, op, a, b, c, c,
+                                                        pref, 1, &res, &found),
+                         "heuristic");
         if (!rc && found < 1)
             rc = lt_fail(CUBLAS_STATUS_NOT_SUPPORTED, "no algorithm for this shape");
         if (!rc) {
@@ -173,7 +205,7 @@ static df_cuda_gemm_plan *plan_get(df_cuda_state *s, const df_cuda_gemm_plan *ke
 }
 
 /* C (m x n, column-major, ld ldc) = op(A) op(B) (+ C): A, B bf16, C bf16 or
- * F32, fp32 accumulation, one rounding of C. */
+ * F32, fp32 accumulation, one rounding of C (the epilogue, above). */
 static int gemm(df_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k, const void *A,
                 int64_t lda, const void *B, int64_t ldb, void *C, int64_t ldc, int c_f32,
                 int accumulate)
@@ -232,10 +264,13 @@ int df_cuda_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w
                 dy->data, dy->stride[0], dx->data, dx->stride[0], 0, accumulate);
 }
 
-/* dw [N, K] (F32) = dy^T [N, M] @ x [M, K]: dW^T = X^T op_T(dY^T). */
+/* dw [N, K] (F32 or BF16) = dy^T [N, M] @ x [M, K]: dW^T = X^T op_T(dY^T).
+ * A BF16 dw is C = D in bf16 with beta = 1 when accumulating: RNE of the
+ * fp32 sum plus the old value (the epilogue, above). */
 int df_cuda_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x, df_tensor *dw,
                          int accumulate)
 {
     return gemm(be, 0, 1, x->shape[1], dy->shape[1], x->shape[0], x->data, x->stride[0],
-                dy->data, dy->stride[0], dw->data, dw->stride[0], 1, accumulate);
+                dy->data, dy->stride[0], dw->data, dw->stride[0], dw->dtype == DF_DTYPE_F32,
+                accumulate);
 }

@@ -4,7 +4,8 @@
  * df_cpu_* ones in train_internal.h, arguments already validated by the
  * dispatch (kernels/train_ops.c), with cuda_internal.h's conventions:
  * activations and their gradients BF16 device memory, weights BF16, weight
- * gradients and the optimizer arrays F32 device memory (adamw's out_bf16 a
+ * gradients (rmsnorm's dw; adamw's grad; sumsq's x) F32 or BF16 device
+ * memory, the optimizer arrays F32 device memory (adamw's out_bf16 a
  * device array), host int arrays (pos) staged here. Work is enqueued on
  * df_cuda_stream(be); 0 or -EIO. df_cuda_sumsq synchronizes the stream to
  * return its value (or a negative errno as a double).
@@ -30,10 +31,10 @@ int df_cuda_rope_bwd(df_backend *be, df_tensor *dx, const int32_t *pos, int head
                      int rot_dim, double theta);
 int df_cuda_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up,
                        const df_tensor *dout, df_tensor *dgate, df_tensor *dup);
-int df_cuda_adamw(df_backend *be, float *master, const float *grad, float *m, float *v, int64_t n,
-                  float lr, float beta1, float beta2, float eps, float wd, int64_t step,
-                  float grad_scale, uint16_t *out_bf16);
-double df_cuda_sumsq(df_backend *be, const float *x, int64_t n);
+int df_cuda_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_dtype, float *m,
+                  float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,
+                  int64_t step, float grad_scale, uint16_t *out_bf16);
+double df_cuda_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n);
 
 #ifdef __cplusplus
 }

@@ -2,7 +2,10 @@
  * (plain and plus_one), RoPE backward, SwiGLU backward, AdamW and the sum of
  * squares (contracts in train_ops.h; the CPU reference is
  * kernels/cpu/train_dense.c, whose formulas are written here in its order,
- * in fp32; each bf16 output is rounded once, to nearest even).
+ * in fp32; each bf16 output is rounded once, to nearest even). Weight
+ * gradients (rmsnorm_bwd's dw, adamw's grad, sumsq's x) are F32 or BF16:
+ * a BF16 one is widened exactly where it is read, so the arithmetic (and
+ * the order of every sum) is the F32 one's.
  *
  * Layout. As in dense.cu: tensors are rows of contiguous elements (the last
  * dim) addressed through up to three outer dims with arbitrary strides,
@@ -408,10 +411,20 @@ __global__ void __launch_bounds__(NT, 4) nbwd_apply_kernel(NbArgs p)
 
 constexpr int DW_GROUPS = 8; /* tile groups of the dw reduction (block 32 x 8) */
 
+/* dw element as f32, and back: F32 as is; BF16 widened exactly, and the
+ * f32 result rounded once (RNE). */
+__device__ __forceinline__ float dw_load(const float *p) { return *p; }
+__device__ __forceinline__ float dw_load(const uint16_t *p) { return bf2f(*p); }
+__device__ __forceinline__ void dw_store(float *p, float f) { *p = f; }
+__device__ __forceinline__ void dw_store(uint16_t *p, float f) { *p = f2bf(f); }
+
 /* dw[c] = (sum over tiles of partial[t][c]) + dw[c]: group y sums tiles
- * y, y + 8, ... in order, then the 8 groups are added in order. */
+ * y, y + 8, ... in order, then the 8 groups are added in order; the old dw
+ * (widened) is added last in fp32, as the CPU does. DW: float or uint16_t
+ * (bf16). */
+template <typename DW>
 __global__ void __launch_bounds__(32 * DW_GROUPS)
-    nbwd_dw_kernel(const float *partial, int64_t n_tiles, int64_t D, float *dw)
+    nbwd_dw_kernel(const float *partial, int64_t n_tiles, int64_t D, DW *dw)
 {
     __shared__ float red[DW_GROUPS][32];
     for (int64_t cb = blockIdx.x; cb < cdiv(D, 32); cb += gridDim.x) {
@@ -427,7 +440,7 @@ __global__ void __launch_bounds__(32 * DW_GROUPS)
 #pragma unroll
             for (int y = 1; y < DW_GROUPS; y++)
                 t += red[y][threadIdx.x];
-            dw[c] = t + dw[c];
+            dw_store(&dw[c], t + dw_load(&dw[c]));
         }
         __syncthreads();
     }
@@ -553,9 +566,11 @@ __global__ void swiglu_bwd_kernel(SwArgs p)
 
 /* ---- AdamW ---- */
 
+/* G: the gradient's element type, float (F32) or uint16_t (BF16). */
+template <typename G>
 struct AdamArgs {
     float *p, *m, *v;
-    const float *g;
+    const G *g;
     uint16_t *out;
     int64_t n;
     float b1, b2, omb1, omb2, bc1, bc2, lr, eps, wd, gs;
@@ -566,7 +581,9 @@ struct AdamArgs {
  * would change the bits):
  *   g = grad * gs;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) (g g)
  *   p = p - lr * ((m / bc1) / (sqrt(v / bc2) + eps) + wd p) */
-__device__ __forceinline__ float adam_one(const AdamArgs &a, float gi, float *m, float *v, float p)
+template <typename G>
+__device__ __forceinline__ float adam_one(const AdamArgs<G> &a, float gi, float *m, float *v,
+                                          float p)
 {
     float g = __fmul_rn(gi, a.gs);
     float mm = __fadd_rn(__fmul_rn(a.b1, *m), __fmul_rn(a.omb1, g));
@@ -578,10 +595,27 @@ __device__ __forceinline__ float adam_one(const AdamArgs &a, float gi, float *m,
     return __fsub_rn(p, __fmul_rn(a.lr, upd));
 }
 
-/* VEC4: float4 over the n/4 leading quads (all arrays 16-byte aligned,
- * out 8-byte aligned), the last n%4 elements by the first threads. */
-template <bool VEC4>
-__global__ void __launch_bounds__(NT) adamw_kernel(AdamArgs a)
+/* Gradient element i, widened exactly to f32; and quad q (4 elements: a
+ * float4 for F32, a uint2 of 4 bf16 for BF16). */
+__device__ __forceinline__ float grad_at(const float *g, int64_t i) { return g[i]; }
+__device__ __forceinline__ float grad_at(const uint16_t *g, int64_t i) { return bf2f(g[i]); }
+__device__ __forceinline__ float4 grad_quad(const float *g, int64_t q)
+{
+    return reinterpret_cast<const float4 *>(g)[q];
+}
+__device__ __forceinline__ float4 grad_quad(const uint16_t *g, int64_t q)
+{
+    uint2 u = reinterpret_cast<const uint2 *>(g)[q];
+    return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
+                       __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
+}
+
+/* VEC4: vectors over the n/4 leading quads (p, m, v 16-byte aligned, grad
+ * 4 elements' worth aligned, out 8-byte aligned), the last n%4 elements by
+ * the first threads. The grad dtype changes only how g is loaded: the
+ * arithmetic, hence the bits, are those of an F32 grad of the same values. */
+template <bool VEC4, typename G>
+__global__ void __launch_bounds__(NT) adamw_kernel(AdamArgs<G> a)
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     const int64_t nthr = (int64_t)gridDim.x * blockDim.x;
@@ -590,7 +624,7 @@ __global__ void __launch_bounds__(NT) adamw_kernel(AdamArgs a)
         const int64_t nq = a.n / 4;
         for (int64_t q = tid; q < nq; q += nthr) {
             float4 p = reinterpret_cast<const float4 *>(a.p)[q];
-            float4 g = reinterpret_cast<const float4 *>(a.g)[q];
+            float4 g = grad_quad(a.g, q);
             float4 m = reinterpret_cast<const float4 *>(a.m)[q];
             float4 v = reinterpret_cast<const float4 *>(a.v)[q];
             p.x = adam_one(a, g.x, &m.x, &v.x, p.x);
@@ -607,7 +641,7 @@ __global__ void __launch_bounds__(NT) adamw_kernel(AdamArgs a)
     }
     for (int64_t i = done + tid; i < a.n; i += nthr) {
         float m = a.m[i], v = a.v[i];
-        float p = adam_one(a, a.g[i], &m, &v, a.p[i]);
+        float p = adam_one(a, grad_at(a.g, i), &m, &v, a.p[i]);
         a.m[i] = m;
         a.v[i] = v;
         a.p[i] = p;
@@ -623,7 +657,9 @@ __global__ void __launch_bounds__(NT) adamw_kernel(AdamArgs a)
  * quad lane combined (a0 + a2) + (a1 + a3); then a fixed shuffle tree and
  * the 8 warps in order. The piece sums are added by one block: thread t
  * sums pieces t, t + NT, ... in order, then the same tree. A quad is read
- * as a float4 when x is 16-byte aligned, else as 4 floats: same order. */
+ * as one vector when x is aligned for it (a float4 / 4 bf16 in a uint2),
+ * else element by element: same order. A BF16 x is widened exactly, so it
+ * gives the bits an F32 x of the same values gives. */
 
 constexpr int SQ_CHUNK = NT * 4 * 16; /* 16384 elements per piece */
 
@@ -643,8 +679,9 @@ __device__ __forceinline__ double block_sum_d(double v, double *red)
     return t;
 }
 
+template <typename X>
 __global__ void __launch_bounds__(NT)
-    sumsq_piece_kernel(const float *x, int64_t n, int64_t n_pieces, int vec, double *piece_sum)
+    sumsq_piece_kernel(const X *x, int64_t n, int64_t n_pieces, int vec, double *piece_sum)
 {
     __shared__ double red[NT / 32];
     for (int64_t pc = blockIdx.x; pc < n_pieces; pc += gridDim.x) {
@@ -655,12 +692,12 @@ __global__ void __launch_bounds__(NT)
             const int64_t i = i0 + ((int64_t)k * NT + threadIdx.x) * 4;
             float f[4];
             if (vec && i + 4 <= n) {
-                float4 q = *reinterpret_cast<const float4 *>(x + i);
+                float4 q = grad_quad(x, i / 4);
                 f[0] = q.x, f[1] = q.y, f[2] = q.z, f[3] = q.w;
             } else {
 #pragma unroll
                 for (int j = 0; j < 4; j++)
-                    f[j] = i + j < n ? x[i + j] : 0.0f;
+                    f[j] = i + j < n ? grad_at(x, i + j) : 0.0f;
             }
             a0 += (double)f[0] * (double)f[0];
             a1 += (double)f[1] * (double)f[1];
@@ -753,8 +790,12 @@ int df_cuda_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, 
     rc = df_cuda_check_launch("rmsnorm_bwd apply kernel");
     if (rc)
         return rc;
-    nbwd_dw_kernel<<<capped(cdiv(D, 32)), dim3(32, DW_GROUPS, 1), 0, st>>>(p.partial, p.n_tiles, D,
-                                                                         (float *)dw->data);
+    const dim3 dwg(capped(cdiv(D, 32))), dwb(32, DW_GROUPS, 1);
+    if (dw->dtype == DF_DTYPE_BF16)
+        nbwd_dw_kernel<uint16_t><<<dwg, dwb, 0, st>>>(p.partial, p.n_tiles, D,
+                                                      (uint16_t *)dw->data);
+    else
+        nbwd_dw_kernel<float><<<dwg, dwb, 0, st>>>(p.partial, p.n_tiles, D, (float *)dw->data);
     return df_cuda_check_launch("rmsnorm_bwd dw kernel");
 }
 
@@ -827,14 +868,13 @@ int df_cuda_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *u
     return df_cuda_check_launch("swiglu_bwd kernel");
 }
 
-int df_cuda_adamw(df_backend *be, float *master, const float *grad, float *m, float *v, int64_t n,
-                  float lr, float beta1, float beta2, float eps, float wd, int64_t step,
-                  float grad_scale, uint16_t *out_bf16)
+template <typename G>
+static int adamw_launch(df_backend *be, float *master, const G *grad, float *m, float *v,
+                        int64_t n, float lr, float beta1, float beta2, float eps, float wd,
+                        int64_t step, float grad_scale, uint16_t *out_bf16)
 {
-    if (n == 0)
-        return 0;
     /* The scalars exactly as the CPU derives them (double, rounded once). */
-    AdamArgs a;
+    AdamArgs<G> a;
     a.p = master;
     a.m = m;
     a.v = v;
@@ -851,8 +891,9 @@ int df_cuda_adamw(df_backend *be, float *master, const float *grad, float *m, fl
     a.eps = eps;
     a.wd = wd;
     a.gs = grad_scale;
-    const int vec = !(((uintptr_t)master | (uintptr_t)grad | (uintptr_t)m | (uintptr_t)v) & 15u) &&
-                    !((uintptr_t)out_bf16 & 7u);
+    const uintptr_t quad = 4 * sizeof(G) - 1; /* a quad of grad: 16 (F32) or 8 (BF16) bytes */
+    const int vec = !(((uintptr_t)master | (uintptr_t)m | (uintptr_t)v) & 15u) &&
+                    !((uintptr_t)grad & quad) && !((uintptr_t)out_bf16 & 7u);
     /* one thread per quad (or element), grid-stride past 2^20 blocks */
     int64_t work = vec ? (n / 4 > n % 4 ? n / 4 : n % 4) : n;
     int64_t blocks = cdiv(work, NT);
@@ -860,13 +901,26 @@ int df_cuda_adamw(df_backend *be, float *master, const float *grad, float *m, fl
         blocks = (int64_t)1 << 20;
     cudaStream_t st = df_cuda_stream(be);
     if (vec)
-        adamw_kernel<true><<<(unsigned)blocks, NT, 0, st>>>(a);
+        adamw_kernel<true, G><<<(unsigned)blocks, NT, 0, st>>>(a);
     else
-        adamw_kernel<false><<<(unsigned)blocks, NT, 0, st>>>(a);
+        adamw_kernel<false, G><<<(unsigned)blocks, NT, 0, st>>>(a);
     return df_cuda_check_launch("adamw kernel");
 }
 
-double df_cuda_sumsq(df_backend *be, const float *x, int64_t n)
+int df_cuda_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_dtype, float *m,
+                  float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,
+                  int64_t step, float grad_scale, uint16_t *out_bf16)
+{
+    if (n == 0)
+        return 0;
+    if (grad_dtype == DF_DTYPE_BF16)
+        return adamw_launch(be, master, (const uint16_t *)grad, m, v, n, lr, beta1, beta2, eps,
+                            wd, step, grad_scale, out_bf16);
+    return adamw_launch(be, master, (const float *)grad, m, v, n, lr, beta1, beta2, eps, wd, step,
+                        grad_scale, out_bf16);
+}
+
+double df_cuda_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n)
 {
     if (n == 0)
         return 0.0;
@@ -876,7 +930,12 @@ double df_cuda_sumsq(df_backend *be, const float *x, int64_t n)
         return (double)-EIO;
     cudaStream_t st = df_cuda_stream(be);
     int64_t blocks = np < ((int64_t)1 << 20) ? np : ((int64_t)1 << 20);
-    sumsq_piece_kernel<<<(unsigned)blocks, NT, 0, st>>>(x, n, np, !((uintptr_t)x & 15u), scr + 1);
+    if (dtype == DF_DTYPE_BF16) /* a quad of bf16: one 8-byte load */
+        sumsq_piece_kernel<uint16_t><<<(unsigned)blocks, NT, 0, st>>>(
+            (const uint16_t *)x, n, np, !((uintptr_t)x & 7u), scr + 1);
+    else
+        sumsq_piece_kernel<float><<<(unsigned)blocks, NT, 0, st>>>(
+            (const float *)x, n, np, !((uintptr_t)x & 15u), scr + 1);
     if (df_cuda_check_launch("sumsq kernel"))
         return (double)-EIO;
     sumsq_final_kernel<<<1, NT, 0, st>>>(scr + 1, np, scr);
