@@ -103,6 +103,10 @@ typedef struct df_backend_vt {
     int (*upload_async)(df_backend *be, void *dst, const void *src, size_t bytes);
     /* Profiling: forget what was measured so far (the warm-up). NULL: none. */
     void (*prof_reset)(df_backend *be);
+    /* df_backend_upload_ahead / _join (ops.h). NULL: a plain upload, and
+     * nothing to join. */
+    int (*upload_ahead)(df_backend *be, void *dst, const void *src, size_t bytes);
+    int (*upload_join)(df_backend *be);
 } df_backend_vt;
 
 struct df_backend {

@@ -338,6 +338,23 @@ int df_backend_upload_async(df_backend *be, void *dst, const void *src, size_t b
                                 : be->vt->upload(be, dst, src, bytes);
 }
 
+int df_backend_upload_ahead(df_backend *be, void *dst, const void *src, size_t bytes)
+{
+    if (!be || (bytes && (!dst || !src)))
+        return -EINVAL;
+    if (!bytes)
+        return 0;
+    return be->vt->upload_ahead ? be->vt->upload_ahead(be, dst, src, bytes)
+                                : be->vt->upload(be, dst, src, bytes);
+}
+
+int df_backend_upload_join(df_backend *be)
+{
+    if (!be)
+        return -EINVAL;
+    return be->vt->upload_join ? be->vt->upload_join(be) : 0;
+}
+
 int df_backend_download_async(df_backend *be, void *dst, const void *src, size_t bytes)
 {
     if (!be || (bytes && (!dst || !src)))

@@ -94,6 +94,15 @@ int df_backend_download_async(df_backend *be, void *dst, const void *src, size_t
  * until the next df_backend_sync() (from df_backend_host_alloc memory it runs
  * asynchronously on CUDA; plain memcpy on the CPU). */
 int df_backend_upload_async(df_backend *be, void *dst, const void *src, size_t bytes);
+/* An upload that overlaps the compute (CUDA: on a copy stream): it starts
+ * once the work enqueued so far has run, so dst may be memory that work
+ * still reads, and work enqueued after it does not wait for it until
+ * df_backend_upload_join(), which makes all work enqueued from then on wait
+ * for every upload ahead so far. src (df_backend_host_alloc memory) must
+ * stay unchanged until the next df_backend_sync(), which also waits for
+ * these uploads. The CPU backend copies at once (join: nothing). */
+int df_backend_upload_ahead(df_backend *be, void *dst, const void *src, size_t bytes);
+int df_backend_upload_join(df_backend *be);
 /* Host memory the backend copies from/to fastest (pinned on CUDA, plain
  * aligned memory on the CPU); free with _host_free. */
 void *df_backend_host_alloc(df_backend *be, size_t bytes);

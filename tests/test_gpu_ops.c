@@ -863,6 +863,52 @@ static void bench(void)
     df_backend_free(gpu, A), df_backend_free(gpu, B), df_backend_free(gpu, C), df_backend_free(gpu, W);
 }
 
+/* df_backend_upload_ahead / _join: the upload starts after the work enqueued
+ * before it (a copy that reads the old contents sees them), the work after
+ * the join sees the new contents, and a sync waits for an unjoined one. */
+static void test_upload_ahead(void)
+{
+    const size_t n = (size_t)16 << 20; /* 64 MiB of u32: long enough to overlap */
+    uint32_t *ha = df_backend_host_alloc(gpu, n * 4), *hb = df_backend_host_alloc(gpu, n * 4),
+             *got = malloc(n * 4);
+    void *dst = df_backend_alloc(gpu, n * 4), *snap = df_backend_alloc(gpu, n * 4),
+         *after = df_backend_alloc(gpu, n * 4);
+    CHECK(ha && hb && got && dst && snap && after);
+    if (!ha || !hb || !got || !dst || !snap || !after)
+        return;
+    for (size_t i = 0; i < n; i++) {
+        ha[i] = (uint32_t)(i * 2654435761u);
+        hb[i] = ~(uint32_t)(i * 40503u);
+    }
+    CHECK_EQ(df_backend_upload(gpu, dst, ha, n * 4), 0);
+    for (int round = 0; round < 3; round++) {
+        const uint32_t *old = round % 2 ? hb : ha, *nu = round % 2 ? ha : hb;
+        CHECK_EQ(df_backend_copy(gpu, snap, dst, n * 4), 0); /* reads the old contents */
+        CHECK_EQ(df_backend_upload_ahead(gpu, dst, nu, n * 4), 0);
+        CHECK_EQ(df_backend_upload_join(gpu), 0);
+        CHECK_EQ(df_backend_copy(gpu, after, dst, n * 4), 0); /* after the join: the new */
+        CHECK_EQ(df_backend_sync(gpu), 0);
+        CHECK_EQ(df_backend_download(gpu, got, snap, n * 4), 0);
+        CHECK(memcmp(got, old, n * 4) == 0);
+        CHECK_EQ(df_backend_download(gpu, got, after, n * 4), 0);
+        CHECK(memcmp(got, nu, n * 4) == 0);
+    }
+    /* not joined: the sync still waits for it */
+    CHECK_EQ(df_backend_upload_ahead(gpu, dst, hb, n * 4), 0);
+    CHECK_EQ(df_backend_sync(gpu), 0);
+    CHECK_EQ(df_backend_download(gpu, got, dst, n * 4), 0);
+    CHECK(memcmp(got, hb, n * 4) == 0);
+    CHECK_EQ(df_backend_upload_join(gpu), 0);
+    CHECK_EQ(df_backend_upload_ahead(gpu, NULL, hb, 4), -EINVAL);
+    printf("upload_ahead / join: ordered against the compute stream\n");
+    df_backend_free(gpu, dst);
+    df_backend_free(gpu, snap);
+    df_backend_free(gpu, after);
+    df_backend_host_free(gpu, ha);
+    df_backend_host_free(gpu, hb);
+    free(got);
+}
+
 int main(int argc, char **argv)
 {
     if (df_cuda_device_count() == 0) {
@@ -908,6 +954,7 @@ int main(int argc, char **argv)
     matmul_case("matmul 512x1024x2048", 512, 1024, 2048, 0, 0, 0);
     matmul_case("matmul 512x1024x2048 accumulate, column views", 512, 1024, 2048, 24, 16, 1);
 
+    test_upload_ahead();
     test_elementwise();
     test_norms();
     test_rope();

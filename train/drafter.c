@@ -52,6 +52,9 @@ struct df_drafter {
     void *hook_ctx;
     int recompute;     /* a, b, q, kb, kc, m: one shared set, recomputed in the backward */
     df_dtype gdt;      /* the gradient array's dtype (df_drafter_set_grad_dtype) */
+    /* df_drafter_prefetch_row: the features already on their way into feat */
+    const void *pf_feat;
+    int64_t pf_S;
 };
 
 void df_drafter_set_recompute(df_drafter *d, int on)
@@ -195,6 +198,7 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
 {
     if (N <= d->cap_N && S <= d->cap_S)
         return 0;
+    d->pf_feat = NULL; /* feat is about to move: a prefetch into it is void */
     if (N < d->cap_N)
         N = d->cap_N;
     if (S < d->cap_S)
@@ -389,6 +393,21 @@ static int qk_norm_rope(df_drafter *d, const void *W, const layer_idx *I, layer_
     return 0;
 }
 
+int df_drafter_prefetch_row(df_drafter *d, const df_drafter_row *r)
+{
+    d->pf_feat = NULL;
+    df_dtype fdt = r->feat_dtype ? r->feat_dtype : DF_DTYPE_F32;
+    if (d->host || !r->pinned || fdt != d->adt || r->S > d->cap_S || !d->feat)
+        return 0; /* row_step uploads them as usual */
+    size_t nf = (size_t)(r->S * (int64_t)d->c.num_target_features * d->c.hidden_size);
+    int rc = df_backend_upload_ahead(d->be, d->feat, r->feat, nf * d->aes);
+    if (rc)
+        return rc;
+    d->pf_feat = r->feat;
+    d->pf_S = r->S;
+    return 1;
+}
+
 int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, float denom,
                         void *G, df_drafter_metrics *m, df_err *e)
 {
@@ -419,7 +438,14 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         /* pinned inputs: enqueued without waiting for the stream */
         int (*up)(df_backend *, void *, const void *, size_t) =
             r->pinned ? df_backend_upload_async : df_backend_upload;
-        if (fdt == d->adt) {
+        /* a prefetch (df_drafter_prefetch_row) is joined in any case: feat is
+         * neither read nor written again before its copy is done */
+        int hit = d->pf_feat && d->pf_feat == r->feat && d->pf_S == S && fdt == d->adt;
+        if (d->pf_feat)
+            CK(df_backend_upload_join(be));
+        if (hit) {
+            /* the features are there */
+        } else if (fdt == d->adt) {
             CK(up(be, d->feat, r->feat, nf * d->aes));
         } else {
             if (!d->feat32 && !(d->feat32 = df_backend_alloc(be, (size_t)(d->cap_S *
@@ -439,6 +465,8 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         return df_errf(e, -EINVAL, "row features are %s; the %s backend computes in %s",
                        df_dtype_name(fdt), df_backend_name(be), df_dtype_name(d->adt));
     }
+
+    d->pf_feat = NULL;
 
     /* ---- forward ---- */
     df_tensor feat = df_tensor_2d((void *)fsrc, fdt, S, KH);

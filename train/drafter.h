@@ -77,6 +77,17 @@ const df_params *df_drafter_params(const df_drafter *d);
 int df_drafter_row_step(df_drafter *d, const void *params, const df_drafter_row *row,
                         float denom, void *grad, df_drafter_metrics *m, df_err *e);
 
+/* The features of the row the next df_drafter_row_step will take (same
+ * feat pointer and S), sent now on the backend's copy stream so the upload
+ * overlaps what is enqueued after this call (the optimizer step); it
+ * starts once the work enqueued so far (the current row's backward, the
+ * last reader of the features) has run. Device backends, pinned rows of
+ * the activation dtype that fit the workspace; otherwise (and on the CPU)
+ * nothing is done and row_step uploads as usual. row->feat must stay
+ * unchanged until the sync after that row_step. Returns 1 when sent, 0 when
+ * not, or a negative error code. */
+int df_drafter_prefetch_row(df_drafter *d, const df_drafter_row *row);
+
 /* The gradient array's dtype: F32 (the default) or BF16 (half the memory:
  * every weight gradient is its fp32 sum plus the old value, rounded to bf16
  * once per op that adds to it, as bf16 training in PyTorch keeps them).

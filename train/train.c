@@ -610,6 +610,18 @@ static feed_slot *feeder_take(feeder *f, int64_t step, df_err *e, int *rc)
     return sl;
 }
 
+/* Step `step`'s slot if the thread has built it already (NULL if not yet,
+ * or past the end): never waits. Once ready, a slot is not written until it
+ * is released after its own step. */
+static feed_slot *feeder_peek(feeder *f, int64_t step)
+{
+    feed_slot *sl = &f->slot[step % FEED_SLOTS];
+    pthread_mutex_lock(&f->mu);
+    int ok = sl->ready && !sl->rc && step < f->end_step;
+    pthread_mutex_unlock(&f->mu);
+    return ok ? sl : NULL;
+}
+
 /* The step's rows are no longer read (after the step's sync): refill. */
 static void feeder_release(feeder *f, feed_slot *sl)
 {
@@ -1258,6 +1270,24 @@ int df_train_run(const df_train_opts *o, df_err *e)
                 df_err_wrap(e, "step %" PRId64 " row %d", step, r);
                 goto out;
             }
+        }
+        /* The next step's first row's features go up on the copy stream now,
+         * once this backward (their buffer's last reader) has run: the upload
+         * overlaps the gradient norm and the optimizer instead of delaying
+         * the next forward. */
+        feed_slot *nx = feeder_peek(&fd, step + 1);
+        for (int r = 0; nx && r < nrows; r++) {
+            const df_batch_row *br = df_batch_get_row(nx->rows[r]);
+            if (!(br->weight_sum > 0))
+                continue;
+            df_drafter_row nr = {.S = br->n_tokens, .feat = br->features_bf16,
+                                 .feat_dtype = DF_DTYPE_BF16, .pinned = 1};
+            if (br->features_bf16 && (rc = df_drafter_prefetch_row(d, &nr)) < 0) {
+                df_errf(e, rc, "step %" PRId64 ": prefetching the next row failed", step);
+                goto out;
+            }
+            rc = 0;
+            break;
         }
         if (world > 1 && (rc = ds_grad_hook(&ds, -1))) /* buckets no row reduced (no rows) */
             goto out;

@@ -206,10 +206,13 @@ static int cu_set(df_backend *be)
 
 static int cu_sync(df_backend *be)
 {
+    df_cuda_state *s = st_of(be);
     if (cu_set(be))
         return -EIO;
-    int rc = df_cuda_fail(cudaStreamSynchronize(st_of(be)->stream), "stream synchronize");
-    prof_flush(st_of(be));
+    int rc = df_cuda_fail(cudaStreamSynchronize(s->stream), "stream synchronize");
+    if (!rc && s->copy) /* uploads ahead too: their sources may be reused after a sync */
+        rc = df_cuda_fail(cudaStreamSynchronize(s->copy), "copy stream synchronize");
+    prof_flush(s);
     return rc;
 }
 
@@ -353,6 +356,44 @@ static int cu_upload_async(df_backend *be, void *dst, const void *src, size_t by
                         "upload (async)");
 }
 
+/* On the copy stream, after the work enqueued so far on the compute stream
+ * (dst may still be read by it); the compute stream waits at upload_join. */
+static int cu_upload_ahead(df_backend *be, void *dst, const void *src, size_t bytes)
+{
+    df_cuda_state *s = st_of(be);
+    if (cu_set(be))
+        return -EIO;
+    if (!s->copy) {
+        if (df_cuda_fail(cudaStreamCreateWithFlags(&s->copy, cudaStreamNonBlocking), "copy stream"))
+            return -EIO;
+        if (df_cuda_fail(cudaEventCreateWithFlags(&s->ev_fork, cudaEventDisableTiming), "event") ||
+            df_cuda_fail(cudaEventCreateWithFlags(&s->ev_done, cudaEventDisableTiming), "event")) {
+            (void)cudaStreamDestroy(s->copy);
+            s->copy = NULL;
+            return -EIO;
+        }
+    }
+    if (df_cuda_fail(cudaEventRecord(s->ev_fork, s->stream), "record fork") ||
+        df_cuda_fail(cudaStreamWaitEvent(s->copy, s->ev_fork, 0), "copy waits") ||
+        df_cuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s->copy),
+                     "upload ahead") ||
+        df_cuda_fail(cudaEventRecord(s->ev_done, s->copy), "record done"))
+        return -EIO;
+    s->ahead_pending = 1;
+    return 0;
+}
+
+static int cu_upload_join(df_backend *be)
+{
+    df_cuda_state *s = st_of(be);
+    if (!s->ahead_pending)
+        return 0;
+    if (cu_set(be) || df_cuda_fail(cudaStreamWaitEvent(s->stream, s->ev_done, 0), "join uploads"))
+        return -EIO;
+    s->ahead_pending = 0;
+    return 0;
+}
+
 static int cu_download_async(df_backend *be, void *dst, const void *src, size_t bytes)
 {
     df_cuda_state *s = st_of(be);
@@ -379,6 +420,12 @@ static void cu_close(df_backend *be)
         (void)cudaSetDevice(s->device);
         if (s->stream)
             (void)cudaStreamSynchronize(s->stream);
+        if (s->copy) {
+            (void)cudaStreamSynchronize(s->copy);
+            (void)cudaStreamDestroy(s->copy);
+            (void)cudaEventDestroy(s->ev_fork);
+            (void)cudaEventDestroy(s->ev_done);
+        }
         if (s->prof)
             prof_report(s);
         for (int i = 0; i < DF_CUDA_STAGE_SLOTS; i++) {
@@ -567,6 +614,8 @@ static const df_backend_vt cuda_vt = {
     /* .dflash_attn_bwd = */ cu_dflash_attn_bwd,
     /* .upload_async = */ cu_upload_async,
     /* .prof_reset = */ cu_prof_reset,
+    /* .upload_ahead = */ cu_upload_ahead,
+    /* .upload_join = */ cu_upload_join,
 };
 
 extern "C" df_backend *df_backend_cuda_open(int device, df_err *e)

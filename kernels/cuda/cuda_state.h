@@ -50,6 +50,11 @@ typedef struct df_cuda_prof {
 typedef struct df_cuda_state {
     int device;
     cudaStream_t stream;
+    /* df_backend_upload_ahead: a copy stream, made at first use; fork orders
+     * it after the compute stream, done is what upload_join waits for */
+    cudaStream_t copy;
+    cudaEvent_t ev_fork, ev_done;
+    int ahead_pending;
     df_cuda_stage stage[DF_CUDA_STAGE_SLOTS];
     uint64_t stage_clock;
     void *scratch;
