@@ -12,7 +12,8 @@
  * memory and traffic of the gradient array, as PyTorch's bf16 training
  * does. A BF16 dw element is computed exactly as the F32 one (the same fp32
  * sum, plus - when accumulating - the old value widened to fp32), then
- * rounded once to bf16, to nearest even. The optimizer (df_op_adamw) and
+ * rounded once to bf16, to nearest even (accumulating on CUDA, matmul_bwd_w
+ * may round twice: see there). The optimizer (df_op_adamw) and
  * the gradient norm (df_op_sumsq) read F32 or BF16 gradients, widened
  * exactly to fp32.
  *
@@ -32,7 +33,12 @@
  * dy, x, dx activations; w a weight. As df_op_matmul: each element is one
  * fp32 sum (over n, resp. over the rows m in order); with accumulate the
  * finished sum is added to the old value (widened to fp32) last, in fp32;
- * a BF16 dw then rounds that once (RNE). dx/dw must not overlap any input. */
+ * a BF16 dw then rounds that once (RNE) on the CPU. CUDA (cuBLASLt, bf16 C
+ * with beta 1) may round the new sum to bf16 before adding the old value:
+ * seen on the H200 for some shapes (not for others), never documented
+ * either way; that is what PyTorch's bf16 gradient accumulation always does
+ * (a bf16 GEMM output added to the bf16 .grad). So an accumulating BF16 dw
+ * is RN(sum + old) or RN(RN(sum) + old). dx/dw must not overlap any input. */
 int df_op_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w, df_tensor *dx,
                        int accumulate);
 int df_op_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x, df_tensor *dw,
