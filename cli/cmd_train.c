@@ -60,7 +60,8 @@ static void usage(FILE *f)
             "                        one rank (CPU ranks of one machine too: shared memory)\n"
             "  --rank R --world-size W --run-id ID   the same by hand\n"
             "  A run resumes with the number of ranks it was started with.\n"
-            "  --log-every N --ckpt-every N --keep-last N --threads N --quiet\n");
+            "  --log-every N --ckpt-every N --keep-last N --threads N --quiet\n"
+            "  --no-ckpt             no checkpoint at all, not even the last (benchmarks)\n");
 }
 
 static int num(const char *s, double *v)
@@ -111,6 +112,10 @@ int cmd_train(int argc, char **argv)
         }
         if (!strcmp(a, "--grad-f32")) {
             o.grad_f32 = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-ckpt")) {
+            o.no_ckpt = 1;
             continue;
         }
         if (!v) {

@@ -42,7 +42,7 @@ cat "$W"/cache/* >/dev/null 2>&1
 TA0=(--cache "$W/cache" --random-target "$W/config.json" --layers 5
     --layer-types sliding,sliding,sliding,sliding,full --heads 32 --kv-heads 8 --head-dim 128
     --intermediate 17408 --block-size 16 --max-tokens 4096 --max-anchors 512 --mask-token 248070
-    --log-every 1 --ckpt-every 100000)
+    --log-every 1 --no-ckpt)
 TA=("${TA0[@]}" --buffered-io)
 # median step time (s) of the log's steps after the first 3 (warm-up: plans, allocation)
 med() { python3 -c "

@@ -1382,7 +1382,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
                 goto out;
             t_prev += df_now() - t_ev; /* the next interval's throughput leaves it out */
         }
-        int save = (o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == o->steps;
+        int save = !o->no_ckpt &&
+                   ((o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == o->steps);
         if (save) {
             if ((rc = dev_state_fetch(be, &ds, &ck, e)))
                 goto out;

@@ -62,6 +62,7 @@ typedef struct df_train_opts {
     uint64_t seed;
     /* bookkeeping */
     int log_every, ckpt_every, keep_last;
+    int no_ckpt;                /* write no checkpoint at all, not even at the end (benchmarks) */
     int threads;                /* backend threads; 0 = all CPUs */
     const char *device;         /* "cpu", "cuda" or "auto" (NULL = cpu) */
     int gpu;                    /* CUDA device index */
