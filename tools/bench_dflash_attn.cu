@@ -12,12 +12,14 @@
 // backward runs give bitwise-equal gradients (determinism).
 // Forward and backward are timed for the defaults (tensor cores, mma.sync),
 // the CUDA-core (simt) kernels and the other tensor-core versions (mma1, the
-// mma3, mma4 and mma5 backwards; mma4 and mma5 also checked for determinism,
-// mma5's gradients compared with the default's); the 1doc layout times only
-// the default, mma4 and mma5. The default's and mma5's backward are also
-// timed pass by pass (args.pass_events: CUDA events between the kernel
-// launches, medians): Di, dQ (with its lists), context tile lists, context
-// dK/dV, block-key dK/dV, split reduction. The last line is JSON (also
+// mma3, mma4, mma5 and wg backwards; mma4, mma5 and wg also checked for
+// determinism, mma5's and wg's gradients compared with the default's); the
+// 1doc layout times only the default, mma4, mma5 and wg. The default's,
+// mma4's, mma5's and wg's backward are also timed pass by pass
+// (args.pass_events: CUDA events between the kernel launches, medians): Di,
+// dQ (with its lists), context tile lists, context dK/dV, block-key dK/dV,
+// split reduction. wg is mma4 with the context dK/dV on Hopper wgmma
+// (mma4's kernel on devices other than sm_90). The last line is JSON (also
 // --json-out F): "layers" holds the 3docs rows (the keys
 // scripts/bench_flex_dflash.py reads), "layers_1doc" the 1doc rows.
 // --anchors-out F writes the 3docs shape and anchors as JSON for
@@ -77,8 +79,8 @@ static const char *const pass_nm[DF_CUDA_DFLASH_BWD_EVENTS - 1] = {"di",      "d
 
 static const char *impl_nm(int impl)
 {
-    static const char *const nm[] = {"0", "simt", "mma", "mma2", "mma3", "mma4", "mma5"};
-    return impl >= 0 && impl <= DF_CUDA_DFLASH_IMPL_MMA5 ? nm[impl] : "?";
+    static const char *const nm[] = {"0", "simt", "mma", "mma2", "mma3", "mma4", "mma5", "wg"};
+    return impl >= 0 && impl <= DF_CUDA_DFLASH_IMPL_WG ? nm[impl] : "?";
 }
 
 // An anchor layout: per block anchor / doc_start / valid.
@@ -289,12 +291,15 @@ int main(int argc, char **argv)
                     CU(cudaMemcpy(h[k].data(), gdev[k], gn[k] * 2, cudaMemcpyDeviceToHost));
                 }
             };
+            // (workspace NaN-poisoned first: no pass can reuse another run's scratch)
             auto deterministic = [&](int impl) -> int {
                 a.impl = impl;
+                CU(cudaMemset(a.workspace, 0xff, wsb));
                 if (df_cuda_dflash_attn_bwd(&a, 0))
                     exit(1);
                 CU(cudaDeviceSynchronize());
                 grads(g2);
+                CU(cudaMemset(a.workspace, 0xff, wsb));
                 if (df_cuda_dflash_attn_bwd(&a, 0))
                     exit(1);
                 CU(cudaDeviceSynchronize());
@@ -333,19 +338,33 @@ int main(int argc, char **argv)
             pass_ms(DF_CUDA_DFLASH_IMPL_MMA5, p5);
             int det5 = deterministic(DF_CUDA_DFLASH_IMPL_MMA5);
             rc_all |= !det5;
-            double rdiff[5]; // max |mma5 - default| / max |default|, per gradient
-            for (int k = 0; k < 5; k++) {
-                double dm = 0, am = 0;
-                for (size_t i = 0; i < gn[k]; i++) {
-                    uint32_t u1 = (uint32_t)gd[k][i] << 16, u2 = (uint32_t)gr[k][i] << 16;
-                    float x1, x2;
-                    memcpy(&x1, &u1, 4), memcpy(&x2, &u2, 4);
-                    double d = fabs((double)x1 - x2);
-                    dm = d > dm || d != d ? d : dm;
-                    am = fabs(x1) > am ? fabs(x1) : am;
+            // max |impl - default| / max |default| per gradient, impl's in gr
+            auto rel_diff = [&](double *rd) {
+                for (int k = 0; k < 5; k++) {
+                    double dm = 0, am = 0;
+                    for (size_t i = 0; i < gn[k]; i++) {
+                        uint32_t u1 = (uint32_t)gd[k][i] << 16, u2 = (uint32_t)gr[k][i] << 16;
+                        float x1, x2;
+                        memcpy(&x1, &u1, 4), memcpy(&x2, &u2, 4);
+                        double d = fabs((double)x1 - x2);
+                        dm = d > dm || d != d ? d : dm;
+                        am = fabs(x1) > am ? fabs(x1) : am;
+                    }
+                    rd[k] = am > 0 ? dm / am : dm;
                 }
-                rdiff[k] = am > 0 ? dm / am : dm;
-            }
+            };
+            double rdiff[5], rdiffw[5]; // mma5, wg vs the default
+            rel_diff(rdiff);
+            // mma4 pass by pass (the default's rows are mma4's only while it is the default)
+            double p4[DF_CUDA_DFLASH_BWD_EVENTS - 1], pw[DF_CUDA_DFLASH_BWD_EVENTS - 1];
+            pass_ms(DF_CUDA_DFLASH_IMPL_MMA4, p4);
+            // impl WG (context dK/dV on wgmma): time, passes, determinism, vs the default
+            float bwmin;
+            double bw = time_ms(true, DF_CUDA_DFLASH_IMPL_WG, &bwmin);
+            pass_ms(DF_CUDA_DFLASH_IMPL_WG, pw);
+            int detw = deterministic(DF_CUDA_DFLASH_IMPL_WG);
+            rc_all |= !detw;
+            rel_diff(rdiffw);
             const char *nm = a.window ? "sliding" : "full";
             printf("%-5s %-8s visible pairs %.3g: default fwd %.3f ms %.1f TFLOP/s (min %.3f), bwd "
                    "%.3f ms %.1f TFLOP/s (min %.3f), deterministic %s",
@@ -356,17 +375,19 @@ int main(int argc, char **argv)
                        "mma3 bwd %.3f ms",
                        fs, bs_, f1, b1, b2);
             printf("; mma4 bwd %.3f ms %.1f TFLOP/s (min %.3f), deterministic %s; mma5 bwd %.3f ms "
-                   "%.1f TFLOP/s (min %.3f), deterministic %s\n",
+                   "%.1f TFLOP/s (min %.3f), deterministic %s; wg bwd %.3f ms %.1f TFLOP/s (min "
+                   "%.3f), deterministic %s\n",
                    b4, bfl / b4 * 1e-9, b4min, det4 ? "yes" : "NO", b5, bfl / b5 * 1e-9, b5min,
-                   det5 ? "yes" : "NO");
+                   det5 ? "yes" : "NO", bw, bfl / bw * 1e-9, bwmin, detw ? "yes" : "NO");
             printf("      %-8s bwd passes ms  %-8s", "", "");
             for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
                 printf(" %9s", pass_nm[k]);
             printf(" %9s\n", "sum");
-            const double *pp[2] = {pd, p5};
-            for (int v = 0; v < 2; v++) {
+            const double *pp[4] = {pd, p4, p5, pw};
+            static const char *const pvn[4] = {"default", "mma4", "mma5", "wg"};
+            for (int v = 0; v < 4; v++) {
                 double sum = 0;
-                printf("      %-8s %-14s %-8s", "", v ? "mma5" : "default", v ? "" : impl_nm(dflt));
+                printf("      %-8s %-14s %-8s", "", pvn[v], v ? "" : impl_nm(dflt));
                 for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
                     printf(" %9.4f", pp[v][k]), sum += pp[v][k];
                 printf(" %9.4f\n", sum);
@@ -374,7 +395,10 @@ int main(int argc, char **argv)
             printf("      %-8s mma5 vs default max|diff|/max|default|: dq %.2e dkc %.2e dvc %.2e "
                    "dkb %.2e dvb %.2e\n",
                    "", rdiff[0], rdiff[1], rdiff[2], rdiff[3], rdiff[4]);
-            char buf[2048];
+            printf("      %-8s wg   vs default max|diff|/max|default|: dq %.2e dkc %.2e dvc %.2e "
+                   "dkb %.2e dvb %.2e\n",
+                   "", rdiffw[0], rdiffw[1], rdiffw[2], rdiffw[3], rdiffw[4]);
+            char buf[4096];
             int o = 0;
             bool first = json.back() == '[';
             if (all_impls)
@@ -401,8 +425,15 @@ int main(int argc, char **argv)
                           "\"mma5_vs_default_maxrel\": %.3e",
                           b5, bfl / b5 * 1e-9, det5 ? "true" : "false",
                           *std::max_element(rdiff, rdiff + 5));
-            for (int v = 0; v < 2; v++) {
-                o += snprintf(buf + o, sizeof buf - o, ", \"%s\": {", v ? "mma5_bwd_pass_ms" : "bwd_pass_ms");
+            o += snprintf(buf + o, sizeof buf - o,
+                          ", \"wg_bwd_ms\": %.4f, \"wg_bwd_tflops\": %.2f, \"wg_deterministic\": %s, "
+                          "\"wg_vs_default_maxrel\": %.3e",
+                          bw, bfl / bw * 1e-9, detw ? "true" : "false",
+                          *std::max_element(rdiffw, rdiffw + 5));
+            static const char *const pjn[4] = {"bwd_pass_ms", "mma4_bwd_pass_ms", "mma5_bwd_pass_ms",
+                                               "wg_bwd_pass_ms"};
+            for (int v = 0; v < 4; v++) {
+                o += snprintf(buf + o, sizeof buf - o, ", \"%s\": {", pjn[v]);
                 for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
                     o += snprintf(buf + o, sizeof buf - o, "%s\"%s\": %.4f", k ? ", " : "", pass_nm[k],
                                   pp[v][k]);

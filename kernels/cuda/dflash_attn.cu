@@ -33,7 +33,9 @@
 // The tensor-core versions (mma, mma2, mma3, mma4, mma5) are described before
 // their kernels below; mma4 only replaces the context dK/dV pass (dkv4_kernel),
 // mma5 (opt-in: DFLASH_ATTN_BWD=mma5 or df_cuda_dflash_set_bwd_impl) is mma4
-// with its dQ CTAs in longest-first order (dq_order_kernel).
+// with its dQ CTAs in longest-first order (dq_order_kernel). wg is mma4 with
+// its context dK/dV pass on Hopper wgmma (dflash_attn_wg.cu; mma4's kernel
+// where sm_90a is not there).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -43,27 +45,27 @@
 #include <string.h>
 
 #include "dflash_attn.h"
+#include "dflash_attn_common.cuh"
 
 namespace {
 
 // Which forward runs when args.impl == 0.
 #define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD DF_CUDA_DFLASH_IMPL_MMA2
-// Which backward runs when args.impl == 0.
-#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD DF_CUDA_DFLASH_IMPL_MMA4 /* 2.27 vs 2.62 ms (H200, 27B shape) */
+// Which backward runs when args.impl == 0: WG on compute capability 9.0
+// (H200, 27B shape, 1doc full: 3.56 vs MMA4's 5.59 ms; context dK/dV 1.31 vs
+// 3.32 ms), MMA4 elsewhere (H200, 3docs: 2.27 vs MMA2's 2.62 ms).
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD DF_CUDA_DFLASH_IMPL_MMA4
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD_SM90 DF_CUDA_DFLASH_IMPL_WG
 
 constexpr int NT = 256, NW = 8, RPW = 8, RQ = NW * RPW, TK = 32, PP = TK + 4;
 
-struct Params {
-    int S, nb, bs, W, nq, nkv, group, nch;
-    float scale;
-    const int32_t *anchor, *doc_start;
-    const uint8_t *valid;
-    const uint16_t *q, *kc, *vc, *kb, *vb, *out, *dout;
-    uint16_t *o, *dq, *dkc, *dvc, *dkb, *dvb;
-    float *lse;
-    const float *lse_in;
-    float *Di;
-};
+// Params, ctx_lo, RowId / row_id: dflash_attn_common.cuh (shared with
+// dflash_attn_wg.cu)
+using df_dflash::Params;
+using df_dflash::ctx_lo;
+using df_dflash::RowId;
+using df_dflash::row_id;
+static_assert(RQ == df_dflash::CHUNK_ROWS, "row chunk size");
 
 __device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
 __device__ __forceinline__ uint16_t f2bf(float x)
@@ -82,15 +84,6 @@ __device__ __forceinline__ float warp_sum(float v)
     for (int o = 16; o > 0; o >>= 1)
         v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
-}
-
-// Context keys visible to row qo of a valid block: [lo, anchor).
-__device__ __forceinline__ int ctx_lo(int anc, int ds, int W, int qo)
-{
-    int lo = ds;
-    if (W > 0 && anc + qo - (W - 1) > lo)
-        lo = anc + qo - (W - 1);
-    return lo < anc ? lo : anc;
 }
 
 // n rows of D bf16 (row i at src + row_off(i)) into dst [n][D+4] floats;
@@ -115,23 +108,6 @@ __device__ __forceinline__ void load_rows(float *dst, int nmax, const uint16_t *
             d[2 * t + 1] = __uint_as_float(w[t] & 0xffff0000u);
         }
     }
-}
-
-// Row r of chunk ch of block b, kv head g: (global row, head) or valid = false.
-struct RowId {
-    int grow, h, qo;
-    bool ok;
-};
-__device__ __forceinline__ RowId row_id(const Params &p, int b, int g, int ch, int lr)
-{
-    RowId id;
-    int r = ch * RQ + lr;
-    id.ok = r < p.bs * p.group;
-    int qo = id.ok ? r / p.group : 0, hh = id.ok ? r % p.group : 0;
-    id.qo = qo;
-    id.grow = b * p.bs + qo;
-    id.h = g * p.group + hh;
-    return id;
 }
 
 // Scores (and optionally dO.V^T) of the warp's rows x the tile's keys (lane).
@@ -1573,6 +1549,8 @@ __global__ void __launch_bounds__(NT) dkv_reduce_kernel(const float *part, size_
 // Padding: padding blocks are never in a list; keys past S are zero-filled
 // and masked (key >= anchor); rows past the chunk have lse -inf (P = 0).
 constexpr int TK4 = 128, NW4 = 8, PTP = RQ + 8; // PTP: [key][row] bf16 pitch (conflict-free)
+// impl WG's kernel shares the lists, order, partials and reduction
+static_assert(TK4 == df_dflash::WG_TILE_KEYS && NSPL == df_dflash::WG_NSPL, "wg tile / splits");
 template <int D>
 constexpr size_t dkv4_smem()
 {
@@ -1898,7 +1876,7 @@ int check_args(const df_cuda_dflash_args *a, bool bwd)
 {
     if (!a || a->S < 0 || a->n_blocks < 0 || a->block_size < 1 || a->window < 0 || a->nq < 1 ||
         a->nkv < 1 || a->nq % a->nkv || (a->head_dim != 64 && a->head_dim != 128) ||
-        !(a->scale == a->scale) || a->impl < 0 || a->impl > DF_CUDA_DFLASH_IMPL_MMA5)
+        !(a->scale == a->scale) || a->impl < 0 || a->impl > DF_CUDA_DFLASH_IMPL_WG)
         return -EINVAL;
     if (!a->anchor || !a->doc_start || !a->valid || !a->q || !a->kc || !a->vc || !a->kb ||
         !a->vb || !a->out || !a->lse)
@@ -1940,7 +1918,8 @@ int fwd_launch(const Params &p, cudaStream_t st, int impl)
     if (n == 0)
         return 0;
     if (impl == DF_CUDA_DFLASH_IMPL_MMA2 || impl == DF_CUDA_DFLASH_IMPL_MMA3 ||
-        impl == DF_CUDA_DFLASH_IMPL_MMA4 || impl == DF_CUDA_DFLASH_IMPL_MMA5) {
+        impl == DF_CUDA_DFLASH_IMPL_MMA4 || impl == DF_CUDA_DFLASH_IMPL_MMA5 ||
+        impl == DF_CUDA_DFLASH_IMPL_WG) {
         CU(cudaFuncSetAttribute(fwd_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)fwd3_smem<D>()));
         fwd_mma2_kernel<D><<<(unsigned)n, MW * 32, fwd3_smem<D>(), st>>>(p);
@@ -2041,9 +2020,11 @@ size_t list5_bytes(const df_cuda_dflash_args *a)
 // context dK/dV (dkv4_kernel), the block-key dK/dV (MMA2's kernel, block
 // tiles only), the split reduction. MMA5 (dq_order != NULL): the same with
 // the dQ CTAs longest first (dq_order_kernel, then dq_mma2_kernel<D, true>).
+// WG (wg): the context dK/dV on wgmma (df_dflash::dkv_wg_launch) where the
+// device runs it, else dkv4_kernel.
 template <int D>
 int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, int *dq_order,
-                    cudaEvent_t *ev)
+                    bool wg, cudaEvent_t *ev)
 {
     // dkv4 needs 174 KiB (D 128) of shared memory per CTA: more than sm_80's
     // 163 KiB and the 99 KiB of sm_86/89/120. There, run MMA2's backward.
@@ -2084,11 +2065,17 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         tile_order_kernel<<<1, 1024, 0, st>>>(cnt, nct, order);
         CU(cudaGetLastError());
         REC(ev, 3, st);
-        CU(cudaFuncSetAttribute(dkv4_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)dkv4_smem<D>()));
-        dkv4_kernel<D><<<(unsigned)((long long)nct * p.nkv * NSPL), NW4 * 32, dkv4_smem<D>(), st>>>(
-            p, part, cnt, lst, order);
-        CU(cudaGetLastError());
+        if (wg && df_dflash::dkv_wg_usable(p, D)) {
+            int rc = df_dflash::dkv_wg_launch(p, D, st, part, cnt, lst, order, nct);
+            if (rc)
+                return rc;
+        } else {
+            CU(cudaFuncSetAttribute(dkv4_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    (int)dkv4_smem<D>()));
+            dkv4_kernel<D><<<(unsigned)((long long)nct * p.nkv * NSPL), NW4 * 32, dkv4_smem<D>(),
+                             st>>>(p, part, cnt, lst, order);
+            CU(cudaGetLastError());
+        }
     } else {
         REC(ev, 3, st);
     }
@@ -2171,7 +2158,8 @@ int env_bwd_impl()
             int impl;
         } tab[] = {{"simt", DF_CUDA_DFLASH_IMPL_SIMT}, {"mma", DF_CUDA_DFLASH_IMPL_MMA},
                    {"mma2", DF_CUDA_DFLASH_IMPL_MMA2}, {"mma3", DF_CUDA_DFLASH_IMPL_MMA3},
-                   {"mma4", DF_CUDA_DFLASH_IMPL_MMA4}, {"mma5", DF_CUDA_DFLASH_IMPL_MMA5}};
+                   {"mma4", DF_CUDA_DFLASH_IMPL_MMA4}, {"mma5", DF_CUDA_DFLASH_IMPL_MMA5},
+                   {"wg", DF_CUDA_DFLASH_IMPL_WG}};
         const char *e = getenv("DFLASH_ATTN_BWD");
         int r = 0;
         if (e && *e) {
@@ -2180,7 +2168,7 @@ int env_bwd_impl()
                     r = tab[i].impl;
             if (!r)
                 fprintf(stderr, "dflash_attn: DFLASH_ATTN_BWD=%s is none of simt, mma, mma2, mma3, "
-                                "mma4, mma5: the default backward\n", e);
+                                "mma4, mma5, wg: the default backward\n", e);
         }
         v = r;
     }
@@ -2190,7 +2178,7 @@ int env_bwd_impl()
 
 extern "C" int df_cuda_dflash_set_bwd_impl(int impl)
 {
-    if (impl < 0 || impl > DF_CUDA_DFLASH_IMPL_MMA5)
+    if (impl < 0 || impl > DF_CUDA_DFLASH_IMPL_WG)
         return -EINVAL;
     g_bwd_impl = impl;
     return 0;
@@ -2201,7 +2189,18 @@ extern "C" int df_cuda_dflash_bwd_impl(void)
     if (g_bwd_impl)
         return g_bwd_impl;
     int e = env_bwd_impl();
-    return e ? e : DF_CUDA_DFLASH_IMPL_DEFAULT_BWD;
+    if (e)
+        return e;
+    // the built-in default of the current device
+    int dev, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        cudaGetLastError(); // not sticky: leave no error for the caller's checks
+        return DF_CUDA_DFLASH_IMPL_DEFAULT_BWD;
+    }
+    return major == 9 && minor == 0 ? DF_CUDA_DFLASH_IMPL_DEFAULT_BWD_SM90
+                                    : DF_CUDA_DFLASH_IMPL_DEFAULT_BWD;
 }
 
 extern "C" int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_t st)
@@ -2226,14 +2225,16 @@ extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_
     p.Di = (float *)ws;
     int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
     cudaEvent_t *ev = a->pass_events;
-    if (impl == DF_CUDA_DFLASH_IMPL_MMA4 || impl == DF_CUDA_DFLASH_IMPL_MMA5) {
+    if (impl == DF_CUDA_DFLASH_IMPL_MMA4 || impl == DF_CUDA_DFLASH_IMPL_MMA5 ||
+        impl == DF_CUDA_DFLASH_IMPL_WG) {
         float *part = (float *)((char *)ws + di_bytes(a));
         int *lists = (int *)((char *)ws + di_bytes(a) + part_bytes(a));
         int *dq_order = impl == DF_CUDA_DFLASH_IMPL_MMA5
                             ? (int *)((char *)ws + di_bytes(a) + part_bytes(a) + list_bytes(a))
                             : NULL;
-        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, ev)
-                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, ev);
+        bool wg = impl == DF_CUDA_DFLASH_IMPL_WG;
+        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg, ev)
+                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg, ev);
     } else if (impl == DF_CUDA_DFLASH_IMPL_MMA2 || impl == DF_CUDA_DFLASH_IMPL_MMA3) {
         float *part = (float *)((char *)ws + di_bytes(a));
         if (impl == DF_CUDA_DFLASH_IMPL_MMA3)

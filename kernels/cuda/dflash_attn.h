@@ -47,14 +47,19 @@ typedef struct df_cuda_dflash_args {
      * memory, per-tile block lists in longest-first order) or
      * DF_CUDA_DFLASH_IMPL_MMA5 (MMA4's backward with its dQ CTAs launched
      * longest span first, from an order built on the device; gradients
-     * bitwise MMA4's; its forward is MMA2's). With impl 0 the backward is
-     * df_cuda_dflash_set_bwd_impl()'s choice, else the environment's
-     * DFLASH_ATTN_BWD (simt, mma, mma2, mma3, mma4, mma5; read once), else
-     * the built-in default (MMA4). */
+     * bitwise MMA4's; its forward is MMA2's) or DF_CUDA_DFLASH_IMPL_WG
+     * (MMA4's backward with its context dK/dV pass on Hopper warpgroup MMA,
+     * wgmma, kernels/cuda/dflash_attn_wg.cu; on a device other than
+     * compute capability 9.0, or a build without the sm_90a target, it falls
+     * back to MMA4's kernel, gradients then bitwise MMA4's; its forward is
+     * MMA2's). With impl 0 the backward is df_cuda_dflash_set_bwd_impl()'s
+     * choice, else the environment's DFLASH_ATTN_BWD (simt, mma, mma2, mma3,
+     * mma4, mma5, wg; read once), else the built-in default: WG on a
+     * compute capability 9.0 device (Hopper), MMA4 elsewhere. */
     int impl;
     /* backward only, for timing (tools/bench_dflash_attn); NULL: none.
      * DF_CUDA_DFLASH_BWD_EVENTS events (created by the caller) recorded on
-     * the stream by the MMA2/3/4/5 backwards: [0] first, then one after each
+     * the stream by the MMA2/3/4/5 and WG backwards: [0] first, then one after each
      * pass: [1] Di, [2] dQ (with MMA5's order), [3] context tile lists,
      * [4] context dK/dV, [5] block-key dK/dV, [6] the split reduction. A pass
      * an implementation does not have (or does inside another) records its
@@ -63,7 +68,8 @@ typedef struct df_cuda_dflash_args {
 } df_cuda_dflash_args;
 
 enum { DF_CUDA_DFLASH_IMPL_SIMT = 1, DF_CUDA_DFLASH_IMPL_MMA = 2, DF_CUDA_DFLASH_IMPL_MMA2 = 3,
-       DF_CUDA_DFLASH_IMPL_MMA3 = 4, DF_CUDA_DFLASH_IMPL_MMA4 = 5, DF_CUDA_DFLASH_IMPL_MMA5 = 6 };
+       DF_CUDA_DFLASH_IMPL_MMA3 = 4, DF_CUDA_DFLASH_IMPL_MMA4 = 5, DF_CUDA_DFLASH_IMPL_MMA5 = 6,
+       DF_CUDA_DFLASH_IMPL_WG = 7 };
 enum { DF_CUDA_DFLASH_BWD_EVENTS = 7 };
 
 int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_t stream);
@@ -74,7 +80,8 @@ size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *a);
  * DFLASH_ATTN_BWD / the built-in default again. Returns 0 or -EINVAL. Not
  * synchronised with backwards running on other host threads. */
 int df_cuda_dflash_set_bwd_impl(int impl);
-/* The backward that args.impl == 0 runs now (never 0). */
+/* The backward that args.impl == 0 runs now (never 0; the built-in default
+ * depends on the current device). */
 int df_cuda_dflash_bwd_impl(void);
 
 #ifdef __cplusplus

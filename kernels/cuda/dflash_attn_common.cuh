@@ -1,0 +1,77 @@
+// dflash_attn_common.cuh - what the DFlash attention's CUDA files share
+// (dflash_attn.cu: every implementation; dflash_attn_wg.cu: impl WG's context
+// dK/dV kernel): the kernel parameters, the row-chunk and visibility helpers
+// and the host entry points of dflash_attn_wg.cu. Internal: not part of the
+// dflash_attn.h contract.
+#ifndef DF_CUDA_DFLASH_ATTN_COMMON_CUH
+#define DF_CUDA_DFLASH_ATTN_COMMON_CUH
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+namespace df_dflash {
+
+// Rows of a row chunk (dflash_attn.cu's RQ): one block's bs x group rows of
+// one kv head, at most CHUNK_ROWS of them per chunk.
+constexpr int CHUNK_ROWS = 64;
+
+struct Params {
+    int S, nb, bs, W, nq, nkv, group, nch;
+    float scale;
+    const int32_t *anchor, *doc_start;
+    const uint8_t *valid;
+    const uint16_t *q, *kc, *vc, *kb, *vb, *out, *dout;
+    uint16_t *o, *dq, *dkc, *dvc, *dkb, *dvb;
+    float *lse;
+    const float *lse_in;
+    float *Di;
+};
+
+// Context keys visible to row qo of a valid block: [lo, anchor).
+__device__ __forceinline__ int ctx_lo(int anc, int ds, int W, int qo)
+{
+    int lo = ds;
+    if (W > 0 && anc + qo - (W - 1) > lo)
+        lo = anc + qo - (W - 1);
+    return lo < anc ? lo : anc;
+}
+
+// Row r of chunk ch of block b, kv head g: (global row, head) or valid = false.
+struct RowId {
+    int grow, h, qo;
+    bool ok;
+};
+__device__ __forceinline__ RowId row_id(const Params &p, int b, int g, int ch, int lr)
+{
+    RowId id;
+    int r = ch * CHUNK_ROWS + lr;
+    id.ok = r < p.bs * p.group;
+    int qo = id.ok ? r / p.group : 0, hh = id.ok ? r % p.group : 0;
+    id.qo = qo;
+    id.grow = b * p.bs + qo;
+    id.h = g * p.group + hh;
+    return id;
+}
+
+// ---- dflash_attn_wg.cu (impl DF_CUDA_DFLASH_IMPL_WG) ----
+// Key tile and split count of the context dK/dV partials: MMA4's (TK4, NSPL),
+// so the tile lists, their order, the partial buffer and the split reduction
+// are MMA4's (dflash_attn.cu asserts the match).
+constexpr int WG_TILE_KEYS = 128, WG_NSPL = 4;
+
+// Whether the current device runs the wgmma context dK/dV kernel for p and
+// head dim D: compute capability 9.0 and the kernel built for it (sm_90a),
+// enough opt-in shared memory, a block's query rows (bs x nq x D elements)
+// addressable in 32 bits. false: the caller runs MMA4's kernel.
+bool dkv_wg_usable(const Params &p, int D);
+
+// The context dK/dV pass: nct key tiles of WG_TILE_KEYS keys, CTAs in the
+// order order[] (LPT rank -> tile), each (tile, kv head, split) summing the
+// items of its split into the fp32 partials part (MMA4's layout). cnt / lst:
+// tile_list_kernel's lists. Returns 0 or -EIO (launch error).
+int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt,
+                  const int *lst, const int *order, int nct);
+
+} // namespace df_dflash
+
+#endif

@@ -1,0 +1,602 @@
+// dflash_attn_wg.cu - impl DF_CUDA_DFLASH_IMPL_WG of the DFlash attention
+// backward (dflash_attn.h): MMA4's backward with its context dK/dV pass on
+// Hopper warpgroup MMA (wgmma.mma_async, sm_90a). Everything else (Di, dQ,
+// the per-tile block lists and their LPT order, the block-key dK/dV, the
+// split reduction) is MMA4's, in dflash_attn.cu.
+//
+// Work split (MMA4's): one CTA per (key tile of 128 context keys, kv head g,
+// split s of WG_NSPL); its items are (valid block whose span meets the tile,
+// row chunk) in tile_list_kernel's ascending order, item k belonging to split
+// k % WG_NSPL. An item is a row chunk: the 16 queries x `group` heads of one
+// block and kv head (64 rows sharing one anchor and one context span), so a
+// (tile, item) pair is a dense 128 keys x 64 rows problem:
+//   S^T  = K Q^T          (keys x rows, k-dim D)
+//   dP^T = V dO^T
+//   P^T  = exp2(S^T scale log2e - lse log2e)       (fp32, masked on partial tiles)
+//   dS^T = P^T (dP^T - Di)
+//   dV  += P^T dO,  dK += dS^T Q                    (P^T, dS^T rounded to bf16)
+// and dK is scaled once at the end. Each split writes fp32 partials that
+// MMA4's dkv_reduce_kernel sums in split order (deterministic, no atomics:
+// each output element is accumulated by one thread in item order).
+//
+// CTA: 2 warpgroups (256 threads), warpgroup w owns keys 64 w .. 64 w + 63 of
+// the tile (wgmma M = 64) and keeps dV, dK for them in registers (2 x 64 x D
+// fp32 over 128 threads). Per item, per warpgroup:
+//   1. S^T, dP^T: D/16 wgmma m64n64k16 each, A = K / V (the tile, shared),
+//      B = Q / dO (the item's stage, shared), both K-major; S and dP are two
+//      commit groups so that P is computed while dP^T is still running.
+//   2. P^T, dS^T in the accumulator registers; the m64n64 fp32 accumulator
+//      layout of 16 rows (item rows) is the bf16 A-fragment layout of a k16
+//      step, so P^T / dS^T become the register A operand without shuffles
+//      (FlashAttention-3's dV = P^T dO).
+//   3. dV += P^T dO, dK += dS^T Q: 64/16 wgmma m64nDk16 each, A from
+//      registers, B = dO / Q MN-major (transposed) from the same shared tiles.
+// Step 3 is waited for at the end of the item, after the loads of item
+// i + 2 are issued: keeping the P^T / dS^T fragments in flight into the next
+// item would take more than 255 registers. Between the per-item barriers the
+// two warpgroups run independently, so one's steps 2 - 3 (and the tensor
+// cores' idle gap between its step 1 and step 3) overlap the other's wgmmas.
+// Shared memory: K, V of the tile (loaded once) and WG_ST = 3 stages of the
+// items' Q, dO, lse, Di and per-row window bounds, filled by cp.async two
+// items ahead: stage (i+2) % 3 is refilled during item i, after the barrier
+// at its top, which both warpgroups pass only once done with item i - 1 (the
+// last reader of that stage; its wgmmas retired at its end). Tiles are
+// stored in 128-byte-swizzled rows ([D/64 column blocks][rows][64 bf16],
+// 16-byte chunk c of row r at chunk position c ^ (r % 8)), the canonical
+// layout of the wgmma descriptors: K-major for A and for B of step 1 (LBO
+// unused, SBO 1024 B = 8 rows), MN-major for B of step 3 (LBO = one column
+// block, SBO = 8 rows).
+// Masking per (key, row) only where a warpgroup's 64 keys are not seen whole
+// by every row of the item (window bound, end of span, partial chunk); a
+// warpgroup whose 64 keys no row of the item sees skips the item.
+//
+// Resources (ptxas, sm_90a): D 128: 238 registers, no spills, 163 KiB of
+// dynamic shared memory (1 CTA, 8 warps per SM); D 64: 180 registers, 83 KiB.
+// Measured (H200, bench_dflash_attn, 27B drafter shape, context dK/dV pass):
+// 1doc full 3.32 -> 1.31 ms, 1doc sliding 2.56 -> 1.02 ms, 3docs full 1.28
+// -> 0.51 ms (MMA4's dkv4_kernel -> this one; ~2.5x); ncu (1doc full): tensor
+// pipe 50% busy, 1.05 instructions per cycle per SM, warp stalls mostly on
+// the wgmma waits, shared-memory latency (short scoreboard) and the per-item
+// barrier; integer address work is the largest instruction class (the item
+// loads: a producer warpgroup with TMA would take it off the consumers).
+// Untried: reading the rows' lse (shared memory) before the S^T wait instead
+// of after it (+4 registers, no spill; the top stall site in ncu's samples).
+// Its gradients came out bitwise equal to MMA4's on every test and bench
+// case (same bf16 operands, same k-step order of fp32 accumulation); that is
+// observed, not promised.
+//
+// Portability: the kernel body exists only in sm_90a code (wgmma); on other
+// devices, or in builds without a 90a target, dkv_wg_usable() is false and
+// the backward runs MMA4's context dK/dV kernel instead (impl WG then equals
+// MMA4 bitwise). The non-sm_90a body traps, so a launch there fails loudly.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "dflash_attn_common.cuh"
+
+// The kernel body and its helpers: sm_90a device code only.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DF_WG_BODY 1
+#else
+#define DF_WG_BODY 0
+#endif
+
+namespace df_dflash {
+namespace {
+
+constexpr int WNT = 256; // threads: two warpgroups
+constexpr int WST = 3;   // Q / dO stages
+
+// Shared memory, bytes from a 1024-aligned base (the 128-byte swizzle repeats
+// every 1024 bytes and the hardware applies it to absolute address bits).
+template <int D> struct WgLayout {
+    static constexpr int NH = D / 64;                  // 128-byte column blocks per row
+    static constexpr int KV = NH * WG_TILE_KEYS * 128; // the K (or V) tile: K at 0, V at KV
+    static constexpr int QS = NH * CHUNK_ROWS * 128;   // one stage's Q (or dO): stage s at
+                                                       // 2 KV + 2 s QS, its dO QS later
+    static constexpr int META_OFF = 2 * KV + WST * 2 * QS;
+    // per stage: float lse[64], float Di[64], int lo[64], int info[4]
+    static constexpr int META = 3 * CHUNK_ROWS * 4 + 16;
+    static constexpr size_t SMEM = (size_t)META_OFF + WST * META + 1024; // + alignment slack
+};
+
+#if DF_WG_BODY
+constexpr int WKEYS = 64; // keys per warpgroup (wgmma M)
+constexpr float WLOG2E = 1.4426950408889634f;
+
+__device__ __forceinline__ uint32_t smem_addr(const void *ptr)
+{
+    return (uint32_t)__cvta_generic_to_shared(ptr);
+}
+
+// Byte offset of 16-byte chunk c (columns 8c .. 8c + 7) of row r in a tile of
+// nrows rows stored as [D/64][nrows][128 B] with the 128-byte swizzle.
+__device__ __forceinline__ int sw_off(int r, int c, int nrows)
+{
+    return (c >> 3) * nrows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+__device__ __forceinline__ void cp16(uint32_t dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp4(uint32_t dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(ok ? 4 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// cp.async writes are generic-proxy writes; wgmma reads through the async proxy
+__device__ __forceinline__ void fence_proxy_async()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// wgmma matrix descriptor: start address, leading / stride byte offsets (16-byte
+// units), 128-byte swizzle (mode 1 in bits 62-63).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
+           ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wg_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Reads of wgmma results must not be hoisted above the wait that retires them:
+// tie each register to an (empty) volatile asm placed after the wait.
+template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// D[64 x 64] (=|+=) A[64 x 16] B[16 x 64], A and B K-major in shared memory.
+__device__ __forceinline__ void wg_ss64_first(float (&d)[32], uint64_t da, uint64_t db)
+{
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7,"
+                 " %8, %9, %10, %11, %12, %13, %14, %15,"
+                 " %16, %17, %18, %19, %20, %21, %22, %23,"
+                 " %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 0, 0;\n"
+                 "}\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]),
+                   "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]),
+                   "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]),
+                   "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+                   "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]),
+                   "=f"(d[30]), "=f"(d[31])
+                 : "l"(da), "l"(db), "r"(0));
+}
+__device__ __forceinline__ void wg_ss64(float (&d)[32], uint64_t da, uint64_t db)
+{
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7,"
+                 " %8, %9, %10, %11, %12, %13, %14, %15,"
+                 " %16, %17, %18, %19, %20, %21, %22, %23,"
+                 " %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 0, 0;\n"
+                 "}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(1));
+}
+// D[64 x N] += A[64 x 16] B[16 x N], A from registers (bf16 pairs, the
+// m16n8k16 A-fragment layout per warp), B MN-major in shared memory.
+__device__ __forceinline__ void wg_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7,"
+                 " %8, %9, %10, %11, %12, %13, %14, %15,"
+                 " %16, %17, %18, %19, %20, %21, %22, %23,"
+                 " %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
+                 "}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wg_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7,"
+                 " %8, %9, %10, %11, %12, %13, %14, %15,"
+                 " %16, %17, %18, %19, %20, %21, %22, %23,"
+                 " %24, %25, %26, %27, %28, %29, %30, %31,"
+                 " %32, %33, %34, %35, %36, %37, %38, %39,"
+                 " %40, %41, %42, %43, %44, %45, %46, %47,"
+                 " %48, %49, %50, %51, %52, %53, %54, %55,"
+                 " %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+                 "}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); // .x (low half) = lo
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// 2^x in one MUFU op (flush-to-zero: the P that matter are far from denormal;
+// 2^-inf = 0 is how masked elements become 0 without a branch)
+__device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+#endif // DF_WG_BODY
+
+// One CTA per (LPT rank, kv head, split): context keys only (see the top).
+template <int D>
+__global__ void __launch_bounds__(WNT, 1)
+    dkv_wg_kernel(Params p, float *part, const int *cnt, const int *lst, const int *order)
+{
+#if DF_WG_BODY
+    using L = WgLayout<D>;
+    constexpr int V8 = D / 8, KS = D / 16, NA = D / 2; // NA: dV / dK accumulators per thread
+    constexpr uint32_t KM_LBO = 16, SBO = 1024, MN_LBO = CHUNK_ROWS * 128;
+    extern __shared__ __align__(1024) uint8_t wg_smem[];
+    const uint32_t s0 = smem_addr(wg_smem), sb = (s0 + 1023u) & ~1023u;
+    uint8_t *sm = wg_smem + (sb - s0);
+    const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
+    // warpgroup / warp index broadcast from lane 0: warp-uniform for the
+    // compiler, so the wgmma descriptors built from them stay uniform
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), warp = __shfl_sync(0xffffffffu, (tid >> 5) & 3, 0);
+    const long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    const int bid = blockIdx.x;
+    const int split = bid % WG_NSPL, g = (bid / WG_NSPL) % p.nkv, tile = order[bid / (WG_NSPL * p.nkv)];
+    const int base = tile * WG_TILE_KEYS, kend = base + WG_TILE_KEYS < p.S ? base + WG_TILE_KEYS : p.S;
+    const int k0 = base + WKEYS * wg;    // this warpgroup's first key
+    const int kw = k0 + 16 * warp + gid; // this thread's keys: kw, kw + 8
+    for (int e = tid; e < WG_TILE_KEYS * V8; e += WNT) {
+        int key = e / V8, c = e % V8;
+        bool ok = base + key < kend;
+        long long off = ok ? (long long)(base + key) * ldk + (long long)g * D + c * 8 : 0;
+        int so = sw_off(key, c, WG_TILE_KEYS);
+        cp16(sb + so, p.kc + off, ok);
+        cp16(sb + L::KV + so, p.vc + off, ok);
+    }
+    cp_commit();
+    const int nitems = cnt[tile] * p.nch;
+    const int *tl = lst + (size_t)tile * p.nb;
+    // Item loads. Thread tid copies 16-byte chunk c = tid % V8 of rows
+    // r0 + RSTEP it of Q and dO; row r of chunk ch is (query qo, head hh) with
+    // ch 64 + r = qo group + hh: one division per item, then steps of RSTEP rows.
+    constexpr int RPT = CHUNK_ROWS * V8 / WNT, RSTEP = WNT / V8; // rows per thread, row step
+    const int cch = tid % V8, r0 = tid / V8;
+    const int so0 = sw_off(r0, cch, CHUNK_ROWS); // + it * RSTEP * 128: same swizzle phase
+    const int qstep = RSTEP / p.group, hstep = RSTEP % p.group, nrows = p.bs * p.group;
+    // item k (block b, anchor anc, doc start ds) into stage st: Q, dO, lse, Di
+    // by cp.async (zero-filled past the chunk), each row's first visible
+    // context key (INT_MAX past the chunk: never visible) and the item's
+    // anchor / span bounds by plain stores
+    auto issue = [&](int k, int st, int b, int anc, int ds) {
+        int ch = k % p.nch, rr = ch * CHUNK_ROWS + r0;
+        int qo = rr / p.group, hh = rr - qo * p.group;
+        uint32_t qd = sb + 2 * L::KV + st * 2 * L::QS + so0;
+        const uint16_t *qsrc = p.q + ((long long)b * p.bs * ldq + (long long)g * p.group * D + cch * 8);
+        const uint16_t *dsrc = p.dout + (qsrc - p.q);
+#pragma unroll
+        for (int it = 0; it < RPT; it++) {
+            bool ok = rr < nrows;
+            int off = ok ? qo * (int)ldq + hh * D : 0; // within the block's rows
+            cp16(qd + it * RSTEP * 128, qsrc + off, ok);
+            cp16(qd + L::QS + it * RSTEP * 128, dsrc + off, ok);
+            rr += RSTEP, qo += qstep, hh += hstep;
+            bool wrap = hh >= p.group;
+            qo += wrap, hh -= wrap ? p.group : 0;
+        }
+        if (tid < CHUNK_ROWS) {
+            RowId id = row_id(p, b, g, ch, tid);
+            long long li = id.ok ? (long long)id.grow * p.nq + id.h : 0;
+            uint32_t ms = sb + L::META_OFF + st * L::META;
+            cp4(ms + tid * 4, p.lse_in + li, id.ok);
+            cp4(ms + CHUNK_ROWS * 4 + tid * 4, p.Di + li, id.ok);
+            int *meta = reinterpret_cast<int *>(sm + L::META_OFF + st * L::META);
+            meta[2 * CHUNK_ROWS + tid] = id.ok ? ctx_lo(anc, ds, p.W, id.qo) : INT_MAX;
+            if (tid == 0) {
+                meta[3 * CHUNK_ROWS] = anc;
+                meta[3 * CHUNK_ROWS + 1] = ctx_lo(anc, ds, p.W, 0);        // widest row's bound
+                meta[3 * CHUNK_ROWS + 2] = ctx_lo(anc, ds, p.W, p.bs - 1); // narrowest row's
+                meta[3 * CHUNK_ROWS + 3] = (ch + 1) * CHUNK_ROWS <= nrows;
+            }
+        }
+    };
+    // block of the i-th item of this split (0 past the end: a valid index)
+    auto blk = [&](int i) -> int {
+        int k = split + WG_NSPL * i;
+        return k < nitems ? tl[k / p.nch] : 0;
+    };
+    float dv[NA], dk[NA];
+#pragma unroll
+    for (int i = 0; i < NA; i++)
+        dv[i] = 0.0f, dk[i] = 0.0f;
+    // pin the zeroing here: sunk into the loop's paths, it counts as "non-wgmma
+    // instructions defining accumulators" and ptxas serializes every wgmma
+    reg_fence(dv);
+    reg_fence(dk);
+    // items 0, 1 into stages 0, 1; then item i + 2 during item i. Their block
+    // index, anchor and document start are loaded ahead (b of item i + 3 and
+    // the anchor of item i + 2 during item i - 1...): no dependent global load
+    // in the item loop waits.
+    {
+        int b = blk(0);
+        if (split < nitems)
+            issue(split, 0, b, p.anchor[b], p.doc_start[b]);
+        cp_commit();
+        b = blk(1);
+        if (split + WG_NSPL < nitems)
+            issue(split + WG_NSPL, 1, b, p.anchor[b], p.doc_start[b]);
+        cp_commit();
+    }
+    int b2 = blk(2), b3 = blk(3);
+    int anc2 = p.anchor[b2], ds2 = p.doc_start[b2];
+    const float sl = p.scale * WLOG2E;
+    const uint64_t dK0 = wg_desc(sb + wg * (WKEYS * 128), KM_LBO, SBO), dV0 = dK0 + (L::KV >> 4);
+    int st = 0, st2 = 2; // stages of item i and of item i + 2
+    for (int i = 0, k = split; k < nitems; i++, k += WG_NSPL) {
+        cp_wait<1>();        // K / V and item i landed (this thread's copies) ...
+        fence_proxy_async(); // ... visible to the tensor cores ...
+        __syncthreads();     // ... everyone's; both warpgroups are done with item i - 1
+        const uint32_t qs = sb + 2 * L::KV + st * 2 * L::QS, dos = qs + L::QS;
+        const int *meta = reinterpret_cast<const int *>(sm + L::META_OFF + st * L::META);
+        const float *Ls = reinterpret_cast<const float *>(meta), *Ds = Ls + CHUNK_ROWS;
+        const int *Lo = meta + 2 * CHUNK_ROWS;
+        const int anc = meta[3 * CHUNK_ROWS], lo0 = meta[3 * CHUNK_ROWS + 1],
+                  lohi = meta[3 * CHUNK_ROWS + 2];
+        // warpgroup-uniform: no row of the item sees these 64 keys (skip it) /
+        // every row sees all of them (no per-element mask)
+        const bool dead = k0 >= anc || k0 + WKEYS <= lo0;
+        const bool full = meta[3 * CHUNK_ROWS + 3] && k0 >= lohi && k0 + WKEYS <= anc;
+        // (one structured branch: a 'continue' around the wgmmas also makes
+        // ptxas serialize them)
+        if (!dead) {
+            float s[32], dp[32];
+            const uint64_t dQ = wg_desc(qs, KM_LBO, SBO), dO = dQ + (L::QS >> 4);
+            wg_fence();
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                // k step ks: column block ks / 4, 32 bytes (16 bf16) apart within it
+                uint32_t ko = ((ks >> 2) * (WG_TILE_KEYS * 128) + (ks & 3) * 32) >> 4;
+                uint32_t qo = ((ks >> 2) * (CHUNK_ROWS * 128) + (ks & 3) * 32) >> 4;
+                if (ks == 0)
+                    wg_ss64_first(s, dK0 + ko, dQ + qo);
+                else
+                    wg_ss64(s, dK0 + ko, dQ + qo);
+            }
+            wg_commit();
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++) {
+                uint32_t ko = ((ks >> 2) * (WG_TILE_KEYS * 128) + (ks & 3) * 32) >> 4;
+                uint32_t qo = ((ks >> 2) * (CHUNK_ROWS * 128) + (ks & 3) * 32) >> 4;
+                if (ks == 0)
+                    wg_ss64_first(dp, dV0 + ko, dO + qo);
+                else
+                    wg_ss64(dp, dV0 + ko, dO + qo);
+            }
+            wg_commit();
+            wg_wait<1>(); // S^T; dP^T still running
+            reg_fence(s);
+            // P^T: thread element 4 j + e is key kw + 8 (e >> 1), row
+            // 8 j + 2 t4 + (e & 1). Branch-free: masked elements get 2^-inf.
+            if (full) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float2 l2 = *reinterpret_cast<const float2 *>(Ls + 8 * j + 2 * t4);
+                    float n0 = -l2.x * WLOG2E, n1 = -l2.y * WLOG2E;
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[4 * j + e] = ex2(fmaf(s[4 * j + e], sl, (e & 1) ? n1 : n0));
+                }
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float2 l2 = *reinterpret_cast<const float2 *>(Ls + 8 * j + 2 * t4);
+                    int2 lo2 = *reinterpret_cast<const int2 *>(Lo + 8 * j + 2 * t4);
+                    float n0 = -l2.x * WLOG2E, n1 = -l2.y * WLOG2E;
+                    // rows with lse -inf see nothing (never in a valid block)
+                    int lo0r = l2.x == -INFINITY ? INT_MAX : lo2.x;
+                    int lo1r = l2.y == -INFINITY ? INT_MAX : lo2.y;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int key = kw + 8 * (e >> 1);
+                        bool vis = key < anc && key >= ((e & 1) ? lo1r : lo0r);
+                        float x = fmaf(s[4 * j + e], sl, (e & 1) ? n1 : n0);
+                        s[4 * j + e] = ex2(vis ? x : -INFINITY);
+                    }
+                }
+            }
+            // A fragment of k step kk (item rows 16 kk .. + 15) = n tiles 2 kk, 2 kk + 1
+            uint32_t pa[4][4], sa[4][4];
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                pa[kk][0] = pack_bf2(s[8 * kk + 0], s[8 * kk + 1]);
+                pa[kk][1] = pack_bf2(s[8 * kk + 2], s[8 * kk + 3]);
+                pa[kk][2] = pack_bf2(s[8 * kk + 4], s[8 * kk + 5]);
+                pa[kk][3] = pack_bf2(s[8 * kk + 6], s[8 * kk + 7]);
+            }
+            wg_wait<0>(); // dP^T
+            reg_fence(dp);
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                float2 d2 = *reinterpret_cast<const float2 *>(Ds + 8 * j + 2 * t4);
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    dp[4 * j + e] = s[4 * j + e] * (dp[4 * j + e] - ((e & 1) ? d2.y : d2.x));
+            }
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) {
+                sa[kk][0] = pack_bf2(dp[8 * kk + 0], dp[8 * kk + 1]);
+                sa[kk][1] = pack_bf2(dp[8 * kk + 2], dp[8 * kk + 3]);
+                sa[kk][2] = pack_bf2(dp[8 * kk + 4], dp[8 * kk + 5]);
+                sa[kk][3] = pack_bf2(dp[8 * kk + 6], dp[8 * kk + 7]);
+            }
+            // B of k step kk: item rows 16 kk .. + 15 (2 x 8-row groups, SBO)
+            const uint64_t mQ = wg_desc(qs, MN_LBO, SBO), mO = mQ + (L::QS >> 4);
+            wg_fence(); // the A fragments were written by ordinary instructions
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                wg_rs(dv, pa[kk], mO + kk * (16 * 128 >> 4));
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                wg_rs(dk, sa[kk], mQ + kk * (16 * 128 >> 4));
+            wg_commit();
+        }
+        // item i + 2 into the stage item i - 1 used (both warpgroups left it
+        // before the barrier above); the copies overlap this item's dV / dK
+        if (k + 2 * WG_NSPL < nitems)
+            issue(k + 2 * WG_NSPL, st2, b2, anc2, ds2);
+        cp_commit();
+        // index loads for the next items (used one item later)
+        b2 = b3, anc2 = p.anchor[b3], ds2 = p.doc_start[b3];
+        b3 = blk(i + 4);
+        // dV / dK retired before the next item: frees the P^T / dS^T fragments
+        // (kept in flight across the next item's S^T, they push the kernel
+        // past 255 registers) and this stage for the refill two items on
+        wg_wait<0>();
+        st = st == WST - 1 ? 0 : st + 1;
+        st2 = st2 == WST - 1 ? 0 : st2 + 1;
+    }
+    wg_wait<0>();
+    reg_fence(dv);
+    reg_fence(dk);
+    cp_wait<0>();
+    // fp32 partials of this split: thread element 4 j + 2 h + e is key kw + 8 h,
+    // head dim 8 j + 2 t4 + e
+    size_t n = (size_t)p.S * ldk;
+    float *pk = part + (size_t)split * 2 * n, *pv = pk + n;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int key = kw + 8 * h;
+        if (key >= kend)
+            continue;
+        size_t off = (size_t)key * ldk + (size_t)g * D + 2 * t4;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) {
+            *reinterpret_cast<float2 *>(pk + off + 8 * j) =
+                make_float2(dk[4 * j + 2 * h] * p.scale, dk[4 * j + 2 * h + 1] * p.scale);
+            *reinterpret_cast<float2 *>(pv + off + 8 * j) =
+                make_float2(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+        }
+    }
+#else
+    __trap(); // built without sm_90a: dkv_wg_usable() keeps launches away
+#endif
+}
+
+} // namespace
+
+bool dkv_wg_usable(const Params &p, int D)
+{
+    if ((long long)p.bs * p.nq * D >= INT_MAX) // the item loads' in-block offsets are int
+        return false;
+    // per (head dim, device): 0 unknown, 1 no, 2 yes (racing first calls
+    // compute and store the same value)
+    static signed char known[2][64];
+    int dev;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+        return false;
+    int di = D == 128 ? 1 : 0;
+    if (known[di][dev])
+        return known[di][dev] == 2;
+    int major = 0, minor = 0, smax = 0;
+    bool r = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&smax, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ==
+                 cudaSuccess &&
+             major == 9 && minor == 0;
+    if (r) {
+        // the kernel must come from Hopper code (the 90a target), not from
+        // another target's PTX compiled at load time (whose body is a trap)
+        cudaFuncAttributes fa;
+        cudaError_t e = D == 128 ? cudaFuncGetAttributes(&fa, dkv_wg_kernel<128>)
+                                 : cudaFuncGetAttributes(&fa, dkv_wg_kernel<64>);
+        if (e != cudaSuccess)
+            cudaGetLastError(); // not sticky: clear it for the caller's checks
+        r = e == cudaSuccess && fa.ptxVersion >= 90 &&
+            (size_t)smax >= (D == 128 ? WgLayout<128>::SMEM : WgLayout<64>::SMEM);
+    }
+    known[di][dev] = r ? 2 : 1;
+    return r;
+}
+
+int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt,
+                  const int *lst, const int *order, int nct)
+{
+    unsigned grid = (unsigned)((long long)nct * p.nkv * WG_NSPL);
+    cudaError_t e;
+    if (D == 128) {
+        e = cudaFuncSetAttribute(dkv_wg_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)WgLayout<128>::SMEM);
+        if (e == cudaSuccess) {
+            dkv_wg_kernel<128><<<grid, WNT, WgLayout<128>::SMEM, st>>>(p, part, cnt, lst, order);
+            e = cudaGetLastError();
+        }
+    } else {
+        e = cudaFuncSetAttribute(dkv_wg_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)WgLayout<64>::SMEM);
+        if (e == cudaSuccess) {
+            dkv_wg_kernel<64><<<grid, WNT, WgLayout<64>::SMEM, st>>>(p, part, cnt, lst, order);
+            e = cudaGetLastError();
+        }
+    }
+    if (e != cudaSuccess) {
+        fprintf(stderr, "dflash_attn: dkv_wg_kernel<%d>: %s (%s:%d)\n", D, cudaGetErrorString(e),
+                __FILE__, __LINE__);
+        return -EIO;
+    }
+    return 0;
+}
+
+} // namespace df_dflash
