@@ -95,7 +95,7 @@ fi
 rm -rf "$W"
 
 echo
-echo "== bench-train ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) x $ngpu)"
+echo "== bench-train ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) x $ngpu, code $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') + $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed files${DFLASH_ATTN_BWD:+, DFLASH_ATTN_BWD=$DFLASH_ATTN_BWD})"
 echo "ours, 1 GPU   (ms/step tok/s TFLOP/s MFU peak-GiB data-wait above-persistent-GiB): $ours"
 echo "  (above-persistent = peak - the CUDA context and handles before the trainer's memory - persistent state)"
 echo "ours, 1 GPU, --recompute (same fields):                        $oursrc"
