@@ -193,6 +193,13 @@ int main(void)
     CHECK_OK(df_drafter_row_step(d, w, &r, denom, g2, &m2, &e), &e);
     CHECK(m2.loss_sum == m.loss_sum);
     CHECK(memcmp(g, g2, (size_t)ps->total * 4) == 0);
+    /* and the MLP's gate/up projections too */
+    df_drafter_set_recompute(d, 2);
+    memset(g2, 0, (size_t)ps->total * 4);
+    df_drafter_metrics m2b = {0};
+    CHECK_OK(df_drafter_row_step(d, w, &r, denom, g2, &m2b, &e), &e);
+    CHECK(m2b.loss_sum == m.loss_sum);
+    CHECK(memcmp(g, g2, (size_t)ps->total * 4) == 0);
     df_drafter_set_recompute(d, 0);
     /* BF16 gradient storage: the same loss; every tensor within bf16
      * rounding of the F32 gradients (each op rounds its sum once; a tensor two
