@@ -186,20 +186,16 @@ int main(void)
     for (int64_t i = 0; i < ps->total; i++)
         acc_bad += fabsf(g2[i] - 2 * g[i]) > 1e-6f * (1 + fabsf(g[i]));
     CHECK_EQ(acc_bad, 0);
-    /* recomputing the cheap activations in the backward: the same bits */
-    df_drafter_set_recompute(d, 1);
-    memset(g2, 0, (size_t)ps->total * 4);
-    df_drafter_metrics m2 = {0};
-    CHECK_OK(df_drafter_row_step(d, w, &r, denom, g2, &m2, &e), &e);
-    CHECK(m2.loss_sum == m.loss_sum);
-    CHECK(memcmp(g, g2, (size_t)ps->total * 4) == 0);
-    /* and the MLP's gate/up projections too */
-    df_drafter_set_recompute(d, 2);
-    memset(g2, 0, (size_t)ps->total * 4);
-    df_drafter_metrics m2b = {0};
-    CHECK_OK(df_drafter_row_step(d, w, &r, denom, g2, &m2b, &e), &e);
-    CHECK(m2b.loss_sum == m.loss_sum);
-    CHECK(memcmp(g, g2, (size_t)ps->total * 4) == 0);
+    /* recomputing in the backward (1: the cheap activations; 2: also the
+     * MLP's gate/up projections): the same bits */
+    for (int level = 1; level <= 2; level++) {
+        df_drafter_set_recompute(d, level);
+        memset(g2, 0, (size_t)ps->total * 4);
+        df_drafter_metrics m2 = {0};
+        CHECK_OK(df_drafter_row_step(d, w, &r, denom, g2, &m2, &e), &e);
+        CHECK(m2.loss_sum == m.loss_sum);
+        CHECK(memcmp(g, g2, (size_t)ps->total * 4) == 0);
+    }
     df_drafter_set_recompute(d, 0);
     /* BF16 gradient storage: the same loss; every tensor within bf16
      * rounding of the F32 gradients (each op rounds its sum once; a tensor two
