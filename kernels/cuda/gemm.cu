@@ -21,9 +21,11 @@
  * widened, rounded once". Measured on the H200 (tests/test_gpu_train_ops.c:
  * inputs whose fp32 sums are exact in any order, so only the epilogue can
  * round): without C, and with C for M = 4096, exactly that; with C for
- * M = 37 and 1024 some elements are RNE(RNE(acc) + C), the new sum rounded
- * to bf16 first (PyTorch's bf16 .grad accumulation). train_ops.h allows
- * both; the test requires one of the two, bit for bit.
+ * M = 37 some elements are RNE(RNE(acc) + C), the new sum rounded to bf16
+ * first (PyTorch's bf16 .grad accumulation), bit for bit; random inputs at
+ * M = 1024 also broke the one-rounding bound and stay within the
+ * two-rounding one. train_ops.h allows both; the test requires one of the
+ * two, bit for bit, on exact sums.
  * The one documented way to round a bf16 D more than once is split-K: the
  * INPLACE and OUTPUT_TYPE reduction schemes add the K slices' partial
  * results in the output type. Every plan with a bf16 C (matmul, bwd_x and
