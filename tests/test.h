@@ -51,6 +51,12 @@ uint64_t test_rand(uint64_t *state);
 /* A float from N(0,1) approx (sum of uniforms), deterministic. */
 float test_randn(uint64_t *state);
 
+/* bf16 comparisons: the distance of two bf16 values in units in the last
+ * place (counting across zero), and the bf16 spacing at |d|: 2^(e-8) for
+ * |d| in [2^(e-1), 2^e), 0 at 0. */
+int test_bf16_dist(uint16_t a, uint16_t b);
+double test_bf16_ulp(double d);
+
 /* Returns 1 if any check failed, else 0 — use as `return test_main_end();`. */
 int test_main_end(void);
 

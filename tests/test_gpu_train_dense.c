@@ -330,6 +330,22 @@ typedef struct nbwd_out {
     uint16_t *dx;   /* the GPU's dx, the view's elements in row-major order (or NULL) */
 } nbwd_out;
 
+/* mag[i] += sum over the R rows of |dy xhat| at column i (xhat from a
+ * double 1/rms): the magnitude RMSNorm's dw error bounds scale with. o: the
+ * view's element offsets, row-major [R][D]. */
+static void add_dw_terms(double *mag, const buf *x, const buf *dy, const int64_t *o, int64_t R,
+                         int64_t D, float eps)
+{
+    for (int64_t r = 0; r < R; r++) {
+        double ss = 0;
+        for (int64_t i = 0; i < D; i++)
+            ss += (double)x->h[o[r * D + i]] * x->h[o[r * D + i]];
+        double inv = 1.0 / sqrt(ss / (double)D + eps);
+        for (int64_t i = 0; i < D; i++)
+            mag[i] += fabs((double)dy->h[o[r * D + i]] * x->h[o[r * D + i]] * inv);
+    }
+}
+
 /* x, dy, dx share the view's shape; x and dy in v, dx in its own buffer at
  * v's layout (DX_OWN), or dy's / x's very view. seed fixes the logical data
  * (independent of the layout). Returns the GPU results for cross-layout
@@ -359,14 +375,7 @@ static nbwd_out nbwd_case(const char *name, view v, int plus_one, int dxm, int a
     double *mag = xmalloc((size_t)D * sizeof *mag);
     for (int64_t i = 0; i < D; i++)
         mag[i] = fabs(dw.h[i]);
-    for (int64_t r = 0; r < R; r++) {
-        double ss = 0;
-        for (int64_t i = 0; i < D; i++)
-            ss += (double)x.h[o[r * D + i]] * x.h[o[r * D + i]];
-        double inv = 1.0 / sqrt(ss / (double)D + eps);
-        for (int64_t i = 0; i < D; i++)
-            mag[i] += fabs((double)dy.h[o[r * D + i]] * x.h[o[r * D + i]] * inv);
-    }
+    add_dw_terms(mag, &x, &dy, o, R, D, eps);
 
     buf_upload(&x);
     buf_upload(&dy);
@@ -463,20 +472,6 @@ static void nbwd_layouts(const char *name, view a, view b, int plus_one, int dxm
 
 /* ---- RMSNorm backward, BF16 dw ---- */
 
-static int bf16_dist(uint16_t a, uint16_t b)
-{
-    int ia = (a & 0x8000) ? -(int)(a & 0x7fff) : (int)a;
-    int ib = (b & 0x8000) ? -(int)(b & 0x7fff) : (int)b;
-    return ia > ib ? ia - ib : ib - ia;
-}
-
-static double bf16_ulp(double d) /* bf16 spacing at |d|: 2^(e-8), |d| in [2^(e-1), 2^e) */
-{
-    int e;
-    frexp(d, &e);
-    return d != 0 ? ldexp(1.0, e - 8) : 0;
-}
-
 /* The rule at the top: the GPU's and the CPU's bf16 dw, each the one
  * rounding of an fp32 value, those within tol of each other. */
 static int bf16_grad_close(uint16_t a, uint16_t b, double tol, int64_t *cancel)
@@ -484,10 +479,10 @@ static int bf16_grad_close(uint16_t a, uint16_t b, double tol, int64_t *cancel)
     float fa = bf2f(a), fb = bf2f(b);
     if (!isfinite(fa) || !isfinite(fb))
         return 0;
-    if (tol < 0.5 * bf16_ulp(fb))
-        return bf16_dist(a, b) <= 1;
+    if (tol < 0.5 * test_bf16_ulp(fb))
+        return test_bf16_dist(a, b) <= 1;
     (*cancel)++;
-    return fabs((double)fa - fb) <= tol + 0.5 * (bf16_ulp(fa) + bf16_ulp(fb));
+    return fabs((double)fa - fb) <= tol + 0.5 * (test_bf16_ulp(fa) + test_bf16_ulp(fb));
 }
 
 static void nbwd_bf16_case(const char *name, view v, int plus_one, int dxm, int acc)
@@ -514,14 +509,7 @@ static void nbwd_bf16_case(const char *name, view v, int plus_one, int dxm, int 
     double *mag = xmalloc((size_t)D * sizeof *mag);
     for (int64_t i = 0; i < D; i++)
         mag[i] = fabs(dwb.h[i]);
-    for (int64_t r = 0; r < R; r++) {
-        double ss = 0;
-        for (int64_t i = 0; i < D; i++)
-            ss += (double)x.h[o[r * D + i]] * x.h[o[r * D + i]];
-        double inv = 1.0 / sqrt(ss / (double)D + eps);
-        for (int64_t i = 0; i < D; i++)
-            mag[i] += fabs((double)dy.h[o[r * D + i]] * x.h[o[r * D + i]] * inv);
-    }
+    add_dw_terms(mag, &x, &dy, o, R, D, eps);
 
     /* the GPU with the BF16 dw, then (inputs uploaded again: dx may be one
      * of them) with the F32 dw */

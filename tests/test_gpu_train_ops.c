@@ -162,20 +162,6 @@ static void check_bwd_w(df_backend *g, df_backend *c, int64_t M, int64_t N, int6
 
 static const uint16_t BF_POISON = 0x7fc1;
 
-static int bf16_dist(uint16_t a, uint16_t b)
-{
-    int ia = (a & 0x8000) ? -(int)(a & 0x7fff) : (int)a;
-    int ib = (b & 0x8000) ? -(int)(b & 0x7fff) : (int)b;
-    return ia > ib ? ia - ib : ib - ia;
-}
-
-static double bf16_ulp(double d) /* bf16 spacing at |d|: 2^(e-8), |d| in [2^(e-1), 2^e) */
-{
-    int e;
-    frexp(d, &e);
-    return d != 0 ? ldexp(1.0, e - 8) : 0;
-}
-
 /* n nonzero k / 8 (|k| <= 16): bf16-exact, and sums of up to 4096 of their
  * products plus a bf16 number >= 2 are exact in fp32, in any order. */
 static float *small_exact(int64_t n)
@@ -248,14 +234,14 @@ static void check_bwd_w_bf16(df_backend *g, df_backend *c, int64_t M, int64_t N,
             double tol = 1e-5 * mag; /* the F32 rule: |fp32 gpu - fp32 cpu| <= tol */
             /* accumulating, the GEMM may round its new sum once more before the
              * old value is added (train_ops.h): half an ulp of that sum */
-            double twice = acc ? 0.5 * bf16_ulp(fabs(sum)) : 0;
+            double twice = acc ? 0.5 * test_bf16_ulp(fabs(sum)) : 0;
             off1 += a != b;
-            if (tol + twice < 0.5 * bf16_ulp(fb)) {
-                bad += bf16_dist(a, b) > 1;
+            if (tol + twice < 0.5 * test_bf16_ulp(fb)) {
+                bad += test_bf16_dist(a, b) > 1;
             } else {
                 cancel++;
                 bad += !(fabs((double)fa - fb) <=
-                         tol + twice + 0.5 * (bf16_ulp(fa) + bf16_ulp(fb)));
+                         tol + twice + 0.5 * (test_bf16_ulp(fa) + test_bf16_ulp(fb)));
             }
         }
     printf("matmul_bwd_w bf16 dw M=%lld N=%lld K=%lld ld=%lld acc=%d %s: %lld/%lld differ "

@@ -1,6 +1,7 @@
 #include "test.h"
 
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -72,4 +73,18 @@ int test_main_end(void)
     }
     printf("ok\n");
     return 0;
+}
+
+int test_bf16_dist(uint16_t a, uint16_t b)
+{
+    int ia = (a & 0x8000) ? -(int)(a & 0x7fff) : (int)a;
+    int ib = (b & 0x8000) ? -(int)(b & 0x7fff) : (int)b;
+    return ia > ib ? ia - ib : ib - ia;
+}
+
+double test_bf16_ulp(double d)
+{
+    int e;
+    frexp(d, &e);
+    return d != 0 ? ldexp(1.0, e - 8) : 0;
 }
