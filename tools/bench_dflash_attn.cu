@@ -19,7 +19,12 @@
 // (args.pass_events: CUDA events between the kernel launches, medians): Di,
 // dQ (with its lists), context tile lists, context dK/dV, block-key dK/dV,
 // split reduction. wg is mma4 with the context dK/dV on Hopper wgmma
-// (mma4's kernel on devices other than sm_90). The last line is JSON (also
+// (mma4's kernel on devices other than sm_90). wg2 (wg with its dQ on
+// wgmma too, and a wgmma forward) is timed on both layouts next to wg:
+// backward (total, passes, determinism, max relative difference of its
+// gradients from the default's) and forward (after the backward rows, on its
+// own out/lse; out's and lse's max relative difference from the default
+// forward's). The last line is JSON (also
 // --json-out F): "layers" holds the 3docs rows (the keys
 // scripts/bench_flex_dflash.py reads), "layers_1doc" the 1doc rows.
 // --anchors-out F writes the 3docs shape and anchors as JSON for
@@ -79,8 +84,8 @@ static const char *const pass_nm[DF_CUDA_DFLASH_BWD_EVENTS - 1] = {"di",      "d
 
 static const char *impl_nm(int impl)
 {
-    static const char *const nm[] = {"0", "simt", "mma", "mma2", "mma3", "mma4", "mma5", "wg"};
-    return impl >= 0 && impl <= DF_CUDA_DFLASH_IMPL_WG ? nm[impl] : "?";
+    static const char *const nm[] = {"0", "simt", "mma", "mma2", "mma3", "mma4", "mma5", "wg", "wg2"};
+    return impl >= 0 && impl <= DF_CUDA_DFLASH_IMPL_WG2 ? nm[impl] : "?";
 }
 
 // An anchor layout: per block anchor / doc_start / valid.
@@ -365,6 +370,41 @@ int main(int argc, char **argv)
             int detw = deterministic(DF_CUDA_DFLASH_IMPL_WG);
             rc_all |= !detw;
             rel_diff(rdiffw);
+            // impl WG2 (dQ on wgmma too): time, passes, determinism, vs the default
+            float bw2min;
+            double bw2 = time_ms(true, DF_CUDA_DFLASH_IMPL_WG2, &bw2min);
+            double pw2[DF_CUDA_DFLASH_BWD_EVENTS - 1], rdiffw2[5];
+            pass_ms(DF_CUDA_DFLASH_IMPL_WG2, pw2);
+            int detw2 = deterministic(DF_CUDA_DFLASH_IMPL_WG2);
+            rc_all |= !detw2;
+            rel_diff(rdiffw2);
+            // WG2's forward, last (the backwards above ran on the default
+            // forward's out/lse): time, and out / lse vs the default's
+            std::vector<uint16_t> od(nQ), ow(nQ);
+            std::vector<float> ld((size_t)ROWS * NQ), lw((size_t)ROWS * NQ);
+            CU(cudaMemcpy(od.data(), out, nQ * 2, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(ld.data(), lse, ld.size() * 4, cudaMemcpyDeviceToHost));
+            float fw2min;
+            double fw2 = time_ms(false, DF_CUDA_DFLASH_IMPL_WG2, &fw2min);
+            CU(cudaMemcpy(ow.data(), out, nQ * 2, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(lw.data(), lse, lw.size() * 4, cudaMemcpyDeviceToHost));
+            double fdo = 0, fao = 0, fdl = 0, fal = 0; // max |diff|, max |default|: out, lse
+            for (size_t i = 0; i < nQ; i++) {
+                uint32_t u1 = (uint32_t)od[i] << 16, u2 = (uint32_t)ow[i] << 16;
+                float x1, x2;
+                memcpy(&x1, &u1, 4), memcpy(&x2, &u2, 4);
+                double d = fabs((double)x1 - x2);
+                fdo = d > fdo || d != d ? d : fdo;
+                fao = fabs(x1) > fao ? fabs(x1) : fao;
+            }
+            for (size_t i = 0; i < ld.size(); i++) {
+                if (isinf(ld[i]) && ld[i] == lw[i])
+                    continue; // padding rows: -inf in both
+                double d = fabs((double)ld[i] - lw[i]);
+                fdl = d > fdl || d != d ? d : fdl;
+                fal = fabs(ld[i]) > fal ? fabs(ld[i]) : fal;
+            }
+            double rfo = fao > 0 ? fdo / fao : fdo, rfl = fal > 0 ? fdl / fal : fdl;
             const char *nm = a.window ? "sliding" : "full";
             printf("%-5s %-8s visible pairs %.3g: default fwd %.3f ms %.1f TFLOP/s (min %.3f), bwd "
                    "%.3f ms %.1f TFLOP/s (min %.3f), deterministic %s",
@@ -379,13 +419,17 @@ int main(int argc, char **argv)
                    "%.3f), deterministic %s\n",
                    b4, bfl / b4 * 1e-9, b4min, det4 ? "yes" : "NO", b5, bfl / b5 * 1e-9, b5min,
                    det5 ? "yes" : "NO", bw, bfl / bw * 1e-9, bwmin, detw ? "yes" : "NO");
+            printf("      %-8s wg2 bwd %.3f ms %.1f TFLOP/s (min %.3f), deterministic %s; wg2 fwd "
+                   "%.3f ms %.1f TFLOP/s (min %.3f) vs default fwd %.3f ms\n",
+                   "", bw2, bfl / bw2 * 1e-9, bw2min, detw2 ? "yes" : "NO", fw2, ffl / fw2 * 1e-9,
+                   fw2min, mf);
             printf("      %-8s bwd passes ms  %-8s", "", "");
             for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
                 printf(" %9s", pass_nm[k]);
             printf(" %9s\n", "sum");
-            const double *pp[4] = {pd, p4, p5, pw};
-            static const char *const pvn[4] = {"default", "mma4", "mma5", "wg"};
-            for (int v = 0; v < 4; v++) {
+            const double *pp[5] = {pd, p4, p5, pw, pw2};
+            static const char *const pvn[5] = {"default", "mma4", "mma5", "wg", "wg2"};
+            for (int v = 0; v < 5; v++) {
                 double sum = 0;
                 printf("      %-8s %-14s %-8s", "", pvn[v], v ? "" : impl_nm(dflt));
                 for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
@@ -398,6 +442,9 @@ int main(int argc, char **argv)
             printf("      %-8s wg   vs default max|diff|/max|default|: dq %.2e dkc %.2e dvc %.2e "
                    "dkb %.2e dvb %.2e\n",
                    "", rdiffw[0], rdiffw[1], rdiffw[2], rdiffw[3], rdiffw[4]);
+            printf("      %-8s wg2  vs default max|diff|/max|default|: dq %.2e dkc %.2e dvc %.2e "
+                   "dkb %.2e dvb %.2e; fwd out %.2e lse %.2e\n",
+                   "", rdiffw2[0], rdiffw2[1], rdiffw2[2], rdiffw2[3], rdiffw2[4], rfo, rfl);
             char buf[4096];
             int o = 0;
             bool first = json.back() == '[';
@@ -430,9 +477,16 @@ int main(int argc, char **argv)
                           "\"wg_vs_default_maxrel\": %.3e",
                           bw, bfl / bw * 1e-9, detw ? "true" : "false",
                           *std::max_element(rdiffw, rdiffw + 5));
-            static const char *const pjn[4] = {"bwd_pass_ms", "mma4_bwd_pass_ms", "mma5_bwd_pass_ms",
-                                               "wg_bwd_pass_ms"};
-            for (int v = 0; v < 4; v++) {
+            o += snprintf(buf + o, sizeof buf - o,
+                          ", \"wg2_bwd_ms\": %.4f, \"wg2_bwd_tflops\": %.2f, \"wg2_deterministic\": %s, "
+                          "\"wg2_vs_default_maxrel\": %.3e, \"wg2_fwd_ms\": %.4f, \"wg2_fwd_tflops\": %.2f, "
+                          "\"wg2_fwd_vs_default_maxrel\": %.3e",
+                          bw2, bfl / bw2 * 1e-9, detw2 ? "true" : "false",
+                          *std::max_element(rdiffw2, rdiffw2 + 5), fw2, ffl / fw2 * 1e-9,
+                          rfo > rfl ? rfo : rfl);
+            static const char *const pjn[5] = {"bwd_pass_ms", "mma4_bwd_pass_ms", "mma5_bwd_pass_ms",
+                                               "wg_bwd_pass_ms", "wg2_bwd_pass_ms"};
+            for (int v = 0; v < 5; v++) {
                 o += snprintf(buf + o, sizeof buf - o, ", \"%s\": {", pjn[v]);
                 for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
                     o += snprintf(buf + o, sizeof buf - o, "%s\"%s\": %.4f", k ? ", " : "", pass_nm[k],

@@ -35,7 +35,10 @@
 // mma5 (opt-in: DFLASH_ATTN_BWD=mma5 or df_cuda_dflash_set_bwd_impl) is mma4
 // with its dQ CTAs in longest-first order (dq_order_kernel). wg is mma4 with
 // its context dK/dV pass on Hopper wgmma (dflash_attn_wg.cu; mma4's kernel
-// where sm_90a is not there).
+// where sm_90a is not there). wg2 (opt-in, untested on hardware as written)
+// is wg with its dQ pass on wgmma too (dflash_attn_wg_dq.cu, in mma5's
+// longest-first order) and its forward on wgmma (dflash_attn_wg_fwd.cu);
+// where sm_90a is not there, mma5's dQ kernel and mma2's forward.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -1876,7 +1879,7 @@ int check_args(const df_cuda_dflash_args *a, bool bwd)
 {
     if (!a || a->S < 0 || a->n_blocks < 0 || a->block_size < 1 || a->window < 0 || a->nq < 1 ||
         a->nkv < 1 || a->nq % a->nkv || (a->head_dim != 64 && a->head_dim != 128) ||
-        !(a->scale == a->scale) || a->impl < 0 || a->impl > DF_CUDA_DFLASH_IMPL_WG)
+        !(a->scale == a->scale) || a->impl < 0 || a->impl > DF_CUDA_DFLASH_IMPL_WG2)
         return -EINVAL;
     if (!a->anchor || !a->doc_start || !a->valid || !a->q || !a->kc || !a->vc || !a->kb ||
         !a->vb || !a->out || !a->lse)
@@ -1917,9 +1920,12 @@ int fwd_launch(const Params &p, cudaStream_t st, int impl)
     long long n = (long long)p.nb * p.nkv * p.nch;
     if (n == 0)
         return 0;
+    // WG2: the wgmma forward (dflash_attn_wg_fwd.cu) where the device runs it
+    if (impl == DF_CUDA_DFLASH_IMPL_WG2 && df_dflash::fwd_wg_usable(D))
+        return df_dflash::fwd_wg_launch(p, D, st);
     if (impl == DF_CUDA_DFLASH_IMPL_MMA2 || impl == DF_CUDA_DFLASH_IMPL_MMA3 ||
         impl == DF_CUDA_DFLASH_IMPL_MMA4 || impl == DF_CUDA_DFLASH_IMPL_MMA5 ||
-        impl == DF_CUDA_DFLASH_IMPL_WG) {
+        impl == DF_CUDA_DFLASH_IMPL_WG || impl == DF_CUDA_DFLASH_IMPL_WG2) {
         CU(cudaFuncSetAttribute(fwd_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)fwd3_smem<D>()));
         fwd_mma2_kernel<D><<<(unsigned)n, MW * 32, fwd3_smem<D>(), st>>>(p);
@@ -2021,10 +2027,12 @@ size_t list5_bytes(const df_cuda_dflash_args *a)
 // tiles only), the split reduction. MMA5 (dq_order != NULL): the same with
 // the dQ CTAs longest first (dq_order_kernel, then dq_mma2_kernel<D, true>).
 // WG (wg): the context dK/dV on wgmma (df_dflash::dkv_wg_launch) where the
-// device runs it, else dkv4_kernel.
+// device runs it, else dkv4_kernel. WG2 (wg and wgdq, with dq_order): also
+// the dQ on wgmma (df_dflash::dq_wg_launch, longest first) where the device
+// runs it, else MMA5's dQ.
 template <int D>
 int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, int *dq_order,
-                    bool wg, cudaEvent_t *ev)
+                    bool wg, bool wgdq, cudaEvent_t *ev)
 {
     // dkv4 needs 174 KiB (D 128) of shared memory per CTA: more than sm_80's
     // 163 KiB and the 99 KiB of sm_86/89/120. There, run MMA2's backward.
@@ -2041,7 +2049,13 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         CU(cudaGetLastError());
         REC(ev, 1, st);
         unsigned n = (unsigned)((long long)p.nb * p.nkv * p.nch);
-        if (dq_order) {
+        if (wgdq && dq_order && df_dflash::dq_wg_usable(D)) {
+            dq_order_kernel<<<1, NL5, 0, st>>>(p, dq_order);
+            CU(cudaGetLastError());
+            int rc = df_dflash::dq_wg_launch(p, D, st, dq_order);
+            if (rc)
+                return rc;
+        } else if (dq_order) {
             dq_order_kernel<<<1, NL5, 0, st>>>(p, dq_order);
             CU(cudaGetLastError());
             CU(cudaFuncSetAttribute(dq_mma2_kernel<D, true>,
@@ -2159,7 +2173,7 @@ int env_bwd_impl()
         } tab[] = {{"simt", DF_CUDA_DFLASH_IMPL_SIMT}, {"mma", DF_CUDA_DFLASH_IMPL_MMA},
                    {"mma2", DF_CUDA_DFLASH_IMPL_MMA2}, {"mma3", DF_CUDA_DFLASH_IMPL_MMA3},
                    {"mma4", DF_CUDA_DFLASH_IMPL_MMA4}, {"mma5", DF_CUDA_DFLASH_IMPL_MMA5},
-                   {"wg", DF_CUDA_DFLASH_IMPL_WG}};
+                   {"wg", DF_CUDA_DFLASH_IMPL_WG}, {"wg2", DF_CUDA_DFLASH_IMPL_WG2}};
         const char *e = getenv("DFLASH_ATTN_BWD");
         int r = 0;
         if (e && *e) {
@@ -2168,7 +2182,7 @@ int env_bwd_impl()
                     r = tab[i].impl;
             if (!r)
                 fprintf(stderr, "dflash_attn: DFLASH_ATTN_BWD=%s is none of simt, mma, mma2, mma3, "
-                                "mma4, mma5, wg: the default backward\n", e);
+                                "mma4, mma5, wg, wg2: the default backward\n", e);
         }
         v = r;
     }
@@ -2178,7 +2192,7 @@ int env_bwd_impl()
 
 extern "C" int df_cuda_dflash_set_bwd_impl(int impl)
 {
-    if (impl < 0 || impl > DF_CUDA_DFLASH_IMPL_WG)
+    if (impl < 0 || impl > DF_CUDA_DFLASH_IMPL_WG2)
         return -EINVAL;
     g_bwd_impl = impl;
     return 0;
@@ -2226,15 +2240,16 @@ extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_
     int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
     cudaEvent_t *ev = a->pass_events;
     if (impl == DF_CUDA_DFLASH_IMPL_MMA4 || impl == DF_CUDA_DFLASH_IMPL_MMA5 ||
-        impl == DF_CUDA_DFLASH_IMPL_WG) {
+        impl == DF_CUDA_DFLASH_IMPL_WG || impl == DF_CUDA_DFLASH_IMPL_WG2) {
         float *part = (float *)((char *)ws + di_bytes(a));
         int *lists = (int *)((char *)ws + di_bytes(a) + part_bytes(a));
-        int *dq_order = impl == DF_CUDA_DFLASH_IMPL_MMA5
+        bool wg2 = impl == DF_CUDA_DFLASH_IMPL_WG2;
+        int *dq_order = impl == DF_CUDA_DFLASH_IMPL_MMA5 || wg2
                             ? (int *)((char *)ws + di_bytes(a) + part_bytes(a) + list_bytes(a))
                             : NULL;
-        bool wg = impl == DF_CUDA_DFLASH_IMPL_WG;
-        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg, ev)
-                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg, ev);
+        bool wg = impl == DF_CUDA_DFLASH_IMPL_WG || wg2;
+        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg, wg2, ev)
+                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg, wg2, ev);
     } else if (impl == DF_CUDA_DFLASH_IMPL_MMA2 || impl == DF_CUDA_DFLASH_IMPL_MMA3) {
         float *part = (float *)((char *)ws + di_bytes(a));
         if (impl == DF_CUDA_DFLASH_IMPL_MMA3)

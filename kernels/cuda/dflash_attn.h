@@ -52,16 +52,28 @@ typedef struct df_cuda_dflash_args {
      * wgmma, kernels/cuda/dflash_attn_wg.cu; on a device other than
      * compute capability 9.0, or a build without the sm_90a target, it falls
      * back to MMA4's kernel, gradients then bitwise MMA4's; its forward is
-     * MMA2's). With impl 0 the backward is df_cuda_dflash_set_bwd_impl()'s
-     * choice, else the environment's DFLASH_ATTN_BWD (simt, mma, mma2, mma3,
-     * mma4, mma5, wg; read once), else the built-in default: WG on a
-     * compute capability 9.0 device (Hopper), MMA4 elsewhere. */
+     * MMA2's) or DF_CUDA_DFLASH_IMPL_WG2 (opt-in, new: wgmma in both passes
+     * where it exists. Forward: kernels/cuda/dflash_attn_wg_fwd.cu, MMA2's
+     * work split on wgmma. Backward: WG's with its dQ pass on wgmma too,
+     * kernels/cuda/dflash_attn_wg_dq.cu, its CTAs in MMA5's longest-first
+     * order. Each wgmma kernel falls back to MMA2's forward / MMA5's dQ /
+     * MMA4's context dK/dV where the device is not compute capability 9.0 or
+     * the build has no sm_90a target; its gradients are not bitwise WG's:
+     * 64-key dQ tiles sum in another order). Like every value, impl selects
+     * the forward in df_cuda_dflash_attn_fwd and the backward in
+     * df_cuda_dflash_attn_bwd independently: a caller may run WG2's forward
+     * and another backward, or the reverse. With impl 0 the forward is
+     * MMA2's, and the backward is df_cuda_dflash_set_bwd_impl()'s choice,
+     * else the environment's DFLASH_ATTN_BWD (simt, mma, mma2, mma3, mma4,
+     * mma5, wg, wg2; read once), else the built-in default: WG on a compute
+     * capability 9.0 device (Hopper), MMA4 elsewhere. */
     int impl;
     /* backward only, for timing (tools/bench_dflash_attn); NULL: none.
      * DF_CUDA_DFLASH_BWD_EVENTS events (created by the caller) recorded on
-     * the stream by the MMA2/3/4/5 and WG backwards: [0] first, then one after each
-     * pass: [1] Di, [2] dQ (with MMA5's order), [3] context tile lists,
-     * [4] context dK/dV, [5] block-key dK/dV, [6] the split reduction. A pass
+     * the stream by the MMA2/3/4/5, WG and WG2 backwards: [0] first, then
+     * one after each pass: [1] Di, [2] dQ (with MMA5's / WG2's order), [3]
+     * context tile lists, [4] context dK/dV, [5] block-key dK/dV, [6] the
+     * split reduction. A pass
      * an implementation does not have (or does inside another) records its
      * event right after the previous one. Other implementations record none. */
     cudaEvent_t *pass_events;
@@ -69,7 +81,7 @@ typedef struct df_cuda_dflash_args {
 
 enum { DF_CUDA_DFLASH_IMPL_SIMT = 1, DF_CUDA_DFLASH_IMPL_MMA = 2, DF_CUDA_DFLASH_IMPL_MMA2 = 3,
        DF_CUDA_DFLASH_IMPL_MMA3 = 4, DF_CUDA_DFLASH_IMPL_MMA4 = 5, DF_CUDA_DFLASH_IMPL_MMA5 = 6,
-       DF_CUDA_DFLASH_IMPL_WG = 7 };
+       DF_CUDA_DFLASH_IMPL_WG = 7, DF_CUDA_DFLASH_IMPL_WG2 = 8 };
 enum { DF_CUDA_DFLASH_BWD_EVENTS = 7 };
 
 int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_t stream);

@@ -1,7 +1,8 @@
 // dflash_attn_common.cuh - what the DFlash attention's CUDA files share
 // (dflash_attn.cu: every implementation; dflash_attn_wg.cu: impl WG's context
-// dK/dV kernel): the kernel parameters, the row-chunk and visibility helpers
-// and the host entry points of dflash_attn_wg.cu. Internal: not part of the
+// dK/dV kernel; dflash_attn_wg_dq.cu, dflash_attn_wg_fwd.cu: impl WG2's dQ and
+// forward): the kernel parameters, the row-chunk and visibility helpers and
+// the host entry points of the wgmma files. Internal: not part of the
 // dflash_attn.h contract.
 #ifndef DF_CUDA_DFLASH_ATTN_COMMON_CUH
 #define DF_CUDA_DFLASH_ATTN_COMMON_CUH
@@ -71,6 +72,20 @@ bool dkv_wg_usable(const Params &p, int D);
 // tile_list_kernel's lists. Returns 0 or -EIO (launch error).
 int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt,
                   const int *lst, const int *order, int nct);
+
+// ---- dflash_attn_wg_dq.cu, dflash_attn_wg_fwd.cu (impl DF_CUDA_DFLASH_IMPL_WG2) ----
+// Whether the current device runs the wgmma dQ kernel (dq_wg_usable) / the
+// wgmma forward (fwd_wg_usable) for head dim D: compute capability 9.0, the
+// kernel built for sm_90a, enough opt-in shared memory. false: the caller
+// runs MMA2's kernel (dq_mma2_kernel / fwd_mma2_kernel).
+bool dq_wg_usable(int D);
+bool fwd_wg_usable(int D);
+// The dQ pass (needs p.Di filled): one CTA per (block, kv head, row chunk),
+// p.nb * p.nkv * p.nch of them; order (may be NULL): MMA5's dq_order_kernel
+// output (CTA i takes item order[i / nkv], kv head i % nkv). 0 or -EIO.
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, const int *order);
+// The forward (out, lse): one CTA per (block, kv head, row chunk). 0 or -EIO.
+int fwd_wg_launch(const Params &p, int D, cudaStream_t st);
 
 } // namespace df_dflash
 

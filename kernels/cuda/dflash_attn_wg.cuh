@@ -1,0 +1,243 @@
+// dflash_attn_wg.cuh - the Hopper warpgroup-MMA (wgmma, sm_90a) helpers that
+// the DFlash attention's wgmma kernels share: dflash_attn_wg.cu (context
+// dK/dV, impl WG), dflash_attn_wg_dq.cu (dQ, impl WG2), dflash_attn_wg_fwd.cu
+// (forward, impl WG2). Internal (each includer gets its own copies: anonymous
+// namespace). Conventions, as the kernels use them:
+//  - shared tiles of bf16 rows in the 128-byte swizzle: [D/64 column blocks]
+//    [nrows][128 B], 16-byte chunk c of row r at chunk position c ^ (r % 8)
+//    (sw_off), from a 1024-byte-aligned base (the swizzle repeats every 1024
+//    bytes and the hardware applies it to absolute address bits);
+//  - descriptors (wg_desc): K-major operands LBO 16 (unused), SBO 1024 (8
+//    rows); MN-major (transposed) B: LBO = one column block (nrows x 128 B),
+//    SBO 1024; a k step of 16 moves 32 bytes within a column block (K-major)
+//    or 16 rows = 2048 bytes (MN-major);
+//  - cp.async writes reach the tensor cores only after fence_proxy_async()
+//    in each writing thread and a barrier;
+//  - accumulators: zero them once before the loop and pin that with
+//    reg_fence (zeroing sunk into the loop makes ptxas serialize every wgmma:
+//    "wgmma serialization" in its output); reg_fence after each wait that
+//    retires registers the code reads next; a 'continue' around wgmmas has
+//    the same serializing effect as the sunk zeroing (use one structured if).
+#ifndef DF_CUDA_DFLASH_ATTN_WG_CUH
+#define DF_CUDA_DFLASH_ATTN_WG_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+// The kernel bodies and their helpers: sm_90a device code only.
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define DF_WG_BODY 1
+#else
+#define DF_WG_BODY 0
+#endif
+
+namespace df_dflash {
+namespace {
+
+#if DF_WG_BODY
+constexpr float WLOG2E = 1.4426950408889634f;
+
+__device__ __forceinline__ uint32_t smem_addr(const void *ptr)
+{
+    return (uint32_t)__cvta_generic_to_shared(ptr);
+}
+
+// Byte offset of 16-byte chunk c (columns 8c .. 8c + 7) of row r in a tile of
+// nrows rows stored as [D/64][nrows][128 B] with the 128-byte swizzle.
+__device__ __forceinline__ int sw_off(int r, int c, int nrows)
+{
+    return (c >> 3) * nrows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+__device__ __forceinline__ void cp16(uint32_t dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(ok ? 16 : 0));
+}
+__device__ __forceinline__ void cp4(uint32_t dst, const void *src, bool ok)
+{
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(ok ? 4 : 0));
+}
+__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// cp.async writes are generic-proxy writes; wgmma reads through the async proxy
+__device__ __forceinline__ void fence_proxy_async()
+{
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+
+// wgmma matrix descriptor: start address, leading / stride byte offsets (16-byte
+// units), 128-byte swizzle (mode 1 in bits 62-63).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
+{
+    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
+           ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
+}
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wg_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// Reads of wgmma results must not be hoisted above the wait that retires them:
+// tie each register to an (empty) volatile asm placed after the wait.
+template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        asm volatile("" : "+f"(r[i])::"memory");
+}
+
+// D[64 x 64] (=|+=) A[64 x 16] B[16 x 64], A and B K-major in shared memory.
+__device__ __forceinline__ void wg_ss64_first(float (&d)[32], uint64_t da, uint64_t db)
+{
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7,"
+                 " %8, %9, %10, %11, %12, %13, %14, %15,"
+                 " %16, %17, %18, %19, %20, %21, %22, %23,"
+                 " %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 0, 0;\n"
+                 "}\n"
+                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]),
+                   "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]),
+                   "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]),
+                   "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
+                   "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]),
+                   "=f"(d[30]), "=f"(d[31])
+                 : "l"(da), "l"(db), "r"(0));
+}
+__device__ __forceinline__ void wg_ss64(float (&d)[32], uint64_t da, uint64_t db)
+{
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %34, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7,"
+                 " %8, %9, %10, %11, %12, %13, %14, %15,"
+                 " %16, %17, %18, %19, %20, %21, %22, %23,"
+                 " %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "%32, %33, p, 1, 1, 0, 0;\n"
+                 "}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
+                 : "l"(da), "l"(db), "r"(1));
+}
+// D[64 x N] += A[64 x 16] B[16 x N], A from registers (bf16 pairs, the
+// m16n8k16 A-fragment layout per warp), B MN-major in shared memory.
+__device__ __forceinline__ void wg_rs(float (&d)[32], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %37, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7,"
+                 " %8, %9, %10, %11, %12, %13, %14, %15,"
+                 " %16, %17, %18, %19, %20, %21, %22, %23,"
+                 " %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
+                 "}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wg_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db)
+{
+    asm volatile("{\n"
+                 ".reg .pred p;\n"
+                 "setp.ne.b32 p, %69, 0;\n"
+                 "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+                 "{%0, %1, %2, %3, %4, %5, %6, %7,"
+                 " %8, %9, %10, %11, %12, %13, %14, %15,"
+                 " %16, %17, %18, %19, %20, %21, %22, %23,"
+                 " %24, %25, %26, %27, %28, %29, %30, %31,"
+                 " %32, %33, %34, %35, %36, %37, %38, %39,"
+                 " %40, %41, %42, %43, %44, %45, %46, %47,"
+                 " %48, %49, %50, %51, %52, %53, %54, %55,"
+                 " %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
+                 "}\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
+                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
+                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
+                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
+                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
+                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
+                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
+                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
+                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
+                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
+}
+
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
+{
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); // .x (low half) = lo
+    return *reinterpret_cast<uint32_t *>(&v);
+}
+
+// 2^x in one MUFU op (flush-to-zero: the P that matter are far from denormal;
+// 2^-inf = 0 is how masked elements become 0 without a branch)
+__device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+#endif // DF_WG_BODY
+
+// Host: whether the current device runs `fn`, an sm_90a wgmma kernel, with
+// smem bytes of dynamic shared memory: compute capability 9.0, the kernel
+// taken from the 90a target (not from another target's PTX compiled at load
+// time, whose body is a trap), enough opt-in shared memory. Cached per device
+// in known[64] (0 unknown, 1 no, 2 yes; racing first calls store the same
+// value). Leaves no CUDA error behind.
+__host__ inline bool wg_kernel_runs(const void *fn, size_t smem, signed char *known)
+{
+    int dev;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64)
+        return false;
+    if (known[dev])
+        return known[dev] == 2;
+    int major = 0, minor = 0, smax = 0;
+    bool r = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
+             cudaDeviceGetAttribute(&smax, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ==
+                 cudaSuccess &&
+             major == 9 && minor == 0;
+    if (r) {
+        cudaFuncAttributes fa;
+        cudaError_t e = cudaFuncGetAttributes(&fa, fn);
+        if (e != cudaSuccess)
+            cudaGetLastError(); // not sticky: clear it for the caller's checks
+        r = e == cudaSuccess && fa.ptxVersion >= 90 && (size_t)smax >= smem;
+    }
+    known[dev] = r ? 2 : 1;
+    return r;
+}
+
+} // namespace
+} // namespace df_dflash
+
+#endif

@@ -1,0 +1,336 @@
+// dflash_attn_wg_dq.cu - the dQ pass of impl DF_CUDA_DFLASH_IMPL_WG2's
+// backward (dflash_attn.h) on Hopper warpgroup MMA (wgmma.mma_async,
+// sm_90a). WG2's backward is WG's (dflash_attn_wg.cu: context dK/dV on
+// wgmma; Di, the tile lists, the block-key dK/dV and the split reduction are
+// MMA4's) with this kernel in place of MMA2's dq_mma2_kernel, its CTAs in
+// MMA5's longest-first order (dq_order_kernel).
+//
+// Work split (MMA2's dQ): one CTA per (block b, kv head g, row chunk): the
+// 64 rows of a chunk are the 16 queries x `group` heads of one block and kv
+// head, sharing one anchor and one context span [lo0, anchor) (lo0: the
+// widest row's bound), so for every key tile of the span the problem is a
+// dense 64 rows x QTK keys one:
+//   S  = Q K^T                      (rows x keys, k-dim D)
+//   dP = dO V^T
+//   P  = exp2(S scale log2e - lse log2e)   (fp32; masked on partial tiles)
+//   dS = P (dP - Di)
+//   dQ += dS K                      (dS rounded to bf16; fp32 accumulator)
+// then the block's own keys (kb / vb, bs of them, in-block causality on
+// sliding layers) as one or more tiles of the same loop: zero-filled past bs
+// and masked per element (block tiles are never "full"); a 16-key block
+// costs one partly-empty tile out of ~(span / 64 + 1).
+// dQ is scaled once at the end and written as bf16 by the thread that summed
+// it, in tile order: deterministic, no atomics.
+//
+// CTA: one warpgroup (128 threads, wgmma M = 64 = the chunk's rows); warp w
+// holds rows 16 w .. 16 w + 15 of every accumulator. Per tile:
+//   1. S, dP: D/16 wgmma m64n64k16 each, A = Q / dO (the chunk, resident in
+//      shared memory, K-major), B = K / V (the tile's stage, K-major); two
+//      commit groups, so P is computed while dP is still running.
+//   2. P, dS in the accumulator registers; the fp32 accumulator layout of a
+//      16-key column pair is the bf16 A-fragment layout of a k16 step, so dS
+//      becomes the register A operand of step 3 without shuffles
+//      (FlashAttention-3's P in registers).
+//   3. dQ += dS K: QTK/16 wgmma m64nDk16, A = dS from registers, B = the
+//      same K stage MN-major (transposed through the descriptor: no
+//      transposed copy). Waited for at the end of the tile (its stage is
+//      refilled after the next barrier).
+// K / V tiles stream through QST = 2 stages by cp.async, one tile ahead
+// (tile t + 1 loads during tile t). Q, dO: loaded once with the first tile.
+// Tiles are stored in the 128-byte swizzle of dflash_attn_wg.cuh (K-major
+// descriptors for steps 1, MN-major for the B of step 3).
+// Masking per (row, key) only on tiles not every row of the chunk sees whole
+// (window bound, end of span, block tiles, partial chunks, rows without lse).
+// Rows of a chunk past bs x group: Q, dO zero, lse -inf (P = 0), not written.
+// Padding blocks: dq 0.
+//
+// Resources (ptxas, sm_90a, CUDA 13.0): D 128: 180 registers, no spills, 97
+// KiB of dynamic shared memory (16 + 16 + 2 x 32 + 1 KiB alignment slack):
+// 2 CTAs (8 warps) per SM; D 64: 146 registers, 49 KiB. No "wgmma
+// serialization" warning. Untested on hardware as written (no GPU in the
+// session that wrote it): correctness and speed are for the H200 run.
+// Next steps if the tensor pipe idles (ncu): keep dQ(t)'s wgmmas in flight
+// across S(t + 1) (3 stages, refill after the wait; +16 registers for the dS
+// fragments), or 2 consumer warpgroups on alternate tiles with their dQ
+// partials summed in shared memory in a fixed order (still deterministic).
+// Portability: the kernel body exists only in sm_90a code; elsewhere (or in
+// builds without a 90a target) dq_wg_usable() is false and the backward runs
+// MMA2's dQ kernel (WG2's gradients then equal WG's bitwise). The non-sm_90a
+// body traps, so a launch there fails loudly.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "dflash_attn_common.cuh"
+#include "dflash_attn_wg.cuh" // DF_WG_BODY (sm_90a code), the wgmma / cp.async / swizzle helpers
+
+namespace df_dflash {
+namespace {
+
+constexpr int QNT = 128; // threads: one warpgroup
+constexpr int QTK = 64;  // keys per tile (S, dP: n 64; dQ: 4 k steps of 16)
+constexpr int QST = 2;   // K / V stages (tile t + 1 loads during tile t)
+
+// Shared memory, bytes from a 1024-aligned base: Q at 0, dO at QS, stage s's
+// K at KV_OFF + 2 s KV, its V KV later. D 128: 16 + 16 + 2 x 32 KiB.
+template <int D> struct DqLayout {
+    static constexpr int NH = D / 64;                // 128-byte column blocks per row
+    static constexpr int QS = NH * CHUNK_ROWS * 128; // Q (or dO) of the chunk
+    static constexpr int KV = NH * QTK * 128;        // one K (or V) tile
+    static constexpr int KV_OFF = 2 * QS;
+    static constexpr size_t SMEM = (size_t)KV_OFF + QST * 2 * KV + 1024; // + alignment slack
+};
+
+// One CTA per (block, kv head, row chunk); order != NULL: CTA i takes item
+// order[i / nkv] (item = b nch + ch), kv head i % nkv (MMA5's LPT order).
+// __launch_bounds__(.., 2): 2 CTAs per SM at D 128 (shared memory bound).
+template <int D>
+__global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const int *order)
+{
+#if DF_WG_BODY
+    using L = DqLayout<D>;
+    constexpr int V8 = D / 8, KS = D / 16, NA = D / 2; // NA: dQ accumulators per thread
+    constexpr uint32_t KM_LBO = 16, SBO = 1024, MN_LBO = QTK * 128;
+    extern __shared__ __align__(1024) uint8_t wq_smem[];
+    const uint32_t s0 = smem_addr(wq_smem), sb = (s0 + 1023u) & ~1023u;
+    const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
+    // warp index broadcast from lane 0: warp-uniform for the compiler
+    const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv, b = blockIdx.x / (p.nch * p.nkv);
+    if (order) {
+        int item = order[blockIdx.x / p.nkv];
+        ch = item % p.nch, g = blockIdx.x % p.nkv, b = item / p.nch;
+    }
+    const long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    if (!p.valid[b]) {
+        for (int e = tid; e < CHUNK_ROWS * V8; e += QNT) {
+            RowId id = row_id(p, b, g, ch, e / V8);
+            if (id.ok)
+                *reinterpret_cast<uint4 *>(p.dq + id.grow * ldq + (long long)id.h * D + (e % V8) * 8) =
+                    make_uint4(0u, 0u, 0u, 0u);
+        }
+        return;
+    }
+    const int anc = p.anchor[b], ds = p.doc_start[b];
+    const int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
+    const int ntc = (anc - lo0 + QTK - 1) / QTK, ntb = (p.bs + QTK - 1) / QTK, nt = ntc + ntb;
+    // Q, dO of the chunk (zero-filled past its rows): with tile 0's group
+    for (int e = tid; e < CHUNK_ROWS * V8; e += QNT) {
+        int r = e / V8, c = e % V8;
+        RowId id = row_id(p, b, g, ch, r);
+        long long off = id.ok ? id.grow * ldq + (long long)id.h * D + c * 8 : 0;
+        uint32_t so = (uint32_t)sw_off(r, c, CHUNK_ROWS);
+        cp16(sb + so, p.q + off, id.ok);
+        cp16(sb + L::QS + so, p.dout + off, id.ok);
+    }
+    // K / V tile t into stage st (zero-filled past the span / the block).
+    // Thread tid copies chunk c = tid % V8 of keys k0 + i QNT / V8: QNT / V8
+    // is a multiple of 8, so every key of a thread has the same swizzle phase.
+    constexpr int KSTEP = QNT / V8, KIT = QTK / KSTEP;
+    static_assert(KSTEP % 8 == 0 && QTK % KSTEP == 0, "tile load split");
+    const int lc = tid % V8, lk = tid / V8;
+    const uint32_t lso = (uint32_t)sw_off(lk, lc, QTK);
+    auto issue = [&](int t, int st) {
+        bool isctx = t < ntc;
+        int base = isctx ? lo0 + t * QTK : (t - ntc) * QTK, end = isctx ? anc : p.bs;
+        const uint16_t *ks = isctx ? p.kc : p.kb, *vs = isctx ? p.vc : p.vb;
+        long long rb = (isctx ? base : (long long)b * p.bs + base) + lk;
+        const long long co = (long long)g * D + lc * 8;
+        uint32_t kd = sb + L::KV_OFF + st * 2 * L::KV + lso;
+#pragma unroll
+        for (int i = 0; i < KIT; i++) {
+            bool ok = base + lk + i * KSTEP < end;
+            long long off = ok ? (rb + i * KSTEP) * ldk + co : 0;
+            cp16(kd + i * KSTEP * 128, ks + off, ok);
+            cp16(kd + L::KV + i * KSTEP * 128, vs + off, ok);
+        }
+    };
+    issue(0, 0);
+    cp_commit();
+#pragma unroll
+    for (int s = 1; s < QST - 1; s++) {
+        if (s < nt)
+            issue(s, s);
+        cp_commit();
+    }
+    // this thread's rows: r0 = 16 warp + gid (accumulator elements 4 j + 0, 1)
+    // and r0 + 8 (4 j + 2, 3); their lse (log2 domain), Di, context bound
+    RowId rid[2] = {row_id(p, b, g, ch, 16 * warp + gid), row_id(p, b, g, ch, 16 * warp + gid + 8)};
+    float nL[2], Dr[2];
+    int rlo[2];
+    bool rok[2];
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        long long li = (long long)rid[ri].grow * p.nq + rid[ri].h;
+        float l2 = rid[ri].ok ? p.lse_in[li] * WLOG2E : -INFINITY;
+        nL[ri] = -l2;
+        Dr[ri] = rid[ri].ok ? p.Di[li] : 0.0f;
+        rok[ri] = rid[ri].ok && l2 != -INFINITY;
+        rlo[ri] = ctx_lo(anc, ds, p.W, rid[ri].qo);
+    }
+    const bool allok = __syncthreads_and(rok[0] && rok[1]);
+    float acc[NA];
+#pragma unroll
+    for (int i = 0; i < NA; i++)
+        acc[i] = 0.0f;
+    // pin the zeroing before the loop (sunk into it, ptxas serializes the wgmmas)
+    reg_fence(acc);
+    const float sl = p.scale * WLOG2E;
+    const uint64_t dQ = wg_desc(sb, KM_LBO, SBO), dO = dQ + (L::QS >> 4);
+    int st = 0;
+    for (int t = 0; t < nt; t++) {
+        cp_wait<QST - 2>();  // tile t (and Q, dO) landed: this thread's copies ...
+        fence_proxy_async(); // ... visible to the tensor cores ...
+        __syncthreads();     // ... everyone's; tile t - 1's wgmmas retired (its end)
+        {
+            // tile t + QST - 1 into the stage tile t - 1 used
+            int tn = t + QST - 1, sn = st + QST - 1 >= QST ? st - 1 : st + QST - 1;
+            if (tn < nt)
+                issue(tn, sn);
+            cp_commit();
+        }
+        const uint32_t kd = sb + L::KV_OFF + st * 2 * L::KV;
+        const uint64_t dK = wg_desc(kd, KM_LBO, SBO), dV = dK + (L::KV >> 4);
+        float s[32], dp[32];
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            // k step ks: column block ks / 4, 32 bytes (16 bf16) apart within it
+            uint32_t ao = ((ks >> 2) * (CHUNK_ROWS * 128) + (ks & 3) * 32) >> 4;
+            uint32_t bo = ((ks >> 2) * (QTK * 128) + (ks & 3) * 32) >> 4;
+            if (ks == 0)
+                wg_ss64_first(s, dQ + ao, dK + bo);
+            else
+                wg_ss64(s, dQ + ao, dK + bo);
+        }
+        wg_commit();
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t ao = ((ks >> 2) * (CHUNK_ROWS * 128) + (ks & 3) * 32) >> 4;
+            uint32_t bo = ((ks >> 2) * (QTK * 128) + (ks & 3) * 32) >> 4;
+            if (ks == 0)
+                wg_ss64_first(dp, dO + ao, dV + bo);
+            else
+                wg_ss64(dp, dO + ao, dV + bo);
+        }
+        wg_commit();
+        const bool isctx = t < ntc;
+        const int base = isctx ? lo0 + t * QTK : (t - ntc) * QTK;
+        // every row of the chunk sees the whole tile: no per-element mask
+        const bool full = allok && isctx && base >= lohi && base + QTK <= anc;
+        wg_wait<1>(); // S; dP still running
+        reg_fence(s);
+        // P: element 4 j + e is row r0 + 8 (e >> 1), key base + 8 j + 2 t4 +
+        // (e & 1). Branch-free: masked elements get 2^-inf = 0.
+        if (full) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    s[4 * j + e] = ex2(fmaf(s[4 * j + e], sl, nL[e >> 1]));
+        } else {
+            // visible keys of each row in this tile: [klo, khi)
+            int klo[2], khi[2];
+#pragma unroll
+            for (int ri = 0; ri < 2; ri++) {
+                int qo1 = rid[ri].qo + 1;
+                klo[ri] = isctx ? rlo[ri] : 0;
+                khi[ri] = isctx ? anc : (p.W == 0 || qo1 > p.bs ? p.bs : qo1);
+                khi[ri] = rok[ri] ? khi[ri] : INT_MIN;
+            }
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int ri = e >> 1, key = base + 8 * j + 2 * t4 + (e & 1);
+                    bool vis = key >= klo[ri] && key < khi[ri];
+                    float x = fmaf(s[4 * j + e], sl, nL[ri]);
+                    s[4 * j + e] = ex2(vis ? x : -INFINITY);
+                }
+        }
+        wg_wait<0>(); // dP
+        reg_fence(dp);
+        // dS as the A fragments of dQ's k steps: k step kk (keys 16 kk .. + 15)
+        // = accumulator columns 2 kk, 2 kk + 1
+        uint32_t sa[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int h = 0; h < 4; h++) {
+                int i = 8 * kk + 2 * h; // elements i, i + 1: row r0 + 8 (h & 1)
+                float d0 = Dr[h & 1];
+                sa[kk][h] = pack_bf2(s[i] * (dp[i] - d0), s[i + 1] * (dp[i + 1] - d0));
+            }
+        // B of k step kk: keys 16 kk .. + 15 of the K stage, MN-major
+        const uint64_t mK = wg_desc(kd, MN_LBO, SBO);
+        wg_fence(); // the A fragments were written by ordinary instructions
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wg_rs(acc, sa[kk], mK + kk * (16 * 128 >> 4));
+        wg_commit();
+        // retired before the next tile: frees the dS fragments, and the K
+        // stage is refilled right after the next barrier
+        wg_wait<0>();
+        st = st + 1 == QST ? 0 : st + 1;
+    }
+    reg_fence(acc);
+    cp_wait<0>();
+    // element 4 j + 2 ri + e: row r0 + 8 ri, head dim 8 j + 2 t4 + e
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const RowId &id = rid[ri];
+        if (!id.ok)
+            continue;
+        uint16_t *qrow = p.dq + id.grow * ldq + (long long)id.h * D + 2 * t4;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *reinterpret_cast<uint32_t *>(qrow + 8 * j) =
+                pack_bf2(acc[4 * j + 2 * ri] * p.scale, acc[4 * j + 2 * ri + 1] * p.scale);
+    }
+#else
+    __trap(); // built without sm_90a: dq_wg_usable() keeps launches away
+#endif
+}
+
+} // namespace
+
+bool dq_wg_usable(int D)
+{
+    static signed char known[2][64];
+    return D == 128 ? wg_kernel_runs((const void *)dq_wg_kernel<128>, DqLayout<128>::SMEM, known[1])
+                    : wg_kernel_runs((const void *)dq_wg_kernel<64>, DqLayout<64>::SMEM, known[0]);
+}
+
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, const int *order)
+{
+    long long n = (long long)p.nb * p.nkv * p.nch;
+    if (n <= 0)
+        return 0;
+    cudaError_t e;
+    if (D == 128) {
+        e = cudaFuncSetAttribute(dq_wg_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)DqLayout<128>::SMEM);
+        if (e == cudaSuccess) {
+            dq_wg_kernel<128><<<(unsigned)n, QNT, DqLayout<128>::SMEM, st>>>(p, order);
+            e = cudaGetLastError();
+        }
+    } else {
+        e = cudaFuncSetAttribute(dq_wg_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)DqLayout<64>::SMEM);
+        if (e == cudaSuccess) {
+            dq_wg_kernel<64><<<(unsigned)n, QNT, DqLayout<64>::SMEM, st>>>(p, order);
+            e = cudaGetLastError();
+        }
+    }
+    if (e != cudaSuccess) {
+        fprintf(stderr, "dflash_attn: dq_wg_kernel<%d>: %s (%s:%d)\n", D, cudaGetErrorString(e),
+                __FILE__, __LINE__);
+        return -EIO;
+    }
+    return 0;
+}
+
+} // namespace df_dflash

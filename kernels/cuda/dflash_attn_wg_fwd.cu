@@ -1,0 +1,315 @@
+// dflash_attn_wg_fwd.cu - the forward of impl DF_CUDA_DFLASH_IMPL_WG2
+// (dflash_attn.h) on Hopper warpgroup MMA (wgmma.mma_async, sm_90a): out
+// and lse, the contract of MMA2's fwd_mma2_kernel (dflash_attn.cu), whose
+// work split it keeps.
+//
+// One CTA per (block b, kv head g, row chunk): the chunk's 64 rows (16
+// queries x `group` heads of one block and kv head) share one anchor and
+// one context span [lo0, anchor), so each key tile of the span is a dense
+// 64 rows x QTK keys problem; then the block's own keys (kb / vb) as tiles
+// of the same loop, zero-filled past bs and masked per element. Per tile:
+//   S = Q K^T                       (fp32 accumulators)
+//   online softmax in the exp2 domain, fp32 m, l per row (FlashAttention-2)
+//   O = O alpha + P V               (P rounded to bf16)
+// out = O / l (bf16), lse = m ln 2 + log l; rows that see nothing (padding
+// blocks; chunk rows past bs x group are never written): out 0, lse -inf.
+//
+// CTA: one warpgroup (128 threads, wgmma M = 64 = the chunk's rows); warp w
+// holds rows 16 w .. 16 w + 15. Per tile:
+//   1. S: D/16 wgmma m64n64k16, A = Q (resident in shared memory, K-major),
+//      B = K (the tile's stage, K-major).
+//   2. the row max over the 4 threads of a quad (2 shuffles), P = 2^(S sl -
+//      m), alpha, l; O's accumulators rescaled in registers between
+//      wgmma groups (after the previous P V retired).
+//   3. O += P V: QTK/16 wgmma m64nDk16, A = P from registers (the fp32
+//      accumulator layout of a 16-key column pair is the bf16 A-fragment
+//      layout of a k16 step: FlashAttention-3's P in registers), B = the V
+//      stage MN-major (transposed through the descriptor).
+// K / V tiles stream through FST = 2 stages by cp.async, one tile ahead.
+// Storage, descriptors, fences: dflash_attn_wg.cuh's conventions.
+// Masking per (row, key) only on tiles not every row sees whole.
+// Resources (ptxas, sm_90a, CUDA 13.0): D 128: 164 registers, no spills, 81
+// KiB of dynamic shared memory (16 + 2 x 32 + 1 KiB alignment slack): 2 CTAs
+// per SM; D 64: 120 registers, 41 KiB. No "wgmma serialization" warning.
+// Untested on hardware as written (no GPU in the session that wrote it).
+// Portability: body in sm_90a code only; fwd_wg_usable() false elsewhere
+// (the forward then runs fwd_mma2_kernel); the non-sm_90a body traps.
+// Not done (next steps if the tensor pipe idles): S of tile t + 1 issued
+// before the softmax of tile t (FlashAttention-3's intra-warpgroup
+// overlap; needs 3 stages or a later refill), two consumer warpgroups on
+// alternate tiles with a final merge of (m, l, O).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "dflash_attn_common.cuh"
+#include "dflash_attn_wg.cuh" // DF_WG_BODY (sm_90a code), the wgmma / cp.async / swizzle helpers
+
+namespace df_dflash {
+namespace {
+
+constexpr int FNT = 128; // threads: one warpgroup
+constexpr int FTK = 64;  // keys per tile (S: n 64; P V: 4 k steps of 16)
+constexpr int FST = 2;   // K / V stages
+
+// Shared memory, bytes from a 1024-aligned base: Q at 0, stage s's K at
+// KV_OFF + 2 s KV, its V KV later. D 128: 16 + 2 x 32 KiB.
+template <int D> struct FwdLayout {
+    static constexpr int NH = D / 64;
+    static constexpr int QS = NH * CHUNK_ROWS * 128;
+    static constexpr int KV = NH * FTK * 128;
+    static constexpr int KV_OFF = QS;
+    static constexpr size_t SMEM = (size_t)KV_OFF + FST * 2 * KV + 1024; // + alignment slack
+};
+
+template <int D>
+__global__ void __launch_bounds__(FNT, 2) fwd_wg_kernel(Params p)
+{
+#if DF_WG_BODY
+    using L = FwdLayout<D>;
+    constexpr int V8 = D / 8, KS = D / 16, NA = D / 2; // NA: O accumulators per thread
+    constexpr uint32_t KM_LBO = 16, SBO = 1024, MN_LBO = FTK * 128;
+    constexpr float LN2 = 0.6931471805599453f;
+    extern __shared__ __align__(1024) uint8_t wf_smem[];
+    const uint32_t s0 = smem_addr(wf_smem), sb = (s0 + 1023u) & ~1023u;
+    const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
+    const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+    const int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
+              b = blockIdx.x / (p.nch * p.nkv);
+    const long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    if (!p.valid[b]) {
+        for (int e = tid; e < CHUNK_ROWS * V8; e += FNT) {
+            RowId id = row_id(p, b, g, ch, e / V8);
+            if (!id.ok)
+                continue;
+            *reinterpret_cast<uint4 *>(p.o + id.grow * ldq + (long long)id.h * D + (e % V8) * 8) =
+                make_uint4(0u, 0u, 0u, 0u);
+            if (e % V8 == 0)
+                p.lse[(long long)id.grow * p.nq + id.h] = -INFINITY;
+        }
+        return;
+    }
+    const int anc = p.anchor[b], ds = p.doc_start[b];
+    const int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
+    const int ntc = (anc - lo0 + FTK - 1) / FTK, ntb = (p.bs + FTK - 1) / FTK, nt = ntc + ntb;
+    // Q of the chunk (zero-filled past its rows): with tile 0's group
+    for (int e = tid; e < CHUNK_ROWS * V8; e += FNT) {
+        int r = e / V8, c = e % V8;
+        RowId id = row_id(p, b, g, ch, r);
+        long long off = id.ok ? id.grow * ldq + (long long)id.h * D + c * 8 : 0;
+        cp16(sb + (uint32_t)sw_off(r, c, CHUNK_ROWS), p.q + off, id.ok);
+    }
+    // K / V tile t into stage st: thread tid copies chunk tid % V8 of keys
+    // tid / V8 + i FNT / V8 (one swizzle phase: FNT / V8 is a multiple of 8)
+    constexpr int KSTEP = FNT / V8, KIT = FTK / KSTEP;
+    static_assert(KSTEP % 8 == 0 && FTK % KSTEP == 0, "tile load split");
+    const int lc = tid % V8, lk = tid / V8;
+    const uint32_t lso = (uint32_t)sw_off(lk, lc, FTK);
+    auto issue = [&](int t, int st) {
+        bool isctx = t < ntc;
+        int base = isctx ? lo0 + t * FTK : (t - ntc) * FTK, end = isctx ? anc : p.bs;
+        const uint16_t *ks = isctx ? p.kc : p.kb, *vs = isctx ? p.vc : p.vb;
+        long long rb = (isctx ? base : (long long)b * p.bs + base) + lk;
+        const long long co = (long long)g * D + lc * 8;
+        uint32_t kd = sb + L::KV_OFF + st * 2 * L::KV + lso;
+#pragma unroll
+        for (int i = 0; i < KIT; i++) {
+            bool ok = base + lk + i * KSTEP < end;
+            long long off = ok ? (rb + i * KSTEP) * ldk + co : 0;
+            cp16(kd + i * KSTEP * 128, ks + off, ok);
+            cp16(kd + L::KV + i * KSTEP * 128, vs + off, ok);
+        }
+    };
+    issue(0, 0);
+    cp_commit();
+#pragma unroll
+    for (int s = 1; s < FST - 1; s++) {
+        if (s < nt)
+            issue(s, s);
+        cp_commit();
+    }
+    // this thread's rows: r0 = 16 warp + gid (elements 4 j + 0, 1), r0 + 8 (4 j + 2, 3)
+    RowId rid[2] = {row_id(p, b, g, ch, 16 * warp + gid), row_id(p, b, g, ch, 16 * warp + gid + 8)};
+    int rlo[2];
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++)
+        rlo[ri] = ctx_lo(anc, ds, p.W, rid[ri].qo);
+    float o[NA];
+#pragma unroll
+    for (int i = 0; i < NA; i++)
+        o[i] = 0.0f;
+    reg_fence(o); // pinned before the loop (see dflash_attn_wg.cuh)
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const float sl = p.scale * WLOG2E;
+    const uint64_t dQ = wg_desc(sb, KM_LBO, SBO);
+    int st = 0;
+    for (int t = 0; t < nt; t++) {
+        cp_wait<FST - 2>();
+        fence_proxy_async();
+        __syncthreads(); // tile t landed (everyone's copies); tile t - 1's wgmmas retired
+        {
+            int tn = t + FST - 1, sn = st + FST - 1 >= FST ? st - 1 : st + FST - 1;
+            if (tn < nt)
+                issue(tn, sn);
+            cp_commit();
+        }
+        const uint32_t kd = sb + L::KV_OFF + st * 2 * L::KV;
+        const uint64_t dK = wg_desc(kd, KM_LBO, SBO);
+        float s[32];
+        wg_fence();
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            uint32_t ao = ((ks >> 2) * (CHUNK_ROWS * 128) + (ks & 3) * 32) >> 4;
+            uint32_t bo = ((ks >> 2) * (FTK * 128) + (ks & 3) * 32) >> 4;
+            if (ks == 0)
+                wg_ss64_first(s, dQ + ao, dK + bo);
+            else
+                wg_ss64(s, dQ + ao, dK + bo);
+        }
+        wg_commit();
+        const bool isctx = t < ntc;
+        const int base = isctx ? lo0 + t * FTK : (t - ntc) * FTK;
+        const bool full = isctx && base >= lohi && base + FTK <= anc;
+        // visible keys of each row in this tile: [klo, khi) (rows past the
+        // chunk: none)
+        int klo[2], khi[2];
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++) {
+            int qo1 = rid[ri].qo + 1;
+            klo[ri] = isctx ? rlo[ri] : 0;
+            khi[ri] = isctx ? anc : (p.W == 0 || qo1 > p.bs ? p.bs : qo1);
+            khi[ri] = rid[ri].ok ? khi[ri] : INT_MIN;
+        }
+        wg_wait<0>();
+        reg_fence(s);
+        // element 4 j + e: row r0 + 8 (e >> 1), key base + 8 j + 2 t4 + (e & 1)
+        float mx[2] = {-INFINITY, -INFINITY};
+        if (full) {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[4 * j + e] *= sl;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
+                }
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int ri = e >> 1, key = base + 8 * j + 2 * t4 + (e & 1);
+                    bool vis = key >= klo[ri] && key < khi[ri];
+                    s[4 * j + e] = vis ? s[4 * j + e] * sl : -INFINITY;
+                    mx[ri] = fmaxf(mx[ri], s[4 * j + e]);
+                }
+        }
+        float al[2], mb[2];
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++) {
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
+            float mn = fmaxf(m[ri], mx[ri]);
+            // nothing seen yet: alpha 1 (O, l are 0), P = 2^-inf = 0 (base 0, not -inf - -inf)
+            al[ri] = mn == -INFINITY ? 1.0f : ex2(m[ri] - mn);
+            mb[ri] = mn == -INFINITY ? 0.0f : mn;
+            m[ri] = mn;
+        }
+        float ps[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            float pr = ex2(s[i] - mb[(i >> 1) & 1]);
+            s[i] = pr;
+            ps[(i >> 1) & 1] += pr;
+        }
+        l[0] = l[0] * al[0] + ps[0];
+        l[1] = l[1] * al[1] + ps[1];
+        // O's rows rescaled: the previous P V retired at the end of tile t - 1
+#pragma unroll
+        for (int i = 0; i < NA; i++)
+            o[i] *= al[(i >> 1) & 1];
+        // P as the A fragments of k step kk (keys 16 kk .. + 15)
+        uint32_t pa[4][4];
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+            for (int h = 0; h < 4; h++)
+                pa[kk][h] = pack_bf2(s[8 * kk + 2 * h], s[8 * kk + 2 * h + 1]);
+        const uint64_t mV = wg_desc(kd + L::KV, MN_LBO, SBO);
+        wg_fence(); // A fragments and O written by ordinary instructions
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wg_rs(o, pa[kk], mV + kk * (16 * 128 >> 4));
+        wg_commit();
+        wg_wait<0>(); // before the barrier that lets this V stage be refilled
+        reg_fence(o);
+        st = st + 1 == FST ? 0 : st + 1;
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
+        l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 2);
+    }
+    // element 4 j + 2 ri + e: row r0 + 8 ri, head dim 8 j + 2 t4 + e
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const RowId &id = rid[ri];
+        if (!id.ok)
+            continue;
+        bool any = l[ri] > 0.0f;
+        float inv = any ? 1.0f / l[ri] : 0.0f;
+        uint16_t *orow = p.o + id.grow * ldq + (long long)id.h * D + 2 * t4;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *reinterpret_cast<uint32_t *>(orow + 8 * j) =
+                pack_bf2(o[4 * j + 2 * ri] * inv, o[4 * j + 2 * ri + 1] * inv);
+        if (t4 == 0)
+            p.lse[(long long)id.grow * p.nq + id.h] = any ? m[ri] * LN2 + logf(l[ri]) : -INFINITY;
+    }
+#else
+    __trap(); // built without sm_90a: fwd_wg_usable() keeps launches away
+#endif
+}
+
+} // namespace
+
+bool fwd_wg_usable(int D)
+{
+    static signed char known[2][64];
+    return D == 128 ? wg_kernel_runs((const void *)fwd_wg_kernel<128>, FwdLayout<128>::SMEM, known[1])
+                    : wg_kernel_runs((const void *)fwd_wg_kernel<64>, FwdLayout<64>::SMEM, known[0]);
+}
+
+int fwd_wg_launch(const Params &p, int D, cudaStream_t st)
+{
+    long long n = (long long)p.nb * p.nkv * p.nch;
+    if (n <= 0)
+        return 0;
+    cudaError_t e;
+    if (D == 128) {
+        e = cudaFuncSetAttribute(fwd_wg_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)FwdLayout<128>::SMEM);
+        if (e == cudaSuccess) {
+            fwd_wg_kernel<128><<<(unsigned)n, FNT, FwdLayout<128>::SMEM, st>>>(p);
+            e = cudaGetLastError();
+        }
+    } else {
+        e = cudaFuncSetAttribute(fwd_wg_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)FwdLayout<64>::SMEM);
+        if (e == cudaSuccess) {
+            fwd_wg_kernel<64><<<(unsigned)n, FNT, FwdLayout<64>::SMEM, st>>>(p);
+            e = cudaGetLastError();
+        }
+    }
+    if (e != cudaSuccess) {
+        fprintf(stderr, "dflash_attn: fwd_wg_kernel<%d>: %s (%s:%d)\n", D, cudaGetErrorString(e),
+                __FILE__, __LINE__);
+        return -EIO;
+    }
+    return 0;
+}
+
+} // namespace df_dflash
