@@ -108,6 +108,10 @@ cmp -s "$W/runA/export/model.safetensors" "$W/runB/export/model.safetensors" || 
 # --recompute (cheap activations recomputed in the backward): the same weights, bit for bit
 run 0 "" "$D" train $TA --out "$W/runRc" --recompute
 cmp -s "$W/runA/export/model.safetensors" "$W/runRc/export/model.safetensors" || fail "--recompute changed the weights"
+# --no-ckpt: no checkpoint written, the export still holds the trained weights
+run 0 "" "$D" train $TA --out "$W/runNc" --no-ckpt
+ls "$W/runNc" | grep -q ckpt && fail "--no-ckpt wrote a checkpoint"
+cmp -s "$W/runA/export/model.safetensors" "$W/runNc/export/model.safetensors" || fail "--no-ckpt exported other weights"
 # a real kill -9 once the first checkpoint exists, then resume: same result
 "$D" train $TA --out "$W/runK" --steps 60 >/dev/null 2>&1 &
 kpid=$!

@@ -1384,9 +1384,10 @@ int df_train_run(const df_train_opts *o, df_err *e)
         }
         int save = !o->no_ckpt &&
                    ((o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == o->steps);
+        /* the state comes back for a checkpoint, and at the end for the export */
+        if ((save || done == o->steps) && (rc = dev_state_fetch(be, &ds, &ck, e)))
+            goto out;
         if (save) {
-            if ((rc = dev_state_fetch(be, &ds, &ck, e)))
-                goto out;
             dp.epoch = after.epoch;
             dp.pos = after.pos;
             /* every rank's RNG state and data position, gathered as doubles
