@@ -36,6 +36,8 @@ static void usage(FILE *f)
             "  --noise A             uniform feature noise +-A (default 0)\n"
             "  --recompute           keep fewer activations: norms, RoPE and SwiGLU outputs are\n"
             "                        recomputed in the backward (same results, less memory)\n"
+            "  --recompute-mlp       also the MLP's gate/up projections (two more GEMMs per\n"
+            "                        layer; same results, ~0.5 GB less per layer at 8192 rows)\n"
             "  --grad-f32            GPU: gradients in F32 (default BF16, half the memory)\n"
             "  --overlap-optimizer   GPU: each step's AdamW runs bucket by bucket on a side\n"
             "                        stream while the next forward starts (same results)\n"
@@ -109,7 +111,11 @@ int cmd_train(int argc, char **argv)
             continue;
         }
         if (!strcmp(a, "--recompute")) {
-            o.recompute = 1;
+            o.recompute = o.recompute > 1 ? o.recompute : 1;
+            continue;
+        }
+        if (!strcmp(a, "--recompute-mlp")) {
+            o.recompute = 2;
             continue;
         }
         if (!strcmp(a, "--grad-f32")) {

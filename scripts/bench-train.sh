@@ -7,7 +7,8 @@
 # Rows are read through the page cache (--buffered-io, warmed first) so the figures are about
 # compute; a second 2-GPU run reads the cache from the disk (O_DIRECT) to show what it allows.
 # Env: DISK=0 skips the run from the disk; RECOMPUTE=0 the 1-GPU run with --recompute;
-# OVERLAP=0 the 1-GPU run with --overlap-optimizer; STEPS (timed run, default 14), SAMPLES (4096-token documents in the cache, default 12),
+# OVERLAP=0 the 1-GPU run with --overlap-optimizer;
+# RECOMPUTE_MLP=1 adds one with --recompute-mlp; STEPS (timed run, default 14), SAMPLES (4096-token documents in the cache, default 12),
 # GPUS (also run on this many GPUs, one process each; default: 2 when two are visible),
 # PROFILE=1 (a short extra run with DFLASH_PROFILE=1: GPU time per op),
 # SPECFORGE_SRC (default .anchors_src; skipped when absent), WORK (default /tmp/dflash-trainbench).
@@ -55,7 +56,7 @@ peak=max(x['mem_gib'] for x in r); x=r[-1]
 above=peak-x.get('mem_base_gib',0)-x.get('persistent_gib',0)
 print('%.1f %.0f %.0f %.3f %.1f %.4f %.2f' % (1e3*f('step_s'), f('tokens_per_s'), f('tflops'), f('mfu'), peak, f('data_wait'), above))
 "; }
-ours="FAILED"; ours2="not run"; ours2d="not run"; oursrc="not run"; oursov="not run"
+ours="FAILED"; ours2="not run"; ours2d="not run"; oursrc="not run"; oursov="not run"; oursrm="not run"
 # the disk's own read rate (O_DIRECT, one cache shard), for the data-wait figures
 disk=$(f=$(ls -S "$W"/cache/*.dfc 2>/dev/null | head -1); [ -n "$f" ] && dd if="$f" of=/dev/null bs=16M iflag=direct 2>&1 | tail -1 | sed 's/.*, //')
 if [ $status = 0 ]; then
@@ -73,6 +74,12 @@ if [ $status = 0 ]; then
          >"$LOG/train-1gpu-overlap.log" 2>&1; then
       cp "$W/runov/log.jsonl" "$LOG/train-1gpu-overlap.jsonl"; oursov=$(med "$W/runov/log.jsonl")
     else oursov="FAILED"; status=1; fi
+  fi
+  if [ "${RECOMPUTE_MLP:-0}" = 1 ]; then # least memory: the MLP's gate/up GEMMs recomputed too
+    if "$B/dflash" train "${TA[@]}" --out "$W/runrm" --device cuda --steps "$STEPS" --recompute-mlp \
+         >"$LOG/train-1gpu-recompute-mlp.log" 2>&1; then
+      cp "$W/runrm/log.jsonl" "$LOG/train-1gpu-recompute-mlp.jsonl"; oursrm=$(med "$W/runrm/log.jsonl")
+    else oursrm="FAILED"; status=1; fi
   fi
   if [ "${PROFILE:-1}" = 1 ]; then
     DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --out "$W/runp" --device cuda --steps 4 \
@@ -102,11 +109,12 @@ fi
 rm -rf "$W"
 
 echo
-echo "== bench-train ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) x $ngpu)"
+echo "== bench-train ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) x $ngpu, code $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') + $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed files${DFLASH_ATTN_BWD:+, DFLASH_ATTN_BWD=$DFLASH_ATTN_BWD})"
 echo "ours, 1 GPU   (ms/step tok/s TFLOP/s MFU peak-GiB data-wait above-persistent-GiB): $ours"
 echo "  (above-persistent = peak - the CUDA context and handles before the trainer's memory - persistent state)"
 echo "ours, 1 GPU, --recompute (same fields):                        $oursrc"
 echo "ours, 1 GPU, --overlap-optimizer (same fields):                $oursov"
+echo "ours, 1 GPU, --recompute-mlp (same fields):                    $oursrm"
 echo "ours, $GPUS GPUs (same fields; tok/s is the total):            $ours2"
 echo "ours, $GPUS GPUs, cache read from the disk (O_DIRECT):           $ours2d"
 echo "disk read rate (dd O_DIRECT, one cache shard): ${disk:-?}"

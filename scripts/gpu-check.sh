@@ -16,7 +16,10 @@ B=$ROOT/build-gpu
 status=0
 row() { printf '%-28s %s\n' "$1" "$2"; }
 
-{ nvidia-smi -L; nvcc --version | tail -1; uname -r; nproc; free -g | head -2; df -hT /tmp; } >"$LOG/machine.log" 2>&1
+{ nvidia-smi -L; nvcc --version | tail -1; uname -r; nproc; free -g | head -2; df -hT /tmp
+  # the code measured: the commit and the files changed on top of it
+  echo "code: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') + $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed files"
+  git -C "$ROOT" status --porcelain 2>/dev/null | head -20; } >"$LOG/machine.log" 2>&1
 t0=$(date +%s)
 STAGES=${STAGES:-test live resume train trainbench e2e opbench attn storage extract}
 has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
@@ -152,6 +155,7 @@ fi
 echo
 echo "== gpu-check ($(date -u +%FT%TZ))"
 row "machine" "$(head -1 "$LOG/machine.log")"
+row "code" "$(grep -m1 '^code: ' "$LOG/machine.log" | sed 's/^code: //')"
 row "build (sm_90a + sm_80)" "$build"
 row "ctest" "$tests"
 row "test_gpu_probe" "${gpu_test:-?} ${gpu:-}"

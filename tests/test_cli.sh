@@ -115,6 +115,8 @@ cmp -s "$W/runA/export/model.safetensors" "$W/runOv/export/model.safetensors" ||
 run 0 "" "$D" train $TA --out "$W/runOvR" --overlap-optimizer --stop-after 30
 run 0 "" "$D" train $TA --out "$W/runOvR" --overlap-optimizer
 cmp -s "$W/runA/export/model.safetensors" "$W/runOvR/export/model.safetensors" || fail "--overlap-optimizer resume differs"
+run 0 "" "$D" train $TA --out "$W/runRm" --recompute-mlp
+cmp -s "$W/runA/export/model.safetensors" "$W/runRm/export/model.safetensors" || fail "--recompute-mlp changed the weights"
 # --no-ckpt: no checkpoint written, the export still holds the trained weights
 run 0 "" "$D" train $TA --out "$W/runNc" --no-ckpt
 ls "$W/runNc" | grep -q ckpt && fail "--no-ckpt wrote a checkpoint"

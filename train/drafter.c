@@ -52,17 +52,19 @@ struct df_drafter {
     void *hook_ctx;
     df_drafter_fwd_hook fhook;
     void *fhook_ctx;
-    int recompute;     /* a, b, q, kb, kc, m: one shared set, recomputed in the backward */
+    int recompute;     /* a, b, q, kb, kc, m: one shared set, recomputed in the backward;
+                          2: g and u too (two GEMMs per layer again) */
     df_dtype gdt;      /* the gradient array's dtype (df_drafter_set_grad_dtype) */
     /* df_drafter_prefetch_row: the features already on their way into feat */
     const void *pf_feat;
     int64_t pf_S;
 };
 
-void df_drafter_set_recompute(df_drafter *d, int on)
+void df_drafter_set_recompute(df_drafter *d, int level)
 {
-    if ((d->recompute != 0) != (on != 0)) {
-        d->recompute = on != 0;
+    level = level < 0 ? 0 : level > 2 ? 2 : level;
+    if (d->recompute != level) {
+        d->recompute = level;
         d->cap_N = d->cap_S = 0; /* the workspace layout changes: carve it again */
     }
 }
@@ -219,9 +221,10 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
     /* saved per layer: xin, xmid, qraw, o, kbraw, vb, kcraw, vc, g, u; and a, b, q, kb, kc, m
      * unless they are recomputed (then one set is shared by all layers) */
     int64_t cheap = 2 * N * H + N * QD + N * KD + S * KD + N * F;
-    int64_t per_layer = 2 * N * H + 2 * N * QD + 2 * N * KD + 2 * S * KD + 2 * N * F +
+    int64_t gu = d->recompute > 1 ? 2 * N * F : 0; /* g, u: shared too at level 2 */
+    int64_t per_layer = 2 * N * H + 2 * N * QD + 2 * N * KD + 2 * S * KD + 2 * N * F - gu +
                         (d->recompute ? 0 : cheap);
-    int64_t shared = 2 * S * H + 2 * N * H + (d->recompute ? cheap : 0);
+    int64_t shared = 2 * S * H + 2 * N * H + (d->recompute ? cheap : 0) + gu;
     int64_t scratch = 4 * N * H + 2 * N * QD + 3 * N * KD + 3 * S * KD + 2 * S * H;
     int64_t total = (int64_t)L * per_layer + shared + scratch;
     int64_t total32 = (int64_t)L * N * nq + 3 * N; /* lse; weights, labels, argmax */
@@ -273,6 +276,10 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
         TAKE(cs.kc, S * KD);
         TAKE(cs.m, N * F);
     }
+    if (d->recompute > 1) {
+        TAKE(cs.g, N * F);
+        TAKE(cs.u, N * F);
+    }
     for (int l = 0; l < L; l++) {
         layer_act *A = &d->act[l];
         TAKE(A->xin, N * H);
@@ -285,8 +292,12 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
         TAKE(A->vc, S * KD);
         A->lse = p32;
         p32 += N * nq;
-        TAKE(A->g, N * F);
-        TAKE(A->u, N * F);
+        if (d->recompute > 1) {
+            A->g = cs.g, A->u = cs.u;
+        } else {
+            TAKE(A->g, N * F);
+            TAKE(A->u, N * F);
+        }
         if (d->recompute) {
             A->a = cs.a, A->b = cs.b, A->q = cs.q, A->kb = cs.kb, A->kc = cs.kc, A->m = cs.m;
         } else {
@@ -612,6 +623,11 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
             if ((rc = qk_norm_rope(d, W, I, A, r, N, S, e)))
             return rc; /* its message names the op */
             CK(df_op_rmsnorm(be, &xmid, &wpn, eps, 0, &b));
+            if (d->recompute > 1) { /* the MLP's input projections again */
+                df_tensor wg = PW(d, W, I->gate), wu = PW(d, W, I->up);
+                CK(df_op_matmul(be, &b, &wg, &g, 0));
+                CK(df_op_matmul(be, &b, &wu, &u, 0));
+            }
             CK(df_op_swiglu(be, &g, &u, &mm));
         }
         /* MLP: x_out = xmid + m Wd^T */

@@ -3,9 +3,11 @@
 
 #include <errno.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int add(df_params *ps, int cap, const char *name, int64_t d0, int64_t d1, int is_norm)
 {
@@ -85,20 +87,68 @@ static uint64_t mix(uint64_t *s)
     return z ^ (z >> 31);
 }
 
+/* Elements [k0, k1) of one tensor's stream: each element takes the
+ * stream's next two numbers, and the stream only adds a constant per
+ * number, so element k starts at state s0 + 2k * gamma: slices are
+ * independent and give the same bits as one pass. */
+typedef struct init_slice {
+    float *w;
+    int64_t k0, k1;
+    uint64_t s0;
+    double std;
+} init_slice;
+
+static void init_range(const init_slice *j)
+{
+    uint64_t s = j->s0 + 2 * (uint64_t)j->k0 * 0x9E3779B97F4A7C15ull;
+    for (int64_t k = j->k0; k < j->k1; k++) {
+        double u1 = ((mix(&s) >> 11) + 1) * 0x1.0p-53, u2 = (mix(&s) >> 11) * 0x1.0p-53;
+        j->w[k] = (float)(j->std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+    }
+}
+
+static void *init_main(void *arg)
+{
+    init_slice *j = arg;
+    init_range(j);
+    return NULL;
+}
+
+#define INIT_THREADS 32
+#define INIT_MIN_SLICE ((int64_t)1 << 20) /* elements: smaller tensors take one pass */
+
 void df_params_init(const df_params *ps, float *flat, float std, uint64_t seed)
 {
+    long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+    int nt = ncpu < 1 ? 1 : ncpu > INIT_THREADS ? INIT_THREADS : (int)ncpu;
     for (int i = 0; i < ps->n; i++) {
         const df_param *p = &ps->p[i];
         float *w = flat + p->offset;
-        /* one stream per tensor, so adding a layer does not shift the others */
-        uint64_t s = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
-        for (int64_t k = 0; k < p->numel; k++) {
-            if (p->is_norm) {
+        if (p->is_norm) {
+            for (int64_t k = 0; k < p->numel; k++)
                 w[k] = 1.0f;
-                continue;
-            }
-            double u1 = ((mix(&s) >> 11) + 1) * 0x1.0p-53, u2 = (mix(&s) >> 11) * 0x1.0p-53;
-            w[k] = (float)(std * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+            continue;
         }
+        /* one stream per tensor, so adding a layer does not shift the others;
+         * big tensors (the 27B drafter's 1.7 G parameters: a minute in one
+         * thread) in slices over the cores */
+        uint64_t s0 = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
+        int64_t per = (p->numel + nt - 1) / nt;
+        if (per < INIT_MIN_SLICE)
+            per = INIT_MIN_SLICE;
+        init_slice job[INIT_THREADS];
+        pthread_t th[INIT_THREADS];
+        int started[INIT_THREADS] = {0}, n = 0;
+        for (int64_t k0 = 0; k0 < p->numel && n < INIT_THREADS; k0 += per, n++) {
+            job[n] = (init_slice){w, k0, k0 + per < p->numel ? k0 + per : p->numel, s0, std};
+            /* the last slice here; a thread that cannot start: here too */
+            started[n] = k0 + per < p->numel && pthread_create(&th[n], NULL, init_main, &job[n]) == 0;
+        }
+        for (int t = 0; t < n; t++)
+            if (!started[t])
+                init_range(&job[t]);
+        for (int t = 0; t < n; t++)
+            if (started[t])
+                pthread_join(th[t], NULL);
     }
 }
