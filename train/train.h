@@ -50,8 +50,9 @@ typedef struct df_train_opts {
     int rows_per_step;          /* default 1 */
     double gamma;               /* default 7 */
     float noise;                /* uniform feature noise, default 0 */
-    int recompute;              /* 1: recompute the cheap activations in the backward (less
-                                   memory, same results); 2: the MLP's gate/up GEMMs too */
+    int recompute;              /* 0: keep every activation; 1 (default): recompute the cheap
+                                   ones in the backward (less memory, same results); 2: the
+                                   MLP's gate/up GEMMs too */
     int grad_f32;               /* GPU: keep gradients in F32 (default BF16: half the memory
                                    and the reduce-scatter traffic); the CPU always uses F32 */
     int buffered_io;            /* read the cache through the page cache (no O_DIRECT): a cache
