@@ -107,6 +107,11 @@ typedef struct df_backend_vt {
      * nothing to join. */
     int (*upload_ahead)(df_backend *be, void *dst, const void *src, size_t bytes);
     int (*upload_join)(df_backend *be);
+    /* df_backend_side_* / wait_mark (ops.h): on = 1 begin, 0 end; NULL:
+     * nothing to do (one in-order stream). */
+    int (*side)(df_backend *be, int on);
+    int (*side_mark)(df_backend *be, int k);
+    int (*wait_mark)(df_backend *be, int k);
 } df_backend_vt;
 
 struct df_backend {
@@ -118,6 +123,7 @@ struct df_backend {
     int nthreads;
     void *impl;    /* backend-private state (CUDA: stream, cuBLASLt, staging) */
     int prof;      /* profiling on: dispatch brackets every op with prof_begin/end */
+    int side_on;   /* between df_backend_side_begin and _end */
 };
 
 /* The dispatch's profiling brackets (ops.c, ops_gdn.c). */

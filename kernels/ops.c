@@ -355,6 +355,37 @@ int df_backend_upload_join(df_backend *be)
     return be->vt->upload_join ? be->vt->upload_join(be) : 0;
 }
 
+int df_backend_side_begin(df_backend *be)
+{
+    if (!be || be->side_on)
+        return -EINVAL;
+    int rc = be->vt->side ? be->vt->side(be, 1) : 0;
+    be->side_on = rc == 0;
+    return rc;
+}
+
+int df_backend_side_end(df_backend *be)
+{
+    if (!be || !be->side_on)
+        return -EINVAL;
+    be->side_on = 0;
+    return be->vt->side ? be->vt->side(be, 0) : 0;
+}
+
+int df_backend_side_mark(df_backend *be, int k)
+{
+    if (!be || !be->side_on || k < 0 || k >= DF_BACKEND_MARKS)
+        return -EINVAL;
+    return be->vt->side_mark ? be->vt->side_mark(be, k) : 0;
+}
+
+int df_backend_wait_mark(df_backend *be, int k)
+{
+    if (!be || be->side_on || k < 0 || k >= DF_BACKEND_MARKS)
+        return -EINVAL;
+    return be->vt->wait_mark ? be->vt->wait_mark(be, k) : 0;
+}
+
 int df_backend_download_async(df_backend *be, void *dst, const void *src, size_t bytes)
 {
     if (!be || (bytes && (!dst || !src)))

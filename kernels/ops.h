@@ -103,6 +103,24 @@ int df_backend_upload_async(df_backend *be, void *dst, const void *src, size_t b
  * these uploads. The CPU backend copies at once (join: nothing). */
 int df_backend_upload_ahead(df_backend *be, void *dst, const void *src, size_t bytes);
 int df_backend_upload_join(df_backend *be);
+
+/* A side stream for work that may overlap the compute (the optimizer of one
+ * step with the next step's forward). Between df_backend_side_begin and
+ * df_backend_side_end every op is enqueued on the side stream, which starts
+ * after the work enqueued so far; df_backend_side_mark(be, k) (in side mode)
+ * records point k of it, and df_backend_wait_mark(be, k) (outside) makes the
+ * work enqueued from then on wait for that point (once: a mark not recorded
+ * again is not waited for twice). df_backend_sync waits for both streams.
+ * 0 <= k < DF_BACKEND_MARKS. The CPU backend runs everything in order at
+ * once: these do nothing there. Not nested; -EINVAL on misuse. Only
+ * elementwise work belongs on the side stream (AdamW, zeroing): GEMMs, the
+ * LM head, the norms' backward, sumsq and the attention backward share the
+ * backend's workspaces with the main stream's ops. */
+#define DF_BACKEND_MARKS 64
+int df_backend_side_begin(df_backend *be);
+int df_backend_side_end(df_backend *be);
+int df_backend_side_mark(df_backend *be, int k);
+int df_backend_wait_mark(df_backend *be, int k);
 /* Host memory the backend copies from/to fastest (pinned on CUDA, plain
  * aligned memory on the CPU); free with _host_free. */
 void *df_backend_host_alloc(df_backend *be, size_t bytes);

@@ -8,6 +8,7 @@
 # compute; a second 2-GPU run reads the cache from the disk (O_DIRECT) to show what it allows.
 # Env: DISK=0 skips the run from the disk; RECOMPUTE=0 the 1-GPU run with --no-recompute
 # (every activation kept; the default recomputes the cheap ones);
+# OVERLAP=0 the 1-GPU run with --overlap-optimizer;
 # RECOMPUTE_MLP=1 adds one with --recompute-mlp; STEPS (timed run, default 14), SAMPLES (4096-token documents in the cache, default 12),
 # GPUS (also run on this many GPUs, one process each; default: 2 when two are visible),
 # PROFILE=1 (a short extra run with DFLASH_PROFILE=1: GPU time per op),
@@ -56,7 +57,7 @@ peak=max(x['mem_gib'] for x in r); x=r[-1]
 above=peak-x.get('mem_base_gib',0)-x.get('persistent_gib',0)
 print('%.1f %.0f %.0f %.3f %.1f %.4f %.2f' % (1e3*f('step_s'), f('tokens_per_s'), f('tflops'), f('mfu'), peak, f('data_wait'), above))
 "; }
-ours="FAILED"; ours2="not run"; ours2d="not run"; oursrc="not run"; oursrm="not run"
+ours="FAILED"; ours2="not run"; ours2d="not run"; oursrc="not run"; oursov="not run"; oursrm="not run"
 # the disk's own read rate (O_DIRECT, one cache shard), for the data-wait figures
 disk=$(f=$(ls -S "$W"/cache/*.dfc 2>/dev/null | head -1); [ -n "$f" ] && dd if="$f" of=/dev/null bs=16M iflag=direct 2>&1 | tail -1 | sed 's/.*, //')
 if [ $status = 0 ]; then
@@ -68,6 +69,12 @@ if [ $status = 0 ]; then
          >"$LOG/train-1gpu-recompute.log" 2>&1; then
       cp "$W/runrc/log.jsonl" "$LOG/train-1gpu-recompute.jsonl"; oursrc=$(med "$W/runrc/log.jsonl")
     else oursrc="FAILED"; status=1; fi
+  fi
+  if [ "${OVERLAP:-1}" = 1 ]; then # the optimizer on a side stream, overlapping the next forward
+    if "$B/dflash" train "${TA[@]}" --out "$W/runov" --device cuda --steps "$STEPS" --overlap-optimizer \
+         >"$LOG/train-1gpu-overlap.log" 2>&1; then
+      cp "$W/runov/log.jsonl" "$LOG/train-1gpu-overlap.jsonl"; oursov=$(med "$W/runov/log.jsonl")
+    else oursov="FAILED"; status=1; fi
   fi
   if [ "${RECOMPUTE_MLP:-0}" = 1 ]; then # least memory: the MLP's gate/up GEMMs recomputed too
     if "$B/dflash" train "${TA[@]}" --out "$W/runrm" --device cuda --steps "$STEPS" --recompute-mlp \
@@ -107,6 +114,7 @@ echo "== bench-train ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format
 echo "ours, 1 GPU   (ms/step tok/s TFLOP/s MFU peak-GiB data-wait above-persistent-GiB): $ours"
 echo "  (above-persistent = peak - the CUDA context and handles before the trainer's memory - persistent state)"
 echo "ours, 1 GPU, --no-recompute (same fields):                     $oursrc"
+echo "ours, 1 GPU, --overlap-optimizer (same fields):                $oursov"
 echo "ours, 1 GPU, --recompute-mlp (same fields):                    $oursrm"
 echo "ours, $GPUS GPUs (same fields; tok/s is the total):            $ours2"
 echo "ours, $GPUS GPUs, cache read from the disk (O_DIRECT):           $ours2d"

@@ -119,7 +119,9 @@ int df_comm_allreduce_host_f64(df_comm *c, double *v, int n, df_err *e);
  * both transports agree there).
  *
  * Ordering (this and df_comm_all_gather): the collective reads send after the
- * work enqueued so far on the backend's stream. On CUDA it runs on the
+ * work enqueued so far on the backend's stream (its current one: the side
+ * stream in side mode, df_backend_side_begin; df_comm_wait joins into the
+ * current one too). On CUDA it runs on the
  * communicator's own stream, so compute goes on meanwhile (gradient buckets
  * are reduce-scattered while the backward of earlier layers still runs):
  * until df_comm_wait, the backend's work must neither write send/recv nor

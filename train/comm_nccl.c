@@ -69,7 +69,9 @@ typedef struct id_file {
 struct df_comm_nccl {
     int rank, world, device, timeout_s;
     ncclComm_t comm; /* NULL once aborted */
-    cudaStream_t be_stream, stream;
+    df_backend *be;  /* collectives order against its current stream (its side
+                      * stream in side mode: df_backend_side_begin) */
+    cudaStream_t stream;
     cudaEvent_t ev_fork, ev_join, ev_host;
     double *dbuf, *hbuf; /* device / pinned host: world * cap doubles */
     size_t cap;
@@ -402,7 +404,7 @@ int df_comm_nccl_open(df_backend *be, const df_comm_opts *o, int timeout_s,
     n->world = o->world;
     n->device = dev;
     n->timeout_s = timeout_s;
-    n->be_stream = (cudaStream_t)stream;
+    n->be = be;
     snprintf(n->abort_path, sizeof n->abort_path, "%s", abort_path);
     int len = snprintf(n->prefix, sizeof n->prefix, "%s/.dflash-comm-%s", o->rdv_dir, o->run_id);
     int rc = len < 0 || (size_t)len >= sizeof n->prefix - 32
@@ -507,7 +509,8 @@ int df_comm_nccl_allreduce_host_f64(df_comm_nccl *n, double *v, int n_vals, df_e
 static int fork_(df_comm_nccl *n, const char *what, df_err *e)
 {
     CU(cudaSetDevice(n->device), "cudaSetDevice");
-    CU(cudaEventRecord(n->ev_fork, n->be_stream), "cudaEventRecord");
+    CU(cudaEventRecord(n->ev_fork, (cudaStream_t)df_backend_cuda_stream(n->be)),
+       "cudaEventRecord");
     CU(cudaStreamWaitEvent(n->stream, n->ev_fork, 0), "cudaStreamWaitEvent");
     return 0;
 }
@@ -541,7 +544,8 @@ int df_comm_nccl_wait(df_comm_nccl *n, df_err *e)
     const char *what = "wait";
     CU(cudaSetDevice(n->device), "cudaSetDevice");
     CU(cudaEventRecord(n->ev_join, n->stream), "cudaEventRecord");
-    CU(cudaStreamWaitEvent(n->be_stream, n->ev_join, 0), "cudaStreamWaitEvent");
+    CU(cudaStreamWaitEvent((cudaStream_t)df_backend_cuda_stream(n->be), n->ev_join, 0),
+       "cudaStreamWaitEvent");
     return 0;
 }
 

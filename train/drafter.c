@@ -50,6 +50,8 @@ struct df_drafter {
     float *wts_c;
     df_drafter_grad_hook hook;
     void *hook_ctx;
+    df_drafter_fwd_hook fhook;
+    void *fhook_ctx;
     int recompute;     /* a, b, q, kb, kc, m: one shared set, recomputed in the backward;
                           2: g and u too (two GEMMs per layer again) */
     df_dtype gdt;      /* the gradient array's dtype (df_drafter_set_grad_dtype) */
@@ -78,6 +80,12 @@ int df_drafter_set_grad_dtype(df_drafter *d, df_dtype dt)
 df_dtype df_drafter_grad_dtype(const df_drafter *d)
 {
     return d->gdt;
+}
+
+void df_drafter_set_fwd_hook(df_drafter *d, df_drafter_fwd_hook fn, void *ctx)
+{
+    d->fhook = fn;
+    d->fhook_ctx = ctx;
 }
 
 void df_drafter_set_grad_hook(df_drafter *d, df_drafter_grad_hook fn, void *ctx)
@@ -483,6 +491,8 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
     df_tensor feat = df_tensor_2d((void *)fsrc, fdt, S, KH);
     df_tensor craw = M(d->craw, S, H), cn = M(d->cn, S, H);
     df_tensor wfc = PW(d, W, d->fc), whn = PW(d, W, d->hidden_norm);
+    if (d->fhook)
+        CK(d->fhook(d->fhook_ctx, -1));
     CK(df_op_matmul(be, &feat, &wfc, &craw, 0));
     CK(df_op_rmsnorm(be, &craw, &whn, eps, 0, &cn));
     df_tensor x = M(d->act[0].xin, N, H);
@@ -490,6 +500,8 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
     for (int l = 0; l < L; l++) {
         const layer_idx *I = &d->li[l];
         layer_act *A = &d->act[l];
+        if (d->fhook)
+            CK(d->fhook(d->fhook_ctx, l));
         df_tensor xin = M(A->xin, N, H), a = M(A->a, N, H), xmid = M(A->xmid, N, H);
         df_tensor qraw = M(A->qraw, N, QD), q = M(A->q, N, QD), o = M(A->o, N, QD);
         df_tensor kbraw = M(A->kbraw, N, KD), kb = M(A->kb, N, KD), vb = M(A->vb, N, KD);
@@ -526,6 +538,8 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         CK(df_op_matmul(be, &mm, &wd, &xo, 1));
     }
     df_tensor xfin = M(d->xfin, N, H), h = M(d->h, N, H), wn = PW(d, W, d->norm);
+    if (d->fhook)
+        CK(d->fhook(d->fhook_ctx, L));
     CK(df_op_rmsnorm(be, &xfin, &wn, eps, 0, &h));
     df_tensor dh = M(d->dh, N, H);
     double loss = 0;

@@ -105,6 +105,15 @@ df_dtype df_drafter_grad_dtype(const df_drafter *d);
 typedef int (*df_drafter_grad_hook)(void *ctx, int layer);
 void df_drafter_set_grad_hook(df_drafter *d, df_drafter_grad_hook fn, void *ctx);
 
+/* Called by the forward of df_drafter_row_step before it first reads
+ * weights of a part: -1 before fc and hidden_norm (the context), l before
+ * layer l, L before the final norm. The trainer makes the backend wait there
+ * for the optimizer's update of those weights (df_backend_wait_mark), so the
+ * optimizer of one step overlaps the forward of the next. A non-zero return
+ * fails the step with that code. fn NULL: none. */
+typedef int (*df_drafter_fwd_hook)(void *ctx, int part);
+void df_drafter_set_fwd_hook(df_drafter *d, df_drafter_fwd_hook fn, void *ctx);
+
 /* Memory for time. Level 1: the cheap activations (the input and post
  * norms' outputs, q/k after their norms and RoPE, the SwiGLU product) are
  * not kept per layer but recomputed in the backward from the saved inputs,

@@ -705,6 +705,14 @@ typedef struct dev_state {
     void *w;                   /* [np] the weights the drafter reads */
     df_dtype wdt;
     int next_bucket;           /* the grad hook's next bucket to reduce (counting down) */
+    /* overlap: AdamW (+ all-gather, + zeroing the bucket's gradients) runs on
+     * the backend's side stream bucket by bucket, each bucket ending with
+     * mark k; the next forward waits for mark part_mark[p + 1] before part p
+     * (-1 context, layers, L final norm): the last bucket holding any of its
+     * weights (marks complete in order) */
+    int overlap;
+    int part_mark[DF_MAX_LAYERS + 2];
+    df_backend *be;
     df_err *hook_err;
 } dev_state;
 
@@ -770,6 +778,7 @@ static int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, floa
 {
     memset(s, 0, sizeof *s);
     s->comm = comm;
+    s->be = be;
     s->world = comm ? df_comm_world(comm) : 1;
     s->rank = comm ? df_comm_rank(comm) : 0;
     s->n = n;
@@ -852,12 +861,75 @@ static int ds_grad_hook(void *ctx, int layer)
     return 0;
 }
 
+/* Which mark each part of the forward waits for (see dev_state). */
+static void ds_part_marks(dev_state *s, const df_params *ps, int L)
+{
+    int64_t end[DF_MAX_LAYERS + 2] = {0}; /* one past the part's last element */
+    for (int i = 0; i < ps->n; i++) {
+        const df_param *p = &ps->p[i];
+        int l = -1, part;
+        if (sscanf(p->name, "layers.%d.", &l) == 1 && l >= 0 && l < L)
+            part = l + 1;
+        else
+            part = strcmp(p->name, "norm.weight") ? 0 : L + 1;
+        if (p->offset + p->numel > end[part])
+            end[part] = p->offset + p->numel;
+    }
+    for (int part = 0; part < L + 2; part++) {
+        int k = 0;
+        while (k + 1 < s->nb && s->b[k + 1] < end[part])
+            k++;
+        s->part_mark[part] = k;
+    }
+}
+
+static int ds_fwd_hook(void *ctx, int part)
+{
+    dev_state *s = ctx;
+    return df_backend_wait_mark(s->be, s->part_mark[part + 1]);
+}
+
 /* AdamW on this rank's shard, bucket by bucket, then the full weights
- * completed by an all-gather per bucket. */
+ * completed by an all-gather per bucket. With overlap, on the side stream:
+ * per bucket AdamW, its all-gather (joined into the side stream), the
+ * bucket's gradients zeroed for the next step, mark k. */
 static int dev_state_adamw(df_backend *be, dev_state *s, float lr, int64_t t, float gscale,
                            df_err *e)
 {
     size_t es = df_dtype_size(s->wdt);
+    if (s->overlap) {
+        int rc = df_backend_side_begin(be);
+        if (rc)
+            return df_errf(e, rc, "the optimizer's side stream on %s", df_backend_name(be));
+        for (int k = 0; k < s->nb && !rc; k++) {
+            int64_t g = s->b[k] + (int64_t)s->rank * s->cnt[k], o = s->soff[k];
+            void *w16 = s->sharded && s->wdt == DF_DTYPE_BF16 ? (uint8_t *)s->w + g * es : NULL;
+            if (s->cnt[k])
+                rc = df_op_adamw(be, s->master + o, (uint8_t *)s->gshard + (size_t)o * s->ges,
+                                 s->gdt, s->m + o, s->v + o, s->cnt[k], lr, 0.9f, 0.999f, 1e-8f,
+                                 0.0f, t, gscale, w16);
+            if (!rc && s->cnt[k] && s->sharded && s->wdt == DF_DTYPE_F32)
+                rc = df_backend_copy(be, (float *)s->w + g, s->master + o, (size_t)s->cnt[k] * 4);
+            if (rc) {
+                df_errf(e, rc, "the optimizer failed on %s", df_backend_name(be));
+                break;
+            }
+            if (s->world > 1) {
+                uint8_t *base = (uint8_t *)s->w + s->b[k] * es;
+                if ((rc = df_comm_all_gather(s->comm, base + (size_t)s->rank * s->cnt[k] * es,
+                                             base, (size_t)s->cnt[k] * es, e)) ||
+                    (rc = df_comm_wait(s->comm, e)))
+                    break;
+            }
+            int64_t hi = s->b[k + 1] < s->np ? s->b[k + 1] : s->np;
+            if ((rc = df_backend_zero(be, (uint8_t *)s->grad + (size_t)s->b[k] * s->ges,
+                                      (size_t)(hi - s->b[k]) * s->ges)) ||
+                (rc = df_backend_side_mark(be, k)))
+                df_errf(e, rc, "the optimizer's side stream on %s", df_backend_name(be));
+        }
+        int rc2 = df_backend_side_end(be);
+        return rc ? rc : rc2 ? df_errf(e, rc2, "ending the optimizer's side stream") : 0;
+    }
     for (int k = 0; k < s->nb; k++) {
         if (!s->cnt[k])
             continue;
@@ -922,6 +994,11 @@ static int dev_state_fetch(df_backend *be, dev_state *s, df_ckpt_state *ck, df_e
         }
     }
     df_backend_free(be, own);
+    /* the gradients are zero between steps when the optimizer overlaps (it
+     * clears each bucket after its update): so they are again after their
+     * buffer served as scratch */
+    if (!rc && tmp == s->grad && s->world > 1)
+        rc = df_backend_zero(be, s->grad, (size_t)s->np * s->ges);
     return rc ? df_errf(e, rc, "copying the optimizer state from %s failed", df_backend_name(be))
               : 0;
 }
@@ -1135,6 +1212,15 @@ int df_train_run(const df_train_opts *o, df_err *e)
     if ((rc = dev_state_open(be, comm, &ck, grad, total, ps, c.num_hidden_layers, o->grad_f32,
                              &ds, e)))
         goto out;
+    if (o->overlap_opt) {
+        if (ds.nb > DF_BACKEND_MARKS) {
+            rc = df_errf(e, -ENOTSUP, "--overlap-optimizer: %d gradient buckets, at most %d",
+                         ds.nb, DF_BACKEND_MARKS);
+            goto out;
+        }
+        ds.overlap = 1;
+        ds_part_marks(&ds, ps, c.num_hidden_layers);
+    }
     if ((rc = df_drafter_set_grad_dtype(d, ds.gdt))) {
         df_errf(e, rc, "gradient dtype %s", df_dtype_name(ds.gdt));
         goto out;
@@ -1240,7 +1326,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
          * (DFLASH.md: the global denominator). */
         if (world > 1 && (rc = df_comm_allreduce_host_f64(comm, &denom, 1, e)))
             goto out;
-        if ((rc = df_backend_zero(be, ds.grad, (size_t)ds.np * ds.ges))) {
+        /* with overlap the optimizer zeroed each bucket after its update */
+        if ((!ds.overlap || step == step0) &&
+            (rc = df_backend_zero(be, ds.grad, (size_t)ds.np * ds.ges))) {
             df_errf(e, rc, "step %" PRId64 ": clearing gradients failed", step);
             goto out;
         }
@@ -1267,8 +1355,10 @@ int df_train_run(const df_train_opts *o, df_err *e)
             for (int r2 = r + 1; r2 < nrows; r2++)
                 last &= !(df_batch_get_row(sl->rows[r2])->weight_sum > 0);
             df_drafter_set_grad_hook(d, world > 1 && last ? ds_grad_hook : NULL, &ds);
+            df_drafter_set_fwd_hook(d, ds.overlap ? ds_fwd_hook : NULL, &ds);
             rc = df_drafter_row_step(d, ds.w, &dr, (float)denom, ds.grad, &m, e);
             df_drafter_set_grad_hook(d, NULL, NULL);
+            df_drafter_set_fwd_hook(d, NULL, NULL);
             if (rc) {
                 df_err_wrap(e, "step %" PRId64 " row %d", step, r);
                 goto out;
@@ -1380,6 +1470,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
         if (ev.cache && lead &&
             ((o->eval_every > 0 && done % o->eval_every == 0) || done == o->steps)) {
             double t_ev = df_now();
+            if (ds.overlap && (rc = df_backend_sync(be))) /* the optimizer's side stream */
+                goto out;
             if ((rc = run_eval(&ev, d, ds.w, c.num_target_features, done, logf, o->quiet,
                                c.block_size, e)))
                 goto out;
@@ -1388,7 +1480,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
         int save = !o->no_ckpt &&
                    ((o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == o->steps);
         /* the state comes back for a checkpoint, and at the end for the export */
-        if ((save || done == o->steps) && (rc = dev_state_fetch(be, &ds, &ck, e)))
+        if ((save || done == o->steps) &&
+            ((ds.overlap && (rc = df_backend_sync(be))) || (rc = dev_state_fetch(be, &ds, &ck, e))))
             goto out;
         if (save) {
             dp.epoch = after.epoch;

@@ -212,6 +212,9 @@ static int cu_sync(df_backend *be)
     int rc = df_cuda_fail(cudaStreamSynchronize(s->stream), "stream synchronize");
     if (!rc && s->copy) /* uploads ahead too: their sources may be reused after a sync */
         rc = df_cuda_fail(cudaStreamSynchronize(s->copy), "copy stream synchronize");
+    if (!rc && s->side) /* and the side stream (whichever of the two is current) */
+        rc = df_cuda_fail(cudaStreamSynchronize(s->side_on ? s->main : s->side),
+                          "side stream synchronize");
     prof_flush(s);
     return rc;
 }
@@ -383,6 +386,57 @@ static int cu_upload_ahead(df_backend *be, void *dst, const void *src, size_t by
     return 0;
 }
 
+/* Side mode: `stream` (what every op enqueues on) becomes the side stream,
+ * which first waits for the work enqueued so far on the main one. */
+static int cu_side(df_backend *be, int on)
+{
+    df_cuda_state *s = st_of(be);
+    if (cu_set(be))
+        return -EIO;
+    if (!on) {
+        s->stream = s->main;
+        s->side_on = 0;
+        return 0;
+    }
+    if (!s->side) {
+        if (df_cuda_fail(cudaStreamCreateWithFlags(&s->side, cudaStreamNonBlocking), "side stream") ||
+            df_cuda_fail(cudaEventCreateWithFlags(&s->ev_side_fork, cudaEventDisableTiming),
+                         "event"))
+            return -EIO;
+        for (int k = 0; k < DF_BACKEND_MARKS; k++)
+            if (df_cuda_fail(cudaEventCreateWithFlags(&s->marks[k], cudaEventDisableTiming),
+                             "event"))
+                return -EIO;
+    }
+    if (df_cuda_fail(cudaEventRecord(s->ev_side_fork, s->stream), "record side fork") ||
+        df_cuda_fail(cudaStreamWaitEvent(s->side, s->ev_side_fork, 0), "side waits"))
+        return -EIO;
+    s->main = s->stream;
+    s->stream = s->side;
+    s->side_on = 1;
+    return 0;
+}
+
+static int cu_side_mark(df_backend *be, int k)
+{
+    df_cuda_state *s = st_of(be);
+    if (cu_set(be) || df_cuda_fail(cudaEventRecord(s->marks[k], s->side), "record mark"))
+        return -EIO;
+    s->mark_pending[k] = 1;
+    return 0;
+}
+
+static int cu_wait_mark(df_backend *be, int k)
+{
+    df_cuda_state *s = st_of(be);
+    if (!s->mark_pending[k])
+        return 0;
+    if (cu_set(be) || df_cuda_fail(cudaStreamWaitEvent(s->stream, s->marks[k], 0), "wait mark"))
+        return -EIO;
+    s->mark_pending[k] = 0;
+    return 0;
+}
+
 static int cu_upload_join(df_backend *be)
 {
     df_cuda_state *s = st_of(be);
@@ -420,6 +474,17 @@ static void cu_close(df_backend *be)
         (void)cudaSetDevice(s->device);
         if (s->stream)
             (void)cudaStreamSynchronize(s->stream);
+        if (s->side_on) {
+            s->stream = s->main;
+            (void)cudaStreamSynchronize(s->stream);
+        }
+        if (s->side) {
+            (void)cudaStreamSynchronize(s->side);
+            (void)cudaStreamDestroy(s->side);
+            (void)cudaEventDestroy(s->ev_side_fork);
+            for (int k = 0; k < DF_BACKEND_MARKS; k++)
+                (void)cudaEventDestroy(s->marks[k]);
+        }
         if (s->copy) {
             (void)cudaStreamSynchronize(s->copy);
             (void)cudaStreamDestroy(s->copy);
@@ -616,6 +681,9 @@ static const df_backend_vt cuda_vt = {
     /* .prof_reset = */ cu_prof_reset,
     /* .upload_ahead = */ cu_upload_ahead,
     /* .upload_join = */ cu_upload_join,
+    /* .side = */ cu_side,
+    /* .side_mark = */ cu_side_mark,
+    /* .wait_mark = */ cu_wait_mark,
 };
 
 extern "C" df_backend *df_backend_cuda_open(int device, df_err *e)

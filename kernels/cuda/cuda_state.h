@@ -9,6 +9,7 @@
 #include <cuda_runtime_api.h>
 
 #include "err.h"
+#include "ops.h" /* DF_BACKEND_MARKS */
 
 #define DF_CUDA_STAGE_SLOTS 8
 #define DF_CUDA_GEMM_CACHE 64
@@ -55,6 +56,13 @@ typedef struct df_cuda_state {
     cudaStream_t copy;
     cudaEvent_t ev_fork, ev_done;
     int ahead_pending;
+    /* df_backend_side_begin..end: `stream` is the side stream meanwhile (every
+     * op enqueues there) and `main` the compute stream; marks are events on
+     * the side stream the main one waits for (df_backend_wait_mark) */
+    cudaStream_t main, side;
+    cudaEvent_t ev_side_fork, marks[DF_BACKEND_MARKS];
+    unsigned char mark_pending[DF_BACKEND_MARKS];
+    int side_on;
     df_cuda_stage stage[DF_CUDA_STAGE_SLOTS];
     uint64_t stage_clock;
     void *scratch;
