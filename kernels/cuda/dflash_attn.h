@@ -52,21 +52,23 @@ typedef struct df_cuda_dflash_args {
      * wgmma, kernels/cuda/dflash_attn_wg.cu; on a device other than
      * compute capability 9.0, or a build without the sm_90a target, it falls
      * back to MMA4's kernel, gradients then bitwise MMA4's; its forward is
-     * MMA2's) or DF_CUDA_DFLASH_IMPL_WG2 (opt-in, new: wgmma in both passes
+     * MMA2's) or DF_CUDA_DFLASH_IMPL_WG2 (wgmma in both passes
      * where it exists. Forward: kernels/cuda/dflash_attn_wg_fwd.cu, MMA2's
      * work split on wgmma. Backward: WG's with its dQ pass on wgmma too,
      * kernels/cuda/dflash_attn_wg_dq.cu, its CTAs in MMA5's longest-first
      * order. Each wgmma kernel falls back to MMA2's forward / MMA5's dQ /
      * MMA4's context dK/dV where the device is not compute capability 9.0 or
-     * the build has no sm_90a target; its gradients are not bitwise WG's:
-     * 64-key dQ tiles sum in another order). Like every value, impl selects
+     * the build has no sm_90a target; its dQ need not be bitwise WG's, as
+     * its 64-key dQ tiles may sum in another order, yet on the H200 at the
+     * 27B drafter shape forward and gradients were bitwise WG's). Like every value, impl selects
      * the forward in df_cuda_dflash_attn_fwd and the backward in
      * df_cuda_dflash_attn_bwd independently: a caller may run WG2's forward
      * and another backward, or the reverse. With impl 0 the forward is
-     * MMA2's, and the backward is df_cuda_dflash_set_bwd_impl()'s choice,
-     * else the environment's DFLASH_ATTN_BWD (simt, mma, mma2, mma3, mma4,
-     * mma5, wg, wg2; read once), else the built-in default: WG on a compute
-     * capability 9.0 device (Hopper), MMA4 elsewhere. */
+     * df_cuda_dflash_fwd_impl()'s (WG2 on a compute capability 9.0 device,
+     * MMA2 elsewhere), and the backward is df_cuda_dflash_set_bwd_impl()'s
+     * choice, else the environment's DFLASH_ATTN_BWD (simt, mma, mma2, mma3,
+     * mma4, mma5, wg, wg2; read once), else the built-in default: WG2 on a
+     * compute capability 9.0 device (Hopper), MMA4 elsewhere. */
     int impl;
     /* backward only, for timing (tools/bench_dflash_attn); NULL: none.
      * DF_CUDA_DFLASH_BWD_EVENTS events (created by the caller) recorded on
@@ -95,6 +97,8 @@ int df_cuda_dflash_set_bwd_impl(int impl);
 /* The backward that args.impl == 0 runs now (never 0; the built-in default
  * depends on the current device). */
 int df_cuda_dflash_bwd_impl(void);
+/* The forward that args.impl == 0 runs on the current device (never 0). */
+int df_cuda_dflash_fwd_impl(void);
 
 #ifdef __cplusplus
 }
