@@ -40,8 +40,9 @@ static void usage(FILE *f)
             "  --recompute-mlp       also the MLP's gate/up projections (two more GEMMs per\n"
             "                        layer; same results, ~0.5 GB less per layer at 8192 rows)\n"
             "  --grad-f32            GPU: gradients in F32 (default BF16, half the memory)\n"
-            "  --overlap-optimizer   GPU: each step's AdamW runs bucket by bucket on a side\n"
-            "                        stream while the next forward starts (same results)\n"
+            "  --no-overlap-optimizer  run each step's AdamW after the backward (default: bucket\n"
+            "                        by bucket on a side stream while the next forward starts;\n"
+            "                        same results)\n"
             "  --buffered-io         read the cache through the page cache (default O_DIRECT):\n"
             "                        for a cache that fits in RAM and is read many epochs\n"
             "optimisation:\n"
@@ -131,8 +132,12 @@ int cmd_train(int argc, char **argv)
             o.no_ckpt = 1;
             continue;
         }
-        if (!strcmp(a, "--overlap-optimizer")) {
+        if (!strcmp(a, "--overlap-optimizer")) { /* the default; an error where impossible */
             o.overlap_opt = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-overlap-optimizer")) {
+            o.overlap_opt = 0;
             continue;
         }
         if (!v) {

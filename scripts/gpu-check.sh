@@ -87,12 +87,12 @@ if [ $status = 0 ] && has train; then # the drafter trained on the GPU, on the b
     else
       train_resume="DIFFERS"; status=1
     fi
-    # the optimizer on the side stream, overlapping the next forward: the same bits
-    "$B/dflash" train $TA --out $W/gpuO --device cuda --overlap-optimizer >>"$LOG/train.log" 2>&1
+    # the optimizer after the backward (the default overlaps it with the next forward): the same bits
+    "$B/dflash" train $TA --out $W/gpuO --device cuda --no-overlap-optimizer >>"$LOG/train.log" 2>&1
     if cmp -s $W/gpu/export/model.safetensors $W/gpuO/export/model.safetensors; then
-      train_resume="$train_resume; --overlap-optimizer identical"
+      train_resume="$train_resume; --no-overlap-optimizer identical"
     else
-      train_resume="$train_resume; --overlap-optimizer DIFFERS"; status=1
+      train_resume="$train_resume; --no-overlap-optimizer DIFFERS"; status=1
     fi
     # two GPUs (NCCL, ZeRO-1): runs, and its resume is bit-identical too
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
@@ -105,9 +105,9 @@ if [ $status = 0 ] && has train; then # the drafter trained on the GPU, on the b
         train_resume="$train_resume; 2 GPUs: FAILED or DIFFERS"; status=1
       fi
       # both ranks on rank 0's rows: NCCL + ZeRO-1 must reproduce the 1-GPU weights exactly
-      "$B/dflash" train $TA --out $W/g2O --gpus 2 --overlap-optimizer >>"$LOG/train.log" 2>&1
+      "$B/dflash" train $TA --out $W/g2O --gpus 2 --no-overlap-optimizer >>"$LOG/train.log" 2>&1
       cmp -s $W/g2/export/model.safetensors $W/g2O/export/model.safetensors ||
-        { train_resume="$train_resume; 2 GPUs --overlap-optimizer DIFFERS"; status=1; }
+        { train_resume="$train_resume; 2 GPUs --no-overlap-optimizer DIFFERS"; status=1; }
       DFLASH_TEST_REPLICATE_DATA=1 "$B/dflash" train $TA --out $W/g2S --gpus 2 >>"$LOG/train.log" 2>&1
       if cmp -s $W/gpu/export/model.safetensors $W/g2S/export/model.safetensors; then
         train_resume="$train_resume; 2 GPUs on the same rows = 1 GPU bit for bit"

@@ -109,13 +109,14 @@ cmp -s "$W/runA/export/model.safetensors" "$W/runB/export/model.safetensors" || 
 # weights, bit for bit
 run 0 "" "$D" train $TA --out "$W/runRc" --no-recompute
 cmp -s "$W/runA/export/model.safetensors" "$W/runRc/export/model.safetensors" || fail "--no-recompute changed the weights"
-# --overlap-optimizer (per-bucket AdamW + zeroing on a side stream, the forward waits per part):
-# the same weights, bit for bit, and an exact resume
-run 0 "" "$D" train $TA --out "$W/runOv" --overlap-optimizer
-cmp -s "$W/runA/export/model.safetensors" "$W/runOv/export/model.safetensors" || fail "--overlap-optimizer changed the weights"
-run 0 "" "$D" train $TA --out "$W/runOvR" --overlap-optimizer --stop-after 30
-run 0 "" "$D" train $TA --out "$W/runOvR" --overlap-optimizer
-cmp -s "$W/runA/export/model.safetensors" "$W/runOvR/export/model.safetensors" || fail "--overlap-optimizer resume differs"
+# --no-overlap-optimizer (AdamW after the backward; the default runs it per bucket on a side
+# stream, with per-bucket zeroing, the forward waiting per part): the same weights, bit for bit,
+# and an exact resume of each
+run 0 "" "$D" train $TA --out "$W/runOv" --no-overlap-optimizer
+cmp -s "$W/runA/export/model.safetensors" "$W/runOv/export/model.safetensors" || fail "--no-overlap-optimizer changed the weights"
+run 0 "" "$D" train $TA --out "$W/runOvR" --no-overlap-optimizer --stop-after 30
+run 0 "" "$D" train $TA --out "$W/runOvR" --no-overlap-optimizer
+cmp -s "$W/runA/export/model.safetensors" "$W/runOvR/export/model.safetensors" || fail "--no-overlap-optimizer resume differs"
 run 0 "" "$D" train $TA --out "$W/runRm" --recompute-mlp
 cmp -s "$W/runA/export/model.safetensors" "$W/runRm/export/model.safetensors" || fail "--recompute-mlp changed the weights"
 # --no-ckpt: no checkpoint written, the export still holds the trained weights
@@ -161,9 +162,10 @@ run 1 "run of 2 rank" "$D" train $TA2 --out "$W/runQ" --steps 50
 run 0 "" "$D" train $TA2 --out "$W/runS1"
 DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp4 $TA2 --out "$W/runS2"
 cmp -s "$W/runS1/export/model.safetensors" "$W/runS2/export/model.safetensors" || fail "2 ranks on the same rows differ from 1 rank"
-# the same with the optimizer on the side stream (all-gathers joined there, per-bucket zeroing)
-ranks2 dp5 $TA2 --out "$W/runOv2" --overlap-optimizer
-cmp -s "$W/runP/export/model.safetensors" "$W/runOv2/export/model.safetensors" || fail "2 ranks with --overlap-optimizer differ"
+# the same with the optimizer after the backward (the default: on the side stream, all-gathers
+# joined there, per-bucket zeroing)
+ranks2 dp5 $TA2 --out "$W/runOv2" --no-overlap-optimizer
+cmp -s "$W/runP/export/model.safetensors" "$W/runOv2/export/model.safetensors" || fail "2 ranks with --no-overlap-optimizer differ"
 
 run 2 "DFLASH_RUN_ID" env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "$D" train $TA2 --out "$W/runR"
 

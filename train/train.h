@@ -64,8 +64,10 @@ typedef struct df_train_opts {
     /* bookkeeping */
     int log_every, ckpt_every, keep_last;
     int no_ckpt;                /* write no checkpoint at all, not even at the end (benchmarks) */
-    int overlap_opt;            /* GPU: the optimizer of a step runs on a side stream, bucket by
-                                   bucket, while the next step's forward starts (same results) */
+    int overlap_opt;            /* the optimizer of a step runs on a side stream, bucket by bucket,
+                                   while the next step's forward starts (same results). 1: on
+                                   (-ENOTSUP beyond DF_BACKEND_MARKS buckets), 0: off, -1 (the
+                                   default): on where the buckets allow it */
     int threads;                /* backend threads; 0 = all CPUs */
     const char *device;         /* "cpu", "cuda" or "auto" (NULL = cpu) */
     int gpu;                    /* CUDA device index */
