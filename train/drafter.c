@@ -3,9 +3,12 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "log.h"
 
 /* Parameter indices of one layer, resolved once. */
 typedef struct layer_idx {
@@ -58,6 +61,12 @@ struct df_drafter {
     /* df_drafter_prefetch_row: the features already on their way into feat */
     const void *pf_feat;
     int64_t pf_S;
+    /* df_drafter_set_grad_alias: the gradient array that hosts activations
+     * of layers 1..L-1, and per layer l the element range [alo, ahi) of it
+     * (the gradients of layer l-1) zeroed before layer l-1's backward; 0, 0:
+     * layer l hosts nothing */
+    void *galias;
+    int64_t *alo, *ahi;
 };
 
 void df_drafter_set_recompute(df_drafter *d, int level)
@@ -73,7 +82,72 @@ int df_drafter_set_grad_dtype(df_drafter *d, df_dtype dt)
 {
     if (dt != DF_DTYPE_F32 && dt != DF_DTYPE_BF16)
         return -EINVAL;
+    if (d->gdt != dt && d->galias)
+        d->cap_N = d->cap_S = 0; /* the hosted bytes change: carve again */
     d->gdt = dt;
+    return 0;
+}
+
+/* Which layer parameter i belongs to, or -1 (fc, the norms outside layers). */
+static int param_layer(const df_drafter *d, int i)
+{
+    for (int l = 0; l < d->c.num_hidden_layers; l++) {
+        const layer_idx *I = &d->li[l];
+        int ix[] = {I->in_norm, I->wq, I->wk, I->wv, I->wo, I->q_norm, I->k_norm,
+                    I->post_norm, I->gate, I->up, I->down};
+        for (size_t k = 0; k < sizeof ix / sizeof ix[0]; k++)
+            if (ix[k] == i)
+                return l;
+    }
+    return -1;
+}
+
+/* The gradient range that may host layer l's activations (l >= 1): the
+ * gradients of layer l-1, which its backward writes only after layer l's
+ * backward, the last reader of layer l's activations, is done; below layer
+ * 1 also fc's and hidden_norm's (written after layer 0's backward). Every
+ * other parameter must lie outside it (the final norm's gradient is written
+ * first of all). Returns 1 with [lo, hi) in elements, or 0: none. */
+static int alias_range(const df_drafter *d, int l, int64_t *lo, int64_t *hi)
+{
+    const df_params *ps = &d->ps;
+    int64_t first[2] = {INT64_MAX, INT64_MAX}; /* of layers l-1 and l */
+    for (int i = 0; i < ps->n; i++) {
+        int pl = param_layer(d, i);
+        if (pl == l - 1 || pl == l)
+            first[pl - (l - 1)] = ps->p[i].offset < first[pl - (l - 1)] ? ps->p[i].offset
+                                                                         : first[pl - (l - 1)];
+    }
+    *lo = l == 1 ? 0 : first[0];
+    *hi = first[1];
+    if (*hi <= *lo || first[0] == INT64_MAX || first[1] == INT64_MAX)
+        return 0;
+    for (int i = 0; i < ps->n; i++) {
+        int pl = param_layer(d, i);
+        int ok = pl == l - 1 || (l == 1 && (i == d->fc || i == d->hidden_norm));
+        const df_param *p = &ps->p[i];
+        if (!ok && p->offset < *hi && p->offset + p->numel > *lo)
+            return 0;
+    }
+    return 1;
+}
+
+int df_drafter_set_grad_alias(df_drafter *d, void *grad)
+{
+    int L = d->c.num_hidden_layers;
+    if (grad && !d->alo) {
+        d->alo = calloc((size_t)L, sizeof *d->alo);
+        d->ahi = calloc((size_t)L, sizeof *d->ahi);
+        if (!d->alo || !d->ahi)
+            return -ENOMEM;
+    }
+    if (grad)
+        for (int l = 1; l < L; l++)
+            if (!alias_range(d, l, &d->alo[l], &d->ahi[l]))
+                d->alo[l] = d->ahi[l] = 0;
+    if (grad != d->galias)
+        d->cap_N = d->cap_S = 0; /* carve again */
+    d->galias = grad;
     return 0;
 }
 
@@ -109,6 +183,8 @@ void df_drafter_close(df_drafter *d)
     df_backend_free(d->be, d->feat32);
     free(d->act);
     free(d->li);
+    free(d->alo);
+    free(d->ahi);
     free(d->argmax_host);
     free(d->act_i);
     free(d->inv);
@@ -203,67 +279,58 @@ int df_drafter_open(const df_drafter_config *c, df_backend *be, const df_tensor 
     return 0;
 }
 
-/* Carves the workspace for N queries and S context tokens. */
-static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
+/* The activations layer A keeps for its backward at the drafter's
+ * recompute level, as (where the pointer goes, elements); returns how many. */
+static int layer_saved(const df_drafter *d, layer_act *A, int64_t N, int64_t S, void ***ptr,
+                       int64_t *n)
 {
-    if (N <= d->cap_N && S <= d->cap_S)
-        return 0;
-    d->pf_feat = NULL; /* feat is about to move: a prefetch into it is void */
-    if (N < d->cap_N)
-        N = d->cap_N;
-    if (S < d->cap_S)
-        S = d->cap_S;
+    const df_drafter_config *c = &d->c;
+    int64_t H = c->hidden_size, QD = (int64_t)c->num_attention_heads * c->head_dim,
+            KD = (int64_t)c->num_key_value_heads * c->head_dim, F = c->intermediate_size;
+    int k = 0;
+#define ADD(f, cnt) (ptr[k] = &A->f, n[k] = (cnt), k++)
+    ADD(xin, N * H);
+    ADD(xmid, N * H);
+    ADD(qraw, N * QD);
+    ADD(o, N * QD);
+    ADD(kbraw, N * KD);
+    ADD(vb, N * KD);
+    ADD(kcraw, S * KD);
+    ADD(vc, S * KD);
+    if (d->recompute < 2) {
+        ADD(g, N * F);
+        ADD(u, N * F);
+    }
+    if (!d->recompute) {
+        ADD(a, N * H);
+        ADD(b, N * H);
+        ADD(q, N * QD);
+        ADD(kb, N * KD);
+        ADD(kc, S * KD);
+        ADD(m, N * F);
+    }
+#undef ADD
+    return k;
+}
+
+/* Lays the workspace out for N queries and S context tokens from base (the
+ * arena; NULL: only counts) and returns the arena elements it takes. Layer
+ * l >= 1's saved activations go, largest first, into the gradient range of
+ * layer l-1 (df_drafter_set_grad_alias) while they fit, the rest into the
+ * arena. The recomputed set shared by all layers comes first in the arena. */
+static int64_t carve(df_drafter *d, int64_t N, int64_t S, uint8_t *base)
+{
     const df_drafter_config *c = &d->c;
     int64_t H = c->hidden_size, QD = (int64_t)c->num_attention_heads * c->head_dim,
             KD = (int64_t)c->num_key_value_heads * c->head_dim, F = c->intermediate_size,
             nq = c->num_attention_heads;
     int L = c->num_hidden_layers;
-    /* saved per layer: xin, xmid, qraw, o, kbraw, vb, kcraw, vc, g, u; and a, b, q, kb, kc, m
-     * unless they are recomputed (then one set is shared by all layers) */
-    int64_t cheap = 2 * N * H + N * QD + N * KD + S * KD + N * F;
-    int64_t gu = d->recompute > 1 ? 2 * N * F : 0; /* g, u: shared too at level 2 */
-    int64_t per_layer = 2 * N * H + 2 * N * QD + 2 * N * KD + 2 * S * KD + 2 * N * F - gu +
-                        (d->recompute ? 0 : cheap);
-    int64_t shared = 2 * S * H + 2 * N * H + (d->recompute ? cheap : 0) + gu;
-    int64_t scratch = 4 * N * H + 2 * N * QD + 3 * N * KD + 3 * S * KD + 2 * S * H;
-    int64_t total = (int64_t)L * per_layer + shared + scratch;
-    int64_t total32 = (int64_t)L * N * nq + 3 * N; /* lse; weights, labels, argmax */
-    df_backend_free(d->be, d->arena);
-    df_backend_free(d->be, d->arena32);
-    df_backend_free(d->be, d->feat);
-    df_backend_free(d->be, d->feat32);
-    d->feat = d->feat32 = NULL;
-    free(d->act);
-    free(d->argmax_host);
-    free(d->act_i);
-    free(d->inv);
-    df_backend_host_free(d->be, d->lab_c);
-    df_backend_host_free(d->be, d->wts_c);
-    d->arena = df_backend_alloc(d->be, (size_t)total * d->aes);
-    d->arena32 = df_backend_alloc(d->be, (size_t)total32 * 4);
-    d->act = calloc((size_t)L, sizeof *d->act);
-    d->argmax_host = malloc((size_t)N * sizeof *d->argmax_host);
-    d->act_i = malloc((size_t)N * sizeof *d->act_i);
-    d->inv = malloc((size_t)N * sizeof *d->inv);
-    d->lab_c = df_backend_host_alloc(d->be, (size_t)N * sizeof *d->lab_c);
-    d->wts_c = df_backend_host_alloc(d->be, (size_t)N * sizeof *d->wts_c);
-    int ok = d->arena && d->arena32 && d->act && d->argmax_host && d->act_i && d->inv &&
-             d->lab_c && d->wts_c;
-    if (ok && !d->host) { /* the row's features, uploaded (F32 rows: staged at first use) */
-        int64_t KH = (int64_t)c->num_target_features * H;
-        d->feat = df_backend_alloc(d->be, (size_t)(S * KH) * d->aes);
-        ok = d->feat != NULL;
-    }
-    if (!ok) {
-        d->cap_N = d->cap_S = 0;
-        return df_errf(e, -ENOMEM, "out of memory on %s for a row of %lld queries, %lld context "
-                       "tokens", df_backend_name(d->be), (long long)N, (long long)S);
-    }
-    uint8_t *p = d->arena;
-#define TAKE(ptr, n)             \
-    do {                         \
-        ptr = (void *)p;         \
-        p += (n) * d->aes;       \
+    int64_t used = 0;
+    size_t hosted = 0; /* bytes placed in the gradient array */
+#define TAKE(ptr, n)                                                       \
+    do {                                                                   \
+        ptr = base ? (void *)(base + (size_t)used * d->aes) : NULL;        \
+        used += (n);                                                       \
     } while (0)
     float *p32 = d->arena32;
     layer_act cs; /* the shared set of the recomputed activations */
@@ -280,38 +347,52 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
         TAKE(cs.g, N * F);
         TAKE(cs.u, N * F);
     }
+    size_t ges = df_dtype_size(d->gdt);
     for (int l = 0; l < L; l++) {
         layer_act *A = &d->act[l];
-        TAKE(A->xin, N * H);
-        TAKE(A->xmid, N * H);
-        TAKE(A->qraw, N * QD);
-        TAKE(A->o, N * QD);
-        TAKE(A->kbraw, N * KD);
-        TAKE(A->vb, N * KD);
-        TAKE(A->kcraw, S * KD);
-        TAKE(A->vc, S * KD);
+        void **ptr[16];
+        int64_t n[16];
+        int k = layer_saved(d, A, N, S, ptr, n);
+        /* the hosting gradient range, 256-byte aligned */
+        uint8_t *slot = NULL;
+        size_t room = 0;
+        if (d->galias && l > 0 && d->ahi[l] > d->alo[l]) {
+            uintptr_t lo = (uintptr_t)d->galias + (size_t)d->alo[l] * ges,
+                      hi = (uintptr_t)d->galias + (size_t)d->ahi[l] * ges;
+            lo = (lo + 255) & ~(uintptr_t)255;
+            slot = (uint8_t *)lo;
+            room = hi > lo ? hi - lo : 0;
+        }
+        int done[16] = {0};
+        for (int t = 0; t < k; t++) { /* largest first; ties in list order */
+            int j = -1;
+            for (int i = 0; i < k; i++)
+                if (!done[i] && (j < 0 || n[i] > n[j]))
+                    j = i;
+            done[j] = 1;
+            size_t bytes = ((size_t)n[j] * d->aes + 255) & ~(size_t)255;
+            if (bytes <= room) {
+                *ptr[j] = slot;
+                slot += bytes;
+                room -= bytes;
+                hosted += bytes;
+            } else {
+                TAKE(*ptr[j], n[j]);
+            }
+        }
         A->lse = p32;
-        p32 += N * nq;
-        if (d->recompute > 1) {
+        if (p32)
+            p32 += N * nq;
+        if (d->recompute > 1)
             A->g = cs.g, A->u = cs.u;
-        } else {
-            TAKE(A->g, N * F);
-            TAKE(A->u, N * F);
-        }
-        if (d->recompute) {
+        if (d->recompute)
             A->a = cs.a, A->b = cs.b, A->q = cs.q, A->kb = cs.kb, A->kc = cs.kc, A->m = cs.m;
-        } else {
-            TAKE(A->a, N * H);
-            TAKE(A->b, N * H);
-            TAKE(A->q, N * QD);
-            TAKE(A->kb, N * KD);
-            TAKE(A->kc, S * KD);
-            TAKE(A->m, N * F);
-        }
     }
-    d->wts = p32;
-    d->labels = (int32_t *)(p32 + N);
-    d->argmax = (int32_t *)(p32 + 2 * N);
+    if (p32) {
+        d->wts = p32;
+        d->labels = (int32_t *)(p32 + N);
+        d->argmax = (int32_t *)(p32 + 2 * N);
+    }
     TAKE(d->craw, S * H);
     TAKE(d->cn, S * H);
     TAKE(d->xfin, N * H);
@@ -331,6 +412,60 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
     TAKE(d->dkb2, N * KD);
     TAKE(d->dkc2, S * KD);
 #undef TAKE
+    if (base)
+        df_log(DF_LOG_INFO, "drafter: activations for %lld queries, %lld context tokens: %.3f MiB "
+               "in the workspace, %.3f MiB more in the gradient array", (long long)N,
+               (long long)S, (double)used * d->aes / (1 << 20), (double)hosted / (1 << 20));
+    return used;
+}
+
+/* Allocates and carves the workspace for N queries and S context tokens. */
+static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
+{
+    if (N <= d->cap_N && S <= d->cap_S)
+        return 0;
+    d->pf_feat = NULL; /* feat is about to move: a prefetch into it is void */
+    if (N < d->cap_N)
+        N = d->cap_N;
+    if (S < d->cap_S)
+        S = d->cap_S;
+    const df_drafter_config *c = &d->c;
+    int64_t nq = c->num_attention_heads;
+    int L = c->num_hidden_layers;
+    int64_t total32 = (int64_t)L * N * nq + 3 * N; /* lse; weights, labels, argmax */
+    df_backend_free(d->be, d->arena);
+    df_backend_free(d->be, d->arena32);
+    df_backend_free(d->be, d->feat);
+    df_backend_free(d->be, d->feat32);
+    d->arena = d->arena32 = d->feat = d->feat32 = NULL;
+    free(d->act);
+    free(d->argmax_host);
+    free(d->act_i);
+    free(d->inv);
+    df_backend_host_free(d->be, d->lab_c);
+    df_backend_host_free(d->be, d->wts_c);
+    d->act = calloc((size_t)L, sizeof *d->act);
+    int64_t total = d->act ? carve(d, N, S, NULL) : 0;
+    d->arena = df_backend_alloc(d->be, (size_t)(total > 0 ? total : 1) * d->aes);
+    d->arena32 = df_backend_alloc(d->be, (size_t)total32 * 4);
+    d->argmax_host = malloc((size_t)N * sizeof *d->argmax_host);
+    d->act_i = malloc((size_t)N * sizeof *d->act_i);
+    d->inv = malloc((size_t)N * sizeof *d->inv);
+    d->lab_c = df_backend_host_alloc(d->be, (size_t)N * sizeof *d->lab_c);
+    d->wts_c = df_backend_host_alloc(d->be, (size_t)N * sizeof *d->wts_c);
+    int ok = d->arena && d->arena32 && d->act && d->argmax_host && d->act_i && d->inv &&
+             d->lab_c && d->wts_c;
+    if (ok && !d->host) { /* the row's features, uploaded (F32 rows: staged at first use) */
+        int64_t KH = (int64_t)c->num_target_features * c->hidden_size;
+        d->feat = df_backend_alloc(d->be, (size_t)(S * KH) * d->aes);
+        ok = d->feat != NULL;
+    }
+    if (!ok) {
+        d->cap_N = d->cap_S = 0;
+        return df_errf(e, -ENOMEM, "out of memory on %s for a row of %lld queries, %lld context "
+                       "tokens", df_backend_name(d->be), (long long)N, (long long)S);
+    }
+    carve(d, N, S, d->arena);
     d->cap_N = N;
     d->cap_S = S;
     return 0;
@@ -604,6 +739,9 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         return 0;
 
     /* ---- backward ---- */
+    if (d->galias && G != d->galias)
+        return df_errf(e, -EINVAL, "drafter: the gradients go to another array than the one "
+                                   "hosting activations (df_drafter_set_grad_alias)");
     df_tensor dx = M(d->dx, N, H), gwn = PG(d, G, d->norm);
     CK(df_op_rmsnorm_bwd(be, &xfin, &wn, eps, 0, &dh, &dx, 0, &gwn));
     df_tensor dcn = M(d->dcn, S, H);
@@ -617,6 +755,12 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor kc = M(A->kc, S, KD), vc = M(A->vc, S, KD);
         df_tensor lse = df_tensor_2d(A->lse, DF_DTYPE_F32, N, nq);
         df_tensor b = M(A->b, N, H), g = M(A->g, N, F), u = M(A->u, N, F), mm = M(A->m, N, F);
+        /* layer l+1's activations, dead now, lay in layer l's gradients: clear them for the sums */
+        if (d->galias && l + 1 < L && d->ahi[l + 1] > d->alo[l + 1]) {
+            size_t ges = df_dtype_size(d->gdt);
+            CK(df_backend_zero(be, (uint8_t *)G + (size_t)d->alo[l + 1] * ges,
+                               (size_t)(d->ahi[l + 1] - d->alo[l + 1]) * ges));
+        }
         if (d->recompute) { /* the forward's ops again, on the layer's saved inputs: same bits */
             df_tensor win = PW(d, W, I->in_norm), wpn = PW(d, W, I->post_norm);
             CK(df_op_rmsnorm(be, &xin, &win, eps, 0, &a));

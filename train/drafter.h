@@ -124,6 +124,20 @@ void df_drafter_set_fwd_hook(df_drafter *d, df_drafter_fwd_hook fn, void *ctx);
  * Default 0. */
 void df_drafter_set_recompute(df_drafter *d, int level);
 
+/* Memory for nothing: the gradient array grad (the one every
+ * df_drafter_row_step with gradients then gets, in df_drafter_grad_dtype)
+ * hosts activations. Layer l's saved activations (l >= 1), largest first
+ * while they fit, go into layer l-1's gradients (below layer 1 also fc's
+ * and hidden_norm's): the backward clears that range once layer l's
+ * backward, their last reader, is done, before layer l-1's writes its
+ * gradients there. The caller's contract: the gradients are consumed (norm,
+ * optimizer, reduce-scatter) before the next row_step starts, so one row
+ * per optimizer step, no accumulation over rows; and a forward-only
+ * row_step (evaluation) also writes there. Results are bitwise the same.
+ * At the 27B drafter shape with recompute level 1 this is ~2.6 GiB.
+ * grad NULL: off (the default). Returns 0 or -ENOMEM. */
+int df_drafter_set_grad_alias(df_drafter *d, void *grad);
+
 /* The acc[k] / tau counts of a row from its packed argmax (row->argmax_out
  * after the sync: one entry per scored position, in order), added to m. */
 void df_drafter_row_metrics(const df_drafter *d, const df_drafter_row *row, const int32_t *argmax,

@@ -1232,6 +1232,12 @@ int df_train_run(const df_train_opts *o, df_err *e)
         df_errf(e, rc, "gradient dtype %s", df_dtype_name(ds.gdt));
         goto out;
     }
+    /* one row per step: the gradients are consumed before the next forward,
+     * so layers' activations may live in them until their backward */
+    if (!o->no_grad_alias && nrows == 1 && (rc = df_drafter_set_grad_alias(d, ds.grad))) {
+        df_errf(e, rc, "gradient aliasing");
+        goto out;
+    }
     double persistent_gib;
     {
         double gib = 1.0 / (1 << 30), P = (double)total;

@@ -64,6 +64,9 @@ typedef struct df_train_opts {
     /* bookkeeping */
     int log_every, ckpt_every, keep_last;
     int no_ckpt;                /* write no checkpoint at all, not even at the end (benchmarks) */
+    int no_grad_alias;          /* keep activations out of the gradient array (by default, with
+                                   one row per step, layers' saved activations live in the
+                                   gradients of the layer below until its backward) */
     int overlap_opt;            /* the optimizer of a step runs on a side stream, bucket by bucket,
                                    while the next step's forward starts (same results). 1: on
                                    (-ENOTSUP beyond DF_BACKEND_MARKS buckets), 0: off, -1 (the
