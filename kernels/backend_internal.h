@@ -124,6 +124,8 @@ struct df_backend {
     void *impl;    /* backend-private state (CUDA: stream, cuBLASLt, staging) */
     int prof;      /* profiling on: dispatch brackets every op with prof_begin/end */
     int side_on;   /* between df_backend_side_begin and _end */
+    void *lent;    /* df_backend_lend_scratch: caller memory for workspaces, or NULL */
+    size_t lent_bytes;
 };
 
 /* The dispatch's profiling brackets (ops.c, ops_gdn.c). */

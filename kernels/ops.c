@@ -355,6 +355,14 @@ int df_backend_upload_join(df_backend *be)
     return be->vt->upload_join ? be->vt->upload_join(be) : 0;
 }
 
+void df_backend_lend_scratch(df_backend *be, void *p, size_t bytes)
+{
+    if (!be)
+        return;
+    be->lent = bytes ? p : NULL;
+    be->lent_bytes = be->lent ? bytes : 0;
+}
+
 int df_backend_side_begin(df_backend *be)
 {
     if (!be || be->side_on)

@@ -117,6 +117,15 @@ int df_backend_upload_join(df_backend *be);
  * LM head, the norms' backward, sumsq and the attention backward share the
  * backend's workspaces with the main stream's ops. */
 #define DF_BACKEND_MARKS 64
+/* Caller memory lent to the ops' workspaces until the next call (p NULL:
+ * the loan ends): a workspace that fits is taken from [p, p + bytes)
+ * instead of the backend's own, which then need not grow to the LM head's
+ * chunk buffers (CUDA: df_op_lmhead_ce sizes its chunks to a loan of at
+ * least 512 MiB). The memory must be free from the first op enqueued
+ * during the loan until the ops enqueued during it have run (stream order:
+ * the caller's own later ops are fine). Side-stream ops must not run
+ * during a loan. The CPU backend ignores loans. */
+void df_backend_lend_scratch(df_backend *be, void *p, size_t bytes);
 int df_backend_side_begin(df_backend *be);
 int df_backend_side_end(df_backend *be);
 int df_backend_side_mark(df_backend *be, int k);

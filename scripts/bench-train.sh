@@ -9,7 +9,7 @@
 # Env: DISK=0 skips the run from the disk; RECOMPUTE=0 the 1-GPU run with --no-recompute
 # (every activation kept; the default recomputes the cheap ones);
 # OVERLAP=0 skips the 1-GPU run with --no-overlap-optimizer (the default overlaps the optimizer);
-# RECOMPUTE_MLP=1 adds one with --recompute-mlp; STEPS (timed run, default 14), SAMPLES (4096-token documents in the cache, default 12),
+# RECOMPUTE_MLP=1 adds one with --recompute-mlp; NOALIAS=1 one with --no-grad-alias; STEPS (timed run, default 14), SAMPLES (4096-token documents in the cache, default 12),
 # GPUS (also run on this many GPUs, one process each; default: 2 when two are visible),
 # PROFILE=1 (a short extra run with DFLASH_PROFILE=1: GPU time per op),
 # SPECFORGE_SRC (default .anchors_src; skipped when absent), WORK (default /tmp/dflash-trainbench).
@@ -57,7 +57,7 @@ peak=max(x['mem_gib'] for x in r); x=r[-1]
 above=peak-x.get('mem_base_gib',0)-x.get('persistent_gib',0)
 print('%.1f %.0f %.0f %.3f %.1f %.4f %.2f' % (1e3*f('step_s'), f('tokens_per_s'), f('tflops'), f('mfu'), peak, f('data_wait'), above))
 "; }
-ours="FAILED"; ours2="not run"; ours2d="not run"; oursrc="not run"; oursov="not run"; oursrm="not run"
+oursna="not run"; ours="FAILED"; ours2="not run"; ours2d="not run"; oursrc="not run"; oursov="not run"; oursrm="not run"
 # the disk's own read rate (O_DIRECT, one cache shard), for the data-wait figures
 disk=$(f=$(ls -S "$W"/cache/*.dfc 2>/dev/null | head -1); [ -n "$f" ] && dd if="$f" of=/dev/null bs=16M iflag=direct 2>&1 | tail -1 | sed 's/.*, //')
 if [ $status = 0 ]; then
@@ -81,6 +81,12 @@ if [ $status = 0 ]; then
          >"$LOG/train-1gpu-recompute-mlp.log" 2>&1; then
       cp "$W/runrm/log.jsonl" "$LOG/train-1gpu-recompute-mlp.jsonl"; oursrm=$(med "$W/runrm/log.jsonl")
     else oursrm="FAILED"; status=1; fi
+  fi
+  if [ "${NOALIAS:-0}" = 1 ]; then # activations apart from the gradients
+    if "$B/dflash" train "${TA[@]}" --out "$W/runna" --device cuda --steps "$STEPS" --no-grad-alias \
+         >"$LOG/train-1gpu-no-alias.log" 2>&1; then
+      cp "$W/runna/log.jsonl" "$LOG/train-1gpu-no-alias.jsonl"; oursna=$(med "$W/runna/log.jsonl")
+    else oursna="FAILED"; status=1; fi
   fi
   if [ "${PROFILE:-1}" = 1 ]; then
     DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --out "$W/runp" --device cuda --steps 4 \
@@ -116,6 +122,7 @@ echo "  (above-persistent = peak - the CUDA context and handles before the train
 echo "ours, 1 GPU, --no-recompute (same fields):                     $oursrc"
 echo "ours, 1 GPU, --no-overlap-optimizer (same fields):             $oursov"
 echo "ours, 1 GPU, --recompute-mlp (same fields):                    $oursrm"
+echo "ours, 1 GPU, --no-grad-alias (same fields):                   $oursna"
 echo "ours, $GPUS GPUs (same fields; tok/s is the total):            $ours2"
 echo "ours, $GPUS GPUs, cache read from the disk (O_DIRECT):           $ours2d"
 echo "disk read rate (dd O_DIRECT, one cache shard): ${disk:-?}"

@@ -94,8 +94,21 @@ if [ $status = 0 ] && has train; then # the drafter trained on the GPU, on the b
     else
       train_resume="$train_resume; --no-overlap-optimizer DIFFERS"; status=1
     fi
+    # 3 layers: activations in the gradients of the layer below (the default) or apart, the same
+    # bits; then the same on 2 GPUs below
+    "$B/dflash" train $TA --layers 3 --out $W/gL3 --device cuda >>"$LOG/train.log" 2>&1
+    "$B/dflash" train $TA --layers 3 --out $W/gL3n --device cuda --no-grad-alias >>"$LOG/train.log" 2>&1
+    if cmp -s $W/gL3/export/model.safetensors $W/gL3n/export/model.safetensors; then
+      train_resume="$train_resume; --no-grad-alias identical (3 layers)"
+    else
+      train_resume="$train_resume; --no-grad-alias DIFFERS"; status=1
+    fi
     # two GPUs (NCCL, ZeRO-1): runs, and its resume is bit-identical too
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+      "$B/dflash" train $TA --layers 3 --out $W/g2L3 --gpus 2 >>"$LOG/train.log" 2>&1
+      "$B/dflash" train $TA --layers 3 --out $W/g2L3n --gpus 2 --no-grad-alias >>"$LOG/train.log" 2>&1
+      cmp -s $W/g2L3/export/model.safetensors $W/g2L3n/export/model.safetensors ||
+        { train_resume="$train_resume; 2 GPUs --no-grad-alias DIFFERS"; status=1; }
       "$B/dflash" train $TA --out $W/g2 --gpus 2 >>"$LOG/train.log" 2>&1 &&
       "$B/dflash" train $TA --out $W/g2R --gpus 2 --stop-after 150 >>"$LOG/train.log" 2>&1 &&
       "$B/dflash" train $TA --out $W/g2R --gpus 2 >>"$LOG/train.log" 2>&1

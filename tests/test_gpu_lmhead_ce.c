@@ -340,6 +340,55 @@ static void check_case(df_backend *g, df_backend *c, int64_t N, int64_t V, int64
     free(am_ref), free(dz), free(gap_ok);
 }
 
+/* Lent memory (df_backend_lend_scratch, as the drafter lends its dead
+ * activations): the chunk buffers come from it, sized to it, with the same
+ * results as the same chunking from the backend's scratch, bit for bit. */
+static void check_lend(df_backend *g)
+{
+    const int64_t N = 3000, V = 50000, H = 64; /* logits 600 MB: two chunks in 520 MiB */
+    float *h = rnd(N * H, 0.35f), *w = rnd(V * H, 0.5f);
+    int32_t *lab = malloc((size_t)N * 4);
+    for (int64_t i = 0; i < N; i++)
+        lab[i] = i % 9 == 2 ? -1 : (int32_t)(test_rand(&rng) % (uint64_t)V);
+    void *dh_ = dev_bf16(g, h, N * H), *dw_ = dev_bf16(g, w, V * H);
+    void *dlab = dev_copy(g, lab, (size_t)N * 4);
+    /* lmhead_ce.cu's fixed part: its cuBLASLt workspace (32 MiB), the row
+     * losses, alignment */
+    size_t fixed = ((((size_t)32 << 20) + (size_t)(N + 1) * 8 + 255) / 256) * 256 + 1024;
+    size_t lent = fixed + ((size_t)520 << 20);
+    void *buf = df_backend_alloc(g, lent);
+    CHECK(buf != NULL);
+    if (!buf)
+        return;
+    poison(g, buf, (int64_t)(lent / 4), 4, 0);
+    gpu_out a, b;
+    df_cuda_lmhead_ce_set_chunk_bytes(lent - fixed); /* the chunking a loan of that size gives */
+    run_gpu(g, N, V, H, dh_, dw_, dlab, NULL, 7.0f, 1, 1, 1, &a);
+    df_cuda_lmhead_ce_set_chunk_bytes(0);
+    df_backend_lend_scratch(g, buf, lent);
+    run_gpu(g, N, V, H, dh_, dw_, dlab, NULL, 7.0f, 1, 1, 1, &b);
+    df_backend_lend_scratch(g, NULL, 0);
+    /* the loan was used: the logits overwrote the poison */
+    float probe[256];
+    CHECK_EQ(df_backend_download(g, probe, (uint8_t *)buf + fixed + ((size_t)100 << 20),
+                                 sizeof probe), 0);
+    int used = 0;
+    for (int i = 0; i < 256; i++)
+        used += !isnan(probe[i]);
+    int same = a.loss == b.loss && !memcmp(a.ce, b.ce, (size_t)N * 4) &&
+               !memcmp(a.am, b.am, (size_t)N * 4) && !memcmp(a.dh, b.dh, (size_t)(N * H) * 2);
+    printf("lmhead_ce N=%lld V=%lld H=%lld in 520 MiB lent: loss %.9g vs %.9g, loan used %s, "
+           "results %s: %s\n", (long long)N, (long long)V, (long long)H, b.loss, a.loss,
+           used ? "yes" : "NO", same ? "bitwise" : "DIFFER", used && same && isfinite(a.loss) ? "ok" : "FAIL");
+    CHECK(used > 0);
+    CHECK(same);
+    CHECK(isfinite(a.loss));
+    free_out(&a), free_out(&b);
+    df_backend_free(g, buf), df_backend_free(g, dh_), df_backend_free(g, dw_);
+    df_backend_free(g, dlab);
+    free(h), free(w), free(lab);
+}
+
 static double now_ms(void)
 {
     struct timespec ts;
@@ -410,6 +459,7 @@ int main(int argc, char **argv)
         check_case(g, c, 300, 50000, 64, 1, (size_t)16 << 20, precise); /* chunks + a tail */
     }
     df_cuda_lmhead_ce_set_precise(0);
+    check_lend(g);
     if (do_bench)
         bench(g);
     df_backend_close(g);

@@ -67,6 +67,7 @@ struct df_drafter {
      * layer l hosts nothing */
     void *galias;
     int64_t *alo, *ahi;
+    int64_t lend_n;    /* arena elements from its start free during the LM head (lent to it) */
 };
 
 void df_drafter_set_recompute(df_drafter *d, int level)
@@ -347,6 +348,20 @@ static int64_t carve(df_drafter *d, int64_t N, int64_t S, uint8_t *base)
         TAKE(cs.g, N * F);
         TAKE(cs.u, N * F);
     }
+    /* the backward's buffers the LM head does not use: with the set above,
+     * lent to the LM head's chunk buffers (df_backend_lend_scratch) */
+    TAKE(d->db, N * H);
+    TAKE(d->dq, N * QD);
+    TAKE(d->dout, N * QD);
+    TAKE(d->dkb, N * KD);
+    TAKE(d->dvb, N * KD);
+    TAKE(d->dkc, S * KD);
+    TAKE(d->dvc, S * KD);
+    TAKE(d->dcn, S * H);
+    TAKE(d->dc, S * H);
+    TAKE(d->dkb2, N * KD);
+    TAKE(d->dkc2, S * KD);
+    d->lend_n = used;
     size_t ges = df_dtype_size(d->gdt);
     for (int l = 0; l < L; l++) {
         layer_act *A = &d->act[l];
@@ -400,17 +415,6 @@ static int64_t carve(df_drafter *d, int64_t N, int64_t S, uint8_t *base)
     TAKE(d->dx, N * H);
     TAKE(d->dh, N * H);
     TAKE(d->da, N * H);
-    TAKE(d->db, N * H);
-    TAKE(d->dq, N * QD);
-    TAKE(d->dout, N * QD);
-    TAKE(d->dkb, N * KD);
-    TAKE(d->dvb, N * KD);
-    TAKE(d->dkc, S * KD);
-    TAKE(d->dvc, S * KD);
-    TAKE(d->dcn, S * H);
-    TAKE(d->dc, S * H);
-    TAKE(d->dkb2, N * KD);
-    TAKE(d->dkc2, S * KD);
 #undef TAKE
     if (base)
         df_log(DF_LOG_INFO, "drafter: activations for %lld queries, %lld context tokens: %.3f MiB "
@@ -698,9 +702,14 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         if (d->inv[i] == 0xffffffffu)
             d->inv[i] = (uint32_t)na; /* the zero row */
     int32_t *am_dev = d->host ? am_host : d->argmax;
+    /* the LM head's chunk buffers in the arena's front, dead here (carve) */
+    size_t lend = (size_t)d->lend_n * d->aes;
     if (na == N) {
-        CK(df_op_lmhead_ce(be, &h, &d->head, labels, wts, denom, &loss, G ? &dh : NULL, am_dev,
-                           NULL));
+        df_backend_lend_scratch(be, d->arena, lend);
+        rc = df_op_lmhead_ce(be, &h, &d->head, labels, wts, denom, &loss, G ? &dh : NULL, am_dev,
+                             NULL);
+        df_backend_lend_scratch(be, NULL, 0);
+        CK(rc);
     } else if (na > 0) {
         df_tensor hc = M(d->da, na, H), dhc = M(d->dx, na, H);
         CK(df_op_embed(be, &h, d->act_i, na, &hc));
@@ -712,8 +721,11 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
             lab_c = d->labels;
             wts_c = d->wts;
         }
-        CK(df_op_lmhead_ce(be, &hc, &d->head, lab_c, wts_c, denom, &loss, G ? &dhc : NULL, am_dev,
-                           NULL));
+        df_backend_lend_scratch(be, d->arena, lend);
+        rc = df_op_lmhead_ce(be, &hc, &d->head, lab_c, wts_c, denom, &loss, G ? &dhc : NULL,
+                             am_dev, NULL);
+        df_backend_lend_scratch(be, NULL, 0);
+        CK(rc);
         if (G) {
             df_tensor dhz = M(d->dx, na + 1, H);
             CK(df_backend_zero(be, (uint8_t *)d->dx + (size_t)(na * H) * d->aes,

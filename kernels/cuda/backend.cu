@@ -95,9 +95,16 @@ const int32_t *df_cuda_stage_i32(df_backend *be, const int32_t *host, int64_t n)
     return v->dev;
 }
 
+size_t df_cuda_scratch_lent(df_backend *be)
+{
+    return be->lent ? be->lent_bytes : 0;
+}
+
 void *df_cuda_scratch(df_backend *be, size_t bytes)
 {
     df_cuda_state *s = st_of(be);
+    if (be->lent && bytes <= be->lent_bytes) /* df_backend_lend_scratch */
+        return be->lent;
     if (bytes <= s->scratch_cap)
         return s->scratch;
     /* some slack against regrowing for slightly larger calls, bounded: the

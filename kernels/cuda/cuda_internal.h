@@ -39,6 +39,8 @@ const int32_t *df_cuda_stage_i32(df_backend *be, const int32_t *host, int64_t n)
  * every op: valid until the next df_cuda_scratch call (ops on one stream
  * run in order, so an op may use it for its own launches). NULL on failure. */
 void *df_cuda_scratch(df_backend *be, size_t bytes);
+/* The bytes df_backend_lend_scratch lends now (0: none). */
+size_t df_cuda_scratch_lent(df_backend *be);
 
 /* Logs "cuda: <what>: <error string>" once and returns -EIO when err is not
  * cudaSuccess; 0 otherwise. */

@@ -521,11 +521,17 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     size_t per_row = (size_t)ldz * 4 + (want_lo ? (size_t)ldlo * 2 : 0) +
                      (want_dh ? (size_t)H * 4 : 0);
     size_t cap = g_chunk_bytes ? g_chunk_bytes : chunk_bytes_default();
+    /* lent memory (df_backend_lend_scratch) of at least 512 MiB of chunk
+     * buffers: chunks sized to it, so the backend's scratch need not grow */
+    size_t fixed = round_up(WS_BYTES + (size_t)(N + 1) * 8, 256) + 1024, lent = df_cuda_scratch_lent(be);
+    if (!g_chunk_bytes && lent >= fixed + ((size_t)512 << 20) && lent - fixed < cap)
+        cap = lent - fixed;
     int64_t rows = (int64_t)(cap / per_row);
     if (rows < 1)
         rows = 1;
     if (rows > N)
         rows = N;
+    rows = (N + (N + rows - 1) / rows - 1) / ((N + rows - 1) / rows); /* chunks of equal size */
 
     /* Scratch: [ws][row_loss N + 1 doubles][logits rows x ldz][lo][dh32]. */
     size_t o_loss = WS_BYTES;
