@@ -1,0 +1,218 @@
+/* bench_gemm_algos - how far cuBLASLt's first heuristic choice is from the
+ * fastest of its candidates, for every GEMM shape of one training step of
+ * the Qwen3.6-27B drafter (5 layers, hidden 5120, 32/8 heads x 128, MLP
+ * 17408, 8192 query tokens, 4096 context tokens) and the LM head's two
+ * GEMMs. A measurement only (never run by tests): it tells whether picking
+ * among the candidates by time is worth building into gemm.cu.
+ *
+ * Each shape is set up as kernels/cuda/gemm.cu sets it up (column-major
+ * terms, bf16 A/B, fp32 compute, bf16 or fp32 C, the same reduction-scheme
+ * restriction for a bf16 C), on random data. For each of up to 16
+ * candidates: the median of 9 timed runs (CUDA events) after a warm-up, and
+ * whether its output is bitwise the first candidate's (a candidate that is
+ * could replace it without changing any result). Prints one line per shape
+ * and the step's total at the first choice vs the fastest bitwise-equal
+ * choice vs the fastest of all. */
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NALGO 16
+#define REPS 9
+
+#define CK(x)                                                                         \
+    do {                                                                              \
+        cudaError_t err_ = (x);                                                       \
+        if (err_ != cudaSuccess) {                                                    \
+            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
+            exit(1);                                                                  \
+        }                                                                             \
+    } while (0)
+#define LK(x)                                                                         \
+    do {                                                                              \
+        cublasStatus_t st_ = (x);                                                     \
+        if (st_ != CUBLAS_STATUS_SUCCESS) {                                           \
+            fprintf(stderr, "%s:%d: cublasLt status %d\n", __FILE__, __LINE__, (int)st_); \
+            exit(1);                                                                  \
+        }                                                                             \
+    } while (0)
+
+typedef struct shape {
+    const char *name;
+    int ta, tb;          /* as gemm.cu: matmul 1,0; bwd_x 0,0; bwd_w 0,1 */
+    int64_t m, n, k;
+    int c_f32, accumulate;
+    int count;           /* how many times one step runs it */
+} shape;
+
+static int cmp_f(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* bf16 bit patterns of uniform values in [-1, 1) from a fixed LCG (cheap, host) */
+static void fill_bf16(uint16_t *p, size_t n, uint64_t seed)
+{
+    uint64_t s = seed * 6364136223846793005ull + 1442695040888963407ull;
+    for (size_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        float f = (float)((s >> 40) & 0xffffff) / (float)(1 << 23) - 1.0f;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        p[i] = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+    }
+}
+
+int main(void)
+{
+    const int64_t H = 5120, QD = 4096, KD = 1024, F = 17408, N = 8192, S = 4096, KH = 5 * 5120,
+                  V = 248320, R = 854;
+    const int L = 5;
+    shape sh[] = {
+        /* forward: y = x w^T, m = out, n = tokens, k = in */
+        {"fwd fc", 1, 0, H, S, KH, 0, 0, 1},
+        {"fwd q", 1, 0, QD, N, H, 0, 0, L},
+        {"fwd k/v block", 1, 0, KD, N, H, 0, 0, 2 * L},
+        {"fwd k/v ctx", 1, 0, KD, S, H, 0, 0, 2 * L},
+        {"fwd o", 1, 0, H, N, QD, 0, 0, L},
+        {"fwd gate/up", 1, 0, F, N, H, 0, 0, 2 * L},
+        {"fwd down", 1, 0, H, N, F, 0, 0, L},
+        /* bwd_x: dx = dy w, m = in, n = tokens, k = out */
+        {"bwd_x q", 0, 0, H, N, QD, 0, 0, L},
+        {"bwd_x k/v block", 0, 0, H, N, KD, 0, 1, 2 * L},
+        {"bwd_x k/v ctx", 0, 0, H, S, KD, 0, 1, 2 * L},
+        {"bwd_x o", 0, 0, QD, N, H, 0, 0, L},
+        {"bwd_x gate/up", 0, 0, H, N, F, 0, 1, 2 * L},
+        {"bwd_x down", 0, 0, F, N, H, 0, 0, L},
+        /* bwd_w: dw = dy^T x (bf16, accumulate), m = in, n = out, k = tokens */
+        {"bwd_w fc", 0, 1, KH, H, S, 0, 1, 1},
+        {"bwd_w q", 0, 1, H, QD, N, 0, 1, L},
+        {"bwd_w k/v block", 0, 1, H, KD, N, 0, 1, 2 * L},
+        {"bwd_w k/v ctx", 0, 1, H, KD, S, 0, 1, 2 * L},
+        {"bwd_w o", 0, 1, QD, H, N, 0, 1, L},
+        {"bwd_w gate/up", 0, 1, H, F, N, 0, 1, 2 * L},
+        {"bwd_w down", 0, 1, F, H, N, 0, 1, L},
+        /* the LM head per chunk of R rows (9 chunks of 854 at 7680 scored rows) */
+        {"lmhead logits", 1, 0, V, R, H, 1, 0, 9},
+        {"lmhead dh", 0, 0, H, R, V, 1, 0, 9},
+    };
+    const int ns = (int)(sizeof sh / sizeof sh[0]);
+    cublasLtHandle_t lt;
+    LK(cublasLtCreate(&lt));
+    size_t ws_bytes = (size_t)64 << 20, maxa = 0, maxb = 0, maxc = 0;
+    for (int i = 0; i < ns; i++) {
+        size_t a = (size_t)(sh[i].m * sh[i].k), b = (size_t)(sh[i].k * sh[i].n),
+               c = (size_t)(sh[i].m * sh[i].n) * (sh[i].c_f32 ? 2 : 1);
+        maxa = a > maxa ? a : maxa, maxb = b > maxb ? b : maxb, maxc = c > maxc ? c : maxc;
+    }
+    void *A, *B, *C, *C0, *ws;
+    CK(cudaMalloc(&A, maxa * 2));
+    CK(cudaMalloc(&B, maxb * 2));
+    CK(cudaMalloc(&C, maxc * 2));
+    CK(cudaMalloc(&C0, maxc * 2));
+    CK(cudaMalloc(&ws, ws_bytes));
+    uint16_t *h = malloc((maxa > maxb ? maxa : maxb) * 2);
+    fill_bf16(h, maxa, 1);
+    CK(cudaMemcpy(A, h, maxa * 2, cudaMemcpyHostToDevice));
+    fill_bf16(h, maxb, 2);
+    CK(cudaMemcpy(B, h, maxb * 2, cudaMemcpyHostToDevice));
+    free(h);
+    uint8_t *out0 = malloc(maxc * 2), *out1 = malloc(maxc * 2);
+    cudaStream_t st;
+    CK(cudaStreamCreate(&st));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    printf("bench_gemm_algos on %s: per shape, cuBLASLt's first heuristic choice vs the fastest "
+           "of up to %d candidates (median of %d runs each)\n", prop.name, NALGO, REPS);
+    printf("%-16s %6s %6s %6s %3s  %9s %7s  %9s %7s %3s  %9s %3s\n", "shape", "m", "n", "k", "x",
+           "first ms", "TF/s", "best= ms", "TF/s", "#", "best ms", "#");
+    double t_first = 0, t_eq = 0, t_best = 0;
+    for (int i = 0; i < ns; i++) {
+        const shape *p = &sh[i];
+        cublasLtMatmulDesc_t op;
+        cublasLtMatrixLayout_t la, lb, lc;
+        cublasOperation_t ta = p->ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb = p->tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        uint64_t ar = p->ta ? p->k : p->m, ac = p->ta ? p->m : p->k;
+        uint64_t br = p->tb ? p->n : p->k, bc = p->tb ? p->k : p->n;
+        LK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+        LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+        LK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ar, ac, (int64_t)ar));
+        LK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, br, bc, (int64_t)br));
+        LK(cublasLtMatrixLayoutCreate(&lc, p->c_f32 ? CUDA_R_32F : CUDA_R_16BF, (uint64_t)p->m,
+                                      (uint64_t)p->n, p->m));
+        cublasLtMatmulPreference_t pref;
+        LK(cublasLtMatmulPreferenceCreate(&pref));
+        uint64_t wsb = ws_bytes;
+        LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                &wsb, sizeof wsb));
+        if (!p->c_f32) {
+            uint32_t mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+            LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                    &mask, sizeof mask));
+        }
+        cublasLtMatmulHeuristicResult_t res[NALGO];
+        int found = 0;
+        LK(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, NALGO, res, &found));
+        size_t cbytes = (size_t)(p->m * p->n) * (p->c_f32 ? 4 : 2);
+        float alpha = 1.0f, beta = p->accumulate ? 1.0f : 0.0f;
+        double flop = 2.0 * (double)p->m * (double)p->n * (double)p->k;
+        float ms_first = 0, ms_eq = 1e30f, ms_best = 1e30f;
+        int i_eq = -1, i_best = -1;
+        for (int a = 0; a < found; a++) {
+            /* the bits: C from the same start (C0 = 0.25-ish pattern) for each candidate */
+            CK(cudaMemsetAsync(C, 0x3e, cbytes, st));
+            cublasStatus_t s1 = cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc,
+                                               &res[a].algo, ws, ws_bytes, st);
+            if (s1 != CUBLAS_STATUS_SUCCESS)
+                continue;
+            CK(cudaStreamSynchronize(st));
+            CK(cudaMemcpy(a == 0 ? out0 : out1, C, cbytes, cudaMemcpyDeviceToHost));
+            int same = a == 0 || !memcmp(out0, out1, cbytes);
+            float t[REPS];
+            for (int r = 0; r < REPS; r++) {
+                CK(cudaEventRecord(e0, st));
+                LK(cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &res[a].algo,
+                                  ws, ws_bytes, st));
+                CK(cudaEventRecord(e1, st));
+                CK(cudaEventSynchronize(e1));
+                CK(cudaEventElapsedTime(&t[r], e0, e1));
+            }
+            qsort(t, REPS, sizeof t[0], cmp_f);
+            float ms = t[REPS / 2];
+            if (a == 0)
+                ms_first = ms;
+            if (same && ms < ms_eq)
+                ms_eq = ms, i_eq = a;
+            if (ms < ms_best)
+                ms_best = ms, i_best = a;
+        }
+        if (found < 1 || i_best < 0) {
+            printf("%-16s no algorithm\n", p->name);
+            continue;
+        }
+        printf("%-16s %6lld %6lld %6lld %3d  %9.3f %7.0f  %9.3f %7.0f %3d  %9.3f %3d  (%d candidates)\n",
+               p->name, (long long)p->m, (long long)p->n, (long long)p->k, p->count, ms_first,
+               flop / ms_first / 1e9, ms_eq, flop / ms_eq / 1e9, i_eq, ms_best, i_best, found);
+        t_first += p->count * ms_first;
+        t_eq += p->count * ms_eq;
+        t_best += p->count * ms_best;
+        cublasLtMatmulPreferenceDestroy(pref);
+        cublasLtMatrixLayoutDestroy(la);
+        cublasLtMatrixLayoutDestroy(lb);
+        cublasLtMatrixLayoutDestroy(lc);
+        cublasLtMatmulDescDestroy(op);
+    }
+    printf("one step's GEMMs (x counts): first choice %.1f ms, fastest bitwise-equal %.1f ms, "
+           "fastest %.1f ms\n", t_first, t_eq, t_best);
+    cudaFree(A), cudaFree(B), cudaFree(C), cudaFree(C0), cudaFree(ws);
+    free(out0), free(out1);
+    return 0;
+}
