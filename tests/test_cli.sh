@@ -120,14 +120,15 @@ cmp -s "$W/runA/export/model.safetensors" "$W/runOvR/export/model.safetensors" |
 # --no-grad-alias (activations kept out of the gradient array; by default layers 1..L-1 keep
 # theirs in the gradients of the layer below): 3 layers, the same weights and evaluation, bit for
 # bit, at each recompute level, with and without the overlapped optimizer, and across a resume
-TA3="${TA/--steps 60/--steps 30} --layers 3 --eval-cache $W/ext3 --eval-every 15 --eval-rows 2"
+TA3="${TA/--steps 60/--steps 12} --layers 3 --eval-cache $W/ext3 --eval-every 6 --eval-rows 2"
+TA3=${TA3/--ckpt-every 20/--ckpt-every 4}
 evl() { grep -o '"eval_[a-z_0-9]*": *[-0-9.e+]*' "$1/log.jsonl"; }
 DFLASH_LOG=info run 0 "MiB more in the gradient array" "$D" train $TA3 --out "$W/runL3"
 grep -q " 0.000 MiB more in the gradient array" "$W/out" && fail "no activations went into the gradients"
 run 0 "" "$D" train $TA3 --out "$W/runL3n" --no-grad-alias --no-overlap-optimizer
 cmp -s "$W/runL3/export/model.safetensors" "$W/runL3n/export/model.safetensors" || fail "--no-grad-alias changed the weights"
 [ -n "$(evl "$W/runL3")" ] && [ "$(evl "$W/runL3")" = "$(evl "$W/runL3n")" ] || fail "--no-grad-alias changed the evaluation"
-run 0 "" "$D" train $TA3 --out "$W/runL3r" --stop-after 20
+run 0 "" "$D" train $TA3 --out "$W/runL3r" --stop-after 10
 run 0 "" "$D" train $TA3 --out "$W/runL3r"
 cmp -s "$W/runL3/export/model.safetensors" "$W/runL3r/export/model.safetensors" || fail "resume with aliased gradients differs"
 for lv in --no-recompute --recompute-mlp; do
@@ -185,8 +186,8 @@ ranks2 dp5 $TA2 --out "$W/runOv2" --no-overlap-optimizer --no-grad-alias
 cmp -s "$W/runP/export/model.safetensors" "$W/runOv2/export/model.safetensors" || fail "2 ranks with --no-overlap-optimizer differ"
 # 3 layers on 2 ranks (the reduce-scatter per bucket while later layers' gradient ranges are
 # cleared and written): with and without aliased gradients, the same bits
-ranks2 dp6 $TA2 --layers 3 --out "$W/runA2"
-ranks2 dp7 $TA2 --layers 3 --out "$W/runA2n" --no-grad-alias --no-overlap-optimizer
+ranks2 dp6 ${TA2/--steps 40/--steps 12} --layers 3 --out "$W/runA2"
+ranks2 dp7 ${TA2/--steps 40/--steps 12} --layers 3 --out "$W/runA2n" --no-grad-alias --no-overlap-optimizer
 cmp -s "$W/runA2/export/model.safetensors" "$W/runA2n/export/model.safetensors" || fail "2 ranks, 3 layers: --no-grad-alias differs"
 
 run 2 "DFLASH_RUN_ID" env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "$D" train $TA2 --out "$W/runR"
