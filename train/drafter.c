@@ -133,6 +133,15 @@ static int alias_range(const df_drafter *d, int l, int64_t *lo, int64_t *hi)
     return 1;
 }
 
+int df_drafter_grad_alias_range(const df_drafter *d, int l, int64_t *lo, int64_t *hi)
+{
+    if (!d->galias || l < 1 || l >= d->c.num_hidden_layers || d->ahi[l] <= d->alo[l])
+        return 0;
+    *lo = d->alo[l];
+    *hi = d->ahi[l];
+    return 1;
+}
+
 int df_drafter_set_grad_alias(df_drafter *d, void *grad)
 {
     int L = d->c.num_hidden_layers;

@@ -137,6 +137,11 @@ void df_drafter_set_recompute(df_drafter *d, int level);
  * At the 27B drafter shape with recompute level 1 this is ~2.6 GiB.
  * grad NULL: off (the default). Returns 0 or -ENOMEM. */
 int df_drafter_set_grad_alias(df_drafter *d, void *grad);
+/* The element range [lo, hi) of that gradient array that hosts layer l's
+ * activations, which row_step's backward clears itself before any gradient
+ * goes there (so its owner need not clear it between steps): 1, or 0 when
+ * layer l hosts nothing there (or aliasing is off). */
+int df_drafter_grad_alias_range(const df_drafter *d, int l, int64_t *lo, int64_t *hi);
 
 /* The acc[k] / tau counts of a row from its packed argmax (row->argmax_out
  * after the sync: one entry per scored position, in order), added to m. */

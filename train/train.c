@@ -716,6 +716,10 @@ typedef struct dev_state {
      * weights (marks complete in order) */
     int overlap;
     int part_mark[DF_MAX_LAYERS + 2];
+    /* gradient ranges the drafter's backward clears itself (activations live
+     * there between steps: df_drafter_grad_alias_range), ascending */
+    int nalias;
+    int64_t alo[DF_MAX_LAYERS], ahi[DF_MAX_LAYERS];
     df_backend *be;
     df_err *hook_err;
 } dev_state;
@@ -845,6 +849,23 @@ static int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, floa
               : 0;
 }
 
+/* Clears gradients [lo, hi) but for the ranges the drafter clears itself. */
+static int ds_zero(df_backend *be, const dev_state *s, int64_t lo, int64_t hi)
+{
+    for (int i = 0; i <= s->nalias && lo < hi; i++) {
+        int64_t end = i < s->nalias && s->alo[i] < hi ? s->alo[i] : hi;
+        if (end > lo) {
+            int rc = df_backend_zero(be, (uint8_t *)s->grad + (size_t)lo * s->ges,
+                                     (size_t)(end - lo) * s->ges);
+            if (rc)
+                return rc;
+        }
+        if (i < s->nalias && s->ahi[i] > lo)
+            lo = s->ahi[i];
+    }
+    return 0;
+}
+
 /* The drafter's grad hook: after layer l's backward, buckets k >= max(l, 1)
  * are final (bucket k holds layer k from its rounded start on, and the head
  * of layer k + 1, done earlier); bucket 0 holds fc and hidden_norm, final
@@ -926,8 +947,7 @@ static int dev_state_adamw(df_backend *be, dev_state *s, float lr, int64_t t, fl
                     break;
             }
             int64_t hi = s->b[k + 1] < s->np ? s->b[k + 1] : s->np;
-            if ((rc = df_backend_zero(be, (uint8_t *)s->grad + (size_t)s->b[k] * s->ges,
-                                      (size_t)(hi - s->b[k]) * s->ges)) ||
+            if ((rc = ds_zero(be, s, s->b[k], hi)) ||
                 (rc = df_backend_side_mark(be, k)))
                 df_errf(e, rc, "the optimizer's side stream on %s", df_backend_name(be));
         }
@@ -1234,9 +1254,20 @@ int df_train_run(const df_train_opts *o, df_err *e)
     }
     /* one row per step: the gradients are consumed before the next forward,
      * so layers' activations may live in them until their backward */
-    if (!o->no_grad_alias && nrows == 1 && (rc = df_drafter_set_grad_alias(d, ds.grad))) {
-        df_errf(e, rc, "gradient aliasing");
-        goto out;
+    if (!o->no_grad_alias && nrows == 1) {
+        if ((rc = df_drafter_set_grad_alias(d, ds.grad))) {
+            df_errf(e, rc, "gradient aliasing");
+            goto out;
+        }
+        for (int l = 1; l < c.num_hidden_layers; l++) { /* disjoint; kept ascending */
+            int64_t lo, hi;
+            if (!df_drafter_grad_alias_range(d, l, &lo, &hi))
+                continue;
+            int j = ds.nalias++;
+            for (; j > 0 && ds.alo[j - 1] > lo; j--)
+                ds.alo[j] = ds.alo[j - 1], ds.ahi[j] = ds.ahi[j - 1];
+            ds.alo[j] = lo, ds.ahi[j] = hi;
+        }
     }
     double persistent_gib;
     {
@@ -1341,7 +1372,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
             goto out;
         /* with overlap the optimizer zeroed each bucket after its update */
         if ((!ds.overlap || step == step0) &&
-            (rc = df_backend_zero(be, ds.grad, (size_t)ds.np * ds.ges))) {
+            (rc = step == step0 ? df_backend_zero(be, ds.grad, (size_t)ds.np * ds.ges)
+                                : ds_zero(be, &ds, 0, ds.np))) {
             df_errf(e, rc, "step %" PRId64 ": clearing gradients failed", step);
             goto out;
         }
