@@ -114,10 +114,9 @@ static int alias_range(const df_drafter *d, int l, int64_t *lo, int64_t *hi)
     const df_params *ps = &d->ps;
     int64_t first[2] = {INT64_MAX, INT64_MAX}; /* of layers l-1 and l */
     for (int i = 0; i < ps->n; i++) {
-        int pl = param_layer(d, i);
-        if (pl == l - 1 || pl == l)
-            first[pl - (l - 1)] = ps->p[i].offset < first[pl - (l - 1)] ? ps->p[i].offset
-                                                                         : first[pl - (l - 1)];
+        int k = param_layer(d, i) - (l - 1);
+        if ((k == 0 || k == 1) && ps->p[i].offset < first[k])
+            first[k] = ps->p[i].offset;
     }
     *lo = l == 1 ? 0 : first[0];
     *hi = first[1];

@@ -1370,10 +1370,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
          * (DFLASH.md: the global denominator). */
         if (world > 1 && (rc = df_comm_allreduce_host_f64(comm, &denom, 1, e)))
             goto out;
-        /* with overlap the optimizer zeroed each bucket after its update */
-        if ((!ds.overlap || step == step0) &&
-            (rc = step == step0 ? df_backend_zero(be, ds.grad, (size_t)ds.np * ds.ges)
-                                : ds_zero(be, &ds, 0, ds.np))) {
+        /* with overlap the optimizer zeroed each bucket after its update; the
+         * ranges hosting activations the backward clears itself */
+        if ((!ds.overlap || step == step0) && (rc = ds_zero(be, &ds, 0, ds.np))) {
             df_errf(e, rc, "step %" PRId64 ": clearing gradients failed", step);
             goto out;
         }

@@ -37,7 +37,7 @@
 // its context dK/dV pass on Hopper wgmma (dflash_attn_wg.cu; mma4's kernel
 // where sm_90a is not there). wg2 (the default on compute capability 9.0
 // since session 5: on the H200 its forward and gradients matched wg's bit
-// for bit at the 27B shape, forward 1.7x and backward 1.3-1.5x faster)
+// for bit at the 27B shape, forward 1.7-1.8x and backward 1.3-1.5x faster)
 // is wg with its dQ pass on wgmma too (dflash_attn_wg_dq.cu, in mma5's
 // longest-first order) and its forward on wgmma (dflash_attn_wg_fwd.cu);
 // where sm_90a is not there, mma5's dQ kernel and mma2's forward.
@@ -2201,6 +2201,22 @@ extern "C" int df_cuda_dflash_set_bwd_impl(int impl)
     return 0;
 }
 
+namespace {
+// Whether the current device is compute capability 9.0 (Hopper: the wgmma
+// defaults); false when it cannot be asked.
+bool device_is_sm90()
+{
+    int dev, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        cudaGetLastError(); // not sticky: leave no error for the caller's checks
+        return false;
+    }
+    return major == 9 && minor == 0;
+}
+} // namespace
+
 extern "C" int df_cuda_dflash_bwd_impl(void)
 {
     if (g_bwd_impl)
@@ -2209,28 +2225,12 @@ extern "C" int df_cuda_dflash_bwd_impl(void)
     if (e)
         return e;
     // the built-in default of the current device
-    int dev, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-        cudaGetLastError(); // not sticky: leave no error for the caller's checks
-        return DF_CUDA_DFLASH_IMPL_DEFAULT_BWD;
-    }
-    return major == 9 && minor == 0 ? DF_CUDA_DFLASH_IMPL_DEFAULT_BWD_SM90
-                                    : DF_CUDA_DFLASH_IMPL_DEFAULT_BWD;
+    return device_is_sm90() ? DF_CUDA_DFLASH_IMPL_DEFAULT_BWD_SM90 : DF_CUDA_DFLASH_IMPL_DEFAULT_BWD;
 }
 
 extern "C" int df_cuda_dflash_fwd_impl(void)
 {
-    int dev, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-        cudaGetLastError();
-        return DF_CUDA_DFLASH_IMPL_DEFAULT_FWD;
-    }
-    return major == 9 && minor == 0 ? DF_CUDA_DFLASH_IMPL_DEFAULT_FWD_SM90
-                                    : DF_CUDA_DFLASH_IMPL_DEFAULT_FWD;
+    return device_is_sm90() ? DF_CUDA_DFLASH_IMPL_DEFAULT_FWD_SM90 : DF_CUDA_DFLASH_IMPL_DEFAULT_FWD;
 }
 
 extern "C" int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_t st)
