@@ -17,7 +17,14 @@
  * Then the same under sustained load (the H200 holds its 700 W limit by
  * lowering the clock, which short timed runs with idle gaps do not show):
  * the MLP's gate GEMM back to back for ~4 s, and the step's whole GEMM mix
- * (every shape x its count, first choices) back to back 20 times. */
+ * (every shape x its count, first choices) back to back 20 times.
+ *
+ * --sustained: also each of the first 8 candidates of the biggest shapes
+ * back to back for ~0.6 s (after ~0.4 s of the same to reach the clock the
+ * power limit holds): does some candidate sustain more TFLOP/s at 700 W than the
+ * first choice (fewer bytes through shared memory and L2 per FLOP can mean
+ * less power per FLOP), and is it bitwise the first choice? Prints the
+ * candidate's tile, stages, cluster shape and split-K. */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -72,8 +79,24 @@ static void fill_bf16(uint16_t *p, size_t n, uint64_t seed)
     }
 }
 
-int main(void)
+/* one line of cuBLASLt's configuration of an algorithm, for the log */
+static void algo_desc(const cublasLtMatmulAlgo_t *a, char *buf, size_t n)
 {
+    int id = 0, tile = 0, stages = 0, splitk = 0, cluster = 0;
+    size_t w;
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_ID, &id, sizeof id, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, &w);
+    cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, &cluster,
+                                         sizeof cluster, &w);
+    snprintf(buf, n, "algo %d tile %d stages %d cluster %d splitk %d", id, tile, stages, cluster,
+             splitk);
+}
+
+int main(int argc, char **argv)
+{
+    int sustained = argc > 1 && !strcmp(argv[1], "--sustained");
     const int64_t H = 5120, QD = 4096, KD = 1024, F = 17408, N = 8192, S = 4096, KH = 5 * 5120,
                   V = 248320, R = 854;
     const int L = 5;
@@ -142,6 +165,9 @@ int main(void)
     cublasLtMatrixLayout_t las[32], lbs[32], lcs[32];
     cublasLtMatmulAlgo_t algo[32];
     int have[32] = {0};
+    static cublasLtMatmulHeuristicResult_t cand[32][NALGO];
+    int ncand[32] = {0}, same_as_first[32][NALGO];
+    float iso_ms[32][NALGO];
     for (int i = 0; i < ns; i++) {
         const shape *p = &sh[i];
         cublasLtMatmulDesc_t op;
@@ -174,6 +200,10 @@ int main(void)
             algo[i] = res[0].algo;
             have[i] = 1;
         }
+        memcpy(cand[i], res, sizeof res);
+        ncand[i] = found;
+        for (int a = 0; a < NALGO; a++)
+            same_as_first[i][a] = 0, iso_ms[i][a] = -1;
         size_t cbytes = (size_t)(p->m * p->n) * (p->c_f32 ? 4 : 2);
         float alpha = 1.0f, beta = p->accumulate ? 1.0f : 0.0f;
         double flop = 2.0 * (double)p->m * (double)p->n * (double)p->k;
@@ -200,6 +230,8 @@ int main(void)
             }
             qsort(t, REPS, sizeof t[0], cmp_f);
             float ms = t[REPS / 2];
+            same_as_first[i][a] = same;
+            iso_ms[i][a] = ms;
             if (a == 0)
                 ms_first = ms;
             if (same && ms < ms_eq)
@@ -261,6 +293,48 @@ int main(void)
         CK(cudaEventElapsedTime(&ms, e0, e1));
         printf("sustained: the step's GEMM mix (%.1f TFLOP) x %d back to back: %.1f ms per step, "
                "%.0f TFLOP/s\n", flop / 1e12, iters, ms / iters, flop * iters / ms / 1e9);
+    }
+    if (sustained) {
+        /* the shapes with most of the step's FLOPs: MLP, q / o, the LM head */
+        static const char *const big[] = {"fwd gate/up", "bwd_x gate/up", "bwd_w gate/up",
+                                          "fwd down", "lmhead logits", "lmhead dh"};
+        printf("sustained, per candidate (the first 8; ~0.6 s back to back after ~0.4 s of "
+               "warm-up at the same load; isolated ms from above):\n");
+        for (size_t b = 0; b < sizeof big / sizeof big[0]; b++) {
+            int i = 0;
+            while (i < ns && strcmp(sh[i].name, big[b]))
+                i++;
+            if (i == ns)
+                continue;
+            float beta = sh[i].accumulate ? 1.0f : 0.0f;
+            double flop = 2.0 * (double)sh[i].m * (double)sh[i].n * (double)sh[i].k;
+            float first_tf = 0;
+            for (int a = 0; a < ncand[i] && a < 8; a++) {
+                if (iso_ms[i][a] <= 0)
+                    continue;
+                float ms = 0;
+                for (int pass = 0; pass < 2; pass++) { /* 0: warm-up to the held clock */
+                    int reps = (int)((pass ? 600.0f : 400.0f) / iso_ms[i][a]) + 1;
+                    CK(cudaEventRecord(e0, st));
+                    for (int r = 0; r < reps; r++)
+                        LK(cublasLtMatmul(lt, ops[i], &alpha, A, las[i], B, lbs[i], &beta, C,
+                                          lcs[i], C, lcs[i], &cand[i][a].algo, ws, ws_bytes, st));
+                    CK(cudaEventRecord(e1, st));
+                    CK(cudaEventSynchronize(e1));
+                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                }
+                int reps = (int)(600.0f / iso_ms[i][a]) + 1;
+                double tf = flop * reps / ms / 1e9;
+                if (a == 0)
+                    first_tf = (float)tf;
+                char d[128];
+                algo_desc(&cand[i][a].algo, d, sizeof d);
+                printf("  %-14s #%-2d %s: isolated %.3f ms, sustained %.3f ms = %.0f TFLOP/s "
+                       "(%+.1f%% vs first)%s\n", sh[i].name, a, d, iso_ms[i][a], ms / reps, tf,
+                       a == 0 ? 0.0 : 100.0 * (tf / first_tf - 1.0),
+                       same_as_first[i][a] ? ", bitwise the first" : "");
+            }
+        }
     }
     for (int i = 0; i < ns; i++) {
         cublasLtMatrixLayoutDestroy(las[i]);

@@ -63,30 +63,41 @@ const int32_t *df_cuda_stage_i32(df_backend *be, const int32_t *host, int64_t n)
     for (int i = 1; i < DF_CUDA_STAGE_SLOTS; i++)
         if (s->stage[i].used < v->used)
             v = &s->stage[i];
+    /* The slot's previous copy may still be pending: shadow is its source */
+    if (v->done && df_cuda_fail(cudaEventSynchronize(v->done), "staging copy"))
+        return NULL;
     if (v->cap < bytes) {
         size_t cap = bytes < 4096 ? 4096 : bytes + bytes / 4;
         if (v->dev && df_cuda_fail(cudaFreeAsync(v->dev, s->stream), "free staging"))
             return NULL;
         v->dev = NULL;
         v->n = -1;
-        free(v->shadow);
-        v->shadow = (int32_t *)malloc(cap);
-        if (!v->shadow || df_cuda_fail(cudaMallocAsync((void **)&v->dev, cap, s->stream),
-                                       "alloc staging")) {
+        if (v->shadow)
+            (void)cudaFreeHost(v->shadow);
+        v->shadow = NULL;
+        v->cap = 0;
+        if (df_cuda_fail(cudaHostAlloc((void **)&v->shadow, cap, cudaHostAllocDefault),
+                         "alloc pinned staging") ||
+            df_cuda_fail(cudaMallocAsync((void **)&v->dev, cap, s->stream), "alloc staging")) {
+            if (v->shadow)
+                (void)cudaFreeHost(v->shadow);
+            v->shadow = NULL;
             v->dev = NULL;
-            v->cap = 0;
             return NULL;
         }
         v->cap = cap;
     }
+    if (!v->done && df_cuda_fail(cudaEventCreateWithFlags(&v->done, cudaEventDisableTiming),
+                                 "staging event"))
+        return NULL;
     if (n > 0)
         memcpy(v->shadow, host, bytes);
-    /* From the shadow (stable until this slot is refilled, which happens on
-     * the host only after this call returns) so the caller's array may be
-     * reused at once. Pageable source: the call returns once staged. */
-    if (n > 0 && df_cuda_fail(cudaMemcpyAsync(v->dev, v->shadow, bytes, cudaMemcpyHostToDevice,
-                                              s->stream),
-                              "stage int array")) {
+    /* From the shadow (stable until this slot is refilled, which waits for
+     * this copy first) so the caller's array may be reused at once. */
+    if (n > 0 && (df_cuda_fail(cudaMemcpyAsync(v->dev, v->shadow, bytes, cudaMemcpyHostToDevice,
+                                               s->stream),
+                               "stage int array") ||
+                  df_cuda_fail(cudaEventRecord(v->done, s->stream), "staging event"))) {
         v->n = -1;
         return NULL;
     }
@@ -502,7 +513,10 @@ static void cu_close(df_backend *be)
             prof_report(s);
         for (int i = 0; i < DF_CUDA_STAGE_SLOTS; i++) {
             (void)cudaFree(s->stage[i].dev);
-            free(s->stage[i].shadow);
+            if (s->stage[i].shadow)
+                (void)cudaFreeHost(s->stage[i].shadow);
+            if (s->stage[i].done)
+                (void)cudaEventDestroy(s->stage[i].done);
         }
         (void)cudaFree(s->scratch);
         df_cuda_gemm_close(s);

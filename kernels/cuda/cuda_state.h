@@ -16,7 +16,10 @@
 
 typedef struct df_cuda_stage {
     int32_t *dev;    /* device copy */
-    int32_t *shadow; /* host copy of what dev holds (the cache key) */
+    int32_t *shadow; /* pinned host copy of what dev holds: the cache key and
+                      * the copy's source (pinned, so the copy never makes the
+                      * host wait for the stream, as a pageable one may) */
+    cudaEvent_t done; /* after the copy out of shadow; NULL before the first */
     int64_t n;       /* elements held; -1 empty */
     size_t cap;      /* bytes of dev and shadow */
     uint64_t used;   /* LRU clock */

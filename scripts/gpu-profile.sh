@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# gpu-profile.sh BUILD LOGDIR: measurements that are not benchmarks of ours against a baseline,
+# but inputs for deciding what to build next. Needs a GPU; run after a build (gpu-check.sh).
+#  - tools/bench_gemm_algos --sustained: each cuBLASLt candidate of the step's biggest GEMM
+#    shapes back to back, with nvidia-smi dmon alongside (power, SM clock): does any candidate
+#    sustain more at the 700 W limit than the first choice?
+#  - ncu (hardware counters; --clock-control none keeps the clocks alone) on the attention
+#    kernels of the default implementation (forward, dQ, context dK/dV), the first launch of each.
+# Env: PARTS (default "gemm ncu").
+set -u
+B=${1:?build dir}; LOG=${2:?log dir}
+PARTS=${PARTS:-gemm ncu}
+mkdir -p "$LOG"
+has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
+status=0
+if has gemm; then
+  nvidia-smi dmon -s pc -d 1 >"$LOG/gemm-dmon.log" 2>&1 &
+  dm=$!
+  timeout 300 "$B/tools/bench_gemm_algos" --sustained >"$LOG/gemm-algos.log" 2>&1 || status=1
+  kill $dm 2>/dev/null
+  grep -E "sustained|first choice" "$LOG/gemm-algos.log" | tail -80
+fi
+if has ncu; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$NCU" ]; then
+    : >"$LOG/ncu-attn.log"
+    # the first launch of each (the bench's first configuration: 3 documents, full layer)
+    for k in fwd_wg_kernel dq_wg_kernel dkv_wg_kernel; do
+      timeout 120 "$NCU" --clock-control none -k "regex:$k" -c 1 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+        --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats \
+        "$B/tools/bench_dflash_attn" 1 >>"$LOG/ncu-attn.log" 2>&1 || status=1
+    done
+    grep -E "^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput   |Achieved Occupancy|Eligible Warps|Issued Warp|No Eligible|Registers Per|L2 Cache Throughput|DRAM Throughput|Executed Ipc A|Stall" "$LOG/ncu-attn.log" | head -80
+  else
+    echo "ncu: not found"
+  fi
+fi
+exit $status
