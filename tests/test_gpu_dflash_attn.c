@@ -17,15 +17,20 @@
  * backward (impl 0); then each backward (CUDA cores, tensor cores, wgmma)
  * on the default forward's out/lse; then the backward that impl 0 selects,
  * once as built in (wg on a compute capability 9.0 device, mma4 elsewhere)
- * and once each switched to mma4, mma5, wg and wg2 by
+ * and once each switched to mma4, mma5, wg, wg2 and wg2f by
  * df_cuda_dflash_set_bwd_impl (the hook behind DFLASH_ATTN_BWD), each run
  * twice and required bitwise equal (determinism); mma5 (mma4 with its dQ
- * CTAs reordered) must also equal mma4 bitwise (wg's and wg2's "==mma4" are
- * reported, not required); then each forward, twice, required bitwise equal.
+ * CTAs reordered) must also equal mma4 bitwise (wg's, wg2's and wg2f's
+ * "==mma4" are reported, not required; so are wg2f's "dq/dkc/dvc==wg2",
+ * expected yes, and "dkb/dvb==wg2"); then each forward, twice, required
+ * bitwise equal.
  * wg (mma4 with its context dK/dV on Hopper wgmma) runs its own kernel only
  * on a compute capability 9.0 device, and mma4's elsewhere; wg2 (wg with
  * its dQ and its forward on wgmma too) likewise, with mma5's dQ and mma2's
- * forward elsewhere. */
+ * forward elsewhere; wg2f (wg2 with Di and the block-key dK/dV inside its
+ * wgmma dQ pass) folds only where block_size x nq / nkv <= 64 (the bs40
+ * configs with group 2 and 4 run wg2's kernels: the fallback) and is wg2
+ * elsewhere. The bs64 group-1 configs fill the whole 64-key block tile. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,7 +47,8 @@
 /* name of an implementation (args.impl) in the output */
 static const char *impl_name(int impl)
 {
-    return impl == DF_CUDA_DFLASH_IMPL_WG2    ? "wg2"
+    return impl == DF_CUDA_DFLASH_IMPL_WG2F   ? "wg2f"
+           : impl == DF_CUDA_DFLASH_IMPL_WG2  ? "wg2"
            : impl == DF_CUDA_DFLASH_IMPL_WG   ? "wg"
            : impl == DF_CUDA_DFLASH_IMPL_MMA5 ? "mma5"
            : impl == DF_CUDA_DFLASH_IMPL_MMA4 ? "mma4"
@@ -407,7 +413,7 @@ static void run_cfg(const cfg *c, df_backend *be)
     }
     /* each backward explicitly (CUDA cores, tensor cores), on the default
      * forward's out/lse (still in dout_/dlse); every gradient poisoned first */
-    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_WG2; impl++) {
+    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_WG2F; impl++) {
         for (int t = 1; t < 6; t++)
             CUDA_OK(cudaMemset(outs[t].dev, 0xff, outs[t].n * 2));
         CUDA_OK(cudaMemset(dws, 0xff, wsb));
@@ -429,14 +435,16 @@ static void run_cfg(const cfg *c, df_backend *be)
         }
     }
     /* impl 0 through the selection hook: the built-in default, then mma4,
-     * mma5, wg and wg2; each backward twice, the gradients bitwise equal
-     * (deterministic); mma5 bitwise mma4 */
+     * mma5, wg, wg2 and wg2f; each backward twice, the gradients bitwise
+     * equal (deterministic); mma5 bitwise mma4; wg2f vs wg2 reported */
     {
         int64_t ng = nQ + 2 * nC + 2 * nB;
-        uint16_t *run1 = xcalloc(ng * 2), *run2 = xcalloc(ng * 2), *run0 = xcalloc(ng * 2);
-        static const int hook[5] = {0, DF_CUDA_DFLASH_IMPL_MMA4, DF_CUDA_DFLASH_IMPL_MMA5,
-                                    DF_CUDA_DFLASH_IMPL_WG, DF_CUDA_DFLASH_IMPL_WG2};
-        for (int hv = 0; hv < 5; hv++) {
+        uint16_t *run1 = xcalloc(ng * 2), *run2 = xcalloc(ng * 2), *run0 = xcalloc(ng * 2),
+                 *runw2 = xcalloc(ng * 2);
+        static const int hook[6] = {0, DF_CUDA_DFLASH_IMPL_MMA4, DF_CUDA_DFLASH_IMPL_MMA5,
+                                    DF_CUDA_DFLASH_IMPL_WG, DF_CUDA_DFLASH_IMPL_WG2,
+                                    DF_CUDA_DFLASH_IMPL_WG2F};
+        for (int hv = 0; hv < 6; hv++) {
             int want = hook[hv];
             CHECK_EQ(df_cuda_dflash_set_bwd_impl(want), 0);
             if (want)
@@ -465,6 +473,15 @@ static void run_cfg(const cfg *c, df_backend *be)
                 printf(" ==mma4 %s", same ? "yes" : hv == 2 ? "NO(FAIL)" : "no");
                 ok = ok && (same || hv >= 3);
             }
+            if (hv == 4) {
+                memcpy(runw2, run1, ng * 2); /* wg2's */
+            } else if (hv == 5) {
+                /* dq, dkc, dvc (the first nQ + 2 nC), then dkb, dvb */
+                int64_t n1 = nQ + 2 * nC;
+                printf(" dq/dkc/dvc==wg2 %s dkb/dvb==wg2 %s",
+                       !memcmp(runw2, run1, n1 * 2) ? "yes" : "no",
+                       !memcmp(runw2 + n1, run1 + n1, (ng - n1) * 2) ? "yes" : "no");
+            }
             const uint16_t *src_ = run1;
             for (int t = 1; t < 6; t++) {
                 for (int64_t i = 0; i < outs[t].n; i++)
@@ -481,14 +498,14 @@ static void run_cfg(const cfg *c, df_backend *be)
         }
         CHECK_EQ(df_cuda_dflash_set_bwd_impl(0), 0);
         CHECK_EQ(df_cuda_dflash_set_bwd_impl(-1), -22);
-        CHECK_EQ(df_cuda_dflash_set_bwd_impl(DF_CUDA_DFLASH_IMPL_WG2 + 1), -22);
-        free(run1), free(run2), free(run0);
+        CHECK_EQ(df_cuda_dflash_set_bwd_impl(DF_CUDA_DFLASH_IMPL_WG2F + 1), -22);
+        free(run1), free(run2), free(run0), free(runw2);
     }
     /* each forward (the pass above ran the default), twice: the second
      * run's out/lse bitwise the first's (deterministic) */
     uint16_t *fo1 = xcalloc(nQ * 2);
     float *fl1 = xcalloc((int64_t)rows * nq * 4);
-    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_WG2; impl++) {
+    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_WG2F; impl++) {
         a.impl = impl;
         for (int rep = 0; rep < 2; rep++) {
             if (rep) {
@@ -577,6 +594,10 @@ int main(void)
          * very different lengths, which mma5 reorders */
         {"1doc full 8/2 D128 bs16", 1024, 48, 16, 0, 8, 2, 128, 1, {1024}},
         {"1doc slide300 8/2 D128", 1024, 48, 16, 300, 8, 2, 128, 1, {1024}},
+        /* group 1 x bs 64 = 64 rows: one chunk whose block tile has 64 keys
+         * (wg2f's fold with every warp's keys and all 8 key groups) */
+        {"full 2/2 D64 bs64", 300, 8, 64, 0, 2, 2, 64, 2, {150, 300}},
+        {"slide20 2/2 D128 bs64", 300, 8, 64, 20, 2, 2, 128, 2, {150, 300}},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++)
         run_cfg(&cfgs[i], be);

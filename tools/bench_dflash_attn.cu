@@ -24,7 +24,12 @@
 // backward (total, passes, determinism, max relative difference of its
 // gradients from the default's) and forward (after the backward rows, on its
 // own out/lse; out's and lse's max relative difference from the default
-// forward's). The last line is JSON (also
+// forward's). wg2f (wg2 with Di and the block-key dK/dV folded into its
+// wgmma dQ pass; its forward is wg2's) is timed next to wg2 (backward: total,
+// passes - di and blk_dkv ~0, dq a little longer -, determinism, max
+// relative difference from the default's gradients, and whether its dq /
+// dkc / dvc / dkb / dvb are bitwise wg2's: expected yes for the first three,
+// no for the block-key dkb / dvb). The last line is JSON (also
 // --json-out F): "layers" holds the 3docs rows (the keys
 // scripts/bench_flex_dflash.py reads), "layers_1doc" the 1doc rows.
 // --anchors-out F writes the 3docs shape and anchors as JSON for
@@ -84,8 +89,9 @@ static const char *const pass_nm[DF_CUDA_DFLASH_BWD_EVENTS - 1] = {"di",      "d
 
 static const char *impl_nm(int impl)
 {
-    static const char *const nm[] = {"0", "simt", "mma", "mma2", "mma3", "mma4", "mma5", "wg", "wg2"};
-    return impl >= 0 && impl <= DF_CUDA_DFLASH_IMPL_WG2 ? nm[impl] : "?";
+    static const char *const nm[] = {"0",   "simt", "mma", "mma2", "mma3",
+                                     "mma4", "mma5", "wg",  "wg2",  "wg2f"};
+    return impl >= 0 && impl <= DF_CUDA_DFLASH_IMPL_WG2F ? nm[impl] : "?";
 }
 
 // An anchor layout: per block anchor / doc_start / valid.
@@ -378,6 +384,21 @@ int main(int argc, char **argv)
             int detw2 = deterministic(DF_CUDA_DFLASH_IMPL_WG2);
             rc_all |= !detw2;
             rel_diff(rdiffw2);
+            std::vector<uint16_t> gw2[5]; // wg2's gradients, for wg2f's comparison
+            for (int k = 0; k < 5; k++)
+                gw2[k] = gr[k];
+            // impl WG2F (Di and block-key dK/dV inside WG2's dQ pass): time,
+            // passes, determinism, vs the default, bitwise vs wg2 per gradient
+            float bw2fmin;
+            double bw2f = time_ms(true, DF_CUDA_DFLASH_IMPL_WG2F, &bw2fmin);
+            double pw2f[DF_CUDA_DFLASH_BWD_EVENTS - 1], rdiffw2f[5];
+            pass_ms(DF_CUDA_DFLASH_IMPL_WG2F, pw2f);
+            int detw2f = deterministic(DF_CUDA_DFLASH_IMPL_WG2F);
+            rc_all |= !detw2f;
+            rel_diff(rdiffw2f);
+            bool f_eq[5]; // dq, dkc, dvc, dkb, dvb bitwise wg2's
+            for (int k = 0; k < 5; k++)
+                f_eq[k] = gr[k] == gw2[k];
             // WG2's forward, last (the backwards above ran on the default
             // forward's out/lse): time, and out / lse vs the default's
             std::vector<uint16_t> od(nQ), ow(nQ);
@@ -423,13 +444,18 @@ int main(int argc, char **argv)
                    "%.3f ms %.1f TFLOP/s (min %.3f) vs default fwd %.3f ms\n",
                    "", bw2, bfl / bw2 * 1e-9, bw2min, detw2 ? "yes" : "NO", fw2, ffl / fw2 * 1e-9,
                    fw2min, mf);
+            printf("      %-8s wg2f bwd %.3f ms %.1f TFLOP/s (min %.3f), deterministic %s; bitwise "
+                   "wg2's: dq %s dkc %s dvc %s (expected yes) dkb %s dvb %s (expected no)\n",
+                   "", bw2f, bfl / bw2f * 1e-9, bw2fmin, detw2f ? "yes" : "NO",
+                   f_eq[0] ? "yes" : "no", f_eq[1] ? "yes" : "no", f_eq[2] ? "yes" : "no",
+                   f_eq[3] ? "yes" : "no", f_eq[4] ? "yes" : "no");
             printf("      %-8s bwd passes ms  %-8s", "", "");
             for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
                 printf(" %9s", pass_nm[k]);
             printf(" %9s\n", "sum");
-            const double *pp[5] = {pd, p4, p5, pw, pw2};
-            static const char *const pvn[5] = {"default", "mma4", "mma5", "wg", "wg2"};
-            for (int v = 0; v < 5; v++) {
+            const double *pp[6] = {pd, p4, p5, pw, pw2, pw2f};
+            static const char *const pvn[6] = {"default", "mma4", "mma5", "wg", "wg2", "wg2f"};
+            for (int v = 0; v < 6; v++) {
                 double sum = 0;
                 printf("      %-8s %-14s %-8s", "", pvn[v], v ? "" : impl_nm(dflt));
                 for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
@@ -445,6 +471,9 @@ int main(int argc, char **argv)
             printf("      %-8s wg2  vs default max|diff|/max|default|: dq %.2e dkc %.2e dvc %.2e "
                    "dkb %.2e dvb %.2e; fwd out %.2e lse %.2e\n",
                    "", rdiffw2[0], rdiffw2[1], rdiffw2[2], rdiffw2[3], rdiffw2[4], rfo, rfl);
+            printf("      %-8s wg2f vs default max|diff|/max|default|: dq %.2e dkc %.2e dvc %.2e "
+                   "dkb %.2e dvb %.2e\n",
+                   "", rdiffw2f[0], rdiffw2f[1], rdiffw2f[2], rdiffw2f[3], rdiffw2f[4]);
             char buf[4096];
             int o = 0;
             bool first = json.back() == '[';
@@ -484,9 +513,18 @@ int main(int argc, char **argv)
                           bw2, bfl / bw2 * 1e-9, detw2 ? "true" : "false",
                           *std::max_element(rdiffw2, rdiffw2 + 5), fw2, ffl / fw2 * 1e-9,
                           rfo > rfl ? rfo : rfl);
-            static const char *const pjn[5] = {"bwd_pass_ms", "mma4_bwd_pass_ms", "mma5_bwd_pass_ms",
-                                               "wg_bwd_pass_ms", "wg2_bwd_pass_ms"};
-            for (int v = 0; v < 5; v++) {
+            o += snprintf(buf + o, sizeof buf - o,
+                          ", \"wg2f_bwd_ms\": %.4f, \"wg2f_bwd_tflops\": %.2f, \"wg2f_deterministic\": %s, "
+                          "\"wg2f_vs_default_maxrel\": %.3e, \"wg2f_blk_vs_default_maxrel\": %.3e, "
+                          "\"wg2f_dq_dkc_dvc_bitwise_wg2\": %s, \"wg2f_dkb_dvb_bitwise_wg2\": %s",
+                          bw2f, bfl / bw2f * 1e-9, detw2f ? "true" : "false",
+                          *std::max_element(rdiffw2f, rdiffw2f + 5),
+                          std::max(rdiffw2f[3], rdiffw2f[4]),
+                          f_eq[0] && f_eq[1] && f_eq[2] ? "true" : "false",
+                          f_eq[3] && f_eq[4] ? "true" : "false");
+            static const char *const pjn[6] = {"bwd_pass_ms",     "mma4_bwd_pass_ms", "mma5_bwd_pass_ms",
+                                               "wg_bwd_pass_ms",  "wg2_bwd_pass_ms",  "wg2f_bwd_pass_ms"};
+            for (int v = 0; v < 6; v++) {
                 o += snprintf(buf + o, sizeof buf - o, ", \"%s\": {", pjn[v]);
                 for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
                     o += snprintf(buf + o, sizeof buf - o, "%s\"%s\": %.4f", k ? ", " : "", pass_nm[k],

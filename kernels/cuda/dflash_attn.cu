@@ -40,7 +40,10 @@
 // for bit at the 27B shape, forward 1.7-1.8x and backward 1.3-1.5x faster)
 // is wg with its dQ pass on wgmma too (dflash_attn_wg_dq.cu, in mma5's
 // longest-first order) and its forward on wgmma (dflash_attn_wg_fwd.cu);
-// where sm_90a is not there, mma5's dQ kernel and mma2's forward.
+// where sm_90a is not there, mma5's dQ kernel and mma2's forward. wg2f
+// (opt-in) is wg2 with Di and the block-key dK/dV computed inside the wgmma
+// dQ pass where one row chunk holds a block's rows per kv head (nch == 1):
+// no di_kernel, no block-tile dkv_mma2_kernel; elsewhere wg2 exactly.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -1882,7 +1885,7 @@ int check_args(const df_cuda_dflash_args *a, bool bwd)
 {
     if (!a || a->S < 0 || a->n_blocks < 0 || a->block_size < 1 || a->window < 0 || a->nq < 1 ||
         a->nkv < 1 || a->nq % a->nkv || (a->head_dim != 64 && a->head_dim != 128) ||
-        !(a->scale == a->scale) || a->impl < 0 || a->impl > DF_CUDA_DFLASH_IMPL_WG2)
+        !(a->scale == a->scale) || a->impl < 0 || a->impl > DF_CUDA_DFLASH_IMPL_WG2F)
         return -EINVAL;
     if (!a->anchor || !a->doc_start || !a->valid || !a->q || !a->kc || !a->vc || !a->kb ||
         !a->vb || !a->out || !a->lse)
@@ -1923,12 +1926,14 @@ int fwd_launch(const Params &p, cudaStream_t st, int impl)
     long long n = (long long)p.nb * p.nkv * p.nch;
     if (n == 0)
         return 0;
-    // WG2: the wgmma forward (dflash_attn_wg_fwd.cu) where the device runs it
-    if (impl == DF_CUDA_DFLASH_IMPL_WG2 && df_dflash::fwd_wg_usable(D))
+    // WG2, WG2F: the wgmma forward (dflash_attn_wg_fwd.cu) where the device runs it
+    if ((impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F) &&
+        df_dflash::fwd_wg_usable(D))
         return df_dflash::fwd_wg_launch(p, D, st);
     if (impl == DF_CUDA_DFLASH_IMPL_MMA2 || impl == DF_CUDA_DFLASH_IMPL_MMA3 ||
         impl == DF_CUDA_DFLASH_IMPL_MMA4 || impl == DF_CUDA_DFLASH_IMPL_MMA5 ||
-        impl == DF_CUDA_DFLASH_IMPL_WG || impl == DF_CUDA_DFLASH_IMPL_WG2) {
+        impl == DF_CUDA_DFLASH_IMPL_WG || impl == DF_CUDA_DFLASH_IMPL_WG2 ||
+        impl == DF_CUDA_DFLASH_IMPL_WG2F) {
         CU(cudaFuncSetAttribute(fwd_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)fwd3_smem<D>()));
         fwd_mma2_kernel<D><<<(unsigned)n, MW * 32, fwd3_smem<D>(), st>>>(p);
@@ -2032,10 +2037,16 @@ size_t list5_bytes(const df_cuda_dflash_args *a)
 // WG (wg): the context dK/dV on wgmma (df_dflash::dkv_wg_launch) where the
 // device runs it, else dkv4_kernel. WG2 (wg and wgdq, with dq_order): also
 // the dQ on wgmma (df_dflash::dq_wg_launch, longest first) where the device
-// runs it, else MMA5's dQ.
+// runs it, else MMA5's dQ. WG2F (WG2 and fold): where the wgmma dQ runs and
+// p.nch == 1 (a block's bs x group rows of a kv head in one chunk, so bs <=
+// 64: one block tile), its fold instantiation also writes Di (for the
+// context dK/dV pass, the only later reader; bitwise di_kernel's) and the
+// block-key dK/dV, and di_kernel and the block tiles' dkv_mma2_kernel are
+// not launched (their pass events are recorded right after the previous
+// ones); elsewhere WG2's launches.
 template <int D>
 int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, int *dq_order,
-                    bool wg, bool wgdq, cudaEvent_t *ev)
+                    bool wg, bool wgdq, bool fold, cudaEvent_t *ev)
 {
     // dkv4 needs 174 KiB (D 128) of shared memory per CTA: more than sm_80's
     // 163 KiB and the 99 KiB of sm_86/89/120. There, run MMA2's backward.
@@ -2046,16 +2057,20 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         return bwd_mma2_launch<D, MW>(p, st, part, ev);
     REC(ev, 0, st);
     long long rows = (long long)p.nb * p.bs;
+    const bool wgdq_on = wgdq && dq_order && df_dflash::dq_wg_usable(D, false);
+    const bool fold_on = fold && wgdq_on && p.nch == 1 && df_dflash::dq_wg_usable(D, true);
     if (rows > 0) {
-        long long w = rows * p.nq;
-        di_kernel<D><<<(unsigned)((w * 32 + NT - 1) / NT), NT, 0, st>>>(p);
-        CU(cudaGetLastError());
+        if (!fold_on) { // (fold_on: the dQ pass computes Di)
+            long long w = rows * p.nq;
+            di_kernel<D><<<(unsigned)((w * 32 + NT - 1) / NT), NT, 0, st>>>(p);
+            CU(cudaGetLastError());
+        }
         REC(ev, 1, st);
         unsigned n = (unsigned)((long long)p.nb * p.nkv * p.nch);
-        if (wgdq && dq_order && df_dflash::dq_wg_usable(D)) {
+        if (wgdq_on) {
             dq_order_kernel<<<1, NL5, 0, st>>>(p, dq_order);
             CU(cudaGetLastError());
-            int rc = df_dflash::dq_wg_launch(p, D, st, dq_order);
+            int rc = df_dflash::dq_wg_launch(p, D, st, dq_order, fold_on);
             if (rc)
                 return rc;
         } else if (dq_order) {
@@ -2097,10 +2112,11 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         REC(ev, 3, st);
     }
     REC(ev, 4, st);
-    // block tiles: MMA2's dK/dV kernel, its CTA ids offset past its context CTAs
+    // block tiles: MMA2's dK/dV kernel, its CTA ids offset past its context
+    // CTAs (fold_on: done in the dQ pass)
     long long nct2 = (p.S + TKM - 1) / TKM, ctx2 = nct2 * p.nkv * NSPL,
               nbt = (long long)p.nb * ((p.bs + TKM - 1) / TKM) * p.nkv;
-    if (nbt > 0) {
+    if (nbt > 0 && !fold_on) {
         CU(cudaFuncSetAttribute(dkv_mma2_kernel<D, MW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                 (int)dkv3_smem<D, MW>()));
         dkv_mma2_kernel<D, MW><<<(unsigned)nbt, MW * 32, dkv3_smem<D, MW>(), st>>>(p, part, (int)ctx2);
@@ -2176,7 +2192,8 @@ int env_bwd_impl()
         } tab[] = {{"simt", DF_CUDA_DFLASH_IMPL_SIMT}, {"mma", DF_CUDA_DFLASH_IMPL_MMA},
                    {"mma2", DF_CUDA_DFLASH_IMPL_MMA2}, {"mma3", DF_CUDA_DFLASH_IMPL_MMA3},
                    {"mma4", DF_CUDA_DFLASH_IMPL_MMA4}, {"mma5", DF_CUDA_DFLASH_IMPL_MMA5},
-                   {"wg", DF_CUDA_DFLASH_IMPL_WG}, {"wg2", DF_CUDA_DFLASH_IMPL_WG2}};
+                   {"wg", DF_CUDA_DFLASH_IMPL_WG}, {"wg2", DF_CUDA_DFLASH_IMPL_WG2},
+                   {"wg2f", DF_CUDA_DFLASH_IMPL_WG2F}};
         const char *e = getenv("DFLASH_ATTN_BWD");
         int r = 0;
         if (e && *e) {
@@ -2185,7 +2202,7 @@ int env_bwd_impl()
                     r = tab[i].impl;
             if (!r)
                 fprintf(stderr, "dflash_attn: DFLASH_ATTN_BWD=%s is none of simt, mma, mma2, mma3, "
-                                "mma4, mma5, wg, wg2: the default backward\n", e);
+                                "mma4, mma5, wg, wg2, wg2f: the default backward\n", e);
         }
         v = r;
     }
@@ -2195,7 +2212,7 @@ int env_bwd_impl()
 
 extern "C" int df_cuda_dflash_set_bwd_impl(int impl)
 {
-    if (impl < 0 || impl > DF_CUDA_DFLASH_IMPL_WG2)
+    if (impl < 0 || impl > DF_CUDA_DFLASH_IMPL_WG2F)
         return -EINVAL;
     g_bwd_impl = impl;
     return 0;
@@ -2256,16 +2273,18 @@ extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_
     int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
     cudaEvent_t *ev = a->pass_events;
     if (impl == DF_CUDA_DFLASH_IMPL_MMA4 || impl == DF_CUDA_DFLASH_IMPL_MMA5 ||
-        impl == DF_CUDA_DFLASH_IMPL_WG || impl == DF_CUDA_DFLASH_IMPL_WG2) {
+        impl == DF_CUDA_DFLASH_IMPL_WG || impl == DF_CUDA_DFLASH_IMPL_WG2 ||
+        impl == DF_CUDA_DFLASH_IMPL_WG2F) {
         float *part = (float *)((char *)ws + di_bytes(a));
         int *lists = (int *)((char *)ws + di_bytes(a) + part_bytes(a));
-        bool wg2 = impl == DF_CUDA_DFLASH_IMPL_WG2;
+        bool fold = impl == DF_CUDA_DFLASH_IMPL_WG2F; // WG2 with the fold
+        bool wg2 = impl == DF_CUDA_DFLASH_IMPL_WG2 || fold;
         int *dq_order = impl == DF_CUDA_DFLASH_IMPL_MMA5 || wg2
                             ? (int *)((char *)ws + di_bytes(a) + part_bytes(a) + list_bytes(a))
                             : NULL;
         bool wg = impl == DF_CUDA_DFLASH_IMPL_WG || wg2;
-        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg, wg2, ev)
-                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg, wg2, ev);
+        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg, wg2, fold, ev)
+                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg, wg2, fold, ev);
     } else if (impl == DF_CUDA_DFLASH_IMPL_MMA2 || impl == DF_CUDA_DFLASH_IMPL_MMA3) {
         float *part = (float *)((char *)ws + di_bytes(a));
         if (impl == DF_CUDA_DFLASH_IMPL_MMA3)

@@ -60,19 +60,25 @@ typedef struct df_cuda_dflash_args {
      * MMA4's context dK/dV where the device is not compute capability 9.0 or
      * the build has no sm_90a target; its dQ need not be bitwise WG's, as
      * its 64-key dQ tiles may sum in another order, yet on the H200 at the
-     * 27B drafter shape forward and gradients were bitwise WG's). Like every value, impl selects
+     * 27B drafter shape forward and gradients were bitwise WG's) or
+     * DF_CUDA_DFLASH_IMPL_WG2F (opt-in: WG2 with Di and the block-key dK/dV
+     * computed inside its wgmma dQ pass where a block's rows of a kv head
+     * fit one 64-row chunk, block_size x nq / nkv <= 64, no separate Di and
+     * block-tile kernels; dq, dkc, dvc expected bitwise WG2's, as its Di
+     * sums in di_kernel's order; dkb, dvb not; WG2 exactly elsewhere; its
+     * forward is WG2's). Like every value, impl selects
      * the forward in df_cuda_dflash_attn_fwd and the backward in
      * df_cuda_dflash_attn_bwd independently: a caller may run WG2's forward
      * and another backward, or the reverse. With impl 0 the forward is
      * df_cuda_dflash_fwd_impl()'s (WG2 on a compute capability 9.0 device,
      * MMA2 elsewhere), and the backward is df_cuda_dflash_set_bwd_impl()'s
      * choice, else the environment's DFLASH_ATTN_BWD (simt, mma, mma2, mma3,
-     * mma4, mma5, wg, wg2; read once), else the built-in default: WG2 on a
+     * mma4, mma5, wg, wg2, wg2f; read once), else the built-in default: WG2 on a
      * compute capability 9.0 device (Hopper), MMA4 elsewhere. */
     int impl;
     /* backward only, for timing (tools/bench_dflash_attn); NULL: none.
      * DF_CUDA_DFLASH_BWD_EVENTS events (created by the caller) recorded on
-     * the stream by the MMA2/3/4/5, WG and WG2 backwards: [0] first, then
+     * the stream by the MMA2/3/4/5, WG, WG2 and WG2F backwards: [0] first, then
      * one after each pass: [1] Di, [2] dQ (with MMA5's / WG2's order), [3]
      * context tile lists, [4] context dK/dV, [5] block-key dK/dV, [6] the
      * split reduction. A pass
@@ -83,7 +89,7 @@ typedef struct df_cuda_dflash_args {
 
 enum { DF_CUDA_DFLASH_IMPL_SIMT = 1, DF_CUDA_DFLASH_IMPL_MMA = 2, DF_CUDA_DFLASH_IMPL_MMA2 = 3,
        DF_CUDA_DFLASH_IMPL_MMA3 = 4, DF_CUDA_DFLASH_IMPL_MMA4 = 5, DF_CUDA_DFLASH_IMPL_MMA5 = 6,
-       DF_CUDA_DFLASH_IMPL_WG = 7, DF_CUDA_DFLASH_IMPL_WG2 = 8 };
+       DF_CUDA_DFLASH_IMPL_WG = 7, DF_CUDA_DFLASH_IMPL_WG2 = 8, DF_CUDA_DFLASH_IMPL_WG2F = 9 };
 enum { DF_CUDA_DFLASH_BWD_EVENTS = 7 };
 
 int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_t stream);

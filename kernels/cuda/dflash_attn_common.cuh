@@ -73,17 +73,21 @@ bool dkv_wg_usable(const Params &p, int D);
 int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt,
                   const int *lst, const int *order, int nct);
 
-// ---- dflash_attn_wg_dq.cu, dflash_attn_wg_fwd.cu (impl DF_CUDA_DFLASH_IMPL_WG2) ----
-// Whether the current device runs the wgmma dQ kernel (dq_wg_usable) / the
-// wgmma forward (fwd_wg_usable) for head dim D: compute capability 9.0, the
-// kernel built for sm_90a, enough opt-in shared memory. false: the caller
-// runs MMA2's kernel (dq_mma2_kernel / fwd_mma2_kernel).
-bool dq_wg_usable(int D);
+// ---- dflash_attn_wg_dq.cu, dflash_attn_wg_fwd.cu (impls DF_CUDA_DFLASH_IMPL_WG2, _WG2F) ----
+// Whether the current device runs the wgmma dQ kernel (dq_wg_usable; fold:
+// its WG2F instantiation) / the wgmma forward (fwd_wg_usable) for head dim
+// D: compute capability 9.0, the kernel built for sm_90a, enough opt-in
+// shared memory. false: the caller runs MMA2's kernel (dq_mma2_kernel /
+// fwd_mma2_kernel).
+bool dq_wg_usable(int D, bool fold);
 bool fwd_wg_usable(int D);
-// The dQ pass (needs p.Di filled): one CTA per (block, kv head, row chunk),
-// p.nb * p.nkv * p.nch of them; order (may be NULL): MMA5's dq_order_kernel
-// output (CTA i takes item order[i / nkv], kv head i % nkv). 0 or -EIO.
-int dq_wg_launch(const Params &p, int D, cudaStream_t st, const int *order);
+// The dQ pass: one CTA per (block, kv head, row chunk), p.nb * p.nkv * p.nch
+// of them; order (may be NULL): MMA5's dq_order_kernel output (CTA i takes
+// item order[i / nkv], kv head i % nkv). fold false (WG2): needs p.Di
+// filled (di_kernel). fold true (WG2F; needs p.nch == 1, else -EINVAL): also
+// writes p.Di (di_kernel's values, bitwise) and the block-key gradients dkb,
+// dvb (dkv_mma2_kernel's block tiles are then not run). 0, -EINVAL or -EIO.
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, const int *order, bool fold);
 // The forward (out, lse): one CTA per (block, kv head, row chunk). 0 or -EIO.
 int fwd_wg_launch(const Params &p, int D, cudaStream_t st);
 

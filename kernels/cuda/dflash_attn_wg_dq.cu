@@ -53,6 +53,17 @@
 // across S(t + 1) (3 stages, refill after the wait; +16 registers for the dS
 // fragments), or 2 consumer warpgroups on alternate tiles with their dQ
 // partials summed in shared memory in a fixed order (still deterministic).
+// Impl DF_CUDA_DFLASH_IMPL_WG2F: the FOLD instantiation (launched only with
+// one row chunk per block and kv head, p.nch == 1) also computes its rows'
+// Di (chunk_di: di_kernel's sum order, so p.Di, and with it dQ and the
+// context dK/dV, are expected bitwise WG2's) and its block's dK / dV for
+// kv head g from the block tile's P and dS (see dq_wg_kernel): the
+// backward then runs neither di_kernel (0.048 ms at the 27B shape) nor
+// the block tiles of dkv_mma2_kernel (0.159 ms). Resources (ptxas, sm_90a,
+// CUDA 13.0): D 128: 189 registers, no spills; D 64: 152; shared memory as
+// WG2's (P^T / dS^T reuse a free K / V stage). FOLD = false compiles to the
+// same code as before the fold existed (checked: identical .text bytes).
+// Untested on hardware as written.
 // Portability: the kernel body exists only in sm_90a code; elsewhere (or in
 // builds without a 90a target) dq_wg_usable() is false and the backward runs
 // MMA2's dQ kernel (WG2's gradients then equal WG's bitwise). The non-sm_90a
@@ -84,10 +95,84 @@ template <int D> struct DqLayout {
     static constexpr size_t SMEM = (size_t)KV_OFF + QST * 2 * KV + 1024; // + alignment slack
 };
 
+#if DF_WG_BODY
+constexpr int PTB = QTK * CHUNK_ROWS * 2; // WG2F: one bf16 [key][row] tile (P^T or dS^T), 8 KiB
+
+// WG2F: Di = dO . O of this thread's two rows (rid[0], rid[1]; 0 for rows
+// past the chunk's), computed as di_kernel (dflash_attn.cu) computes it, bit
+// for bit: there lane l of a warp sums its D / 32 products o[l + 32 i] d[l +
+// 32 i] in i order (fma, from 0), then a butterfly (shfl xor 16, 8, 4, 2, 1;
+// fp32 adds commute, so every lane ends with lane 0's bits). Here the quad
+// of a row (t4 = 0..3) plays its 32 lanes: thread t4 plays lanes 8 t4 ..
+// 8 t4 + 7 (their elements are 16-byte vectors: one uint4 of O and of dO
+// per i), lane xor 16 / 8 is thread t4 xor 2 / 1, lane xor 4, 2, 1 stay
+// inside the thread. So the Di the later passes read equals di_kernel's and
+// WG2F's dQ and context dK / dV equal WG2's bitwise (same inputs, same sums).
+template <int D>
+__device__ __forceinline__ void chunk_di(const Params &p, const RowId (&rid)[2], int t4, float (&Dr)[2])
+{
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] = 0.0f;
+        if (rid[ri].ok) {
+            long long w = (long long)rid[ri].grow * p.nq + rid[ri].h; // di_kernel's warp index
+            const uint16_t *o = p.out + w * D + 8 * t4, *d = p.dout + w * D + 8 * t4;
+#pragma unroll
+            for (int i = 0; i < D / 32; i++) {
+                uint4 uo = *reinterpret_cast<const uint4 *>(o + 32 * i);
+                uint4 ud = *reinterpret_cast<const uint4 *>(d + 32 * i);
+                uint32_t wo[4] = {uo.x, uo.y, uo.z, uo.w}, wd[4] = {ud.x, ud.y, ud.z, ud.w};
+#pragma unroll
+                for (int k = 0; k < 4; k++) { // element 2 k: low half (bf2f: bits << 16)
+                    v[2 * k] += __uint_as_float(wo[k] << 16) * __uint_as_float(wd[k] << 16);
+                    v[2 * k + 1] +=
+                        __uint_as_float(wo[k] & 0xffff0000u) * __uint_as_float(wd[k] & 0xffff0000u);
+                }
+            }
+        }
+        // every thread of the warp takes part (rows past the chunk with zeros)
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] += __shfl_xor_sync(0xffffffffu, v[j], 2); // lanes l, l ^ 16
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            v[j] += __shfl_xor_sync(0xffffffffu, v[j], 1); // l ^ 8
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+            v[j] += v[j + 4]; // l ^ 4
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            v[j] += v[j + 2]; // l ^ 2
+        Dr[ri] = v[0] + v[1]; // l ^ 1
+    }
+}
+#endif // DF_WG_BODY
+
 // One CTA per (block, kv head, row chunk); order != NULL: CTA i takes item
 // order[i / nkv] (item = b nch + ch), kv head i % nkv (MMA5's LPT order).
 // __launch_bounds__(.., 2): 2 CTAs per SM at D 128 (shared memory bound).
-template <int D>
+// FOLD (impl WG2F; the host launches it only with p.nch == 1, so the CTA
+// holds every row that sees its block's keys for kv head g, and bs <= QTK:
+// one block tile, the last of the loop): the CTA also computes its rows' Di
+// (chunk_di; writes p.Di for the later passes; di_kernel is not run) and
+// its block's dK / dV for kv head g (dkb, dvb; MMA2's dkv_mma2_kernel block
+// tiles are not run):
+//   dV_b = P^T dO,  dK_b = scale dS^T Q      (64 block keys, bs valid, x D)
+// from the block tile's P and dS (bf16, as the dQ GEMM used them) summed
+// over the chunk's 64 rows. In the block tile, P^T and dS^T are stored as
+// bf16 [key][row] tiles (128-byte rows, the swizzle of the Q tile: K-major A
+// operands) into the K / V stage that tile t - 1 used (free: see there);
+// after the loop and dQ's write-out (its accumulators dead), 2 x 4 wgmma
+// m64nDk16 with A = P^T / dS^T and B = dO / Q of the chunk, MN-major through
+// the descriptor (dkv_wg_kernel's B of dV += P^T dO, dK += dS^T Q). Block
+// dK / dV need not be bitwise MMA2's (wgmma's sum order within a k step may
+// differ from mma.sync's, and P, dS come from this kernel's S, dP).
+// FOLD = false compiles to WG2's kernel as before (every addition is under
+// if constexpr (FOLD)).
+template <int D, bool FOLD>
 __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const int *order)
 {
 #if DF_WG_BODY
@@ -111,6 +196,24 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const int *orde
             if (id.ok)
                 *reinterpret_cast<uint4 *>(p.dq + id.grow * ldq + (long long)id.h * D + (e % V8) * 8) =
                     make_uint4(0u, 0u, 0u, 0u);
+        }
+        if constexpr (FOLD) {
+            // MMA2's block tiles write a padding block's dkb / dvb as 0; its
+            // rows' Di as di_kernel would (nothing reads them: padding blocks
+            // are in no tile list; kept so that p.Di equals di_kernel's)
+            for (int e = tid; e < p.bs * V8; e += QNT) {
+                long long off = ((long long)b * p.bs + e / V8) * ldk + (long long)g * D + (e % V8) * 8;
+                *reinterpret_cast<uint4 *>(p.dkb + off) = make_uint4(0u, 0u, 0u, 0u);
+                *reinterpret_cast<uint4 *>(p.dvb + off) = make_uint4(0u, 0u, 0u, 0u);
+            }
+            RowId rid[2] = {row_id(p, b, g, ch, 16 * warp + gid),
+                            row_id(p, b, g, ch, 16 * warp + gid + 8)};
+            float Dr[2];
+            chunk_di<D>(p, rid, t4, Dr);
+#pragma unroll
+            for (int ri = 0; ri < 2; ri++)
+                if (rid[ri].ok && t4 == 0)
+                    p.Di[(long long)rid[ri].grow * p.nq + rid[ri].h] = Dr[ri];
         }
         return;
     }
@@ -162,12 +265,19 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const int *orde
     float nL[2], Dr[2];
     int rlo[2];
     bool rok[2];
+    if constexpr (FOLD) // Di here (di_kernel's bits), for this CTA and the later passes
+        chunk_di<D>(p, rid, t4, Dr);
 #pragma unroll
     for (int ri = 0; ri < 2; ri++) {
         long long li = (long long)rid[ri].grow * p.nq + rid[ri].h;
         float l2 = rid[ri].ok ? p.lse_in[li] * WLOG2E : -INFINITY;
         nL[ri] = -l2;
-        Dr[ri] = rid[ri].ok ? p.Di[li] : 0.0f;
+        if constexpr (FOLD) {
+            if (rid[ri].ok && t4 == 0)
+                p.Di[li] = Dr[ri];
+        } else {
+            Dr[ri] = rid[ri].ok ? p.Di[li] : 0.0f;
+        }
         rok[ri] = rid[ri].ok && l2 != -INFINITY;
         rlo[ri] = ctx_lo(anc, ds, p.W, rid[ri].qo);
     }
@@ -264,6 +374,39 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const int *orde
                 float d0 = Dr[h & 1];
                 sa[kk][h] = pack_bf2(s[i] * (dp[i] - d0), s[i + 1] * (dp[i + 1] - d0));
             }
+        if constexpr (FOLD) {
+            if (t == nt - 1) {
+                // the block tile (the last tile: bs <= QTK): P^T, dS^T (bf16, the
+                // values of this tile's dQ) as [key][row] tiles of 128-byte rows
+                // in the 128-byte swizzle (row r of key k: chunk r / 8 at chunk
+                // position (r / 8) ^ (k % 8), element r % 8 = gid in it), into the
+                // stage tile t - 1 used: its last readers (tile t - 1's wgmmas)
+                // retired before this tile's barrier, and no tile loads into it
+                // any more (t + 1 = nt). Only the 8-key groups below bs: the
+                // other A rows (keys) feed only dK / dV rows that are not written.
+                // Read by the wgmmas after the loop (fenced and synced there).
+                static_assert(QST == 2, "the stage of tile t - 1 is st ^ 1");
+                uint8_t *pt = wq_smem + (sb - s0) + L::KV_OFF + (st ^ 1) * 2 * L::KV;
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    if (8 * j >= p.bs)
+                        break;
+#pragma unroll
+                    for (int ri = 0; ri < 2; ri++) {
+                        // elements 4 j + 2 ri + e: row 16 warp + gid + 8 ri, key 8 j + 2 t4 + e
+                        const int rc = 2 * warp + ri, k0 = 8 * j + 2 * t4;
+                        const uint32_t pv = pack_bf2(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]);
+                        const uint32_t sv = sa[j >> 1][2 * (j & 1) + ri]; // same elements
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            int k = k0 + e, off = k * 128 + ((rc ^ (k & 7)) << 4) + 2 * gid;
+                            *reinterpret_cast<uint16_t *>(pt + off) = (uint16_t)(pv >> (16 * e));
+                            *reinterpret_cast<uint16_t *>(pt + PTB + off) = (uint16_t)(sv >> (16 * e));
+                        }
+                    }
+                }
+            }
+        }
         // B of k step kk: keys 16 kk .. + 15 of the K stage, MN-major
         const uint64_t mK = wg_desc(kd, MN_LBO, SBO);
         wg_fence(); // the A fragments were written by ordinary instructions
@@ -290,6 +433,54 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const int *orde
             *reinterpret_cast<uint32_t *>(qrow + 8 * j) =
                 pack_bf2(acc[4 * j + 2 * ri] * p.scale, acc[4 * j + 2 * ri + 1] * p.scale);
     }
+    if constexpr (FOLD) {
+        // the block's dK / dV for kv head g (see the kernel's comment). P^T at
+        // pt, dS^T at pt + PTB: the stage after the last tile's (st has moved
+        // past it), where the block tile stored them.
+        static_assert(2 * PTB <= 2 * L::KV, "P^T and dS^T fit one K / V stage");
+        const uint32_t pt = sb + L::KV_OFF + st * 2 * L::KV;
+        fence_proxy_async(); // this thread's P^T / dS^T stores -> the tensor cores ...
+        __syncthreads();     // ... everyone's (every wgmma of the loop retired in its tile)
+        float dv[NA], dk[NA];
+#pragma unroll
+        for (int i = 0; i < NA; i++)
+            dv[i] = 0.0f, dk[i] = 0.0f;
+        reg_fence(dv);
+        reg_fence(dk);
+        // A (P^T, dS^T: 64 keys x 64 rows, K-major): k step kk = rows 16 kk ..
+        // + 15, 32 bytes into the 128-byte rows (as the S GEMM's A = Q). B (dO,
+        // Q: 64 rows x D, MN-major): k step kk = rows 16 kk .. + 15 = 2048
+        // bytes, LBO one column block of the chunk (dkv_wg_kernel's mO, mQ).
+        const uint64_t aP = wg_desc(pt, KM_LBO, SBO), aS = aP + (PTB >> 4);
+        const uint64_t mQ = wg_desc(sb, CHUNK_ROWS * 128, SBO), mO = mQ + (L::QS >> 4);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wg_ss_tb(dv, aP + kk * (32 >> 4), mO + kk * (16 * 128 >> 4));
+#pragma unroll
+        for (int kk = 0; kk < 4; kk++)
+            wg_ss_tb(dk, aS + kk * (32 >> 4), mQ + kk * (16 * 128 >> 4));
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(dv);
+        reg_fence(dk);
+        // element 4 j + 2 h + e: key 16 warp + gid + 8 h, head dim 8 j + 2 t4 + e;
+        // dK scaled in fp32 before the rounding (dkv_mma2_kernel's order)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int key = 16 * warp + gid + 8 * h;
+            if (key >= p.bs)
+                continue;
+            const long long off = ((long long)b * p.bs + key) * ldk + (long long)g * D + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < D / 8; j++) {
+                *reinterpret_cast<uint32_t *>(p.dkb + off + 8 * j) =
+                    pack_bf2(dk[4 * j + 2 * h] * p.scale, dk[4 * j + 2 * h + 1] * p.scale);
+                *reinterpret_cast<uint32_t *>(p.dvb + off + 8 * j) =
+                    pack_bf2(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+            }
+        }
+    }
 #else
     __trap(); // built without sm_90a: dq_wg_usable() keeps launches away
 #endif
@@ -297,37 +488,47 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const int *orde
 
 } // namespace
 
-bool dq_wg_usable(int D)
+bool dq_wg_usable(int D, bool fold)
 {
-    static signed char known[2][64];
-    return D == 128 ? wg_kernel_runs((const void *)dq_wg_kernel<128>, DqLayout<128>::SMEM, known[1])
-                    : wg_kernel_runs((const void *)dq_wg_kernel<64>, DqLayout<64>::SMEM, known[0]);
+    static signed char known[2][2][64]; // [fold][D == 128][device]
+    const void *fn = D == 128 ? (fold ? (const void *)dq_wg_kernel<128, true>
+                                      : (const void *)dq_wg_kernel<128, false>)
+                              : (fold ? (const void *)dq_wg_kernel<64, true>
+                                      : (const void *)dq_wg_kernel<64, false>);
+    return wg_kernel_runs(fn, D == 128 ? DqLayout<128>::SMEM : DqLayout<64>::SMEM,
+                          known[fold][D == 128]);
 }
 
-int dq_wg_launch(const Params &p, int D, cudaStream_t st, const int *order)
+namespace {
+template <int D, bool FOLD>
+cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const int *order)
+{
+    cudaError_t e = cudaFuncSetAttribute(dq_wg_kernel<D, FOLD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         (int)DqLayout<D>::SMEM);
+    if (e != cudaSuccess)
+        return e;
+    dq_wg_kernel<D, FOLD><<<n, QNT, DqLayout<D>::SMEM, st>>>(p, order);
+    return cudaGetLastError();
+}
+} // namespace
+
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, const int *order, bool fold)
 {
     long long n = (long long)p.nb * p.nkv * p.nch;
     if (n <= 0)
         return 0;
-    cudaError_t e;
-    if (D == 128) {
-        e = cudaFuncSetAttribute(dq_wg_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)DqLayout<128>::SMEM);
-        if (e == cudaSuccess) {
-            dq_wg_kernel<128><<<(unsigned)n, QNT, DqLayout<128>::SMEM, st>>>(p, order);
-            e = cudaGetLastError();
-        }
-    } else {
-        e = cudaFuncSetAttribute(dq_wg_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)DqLayout<64>::SMEM);
-        if (e == cudaSuccess) {
-            dq_wg_kernel<64><<<(unsigned)n, QNT, DqLayout<64>::SMEM, st>>>(p, order);
-            e = cudaGetLastError();
-        }
-    }
-    if (e != cudaSuccess) {
-        fprintf(stderr, "dflash_attn: dq_wg_kernel<%d>: %s (%s:%d)\n", D, cudaGetErrorString(e),
+    if (fold && p.nch != 1) { // the fold needs every row of a block's kv head in one CTA
+        fprintf(stderr, "dflash_attn: dq_wg_kernel fold with %d row chunks (%s:%d)\n", p.nch,
                 __FILE__, __LINE__);
+        return -EINVAL;
+    }
+    cudaError_t e = D == 128 ? (fold ? dq_wg_run<128, true>(p, (unsigned)n, st, order)
+                                     : dq_wg_run<128, false>(p, (unsigned)n, st, order))
+                             : (fold ? dq_wg_run<64, true>(p, (unsigned)n, st, order)
+                                     : dq_wg_run<64, false>(p, (unsigned)n, st, order));
+    if (e != cudaSuccess) {
+        fprintf(stderr, "dflash_attn: dq_wg_kernel<%d%s>: %s (%s:%d)\n", D, fold ? ", fold" : "",
+                cudaGetErrorString(e), __FILE__, __LINE__);
         return -EIO;
     }
     return 0;
