@@ -225,8 +225,9 @@ int main(int argc, char **argv)
     const int Ws[2] = {0, 2048};
     const int dflt = df_cuda_dflash_bwd_impl();
     int rc_all = 0;
-    std::string json = std::string("{\"bench\": \"dflash_attn\", \"impl\": \"default (fwd mma2, bwd ") +
-                       impl_nm(dflt) + ")\", \"layers\": [";
+    std::string json = std::string("{\"bench\": \"dflash_attn\", \"impl\": \"default (fwd ") +
+                       impl_nm(df_cuda_dflash_fwd_impl()) + ", bwd " + impl_nm(dflt) +
+                       ")\", \"layers\": [";
     printf("default backward: %s (DFLASH_ATTN_BWD / df_cuda_dflash_set_bwd_impl)\n", impl_nm(dflt));
     for (int lk = 0; lk < 2; lk++) {
         const Layout &L = lays[lk];
@@ -405,6 +406,18 @@ int main(int argc, char **argv)
             std::vector<float> ld((size_t)ROWS * NQ), lw((size_t)ROWS * NQ);
             CU(cudaMemcpy(od.data(), out, nQ * 2, cudaMemcpyDeviceToHost));
             CU(cudaMemcpy(ld.data(), lse, ld.size() * 4, cudaMemcpyDeviceToHost));
+            { // FNV-1a of the default forward's bits: runs with and without an
+              // environment switch of the forward (DFLASH_ATTN_FWD_PERSIST) compare them
+                uint64_t ho = 1469598103934665603ull, hl = ho;
+                const uint8_t *bo = (const uint8_t *)od.data(), *bl = (const uint8_t *)ld.data();
+                for (size_t i = 0; i < nQ * 2; i++)
+                    ho = (ho ^ bo[i]) * 1099511628211ull;
+                for (size_t i = 0; i < ld.size() * 4; i++)
+                    hl = (hl ^ bl[i]) * 1099511628211ull;
+                printf("%s %s: default forward bits: out %016llx lse %016llx\n", L.name,
+                       a.window ? "sliding" : "full", (unsigned long long)ho,
+                       (unsigned long long)hl);
+            }
             float fw2min;
             double fw2 = time_ms(false, DF_CUDA_DFLASH_IMPL_WG2, &fw2min);
             CU(cudaMemcpy(ow.data(), out, nQ * 2, cudaMemcpyDeviceToHost));

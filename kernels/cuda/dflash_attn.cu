@@ -41,9 +41,14 @@
 // is wg with its dQ pass on wgmma too (dflash_attn_wg_dq.cu, in mma5's
 // longest-first order) and its forward on wgmma (dflash_attn_wg_fwd.cu);
 // where sm_90a is not there, mma5's dQ kernel and mma2's forward. wg2f
-// (opt-in) is wg2 with Di and the block-key dK/dV computed inside the wgmma
-// dQ pass where one row chunk holds a block's rows per kv head (nch == 1):
-// no di_kernel, no block-tile dkv_mma2_kernel; elsewhere wg2 exactly.
+// (the backward's default on compute capability 9.0) is wg2 with Di and the
+// block-key dK/dV computed inside the wgmma dQ pass where one row chunk
+// holds a block's rows per kv head (nch == 1): no di_kernel, no block-tile
+// dkv_mma2_kernel; elsewhere wg2 exactly. On the H200 (27B drafter shape)
+// its five gradients were bitwise wg2's in all four bench configurations
+// and its backward 1.134 -> 1.000 ms (3docs full), 2.410 -> 2.313 (1doc
+// full): the dQ pass grows by ~0.07 ms, Di (0.05) and the block keys' pass
+// (0.16) go.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -59,11 +64,11 @@ namespace {
 
 // Which forward runs when args.impl == 0.
 #define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD DF_CUDA_DFLASH_IMPL_MMA2
-// Which backward runs when args.impl == 0: WG on compute capability 9.0
-// (H200, 27B shape, 1doc full: 3.56 vs MMA4's 5.59 ms; context dK/dV 1.31 vs
-// 3.32 ms), MMA4 elsewhere (H200, 3docs: 2.27 vs MMA2's 2.62 ms).
+// Which backward runs when args.impl == 0: WG2F on compute capability 9.0
+// (H200, 27B shape, 3docs full: 1.000 ms vs WG2's 1.134, WG's 1.51, MMA4's
+// 2.26), MMA4 elsewhere (H200, 3docs: 2.27 vs MMA2's 2.62 ms).
 #define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD DF_CUDA_DFLASH_IMPL_MMA4
-#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD_SM90 DF_CUDA_DFLASH_IMPL_WG2
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD_SM90 DF_CUDA_DFLASH_IMPL_WG2F
 #define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD_SM90 DF_CUDA_DFLASH_IMPL_WG2
 
 constexpr int NT = 256, NW = 8, RPW = 8, RQ = NW * RPW, TK = 32, PP = TK + 4;

@@ -61,11 +61,12 @@ typedef struct df_cuda_dflash_args {
      * the build has no sm_90a target; its dQ need not be bitwise WG's, as
      * its 64-key dQ tiles may sum in another order, yet on the H200 at the
      * 27B drafter shape forward and gradients were bitwise WG's) or
-     * DF_CUDA_DFLASH_IMPL_WG2F (opt-in: WG2 with Di and the block-key dK/dV
+     * DF_CUDA_DFLASH_IMPL_WG2F (WG2 with Di and the block-key dK/dV
      * computed inside its wgmma dQ pass where a block's rows of a kv head
      * fit one 64-row chunk, block_size x nq / nkv <= 64, no separate Di and
      * block-tile kernels; dq, dkc, dvc expected bitwise WG2's, as its Di
-     * sums in di_kernel's order; dkb, dvb not; WG2 exactly elsewhere; its
+     * sums in di_kernel's order; dkb, dvb not promised, but bitwise WG2's on
+     * the H200 in every bench configuration; WG2 exactly elsewhere; its
      * forward is WG2's). Like every value, impl selects
      * the forward in df_cuda_dflash_attn_fwd and the backward in
      * df_cuda_dflash_attn_bwd independently: a caller may run WG2's forward
@@ -73,7 +74,7 @@ typedef struct df_cuda_dflash_args {
      * df_cuda_dflash_fwd_impl()'s (WG2 on a compute capability 9.0 device,
      * MMA2 elsewhere), and the backward is df_cuda_dflash_set_bwd_impl()'s
      * choice, else the environment's DFLASH_ATTN_BWD (simt, mma, mma2, mma3,
-     * mma4, mma5, wg, wg2, wg2f; read once), else the built-in default: WG2 on a
+     * mma4, mma5, wg, wg2, wg2f; read once), else the built-in default: WG2F on a
      * compute capability 9.0 device (Hopper), MMA4 elsewhere. */
     int impl;
     /* backward only, for timing (tools/bench_dflash_attn); NULL: none.
