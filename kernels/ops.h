@@ -1,6 +1,6 @@
 /* ops.h - the op interface the model code is written against once.
  *
- * A backend (CPU today, CUDA next) implements every op below; model code
+ * A backend (the CPU reference or CUDA) implements every op below; model code
  * calls df_op_*() with a backend handle and never knows which one runs.
  * The CPU backend is the reference: plain C, fp32 math, threads via
  * common/pool.h; GPU ops are tested against it.
