@@ -55,7 +55,8 @@ r=r[3:] if len(r)>4 else r
 f=lambda k: statistics.median([x[k] for x in r])
 peak=max(x['mem_gib'] for x in r); x=r[-1]
 above=peak-x.get('mem_base_gib',0)-x.get('persistent_gib',0)
-print('%.1f %.0f %.0f %.3f %.1f %.4f %.2f' % (1e3*f('step_s'), f('tokens_per_s'), f('tflops'), f('mfu'), peak, f('data_wait'), above))
+w=sum(1 for x in r if x.get('data_wait',0)>0.01)  # a median of 0 can hide some waiting steps
+print('%.1f %.0f %.0f %.3f %.1f %.4f %.2f %d/%d' % (1e3*f('step_s'), f('tokens_per_s'), f('tflops'), f('mfu'), peak, f('data_wait'), above, w, len(r)))
 "; }
 oursna="not run"; ours="FAILED"; ours2="not run"; ours2d="not run"; oursrc="not run"; oursov="not run"; oursrm="not run"
 # the disk's own read rate (O_DIRECT, one cache shard), for the data-wait figures
@@ -117,7 +118,7 @@ rm -rf "$W"
 
 echo
 echo "== bench-train ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) x $ngpu, code $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') + $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed files${DFLASH_ATTN_BWD:+, DFLASH_ATTN_BWD=$DFLASH_ATTN_BWD})"
-echo "ours, 1 GPU   (ms/step tok/s TFLOP/s MFU peak-GiB data-wait above-persistent-GiB): $ours"
+echo "ours, 1 GPU   (ms/step tok/s TFLOP/s MFU peak-GiB data-wait above-persistent-GiB steps-waiting): $ours"
 echo "  (above-persistent = peak - the CUDA context and handles before the trainer's memory - persistent state)"
 echo "ours, 1 GPU, --no-recompute (same fields):                     $oursrc"
 echo "ours, 1 GPU, --no-overlap-optimizer (same fields):             $oursov"
