@@ -3,7 +3,7 @@
 # one call on the GPU machine (an opt-in kernel variant against the default). AB_ENV holds the
 # switch, e.g. AB_ENV="DFLASH_ATTN_FWD=ws" or AB_ENV="DFLASH_RMSNORM_BWD=twopass".
 # Parts:
-#   test   every GPU test (ctest -L gpu, or the test_gpu_* binaries) under AB_ENV
+#   test   every GPU test (ctest -R ^test_gpu_) under AB_ENV
 #   attn   tools/bench_dflash_attn with and without AB_ENV: times, and the hash of the default
 #          forward's bits per configuration (equal hashes: bitwise the same forward)
 #   train  scripts/bench-train.sh (1 GPU, no SpecForge) with and without AB_ENV: the median
@@ -18,16 +18,13 @@ status=0; rows=()
 for part in "$@"; do
   case $part in
   test)
-    fails=0; n=0
-    for t in "$B"/tests/test_gpu_*; do
-      [ -x "$t" ] || continue
-      n=$((n + 1))
-      env $AB_ENV timeout 300 "$t" >"$LOG/test-$(basename "$t").log" 2>&1
-      rc=$?
-      if [ $rc != 0 ] && [ $rc != 77 ]; then fails=$((fails + 1)); echo "FAILED under $AB_ENV: $(basename "$t")"; fi
-    done
-    [ $fails = 0 ] || status=1
-    rows+=("GPU tests under $AB_ENV: $((n - fails)) of $n passed")
+    # through ctest (its arguments, its skip code 77)
+    if env $AB_ENV ctest --test-dir "$B" -R '^test_gpu_' --output-on-failure >"$LOG/test.log" 2>&1; then
+      rows+=("GPU tests under $AB_ENV: $(grep -E 'tests passed' "$LOG/test.log")")
+    else
+      status=1
+      rows+=("GPU tests under $AB_ENV: FAILED ($(grep -E 'tests passed|tests failed' "$LOG/test.log" | tail -1); test.log)")
+    fi
     ;;
   attn)
     timeout 200 "$B/tools/bench_dflash_attn" >"$LOG/attn-a.log" 2>&1 || status=1
