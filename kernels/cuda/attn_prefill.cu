@@ -48,6 +48,7 @@
 #include <stdlib.h>
 
 #include "cuda_internal.h"
+#include "ptx_async.cuh"
 
 namespace {
 
@@ -60,40 +61,6 @@ struct Params {
     float sl; // scale * log2(e): scores in the exp2 domain
 };
 
-__device__ __forceinline__ uint32_t smem_u32(const void *ptr)
-{
-    return (uint32_t)__cvta_generic_to_shared(ptr);
-}
-// 16-byte async copy global -> shared; ok == false zero-fills (src not read).
-__device__ __forceinline__ void cp16(void *dst, const void *src, bool ok)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldsm4(uint32_t r[4], const void *ptr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(ptr)));
-}
-__device__ __forceinline__ void ldsm4t(uint32_t r[4], const void *ptr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(ptr)));
-}
-__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 // 2^x (MUFU, ~2 ulp): P is rounded to bf16 right after, l sums it in fp32.
 // ex2.approx.ftz(-inf) = +0, which masked scores rely on.
 __device__ __forceinline__ float ex2(float x)
@@ -391,12 +358,6 @@ __device__ __forceinline__ void fence_async_smem()
 {
     asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
 }
-// 16-byte async copy global -> shared (shared address); ok == false zero-fills.
-__device__ __forceinline__ void cp16s(uint32_t dst, const void *src, bool ok)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(ok ? 16 : 0));
-}
 // Shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits
 // 62-63), base offset 0 (atoms 1024-byte aligned); addresses / offsets in
 // 16-byte units: start bits 0-13, LBO bits 16-29, SBO bits 32-45.
@@ -489,7 +450,7 @@ template <int D, int BN> __global__ void __launch_bounds__(256, 1) attn_wgmma_ke
         for (int i = 0; i < BN / RS; i++) {
             const int key = j * BN + i * RS; // this thread's key - lr, relative to s0
             const bool ok = s0 + lr + key < q1;
-            cp16s(sK + st * KB + offK + i * RS * 128, kt + (long long)(ok ? key : -lr) * p.lk, ok);
+            cp16(sK + st * KB + offK + i * RS * 128, kt + (long long)(ok ? key : -lr) * p.lk, ok);
         }
     };
     auto load_v = [&](int j, int st) {
@@ -497,14 +458,14 @@ template <int D, int BN> __global__ void __launch_bounds__(256, 1) attn_wgmma_ke
         for (int i = 0; i < BN / RS; i++) {
             const int key = j * BN + i * RS;
             const bool ok = s0 + lr + key < q1;
-            cp16s(sV + st * KB + offK + i * RS * 128, vt + (long long)(ok ? key : -lr) * p.lv, ok);
+            cp16(sV + st * KB + offK + i * RS * 128, vt + (long long)(ok ? key : -lr) * p.lv, ok);
         }
     };
 #pragma unroll
     for (int i = 0; i < BM / RS; i++) {
         const int r = q0 + lr + i * RS;
         const bool ok = r < q1;
-        cp16s(sQ + offQ + i * RS * 128, qt + (ok ? (long long)r * p.lq : 0), ok);
+        cp16(sQ + offQ + i * RS * 128, qt + (ok ? (long long)r * p.lq : 0), ok);
     }
     load_k(0, 0);
     cp_commit(); // Q, K_0

@@ -59,6 +59,7 @@
 
 #include "dflash_attn.h"
 #include "dflash_attn_common.cuh"
+#include "ptx_async.cuh"
 
 namespace {
 
@@ -290,13 +291,6 @@ __global__ void __launch_bounds__(NT) fwd_kernel(Params p)
 // 4 n-tiles of 8 keys in C layout (thread: rows gid and gid + 8, keys 2 t4,
 // 2 t4 + 1); the online softmax reduces over the 4 threads of a quad; P is
 // rounded to bf16 and reused as the A operand of O += P V (FlashAttention-2).
-__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
-{
-    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                 "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 __device__ __forceinline__ uint32_t ld32(const uint16_t *p)
 {
     return *reinterpret_cast<const uint32_t *>(p);
@@ -947,32 +941,6 @@ __global__ void __launch_bounds__(MW * 32) dkv_mma_kernel(Params p)
 // are dealt round-robin (in ascending order) to NSPL CTAs; each sums its share
 // in a fixed order into fp32 partials, and a last kernel adds the NSPL partials
 // in split order (deterministic; balances the late tiles seen by many blocks).
-__device__ __forceinline__ uint32_t smem_u32(const void *ptr)
-{
-    return (uint32_t)__cvta_generic_to_shared(ptr);
-}
-__device__ __forceinline__ void cp16(void *dst, const void *src, bool ok)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_u32(dst)), "l"(src),
-                 "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-__device__ __forceinline__ void ldsm4(uint32_t r[4], const void *ptr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(ptr)));
-}
-__device__ __forceinline__ void ldsm4t(uint32_t r[4], const void *ptr)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_u32(ptr)));
-}
 constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 
 // acc[n][*] += A (16 x 16 k) * X^T where X is row-major [n rows][k] in shared

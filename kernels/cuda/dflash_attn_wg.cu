@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(WNT, 1)
     constexpr int V8 = D / 8, KS = D / 16, NA = D / 2; // NA: dV / dK accumulators per thread
     constexpr uint32_t KM_LBO = 16, SBO = 1024, MN_LBO = CHUNK_ROWS * 128;
     extern __shared__ __align__(1024) uint8_t wg_smem[];
-    const uint32_t s0 = smem_addr(wg_smem), sb = (s0 + 1023u) & ~1023u;
+    const uint32_t s0 = smem_u32(wg_smem), sb = (s0 + 1023u) & ~1023u;
     uint8_t *sm = wg_smem + (sb - s0);
     const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
     // warpgroup / warp index broadcast from lane 0: warp-uniform for the

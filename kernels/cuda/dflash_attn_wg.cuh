@@ -25,6 +25,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "ptx_async.cuh"
+
 // The kernel bodies and their helpers: sm_90a device code only.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define DF_WG_BODY 1
@@ -38,11 +40,6 @@ namespace {
 #if DF_WG_BODY
 constexpr float WLOG2E = 1.4426950408889634f;
 
-__device__ __forceinline__ uint32_t smem_addr(const void *ptr)
-{
-    return (uint32_t)__cvta_generic_to_shared(ptr);
-}
-
 // Byte offset of 16-byte chunk c (columns 8c .. 8c + 7) of row r in a tile of
 // nrows rows stored as [D/64][nrows][128 B] with the 128-byte swizzle.
 __device__ __forceinline__ int sw_off(int r, int c, int nrows)
@@ -50,21 +47,6 @@ __device__ __forceinline__ int sw_off(int r, int c, int nrows)
     return (c >> 3) * nrows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4);
 }
 
-__device__ __forceinline__ void cp16(uint32_t dst, const void *src, bool ok)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(ok ? 16 : 0));
-}
-__device__ __forceinline__ void cp4(uint32_t dst, const void *src, bool ok)
-{
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(ok ? 4 : 0));
-}
-__device__ __forceinline__ void cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 // cp.async writes are generic-proxy writes; wgmma reads through the async proxy
 __device__ __forceinline__ void fence_proxy_async()
 {
@@ -97,6 +79,24 @@ template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N])
         asm volatile("" : "+f"(r[i])::"memory");
 }
 
+// The accumulator operands of an m64nNk16 wgmma: N/2 fp32 registers per
+// thread, in the instruction's register list and in the asm operand list
+// (k: the constraint, "+f" to accumulate, "=f" to overwrite).
+#define WG_ACC32_REGS                                                                     \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, " \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define WG_ACC64_REGS                                                                      \
+    "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, "  \
+    "%19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, "   \
+    "%36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, "   \
+    "%53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}"
+#define WG_ACC8(k, d, i)                                                                   \
+    k(d[i]), k(d[i + 1]), k(d[i + 2]), k(d[i + 3]), k(d[i + 4]), k(d[i + 5]), k(d[i + 6]),  \
+        k(d[i + 7])
+#define WG_ACC32(k, d) WG_ACC8(k, d, 0), WG_ACC8(k, d, 8), WG_ACC8(k, d, 16), WG_ACC8(k, d, 24)
+#define WG_ACC64(k, d)                                                                     \
+    WG_ACC32(k, d), WG_ACC8(k, d, 32), WG_ACC8(k, d, 40), WG_ACC8(k, d, 48), WG_ACC8(k, d, 56)
+
 // D[64 x 64] (=|+=) A[64 x 16] B[16 x 64], A and B K-major in shared memory.
 __device__ __forceinline__ void wg_ss64_first(float (&d)[32], uint64_t da, uint64_t db)
 {
@@ -104,18 +104,10 @@ __device__ __forceinline__ void wg_ss64_first(float (&d)[32], uint64_t da, uint6
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7,"
-                 " %8, %9, %10, %11, %12, %13, %14, %15,"
-                 " %16, %17, %18, %19, %20, %21, %22, %23,"
-                 " %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 WG_ACC32_REGS ", "
                  "%32, %33, p, 1, 1, 0, 0;\n"
                  "}\n"
-                 : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]),
-                   "=f"(d[6]), "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]),
-                   "=f"(d[12]), "=f"(d[13]), "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]),
-                   "=f"(d[18]), "=f"(d[19]), "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]),
-                   "=f"(d[24]), "=f"(d[25]), "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]),
-                   "=f"(d[30]), "=f"(d[31])
+                 : WG_ACC32("=f", d)
                  : "l"(da), "l"(db), "r"(0));
 }
 __device__ __forceinline__ void wg_ss64(float (&d)[32], uint64_t da, uint64_t db)
@@ -124,18 +116,10 @@ __device__ __forceinline__ void wg_ss64(float (&d)[32], uint64_t da, uint64_t db
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7,"
-                 " %8, %9, %10, %11, %12, %13, %14, %15,"
-                 " %16, %17, %18, %19, %20, %21, %22, %23,"
-                 " %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 WG_ACC32_REGS ", "
                  "%32, %33, p, 1, 1, 0, 0;\n"
                  "}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31])
+                 : WG_ACC32("+f", d)
                  : "l"(da), "l"(db), "r"(1));
 }
 // D[64 x N] += A[64 x 16] B[16 x N], A from registers (bf16 pairs, the
@@ -146,18 +130,10 @@ __device__ __forceinline__ void wg_rs(float (&d)[32], const uint32_t (&a)[4], ui
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %37, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7,"
-                 " %8, %9, %10, %11, %12, %13, %14, %15,"
-                 " %16, %17, %18, %19, %20, %21, %22, %23,"
-                 " %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 WG_ACC32_REGS ", "
                  "{%32, %33, %34, %35}, %36, p, 1, 1, 1;\n"
                  "}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31])
+                 : WG_ACC32("+f", d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 __device__ __forceinline__ void wg_rs(float (&d)[64], const uint32_t (&a)[4], uint64_t db)
@@ -166,27 +142,10 @@ __device__ __forceinline__ void wg_rs(float (&d)[64], const uint32_t (&a)[4], ui
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %69, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7,"
-                 " %8, %9, %10, %11, %12, %13, %14, %15,"
-                 " %16, %17, %18, %19, %20, %21, %22, %23,"
-                 " %24, %25, %26, %27, %28, %29, %30, %31,"
-                 " %32, %33, %34, %35, %36, %37, %38, %39,"
-                 " %40, %41, %42, %43, %44, %45, %46, %47,"
-                 " %48, %49, %50, %51, %52, %53, %54, %55,"
-                 " %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 WG_ACC64_REGS ", "
                  "{%64, %65, %66, %67}, %68, p, 1, 1, 1;\n"
                  "}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : WG_ACC64("+f", d)
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
@@ -199,18 +158,10 @@ __device__ __forceinline__ void wg_ss_tb(float (&d)[32], uint64_t da, uint64_t d
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7,"
-                 " %8, %9, %10, %11, %12, %13, %14, %15,"
-                 " %16, %17, %18, %19, %20, %21, %22, %23,"
-                 " %24, %25, %26, %27, %28, %29, %30, %31}, "
+                 WG_ACC32_REGS ", "
                  "%32, %33, p, 1, 1, 0, 1;\n"
                  "}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31])
+                 : WG_ACC32("+f", d)
                  : "l"(da), "l"(db), "r"(1));
 }
 __device__ __forceinline__ void wg_ss_tb(float (&d)[64], uint64_t da, uint64_t db)
@@ -219,27 +170,10 @@ __device__ __forceinline__ void wg_ss_tb(float (&d)[64], uint64_t da, uint64_t d
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-                 "{%0, %1, %2, %3, %4, %5, %6, %7,"
-                 " %8, %9, %10, %11, %12, %13, %14, %15,"
-                 " %16, %17, %18, %19, %20, %21, %22, %23,"
-                 " %24, %25, %26, %27, %28, %29, %30, %31,"
-                 " %32, %33, %34, %35, %36, %37, %38, %39,"
-                 " %40, %41, %42, %43, %44, %45, %46, %47,"
-                 " %48, %49, %50, %51, %52, %53, %54, %55,"
-                 " %56, %57, %58, %59, %60, %61, %62, %63}, "
+                 WG_ACC64_REGS ", "
                  "%64, %65, p, 1, 1, 0, 1;\n"
                  "}\n"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]),
-                   "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]),
-                   "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]),
-                   "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]),
-                   "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]),
-                   "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]),
-                   "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
-                   "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]),
-                   "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]),
-                   "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]),
-                   "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+                 : WG_ACC64("+f", d)
                  : "l"(da), "l"(db), "r"(1));
 }
 

@@ -182,7 +182,7 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const int *orde
     constexpr int V8 = D / 8, KS = D / 16, NA = D / 2; // NA: dQ accumulators per thread
     constexpr uint32_t KM_LBO = 16, SBO = 1024, MN_LBO = QTK * 128;
     extern __shared__ __align__(1024) uint8_t wq_smem[];
-    const uint32_t s0 = smem_addr(wq_smem), sb = (s0 + 1023u) & ~1023u;
+    const uint32_t s0 = smem_u32(wq_smem), sb = (s0 + 1023u) & ~1023u;
     const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
     // warp index broadcast from lane 0: warp-uniform for the compiler
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);

@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(FNT, 2) fwd_wg_kernel(Params p)
     constexpr uint32_t KM_LBO = 16, SBO = 1024, MN_LBO = FTK * 128;
     constexpr float LN2 = 0.6931471805599453f;
     extern __shared__ __align__(1024) uint8_t wf_smem[];
-    const uint32_t s0 = smem_addr(wf_smem), sb = (s0 + 1023u) & ~1023u;
+    const uint32_t s0 = smem_u32(wf_smem), sb = (s0 + 1023u) & ~1023u;
     const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
     const int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
