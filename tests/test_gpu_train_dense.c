@@ -39,7 +39,10 @@
  * Determinism: dw and sumsq run twice on the same inputs, bitwise equal;
  * and the same logical data laid out aligned (vector path) and misaligned
  * (scalar path) gives the same bits (the summation orders depend on the
- * shapes alone). */
+ * shapes alone). RMSNorm's backward runs its one-pass path wherever it
+ * fits (df_cuda_rmsnorm_bwd_set_impl: whatever DFLASH_RMSNORM_BWD says;
+ * each case checks which path ran) and, on the same inputs, the two-pass
+ * one: dx and dw bitwise equal. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -350,7 +353,12 @@ static void add_dw_terms(double *mag, const buf *x, const buf *dy, const int64_t
  * v's layout (DX_OWN), or dy's / x's very view. seed fixes the logical data
  * (independent of the layout). Returns the GPU results for cross-layout
  * comparisons (caller frees). */
-static nbwd_out nbwd_case(const char *name, view v, int plus_one, int dxm, int acc, uint64_t seed)
+/* want: the path the call must take (test_rmsnorm_bwd asks for the
+ * one-pass one where it fits; ONE or TWO). */
+enum { ONE = DF_CUDA_RMSNORM_BWD_ONEPASS, TWO = DF_CUDA_RMSNORM_BWD_TWOPASS };
+
+static nbwd_out nbwd_case(const char *name, view v, int plus_one, int dxm, int acc, uint64_t seed,
+                          int want)
 {
     const int64_t D = v.shape[v.ndim - 1];
     const float eps = 1e-6f;
@@ -393,8 +401,29 @@ static nbwd_out nbwd_case(const char *name, view v, int plus_one, int dxm, int a
     CHECK_EQ(df_cuda_rmsnorm_bwd(gpu, &xg, &wg, eps, plus_one, &dyg, pdx ? &dxg : NULL, acc, &dwg),
              0);
     CHECK(sync_ok());
+    const int took = df_cuda_rmsnorm_bwd_last_impl();
+    CHECK_EQ(took, want);
     float *dw1 = buf_download(&dw);
     uint16_t *dx1 = pdx ? buf_download(pdx) : NULL;
+
+    /* the two-pass path on the same inputs: the same bits (the one-pass
+     * kernel keeps its row sums, streams and formulas); then the default
+     * path again, whose dx is the one checked against the CPU below */
+    buf_upload(&x);
+    buf_upload(&dy);
+    buf_upload(&dw);
+    if (dxm == DX_OWN)
+        buf_upload(&dxb);
+    CHECK_EQ(df_cuda_rmsnorm_bwd_set_impl(TWO), 0);
+    CHECK_EQ(df_cuda_rmsnorm_bwd(gpu, &xg, &wg, eps, plus_one, &dyg, pdx ? &dxg : NULL, acc, &dwg),
+             0);
+    CHECK(sync_ok());
+    CHECK_EQ(df_cuda_rmsnorm_bwd_last_impl(), TWO);
+    CHECK_EQ(df_cuda_rmsnorm_bwd_set_impl(ONE), 0);
+    float *dw3 = buf_download(&dw);
+    uint16_t *dx3 = pdx ? buf_download(pdx) : NULL;
+    int same2 = !memcmp(dw1, dw3, (size_t)D * 4) &&
+                (!pdx || !memcmp(dx1, dx3, (size_t)pdx->n * 2));
 
     /* again, on the same inputs: the same bits */
     buf_upload(&x);
@@ -429,10 +458,13 @@ static nbwd_out nbwd_case(const char *name, view v, int plus_one, int dxm, int a
         bad += !(d <= 1e-5 * mag[i]);
         worst = fmax(worst, d / mag[i]);
     }
-    printf("  %-50s err / sum|terms| %.2e (<= 1e-5)  rerun %s  %s\n", "  dw", worst,
-           same ? "bitwise equal" : "DIFFERS", bad || !same ? "FAIL" : "ok");
+    printf("  %-50s err / sum|terms| %.2e (<= 1e-5)  rerun %s  %s-pass%s  %s\n", "  dw", worst,
+           same ? "bitwise equal" : "DIFFERS", took == ONE ? "one" : "two",
+           took == ONE ? (same2 ? " == two-pass" : " != two-pass") : "",
+           bad || !same || !same2 || took != want ? "FAIL" : "ok");
     CHECK_EQ(bad, 0);
     CHECK(same);
+    CHECK(same2);
 
     nbwd_out r = {dw1, NULL};
     if (pdx) {
@@ -440,16 +472,16 @@ static nbwd_out nbwd_case(const char *name, view v, int plus_one, int dxm, int a
         for (int64_t i = 0; i < n; i++)
             r.dx[i] = dx1[o[i]];
     }
-    free(dx1), free(dw2), free(dx2), free(mag), free(o);
+    free(dx1), free(dw2), free(dx2), free(dw3), free(dx3), free(mag), free(o);
     buf_free(&x), buf_free(&dy), buf_free(&w), buf_free(&dw);
     if (dxm == DX_OWN)
         buf_free(&dxb);
     return r;
 }
 
-static void nbwd_run(const char *name, view v, int plus_one, int dxm, int acc)
+static void nbwd_run(const char *name, view v, int plus_one, int dxm, int acc, int want)
 {
-    nbwd_out r = nbwd_case(name, v, plus_one, dxm, acc, test_rand(&rng));
+    nbwd_out r = nbwd_case(name, v, plus_one, dxm, acc, test_rand(&rng), want);
     free(r.dw);
     free(r.dx);
 }
@@ -459,8 +491,8 @@ static void nbwd_run(const char *name, view v, int plus_one, int dxm, int acc)
 static void nbwd_layouts(const char *name, view a, view b, int plus_one, int dxm, int acc)
 {
     uint64_t seed = test_rand(&rng);
-    nbwd_out ra = nbwd_case(name, a, plus_one, dxm, acc, seed);
-    nbwd_out rb_ = nbwd_case(name, b, plus_one, dxm, acc, seed);
+    nbwd_out ra = nbwd_case(name, a, plus_one, dxm, acc, seed, ONE);
+    nbwd_out rb_ = nbwd_case(name, b, plus_one, dxm, acc, seed, TWO);
     int64_t D = a.shape[a.ndim - 1], n = view_offsets(a, NULL);
     int same = !memcmp(ra.dw, rb_.dw, (size_t)D * 4) &&
                (!ra.dx || !memcmp(ra.dx, rb_.dx, (size_t)n * 2));
@@ -485,7 +517,7 @@ static int bf16_grad_close(uint16_t a, uint16_t b, double tol, int64_t *cancel)
     return fabs((double)fa - fb) <= tol + 0.5 * (test_bf16_ulp(fa) + test_bf16_ulp(fb));
 }
 
-static void nbwd_bf16_case(const char *name, view v, int plus_one, int dxm, int acc)
+static void nbwd_bf16_case(const char *name, view v, int plus_one, int dxm, int acc, int want)
 {
     const uint64_t seed = test_rand(&rng);
     const int64_t D = v.shape[v.ndim - 1];
@@ -530,6 +562,7 @@ static void nbwd_bf16_case(const char *name, view v, int plus_one, int dxm, int 
                                      run ? &dwfg : &dwbg),
                  0);
         CHECK(sync_ok());
+        CHECK_EQ(df_cuda_rmsnorm_bwd_last_impl(), want);
         if (pdx)
             dxr[run] = buf_download(pdx);
     }
@@ -571,41 +604,81 @@ static void nbwd_bf16_case(const char *name, view v, int plus_one, int dxm, int 
 
 static void test_rmsnorm_bwd(void)
 {
-    printf("rmsnorm_bwd (bf16 dx: 2 naive + 1e-6 max|ref|; dw: 1e-5 sum|terms|)\n");
-    nbwd_run("[37, 4, 64] ld 272, plain, dx own", v3(0, 37, 4, 64, 272), 0, DX_OWN, 0);
+    /* the one-pass path wherever it fits (whatever DFLASH_RMSNORM_BWD
+     * says); each case also runs the two-pass one and compares the bits */
+    CHECK_EQ(df_cuda_rmsnorm_bwd_set_impl(-1), -EINVAL);
+    CHECK_EQ(df_cuda_rmsnorm_bwd_set_impl(TWO + 1), -EINVAL);
+    CHECK_EQ(df_cuda_rmsnorm_bwd_set_impl(ONE), 0);
+    printf("rmsnorm_bwd (bf16 dx: 2 naive + 1e-6 max|ref|; dw: 1e-5 sum|terms|; one-pass == "
+           "two-pass bitwise)\n");
+    nbwd_run("[37, 4, 64] ld 272, plain, dx own", v3(0, 37, 4, 64, 272), 0, DX_OWN, 0, ONE);
     nbwd_run("[37, 4, 128] ld 528, plus_one, dx = dy, acc", v3(8, 37, 4, 128, 528), 1, DX_IS_DY,
-             1);
-    nbwd_run("[37, 1, 5120] ld 5184, plain, dx = x", v3(0, 37, 1, 5120, 5184), 0, DX_IS_X, 0);
-    nbwd_run("[1, 16, 64] ld 1040, plus_one, dx own", v3(0, 1, 16, 64, 1040), 1, DX_OWN, 0);
-    nbwd_run("[1, 1, 5120] ld 5184, plain, no dx", v3(0, 1, 1, 5120, 5184), 0, DX_NONE, 0);
-    nbwd_run("[1, 2, 128] ld 264, plain, dx own, acc", v3(8, 1, 2, 128, 264), 0, DX_OWN, 1);
-    nbwd_run("[4096, 16, 64] ld 1032, plain, dx own", v3(0, 4096, 16, 64, 1032), 0, DX_OWN, 0);
+             1, ONE);
+    nbwd_run("[37, 1, 5120] ld 5184, plain, dx = x", v3(0, 37, 1, 5120, 5184), 0, DX_IS_X, 0, ONE);
+    nbwd_run("[1, 16, 64] ld 1040, plus_one, dx own", v3(0, 1, 16, 64, 1040), 1, DX_OWN, 0, ONE);
+    nbwd_run("[1, 1, 5120] ld 5184, plain, no dx", v3(0, 1, 1, 5120, 5184), 0, DX_NONE, 0, ONE);
+    nbwd_run("[1, 2, 128] ld 264, plain, dx own, acc", v3(8, 1, 2, 128, 264), 0, DX_OWN, 1, ONE);
+    nbwd_run("[4096, 16, 64] ld 1032, plain, dx own", v3(0, 4096, 16, 64, 1032), 0, DX_OWN, 0,
+             ONE);
     nbwd_run("[4096, 8, 128] ld 1040, plus_one, dx = x", v3(0, 4096, 8, 128, 1040), 1, DX_IS_X,
-             0);
+             0, ONE);
     nbwd_run("[4096, 1, 5120] ld 5184, plus_one, dx own, acc", v3(0, 4096, 1, 5120, 5184), 1,
-             DX_OWN, 1);
+             DX_OWN, 1, ONE);
     nbwd_run("[4096, 1, 5120] ld 5184, plain, dx = dy", v3(0, 4096, 1, 5120, 5184), 0, DX_IS_DY,
-             0);
+             0, ONE);
+    /* rows not a multiple of the tile (5120: 16 rows; 128: 256 rows, two
+     * tiles a block: the last block's second tile empty) */
+    nbwd_run("[1003, 1, 5120] ld 5120, plus_one, dx = dy, acc", v3(0, 1003, 1, 5120, 5120), 1,
+             DX_IS_DY, 1, ONE);
+    nbwd_run("[1003, 1, 5120] ld 5128 at 8, plain, dx = x, acc", v3(8, 1003, 1, 5120, 5128), 0,
+             DX_IS_X, 1, ONE);
+    nbwd_run("[2049, 8, 128] ld 1024, plain, dx own, acc", v3(0, 2049, 8, 128, 1024), 0, DX_OWN,
+             1, ONE);
+    nbwd_run("[2049, 8, 128] ld 1024, plus_one, dx = dy", v3(0, 2049, 8, 128, 1024), 1, DX_IS_DY,
+             0, ONE);
+    /* every one-pass configuration: D 8 and 32 (a slice owns several
+     * streams), 256 (slices of 16), 512 (of 32), 1536 / 3000 / 6144 (the
+     * block, 1 / 2 / 3 units a thread) */
+    nbwd_run("[1000, 8] ld 8, plus_one, dx own, acc", v2(0, 1000, 8, 8), 1, DX_OWN, 1, ONE);
+    nbwd_run("[300, 32] ld 40, plain, dx = x", v2(0, 300, 32, 40), 0, DX_IS_X, 0, ONE);
+    nbwd_run("[99, 256] ld 264, plain, dx = x, acc", v2(8, 99, 256, 264), 0, DX_IS_X, 1, ONE);
+    nbwd_run("[77, 512] ld 512, plus_one, dx own", v2(0, 77, 512, 512), 1, DX_OWN, 0, ONE);
+    nbwd_run("[50, 1536] ld 1536, plain, dx = dy, acc", v2(0, 50, 1536, 1536), 0, DX_IS_DY, 1,
+             ONE);
+    nbwd_run("[67, 3000] ld 3000, plus_one, dx own, acc", v2(0, 67, 3000, 3000), 1, DX_OWN, 1,
+             ONE);
+    nbwd_run("[21, 6144] ld 6144, plain, dx = x", v2(0, 21, 6144, 6144), 0, DX_IS_X, 0, ONE);
     {
         int64_t sh[4] = {2, 37, 4, 128}, st[4] = {37 * 528 + 48, 528, 128, 1};
         nbwd_run("[2, 37, 4, 128] 4-D with gaps, plain, dx own", vnd(0, 4, sh, st), 0, DX_OWN,
-                 0);
+                 0, ONE);
     }
-    nbwd_run("[37, 100] ld 104 (vector + tail), plus_one", v2(0, 37, 100, 104), 1, DX_OWN, 0);
-    nbwd_run("[37, 3, 64] ld 197 at 1 (scalar), plain", v3(1, 37, 3, 64, 197), 0, DX_OWN, 1);
+    nbwd_run("[37, 100] ld 104 (vector + tail), plus_one", v2(0, 37, 100, 104), 1, DX_OWN, 0, ONE);
+    /* the two-pass fallback: misaligned rows; D 513..1024 and > 6144 */
+    nbwd_run("[37, 3, 64] ld 197 at 1 (scalar), plain", v3(1, 37, 3, 64, 197), 0, DX_OWN, 1, TWO);
+    nbwd_run("[45, 2, 1024] ld 2048, plain, dx own, acc", v3(0, 45, 2, 1024, 2048), 0, DX_OWN, 1,
+             TWO);
+    nbwd_run("[20, 6152] ld 6152, plus_one, dx = dy", v2(0, 20, 6152, 6152), 1, DX_IS_DY, 0, TWO);
     nbwd_layouts("[300, 2, 128] ld 264 at 0 | 265 at 1", v3(0, 300, 2, 128, 264),
                  v3(1, 300, 2, 128, 265), 1, DX_OWN, 0);
     printf("rmsnorm_bwd, BF16 dw (== RNE(F32 dw run); vs CPU: 1 bf16 ulp, or 1e-5 sum|terms| "
            "+ rounding where the sum cancels)\n");
-    nbwd_bf16_case("[37, 4, 64] ld 272, plain, dx own", v3(0, 37, 4, 64, 272), 0, DX_OWN, 0);
+    nbwd_bf16_case("[37, 4, 64] ld 272, plain, dx own", v3(0, 37, 4, 64, 272), 0, DX_OWN, 0, ONE);
     nbwd_bf16_case("[4096, 16, 64] ld 1032, plus_one, dx own, acc", v3(0, 4096, 16, 64, 1032), 1,
-                   DX_OWN, 1);
+                   DX_OWN, 1, ONE);
     nbwd_bf16_case("[4096, 1, 5120] ld 5184, plain, dx = dy", v3(0, 4096, 1, 5120, 5184), 0,
-                   DX_IS_DY, 0);
+                   DX_IS_DY, 0, ONE);
+    nbwd_bf16_case("[1003, 1, 5120] ld 5120, plus_one, dx = x, acc", v3(0, 1003, 1, 5120, 5120),
+                   1, DX_IS_X, 1, ONE);
     nbwd_bf16_case("[4096, 8, 128] ld 1040, plus_one, dx = x", v3(0, 4096, 8, 128, 1040), 1,
-                   DX_IS_X, 0);
-    nbwd_bf16_case("[1, 1, 5120] ld 5184, plain, no dx", v3(0, 1, 1, 5120, 5184), 0, DX_NONE, 0);
-    nbwd_bf16_case("[37, 3, 64] ld 197 at 1 (scalar), acc", v3(1, 37, 3, 64, 197), 0, DX_OWN, 1);
+                   DX_IS_X, 0, ONE);
+    nbwd_bf16_case("[2049, 8, 128] ld 1024, plain, dx = dy, acc", v3(0, 2049, 8, 128, 1024), 0,
+                   DX_IS_DY, 1, ONE);
+    nbwd_bf16_case("[1, 1, 5120] ld 5184, plain, no dx", v3(0, 1, 1, 5120, 5184), 0, DX_NONE, 0,
+                   ONE);
+    nbwd_bf16_case("[37, 3, 64] ld 197 at 1 (scalar), acc", v3(1, 37, 3, 64, 197), 0, DX_OWN, 1,
+                   TWO);
+    CHECK_EQ(df_cuda_rmsnorm_bwd_set_impl(0), 0);
 }
 
 /* ---- RoPE backward ---- */

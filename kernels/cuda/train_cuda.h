@@ -27,6 +27,18 @@ extern "C" {
 int df_cuda_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
                         int plus_one, const df_tensor *dy, df_tensor *dx, int accumulate_dx,
                         df_tensor *dw);
+/* RMSNorm backward's paths (the same bits; see train_dense.cu): ONEPASS
+ * reads x and dy once (16-byte aligned rows, D <= 512 or 1025..6144;
+ * elsewhere the
+ * two-pass one runs), TWOPASS twice. The default: ONEPASS, unless the
+ * environment says DFLASH_RMSNORM_BWD=twopass (read once).
+ * df_cuda_rmsnorm_bwd_set_impl(impl) overrides that for later calls
+ * (0: back to the default; -EINVAL past TWOPASS): the tests' and benches'
+ * hook. df_cuda_rmsnorm_bwd_last_impl(): the path the last call took (0
+ * before any). Not thread-safe: process-wide settings. */
+enum { DF_CUDA_RMSNORM_BWD_ONEPASS = 1, DF_CUDA_RMSNORM_BWD_TWOPASS = 2 };
+int df_cuda_rmsnorm_bwd_set_impl(int impl);
+int df_cuda_rmsnorm_bwd_last_impl(void);
 int df_cuda_rope_bwd(df_backend *be, df_tensor *dx, const int32_t *pos, int heads, int head_dim,
                      int rot_dim, double theta);
 int df_cuda_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up,

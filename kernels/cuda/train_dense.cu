@@ -23,6 +23,7 @@
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -53,15 +54,19 @@ __device__ __forceinline__ uint16_t f2bf(float f)
     return __bfloat16_as_ushort(__float2bfloat16_rn(f));
 }
 
-__device__ __forceinline__ void load8(const uint16_t *p, float *f)
+__device__ __forceinline__ void unpack8(uint4 u, float *f)
 {
-    uint4 u = *reinterpret_cast<const uint4 *>(p);
     uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         f[2 * j] = __uint_as_float(w[j] << 16);
         f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
     }
+}
+
+__device__ __forceinline__ void load8(const uint16_t *p, float *f)
+{
+    unpack8(*reinterpret_cast<const uint4 *>(p), f);
 }
 
 __device__ __forceinline__ uint32_t pack2(float lo, float hi)
@@ -105,6 +110,20 @@ __device__ __forceinline__ void store_unit(uint16_t *row, int64_t c, int64_t n, 
     for (int j = 0; j < VEC; j++)
         if (c + j < n)
             row[c + j] = f2bf(f[j]);
+}
+
+/* load_unit's elements as 8 packed bf16 (0 past the end), for rows kept in
+ * registers; vector loads only (the caller checked the alignment). */
+__device__ __forceinline__ uint4 load_unit_raw(const uint16_t *row, int64_t c, int64_t n)
+{
+    if (c + VEC <= n)
+        return *reinterpret_cast<const uint4 *>(row + c);
+    uint32_t w[4] = {0u, 0u, 0u, 0u};
+#pragma unroll
+    for (int j = 0; j < VEC; j++)
+        if (c + j < n)
+            w[j / 2] |= (uint32_t)row[c + j] << (16 * (j % 2));
+    return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 /* ---- row layout (dense.cu's, for up to MAXT operands) ---- */
@@ -248,37 +267,84 @@ Launch rows_launch(int64_t rows, int64_t units)
  * y = g * xhat, xhat = x * inv, inv = 1/sqrt(mean(x^2) + eps), g = w or 1 + w:
  *   dx (+)= inv * (g*dy - xhat * cm),  cm = mean(g*dy * xhat)
  *   dw   += sum over rows of dy * xhat
- * Three kernels, so that dw can be summed in a fixed order while dx may be
- * dy's or x's very view:
- *   1. stats: a row per warp slice (TPR threads) or per block computes
- *      (inv, cm) into scratch; it reads x and dy whole before anything is
- *      written. cm = inv * sum(g*dy*x) / D (the CPU sums g*dy*xhat in
- *      double: same value up to fp32 rounding of one scalar per row).
+ * cm = inv * sum(g*dy*x) / D (the CPU sums g*dy*xhat in double: same value
+ * up to fp32 rounding of one scalar per row). A row's two sums: thread lane
+ * of the row's TPR threads (a warp slice of 8 / 16 / 32, or the block: by D
+ * alone) sums its units lane, lane + TPR, ... in order, then row_sum2.
+ *
+ * The dw order, by D alone: rows go in tiles of rb rows; a tile's rows form
+ * ty interleaved streams (stream y: the tile's rows y, y + ty, ...), each
+ * summed in row order from 0; a tile's partial row is its streams' sums
+ * added in y order; the dw kernel adds the tiles' partials in a fixed
+ * order (8 strided groups, then the groups in order) and the old dw last,
+ * as the CPU does.
+ *
+ * Two paths, the same bits (dx and dw): the same row sums, streams and
+ * per-element formulas (nbwd_stat_elem, nbwd_row_stats, nbwd_elem, written
+ * with _rn intrinsics so that no contraction is left to the compiler: any
+ * kernel using them rounds alike).
+ *  Two-pass (any layout; DFLASH_RMSNORM_BWD=twopass): three kernels, so
+ *  that dx may be dy's or x's very view:
+ *   1. stats: a row per warp slice or per block computes (inv, cm) into
+ *      scratch; it reads x and dy whole before anything is written.
  *   2. apply: a 2-D grid of column blocks x row tiles; each thread owns one
- *      8-column unit for all rows of a tile, writes dx for them (reads of x,
- *      dy, old dx before the write, in the same thread) and keeps dw's 8
- *      partial sums in registers; the ty threads of a column then combine
- *      in y order and the tile's partial row goes to scratch.
- *   3. dw: each column sums the tiles' partials in a fixed order (8 strided
- *      groups, then the groups in order) and adds the old dw last, as the
- *      CPU does.
- * Tile shape (tx, ty, rows per tile) is a function of D alone. */
+ *      8-column unit for all rows of a tile's stream, writes dx for them
+ *      (reads of x, dy, old dx before the write, in the same thread) and
+ *      keeps the stream's 8 dw sums in registers; the ty threads of a
+ *      column then combine in y order and the tile's partial row goes to
+ *      scratch.
+ *   3. dw (below).
+ *  One-pass (16-byte aligned rows, D <= 512 or 1025..6144: the default there):
+ *   nbwd_fused_kernel reads each row of x and dy (and the old dx) once, into
+ *   registers as packed bf16, a row per slice as in the stats kernel; the
+ *   row sums, then dx (written after the row's reads, by the threads that
+ *   read it: aliasing as above), and the dw terms summed per stream in
+ *   registers: a slice owns whole streams; the streams' sums go to shared
+ *   memory and are added in y order there (a row per block: the block owns
+ *   the tile's streams, added in y order in registers); then kernel 3. */
 
 /* Operand slots: 0 = x, 1 = dy, 2 = dx. */
 struct NbArgs {
     Rows L;
     const uint16_t *x, *dy, *w;
     uint16_t *dx;
-    float2 *stats;   /* [rows] (inv, cm) */
+    float2 *stats;   /* [rows] (inv, cm): two-pass */
     float *partial;  /* [n_tiles][D] */
     float eps;
     int plus_one, acc, vec;
-    int64_t rb, n_tiles, ncb; /* rows per tile, tiles, column blocks */
+    int64_t rb, n_tiles, ncb; /* rows per tile, tiles, column blocks (two-pass) */
+    int ty;                   /* streams per tile */
+    int tpp, sps;             /* one-pass: tiles per block pass, streams per slice */
 };
 
-/* The sums of (a, b) over a row's TPR threads, in lane 0 of the row (every
- * lane for TPR <= 32). The callers' loops are uniform over the block, so
- * every lane reaches the shuffles and barriers. */
+/* A row's sums: sum x^2 and sum (g*dy)*x, one element. */
+__device__ __forceinline__ void nbwd_stat_elem(float x, float dy, float g, float &ss, float &sd)
+{
+    ss = __fmaf_rn(x, x, ss);
+    sd = __fmaf_rn(__fmul_rn(g, dy), x, sd);
+}
+
+/* (inv, cm) from the row's (sum x^2, sum g*dy*x): the forward's
+ * normaliser, 1 / sqrt() as the CPU. */
+__device__ __forceinline__ float2 nbwd_row_stats(float2 t, int64_t D, float eps)
+{
+    const float fd = (float)D;
+    const float inv = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(__fdiv_rn(t.x, fd), eps)));
+    return make_float2(inv, __fdiv_rn(__fmul_rn(inv, t.y), fd));
+}
+
+/* One element: dx's new term (returned) and the dw term added to pw.
+ * s = (inv, cm). */
+__device__ __forceinline__ float nbwd_elem(float x, float dy, float g, float2 s, float &pw)
+{
+    const float xh = __fmul_rn(x, s.x);
+    pw = __fmaf_rn(dy, xh, pw);
+    return __fmul_rn(s.x, __fsub_rn(__fmul_rn(g, dy), __fmul_rn(xh, s.y)));
+}
+
+/* The sums of (a, b) over a row's TPR threads, in every thread of the row.
+ * The callers' loops are uniform over the block, so every lane reaches the
+ * shuffles and barriers. */
 template <int TPR>
 __device__ __forceinline__ float2 row_sum2(float a, float b, float2 *red)
 {
@@ -325,23 +391,17 @@ __global__ void __launch_bounds__(NT) nbwd_stats_kernel(NbArgs p)
                 load_unit(dy, u * VEC, D, p.vec, fd);
                 load_unit(p.w, u * VEC, D, p.vec, fw);
 #pragma unroll
-                for (int j = 0; j < VEC; j++) {
-                    float g = p.plus_one ? 1.0f + fw[j] : fw[j];
-                    ss += fx[j] * fx[j];
-                    sd += (g * fd[j]) * fx[j];
-                }
+                for (int j = 0; j < VEC; j++)
+                    nbwd_stat_elem(fx[j], fd[j], p.plus_one ? 1.0f + fw[j] : fw[j], ss, sd);
             }
         }
         float2 t = row_sum2<TPR>(ss, sd, red);
-        if (r < p.L.rows && lane == 0) {
-            /* the forward's normaliser, 1 / sqrt() as the CPU */
-            float inv = 1.0f / sqrtf(t.x / (float)D + p.eps);
-            p.stats[r] = make_float2(inv, inv * t.y / (float)D);
-        }
+        if (r < p.L.rows && lane == 0)
+            p.stats[r] = nbwd_row_stats(t, D, p.eps);
     }
 }
 
-/* Block (tx, ty): x over 8-column units, y over a tile's rows. 4 blocks
+/* Block (tx, ty): x over 8-column units, y over a tile's streams. 4 blocks
  * (32 warps) per SM: the registers capped at 64, no spills (ptxas -v). */
 __global__ void __launch_bounds__(NT, 4) nbwd_apply_kernel(NbArgs p)
 {
@@ -370,11 +430,8 @@ __global__ void __launch_bounds__(NT, 4) nbwd_apply_kernel(NbArgs p)
                 load_unit(p.x + off[0], c, D, p.vec, fx);
                 load_unit(p.dy + off[1], c, D, p.vec, fd);
 #pragma unroll
-                for (int j = 0; j < VEC; j++) {
-                    float xh = fx[j] * s.x;
-                    pw[j] += fd[j] * xh;
-                    fo[j] = s.x * (g[j] * fd[j] - xh * s.y);
-                }
+                for (int j = 0; j < VEC; j++)
+                    fo[j] = nbwd_elem(fx[j], fd[j], g[j], s, pw[j]);
                 if (p.dx) {
                     uint16_t *dx = p.dx + off[2]; /* may be x's or dy's row: read above */
                     if (p.acc) {
@@ -382,12 +439,12 @@ __global__ void __launch_bounds__(NT, 4) nbwd_apply_kernel(NbArgs p)
                         load_unit(dx, c, D, p.vec, old);
 #pragma unroll
                         for (int j = 0; j < VEC; j++)
-                            fo[j] = fo[j] + old[j];
+                            fo[j] = __fadd_rn(fo[j], old[j]);
                     }
                     store_unit(dx, c, D, p.vec, fo);
                 }
             }
-            /* the ty partial sums of a column, added in y order */
+            /* the ty stream sums of a column, added in y order */
             float *mine = red + ((int)threadIdx.y * tx + (int)threadIdx.x) * VEC;
 #pragma unroll
             for (int j = 0; j < VEC; j++)
@@ -405,6 +462,199 @@ __global__ void __launch_bounds__(NT, 4) nbwd_apply_kernel(NbArgs p)
                 }
             }
             __syncthreads(); /* red is rewritten for the next tile */
+        }
+    }
+}
+
+/* An opaque copy: the compiler cannot tell it equals u, so what is
+ * computed from it is neither shared with the same computation from u
+ * (kept live across a phase) nor hoisted out of a loop. The one-pass kernel
+ * keeps its rows packed (4 registers per 8 elements) and unpacks them
+ * again in each phase: otherwise the unpacked floats stay live, twice the
+ * registers. */
+__device__ __forceinline__ uint4 opaque(uint4 u)
+{
+    asm volatile("" : "+r"(u.x), "+r"(u.y), "+r"(u.z), "+r"(u.w));
+    return u;
+}
+
+/* g (w or 1 + w) of a packed unit of w. */
+__device__ __forceinline__ void weight8(uint4 w, int plus_one, float *g)
+{
+    unpack8(w, g);
+#pragma unroll
+    for (int j = 0; j < VEC; j++)
+        g[j] = plus_one ? 1.0f + g[j] : g[j];
+}
+
+/* One-pass. A block of NT threads: RPB = NT / TPR slices of TPR threads, a
+ * row per slice (TPR and the thread -> units map as nbwd_stats_kernel's:
+ * lane owns units lane + i * TPR, i < UPT). A block pass takes tpp tiles
+ * (tpp * ty streams); slice sl owns streams sl, sl + RPB, ... (sps of
+ * them), and goes down each stream RU rows at a time (loaded together: the
+ * memory parallelism). Every loop's trip count is uniform over the block
+ * (rows past the end are masked), so the row sums' shuffles and barriers
+ * are reached by all. The stream sums (dynamic shared memory): TPR < NT
+ * to [tpp][ty][Dp], added in y order after a barrier; TPR == NT (tpp 1,
+ * sps = ty: the slice is the block and owns the tile's streams in y order)
+ * added in y order into the thread's own slots of [Dp] (no barrier).
+ * MINB: blocks per SM the registers are capped for (ptxas -v, sm_90a: no
+ * spills); sm_80 spills at 3 (80 registers): 2 there. */
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define NBWD_MINB(m) ((m) > 2 ? 2 : (m))
+#else
+#define NBWD_MINB(m) (m)
+#endif
+template <int TPR, int UPT, int RU, int MINB>
+__global__ void __launch_bounds__(NT, NBWD_MINB(MINB)) nbwd_fused_kernel(NbArgs p)
+{
+    constexpr int RPB = NT / TPR;
+    constexpr bool SMEM = TPR < NT;
+    __shared__ float2 rsum[NT / 32];
+    extern __shared__ float4 red4[];
+    float *red = reinterpret_cast<float *>(red4);
+    const int lane = (int)threadIdx.x % TPR, sl = (int)threadIdx.x / TPR;
+    const int64_t D = p.L.cols, units = cdiv(D, VEC), Dp = units * VEC, R = p.L.rows;
+    const int ty = p.ty, rps = (int)(p.rb / ty);
+    const bool dx_acc = p.dx && p.acc;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+
+    bool own[UPT];
+    uint4 wr[UPT];
+#pragma unroll
+    for (int i = 0; i < UPT; i++) {
+        const int64_t u = lane + (int64_t)i * TPR;
+        own[i] = u < units;
+        wr[i] = own[i] ? load_unit_raw(p.w, u * VEC, D) : zero;
+    }
+
+    for (int64_t pass = blockIdx.x; pass * p.tpp < p.n_tiles; pass += gridDim.x) {
+        for (int qi = 0; qi < p.sps; qi++) {
+            const int q = sl + qi * RPB, tl = q / ty, y = q % ty;
+            const int64_t r0 = (pass * p.tpp + tl) * p.rb + y; /* the stream's first row */
+            float cur[UPT * VEC];
+#pragma unroll
+            for (int j = 0; j < UPT * VEC; j++)
+                cur[j] = 0.0f;
+            for (int k = 0; k < rps; k += RU) {
+                /* RU rows of the stream: every read before any write */
+                bool v[RU];
+                int64_t off[RU][3];
+                uint4 rx[RU][UPT], rd[RU][UPT], ro[RU][UPT];
+#pragma unroll
+                for (int e = 0; e < RU; e++) {
+                    const int64_t r = r0 + (int64_t)(k + e) * ty;
+                    v[e] = k + e < rps && r < R;
+                    off[e][0] = off[e][1] = off[e][2] = 0;
+                    if (v[e])
+                        row_offsets<3>(p.L, r, off[e]);
+#pragma unroll
+                    for (int i = 0; i < UPT; i++) {
+                        const int64_t c = (lane + (int64_t)i * TPR) * VEC;
+                        const bool ld = v[e] && own[i];
+                        rx[e][i] = ld ? load_unit_raw(p.x + off[e][0], c, D) : zero;
+                        rd[e][i] = ld ? load_unit_raw(p.dy + off[e][1], c, D) : zero;
+                        ro[e][i] = ld && dx_acc ? load_unit_raw(p.dx + off[e][2], c, D) : zero;
+                    }
+                }
+                /* the row sums, in the stats kernel's order */
+                float2 st[RU];
+#pragma unroll
+                for (int e = 0; e < RU; e++) {
+                    float ss = 0.0f, sd = 0.0f;
+#pragma unroll
+                    for (int i = 0; i < UPT; i++) {
+                        if (!own[i])
+                            continue;
+                        float fx[VEC], fd[VEC], g[VEC];
+                        unpack8(opaque(rx[e][i]), fx);
+                        unpack8(opaque(rd[e][i]), fd);
+                        weight8(opaque(wr[i]), p.plus_one, g);
+#pragma unroll
+                        for (int j = 0; j < VEC; j++)
+                            nbwd_stat_elem(fx[j], fd[j], g[j], ss, sd);
+                    }
+                    st[e] = nbwd_row_stats(row_sum2<TPR>(ss, sd, rsum), D, p.eps);
+                }
+                /* dx, and the dw terms in row order */
+#pragma unroll
+                for (int e = 0; e < RU; e++) {
+                    if (!v[e])
+                        continue;
+#pragma unroll
+                    for (int i = 0; i < UPT; i++) {
+                        if (!own[i])
+                            continue;
+                        const int64_t c = (lane + (int64_t)i * TPR) * VEC;
+                        float fx[VEC], fd[VEC], g[VEC], fo[VEC];
+                        unpack8(opaque(rx[e][i]), fx);
+                        unpack8(opaque(rd[e][i]), fd);
+                        weight8(opaque(wr[i]), p.plus_one, g);
+#pragma unroll
+                        for (int j = 0; j < VEC; j++)
+                            fo[j] = nbwd_elem(fx[j], fd[j], g[j], st[e], cur[i * VEC + j]);
+                        if (p.dx) {
+                            if (p.acc) {
+                                float old[VEC];
+                                unpack8(ro[e][i], old);
+#pragma unroll
+                                for (int j = 0; j < VEC; j++)
+                                    fo[j] = __fadd_rn(fo[j], old[j]);
+                            }
+                            /* may be x's or dy's row: read above, by this thread */
+                            store_unit(p.dx + off[e][2], c, D, 1, fo);
+                        }
+                    }
+                }
+            }
+            /* the stream's sums: TPR < NT to the block's [tpp][ty][Dp]; the
+             * block's row (RPB 1: stream qi is y = qi) added in y order to
+             * this thread's own slots of [Dp] */
+            float *dst = red + (SMEM ? ((int64_t)tl * ty + y) * Dp : 0);
+#pragma unroll
+            for (int i = 0; i < UPT; i++) {
+                if (!own[i])
+                    continue;
+                float4 *d4 = reinterpret_cast<float4 *>(dst + (lane + (int64_t)i * TPR) * VEC);
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const float *cu = cur + i * VEC + 4 * h;
+                    float4 a = make_float4(cu[0], cu[1], cu[2], cu[3]);
+                    if (!SMEM && qi > 0) {
+                        const float4 b = d4[h];
+                        a = make_float4(b.x + a.x, b.y + a.y, b.z + a.z, b.w + a.w);
+                    }
+                    d4[h] = a;
+                }
+            }
+        }
+        /* the tiles' partial rows */
+        if (SMEM) {
+            __syncthreads();
+            for (int64_t e = threadIdx.x; e < (int64_t)p.tpp * D; e += NT) {
+                const int64_t tl = e / D, c = e - tl * D, tile = pass * p.tpp + tl;
+                if (tile < p.n_tiles) {
+                    const float *col = red + tl * ty * Dp + c;
+                    float t = col[0];
+                    for (int y = 1; y < ty; y++)
+                        t += col[y * Dp];
+                    p.partial[tile * D + c] = t;
+                }
+            }
+            __syncthreads(); /* red is rewritten in the next pass */
+        } else {
+            /* this thread's own slots: no barrier */
+            float *out = p.partial + pass * D;
+#pragma unroll
+            for (int i = 0; i < UPT; i++) {
+                if (!own[i])
+                    continue;
+                const int64_t c = (lane + (int64_t)i * TPR) * VEC;
+#pragma unroll
+                for (int j = 0; j < VEC; j++)
+                    if (c + j < D)
+                        out[c + j] = red[c + j];
+            }
         }
     }
 }
@@ -726,6 +976,54 @@ __global__ void __launch_bounds__(NT)
 
 /* ---- host side ---- */
 
+namespace {
+int g_nbwd_impl;     /* df_cuda_rmsnorm_bwd_set_impl; 0: none */
+int g_nbwd_last = 0; /* the path the last call took */
+
+/* DFLASH_RMSNORM_BWD, read once: "twopass" or "onepass" (the default);
+ * 0 when unset or unknown. */
+int env_nbwd_impl()
+{
+    static int v = -1; /* racing first calls compute the same value */
+    if (v < 0) {
+        const char *e = getenv("DFLASH_RMSNORM_BWD");
+        int r = 0;
+        if (e && *e) {
+            if (!strcmp(e, "onepass"))
+                r = DF_CUDA_RMSNORM_BWD_ONEPASS;
+            else if (!strcmp(e, "twopass"))
+                r = DF_CUDA_RMSNORM_BWD_TWOPASS;
+            else
+                fprintf(stderr, "rmsnorm_bwd: DFLASH_RMSNORM_BWD=%s is neither onepass nor "
+                                "twopass: the default\n", e);
+        }
+        v = r;
+    }
+    return v;
+}
+
+template <int TPR, int UPT, int RU, int MINB>
+void nbwd_fused_launch(const NbArgs &p, unsigned grid, cudaStream_t st)
+{
+    const size_t smem = (size_t)(TPR < NT ? p.tpp * p.ty : 1) * cdiv(p.L.cols, VEC) * VEC *
+                        sizeof(float);
+    nbwd_fused_kernel<TPR, UPT, RU, MINB><<<grid, NT, smem, st>>>(p);
+}
+} /* namespace */
+
+extern "C" int df_cuda_rmsnorm_bwd_set_impl(int impl)
+{
+    if (impl < 0 || impl > DF_CUDA_RMSNORM_BWD_TWOPASS)
+        return -EINVAL;
+    g_nbwd_impl = impl;
+    return 0;
+}
+
+extern "C" int df_cuda_rmsnorm_bwd_last_impl(void)
+{
+    return g_nbwd_last;
+}
+
 int df_cuda_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
                         int plus_one, const df_tensor *dy, df_tensor *dx, int accumulate_dx,
                         df_tensor *dw)
@@ -758,38 +1056,74 @@ int df_cuda_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, 
     int64_t rb = cdiv((int64_t)1 << 15, D);
     if (rb < 16)
         rb = 16;
+    p.ty = ty;
     p.rb = cdiv(rb, ty) * ty;
     p.n_tiles = cdiv(R, p.rb);
     p.ncb = cdiv(units, tx);
+    /* a row's threads (the row sums' order): a warp slice of 8 / 16 with
+     * <= 2 units (16 bf16) per thread, a warp up to D = 1024 (per-head
+     * norms), else the block (the hidden size) */
+    const int tpr = units <= 16 ? 8 : units <= 32 ? 16 : units <= 128 ? 32 : NT;
 
-    /* scratch: the partials [n_tiles][D] f32, then the row stats */
+    int impl = g_nbwd_impl ? g_nbwd_impl : env_nbwd_impl();
+    /* the one-pass kernel's rows fit in registers (ptxas -v: no spills,
+     * 2 blocks per SM or more) up to 2 units per thread with a slice of 8 /
+     * 16 / 32 threads a row, 3 with the block (D <= 512, 1025..6144) */
+    const int onepass = impl != DF_CUDA_RMSNORM_BWD_TWOPASS && p.vec &&
+                        (units <= 64 || (units > 128 && units <= 3 * NT));
+    g_nbwd_last = onepass ? DF_CUDA_RMSNORM_BWD_ONEPASS : DF_CUDA_RMSNORM_BWD_TWOPASS;
+
+    /* scratch: the partials [n_tiles][D] f32, then (two-pass) the row stats */
     size_t part_bytes = ((size_t)(p.n_tiles * D) * sizeof(float) + 255) & ~(size_t)255;
-    char *scr = (char *)df_cuda_scratch(be, part_bytes + (size_t)R * sizeof(float2));
+    const size_t stats_bytes = onepass ? 0 : (size_t)R * sizeof(float2);
+    char *scr = (char *)df_cuda_scratch(be, part_bytes + stats_bytes);
     if (!scr)
         return -EIO;
     p.partial = (float *)scr;
-    p.stats = (float2 *)(scr + part_bytes);
+    p.stats = onepass ? nullptr : (float2 *)(scr + part_bytes);
 
     cudaStream_t st = df_cuda_stream(be);
-    /* stats: TPR threads per row: a warp slice of 8 / 16 with <= 2 units
-     * (16 bf16) per thread, a warp up to D = 1024 (per-head norms), else
-     * the block (the hidden size). */
-    if (units <= 16)
-        nbwd_stats_kernel<8><<<capped(cdiv(R, NT / 8)), NT, 0, st>>>(p);
-    else if (units <= 32)
-        nbwd_stats_kernel<16><<<capped(cdiv(R, NT / 16)), NT, 0, st>>>(p);
-    else if (units <= 128)
-        nbwd_stats_kernel<32><<<capped(cdiv(R, NT / 32)), NT, 0, st>>>(p);
-    else
-        nbwd_stats_kernel<NT><<<capped(R), NT, 0, st>>>(p);
-    int rc = df_cuda_check_launch("rmsnorm_bwd stats kernel");
-    if (rc)
-        return rc;
-    nbwd_apply_kernel<<<dim3(capped(p.ncb), capped(p.n_tiles), 1), dim3((unsigned)tx, (unsigned)ty, 1),
-                        0, st>>>(p);
-    rc = df_cuda_check_launch("rmsnorm_bwd apply kernel");
-    if (rc)
-        return rc;
+    int rc;
+    if (onepass) {
+        /* tpp tiles per block pass, sps streams per slice: the block's
+         * RPB slices own all the pass's streams, one or more each */
+        const int rpb = NT / tpr;
+        p.tpp = rpb > ty ? rpb / ty : 1;
+        p.sps = ty > rpb ? ty / rpb : 1;
+        const unsigned grid = capped(cdiv(p.n_tiles, p.tpp));
+        if (tpr == 8)
+            nbwd_fused_launch<8, 2, 2, 2>(p, grid, st);
+        else if (tpr == 16)
+            nbwd_fused_launch<16, 2, 2, 2>(p, grid, st);
+        else if (tpr == 32)
+            nbwd_fused_launch<32, 2, 2, 2>(p, grid, st);
+        else if (units <= NT)
+            nbwd_fused_launch<NT, 1, 1, 4>(p, grid, st);
+        else if (units <= 2 * NT)
+            nbwd_fused_launch<NT, 2, 1, 3>(p, grid, st);
+        else
+            nbwd_fused_launch<NT, 3, 1, 2>(p, grid, st);
+        rc = df_cuda_check_launch("rmsnorm_bwd one-pass kernel");
+        if (rc)
+            return rc;
+    } else {
+        if (tpr == 8)
+            nbwd_stats_kernel<8><<<capped(cdiv(R, NT / 8)), NT, 0, st>>>(p);
+        else if (tpr == 16)
+            nbwd_stats_kernel<16><<<capped(cdiv(R, NT / 16)), NT, 0, st>>>(p);
+        else if (tpr == 32)
+            nbwd_stats_kernel<32><<<capped(cdiv(R, NT / 32)), NT, 0, st>>>(p);
+        else
+            nbwd_stats_kernel<NT><<<capped(R), NT, 0, st>>>(p);
+        rc = df_cuda_check_launch("rmsnorm_bwd stats kernel");
+        if (rc)
+            return rc;
+        nbwd_apply_kernel<<<dim3(capped(p.ncb), capped(p.n_tiles), 1),
+                            dim3((unsigned)tx, (unsigned)ty, 1), 0, st>>>(p);
+        rc = df_cuda_check_launch("rmsnorm_bwd apply kernel");
+        if (rc)
+            return rc;
+    }
     const dim3 dwg(capped(cdiv(D, 32))), dwb(32, DW_GROUPS, 1);
     if (dw->dtype == DF_DTYPE_BF16)
         nbwd_dw_kernel<uint16_t><<<dwg, dwb, 0, st>>>(p.partial, p.n_tiles, D,
