@@ -6,10 +6,12 @@
 #    sustain more at the 700 W limit than the first choice?
 #  - ncu (hardware counters; --clock-control none keeps the clocks alone) on the attention
 #    kernels of the default implementation (forward, dQ, context dK/dV), the first launch of each.
-# Env: PARTS (default "gemm ncu").
+# Env: PARTS (default "gemm ncu"); KERNELS (default "fwd_wg_kernel dq_wg_kernel dkv_wg_kernel",
+# regexes of the kernel names ncu profiles; e.g. with DFLASH_ATTN_FWD=ws, "fwd_ws_kernel").
 set -u
 B=${1:?build dir}; LOG=${2:?log dir}
 PARTS=${PARTS:-gemm ncu}
+KERNELS=${KERNELS:-fwd_wg_kernel dq_wg_kernel dkv_wg_kernel}
 mkdir -p "$LOG"
 has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
 status=0
@@ -25,7 +27,7 @@ if has ncu; then
   if [ -n "$NCU" ]; then
     : >"$LOG/ncu-attn.log"
     # the first launch of each (the bench's first configuration: 3 documents, full layer)
-    for k in fwd_wg_kernel dq_wg_kernel dkv_wg_kernel; do
+    for k in $KERNELS; do
       timeout 120 "$NCU" --clock-control none -k "regex:$k" -c 1 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
         --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats \
