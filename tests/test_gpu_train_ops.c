@@ -19,6 +19,10 @@
  *    cuBLASLt's epilogue: fp32 acc + beta C, one rounding to nearest even
  *    (a truncating epilogue, round-half-away, or split-K partials rounded
  *    to bf16 would all differ).
+ *  - DFLASH_GEMM_TUNE (df_cuda_gemm_set_tune): GEMMs big enough to be
+ *    tuned (matmul, bwd_x, bwd_w; bf16 and F32 C; accumulating or not;
+ *    strided C) give, on their tuning call and from the tuned plan after,
+ *    bitwise what the untuned plans give on the same inputs.
  *  - DFlash attention through the dispatch (blocks staged from the host):
  *    bit-identical to the same kernels called directly (dflash_attn.h),
  *    and within 2e-2 relative L2 of the CPU reference (a plumbing check;
@@ -331,6 +335,97 @@ static void check_dflash(df_backend *g, df_backend *c)
         df_backend_free(g, bufs[i]);
 }
 
+/* ---- DFLASH_GEMM_TUNE: the timed choice keeps the untuned plans' bits ---- */
+
+/* One GEMM through the ops. op 0: matmul, y [M, N] = x [M, K] w [N, K]^T;
+ * op 1: bwd_x, dx [M, K] = dy [M, N] w [N, K]; op 2: bwd_w, dw [N, K] =
+ * dy [M, N]^T x [M, K]. The output is a column view of an [rows, ld]
+ * buffer (ld > cols: the GEMM's C is strided), F32 only for bwd_w. Each
+ * has m n k >= 2^30, so gemm.cu tunes it when tuning is on. */
+typedef struct tune_case {
+    int op;
+    int64_t M, N, K, ld;
+    int f32, acc;
+} tune_case;
+
+static void tune_run(df_backend *g, const tune_case *t, void *a, void *b, void *out,
+                     const void *img, size_t bytes, void *host)
+{
+    int64_t ar = t->M, ac = t->op == 0 ? t->K : t->N, br = t->op == 2 ? t->M : t->N, bc = t->K;
+    int64_t rows = t->op == 2 ? t->N : t->M, cols = t->op == 0 ? t->N : t->K;
+    df_dtype od = t->f32 ? DF_DTYPE_F32 : DF_DTYPE_BF16;
+    CHECK_EQ(df_backend_upload(g, out, img, bytes), 0);
+    df_tensor ta = df_tensor_2d(a, DF_DTYPE_BF16, ar, ac);
+    df_tensor tb = df_tensor_2d(b, DF_DTYPE_BF16, br, bc);
+    df_tensor full = df_tensor_2d(out, od, rows, t->ld), to = df_tensor_cols(&full, 0, cols);
+    int rc = t->op == 0   ? df_op_matmul(g, &ta, &tb, &to, t->acc)
+             : t->op == 1 ? df_op_matmul_bwd_x(g, &ta, &tb, &to, t->acc)
+                          : df_op_matmul_bwd_w(g, &ta, &tb, &to, t->acc);
+    CHECK_EQ(rc, 0);
+    CHECK_EQ(df_backend_download(g, host, out, bytes), 0);
+}
+
+/* Untuned (a fresh plan), then tuned (a fresh plan: tuned on this call's
+ * operands), then the tuned plan again: all three bitwise equal, padding
+ * untouched. */
+static void check_gemm_tune(df_backend *g, const tune_case *t)
+{
+    int64_t ar = t->M, ac = t->op == 0 ? t->K : t->N, br = t->op == 2 ? t->M : t->N, bc = t->K;
+    int64_t rows = t->op == 2 ? t->N : t->M, cols = t->op == 0 ? t->N : t->K;
+    size_t es = t->f32 ? 4 : 2, bytes = (size_t)(rows * t->ld) * es;
+    float *fa = rnd(ar * ac), *fb = rnd(br * bc), *fc = rnd(rows * t->ld);
+    void *a = dev_bf16(g, fa, ar * ac), *b = dev_bf16(g, fb, br * bc);
+    void *out = df_backend_alloc(g, bytes);
+    CHECK(out != NULL);
+    uint8_t *img = malloc(bytes), *h[3];
+    for (int i = 0; i < 3; i++)
+        h[i] = malloc(bytes);
+    for (int64_t i = 0; i < rows * t->ld; i++) {
+        int used = t->acc && i % t->ld < cols;
+        if (t->f32)
+            ((float *)img)[i] = used ? fc[i] : NAN;
+        else
+            ((uint16_t *)img)[i] = used ? df_f32_to_bf16(fc[i]) : BF_POISON;
+    }
+    int prev = df_cuda_gemm_set_tune(0);
+    df_cuda_gemm_forget_plans(g);
+    tune_run(g, t, a, b, out, img, bytes, h[0]);
+    df_cuda_gemm_set_tune(1);
+    df_cuda_gemm_forget_plans(g);
+    int64_t n0 = df_cuda_gemm_tuned_count();
+    tune_run(g, t, a, b, out, img, bytes, h[1]);
+    int64_t tuned = df_cuda_gemm_tuned_count() - n0;
+    tune_run(g, t, a, b, out, img, bytes, h[2]);
+    df_cuda_gemm_set_tune(prev);
+    df_cuda_gemm_forget_plans(g);
+    int64_t pad = 0, nan = 0;
+    for (int64_t i = 0; i < rows * t->ld; i++) {
+        const uint8_t *o = h[0] + (size_t)i * es, *im = img + (size_t)i * es;
+        if (i % t->ld >= cols)
+            pad += memcmp(o, im, es) != 0;
+        else if (t->f32)
+            nan += isnan(*(const float *)o);
+        else
+            nan += isnan(df_bf16_to_f32(*(const uint16_t *)o));
+    }
+    int same1 = !memcmp(h[0], h[1], bytes), same2 = !memcmp(h[0], h[2], bytes);
+    static const char *const name[] = {"matmul", "matmul_bwd_x", "matmul_bwd_w"};
+    printf("gemm tune %s M=%lld N=%lld K=%lld ld=%lld %s acc=%d: %s by time; tuning call %s, "
+           "tuned plan %s the untuned bits; %lld padding touched, %lld NaN  %s\n",
+           name[t->op], (long long)t->M, (long long)t->N, (long long)t->K, (long long)t->ld,
+           t->f32 ? "f32" : "bf16", t->acc, tuned ? "chosen" : "not chosen (< 2 candidates)",
+           same1 ? "gives" : "DIFFERS from", same2 ? "gives" : "DIFFERS from", (long long)pad,
+           (long long)nan, same1 && same2 && !pad && !nan ? "ok" : "FAIL");
+    CHECK(same1);
+    CHECK(same2);
+    CHECK_EQ(pad, 0);
+    CHECK_EQ(nan, 0);
+    free(fa), free(fb), free(fc), free(img);
+    for (int i = 0; i < 3; i++)
+        free(h[i]);
+    df_backend_free(g, a), df_backend_free(g, b), df_backend_free(g, out);
+}
+
 int main(void)
 {
     if (df_cuda_device_count() <= 0) {
@@ -356,6 +451,16 @@ int main(void)
     check_bwd_w_bf16(g, c, 4096, 64, 96, 96, 1, 1);
     check_bwd_w_bf16(g, c, 37, 80, 72, 72, 1, 1);
     check_dflash(g, c);
+    static const tune_case tc[] = {
+        {0, 1024, 2048, 512, 2048 + 64, 0, 0}, /* matmul, bf16, strided y */
+        {1, 1024, 1024, 1024, 1024, 0, 1},     /* bwd_x, bf16, accumulate */
+        {2, 1024, 1024, 1024, 1024 + 32, 1, 1}, /* bwd_w, F32, accumulate, strided */
+        {2, 2048, 512, 1024, 1024, 1, 0},      /* bwd_w, F32 */
+        {2, 1024, 1024, 1024, 1024 + 64, 0, 1}, /* bwd_w, BF16, accumulate, strided */
+        {2, 2048, 1024, 512, 512 + 64, 0, 0},  /* bwd_w, BF16, strided */
+    };
+    for (size_t i = 0; i < sizeof tc / sizeof tc[0]; i++)
+        check_gemm_tune(g, &tc[i]);
     df_backend_close(g);
     df_backend_close(c);
     return test_main_end();

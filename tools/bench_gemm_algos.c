@@ -3,7 +3,9 @@
  * the Qwen3.6-27B drafter (5 layers, hidden 5120, 32/8 heads x 128, MLP
  * 17408, 8192 query tokens, 4096 context tokens) and the LM head's two
  * GEMMs. A measurement only (never run by tests): it tells whether picking
- * among the candidates by time is worth building into gemm.cu.
+ * among the candidates by time is worth building into gemm.cu (it now is,
+ * opt-in: DFLASH_GEMM_TUNE=1, among the candidates of the first one's algo
+ * id and split-K whose output is bitwise the first's).
  *
  * Each shape is set up as kernels/cuda/gemm.cu sets it up (column-major
  * terms, bf16 A/B, fp32 compute, bf16 or fp32 C, the same reduction-scheme

@@ -82,6 +82,16 @@ int df_cuda_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w
 int df_cuda_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x, df_tensor *dw,
                          int accumulate);
 
+/* cuBLASLt plans (gemm.cu). The timed choice among the heuristic's
+ * bitwise-equal candidates (DFLASH_GEMM_TUNE=1, gemm.cu's header):
+ * set_tune overrides the variable for plans built from now on and returns
+ * the previous setting; tuned_count is how many plans (all backends) got
+ * their algorithm by timing; forget_plans drops a backend's cached plans,
+ * so the next GEMMs build (and maybe tune) theirs again. */
+int df_cuda_gemm_set_tune(int on);
+int64_t df_cuda_gemm_tuned_count(void);
+void df_cuda_gemm_forget_plans(df_backend *be);
+
 /* l2norm's row launcher in dense.cu, whose row-norm kernel (warp or block
  * per row, any outer strides, 16-byte vectors) serves the RMSNorms and
  * l2norm alike; df_cuda_l2norm (gdn_prep.cu) calls it. */
