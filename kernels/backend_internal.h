@@ -112,8 +112,6 @@ typedef struct df_backend_vt {
     int (*side)(df_backend *be, int on);
     int (*side_mark)(df_backend *be, int k);
     int (*wait_mark)(df_backend *be, int k);
-    /* df_backend_set_gemm_tuning (ops.h). NULL: nothing is tuned. */
-    void (*set_gemm_tuning)(df_backend *be, int on);
 } df_backend_vt;
 
 struct df_backend {

@@ -322,15 +322,6 @@ int df_backend_cast(df_backend *be, void *dst, df_dtype dt, const void *src, df_
     return n && dst != src ? be->vt->cast(be, dst, dt, src, st, n) : 0;
 }
 
-int df_backend_set_gemm_tuning(df_backend *be, int on)
-{
-    if (!be)
-        return -EINVAL;
-    if (be->vt->set_gemm_tuning)
-        be->vt->set_gemm_tuning(be, on != 0);
-    return 0;
-}
-
 void df_backend_profile_reset(df_backend *be)
 {
     if (be && be->prof && be->vt->prof_reset)

@@ -155,15 +155,6 @@ int64_t df_backend_mem_used(df_backend *be);
 /* With DFLASH_PROFILE=1 (per-op GPU times, logged at close): forget the
  * times so far, e.g. a warm-up step's (plan choice, allocation). */
 void df_backend_profile_reset(df_backend *be);
-/* A hint that this backend's GEMM shapes repeat (a training loop: the same
- * shapes every step). The CUDA backend then times, on each new big shape's
- * first call, cuBLASLt's candidates that sum every output element in the
- * same order as its first choice, and keeps the fastest whose output is
- * bitwise the first's (kernels/cuda/gemm.cu). Off by default: for varying
- * shapes (extraction) the trials would not pay. DFLASH_GEMM_TUNE=0 or 1 in
- * the environment overrides every backend's setting. Returns 0, or -EINVAL
- * without a backend; a no-op where nothing is tuned (the CPU). */
-int df_backend_set_gemm_tuning(df_backend *be, int on);
 
 /* The CUDA backend on device `device` (ops on one stream, cuBLASLt GEMMs).
  * NULL with e set when there is no such device or the build has no CUDA. */

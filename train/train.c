@@ -1116,10 +1116,6 @@ int df_train_run(const df_train_opts *o, df_err *e)
         rc = e ? e->code : -ENOMEM;
         goto out;
     }
-    /* Every step runs the same GEMM shapes: the first step's timed choice of
-     * GEMM kernels pays (~1% of the 27B step, session 7); each chosen kernel
-     * gives the default's bits (DFLASH_GEMM_TUNE=0 turns it off). */
-    df_backend_set_gemm_tuning(be, 1);
     int64_t mem_base = df_backend_mem_used(be); /* the context and handles, before our memory */
     if (world > 1) { /* the ranks meet in the run directory */
         if ((rc = df_mkdirs(o->run_dir, e)))

@@ -705,7 +705,6 @@ static const df_backend_vt cuda_vt = {
     /* .side = */ cu_side,
     /* .side_mark = */ cu_side_mark,
     /* .wait_mark = */ cu_wait_mark,
-    /* .set_gemm_tuning = */ df_cuda_gemm_tuning,
 };
 
 extern "C" df_backend *df_backend_cuda_open(int device, df_err *e)

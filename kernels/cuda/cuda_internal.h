@@ -83,16 +83,13 @@ int df_cuda_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x
                          int accumulate);
 
 /* cuBLASLt plans (gemm.cu). The timed choice among the heuristic's
- * bitwise-equal candidates (df_backend_set_gemm_tuning, DFLASH_GEMM_TUNE;
- * gemm.cu's header): set_tune(0 / 1) forces it off / on for every backend
- * (as the variable does), set_tune(-1) leaves it to each backend again;
- * either applies to plans built from then on and returns the previous
- * forcing (-1, 0 or 1); tuned_count is how many plans (all backends) got
+ * bitwise-equal candidates (DFLASH_GEMM_TUNE=1, gemm.cu's header):
+ * set_tune overrides the variable for plans built from now on and returns
+ * the previous setting; tuned_count is how many plans (all backends) got
  * their algorithm by timing; forget_plans drops a backend's cached plans,
  * so the next GEMMs build (and maybe tune) theirs again. */
 int df_cuda_gemm_set_tune(int on);
 int64_t df_cuda_gemm_tuned_count(void);
-void df_cuda_gemm_tuning(df_backend *be, int on); /* the vt's set_gemm_tuning */
 void df_cuda_gemm_forget_plans(df_backend *be);
 
 /* l2norm's row launcher in dense.cu, whose row-norm kernel (warp or block

@@ -76,7 +76,6 @@ typedef struct df_cuda_state {
     size_t gemm_ws_bytes;
     df_cuda_gemm_plan plans[DF_CUDA_GEMM_CACHE];
     int n_plans, next_evict;
-    int gemm_tune; /* df_backend_set_gemm_tuning (DFLASH_GEMM_TUNE overrides) */
     df_cuda_prof *prof; /* DFLASH_PROFILE=1 */
 } df_cuda_state;
 

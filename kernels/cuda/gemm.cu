@@ -39,10 +39,9 @@
  * cached per (shape, strides, pointer alignment, accumulate, C's type):
  * heuristics run once per shape, never per call.
  *
- * The timed choice (df_backend_set_gemm_tuning per backend: the trainer
- * turns it on; DFLASH_GEMM_TUNE=0 / 1, read once, forces it off / on for
- * every backend; df_cuda_gemm_set_tune for tests. Off, nothing here
- * changes: one heuristic answer, its first algorithm). On, plan_tune runs when a plan is built
+ * The timed choice (DFLASH_GEMM_TUNE=1, read once; df_cuda_gemm_set_tune
+ * for tests; off by default, and then nothing here changes: one heuristic
+ * answer, its first algorithm). On, plan_tune runs when a plan is built
  * for a GEMM of at least 2^30 multiply-adds (smaller ones cannot pay the
  * trials back): it asks the heuristic, under the same preference (so the
  * reduction-scheme restriction above holds for every candidate), for up
@@ -71,10 +70,7 @@
  * bitwise check on the first call's real operands, together with the
  * argument above (same algorithm id, no split-K: the same k order per
  * element). Should that argument fail for some other input, results could
- * differ between runs in the last bit: hence only where the caller asks
- * (the trainer, whose shapes repeat every step; the GPU checks compare its
- * runs bit for bit across resume and across GPU counts), and
- * DFLASH_GEMM_TUNE=0 turns it off. */
+ * differ between runs in the last bit: hence opt-in. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdint.h>
@@ -167,36 +163,23 @@ static unsigned align_of(const void *a, const void *b, const void *c)
 #define TUNE_REPS 3 /* timed runs per candidate (after one warm-up) */
 #define TUNE_MIN_WORK ((double)(1 << 30)) /* m n k below this: not tuned */
 
-/* The forcing: -2 DFLASH_GEMM_TUNE not read yet, -1 none (each backend's
- * own setting), 0 / 1 off / on everywhere. */
-static int g_force = -2;
-static int64_t g_n_tuned; /* plans whose algorithm was chosen by time */
+static int g_tune = -1;    /* -1: DFLASH_GEMM_TUNE not read yet */
+static int64_t g_n_tuned;  /* plans whose algorithm was chosen by time */
 
-static int tune_force(void)
+static int tune_on(void)
 {
-    if (g_force == -2) {
+    if (g_tune < 0) {
         const char *v = getenv("DFLASH_GEMM_TUNE");
-        g_force = v && (*v == '0' || *v == '1') ? *v - '0' : -1;
+        g_tune = v && *v == '1';
     }
-    return g_force;
-}
-
-static int tune_on(const df_cuda_state *s)
-{
-    int f = tune_force();
-    return f >= 0 ? f : s->gemm_tune;
+    return g_tune;
 }
 
 int df_cuda_gemm_set_tune(int on)
 {
-    int prev = tune_force();
-    g_force = on < 0 ? -1 : on ? 1 : 0;
+    int prev = tune_on();
+    g_tune = on ? 1 : 0;
     return prev;
-}
-
-void df_cuda_gemm_tuning(df_backend *be, int on)
-{
-    ((df_cuda_state *)be->impl)->gemm_tune = on != 0;
 }
 
 int64_t df_cuda_gemm_tuned_count(void)
@@ -239,7 +222,7 @@ static int cmp_float(const void *a, const void *b)
 static void plan_tune(df_cuda_state *s, df_cuda_gemm_plan *p, cublasLtMatmulPreference_t pref,
                       const gemm_io *io)
 {
-    if (!io || !tune_on(s))
+    if (!io || !tune_on())
         return;
     if ((double)p->m * (double)p->n * (double)p->k < TUNE_MIN_WORK)
         return;
