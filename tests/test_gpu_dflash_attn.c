@@ -14,23 +14,23 @@
  * anywhere fails.
  * The GPU backward runs on the GPU's own out/lse (as training does), the
  * CPU backward on the reference's. First pass: the default forward and
- * backward (impl 0); then each backward (CUDA cores, tensor cores, wgmma)
- * on the default forward's out/lse; then the backward that impl 0 selects,
- * once as built in (wg on a compute capability 9.0 device, mma4 elsewhere)
- * and once each switched to mma4, mma5, wg, wg2 and wg2f by
- * df_cuda_dflash_set_bwd_impl (the hook behind DFLASH_ATTN_BWD), each run
- * twice and required bitwise equal (determinism); mma5 (mma4 with its dQ
- * CTAs reordered) must also equal mma4 bitwise (wg's, wg2's and wg2f's
- * "==mma4" are reported, not required; so are wg2f's "dq/dkc/dvc==wg2",
- * expected yes, and "dkb/dvb==wg2"); then each forward, twice, required
- * bitwise equal.
- * wg (mma4 with its context dK/dV on Hopper wgmma) runs its own kernel only
- * on a compute capability 9.0 device, and mma4's elsewhere; wg2 (wg with
- * its dQ and its forward on wgmma too) likewise, with mma5's dQ and mma2's
- * forward elsewhere; wg2f (wg2 with Di and the block-key dK/dV inside its
- * wgmma dQ pass) folds only where block_size x nq / nkv <= 64 (the bs40
- * configs with group 2 and 4 run wg2's kernels: the fallback) and is wg2
- * elsewhere. The bs64 group-1 configs fill the whole 64-key block tile. */
+ * backward (impl 0); then each backward (simt: CUDA cores; mma4: tensor
+ * cores; wg2, wg2f: wgmma) on the default forward's out/lse; then the
+ * backward that impl 0 selects, once as built in (wg2f on a compute
+ * capability 9.0 device, mma4 elsewhere) and once each switched to mma4,
+ * wg2 and wg2f by df_cuda_dflash_set_bwd_impl (the hook behind
+ * DFLASH_ATTN_BWD), each run twice and required bitwise equal
+ * (determinism); wg2's and wg2f's "==mma4" are reported, not required; so
+ * are wg2f's "dq/dkc/dvc==wg2", expected yes, and "dkb/dvb==wg2"; the
+ * retired implementations' values are rejected (-EINVAL) by the hook and
+ * by both passes; then each forward, twice, required bitwise equal.
+ * wg2 (mma4 with its forward, dQ and context dK/dV on Hopper wgmma) runs
+ * its own kernels only on a compute capability 9.0 device, and mma4's
+ * elsewhere (its dQ in the same longest-first order); wg2f (wg2 with Di and
+ * the block-key dK/dV inside its wgmma dQ pass) folds only where
+ * block_size x nq / nkv <= 64 (the bs40 configs with group 2 and 4 run
+ * wg2's kernels: the fallback) and is wg2 elsewhere. The bs64 group-1
+ * configs fill the whole 64-key block tile. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,17 +44,17 @@
 #include "test.h"
 #include "train_ops.h"
 
+/* every implementation (args.impl), and the retired values (-EINVAL) */
+static const int impls[] = {DF_CUDA_DFLASH_IMPL_SIMT, DF_CUDA_DFLASH_IMPL_MMA4,
+                            DF_CUDA_DFLASH_IMPL_WG2, DF_CUDA_DFLASH_IMPL_WG2F};
+static const int retired[] = {2, 3, 4, 6, 7}; /* mma, mma2, mma3, mma5, wg */
+
 /* name of an implementation (args.impl) in the output */
 static const char *impl_name(int impl)
 {
     return impl == DF_CUDA_DFLASH_IMPL_WG2F   ? "wg2f"
            : impl == DF_CUDA_DFLASH_IMPL_WG2  ? "wg2"
-           : impl == DF_CUDA_DFLASH_IMPL_WG   ? "wg"
-           : impl == DF_CUDA_DFLASH_IMPL_MMA5 ? "mma5"
            : impl == DF_CUDA_DFLASH_IMPL_MMA4 ? "mma4"
-           : impl == DF_CUDA_DFLASH_IMPL_MMA3 ? "mma3"
-           : impl == DF_CUDA_DFLASH_IMPL_MMA2 ? "mma2"
-           : impl == DF_CUDA_DFLASH_IMPL_MMA  ? "mma"
                                               : "simt";
 }
 
@@ -411,9 +411,11 @@ static void run_cfg(const cfg *c, df_backend *be)
         if (eg.nan || eg.bad_zero || eg.err > tol)
             ok = 0, printf("(FAIL nan=%d nonzero=%d)", eg.nan, eg.bad_zero);
     }
-    /* each backward explicitly (CUDA cores, tensor cores), on the default
-     * forward's out/lse (still in dout_/dlse); every gradient poisoned first */
-    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_WG2F; impl++) {
+    /* each backward explicitly (CUDA cores, tensor cores, wgmma), on the
+     * default forward's out/lse (still in dout_/dlse); every gradient
+     * poisoned first */
+    for (size_t ii = 0; ii < sizeof impls / sizeof impls[0]; ii++) {
+        int impl = impls[ii];
         for (int t = 1; t < 6; t++)
             CUDA_OK(cudaMemset(outs[t].dev, 0xff, outs[t].n * 2));
         CUDA_OK(cudaMemset(dws, 0xff, wsb));
@@ -435,16 +437,15 @@ static void run_cfg(const cfg *c, df_backend *be)
         }
     }
     /* impl 0 through the selection hook: the built-in default, then mma4,
-     * mma5, wg, wg2 and wg2f; each backward twice, the gradients bitwise
-     * equal (deterministic); mma5 bitwise mma4; wg2f vs wg2 reported */
+     * wg2 and wg2f; each backward twice, the gradients bitwise equal
+     * (deterministic); wg2 and wg2f vs mma4, wg2f vs wg2 reported */
     {
         int64_t ng = nQ + 2 * nC + 2 * nB;
         uint16_t *run1 = xcalloc(ng * 2), *run2 = xcalloc(ng * 2), *run0 = xcalloc(ng * 2),
                  *runw2 = xcalloc(ng * 2);
-        static const int hook[6] = {0, DF_CUDA_DFLASH_IMPL_MMA4, DF_CUDA_DFLASH_IMPL_MMA5,
-                                    DF_CUDA_DFLASH_IMPL_WG, DF_CUDA_DFLASH_IMPL_WG2,
+        static const int hook[4] = {0, DF_CUDA_DFLASH_IMPL_MMA4, DF_CUDA_DFLASH_IMPL_WG2,
                                     DF_CUDA_DFLASH_IMPL_WG2F};
-        for (int hv = 0; hv < 6; hv++) {
+        for (int hv = 0; hv < 4; hv++) {
             int want = hook[hv];
             CHECK_EQ(df_cuda_dflash_set_bwd_impl(want), 0);
             if (want)
@@ -469,13 +470,11 @@ static void run_cfg(const cfg *c, df_backend *be)
             if (hv == 1) {
                 memcpy(run0, run1, ng * 2); /* mma4's */
             } else if (hv >= 2) {
-                int same = !memcmp(run0, run1, ng * 2);
-                printf(" ==mma4 %s", same ? "yes" : hv == 2 ? "NO(FAIL)" : "no");
-                ok = ok && (same || hv >= 3);
+                printf(" ==mma4 %s", !memcmp(run0, run1, ng * 2) ? "yes" : "no");
             }
-            if (hv == 4) {
+            if (hv == 2) {
                 memcpy(runw2, run1, ng * 2); /* wg2's */
-            } else if (hv == 5) {
+            } else if (hv == 3) {
                 /* dq, dkc, dvc (the first nQ + 2 nC), then dkb, dvb */
                 int64_t n1 = nQ + 2 * nC;
                 printf(" dq/dkc/dvc==wg2 %s dkb/dvb==wg2 %s",
@@ -499,13 +498,20 @@ static void run_cfg(const cfg *c, df_backend *be)
         CHECK_EQ(df_cuda_dflash_set_bwd_impl(0), 0);
         CHECK_EQ(df_cuda_dflash_set_bwd_impl(-1), -22);
         CHECK_EQ(df_cuda_dflash_set_bwd_impl(DF_CUDA_DFLASH_IMPL_WG2F + 1), -22);
+        for (size_t i = 0; i < sizeof retired / sizeof retired[0]; i++) {
+            CHECK_EQ(df_cuda_dflash_set_bwd_impl(retired[i]), -22);
+            a.impl = retired[i]; /* rejected before anything is launched */
+            CHECK_EQ(df_cuda_dflash_attn_fwd(&a, 0), -22);
+            CHECK_EQ(df_cuda_dflash_attn_bwd(&a, 0), -22);
+        }
         free(run1), free(run2), free(run0), free(runw2);
     }
     /* each forward (the pass above ran the default), twice: the second
      * run's out/lse bitwise the first's (deterministic) */
     uint16_t *fo1 = xcalloc(nQ * 2);
     float *fl1 = xcalloc((int64_t)rows * nq * 4);
-    for (int impl = DF_CUDA_DFLASH_IMPL_SIMT; impl <= DF_CUDA_DFLASH_IMPL_WG2F; impl++) {
+    for (size_t ii = 0; ii < sizeof impls / sizeof impls[0]; ii++) {
+        int impl = impls[ii];
         a.impl = impl;
         for (int rep = 0; rep < 2; rep++) {
             if (rep) {
@@ -585,13 +591,13 @@ int main(void)
         {"full 32/8 D128 bs16", 1024, 40, 16, 0, 32, 8, 128, 3, {300, 700, 1024}},
         {"slide256 32/8 D128 bs16", 1024, 40, 16, 256, 32, 8, 128, 3, {300, 700, 1024}},
         {"full 8/2 D128 bs16", 700, 20, 16, 0, 8, 2, 128, 2, {450, 700}},
-        /* D 128 with partial row chunks (wg's per-row masking): group 2 x bs
+        /* D 128 with partial row chunks (wg2's per-row masking): group 2 x bs
          * 40 = 64 + 16 rows, group 4 x bs 40 = 64 + 64 + 32, group 2 x bs 5 */
         {"full 4/2 D128 bs40 (2ch)", 257, 9, 40, 0, 4, 2, 128, 2, {130, 257}},
         {"slide7 8/2 D128 bs40 (3ch)", 257, 9, 40, 7, 8, 2, 128, 2, {130, 257}},
         {"slide3 4/2 D128 bs5", 97, 11, 5, 3, 4, 2, 128, 2, {33, 97}},
         /* one document, many anchors (the trainer's layout): long spans of
-         * very different lengths, which mma5 reorders */
+         * very different lengths (what wg2's longest-first dQ order is for) */
         {"1doc full 8/2 D128 bs16", 1024, 48, 16, 0, 8, 2, 128, 1, {1024}},
         {"1doc slide300 8/2 D128", 1024, 48, 16, 300, 8, 2, 128, 1, {1024}},
         /* group 1 x bs 64 = 64 rows: one chunk whose block tile has 64 keys

@@ -10,26 +10,25 @@
 // pairs: forward 4 * D per pair per head (QK^T and PV), backward 2.5x the
 // forward (FlashAttention convention: 5 matmuls vs 2). Also checks that two
 // backward runs give bitwise-equal gradients (determinism).
-// Forward and backward are timed for the defaults (tensor cores, mma.sync),
-// the CUDA-core (simt) kernels and the other tensor-core versions (mma1, the
-// mma3, mma4, mma5 and wg backwards; mma4, mma5 and wg also checked for
-// determinism, mma5's and wg's gradients compared with the default's); the
-// 1doc layout times only the default, mma4, mma5 and wg. The default's,
-// mma4's, mma5's and wg's backward are also timed pass by pass
+// Forward and backward are timed for the defaults (wg2 / wg2f on compute
+// capability 9.0, mma4 elsewhere), the CUDA-core (simt) kernels (3docs
+// layout only) and the mma4 backward (also checked for determinism). The
+// default's and mma4's backward are also timed pass by pass
 // (args.pass_events: CUDA events between the kernel launches, medians): Di,
 // dQ (with its lists), context tile lists, context dK/dV, block-key dK/dV,
-// split reduction. wg is mma4 with the context dK/dV on Hopper wgmma
-// (mma4's kernel on devices other than sm_90). wg2 (wg with its dQ on
-// wgmma too, and a wgmma forward) is timed on both layouts next to wg:
-// backward (total, passes, determinism, max relative difference of its
-// gradients from the default's) and forward (after the backward rows, on its
-// own out/lse; out's and lse's max relative difference from the default
-// forward's). wg2f (wg2 with Di and the block-key dK/dV folded into its
-// wgmma dQ pass; its forward is wg2's) is timed next to wg2 (backward: total,
-// passes - di and blk_dkv ~0, dq a little longer -, determinism, max
-// relative difference from the default's gradients, and whether its dq /
-// dkc / dvc / dkb / dvb are bitwise wg2's: expected yes for the first three,
-// no for the block-key dkb / dvb). The last line is JSON (also
+// split reduction. wg2 (mma4 with its forward, dQ and context dK/dV on
+// Hopper wgmma; mma4's kernels on devices other than sm_90) is timed on
+// both layouts: backward (total, passes, determinism, max relative
+// difference of its gradients from the default's) and forward (after the
+// backward rows, on its own out/lse; out's and lse's max relative
+// difference from the default forward's). wg2f (wg2 with Di and the
+// block-key dK/dV folded into its wgmma dQ pass; its forward is wg2's) is
+// timed next to wg2 (backward: total, passes - di and blk_dkv ~0, dq a
+// little longer -, determinism, max relative difference from the default's
+// gradients, and whether its dq / dkc / dvc / dkb / dvb are bitwise wg2's:
+// expected yes for the first three, no for the block-key dkb / dvb). The
+// retired implementations (mma, mma2, mma3, mma5, wg; session 7) are no
+// longer timed. The last line is JSON (also
 // --json-out F): "layers" holds the 3docs rows (the keys
 // scripts/bench_flex_dflash.py reads), "layers_1doc" the 1doc rows.
 // --anchors-out F writes the 3docs shape and anchors as JSON for
@@ -89,9 +88,19 @@ static const char *const pass_nm[DF_CUDA_DFLASH_BWD_EVENTS - 1] = {"di",      "d
 
 static const char *impl_nm(int impl)
 {
-    static const char *const nm[] = {"0",   "simt", "mma", "mma2", "mma3",
-                                     "mma4", "mma5", "wg",  "wg2",  "wg2f"};
-    return impl >= 0 && impl <= DF_CUDA_DFLASH_IMPL_WG2F ? nm[impl] : "?";
+    switch (impl) {
+    case 0:
+        return "0";
+    case DF_CUDA_DFLASH_IMPL_SIMT:
+        return "simt";
+    case DF_CUDA_DFLASH_IMPL_MMA4:
+        return "mma4";
+    case DF_CUDA_DFLASH_IMPL_WG2:
+        return "wg2";
+    case DF_CUDA_DFLASH_IMPL_WG2F:
+        return "wg2f";
+    }
+    return "?";
 }
 
 // An anchor layout: per block anchor / doc_start / valid.
@@ -322,34 +331,25 @@ int main(int argc, char **argv)
                 return same;
             };
             float fmin, bmin;
-            double fs = 0, bs_ = 0, f1 = 0, b1 = 0, b2 = 0;
+            double fs = 0, bs_ = 0;
             if (all_impls) {
                 fs = time_ms(false, DF_CUDA_DFLASH_IMPL_SIMT, NULL);
                 bs_ = time_ms(true, DF_CUDA_DFLASH_IMPL_SIMT, NULL); // on the simt forward's out/lse
-                f1 = time_ms(false, DF_CUDA_DFLASH_IMPL_MMA, NULL);  // the first mma version
-                b1 = time_ms(true, DF_CUDA_DFLASH_IMPL_MMA, NULL);
-                b2 = time_ms(true, DF_CUDA_DFLASH_IMPL_MMA3, NULL); // 128-key dK/dV tiles
             }
             double mf = time_ms(false, 0, &fmin); // the defaults
             double mb = time_ms(true, 0, &bmin);
-            double pd[DF_CUDA_DFLASH_BWD_EVENTS - 1], p5[DF_CUDA_DFLASH_BWD_EVENTS - 1];
+            double pd[DF_CUDA_DFLASH_BWD_EVENTS - 1];
             pass_ms(0, pd);
             int det = deterministic(0);
             rc_all |= !det;
-            std::vector<uint16_t> gd[5]; // the default's gradients, for mma5's comparison
+            std::vector<uint16_t> gd[5]; // the default's gradients, for the comparisons below
             for (int k = 0; k < 5; k++)
                 gd[k] = gr[k];
-            // impl MMA4 (new context dK/dV), on the default forward's out/lse
+            // impl MMA4, on the default forward's out/lse
             float b4min;
             double b4 = time_ms(true, DF_CUDA_DFLASH_IMPL_MMA4, &b4min);
             int det4 = deterministic(DF_CUDA_DFLASH_IMPL_MMA4);
             rc_all |= !det4;
-            // impl MMA5 (new dQ pass): time, passes, determinism, vs the default
-            float b5min;
-            double b5 = time_ms(true, DF_CUDA_DFLASH_IMPL_MMA5, &b5min);
-            pass_ms(DF_CUDA_DFLASH_IMPL_MMA5, p5);
-            int det5 = deterministic(DF_CUDA_DFLASH_IMPL_MMA5);
-            rc_all |= !det5;
             // max |impl - default| / max |default| per gradient, impl's in gr
             auto rel_diff = [&](double *rd) {
                 for (int k = 0; k < 5; k++) {
@@ -365,18 +365,9 @@ int main(int argc, char **argv)
                     rd[k] = am > 0 ? dm / am : dm;
                 }
             };
-            double rdiff[5], rdiffw[5]; // mma5, wg vs the default
-            rel_diff(rdiff);
             // mma4 pass by pass (the default's rows are mma4's only while it is the default)
-            double p4[DF_CUDA_DFLASH_BWD_EVENTS - 1], pw[DF_CUDA_DFLASH_BWD_EVENTS - 1];
+            double p4[DF_CUDA_DFLASH_BWD_EVENTS - 1];
             pass_ms(DF_CUDA_DFLASH_IMPL_MMA4, p4);
-            // impl WG (context dK/dV on wgmma): time, passes, determinism, vs the default
-            float bwmin;
-            double bw = time_ms(true, DF_CUDA_DFLASH_IMPL_WG, &bwmin);
-            pass_ms(DF_CUDA_DFLASH_IMPL_WG, pw);
-            int detw = deterministic(DF_CUDA_DFLASH_IMPL_WG);
-            rc_all |= !detw;
-            rel_diff(rdiffw);
             // impl WG2 (dQ on wgmma too): time, passes, determinism, vs the default
             float bw2min;
             double bw2 = time_ms(true, DF_CUDA_DFLASH_IMPL_WG2, &bw2min);
@@ -445,14 +436,9 @@ int main(int argc, char **argv)
                    L.name, nm, pairs, mf, ffl / mf * 1e-9, fmin, mb, bfl / mb * 1e-9, bmin,
                    det ? "yes" : "NO");
             if (all_impls)
-                printf("; simt fwd %.3f ms, simt bwd %.3f ms; mma1 fwd %.3f ms, mma1 bwd %.3f ms; "
-                       "mma3 bwd %.3f ms",
-                       fs, bs_, f1, b1, b2);
-            printf("; mma4 bwd %.3f ms %.1f TFLOP/s (min %.3f), deterministic %s; mma5 bwd %.3f ms "
-                   "%.1f TFLOP/s (min %.3f), deterministic %s; wg bwd %.3f ms %.1f TFLOP/s (min "
-                   "%.3f), deterministic %s\n",
-                   b4, bfl / b4 * 1e-9, b4min, det4 ? "yes" : "NO", b5, bfl / b5 * 1e-9, b5min,
-                   det5 ? "yes" : "NO", bw, bfl / bw * 1e-9, bwmin, detw ? "yes" : "NO");
+                printf("; simt fwd %.3f ms, simt bwd %.3f ms", fs, bs_);
+            printf("; mma4 bwd %.3f ms %.1f TFLOP/s (min %.3f), deterministic %s\n", b4,
+                   bfl / b4 * 1e-9, b4min, det4 ? "yes" : "NO");
             printf("      %-8s wg2 bwd %.3f ms %.1f TFLOP/s (min %.3f), deterministic %s; wg2 fwd "
                    "%.3f ms %.1f TFLOP/s (min %.3f) vs default fwd %.3f ms\n",
                    "", bw2, bfl / bw2 * 1e-9, bw2min, detw2 ? "yes" : "NO", fw2, ffl / fw2 * 1e-9,
@@ -466,21 +452,15 @@ int main(int argc, char **argv)
             for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
                 printf(" %9s", pass_nm[k]);
             printf(" %9s\n", "sum");
-            const double *pp[6] = {pd, p4, p5, pw, pw2, pw2f};
-            static const char *const pvn[6] = {"default", "mma4", "mma5", "wg", "wg2", "wg2f"};
-            for (int v = 0; v < 6; v++) {
+            const double *pp[4] = {pd, p4, pw2, pw2f};
+            static const char *const pvn[4] = {"default", "mma4", "wg2", "wg2f"};
+            for (int v = 0; v < 4; v++) {
                 double sum = 0;
                 printf("      %-8s %-14s %-8s", "", pvn[v], v ? "" : impl_nm(dflt));
                 for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
                     printf(" %9.4f", pp[v][k]), sum += pp[v][k];
                 printf(" %9.4f\n", sum);
             }
-            printf("      %-8s mma5 vs default max|diff|/max|default|: dq %.2e dkc %.2e dvc %.2e "
-                   "dkb %.2e dvb %.2e\n",
-                   "", rdiff[0], rdiff[1], rdiff[2], rdiff[3], rdiff[4]);
-            printf("      %-8s wg   vs default max|diff|/max|default|: dq %.2e dkc %.2e dvc %.2e "
-                   "dkb %.2e dvb %.2e\n",
-                   "", rdiffw[0], rdiffw[1], rdiffw[2], rdiffw[3], rdiffw[4]);
             printf("      %-8s wg2  vs default max|diff|/max|default|: dq %.2e dkc %.2e dvc %.2e "
                    "dkb %.2e dvb %.2e; fwd out %.2e lse %.2e\n",
                    "", rdiffw2[0], rdiffw2[1], rdiffw2[2], rdiffw2[3], rdiffw2[4], rfo, rfl);
@@ -494,11 +474,10 @@ int main(int argc, char **argv)
                 o += snprintf(buf + o, sizeof buf - o,
                               "%s{\"layer\": \"%s\", \"window\": %d, \"pairs\": %.0f, \"fwd_ms\": %.4f, "
                               "\"bwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"bwd_tflops\": %.2f, "
-                              "\"simt_fwd_ms\": %.4f, \"simt_bwd_ms\": %.4f, \"mma1_fwd_ms\": %.4f, "
-                              "\"mma1_bwd_ms\": %.4f, \"mma3_bwd_ms\": %.4f, \"deterministic\": %s, "
+                              "\"simt_fwd_ms\": %.4f, \"simt_bwd_ms\": %.4f, \"deterministic\": %s, "
                               "\"mma4_bwd_ms\": %.4f, \"mma4_bwd_tflops\": %.2f, \"mma4_deterministic\": %s",
                               first ? "" : ", ", nm, a.window, pairs, mf, mb, ffl / mf * 1e-9,
-                              bfl / mb * 1e-9, fs, bs_, f1, b1, b2, det ? "true" : "false", b4,
+                              bfl / mb * 1e-9, fs, bs_, det ? "true" : "false", b4,
                               bfl / b4 * 1e-9, det4 ? "true" : "false");
             else
                 o += snprintf(buf + o, sizeof buf - o,
@@ -509,16 +488,6 @@ int main(int argc, char **argv)
                               first ? "" : ", ", nm, a.window, pairs, mf, mb, ffl / mf * 1e-9,
                               bfl / mb * 1e-9, det ? "true" : "false", b4, bfl / b4 * 1e-9,
                               det4 ? "true" : "false");
-            o += snprintf(buf + o, sizeof buf - o,
-                          ", \"mma5_bwd_ms\": %.4f, \"mma5_bwd_tflops\": %.2f, \"mma5_deterministic\": %s, "
-                          "\"mma5_vs_default_maxrel\": %.3e",
-                          b5, bfl / b5 * 1e-9, det5 ? "true" : "false",
-                          *std::max_element(rdiff, rdiff + 5));
-            o += snprintf(buf + o, sizeof buf - o,
-                          ", \"wg_bwd_ms\": %.4f, \"wg_bwd_tflops\": %.2f, \"wg_deterministic\": %s, "
-                          "\"wg_vs_default_maxrel\": %.3e",
-                          bw, bfl / bw * 1e-9, detw ? "true" : "false",
-                          *std::max_element(rdiffw, rdiffw + 5));
             o += snprintf(buf + o, sizeof buf - o,
                           ", \"wg2_bwd_ms\": %.4f, \"wg2_bwd_tflops\": %.2f, \"wg2_deterministic\": %s, "
                           "\"wg2_vs_default_maxrel\": %.3e, \"wg2_fwd_ms\": %.4f, \"wg2_fwd_tflops\": %.2f, "
@@ -535,9 +504,9 @@ int main(int argc, char **argv)
                           std::max(rdiffw2f[3], rdiffw2f[4]),
                           f_eq[0] && f_eq[1] && f_eq[2] ? "true" : "false",
                           f_eq[3] && f_eq[4] ? "true" : "false");
-            static const char *const pjn[6] = {"bwd_pass_ms",     "mma4_bwd_pass_ms", "mma5_bwd_pass_ms",
-                                               "wg_bwd_pass_ms",  "wg2_bwd_pass_ms",  "wg2f_bwd_pass_ms"};
-            for (int v = 0; v < 6; v++) {
+            static const char *const pjn[4] = {"bwd_pass_ms", "mma4_bwd_pass_ms", "wg2_bwd_pass_ms",
+                                               "wg2f_bwd_pass_ms"};
+            for (int v = 0; v < 4; v++) {
                 o += snprintf(buf + o, sizeof buf - o, ", \"%s\": {", pjn[v]);
                 for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
                     o += snprintf(buf + o, sizeof buf - o, "%s\"%s\": %.4f", k ? ", " : "", pass_nm[k],

@@ -1,10 +1,15 @@
 // dflash_attn.cu - the DFlash drafter attention on the GPU (contract in
 // dflash_attn.h and train_ops.h; the CPU reference is kernels/cpu/dflash_attn.c).
 //
-// FlashAttention-2 structure. Two implementations of both passes (args.impl):
-// tensor cores (mma.sync m16n8k16 bf16, 4 warps; the default) and CUDA cores
-// (fp32 FMA from shared memory, 256 threads = 8 warps; described first below,
-// the mma kernels follow the same work split and determinism).
+// FlashAttention-2 structure. Four implementations (args.impl; the table in
+// kernels/README.md): simt, the CUDA cores (fp32 FMA from shared memory, 256
+// threads = 8 warps: the plain reference on the GPU, described first below);
+// mma4, tensor cores (mma.sync m16n8k16 bf16, sm_80+; the default on devices
+// other than compute capability 9.0); wg2 and wg2f, Hopper warpgroup MMA
+// (wgmma, sm_90a; the defaults on compute capability 9.0). The tensor-core
+// kernels follow the CUDA-core kernels' work split and determinism. The
+// other versions (mma, mma2, mma3, mma5, wg) were removed in session 7;
+// docs/NOTES.md has their history.
 //
 // Rows. A "row chunk" is up to RQ = 64 query rows of ONE block b and ONE kv
 // head g: the block's bs x group (query offset qo, head of the group hh)
@@ -30,25 +35,24 @@
 //      dk = scale dS^T Q, summed in fp32 in a fixed order, written once.
 // Padding blocks: out 0, lse -inf, dq/dkb/dvb 0; rows with nothing visible
 // likewise (never NaN).
-// The tensor-core versions (mma, mma2, mma3, mma4, mma5) are described before
-// their kernels below; mma4 only replaces the context dK/dV pass (dkv4_kernel),
-// mma5 (opt-in: DFLASH_ATTN_BWD=mma5 or df_cuda_dflash_set_bwd_impl) is mma4
-// with its dQ CTAs in longest-first order (dq_order_kernel). wg is mma4 with
-// its context dK/dV pass on Hopper wgmma (dflash_attn_wg.cu; mma4's kernel
-// where sm_90a is not there). wg2 (the default on compute capability 9.0
-// since session 5: on the H200 its forward and gradients matched wg's bit
-// for bit at the 27B shape, forward 1.7-1.8x and backward 1.3-1.5x faster)
-// is wg with its dQ pass on wgmma too (dflash_attn_wg_dq.cu, in mma5's
-// longest-first order) and its forward on wgmma (dflash_attn_wg_fwd.cu);
-// where sm_90a is not there, mma5's dQ kernel and mma2's forward. wg2f
-// (the backward's default on compute capability 9.0) is wg2 with Di and the
-// block-key dK/dV computed inside the wgmma dQ pass where one row chunk
-// holds a block's rows per kv head (nch == 1): no di_kernel, no block-tile
+// mma4 (described before its kernels below): the forward (fwd_mma2_kernel),
+// Di, dQ (dq_mma2_kernel) and the block-key dK/dV (dkv_mma2_kernel) in
+// cp.async-pipelined mma.sync kernels; the context dK/dV with 128-key tiles
+// over per-tile block lists (dkv4_kernel); the split reduction. wg2 (its
+// forward the default on compute capability 9.0, 1.7-1.8x mma4's speed at
+// the 27B shape on the H200) is mma4 with its forward
+// (dflash_attn_wg_fwd.cu), its dQ pass (dflash_attn_wg_dq.cu, CTAs in
+// longest-first order: dq_order_kernel) and its context dK/dV pass
+// (dflash_attn_wg.cu) on wgmma; where sm_90a is not there, fwd_mma2_kernel,
+// dq_mma2_kernel in the same longest-first order and dkv4_kernel. wg2f (the
+// backward's default on compute capability 9.0) is wg2 with Di and the
+// block-key dK/dV computed inside the wgmma dQ pass where one row chunk holds
+// a block's rows per kv head (nch == 1): no di_kernel, no block-tile
 // dkv_mma2_kernel; elsewhere wg2 exactly. On the H200 (27B drafter shape)
-// its five gradients were bitwise wg2's in all four bench configurations
-// and its backward 1.134 -> 1.000 ms (3docs full), 2.410 -> 2.313 (1doc
-// full): the dQ pass grows by ~0.07 ms, Di (0.05) and the block keys' pass
-// (0.16) go.
+// its five gradients were bitwise wg2's in all four bench configurations and
+// its backward 1.134 -> 1.000 ms (3docs full), 2.410 -> 2.313 (1doc full):
+// the dQ pass grows by ~0.07 ms, Di (0.05) and the block keys' pass (0.16)
+// go.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -63,14 +67,15 @@
 
 namespace {
 
-// Which forward runs when args.impl == 0.
-#define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD DF_CUDA_DFLASH_IMPL_MMA2
+// Which forward runs when args.impl == 0: WG2's on compute capability 9.0,
+// MMA4's (fwd_mma2_kernel) elsewhere.
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD DF_CUDA_DFLASH_IMPL_MMA4
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD_SM90 DF_CUDA_DFLASH_IMPL_WG2
 // Which backward runs when args.impl == 0: WG2F on compute capability 9.0
-// (H200, 27B shape, 3docs full: 1.000 ms vs WG2's 1.134, WG's 1.51, MMA4's
-// 2.26), MMA4 elsewhere (H200, 3docs: 2.27 vs MMA2's 2.62 ms).
+// (H200, 27B shape, 3docs full: 1.000 ms vs WG2's 1.134, MMA4's 2.26), MMA4
+// elsewhere.
 #define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD DF_CUDA_DFLASH_IMPL_MMA4
 #define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD_SM90 DF_CUDA_DFLASH_IMPL_WG2F
-#define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD_SM90 DF_CUDA_DFLASH_IMPL_WG2
 
 constexpr int NT = 256, NW = 8, RPW = 8, RQ = NW * RPW, TK = 32, PP = TK + 4;
 
@@ -283,168 +288,6 @@ __global__ void __launch_bounds__(NT) fwd_kernel(Params p)
     }
 }
 
-
-// ---- forward on tensor cores (mma.sync m16n8k16 bf16 -> fp32, sm_80+) ----
-// One CTA per (block, kv head, row chunk of 64) as above, 4 warps x 16 rows.
-// Q fragments live in registers; the K tile [32][D] and V^T [D][32] in bf16
-// shared memory (padded: conflict-free 32-bit fragment loads). S = Q K^T is
-// 4 n-tiles of 8 keys in C layout (thread: rows gid and gid + 8, keys 2 t4,
-// 2 t4 + 1); the online softmax reduces over the 4 threads of a quad; P is
-// rounded to bf16 and reused as the A operand of O += P V (FlashAttention-2).
-__device__ __forceinline__ uint32_t ld32(const uint16_t *p)
-{
-    return *reinterpret_cast<const uint32_t *>(p);
-}
-__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
-{
-    return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
-}
-
-constexpr int MW = 4; // warps per CTA in the mma forward
-
-template <int D>
-__global__ void __launch_bounds__(MW * 32) fwd_mma_kernel(Params p)
-{
-    constexpr int KP = D + 8, VP = TK + 8, KS = D / 16, NTD = D / 8, V8 = D / 8;
-    __shared__ __align__(16) uint16_t Ks[TK * KP];
-    __shared__ __align__(16) uint16_t Vt[D * VP];
-    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
-        b = blockIdx.x / (p.nch * p.nkv);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
-    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
-    if (!p.valid[b]) {
-        for (int i = 0; i < 16; i++) {
-            RowId id = row_id(p, b, g, ch, warp * 16 + i);
-            if (!id.ok)
-                continue;
-            for (int k = lane; k < D; k += 32)
-                p.o[id.grow * ldq + id.h * D + k] = 0;
-            if (lane == 0)
-                p.lse[(long long)id.grow * p.nq + id.h] = -INFINITY;
-        }
-        return;
-    }
-    int anc = p.anchor[b], ds = p.doc_start[b];
-    int lo0 = ctx_lo(anc, ds, p.W, 0);
-    RowId rid[2] = {row_id(p, b, g, ch, warp * 16 + gid), row_id(p, b, g, ch, warp * 16 + gid + 8)};
-    int rlo[2] = {ctx_lo(anc, ds, p.W, rid[0].qo), ctx_lo(anc, ds, p.W, rid[1].qo)};
-    uint32_t qa[KS][4];
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const RowId &id = rid[e & 1];
-            int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
-            qa[ks][e] = id.ok ? ld32(p.q + id.grow * ldq + id.h * D + col) : 0u;
-        }
-    float o[NTD][4];
-#pragma unroll
-    for (int nd = 0; nd < NTD; nd++)
-        o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    int ntc = (anc - lo0 + TK - 1) / TK, ntb = (p.bs + TK - 1) / TK;
-    for (int t = 0; t < ntc + ntb; t++) {
-        bool isctx = t < ntc;
-        int base = isctx ? lo0 + t * TK : (t - ntc) * TK;
-        int end = isctx ? anc : p.bs;
-        const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
-        long long rbase = isctx ? base : (long long)b * p.bs + base;
-        __syncthreads();
-        for (int e = threadIdx.x; e < TK * V8; e += MW * 32) {
-            int key = e / V8, c = (e % V8) * 8;
-            uint4 ku = make_uint4(0, 0, 0, 0), vu = make_uint4(0, 0, 0, 0);
-            if (base + key < end) {
-                long long off = (rbase + key) * ldk + (long long)g * D + c;
-                ku = *reinterpret_cast<const uint4 *>(ksrc + off);
-                vu = *reinterpret_cast<const uint4 *>(vsrc + off);
-            }
-            *reinterpret_cast<uint4 *>(Ks + key * KP + c) = ku;
-            uint32_t w[4] = {vu.x, vu.y, vu.z, vu.w};
-#pragma unroll
-            for (int u = 0; u < 4; u++) {
-                Vt[(c + 2 * u) * VP + key] = (uint16_t)(w[u] & 0xffffu);
-                Vt[(c + 2 * u + 1) * VP + key] = (uint16_t)(w[u] >> 16);
-            }
-        }
-        __syncthreads();
-        float s[4][4];
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                const uint16_t *kr = Ks + (nt * 8 + gid) * KP + ks * 16 + 2 * t4;
-                mma16816(s[nt], qa[ks], ld32(kr), ld32(kr + 8));
-            }
-        }
-        float mx[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int ri = e >> 1, key = base + nt * 8 + 2 * t4 + (e & 1);
-                bool vis = rid[ri].ok && visible(isctx, key, end, rlo[ri], rid[ri].qo, p.W);
-                s[nt][e] = vis ? s[nt][e] * p.scale : -INFINITY;
-                mx[ri] = fmaxf(mx[ri], s[nt][e]);
-            }
-        float al[2];
-#pragma unroll
-        for (int ri = 0; ri < 2; ri++) {
-            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
-            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
-            float mn = fmaxf(m[ri], mx[ri]);
-            al[ri] = mn == -INFINITY ? 1.0f : expf(m[ri] - mn);
-            m[ri] = mn;
-        }
-        float ps[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int ri = e >> 1;
-                float pr = s[nt][e] == -INFINITY ? 0.0f : expf(s[nt][e] - m[ri]);
-                s[nt][e] = pr;
-                ps[ri] += pr;
-            }
-        l[0] = l[0] * al[0] + ps[0];
-        l[1] = l[1] * al[1] + ps[1];
-#pragma unroll
-        for (int nd = 0; nd < NTD; nd++)
-            o[nd][0] *= al[0], o[nd][1] *= al[0], o[nd][2] *= al[1], o[nd][3] *= al[1];
-#pragma unroll
-        for (int kk = 0; kk < 2; kk++) {
-            uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int nd = 0; nd < NTD; nd++) {
-                const uint16_t *vr = Vt + (nd * 8 + gid) * VP + kk * 16 + 2 * t4;
-                mma16816(o[nd], pa, ld32(vr), ld32(vr + 8));
-            }
-        }
-    }
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
-        l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 2);
-    }
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        const RowId &id = rid[ri];
-        if (!id.ok)
-            continue;
-        bool any = l[ri] > 0.0f;
-        float inv = any ? 1.0f / l[ri] : 0.0f;
-        uint16_t *orow = p.o + id.grow * ldq + id.h * D;
-#pragma unroll
-        for (int nd = 0; nd < NTD; nd++)
-            *reinterpret_cast<uint32_t *>(orow + nd * 8 + 2 * t4) =
-                pack_bf2(o[nd][2 * ri] * inv, o[nd][2 * ri + 1] * inv);
-        if (t4 == 0)
-            p.lse[(long long)id.grow * p.nq + id.h] = any ? m[ri] + logf(l[ri]) : -INFINITY;
-    }
-}
-
 // ---- backward ----
 
 // Di = dO . O per (row, head); one warp each.
@@ -643,304 +486,32 @@ __global__ void __launch_bounds__(NT) dkv_kernel(Params p)
     }
 }
 
-// ---- backward on tensor cores (mma.sync m16n8k16 bf16 -> fp32) ----
-// The FlashAttention-2 backward with the CUDA-core kernels' work split (so the
-// same determinism: every output element summed in a fixed order by one
-// thread, written once, no atomics). Operands are bf16 (P and dS rounded to
+// ---- tensor-core kernels (mma.sync m16n8k16 bf16 -> fp32, sm_80+) ----
+// MMA4's forward, dQ and block-key dK/dV (and WG2's kernels where sm_90a is
+// not there). The CUDA-core kernels' work split and determinism (every output
+// element summed in a fixed order by one thread, written once, no atomics),
+// 4 warps x 16 rows per row chunk. Operands are bf16 (P and dS rounded to
 // bf16 before their products, as the naive bf16 math does); fp32 accumulate.
-// B fragments of a product whose reduction runs over the rows of a
-// row-major shared tile (dS K, P^T dO, dS^T Q) are two 16-bit loads
-// (conflict-free with the D + 8 padding).
-__device__ __forceinline__ uint32_t ld_pair_col(const uint16_t *p, int ld)
+// K/V (and in dK/dV the Q/dO rows) staged by cp.async in two buffers (the
+// next tile's load overlaps this tile's math); every mma operand fetched by
+// ldmatrix (V, K and dO as the k-major B operand through .trans: no
+// transposed stores); forward tiles of 64 keys; per-element masks skipped on
+// tiles every row sees whole; softmax in the exp2 domain. dK/dV: the valid
+// blocks that see a context tile are dealt round-robin (in ascending order)
+// to NSPL CTAs; each sums its share in a fixed order into fp32 partials, and
+// a last kernel adds the NSPL partials in split order (deterministic;
+// balances the late tiles seen by many blocks).
+__device__ __forceinline__ uint32_t ld32(const uint16_t *p)
 {
-    return (uint32_t)p[0] | ((uint32_t)p[ld] << 16);
+    return *reinterpret_cast<const uint32_t *>(p);
+}
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
+{
+    return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
 }
 
-// dQ: one CTA per (block, kv head, row chunk of 64), 4 warps x 16 rows (the
-// mma forward's loop). S = Q K^T and dP = dO V^T from Q / dO fragments in
-// registers; dS = P (dP - Di); dq += dS K.
-template <int D>
-__global__ void __launch_bounds__(MW * 32) dq_mma_kernel(Params p)
-{
-    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, V8 = D / 8;
-    __shared__ __align__(16) uint16_t Ks[TK * KP];
-    __shared__ __align__(16) uint16_t Vs[TK * KP];
-    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
-        b = blockIdx.x / (p.nch * p.nkv);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
-    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
-    if (!p.valid[b]) {
-        for (int i = 0; i < 16; i++) {
-            RowId id = row_id(p, b, g, ch, warp * 16 + i);
-            if (!id.ok)
-                continue;
-            for (int k = lane; k < D; k += 32)
-                p.dq[id.grow * ldq + id.h * D + k] = 0;
-        }
-        return;
-    }
-    int anc = p.anchor[b], ds = p.doc_start[b];
-    int lo0 = ctx_lo(anc, ds, p.W, 0);
-    RowId rid[2] = {row_id(p, b, g, ch, warp * 16 + gid), row_id(p, b, g, ch, warp * 16 + gid + 8)};
-    int rlo[2];
-    float L[2], Dr[2];
-    bool rok[2];
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        rlo[ri] = ctx_lo(anc, ds, p.W, rid[ri].qo);
-        long long li = (long long)rid[ri].grow * p.nq + rid[ri].h;
-        L[ri] = rid[ri].ok ? p.lse_in[li] : -INFINITY;
-        Dr[ri] = rid[ri].ok ? p.Di[li] : 0.0f;
-        rok[ri] = rid[ri].ok && L[ri] != -INFINITY;
-    }
-    uint32_t qa[KS][4], da[KS][4];
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const RowId &id = rid[e & 1];
-            int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
-            long long off = id.grow * ldq + id.h * D + col;
-            qa[ks][e] = id.ok ? ld32(p.q + off) : 0u;
-            da[ks][e] = id.ok ? ld32(p.dout + off) : 0u;
-        }
-    float acc[NTD][4];
-#pragma unroll
-    for (int nd = 0; nd < NTD; nd++)
-        acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
-    int ntc = (anc - lo0 + TK - 1) / TK, ntb = (p.bs + TK - 1) / TK;
-    for (int t = 0; t < ntc + ntb; t++) {
-        bool isctx = t < ntc;
-        int base = isctx ? lo0 + t * TK : (t - ntc) * TK;
-        int end = isctx ? anc : p.bs;
-        const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
-        long long rbase = isctx ? base : (long long)b * p.bs + base;
-        __syncthreads();
-        for (int e = threadIdx.x; e < TK * V8; e += MW * 32) {
-            int key = e / V8, c = (e % V8) * 8;
-            uint4 ku = make_uint4(0, 0, 0, 0), vu = make_uint4(0, 0, 0, 0);
-            if (base + key < end) {
-                long long off = (rbase + key) * ldk + (long long)g * D + c;
-                ku = *reinterpret_cast<const uint4 *>(ksrc + off);
-                vu = *reinterpret_cast<const uint4 *>(vsrc + off);
-            }
-            *reinterpret_cast<uint4 *>(Ks + key * KP + c) = ku;
-            *reinterpret_cast<uint4 *>(Vs + key * KP + c) = vu;
-        }
-        __syncthreads();
-        float s[4][4], dp[4][4];
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++) {
-            s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-            dp[nt][0] = dp[nt][1] = dp[nt][2] = dp[nt][3] = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++) {
-                const uint16_t *kr = Ks + (nt * 8 + gid) * KP + ks * 16 + 2 * t4;
-                const uint16_t *vr = Vs + (nt * 8 + gid) * KP + ks * 16 + 2 * t4;
-                mma16816(s[nt], qa[ks], ld32(kr), ld32(kr + 8));
-                mma16816(dp[nt], da[ks], ld32(vr), ld32(vr + 8));
-            }
-        }
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int ri = e >> 1, key = base + nt * 8 + 2 * t4 + (e & 1);
-                bool vis = rok[ri] && visible(isctx, key, end, rlo[ri], rid[ri].qo, p.W);
-                float P = vis ? expf(s[nt][e] * p.scale - L[ri]) : 0.0f;
-                s[nt][e] = vis ? P * (dp[nt][e] - Dr[ri]) : 0.0f;
-            }
-#pragma unroll
-        for (int kk = 0; kk < 2; kk++) {
-            uint32_t sa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-            for (int nd = 0; nd < NTD; nd++) {
-                const uint16_t *kr = Ks + (kk * 16 + 2 * t4) * KP + nd * 8 + gid;
-                mma16816(acc[nd], sa, ld_pair_col(kr, KP), ld_pair_col(kr + 8 * KP, KP));
-            }
-        }
-    }
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        const RowId &id = rid[ri];
-        if (!id.ok)
-            continue;
-        uint16_t *qrow = p.dq + id.grow * ldq + id.h * D;
-#pragma unroll
-        for (int nd = 0; nd < NTD; nd++)
-            *reinterpret_cast<uint32_t *>(qrow + nd * 8 + 2 * t4) =
-                pack_bf2(acc[nd][2 * ri] * p.scale, acc[nd][2 * ri + 1] * p.scale);
-    }
-}
-
-// dK/dV: one CTA per (kv head, key tile of TKM = 64 keys), warp w owns keys
-// 16 w .. 16 w + 15 (the M dimension). For every valid block whose span meets
-// the tile (ascending; block tiles: their own block), every row chunk of 64:
-// Q / dO rows to shared memory, S^T = K Q^T and dP^T = V dO^T (K / V A
-// fragments from shared memory), P^T, dS^T, then dv += P^T dO, dk += dS^T Q,
-// 32 rows at a time.
-constexpr int TKM = MW * 16;
-template <int D>
-constexpr size_t dkv_mma_smem() { return (size_t)(2 * TKM + 2 * RQ) * (D + 8) * 2 + (size_t)RQ * 16; }
-
-template <int D>
-__global__ void __launch_bounds__(MW * 32) dkv_mma_kernel(Params p)
-{
-    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, V8 = D / 8;
-    extern __shared__ float4 smem4[];
-    uint16_t *Ks = reinterpret_cast<uint16_t *>(smem4), *Vs = Ks + TKM * KP, *Qs = Vs + TKM * KP,
-             *dOs = Qs + RQ * KP;
-    float *Ls = reinterpret_cast<float *>(dOs + RQ * KP), *Ds = Ls + RQ;
-    int *Qo = reinterpret_cast<int *>(Ds + RQ), *Lo = Qo + RQ;
-    int g = blockIdx.x % p.nkv, tile = blockIdx.x / p.nkv;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
-    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
-    int nct = (p.S + TKM - 1) / TKM, ntb = (p.bs + TKM - 1) / TKM;
-    bool isctx = tile < nct;
-    int bb = isctx ? -1 : (tile - nct) / ntb;
-    int base = isctx ? tile * TKM : ((tile - nct) % ntb) * TKM;
-    int end = isctx ? p.S : p.bs;
-    uint16_t *dk = isctx ? p.dkc : p.dkb, *dv = isctx ? p.dvc : p.dvb;
-    long long rbase = isctx ? base : (long long)bb * p.bs + base;
-    int kw = warp * 16;
-    float ak[NTD][4], av[NTD][4];
-#pragma unroll
-    for (int nd = 0; nd < NTD; nd++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            ak[nd][e] = 0.0f, av[nd][e] = 0.0f;
-    if (isctx || p.valid[bb]) {
-        const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
-        for (int e = threadIdx.x; e < TKM * V8; e += MW * 32) {
-            int key = e / V8, c = (e % V8) * 8;
-            uint4 ku = make_uint4(0, 0, 0, 0), vu = make_uint4(0, 0, 0, 0);
-            if (base + key < end) {
-                long long off = (rbase + key) * ldk + (long long)g * D + c;
-                ku = *reinterpret_cast<const uint4 *>(ksrc + off);
-                vu = *reinterpret_cast<const uint4 *>(vsrc + off);
-            }
-            *reinterpret_cast<uint4 *>(Ks + key * KP + c) = ku;
-            *reinterpret_cast<uint4 *>(Vs + key * KP + c) = vu;
-        }
-        int b0 = isctx ? 0 : bb, b1 = isctx ? p.nb : bb + 1;
-        int kend = base + TKM < end ? base + TKM : end;
-        for (int b = b0; b < b1; b++) {
-            if (!p.valid[b])
-                continue;
-            int anc = p.anchor[b], ds = p.doc_start[b];
-            if (isctx) {
-                int lo0 = ctx_lo(anc, ds, p.W, 0);
-                if (anc <= base || lo0 >= kend || lo0 >= anc)
-                    continue;
-            }
-            int kend_b = isctx ? anc : end; // keys beyond are invisible to every row
-            for (int ch = 0; ch < p.nch; ch++) {
-                __syncthreads(); // previous users of Qs/dOs/Ls/... are done
-                for (int e = threadIdx.x; e < RQ * V8; e += MW * 32) {
-                    int r = e / V8, c = (e % V8) * 8;
-                    RowId id = row_id(p, b, g, ch, r);
-                    uint4 qu = make_uint4(0, 0, 0, 0), du = make_uint4(0, 0, 0, 0);
-                    if (id.ok) {
-                        long long off = id.grow * ldq + id.h * D + c;
-                        qu = *reinterpret_cast<const uint4 *>(p.q + off);
-                        du = *reinterpret_cast<const uint4 *>(p.dout + off);
-                    }
-                    *reinterpret_cast<uint4 *>(Qs + r * KP + c) = qu;
-                    *reinterpret_cast<uint4 *>(dOs + r * KP + c) = du;
-                }
-                for (int r = threadIdx.x; r < RQ; r += MW * 32) {
-                    RowId id = row_id(p, b, g, ch, r);
-                    long long li = (long long)id.grow * p.nq + id.h;
-                    Ls[r] = id.ok ? p.lse_in[li] : -INFINITY;
-                    Ds[r] = id.ok ? p.Di[li] : 0.0f;
-                    Qo[r] = id.qo;
-                    Lo[r] = ctx_lo(anc, ds, p.W, id.qo);
-                }
-                __syncthreads();
-                for (int h2 = 0; h2 < RQ / 32; h2++) {
-                    float s[4][4], dp[4][4];
-#pragma unroll
-                    for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            s[nt][e] = 0.0f, dp[nt][e] = 0.0f;
-#pragma unroll
-                    for (int ks = 0; ks < KS; ks++) {
-                        const uint16_t *kr = Ks + (kw + gid) * KP + ks * 16 + 2 * t4;
-                        const uint16_t *vr = Vs + (kw + gid) * KP + ks * 16 + 2 * t4;
-                        uint32_t ka[4] = {ld32(kr), ld32(kr + 8 * KP), ld32(kr + 8), ld32(kr + 8 * KP + 8)};
-                        uint32_t va[4] = {ld32(vr), ld32(vr + 8 * KP), ld32(vr + 8), ld32(vr + 8 * KP + 8)};
-#pragma unroll
-                        for (int nt = 0; nt < 4; nt++) {
-                            const uint16_t *qr = Qs + (h2 * 32 + nt * 8 + gid) * KP + ks * 16 + 2 * t4;
-                            const uint16_t *dr = dOs + (h2 * 32 + nt * 8 + gid) * KP + ks * 16 + 2 * t4;
-                            mma16816(s[nt], ka, ld32(qr), ld32(qr + 8));
-                            mma16816(dp[nt], va, ld32(dr), ld32(dr + 8));
-                        }
-                    }
-#pragma unroll
-                    for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            int key = base + kw + gid + (e >> 1) * 8;
-                            int r = h2 * 32 + nt * 8 + 2 * t4 + (e & 1);
-                            float Lr = Ls[r];
-                            bool vis = Lr != -INFINITY && visible(isctx, key, kend_b, Lo[r], Qo[r], p.W);
-                            float P = vis ? expf(s[nt][e] * p.scale - Lr) : 0.0f;
-                            dp[nt][e] = vis ? P * (dp[nt][e] - Ds[r]) : 0.0f;
-                            s[nt][e] = P;
-                        }
-#pragma unroll
-                    for (int kk = 0; kk < 2; kk++) {
-                        uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]),
-                                          pack_bf2(s[2 * kk][2], s[2 * kk][3]),
-                                          pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                          pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-                        uint32_t sa[4] = {pack_bf2(dp[2 * kk][0], dp[2 * kk][1]),
-                                          pack_bf2(dp[2 * kk][2], dp[2 * kk][3]),
-                                          pack_bf2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                                          pack_bf2(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
-                        int r0 = h2 * 32 + kk * 16 + 2 * t4;
-#pragma unroll
-                        for (int nd = 0; nd < NTD; nd++) {
-                            const uint16_t *dr = dOs + r0 * KP + nd * 8 + gid;
-                            const uint16_t *qr = Qs + r0 * KP + nd * 8 + gid;
-                            mma16816(av[nd], pa, ld_pair_col(dr, KP), ld_pair_col(dr + 8 * KP, KP));
-                            mma16816(ak[nd], sa, ld_pair_col(qr, KP), ld_pair_col(qr + 8 * KP, KP));
-                        }
-                    }
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        int key = kw + gid + 8 * ri;
-        if (base + key >= end)
-            continue;
-        long long off = (rbase + key) * ldk + (long long)g * D;
-#pragma unroll
-        for (int nd = 0; nd < NTD; nd++) {
-            *reinterpret_cast<uint32_t *>(dk + off + nd * 8 + 2 * t4) =
-                pack_bf2(ak[nd][2 * ri] * p.scale, ak[nd][2 * ri + 1] * p.scale);
-            *reinterpret_cast<uint32_t *>(dv + off + nd * 8 + 2 * t4) =
-                pack_bf2(av[nd][2 * ri], av[nd][2 * ri + 1]);
-        }
-    }
-}
-
-// ---- pipelined tensor-core kernels (impl DF_CUDA_DFLASH_IMPL_MMA2, the default) ----
-// Same work split and determinism as the mma kernels above, plus: K/V (and in
-// dK/dV the Q/dO rows) staged by cp.async in two buffers (the next tile's load
-// overlaps this tile's math); every mma operand fetched by ldmatrix (V, K and
-// dO as the k-major B operand through .trans: no transposed stores); forward
-// tiles of 64 keys; per-element masks skipped on tiles every row sees whole;
-// softmax in the exp2 domain. dK/dV: the valid blocks that see a context tile
-// are dealt round-robin (in ascending order) to NSPL CTAs; each sums its share
-// in a fixed order into fp32 partials, and a last kernel adds the NSPL partials
-// in split order (deterministic; balances the late tiles seen by many blocks).
+constexpr int MW = 4;        // warps per CTA
+constexpr int TKM = MW * 16; // keys per dK/dV tile of dkv_mma2_kernel (16 per warp)
 constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 
 // acc[n][*] += A (16 x 16 k) * X^T where X is row-major [n rows][k] in shared
@@ -1149,8 +720,9 @@ __global__ void __launch_bounds__(MW * 32) fwd_mma2_kernel(Params p)
     }
 }
 
-// LPT (impl MMA5): CTA blockIdx takes item order[blockIdx / nkv] (item =
-// b nch + ch), kv head blockIdx % nkv; else (block, kv head, chunk) in order.
+// LPT (WG2's dQ where the wgmma one does not run): CTA blockIdx takes item
+// order[blockIdx / nkv] (item = b nch + ch, dq_order_kernel's longest-first
+// order), kv head blockIdx % nkv; else (block, kv head, chunk) in order.
 template <int D, bool LPT>
 __global__ void __launch_bounds__(MW * 32) dq_mma2_kernel(Params p, const int *order)
 {
@@ -1282,18 +854,20 @@ __global__ void __launch_bounds__(MW * 32) dq_mma2_kernel(Params p, const int *o
 // (visible block, row chunk) in ascending order; context split s takes items
 // k with k % NSPL == s. Q/dO rows and their lse/Di/qo/lo of the next item are
 // loaded (cp.async) while this item is computed.
-template <int D, int NWK>
-constexpr size_t dkv3_smem() { return (size_t)(2 * NWK * 16 + 4 * RQ) * (D + 8) * 2 + (size_t)2 * RQ * 16; }
+template <int D>
+constexpr size_t dkv3_smem()
+{
+    return (size_t)(2 * TKM + 4 * RQ) * (D + 8) * 2 + (size_t)2 * RQ * 16;
+}
 
 struct ItemIter {
     int b, ch, k;
 };
 
-template <int D, int NWK>
-__global__ void __launch_bounds__(NWK * 32) dkv_mma2_kernel(Params p, float *part, int bid0)
+template <int D>
+__global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part, int bid0)
 {
-    constexpr int TKM = NWK * 16, NTHR = NWK * 32;
-    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, V8 = D / 8;
+    constexpr int NTHR = MW * 32, KP = D + 8, KS = D / 16, NTD = D / 8, V8 = D / 8;
     extern __shared__ float4 smem4[];
     uint16_t *Ks = reinterpret_cast<uint16_t *>(smem4), *Vs = Ks + TKM * KP, *Qb = Vs + TKM * KP;
     // stage st: Q at Qb + st * 2 RQ KP, dO after it
@@ -1303,7 +877,7 @@ __global__ void __launch_bounds__(NWK * 32) dkv_mma2_kernel(Params p, float *par
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
     long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
     int nct = (p.S + TKM - 1) / TKM, ntb = (p.bs + TKM - 1) / TKM;
-    int bid = blockIdx.x + bid0; // bid0 > 0: only the block tiles (impl MMA4)
+    int bid = blockIdx.x + bid0; // bid0 > 0: only the block tiles (MMA4's block-key pass)
     bool isctx = bid < nct * p.nkv * NSPL;
     int split, g, tile;
     if (isctx) {
@@ -1508,8 +1082,9 @@ __global__ void __launch_bounds__(NT) dkv_reduce_kernel(const float *part, size_
 }
 
 // ---- backward, impl DF_CUDA_DFLASH_IMPL_MMA4: FlashAttention-2-shaped context dK/dV ----
-// dQ and the block-key dK/dV are MMA2's kernels; the context dK/dV pass is
-// new. Why: in MMA2 a warp owns 16 keys x the whole head dim, so every warp
+// dQ and the block-key dK/dV are the kernels above (dq_mma2_kernel,
+// dkv_mma2_kernel); the context dK/dV pass is dkv4_kernel. Why: in
+// dkv_mma2_kernel a warp owns 16 keys x the whole head dim, so every warp
 // streams every Q/dO row of every item through ldmatrix for only 16 keys of
 // reuse (~350 shared bytes per mma: shared-memory bound), and each context
 // CTA rescans all blocks (dependent global loads) to find its items.
@@ -1531,7 +1106,8 @@ __global__ void __launch_bounds__(NT) dkv_reduce_kernel(const float *part, size_
 // Padding: padding blocks are never in a list; keys past S are zero-filled
 // and masked (key >= anchor); rows past the chunk have lse -inf (P = 0).
 constexpr int TK4 = 128, NW4 = 8, PTP = RQ + 8; // PTP: [key][row] bf16 pitch (conflict-free)
-// impl WG's kernel shares the lists, order, partials and reduction
+// WG2's wgmma context dK/dV kernel (dflash_attn_wg.cu) shares the lists, order,
+// partials and reduction
 static_assert(TK4 == df_dflash::WG_TILE_KEYS && NSPL == df_dflash::WG_NSPL, "wg tile / splits");
 template <int D>
 constexpr size_t dkv4_smem()
@@ -1540,7 +1116,7 @@ constexpr size_t dkv4_smem()
 }
 
 // cnt[t], lst[t * nb ..]: the valid blocks whose context span meets key tile
-// t of tk keys, ascending (the same test as MMA2's item iterator).
+// t of tk keys, ascending (the same test as dkv_mma2_kernel's item iterator).
 __global__ void __launch_bounds__(NT) tile_list_kernel(Params p, int tk, int *cnt, int *lst)
 {
     __shared__ int wsum[NW];
@@ -1782,16 +1358,16 @@ __global__ void __launch_bounds__(NW4 * 32, 1)
         }
 }
 
-// ---- backward, impl DF_CUDA_DFLASH_IMPL_MMA5: MMA4 with its dQ CTAs longest first ----
-// MMA2's dQ grid runs (block, kv head, chunk) in block order, and the trainer's
-// blocks come sorted by anchor, so the CTAs with the longest context spans
-// start last and the pass ends in a tail of them (one 4096-token document:
-// spans 0 .. ~4096 keys). MMA5 runs the same dQ kernel over a device-built
-// order of the items (block, chunk): descending key-tile count, ties by
-// index (LPT), kv head fastest. Same math, same sum order per element as
-// MMA2's dQ: the gradients are bitwise MMA4's. Gain (H200, bench_dflash_attn):
-// dQ 2.014 -> 1.964 ms, backward 5.53 -> 5.49 ms on the 1doc full layer, 4.29
-// -> 4.26 sliding; none on 3docs (within noise): the tail was small.
+// ---- the dQ pass's longest-first CTA order (WG2, WG2F) ----
+// A dQ grid in (block, kv head, chunk) order runs the trainer's blocks
+// sorted by anchor, so the CTAs with the longest context spans start last
+// and the pass ends in a tail of them (one 4096-token document: spans 0 ..
+// ~4096 keys). dq_order_kernel builds an order of the items (block, chunk) on
+// the device: descending key-tile count, ties by index (LPT), kv head
+// fastest. Same math, same sum order per element: the order changes no bit.
+// Gain with dq_mma2_kernel (H200, bench_dflash_attn): dQ 2.014 -> 1.964 ms,
+// backward 5.53 -> 5.49 ms on the 1doc full layer, 4.29 -> 4.26 sliding;
+// none on 3docs (within noise): the tail was small.
 // Where MMA4's backward goes (ms, the bench's pass events; 3docs full / 1doc
 // full): Di 0.048 / 0.048, dQ 0.745 / 2.014 (~215-235 TFLOP/s counting its 3
 // products), context tile lists 0.008, context dK/dV 1.264 / 3.312 (~165-190
@@ -1800,30 +1376,30 @@ __global__ void __launch_bounds__(NW4 * 32, 1)
 // and least efficient pass (ncu: latency bound, 2 warps per scheduler, shared
 // pipe the busiest at 26%, 7.4 cycles per issued instruction).
 // Measured and dropped (H200, bench_dflash_attn, dQ pass 0.744 ms / 2.00 ms
-// for MMA2's kernel at 3docs / 1doc full): CTAs of two items (2 x 64 rows of
-// neighbouring anchors, 8 warps) sharing each K/V tile, with Q / dO
+// for dq_mma2_kernel at 3docs / 1doc full): CTAs of two items (2 x 64 rows
+// of neighbouring anchors, 8 warps) sharing each K/V tile, with Q / dO
 // fragments in registers (248 regs, 1 CTA/SM, 64-key tiles, 3-stage ring):
 // 0.848 / 2.17 ms; with Q / dO in shared memory (128 regs, 2 CTAs/SM, 32-key
 // tiles): 0.835 / 2.22 ms, shared-memory bound (L1/shared 68%, 12.4 cycles
-// per issued instruction). MMA2's dQ kernel itself (ncu): latency bound, 2
+// per issued instruction). dq_mma2_kernel itself (ncu): latency bound, 2
 // warps per scheduler, 0.39 eligible, tensor pipe 34%, 6.05 cycles per issued
 // instruction (35% waiting on fixed-latency dependencies).
-constexpr int NL5 = 1024; // threads of the list kernel
+constexpr int NL_ORDER = 1024; // threads of dq_order_kernel
 
 // out[rank] = i for i < n, ranked by (key(i), i) ascending. Call from every
-// thread of a CTA of NL5 threads (the loops and barriers are CTA-uniform).
-// O(n^2 / NL5) shared-memory compares: 512 items take a few microseconds.
+// thread of a CTA of NL_ORDER threads (the loops and barriers are CTA-uniform).
+// O(n^2 / NL_ORDER) shared-memory compares: 512 items take a few microseconds.
 template <typename K>
-__device__ __forceinline__ void rank_sort5(int n, K key, int *out, unsigned long long *sh)
+__device__ __forceinline__ void rank_sort(int n, K key, int *out, unsigned long long *sh)
 {
-    for (int i0 = 0; i0 < n; i0 += NL5) {
+    for (int i0 = 0; i0 < n; i0 += NL_ORDER) {
         int i = i0 + threadIdx.x, r = 0;
         unsigned long long ki = i < n ? key(i) : 0ull;
-        for (int j0 = 0; j0 < n; j0 += NL5) {
+        for (int j0 = 0; j0 < n; j0 += NL_ORDER) {
             __syncthreads(); // the previous chunk of keys is read
             sh[threadIdx.x] = j0 + threadIdx.x < n ? key(j0 + threadIdx.x) : 0ull;
             __syncthreads();
-            int m = n - j0 < NL5 ? n - j0 : NL5;
+            int m = n - j0 < NL_ORDER ? n - j0 : NL_ORDER;
             if (i < n)
                 for (int jj = 0; jj < m; jj++) {
                     unsigned long long kj = sh[jj];
@@ -1837,10 +1413,10 @@ __device__ __forceinline__ void rank_sort5(int n, K key, int *out, unsigned long
 
 // order[rank] = item (b nch + ch), by descending dq_mma2 tile count (padding
 // blocks: 0), ties by index. Any permutation is correct; this one is LPT.
-__global__ void __launch_bounds__(NL5) dq_order_kernel(Params p, int *order)
+__global__ void __launch_bounds__(NL_ORDER) dq_order_kernel(Params p, int *order)
 {
-    __shared__ unsigned long long sh[NL5];
-    rank_sort5(p.nb * p.nch, [&](int it) -> unsigned long long {
+    __shared__ unsigned long long sh[NL_ORDER];
+    rank_sort(p.nb * p.nch, [&](int it) -> unsigned long long {
         int b = it / p.nch, n = 0;
         if (p.valid[b]) {
             int anc = p.anchor[b], lo0 = ctx_lo(anc, p.doc_start[b], p.W, 0);
@@ -1854,11 +1430,19 @@ constexpr size_t fwd_smem(int D) { return ((size_t)(RQ + 2 * TK) * (D + 4) + RQ 
 constexpr size_t dq_smem(int D) { return ((size_t)(2 * RQ + 2 * TK) * (D + 4) + RQ * PP) * 4; }
 constexpr size_t dkv_smem(int D) { return ((size_t)(2 * RQ + 2 * TK) * (D + 4) + 2 * RQ * PP) * 4; }
 
+// Whether impl is 0 (the defaults) or an implementation this file has. The
+// retired values (DF_CUDA_DFLASH_IMPL_* 2, 3, 4, 6, 7) are not.
+bool impl_known(int impl)
+{
+    return impl == 0 || impl == DF_CUDA_DFLASH_IMPL_SIMT || impl == DF_CUDA_DFLASH_IMPL_MMA4 ||
+           impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F;
+}
+
 int check_args(const df_cuda_dflash_args *a, bool bwd)
 {
     if (!a || a->S < 0 || a->n_blocks < 0 || a->block_size < 1 || a->window < 0 || a->nq < 1 ||
         a->nkv < 1 || a->nq % a->nkv || (a->head_dim != 64 && a->head_dim != 128) ||
-        !(a->scale == a->scale) || a->impl < 0 || a->impl > DF_CUDA_DFLASH_IMPL_WG2F)
+        !(a->scale == a->scale) || !impl_known(a->impl))
         return -EINVAL;
     if (!a->anchor || !a->doc_start || !a->valid || !a->q || !a->kc || !a->vc || !a->kb ||
         !a->vb || !a->out || !a->lse)
@@ -1899,28 +1483,21 @@ int fwd_launch(const Params &p, cudaStream_t st, int impl)
     long long n = (long long)p.nb * p.nkv * p.nch;
     if (n == 0)
         return 0;
+    if (impl == DF_CUDA_DFLASH_IMPL_SIMT) {
+        CU(cudaFuncSetAttribute(fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)fwd_smem(D)));
+        fwd_kernel<D><<<(unsigned)n, NT, fwd_smem(D), st>>>(p);
+        CU(cudaGetLastError());
+        return 0;
+    }
     // WG2, WG2F: the wgmma forward (dflash_attn_wg_fwd.cu) where the device runs it
     if ((impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F) &&
         df_dflash::fwd_wg_usable(D))
         return df_dflash::fwd_wg_launch(p, D, st);
-    if (impl == DF_CUDA_DFLASH_IMPL_MMA2 || impl == DF_CUDA_DFLASH_IMPL_MMA3 ||
-        impl == DF_CUDA_DFLASH_IMPL_MMA4 || impl == DF_CUDA_DFLASH_IMPL_MMA5 ||
-        impl == DF_CUDA_DFLASH_IMPL_WG || impl == DF_CUDA_DFLASH_IMPL_WG2 ||
-        impl == DF_CUDA_DFLASH_IMPL_WG2F) {
-        CU(cudaFuncSetAttribute(fwd_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)fwd3_smem<D>()));
-        fwd_mma2_kernel<D><<<(unsigned)n, MW * 32, fwd3_smem<D>(), st>>>(p);
-        CU(cudaGetLastError());
-        return 0;
-    }
-    if (impl == DF_CUDA_DFLASH_IMPL_MMA) {
-        fwd_mma_kernel<D><<<(unsigned)n, MW * 32, 0, st>>>(p);
-        CU(cudaGetLastError());
-        return 0;
-    }
-    CU(cudaFuncSetAttribute(fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)fwd_smem(D)));
-    fwd_kernel<D><<<(unsigned)n, NT, fwd_smem(D), st>>>(p);
+    // MMA4, and WG2 / WG2F elsewhere
+    CU(cudaFuncSetAttribute(fwd_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)fwd3_smem<D>()));
+    fwd_mma2_kernel<D><<<(unsigned)n, MW * 32, fwd3_smem<D>(), st>>>(p);
     CU(cudaGetLastError());
     return 0;
 }
@@ -1939,7 +1516,29 @@ size_t di_bytes(const df_cuda_dflash_args *a)
             CU(cudaEventRecord((ev)[i], st));            \
     } while (0)
 
-template <int D, int NWK>
+// The dQ pass on dq_mma2_kernel: its CTAs in dq_order's order (LPT) where
+// given, else in grid order.
+template <int D>
+int dq_mma2_launch(const Params &p, cudaStream_t st, const int *dq_order)
+{
+    unsigned n = (unsigned)((long long)p.nb * p.nkv * p.nch);
+    if (dq_order) {
+        CU(cudaFuncSetAttribute(dq_mma2_kernel<D, true>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq3_smem<D>()));
+        dq_mma2_kernel<D, true><<<n, MW * 32, dq3_smem<D>(), st>>>(p, dq_order);
+    } else {
+        CU(cudaFuncSetAttribute(dq_mma2_kernel<D, false>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq3_smem<D>()));
+        dq_mma2_kernel<D, false><<<n, MW * 32, dq3_smem<D>(), st>>>(p, nullptr);
+    }
+    CU(cudaGetLastError());
+    return 0;
+}
+
+// MMA4's backward where dkv4_kernel does not fit the device's shared memory:
+// Di, dQ, then dkv_mma2_kernel for the context and the block keys alike (the
+// passes of the retired impl MMA2), the split reduction.
+template <int D>
 int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, cudaEvent_t *ev)
 {
     REC(ev, 0, st);
@@ -1949,24 +1548,20 @@ int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, cudaEvent_t *
         di_kernel<D><<<(unsigned)((w * 32 + NT - 1) / NT), NT, 0, st>>>(p);
         CU(cudaGetLastError());
         REC(ev, 1, st);
-        unsigned n = (unsigned)((long long)p.nb * p.nkv * p.nch);
-        CU(cudaFuncSetAttribute(dq_mma2_kernel<D, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)dq3_smem<D>()));
-        dq_mma2_kernel<D, false><<<n, MW * 32, dq3_smem<D>(), st>>>(p, nullptr);
-        CU(cudaGetLastError());
+        int rc = dq_mma2_launch<D>(p, st, nullptr);
+        if (rc)
+            return rc;
     } else {
         REC(ev, 1, st);
     }
     REC(ev, 2, st);
     REC(ev, 3, st);
-    constexpr int tk = NWK * 16;
-    long long nct = (p.S + tk - 1) / tk, ctas = nct * p.nkv * NSPL +
-                                              (long long)p.nb * ((p.bs + tk - 1) / tk) * p.nkv;
+    long long nct = (p.S + TKM - 1) / TKM, ctas = nct * p.nkv * NSPL +
+                                              (long long)p.nb * ((p.bs + TKM - 1) / TKM) * p.nkv;
     if (ctas > 0) {
-        CU(cudaFuncSetAttribute(dkv_mma2_kernel<D, NWK>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)dkv3_smem<D, NWK>()));
-        dkv_mma2_kernel<D, NWK><<<(unsigned)ctas, NWK * 32, dkv3_smem<D, NWK>(), st>>>(p, part, 0);
+        CU(cudaFuncSetAttribute(dkv_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)dkv3_smem<D>()));
+        dkv_mma2_kernel<D><<<(unsigned)ctas, MW * 32, dkv3_smem<D>(), st>>>(p, part, 0);
         CU(cudaGetLastError());
     }
     REC(ev, 4, st); // context and block keys in one kernel
@@ -1980,22 +1575,22 @@ int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, cudaEvent_t *
     return 0;
 }
 
-// Bytes of the fp32 context dK/dV partials (MMA2, MMA3, MMA4), rounded up.
+// Bytes of the fp32 context dK/dV partials, rounded up.
 size_t part_bytes(const df_cuda_dflash_args *a)
 {
     size_t n = (size_t)NSPL * 2 * (size_t)a->S * (size_t)a->nkv * (size_t)a->head_dim * sizeof(float);
     return (n + 255) / 256 * 256;
 }
 
-// Bytes of MMA4's tile lists (cnt, order, lst: ints), after the partials.
+// Bytes of the context tile lists (cnt, order, lst: ints), after the partials.
 size_t list_bytes(const df_cuda_dflash_args *a)
 {
     size_t nct = ((size_t)a->S + TK4 - 1) / TK4;
     return (nct * (2 + (size_t)a->n_blocks) * sizeof(int) + 255) / 256 * 256;
 }
 
-// Bytes of MMA5's dQ item order (n_blocks * chunks ints), after MMA4's lists.
-size_t list5_bytes(const df_cuda_dflash_args *a)
+// Bytes of the dQ item order (WG2's: n_blocks * chunks ints), after the lists.
+size_t order_bytes(const df_cuda_dflash_args *a)
 {
     size_t group = a->nkv > 0 && a->nq >= a->nkv ? (size_t)(a->nq / a->nkv) : 1;
     size_t bs = a->block_size > 0 ? (size_t)a->block_size : 0, nb = a->n_blocks > 0 ? (size_t)a->n_blocks : 0;
@@ -2003,34 +1598,33 @@ size_t list5_bytes(const df_cuda_dflash_args *a)
     return (nb * nch * sizeof(int) + 255) / 256 * 256;
 }
 
-// MMA4: Di, dQ (MMA2's kernel), the tile lists and their LPT order, the
-// context dK/dV (dkv4_kernel), the block-key dK/dV (MMA2's kernel, block
-// tiles only), the split reduction. MMA5 (dq_order != NULL): the same with
-// the dQ CTAs longest first (dq_order_kernel, then dq_mma2_kernel<D, true>).
-// WG (wg): the context dK/dV on wgmma (df_dflash::dkv_wg_launch) where the
-// device runs it, else dkv4_kernel. WG2 (wg and wgdq, with dq_order): also
-// the dQ on wgmma (df_dflash::dq_wg_launch, longest first) where the device
-// runs it, else MMA5's dQ. WG2F (WG2 and fold): where the wgmma dQ runs and
-// p.nch == 1 (a block's bs x group rows of a kv head in one chunk, so bs <=
-// 64: one block tile), its fold instantiation also writes Di (for the
-// context dK/dV pass, the only later reader; bitwise di_kernel's) and the
-// block-key dK/dV, and di_kernel and the block tiles' dkv_mma2_kernel are
-// not launched (their pass events are recorded right after the previous
-// ones); elsewhere WG2's launches.
+// MMA4 (wg2 false): Di, dQ (dq_mma2_kernel), the tile lists and their LPT
+// order, the context dK/dV (dkv4_kernel), the block-key dK/dV
+// (dkv_mma2_kernel, block tiles only), the split reduction. WG2 (wg2): the
+// dQ CTAs longest first (dq_order_kernel into dq_order), the dQ on wgmma
+// (df_dflash::dq_wg_launch) and the context dK/dV on wgmma
+// (df_dflash::dkv_wg_launch), each where the device runs it, else
+// dq_mma2_kernel in the same order / dkv4_kernel. WG2F (wg2 and fold): where
+// the wgmma dQ runs and p.nch == 1 (a block's bs x group rows of a kv head in
+// one chunk, so bs <= 64: one block tile), its fold instantiation also writes
+// Di (for the context dK/dV pass, the only later reader; bitwise
+// di_kernel's) and the block-key dK/dV, and di_kernel and the block tiles'
+// dkv_mma2_kernel are not launched (their pass events are recorded right
+// after the previous ones); elsewhere WG2's launches.
 template <int D>
 int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, int *dq_order,
-                    bool wg, bool wgdq, bool fold, cudaEvent_t *ev)
+                    bool wg2, bool fold, cudaEvent_t *ev)
 {
     // dkv4 needs 174 KiB (D 128) of shared memory per CTA: more than sm_80's
-    // 163 KiB and the 99 KiB of sm_86/89/120. There, run MMA2's backward.
+    // 163 KiB and the 99 KiB of sm_86/89/120. There, bwd_mma2_launch runs instead.
     int dev, smax;
     CU(cudaGetDevice(&dev));
     CU(cudaDeviceGetAttribute(&smax, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
     if ((size_t)smax < dkv4_smem<D>())
-        return bwd_mma2_launch<D, MW>(p, st, part, ev);
+        return bwd_mma2_launch<D>(p, st, part, ev);
     REC(ev, 0, st);
     long long rows = (long long)p.nb * p.bs;
-    const bool wgdq_on = wgdq && dq_order && df_dflash::dq_wg_usable(D, false);
+    const bool wgdq_on = wg2 && df_dflash::dq_wg_usable(D, false);
     const bool fold_on = fold && wgdq_on && p.nch == 1 && df_dflash::dq_wg_usable(D, true);
     if (rows > 0) {
         if (!fold_on) { // (fold_on: the dQ pass computes Di)
@@ -2039,25 +1633,14 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
             CU(cudaGetLastError());
         }
         REC(ev, 1, st);
-        unsigned n = (unsigned)((long long)p.nb * p.nkv * p.nch);
-        if (wgdq_on) {
-            dq_order_kernel<<<1, NL5, 0, st>>>(p, dq_order);
+        if (wg2) {
+            dq_order_kernel<<<1, NL_ORDER, 0, st>>>(p, dq_order);
             CU(cudaGetLastError());
-            int rc = df_dflash::dq_wg_launch(p, D, st, dq_order, fold_on);
-            if (rc)
-                return rc;
-        } else if (dq_order) {
-            dq_order_kernel<<<1, NL5, 0, st>>>(p, dq_order);
-            CU(cudaGetLastError());
-            CU(cudaFuncSetAttribute(dq_mma2_kernel<D, true>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq3_smem<D>()));
-            dq_mma2_kernel<D, true><<<n, MW * 32, dq3_smem<D>(), st>>>(p, dq_order);
-        } else {
-            CU(cudaFuncSetAttribute(dq_mma2_kernel<D, false>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq3_smem<D>()));
-            dq_mma2_kernel<D, false><<<n, MW * 32, dq3_smem<D>(), st>>>(p, nullptr);
         }
-        CU(cudaGetLastError());
+        int rc = wgdq_on ? df_dflash::dq_wg_launch(p, D, st, dq_order, fold_on)
+                         : dq_mma2_launch<D>(p, st, wg2 ? dq_order : nullptr);
+        if (rc)
+            return rc;
     } else {
         REC(ev, 1, st);
     }
@@ -2070,7 +1653,7 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         tile_order_kernel<<<1, 1024, 0, st>>>(cnt, nct, order);
         CU(cudaGetLastError());
         REC(ev, 3, st);
-        if (wg && df_dflash::dkv_wg_usable(p, D)) {
+        if (wg2 && df_dflash::dkv_wg_usable(p, D)) {
             int rc = df_dflash::dkv_wg_launch(p, D, st, part, cnt, lst, order, nct);
             if (rc)
                 return rc;
@@ -2085,14 +1668,14 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         REC(ev, 3, st);
     }
     REC(ev, 4, st);
-    // block tiles: MMA2's dK/dV kernel, its CTA ids offset past its context
-    // CTAs (fold_on: done in the dQ pass)
+    // block tiles: dkv_mma2_kernel, its CTA ids offset past its context CTAs
+    // (fold_on: done in the dQ pass)
     long long nct2 = (p.S + TKM - 1) / TKM, ctx2 = nct2 * p.nkv * NSPL,
               nbt = (long long)p.nb * ((p.bs + TKM - 1) / TKM) * p.nkv;
     if (nbt > 0 && !fold_on) {
-        CU(cudaFuncSetAttribute(dkv_mma2_kernel<D, MW>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)dkv3_smem<D, MW>()));
-        dkv_mma2_kernel<D, MW><<<(unsigned)nbt, MW * 32, dkv3_smem<D, MW>(), st>>>(p, part, (int)ctx2);
+        CU(cudaFuncSetAttribute(dkv_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)dkv3_smem<D>()));
+        dkv_mma2_kernel<D><<<(unsigned)nbt, MW * 32, dkv3_smem<D>(), st>>>(p, part, (int)ctx2);
         CU(cudaGetLastError());
     }
     REC(ev, 5, st);
@@ -2105,37 +1688,26 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     return 0;
 }
 
+// SIMT: Di, dQ, then the context and block keys' dK/dV in one kernel.
 template <int D>
-int bwd_launch(const Params &p, cudaStream_t st, int impl)
+int bwd_simt_launch(const Params &p, cudaStream_t st)
 {
-    bool mma = impl == DF_CUDA_DFLASH_IMPL_MMA;
     long long rows = (long long)p.nb * p.bs;
     if (rows > 0) {
         long long w = rows * p.nq;
         di_kernel<D><<<(unsigned)((w * 32 + NT - 1) / NT), NT, 0, st>>>(p);
         CU(cudaGetLastError());
         unsigned n = (unsigned)((long long)p.nb * p.nkv * p.nch);
-        if (mma) {
-            dq_mma_kernel<D><<<n, MW * 32, 0, st>>>(p);
-        } else {
-            CU(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)dq_smem(D)));
-            dq_kernel<D><<<n, NT, dq_smem(D), st>>>(p);
-        }
+        CU(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)dq_smem(D)));
+        dq_kernel<D><<<n, NT, dq_smem(D), st>>>(p);
         CU(cudaGetLastError());
     }
-    int tk = mma ? TKM : TK;
-    long long tiles = (p.S + tk - 1) / tk + (long long)p.nb * ((p.bs + tk - 1) / tk);
+    long long tiles = (p.S + TK - 1) / TK + (long long)p.nb * ((p.bs + TK - 1) / TK);
     if (tiles > 0) {
-        if (mma) {
-            CU(cudaFuncSetAttribute(dkv_mma_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)dkv_mma_smem<D>()));
-            dkv_mma_kernel<D><<<(unsigned)(tiles * p.nkv), MW * 32, dkv_mma_smem<D>(), st>>>(p);
-        } else {
-            CU(cudaFuncSetAttribute(dkv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)dkv_smem(D)));
-            dkv_kernel<D><<<(unsigned)(tiles * p.nkv), NT, dkv_smem(D), st>>>(p);
-        }
+        CU(cudaFuncSetAttribute(dkv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                (int)dkv_smem(D)));
+        dkv_kernel<D><<<(unsigned)(tiles * p.nkv), NT, dkv_smem(D), st>>>(p);
         CU(cudaGetLastError());
     }
     return 0;
@@ -2147,14 +1719,15 @@ extern "C" size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *
 {
     if (!a)
         return 0;
-    size_t n = di_bytes(a) + part_bytes(a) + list_bytes(a) + list5_bytes(a);
+    size_t n = di_bytes(a) + part_bytes(a) + list_bytes(a) + order_bytes(a);
     return n ? n : 4;
 }
 
 namespace {
 int g_bwd_impl; // df_cuda_dflash_set_bwd_impl; 0: none
 
-// DFLASH_ATTN_BWD, read once (0: unset or unknown).
+// DFLASH_ATTN_BWD, read once (0: unset or unknown). The retired names (mma,
+// mma2, mma3, mma5, wg) are unknown names: a warning, then the default.
 int env_bwd_impl()
 {
     static int v = -1; // racing first calls compute the same value
@@ -2162,10 +1735,9 @@ int env_bwd_impl()
         static const struct {
             const char *nm;
             int impl;
-        } tab[] = {{"simt", DF_CUDA_DFLASH_IMPL_SIMT}, {"mma", DF_CUDA_DFLASH_IMPL_MMA},
-                   {"mma2", DF_CUDA_DFLASH_IMPL_MMA2}, {"mma3", DF_CUDA_DFLASH_IMPL_MMA3},
-                   {"mma4", DF_CUDA_DFLASH_IMPL_MMA4}, {"mma5", DF_CUDA_DFLASH_IMPL_MMA5},
-                   {"wg", DF_CUDA_DFLASH_IMPL_WG}, {"wg2", DF_CUDA_DFLASH_IMPL_WG2},
+        } tab[] = {{"simt", DF_CUDA_DFLASH_IMPL_SIMT},
+                   {"mma4", DF_CUDA_DFLASH_IMPL_MMA4},
+                   {"wg2", DF_CUDA_DFLASH_IMPL_WG2},
                    {"wg2f", DF_CUDA_DFLASH_IMPL_WG2F}};
         const char *e = getenv("DFLASH_ATTN_BWD");
         int r = 0;
@@ -2174,8 +1746,9 @@ int env_bwd_impl()
                 if (!strcmp(e, tab[i].nm))
                     r = tab[i].impl;
             if (!r)
-                fprintf(stderr, "dflash_attn: DFLASH_ATTN_BWD=%s is none of simt, mma, mma2, mma3, "
-                                "mma4, mma5, wg, wg2, wg2f: the default backward\n", e);
+                fprintf(stderr, "dflash_attn: DFLASH_ATTN_BWD=%s is none of simt, mma4, wg2, wg2f "
+                                "(mma, mma2, mma3, mma5 and wg were removed): the default "
+                                "backward\n", e);
         }
         v = r;
     }
@@ -2185,7 +1758,7 @@ int env_bwd_impl()
 
 extern "C" int df_cuda_dflash_set_bwd_impl(int impl)
 {
-    if (impl < 0 || impl > DF_CUDA_DFLASH_IMPL_WG2F)
+    if (!impl_known(impl))
         return -EINVAL;
     g_bwd_impl = impl;
     return 0;
@@ -2244,30 +1817,17 @@ extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_
         CU(cudaMallocAsync(&ws, df_cuda_dflash_bwd_workspace_bytes(a), st));
     p.Di = (float *)ws;
     int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
-    cudaEvent_t *ev = a->pass_events;
-    if (impl == DF_CUDA_DFLASH_IMPL_MMA4 || impl == DF_CUDA_DFLASH_IMPL_MMA5 ||
-        impl == DF_CUDA_DFLASH_IMPL_WG || impl == DF_CUDA_DFLASH_IMPL_WG2 ||
-        impl == DF_CUDA_DFLASH_IMPL_WG2F) {
+    if (impl == DF_CUDA_DFLASH_IMPL_SIMT) {
+        rc = a->head_dim == 64 ? bwd_simt_launch<64>(p, st) : bwd_simt_launch<128>(p, st);
+    } else { // MMA4, WG2, WG2F
         float *part = (float *)((char *)ws + di_bytes(a));
-        int *lists = (int *)((char *)ws + di_bytes(a) + part_bytes(a));
+        int *lists = (int *)((char *)part + part_bytes(a));
+        int *dq_order = (int *)((char *)lists + list_bytes(a));
         bool fold = impl == DF_CUDA_DFLASH_IMPL_WG2F; // WG2 with the fold
         bool wg2 = impl == DF_CUDA_DFLASH_IMPL_WG2 || fold;
-        int *dq_order = impl == DF_CUDA_DFLASH_IMPL_MMA5 || wg2
-                            ? (int *)((char *)ws + di_bytes(a) + part_bytes(a) + list_bytes(a))
-                            : NULL;
-        bool wg = impl == DF_CUDA_DFLASH_IMPL_WG || wg2;
-        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg, wg2, fold, ev)
-                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg, wg2, fold, ev);
-    } else if (impl == DF_CUDA_DFLASH_IMPL_MMA2 || impl == DF_CUDA_DFLASH_IMPL_MMA3) {
-        float *part = (float *)((char *)ws + di_bytes(a));
-        if (impl == DF_CUDA_DFLASH_IMPL_MMA3)
-            rc = a->head_dim == 64 ? bwd_mma2_launch<64, 8>(p, st, part, ev)
-                                   : bwd_mma2_launch<128, 8>(p, st, part, ev);
-        else
-            rc = a->head_dim == 64 ? bwd_mma2_launch<64, 4>(p, st, part, ev)
-                                   : bwd_mma2_launch<128, 4>(p, st, part, ev);
-    } else {
-        rc = a->head_dim == 64 ? bwd_launch<64>(p, st, impl) : bwd_launch<128>(p, st, impl);
+        cudaEvent_t *ev = a->pass_events;
+        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg2, fold, ev)
+                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg2, fold, ev);
     }
     if (!a->workspace)
         CU(cudaFreeAsync(ws, st));

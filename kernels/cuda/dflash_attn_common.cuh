@@ -1,9 +1,9 @@
 // dflash_attn_common.cuh - what the DFlash attention's CUDA files share
-// (dflash_attn.cu: every implementation; dflash_attn_wg.cu: impl WG's context
-// dK/dV kernel; dflash_attn_wg_dq.cu, dflash_attn_wg_fwd.cu: impl WG2's dQ and
-// forward): the kernel parameters, the row-chunk and visibility helpers and
-// the host entry points of the wgmma files. Internal: not part of the
-// dflash_attn.h contract.
+// (dflash_attn.cu: every implementation; dflash_attn_wg.cu,
+// dflash_attn_wg_dq.cu, dflash_attn_wg_fwd.cu: the wgmma context dK/dV, dQ
+// and forward of impls WG2 and WG2F): the kernel parameters, the row-chunk
+// and visibility helpers and the host entry points of the wgmma files.
+// Internal: not part of the dflash_attn.h contract.
 #ifndef DF_CUDA_DFLASH_ATTN_COMMON_CUH
 #define DF_CUDA_DFLASH_ATTN_COMMON_CUH
 
@@ -54,7 +54,7 @@ __device__ __forceinline__ RowId row_id(const Params &p, int b, int g, int ch, i
     return id;
 }
 
-// ---- dflash_attn_wg.cu (impl DF_CUDA_DFLASH_IMPL_WG) ----
+// ---- dflash_attn_wg.cu (impls DF_CUDA_DFLASH_IMPL_WG2, _WG2F: the context dK/dV) ----
 // Key tile and split count of the context dK/dV partials: MMA4's (TK4, NSPL),
 // so the tile lists, their order, the partial buffer and the split reduction
 // are MMA4's (dflash_attn.cu asserts the match).
@@ -77,12 +77,12 @@ int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const in
 // Whether the current device runs the wgmma dQ kernel (dq_wg_usable; fold:
 // its WG2F instantiation) / the wgmma forward (fwd_wg_usable) for head dim
 // D: compute capability 9.0, the kernel built for sm_90a, enough opt-in
-// shared memory. false: the caller runs MMA2's kernel (dq_mma2_kernel /
+// shared memory. false: the caller runs MMA4's kernel (dq_mma2_kernel /
 // fwd_mma2_kernel).
 bool dq_wg_usable(int D, bool fold);
 bool fwd_wg_usable(int D);
 // The dQ pass: one CTA per (block, kv head, row chunk), p.nb * p.nkv * p.nch
-// of them; order (may be NULL): MMA5's dq_order_kernel output (CTA i takes
+// of them; order (may be NULL): dq_order_kernel's output (CTA i takes
 // item order[i / nkv], kv head i % nkv). fold false (WG2): needs p.Di
 // filled (di_kernel). fold true (WG2F; needs p.nch == 1, else -EINVAL): also
 // writes p.Di (di_kernel's values, bitwise) and the block-key gradients dkb,

@@ -1,8 +1,9 @@
-// dflash_attn_wg.cu - impl DF_CUDA_DFLASH_IMPL_WG of the DFlash attention
-// backward (dflash_attn.h): MMA4's backward with its context dK/dV pass on
-// Hopper warpgroup MMA (wgmma.mma_async, sm_90a). Everything else (Di, dQ,
-// the per-tile block lists and their LPT order, the block-key dK/dV, the
-// split reduction) is MMA4's, in dflash_attn.cu.
+// dflash_attn_wg.cu - the context dK/dV pass of the DFlash attention backward
+// of impls DF_CUDA_DFLASH_IMPL_WG2 and _WG2F (dflash_attn.h) on Hopper
+// warpgroup MMA (wgmma.mma_async, sm_90a), in place of MMA4's dkv4_kernel.
+// The per-tile block lists and their LPT order, the partials and the split
+// reduction are MMA4's, in dflash_attn.cu; the dQ pass is
+// dflash_attn_wg_dq.cu.
 //
 // Work split (MMA4's): one CTA per (key tile of 128 context keys, kv head g,
 // split s of WG_NSPL); its items are (valid block whose span meets the tile,
@@ -67,8 +68,8 @@
 //
 // Portability: the kernel body exists only in sm_90a code (wgmma); on other
 // devices, or in builds without a 90a target, dkv_wg_usable() is false and
-// the backward runs MMA4's context dK/dV kernel instead (impl WG then equals
-// MMA4 bitwise). The non-sm_90a body traps, so a launch there fails loudly.
+// the backward runs MMA4's context dK/dV kernel instead. The non-sm_90a body
+// traps, so a launch there fails loudly.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>

@@ -1,8 +1,8 @@
 // dflash_attn_wg.cuh - the Hopper warpgroup-MMA (wgmma, sm_90a) helpers that
-// the DFlash attention's wgmma kernels share: dflash_attn_wg.cu (context
-// dK/dV, impl WG), dflash_attn_wg_dq.cu (dQ, impl WG2), dflash_attn_wg_fwd.cu
-// (forward, impl WG2). Internal (each includer gets its own copies: anonymous
-// namespace). Conventions, as the kernels use them:
+// the DFlash attention's wgmma kernels (impls WG2 and WG2F) share:
+// dflash_attn_wg.cu (context dK/dV), dflash_attn_wg_dq.cu (dQ),
+// dflash_attn_wg_fwd.cu (forward). Internal (each includer gets its own
+// copies: anonymous namespace). Conventions, as the kernels use them:
 //  - shared tiles of bf16 rows in the 128-byte swizzle: [D/64 column blocks]
 //    [nrows][128 B], 16-byte chunk c of row r at chunk position c ^ (r % 8)
 //    (sw_off), from a 1024-byte-aligned base (the swizzle repeats every 1024
@@ -25,6 +25,7 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
+#include "dflash_attn_common.cuh"
 #include "ptx_async.cuh"
 
 // The kernel bodies and their helpers: sm_90a device code only.
@@ -45,6 +46,53 @@ constexpr float WLOG2E = 1.4426950408889634f;
 __device__ __forceinline__ int sw_off(int r, int c, int nrows)
 {
     return (c >> 3) * nrows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4);
+}
+
+// The K / V tile loads of the wgmma forward (dflash_attn_wg_fwd.cu) and dQ
+// pass (dflash_attn_wg_dq.cu). This thread's share, the same in every tile:
+// 16-byte chunk lc of keys lk + i NTHR / (D/8). NTHR / (D/8) is a multiple of
+// 8, so all those keys are in one swizzle phase and the byte offset of the
+// first (off) serves them all. Computed once per thread, before the key loop.
+struct KvThread {
+    int lk, lc;
+    uint32_t off;
+};
+template <int D, int TK, int NTHR>
+__device__ __forceinline__ KvThread kv_thread(int tid)
+{
+    constexpr int V8 = D / 8, KSTEP = NTHR / V8;
+    static_assert(KSTEP % 8 == 0 && TK % KSTEP == 0, "tile load split");
+    KvThread k;
+    k.lc = tid % V8, k.lk = tid / V8;
+    k.off = (uint32_t)sw_off(k.lk, k.lc, TK);
+    return k;
+}
+
+// K / V tile t of a row chunk's key loop into the stage at shared address
+// stage: K, then V one tile (KV bytes) later, each [D/64][TK][128 B] in the
+// 128-byte swizzle. Tiles t < ntc hold the context keys lo0 + t TK .. of the
+// span [lo0, anc) (kc / vc), the others block b's own keys (kb / vb); keys
+// past the span or the block are zero-filled. kv head g; ldk: the row pitch
+// of kc, vc, kb, vb (nkv D elements). cp.async, thread kt's share.
+template <int D, int TK, int NTHR>
+__device__ __forceinline__ void load_kv_tile(const Params &p, int b, int g, int anc, int lo0,
+                                             int ntc, int t, uint32_t stage, KvThread kt,
+                                             long long ldk)
+{
+    constexpr int V8 = D / 8, KSTEP = NTHR / V8, KIT = TK / KSTEP, KV = D / 64 * TK * 128;
+    bool isctx = t < ntc;
+    int base = isctx ? lo0 + t * TK : (t - ntc) * TK, end = isctx ? anc : p.bs;
+    const uint16_t *ks = isctx ? p.kc : p.kb, *vs = isctx ? p.vc : p.vb;
+    long long rb = (isctx ? base : (long long)b * p.bs + base) + kt.lk;
+    const long long co = (long long)g * D + kt.lc * 8;
+    uint32_t kd = stage + kt.off;
+#pragma unroll
+    for (int i = 0; i < KIT; i++) {
+        bool ok = base + kt.lk + i * KSTEP < end;
+        long long off = ok ? (rb + i * KSTEP) * ldk + co : 0;
+        cp16(kd + i * KSTEP * 128, ks + off, ok);
+        cp16(kd + KV + i * KSTEP * 128, vs + off, ok);
+    }
 }
 
 // cp.async writes are generic-proxy writes; wgmma reads through the async proxy

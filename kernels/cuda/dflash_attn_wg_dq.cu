@@ -1,15 +1,15 @@
 // dflash_attn_wg_dq.cu - the dQ pass of impl DF_CUDA_DFLASH_IMPL_WG2's
 // backward (dflash_attn.h) on Hopper warpgroup MMA (wgmma.mma_async,
-// sm_90a). WG2's backward is WG's (dflash_attn_wg.cu: context dK/dV on
-// wgmma; Di, the tile lists, the block-key dK/dV and the split reduction are
-// MMA4's) with this kernel in place of MMA2's dq_mma2_kernel, its CTAs in
-// MMA5's longest-first order (dq_order_kernel).
+// sm_90a). WG2's backward is MMA4's with its context dK/dV pass on wgmma
+// (dflash_attn_wg.cu; Di, the tile lists, the block-key dK/dV and the split
+// reduction are MMA4's) and this kernel in place of MMA4's dq_mma2_kernel,
+// its CTAs in longest-first order (dq_order_kernel).
 //
-// Work split (MMA2's dQ): one CTA per (block b, kv head g, row chunk): the
-// 64 rows of a chunk are the 16 queries x `group` heads of one block and kv
-// head, sharing one anchor and one context span [lo0, anchor) (lo0: the
-// widest row's bound), so for every key tile of the span the problem is a
-// dense 64 rows x QTK keys one:
+// Work split (dq_mma2_kernel's): one CTA per (block b, kv head g, row
+// chunk): the 64 rows of a chunk are the 16 queries x `group` heads of one
+// block and kv head, sharing one anchor and one context span [lo0, anchor)
+// (lo0: the widest row's bound), so for every key tile of the span the
+// problem is a dense 64 rows x QTK keys one:
 //   S  = Q K^T                      (rows x keys, k-dim D)
 //   dP = dO V^T
 //   P  = exp2(S scale log2e - lse log2e)   (fp32; masked on partial tiles)
@@ -48,8 +48,9 @@
 // KiB of dynamic shared memory (16 + 16 + 2 x 32 + 1 KiB alignment slack):
 // 2 CTAs (8 warps) per SM; D 64: 146 registers, 49 KiB. No "wgmma
 // serialization" warning. On the H200 (27B drafter shape, 3docs full):
-// 0.378 ms, bitwise WG's dQ. ncu (FOLD, session 6): 2 active warps per
-// scheduler, 0.40 eligible, the busiest pipe 45% busy: latency-bound.
+// 0.378 ms, bitwise dq_mma2_kernel's dQ. ncu (FOLD, session 6): 2 active
+// warps per scheduler, 0.40 eligible, the busiest pipe 45% busy:
+// latency-bound.
 // Keeping dQ(t)'s wgmmas in flight across S(t + 1) (branch wip/attn-wg3)
 // was correct but 20-26% slower; the next lever is warp specialization (a
 // producer warpgroup, two consumers ping-ponging).
@@ -68,8 +69,8 @@
 // and the backward 1.134 -> 1.000 ms (3docs full).
 // Portability: the kernel body exists only in sm_90a code; elsewhere (or in
 // builds without a 90a target) dq_wg_usable() is false and the backward runs
-// MMA2's dQ kernel (WG2's gradients then equal WG's bitwise). The non-sm_90a
-// body traps, so a launch there fails loudly.
+// dq_mma2_kernel in the same order. The non-sm_90a body traps, so a launch
+// there fails loudly.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -154,14 +155,15 @@ __device__ __forceinline__ void chunk_di(const Params &p, const RowId (&rid)[2],
 #endif // DF_WG_BODY
 
 // One CTA per (block, kv head, row chunk); order != NULL: CTA i takes item
-// order[i / nkv] (item = b nch + ch), kv head i % nkv (MMA5's LPT order).
+// order[i / nkv] (item = b nch + ch), kv head i % nkv (dq_order_kernel's LPT
+// order).
 // __launch_bounds__(.., 2): 2 CTAs per SM at D 128 (shared memory bound).
 // FOLD (impl WG2F; the host launches it only with p.nch == 1, so the CTA
 // holds every row that sees its block's keys for kv head g, and bs <= QTK:
 // one block tile, the last of the loop): the CTA also computes its rows' Di
 // (chunk_di; writes p.Di for the later passes; di_kernel is not run) and
-// its block's dK / dV for kv head g (dkb, dvb; MMA2's dkv_mma2_kernel block
-// tiles are not run):
+// its block's dK / dV for kv head g (dkb, dvb; dkv_mma2_kernel's block tiles
+// are not run):
 //   dV_b = P^T dO,  dK_b = scale dS^T Q      (64 block keys, bs valid, x D)
 // from the block tile's P and dS (bf16, as the dQ GEMM used them) summed
 // over the chunk's 64 rows. In the block tile, P^T and dS^T are stored as
@@ -170,7 +172,7 @@ __device__ __forceinline__ void chunk_di(const Params &p, const RowId (&rid)[2],
 // after the loop and dQ's write-out (its accumulators dead), 2 x 4 wgmma
 // m64nDk16 with A = P^T / dS^T and B = dO / Q of the chunk, MN-major through
 // the descriptor (dkv_wg_kernel's B of dV += P^T dO, dK += dS^T Q). Block
-// dK / dV need not be bitwise MMA2's (wgmma's sum order within a k step may
+// dK / dV need not be bitwise MMA4's (wgmma's sum order within a k step may
 // differ from mma.sync's, and P, dS come from this kernel's S, dP).
 // FOLD = false compiles to WG2's kernel as before (every addition is under
 // if constexpr (FOLD)).
@@ -200,9 +202,10 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const int *orde
                     make_uint4(0u, 0u, 0u, 0u);
         }
         if constexpr (FOLD) {
-            // MMA2's block tiles write a padding block's dkb / dvb as 0; its
-            // rows' Di as di_kernel would (nothing reads them: padding blocks
-            // are in no tile list; kept so that p.Di equals di_kernel's)
+            // dkv_mma2_kernel's block tiles write a padding block's dkb /
+            // dvb as 0; its rows' Di as di_kernel would (nothing reads them:
+            // padding blocks are in no tile list; kept so that p.Di equals
+            // di_kernel's)
             for (int e = tid; e < p.bs * V8; e += QNT) {
                 long long off = ((long long)b * p.bs + e / V8) * ldk + (long long)g * D + (e % V8) * 8;
                 *reinterpret_cast<uint4 *>(p.dkb + off) = make_uint4(0u, 0u, 0u, 0u);
@@ -231,27 +234,12 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const int *orde
         cp16(sb + so, p.q + off, id.ok);
         cp16(sb + L::QS + so, p.dout + off, id.ok);
     }
-    // K / V tile t into stage st (zero-filled past the span / the block).
-    // Thread tid copies chunk c = tid % V8 of keys k0 + i QNT / V8: QNT / V8
-    // is a multiple of 8, so every key of a thread has the same swizzle phase.
-    constexpr int KSTEP = QNT / V8, KIT = QTK / KSTEP;
-    static_assert(KSTEP % 8 == 0 && QTK % KSTEP == 0, "tile load split");
-    const int lc = tid % V8, lk = tid / V8;
-    const uint32_t lso = (uint32_t)sw_off(lk, lc, QTK);
+    // K / V tile t into stage st (zero-filled past the span / the block):
+    // dflash_attn_wg.cuh's load_kv_tile, this thread's share computed once
+    const KvThread kvt = kv_thread<D, QTK, QNT>(tid);
     auto issue = [&](int t, int st) {
-        bool isctx = t < ntc;
-        int base = isctx ? lo0 + t * QTK : (t - ntc) * QTK, end = isctx ? anc : p.bs;
-        const uint16_t *ks = isctx ? p.kc : p.kb, *vs = isctx ? p.vc : p.vb;
-        long long rb = (isctx ? base : (long long)b * p.bs + base) + lk;
-        const long long co = (long long)g * D + lc * 8;
-        uint32_t kd = sb + L::KV_OFF + st * 2 * L::KV + lso;
-#pragma unroll
-        for (int i = 0; i < KIT; i++) {
-            bool ok = base + lk + i * KSTEP < end;
-            long long off = ok ? (rb + i * KSTEP) * ldk + co : 0;
-            cp16(kd + i * KSTEP * 128, ks + off, ok);
-            cp16(kd + L::KV + i * KSTEP * 128, vs + off, ok);
-        }
+        load_kv_tile<D, QTK, QNT>(p, b, g, anc, lo0, ntc, t, sb + L::KV_OFF + st * 2 * L::KV, kvt,
+                                  ldk);
     };
     issue(0, 0);
     cp_commit();

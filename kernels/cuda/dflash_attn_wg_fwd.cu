@@ -1,6 +1,6 @@
-// dflash_attn_wg_fwd.cu - the forward of impl DF_CUDA_DFLASH_IMPL_WG2
-// (dflash_attn.h) on Hopper warpgroup MMA (wgmma.mma_async, sm_90a): out
-// and lse, the contract of MMA2's fwd_mma2_kernel (dflash_attn.cu), whose
+// dflash_attn_wg_fwd.cu - the forward of impls DF_CUDA_DFLASH_IMPL_WG2 and
+// _WG2F (dflash_attn.h) on Hopper warpgroup MMA (wgmma.mma_async, sm_90a):
+// out and lse, the contract of MMA4's fwd_mma2_kernel (dflash_attn.cu), whose
 // work split it keeps.
 //
 // One CTA per (block b, kv head g, row chunk): the chunk's 64 rows (16
@@ -102,26 +102,12 @@ __global__ void __launch_bounds__(FNT, 2) fwd_wg_kernel(Params p)
         long long off = id.ok ? id.grow * ldq + (long long)id.h * D + c * 8 : 0;
         cp16(sb + (uint32_t)sw_off(r, c, CHUNK_ROWS), p.q + off, id.ok);
     }
-    // K / V tile t into stage st: thread tid copies chunk tid % V8 of keys
-    // tid / V8 + i FNT / V8 (one swizzle phase: FNT / V8 is a multiple of 8)
-    constexpr int KSTEP = FNT / V8, KIT = FTK / KSTEP;
-    static_assert(KSTEP % 8 == 0 && FTK % KSTEP == 0, "tile load split");
-    const int lc = tid % V8, lk = tid / V8;
-    const uint32_t lso = (uint32_t)sw_off(lk, lc, FTK);
+    // K / V tile t into stage st: dflash_attn_wg.cuh's load_kv_tile, this
+    // thread's share computed once
+    const KvThread kvt = kv_thread<D, FTK, FNT>(tid);
     auto issue = [&](int t, int st) {
-        bool isctx = t < ntc;
-        int base = isctx ? lo0 + t * FTK : (t - ntc) * FTK, end = isctx ? anc : p.bs;
-        const uint16_t *ks = isctx ? p.kc : p.kb, *vs = isctx ? p.vc : p.vb;
-        long long rb = (isctx ? base : (long long)b * p.bs + base) + lk;
-        const long long co = (long long)g * D + lc * 8;
-        uint32_t kd = sb + L::KV_OFF + st * 2 * L::KV + lso;
-#pragma unroll
-        for (int i = 0; i < KIT; i++) {
-            bool ok = base + lk + i * KSTEP < end;
-            long long off = ok ? (rb + i * KSTEP) * ldk + co : 0;
-            cp16(kd + i * KSTEP * 128, ks + off, ok);
-            cp16(kd + L::KV + i * KSTEP * 128, vs + off, ok);
-        }
+        load_kv_tile<D, FTK, FNT>(p, b, g, anc, lo0, ntc, t, sb + L::KV_OFF + st * 2 * L::KV, kvt,
+                                  ldk);
     };
     issue(0, 0);
     cp_commit();
