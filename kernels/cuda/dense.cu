@@ -4,14 +4,15 @@
  * every formula below is written in its order, in fp32, and each output is
  * rounded to bf16 once (round to nearest even).
  *
- * Layout. Every op sees its tensors as rows of contiguous elements (the
- * last dim) addressed through up to three outer dims with arbitrary
- * strides. The host first simplifies that addressing (rows_of): size-1 dims
- * vanish, outer dims every operand steps over contiguously merge, and for
- * elementwise ops a fully contiguous tensor becomes one long row, so the
- * common case runs without per-row index math. Rows whose starts are all
- * 16-byte aligned use 16-byte vectors (8 bf16) and a scalar tail; anything
- * else (odd strides) takes the scalar path of the same kernel.
+ * Layout (rows.cuh). Every op sees its tensors as rows of contiguous
+ * elements (the last dim) addressed through up to three outer dims with
+ * arbitrary strides. The host first simplifies that addressing (rows_of):
+ * size-1 dims vanish, outer dims every operand steps over contiguously
+ * merge, and for elementwise ops a fully contiguous tensor becomes one long
+ * row, so the common case runs without per-row index math. Rows whose
+ * starts are all 16-byte aligned use 16-byte vectors (8 bf16) and a scalar
+ * tail; anything else (odd strides) takes the scalar path of the same
+ * kernel.
  *
  * Launch shapes. The vector paths (aligned rows, widths a multiple of 8,
  * under 2^31 rows / vectors) are the fast ones: elementwise ops run over
@@ -25,67 +26,23 @@
  * views) takes the general kernels: a 2-D grid of rows x units (a unit is
  * one vector or one element), short rows packed several to a block; norms
  * a warp or a block per row, grid-stride over rows. */
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.cuh"
 #include "cuda_internal.h"
 
+/* Before rows.cuh, which is sized by them. */
+constexpr int NT = 256; /* threads per block */
+constexpr int MAXT = 3; /* operands sharing one row layout */
+#include "rows.cuh"
 
 namespace {
 
-constexpr int NT = 256;  /* threads per block */
-constexpr int VEC = 8;   /* bf16 per 16-byte vector */
-constexpr int MAXT = 3;  /* operands sharing one row layout */
-constexpr unsigned GRID_CAP = 65535; /* grid dims stay within y/z limits; loops cover the rest */
-
 enum { NORM_RMS, NORM_RMS_P1, NORM_GATED, NORM_L2 };
-
-__host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b)
-{
-    return (a + b - 1) / b;
-}
-
-/* ---- bf16 <-> f32 ---- */
-
-__device__ __forceinline__ float bf2f(uint16_t h)
-{
-    return __uint_as_float((uint32_t)h << 16);
-}
-
-__device__ __forceinline__ uint16_t f2bf(float f)
-{
-    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-
-__device__ __forceinline__ void load8(const uint16_t *p, float *f)
-{
-    uint4 u = *reinterpret_cast<const uint4 *>(p);
-    uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        f[2 * j] = __uint_as_float(w[j] << 16);
-        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
-}
-
-__device__ __forceinline__ uint32_t pack2(float lo, float hi)
-{
-    return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
-}
-
-__device__ __forceinline__ void store8(uint16_t *p, const float *f)
-{
-    uint4 u;
-    u.x = pack2(f[0], f[1]);
-    u.y = pack2(f[2], f[3]);
-    u.z = pack2(f[4], f[5]);
-    u.w = pack2(f[6], f[7]);
-    *reinterpret_cast<uint4 *>(p) = u;
-}
 
 /* As the CPU: x / (1 + e^-x), so x -> -inf gives -0, never NaN. */
 __device__ __forceinline__ float silu_f(float x)
@@ -98,16 +55,10 @@ __device__ __forceinline__ float sigmoid_f(float x)
     return 1.0f / (1.0f + expf(-x));
 }
 
-/* ---- row layout ---- */
+/* ---- row layout (rows.cuh) ---- */
 
-/* rows x cols, row r = (i0, i1, i2) with i2 fastest; st[k] are operand k's
- * element strides of i0, i1, i2 (0 for an unused slot). */
-struct Rows {
-    int64_t rows, cols;
-    int64_t n1, n2;
-    int64_t st[MAXT][3];
-};
-
+/* The offsets of operands 0..nt-1; nt is known only at run time (2, or 3
+ * with b or z). train_dense.cu's row_offsets<N> takes a compile-time count. */
 __device__ __forceinline__ void row_offsets(const Rows &L, int64_t r, int nt, int64_t *off)
 {
     int64_t i0 = r, i1 = 0, i2 = 0;
@@ -121,74 +72,9 @@ __device__ __forceinline__ void row_offsets(const Rows &L, int64_t r, int nt, in
         off[k] = i0 * L.st[k][0] + i1 * L.st[k][1] + i2 * L.st[k][2];
 }
 
-/* Fills sizes n[0..m) and strides s[k][0..m) of t[0]'s outer dims, size-1
- * dims dropped, then merges neighbours every operand steps over
- * contiguously (the merged dim keeps the inner stride). */
-int outer_dims(const df_tensor *const *t, int nt, int64_t *n, int64_t s[MAXT][4])
-{
-    int m = 0;
-    for (int d = 0; d < t[0]->ndim - 1; d++) {
-        if (t[0]->shape[d] == 1)
-            continue;
-        n[m] = t[0]->shape[d];
-        for (int k = 0; k < nt; k++)
-            s[k][m] = t[k]->stride[d];
-        m++;
-    }
-    for (int d = m - 2; d >= 0; d--) {
-        int ok = 1;
-        for (int k = 0; k < nt; k++)
-            ok &= s[k][d] == n[d + 1] * s[k][d + 1];
-        if (!ok)
-            continue;
-        n[d] *= n[d + 1];
-        for (int k = 0; k < nt; k++)
-            s[k][d] = s[k][d + 1];
-        for (int e = d + 1; e + 1 < m; e++) {
-            n[e] = n[e + 1];
-            for (int k = 0; k < nt; k++)
-                s[k][e] = s[k][e + 1];
-        }
-        m--;
-    }
-    return m;
-}
-
-/* The shared row layout of nt same-shaped tensors. With merge_cols, outer
- * dims that continue a row contiguously in every operand fold into cols
- * (elementwise ops; a norm's row is its last dim and never grows). */
-Rows rows_of(const df_tensor *const *t, int nt, int merge_cols)
-{
-    Rows L;
-    memset(&L, 0, sizeof L);
-    int64_t n[4], s[MAXT][4];
-    int m = outer_dims(t, nt, n, s);
-    L.cols = t[0]->shape[t[0]->ndim - 1];
-    while (merge_cols && m > 0) {
-        int ok = 1;
-        for (int k = 0; k < nt; k++)
-            ok &= s[k][m - 1] == L.cols;
-        if (!ok)
-            break;
-        L.cols *= n[m - 1];
-        m--;
-    }
-    L.rows = 1;
-    L.n1 = L.n2 = 1;
-    for (int j = 0; j < m; j++) {
-        L.rows *= n[j];
-        for (int k = 0; k < nt; k++)
-            L.st[k][j] = s[k][j];
-    }
-    if (m > 1)
-        L.n1 = n[1];
-    if (m > 2)
-        L.n2 = n[2];
-    return L;
-}
-
 /* 1 when every row start of every operand (and each extra pointer) is
- * 16-byte aligned, so rows can be read in 8-element vectors. */
+ * 16-byte aligned, so rows can be read in 8-element vectors. Checks the nt
+ * operands (train_dense.cu's checks every slot: the unused ones are 0). */
 int rows_vec_ok(const Rows &L, const void *const *p, int np, int nt)
 {
     for (int i = 0; i < np; i++)
@@ -199,11 +85,6 @@ int rows_vec_ok(const Rows &L, const void *const *p, int np, int nt)
             if (L.st[k][j] % VEC)
                 return 0;
     return 1;
-}
-
-unsigned capped(int64_t n)
-{
-    return n < 1 ? 1u : n > GRID_CAP ? GRID_CAP : (unsigned)n;
 }
 
 /* n / d for 0 <= n < 2^31, 1 <= d < 2^31, by a multiply-high and a shift
@@ -254,41 +135,6 @@ __device__ __forceinline__ uint4 ld16(const uint16_t *p)
 {
     return *reinterpret_cast<const uint4 *>(p);
 }
-
-__device__ __forceinline__ void unpack8(uint4 u, float *f)
-{
-    uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        f[2 * j] = __uint_as_float(w[j] << 16);
-        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
-}
-
-struct Launch {
-    dim3 grid, block;
-};
-
-/* rows x units in blocks of NT threads: x over a row's units, y over rows;
- * a row with fewer than NT units shares its block with other rows. */
-Launch rows_launch(int64_t rows, int64_t units)
-{
-    int tx = 1;
-    while (tx < units && tx < NT)
-        tx <<= 1;
-    int ty = NT / tx;
-    Launch l;
-    l.block = dim3((unsigned)tx, (unsigned)ty, 1);
-    l.grid = dim3(capped(cdiv(units, tx)), capped(cdiv(rows, ty)), 1);
-    return l;
-}
-
-#define ROW_LOOP(r, rows) \
-    for (int64_t r = (int64_t)blockIdx.y * blockDim.y + threadIdx.y; r < (rows); \
-         r += (int64_t)gridDim.y * blockDim.y)
-#define UNIT_LOOP(u, units) \
-    for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < (units); \
-         u += (int64_t)gridDim.x * blockDim.x)
 
 /* ---- embed ---- */
 

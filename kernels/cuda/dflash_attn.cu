@@ -53,7 +53,6 @@
 // its backward 1.134 -> 1.000 ms (3docs full), 2.410 -> 2.313 (1doc full):
 // the dQ pass grows by ~0.07 ms, Di (0.05) and the block keys' pass (0.16)
 // go.
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <math.h>
@@ -61,6 +60,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.cuh"
 #include "dflash_attn.h"
 #include "dflash_attn_common.cuh"
 #include "ptx_async.cuh"
@@ -86,12 +86,6 @@ using df_dflash::ctx_lo;
 using df_dflash::RowId;
 using df_dflash::row_id;
 static_assert(RQ == df_dflash::CHUNK_ROWS, "row chunk size");
-
-__device__ __forceinline__ float bf2f(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-__device__ __forceinline__ uint16_t f2bf(float x)
-{
-    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
-}
 
 __device__ __forceinline__ float warp_max(float v)
 {

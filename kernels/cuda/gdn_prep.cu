@@ -5,32 +5,21 @@
  * fp32, bf16 outputs rounded once, the gates' outputs stay fp32. The conv
  * for K = 4 (Qwen3.5) keeps each thread's input window in registers
  * (conv_win_kernel); other widths take the general conv_kernel. */
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <math.h>
 #include <stdint.h>
 
+#include "bf16.cuh"
 #include "cuda_internal.h"
 
 
 namespace {
 
-constexpr int VEC = 8;               /* bf16 per 16-byte vector */
 constexpr int CONV_NT = 128;         /* threads per conv block */
 constexpr int CONV_TT = 16;          /* tokens per conv thread: window reloads hit L1 */
 constexpr int GATES_NT = 256;
 constexpr unsigned GRID_CAP = 65535; /* grid y limit; loops cover the rest */
-
-__device__ __forceinline__ float bf2f(uint16_t h)
-{
-    return __uint_as_float((uint32_t)h << 16);
-}
-
-__device__ __forceinline__ uint16_t f2bf(float f)
-{
-    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
 
 __host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b)
 {
@@ -192,16 +181,6 @@ __device__ __forceinline__ uint4 conv_load_raw(const ConvArgs &p, int64_t src, i
         if (j < nc)
             w[j / 2] |= (uint32_t)r[j] << (16 * (j & 1));
     return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-__device__ __forceinline__ void unpack8(uint4 u, float *f)
-{
-    uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        f[2 * j] = __uint_as_float(w[j] << 16);
-        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
 }
 
 #ifndef CONV_MINB

@@ -41,7 +41,6 @@
  * per-device handle and a small cache of (shape -> algorithm); descriptors
  * are cheap host objects made per call, only the heuristic query is cached.
  * The workspace is carved out of the backend scratch. */
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <limits.h>
@@ -52,6 +51,7 @@
 
 #include <cublasLt.h>
 
+#include "bf16.cuh"
 #include "cuda_internal.h"
 #include "lmhead_cuda.h"
 
@@ -73,16 +73,6 @@ constexpr int MAX_DEV = 64;
 
 size_t g_chunk_bytes = 0; /* test hook; 0 = DEFAULT_CHUNK_BYTES */
 int g_precise = -1;       /* hi + lo gradient; -1 = not yet read from DFLASH_CE_PRECISE */
-
-__device__ __forceinline__ uint16_t f2bf(float f)
-{
-    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-
-__device__ __forceinline__ float bf2f(uint16_t h)
-{
-    return __uint_as_float((uint32_t)h << 16);
-}
 
 /* A row is active (contributes loss and gradient) as on the CPU, plus the
  * device-only rule: a label >= V is ignored, never read. !(w > 0) also

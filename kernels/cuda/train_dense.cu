@@ -7,11 +7,12 @@
  * a BF16 one is widened exactly where it is read, so the arithmetic (and
  * the order of every sum) is the F32 one's.
  *
- * Layout. As in dense.cu: tensors are rows of contiguous elements (the last
- * dim) addressed through up to three outer dims with arbitrary strides,
- * simplified on the host (rows_of: size-1 dims vanish, dims every operand
- * steps over contiguously merge). Rows whose starts are all 16-byte aligned
- * use 16-byte vectors (8 bf16); otherwise the same kernel loads scalars.
+ * Layout. dense.cu's (rows.cuh): tensors are rows of contiguous elements
+ * (the last dim) addressed through up to three outer dims with arbitrary
+ * strides, simplified on the host (rows_of: size-1 dims vanish, dims every
+ * operand steps over contiguously merge). Rows whose starts are all
+ * 16-byte aligned use 16-byte vectors (8 bf16); otherwise the same kernel
+ * loads scalars.
  *
  * Determinism. The two reductions whose sums cross threads (RMSNorm's dw
  * over rows, sumsq over the array) never use atomics: every block writes
@@ -19,7 +20,6 @@
  * in a fixed order. The orders depend only on the shapes (D, rows, n), not
  * on the GPU, the grid caps or the alignment: the vector and scalar paths
  * give each thread the same elements in the same order. */
-#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <math.h>
@@ -27,62 +27,16 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.cuh"
 #include "cuda_internal.h"
 #include "train_cuda.h"
 
+/* Before rows.cuh, which is sized by them. */
+constexpr int NT = 256; /* threads per block */
+constexpr int MAXT = 5; /* operands sharing one row layout (swiglu_bwd: 5) */
+#include "rows.cuh"
+
 namespace {
-
-constexpr int NT = 256;              /* threads per block */
-constexpr int VEC = 8;               /* bf16 per 16-byte vector */
-constexpr int MAXT = 5;              /* operands sharing one row layout (swiglu_bwd: 5) */
-constexpr unsigned GRID_CAP = 65535; /* grid dims stay within y/z limits; loops cover the rest */
-
-__host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b)
-{
-    return (a + b - 1) / b;
-}
-
-/* ---- bf16 <-> f32 (as dense.cu) ---- */
-
-__device__ __forceinline__ float bf2f(uint16_t h)
-{
-    return __uint_as_float((uint32_t)h << 16);
-}
-
-__device__ __forceinline__ uint16_t f2bf(float f)
-{
-    return __bfloat16_as_ushort(__float2bfloat16_rn(f));
-}
-
-__device__ __forceinline__ void unpack8(uint4 u, float *f)
-{
-    uint32_t w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        f[2 * j] = __uint_as_float(w[j] << 16);
-        f[2 * j + 1] = __uint_as_float(w[j] & 0xffff0000u);
-    }
-}
-
-__device__ __forceinline__ void load8(const uint16_t *p, float *f)
-{
-    unpack8(*reinterpret_cast<const uint4 *>(p), f);
-}
-
-__device__ __forceinline__ uint32_t pack2(float lo, float hi)
-{
-    return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
-}
-
-__device__ __forceinline__ void store8(uint16_t *p, const float *f)
-{
-    uint4 u;
-    u.x = pack2(f[0], f[1]);
-    u.y = pack2(f[2], f[3]);
-    u.z = pack2(f[4], f[5]);
-    u.w = pack2(f[6], f[7]);
-    *reinterpret_cast<uint4 *>(p) = u;
-}
 
 /* Elements [c, c + 8) of a row of n: one vector when allowed and whole,
  * else scalars, 0 past the end. Both paths give the same values, so a
@@ -126,15 +80,7 @@ __device__ __forceinline__ uint4 load_unit_raw(const uint16_t *row, int64_t c, i
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-/* ---- row layout (dense.cu's, for up to MAXT operands) ---- */
-
-/* rows x cols, row r = (i0, i1, i2) with i2 fastest; st[k] are operand k's
- * element strides of i0, i1, i2 (0 for an unused slot). */
-struct Rows {
-    int64_t rows, cols;
-    int64_t n1, n2;
-    int64_t st[MAXT][3];
-};
+/* ---- row layout (rows.cuh) ---- */
 
 /* The offsets of operands 0..N-1: a compile-time count keeps off[] in
  * registers (a loop to a runtime count would put it on the stack). */
@@ -153,73 +99,9 @@ __device__ __forceinline__ void row_offsets(const Rows &L, int64_t r, int64_t *o
         off[k] = i0 * L.st[k][0] + i1 * L.st[k][1] + i2 * L.st[k][2];
 }
 
-/* Sizes n[0..m) and strides s[k][0..m) of t[0]'s outer dims, size-1 dims
- * dropped, neighbours every operand steps over contiguously merged. */
-int outer_dims(const df_tensor *const *t, int nt, int64_t *n, int64_t s[MAXT][4])
-{
-    int m = 0;
-    for (int d = 0; d < t[0]->ndim - 1; d++) {
-        if (t[0]->shape[d] == 1)
-            continue;
-        n[m] = t[0]->shape[d];
-        for (int k = 0; k < nt; k++)
-            s[k][m] = t[k]->stride[d];
-        m++;
-    }
-    for (int d = m - 2; d >= 0; d--) {
-        int ok = 1;
-        for (int k = 0; k < nt; k++)
-            ok &= s[k][d] == n[d + 1] * s[k][d + 1];
-        if (!ok)
-            continue;
-        n[d] *= n[d + 1];
-        for (int k = 0; k < nt; k++)
-            s[k][d] = s[k][d + 1];
-        for (int e = d + 1; e + 1 < m; e++) {
-            n[e] = n[e + 1];
-            for (int k = 0; k < nt; k++)
-                s[k][e] = s[k][e + 1];
-        }
-        m--;
-    }
-    return m;
-}
-
-/* The shared row layout of nt same-shaped tensors; with merge_cols, outer
- * dims continuing a row contiguously in every operand fold into cols
- * (elementwise ops; a norm's row is its last dim and never grows). */
-Rows rows_of(const df_tensor *const *t, int nt, int merge_cols)
-{
-    Rows L;
-    memset(&L, 0, sizeof L);
-    int64_t n[4], s[MAXT][4];
-    int m = outer_dims(t, nt, n, s);
-    L.cols = t[0]->shape[t[0]->ndim - 1];
-    while (merge_cols && m > 0) {
-        int ok = 1;
-        for (int k = 0; k < nt; k++)
-            ok &= s[k][m - 1] == L.cols;
-        if (!ok)
-            break;
-        L.cols *= n[m - 1];
-        m--;
-    }
-    L.rows = 1;
-    L.n1 = L.n2 = 1;
-    for (int j = 0; j < m; j++) {
-        L.rows *= n[j];
-        for (int k = 0; k < nt; k++)
-            L.st[k][j] = s[k][j];
-    }
-    if (m > 1)
-        L.n1 = n[1];
-    if (m > 2)
-        L.n2 = n[2];
-    return L;
-}
-
 /* 1 when every row start of every operand (and each extra pointer) is
- * 16-byte aligned. */
+ * 16-byte aligned. Checks every slot: rows_of leaves the unused ones 0
+ * (dense.cu's takes the operand count instead). */
 int rows_vec_ok(const Rows &L, const void *const *p, int np)
 {
     for (int i = 0; i < np; i++)
@@ -231,36 +113,6 @@ int rows_vec_ok(const Rows &L, const void *const *p, int np)
                 return 0;
     return 1;
 }
-
-unsigned capped(int64_t n)
-{
-    return n < 1 ? 1u : n > GRID_CAP ? GRID_CAP : (unsigned)n;
-}
-
-struct Launch {
-    dim3 grid, block;
-};
-
-/* rows x units in blocks of NT threads: x over a row's units, y over rows;
- * a row with fewer than NT units shares its block with other rows. */
-Launch rows_launch(int64_t rows, int64_t units)
-{
-    int tx = 1;
-    while (tx < units && tx < NT)
-        tx <<= 1;
-    int ty = NT / tx;
-    Launch l;
-    l.block = dim3((unsigned)tx, (unsigned)ty, 1);
-    l.grid = dim3(capped(cdiv(units, tx)), capped(cdiv(rows, ty)), 1);
-    return l;
-}
-
-#define ROW_LOOP(r, rows) \
-    for (int64_t r = (int64_t)blockIdx.y * blockDim.y + threadIdx.y; r < (rows); \
-         r += (int64_t)gridDim.y * blockDim.y)
-#define UNIT_LOOP(u, units) \
-    for (int64_t u = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; u < (units); \
-         u += (int64_t)gridDim.x * blockDim.x)
 
 /* ---- RMSNorm backward ----
  *
