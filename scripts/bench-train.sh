@@ -39,13 +39,7 @@ t0=$(date +%s)
 "$B/dflash" cache synth --out "$W/cache" --samples "$SAMPLES" --hidden 5120 --target-layers 64 --layers 5 \
   --min-tokens 4096 --max-tokens 4096 >"$LOG/synth.log" 2>&1 || { echo "synth FAILED"; status=1; }
 echo "synthetic cache: $SAMPLES x 4096 tokens, $(du -sh "$W/cache" | cut -f1), $(($(date +%s) - t0)) s" | tee -a "$LOG/synth.log"
-# the new cache's dirty pages written back now, not during the first timed run (on the x2
-# machine its first 1-GPU run waited for data in 4-6 of 14 steps, later runs not: session 7
-# suspects this writeback); then warm the page cache: the benchmark is about compute, not the
-# disk (the log's data_wait says)
-echo "dirty before sync: $(grep -E '^Dirty:' /proc/meminfo | tr -s ' ')" >>"$LOG/synth.log"
-sync
-echo "dirty after sync: $(grep -E '^Dirty:' /proc/meminfo | tr -s ' ')" >>"$LOG/synth.log"
+# warm the page cache: the benchmark is about compute, not the disk (the log's data_wait says)
 cat "$W"/cache/* >/dev/null 2>&1
 
 TA0=(--cache "$W/cache" --random-target "$W/config.json" --layers 5
