@@ -120,6 +120,11 @@ echo
 echo "== bench-train ($(date -u +%FT%TZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1) x $ngpu, code $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') + $(git -C "$ROOT" status --porcelain 2>/dev/null | wc -l) changed files${DFLASH_ATTN_BWD:+, DFLASH_ATTN_BWD=$DFLASH_ATTN_BWD})"
 echo "ours, 1 GPU   (ms/step tok/s TFLOP/s MFU peak-GiB data-wait above-persistent-GiB steps-waiting): $ours"
 echo "  (above-persistent = peak - the CUDA context and handles before the trainer's memory - persistent state)"
+# per step: the step, the wait, the feeder's build and its cache reads (a wait with a slow build: the host)
+[ -f "$LOG/train-1gpu.jsonl" ] && python3 -c "
+import json
+r=[json.loads(l) for l in open('$LOG/train-1gpu.jsonl') if '\"loss\"' in l]
+print('  1 GPU per step, ms (step/wait/build/read): ' + ' '.join('%.0f/%.0f/%.0f/%.0f' % (1e3*x['step_s'], 1e3*x['step_s']*x['data_wait'], 1e3*x.get('feed_build_s',0), 1e3*x.get('feed_read_s',0)) for x in r))"
 echo "ours, 1 GPU, --no-recompute (same fields):                     $oursrc"
 echo "ours, 1 GPU, --no-overlap-optimizer (same fields):             $oursov"
 echo "ours, 1 GPU, --recompute-mlp (same fields):                    $oursrm"

@@ -221,6 +221,11 @@ static int parse_layer_types(const df_train_opts *o, df_drafter_config *c, df_er
 typedef struct step_perf {
     double tok_s, step_s;
     double data_wait; /* share of the step time spent reading the cache and building rows */
+    /* the feeder's time per step (seconds, mean over the interval): building
+     * the step's rows, and of that reading and decoding cache items. Next to
+     * data_wait they say whether a wait came from a slow build (the host) or
+     * not (e.g. the build started late) */
+    double feed_build_s, feed_read_s;
     double tflops;    /* model TFLOP/s (row_flops) */
     double mfu;       /* tflops per rank / one GPU's peak (0: no peak known) */
     double mem_gib;   /* device memory in use (-1: not known) */
@@ -240,10 +245,12 @@ static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double los
     if (f) {
         fprintf(f, "{\"step\":%" PRId64 ",\"epoch\":%" PRIu64 ",\"loss\":%.6f,\"lr\":%.6g,"
                 "\"grad_norm\":%.6g,\"tau_hat\":%.4f,\"tokens\":%" PRIu64 ",\"tokens_per_s\":%.1f,"
-                "\"step_s\":%.4f,\"data_wait\":%.4f,\"tflops\":%.2f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
+                "\"step_s\":%.4f,\"data_wait\":%.4f,\"feed_build_s\":%.4f,\"feed_read_s\":%.4f,"
+                "\"tflops\":%.2f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
                 "\"mem_base_gib\":%.3f,\"persistent_gib\":%.3f,\"acc\":[",
-                step, epoch, loss, lr, gnorm, tau, tokens, tok_s, step_s, pf->data_wait, pf->tflops,
-                pf->mfu, pf->mem_gib, pf->mem_base_gib, pf->persistent_gib);
+                step, epoch, loss, lr, gnorm, tau, tokens, tok_s, step_s, pf->data_wait,
+                pf->feed_build_s, pf->feed_read_s, pf->tflops, pf->mfu, pf->mem_gib,
+                pf->mem_base_gib, pf->persistent_gib);
         for (int k = 1; k < bs; k++)
             fprintf(f, "%s%.4f", k > 1 ? "," : "",
                     m->counted[k] ? (double)m->correct[k] / (double)m->counted[k] : 0.0);
@@ -436,6 +443,7 @@ typedef struct feed_slot {
     uint64_t tokens;
     data_pos after;           /* epoch / position after these rows */
     uint8_t rng_after[32];
+    double build_s, read_s;   /* the build's wall time, and its time in the source */
     int ready;                /* 1: built, not yet consumed */
     int rc;                   /* build error (with err) */
     df_err err;
@@ -462,12 +470,15 @@ typedef struct feeder {
 static int feeder_build(feeder *f, feed_slot *sl, df_err *e)
 {
     source *src = f->src;
+    const double t0 = df_now();
     sl->denom = sl->flops = 0;
     sl->tokens = 0;
+    sl->read_s = 0;
     for (int r = 0; r < f->nrows; r++) {
         df_batch_reset(sl->rows[r]);
         int added_docs = 0;
         for (;;) {
+            const double tr = df_now();
             if (src->pos >= src->n && !src->have_pending) {
                 if (added_docs) /* the epoch ends: this row takes what it has */
                     break;
@@ -477,6 +488,7 @@ static int feeder_build(feeder *f, feed_slot *sl, df_err *e)
             }
             df_cache_item it;
             int got = source_next(src, &it, e);
+            sl->read_s += df_now() - tr;
             if (got <= 0)
                 return got < 0 ? got : df_errf(e, -ENODATA, "%s: no samples", f->cache_dir);
             df_batch_doc doc;
@@ -502,6 +514,7 @@ static int feeder_build(feeder *f, feed_slot *sl, df_err *e)
     sl->after.epoch = src->epoch;
     sl->after.pos = source_position(src);
     df_rng_save(f->rng, sl->rng_after);
+    sl->build_s = df_now() - t0;
     return 0;
 }
 
@@ -1350,7 +1363,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
                                                 ? step0 + o->stop_after : o->steps, e)))
         goto out;
 
-    double t_prev = df_now(), acc_data_s = 0, acc_flops = 0;
+    double t_prev = df_now(), acc_data_s = 0, acc_flops = 0, acc_build_s = 0, acc_read_s = 0;
     /* the peak MFU is taken against: the bf16 GEMM ceiling measured on the H200s (KERNELS.md) */
     double peak = df_backend_host_addressable(be) ? 0 : 790e12;
     df_drafter_metrics acc = {0};
@@ -1366,6 +1379,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
         double denom = sl->denom;
         uint64_t tokens = sl->tokens;
         acc_data_s += df_now() - t_data;
+        acc_build_s += sl->build_s;
+        acc_read_s += sl->read_s;
         /* The loss is normalised by the whole step's weight over all ranks
          * (DFLASH.md: the global denominator). */
         if (world > 1 && (rc = df_comm_allreduce_host_f64(comm, &denom, 1, e)))
@@ -1501,11 +1516,12 @@ int df_train_run(const df_train_opts *o, df_err *e)
                             .mfu = peak > 0 ? acc_flops / dt / (peak * world) : 0,
                             .mem_gib = used >= 0 ? (double)used / (1 << 30) : -1,
                             .mem_base_gib = mem_base >= 0 ? (double)mem_base / (1 << 30) : -1,
-                            .persistent_gib = persistent_gib};
+                            .persistent_gib = persistent_gib,
+                            .feed_build_s = acc_build_s / acc_n, .feed_read_s = acc_read_s / acc_n};
             log_step(logf, o->quiet || !lead, done, o->steps, acc_loss / acc_n, lr, acc_gnorm / acc_n, &acc,
                      c.block_size, &pf, dp.tokens, after.epoch);
             t_prev = now;
-            acc_data_s = acc_flops = 0;
+            acc_data_s = acc_flops = acc_build_s = acc_read_s = 0;
             memset(&acc, 0, sizeof acc);
             acc_loss = acc_gnorm = 0;
             acc_n = 0;
