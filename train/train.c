@@ -222,7 +222,8 @@ typedef struct step_perf {
     double tok_s, step_s;
     double data_wait; /* share of the step time spent reading the cache and building rows */
     /* the feeder's time per step (seconds, mean over the interval): building
-     * the step's rows, and of that reading and decoding cache items. Next to
+     * the step's rows, and of that waiting for the cache stream's next items
+     * (read and decoded ahead on the stream's own threads). Next to
      * data_wait they say whether a wait came from a slow build (the host) or
      * not (e.g. the build started late) */
     double feed_build_s, feed_read_s;
@@ -443,7 +444,7 @@ typedef struct feed_slot {
     uint64_t tokens;
     data_pos after;           /* epoch / position after these rows */
     uint8_t rng_after[32];
-    double build_s, read_s;   /* the build's wall time, and its time in the source */
+    double build_s, read_s;   /* the build's wall time, and its wait for the source's items */
     int ready;                /* 1: built, not yet consumed */
     int rc;                   /* build error (with err) */
     df_err err;
