@@ -240,7 +240,8 @@ static void read_usage(FILE *f)
             "and reports the rate, as training will read it.\n"
             "  --threads N       decoder threads (default: all CPUs)\n"
             "  --shuffle SEED    a shuffled epoch order instead of id order\n"
-            "  --prefetch-mb N   compressed bytes read ahead (default 256)\n"
+            "  --prefetch-mb N   compressed bytes read ahead (default: 256, or a record per\n"
+            "                    decoder thread plus one where records are larger)\n"
             "  --fallback-io     the pread/pwrite pool instead of io_uring\n"
             "  --buffered        no O_DIRECT (page cache)\n"
             "  --json            one JSON line of results on stdout\n");
@@ -249,7 +250,7 @@ static void read_usage(FILE *f)
 static int cmd_read(int argc, char **argv)
 {
     const char *dir = NULL;
-    uint64_t threads = 0, seed = 0, prefetch = 256;
+    uint64_t threads = 0, seed = 0, prefetch = 0;
     int shuffle = 0, fallback = 0, buffered = 0, json = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -314,9 +315,11 @@ static int cmd_read(int argc, char **argv)
     if (json)
         printf("{\"samples\":%" PRIu64 ",\"tokens\":%" PRIu64 ",\"file_bytes\":%" PRIu64
                ",\"raw_bytes\":%" PRIu64 ",\"seconds\":%.4f,\"file_GBps\":%.4f,"
-               "\"raw_GBps\":%.4f,\"consumer_wait_s\":%.4f,\"io\":\"%s\",\"check\":%" PRIu64 "}\n",
+               "\"raw_GBps\":%.4f,\"consumer_wait_s\":%.4f,\"prefetch_mb\":%.1f,\"io\":\"%s\","
+               "\"check\":%" PRIu64 "}\n",
                st.samples, st.tokens, st.bytes_read, raw, dt, st.bytes_read / 1e9 / dt,
-               raw / 1e9 / dt, st.consumer_wait_s, st.io_backend, sum);
+               raw / 1e9 / dt, st.consumer_wait_s, st.prefetch_budget / 1048576.0, st.io_backend,
+               sum);
     else
         printf("read %s: %" PRIu64 " samples, %" PRIu64 " tokens, %.1f MB from disk (%.2f GB/s), "
                "%.1f MB decoded (%.2f GB/s), %.2f s, %s\n",

@@ -103,6 +103,14 @@ void df_cache_shuffle(uint64_t seed, uint64_t epoch, uint64_t *order, size_t n)
 }
 
 
+size_t df_cache_stream_default_prefetch(size_t largest_record, int threads)
+{
+    const size_t floor = (size_t)256 << 20, k = (size_t)(threads > 0 ? threads : 1) + 1;
+    if (largest_record > SIZE_MAX / k)
+        return SIZE_MAX;
+    return largest_record * k > floor ? largest_record * k : floor;
+}
+
 /* ------------------------------------------------------------ I/O thread */
 
 static void io_fail(df_cache_stream *s, int rc, const char *fmt, uint64_t a, uint64_t b)
@@ -378,10 +386,25 @@ df_cache_stream *df_cache_stream_open(df_cache *c, const df_cache_stream_opts *o
             goto fail;
         }
     }
-    s->max_prefetch = o->max_prefetch_bytes ? o->max_prefetch_bytes : (size_t)256 << 20;
     s->n_dec = o->threads > 0 ? o->threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
     if (s->n_dec < 1)
         s->n_dec = 1;
+    /* The default budget admits a record for every decoder plus the one being
+     * read: a sample is decoded by one thread, and its record stays counted
+     * until that decode ends, so a budget of one large record (a 4096-token
+     * row of 5 x 5120 bf16 features is ~140 MB stored) would leave every
+     * decoder but one idle and serialize read and decode. */
+    if (o->max_prefetch_bytes) {
+        s->max_prefetch = o->max_prefetch_bytes;
+    } else {
+        size_t big = 0;
+        for (size_t i = 0; i < s->n; i++) {
+            size_t b = (size_t)df_cache_entry_at(c, s->order[i])->record_bytes;
+            big = b > big ? b : big;
+        }
+        s->max_prefetch = df_cache_stream_default_prefetch(big, s->n_dec);
+    }
+    s->st.prefetch_budget = s->max_prefetch;
     s->n_slots = o->n_slots ? o->n_slots : (unsigned)(2 * s->n_dec + 2);
     s->items = calloc(s->n_slots, sizeof *s->items);
     s->free_slots = malloc(s->n_slots * sizeof *s->free_slots);

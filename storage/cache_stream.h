@@ -25,7 +25,8 @@ typedef struct df_cache_stream_opts {
     size_t n;                  /* entries in order (ignored when order is NULL) */
     uint64_t layer_mask;       /* bit i = params.layer_ids[i]; 0 = all layers */
     int threads;               /* decoder threads; 0 = online CPUs */
-    size_t max_prefetch_bytes; /* compressed bytes read ahead; 0 = 256 MiB */
+    size_t max_prefetch_bytes; /* compressed bytes read ahead; 0 = the larger of 256 MiB and
+                                  (threads + 1) x the order's largest record */
     unsigned queue_depth;      /* read requests in flight; 0 = 16 */
     int force_fallback_io;
     int buffered;              /* no O_DIRECT */
@@ -49,12 +50,17 @@ typedef struct df_cache_stream_stats {
     uint64_t samples, tokens, bytes_read;
     double consumer_wait_s;    /* time next() waited: the data path was the bottleneck */
     double elapsed_s;
+    size_t prefetch_budget;    /* the compressed read-ahead bound in effect */
     const char *io_backend;
 } df_cache_stream_stats;
 
 /* Bytes one slot needs for the largest sample with these layers. */
 size_t df_cache_stream_slot_bytes(const df_cache *c, uint64_t layer_mask);
 
+/* The read-ahead bound a stream gets when max_prefetch_bytes is 0: the larger
+ * of 256 MiB and (threads + 1) x the largest record it will read, so that
+ * every decoder thread can hold a record while the next one is read. */
+size_t df_cache_stream_default_prefetch(size_t largest_record, int threads);
 /* A deterministic per-epoch shuffle of 0..n-1 (same seed + epoch, same order). */
 void df_cache_shuffle(uint64_t seed, uint64_t epoch, uint64_t *order, size_t n);
 

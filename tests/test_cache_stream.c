@@ -150,6 +150,29 @@ int main(void)
         run(c, sub, 10, 0, tiny, 1);
     }
 
+    /* The default read-ahead admits a record per decoder plus one (~140 MB
+     * records of 4096-token rows would otherwise leave decoders idle); an
+     * explicit budget is kept as given. */
+    CHECK_EQ(df_cache_stream_default_prefetch(1000, 4), (size_t)256 << 20);
+    CHECK_EQ(df_cache_stream_default_prefetch((size_t)140 << 20, 4), (size_t)700 << 20);
+    CHECK_EQ(df_cache_stream_default_prefetch((size_t)140 << 20, 0), (size_t)280 << 20);
+    CHECK_EQ(df_cache_stream_default_prefetch(SIZE_MAX / 2, 4), SIZE_MAX);
+    {
+        df_cache_stream_opts d = {.threads = 2};
+        df_cache_stream *ds = df_cache_stream_open(c, &d, &e);
+        CHECK_OK(ds ? 0 : e.code, &e);
+        df_cache_stream_stats st;
+        df_cache_stream_get_stats(ds, &st);
+        CHECK_EQ(st.prefetch_budget, (size_t)256 << 20);
+        df_cache_stream_close(ds);
+        d.max_prefetch_bytes = 12345;
+        ds = df_cache_stream_open(c, &d, &e);
+        CHECK_OK(ds ? 0 : e.code, &e);
+        df_cache_stream_get_stats(ds, &st);
+        CHECK_EQ(st.prefetch_budget, 12345);
+        df_cache_stream_close(ds);
+    }
+
     /* Caller-owned slots (as pinned memory will be). */
     size_t sb = df_cache_stream_slot_bytes(c, 3);
     void *slots[3];
