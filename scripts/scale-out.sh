@@ -3,7 +3,8 @@
 # (8 or 4 GPUs; it runs on 2 as well): build, then
 #   1. extraction throughput of the random-weight Qwen3.5-27B shape (4096-token documents) on every
 #      GPU (one process each, one cache) vs 1 GPU: scripts/bench-extract.sh
-#   2. training throughput of the Qwen3.6-27B drafter shape on every GPU (NCCL, ZeRO-1) vs 1 GPU,
+#   2. training throughput of the Qwen3.6-27B drafter shape on every GPU (NCCL, ZeRO-1) vs 1 GPU
+#      (the default trainer only: no --no-recompute / --no-overlap-optimizer side runs),
 #      rows through the page cache (compute-bound) and from the disk (O_DIRECT), with each run's
 #      data_wait: scripts/bench-train.sh
 #   3. the disk's own read rate (dd O_DIRECT over a cache shard) and the rate the trainer needs
@@ -32,7 +33,7 @@ xn=$(grep -E "^ours q35-4096 $NGPU GPUs" "$LOG/extract-n/bench-extract.txt" | se
 xw=$(grep -E "^ours q35-4096 $NGPU GPUs" "$LOG/extract-n/bench-extract.txt" | sed -E 's/.*writer-bound ([0-9.]+)%.*/\1/')
 
 # 2. + 3. training (1 GPU, all GPUs from the page cache, all GPUs from the disk) and the disk
-GPUS=$NGPU SAMPLES=$((6 * NGPU)) STEPS=${STEPS:-14} PROFILE=0 DISK=1 SPECFORGE_SRC=/nonexistent \
+GPUS=$NGPU SAMPLES=$((6 * NGPU)) STEPS=${STEPS:-14} PROFILE=0 DISK=1 RECOMPUTE=0 OVERLAP=0 SPECFORGE_SRC=/nonexistent \
   "$ROOT/scripts/bench-train.sh" "$B" "$LOG/train" >"$LOG/train.log" 2>&1 || status=1
 t1=$(grep -E "^ours, 1 GPU" "$LOG/train.log" | sed 's/.*: //')
 tn=$(grep -E "^ours, $NGPU GPUs \(same" "$LOG/train.log" | sed 's/.*: *//')
