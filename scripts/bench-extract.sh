@@ -12,6 +12,8 @@
 # overrides its layer count when the 64-layer init is too slow).
 # Env: TOKENS (per run, default 131072), HF (1 = run the HF baselines, default 1),
 # SHAPES (default "q35-4096 q35-8192 q3-4096"), DISK (cache folder, default /tmp/dflash-bench-x).
+# RUNS (default "1 all"): "1" the per-shape runs on one GPU (and HF's), "all" the 27B shape on
+# every GPU.
 set -uo pipefail
 B=${1:?build dir}
 LOG=${2:?log dir}
@@ -20,6 +22,7 @@ TOKENS=${TOKENS:-131072}
 HF=${HF:-1}
 SHAPES=${SHAPES:-"q35-4096 q35-8192 q3-4096"}
 DISK=${DISK:-/tmp/dflash-bench-x}
+RUNS=${RUNS:-"1 all"}
 HF_BENCH=${HF_BENCH:-$ROOT/.device/bench/bench_hf_extract.py} # ../shared/bench, copied (it does not travel)
 mkdir -p "$LOG" "$DISK"
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -100,7 +103,7 @@ EOF
 
 {
 echo "== bench-extract ($(date -u +%FT%TZ)) on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$NGPU"
-for sh in $SHAPES; do
+for sh in $(case " $RUNS " in *" 1 "*) echo "$SHAPES";; esac); do
   name=${sh%-*}; S=${sh#*-}
   f=$(flops "$LOG/$name/config.json" "$S")
   r=$(ours "$name" "$S" 1) || r="FAILED"
@@ -142,7 +145,7 @@ if [ "${PROFILE:-0}" = 1 ]; then # where the GPU time goes: the backend's per-op
   done
   rm -rf "$DISK/prof"
 fi
-if [ "$NGPU" -ge 2 ]; then
+if [ "$NGPU" -ge 2 ] && case " $RUNS " in *" all "*) true;; *) false;; esac; then
   r=$(ours q35 4096 "$NGPU") || r="FAILED"
   set -- $r
   row "ours q35-4096 $NGPU GPUs" "$1 tok/s total (writer-bound $3%)"

@@ -26,9 +26,9 @@ status=0
 # 1. extraction: the same tokens per GPU in both runs would hide the final drain; give the
 # all-GPU run NGPU times the tokens so each rank's share equals the 1-GPU run's
 TOK=${EXTRACT_TOKENS_PER_GPU:-65536}
-HF=0 SHAPES=q35-4096 TOKENS=$TOK "$ROOT/scripts/bench-extract.sh" "$B" "$LOG/extract-1" >"$LOG/extract-1.log" 2>&1 || status=1
+HF=0 RUNS=1 SHAPES=q35-4096 TOKENS=$TOK "$ROOT/scripts/bench-extract.sh" "$B" "$LOG/extract-1" >"$LOG/extract-1.log" 2>&1 || status=1
 x1=$(grep -E "^ours q35-4096 1 GPU" "$LOG/extract-1/bench-extract.txt" | sed -E 's/.* ([0-9]+) tok\/s.*/\1/')
-HF=0 SHAPES=q35-4096 TOKENS=$((TOK * NGPU)) "$ROOT/scripts/bench-extract.sh" "$B" "$LOG/extract-n" >"$LOG/extract-n.log" 2>&1 || status=1
+HF=0 RUNS=all SHAPES=q35-4096 TOKENS=$((TOK * NGPU)) "$ROOT/scripts/bench-extract.sh" "$B" "$LOG/extract-n" >"$LOG/extract-n.log" 2>&1 || status=1
 xn=$(grep -E "^ours q35-4096 $NGPU GPUs" "$LOG/extract-n/bench-extract.txt" | sed -E 's/.* ([0-9]+) tok\/s total.*/\1/')
 xw=$(grep -E "^ours q35-4096 $NGPU GPUs" "$LOG/extract-n/bench-extract.txt" | sed -E 's/.*writer-bound ([0-9.]+)%.*/\1/')
 
