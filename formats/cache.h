@@ -240,7 +240,9 @@ int df_cache_read(df_cache *c, size_t k, uint64_t layer_mask, df_cache_out *out,
 int df_cache_verify(df_cache *c, df_pool *pool, void (*progress)(void *, uint64_t, uint64_t),
                     void *arg, uint64_t *n_bad, df_err *e);
 
-/* Merges rank-*.json into manifest.json once all world_size ranks are done. */
+/* Merges rank-*.json into manifest.json once all world_size ranks are done
+ * (-EAGAIN while some are not). Ranks finishing together may all call it:
+ * they take turns on an flock of dir, and once the manifest exists it returns 0. */
 int df_cache_finalize(const char *dir, df_err *e);
 
 #endif

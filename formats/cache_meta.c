@@ -2,10 +2,13 @@
  * finished shards) and manifest.json (the finished cache), all via cJSON. */
 #include <cjson/cJSON.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include "cache.h"
 #include "cache_internal.h"
@@ -383,7 +386,7 @@ int df_cache_manifest_read(const char *dir, df_cache_params *p, df_cache_part *a
     return rc;
 }
 
-int df_cache_finalize(const char *dir, df_err *e)
+static int finalize_locked(const char *dir, df_err *e)
 {
     df_cache_params p;
     int rc = df_cache_meta_read(dir, &p, e);
@@ -460,5 +463,28 @@ int df_cache_finalize(const char *dir, df_err *e)
         free(s);
     }
     free(all.shards);
+    return rc;
+}
+
+/* Ranks that finish together may both see every part: they take turns on an
+ * flock of the cache directory, and the later one finds the manifest written
+ * (both would write the same one, but through the same temporary name: one
+ * rename would find the other's file gone). */
+int df_cache_finalize(const char *dir, df_err *e)
+{
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd < 0)
+        return df_errf(e, -errno, "%s: cannot open: %s", dir, strerror(errno));
+    int rc;
+    while ((rc = flock(fd, LOCK_EX)) != 0 && errno == EINTR)
+        ;
+    if (rc != 0) {
+        rc = df_errf(e, -errno, "%s: cannot lock: %s", dir, strerror(errno));
+    } else {
+        char path[4096];
+        df_path_join(path, sizeof path, dir, "manifest.json");
+        rc = access(path, F_OK) == 0 ? 0 : finalize_locked(dir, e);
+    }
+    close(fd); /* and the lock with it */
     return rc;
 }

@@ -148,6 +148,6 @@ fi
 if [ "$NGPU" -ge 2 ] && case " $RUNS " in *" all "*) true;; *) false;; esac; then
   r=$(ours q35 4096 "$NGPU") || r="FAILED"
   set -- $r
-  row "ours q35-4096 $NGPU GPUs" "$1 tok/s total (writer-bound $3%)"
+  row "ours q35-4096 $NGPU GPUs" "$1 tok/s total (writer-bound ${3:-?}%)"
 fi
 } 2>&1 | tee "$LOG/bench-extract.txt"

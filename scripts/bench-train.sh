@@ -11,7 +11,7 @@
 # OVERLAP=0 skips the 1-GPU run with --no-overlap-optimizer (the default overlaps the optimizer);
 # RECOMPUTE_MLP=1 adds one with --recompute-mlp; NOALIAS=1 one with --no-grad-alias; STEPS (timed run, default 14), SAMPLES (4096-token documents in the cache, default 12),
 # GPUS (also run on this many GPUs, one process each; default: 2 when two are visible),
-# PROFILE=1 (a short extra run with DFLASH_PROFILE=1: GPU time per op),
+# PROFILE=1 (a short extra run with DFLASH_PROFILE=1: GPU time per op; PROFILE_GPUS=N also on N GPUs),
 # SPECFORGE_SRC (default .anchors_src; skipped when absent), WORK (default /tmp/dflash-trainbench).
 # Prints a table last; full logs in LOGDIR.
 set -u
@@ -92,6 +92,10 @@ if [ $status = 0 ]; then
   if [ "${PROFILE:-1}" = 1 ]; then
     DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --out "$W/runp" --device cuda --steps 4 \
       >"$LOG/train-profile.log" 2>&1 || status=1
+    if [ "${PROFILE_GPUS:-1}" -gt 1 ]; then # the same on several GPUs: each rank logs its own
+      DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --out "$W/runpn" --device cuda \
+        --gpus "$PROFILE_GPUS" --steps 4 >"$LOG/train-profile-${PROFILE_GPUS}gpu.log" 2>&1 || status=1
+    fi
   fi
   if [ "$GPUS" -ge 2 ]; then
     # not disk-bound: the cache read through the page cache (warm), as the 1-GPU run
@@ -137,5 +141,9 @@ grep -E "persistent|parameters" "$LOG/train-1gpu.log" | head -2
 if [ -f "$LOG/train-profile.log" ]; then
   echo "-- GPU time per op over the 4-step profiled run (DFLASH_PROFILE=1)"
   grep -A40 "cuda profile" "$LOG/train-profile.log" | head -40
+fi
+if [ -f "$LOG/train-profile-${PROFILE_GPUS:-1}gpu.log" ]; then
+  echo "-- the same on $PROFILE_GPUS GPUs (every rank's profile)"
+  grep -A20 "cuda profile" "$LOG/train-profile-${PROFILE_GPUS}gpu.log" | grep -E "profile|lmhead|matmul|adamw|attn|nccl|comm|reduce|gather" | head -60
 fi
 exit $status

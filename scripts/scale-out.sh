@@ -33,9 +33,9 @@ xn=$(grep -E "^ours q35-4096 $NGPU GPUs" "$LOG/extract-n/bench-extract.txt" | se
 xw=$(grep -E "^ours q35-4096 $NGPU GPUs" "$LOG/extract-n/bench-extract.txt" | sed -E 's/.*writer-bound ([0-9.]+)%.*/\1/')
 
 # 2. + 3. training (1 GPU, all GPUs from the page cache, all GPUs from the disk) and the disk
-GPUS=$NGPU SAMPLES=$((6 * NGPU)) STEPS=${STEPS:-14} PROFILE=0 DISK=1 RECOMPUTE=0 OVERLAP=0 SPECFORGE_SRC=/nonexistent \
+GPUS=$NGPU SAMPLES=$((6 * NGPU)) STEPS=${STEPS:-14} PROFILE=${PROFILE:-1} PROFILE_GPUS=$NGPU DISK=1 RECOMPUTE=0 OVERLAP=0 SPECFORGE_SRC=/nonexistent \
   "$ROOT/scripts/bench-train.sh" "$B" "$LOG/train" >"$LOG/train.log" 2>&1 || status=1
-t1=$(grep -E "^ours, 1 GPU" "$LOG/train.log" | sed 's/.*: //')
+t1=$(grep -E "^ours, 1 GPU +\(" "$LOG/train.log" | head -1 | sed 's/.*: //')
 tn=$(grep -E "^ours, $NGPU GPUs \(same" "$LOG/train.log" | sed 's/.*: *//')
 td=$(grep -E "^ours, $NGPU GPUs, cache read" "$LOG/train.log" | sed 's/.*: *//')
 disk=$(grep -E "^disk read rate" "$LOG/train.log" | sed 's/.*: //')

@@ -935,8 +935,8 @@ int df_cache_writer_close(df_cache_writer *w, df_err *e)
         }
         if (!rc)
             rc = df_cache_part_write(w->dir, &w->part, e);
-        /* The last rank to finish writes the manifest (if two finish at once,
-         * both write the same one; the rename is atomic). */
+        /* The last rank to finish writes the manifest (ranks that finish at
+         * once take turns in df_cache_finalize; the later finds it written). */
         if (!rc) {
             df_err tmp;
             rc = df_cache_finalize(w->dir, &tmp);

@@ -4,6 +4,7 @@
  * giving clear errors that name the file and the sample. */
 #include <fcntl.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -455,11 +456,74 @@ static void test_bad_input(void)
     CHECK_ERR(e.code, -ENOENT, &e, "not a dflash cache");
 }
 
+/* Ranks that finish at once all try to write the manifest (extraction on 4
+ * GPUs failed so on an H200 machine): every one must succeed, and the cache
+ * must open. */
+#define NFIN 8
+static pthread_barrier_t fin_bar;
+static const char *fin_dir;
+static int fin_rc[NFIN];
+
+static void *fin_main(void *arg)
+{
+    int i = (int)(intptr_t)arg;
+    df_err e = {0};
+    pthread_barrier_wait(&fin_bar);
+    fin_rc[i] = df_cache_finalize(fin_dir, &e);
+    if (fin_rc[i])
+        fprintf(stderr, "finalize %d: %s\n", i, e.msg);
+    return NULL;
+}
+
+static void test_finalize_race(void)
+{
+    const char *base = test_tmpdir("cache-finalize");
+    char dir[4096], man[4200];
+    snprintf(dir, sizeof dir, "%s/c", base);
+    snprintf(man, sizeof man, "%s/manifest.json", dir);
+    const int W = 4;
+    for (int r = 0; r < W; r++) {
+        df_cache_params p;
+        make_params(&p, DF_CODEC_LZ4);
+        p.world_size = (uint32_t)W;
+        df_cache_writer_opts o = {.threads = 1, .rank = (uint32_t)r};
+        df_err e = {0};
+        df_cache_writer *w = df_cache_writer_open(dir, &p, &o, &e);
+        CHECK_OK(w ? 0 : e.code, &e);
+        if (!w)
+            return;
+        put_range(w, r * NS / W, (r + 1) * NS / W);
+        CHECK_OK(df_cache_writer_close(w, &e), &e);
+    }
+    CHECK(access(man, F_OK) == 0); /* the last writer wrote it */
+    fin_dir = dir;
+    for (int round = 0; round < 20; round++) {
+        CHECK(unlink(man) == 0);
+        pthread_t th[NFIN];
+        pthread_barrier_init(&fin_bar, NULL, NFIN);
+        for (int i = 0; i < NFIN; i++)
+            pthread_create(&th[i], NULL, fin_main, (void *)(intptr_t)i);
+        for (int i = 0; i < NFIN; i++)
+            pthread_join(th[i], NULL);
+        pthread_barrier_destroy(&fin_bar);
+        for (int i = 0; i < NFIN; i++)
+            CHECK_EQ(fin_rc[i], 0);
+    }
+    df_err e = {0};
+    df_cache *c = df_cache_open(dir, &e);
+    CHECK_OK(c ? 0 : e.code, &e);
+    if (c) {
+        CHECK_EQ(df_cache_count(c), NS);
+        df_cache_close(c);
+    }
+}
+
 int main(void)
 {
     make_samples();
     test_round_trips();
     test_resume();
     test_bad_input();
+    test_finalize_race();
     return test_main_end();
 }
