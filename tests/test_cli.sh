@@ -101,7 +101,7 @@ last=$(tail -1 "$W/runA/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.3) }' || fail "loss did not fall: $first -> $last"
 run 0 "" "$D" train $TA --out "$W/runB" --stop-after 30   # stops as if killed after step 30
 run 0 "" "$D" train $TA --out "$W/runB"                    # resumes from the step-20 checkpoint
-nolat() { sed -E 's/"tokens_per_s":[0-9.e+-]+,"step_s":[0-9.e+-]+,"data_wait":[0-9.e+-]+,"feed_build_s":[0-9.e+-]+,"feed_read_s":[0-9.e+-]+,"tflops":[0-9.e+-]+,"mfu":[0-9.e+-]+,"mem_gib":[0-9.e+-]+,//' "$1"; }
+nolat() { sed -E 's/"tokens_per_s":[0-9.e+-]+,"step_s":[0-9.e+-]+,"data_wait":[0-9.e+-]+,"data_wait_max":[0-9.e+-]+,"feed_build_s":[0-9.e+-]+,"feed_read_s":[0-9.e+-]+,"tflops":[0-9.e+-]+,"mfu":[0-9.e+-]+,"mem_gib":[0-9.e+-]+,//' "$1"; }
 [ "$(nolat "$W/runA/log.jsonl")" = "$(nolat "$W/runB/log.jsonl")" ] || fail "resumed run's log differs"
 cmp -s "$W/runA/export/model.safetensors" "$W/runB/export/model.safetensors" || fail "resumed run's weights differ"
 [ -f "$W/runA/export/config.json" ] && grep -q DFlashDraftModel "$W/runA/export/config.json" || fail "no export"
@@ -171,6 +171,9 @@ ranks2() { # ranks2 RUN_ID ARGS...: both ranks, waits; fails when either does
   wait $p1 || { fail "rank 1 of: $*"; cat "$W/r1.out" >&2; }
 }
 ranks2 dp1 $TA2 --out "$W/runP"
+# every step logs the longest wait over the ranks, at least rank 0's own
+sed -nE 's/.*"data_wait":([0-9.e+-]+),"data_wait_max":([0-9.e+-]+),.*/\1 \2/p' "$W/runP/log.jsonl" |
+  awk '{ n++; if ($2 < $1) bad++ } END { exit !(n >= 8 && !bad) }' || fail "2-rank log: data_wait_max"
 ranks2 dp2 $TA2 --out "$W/runQ" --stop-after 30
 ranks2 dp3 $TA2 --out "$W/runQ"
 cmp -s "$W/runP/export/model.safetensors" "$W/runQ/export/model.safetensors" || fail "2-rank run resumed differs"

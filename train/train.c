@@ -221,6 +221,9 @@ static int parse_layer_types(const df_train_opts *o, df_drafter_config *c, df_er
 typedef struct step_perf {
     double tok_s, step_s;
     double data_wait; /* share of the step time spent reading the cache and building rows */
+    double data_wait_max; /* the same for the rank that waited longest in each step (with
+                           * several ranks the others wait for it in the collectives);
+                           * up to 64 ranks, else this rank's */
     /* the feeder's time per step (seconds, mean over the interval): building
      * the step's rows, and of that waiting for the cache stream's next items
      * (read and decoded ahead on the stream's own threads). Next to
@@ -246,10 +249,10 @@ static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double los
     if (f) {
         fprintf(f, "{\"step\":%" PRId64 ",\"epoch\":%" PRIu64 ",\"loss\":%.6f,\"lr\":%.6g,"
                 "\"grad_norm\":%.6g,\"tau_hat\":%.4f,\"tokens\":%" PRIu64 ",\"tokens_per_s\":%.1f,"
-                "\"step_s\":%.4f,\"data_wait\":%.4f,\"feed_build_s\":%.4f,\"feed_read_s\":%.4f,"
+                "\"step_s\":%.4f,\"data_wait\":%.4f,\"data_wait_max\":%.4f,\"feed_build_s\":%.4f,\"feed_read_s\":%.4f,"
                 "\"tflops\":%.2f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
                 "\"mem_base_gib\":%.3f,\"persistent_gib\":%.3f,\"acc\":[",
-                step, epoch, loss, lr, gnorm, tau, tokens, tok_s, step_s, pf->data_wait,
+                step, epoch, loss, lr, gnorm, tau, tokens, tok_s, step_s, pf->data_wait, pf->data_wait_max,
                 pf->feed_build_s, pf->feed_read_s, pf->tflops, pf->mfu, pf->mem_gib,
                 pf->mem_base_gib, pf->persistent_gib);
         for (int k = 1; k < bs; k++)
@@ -1365,6 +1368,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
         goto out;
 
     double t_prev = df_now(), acc_data_s = 0, acc_flops = 0, acc_build_s = 0, acc_read_s = 0;
+    double acc_data_max_s = 0;
     /* the peak MFU is taken against: the bf16 GEMM ceiling measured on the H200s (KERNELS.md) */
     double peak = df_backend_host_addressable(be) ? 0 : 790e12;
     df_drafter_metrics acc = {0};
@@ -1379,7 +1383,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
             goto out;
         double denom = sl->denom;
         uint64_t tokens = sl->tokens;
-        acc_data_s += df_now() - t_data;
+        const double wait_s = df_now() - t_data;
+        double wait_max_s = wait_s;
+        acc_data_s += wait_s;
         acc_build_s += sl->build_s;
         acc_read_s += sl->read_s;
         /* The loss is normalised by the whole step's weight over all ranks
@@ -1462,16 +1468,20 @@ int df_train_run(const df_train_opts *o, df_err *e)
         memcpy(rng_after, sl->rng_after, sizeof rng_after);
         feeder_release(&fd, sl);
         if (world > 1) { /* the step's figures over all ranks (logged by rank 0) */
-            int bs = c.block_size, nv = 6 + 2 * bs;
-            double v[6 + 2 * DF_DRAFTER_MAX_BLOCK];
+            int bs = c.block_size, nw = world <= 64 ? world : 0, nv = 6 + 2 * bs + nw;
+            double v[6 + 2 * DF_DRAFTER_MAX_BLOCK + 64];
             v[0] = sq, v[1] = m.loss_sum, v[2] = (double)m.blocks, v[3] = (double)m.accepted;
             v[4] = (double)tokens, v[5] = flops;
             for (int k = 0; k < bs; k++) {
                 v[6 + k] = (double)m.correct[k];
                 v[6 + bs + k] = (double)m.counted[k];
             }
+            for (int q = 0; q < nw; q++) /* each rank's wait in its own slot */
+                v[6 + 2 * bs + q] = q == rank ? wait_s : 0.0;
             if ((rc = df_comm_allreduce_host_f64(comm, v, nv, e)))
                 goto out;
+            for (int q = 0; q < nw; q++)
+                wait_max_s = v[6 + 2 * bs + q] > wait_max_s ? v[6 + 2 * bs + q] : wait_max_s;
             sq = v[0], m.loss_sum = v[1], m.blocks = (uint64_t)v[2], m.accepted = (uint64_t)v[3];
             tokens = (uint64_t)v[4], flops = v[5];
             for (int k = 0; k < bs; k++) {
@@ -1480,6 +1490,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
             }
         }
         acc_flops += flops;
+        acc_data_max_s += wait_max_s;
         double loss = denom > 0 ? m.loss_sum / denom : 0.0;
         double gnorm = sqrt(sq);
         if (!isfinite(loss) || !isfinite(gnorm)) {
@@ -1513,7 +1524,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
             double now = df_now(), dt = now - t_prev;
             int64_t used = df_backend_mem_used(be);
             step_perf pf = {.tok_s = acc_tokens / dt, .step_s = dt / acc_n,
-                            .data_wait = acc_data_s / dt, .tflops = acc_flops / dt / 1e12,
+                            .data_wait = acc_data_s / dt, .data_wait_max = acc_data_max_s / dt,
+                            .tflops = acc_flops / dt / 1e12,
                             .mfu = peak > 0 ? acc_flops / dt / (peak * world) : 0,
                             .mem_gib = used >= 0 ? (double)used / (1 << 30) : -1,
                             .mem_base_gib = mem_base >= 0 ? (double)mem_base / (1 << 30) : -1,
@@ -1522,7 +1534,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
             log_step(logf, o->quiet || !lead, done, o->steps, acc_loss / acc_n, lr, acc_gnorm / acc_n, &acc,
                      c.block_size, &pf, dp.tokens, after.epoch);
             t_prev = now;
-            acc_data_s = acc_flops = acc_build_s = acc_read_s = 0;
+            acc_data_s = acc_data_max_s = acc_flops = acc_build_s = acc_read_s = 0;
             memset(&acc, 0, sizeof acc);
             acc_loss = acc_gnorm = 0;
             acc_n = 0;
