@@ -128,7 +128,7 @@ static void t_allreduce(ctx *t, size_t n, int salt)
 
 /* BF16: every rank's values widened, added in fp32 in rank order, rounded
  * once; the same bits on every transport that is not NCCL. */
-static void t_reduce_scatter_bf16(ctx *t, size_t count, int salt)
+static void t_reduce_scatter_bf16(ctx *t, size_t count, int salt, int in_place)
 {
     const size_t all = (size_t)t->world * count;
     float *tmp = malloc((all ? all : 1) * 4), *acc = malloc((count ? count : 1) * 4);
@@ -150,11 +150,17 @@ static void t_reduce_scatter_bf16(ctx *t, size_t count, int salt)
     const uint16_t guard = 0x4321;
     recv[0] = recv[count + 1] = guard;
     df_err e = {0};
-    CHECK_OK(df_comm_reduce_scatter(t->c, send, recv + 1, count, DF_DTYPE_BF16, &e), &e);
-    CHECK_OK(df_comm_wait(t->c, &e), &e);
+    if (in_place) { /* into the rank's own piece of send */
+        CHECK_OK(df_comm_reduce_scatter(t->c, send, send + at, count, DF_DTYPE_BF16, &e), &e);
+        CHECK_OK(df_comm_wait(t->c, &e), &e);
+        memcpy(recv + 1, send + at, count * 2);
+    } else {
+        CHECK_OK(df_comm_reduce_scatter(t->c, send, recv + 1, count, DF_DTYPE_BF16, &e), &e);
+        CHECK_OK(df_comm_wait(t->c, &e), &e);
+    }
     if (memcmp(recv + 1, want, count * 2)) {
-        fprintf(stderr, "reduce_scatter bf16 count %zu (world %d rank %d): not bit-exact\n",
-                count, t->world, t->rank);
+        fprintf(stderr, "reduce_scatter bf16 count %zu (world %d rank %d%s): not bit-exact\n",
+                count, t->world, t->rank, in_place ? ", in place" : "");
         df_test_failures++;
     }
     CHECK(recv[0] == guard && recv[count + 1] == guard);
@@ -165,7 +171,7 @@ static void t_reduce_scatter_bf16(ctx *t, size_t count, int salt)
     free(want);
 }
 
-static void t_reduce_scatter(ctx *t, size_t count, int salt)
+static void t_reduce_scatter(ctx *t, size_t count, int salt, int in_place)
 {
     const size_t all = (size_t)t->world * count;
     float *send = malloc((all ? all : 1) * sizeof *send), *tmp = malloc((all ? all : 1) * 4);
@@ -181,16 +187,24 @@ static void t_reduce_scatter(ctx *t, size_t count, int salt)
     const float guard = -12345.5f;
     recv[0] = recv[count + 1] = guard;
     df_err e = {0};
-    CHECK_OK(df_comm_reduce_scatter_f32(t->c, send, recv + 1, count, &e), &e);
-    CHECK_OK(df_comm_wait(t->c, &e), &e);
+    if (in_place) { /* into the rank's own piece of send */
+        CHECK_OK(df_comm_reduce_scatter_f32(t->c, send, send + at, count, &e), &e);
+        CHECK_OK(df_comm_wait(t->c, &e), &e);
+        memcpy(recv + 1, send + at, count * sizeof *recv);
+    } else {
+        CHECK_OK(df_comm_reduce_scatter_f32(t->c, send, recv + 1, count, &e), &e);
+        CHECK_OK(df_comm_wait(t->c, &e), &e);
+    }
     if (memcmp(recv + 1, want, count * sizeof *want)) {
-        fprintf(stderr, "reduce_scatter_f32 count %zu (world %d rank %d): not bit-exact\n", count,
-                t->world, t->rank);
+        fprintf(stderr, "reduce_scatter_f32 count %zu (world %d rank %d%s): not bit-exact\n",
+                count, t->world, t->rank, in_place ? ", in place" : "");
         df_test_failures++;
     }
     CHECK(recv[0] == guard && recv[count + 1] == guard);
-    /* the input is left as it was */
+    /* the input is left as it was, but for the rank's own piece in place */
     fill_f32(tmp, all, t->rank, salt);
+    if (in_place)
+        memcpy(tmp + at, want, count * sizeof *want);
     CHECK(memcmp(send, tmp, all * sizeof *tmp) == 0);
     free(send);
     free(tmp);
@@ -238,7 +252,7 @@ static void t_mix(ctx *t, int iters)
             usleep((useconds_t)(((unsigned)it * 7u + (unsigned)t->rank * 13u) % 400u));
         switch (x % 4) {
         case 0: t_allreduce(t, n, 1000 + it); break;
-        case 1: t_reduce_scatter(t, n, 1000 + it); break;
+        case 1: t_reduce_scatter(t, n, 1000 + it, it & 1); break;
         case 2: t_all_gather(t, n * 3 + 1, 1000 + it, (int)(x >> 8) & 1); break;
         default: {
             df_err e = {0};
@@ -285,8 +299,10 @@ static int sc_full(int rank, int world, const char *dir, size_t slot, int big)
     ctx t = {c, rank, world, 0xcbf29ce484222325ull};
     if (big) {
         /* more than one default slot (16 MiB) per call */
-        t_reduce_scatter(&t, (size_t)5 << 20 >> 1, 1);
-        t_reduce_scatter_bf16(&t, (size_t)5 << 20, 5);
+        t_reduce_scatter(&t, (size_t)5 << 20 >> 1, 1, 0);
+        t_reduce_scatter_bf16(&t, (size_t)5 << 20, 5, 0);
+        t_reduce_scatter(&t, (size_t)5 << 20 >> 1, 6, 1);
+        t_reduce_scatter_bf16(&t, (size_t)5 << 20, 7, 1);
         t_all_gather(&t, (size_t)20 << 20, 2, 0);
         t_all_gather(&t, ((size_t)17 << 20) + 3, 3, 1);
         t_allreduce(&t, (size_t)3 << 20, 4);
@@ -295,10 +311,12 @@ static int sc_full(int rank, int world, const char *dir, size_t slot, int big)
         for (size_t i = 0; i < sizeof sizes_f64 / sizeof *sizes_f64; i++)
             t_allreduce(&t, sizes_f64[i], 10 + (int)i);
         const size_t sizes_f32[] = {0, 1, 13, 341, 342, 343, 1000, 30011};
-        for (size_t i = 0; i < sizeof sizes_f32 / sizeof *sizes_f32; i++)
-            t_reduce_scatter(&t, sizes_f32[i], 20 + (int)i);
-        for (size_t i = 0; i < sizeof sizes_f32 / sizeof *sizes_f32; i++)
-            t_reduce_scatter_bf16(&t, sizes_f32[i], 80 + (int)i);
+        for (int ip = 0; ip < 2; ip++) {
+            for (size_t i = 0; i < sizeof sizes_f32 / sizeof *sizes_f32; i++)
+                t_reduce_scatter(&t, sizes_f32[i], 20 + (int)i, ip);
+            for (size_t i = 0; i < sizeof sizes_f32 / sizeof *sizes_f32; i++)
+                t_reduce_scatter_bf16(&t, sizes_f32[i], 80 + (int)i, ip);
+        }
         const size_t sizes_u8[] = {0, 1, 3, 4095, 4096, 4097, 100003};
         for (size_t i = 0; i < sizeof sizes_u8 / sizeof *sizes_u8; i++) {
             t_all_gather(&t, sizes_u8[i], 40 + (int)i, 0);
@@ -309,7 +327,9 @@ static int sc_full(int rank, int world, const char *dir, size_t slot, int big)
 
     /* argument errors are refused with nothing done; the communicator goes on */
     float buf[64] = {0};
-    CHECK_ERR(df_comm_reduce_scatter_f32(c, buf, buf, 1, &e), -EINVAL, &e, "overlap");
+    /* recv inside send but not at the rank's own piece */
+    CHECK_ERR(df_comm_reduce_scatter_f32(c, buf, buf + 2 * rank + 1, 2, &e), -EINVAL, &e,
+              "overlap");
     CHECK_ERR(df_comm_reduce_scatter(c, buf, buf + 8, 1, DF_DTYPE_F16, &e), -EINVAL, &e,
               "dtype");
     /* 2 bytes into recv: in place for no rank */

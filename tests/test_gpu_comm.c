@@ -49,8 +49,10 @@ static uint64_t seed_of(int rank, int salt)
 }
 
 /* BF16 (the trainer's gradients on a GPU): with two ranks NCCL adds the two
- * widened values in fp32 and rounds once. */
-static void t_reduce_scatter_bf16(df_backend *be, df_comm *c, int rank, size_t count, int salt)
+ * widened values in fp32 and rounds once. in_place: into the rank's own piece
+ * of send (as the trainer does). */
+static void t_reduce_scatter_bf16(df_backend *be, df_comm *c, int rank, size_t count, int salt,
+                                  int in_place)
 {
     const size_t all = WORLD * count;
     uint16_t *send = df_backend_alloc(be, all * 2), *recv = df_backend_alloc(be, count * 2);
@@ -62,16 +64,17 @@ static void t_reduce_scatter_bf16(df_backend *be, df_comm *c, int rank, size_t c
     host_uniform(h, DF_DTYPE_BF16, (int64_t)all, seed_of(0, salt), -3, 3);
     host_uniform(h1, DF_DTYPE_BF16, (int64_t)all, seed_of(1, salt), -3, 3);
     CHECK_OK(df_backend_upload(be, send, rank ? h1 : h, all * 2), NULL);
-    CHECK_OK(df_comm_reduce_scatter(c, send, recv, count, DF_DTYPE_BF16, &e), &e);
+    uint16_t *out = in_place ? send + (size_t)rank * count : recv;
+    CHECK_OK(df_comm_reduce_scatter(c, send, out, count, DF_DTYPE_BF16, &e), &e);
     CHECK_OK(df_comm_wait(c, &e), &e);
-    CHECK_OK(df_backend_download(be, got, recv, count * 2), NULL);
+    CHECK_OK(df_backend_download(be, got, out, count * 2), NULL);
     size_t bad = 0;
     for (size_t i = 0; i < count; i++) {
         size_t j = (size_t)rank * count + i;
         uint16_t want = df_f32_to_bf16(df_bf16_to_f32(h[j]) + df_bf16_to_f32(h1[j]));
         if (want != got[i] && bad++ < 3)
-            fprintf(stderr, "rank %d reduce_scatter bf16 count %zu [%zu]: %04x, want %04x\n",
-                    rank, count, i, got[i], want);
+            fprintf(stderr, "rank %d reduce_scatter bf16%s count %zu [%zu]: %04x, want %04x\n",
+                    rank, in_place ? " in place" : "", count, i, got[i], want);
     }
     CHECK_EQ(bad, 0);
     df_backend_free(be, send);
@@ -264,7 +267,8 @@ static int child(int rank, const char *dir, int do_bench)
     const size_t counts[] = {1, 7, 1000, 65537, (size_t)3 << 20};
     for (size_t i = 0; i < sizeof counts / sizeof *counts; i++) {
         t_reduce_scatter(be, c, rank, counts[i], 1 + (int)i);
-        t_reduce_scatter_bf16(be, c, rank, counts[i], 50 + (int)i);
+        t_reduce_scatter_bf16(be, c, rank, counts[i], 50 + (int)i, 0);
+        t_reduce_scatter_bf16(be, c, rank, counts[i], 70 + (int)i, 1);
     }
     const size_t sizes[] = {1, 3, 4097, 1000001, (size_t)9 << 20};
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++) {

@@ -729,11 +729,13 @@ int df_comm_reduce_scatter(df_comm *c, const void *send, void *recv, size_t coun
         return df_errf(e, -EINVAL, "comm: reduce_scatter: count %zu too large", count);
     if (count && (!send || !recv))
         return df_errf(e, -EINVAL, "comm: reduce_scatter: NULL buffer");
-    if (overlaps(send, (size_t)c->world * count * es, recv, count * es))
-        return df_errf(e, -EINVAL, "comm: reduce_scatter: recv overlaps send");
+    const int in_place = count && recv == (const unsigned char *)send + (size_t)c->rank * count * es;
+    if (!in_place && overlaps(send, (size_t)c->world * count * es, recv, count * es))
+        return df_errf(e, -EINVAL, "comm: reduce_scatter: recv overlaps send (in place needs "
+                                   "recv == send + rank*count)");
     if (c->broken)
         return refuse_broken(c, "reduce_scatter", e);
-    if (count == 0)
+    if (count == 0 || (c->kind == T_SELF && in_place))
         return 0;
     if (c->kind == T_SELF) {
         int rc = df_backend_copy(c->be, recv, send, count * es);

@@ -112,7 +112,9 @@ int df_comm_allreduce_host_f64(df_comm *c, double *v, int n, df_err *e);
 
 /* send: world*count elements of dtype (F32 or BF16) in backend memory; recv
  * (count elements, backend memory) gets the sum over ranks of
- * send[rank*count .. +count). recv must not overlap send. F32: added in rank
+ * send[rank*count .. +count). In place is allowed when recv == send + rank*count
+ * (the rank's own piece; shared memory reads each round's pieces before it
+ * writes that round's sums, NCCL supports it); any other overlap is -EINVAL. F32: added in rank
  * order on shared memory (NCCL: its own order). BF16: on shared memory the
  * ranks' values are added in fp32 in rank order and rounded once (RNE);
  * NCCL adds in fp32 per step and rounds after each (once for two ranks, so
