@@ -688,17 +688,13 @@ static int device_bf16(df_backend *be, df_tensor *t, void **owned, df_err *e)
  * (ZeRO-1).
  *
  * The flat parameter array is cut into buckets at layer boundaries, in
- * memory order: [fc, hidden_norm ...), [layer 0 ...), [layer 1 ...), ...,
+ * memory order: [fc, hidden_norm, layer 0 ...), [layer 1 ...), ...,
  * [layer L-1 ..., norm), each boundary rounded up to a multiple of
  * world * DS_ALIGN (the last one is the padded total np). The backward
  * finishes the buckets from the last to the first (layer L-1's gradients,
  * with the final norm's, first; fc's last), and a rounded-up boundary only
- * moves a few elements of layer k into the bucket before, which finishes
- * later: so layer k's bucket (k + 1) can be reduce-scattered as soon as layer
- * k's backward is done. fc has a bucket of its own, the first the next
- * forward needs: its update (and all-gather) is short, and layer 0's runs
- * under fc's forward (with fc and layer 0 in one bucket, the forward waited
- * for both; layer 0's reduce-scatter now overlaps fc's backward).
+ * moves a few elements of layer k into bucket k-1, which finishes later: so
+ * bucket k+1 can be reduce-scattered as soon as layer k's backward is done.
  * Rank r owns slice r of every bucket; its shard (master, moments) is the
  * concatenation of its slices, and AdamW runs per bucket on the shard,
  * writing the weights the drafter reads at their place in the full array,
@@ -733,8 +729,6 @@ typedef struct dev_state {
     void *w;                   /* [np] the weights the drafter reads */
     df_dtype wdt;
     int next_bucket;           /* the grad hook's next bucket to reduce (counting down) */
-    int fc_own;                /* 1: fc (+ hidden_norm) in a bucket of its own (the default;
-                                  DFLASH_FC_BUCKET=0: with layer 0, for measurements) */
     /* overlap: AdamW (+ all-gather, + zeroing the bucket's gradients) runs on
      * the backend's side stream bucket by bucket, each bucket ending with
      * mark k; the next forward waits for mark part_mark[p + 1] before part p
@@ -767,10 +761,8 @@ static int ds_buckets(dev_state *s, const df_params *ps, int L, df_err *e)
 {
     int64_t q = (int64_t)s->world * DS_ALIGN;
     int nb = 0;
-    const char *env = getenv("DFLASH_FC_BUCKET");
-    s->fc_own = !(env && !strcmp(env, "0"));
     s->b[nb++] = 0;
-    for (int l = s->fc_own ? 0 : 1; l < L; l++) {
+    for (int l = 1; l < L; l++) {
         char name[64];
         snprintf(name, sizeof name, "layers.%d.input_layernorm.weight", l);
         int i = df_params_find(ps, name);
@@ -898,15 +890,15 @@ static int ds_zero(df_backend *be, const dev_state *s, int64_t lo, int64_t hi)
     return 0;
 }
 
-/* The drafter's grad hook: after layer l's backward, buckets k >= l + 1 are
- * final (bucket k holds layer k - 1 from its rounded start on, and the head
- * of layer k, done earlier); bucket 0 holds fc and hidden_norm (and the head
- * of layer 0), final only after the whole backward (layer -1).
- * Reduce-scatters each as soon as it is final. */
+/* The drafter's grad hook: after layer l's backward, buckets k >= max(l, 1)
+ * are final (bucket k holds layer k from its rounded start on, and the head
+ * of layer k + 1, done earlier); bucket 0 holds fc and hidden_norm, final
+ * only after the whole backward (layer -1). Reduce-scatters each as soon as
+ * it is final. */
 static int ds_grad_hook(void *ctx, int layer)
 {
     dev_state *s = ctx;
-    int k = layer < 0 ? 0 : layer + s->fc_own > 1 ? layer + s->fc_own : 1;
+    int k = layer < 0 ? 0 : layer > 1 ? layer : 1;
     for (; s->next_bucket >= k && s->next_bucket >= 0; s->next_bucket--) {
         int j = s->next_bucket;
         int rc = df_comm_reduce_scatter(s->comm, (uint8_t *)s->grad + (size_t)s->b[j] * s->ges,
