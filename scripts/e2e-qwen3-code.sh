@@ -42,6 +42,12 @@
 #   LOG_EVERY       [50 / 10]   EVAL_EVERY [STEPS/10 / STEPS/2]   EVAL_ROWS [64 / 8]
 #   MIN_EVAL_TAU    if set, fail when the last eval tau_hat is below it []
 #   KEEP_CACHES=1   keep complete caches of an earlier run in WORK_DIR (retrain only) [0]
+#   SPECFORGE=1     (GPU, torch) also scripts/specforge_tau.py: the real acceptance length (tau) of
+#                   our export by speculative decoding with SpecForge's spec_generate, and of a
+#                   drafter of the same shape trained on the same corpus by SpecForge's own code
+#                   (SF_STEPS [2000] x SF_BATCH [16] records x SF_ANCHORS [64] blocks: about our
+#                   4000 x 512 blocks), on SF_PROMPTS [64] eval prompts; set LAYER_TYPES=full,full
+#                   for an exact comparison (spec_generate runs sliding layers as full) [0]
 #
 # CPU check (2 cores, about 1.5 minutes): DEVICE=cpu STEPS=60 scripts/e2e-qwen3-code.sh
 # GPU run:                                 MODEL=/path/to/qwen3-code-8m scripts/e2e-qwen3-code.sh
@@ -219,6 +225,22 @@ PY
 }
 if [ -d "$RUN" ] && [ "${ST[train]}" = ok ]; then stage export check_export; else skip export "no training run"; fi
 
+# ---------------------------------------------------------------- 5b. real tau, and SpecForge's drafter
+SF=-
+if [ "${SPECFORGE:-0}" = 1 ]; then
+  if [ "${ST[export]:-}" = ok ] && [ -n "$PY" ]; then
+    stage specforge "$PY" "$ROOT/scripts/specforge_tau.py" --target "$MODEL" --eval-corpus "$W/eval.jsonl" \
+      --drafter "ours=$RUN/export" --train-corpus "$W/train.jsonl" --steps "${SF_STEPS:-2000}" \
+      --batch "${SF_BATCH:-16}" --anchors "${SF_ANCHORS:-64}" --lr "$LR" --warmup "$WARMUP" \
+      --prompts "${SF_PROMPTS:-64}" --json-out "$W/specforge-tau.json"
+    [ -s "$W/specforge-tau.json" ] && SF=$("$PY" -c "
+import json; r = json.load(open('$W/specforge-tau.json')); d = r['drafters']
+print('; '.join('%s tau %.3f (%d verifications)' % (k, v['tau'], v['verifications']) for k, v in d.items()))")
+  else
+    skip specforge "no export"
+  fi
+fi
+
 # ---------------------------------------------------------------- 6. plot
 PLOT=-
 if [ -s "$RUN/log.jsonl" ] && [ -f "$ROOT/scripts/plot_train_log.py" ] && [ -n "$PY" ]; then
@@ -355,6 +377,7 @@ row() { printf '%-22s %s\n' "$1" "$2"; }
   row "eval last" "$(val E_LAST)"
   row "export" "$([ "${ST[export]:-}" = ok ] && echo "$RUN/export (config.json + model.safetensors; $(sed -n 's/^export: \([0-9]* tensors[^;]*\);.*/\1/p' "$W/logs/export.log"))" || echo "${ST[export]:-}")"
   row "plot" "$PLOT"
+  [ "$SF" != - ] && row "real tau (spec_generate)" "$SF"
   row "logs" "$W/logs/"
   if [ $FAIL = 0 ]; then row "result" "OK"; else row "result" "FAILED"; fi
 } | tee "$W/summary.txt"
