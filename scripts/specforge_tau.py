@@ -139,6 +139,10 @@ def main(argv=None):
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     dflash_mod, fam_mod, opt_mod, _ = bench.load_specforge(src)
     dev = torch.device("cuda", torch.cuda.current_device())
+    try:  # as SpecForge's package import chain (and bench_dflash_torch.py) does
+        torch._dynamo.config.recompile_limit = 64
+    except Exception:
+        pass
     torch.manual_seed(args.seed)
     random.seed(args.seed)
 
