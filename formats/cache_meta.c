@@ -478,7 +478,9 @@ int df_cache_finalize(const char *dir, df_err *e)
     int rc;
     while ((rc = flock(fd, LOCK_EX)) != 0 && errno == EINTR)
         ;
-    if (rc != 0) {
+    /* a filesystem without flock: go on unlocked, as before the lock (the
+     * race needs two ranks finishing within the same milliseconds) */
+    if (rc != 0 && errno != ENOLCK && errno != EOPNOTSUPP && errno != EINVAL) {
         rc = df_errf(e, -errno, "%s: cannot lock: %s", dir, strerror(errno));
     } else {
         char path[4096];

@@ -249,12 +249,13 @@ static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double los
     if (f) {
         fprintf(f, "{\"step\":%" PRId64 ",\"epoch\":%" PRIu64 ",\"loss\":%.6f,\"lr\":%.6g,"
                 "\"grad_norm\":%.6g,\"tau_hat\":%.4f,\"tokens\":%" PRIu64 ",\"tokens_per_s\":%.1f,"
-                "\"step_s\":%.4f,\"data_wait\":%.4f,\"data_wait_max\":%.4f,\"feed_build_s\":%.4f,\"feed_read_s\":%.4f,"
+                "\"step_s\":%.4f,\"data_wait\":%.4f,\"data_wait_max\":%.4f,"
+                "\"feed_build_s\":%.4f,\"feed_read_s\":%.4f,"
                 "\"tflops\":%.2f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
                 "\"mem_base_gib\":%.3f,\"persistent_gib\":%.3f,\"acc\":[",
-                step, epoch, loss, lr, gnorm, tau, tokens, tok_s, step_s, pf->data_wait, pf->data_wait_max,
-                pf->feed_build_s, pf->feed_read_s, pf->tflops, pf->mfu, pf->mem_gib,
-                pf->mem_base_gib, pf->persistent_gib);
+                step, epoch, loss, lr, gnorm, tau, tokens, tok_s, step_s, pf->data_wait,
+                pf->data_wait_max, pf->feed_build_s, pf->feed_read_s, pf->tflops, pf->mfu,
+                pf->mem_gib, pf->mem_base_gib, pf->persistent_gib);
         for (int k = 1; k < bs; k++)
             fprintf(f, "%s%.4f", k > 1 ? "," : "",
                     m->counted[k] ? (double)m->correct[k] / (double)m->counted[k] : 0.0);
