@@ -25,6 +25,9 @@ from --src (.anchors_src) through the loader of ../shared/bench/bench_dflash_tor
   --eval-corpus F        prompts: the tokens of a record before its first loss_mask 1; the
                          first --prompts records that have one; up to --max-new-tokens each.
 
+RoPE: our drafters keep an fp32 inv_freq in SpecForge's class (our trainer's numerics); the
+SpecForge-trained one is cast to bf16 whole, as SpecForge's own code does (train and decode alike).
+
 Sliding-window layers: spec_generate passes no mask, so a sliding layer attends like a full one
 there (SpecForge's inference does the same); the script says so when a drafter has one. Train the
 compared drafters with full layers for an exact comparison.
@@ -153,18 +156,27 @@ def main(argv=None):
     if pad is None:
         raise SystemExit(f"{args.target}: config.json has no pad_token_id (needed to pad batches)")
 
-    def build(P, attn):
+    def build(P, attn, rope_fp32):
+        """SpecForge's draft model in bf16. rope_fp32: keep the RoPE inv_freq buffers fp32, as our
+        trainer computes them (a bf16 inv_freq is off by up to ~0.4%: radians at position 400);
+        SpecForge's own drafter gets what SpecForge does, .to(bf16) of everything."""
         cfg, _notes = bench.build_draft_config(dflash_mod.Qwen3Config, P, attn)
         with torch.device(dev):
             m = dflash_mod.DFlashDraftModel(cfg)
-        return m.to(device=dev, dtype=torch.bfloat16)
+        keep = {n: b.detach().clone() for n, b in m.named_buffers() if n.endswith("inv_freq")}
+        m = m.to(device=dev, dtype=torch.bfloat16)
+        if rope_fp32:
+            for n, b in keep.items():
+                mod, _, leaf = n.rpartition(".")
+                m.get_submodule(mod)._buffers[leaf] = b
+        return m
 
     drafters, presets = {}, {}
     for spec in args.drafter:
         name, d = spec.split("=", 1)
         cfg = json.load(open(Path(d) / "config.json"))
         P = preset_from_export(cfg, target_cfg)
-        m = build(P, "sdpa")
+        m = build(P, "sdpa", rope_fp32=True)
         sd = load_file(str(Path(d) / "model.safetensors"), device=str(dev))
         missing, unexpected = m.load_state_dict(sd, strict=False)
         missing = [k for k in missing if "rotary_emb" not in k]  # buffers, not weights
@@ -181,7 +193,7 @@ def main(argv=None):
     if args.train_corpus:
         P = dict(presets[next(iter(presets))])
         recs = [r for r in read_records(args.train_corpus) if sum(r[1][1:]) > 0]
-        draft = build(P, "flex_attention")
+        draft = build(P, "flex_attention", rope_fp32=False)
         model = fam_mod.OnlineDFlashModel(
             draft_model=draft, target_lm_head=target.lm_head,
             target_embed_tokens=target.model.embed_tokens, mask_token_id=P["mask_token_id"],
