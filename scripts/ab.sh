@@ -2,6 +2,10 @@
 # ab.sh BUILD LOGDIR PART...: the same measurement with and without an environment switch, in
 # one call on the GPU machine (an opt-in kernel variant against the default). AB_ENV holds the
 # switch, e.g. AB_ENV="DFLASH_ATTN_FWD=ws" or AB_ENV="DFLASH_RMSNORM_BWD=twopass".
+# AB_SRC="FILE=REPLACEMENT ..." makes the B side a second build (under /tmp/ab-build) of this
+# tree with each FILE replaced by REPLACEMENT (paths from the repo root; REPLACEMENT e.g. an
+# untracked copy of a branch's file), so a kernel change is measured against main in one call
+# without a switch in the code; AB_ENV then applies to the B side too (may be empty).
 # Parts:
 #   test   every GPU test (ctest -R ^test_gpu_) under AB_ENV
 #   attn   tools/bench_dflash_attn with and without AB_ENV: times, and the hash of the default
@@ -12,36 +16,57 @@
 # Prints a short table last; logs in LOGDIR. Exit status: 1 when a part failed.
 set -u
 B=${1:?build dir}; LOG=${2:?log dir}; shift 2
-AB_ENV=${AB_ENV:?AB_ENV, e.g. DFLASH_ATTN_FWD=ws}
+AB_SRC=${AB_SRC:-}
+if [ -z "$AB_SRC" ]; then AB_ENV=${AB_ENV:?AB_ENV, e.g. DFLASH_ATTN_FWD=ws (or AB_SRC)}; else AB_ENV=${AB_ENV:-}; fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$LOG"
 status=0; rows=()
+BB=$B # the B side's build
+WHAT=$AB_ENV
+if [ -n "$AB_SRC" ]; then
+  S2=/tmp/ab-src BB=/tmp/ab-build
+  rm -rf "$S2" "$BB" && mkdir -p "$S2"
+  (cd "$ROOT" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$S2") || exit 1
+  for fr in $AB_SRC; do
+    f=${fr%%=*} r=${fr#*=}
+    [ -f "$ROOT/$f" ] && [ -f "$ROOT/$r" ] || { echo "ab.sh: AB_SRC $fr: want FILE=REPLACEMENT, both files"; exit 2; }
+    cp "$ROOT/$r" "$S2/$f"
+  done
+  archs=$(sed -n 's/^DFLASH_CUDA_ARCHS:[A-Z]*=//p' "$B/CMakeCache.txt")
+  if ! { cmake -S "$S2" -B "$BB" -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA_ARCHS="$archs" &&
+         cmake --build "$BB" -j "$(nproc)"; } >"$LOG/ab-build.log" 2>&1; then
+    echo "ab.sh: the B build failed (ab-build.log)"; exit 1
+  fi
+  WHAT="${AB_SRC}${AB_ENV:+ + $AB_ENV}"
+fi
 for part in "$@"; do
   case $part in
   test)
     # through ctest (its arguments, its skip code 77)
-    if env $AB_ENV ctest --test-dir "$B" -R '^test_gpu_' --output-on-failure >"$LOG/test.log" 2>&1; then
-      rows+=("GPU tests under $AB_ENV: $(grep -E 'tests passed' "$LOG/test.log")")
+    if env $AB_ENV ctest --test-dir "$BB" -R '^test_gpu_' --output-on-failure >"$LOG/test.log" 2>&1; then
+      rows+=("GPU tests under $WHAT: $(grep -E 'tests passed' "$LOG/test.log")")
     else
       status=1
-      rows+=("GPU tests under $AB_ENV: FAILED ($(grep -E 'tests passed|tests failed' "$LOG/test.log" | tail -1); test.log)")
+      rows+=("GPU tests under $WHAT: FAILED ($(grep -E 'tests passed|tests failed' "$LOG/test.log" | tail -1); test.log)")
     fi
     ;;
   attn)
     timeout 200 "$B/tools/bench_dflash_attn" >"$LOG/attn-a.log" 2>&1 || status=1
-    env $AB_ENV timeout 200 "$B/tools/bench_dflash_attn" >"$LOG/attn-b.log" 2>&1 || status=1
+    env $AB_ENV timeout 200 "$BB/tools/bench_dflash_attn" >"$LOG/attn-b.log" 2>&1 || status=1
     for side in a b; do
-      echo "-- bench_dflash_attn, $([ $side = a ] && echo default || echo "$AB_ENV")"
-      grep -E "default forward bits|visible pairs" "$LOG/attn-$side.log" | cut -c1-170
+      echo "-- bench_dflash_attn, $([ $side = a ] && echo default || echo "$WHAT")"
+      grep -E "default (forward|backward) bits|visible pairs|bwd passes|^ +default " "$LOG/attn-$side.log" | cut -c1-170
     done
-    same=$(diff <(grep "default forward bits" "$LOG/attn-a.log") <(grep "default forward bits" "$LOG/attn-b.log") >/dev/null && echo yes || echo no)
-    rows+=("attention forward bits equal with and without $AB_ENV: $same")
+    for dir in forward backward; do
+      same=$(diff <(grep "default $dir bits" "$LOG/attn-a.log") <(grep "default $dir bits" "$LOG/attn-b.log") >/dev/null && echo yes || echo no)
+      rows+=("attention $dir bits equal with and without $WHAT: $same")
+    done
     ;;
   train)
     for side in a b; do
-      if [ $side = a ]; then e=""; else e=$AB_ENV; fi
+      if [ $side = a ]; then e="" b=$B; else e=$AB_ENV b=$BB; fi
       env $e DISK=0 RECOMPUTE=0 OVERLAP=0 PROFILE=0 GPUS=${AB_GPUS:-1} SPECFORGE_SRC=/nonexistent timeout 240 \
-        "$ROOT/scripts/bench-train.sh" "$B" "$LOG/train-$side" >"$LOG/train-$side.log" 2>&1 || status=1
+        "$ROOT/scripts/bench-train.sh" "$b" "$LOG/train-$side" >"$LOG/train-$side.log" 2>&1 || status=1
     done
     python3 - "$LOG" <<'PY' || status=1
 import json, statistics, sys
@@ -60,11 +85,11 @@ for name in sorted(os.path.basename(f) for f in glob.glob(f"{log}/train-a/train-
     eq = all(x["loss"] == y["loss"] for x, y in zip(a, b))
     print(f"{name}: medians (steps 4-): {ma:.1f} vs {mb:.1f} ms; median step-by-step difference {d:+.1f} ms; losses identical: {eq}")
 PY
-    rows+=("27B-shape step, default vs $AB_ENV: see the table above")
+    rows+=("27B-shape step, default vs $WHAT: see the table above")
     ;;
   *) echo "ab.sh: unknown part $part"; status=1 ;;
   esac
 done
-echo "== ab.sh ($AB_ENV)"
+echo "== ab.sh ($WHAT)"
 for r in "${rows[@]}"; do echo "$r"; done
 exit $status

@@ -408,6 +408,16 @@ int main(int argc, char **argv)
                 printf("%s %s: default forward bits: out %016llx lse %016llx\n", L.name,
                        a.window ? "sliding" : "full", (unsigned long long)ho,
                        (unsigned long long)hl);
+                // and of the default backward's five gradients (dq dkc dvc dkb dvb),
+                // for A/B builds of a backward kernel (scripts/ab.sh AB_SRC)
+                uint64_t hg = 1469598103934665603ull;
+                for (int k = 0; k < 5; k++) {
+                    const uint8_t *bg = (const uint8_t *)gd[k].data();
+                    for (size_t i = 0; i < gn[k] * 2; i++)
+                        hg = (hg ^ bg[i]) * 1099511628211ull;
+                }
+                printf("%s %s: default backward bits: %016llx\n", L.name,
+                       a.window ? "sliding" : "full", (unsigned long long)hg);
             }
             float fw2min;
             double fw2 = time_ms(false, DF_CUDA_DFLASH_IMPL_WG2, &fw2min);
