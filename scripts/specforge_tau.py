@@ -5,7 +5,11 @@ What tau_hat (the trainer's teacher-forced estimate) stands for, measured for re
 runs SpecForge's own DFlashDraftModel.spec_generate (greedy) against the target (HF transformers),
 and every verification of the target is scored exactly as spec_generate scores it:
 acceptance = leading draft tokens equal to the target's argmax, tau = mean(acceptance + 1), the
-tokens one target forward yields. Optionally it first trains a drafter with SpecForge's own
+tokens one target forward yields. Then the same decoded text is scored teacher-forced at every
+position (one full-sequence target forward per prompt, one drafter forward per position): the plain
+mean of the acceptance lengths (what the trainer's tau_hat estimates from evenly spread anchors),
+their harmonic mean (tau_dec) and a walk from anchor to anchor as decoding goes, which should give
+the measured tau back. Optionally it first trains a drafter with SpecForge's own
 training code (OnlineDFlashModel: anchor sampling, block masks, decayed CE; BF16Optimizer: fp32
 master AdamW, clip, warmup + cosine) on the same corpus, as the comparison issue 7 asks for.
 
@@ -266,6 +270,30 @@ def main(argv=None):
             prompts.append((ids[:first], ids[first:]))
         if len(prompts) == args.prompts:
             break
+    @torch.inference_mode()
+    def teacher_forced(m, seq, start):
+        """Accepted drafts at every anchor a in [start, len(seq) - 1) of a decoded sequence, the
+        drafter run as spec_generate runs it (context = the target's features before a, block =
+        seq[a] + masks) on one full-sequence target forward: the acceptance each position would
+        give, whether or not decoding put an anchor there."""
+        ids = torch.tensor([seq], dtype=torch.long, device=dev)
+        feats = dflash_mod.extract_context_feature(
+            target(ids, output_hidden_states=True).hidden_states, m.target_layer_ids)
+        bs, acc = m.block_size, {}
+        for a in range(start, len(seq) - 1):
+            blk = torch.full((1, bs), m.mask_token_id, dtype=torch.long, device=dev)
+            blk[0, 0] = seq[a]
+            h = m(target_hidden=feats[:, :a], noise_embedding=target.model.embed_tokens(blk),
+                  position_ids=torch.arange(a + bs, device=dev).unsqueeze(0), is_causal=False)
+            draft = target.lm_head(h[:, 1:, :]).argmax(dim=-1)[0].tolist()
+            n = 0
+            for x, y in zip(draft, seq[a + 1:a + bs]):
+                if x != y:
+                    break
+                n += 1
+            acc[a] = n
+        return acc
+
     handle = target.register_forward_hook(verify_hook, with_kwargs=True)
     status = 0
     try:
@@ -274,6 +302,7 @@ def main(argv=None):
             sliding = "sliding_attention" in presets[name]["layer_types"]
             accepted.clear()
             same = total = 0
+            decoded = []
             t0 = time.perf_counter()
             for p, completion in prompts:
                 want = completion[:args.max_new_tokens]
@@ -281,18 +310,46 @@ def main(argv=None):
                 out = m.spec_generate(target, x, max_new_tokens=len(want), stop_token_ids=None,
                                       temperature=0.0)
                 got = out[0, len(p):].tolist()
+                decoded.append((out[0].tolist(), len(p)))
                 total += len(want)
                 same += sum(1 for i, t in enumerate(want) if i < len(got) and got[i] == t)
             tau = 1 + statistics.mean(accepted) if accepted else float("nan")
             r = dict(tau=round(tau, 4), verifications=len(accepted), prompts=len(prompts),
                      new_tokens=total, match_corpus=round(same / max(1, total), 4),
                      seconds=round(time.perf_counter() - t0, 1), sliding_as_full=sliding)
+            # The same decoded text, teacher-forced at every position (hook off: these target
+            # forwards are not verifications): the mean over evenly spread anchors (what
+            # tau_hat estimates), its harmonic mean (tau_dec), and a walk that jumps from each
+            # anchor past its accepted tokens, as decoding does (should give tau back).
+            handle.remove()
+            t1 = time.perf_counter()
+            lens, walk_tok, walk_n = [], 0, 0
+            for seq, start in decoded:
+                acc = teacher_forced(m, seq, start)
+                lens += [n + 1 for n in acc.values()]
+                a = start
+                while a in acc:
+                    walk_tok += acc[a] + 1
+                    walk_n += 1
+                    a += acc[a] + 1
+            handle = target.register_forward_hook(verify_hook, with_kwargs=True)
+            if lens:
+                r.update(tf_anchors=len(lens), tf_tau_mean=round(statistics.mean(lens), 4),
+                         tf_tau_harmonic=round(len(lens) / sum(1 / x for x in lens), 4),
+                         tf_tau_walk=round(walk_tok / max(1, walk_n), 4),
+                         tf_seconds=round(time.perf_counter() - t1, 1))
             result["drafters"][name] = r
             print(f"[specforge_tau] {name}: tau {r['tau']:.3f} over {r['verifications']} verifications "
                   f"({r['prompts']} prompts, {r['new_tokens']} tokens; the corpus's greedy completion "
                   f"matched {100 * r['match_corpus']:.1f}%)"
                   + ("; sliding layers ran as full (spec_generate passes no mask)" if sliding else ""),
                   flush=True)
+            if lens:
+                print(f"[specforge_tau] {name}: teacher-forced on the decoded text, every position "
+                      f"({r['tf_anchors']} anchors): mean {r['tf_tau_mean']:.3f} (tau_hat's kind), "
+                      f"harmonic {r['tf_tau_harmonic']:.3f} (tau_dec's kind), walk "
+                      f"{r['tf_tau_walk']:.3f} (decoding's anchors; {r['tf_seconds']:.0f} s)",
+                      flush=True)
     except Exception as ex:  # the JSON still says what ran
         result["error"] = repr(ex)
         print(f"[specforge_tau] FAILED: {ex!r}", file=sys.stderr)

@@ -179,6 +179,32 @@ int main(void)
     printf("loss %.6f over %llu valid blocks\n", L0, (unsigned long long)m.blocks);
     CHECK(isfinite(L0) && L0 > 0);
     CHECK_EQ(m.blocks, 3);
+    /* the metrics from a chosen argmax: block 0 right at all 3 positions, block 1
+     * wrong at its first, block 2 right, wrong, right: accepted 3, 0, 1 */
+    {
+        int32_t am[N];
+        int na = 0;
+        const int want_ok[NB][BS] = {{0, 1, 1, 1}, {0, 0, 1, 1}, {0, 1, 0, 1}, {0}};
+        for (int b = 0; b < NB; b++)
+            for (int k = 0; k < BS; k++) {
+                int i = b * BS + k;
+                if (labels[i] >= 0 && weights[i] > 0)
+                    am[na++] = want_ok[b][k] ? labels[i] : (labels[i] + 1) % V;
+            }
+        df_drafter_metrics mm = {0};
+        df_drafter_row_metrics(d, &r, am, &mm);
+        CHECK_EQ(mm.blocks, 3);
+        CHECK_EQ(mm.accepted, 4);
+        /* tau_hat 1 + 4/3; tau_dec 3 / (1/4 + 1/1 + 1/2) = 12/7 */
+        CHECK(fabs(mm.inv_len - 1.75) < 1e-12);
+        CHECK(fabs((double)mm.blocks / mm.inv_len - 12.0 / 7.0) < 1e-12);
+        CHECK_EQ(mm.counted[1], 3);
+        CHECK_EQ(mm.correct[1], 2);
+        CHECK_EQ(mm.counted[2], 3); /* acc[k] counts every scored position, */
+        CHECK_EQ(mm.correct[2], 2); /* after a miss too (block 1's position 2) */
+        CHECK_EQ(mm.counted[3], 2); /* block 1 has no position 3 (its document ends) */
+        CHECK_EQ(mm.correct[3], 2);
+    }
     /* accumulation: a second call adds the same gradient */
     memcpy(g2, g, (size_t)ps->total * 4);
     CHECK_OK(df_drafter_row_step(d, w, &r, denom, g2, NULL, &e), &e);

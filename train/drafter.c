@@ -517,7 +517,7 @@ void df_drafter_row_metrics(const df_drafter *d, const df_drafter_row *r, const 
             continue;
         }
         m->blocks++;
-        int run = 1;
+        int run = 1, nacc = 0;
         j += r->labels[(int64_t)b * bs] >= 0 && r->weights[(int64_t)b * bs] > 0;
         for (int k = 1; k < bs; k++) {
             int64_t i = (int64_t)b * bs + k;
@@ -529,10 +529,12 @@ void df_drafter_row_metrics(const df_drafter *d, const df_drafter_row *r, const 
                 m->correct[k] += (uint64_t)ok;
             }
             if (run && ok)
-                m->accepted++;
+                nacc++;
             else
                 run = 0;
         }
+        m->accepted += (uint64_t)nacc;
+        m->inv_len += 1.0 / (1.0 + nacc);
     }
 }
 

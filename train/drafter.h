@@ -60,6 +60,16 @@ typedef struct df_drafter_metrics {
     uint64_t correct[DF_DRAFTER_MAX_BLOCK], counted[DF_DRAFTER_MAX_BLOCK]; /* acc[k] */
     uint64_t blocks;           /* valid blocks */
     uint64_t accepted;         /* sum over valid blocks of leading correct positions */
+    /* sum over valid blocks of 1 / (1 + leading correct positions):
+     * tau_dec = blocks / inv_len, the acceptance length as decoding sees it.
+     * tau_hat = 1 + accepted / blocks averages over anchors spread evenly;
+     * decoding puts its anchors where the last verification ended, and one
+     * verification skips an easy stretch whole while a hard one takes an
+     * anchor per token. Over a stretch of n positions with lengths L(p),
+     * decoding verifies about sum 1 / L(p) times, so its tokens per
+     * verification are n / sum 1 / L: the harmonic mean, which is at most
+     * tau_hat and equal only when every anchor accepts the same. */
+    double inv_len;
 } df_drafter_metrics;
 
 typedef struct df_drafter df_drafter;

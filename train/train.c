@@ -246,14 +246,16 @@ static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double los
 {
     double tok_s = pf->tok_s, step_s = pf->step_s;
     double tau = m->blocks ? 1.0 + (double)m->accepted / (double)m->blocks : 1.0;
+    double tau_dec = m->inv_len > 0 ? (double)m->blocks / m->inv_len : 1.0;
     if (f) {
         fprintf(f, "{\"step\":%" PRId64 ",\"epoch\":%" PRIu64 ",\"loss\":%.6f,\"lr\":%.6g,"
-                "\"grad_norm\":%.6g,\"tau_hat\":%.4f,\"tokens\":%" PRIu64 ",\"tokens_per_s\":%.1f,"
+                "\"grad_norm\":%.6g,\"tau_hat\":%.4f,\"tau_dec\":%.4f,\"tokens\":%" PRIu64
+                ",\"tokens_per_s\":%.1f,"
                 "\"step_s\":%.4f,\"data_wait\":%.4f,\"data_wait_max\":%.4f,"
                 "\"feed_build_s\":%.4f,\"feed_read_s\":%.4f,"
                 "\"tflops\":%.2f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
                 "\"mem_base_gib\":%.3f,\"persistent_gib\":%.3f,\"acc\":[",
-                step, epoch, loss, lr, gnorm, tau, tokens, tok_s, step_s, pf->data_wait,
+                step, epoch, loss, lr, gnorm, tau, tau_dec, tokens, tok_s, step_s, pf->data_wait,
                 pf->data_wait_max, pf->feed_build_s, pf->feed_read_s, pf->tflops, pf->mfu,
                 pf->mem_gib, pf->mem_base_gib, pf->persistent_gib);
         for (int k = 1; k < bs; k++)
@@ -410,10 +412,11 @@ static int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t s
         return rc;
     double loss = m.weight_sum > 0 ? m.loss_sum / m.weight_sum : 0.0;
     double tau = m.blocks ? 1.0 + (double)m.accepted / (double)m.blocks : 1.0;
+    double tau_dec = m.inv_len > 0 ? (double)m.blocks / m.inv_len : 1.0;
     if (logf) {
         fprintf(logf, "{\"step\":%" PRId64 ",\"eval_rows\":%d,\"eval_blocks\":%" PRIu64
-                ",\"eval_loss\":%.6f,\"eval_tau_hat\":%.4f,\"eval_acc\":[",
-                step, n_rows, m.blocks, loss, tau);
+                ",\"eval_loss\":%.6f,\"eval_tau_hat\":%.4f,\"eval_tau_dec\":%.4f,"
+                "\"eval_acc\":[", step, n_rows, m.blocks, loss, tau, tau_dec);
         for (int k = 1; k < bs; k++)
             fprintf(logf, "%s%.4f", k > 1 ? "," : "",
                     m.counted[k] ? (double)m.correct[k] / (double)m.counted[k] : 0.0);
@@ -422,7 +425,7 @@ static int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t s
     }
     if (!quiet) {
         printf("eval @ step %" PRId64 ": %d rows, %" PRIu64 " blocks, loss %.4f  tau_hat %.3f  "
-               "acc1 %.3f  acc%d %.3f\n", step, n_rows, m.blocks, loss, tau,
+               "tau_dec %.3f  acc1 %.3f  acc%d %.3f\n", step, n_rows, m.blocks, loss, tau, tau_dec,
                m.counted[1] ? (double)m.correct[1] / (double)m.counted[1] : 0.0, bs - 1,
                m.counted[bs - 1] ? (double)m.correct[bs - 1] / (double)m.counted[bs - 1] : 0.0);
         fflush(stdout);
@@ -1481,25 +1484,27 @@ int df_train_run(const df_train_opts *o, df_err *e)
         memcpy(rng_after, sl->rng_after, sizeof rng_after);
         feeder_release(&fd, sl);
         if (world > 1) { /* the step's figures over all ranks (logged by rank 0) */
-            int bs = c.block_size, nw = world <= 64 ? world : 0, nv = 6 + 2 * bs + nw;
-            double v[6 + 2 * DF_DRAFTER_MAX_BLOCK + 64];
+            /* v: 7 scalars, correct[bs], counted[bs], each rank's wait */
+            int bs = c.block_size, nw = world <= 64 ? world : 0, oc = 7, on = oc + bs,
+                ow = on + bs, nv = ow + nw;
+            double v[7 + 2 * DF_DRAFTER_MAX_BLOCK + 64];
             v[0] = sq, v[1] = m.loss_sum, v[2] = (double)m.blocks, v[3] = (double)m.accepted;
-            v[4] = (double)tokens, v[5] = flops;
+            v[4] = (double)tokens, v[5] = flops, v[6] = m.inv_len;
             for (int k = 0; k < bs; k++) {
-                v[6 + k] = (double)m.correct[k];
-                v[6 + bs + k] = (double)m.counted[k];
+                v[oc + k] = (double)m.correct[k];
+                v[on + k] = (double)m.counted[k];
             }
             for (int q = 0; q < nw; q++) /* each rank's wait in its own slot */
-                v[6 + 2 * bs + q] = q == rank ? wait_s : 0.0;
+                v[ow + q] = q == rank ? wait_s : 0.0;
             if ((rc = df_comm_allreduce_host_f64(comm, v, nv, e)))
                 goto out;
             for (int q = 0; q < nw; q++)
-                wait_max_s = v[6 + 2 * bs + q] > wait_max_s ? v[6 + 2 * bs + q] : wait_max_s;
+                wait_max_s = v[ow + q] > wait_max_s ? v[ow + q] : wait_max_s;
             sq = v[0], m.loss_sum = v[1], m.blocks = (uint64_t)v[2], m.accepted = (uint64_t)v[3];
-            tokens = (uint64_t)v[4], flops = v[5];
+            tokens = (uint64_t)v[4], flops = v[5], m.inv_len = v[6];
             for (int k = 0; k < bs; k++) {
-                m.correct[k] = (uint64_t)v[6 + k];
-                m.counted[k] = (uint64_t)v[6 + bs + k];
+                m.correct[k] = (uint64_t)v[oc + k];
+                m.counted[k] = (uint64_t)v[on + k];
             }
         }
         acc_flops += flops;
@@ -1525,6 +1530,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
         acc_tokens += tokens;
         acc.blocks += m.blocks;
         acc.accepted += m.accepted;
+        acc.inv_len += m.inv_len;
         for (int k = 0; k < DF_DRAFTER_MAX_BLOCK; k++) {
             acc.correct[k] += m.correct[k];
             acc.counted[k] += m.counted[k];
