@@ -31,13 +31,14 @@
 // Resources (ptxas, sm_90a, CUDA 13.0): D 128: 164 registers, no spills, 81
 // KiB of dynamic shared memory (16 + 2 x 32 + 1 KiB alignment slack): 2 CTAs
 // per SM; D 64: 120 registers, 41 KiB. No "wgmma serialization" warning.
-// Untested on hardware as written (no GPU in the session that wrote it).
+// The grid runs the blocks last to first (see the kernel).
 // Portability: body in sm_90a code only; fwd_wg_usable() false elsewhere
 // (the forward then runs fwd_mma2_kernel); the non-sm_90a body traps.
-// Not done (next steps if the tensor pipe idles): S of tile t + 1 issued
-// before the softmax of tile t (FlashAttention-3's intra-warpgroup
-// overlap; needs 3 stages or a later refill), two consumer warpgroups on
-// alternate tiles with a final merge of (m, l, O).
+// Tried on the H200 and slower than this kernel (docs/NOTES.md, sessions
+// 6-7): S of tile t + 1 issued before the softmax of tile t (FlashAttention-
+// 3's intra-warpgroup overlap, branch wip/attn-wg3), a persistent grid, and
+// a producer warpgroup feeding two consumers that share K / V tiles between
+// neighbouring anchors (wip/attn-ws, with and without a persistent grid).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -77,8 +78,14 @@ __global__ void __launch_bounds__(FNT, 2) fwd_wg_kernel(Params p)
     const uint32_t s0 = smem_u32(wf_smem), sb = (s0 + 1023u) & ~1023u;
     const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+    // Blocks last to first: a row's anchors ascend within each document, so
+    // the CTAs with the longest context spans start first and the grid ends
+    // on short ones (as the dQ pass's LPT order does). Same work per CTA, same
+    // bits. H200, bench_dflash_attn, first to last -> last to first: 3docs
+    // full 0.341 -> 0.327 ms, sliding 0.338 -> 0.328, 1doc full 0.803 ->
+    // 0.766, sliding 0.613 -> 0.600.
     const int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
-              b = blockIdx.x / (p.nch * p.nkv);
+              b = p.nb - 1 - (int)(blockIdx.x / (p.nch * p.nkv));
     const long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
     if (!p.valid[b]) {
         for (int e = tid; e < CHUNK_ROWS * V8; e += FNT) {
