@@ -65,10 +65,11 @@ typedef struct df_drafter_metrics {
      * tau_hat = 1 + accepted / blocks averages over anchors spread evenly;
      * decoding puts its anchors where the last verification ended, and one
      * verification skips an easy stretch whole while a hard one takes an
-     * anchor per token. Over a stretch of n positions with lengths L(p),
-     * decoding verifies about sum 1 / L(p) times, so its tokens per
-     * verification are n / sum 1 / L: the harmonic mean, which is at most
-     * tau_hat and equal only when every anchor accepts the same. */
+     * anchor per token. Over a stretch of n positions with lengths L(p)
+     * that vary slowly, decoding verifies about sum 1 / L(p) times, so its
+     * tokens per verification are n / sum 1 / L: the harmonic mean, at most
+     * tau_hat. An estimate: on qwen3-code-8m real decoding gave 1.54 where
+     * tau_dec said 1.32 and tau_hat 2.14 (docs/E2E.md). */
     double inv_len;
 } df_drafter_metrics;
 
