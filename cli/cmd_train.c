@@ -56,11 +56,13 @@ static void usage(FILE *f)
             "  --init-std S          linear init std (default 0.02)\n"
             "  --seed S              all randomness (default 1)\n"
             "bookkeeping:\n"
-            "  --eval-cache CACHE    acc[k], tau_hat, tau_dec, loss on a held-out cache (same\n"
+            "  --eval-cache CACHE    acc[k], tau_hat, tau_walk, loss on a held-out cache (same\n"
             "                        target), forward only, same rows each time: --eval-every N\n"
             "                        (default: at the end), --eval-rows R (default 64); logged as\n"
             "                        eval_* lines. tau_hat = 1 + mean accepted drafts per block;\n"
-            "                        tau_dec = its harmonic mean, what decoding sees (README)\n"
+            "                        tau_walk = tokens per verification of greedy decoding on the\n"
+            "                        eval text (README; ~candidates/max-anchors forward passes\n"
+            "                        per row); --no-eval-walk skips it\n"
             "  --random-target CFG   benchmarks: a random frozen embedding/head of this config.json\n"
             "                        instead of --target (the cache's target is not checked)\n"
             "  --device cpu|cuda|auto  the backend (default cpu; cuda: one GPU, --gpu I)\n"
@@ -148,6 +150,10 @@ int cmd_train(int argc, char **argv)
         }
         if (!strcmp(a, "--no-overlap-optimizer")) {
             o.overlap_opt = 0;
+            continue;
+        }
+        if (!strcmp(a, "--no-eval-walk")) {
+            o.no_eval_walk = 1;
             continue;
         }
         if (!v) {

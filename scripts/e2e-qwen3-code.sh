@@ -314,9 +314,8 @@ except OSError:
 if tr:
     last = tr[-1]
     kv("T_STEPS", last["step"])
-    kv("T_FINAL", "loss %.4f, tau_hat %.3f%s, acc1 %.3f (step %d, epoch %d)" % (
-       last["loss"], last["tau_hat"], ", tau_dec %.3f" % last["tau_dec"] if "tau_dec" in last else "",
-       last["acc"][0], last["step"], last["epoch"]))
+    kv("T_FINAL", "loss %.4f, tau_hat %.3f, acc1 %.3f (step %d, epoch %d)" % (
+       last["loss"], last["tau_hat"], last["acc"][0], last["step"], last["epoch"]))
     # steady rate: median over the logged intervals, the first one (start-up) left out;
     # an interval that holds an evaluation counts it too, the median leaves those out
     rates = [r["tokens_per_s"] for r in tr[1:]] or [tr[0]["tokens_per_s"]]
@@ -327,7 +326,7 @@ if tr:
        med, "MFU %.2f%%" % (100 * mfu) if mfu > 0 else "no MFU on the CPU", last["tokens"],
        t_train, last["tokens"] / t_train if t_train > 0 else 0))
 def evline(r):
-    dec = ", tau_dec %.3f" % r["eval_tau_dec"] if "eval_tau_dec" in r else ""
+    dec = ", tau_walk %.3f" % r["eval_tau_walk"] if "eval_tau_walk" in r else ""
     return "step %d: loss %.4f, acc1 %.3f, tau_hat %.3f%s (%d rows, %d blocks)" % (
         r["step"], r["eval_loss"], r["eval_acc"][0], r["eval_tau_hat"], dec, r["eval_rows"],
         r["eval_blocks"])

@@ -8,8 +8,8 @@ acceptance = leading draft tokens equal to the target's argmax, tau = mean(accep
 tokens one target forward yields. Then the same decoded text is scored teacher-forced at every
 position (one full-sequence target forward per prompt, one drafter forward per position): the plain
 mean of the acceptance lengths (what the trainer's tau_hat estimates from evenly spread anchors),
-their harmonic mean (tau_dec) and a walk from anchor to anchor as decoding goes, which should give
-the measured tau back. Optionally it first trains a drafter with SpecForge's own
+their harmonic mean, and a walk from anchor to anchor as decoding goes (what the trainer's eval
+tau_walk computes), which should give the measured tau back. Optionally it first trains a drafter with SpecForge's own
 training code (OnlineDFlashModel: anchor sampling, block masks, decayed CE; BF16Optimizer: fp32
 master AdamW, clip, warmup + cosine) on the same corpus, as the comparison issue 7 asks for.
 
@@ -319,8 +319,8 @@ def main(argv=None):
                      seconds=round(time.perf_counter() - t0, 1), sliding_as_full=sliding)
             # The same decoded text, teacher-forced at every position (hook off: these target
             # forwards are not verifications): the mean over evenly spread anchors (what
-            # tau_hat estimates), its harmonic mean (tau_dec), and a walk that jumps from each
-            # anchor past its accepted tokens, as decoding does (should give tau back).
+            # tau_hat estimates), its harmonic mean, and a walk that jumps from each anchor past
+            # its accepted tokens, as decoding does (the eval's tau_walk; should give tau back).
             handle.remove()
             t1 = time.perf_counter()
             lens, walk_tok, walk_n = [], 0, 0
@@ -347,8 +347,8 @@ def main(argv=None):
             if lens:
                 print(f"[specforge_tau] {name}: teacher-forced on the decoded text, every position "
                       f"({r['tf_anchors']} anchors): mean {r['tf_tau_mean']:.3f} (tau_hat's kind), "
-                      f"harmonic {r['tf_tau_harmonic']:.3f} (tau_dec's kind), walk "
-                      f"{r['tf_tau_walk']:.3f} (decoding's anchors; {r['tf_seconds']:.0f} s)",
+                      f"harmonic {r['tf_tau_harmonic']:.3f}, walk {r['tf_tau_walk']:.3f} "
+                      f"(tau_walk's kind: decoding's anchors; {r['tf_seconds']:.0f} s)",
                       flush=True)
     except Exception as ex:  # the JSON still says what ran
         result["error"] = repr(ex)

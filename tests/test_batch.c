@@ -290,6 +290,80 @@ static void test_candidates_and_docs(void)
     df_batch_free(b);
 }
 
+/* df_batch_candidates and df_batch_set_anchors: the blocks of chosen anchors
+ * equal the blocks df_batch_finish builds for the same anchors. */
+static void test_set_anchors(void)
+{
+    df_err e;
+    df_batch_config c3 = cfg(64, 3, 5), call = cfg(64, 64, 5);
+    df_batch *b = df_batch_create(&c3, &e), *ref = df_batch_create(&call, &e);
+    const uint8_t ma[8] = {0, 0, 1, 1, 0, 1, 1, 1}, mb[6] = {1, 0, 1, 1, 1, 0}, mc[3] = {1, 1, 1};
+    tdoc A = mkdoc(0, 8, ma), B = mkdoc(1, 6, mb), C = mkdoc(2, 3, mc);
+    df_batch_doc d[3] = {asdoc(&A, 10, all_layers, 2), asdoc(&B, 11, all_layers, 2),
+                         asdoc(&C, 12, all_layers, 2)};
+    df_rng rng;
+    df_rng_seed(&rng, 3, 0);
+    int32_t cand[16];
+    for (int i = 0; i < 3; i++) {
+        CHECK_EQ(df_batch_add(b, &d[i], NULL, &e), 1);
+        CHECK_EQ(df_batch_add(ref, &d[i], NULL, &e), 1);
+    }
+    CHECK_EQ(df_batch_candidates(b, cand, 16), -EINVAL); /* not finished */
+    int32_t two[2] = {5, 10};
+    CHECK_EQ(df_batch_set_anchors(b, two, 2, &e), -EINVAL);
+    CHECK_OK(df_batch_finish(b, &rng, &e), &e);
+    CHECK_OK(df_batch_finish(ref, NULL, &e), &e);
+    const int want[] = {2, 5, 6, 10, 11, 14, 15};
+    CHECK_EQ(df_batch_candidates(b, cand, 16), 7);
+    for (int i = 0; i < 7; i++)
+        CHECK_EQ(cand[i], want[i]);
+    CHECK_EQ(df_batch_candidates(b, cand, 2), 7); /* counts past cap, writes 2 */
+    /* bad lists change nothing */
+    const df_batch_row *r = df_batch_get_row(b), *rr = df_batch_get_row(ref);
+    int32_t a0 = r->anchor[0];
+    int32_t notc[1] = {4}, desc[2] = {10, 5}, many[4] = {2, 5, 6, 10}, last[1] = {7};
+    CHECK_EQ(df_batch_set_anchors(b, notc, 1, &e), -EINVAL);
+    CHECK_EQ(df_batch_set_anchors(b, desc, 2, &e), -EINVAL);
+    CHECK_EQ(df_batch_set_anchors(b, many, 4, &e), -EINVAL);
+    CHECK_EQ(df_batch_set_anchors(b, last, 1, &e), -EINVAL); /* a document's last token */
+    CHECK_EQ(r->anchor[0], a0);
+    /* anchors 5, 10 (the reference's blocks 1 and 3), then padding */
+    CHECK_OK(df_batch_set_anchors(b, two, 2, &e), &e);
+    CHECK_EQ(r->n_valid, 2);
+    const int rb[2] = {1, 3};
+    double ws = 0;
+    int nw = 0;
+    for (int i = 0; i < 2; i++) {
+        CHECK_EQ(r->anchor[i], rr->anchor[rb[i]]);
+        CHECK_EQ(r->doc_start[i], rr->doc_start[rb[i]]);
+        CHECK_EQ(r->valid[i], 1);
+        for (int k = 0; k < 5; k++) {
+            CHECK_EQ(r->block_ids[i * 5 + k], rr->block_ids[rb[i] * 5 + k]);
+            CHECK_EQ(r->block_pos[i * 5 + k], rr->block_pos[rb[i] * 5 + k]);
+            CHECK_EQ(r->labels[i * 5 + k], rr->labels[rb[i] * 5 + k]);
+            CHECK(r->weights[i * 5 + k] == rr->weights[rb[i] * 5 + k]);
+            ws += r->weights[i * 5 + k];
+            nw += r->weights[i * 5 + k] > 0;
+        }
+    }
+    CHECK_EQ(r->valid[2], 0);
+    for (int k = 0; k < 5; k++) {
+        CHECK_EQ(r->labels[2 * 5 + k], -1);
+        CHECK(r->weights[2 * 5 + k] == 0.0f);
+    }
+    CHECK(r->weight_sum == ws);
+    CHECK_EQ(r->n_weighted, nw);
+    check_row_invariants(b);
+    CHECK_OK(df_batch_set_anchors(b, NULL, 0, &e), &e); /* no anchors: all padding */
+    CHECK_EQ(r->n_valid, 0);
+    CHECK(r->weight_sum == 0);
+    freedoc(&A);
+    freedoc(&B);
+    freedoc(&C);
+    df_batch_free(b);
+    df_batch_free(ref);
+}
+
 static void test_no_candidates(void)
 {
     df_err e;
@@ -784,6 +858,7 @@ int main(void)
     test_rng();
     test_label_shift();
     test_candidates_and_docs();
+    test_set_anchors();
     test_no_candidates();
     test_sampling();
     test_weights_gamma();

@@ -152,8 +152,16 @@ run 0 "" "$D" train $TA --out "$W/runK"
 cmp -s "$W/runA/export/model.safetensors" "$W/runK/export/model.safetensors" || fail "run resumed after kill -9 differs"
 # evaluation on a held-out cache (the bundled eval corpus): logged lines, the same at every resume
 run 0 "" "$D" extract --device cpu --model "$TM" --data "$TM/eval.jsonl" --out "$W/evc" --layers 0,1,2 --quiet
-run 0 "eval @ step 60: .* rows" "$D" train ${TA/--quiet/} --out "$W/runEv" --eval-cache "$W/evc" --eval-every 30 --eval-rows 4
+run 0 "eval @ step 60: .* rows.* tau_walk [0-9.]* " "$D" train ${TA/--quiet/} --out "$W/runEv" --eval-cache "$W/evc" --eval-every 30 --eval-rows 4
 [ "$(grep -c eval_tau_hat "$W/runEv/log.jsonl")" = 2 ] || fail "expected 2 evaluation lines in log.jsonl"
+# the walk's tau: tokens per verification, between 1 and the block size
+for t in $(sed -n 's/.*"eval_tau_walk":\([0-9.]*\).*/\1/p' "$W/runEv/log.jsonl"); do
+  awk -v t="$t" 'BEGIN { exit !(t >= 1 && t <= 8) }' || fail "eval_tau_walk $t outside [1, 8]"
+done
+[ "$(grep -c '"eval_walk_verifications":[1-9]' "$W/runEv/log.jsonl")" = 2 ] || fail "expected 2 walks"
+run 0 "" "$D" train $TA --out "$W/runEvN" --eval-cache "$W/evc" --eval-rows 4 --no-eval-walk
+grep -q eval_tau_hat "$W/runEvN/log.jsonl" || fail "--no-eval-walk: no evaluation line"
+grep -q eval_tau_walk "$W/runEvN/log.jsonl" && fail "--no-eval-walk still walked"
 run 1 "nope" "$D" train $TA --out "$W/runEv2" --eval-cache "$W/nope"
 run 1 "another target" "$D" train $TA --out "$W/runC" --target "$SRC/tests/fixtures/qwen3_5-tiny"
 run 1 "layer" "$D" train $TA --out "$W/runD" --target-layers 0,3

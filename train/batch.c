@@ -342,55 +342,12 @@ int df_batch_add(df_batch *b, const df_batch_doc *d, df_rng *rng, df_err *e)
     return 1;
 }
 
-int df_batch_finish(df_batch *b, df_rng *rng, df_err *e)
+/* The blocks of anchors r->anchor[0 .. m) (ascending candidates; the rest
+ * padding): ids, positions, labels, weights, and their sums. */
+static void build_blocks(df_batch *b, int m)
 {
     const df_batch_config *c = &b->c;
     df_batch_row *r = &b->row;
-    if (b->finished)
-        return df_errf(e, -EINVAL, "batch: row already finished");
-    int S = r->n_tokens;
-
-    /* Padding of the context. */
-    if (b->dirty > S) {
-        size_t n = (size_t)(b->dirty - S) * b->width;
-        if (r->features_bf16)
-            memset(r->features_bf16 + (size_t)S * b->width, 0, n * 2);
-        else
-            memset(r->features + (size_t)S * b->width, 0, n * sizeof(float));
-    }
-    b->dirty = S;
-    for (int t = S; t < c->max_tokens; t++) {
-        r->ids[t] = 0;
-        r->loss_mask[t] = 0;
-        r->pos[t] = 0;
-        r->ctx_doc_start[t] = S;
-    }
-
-    /* Anchors: partial Fisher-Yates over the row's candidates, then an
-     * ascending sweep. */
-    int nc = r->n_candidates, m = nc < c->max_anchors ? nc : c->max_anchors;
-    if (m > 0 && m < nc && !rng)
-        return df_errf(e, -EINVAL, "batch: anchor sampling needs an rng");
-    if (m < nc) {
-        for (int i = 0; i < m; i++) {
-            int j = i + (int)df_rng_below(rng, (uint64_t)(nc - i));
-            int32_t t = b->cand[i];
-            b->cand[i] = b->cand[j];
-            b->cand[j] = t;
-        }
-        for (int i = 0; i < m; i++)
-            b->chosen[b->cand[i]] = 1;
-        int w = 0;
-        for (int t = 0; t < S && w < m; t++)
-            if (b->chosen[t]) {
-                b->chosen[t] = 0;
-                r->anchor[w++] = t;
-            }
-    } else {
-        /* Every candidate is taken: already ascending. */
-        memcpy(r->anchor, b->cand, (size_t)m * sizeof *r->anchor);
-    }
-
     int bs = c->block_size;
     int32_t mask_id = (int32_t)c->mask_token_id;
     double wsum = 0;
@@ -449,7 +406,100 @@ int df_batch_finish(df_batch *b, df_rng *rng, df_err *e)
     r->n_valid = m;
     r->weight_sum = wsum;
     r->n_weighted = nw;
+}
+
+int df_batch_finish(df_batch *b, df_rng *rng, df_err *e)
+{
+    const df_batch_config *c = &b->c;
+    df_batch_row *r = &b->row;
+    if (b->finished)
+        return df_errf(e, -EINVAL, "batch: row already finished");
+    int S = r->n_tokens;
+
+    /* Padding of the context. */
+    if (b->dirty > S) {
+        size_t n = (size_t)(b->dirty - S) * b->width;
+        if (r->features_bf16)
+            memset(r->features_bf16 + (size_t)S * b->width, 0, n * 2);
+        else
+            memset(r->features + (size_t)S * b->width, 0, n * sizeof(float));
+    }
+    b->dirty = S;
+    for (int t = S; t < c->max_tokens; t++) {
+        r->ids[t] = 0;
+        r->loss_mask[t] = 0;
+        r->pos[t] = 0;
+        r->ctx_doc_start[t] = S;
+    }
+
+    /* Anchors: partial Fisher-Yates over the row's candidates, then an
+     * ascending sweep. */
+    int nc = r->n_candidates, m = nc < c->max_anchors ? nc : c->max_anchors;
+    if (m > 0 && m < nc && !rng)
+        return df_errf(e, -EINVAL, "batch: anchor sampling needs an rng");
+    if (m < nc) {
+        for (int i = 0; i < m; i++) {
+            int j = i + (int)df_rng_below(rng, (uint64_t)(nc - i));
+            int32_t t = b->cand[i];
+            b->cand[i] = b->cand[j];
+            b->cand[j] = t;
+        }
+        for (int i = 0; i < m; i++)
+            b->chosen[b->cand[i]] = 1;
+        int w = 0;
+        for (int t = 0; t < S && w < m; t++)
+            if (b->chosen[t]) {
+                b->chosen[t] = 0;
+                r->anchor[w++] = t;
+            }
+    } else {
+        /* Every candidate is taken: already ascending. */
+        memcpy(r->anchor, b->cand, (size_t)m * sizeof *r->anchor);
+    }
+
+    build_blocks(b, m);
     b->finished = 1;
+    return 0;
+}
+
+/* Candidates from the row itself (b->cand is permuted by the sampling). */
+static int is_candidate(const df_batch_row *r, int p)
+{
+    return p >= 0 && p + 1 < r->n_tokens && r->loss_mask[p] && r->loss_mask[p + 1] &&
+           r->ctx_doc_start[p + 1] == r->ctx_doc_start[p];
+}
+
+int df_batch_candidates(const df_batch *b, int32_t *out, int cap)
+{
+    const df_batch_row *r = &b->row;
+    if (!b->finished)
+        return -EINVAL;
+    int n = 0;
+    for (int p = 0; p + 1 < r->n_tokens; p++)
+        if (is_candidate(r, p)) {
+            if (n < cap)
+                out[n] = p;
+            n++;
+        }
+    return n;
+}
+
+int df_batch_set_anchors(df_batch *b, const int32_t *anchors, int n, df_err *e)
+{
+    df_batch_row *r = &b->row;
+    if (!b->finished)
+        return df_errf(e, -EINVAL, "batch: set_anchors needs a finished row");
+    if (n < 0 || n > b->c.max_anchors)
+        return df_errf(e, -EINVAL, "batch: %d anchors (0..%d)", n, b->c.max_anchors);
+    for (int i = 0; i < n; i++) {
+        if (!is_candidate(r, anchors[i]))
+            return df_errf(e, -EINVAL, "batch: anchor %d (position %d) is not a candidate", i,
+                           anchors[i]);
+        if (i > 0 && anchors[i] <= anchors[i - 1])
+            return df_errf(e, -EINVAL, "batch: anchors not strictly ascending at %d", i);
+    }
+    memmove(r->anchor, anchors, (size_t)n * sizeof *anchors);
+    build_blocks(b, n);
     return 0;
 }
 

@@ -154,6 +154,15 @@ void df_batch_reset(df_batch *b);
 int df_batch_add(df_batch *b, const df_batch_doc *d, df_rng *rng, df_err *e);
 /* Samples anchors and fills the blocks; -EINVAL if already finished. */
 int df_batch_finish(df_batch *b, df_rng *rng, df_err *e);
+/* Of a finished row: every anchor candidate in ascending order. Writes the
+ * first min(n, cap) into out; returns n (-EINVAL if the row is not finished). */
+int df_batch_candidates(const df_batch *b, int32_t *out, int cap);
+/* Of a finished row: the blocks rebuilt for these anchors instead of the
+ * sampled ones (strictly ascending candidates, n <= max_anchors; the rest
+ * padding), as df_batch_finish builds them; no RNG drawn. The evaluation
+ * uses it to score every candidate of a row, max_anchors at a time.
+ * -EINVAL (nothing changed) on a bad list or a row not finished. */
+int df_batch_set_anchors(df_batch *b, const int32_t *anchors, int n, df_err *e);
 /* The row (complete only after df_batch_finish). */
 const df_batch_row *df_batch_get_row(const df_batch *b);
 const df_batch_config *df_batch_get_config(const df_batch *b);

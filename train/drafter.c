@@ -512,6 +512,8 @@ void df_drafter_row_metrics(const df_drafter *d, const df_drafter_row *r, const 
     int64_t j = 0; /* argmax is packed: the next scored position's entry */
     for (int b = 0; b < r->blocks.n_blocks; b++) {
         if (!r->blocks.valid[b]) {
+            if (m->block_accepted)
+                m->block_accepted[b] = -1;
             for (int k = 0; k < bs; k++)
                 j += r->labels[(int64_t)b * bs + k] >= 0 && r->weights[(int64_t)b * bs + k] > 0;
             continue;
@@ -534,7 +536,8 @@ void df_drafter_row_metrics(const df_drafter *d, const df_drafter_row *r, const 
                 run = 0;
         }
         m->accepted += (uint64_t)nacc;
-        m->inv_len += 1.0 / (1.0 + nacc);
+        if (m->block_accepted)
+            m->block_accepted[b] = nacc;
     }
 }
 

@@ -60,17 +60,10 @@ typedef struct df_drafter_metrics {
     uint64_t correct[DF_DRAFTER_MAX_BLOCK], counted[DF_DRAFTER_MAX_BLOCK]; /* acc[k] */
     uint64_t blocks;           /* valid blocks */
     uint64_t accepted;         /* sum over valid blocks of leading correct positions */
-    /* sum over valid blocks of 1 / (1 + leading correct positions):
-     * tau_dec = blocks / inv_len, the acceptance length as decoding sees it.
-     * tau_hat = 1 + accepted / blocks averages over anchors spread evenly;
-     * decoding puts its anchors where the last verification ended, and one
-     * verification skips an easy stretch whole while a hard one takes an
-     * anchor per token. Over a stretch of n positions with lengths L(p)
-     * that vary slowly, decoding verifies about sum 1 / L(p) times, so its
-     * tokens per verification are n / sum 1 / L: the harmonic mean, at most
-     * tau_hat. An estimate: on qwen3-code-8m real decoding gave 1.54 where
-     * tau_dec said 1.32 and tau_hat 2.14 (docs/E2E.md). */
-    double inv_len;
+    /* optional, the caller's [n_blocks] (not accumulated: each row step
+     * overwrites it): each valid block's leading correct positions, -1 for
+     * padding blocks. The evaluation's walk (train.c) reads it. */
+    int32_t *block_accepted;
 } df_drafter_metrics;
 
 typedef struct df_drafter df_drafter;

@@ -246,16 +246,14 @@ static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double los
 {
     double tok_s = pf->tok_s, step_s = pf->step_s;
     double tau = m->blocks ? 1.0 + (double)m->accepted / (double)m->blocks : 1.0;
-    double tau_dec = m->inv_len > 0 ? (double)m->blocks / m->inv_len : 1.0;
     if (f) {
         fprintf(f, "{\"step\":%" PRId64 ",\"epoch\":%" PRIu64 ",\"loss\":%.6f,\"lr\":%.6g,"
-                "\"grad_norm\":%.6g,\"tau_hat\":%.4f,\"tau_dec\":%.4f,\"tokens\":%" PRIu64
-                ",\"tokens_per_s\":%.1f,"
+                "\"grad_norm\":%.6g,\"tau_hat\":%.4f,\"tokens\":%" PRIu64 ",\"tokens_per_s\":%.1f,"
                 "\"step_s\":%.4f,\"data_wait\":%.4f,\"data_wait_max\":%.4f,"
                 "\"feed_build_s\":%.4f,\"feed_read_s\":%.4f,"
                 "\"tflops\":%.2f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
                 "\"mem_base_gib\":%.3f,\"persistent_gib\":%.3f,\"acc\":[",
-                step, epoch, loss, lr, gnorm, tau, tau_dec, tokens, tok_s, step_s, pf->data_wait,
+                step, epoch, loss, lr, gnorm, tau, tokens, tok_s, step_s, pf->data_wait,
                 pf->data_wait_max, pf->feed_build_s, pf->feed_read_s, pf->tflops, pf->mfu,
                 pf->mem_gib, pf->mem_base_gib, pf->persistent_gib);
         for (int k = 1; k < bs; k++)
@@ -339,7 +337,22 @@ typedef struct data_pos {
 /* ------------------------------------------------------------ evaluation
  * acc[k], tau_hat and the loss on a held-out cache, forward only: the same
  * documents (the first `rows` rows of a fixed order) and the same anchors
- * (a fixed seed) at every evaluation, so the numbers compare across steps. */
+ * (a fixed seed) at every evaluation, so the numbers compare across steps.
+ *
+ * tau_walk: tau_hat averages over anchors spread evenly, but decoding puts
+ * each anchor where the last verification ended: it crosses an easy stretch
+ * in a few verifications and spends most of them on hard positions, so its
+ * tokens per verification are lower (docs/E2E.md: 2.34 evenly against 1.54
+ * decoding on qwen3-code-8m). The walk scores every candidate of each row
+ * (max_anchors at a time, interleaved, with df_batch_set_anchors; blocks do
+ * not see each other, so each anchor's result is the same in any set), then
+ * walks each document as greedy decoding would: from the first candidate,
+ * p -> p + accepted(p) + 1, one verification per step; at a position that
+ * is not a candidate (a completion's last token, a prompt) it goes on at
+ * the next candidate. tau_walk = tokens / verifications: what decoding on
+ * this text would give if the target's greedy output were the text (it is
+ * for a corpus of the target's own greedy completions). Costs about
+ * candidates / max_anchors forward passes per row. */
 typedef struct eval_ctx {
     df_cache *cache;
     int cache_index[DF_BATCH_MAX_FEATURES];
@@ -347,7 +360,52 @@ typedef struct eval_ctx {
     df_batch *row;
     int rows;
     uint64_t seed;
+    int walk;                 /* score every candidate and walk (tau_walk) */
+    int32_t *cand, *acc_at;   /* [max_tokens]: the row's candidates; accepted per position */
+    int32_t *anch, *blk_acc;  /* [max_anchors]: one pass's anchors; their accepted */
 } eval_ctx;
+
+/* Every candidate of the finished row scored, then the walk over its
+ * documents (eval_ctx); adds to *tokens and *verifs. */
+static int eval_walk_row(eval_ctx *ev, df_drafter *d, const void *w, df_drafter_row *dr,
+                         uint64_t *tokens, uint64_t *verifs, df_err *e)
+{
+    const df_batch_config *bc = df_batch_get_config(ev->row);
+    const df_batch_row *br = df_batch_get_row(ev->row);
+    int nc = df_batch_candidates(ev->row, ev->cand, bc->max_tokens);
+    if (nc < 0)
+        return df_errf(e, nc, "evaluation walk: row not finished");
+    for (int t = 0; t < br->n_tokens; t++)
+        ev->acc_at[t] = -1;
+    int A = bc->max_anchors, P = (nc + A - 1) / A;
+    for (int k = 0; k < P; k++) {
+        int na = 0;
+        for (int i = k; i < nc; i += P)
+            ev->anch[na++] = ev->cand[i];
+        int rc = df_batch_set_anchors(ev->row, ev->anch, na, e);
+        if (rc)
+            return rc;
+        df_drafter_metrics wm = {0};
+        wm.block_accepted = ev->blk_acc;
+        if ((rc = df_drafter_row_step(d, w, dr, 1.0f, NULL, &wm, e))) {
+            df_err_wrap(e, "evaluation walk pass %d of %d", k + 1, P);
+            return rc;
+        }
+        for (int b = 0; b < na; b++)
+            ev->acc_at[ev->anch[b]] = ev->blk_acc[b];
+    }
+    for (int p = 0; p < br->n_tokens;) {
+        if (ev->acc_at[p] < 0) {
+            p++;
+            continue;
+        }
+        int len = ev->acc_at[p] + 1;
+        *tokens += (uint64_t)len;
+        (*verifs)++;
+        p += len;
+    }
+    return 0;
+}
 
 static int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t step, FILE *logf,
                     int quiet, int bs, df_err *e)
@@ -360,6 +418,7 @@ static int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t s
     df_rng rng;
     df_rng_seed(&rng, ev->seed, 7);
     df_drafter_metrics m = {0};
+    uint64_t walk_tokens = 0, walk_verifs = 0;
     int rc = source_open_at(&src, 0, 0, e), n_rows = 0;
     while (!rc && n_rows < ev->rows && (src.pos < src.n || src.have_pending)) {
         df_batch_reset(ev->row);
@@ -402,6 +461,9 @@ static int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t s
                              .weights = br->weights};
         if (br->weight_sum > 0 && (rc = df_drafter_row_step(d, w, &dr, 1.0f, NULL, &m, e)))
             df_err_wrap(e, "evaluation row %d", n_rows);
+        if (!rc && ev->walk && br->weight_sum > 0 &&
+            (rc = eval_walk_row(ev, d, w, &dr, &walk_tokens, &walk_verifs, e)))
+            df_err_wrap(e, "evaluation row %d", n_rows);
         n_rows++;
     }
     if (src.have_pending && src.s)
@@ -412,11 +474,14 @@ static int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t s
         return rc;
     double loss = m.weight_sum > 0 ? m.loss_sum / m.weight_sum : 0.0;
     double tau = m.blocks ? 1.0 + (double)m.accepted / (double)m.blocks : 1.0;
-    double tau_dec = m.inv_len > 0 ? (double)m.blocks / m.inv_len : 1.0;
+    double tau_walk = walk_verifs ? (double)walk_tokens / (double)walk_verifs : 1.0;
     if (logf) {
         fprintf(logf, "{\"step\":%" PRId64 ",\"eval_rows\":%d,\"eval_blocks\":%" PRIu64
-                ",\"eval_loss\":%.6f,\"eval_tau_hat\":%.4f,\"eval_tau_dec\":%.4f,"
-                "\"eval_acc\":[", step, n_rows, m.blocks, loss, tau, tau_dec);
+                ",\"eval_loss\":%.6f,\"eval_tau_hat\":%.4f,", step, n_rows, m.blocks, loss, tau);
+        if (ev->walk)
+            fprintf(logf, "\"eval_tau_walk\":%.4f,\"eval_walk_verifications\":%" PRIu64 ",",
+                    tau_walk, walk_verifs);
+        fprintf(logf, "\"eval_acc\":[");
         for (int k = 1; k < bs; k++)
             fprintf(logf, "%s%.4f", k > 1 ? "," : "",
                     m.counted[k] ? (double)m.correct[k] / (double)m.counted[k] : 0.0);
@@ -424,8 +489,11 @@ static int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t s
         fflush(logf);
     }
     if (!quiet) {
-        printf("eval @ step %" PRId64 ": %d rows, %" PRIu64 " blocks, loss %.4f  tau_hat %.3f  "
-               "tau_dec %.3f  acc1 %.3f  acc%d %.3f\n", step, n_rows, m.blocks, loss, tau, tau_dec,
+        printf("eval @ step %" PRId64 ": %d rows, %" PRIu64 " blocks, loss %.4f  tau_hat %.3f  ",
+               step, n_rows, m.blocks, loss, tau);
+        if (ev->walk)
+            printf("tau_walk %.3f  ", tau_walk);
+        printf("acc1 %.3f  acc%d %.3f\n",
                m.counted[1] ? (double)m.correct[1] / (double)m.counted[1] : 0.0, bs - 1,
                m.counted[bs - 1] ? (double)m.correct[bs - 1] / (double)m.counted[bs - 1] : 0.0);
         fflush(stdout);
@@ -1343,6 +1411,17 @@ int df_train_run(const df_train_opts *o, df_err *e)
             goto out;
         }
         ev.rows = o->eval_rows > 0 ? o->eval_rows : 64;
+        ev.walk = !o->no_eval_walk;
+        if (ev.walk) {
+            ev.cand = malloc((size_t)bc.max_tokens * sizeof *ev.cand);
+            ev.acc_at = malloc((size_t)bc.max_tokens * sizeof *ev.acc_at);
+            ev.anch = malloc((size_t)bc.max_anchors * sizeof *ev.anch);
+            ev.blk_acc = malloc((size_t)bc.max_anchors * sizeof *ev.blk_acc);
+            if (!ev.cand || !ev.acc_at || !ev.anch || !ev.blk_acc) {
+                rc = df_errf(e, -ENOMEM, "out of memory");
+                goto out;
+            }
+        }
         ev.seed = o->seed ^ 0x5eedull;
     }
     src.cache = cache;
@@ -1484,12 +1563,12 @@ int df_train_run(const df_train_opts *o, df_err *e)
         memcpy(rng_after, sl->rng_after, sizeof rng_after);
         feeder_release(&fd, sl);
         if (world > 1) { /* the step's figures over all ranks (logged by rank 0) */
-            /* v: 7 scalars, correct[bs], counted[bs], each rank's wait */
-            int bs = c.block_size, nw = world <= 64 ? world : 0, oc = 7, on = oc + bs,
+            /* v: 6 scalars, correct[bs], counted[bs], each rank's wait */
+            int bs = c.block_size, nw = world <= 64 ? world : 0, oc = 6, on = oc + bs,
                 ow = on + bs, nv = ow + nw;
-            double v[7 + 2 * DF_DRAFTER_MAX_BLOCK + 64];
+            double v[6 + 2 * DF_DRAFTER_MAX_BLOCK + 64];
             v[0] = sq, v[1] = m.loss_sum, v[2] = (double)m.blocks, v[3] = (double)m.accepted;
-            v[4] = (double)tokens, v[5] = flops, v[6] = m.inv_len;
+            v[4] = (double)tokens, v[5] = flops;
             for (int k = 0; k < bs; k++) {
                 v[oc + k] = (double)m.correct[k];
                 v[on + k] = (double)m.counted[k];
@@ -1501,7 +1580,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
             for (int q = 0; q < nw; q++)
                 wait_max_s = v[ow + q] > wait_max_s ? v[ow + q] : wait_max_s;
             sq = v[0], m.loss_sum = v[1], m.blocks = (uint64_t)v[2], m.accepted = (uint64_t)v[3];
-            tokens = (uint64_t)v[4], flops = v[5], m.inv_len = v[6];
+            tokens = (uint64_t)v[4], flops = v[5];
             for (int k = 0; k < bs; k++) {
                 m.correct[k] = (uint64_t)v[oc + k];
                 m.counted[k] = (uint64_t)v[on + k];
@@ -1530,7 +1609,6 @@ int df_train_run(const df_train_opts *o, df_err *e)
         acc_tokens += tokens;
         acc.blocks += m.blocks;
         acc.accepted += m.accepted;
-        acc.inv_len += m.inv_len;
         for (int k = 0; k < DF_DRAFTER_MAX_BLOCK; k++) {
             acc.correct[k] += m.correct[k];
             acc.counted[k] += m.counted[k];
@@ -1650,6 +1728,10 @@ out:
         fclose(logf);
     df_batch_free(ev.row);
     df_cache_close(ev.cache);
+    free(ev.cand);
+    free(ev.acc_at);
+    free(ev.anch);
+    free(ev.blk_acc);
     dev_state_free(be, &ds);
     df_comm_close(comm);
     df_backend_free(be, dev_embed);

@@ -44,6 +44,7 @@ typedef struct df_train_opts {
     const char *eval_cache;     /* NULL: none */
     int eval_every;             /* steps between evaluations (0: only at the end) */
     int eval_rows;              /* rows per evaluation (0 = 64) */
+    int no_eval_walk;           /* skip the evaluation's walk (tau_walk; train.c) */
     /* data */
     int max_tokens;             /* context tokens per row, default 4096 */
     int max_anchors;            /* blocks per row, default 512 */
