@@ -498,7 +498,8 @@ int df_batch_set_anchors(df_batch *b, const int32_t *anchors, int n, df_err *e)
         if (i > 0 && anchors[i] <= anchors[i - 1])
             return df_errf(e, -EINVAL, "batch: anchors not strictly ascending at %d", i);
     }
-    memmove(r->anchor, anchors, (size_t)n * sizeof *anchors);
+    if (n > 0) /* anchors may be NULL when n is 0 */
+        memmove(r->anchor, anchors, (size_t)n * sizeof *anchors);
     build_blocks(b, n);
     return 0;
 }
