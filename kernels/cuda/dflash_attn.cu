@@ -41,10 +41,10 @@
 // over per-tile block lists (dkv4_kernel); the split reduction. wg2 (its
 // forward the default on compute capability 9.0, 1.7-1.8x mma4's speed at
 // the 27B shape on the H200) is mma4 with its forward
-// (dflash_attn_wg_fwd.cu), its dQ pass (dflash_attn_wg_dq.cu, CTAs in
-// longest-first order: dq_order_kernel) and its context dK/dV pass
-// (dflash_attn_wg.cu) on wgmma; where sm_90a is not there, fwd_mma2_kernel,
-// dq_mma2_kernel in the same longest-first order and dkv4_kernel. wg2f (the
+// (dflash_attn_wg_fwd.cu), its dQ pass (dflash_attn_wg_dq.cu, blocks last to
+// first) and its context dK/dV pass (dflash_attn_wg.cu) on wgmma; where
+// sm_90a is not there, fwd_mma2_kernel, dq_mma2_kernel in longest-first order
+// (dq_order_kernel) and dkv4_kernel. wg2f (the
 // backward's default on compute capability 9.0) is wg2 with Di and the
 // block-key dK/dV computed inside the wgmma dQ pass where one row chunk holds
 // a block's rows per kv head (nch == 1): no di_kernel, no block-tile
@@ -1595,10 +1595,10 @@ size_t order_bytes(const df_cuda_dflash_args *a)
 // MMA4 (wg2 false): Di, dQ (dq_mma2_kernel), the tile lists and their LPT
 // order, the context dK/dV (dkv4_kernel), the block-key dK/dV
 // (dkv_mma2_kernel, block tiles only), the split reduction. WG2 (wg2): the
-// dQ CTAs longest first (dq_order_kernel into dq_order), the dQ on wgmma
-// (df_dflash::dq_wg_launch) and the context dK/dV on wgmma
-// (df_dflash::dkv_wg_launch), each where the device runs it, else
-// dq_mma2_kernel in the same order / dkv4_kernel. WG2F (wg2 and fold): where
+// dQ on wgmma (df_dflash::dq_wg_launch, its blocks last to first) and the
+// context dK/dV on wgmma (df_dflash::dkv_wg_launch), each where the device
+// runs it, else dq_mma2_kernel with its CTAs longest first (dq_order_kernel
+// into dq_order) / dkv4_kernel. WG2F (wg2 and fold): where
 // the wgmma dQ runs and p.nch == 1 (a block's bs x group rows of a kv head in
 // one chunk, so bs <= 64: one block tile), its fold instantiation also writes
 // Di (for the context dK/dV pass, the only later reader; bitwise
@@ -1627,11 +1627,11 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
             CU(cudaGetLastError());
         }
         REC(ev, 1, st);
-        if (wg2) {
+        if (wg2 && !wgdq_on) { // (the wgmma dQ runs its blocks last to first)
             dq_order_kernel<<<1, NL_ORDER, 0, st>>>(p, dq_order);
             CU(cudaGetLastError());
         }
-        int rc = wgdq_on ? df_dflash::dq_wg_launch(p, D, st, dq_order, fold_on)
+        int rc = wgdq_on ? df_dflash::dq_wg_launch(p, D, st, nullptr, fold_on)
                          : dq_mma2_launch<D>(p, st, wg2 ? dq_order : nullptr);
         if (rc)
             return rc;

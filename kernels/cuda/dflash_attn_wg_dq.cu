@@ -3,7 +3,7 @@
 // sm_90a). WG2's backward is MMA4's with its context dK/dV pass on wgmma
 // (dflash_attn_wg.cu; Di, the tile lists, the block-key dK/dV and the split
 // reduction are MMA4's) and this kernel in place of MMA4's dq_mma2_kernel,
-// its CTAs in longest-first order (dq_order_kernel).
+// its CTAs' blocks last to first (see the kernel).
 //
 // Work split (dq_mma2_kernel's): one CTA per (block b, kv head g, row
 // chunk): the 64 rows of a chunk are the 16 queries x `group` heads of one
@@ -154,9 +154,14 @@ __device__ __forceinline__ void chunk_di(const Params &p, const RowId (&rid)[2],
 }
 #endif // DF_WG_BODY
 
-// One CTA per (block, kv head, row chunk); order != NULL: CTA i takes item
-// order[i / nkv] (item = b nch + ch), kv head i % nkv (dq_order_kernel's LPT
-// order).
+// One CTA per (block, kv head, row chunk), blocks last to first (the
+// forward's order: a document's longest context spans first, neighbouring
+// anchors side by side); order != NULL: CTA i takes item order[i / nkv]
+// (item = b nch + ch), kv head i % nkv (dq_order_kernel's LPT order). The
+// host passes NULL: on the H200 (bench_dflash_attn, session 9) the pass took
+// 0.450 -> 0.434 ms (3docs full), 0.449 -> 0.439 (sliding) against LPT, which
+// interleaves the documents' CTAs; 1doc within +-1% (the same order but for
+// ties). Same work per CTA, same bits.
 // __launch_bounds__(.., 2): 2 CTAs per SM at D 128 (shared memory bound).
 // FOLD (impl WG2F; the host launches it only with p.nch == 1, so the CTA
 // holds every row that sees its block's keys for kv head g, and bs <= QTK:
@@ -188,7 +193,8 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const int *orde
     const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
     // warp index broadcast from lane 0: warp-uniform for the compiler
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
-    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv, b = blockIdx.x / (p.nch * p.nkv);
+    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
+        b = p.nb - 1 - (int)(blockIdx.x / (p.nch * p.nkv));
     if (order) {
         int item = order[blockIdx.x / p.nkv];
         ch = item % p.nch, g = blockIdx.x % p.nkv, b = item / p.nch;
