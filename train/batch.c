@@ -275,6 +275,15 @@ static void convert_row(float *dst, const void *src, size_t H, df_dtype t, float
     }
 }
 
+/* An anchor candidate: p and p + 1 in the row's context, in one document and
+ * in the loss (the one rule: df_batch_add collects them, the evaluation
+ * lists them again after the sampling has permuted b->cand). */
+static int is_candidate(const df_batch_row *r, int p)
+{
+    return p >= 0 && p + 1 < r->n_tokens && r->loss_mask[p] && r->loss_mask[p + 1] &&
+           r->ctx_doc_start[p + 1] == r->ctx_doc_start[p];
+}
+
 int df_batch_add(df_batch *b, const df_batch_doc *d, df_rng *rng, df_err *e)
 {
     const df_batch_config *c = &b->c;
@@ -331,13 +340,13 @@ int df_batch_add(df_batch *b, const df_batch_doc *d, df_rng *rng, df_err *e)
             }
         }
     }
-    /* Candidates: p and p+1 both in the (truncated) document and in the loss. */
-    for (uint32_t i = 0; i + 1 < n; i++)
-        if (r->loss_mask[s0 + i] && r->loss_mask[s0 + i + 1])
-            b->cand[r->n_candidates++] = s0 + (int32_t)i;
     r->truncated += (int64_t)d->n_tokens - n;
     r->doc_id[r->n_docs] = d->id;
     r->n_tokens = s0 + (int)n;
+    /* this document's candidates (within the truncated document) */
+    for (int p = s0; p < r->n_tokens; p++)
+        if (is_candidate(r, p))
+            b->cand[r->n_candidates++] = p;
     r->doc_offset[++r->n_docs] = r->n_tokens;
     return 1;
 }
@@ -460,13 +469,6 @@ int df_batch_finish(df_batch *b, df_rng *rng, df_err *e)
     build_blocks(b, m);
     b->finished = 1;
     return 0;
-}
-
-/* Candidates from the row itself (b->cand is permuted by the sampling). */
-static int is_candidate(const df_batch_row *r, int p)
-{
-    return p >= 0 && p + 1 < r->n_tokens && r->loss_mask[p] && r->loss_mask[p + 1] &&
-           r->ctx_doc_start[p + 1] == r->ctx_doc_start[p];
 }
 
 int df_batch_candidates(const df_batch *b, int32_t *out, int cap)
