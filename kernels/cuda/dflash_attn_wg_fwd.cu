@@ -80,7 +80,7 @@ __global__ void __launch_bounds__(FNT, 2) fwd_wg_kernel(Params p)
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
     // Blocks last to first: a row's anchors ascend within each document, so
     // the CTAs with the longest context spans start first and the grid ends
-    // on short ones (as the dQ pass's LPT order does). Same work per CTA, same
+    // on short ones (the wgmma dQ pass runs the same order). Same work per CTA, same
     // bits. H200, bench_dflash_attn, first to last -> last to first: 3docs
     // full 0.341 -> 0.327 ms, sliding 0.338 -> 0.328, 1doc full 0.803 ->
     // 0.766, sliding 0.613 -> 0.600.
