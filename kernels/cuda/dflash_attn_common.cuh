@@ -82,13 +82,11 @@ int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const in
 bool dq_wg_usable(int D, bool fold);
 bool fwd_wg_usable(int D);
 // The dQ pass: one CTA per (block, kv head, row chunk), p.nb * p.nkv * p.nch
-// of them, blocks last to first; order (may be NULL, the default's choice):
-// dq_order_kernel's output instead (CTA i takes item order[i / nkv], kv head
-// i % nkv). fold false (WG2): needs p.Di
-// filled (di_kernel). fold true (WG2F; needs p.nch == 1, else -EINVAL): also
+// of them, blocks last to first. fold false (WG2): needs p.Di filled
+// (di_kernel). fold true (WG2F; needs p.nch == 1, else -EINVAL): also
 // writes p.Di (di_kernel's values, bitwise) and the block-key gradients dkb,
 // dvb (dkv_mma2_kernel's block tiles are then not run). 0, -EINVAL or -EIO.
-int dq_wg_launch(const Params &p, int D, cudaStream_t st, const int *order, bool fold);
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold);
 // The forward (out, lse): one CTA per (block, kv head, row chunk). 0 or -EIO.
 int fwd_wg_launch(const Params &p, int D, cudaStream_t st);
 

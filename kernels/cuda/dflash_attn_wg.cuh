@@ -69,12 +69,14 @@ __device__ __forceinline__ KvThread kv_thread(int tid)
 }
 
 // K / V tile t of a row chunk's key loop into the stage at shared address
-// stage: K, then V one tile (KV bytes) later, each [D/64][TK][128 B] in the
-// 128-byte swizzle. Tiles t < ntc hold the context keys lo0 + t TK .. of the
-// span [lo0, anc) (kc / vc), the others block b's own keys (kb / vb); keys
-// past the span or the block are zero-filled. kv head g; ldk: the row pitch
-// of kc, vc, kb, vb (nkv D elements). cp.async, thread kt's share.
-template <int D, int TK, int NTHR>
+// stage, each [D/64][TK][128 B] in the 128-byte swizzle. WHICH: KV_BOTH =
+// K, then V one tile (KV bytes) later; KV_K / KV_V = that half alone, at
+// stage. Tiles t < ntc hold the context keys lo0 + t TK .. of the span
+// [lo0, anc) (kc / vc), the others block b's own keys (kb / vb); keys past
+// the span or the block are zero-filled. kv head g; ldk: the row pitch of
+// kc, vc, kb, vb (nkv D elements). cp.async, thread kt's share.
+enum { KV_K, KV_V, KV_BOTH };
+template <int D, int TK, int NTHR, int WHICH = KV_BOTH>
 __device__ __forceinline__ void load_kv_tile(const Params &p, int b, int g, int anc, int lo0,
                                              int ntc, int t, uint32_t stage, KvThread kt,
                                              long long ldk)
@@ -90,8 +92,12 @@ __device__ __forceinline__ void load_kv_tile(const Params &p, int b, int g, int 
     for (int i = 0; i < KIT; i++) {
         bool ok = base + kt.lk + i * KSTEP < end;
         long long off = ok ? (rb + i * KSTEP) * ldk + co : 0;
-        cp16(kd + i * KSTEP * 128, ks + off, ok);
-        cp16(kd + KV + i * KSTEP * 128, vs + off, ok);
+        if constexpr (WHICH == KV_V)
+            cp16(kd + i * KSTEP * 128, vs + off, ok);
+        else
+            cp16(kd + i * KSTEP * 128, ks + off, ok);
+        if constexpr (WHICH == KV_BOTH)
+            cp16(kd + KV + i * KSTEP * 128, vs + off, ok);
     }
 }
 

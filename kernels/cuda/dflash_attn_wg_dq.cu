@@ -156,12 +156,11 @@ __device__ __forceinline__ void chunk_di(const Params &p, const RowId (&rid)[2],
 
 // One CTA per (block, kv head, row chunk), blocks last to first (the
 // forward's order: a document's longest context spans first, neighbouring
-// anchors side by side); order != NULL: CTA i takes item order[i / nkv]
-// (item = b nch + ch), kv head i % nkv (dq_order_kernel's LPT order). The
-// host passes NULL: on the H200 (bench_dflash_attn, session 9) the pass took
-// 0.450 -> 0.434 ms (3docs full), 0.449 -> 0.439 (sliding) against LPT, which
-// interleaves the documents' CTAs; 1doc within +-1% (the same order but for
-// ties). Same work per CTA, same bits.
+// anchors side by side). It replaced dq_order_kernel's global LPT order
+// (still used by dq_mma2_kernel): on the H200 (bench_dflash_attn, session 9)
+// the pass took 0.450 -> 0.434 ms (3docs full), 0.449 -> 0.439 (sliding);
+// LPT interleaves the documents' CTAs; 1doc within +-1% (the same order but
+// for ties). Same work per CTA, same bits.
 // __launch_bounds__(.., 2): 2 CTAs per SM at D 128 (shared memory bound).
 // FOLD (impl WG2F; the host launches it only with p.nch == 1, so the CTA
 // holds every row that sees its block's keys for kv head g, and bs <= QTK:
@@ -182,7 +181,7 @@ __device__ __forceinline__ void chunk_di(const Params &p, const RowId (&rid)[2],
 // FOLD = false compiles to WG2's kernel as before (every addition is under
 // if constexpr (FOLD)).
 template <int D, bool FOLD>
-__global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const int *order)
+__global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p)
 {
 #if DF_WG_BODY
     using L = DqLayout<D>;
@@ -193,12 +192,8 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const int *orde
     const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
     // warp index broadcast from lane 0: warp-uniform for the compiler
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
-    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
-        b = p.nb - 1 - (int)(blockIdx.x / (p.nch * p.nkv));
-    if (order) {
-        int item = order[blockIdx.x / p.nkv];
-        ch = item % p.nch, g = blockIdx.x % p.nkv, b = item / p.nch;
-    }
+    const int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
+              b = p.nb - 1 - (int)(blockIdx.x / (p.nch * p.nkv));
     const long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
     if (!p.valid[b]) {
         for (int e = tid; e < CHUNK_ROWS * V8; e += QNT) {
@@ -497,18 +492,18 @@ bool dq_wg_usable(int D, bool fold)
 
 namespace {
 template <int D, bool FOLD>
-cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const int *order)
+cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st)
 {
     cudaError_t e = cudaFuncSetAttribute(dq_wg_kernel<D, FOLD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)DqLayout<D>::SMEM);
     if (e != cudaSuccess)
         return e;
-    dq_wg_kernel<D, FOLD><<<n, QNT, DqLayout<D>::SMEM, st>>>(p, order);
+    dq_wg_kernel<D, FOLD><<<n, QNT, DqLayout<D>::SMEM, st>>>(p);
     return cudaGetLastError();
 }
 } // namespace
 
-int dq_wg_launch(const Params &p, int D, cudaStream_t st, const int *order, bool fold)
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold)
 {
     long long n = (long long)p.nb * p.nkv * p.nch;
     if (n <= 0)
@@ -518,10 +513,10 @@ int dq_wg_launch(const Params &p, int D, cudaStream_t st, const int *order, bool
                 __FILE__, __LINE__);
         return -EINVAL;
     }
-    cudaError_t e = D == 128 ? (fold ? dq_wg_run<128, true>(p, (unsigned)n, st, order)
-                                     : dq_wg_run<128, false>(p, (unsigned)n, st, order))
-                             : (fold ? dq_wg_run<64, true>(p, (unsigned)n, st, order)
-                                     : dq_wg_run<64, false>(p, (unsigned)n, st, order));
+    cudaError_t e = D == 128 ? (fold ? dq_wg_run<128, true>(p, (unsigned)n, st)
+                                     : dq_wg_run<128, false>(p, (unsigned)n, st))
+                             : (fold ? dq_wg_run<64, true>(p, (unsigned)n, st)
+                                     : dq_wg_run<64, false>(p, (unsigned)n, st));
     if (e != cudaSuccess) {
         fprintf(stderr, "dflash_attn: dq_wg_kernel<%d%s>: %s (%s:%d)\n", D, fold ? ", fold" : "",
                 cudaGetErrorString(e), __FILE__, __LINE__);

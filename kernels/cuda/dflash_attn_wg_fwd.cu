@@ -25,20 +25,33 @@
 //      accumulator layout of a 16-key column pair is the bf16 A-fragment
 //      layout of a k16 step: FlashAttention-3's P in registers), B = the V
 //      stage MN-major (transposed through the descriptor).
-// K / V tiles stream through FST = 2 stages by cp.async, one tile ahead.
+// K and V stream as half tiles (K of tile t, then its V) through FSL = 3
+// slots by cp.async, each issued one tile ahead: K(t + 1) into the slot
+// V(t - 1) left once P V(t - 1) retired, V(t + 1) into K(t)'s once S(t)
+// retired; two barriers per tile (K(t) landed; V(t) landed and S(t) done).
+// Why half tiles: two stages of whole tiles took 81 KiB and 2 CTAs (8 warps)
+// per SM, and these kernels are latency-bound (ncu, session 6: 57-74% of
+// cycles issue nothing); 3 slots take 65 KiB, so 3 CTAs (12 warps) fit with
+// the same prefetch distance. H200, bench_dflash_attn, 2 -> 3 CTAs per SM:
+// 3docs full 0.328 -> 0.314 ms (322.6 -> 337.3 TFLOP/s), sliding 0.331 ->
+// 0.314, 1doc full 0.771 -> 0.755 (417.4 TFLOP/s), 1doc sliding 0.603 ->
+// 0.586; out and lse bitwise the same (session 10).
 // Storage, descriptors, fences: dflash_attn_wg.cuh's conventions.
 // Masking per (row, key) only on tiles not every row sees whole.
-// Resources (ptxas, sm_90a, CUDA 13.0): D 128: 164 registers, no spills, 81
-// KiB of dynamic shared memory (16 + 2 x 32 + 1 KiB alignment slack): 2 CTAs
-// per SM; D 64: 120 registers, 41 KiB. No "wgmma serialization" warning.
+// Resources (ptxas, sm_90a, CUDA 13.0): D 128: 164 registers, no spills, 65
+// KiB of dynamic shared memory (16 + 3 x 16 + 1 KiB alignment slack): 3 CTAs
+// per SM (__launch_bounds__ caps registers at 170; the carveout asks for the
+// most shared memory); D 64: 117 registers, 33 KiB. No "wgmma
+// serialization" warning.
 // The grid runs the blocks last to first (see the kernel).
 // Portability: body in sm_90a code only; fwd_wg_usable() false elsewhere
 // (the forward then runs fwd_mma2_kernel); the non-sm_90a body traps.
 // Tried on the H200 and slower than this kernel (docs/NOTES.md, sessions
 // 6-7): S of tile t + 1 issued before the softmax of tile t (FlashAttention-
-// 3's intra-warpgroup overlap, branch wip/attn-wg3), a persistent grid, and
-// a producer warpgroup feeding two consumers that share K / V tiles between
-// neighbouring anchors (wip/attn-ws, with and without a persistent grid).
+// 3's intra-warpgroup overlap, branch wip/attn-wg3), a persistent grid, a
+// producer warpgroup feeding two consumers that share K / V tiles between
+// neighbouring anchors (wip/attn-ws, with and without a persistent grid),
+// and three stages of whole tiles (session 9: 113 KiB, still 2 CTAs per SM).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -54,20 +67,20 @@ namespace {
 
 constexpr int FNT = 128; // threads: one warpgroup
 constexpr int FTK = 64;  // keys per tile (S: n 64; P V: 4 k steps of 16)
-constexpr int FST = 2;   // K / V stages
+constexpr int FSL = 3;   // K / V half-tile slots: half h (K of tile h / 2, or V) in slot h % 3
 
-// Shared memory, bytes from a 1024-aligned base: Q at 0, stage s's K at
-// KV_OFF + 2 s KV, its V KV later. D 128: 16 + 2 x 32 KiB.
+// Shared memory, bytes from a 1024-aligned base: Q at 0, slot s at KV_OFF +
+// s KV. D 128: 16 + 3 x 16 KiB.
 template <int D> struct FwdLayout {
     static constexpr int NH = D / 64;
     static constexpr int QS = NH * CHUNK_ROWS * 128;
     static constexpr int KV = NH * FTK * 128;
     static constexpr int KV_OFF = QS;
-    static constexpr size_t SMEM = (size_t)KV_OFF + FST * 2 * KV + 1024; // + alignment slack
+    static constexpr size_t SMEM = (size_t)KV_OFF + FSL * KV + 1024; // + alignment slack
 };
 
 template <int D>
-__global__ void __launch_bounds__(FNT, 2) fwd_wg_kernel(Params p)
+__global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
 {
 #if DF_WG_BODY
     using L = FwdLayout<D>;
@@ -109,21 +122,21 @@ __global__ void __launch_bounds__(FNT, 2) fwd_wg_kernel(Params p)
         long long off = id.ok ? id.grow * ldq + (long long)id.h * D + c * 8 : 0;
         cp16(sb + (uint32_t)sw_off(r, c, CHUNK_ROWS), p.q + off, id.ok);
     }
-    // K / V tile t into stage st: dflash_attn_wg.cuh's load_kv_tile, this
-    // thread's share computed once
+    // half h of the key loop (K of tile h / 2, or its V when h is odd) into
+    // slot h % 3: dflash_attn_wg.cuh's load_kv_tile, this thread's share
+    // computed once
     const KvThread kvt = kv_thread<D, FTK, FNT>(tid);
-    auto issue = [&](int t, int st) {
-        load_kv_tile<D, FTK, FNT>(p, b, g, anc, lo0, ntc, t, sb + L::KV_OFF + st * 2 * L::KV, kvt,
-                                  ldk);
+    auto issue = [&](int h) {
+        const uint32_t dst = sb + L::KV_OFF + (h % FSL) * L::KV;
+        if (h & 1)
+            load_kv_tile<D, FTK, FNT, KV_V>(p, b, g, anc, lo0, ntc, h >> 1, dst, kvt, ldk);
+        else
+            load_kv_tile<D, FTK, FNT, KV_K>(p, b, g, anc, lo0, ntc, h >> 1, dst, kvt, ldk);
     };
-    issue(0, 0);
+    issue(0); // K of tile 0, with Q
     cp_commit();
-#pragma unroll
-    for (int s = 1; s < FST - 1; s++) {
-        if (s < nt)
-            issue(s, s);
-        cp_commit();
-    }
+    issue(1); // V of tile 0
+    cp_commit();
     // this thread's rows: r0 = 16 warp + gid (elements 4 j + 0, 1), r0 + 8 (4 j + 2, 3)
     RowId rid[2] = {row_id(p, b, g, ch, 16 * warp + gid), row_id(p, b, g, ch, 16 * warp + gid + 8)};
     int rlo[2];
@@ -138,18 +151,19 @@ __global__ void __launch_bounds__(FNT, 2) fwd_wg_kernel(Params p)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const float sl = p.scale * WLOG2E;
     const uint64_t dQ = wg_desc(sb, KM_LBO, SBO);
-    int st = 0;
+    // Commit groups in order: K0 (+ Q), V0, then per tile t: K(t + 1), V(t + 1)
+    // (empty past the loop). Each wait below leaves exactly the newest group
+    // in flight.
+    int sk = 0; // slot of K(t): (2 t) % 3
     for (int t = 0; t < nt; t++) {
-        cp_wait<FST - 2>();
+        const int sv = sk == FSL - 1 ? 0 : sk + 1, sn = sv == FSL - 1 ? 0 : sv + 1;
+        cp_wait<1>();
         fence_proxy_async();
-        __syncthreads(); // tile t landed (everyone's copies); tile t - 1's wgmmas retired
-        {
-            int tn = t + FST - 1, sn = st + FST - 1 >= FST ? st - 1 : st + FST - 1;
-            if (tn < nt)
-                issue(tn, sn);
-            cp_commit();
-        }
-        const uint32_t kd = sb + L::KV_OFF + st * 2 * L::KV;
+        __syncthreads(); // K(t) landed (everyone's copies); P V(t - 1) retired: slot sn is free
+        if (t + 1 < nt)
+            issue(2 * t + 2);
+        cp_commit();
+        const uint32_t kd = sb + L::KV_OFF + sk * L::KV;
         const uint64_t dK = wg_desc(kd, KM_LBO, SBO);
         float s[32];
         wg_fence();
@@ -230,15 +244,21 @@ __global__ void __launch_bounds__(FNT, 2) fwd_wg_kernel(Params p)
 #pragma unroll
             for (int h = 0; h < 4; h++)
                 pa[kk][h] = pack_bf2(s[8 * kk + 2 * h], s[8 * kk + 2 * h + 1]);
-        const uint64_t mV = wg_desc(kd + L::KV, MN_LBO, SBO);
+        cp_wait<1>();
+        fence_proxy_async();
+        __syncthreads(); // V(t) landed; S(t) retired everywhere: K(t)'s slot is free
+        if (t + 1 < nt)
+            issue(2 * t + 3);
+        cp_commit();
+        const uint64_t mV = wg_desc(sb + L::KV_OFF + sv * L::KV, MN_LBO, SBO);
         wg_fence(); // A fragments and O written by ordinary instructions
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
             wg_rs(o, pa[kk], mV + kk * (16 * 128 >> 4));
         wg_commit();
-        wg_wait<0>(); // before the barrier that lets this V stage be refilled
+        wg_wait<0>(); // before the barrier that lets this V slot be refilled
         reg_fence(o);
-        st = st + 1 == FST ? 0 : st + 1;
+        sk = sn; // 2 t + 2
     }
     cp_wait<0>();
 #pragma unroll
@@ -285,6 +305,9 @@ int fwd_wg_launch(const Params &p, int D, cudaStream_t st)
     if (D == 128) {
         e = cudaFuncSetAttribute(fwd_wg_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)FwdLayout<128>::SMEM);
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(fwd_wg_kernel<128>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared);
         if (e == cudaSuccess) {
             fwd_wg_kernel<128><<<(unsigned)n, FNT, FwdLayout<128>::SMEM, st>>>(p);
             e = cudaGetLastError();
