@@ -29,6 +29,12 @@
 // slots by cp.async, each issued one tile ahead: K(t + 1) into the slot
 // V(t - 1) left once P V(t - 1) retired, V(t + 1) into K(t)'s once S(t)
 // retired; two barriers per tile (K(t) landed; V(t) landed and S(t) done).
+// Each load is issued right after the wgmmas of its step (S(t), P V(t)), so
+// its address work runs under the tensor cores, not before them: H200,
+// bench_dflash_attn, loads before -> after: 3docs full 0.313 -> 0.304 ms
+// (348.2 TFLOP/s), sliding 0.313 -> 0.306, 1doc full 0.754 -> 0.727 (433.6),
+// 1doc sliding 0.587 -> 0.563 (413.5); bits equal (session 10; the same
+// move in the dQ pass was slower there: 201 registers instead of 180).
 // Why half tiles: two stages of whole tiles took 81 KiB and 2 CTAs (8 warps)
 // per SM, and these kernels are latency-bound (ncu, session 6: 57-74% of
 // cycles issue nothing); 3 slots take 65 KiB, so 3 CTAs (12 warps) fit with
@@ -38,10 +44,10 @@
 // 0.586; out and lse bitwise the same (session 10).
 // Storage, descriptors, fences: dflash_attn_wg.cuh's conventions.
 // Masking per (row, key) only on tiles not every row sees whole.
-// Resources (ptxas, sm_90a, CUDA 13.0): D 128: 164 registers, no spills, 65
+// Resources (ptxas, sm_90a, CUDA 13.0): D 128: 166 registers, no spills, 65
 // KiB of dynamic shared memory (16 + 3 x 16 + 1 KiB alignment slack): 3 CTAs
 // per SM (__launch_bounds__ caps registers at 170; the carveout asks for the
-// most shared memory); D 64: 117 registers, 33 KiB. No "wgmma
+// most shared memory); D 64: 120 registers, 33 KiB. No "wgmma
 // serialization" warning.
 // The grid runs the blocks last to first (see the kernel).
 // Portability: body in sm_90a code only; fwd_wg_usable() false elsewhere
@@ -51,7 +57,12 @@
 // 3's intra-warpgroup overlap, branch wip/attn-wg3), a persistent grid, a
 // producer warpgroup feeding two consumers that share K / V tiles between
 // neighbouring anchors (wip/attn-ws, with and without a persistent grid),
-// and three stages of whole tiles (session 9: 113 KiB, still 2 CTAs per SM).
+// three stages of whole tiles (session 9: 113 KiB, still 2 CTAs per SM), and
+// (session 10) the block's keys appended to the context span (one key
+// sequence lo0 .. anc + bs - 1, so ~3 of 4 CTAs skip their mostly empty
+// block tile: correct, but 0.313 -> 0.354 ms at 3docs full and 0.754 ->
+// 0.932 at 1doc full, with the per-row source select in the loads; the
+// cause was not found).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -160,9 +171,6 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
         cp_wait<1>();
         fence_proxy_async();
         __syncthreads(); // K(t) landed (everyone's copies); P V(t - 1) retired: slot sn is free
-        if (t + 1 < nt)
-            issue(2 * t + 2);
-        cp_commit();
         const uint32_t kd = sb + L::KV_OFF + sk * L::KV;
         const uint64_t dK = wg_desc(kd, KM_LBO, SBO);
         float s[32];
@@ -177,6 +185,9 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
                 wg_ss64(s, dQ + ao, dK + bo);
         }
         wg_commit();
+        if (t + 1 < nt) // under S(t): the loads' address work off the wgmma's path
+            issue(2 * t + 2);
+        cp_commit();
         const bool isctx = t < ntc;
         const int base = isctx ? lo0 + t * FTK : (t - ntc) * FTK;
         const bool full = isctx && base >= lohi && base + FTK <= anc;
@@ -247,15 +258,15 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
         cp_wait<1>();
         fence_proxy_async();
         __syncthreads(); // V(t) landed; S(t) retired everywhere: K(t)'s slot is free
-        if (t + 1 < nt)
-            issue(2 * t + 3);
-        cp_commit();
         const uint64_t mV = wg_desc(sb + L::KV_OFF + sv * L::KV, MN_LBO, SBO);
         wg_fence(); // A fragments and O written by ordinary instructions
 #pragma unroll
         for (int kk = 0; kk < 4; kk++)
             wg_rs(o, pa[kk], mV + kk * (16 * 128 >> 4));
         wg_commit();
+        if (t + 1 < nt) // under P V(t)
+            issue(2 * t + 3);
+        cp_commit();
         wg_wait<0>(); // before the barrier that lets this V slot be refilled
         reg_fence(o);
         sk = sn; // 2 t + 2
