@@ -18,9 +18,16 @@
 // holds rows 16 w .. 16 w + 15. Per tile:
 //   1. S: D/16 wgmma m64n64k16, A = Q (resident in shared memory, K-major),
 //      B = K (the tile's stage, K-major).
-//   2. the row max over the 4 threads of a quad (2 shuffles), P = 2^(S sl -
-//      m), alpha, l; O's accumulators rescaled in registers between
-//      wgmma groups (after the previous P V retired).
+//   2. the row max of the raw S over the 4 threads of a quad (2 shuffles),
+//      scaled once (sl > 0 keeps the order); P = 2^fma(S, sl, -m), alpha, l;
+//      O's accumulators rescaled in registers between wgmma groups (after
+//      the previous P V retired). The scale folded into the exponent's fma
+//      (FlashAttention-2's) instead of a multiply per score first: H200,
+//      bench_dflash_attn, 3docs full 0.307 -> 0.302 ms, 1doc full 0.724 ->
+//      0.710, 1doc sliding 0.572 -> 0.552 (session 10; out and lse round
+//      differently, within the tests' bounds). Rescaling O only where a
+//      warp's rows got a new max (alpha 1 elsewhere, a vote per tile) was
+//      slower: 0.307 -> 0.316 ms.
 //   3. O += P V: QTK/16 wgmma m64nDk16, A = P from registers (the fp32
 //      accumulator layout of a 16-key column pair is the bf16 A-fragment
 //      layout of a k16 step: FlashAttention-3's P in registers), B = the V
@@ -44,7 +51,7 @@
 // 0.586; out and lse bitwise the same (session 10).
 // Storage, descriptors, fences: dflash_attn_wg.cuh's conventions.
 // Masking per (row, key) only on tiles not every row sees whole.
-// Resources (ptxas, sm_90a, CUDA 13.0): D 128: 166 registers, no spills, 65
+// Resources (ptxas, sm_90a, CUDA 13.0): D 128: 152 registers, no spills, 65
 // KiB of dynamic shared memory (16 + 3 x 16 + 1 KiB alignment slack): 3 CTAs
 // per SM (__launch_bounds__ caps registers at 170; the carveout asks for the
 // most shared memory); D 64: 120 registers, 33 KiB. No "wgmma
@@ -209,10 +216,8 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
 #pragma unroll
             for (int j = 0; j < 8; j++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s[4 * j + e] *= sl;
+                for (int e = 0; e < 4; e++)
                     mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
-                }
         } else {
 #pragma unroll
             for (int j = 0; j < 8; j++)
@@ -220,7 +225,7 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
                 for (int e = 0; e < 4; e++) {
                     int ri = e >> 1, key = base + 8 * j + 2 * t4 + (e & 1);
                     bool vis = key >= klo[ri] && key < khi[ri];
-                    s[4 * j + e] = vis ? s[4 * j + e] * sl : -INFINITY;
+                    s[4 * j + e] = vis ? s[4 * j + e] : -INFINITY;
                     mx[ri] = fmaxf(mx[ri], s[4 * j + e]);
                 }
         }
@@ -229,7 +234,7 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
         for (int ri = 0; ri < 2; ri++) {
             mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
             mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
-            float mn = fmaxf(m[ri], mx[ri]);
+            float mn = fmaxf(m[ri], mx[ri] * sl); // sl > 0: the max of the scaled scores
             // nothing seen yet: alpha 1 (O, l are 0), P = 2^-inf = 0 (base 0, not -inf - -inf)
             al[ri] = mn == -INFINITY ? 1.0f : ex2(m[ri] - mn);
             mb[ri] = mn == -INFINITY ? 0.0f : mn;
@@ -238,7 +243,7 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
         float ps[2] = {0.0f, 0.0f};
 #pragma unroll
         for (int i = 0; i < 32; i++) {
-            float pr = ex2(s[i] - mb[(i >> 1) & 1]);
+            float pr = ex2(fmaf(s[i], sl, -mb[(i >> 1) & 1]));
             s[i] = pr;
             ps[(i >> 1) & 1] += pr;
         }
