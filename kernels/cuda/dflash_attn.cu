@@ -570,7 +570,7 @@ __device__ __forceinline__ void issue_kv(const Params &p, int b, int g, int anc,
     }
 }
 
-constexpr int TKF = 64, TKQ = 32, NSPL = 4;
+constexpr int TKF = 64, TKQ = 32, NSPL = 2; // NSPL: dflash_attn_common.cuh's WG_NSPL says why 2
 template <int D> constexpr size_t fwd3_smem() { return (size_t)2 * 2 * TKF * (D + 8) * 2; }
 template <int D> constexpr size_t dq3_smem() { return (size_t)2 * 2 * TKQ * (D + 8) * 2; }
 

@@ -57,8 +57,12 @@ __device__ __forceinline__ RowId row_id(const Params &p, int b, int g, int ch, i
 // ---- dflash_attn_wg.cu (impls DF_CUDA_DFLASH_IMPL_WG2, _WG2F: the context dK/dV) ----
 // Key tile and split count of the context dK/dV partials: MMA4's (TK4, NSPL),
 // so the tile lists, their order, the partial buffer and the split reduction
-// are MMA4's (dflash_attn.cu asserts the match).
-constexpr int WG_TILE_KEYS = 128, WG_NSPL = 4;
+// are MMA4's (dflash_attn.cu asserts the match). Two splits, not four: H200,
+// bench_dflash_attn (session 10), backward 3docs full 0.967 -> 0.927 ms (the
+// context dK/dV pass 0.497 -> 0.479, the reduction 0.040 -> 0.022), 1doc full
+// 2.281 -> 2.246, 1doc sliding 1.768 -> 1.738; half the partials' memory
+// (67 MB at the 27B shape); eight splits were slower (1.068 ms, 3docs full).
+constexpr int WG_TILE_KEYS = 128, WG_NSPL = 2;
 
 // Whether the current device runs the wgmma context dK/dV kernel for p and
 // head dim D: compute capability 9.0 and the kernel built for it (sm_90a),
