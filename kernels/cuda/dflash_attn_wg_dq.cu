@@ -17,8 +17,13 @@
 //   dQ += dS K                      (dS rounded to bf16; fp32 accumulator)
 // then the block's own keys (kb / vb, bs of them, in-block causality on
 // sliding layers) as one or more tiles of the same loop: zero-filled past bs
-// and masked per element (block tiles are never "full"); a 16-key block
-// costs one partly-empty tile out of ~(span / 64 + 1).
+// and masked per element (block tiles are never "full"). block_size <= 16:
+// the block tile is 16 keys wide (S, dP by wgmma m64n16k16, dQ one k16
+// step), not a 64-key tile three quarters zeros. H200, bench_dflash_attn,
+// 64 -> 16-key block tile (session 11, with the forward's): this pass 3docs
+// full 0.422 -> 0.405 ms, 1doc full 0.946 -> 0.921, 1doc sliding 0.740 ->
+// 0.731; 203 registers instead of 180 (D 128; 209 with FOLD; still 2 CTAs
+// per SM, shared-memory bound); other bits, within the tests' bounds.
 // dQ is scaled once at the end and written as bf16 by the thread that summed
 // it, in tile order: deterministic, no atomics.
 //
@@ -44,7 +49,8 @@
 // Rows of a chunk past bs x group: Q, dO zero, lse -inf (P = 0), not written.
 // Padding blocks: dq 0.
 //
-// Resources (ptxas, sm_90a, CUDA 13.0): D 128: 180 registers, no spills, 97
+// Resources (ptxas, sm_90a, CUDA 13.0; before the 16-key block tile, see
+// above for today's): D 128: 180 registers, no spills, 97
 // KiB of dynamic shared memory (16 + 16 + 2 x 32 + 1 KiB alignment slack):
 // 2 CTAs (8 warps) per SM; D 64: 146 registers, 49 KiB. No "wgmma
 // serialization" warning. On the H200 (27B drafter shape, 3docs full):
@@ -87,6 +93,7 @@ namespace {
 constexpr int QNT = 128; // threads: one warpgroup
 constexpr int QTK = 64;  // keys per tile (S, dP: n 64; dQ: 4 k steps of 16)
 constexpr int QST = 2;   // K / V stages (tile t + 1 loads during tile t)
+template <int N> struct IntC { static constexpr int value = N; };
 
 // Shared memory, bytes from a 1024-aligned base: Q at 0, dO at QS, stage s's
 // K at KV_OFF + 2 s KV, its V KV later. D 128: 16 + 16 + 2 x 32 KiB.
@@ -282,7 +289,11 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p)
     const float sl = p.scale * WLOG2E;
     const uint64_t dQ = wg_desc(sb, KM_LBO, SBO), dO = dQ + (L::QS >> 4);
     int st = 0;
-    for (int t = 0; t < nt; t++) {
+    // Key tile t: NS = 32 accumulators per thread (64 keys, m64n64: the
+    // context tiles, and the block tile when block_size > 16) or 8 (the
+    // 16-key block tile, m64n16, when block_size <= 16).
+    auto step = [&](int t, auto nsc) {
+        constexpr int NS = decltype(nsc)::value, NJ = NS / 4, NKK = NS / 8;
         cp_wait<QST - 2>();  // tile t (and Q, dO) landed: this thread's copies ...
         fence_proxy_async(); // ... visible to the tensor cores ...
         __syncthreads();     // ... everyone's; tile t - 1's wgmmas retired (its end)
@@ -295,40 +306,54 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p)
         }
         const uint32_t kd = sb + L::KV_OFF + st * 2 * L::KV;
         const uint64_t dK = wg_desc(kd, KM_LBO, SBO), dV = dK + (L::KV >> 4);
-        float s[32], dp[32];
+        float s[NS], dp[NS];
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             // k step ks: column block ks / 4, 32 bytes (16 bf16) apart within it
             uint32_t ao = ((ks >> 2) * (CHUNK_ROWS * 128) + (ks & 3) * 32) >> 4;
             uint32_t bo = ((ks >> 2) * (QTK * 128) + (ks & 3) * 32) >> 4;
-            if (ks == 0)
-                wg_ss64_first(s, dQ + ao, dK + bo);
-            else
-                wg_ss64(s, dQ + ao, dK + bo);
+            if constexpr (NS == 32) {
+                if (ks == 0)
+                    wg_ss64_first(s, dQ + ao, dK + bo);
+                else
+                    wg_ss64(s, dQ + ao, dK + bo);
+            } else {
+                if (ks == 0)
+                    wg_ss16<false>(s, dQ + ao, dK + bo);
+                else
+                    wg_ss16<true>(s, dQ + ao, dK + bo);
+            }
         }
         wg_commit();
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             uint32_t ao = ((ks >> 2) * (CHUNK_ROWS * 128) + (ks & 3) * 32) >> 4;
             uint32_t bo = ((ks >> 2) * (QTK * 128) + (ks & 3) * 32) >> 4;
-            if (ks == 0)
-                wg_ss64_first(dp, dO + ao, dV + bo);
-            else
-                wg_ss64(dp, dO + ao, dV + bo);
+            if constexpr (NS == 32) {
+                if (ks == 0)
+                    wg_ss64_first(dp, dO + ao, dV + bo);
+                else
+                    wg_ss64(dp, dO + ao, dV + bo);
+            } else {
+                if (ks == 0)
+                    wg_ss16<false>(dp, dO + ao, dV + bo);
+                else
+                    wg_ss16<true>(dp, dO + ao, dV + bo);
+            }
         }
         wg_commit();
         const bool isctx = t < ntc;
         const int base = isctx ? lo0 + t * QTK : (t - ntc) * QTK;
         // every row of the chunk sees the whole tile: no per-element mask
-        const bool full = allok && isctx && base >= lohi && base + QTK <= anc;
+        const bool full = NS == 32 && allok && isctx && base >= lohi && base + QTK <= anc;
         wg_wait<1>(); // S; dP still running
         reg_fence(s);
         // P: element 4 j + e is row r0 + 8 (e >> 1), key base + 8 j + 2 t4 +
         // (e & 1). Branch-free: masked elements get 2^-inf = 0.
         if (full) {
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+            for (int j = 0; j < NJ; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     s[4 * j + e] = ex2(fmaf(s[4 * j + e], sl, nL[e >> 1]));
@@ -343,7 +368,7 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p)
                 khi[ri] = rok[ri] ? khi[ri] : INT_MIN;
             }
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+            for (int j = 0; j < NJ; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int ri = e >> 1, key = base + 8 * j + 2 * t4 + (e & 1);
@@ -356,9 +381,9 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p)
         reg_fence(dp);
         // dS as the A fragments of dQ's k steps: k step kk (keys 16 kk .. + 15)
         // = accumulator columns 2 kk, 2 kk + 1
-        uint32_t sa[4][4];
+        uint32_t sa[NKK][4];
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++)
+        for (int kk = 0; kk < NKK; kk++)
 #pragma unroll
             for (int h = 0; h < 4; h++) {
                 int i = 8 * kk + 2 * h; // elements i, i + 1: row r0 + 8 (h & 1)
@@ -379,7 +404,7 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p)
                 static_assert(QST == 2, "the stage of tile t - 1 is st ^ 1");
                 uint8_t *pt = wq_smem + (sb - s0) + L::KV_OFF + (st ^ 1) * 2 * L::KV;
 #pragma unroll
-                for (int j = 0; j < 8; j++) {
+                for (int j = 0; j < NJ; j++) {
                     if (8 * j >= p.bs)
                         break;
 #pragma unroll
@@ -402,14 +427,20 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p)
         const uint64_t mK = wg_desc(kd, MN_LBO, SBO);
         wg_fence(); // the A fragments were written by ordinary instructions
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++)
+        for (int kk = 0; kk < NKK; kk++)
             wg_rs(acc, sa[kk], mK + kk * (16 * 128 >> 4));
         wg_commit();
         // retired before the next tile: frees the dS fragments, and the K
         // stage is refilled right after the next barrier
         wg_wait<0>();
         st = st + 1 == QST ? 0 : st + 1;
-    }
+    };
+    // block_size <= 16: one block tile, of 16 keys
+    const bool b16 = p.bs <= 16;
+    for (int t = 0, ntl = b16 ? ntc : nt; t < ntl; t++)
+        step(t, IntC<32>());
+    if (b16)
+        step(nt - 1, IntC<8>());
     reg_fence(acc);
     cp_wait<0>();
     // element 4 j + 2 ri + e: row r0 + 8 ri, head dim 8 j + 2 t4 + e

@@ -7,7 +7,13 @@
 // queries x `group` heads of one block and kv head) share one anchor and
 // one context span [lo0, anchor), so each key tile of the span is a dense
 // 64 rows x QTK keys problem; then the block's own keys (kb / vb) as tiles
-// of the same loop, zero-filled past bs and masked per element. Per tile:
+// of the same loop, zero-filled past bs and masked per element; with
+// block_size <= 16 one tile of 16 keys (S by wgmma m64n16k16, P V one k16
+// step) instead of a 64-key tile three quarters zeros: H200,
+// bench_dflash_attn (session 11), 3docs full 0.302 -> 0.292 ms (350 -> 362
+// TFLOP/s), sliding 0.299 -> 0.291, 1doc full 0.714 -> 0.704, 1doc sliding
+// 0.556 -> 0.546; 154 registers instead of 152; other bits, within the
+// tests' bounds. Per tile:
 //   S = Q K^T                       (fp32 accumulators)
 //   online softmax in the exp2 domain, fp32 m, l per row (FlashAttention-2)
 //   O = O alpha + P V               (P rounded to bf16)
@@ -51,10 +57,10 @@
 // 0.586; out and lse bitwise the same (session 10).
 // Storage, descriptors, fences: dflash_attn_wg.cuh's conventions.
 // Masking per (row, key) only on tiles not every row sees whole.
-// Resources (ptxas, sm_90a, CUDA 13.0): D 128: 152 registers, no spills, 65
+// Resources (ptxas, sm_90a, CUDA 13.0): D 128: 154 registers, no spills, 65
 // KiB of dynamic shared memory (16 + 3 x 16 + 1 KiB alignment slack): 3 CTAs
 // per SM (__launch_bounds__ caps registers at 170; the carveout asks for the
-// most shared memory); D 64: 120 registers, 33 KiB. No "wgmma
+// most shared memory); D 64: 121 registers, 33 KiB. No "wgmma
 // serialization" warning.
 // The grid runs the blocks last to first (see the kernel).
 // Portability: body in sm_90a code only; fwd_wg_usable() false elsewhere
@@ -86,6 +92,7 @@ namespace {
 constexpr int FNT = 128; // threads: one warpgroup
 constexpr int FTK = 64;  // keys per tile (S: n 64; P V: 4 k steps of 16)
 constexpr int FSL = 3;   // K / V half-tile slots: half h (K of tile h / 2, or V) in slot h % 3
+template <int N> struct IntC { static constexpr int value = N; };
 
 // Shared memory, bytes from a 1024-aligned base: Q at 0, slot s at KV_OFF +
 // s KV. D 128: 16 + 3 x 16 KiB.
@@ -173,23 +180,34 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
     // (empty past the loop). Each wait below leaves exactly the newest group
     // in flight.
     int sk = 0; // slot of K(t): (2 t) % 3
-    for (int t = 0; t < nt; t++) {
+    // Key tile t: NS = 32 accumulators per thread (64 keys, m64n64: the
+    // context tiles, and the block tile when block_size > 16) or 8 (the
+    // 16-key block tile, m64n16, when block_size <= 16).
+    auto step = [&](int t, auto nsc) {
+        constexpr int NS = decltype(nsc)::value, NJ = NS / 4, NKK = NS / 8;
         const int sv = sk == FSL - 1 ? 0 : sk + 1, sn = sv == FSL - 1 ? 0 : sv + 1;
         cp_wait<1>();
         fence_proxy_async();
         __syncthreads(); // K(t) landed (everyone's copies); P V(t - 1) retired: slot sn is free
         const uint32_t kd = sb + L::KV_OFF + sk * L::KV;
         const uint64_t dK = wg_desc(kd, KM_LBO, SBO);
-        float s[32];
+        float s[NS];
         wg_fence();
 #pragma unroll
         for (int ks = 0; ks < KS; ks++) {
             uint32_t ao = ((ks >> 2) * (CHUNK_ROWS * 128) + (ks & 3) * 32) >> 4;
             uint32_t bo = ((ks >> 2) * (FTK * 128) + (ks & 3) * 32) >> 4;
-            if (ks == 0)
-                wg_ss64_first(s, dQ + ao, dK + bo);
-            else
-                wg_ss64(s, dQ + ao, dK + bo);
+            if constexpr (NS == 32) {
+                if (ks == 0)
+                    wg_ss64_first(s, dQ + ao, dK + bo);
+                else
+                    wg_ss64(s, dQ + ao, dK + bo);
+            } else {
+                if (ks == 0)
+                    wg_ss16<false>(s, dQ + ao, dK + bo);
+                else
+                    wg_ss16<true>(s, dQ + ao, dK + bo);
+            }
         }
         wg_commit();
         if (t + 1 < nt) // under S(t): the loads' address work off the wgmma's path
@@ -197,7 +215,7 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
         cp_commit();
         const bool isctx = t < ntc;
         const int base = isctx ? lo0 + t * FTK : (t - ntc) * FTK;
-        const bool full = isctx && base >= lohi && base + FTK <= anc;
+        const bool full = NS == 32 && isctx && base >= lohi && base + FTK <= anc;
         // visible keys of each row in this tile: [klo, khi) (rows past the
         // chunk: none)
         int klo[2], khi[2];
@@ -214,13 +232,13 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
         float mx[2] = {-INFINITY, -INFINITY};
         if (full) {
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+            for (int j = 0; j < NJ; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++)
                     mx[e >> 1] = fmaxf(mx[e >> 1], s[4 * j + e]);
         } else {
 #pragma unroll
-            for (int j = 0; j < 8; j++)
+            for (int j = 0; j < NJ; j++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int ri = e >> 1, key = base + 8 * j + 2 * t4 + (e & 1);
@@ -242,7 +260,7 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
         }
         float ps[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int i = 0; i < 32; i++) {
+        for (int i = 0; i < NS; i++) {
             float pr = ex2(fmaf(s[i], sl, -mb[(i >> 1) & 1]));
             s[i] = pr;
             ps[(i >> 1) & 1] += pr;
@@ -254,9 +272,9 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
         for (int i = 0; i < NA; i++)
             o[i] *= al[(i >> 1) & 1];
         // P as the A fragments of k step kk (keys 16 kk .. + 15)
-        uint32_t pa[4][4];
+        uint32_t pa[NKK][4];
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++)
+        for (int kk = 0; kk < NKK; kk++)
 #pragma unroll
             for (int h = 0; h < 4; h++)
                 pa[kk][h] = pack_bf2(s[8 * kk + 2 * h], s[8 * kk + 2 * h + 1]);
@@ -266,7 +284,7 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
         const uint64_t mV = wg_desc(sb + L::KV_OFF + sv * L::KV, MN_LBO, SBO);
         wg_fence(); // A fragments and O written by ordinary instructions
 #pragma unroll
-        for (int kk = 0; kk < 4; kk++)
+        for (int kk = 0; kk < NKK; kk++)
             wg_rs(o, pa[kk], mV + kk * (16 * 128 >> 4));
         wg_commit();
         if (t + 1 < nt) // under P V(t)
@@ -275,7 +293,13 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
         wg_wait<0>(); // before the barrier that lets this V slot be refilled
         reg_fence(o);
         sk = sn; // 2 t + 2
-    }
+    };
+    // block_size <= 16: one block tile, of 16 keys
+    const bool b16 = p.bs <= 16;
+    for (int t = 0, ntl = b16 ? ntc : nt; t < ntl; t++)
+        step(t, IntC<32>());
+    if (b16)
+        step(nt - 1, IntC<8>());
     cp_wait<0>();
 #pragma unroll
     for (int ri = 0; ri < 2; ri++) {
