@@ -38,6 +38,12 @@
 namespace df_dflash {
 namespace {
 
+// A compile-time int as a value (the tile-width argument of the kernels'
+// generic tile-step lambdas).
+template <int N> struct IntC {
+    static constexpr int value = N;
+};
+
 #if DF_WG_BODY
 constexpr float WLOG2E = 1.4426950408889634f;
 

@@ -93,7 +93,6 @@ namespace {
 constexpr int QNT = 128; // threads: one warpgroup
 constexpr int QTK = 64;  // keys per tile (S, dP: n 64; dQ: 4 k steps of 16)
 constexpr int QST = 2;   // K / V stages (tile t + 1 loads during tile t)
-template <int N> struct IntC { static constexpr int value = N; };
 
 // Shared memory, bytes from a 1024-aligned base: Q at 0, dO at QS, stage s's
 // K at KV_OFF + 2 s KV, its V KV later. D 128: 16 + 16 + 2 x 32 KiB.

@@ -92,7 +92,6 @@ namespace {
 constexpr int FNT = 128; // threads: one warpgroup
 constexpr int FTK = 64;  // keys per tile (S: n 64; P V: 4 k steps of 16)
 constexpr int FSL = 3;   // K / V half-tile slots: half h (K of tile h / 2, or V) in slot h % 3
-template <int N> struct IntC { static constexpr int value = N; };
 
 // Shared memory, bytes from a 1024-aligned base: Q at 0, slot s at KV_OFF +
 // s KV. D 128: 16 + 3 x 16 KiB.
