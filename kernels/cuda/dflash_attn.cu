@@ -1486,8 +1486,11 @@ int fwd_launch(const Params &p, cudaStream_t st, int impl)
     }
     // WG2, WG2F: the wgmma forward (dflash_attn_wg_fwd.cu) where the device runs it
     if ((impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F) &&
-        df_dflash::fwd_wg_usable(D))
-        return df_dflash::fwd_wg_launch(p, D, st);
+        df_dflash::fwd_wg_usable(D)) {
+        int rc = df_dflash::fwd_wg_launch(p, D, st);
+        if (rc != -EOPNOTSUPP) // (no tensor maps for these tensors: MMA4's below)
+            return rc;
+    }
     // MMA4, and WG2 / WG2F elsewhere
     CU(cudaFuncSetAttribute(fwd_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                             (int)fwd3_smem<D>()));

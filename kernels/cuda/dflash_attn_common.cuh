@@ -91,7 +91,9 @@ bool fwd_wg_usable(int D);
 // writes p.Di (di_kernel's values, bitwise) and the block-key gradients dkb,
 // dvb (dkv_mma2_kernel's block tiles are then not run). 0, -EINVAL or -EIO.
 int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold);
-// The forward (out, lse): one CTA per (block, kv head, row chunk). 0 or -EIO.
+// The forward (out, lse): one CTA per (block, kv head, row chunk), K / V by
+// TMA. 0, -EIO, or -EOPNOTSUPP when the tensor maps cannot be made (nothing
+// launched: the caller runs MMA4's forward).
 int fwd_wg_launch(const Params &p, int D, cudaStream_t st);
 
 } // namespace df_dflash

@@ -107,6 +107,48 @@ __device__ __forceinline__ void load_kv_tile(const Params &p, int b, int g, int 
     }
 }
 
+// mbarriers and TMA (the forward's K / V tiles). An mbarrier of one arrival:
+// the thread that issues a tile's TMA copies arrives with the byte count
+// (expect_tx), the copies complete the transaction, and each reader waits
+// for the phase's parity: the n-th fill of a barrier completes phase n, so
+// its readers wait for parity n % 2.
+__device__ __forceinline__ void mbar_init(uint32_t bar, int count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// the inits visible to the async proxy (TMA) before any copy uses them
+__device__ __forceinline__ void mbar_fence_init()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_expect_tx(uint32_t bar, uint32_t bytes)
+{
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity)
+{
+    uint32_t done;
+    do
+        asm volatile("{\n.reg .pred p;\n"
+                     "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(bar), "r"(parity)
+                     : "memory");
+    while (!done);
+}
+// box of the 2-D tensor map at generic address map, coordinates (c0 innermost,
+// c1), into shared memory at dst; completes bytes on mbarrier bar. Rows past
+// the tensor's end arrive as zeros.
+__device__ __forceinline__ void tma_load_2d(uint32_t dst, const void *map, int c0, int c1, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes "
+                 "[%0], [%1, {%2, %3}], [%4];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar)
+                 : "memory");
+}
+
 // cp.async writes are generic-proxy writes; wgmma reads through the async proxy
 __device__ __forceinline__ void fence_proxy_async()
 {

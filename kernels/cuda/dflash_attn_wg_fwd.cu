@@ -39,11 +39,25 @@
 //      layout of a k16 step: FlashAttention-3's P in registers), B = the V
 //      stage MN-major (transposed through the descriptor).
 // K and V stream as half tiles (K of tile t, then its V) through FSL = 3
-// slots by cp.async, each issued one tile ahead: K(t + 1) into the slot
-// V(t - 1) left once P V(t - 1) retired, V(t + 1) into K(t)'s once S(t)
-// retired; two barriers per tile (K(t) landed; V(t) landed and S(t) done).
-// Each load is issued right after the wgmmas of its step (S(t), P V(t)), so
-// its address work runs under the tensor cores, not before them: H200,
+// slots by TMA (one thread issues each half tile's copies, a 64-dim x
+// 64-key box per 128-byte column block, from tensor maps built at launch;
+// each slot has an mbarrier the copies complete and the readers wait on),
+// each issued one tile ahead: K(t + 1) into the slot V(t - 1) left once
+// P V(t - 1) retired, V(t + 1) into K(t)'s once S(t) retired; two CTA
+// barriers per tile make those slots' reuse safe. TMA instead of each
+// thread's cp.async (session 11): the 128 threads no longer compute and
+// issue 2 x 8 16-byte copies per tile each; H200, bench_dflash_attn, 3docs
+// full 0.293 -> 0.252 ms (360.6 -> 419.5 TFLOP/s), sliding 0.293 -> 0.254
+// (413.4), 1doc full 0.706 -> 0.607 (519.0), 1doc sliding 0.545 -> 0.470
+// (495.8); out and lse bitwise the same; 140 registers instead of 154.
+// Context keys past the anchor now arrive as they are (not zeros) and are
+// masked like the others (P = 0; the inputs are finite); keys past S and
+// block rows past the last block arrive as zeros (TMA's out-of-bounds fill).
+// Where the maps cannot be made (no driver entry point, a base address not
+// 16-byte aligned) fwd_wg_launch returns -EOPNOTSUPP and the caller runs
+// MMA4's forward.
+// With cp.async (before), each load issued right after the wgmmas of its
+// step (S(t), P V(t)) so that its address work ran under the tensor cores: H200,
 // bench_dflash_attn, loads before -> after: 3docs full 0.313 -> 0.304 ms
 // (348.2 TFLOP/s), sliding 0.313 -> 0.306, 1doc full 0.754 -> 0.727 (433.6),
 // 1doc sliding 0.587 -> 0.563 (413.5); bits equal (session 10; the same
@@ -57,10 +71,10 @@
 // 0.586; out and lse bitwise the same (session 10).
 // Storage, descriptors, fences: dflash_attn_wg.cuh's conventions.
 // Masking per (row, key) only on tiles not every row sees whole.
-// Resources (ptxas, sm_90a, CUDA 13.0): D 128: 154 registers, no spills, 65
-// KiB of dynamic shared memory (16 + 3 x 16 + 1 KiB alignment slack): 3 CTAs
+// Resources (ptxas, sm_90a, CUDA 13.0): D 128: 140 registers, no spills, 65
+// KiB of dynamic shared memory (16 + 3 x 16 KiB, 3 mbarriers, 1 KiB alignment slack): 3 CTAs
 // per SM (__launch_bounds__ caps registers at 170; the carveout asks for the
-// most shared memory); D 64: 121 registers, 33 KiB. No "wgmma
+// most shared memory); D 64: 103 registers, 33 KiB. No "wgmma
 // serialization" warning.
 // The grid runs the blocks last to first (see the kernel).
 // Portability: body in sm_90a code only; fwd_wg_usable() false elsewhere
@@ -83,6 +97,9 @@
 #include <math.h>
 #include <stdio.h>
 
+#include <cuda.h> // CUtensorMap and cuTensorMapEncodeTiled's types (the function comes
+                  // through the runtime's driver entry point: no libcuda link)
+
 #include "dflash_attn_common.cuh"
 #include "dflash_attn_wg.cuh" // DF_WG_BODY (sm_90a code), the wgmma / cp.async / swizzle helpers
 
@@ -100,11 +117,20 @@ template <int D> struct FwdLayout {
     static constexpr int QS = NH * CHUNK_ROWS * 128;
     static constexpr int KV = NH * FTK * 128;
     static constexpr int KV_OFF = QS;
-    static constexpr size_t SMEM = (size_t)KV_OFF + FSL * KV + 1024; // + alignment slack
+    static constexpr int BAR_OFF = KV_OFF + FSL * KV; // one mbarrier (8 bytes) per slot
+    static constexpr size_t SMEM = (size_t)BAR_OFF + FSL * 8 + 1024; // + alignment slack
+};
+
+// The K / V tensor maps (TMA): context kc, vc [S, nkv D] and block kb, vb
+// [nb bs, nkv D], bf16 rows, boxes of 64 dims x FTK keys (the block maps:
+// x 16 keys when block_size <= 16) in the 128-byte swizzle, which is the
+// shared tiles' layout (dflash_attn_wg.cuh).
+struct FwdMaps {
+    CUtensorMap kc, vc, kb, vb;
 };
 
 template <int D>
-__global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
+__global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p, const __grid_constant__ FwdMaps maps)
 {
 #if DF_WG_BODY
     using L = FwdLayout<D>;
@@ -123,7 +149,7 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
     // 0.766, sliding 0.613 -> 0.600.
     const int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
               b = p.nb - 1 - (int)(blockIdx.x / (p.nch * p.nkv));
-    const long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    const long long ldq = (long long)p.nq * D;
     if (!p.valid[b]) {
         for (int e = tid; e < CHUNK_ROWS * V8; e += FNT) {
             RowId id = row_id(p, b, g, ch, e / V8);
@@ -139,28 +165,45 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
     const int anc = p.anchor[b], ds = p.doc_start[b];
     const int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
     const int ntc = (anc - lo0 + FTK - 1) / FTK, ntb = (p.bs + FTK - 1) / FTK, nt = ntc + ntb;
-    // Q of the chunk (zero-filled past its rows): with tile 0's group
+    // the slots' mbarriers, initialised before any copy
+    const uint32_t bar0 = sb + L::BAR_OFF;
+    if (tid == 0) {
+        for (int i = 0; i < FSL; i++)
+            mbar_init(bar0 + 8 * i, 1);
+        mbar_fence_init();
+    }
+    // Q of the chunk (zero-filled past its rows), by cp.async: waited for
+    // before the first tile
     for (int e = tid; e < CHUNK_ROWS * V8; e += FNT) {
         int r = e / V8, c = e % V8;
         RowId id = row_id(p, b, g, ch, r);
         long long off = id.ok ? id.grow * ldq + (long long)id.h * D + c * 8 : 0;
         cp16(sb + (uint32_t)sw_off(r, c, CHUNK_ROWS), p.q + off, id.ok);
     }
+    cp_commit();
+    __syncthreads(); // the mbarriers' inits
     // half h of the key loop (K of tile h / 2, or its V when h is odd) into
-    // slot h % 3: dflash_attn_wg.cuh's load_kv_tile, this thread's share
-    // computed once
-    const KvThread kvt = kv_thread<D, FTK, FNT>(tid);
+    // slot h % 3, by TMA, issued by thread 0: context tile t is keys lo0 +
+    // FTK t .. (those past anc arrive as they are and are masked; past S as
+    // zeros), block tile t - ntc the block's keys FTK (t - ntc) ..
+    const int kbox = p.bs <= 16 ? 16 : FTK; // the block maps' box rows
     auto issue = [&](int h) {
-        const uint32_t dst = sb + L::KV_OFF + (h % FSL) * L::KV;
-        if (h & 1)
-            load_kv_tile<D, FTK, FNT, KV_V>(p, b, g, anc, lo0, ntc, h >> 1, dst, kvt, ldk);
-        else
-            load_kv_tile<D, FTK, FNT, KV_K>(p, b, g, anc, lo0, ntc, h >> 1, dst, kvt, ldk);
+        if (tid != 0)
+            return;
+        const int t = h >> 1, slot = h % FSL;
+        const bool isctx = t < ntc;
+        const CUtensorMap *m = isctx ? (h & 1 ? &maps.vc : &maps.kc) : (h & 1 ? &maps.vb : &maps.kb);
+        const int row = isctx ? lo0 + t * FTK : b * p.bs + (t - ntc) * FTK;
+        const uint32_t dst = sb + L::KV_OFF + slot * L::KV, bar = bar0 + 8 * slot;
+        mbar_expect_tx(bar, (uint32_t)(L::NH * (isctx ? FTK : kbox) * 128));
+#pragma unroll
+        for (int cb = 0; cb < L::NH; cb++)
+            tma_load_2d(dst + cb * (FTK * 128), m, g * D + 64 * cb, row, bar);
     };
-    issue(0); // K of tile 0, with Q
-    cp_commit();
+    // the n-th fill of slot h % 3 (h = h % 3 + 3 n) completes its barrier's phase n
+    auto landed = [&](int h) { mbar_wait(bar0 + 8 * (h % FSL), (uint32_t)(h / FSL) & 1u); };
+    issue(0); // K of tile 0
     issue(1); // V of tile 0
-    cp_commit();
     // this thread's rows: r0 = 16 warp + gid (elements 4 j + 0, 1), r0 + 8 (4 j + 2, 3)
     RowId rid[2] = {row_id(p, b, g, ch, 16 * warp + gid), row_id(p, b, g, ch, 16 * warp + gid + 8)};
     int rlo[2];
@@ -175,9 +218,8 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const float sl = p.scale * WLOG2E;
     const uint64_t dQ = wg_desc(sb, KM_LBO, SBO);
-    // Commit groups in order: K0 (+ Q), V0, then per tile t: K(t + 1), V(t + 1)
-    // (empty past the loop). Each wait below leaves exactly the newest group
-    // in flight.
+    // K(t) and V(t) are waited for on their slots' mbarriers; the barriers
+    // after them make the slots' reuse safe (see the loads' comment at the top).
     int sk = 0; // slot of K(t): (2 t) % 3
     // Key tile t: NS = 32 accumulators per thread (64 keys, m64n64: the
     // context tiles, and the block tile when block_size > 16) or 8 (the
@@ -185,9 +227,12 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
     auto step = [&](int t, auto nsc) {
         constexpr int NS = decltype(nsc)::value, NJ = NS / 4, NKK = NS / 8;
         const int sv = sk == FSL - 1 ? 0 : sk + 1, sn = sv == FSL - 1 ? 0 : sv + 1;
-        cp_wait<1>();
-        fence_proxy_async();
-        __syncthreads(); // K(t) landed (everyone's copies); P V(t - 1) retired: slot sn is free
+        if (t == 0) { // Q landed (this thread's copies), visible to the tensor cores
+            cp_wait<0>();
+            fence_proxy_async();
+        }
+        landed(2 * t);
+        __syncthreads(); // Q (everyone's copies); P V(t - 1) retired everywhere: slot sn is free
         const uint32_t kd = sb + L::KV_OFF + sk * L::KV;
         const uint64_t dK = wg_desc(kd, KM_LBO, SBO);
         float s[NS];
@@ -211,7 +256,6 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
         wg_commit();
         if (t + 1 < nt) // under S(t): the loads' address work off the wgmma's path
             issue(2 * t + 2);
-        cp_commit();
         const bool isctx = t < ntc;
         const int base = isctx ? lo0 + t * FTK : (t - ntc) * FTK;
         const bool full = NS == 32 && isctx && base >= lohi && base + FTK <= anc;
@@ -277,9 +321,8 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
 #pragma unroll
             for (int h = 0; h < 4; h++)
                 pa[kk][h] = pack_bf2(s[8 * kk + 2 * h], s[8 * kk + 2 * h + 1]);
-        cp_wait<1>();
-        fence_proxy_async();
-        __syncthreads(); // V(t) landed; S(t) retired everywhere: K(t)'s slot is free
+        landed(2 * t + 1);
+        __syncthreads(); // S(t) retired everywhere: K(t)'s slot is free
         const uint64_t mV = wg_desc(sb + L::KV_OFF + sv * L::KV, MN_LBO, SBO);
         wg_fence(); // A fragments and O written by ordinary instructions
 #pragma unroll
@@ -288,7 +331,6 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
         wg_commit();
         if (t + 1 < nt) // under P V(t)
             issue(2 * t + 3);
-        cp_commit();
         wg_wait<0>(); // before the barrier that lets this V slot be refilled
         reg_fence(o);
         sk = sn; // 2 t + 2
@@ -299,7 +341,6 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p)
         step(t, IntC<32>());
     if (b16)
         step(nt - 1, IntC<8>());
-    cp_wait<0>();
 #pragma unroll
     for (int ri = 0; ri < 2; ri++) {
         l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
@@ -335,11 +376,62 @@ bool fwd_wg_usable(int D)
                     : wg_kernel_runs((const void *)fwd_wg_kernel<64>, FwdLayout<64>::SMEM, known[0]);
 }
 
+namespace {
+// cuTensorMapEncodeTiled, from the driver through the runtime (no libcuda
+// link); null where the driver has none. Looked up once.
+typedef CUresult (*EncodeTiledFn)(CUtensorMap *, CUtensorMapDataType, cuuint32_t, void *,
+                                  const cuuint64_t *, const cuuint64_t *, const cuuint32_t *,
+                                  const cuuint32_t *, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                  CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiledFn encode_tiled()
+{
+    static EncodeTiledFn fn;
+    static bool tried; // racing first calls look up the same pointer
+    if (!tried) {
+        void *f = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q) ==
+                cudaSuccess &&
+            q == cudaDriverEntryPointSuccess)
+            fn = (EncodeTiledFn)f;
+        else
+            cudaGetLastError(); // not sticky: leave no error for the caller's checks
+        tried = true;
+    }
+    return fn;
+}
+
+// A bf16 [rows, cols] row-major tensor at base as a 2-D map of 64-column x
+// box_rows boxes in the 128-byte swizzle; reads past the rows give zeros.
+bool map_rows(EncodeTiledFn enc, CUtensorMap *m, const void *base, long long cols, long long rows,
+              int box_rows)
+{
+    if (((uintptr_t)base & 15) || rows < 0)
+        return false;
+    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)(rows > 0 ? rows : 1)};
+    cuuint64_t strides[1] = {(cuuint64_t)cols * 2};
+    cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, es[2] = {1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(base), dims, strides, box, es,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+} // namespace
+
 int fwd_wg_launch(const Params &p, int D, cudaStream_t st)
 {
     long long n = (long long)p.nb * p.nkv * p.nch;
     if (n <= 0)
         return 0;
+    // the tensor maps: -EOPNOTSUPP (nothing launched) where they cannot be
+    // made; the caller then runs MMA4's forward
+    EncodeTiledFn enc = encode_tiled();
+    FwdMaps maps;
+    const long long cols = (long long)p.nkv * D, brows = (long long)p.nb * p.bs;
+    const int kbox = p.bs <= 16 ? 16 : FTK;
+    if (!enc || !map_rows(enc, &maps.kc, p.kc, cols, p.S, FTK) ||
+        !map_rows(enc, &maps.vc, p.vc, cols, p.S, FTK) || !map_rows(enc, &maps.kb, p.kb, cols, brows, kbox) ||
+        !map_rows(enc, &maps.vb, p.vb, cols, brows, kbox))
+        return -EOPNOTSUPP;
     cudaError_t e;
     if (D == 128) {
         e = cudaFuncSetAttribute(fwd_wg_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -348,14 +440,14 @@ int fwd_wg_launch(const Params &p, int D, cudaStream_t st)
             e = cudaFuncSetAttribute(fwd_wg_kernel<128>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                      cudaSharedmemCarveoutMaxShared);
         if (e == cudaSuccess) {
-            fwd_wg_kernel<128><<<(unsigned)n, FNT, FwdLayout<128>::SMEM, st>>>(p);
+            fwd_wg_kernel<128><<<(unsigned)n, FNT, FwdLayout<128>::SMEM, st>>>(p, maps);
             e = cudaGetLastError();
         }
     } else {
         e = cudaFuncSetAttribute(fwd_wg_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)FwdLayout<64>::SMEM);
         if (e == cudaSuccess) {
-            fwd_wg_kernel<64><<<(unsigned)n, FNT, FwdLayout<64>::SMEM, st>>>(p);
+            fwd_wg_kernel<64><<<(unsigned)n, FNT, FwdLayout<64>::SMEM, st>>>(p, maps);
             e = cudaGetLastError();
         }
     }
