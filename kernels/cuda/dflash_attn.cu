@@ -1621,7 +1621,9 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         return bwd_mma2_launch<D>(p, st, part, ev);
     REC(ev, 0, st);
     long long rows = (long long)p.nb * p.bs;
-    const bool wgdq_on = wg2 && df_dflash::dq_wg_usable(D, false);
+    // the wgmma dQ pass's K / V tensor maps (TMA); none: dq_mma2_kernel
+    df_dflash::KvMaps maps;
+    const bool wgdq_on = wg2 && df_dflash::dq_wg_usable(D, false) && df_dflash::kv_maps_make(p, D, &maps) == 0;
     const bool fold_on = fold && wgdq_on && p.nch == 1 && df_dflash::dq_wg_usable(D, true);
     if (rows > 0) {
         if (!fold_on) { // (fold_on: the dQ pass computes Di)
@@ -1634,7 +1636,7 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
             dq_order_kernel<<<1, NL_ORDER, 0, st>>>(p, dq_order);
             CU(cudaGetLastError());
         }
-        int rc = wgdq_on ? df_dflash::dq_wg_launch(p, D, st, fold_on)
+        int rc = wgdq_on ? df_dflash::dq_wg_launch(p, D, st, fold_on, maps)
                          : dq_mma2_launch<D>(p, st, wg2 ? dq_order : nullptr);
         if (rc)
             return rc;

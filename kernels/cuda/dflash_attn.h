@@ -49,7 +49,9 @@ typedef struct df_cuda_dflash_args {
      * dK/dV and the split reduction are MMA4's. Each wgmma kernel falls back
      * to MMA4's forward / dQ (in the same longest-first order) / context
      * dK/dV where the device is not compute capability 9.0 or the build has
-     * no sm_90a target) or DF_CUDA_DFLASH_IMPL_WG2F (WG2 with Di and the
+     * no sm_90a target; the forward and dQ, whose K / V tiles come by TMA,
+     * also where the tensor maps cannot be made: no driver entry point for
+     * cuTensorMapEncodeTiled, or kc, vc, kb, vb not 16-byte aligned) or DF_CUDA_DFLASH_IMPL_WG2F (WG2 with Di and the
      * block-key dK/dV computed inside its wgmma dQ pass where a block's rows
      * of a kv head fit one 64-row chunk, block_size x nq / nkv <= 64, no
      * separate Di and block-tile kernels; dq, dkc, dvc expected bitwise

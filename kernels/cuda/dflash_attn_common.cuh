@@ -7,6 +7,7 @@
 #ifndef DF_CUDA_DFLASH_ATTN_COMMON_CUH
 #define DF_CUDA_DFLASH_ATTN_COMMON_CUH
 
+#include <cuda.h> // CUtensorMap (the wgmma kernels' TMA maps; no libcuda link)
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -78,6 +79,19 @@ int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const in
                   const int *lst, const int *order, int nct);
 
 // ---- dflash_attn_wg_dq.cu, dflash_attn_wg_fwd.cu (impls DF_CUDA_DFLASH_IMPL_WG2, _WG2F) ----
+// The K / V tensor maps of the forward and the dQ pass (TMA): context kc, vc
+// [S, nkv D] and block kb, vb [nb bs, nkv D], bf16 rows, boxes of 64 dims x
+// WG_KV_BOX keys (the block maps: x 16 keys when block_size <= 16) in the
+// 128-byte swizzle, the shared tiles' layout (dflash_attn_wg.cuh); rows past
+// a tensor's end read as zeros. Passed to the kernels as __grid_constant__.
+constexpr int WG_KV_BOX = 64;
+struct KvMaps {
+    CUtensorMap kc, vc, kb, vb;
+};
+// p's maps for head dim D into *m: 0, or -EOPNOTSUPP (the driver has no
+// cuTensorMapEncodeTiled, a base address is not 16-byte aligned, or the
+// encoder refused): the caller then runs MMA4's kernels.
+int kv_maps_make(const Params &p, int D, KvMaps *m);
 // Whether the current device runs the wgmma dQ kernel (dq_wg_usable; fold:
 // its WG2F instantiation) / the wgmma forward (fwd_wg_usable) for head dim
 // D: compute capability 9.0, the kernel built for sm_90a, enough opt-in
@@ -90,7 +104,7 @@ bool fwd_wg_usable(int D);
 // (di_kernel). fold true (WG2F; needs p.nch == 1, else -EINVAL): also
 // writes p.Di (di_kernel's values, bitwise) and the block-key gradients dkb,
 // dvb (dkv_mma2_kernel's block tiles are then not run). 0, -EINVAL or -EIO.
-int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold);
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps);
 // The forward (out, lse): one CTA per (block, kv head, row chunk), K / V by
 // TMA. 0, -EIO, or -EOPNOTSUPP when the tensor maps cannot be made (nothing
 // launched: the caller runs MMA4's forward).

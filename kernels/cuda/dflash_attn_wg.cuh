@@ -12,7 +12,9 @@
 //    SBO 1024; a k step of 16 moves 32 bytes within a column block (K-major)
 //    or 16 rows = 2048 bytes (MN-major);
 //  - cp.async writes reach the tensor cores only after fence_proxy_async()
-//    in each writing thread and a barrier;
+//    in each writing thread and a barrier; TMA writes (async proxy, like
+//    wgmma's reads) once the tile's mbarrier phase completed (mbar_wait);
+//    TMA's 128-byte swizzle is this layout (a 64-element box row per 128 B);
 //  - accumulators: zero them once before the loop and pin that with
 //    reg_fence (zeroing sunk into the loop makes ptxas serialize every wgmma:
 //    "wgmma serialization" in its output); reg_fence after each wait that
@@ -54,60 +56,8 @@ __device__ __forceinline__ int sw_off(int r, int c, int nrows)
     return (c >> 3) * nrows * 128 + r * 128 + (((c & 7) ^ (r & 7)) << 4);
 }
 
-// The K / V tile loads of the wgmma forward (dflash_attn_wg_fwd.cu) and dQ
-// pass (dflash_attn_wg_dq.cu). This thread's share, the same in every tile:
-// 16-byte chunk lc of keys lk + i NTHR / (D/8). NTHR / (D/8) is a multiple of
-// 8, so all those keys are in one swizzle phase and the byte offset of the
-// first (off) serves them all. Computed once per thread, before the key loop.
-struct KvThread {
-    int lk, lc;
-    uint32_t off;
-};
-template <int D, int TK, int NTHR>
-__device__ __forceinline__ KvThread kv_thread(int tid)
-{
-    constexpr int V8 = D / 8, KSTEP = NTHR / V8;
-    static_assert(KSTEP % 8 == 0 && TK % KSTEP == 0, "tile load split");
-    KvThread k;
-    k.lc = tid % V8, k.lk = tid / V8;
-    k.off = (uint32_t)sw_off(k.lk, k.lc, TK);
-    return k;
-}
-
-// K / V tile t of a row chunk's key loop into the stage at shared address
-// stage, each [D/64][TK][128 B] in the 128-byte swizzle. WHICH: KV_BOTH =
-// K, then V one tile (KV bytes) later; KV_K / KV_V = that half alone, at
-// stage. Tiles t < ntc hold the context keys lo0 + t TK .. of the span
-// [lo0, anc) (kc / vc), the others block b's own keys (kb / vb); keys past
-// the span or the block are zero-filled. kv head g; ldk: the row pitch of
-// kc, vc, kb, vb (nkv D elements). cp.async, thread kt's share.
-enum { KV_K, KV_V, KV_BOTH };
-template <int D, int TK, int NTHR, int WHICH = KV_BOTH>
-__device__ __forceinline__ void load_kv_tile(const Params &p, int b, int g, int anc, int lo0,
-                                             int ntc, int t, uint32_t stage, KvThread kt,
-                                             long long ldk)
-{
-    constexpr int V8 = D / 8, KSTEP = NTHR / V8, KIT = TK / KSTEP, KV = D / 64 * TK * 128;
-    bool isctx = t < ntc;
-    int base = isctx ? lo0 + t * TK : (t - ntc) * TK, end = isctx ? anc : p.bs;
-    const uint16_t *ks = isctx ? p.kc : p.kb, *vs = isctx ? p.vc : p.vb;
-    long long rb = (isctx ? base : (long long)b * p.bs + base) + kt.lk;
-    const long long co = (long long)g * D + kt.lc * 8;
-    uint32_t kd = stage + kt.off;
-#pragma unroll
-    for (int i = 0; i < KIT; i++) {
-        bool ok = base + kt.lk + i * KSTEP < end;
-        long long off = ok ? (rb + i * KSTEP) * ldk + co : 0;
-        if constexpr (WHICH == KV_V)
-            cp16(kd + i * KSTEP * 128, vs + off, ok);
-        else
-            cp16(kd + i * KSTEP * 128, ks + off, ok);
-        if constexpr (WHICH == KV_BOTH)
-            cp16(kd + KV + i * KSTEP * 128, vs + off, ok);
-    }
-}
-
-// mbarriers and TMA (the forward's K / V tiles). An mbarrier of one arrival:
+// mbarriers and TMA (the forward's and the dQ pass's K / V tiles; the
+// tensor maps: dflash_attn_common.cuh's KvMaps). An mbarrier of one arrival:
 // the thread that issues a tile's TMA copies arrives with the byte count
 // (expect_tx), the copies complete the transaction, and each reader waits
 // for the phase's parity: the n-th fill of a barrier completes phase n, so

@@ -40,8 +40,19 @@
 //      same K stage MN-major (transposed through the descriptor: no
 //      transposed copy). Waited for at the end of the tile (its stage is
 //      refilled after the next barrier).
-// K / V tiles stream through QST = 2 stages by cp.async, one tile ahead
-// (tile t + 1 loads during tile t). Q, dO: loaded once with the first tile.
+// K / V tiles stream through QST = 2 stages by TMA, one tile ahead (tile t
+// + 1 loads during tile t): thread 0 issues a tile's copies (the forward's
+// tensor maps, dflash_attn_common.cuh's KvMaps) after the barrier at the
+// top of tile t, which every thread passes only once tile t - 1's wgmmas
+// retired; the copies complete the stage's mbarrier, which the readers wait
+// on. Context keys past the anchor arrive as they are and are masked; keys
+// past S arrive as zeros. TMA instead of each thread's cp.async (session
+// 11): H200, bench_dflash_attn, this pass 3docs full 0.418 -> 0.375 ms,
+// sliding 0.404 -> 0.373, 1doc full 0.946 -> 0.839, 1doc sliding 0.709 ->
+// 0.676 (the backward 0.919 -> 0.880, 300.5 TFLOP/s, at 3docs full); every
+// gradient bitwise the same; 184 registers instead of 203 (188 / 209 with
+// FOLD). Where the maps cannot be made the backward runs dq_mma2_kernel.
+// Q, dO: loaded once by cp.async, waited for before the first tile.
 // Tiles are stored in the 128-byte swizzle of dflash_attn_wg.cuh (K-major
 // descriptors for steps 1, MN-major for the B of step 3).
 // Masking per (row, key) only on tiles not every row of the chunk sees whole
@@ -101,8 +112,10 @@ template <int D> struct DqLayout {
     static constexpr int QS = NH * CHUNK_ROWS * 128; // Q (or dO) of the chunk
     static constexpr int KV = NH * QTK * 128;        // one K (or V) tile
     static constexpr int KV_OFF = 2 * QS;
-    static constexpr size_t SMEM = (size_t)KV_OFF + QST * 2 * KV + 1024; // + alignment slack
+    static constexpr int BAR_OFF = KV_OFF + QST * 2 * KV; // one mbarrier (8 bytes) per stage
+    static constexpr size_t SMEM = (size_t)BAR_OFF + QST * 8 + 1024; // + alignment slack
 };
+static_assert(QTK == WG_KV_BOX, "the tensor maps' box is one key tile");
 
 #if DF_WG_BODY
 constexpr int PTB = QTK * CHUNK_ROWS * 2; // WG2F: one bf16 [key][row] tile (P^T or dS^T), 8 KiB
@@ -187,7 +200,7 @@ __device__ __forceinline__ void chunk_di(const Params &p, const RowId (&rid)[2],
 // FOLD = false compiles to WG2's kernel as before (every addition is under
 // if constexpr (FOLD)).
 template <int D, bool FOLD>
-__global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p)
+__global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const __grid_constant__ KvMaps maps)
 {
 #if DF_WG_BODY
     using L = DqLayout<D>;
@@ -232,7 +245,15 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p)
     const int anc = p.anchor[b], ds = p.doc_start[b];
     const int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
     const int ntc = (anc - lo0 + QTK - 1) / QTK, ntb = (p.bs + QTK - 1) / QTK, nt = ntc + ntb;
-    // Q, dO of the chunk (zero-filled past its rows): with tile 0's group
+    // the stages' mbarriers, initialised before any copy
+    const uint32_t bar0 = sb + L::BAR_OFF;
+    if (tid == 0) {
+        for (int i = 0; i < QST; i++)
+            mbar_init(bar0 + 8 * i, 1);
+        mbar_fence_init();
+    }
+    // Q, dO of the chunk (zero-filled past its rows), by cp.async: waited
+    // for before the first tile
     for (int e = tid; e < CHUNK_ROWS * V8; e += QNT) {
         int r = e / V8, c = e % V8;
         RowId id = row_id(p, b, g, ch, r);
@@ -241,21 +262,28 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p)
         cp16(sb + so, p.q + off, id.ok);
         cp16(sb + L::QS + so, p.dout + off, id.ok);
     }
-    // K / V tile t into stage st (zero-filled past the span / the block):
-    // dflash_attn_wg.cuh's load_kv_tile, this thread's share computed once
-    const KvThread kvt = kv_thread<D, QTK, QNT>(tid);
-    auto issue = [&](int t, int st) {
-        load_kv_tile<D, QTK, QNT>(p, b, g, anc, lo0, ntc, t, sb + L::KV_OFF + st * 2 * L::KV, kvt,
-                                  ldk);
-    };
-    issue(0, 0);
     cp_commit();
+    __syncthreads(); // the mbarriers' inits
+    // K and V of tile t into stage st by TMA, issued by thread 0 (the
+    // forward's loads: context keys past anc arrive as they are and are
+    // masked, keys past S as zeros; block tile t - ntc from the block maps)
+    const int kbox = p.bs <= 16 ? 16 : QTK; // the block maps' box rows
+    auto issue = [&](int t, int st) {
+        if (tid != 0)
+            return;
+        const bool isctx = t < ntc;
+        const int row = isctx ? lo0 + t * QTK : b * p.bs + (t - ntc) * QTK;
+        const uint32_t dst = sb + L::KV_OFF + st * 2 * L::KV, bar = bar0 + 8 * st;
+        mbar_expect_tx(bar, (uint32_t)(2 * L::NH * (isctx ? QTK : kbox) * 128));
 #pragma unroll
-    for (int s = 1; s < QST - 1; s++) {
-        if (s < nt)
-            issue(s, s);
-        cp_commit();
-    }
+        for (int cb = 0; cb < L::NH; cb++) {
+            tma_load_2d(dst + cb * (QTK * 128), isctx ? &maps.kc : &maps.kb, g * D + 64 * cb, row, bar);
+            tma_load_2d(dst + L::KV + cb * (QTK * 128), isctx ? &maps.vc : &maps.vb, g * D + 64 * cb, row,
+                        bar);
+        }
+    };
+    static_assert(QST == 2, "tile t is stage t % 2's fill t / 2");
+    issue(0, 0);
     // this thread's rows: r0 = 16 warp + gid (accumulator elements 4 j + 0, 1)
     // and r0 + 8 (4 j + 2, 3); their lse (log2 domain), Di, context bound
     RowId rid[2] = {row_id(p, b, g, ch, 16 * warp + gid), row_id(p, b, g, ch, 16 * warp + gid + 8)};
@@ -293,15 +321,17 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p)
     // 16-key block tile, m64n16, when block_size <= 16).
     auto step = [&](int t, auto nsc) {
         constexpr int NS = decltype(nsc)::value, NJ = NS / 4, NKK = NS / 8;
-        cp_wait<QST - 2>();  // tile t (and Q, dO) landed: this thread's copies ...
-        fence_proxy_async(); // ... visible to the tensor cores ...
-        __syncthreads();     // ... everyone's; tile t - 1's wgmmas retired (its end)
+        if (t == 0) { // Q, dO landed (this thread's copies), visible to the tensor cores
+            cp_wait<0>();
+            fence_proxy_async();
+        }
+        mbar_wait(bar0 + 8 * st, (uint32_t)(t >> 1) & 1u); // tile t landed
+        __syncthreads(); // Q, dO (everyone's copies); tile t - 1's wgmmas retired (its end)
         {
             // tile t + QST - 1 into the stage tile t - 1 used
             int tn = t + QST - 1, sn = st + QST - 1 >= QST ? st - 1 : st + QST - 1;
             if (tn < nt)
                 issue(tn, sn);
-            cp_commit();
         }
         const uint32_t kd = sb + L::KV_OFF + st * 2 * L::KV;
         const uint64_t dK = wg_desc(kd, KM_LBO, SBO), dV = dK + (L::KV >> 4);
@@ -441,7 +471,6 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p)
     if (b16)
         step(nt - 1, IntC<8>());
     reg_fence(acc);
-    cp_wait<0>();
     // element 4 j + 2 ri + e: row r0 + 8 ri, head dim 8 j + 2 t4 + e
 #pragma unroll
     for (int ri = 0; ri < 2; ri++) {
@@ -522,18 +551,18 @@ bool dq_wg_usable(int D, bool fold)
 
 namespace {
 template <int D, bool FOLD>
-cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st)
+cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps &maps)
 {
     cudaError_t e = cudaFuncSetAttribute(dq_wg_kernel<D, FOLD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)DqLayout<D>::SMEM);
     if (e != cudaSuccess)
         return e;
-    dq_wg_kernel<D, FOLD><<<n, QNT, DqLayout<D>::SMEM, st>>>(p);
+    dq_wg_kernel<D, FOLD><<<n, QNT, DqLayout<D>::SMEM, st>>>(p, maps);
     return cudaGetLastError();
 }
 } // namespace
 
-int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold)
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps)
 {
     long long n = (long long)p.nb * p.nkv * p.nch;
     if (n <= 0)
@@ -543,10 +572,10 @@ int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold)
                 __FILE__, __LINE__);
         return -EINVAL;
     }
-    cudaError_t e = D == 128 ? (fold ? dq_wg_run<128, true>(p, (unsigned)n, st)
-                                     : dq_wg_run<128, false>(p, (unsigned)n, st))
-                             : (fold ? dq_wg_run<64, true>(p, (unsigned)n, st)
-                                     : dq_wg_run<64, false>(p, (unsigned)n, st));
+    cudaError_t e = D == 128 ? (fold ? dq_wg_run<128, true>(p, (unsigned)n, st, maps)
+                                     : dq_wg_run<128, false>(p, (unsigned)n, st, maps))
+                             : (fold ? dq_wg_run<64, true>(p, (unsigned)n, st, maps)
+                                     : dq_wg_run<64, false>(p, (unsigned)n, st, maps));
     if (e != cudaSuccess) {
         fprintf(stderr, "dflash_attn: dq_wg_kernel<%d%s>: %s (%s:%d)\n", D, fold ? ", fold" : "",
                 cudaGetErrorString(e), __FILE__, __LINE__);

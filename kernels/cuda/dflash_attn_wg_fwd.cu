@@ -97,9 +97,6 @@
 #include <math.h>
 #include <stdio.h>
 
-#include <cuda.h> // CUtensorMap and cuTensorMapEncodeTiled's types (the function comes
-                  // through the runtime's driver entry point: no libcuda link)
-
 #include "dflash_attn_common.cuh"
 #include "dflash_attn_wg.cuh" // DF_WG_BODY (sm_90a code), the wgmma / cp.async / swizzle helpers
 
@@ -121,16 +118,10 @@ template <int D> struct FwdLayout {
     static constexpr size_t SMEM = (size_t)BAR_OFF + FSL * 8 + 1024; // + alignment slack
 };
 
-// The K / V tensor maps (TMA): context kc, vc [S, nkv D] and block kb, vb
-// [nb bs, nkv D], bf16 rows, boxes of 64 dims x FTK keys (the block maps:
-// x 16 keys when block_size <= 16) in the 128-byte swizzle, which is the
-// shared tiles' layout (dflash_attn_wg.cuh).
-struct FwdMaps {
-    CUtensorMap kc, vc, kb, vb;
-};
+static_assert(FTK == WG_KV_BOX, "the tensor maps' box is one key tile");
 
 template <int D>
-__global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p, const __grid_constant__ FwdMaps maps)
+__global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p, const __grid_constant__ KvMaps maps)
 {
 #if DF_WG_BODY
     using L = FwdLayout<D>;
@@ -417,6 +408,18 @@ bool map_rows(EncodeTiledFn enc, CUtensorMap *m, const void *base, long long col
 }
 } // namespace
 
+int kv_maps_make(const Params &p, int D, KvMaps *m)
+{
+    EncodeTiledFn enc = encode_tiled();
+    const long long cols = (long long)p.nkv * D, brows = (long long)p.nb * p.bs;
+    const int kbox = p.bs <= 16 ? 16 : WG_KV_BOX;
+    if (!enc || !map_rows(enc, &m->kc, p.kc, cols, p.S, WG_KV_BOX) ||
+        !map_rows(enc, &m->vc, p.vc, cols, p.S, WG_KV_BOX) ||
+        !map_rows(enc, &m->kb, p.kb, cols, brows, kbox) || !map_rows(enc, &m->vb, p.vb, cols, brows, kbox))
+        return -EOPNOTSUPP;
+    return 0;
+}
+
 int fwd_wg_launch(const Params &p, int D, cudaStream_t st)
 {
     long long n = (long long)p.nb * p.nkv * p.nch;
@@ -424,13 +427,8 @@ int fwd_wg_launch(const Params &p, int D, cudaStream_t st)
         return 0;
     // the tensor maps: -EOPNOTSUPP (nothing launched) where they cannot be
     // made; the caller then runs MMA4's forward
-    EncodeTiledFn enc = encode_tiled();
-    FwdMaps maps;
-    const long long cols = (long long)p.nkv * D, brows = (long long)p.nb * p.bs;
-    const int kbox = p.bs <= 16 ? 16 : FTK;
-    if (!enc || !map_rows(enc, &maps.kc, p.kc, cols, p.S, FTK) ||
-        !map_rows(enc, &maps.vc, p.vc, cols, p.S, FTK) || !map_rows(enc, &maps.kb, p.kb, cols, brows, kbox) ||
-        !map_rows(enc, &maps.vb, p.vb, cols, brows, kbox))
+    KvMaps maps;
+    if (kv_maps_make(p, D, &maps))
         return -EOPNOTSUPP;
     cudaError_t e;
     if (D == 128) {
