@@ -88,6 +88,13 @@ constexpr int WG_KV_BOX = 64;
 struct KvMaps {
     CUtensorMap kc, vc, kb, vb;
 };
+// A bf16 tensor of rank dimensions (dims innermost first; strides: bytes
+// between consecutive indices of dims 1 ..) as a TMA map of box boxes in
+// the 128-byte swizzle (box[0] x 2 bytes <= 128), reads past its ends
+// giving zeros: 0, or -EOPNOTSUPP (no cuTensorMapEncodeTiled in the driver,
+// base not 16-byte aligned, or the encoder refused). dflash_attn_wg_fwd.cu.
+int tma_map_bf16(CUtensorMap *m, const void *base, int rank, const uint64_t *dims,
+                 const uint64_t *strides, const uint32_t *box);
 // p's maps for head dim D into *m: 0, or -EOPNOTSUPP (the driver has no
 // cuTensorMapEncodeTiled, a base address is not 16-byte aligned, or the
 // encoder refused): the caller then runs MMA4's kernels.

@@ -392,30 +392,37 @@ EncodeTiledFn encode_tiled()
     return fn;
 }
 
-// A bf16 [rows, cols] row-major tensor at base as a 2-D map of 64-column x
-// box_rows boxes in the 128-byte swizzle; reads past the rows give zeros.
-bool map_rows(EncodeTiledFn enc, CUtensorMap *m, const void *base, long long cols, long long rows,
-              int box_rows)
-{
-    if (((uintptr_t)base & 15) || rows < 0)
-        return false;
-    cuuint64_t dims[2] = {(cuuint64_t)cols, (cuuint64_t)(rows > 0 ? rows : 1)};
-    cuuint64_t strides[1] = {(cuuint64_t)cols * 2};
-    cuuint32_t box[2] = {64, (cuuint32_t)box_rows}, es[2] = {1, 1};
-    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(base), dims, strides, box, es,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
 } // namespace
+
+int tma_map_bf16(CUtensorMap *m, const void *base, int rank, const uint64_t *dims,
+                 const uint64_t *strides, const uint32_t *box)
+{
+    EncodeTiledFn enc = encode_tiled();
+    if (!enc || ((uintptr_t)base & 15) || rank < 1 || rank > 5)
+        return -EOPNOTSUPP;
+    cuuint64_t d[5], st[4];
+    cuuint32_t bx[5], es[5];
+    for (int i = 0; i < rank; i++) {
+        d[i] = dims[i] > 0 ? dims[i] : 1; // (an empty tensor is never read)
+        bx[i] = box[i], es[i] = 1;
+        if (i + 1 < rank)
+            st[i] = strides[i];
+    }
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, const_cast<void *>(base), d, st, bx, es,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+               ? 0
+               : -EOPNOTSUPP;
+}
 
 int kv_maps_make(const Params &p, int D, KvMaps *m)
 {
-    EncodeTiledFn enc = encode_tiled();
-    const long long cols = (long long)p.nkv * D, brows = (long long)p.nb * p.bs;
-    const int kbox = p.bs <= 16 ? 16 : WG_KV_BOX;
-    if (!enc || !map_rows(enc, &m->kc, p.kc, cols, p.S, WG_KV_BOX) ||
-        !map_rows(enc, &m->vc, p.vc, cols, p.S, WG_KV_BOX) ||
-        !map_rows(enc, &m->kb, p.kb, cols, brows, kbox) || !map_rows(enc, &m->vb, p.vb, cols, brows, kbox))
+    // [rows, nkv D] row-major: boxes of 64 columns x WG_KV_BOX (or kbox) rows
+    const uint64_t cols = (uint64_t)p.nkv * D, st[1] = {cols * 2};
+    const uint64_t dc[2] = {cols, (uint64_t)(p.S > 0 ? p.S : 0)}, db[2] = {cols, (uint64_t)p.nb * p.bs};
+    const uint32_t bc[2] = {64, WG_KV_BOX}, bb[2] = {64, (uint32_t)(p.bs <= 16 ? 16 : WG_KV_BOX)};
+    if (tma_map_bf16(&m->kc, p.kc, 2, dc, st, bc) || tma_map_bf16(&m->vc, p.vc, 2, dc, st, bc) ||
+        tma_map_bf16(&m->kb, p.kb, 2, db, st, bb) || tma_map_bf16(&m->vb, p.vb, 2, db, st, bb))
         return -EOPNOTSUPP;
     return 0;
 }
