@@ -264,6 +264,33 @@ template <bool ACC> __device__ __forceinline__ void wg_ss16(float (&d)[8], uint6
                      : "l"(da), "l"(db), "r"(0));
 }
 
+// One key tile's S = Q K^T (or dP = dO V^T) of the forward and the dQ pass:
+// d[64 x 2 NS] = A[64 x 16 KS] B[2 NS x 16 KS]^T over KS k steps, A and B
+// K-major tiles of AR and BR rows ([column block][rows][128 B]): NS = 32
+// (m64n64) or 8 (m64n16, the 16-key block tile).
+template <int NS, int KS, int AR, int BR>
+__device__ __forceinline__ void wg_tile_ab(float (&d)[NS], uint64_t da, uint64_t db)
+{
+    static_assert(NS == 32 || NS == 8, "wg_tile_ab: 64 or 16 keys");
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) {
+        // k step ks: column block ks / 4, 32 bytes (16 bf16) apart within it
+        uint32_t ao = ((ks >> 2) * (AR * 128) + (ks & 3) * 32) >> 4;
+        uint32_t bo = ((ks >> 2) * (BR * 128) + (ks & 3) * 32) >> 4;
+        if constexpr (NS == 32) {
+            if (ks == 0)
+                wg_ss64_first(d, da + ao, db + bo);
+            else
+                wg_ss64(d, da + ao, db + bo);
+        } else {
+            if (ks == 0)
+                wg_ss16<false>(d, da + ao, db + bo);
+            else
+                wg_ss16<true>(d, da + ao, db + bo);
+        }
+    }
+}
+
 __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
 {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi); // .x (low half) = lo

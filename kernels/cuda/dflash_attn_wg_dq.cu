@@ -337,40 +337,9 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const __grid_co
         const uint64_t dK = wg_desc(kd, KM_LBO, SBO), dV = dK + (L::KV >> 4);
         float s[NS], dp[NS];
         wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            // k step ks: column block ks / 4, 32 bytes (16 bf16) apart within it
-            uint32_t ao = ((ks >> 2) * (CHUNK_ROWS * 128) + (ks & 3) * 32) >> 4;
-            uint32_t bo = ((ks >> 2) * (QTK * 128) + (ks & 3) * 32) >> 4;
-            if constexpr (NS == 32) {
-                if (ks == 0)
-                    wg_ss64_first(s, dQ + ao, dK + bo);
-                else
-                    wg_ss64(s, dQ + ao, dK + bo);
-            } else {
-                if (ks == 0)
-                    wg_ss16<false>(s, dQ + ao, dK + bo);
-                else
-                    wg_ss16<true>(s, dQ + ao, dK + bo);
-            }
-        }
+        wg_tile_ab<NS, KS, CHUNK_ROWS, QTK>(s, dQ, dK);
         wg_commit();
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t ao = ((ks >> 2) * (CHUNK_ROWS * 128) + (ks & 3) * 32) >> 4;
-            uint32_t bo = ((ks >> 2) * (QTK * 128) + (ks & 3) * 32) >> 4;
-            if constexpr (NS == 32) {
-                if (ks == 0)
-                    wg_ss64_first(dp, dO + ao, dV + bo);
-                else
-                    wg_ss64(dp, dO + ao, dV + bo);
-            } else {
-                if (ks == 0)
-                    wg_ss16<false>(dp, dO + ao, dV + bo);
-                else
-                    wg_ss16<true>(dp, dO + ao, dV + bo);
-            }
-        }
+        wg_tile_ab<NS, KS, CHUNK_ROWS, QTK>(dp, dO, dV);
         wg_commit();
         const bool isctx = t < ntc;
         const int base = isctx ? lo0 + t * QTK : (t - ntc) * QTK;

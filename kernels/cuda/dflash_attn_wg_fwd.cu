@@ -228,22 +228,7 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p, const __grid_c
         const uint64_t dK = wg_desc(kd, KM_LBO, SBO);
         float s[NS];
         wg_fence();
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            uint32_t ao = ((ks >> 2) * (CHUNK_ROWS * 128) + (ks & 3) * 32) >> 4;
-            uint32_t bo = ((ks >> 2) * (FTK * 128) + (ks & 3) * 32) >> 4;
-            if constexpr (NS == 32) {
-                if (ks == 0)
-                    wg_ss64_first(s, dQ + ao, dK + bo);
-                else
-                    wg_ss64(s, dQ + ao, dK + bo);
-            } else {
-                if (ks == 0)
-                    wg_ss16<false>(s, dQ + ao, dK + bo);
-                else
-                    wg_ss16<true>(s, dQ + ao, dK + bo);
-            }
-        }
+        wg_tile_ab<NS, KS, CHUNK_ROWS, FTK>(s, dQ, dK);
         wg_commit();
         if (t + 1 < nt) // under S(t): the loads' address work off the wgmma's path
             issue(2 * t + 2);
