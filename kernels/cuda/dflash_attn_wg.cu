@@ -108,14 +108,14 @@ template <int D> struct WgLayout {
     static constexpr int META_OFF = 2 * KV + WST * 2 * QS;
     // per stage: float lse[64], float Di[64], int lo[64], int info[4]
     static constexpr int META = 3 * CHUNK_ROWS * 4 + 16;
-    static constexpr int BAR_OFF = META_OFF + WST * META;          // one mbarrier per stage
-    static constexpr int BAR = (BAR_OFF + 7) & ~7;
+    static constexpr int BAR = META_OFF + WST * META; // one mbarrier (8 bytes) per stage
+    static_assert(BAR % 8 == 0, "mbarriers are 8-byte aligned");
     static constexpr size_t SMEM = (size_t)BAR + WST * 8 + 1024; // + alignment slack
 };
 
 // The items' Q and dO by TMA (when a block's rows of a kv head are exactly
 // one 64-row chunk, bs x group == 64): q, dout as 3-D tensors [nb bs
-// queries][nq heads][D], boxes of 16... bs queries x group heads x 64 dims,
+// queries][nq heads][D], boxes of bs queries x group heads x 64 dims,
 // which land as the chunk's rows (query-major, head-minor: row qo group +
 // hh) in the 128-byte swizzle. on 0: the per-thread cp.async loads.
 struct QdMaps {
@@ -177,8 +177,9 @@ __global__ void __launch_bounds__(WNT, 1)
     const int cch = tid % V8, r0 = tid / V8;
     const int so0 = sw_off(r0, cch, CHUNK_ROWS); // + it * RSTEP * 128: same swizzle phase
     const int qstep = RSTEP / p.group, hstep = RSTEP % p.group, nrows = p.bs * p.group;
-    // item k (block b, anchor anc, doc start ds) into stage st: Q, dO, lse, Di
-    // by cp.async (zero-filled past the chunk), each row's first visible
+    // item k (block b, anchor anc, doc start ds) into stage st: Q, dO by TMA
+    // (qm.on: the chunk is whole) or cp.async (zero-filled past the chunk),
+    // lse, Di by cp.async, each row's first visible
     // context key (INT_MAX past the chunk: never visible) and the item's
     // anchor / span bounds by plain stores
     auto issue = [&](int k, int st, int b, int anc, int ds) {

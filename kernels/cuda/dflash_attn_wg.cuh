@@ -242,26 +242,17 @@ __device__ __forceinline__ void wg_ss_tb(float (&d)[64], uint64_t da, uint64_t d
 // shared memory: the 16-key block tiles (block_size <= 16) of the forward
 // and the dQ pass, 4 x less tensor work than a zero-filled 64-key tile.
 #define WG_ACC8_REGS "{%0, %1, %2, %3, %4, %5, %6, %7}"
+// (the scale-d flag, operand 10: 0 on the first k step, which writes d
+// without reading it: "=f", no zeroing instructions)
+#define WG_SS16_ASM                                                                        \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                          \
+    "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " WG_ACC8_REGS ", %8, %9, p, 1, 1, 0, 0;\n}\n"
 template <bool ACC> __device__ __forceinline__ void wg_ss16(float (&d)[8], uint64_t da, uint64_t db)
 {
     if constexpr (ACC)
-        asm volatile("{\n"
-                     ".reg .pred p;\n"
-                     "setp.ne.b32 p, %10, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " WG_ACC8_REGS ", "
-                     "%8, %9, p, 1, 1, 0, 0;\n"
-                     "}\n"
-                     : WG_ACC8("+f", d, 0)
-                     : "l"(da), "l"(db), "r"(1));
-    else // scale-d 0: d is written, not read
-        asm volatile("{\n"
-                     ".reg .pred p;\n"
-                     "setp.ne.b32 p, %10, 0;\n"
-                     "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " WG_ACC8_REGS ", "
-                     "%8, %9, p, 1, 1, 0, 0;\n"
-                     "}\n"
-                     : WG_ACC8("=f", d, 0)
-                     : "l"(da), "l"(db), "r"(0));
+        asm volatile(WG_SS16_ASM : WG_ACC8("+f", d, 0) : "l"(da), "l"(db), "r"(1));
+    else
+        asm volatile(WG_SS16_ASM : WG_ACC8("=f", d, 0) : "l"(da), "l"(db), "r"(0));
 }
 
 // One key tile's S = Q K^T (or dP = dO V^T) of the forward and the dQ pass:

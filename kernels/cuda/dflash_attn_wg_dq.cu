@@ -16,8 +16,9 @@
 //   dS = P (dP - Di)
 //   dQ += dS K                      (dS rounded to bf16; fp32 accumulator)
 // then the block's own keys (kb / vb, bs of them, in-block causality on
-// sliding layers) as one or more tiles of the same loop: zero-filled past bs
-// and masked per element (block tiles are never "full"). block_size <= 16:
+// sliding layers) as one or more tiles of the same loop, masked per element
+// past bs (the rows there hold the next block's keys, zeros past the last
+// block; block tiles are never "full"). block_size <= 16:
 // the block tile is 16 keys wide (S, dP by wgmma m64n16k16, dQ one k16
 // step), not a 64-key tile three quarters zeros. H200, bench_dflash_attn,
 // 64 -> 16-key block tile (session 11, with the forward's): this pass 3docs

@@ -7,7 +7,8 @@
 // queries x `group` heads of one block and kv head) share one anchor and
 // one context span [lo0, anchor), so each key tile of the span is a dense
 // 64 rows x QTK keys problem; then the block's own keys (kb / vb) as tiles
-// of the same loop, zero-filled past bs and masked per element; with
+// of the same loop, masked per element past bs (the rows there hold the
+// next block's keys, zeros past the last block); with
 // block_size <= 16 one tile of 16 keys (S by wgmma m64n16k16, P V one k16
 // step) instead of a 64-key tile three quarters zeros: H200,
 // bench_dflash_attn (session 11), 3docs full 0.302 -> 0.292 ms (350 -> 362
