@@ -95,6 +95,9 @@ struct KvMaps {
 // base not 16-byte aligned, or the encoder refused). dflash_attn_wg_fwd.cu.
 int tma_map_bf16(CUtensorMap *m, const void *base, int rank, const uint64_t *dims,
                  const uint64_t *strides, const uint32_t *box);
+// The same for an fp32 tensor, unswizzled (box[0] x 4 bytes a multiple of 16).
+int tma_map_f32(CUtensorMap *m, const void *base, int rank, const uint64_t *dims, const uint64_t *strides,
+                const uint32_t *box);
 // p's maps for head dim D into *m: 0, or -EOPNOTSUPP (the driver has no
 // cuTensorMapEncodeTiled, a base address is not 16-byte aligned, or the
 // encoder refused): the caller then runs MMA4's kernels.

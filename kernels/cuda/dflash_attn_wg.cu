@@ -34,21 +34,37 @@
 //      registers, B = dO / Q MN-major (transposed) from the same shared tiles.
 // Step 3 is waited for at the end of the item, after the loads of item
 // i + 2 are issued: keeping the P^T / dS^T fragments in flight into the next
-// item would take more than 255 registers. Between the per-item barriers the
-// two warpgroups run independently, so one's steps 2 - 3 (and the tensor
-// cores' idle gap between its step 1 and step 3) overlap the other's wgmmas.
-// Shared memory: K, V of the tile (loaded once) and WG_ST = 3 stages of the
-// items' Q, dO, lse, Di and per-row window bounds, filled two items ahead
-// (Q, dO by TMA, one thread issuing, when a block's rows of a kv head are
-// one whole 64-row chunk, bs x group == 64, as at the 27B shape: a 3-D map
-// [query][head][dim] whose box is the chunk; else by every thread's
-// cp.async; lse, Di by cp.async, the bounds by plain stores; TMA instead of
-// cp.async, session 11, H200: this pass 3docs full 0.480 -> 0.475 ms,
-// sliding 0.483 -> 0.475, 1doc full 1.365 -> 1.335, 1doc sliding 0.985 ->
-// 0.977, the same bits, 238 registers instead of 242): stage (i+2) % 3 is
-// refilled during item i, after the barrier
-// at its top, which both warpgroups pass only once done with item i - 1 (the
-// last reader of that stage; its wgmmas retired at its end). Tiles are
+// item would take more than 255 registers.
+// Shared memory: K, V of the tile (loaded once, by every thread's cp.async)
+// and WG_ST = 3 stages of the items' Q, dO, lse, Di and bounds, filled two
+// items ahead: stage (i + 2) % 3 is refilled during item i, once item i - 1
+// (its last reader) is done. Two ways (kernel parameter TQ):
+//  - TQ (a block's rows of a kv head are one whole 64-row chunk, bs x group
+//    == 64, group a power of two >= 4: the 27B shape): every load by TMA,
+//    issued by thread 0 (Q, dO through a 3-D map [query][head][dim] whose
+//    box is the chunk; lse, Di through 2-D fp32 maps [query][head], box bs x
+//    group), which also stores the item's anchor, span bounds and document
+//    start; per stage an mbarrier "full" (thread 0's arrival, its stores
+//    released by it, and the copies' bytes) and one "empty" (every thread
+//    arrives when done with the item: its wgmmas retired, its reads done);
+//    thread 0 waits on "empty" before refilling. No CTA barrier in the item
+//    loop: the two warpgroups run apart (up to about an item), so one's P /
+//    dS math overlaps the other's wgmmas instead of both meeting at every
+//    item's barrier. Each row's window bound is computed in registers (row r
+//    is query r >> log2 group). H200, bench_dflash_attn (session 12), against
+//    the per-item barrier with Q, dO by TMA and lse, Di, bounds by the
+//    threads: this pass 3docs full 0.474 -> 0.405 ms, sliding 0.471 ->
+//    0.415, 1doc full 1.339 -> 1.162, 1doc sliding 0.993 -> 0.835; backward
+//    3docs full 0.877 -> 0.802 ms (301.7 -> 329.7 TFLOP/s), 1doc full 2.114
+//    -> 2.009 (372.7 -> 392.0), 1doc sliding 1.654 -> 1.491 (390.6); every
+//    gradient bitwise the same; 242 registers instead of 238.
+//  - else: every thread's cp.async (Q, dO zero-filled past a partial chunk;
+//    lse, Di), the bounds by plain stores, and a CTA barrier at the top of
+//    each item, which both warpgroups pass only once done with item i - 1
+//    (its wgmmas retired at its end). (Session 11's Q, dO by TMA with the
+//    rest by the threads, for any bs x group == 64, is not kept: group 1
+//    and 2 shapes now take this way.)
+// Tiles are
 // stored in 128-byte-swizzled rows ([D/64 column blocks][rows][64 bf16],
 // 16-byte chunk c of row r at chunk position c ^ (r % 8)), the canonical
 // layout of the wgmma descriptors: K-major for A and for B of step 1 (LBO
@@ -58,9 +74,9 @@
 // by every row of the item (window bound, end of span, partial chunk); a
 // warpgroup whose 64 keys no row of the item sees skips the item.
 //
-// Resources (ptxas, sm_90a): D 128: 238 registers, no spills, 163 KiB of
-// dynamic shared memory (1 CTA, 8 warps per SM); D 64: 180 registers, 83 KiB
-// (with the early lse reads: 242 and 188).
+// Resources (ptxas, sm_90a, CUDA 13.0, session 12): D 128: 242 registers
+// (TQ and not), no spills, 164 KiB of dynamic shared memory (1 CTA, 8 warps
+// per SM); D 64: 199 (TQ) / 188, 84 KiB.
 // Measured (H200, bench_dflash_attn, 27B drafter shape, context dK/dV pass):
 // 1doc full 3.32 -> 1.31 ms, 1doc sliding 2.56 -> 1.02 ms, 3docs full 1.28
 // -> 0.51 ms (MMA4's dkv4_kernel -> this one; ~2.5x); ncu (1doc full): tensor
@@ -106,20 +122,26 @@ template <int D> struct WgLayout {
     static constexpr int QS = NH * CHUNK_ROWS * 128;   // one stage's Q (or dO): stage s at
                                                        // 2 KV + 2 s QS, its dO QS later
     static constexpr int META_OFF = 2 * KV + WST * 2 * QS;
-    // per stage: float lse[64], float Di[64], int lo[64], int info[4]
-    static constexpr int META = 3 * CHUNK_ROWS * 4 + 16;
-    static constexpr int BAR = META_OFF + WST * META; // one mbarrier (8 bytes) per stage
-    static_assert(BAR % 8 == 0, "mbarriers are 8-byte aligned");
-    static constexpr size_t SMEM = (size_t)BAR + WST * 8 + 1024; // + alignment slack
+    // per stage: float lse[64], float Di[64], int lo[64], int info[4] (+ pad:
+    // each stage's lse / Di 128-byte aligned, TMA destinations)
+    static constexpr int META = 3 * CHUNK_ROWS * 4 + 128;
+    // per stage an mbarrier "full" (its loads landed) and, TQ, one "empty"
+    // (every thread done with it): full s at BAR + 8 s, empty s at BAR + 8 (WST + s)
+    static constexpr int BAR = META_OFF + WST * META;
+    static_assert(BAR % 8 == 0 && META % 128 == 0 && META_OFF % 128 == 0, "alignment");
+    static constexpr size_t SMEM = (size_t)BAR + 2 * WST * 8 + 1024; // + alignment slack
 };
 
-// The items' Q and dO by TMA (when a block's rows of a kv head are exactly
-// one 64-row chunk, bs x group == 64): q, dout as 3-D tensors [nb bs
-// queries][nq heads][D], boxes of bs queries x group heads x 64 dims,
-// which land as the chunk's rows (query-major, head-minor: row qo group +
-// hh) in the 128-byte swizzle. on 0: the per-thread cp.async loads.
+// The items' loads by TMA (the kernel's TQ instantiation: a block's rows of
+// a kv head are exactly one 64-row chunk, bs x group == 64, and group is a
+// power of two >= 4): q, dout as 3-D tensors [nb bs queries][nq heads][D],
+// boxes of bs queries x group heads x 64 dims, which land as the chunk's
+// rows (query-major, head-minor: row qo group + hh) in the 128-byte
+// swizzle; lse_in, Di as 2-D fp32 tensors [nb bs][nq], boxes of bs x group
+// (the chunk's rows in the same order; a box row of group x 4 bytes, a
+// multiple of 16). on 0: the per-thread cp.async loads (TQ false).
 struct QdMaps {
-    CUtensorMap q, dout;
+    CUtensorMap q, dout, lse, di;
     int on;
 };
 
@@ -128,7 +150,9 @@ constexpr int WKEYS = 64; // keys per warpgroup (wgmma M)
 #endif // DF_WG_BODY
 
 // One CTA per (LPT rank, kv head, split): context keys only (see the top).
-template <int D>
+// TQ: every item load by TMA (qm) and no CTA barrier in the item loop (see
+// the top); else the cp.async loads and a barrier per item.
+template <int D, bool TQ>
 __global__ void __launch_bounds__(WNT, 1)
     dkv_wg_kernel(Params p, float *part, const int *cnt, const int *lst, const int *order,
                   const __grid_constant__ QdMaps qm)
@@ -159,11 +183,15 @@ __global__ void __launch_bounds__(WNT, 1)
         cp16(sb + L::KV + so, p.vc + off, ok);
     }
     cp_commit();
-    const uint32_t bar0 = sb + L::BAR; // the stages' mbarriers (TMA items)
-    if (qm.on) {
+    // TQ: the stages' mbarriers: full (one arrival, the issuing thread's,
+    // plus the TMA bytes) and empty (every thread, done with the stage)
+    const uint32_t bar0 = sb + L::BAR, ebar0 = bar0 + 8 * WST;
+    if constexpr (TQ) {
         if (tid == 0) {
-            for (int i = 0; i < WST; i++)
+            for (int i = 0; i < WST; i++) {
                 mbar_init(bar0 + 8 * i, 1);
+                mbar_init(ebar0 + 8 * i, WNT);
+            }
             mbar_fence_init();
         }
         __syncthreads(); // the inits, before anyone waits on them
@@ -177,24 +205,40 @@ __global__ void __launch_bounds__(WNT, 1)
     const int cch = tid % V8, r0 = tid / V8;
     const int so0 = sw_off(r0, cch, CHUNK_ROWS); // + it * RSTEP * 128: same swizzle phase
     const int qstep = RSTEP / p.group, hstep = RSTEP % p.group, nrows = p.bs * p.group;
-    // item k (block b, anchor anc, doc start ds) into stage st: Q, dO by TMA
-    // (qm.on: the chunk is whole) or cp.async (zero-filled past the chunk),
-    // lse, Di by cp.async, each row's first visible
-    // context key (INT_MAX past the chunk: never visible) and the item's
-    // anchor / span bounds by plain stores
-    auto issue = [&](int k, int st, int b, int anc, int ds) {
+    // item k (block b, anchor anc, doc start ds) into stage st. TQ: thread
+    // 0, once every thread released the stage's previous item (empty
+    // barrier, phase parity ep; ep < 0: the stage's first fill), stores the
+    // item's anchor, span bounds and document start, then arrives on the full
+    // barrier (release: those stores) with the bytes of its TMA copies (Q,
+    // dO, lse, Di; one chunk per block: ch 0). Else every thread: Q, dO by
+    // cp.async (zero-filled past the chunk), lse, Di by cp.async, each row's
+    // first visible context key (INT_MAX past the chunk: never visible) and
+    // the item's anchor / span bounds by plain stores.
+    auto issue = [&](int k, int st, int b, int anc, int ds, int ep) {
         int ch = k % p.nch;
-        if (qm.on) { // Q, dO by TMA (one chunk per block: ch 0), thread 0
+        if constexpr (TQ) {
             if (tid == 0) {
-                const uint32_t qd = sb + 2 * L::KV + st * 2 * L::QS, bar = bar0 + 8 * st;
-                mbar_expect_tx(bar, 2 * L::QS);
+                if (ep >= 0)
+                    mbar_wait(ebar0 + 8 * st, (uint32_t)ep);
+                const uint32_t qd = sb + 2 * L::KV + st * 2 * L::QS, bar = bar0 + 8 * st,
+                               ms = sb + L::META_OFF + st * L::META;
+                int *info = reinterpret_cast<int *>(sm + L::META_OFF + st * L::META + 3 * CHUNK_ROWS * 4);
+                info[0] = anc;
+                info[1] = ctx_lo(anc, ds, p.W, 0);        // widest row's bound
+                info[2] = ctx_lo(anc, ds, p.W, p.bs - 1); // narrowest row's
+                info[3] = ds;
+                mbar_expect_tx(bar, 2 * L::QS + 2 * CHUNK_ROWS * 4);
 #pragma unroll
                 for (int cb = 0; cb < L::NH; cb++) {
                     tma_load_3d(qd + cb * (CHUNK_ROWS * 128), &qm.q, 64 * cb, g * p.group, b * p.bs, bar);
                     tma_load_3d(qd + L::QS + cb * (CHUNK_ROWS * 128), &qm.dout, 64 * cb, g * p.group,
                                 b * p.bs, bar);
                 }
+                tma_load_2d(ms, &qm.lse, g * p.group, b * p.bs, bar);
+                tma_load_2d(ms + CHUNK_ROWS * 4, &qm.di, g * p.group, b * p.bs, bar);
             }
+            (void)ch;
+            return;
         } else {
             int rr = ch * CHUNK_ROWS + r0;
             int qo = rr / p.group, hh = rr - qo * p.group;
@@ -248,24 +292,34 @@ __global__ void __launch_bounds__(WNT, 1)
     {
         int b = blk(0);
         if (split < nitems)
-            issue(split, 0, b, p.anchor[b], p.doc_start[b]);
+            issue(split, 0, b, p.anchor[b], p.doc_start[b], -1);
         cp_commit();
         b = blk(1);
         if (split + WG_NSPL < nitems)
-            issue(split + WG_NSPL, 1, b, p.anchor[b], p.doc_start[b]);
+            issue(split + WG_NSPL, 1, b, p.anchor[b], p.doc_start[b], -1);
         cp_commit();
     }
+    if constexpr (TQ) { // the K / V tile (everyone's cp.async), before the loop
+        cp_wait<0>();
+        fence_proxy_async();
+        __syncthreads();
+    }
+    // TQ: row r of the item is query r >> lg (group = 2^lg)
+    const int lg = __ffs(p.group) - 1;
     int b2 = blk(2), b3 = blk(3);
     int anc2 = p.anchor[b2], ds2 = p.doc_start[b2];
     const float sl = p.scale * WLOG2E;
     const uint64_t dK0 = wg_desc(sb + wg * (WKEYS * 128), KM_LBO, SBO), dV0 = dK0 + (L::KV >> 4);
     int st = 0, st2 = 2; // stages of item i and of item i + 2
     for (int i = 0, k = split; k < nitems; i++, k += WG_NSPL) {
-        cp_wait<1>();        // K / V and item i landed (this thread's copies) ...
-        fence_proxy_async(); // ... visible to the tensor cores ...
-        if (qm.on)           // (item i's Q, dO: the n-th fill of stage i % 3 is item 3 n + i % 3)
+        if constexpr (TQ) {
+            // item i landed (the n-th fill of stage i % 3 is item 3 n + i % 3)
             mbar_wait(bar0 + 8 * st, (uint32_t)(i / WST) & 1u);
-        __syncthreads();     // ... everyone's; both warpgroups are done with item i - 1
+        } else {
+            cp_wait<1>();        // K / V and item i landed (this thread's copies) ...
+            fence_proxy_async(); // ... visible to the tensor cores ...
+            __syncthreads();     // ... everyone's; both warpgroups are done with item i - 1
+        }
         const uint32_t qs = sb + 2 * L::KV + st * 2 * L::QS, dos = qs + L::QS;
         const int *meta = reinterpret_cast<const int *>(sm + L::META_OFF + st * L::META);
         const float *Ls = reinterpret_cast<const float *>(meta), *Ds = Ls + CHUNK_ROWS;
@@ -273,9 +327,9 @@ __global__ void __launch_bounds__(WNT, 1)
         const int anc = meta[3 * CHUNK_ROWS], lo0 = meta[3 * CHUNK_ROWS + 1],
                   lohi = meta[3 * CHUNK_ROWS + 2];
         // warpgroup-uniform: no row of the item sees these 64 keys (skip it) /
-        // every row sees all of them (no per-element mask)
+        // every row sees all of them (no per-element mask; TQ: the chunk is whole)
         const bool dead = k0 >= anc || k0 + WKEYS <= lo0;
-        const bool full = meta[3 * CHUNK_ROWS + 3] && k0 >= lohi && k0 + WKEYS <= anc;
+        const bool full = (TQ || meta[3 * CHUNK_ROWS + 3]) && k0 >= lohi && k0 + WKEYS <= anc;
         // (one structured branch: a 'continue' around the wgmmas also makes
         // ptxas serialize them)
         if (!dead) {
@@ -322,6 +376,33 @@ __global__ void __launch_bounds__(WNT, 1)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
                         s[4 * j + e] = ex2(fmaf(s[4 * j + e], sl, (e & 1) ? n1 : n0));
+                }
+            } else if constexpr (TQ) {
+                // key kw + 8 h is visible to row r (query qo = r >> lg) iff
+                // ds <= key < anc and, sliding, key >= anc + qo - (W - 1)
+                // (ctx_lo's bound; its clamp to anc changes nothing here)
+                const int ds = meta[3 * CHUNK_ROWS + 3];
+                bool kok[2];
+                int kq[2]; // key - anc + W - 1: the largest qo that sees the key
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int key = kw + 8 * h;
+                    kok[h] = key < anc && key >= ds;
+                    kq[h] = p.W > 0 ? key - anc + p.W - 1 : INT_MAX;
+                }
+#pragma unroll
+                for (int j = 0; j < 8; j++) {
+                    float n0 = nl[2 * j], n1 = nl[2 * j + 1];
+                    // rows 8 j + 2 t4 (+ 1) of the item; lse -inf (n +inf): sees nothing
+                    const int q0 = (8 * j + 2 * t4) >> lg, q1 = (8 * j + 2 * t4 + 1) >> lg;
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int h = e >> 1;
+                        bool vis = kok[h] && kq[h] >= ((e & 1) ? q1 : q0) &&
+                                   ((e & 1) ? n1 : n0) != INFINITY;
+                        float x = fmaf(s[4 * j + e], sl, (e & 1) ? n1 : n0);
+                        s[4 * j + e] = ex2(vis ? x : -INFINITY);
+                    }
                 }
             } else {
 #pragma unroll
@@ -376,11 +457,14 @@ __global__ void __launch_bounds__(WNT, 1)
                 wg_rs(dk, sa[kk], mQ + kk * (16 * 128 >> 4));
             wg_commit();
         }
-        // item i + 2 into the stage item i - 1 used (both warpgroups left it
-        // before the barrier above); the copies overlap this item's dV / dK
+        // item i + 2 into the stage item i - 1 used (both warpgroups left it:
+        // before the barrier above, or TQ, the empty barrier's phase of item
+        // i - 1, the (i - 1) / 3-th release of that stage; item 2 is stage 2's
+        // first fill); the copies overlap this item's dV / dK
         if (k + 2 * WG_NSPL < nitems)
-            issue(k + 2 * WG_NSPL, st2, b2, anc2, ds2);
-        cp_commit();
+            issue(k + 2 * WG_NSPL, st2, b2, anc2, ds2, i >= 1 ? ((i - 1) / WST) & 1 : -1);
+        if constexpr (!TQ)
+            cp_commit();
         // index loads for the next items (used one item later)
         b2 = b3, anc2 = p.anchor[b3], ds2 = p.doc_start[b3];
         b3 = blk(i + 4);
@@ -388,6 +472,8 @@ __global__ void __launch_bounds__(WNT, 1)
         // (kept in flight across the next item's S^T, they push the kernel
         // past 255 registers) and this stage for the refill two items on
         wg_wait<0>();
+        if constexpr (TQ) // this thread is done with stage st (its wgmmas retired, its reads done)
+            mbar_arrive(ebar0 + 8 * st);
         st = st == WST - 1 ? 0 : st + 1;
         st2 = st2 == WST - 1 ? 0 : st2 + 1;
     }
@@ -442,12 +528,15 @@ bool dkv_wg_usable(const Params &p, int D)
     if (r) {
         // the kernel must come from Hopper code (the 90a target), not from
         // another target's PTX compiled at load time (whose body is a trap)
-        cudaFuncAttributes fa;
-        cudaError_t e = D == 128 ? cudaFuncGetAttributes(&fa, dkv_wg_kernel<128>)
-                                 : cudaFuncGetAttributes(&fa, dkv_wg_kernel<64>);
+        cudaFuncAttributes fa, fb;
+        cudaError_t e = D == 128 ? cudaFuncGetAttributes(&fa, dkv_wg_kernel<128, false>)
+                                 : cudaFuncGetAttributes(&fa, dkv_wg_kernel<64, false>);
+        if (e == cudaSuccess)
+            e = D == 128 ? cudaFuncGetAttributes(&fb, dkv_wg_kernel<128, true>)
+                         : cudaFuncGetAttributes(&fb, dkv_wg_kernel<64, true>);
         if (e != cudaSuccess)
             cudaGetLastError(); // not sticky: clear it for the caller's checks
-        r = e == cudaSuccess && fa.ptxVersion >= 90 &&
+        r = e == cudaSuccess && fa.ptxVersion >= 90 && fb.ptxVersion >= 90 &&
             (size_t)smax >= (D == 128 ? WgLayout<128>::SMEM : WgLayout<64>::SMEM);
     }
     known[di][dev] = r ? 2 : 1;
@@ -458,30 +547,37 @@ int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const in
                   const int *lst, const int *order, int nct)
 {
     unsigned grid = (unsigned)((long long)nct * p.nkv * WG_NSPL);
-    // the items' Q, dO by TMA where a block's rows of a kv head are one whole
-    // chunk (bs group == 64: no rows past it to zero) and the maps can be made
+    // every item load by TMA (the TQ instantiation) where a block's rows of a
+    // kv head are one whole chunk (bs group == 64: no rows past it to zero),
+    // group is a power of two >= 4 (the lse / Di box rows: 16-byte multiples)
+    // and the maps can be made
     QdMaps qm;
     memset(&qm, 0, sizeof qm);
-    if (p.bs * p.group == CHUNK_ROWS) {
-        const uint64_t dims[3] = {(uint64_t)D, (uint64_t)p.nq, (uint64_t)p.nb * p.bs};
+    if (p.bs * p.group == CHUNK_ROWS && p.group >= 4 && (p.group & (p.group - 1)) == 0) {
+        const uint64_t rows = (uint64_t)p.nb * p.bs;
+        const uint64_t dims[3] = {(uint64_t)D, (uint64_t)p.nq, rows};
         const uint64_t strides[2] = {(uint64_t)D * 2, (uint64_t)p.nq * D * 2};
         const uint32_t box[3] = {64, (uint32_t)p.group, (uint32_t)p.bs};
+        const uint64_t ldims[2] = {(uint64_t)p.nq, rows}, lstr[1] = {(uint64_t)p.nq * 4};
+        const uint32_t lbox[2] = {(uint32_t)p.group, (uint32_t)p.bs};
         qm.on = !tma_map_bf16(&qm.q, p.q, 3, dims, strides, box) &&
-                !tma_map_bf16(&qm.dout, p.dout, 3, dims, strides, box);
+                !tma_map_bf16(&qm.dout, p.dout, 3, dims, strides, box) &&
+                !tma_map_f32(&qm.lse, p.lse_in, 2, ldims, lstr, lbox) &&
+                !tma_map_f32(&qm.di, p.Di, 2, ldims, lstr, lbox);
     }
     cudaError_t e;
     if (D == 128) {
-        e = cudaFuncSetAttribute(dkv_wg_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)WgLayout<128>::SMEM);
+        auto *fn = qm.on ? dkv_wg_kernel<128, true> : dkv_wg_kernel<128, false>;
+        e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WgLayout<128>::SMEM);
         if (e == cudaSuccess) {
-            dkv_wg_kernel<128><<<grid, WNT, WgLayout<128>::SMEM, st>>>(p, part, cnt, lst, order, qm);
+            fn<<<grid, WNT, WgLayout<128>::SMEM, st>>>(p, part, cnt, lst, order, qm);
             e = cudaGetLastError();
         }
     } else {
-        e = cudaFuncSetAttribute(dkv_wg_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)WgLayout<64>::SMEM);
+        auto *fn = qm.on ? dkv_wg_kernel<64, true> : dkv_wg_kernel<64, false>;
+        e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WgLayout<64>::SMEM);
         if (e == cudaSuccess) {
-            dkv_wg_kernel<64><<<grid, WNT, WgLayout<64>::SMEM, st>>>(p, part, cnt, lst, order, qm);
+            fn<<<grid, WNT, WgLayout<64>::SMEM, st>>>(p, part, cnt, lst, order, qm);
             e = cudaGetLastError();
         }
     }

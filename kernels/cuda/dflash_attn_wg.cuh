@@ -66,6 +66,12 @@ __device__ __forceinline__ void mbar_init(uint32_t bar, int count)
 {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
+// one arrival (release: this thread's earlier reads and writes of what the
+// barrier guards happen before the phase completes)
+__device__ __forceinline__ void mbar_arrive(uint32_t bar)
+{
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
 // the inits visible to the async proxy (TMA) before any copy uses them
 __device__ __forceinline__ void mbar_fence_init()
 {

@@ -380,8 +380,9 @@ EncodeTiledFn encode_tiled()
 
 } // namespace
 
-int tma_map_bf16(CUtensorMap *m, const void *base, int rank, const uint64_t *dims,
-                 const uint64_t *strides, const uint32_t *box)
+namespace {
+int tma_map(CUtensorMap *m, CUtensorMapDataType type, CUtensorMapSwizzle swz, const void *base, int rank,
+            const uint64_t *dims, const uint64_t *strides, const uint32_t *box)
 {
     EncodeTiledFn enc = encode_tiled();
     if (!enc || ((uintptr_t)base & 15) || rank < 1 || rank > 5)
@@ -394,11 +395,25 @@ int tma_map_bf16(CUtensorMap *m, const void *base, int rank, const uint64_t *dim
         if (i + 1 < rank)
             st[i] = strides[i];
     }
-    return enc(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, (cuuint32_t)rank, const_cast<void *>(base), d, st, bx, es,
-               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+    return enc(m, type, (cuuint32_t)rank, const_cast<void *>(base), d, st, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               swz, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
                ? 0
                : -EOPNOTSUPP;
+}
+} // namespace
+
+int tma_map_bf16(CUtensorMap *m, const void *base, int rank, const uint64_t *dims,
+                 const uint64_t *strides, const uint32_t *box)
+{
+    return tma_map(m, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, CU_TENSOR_MAP_SWIZZLE_128B, base, rank, dims, strides,
+                   box);
+}
+
+int tma_map_f32(CUtensorMap *m, const void *base, int rank, const uint64_t *dims, const uint64_t *strides,
+                const uint32_t *box)
+{
+    return tma_map(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, CU_TENSOR_MAP_SWIZZLE_NONE, base, rank, dims, strides,
+                   box);
 }
 
 int kv_maps_make(const Params &p, int D, KvMaps *m)
