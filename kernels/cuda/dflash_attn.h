@@ -7,7 +7,15 @@
  * arrays. bf16 values are raw uint16_t bits. Softmax, accumulation and lse
  * are fp32; gradients are summed in fp32 and rounded to bf16 once.
  * Deterministic (no atomics). head_dim: 64 or 128. Returns 0, -EINVAL on bad
- * arguments (nothing launched), -EIO on a CUDA error. Asynchronous on stream. */
+ * arguments (nothing launched), -EIO on a CUDA error. Asynchronous on stream.
+ * Inputs must be finite in every row of kc / vc [0, S) and of kb / vb, the
+ * rows no block sees included (padding blocks' keys, context keys past the
+ * last anchor): the tensor-core kernels load whole tiles of keys (64
+ * context keys, 16 or 64 block rows) and mask the scores, and a masked
+ * score's P = 0 times a NaN / Inf value is NaN (FlashAttention's contract for
+ * the keys of a tile past a causal bound is the same). The trainer's rows
+ * are all real tokens' (padding blocks hold mask tokens). Zeroing those rows
+ * in shared memory instead cost 3-8% (docs/NOTES.md, session 12). */
 #ifndef DF_CUDA_DFLASH_ATTN_H
 #define DF_CUDA_DFLASH_ATTN_H
 
