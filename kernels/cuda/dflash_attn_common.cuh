@@ -87,6 +87,12 @@ int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const in
 constexpr int WG_KV_BOX = 64;
 struct KvMaps {
     CUtensorMap kc, vc, kb, vb;
+    // q, dout as 3-D tensors [nb bs queries][nq heads][D], boxes of one row
+    // chunk (bs queries x group heads x 64 dims; the chunk's rows, query-
+    // major, in the 128-byte swizzle): made when bs x group == 64 (qd_on 1;
+    // dout only where given), for the forward's Q and the dQ pass's Q, dO
+    CUtensorMap q, dout;
+    int q_on, qd_on;
 };
 // A bf16 tensor of rank dimensions (dims innermost first; strides: bytes
 // between consecutive indices of dims 1 ..) as a TMA map of box boxes in

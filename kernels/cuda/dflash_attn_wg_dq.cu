@@ -53,7 +53,14 @@
 // 0.676 (the backward 0.919 -> 0.880, 300.5 TFLOP/s, at 3docs full); every
 // gradient bitwise the same; 184 registers instead of 203 (188 / 209 with
 // FOLD). Where the maps cannot be made the backward runs dq_mma2_kernel.
-// Q, dO: loaded once by cp.async, waited for before the first tile.
+// Q, dO: loaded once, waited for before the first tile: by TMA (one thread,
+// the maps' 3-D boxes of one row chunk) where a block's rows of a kv head
+// are one whole chunk (bs x group == 64), else by every thread's cp.async.
+// TMA instead of cp.async (session 12; the cp.async loop's address work was
+// ~1 us of the CTA's 2.2 us before its first barrier, by a clock64 trace):
+// H200, bench_dflash_attn, this pass 3docs full 0.380 -> 0.373 ms, 1doc
+// sliding 0.644 -> 0.637, 1doc full 0.818 -> 0.834 (within the calls'
+// spread); the same bits.
 // Tiles are stored in the 128-byte swizzle of dflash_attn_wg.cuh (K-major
 // descriptors for steps 1, MN-major for the B of step 3).
 // Masking per (row, key) only on tiles not every row of the chunk sees whole
@@ -114,7 +121,8 @@ template <int D> struct DqLayout {
     static constexpr int KV = NH * QTK * 128;        // one K (or V) tile
     static constexpr int KV_OFF = 2 * QS;
     static constexpr int BAR_OFF = KV_OFF + QST * 2 * KV; // one mbarrier (8 bytes) per stage
-    static constexpr size_t SMEM = (size_t)BAR_OFF + QST * 8 + 1024; // + alignment slack
+    // + the Q / dO mbarrier (TMA, maps.qd_on) after the stages'
+    static constexpr size_t SMEM = (size_t)BAR_OFF + (QST + 1) * 8 + 1024; // + alignment slack
 };
 static_assert(QTK == WG_KV_BOX, "the tensor maps' box is one key tile");
 
@@ -249,21 +257,35 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const __grid_co
     // the stages' mbarriers, initialised before any copy
     const uint32_t bar0 = sb + L::BAR_OFF;
     if (tid == 0) {
-        for (int i = 0; i < QST; i++)
+        for (int i = 0; i < QST + 1; i++)
             mbar_init(bar0 + 8 * i, 1);
         mbar_fence_init();
     }
-    // Q, dO of the chunk (zero-filled past its rows), by cp.async: waited
-    // for before the first tile
-    for (int e = tid; e < CHUNK_ROWS * V8; e += QNT) {
-        int r = e / V8, c = e % V8;
-        RowId id = row_id(p, b, g, ch, r);
-        long long off = id.ok ? id.grow * ldq + (long long)id.h * D + c * 8 : 0;
-        uint32_t so = (uint32_t)sw_off(r, c, CHUNK_ROWS);
-        cp16(sb + so, p.q + off, id.ok);
-        cp16(sb + L::QS + so, p.dout + off, id.ok);
+    // Q, dO of the chunk, waited for before the first tile: by TMA where the
+    // block's rows of kv head g are one whole chunk (maps.qd_on; thread 0,
+    // mbarrier QST), else by cp.async (zero-filled past its rows)
+    if (maps.qd_on) {
+        if (tid == 0) {
+            const uint32_t qb = bar0 + 8 * QST;
+            mbar_expect_tx(qb, (uint32_t)(2 * L::QS));
+#pragma unroll
+            for (int cb = 0; cb < L::NH; cb++) {
+                tma_load_3d(sb + cb * (CHUNK_ROWS * 128), &maps.q, 64 * cb, g * p.group, b * p.bs, qb);
+                tma_load_3d(sb + L::QS + cb * (CHUNK_ROWS * 128), &maps.dout, 64 * cb, g * p.group, b * p.bs,
+                            qb);
+            }
+        }
+    } else {
+        for (int e = tid; e < CHUNK_ROWS * V8; e += QNT) {
+            int r = e / V8, c = e % V8;
+            RowId id = row_id(p, b, g, ch, r);
+            long long off = id.ok ? id.grow * ldq + (long long)id.h * D + c * 8 : 0;
+            uint32_t so = (uint32_t)sw_off(r, c, CHUNK_ROWS);
+            cp16(sb + so, p.q + off, id.ok);
+            cp16(sb + L::QS + so, p.dout + off, id.ok);
+        }
+        cp_commit();
     }
-    cp_commit();
     __syncthreads(); // the mbarriers' inits
     // K and V of tile t into stage st by TMA, issued by thread 0 (the
     // forward's loads: context keys past anc arrive as they are and are
@@ -322,9 +344,13 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const __grid_co
     // 16-key block tile, m64n16, when block_size <= 16).
     auto step = [&](int t, auto nsc) {
         constexpr int NS = decltype(nsc)::value, NJ = NS / 4, NKK = NS / 8;
-        if (t == 0) { // Q, dO landed (this thread's copies), visible to the tensor cores
-            cp_wait<0>();
-            fence_proxy_async();
+        if (t == 0) { // Q, dO landed (TMA; or this thread's copies, made visible to the tensor cores)
+            if (maps.qd_on) {
+                mbar_wait(bar0 + 8 * QST, 0u);
+            } else {
+                cp_wait<0>();
+                fence_proxy_async();
+            }
         }
         mbar_wait(bar0 + 8 * st, (uint32_t)(t >> 1) & 1u); // tile t landed
         __syncthreads(); // Q, dO (everyone's copies); tile t - 1's wgmmas retired (its end)

@@ -70,10 +70,16 @@
 // 3docs full 0.328 -> 0.314 ms (322.6 -> 337.3 TFLOP/s), sliding 0.331 ->
 // 0.314, 1doc full 0.771 -> 0.755 (417.4 TFLOP/s), 1doc sliding 0.603 ->
 // 0.586; out and lse bitwise the same (session 10).
+// Q: by TMA (one thread, the maps' 3-D box of one row chunk) where a
+// block's rows of a kv head are one whole chunk (bs x group == 64), else by
+// every thread's cp.async (zero-filled past the chunk's rows). TMA instead
+// of cp.async (session 12): H200, bench_dflash_attn, 3docs full 0.253 ->
+// 0.242 ms (417.9 -> 437.1 TFLOP/s), sliding 0.251 -> 0.242, 1doc full
+// 0.601 -> 0.590 (534.0), 1doc sliding 0.462 -> 0.451 (516.0); the same bits.
 // Storage, descriptors, fences: dflash_attn_wg.cuh's conventions.
 // Masking per (row, key) only on tiles not every row sees whole.
 // Resources (ptxas, sm_90a, CUDA 13.0): D 128: 140 registers, no spills, 65
-// KiB of dynamic shared memory (16 + 3 x 16 KiB, 3 mbarriers, 1 KiB alignment slack): 3 CTAs
+// KiB of dynamic shared memory (16 + 3 x 16 KiB, 4 mbarriers, 1 KiB alignment slack): 3 CTAs
 // per SM (__launch_bounds__ caps registers at 170; the carveout asks for the
 // most shared memory); D 64: 103 registers, 33 KiB. No "wgmma
 // serialization" warning.
@@ -116,7 +122,8 @@ template <int D> struct FwdLayout {
     static constexpr int KV = NH * FTK * 128;
     static constexpr int KV_OFF = QS;
     static constexpr int BAR_OFF = KV_OFF + FSL * KV; // one mbarrier (8 bytes) per slot
-    static constexpr size_t SMEM = (size_t)BAR_OFF + FSL * 8 + 1024; // + alignment slack
+    // + the Q tile's mbarrier (TMA, maps.q_on) after the slots'
+    static constexpr size_t SMEM = (size_t)BAR_OFF + (FSL + 1) * 8 + 1024; // + alignment slack
 };
 
 static_assert(FTK == WG_KV_BOX, "the tensor maps' box is one key tile");
@@ -160,19 +167,30 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p, const __grid_c
     // the slots' mbarriers, initialised before any copy
     const uint32_t bar0 = sb + L::BAR_OFF;
     if (tid == 0) {
-        for (int i = 0; i < FSL; i++)
+        for (int i = 0; i < FSL + 1; i++)
             mbar_init(bar0 + 8 * i, 1);
         mbar_fence_init();
     }
-    // Q of the chunk (zero-filled past its rows), by cp.async: waited for
-    // before the first tile
-    for (int e = tid; e < CHUNK_ROWS * V8; e += FNT) {
-        int r = e / V8, c = e % V8;
-        RowId id = row_id(p, b, g, ch, r);
-        long long off = id.ok ? id.grow * ldq + (long long)id.h * D + c * 8 : 0;
-        cp16(sb + (uint32_t)sw_off(r, c, CHUNK_ROWS), p.q + off, id.ok);
+    // Q of the chunk, waited for before the first tile: by TMA where the
+    // block's rows of kv head g are one whole chunk (maps.q_on; thread 0,
+    // mbarrier FSL), else by cp.async (zero-filled past its rows)
+    if (maps.q_on) {
+        if (tid == 0) {
+            const uint32_t qb = bar0 + 8 * FSL;
+            mbar_expect_tx(qb, (uint32_t)L::QS);
+#pragma unroll
+            for (int cb = 0; cb < L::NH; cb++)
+                tma_load_3d(sb + cb * (CHUNK_ROWS * 128), &maps.q, 64 * cb, g * p.group, b * p.bs, qb);
+        }
+    } else {
+        for (int e = tid; e < CHUNK_ROWS * V8; e += FNT) {
+            int r = e / V8, c = e % V8;
+            RowId id = row_id(p, b, g, ch, r);
+            long long off = id.ok ? id.grow * ldq + (long long)id.h * D + c * 8 : 0;
+            cp16(sb + (uint32_t)sw_off(r, c, CHUNK_ROWS), p.q + off, id.ok);
+        }
+        cp_commit();
     }
-    cp_commit();
     __syncthreads(); // the mbarriers' inits
     // half h of the key loop (K of tile h / 2, or its V when h is odd) into
     // slot h % 3, by TMA, issued by thread 0: context tile t is keys lo0 +
@@ -219,9 +237,13 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p, const __grid_c
     auto step = [&](int t, auto nsc) {
         constexpr int NS = decltype(nsc)::value, NJ = NS / 4, NKK = NS / 8;
         const int sv = sk == FSL - 1 ? 0 : sk + 1, sn = sv == FSL - 1 ? 0 : sv + 1;
-        if (t == 0) { // Q landed (this thread's copies), visible to the tensor cores
-            cp_wait<0>();
-            fence_proxy_async();
+        if (t == 0) { // Q landed (TMA; or this thread's copies, made visible to the tensor cores)
+            if (maps.q_on) {
+                mbar_wait(bar0 + 8 * FSL, 0u);
+            } else {
+                cp_wait<0>();
+                fence_proxy_async();
+            }
         }
         landed(2 * t);
         __syncthreads(); // Q (everyone's copies); P V(t - 1) retired everywhere: slot sn is free
@@ -425,6 +447,16 @@ int kv_maps_make(const Params &p, int D, KvMaps *m)
     if (tma_map_bf16(&m->kc, p.kc, 2, dc, st, bc) || tma_map_bf16(&m->vc, p.vc, 2, dc, st, bc) ||
         tma_map_bf16(&m->kb, p.kb, 2, db, st, bb) || tma_map_bf16(&m->vb, p.vb, 2, db, st, bb))
         return -EOPNOTSUPP;
+    // Q (and dO) of a chunk: one box when a block's rows of a kv head are
+    // exactly one chunk (no rows past it to zero); else the kernels' cp.async
+    m->q_on = m->qd_on = 0;
+    if (p.bs * p.group == CHUNK_ROWS && p.q) {
+        const uint64_t dq3[3] = {(uint64_t)D, (uint64_t)p.nq, (uint64_t)p.nb * p.bs};
+        const uint64_t sq3[2] = {(uint64_t)D * 2, (uint64_t)p.nq * D * 2};
+        const uint32_t bq3[3] = {64, (uint32_t)p.group, (uint32_t)p.bs};
+        m->q_on = !tma_map_bf16(&m->q, p.q, 3, dq3, sq3, bq3);
+        m->qd_on = m->q_on && p.dout && !tma_map_bf16(&m->dout, p.dout, 3, dq3, sq3, bq3);
+    }
     return 0;
 }
 
