@@ -101,6 +101,11 @@ struct KvMaps {
 // base not 16-byte aligned, or the encoder refused). dflash_attn_wg_fwd.cu.
 int tma_map_bf16(CUtensorMap *m, const void *base, int rank, const uint64_t *dims,
                  const uint64_t *strides, const uint32_t *box);
+// A [nb bs queries][nq heads][D] bf16 tensor (q, dout, out) as a 3-D map
+// whose box is one row chunk: bs queries x group heads x 64 dims, landing as
+// the chunk's rows (query-major, head-minor) in the 128-byte swizzle. Only
+// meaningful when bs x group == 64. 0 or -EOPNOTSUPP (tma_map_bf16's).
+int chunk_map_bf16(CUtensorMap *m, const void *base, const Params &p, int D);
 // The same for an fp32 tensor, unswizzled (box[0] x 4 bytes a multiple of 16).
 int tma_map_f32(CUtensorMap *m, const void *base, int rank, const uint64_t *dims, const uint64_t *strides,
                 const uint32_t *box);

@@ -554,14 +554,9 @@ int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const in
     QdMaps qm;
     memset(&qm, 0, sizeof qm);
     if (p.bs * p.group == CHUNK_ROWS && p.group >= 4 && (p.group & (p.group - 1)) == 0) {
-        const uint64_t rows = (uint64_t)p.nb * p.bs;
-        const uint64_t dims[3] = {(uint64_t)D, (uint64_t)p.nq, rows};
-        const uint64_t strides[2] = {(uint64_t)D * 2, (uint64_t)p.nq * D * 2};
-        const uint32_t box[3] = {64, (uint32_t)p.group, (uint32_t)p.bs};
-        const uint64_t ldims[2] = {(uint64_t)p.nq, rows}, lstr[1] = {(uint64_t)p.nq * 4};
+        const uint64_t ldims[2] = {(uint64_t)p.nq, (uint64_t)p.nb * p.bs}, lstr[1] = {(uint64_t)p.nq * 4};
         const uint32_t lbox[2] = {(uint32_t)p.group, (uint32_t)p.bs};
-        qm.on = !tma_map_bf16(&qm.q, p.q, 3, dims, strides, box) &&
-                !tma_map_bf16(&qm.dout, p.dout, 3, dims, strides, box) &&
+        qm.on = !chunk_map_bf16(&qm.q, p.q, p, D) && !chunk_map_bf16(&qm.dout, p.dout, p, D) &&
                 !tma_map_f32(&qm.lse, p.lse_in, 2, ldims, lstr, lbox) &&
                 !tma_map_f32(&qm.di, p.Di, 2, ldims, lstr, lbox);
     }

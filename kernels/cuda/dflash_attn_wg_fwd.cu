@@ -438,6 +438,14 @@ int tma_map_f32(CUtensorMap *m, const void *base, int rank, const uint64_t *dims
                    box);
 }
 
+int chunk_map_bf16(CUtensorMap *m, const void *base, const Params &p, int D)
+{
+    const uint64_t dims[3] = {(uint64_t)D, (uint64_t)p.nq, (uint64_t)p.nb * p.bs};
+    const uint64_t strides[2] = {(uint64_t)D * 2, (uint64_t)p.nq * D * 2};
+    const uint32_t box[3] = {64, (uint32_t)p.group, (uint32_t)p.bs};
+    return tma_map_bf16(m, base, 3, dims, strides, box);
+}
+
 int kv_maps_make(const Params &p, int D, KvMaps *m)
 {
     // [rows, nkv D] row-major: boxes of 64 columns x WG_KV_BOX (or kbox) rows
@@ -451,11 +459,8 @@ int kv_maps_make(const Params &p, int D, KvMaps *m)
     // exactly one chunk (no rows past it to zero); else the kernels' cp.async
     m->q_on = m->qd_on = 0;
     if (p.bs * p.group == CHUNK_ROWS && p.q) {
-        const uint64_t dq3[3] = {(uint64_t)D, (uint64_t)p.nq, (uint64_t)p.nb * p.bs};
-        const uint64_t sq3[2] = {(uint64_t)D * 2, (uint64_t)p.nq * D * 2};
-        const uint32_t bq3[3] = {64, (uint32_t)p.group, (uint32_t)p.bs};
-        m->q_on = !tma_map_bf16(&m->q, p.q, 3, dq3, sq3, bq3);
-        m->qd_on = m->q_on && p.dout && !tma_map_bf16(&m->dout, p.dout, 3, dq3, sq3, bq3);
+        m->q_on = !chunk_map_bf16(&m->q, p.q, p, D);
+        m->qd_on = m->q_on && p.dout && !chunk_map_bf16(&m->dout, p.dout, p, D);
     }
     return 0;
 }
