@@ -215,7 +215,6 @@ __global__ void __launch_bounds__(WNT, 1)
     // first visible context key (INT_MAX past the chunk: never visible) and
     // the item's anchor / span bounds by plain stores.
     auto issue = [&](int k, int st, int b, int anc, int ds, int ep) {
-        int ch = k % p.nch;
         if constexpr (TQ) {
             if (tid == 0) {
                 if (ep >= 0)
@@ -237,9 +236,8 @@ __global__ void __launch_bounds__(WNT, 1)
                 tma_load_2d(ms, &qm.lse, g * p.group, b * p.bs, bar);
                 tma_load_2d(ms + CHUNK_ROWS * 4, &qm.di, g * p.group, b * p.bs, bar);
             }
-            (void)ch;
-            return;
         } else {
+            const int ch = k % p.nch;
             int rr = ch * CHUNK_ROWS + r0;
             int qo = rr / p.group, hh = rr - qo * p.group;
             uint32_t qd = sb + 2 * L::KV + st * 2 * L::QS + so0;
@@ -255,20 +253,20 @@ __global__ void __launch_bounds__(WNT, 1)
                 bool wrap = hh >= p.group;
                 qo += wrap, hh -= wrap ? p.group : 0;
             }
-        }
-        if (tid < CHUNK_ROWS) {
-            RowId id = row_id(p, b, g, ch, tid);
-            long long li = id.ok ? (long long)id.grow * p.nq + id.h : 0;
-            uint32_t ms = sb + L::META_OFF + st * L::META;
-            cp4(ms + tid * 4, p.lse_in + li, id.ok);
-            cp4(ms + CHUNK_ROWS * 4 + tid * 4, p.Di + li, id.ok);
-            int *meta = reinterpret_cast<int *>(sm + L::META_OFF + st * L::META);
-            meta[2 * CHUNK_ROWS + tid] = id.ok ? ctx_lo(anc, ds, p.W, id.qo) : INT_MAX;
-            if (tid == 0) {
-                meta[3 * CHUNK_ROWS] = anc;
-                meta[3 * CHUNK_ROWS + 1] = ctx_lo(anc, ds, p.W, 0);        // widest row's bound
-                meta[3 * CHUNK_ROWS + 2] = ctx_lo(anc, ds, p.W, p.bs - 1); // narrowest row's
-                meta[3 * CHUNK_ROWS + 3] = (ch + 1) * CHUNK_ROWS <= nrows;
+            if (tid < CHUNK_ROWS) {
+                RowId id = row_id(p, b, g, ch, tid);
+                long long li = id.ok ? (long long)id.grow * p.nq + id.h : 0;
+                uint32_t ms = sb + L::META_OFF + st * L::META;
+                cp4(ms + tid * 4, p.lse_in + li, id.ok);
+                cp4(ms + CHUNK_ROWS * 4 + tid * 4, p.Di + li, id.ok);
+                int *meta = reinterpret_cast<int *>(sm + L::META_OFF + st * L::META);
+                meta[2 * CHUNK_ROWS + tid] = id.ok ? ctx_lo(anc, ds, p.W, id.qo) : INT_MAX;
+                if (tid == 0) {
+                    meta[3 * CHUNK_ROWS] = anc;
+                    meta[3 * CHUNK_ROWS + 1] = ctx_lo(anc, ds, p.W, 0);        // widest row's bound
+                    meta[3 * CHUNK_ROWS + 2] = ctx_lo(anc, ds, p.W, p.bs - 1); // narrowest row's
+                    meta[3 * CHUNK_ROWS + 3] = (ch + 1) * CHUNK_ROWS <= nrows;
+                }
             }
         }
     };
