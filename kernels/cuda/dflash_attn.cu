@@ -1653,7 +1653,8 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         CU(cudaGetLastError());
         REC(ev, 3, st);
         if (wg2 && df_dflash::dkv_wg_usable(p, D)) {
-            int rc = df_dflash::dkv_wg_launch(p, D, st, part, cnt, lst, order, nct);
+            int rc = df_dflash::dkv_wg_launch(p, D, st, part, cnt, lst, order, nct,
+                                              wgdq_on ? &maps : nullptr);
             if (rc)
                 return rc;
         } else {

@@ -74,9 +74,12 @@ bool dkv_wg_usable(const Params &p, int D);
 // The context dK/dV pass: nct key tiles of WG_TILE_KEYS keys, CTAs in the
 // order order[] (LPT rank -> tile), each (tile, kv head, split) summing the
 // items of its split into the fp32 partials part (MMA4's layout). cnt / lst:
-// tile_list_kernel's lists. Returns 0 or -EIO (launch error).
+// tile_list_kernel's lists. km (may be NULL): kv_maps_make's maps of this
+// call, whose q / dout maps (qd_on) are used instead of encoding them again.
+// Returns 0 or -EIO (launch error).
+struct KvMaps;
 int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt,
-                  const int *lst, const int *order, int nct);
+                  const int *lst, const int *order, int nct, const KvMaps *km);
 
 // ---- dflash_attn_wg_dq.cu, dflash_attn_wg_fwd.cu (impls DF_CUDA_DFLASH_IMPL_WG2, _WG2F) ----
 // The K / V tensor maps of the forward and the dQ pass (TMA): context kc, vc

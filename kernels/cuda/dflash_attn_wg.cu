@@ -542,7 +542,7 @@ bool dkv_wg_usable(const Params &p, int D)
 }
 
 int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt,
-                  const int *lst, const int *order, int nct)
+                  const int *lst, const int *order, int nct, const KvMaps *km)
 {
     unsigned grid = (unsigned)((long long)nct * p.nkv * WG_NSPL);
     // every item load by TMA (the TQ instantiation) where a block's rows of a
@@ -554,8 +554,13 @@ int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const in
     if (p.bs * p.group == CHUNK_ROWS && p.group >= 4 && (p.group & (p.group - 1)) == 0) {
         const uint64_t ldims[2] = {(uint64_t)p.nq, (uint64_t)p.nb * p.bs}, lstr[1] = {(uint64_t)p.nq * 4};
         const uint32_t lbox[2] = {(uint32_t)p.group, (uint32_t)p.bs};
-        qm.on = !chunk_map_bf16(&qm.q, p.q, p, D) && !chunk_map_bf16(&qm.dout, p.dout, p, D) &&
-                !tma_map_f32(&qm.lse, p.lse_in, 2, ldims, lstr, lbox) &&
+        if (km && km->qd_on) { // the dQ pass's maps of the same tensors
+            qm.q = km->q, qm.dout = km->dout;
+            qm.on = 1;
+        } else {
+            qm.on = !chunk_map_bf16(&qm.q, p.q, p, D) && !chunk_map_bf16(&qm.dout, p.dout, p, D);
+        }
+        qm.on = qm.on && !tma_map_f32(&qm.lse, p.lse_in, 2, ldims, lstr, lbox) &&
                 !tma_map_f32(&qm.di, p.Di, 2, ldims, lstr, lbox);
     }
     cudaError_t e;

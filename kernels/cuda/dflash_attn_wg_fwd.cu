@@ -417,8 +417,9 @@ int tma_map(CUtensorMap *m, CUtensorMapDataType type, CUtensorMapSwizzle swz, co
         if (i + 1 < rank)
             st[i] = strides[i];
     }
-    return enc(m, type, (cuuint32_t)rank, const_cast<void *>(base), d, st, bx, es, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               swz, CU_TENSOR_MAP_L2_PROMOTION_L2_128B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
+    return enc(m, type, (cuuint32_t)rank, const_cast<void *>(base), d, st, bx, es,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, swz, CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS
                ? 0
                : -EOPNOTSUPP;
 }
