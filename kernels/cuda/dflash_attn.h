@@ -15,7 +15,8 @@
  * score's P = 0 times a NaN / Inf value is NaN (FlashAttention's contract for
  * the keys of a tile past a causal bound is the same). The trainer's rows
  * are all real tokens' (padding blocks hold mask tokens). Zeroing those rows
- * in shared memory instead cost 3-8% (docs/NOTES.md, session 12). */
+ * in shared memory instead cost the forward 3.6-5% and the dQ pass 2.6-8%
+ * (docs/NOTES.md, session 12). */
 #ifndef DF_CUDA_DFLASH_ATTN_H
 #define DF_CUDA_DFLASH_ATTN_H
 
