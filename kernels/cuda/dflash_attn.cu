@@ -1636,7 +1636,8 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
             dq_order_kernel<<<1, NL_ORDER, 0, st>>>(p, dq_order);
             CU(cudaGetLastError());
         }
-        int rc = wgdq_on ? df_dflash::dq_wg_launch(p, D, st, fold_on, maps)
+        // (the wgmma dQ pass takes dq_order[0] as its items' counter)
+        int rc = wgdq_on ? df_dflash::dq_wg_launch(p, D, st, fold_on, maps, dq_order)
                          : dq_mma2_launch<D>(p, st, wg2 ? dq_order : nullptr);
         if (rc)
             return rc;

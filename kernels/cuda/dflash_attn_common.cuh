@@ -123,12 +123,14 @@ int kv_maps_make(const Params &p, int D, KvMaps *m);
 // fwd_mma2_kernel).
 bool dq_wg_usable(int D, bool fold);
 bool fwd_wg_usable(int D);
-// The dQ pass: one CTA per (block, kv head, row chunk), p.nb * p.nkv * p.nch
-// of them, blocks last to first. fold false (WG2): needs p.Di filled
-// (di_kernel). fold true (WG2F; needs p.nch == 1, else -EINVAL): also
-// writes p.Di (di_kernel's values, bitwise) and the block-key gradients dkb,
-// dvb (dkv_mma2_kernel's block tiles are then not run). 0, -EINVAL or -EIO.
-int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps);
+// The dQ pass: items (block, kv head, row chunk), p.nb * p.nkv * p.nch of
+// them, blocks last to first, on a persistent grid. fold false (WG2): needs
+// p.Di filled (di_kernel). fold true (WG2F; needs p.nch == 1, else -EINVAL):
+// also writes p.Di (di_kernel's values, bitwise) and the block-key
+// gradients dkb, dvb (dkv_mma2_kernel's block tiles are then not run). ctr:
+// one int of device scratch, the items' counter (zeroed on st, then used by
+// the kernel). 0, -EINVAL or -EIO.
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr);
 // The forward (out, lse): one CTA per (block, kv head, row chunk), K / V by
 // TMA. 0, -EIO, or -EOPNOTSUPP when the tensor maps cannot be made (nothing
 // launched: the caller runs MMA4's forward).

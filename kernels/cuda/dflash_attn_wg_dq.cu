@@ -3,10 +3,10 @@
 // sm_90a). WG2's backward is MMA4's with its context dK/dV pass on wgmma
 // (dflash_attn_wg.cu; Di, the tile lists, the block-key dK/dV and the split
 // reduction are MMA4's) and this kernel in place of MMA4's dq_mma2_kernel,
-// its CTAs' blocks last to first (see the kernel).
+// its items' blocks last to first (see the kernel).
 //
-// Work split (dq_mma2_kernel's): one CTA per (block b, kv head g, row
-// chunk): the 64 rows of a chunk are the 16 queries x `group` heads of one
+// Work split (dq_mma2_kernel's): one item per (block b, kv head g, row
+// chunk), items handed to a persistent grid (see the kernel): the 64 rows of a chunk are the 16 queries x `group` heads of one
 // block and kv head, sharing one anchor and one context span [lo0, anchor)
 // (lo0: the widest row's bound), so for every key tile of the span the
 // problem is a dense 64 rows x QTK keys one:
@@ -46,7 +46,8 @@
 // tensor maps, dflash_attn_common.cuh's KvMaps) after the barrier at the
 // top of tile t, which every thread passes only once tile t - 1's wgmmas
 // retired; the copies complete the stage's mbarrier, which the readers wait
-// on. Context keys past the anchor arrive as they are and are masked; keys
+// on. (A stage and the Q / dO buffer are page pairs whose roles rotate from
+// item to item: see the kernel.) Context keys past the anchor arrive as they are and are masked; keys
 // past S arrive as zeros. TMA instead of each thread's cp.async (session
 // 11): H200, bench_dflash_attn, this pass 3docs full 0.418 -> 0.375 ms,
 // sliding 0.404 -> 0.373, 1doc full 0.946 -> 0.839, 1doc sliding 0.709 ->
@@ -68,10 +69,11 @@
 // Rows of a chunk past bs x group: Q, dO zero, lse -inf (P = 0), not written.
 // Padding blocks: dq 0.
 //
-// Resources (ptxas, sm_90a, CUDA 13.0; before the 16-key block tile, see
-// above for today's): D 128: 180 registers, no spills, 97
-// KiB of dynamic shared memory (16 + 16 + 2 x 32 + 1 KiB alignment slack):
-// 2 CTAs (8 warps) per SM; D 64: 146 registers, 49 KiB. No "wgmma
+// Resources (ptxas, sm_90a, CUDA 13.0, session 13, persistent): D 128: 199
+// registers (251 with FOLD), no spills, 97 KiB of dynamic shared memory (3
+// page pairs of 32 KiB + 1 KiB alignment slack): 2 CTAs (8 warps) per SM;
+// D 64: 163 (194 with FOLD), 49 KiB. (Before the 16-key block tile: 180 /
+// 146 registers.) No "wgmma
 // serialization" warning. On the H200 (27B drafter shape, 3docs full):
 // 0.378 ms, bitwise dq_mma2_kernel's dQ. ncu (FOLD, session 6): 2 active
 // warps per scheduler, 0.40 eligible, the busiest pipe 45% busy:
@@ -86,8 +88,8 @@
 // kv head g from the block tile's P and dS (see dq_wg_kernel): the
 // backward then runs neither di_kernel (0.048 ms at the 27B shape) nor
 // the block tiles of dkv_mma2_kernel (0.159 ms). Resources (ptxas, sm_90a,
-// CUDA 13.0): D 128: 189 registers, no spills; D 64: 152; shared memory as
-// WG2's (P^T / dS^T reuse a free K / V stage). FOLD = false compiles to the
+// CUDA 13.0, session 6): D 128: 189 registers, no spills; D 64: 152; shared
+// memory as WG2's (P^T / dS^T in free bytes of a K / V stage). FOLD = false compiles to the
 // same code as before the fold existed (checked: identical .text bytes).
 // On the H200 (session 6): all five gradients bitwise WG2's (dkb / dvb were
 // not promised) in every bench configuration; the pass 0.378 -> 0.446 ms
@@ -102,6 +104,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "dflash_attn_common.cuh"
 #include "dflash_attn_wg.cuh" // DF_WG_BODY (sm_90a code), the wgmma / cp.async / swizzle helpers
@@ -113,16 +116,20 @@ constexpr int QNT = 128; // threads: one warpgroup
 constexpr int QTK = 64;  // keys per tile (S, dP: n 64; dQ: 4 k steps of 16)
 constexpr int QST = 2;   // K / V stages (tile t + 1 loads during tile t)
 
-// Shared memory, bytes from a 1024-aligned base: Q at 0, dO at QS, stage s's
-// K at KV_OFF + 2 s KV, its V KV later. D 128: 16 + 16 + 2 x 32 KiB.
+// Shared memory, bytes from a 1024-aligned base: NPR = 3 page pairs of 2 x
+// QS bytes (a chunk's Q and dO, or a tile's K and V: QS == KV), pair q at q
+// PR, then one mbarrier (8 bytes) per pair. Their roles rotate from item to
+// item (see the kernel). D 128: 3 x 32 KiB.
+constexpr int NPR = 3;
 template <int D> struct DqLayout {
     static constexpr int NH = D / 64;                // 128-byte column blocks per row
     static constexpr int QS = NH * CHUNK_ROWS * 128; // Q (or dO) of the chunk
     static constexpr int KV = NH * QTK * 128;        // one K (or V) tile
-    static constexpr int KV_OFF = 2 * QS;
-    static constexpr int BAR_OFF = KV_OFF + QST * 2 * KV; // one mbarrier (8 bytes) per stage
-    // + the Q / dO mbarrier (TMA, maps.qd_on) after the stages'
-    static constexpr size_t SMEM = (size_t)BAR_OFF + (QST + 1) * 8 + 1024; // + alignment slack
+    static constexpr int PR = 2 * QS;                // a page pair
+    static_assert(QS == KV, "a pair holds Q, dO or K, V");
+    static constexpr int BAR_OFF = NPR * PR;
+    static constexpr int NX_OFF = BAR_OFF + NPR * 8; // int: the CTA's next item
+    static constexpr size_t SMEM = (size_t)NX_OFF + 8 + 1024; // + alignment slack
 };
 static_assert(QTK == WG_KV_BOX, "the tensor maps' box is one key tile");
 
@@ -139,6 +146,36 @@ constexpr int PTB = QTK * CHUNK_ROWS * 2; // WG2F: one bf16 [key][row] tile (P^T
 // per i), lane xor 16 / 8 is thread t4 xor 2 / 1, lane xor 4, 2, 1 stay
 // inside the thread. So the Di the later passes read equals di_kernel's and
 // WG2F's dQ and context dK / dV equal WG2's bitwise (same inputs, same sums).
+// v[j] += the products of one 16-byte vector of O and of dO (element 2 k:
+// the low half of word k, bf2f: bits << 16), chunk_di's order
+__device__ __forceinline__ void di_acc(float (&v)[8], uint4 uo, uint4 ud)
+{
+    uint32_t wo[4] = {uo.x, uo.y, uo.z, uo.w}, wd[4] = {ud.x, ud.y, ud.z, ud.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        v[2 * k] += __uint_as_float(wo[k] << 16) * __uint_as_float(wd[k] << 16);
+        v[2 * k + 1] += __uint_as_float(wo[k] & 0xffff0000u) * __uint_as_float(wd[k] & 0xffff0000u);
+    }
+}
+
+// the quad's butterfly of chunk_di (every thread of the warp takes part)
+__device__ __forceinline__ float di_quad_sum(float (&v)[8])
+{
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        v[j] += __shfl_xor_sync(0xffffffffu, v[j], 2); // lanes l, l ^ 16
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        v[j] += __shfl_xor_sync(0xffffffffu, v[j], 1); // l ^ 8
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        v[j] += v[j + 4]; // l ^ 4
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+        v[j] += v[j + 2]; // l ^ 2
+    return v[0] + v[1];   // l ^ 1
+}
+
 template <int D>
 __device__ __forceinline__ void chunk_di(const Params &p, const RowId (&rid)[2], int t4, float (&Dr)[2])
 {
@@ -152,44 +189,93 @@ __device__ __forceinline__ void chunk_di(const Params &p, const RowId (&rid)[2],
             long long w = (long long)rid[ri].grow * p.nq + rid[ri].h; // di_kernel's warp index
             const uint16_t *o = p.out + w * D + 8 * t4, *d = p.dout + w * D + 8 * t4;
 #pragma unroll
-            for (int i = 0; i < D / 32; i++) {
-                uint4 uo = *reinterpret_cast<const uint4 *>(o + 32 * i);
-                uint4 ud = *reinterpret_cast<const uint4 *>(d + 32 * i);
-                uint32_t wo[4] = {uo.x, uo.y, uo.z, uo.w}, wd[4] = {ud.x, ud.y, ud.z, ud.w};
-#pragma unroll
-                for (int k = 0; k < 4; k++) { // element 2 k: low half (bf2f: bits << 16)
-                    v[2 * k] += __uint_as_float(wo[k] << 16) * __uint_as_float(wd[k] << 16);
-                    v[2 * k + 1] +=
-                        __uint_as_float(wo[k] & 0xffff0000u) * __uint_as_float(wd[k] & 0xffff0000u);
-                }
-            }
+            for (int i = 0; i < D / 32; i++)
+                di_acc(v, *reinterpret_cast<const uint4 *>(o + 32 * i),
+                       *reinterpret_cast<const uint4 *>(d + 32 * i));
         }
-        // every thread of the warp takes part (rows past the chunk with zeros)
+        Dr[ri] = di_quad_sum(v);
+    }
+}
+
+// chunk_di in two halves, for an item whose dO is loaded into shared memory
+// ahead: this thread's 16-byte vectors of O (vector i of row ri: columns 8
+// t4 + 32 i; zeros for rows past the chunk) into registers ...
+template <int D>
+__device__ __forceinline__ void chunk_o_load(const Params &p, const RowId (&rid)[2], int t4,
+                                             uint4 (&o)[2][D / 32])
+{
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const uint16_t *src = p.out + ((long long)rid[ri].grow * p.nq + rid[ri].h) * D + 8 * t4;
+#pragma unroll
+        for (int i = 0; i < D / 32; i++)
+            o[ri][i] = rid[ri].ok ? *reinterpret_cast<const uint4 *>(src + 32 * i)
+                                  : make_uint4(0u, 0u, 0u, 0u);
+    }
+}
+// ... then Di from them and the chunk's dO at dos (generic address; rows
+// r0, r0 + 8 of the 128-byte swizzle): chunk_di's products and sums, so
+// chunk_di's bits (rows past the chunk: O zeros, so 0, as chunk_di)
+template <int D>
+__device__ __forceinline__ void chunk_di_smem(const uint4 (&o)[2][D / 32], const uint8_t *dos, int r0, int t4,
+                                              float (&Dr)[2])
+{
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const int r = r0 + 8 * ri;
+        float v[8];
 #pragma unroll
         for (int j = 0; j < 8; j++)
-            v[j] += __shfl_xor_sync(0xffffffffu, v[j], 2); // lanes l, l ^ 16
+            v[j] = 0.0f;
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            v[j] += __shfl_xor_sync(0xffffffffu, v[j], 1); // l ^ 8
-#pragma unroll
-        for (int j = 0; j < 4; j++)
-            v[j] += v[j + 4]; // l ^ 4
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-            v[j] += v[j + 2]; // l ^ 2
-        Dr[ri] = v[0] + v[1]; // l ^ 1
+        for (int i = 0; i < D / 32; i++) {
+            const int c = t4 + 4 * i; // 16-byte chunk of the row: column block c / 8, chunk c % 8
+            const uint4 ud = *reinterpret_cast<const uint4 *>(dos + (c >> 3) * (CHUNK_ROWS * 128) + r * 128 +
+                                                              (((c & 7) ^ (r & 7)) << 4));
+            di_acc(v, o[ri][i], ud);
+        }
+        Dr[ri] = di_quad_sum(v);
     }
 }
 #endif // DF_WG_BODY
 
-// One CTA per (block, kv head, row chunk), blocks last to first (the
-// forward's order: a document's longest context spans first, neighbouring
-// anchors side by side). It replaced dq_order_kernel's global LPT order
-// (still used by dq_mma2_kernel): on the H200 (bench_dflash_attn, session 9)
-// the pass took 0.450 -> 0.434 ms (3docs full), 0.449 -> 0.439 (sliding);
-// LPT interleaves the documents' CTAs; 1doc within +-1% (the same order but
-// for ties). Same work per CTA, same bits.
-// __launch_bounds__(.., 2): 2 CTAs per SM at D 128 (shared memory bound).
+// Items (block, kv head, row chunk), item i = (nb - 1 - b) nkv nch + g nch
+// + ch: blocks last to first (the forward's order: a document's longest
+// context spans first, neighbouring anchors side by side; it replaced
+// dq_order_kernel's global LPT order, still used by dq_mma2_kernel: on the
+// H200, bench_dflash_attn, session 9, the pass took 0.450 -> 0.434 ms, 3docs
+// full, 0.449 -> 0.439 sliding; 1doc within +-1%).
+// Persistent (session 13): the host launches as many CTAs as fit at once
+// (2 per SM at D 128, __launch_bounds__(.., 2): shared memory bound); CTA
+// c's first item is c, each next one is taken from the counter *ctr
+// (zeroed by the host before the launch; atomicAdd, plus gridDim.x) at the
+// start of the item before, so items go to CTAs as they free up, in item
+// order, as the hardware hands out CTAs (a static stride left the CTAs of
+// the longest items last at 1doc). The item -> CTA mapping changes nothing
+// in the results: each item is computed whole by one CTA, in tile order.
+// Why: where a block's rows of a kv head are one TMA box (maps.qd_on) and
+// the block tile is 16 keys (bs <= 16), the next item's loads run under
+// this item's block tile and epilogue: its Q / dO by TMA into the page pair
+// the block tile leaves free, and (FOLD) its O rows into registers and its
+// lse, so its Di is computed (chunk_di_smem: chunk_di's bits, dO from
+// shared memory) before this item's fold. Shared memory is three page pairs
+// (Q + dO, or one tile's K + V: 2 x 16 KiB at D 128) whose roles rotate:
+// item i holds Q / dO in pair pq and its tiles alternate in pk0 / pk1; the
+// block tile (the last) is in pblk, the other stage pair pfree is free from
+// the block tile's barrier on (tile nt - 2's wgmmas retired) and takes item
+// i + 1's Q / dO; item i + 1's tiles then go to pblk and the old pq (free
+// once the fold's wgmmas retired: the item's last barrier). One mbarrier
+// per pair, its phase counted per pair (every thread waits on every fill).
+// H200, bench_dflash_attn (session 13; medians of 5 runs of main's kernel
+// and 4 of this one, two calls): this pass 3docs full 0.366 -> 0.354 ms,
+// sliding 0.372 -> 0.351, 1doc full 0.828 -> 0.816, 1doc sliding 0.667 ->
+// 0.652; the backward 3docs full 0.803 -> 0.789 ms (334 TFLOP/s), 3docs
+// sliding 0.801 -> 0.785; every gradient bitwise the same. Not kept:
+// issuing item i + 1's first two tiles too, right after item i's last
+// barrier (before the fold's stores): 255 registers and an 8-byte spill,
+// the pass 8% slower. With one CTA per item instead (grid = items,
+// DFLASH_ATTN_DQ_PERSIST=0) this code was ~4% slower than the
+// non-persistent kernel it replaced (the loop's registers).
 // FOLD (impl WG2F; the host launches it only with p.nch == 1, so the CTA
 // holds every row that sees its block's keys for kv head g, and bs <= QTK:
 // one block tile, the last of the loop): the CTA also computes its rows' Di
@@ -200,7 +286,8 @@ __device__ __forceinline__ void chunk_di(const Params &p, const RowId (&rid)[2],
 // from the block tile's P and dS (bf16, as the dQ GEMM used them) summed
 // over the chunk's 64 rows. In the block tile, P^T and dS^T are stored as
 // bf16 [key][row] tiles (128-byte rows, the swizzle of the Q tile: K-major A
-// operands) into the K / V stage that tile t - 1 used (free: see there);
+// operands): with the 16-key block tile beside its keys in the block tile's
+// own page pair (see pt in the kernel), else into the free stage pair;
 // after the loop and dQ's write-out (its accumulators dead), 2 x 4 wgmma
 // m64nDk16 with A = P^T / dS^T and B = dO / Q of the chunk, MN-major through
 // the descriptor (dkv_wg_kernel's B of dV += P^T dO, dK += dS^T Q). Block
@@ -209,7 +296,8 @@ __device__ __forceinline__ void chunk_di(const Params &p, const RowId (&rid)[2],
 // FOLD = false compiles to WG2's kernel as before (every addition is under
 // if constexpr (FOLD)).
 template <int D, bool FOLD>
-__global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const __grid_constant__ KvMaps maps)
+__global__ void __launch_bounds__(QNT, 2)
+    dq_wg_kernel(Params p, const __grid_constant__ KvMaps maps, int nitems, int *ctr)
 {
 #if DF_WG_BODY
     using L = DqLayout<D>;
@@ -220,312 +308,396 @@ __global__ void __launch_bounds__(QNT, 2) dq_wg_kernel(Params p, const __grid_co
     const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
     // warp index broadcast from lane 0: warp-uniform for the compiler
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
-    const int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
-              b = p.nb - 1 - (int)(blockIdx.x / (p.nch * p.nkv));
     const long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
-    if (!p.valid[b]) {
-        for (int e = tid; e < CHUNK_ROWS * V8; e += QNT) {
-            RowId id = row_id(p, b, g, ch, e / V8);
-            if (id.ok)
-                *reinterpret_cast<uint4 *>(p.dq + id.grow * ldq + (long long)id.h * D + (e % V8) * 8) =
-                    make_uint4(0u, 0u, 0u, 0u);
-        }
-        if constexpr (FOLD) {
-            // dkv_mma2_kernel's block tiles write a padding block's dkb /
-            // dvb as 0; its rows' Di as di_kernel would (nothing reads them:
-            // padding blocks are in no tile list; kept so that p.Di equals
-            // di_kernel's)
-            for (int e = tid; e < p.bs * V8; e += QNT) {
-                long long off = ((long long)b * p.bs + e / V8) * ldk + (long long)g * D + (e % V8) * 8;
-                *reinterpret_cast<uint4 *>(p.dkb + off) = make_uint4(0u, 0u, 0u, 0u);
-                *reinterpret_cast<uint4 *>(p.dvb + off) = make_uint4(0u, 0u, 0u, 0u);
-            }
-            RowId rid[2] = {row_id(p, b, g, ch, 16 * warp + gid),
-                            row_id(p, b, g, ch, 16 * warp + gid + 8)};
-            float Dr[2];
-            chunk_di<D>(p, rid, t4, Dr);
-#pragma unroll
-            for (int ri = 0; ri < 2; ri++)
-                if (rid[ri].ok && t4 == 0)
-                    p.Di[(long long)rid[ri].grow * p.nq + rid[ri].h] = Dr[ri];
-        }
-        return;
-    }
-    const int anc = p.anchor[b], ds = p.doc_start[b];
-    const int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
-    const int ntc = (anc - lo0 + QTK - 1) / QTK, ntb = (p.bs + QTK - 1) / QTK, nt = ntc + ntb;
-    // the stages' mbarriers, initialised before any copy
+    // one mbarrier per page pair, initialised before any copy; ph: bit q is
+    // the parity of pair q's next fill (every thread waits on every fill)
     const uint32_t bar0 = sb + L::BAR_OFF;
     if (tid == 0) {
-        for (int i = 0; i < QST + 1; i++)
+        for (int i = 0; i < NPR; i++)
             mbar_init(bar0 + 8 * i, 1);
         mbar_fence_init();
     }
-    // Q, dO of the chunk, waited for before the first tile: by TMA where the
-    // block's rows of kv head g are one whole chunk (maps.qd_on; thread 0,
-    // mbarrier QST), else by cp.async (zero-filled past its rows)
-    if (maps.qd_on) {
-        if (tid == 0) {
-            const uint32_t qb = bar0 + 8 * QST;
-            mbar_expect_tx(qb, (uint32_t)(2 * L::QS));
+    __syncthreads(); // the mbarriers' inits
+    uint32_t ph = 0;
+    auto pair_wait = [&](int q) {
+        mbar_wait(bar0 + 8 * q, (ph >> q) & 1u);
+        ph ^= 1u << q;
+    };
+    // the pairs' roles: Q / dO of the current item in pair pq, its tiles
+    // t even / odd in pairs pk[0] / pk[1]; qnext: the item's Q / dO were
+    // issued by the previous item (into pq)
+    int pq = 0, pk0 = 1, pk1 = 2;
+    // qnext: also its Di (FOLD) and lse, computed by the previous item
+    bool qnext = false;
+    float nxDr[2], nxL[2];
+    const int kbox = p.bs <= 16 ? 16 : QTK; // the block maps' box rows
+    // block_size <= 16: one block tile, of 16 keys
+    const bool b16 = p.bs <= 16;
+    volatile int *s_nx = reinterpret_cast<volatile int *>(wq_smem + (sb - s0) + L::NX_OFF);
+    for (int item = blockIdx.x, nx; item < nitems; item = nx) {
+        // the CTA's next item (dynamic: items go to CTAs as they free up, as the
+        // hardware hands out CTAs); thread 0 takes it now, publishes it before
+        // the item's first barrier (its latency under the item's loads)
+        int taken = 0;
+        if (tid == 0)
+            taken = (int)gridDim.x + atomicAdd(ctr, 1);
+        const int ch = item % p.nch, g = (item / p.nch) % p.nkv, b = p.nb - 1 - item / (p.nch * p.nkv);
+        if (!p.valid[b]) {
+            for (int e = tid; e < CHUNK_ROWS * V8; e += QNT) {
+                RowId id = row_id(p, b, g, ch, e / V8);
+                if (id.ok)
+                    *reinterpret_cast<uint4 *>(p.dq + id.grow * ldq + (long long)id.h * D + (e % V8) * 8) =
+                        make_uint4(0u, 0u, 0u, 0u);
+            }
+            if constexpr (FOLD) {
+                // dkv_mma2_kernel's block tiles write a padding block's dkb /
+                // dvb as 0; its rows' Di as di_kernel would (nothing reads them:
+                // padding blocks are in no tile list; kept so that p.Di equals
+                // di_kernel's)
+                for (int e = tid; e < p.bs * V8; e += QNT) {
+                    long long off = ((long long)b * p.bs + e / V8) * ldk + (long long)g * D + (e % V8) * 8;
+                    *reinterpret_cast<uint4 *>(p.dkb + off) = make_uint4(0u, 0u, 0u, 0u);
+                    *reinterpret_cast<uint4 *>(p.dvb + off) = make_uint4(0u, 0u, 0u, 0u);
+                }
+                RowId rid[2] = {row_id(p, b, g, ch, 16 * warp + gid),
+                                row_id(p, b, g, ch, 16 * warp + gid + 8)};
+                float Dr[2];
+                chunk_di<D>(p, rid, t4, Dr);
+#pragma unroll
+                for (int ri = 0; ri < 2; ri++)
+                    if (rid[ri].ok && t4 == 0)
+                        p.Di[(long long)rid[ri].grow * p.nq + rid[ri].h] = Dr[ri];
+            }
+            if (tid == 0)
+                *s_nx = taken;
+            __syncthreads();
+            nx = *s_nx;
+            __syncthreads(); // everyone read it before thread 0 writes the next
+            continue; // (no early issue from a padding block: qnext is false)
+        }
+        const int anc = p.anchor[b], ds = p.doc_start[b];
+        const int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
+        const int ntc = (anc - lo0 + QTK - 1) / QTK, ntb = (p.bs + QTK - 1) / QTK, nt = ntc + ntb;
+        // Q, dO of the chunk into pair pq, waited for before the first tile: by
+        // TMA where the block's rows of kv head g are one whole chunk
+        // (maps.qd_on; thread 0, pair pq's mbarrier), else by cp.async
+        // (zero-filled past its rows). Already issued by the previous item: qnext.
+        const uint32_t qsm = sb + pq * L::PR;
+        if (maps.qd_on) {
+            if (tid == 0 && !qnext) {
+                const uint32_t qb = bar0 + 8 * pq;
+                mbar_expect_tx(qb, (uint32_t)(2 * L::QS));
+#pragma unroll
+                for (int cb = 0; cb < L::NH; cb++) {
+                    tma_load_3d(qsm + cb * (CHUNK_ROWS * 128), &maps.q, 64 * cb, g * p.group, b * p.bs, qb);
+                    tma_load_3d(qsm + L::QS + cb * (CHUNK_ROWS * 128), &maps.dout, 64 * cb, g * p.group,
+                                b * p.bs, qb);
+                }
+            }
+        } else {
+            for (int e = tid; e < CHUNK_ROWS * V8; e += QNT) {
+                int r = e / V8, c = e % V8;
+                RowId id = row_id(p, b, g, ch, r);
+                long long off = id.ok ? id.grow * ldq + (long long)id.h * D + c * 8 : 0;
+                uint32_t so = (uint32_t)sw_off(r, c, CHUNK_ROWS);
+                cp16(qsm + so, p.q + off, id.ok);
+                cp16(qsm + L::QS + so, p.dout + off, id.ok);
+            }
+            cp_commit();
+        }
+        // K and V of tile t into page pair pr by TMA, issued by thread 0 (the
+        // forward's loads: context keys past anc arrive as they are and are
+        // masked, keys past S as zeros; block tile t - ntc from the block maps)
+        auto issue = [&](int t, int pr) {
+            if (tid != 0)
+                return;
+            const bool isctx = t < ntc;
+            const int row = isctx ? lo0 + t * QTK : b * p.bs + (t - ntc) * QTK;
+            const uint32_t dst = sb + pr * L::PR, bar = bar0 + 8 * pr;
+            mbar_expect_tx(bar, (uint32_t)(2 * L::NH * (isctx ? QTK : kbox) * 128));
 #pragma unroll
             for (int cb = 0; cb < L::NH; cb++) {
-                tma_load_3d(sb + cb * (CHUNK_ROWS * 128), &maps.q, 64 * cb, g * p.group, b * p.bs, qb);
-                tma_load_3d(sb + L::QS + cb * (CHUNK_ROWS * 128), &maps.dout, 64 * cb, g * p.group, b * p.bs,
-                            qb);
+                tma_load_2d(dst + cb * (QTK * 128), isctx ? &maps.kc : &maps.kb, g * D + 64 * cb, row, bar);
+                tma_load_2d(dst + L::KV + cb * (QTK * 128), isctx ? &maps.vc : &maps.vb, g * D + 64 * cb, row,
+                            bar);
             }
+        };
+        static_assert(QST == 2, "tile t is in pair pk0 (t even) or pk1 (t odd)");
+        issue(0, pk0);
+        // this thread's rows: r0 = 16 warp + gid (accumulator elements 4 j + 0, 1)
+        // and r0 + 8 (4 j + 2, 3); their lse (log2 domain), Di, context bound
+        RowId rid[2] = {row_id(p, b, g, ch, 16 * warp + gid), row_id(p, b, g, ch, 16 * warp + gid + 8)};
+        float nL[2], Dr[2];
+        int rlo[2];
+        bool rok[2];
+        if constexpr (FOLD) { // Di here (di_kernel's bits), for this CTA and the later passes
+            if (qnext)
+                Dr[0] = nxDr[0], Dr[1] = nxDr[1];
+            else
+                chunk_di<D>(p, rid, t4, Dr);
         }
-    } else {
-        for (int e = tid; e < CHUNK_ROWS * V8; e += QNT) {
-            int r = e / V8, c = e % V8;
-            RowId id = row_id(p, b, g, ch, r);
-            long long off = id.ok ? id.grow * ldq + (long long)id.h * D + c * 8 : 0;
-            uint32_t so = (uint32_t)sw_off(r, c, CHUNK_ROWS);
-            cp16(sb + so, p.q + off, id.ok);
-            cp16(sb + L::QS + so, p.dout + off, id.ok);
-        }
-        cp_commit();
-    }
-    __syncthreads(); // the mbarriers' inits
-    // K and V of tile t into stage st by TMA, issued by thread 0 (the
-    // forward's loads: context keys past anc arrive as they are and are
-    // masked, keys past S as zeros; block tile t - ntc from the block maps)
-    const int kbox = p.bs <= 16 ? 16 : QTK; // the block maps' box rows
-    auto issue = [&](int t, int st) {
-        if (tid != 0)
-            return;
-        const bool isctx = t < ntc;
-        const int row = isctx ? lo0 + t * QTK : b * p.bs + (t - ntc) * QTK;
-        const uint32_t dst = sb + L::KV_OFF + st * 2 * L::KV, bar = bar0 + 8 * st;
-        mbar_expect_tx(bar, (uint32_t)(2 * L::NH * (isctx ? QTK : kbox) * 128));
 #pragma unroll
-        for (int cb = 0; cb < L::NH; cb++) {
-            tma_load_2d(dst + cb * (QTK * 128), isctx ? &maps.kc : &maps.kb, g * D + 64 * cb, row, bar);
-            tma_load_2d(dst + L::KV + cb * (QTK * 128), isctx ? &maps.vc : &maps.vb, g * D + 64 * cb, row,
-                        bar);
-        }
-    };
-    static_assert(QST == 2, "tile t is stage t % 2's fill t / 2");
-    issue(0, 0);
-    // this thread's rows: r0 = 16 warp + gid (accumulator elements 4 j + 0, 1)
-    // and r0 + 8 (4 j + 2, 3); their lse (log2 domain), Di, context bound
-    RowId rid[2] = {row_id(p, b, g, ch, 16 * warp + gid), row_id(p, b, g, ch, 16 * warp + gid + 8)};
-    float nL[2], Dr[2];
-    int rlo[2];
-    bool rok[2];
-    if constexpr (FOLD) // Di here (di_kernel's bits), for this CTA and the later passes
-        chunk_di<D>(p, rid, t4, Dr);
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        long long li = (long long)rid[ri].grow * p.nq + rid[ri].h;
-        float l2 = rid[ri].ok ? p.lse_in[li] * WLOG2E : -INFINITY;
-        nL[ri] = -l2;
-        if constexpr (FOLD) {
-            if (rid[ri].ok && t4 == 0)
-                p.Di[li] = Dr[ri];
-        } else {
-            Dr[ri] = rid[ri].ok ? p.Di[li] : 0.0f;
-        }
-        rok[ri] = rid[ri].ok && l2 != -INFINITY;
-        rlo[ri] = ctx_lo(anc, ds, p.W, rid[ri].qo);
-    }
-    const bool allok = __syncthreads_and(rok[0] && rok[1]);
-    float acc[NA];
-#pragma unroll
-    for (int i = 0; i < NA; i++)
-        acc[i] = 0.0f;
-    // pin the zeroing before the loop (sunk into it, ptxas serializes the wgmmas)
-    reg_fence(acc);
-    const float sl = p.scale * WLOG2E;
-    const uint64_t dQ = wg_desc(sb, KM_LBO, SBO), dO = dQ + (L::QS >> 4);
-    int st = 0;
-    // Key tile t: NS = 32 accumulators per thread (64 keys, m64n64: the
-    // context tiles, and the block tile when block_size > 16) or 8 (the
-    // 16-key block tile, m64n16, when block_size <= 16).
-    auto step = [&](int t, auto nsc) {
-        constexpr int NS = decltype(nsc)::value, NJ = NS / 4, NKK = NS / 8;
-        if (t == 0) { // Q, dO landed (TMA; or this thread's copies, made visible to the tensor cores)
-            if (maps.qd_on) {
-                mbar_wait(bar0 + 8 * QST, 0u);
+        for (int ri = 0; ri < 2; ri++) {
+            long long li = (long long)rid[ri].grow * p.nq + rid[ri].h;
+            float l2 = rid[ri].ok ? (FOLD && qnext ? nxL[ri] : p.lse_in[li]) * WLOG2E : -INFINITY;
+            nL[ri] = -l2;
+            if constexpr (FOLD) {
+                if (rid[ri].ok && t4 == 0)
+                    p.Di[li] = Dr[ri];
             } else {
-                cp_wait<0>();
-                fence_proxy_async();
+                Dr[ri] = rid[ri].ok ? p.Di[li] : 0.0f;
             }
+            rok[ri] = rid[ri].ok && l2 != -INFINITY;
+            rlo[ri] = ctx_lo(anc, ds, p.W, rid[ri].qo);
         }
-        mbar_wait(bar0 + 8 * st, (uint32_t)(t >> 1) & 1u); // tile t landed
-        __syncthreads(); // Q, dO (everyone's copies); tile t - 1's wgmmas retired (its end)
-        {
-            // tile t + QST - 1 into the stage tile t - 1 used
-            int tn = t + QST - 1, sn = st + QST - 1 >= QST ? st - 1 : st + QST - 1;
-            if (tn < nt)
-                issue(tn, sn);
-        }
-        const uint32_t kd = sb + L::KV_OFF + st * 2 * L::KV;
-        const uint64_t dK = wg_desc(kd, KM_LBO, SBO), dV = dK + (L::KV >> 4);
-        float s[NS], dp[NS];
-        wg_fence();
-        wg_tile_ab<NS, KS, CHUNK_ROWS, QTK>(s, dQ, dK);
-        wg_commit();
-        wg_tile_ab<NS, KS, CHUNK_ROWS, QTK>(dp, dO, dV);
-        wg_commit();
-        const bool isctx = t < ntc;
-        const int base = isctx ? lo0 + t * QTK : (t - ntc) * QTK;
-        // every row of the chunk sees the whole tile: no per-element mask
-        const bool full = NS == 32 && allok && isctx && base >= lohi && base + QTK <= anc;
-        wg_wait<1>(); // S; dP still running
-        reg_fence(s);
-        // P: element 4 j + e is row r0 + 8 (e >> 1), key base + 8 j + 2 t4 +
-        // (e & 1). Branch-free: masked elements get 2^-inf = 0.
-        if (full) {
+        if (tid == 0)
+            *s_nx = taken;
+        const bool allok = __syncthreads_and(rok[0] && rok[1]);
+        nx = *s_nx; // (thread 0 writes the next one after the item's last barrier)
+        // the next item: its Q / dO (and FOLD: Di, lse) are loaded during this
+        // item's block tile where they come by TMA and the block tile leaves a
+        // pair free
+        const int bnx = p.nb - 1 - nx / (p.nch * p.nkv), gnx = (nx / p.nch) % p.nkv;
+        const bool early = nx < nitems && maps.qd_on && b16 && p.valid[bnx];
+        float acc[NA];
 #pragma unroll
-            for (int j = 0; j < NJ; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++)
-                    s[4 * j + e] = ex2(fmaf(s[4 * j + e], sl, nL[e >> 1]));
-        } else {
-            // visible keys of each row in this tile: [klo, khi)
-            int klo[2], khi[2];
-#pragma unroll
-            for (int ri = 0; ri < 2; ri++) {
-                int qo1 = rid[ri].qo + 1;
-                klo[ri] = isctx ? rlo[ri] : 0;
-                khi[ri] = isctx ? anc : (p.W == 0 || qo1 > p.bs ? p.bs : qo1);
-                khi[ri] = rok[ri] ? khi[ri] : INT_MIN;
-            }
-#pragma unroll
-            for (int j = 0; j < NJ; j++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int ri = e >> 1, key = base + 8 * j + 2 * t4 + (e & 1);
-                    bool vis = key >= klo[ri] && key < khi[ri];
-                    float x = fmaf(s[4 * j + e], sl, nL[ri]);
-                    s[4 * j + e] = ex2(vis ? x : -INFINITY);
+        for (int i = 0; i < NA; i++)
+            acc[i] = 0.0f;
+        // pin the zeroing before the loop (sunk into it, ptxas serializes the wgmmas)
+        reg_fence(acc);
+        const float sl = p.scale * WLOG2E;
+        const uint64_t dQ = wg_desc(qsm, KM_LBO, SBO), dO = dQ + (L::QS >> 4);
+        // the block tile's pair (the last tile's) and the other stage pair (free
+        // during the block tile: tile nt - 2's, or no tile of this item's)
+        const int pblk = (nt - 1) & 1 ? pk1 : pk0, pfree = (nt - 1) & 1 ? pk0 : pk1;
+        // FOLD: the block tile's P^T and dS^T (bf16 [key][row] tiles) at pt,
+        // pt + pstep: with a 16-key block tile, in the block tile's own pair
+        // beside its keys (K rows 0 .. 15 of each 128-byte column block at 0 and
+        // QTK x 128; P^T's rows 0 .. 15 at 2 KiB, dS^T's at 4 KiB; the rows the
+        // wgmmas read past them feed only dK / dV rows that are not written),
+        // so that the free pair takes the next item's Q / dO; else the free pair
+        const uint32_t pt = b16 ? sb + pblk * L::PR + 2048 : sb + pfree * L::PR;
+        const uint32_t pstep = b16 ? 2048 : PTB;
+        // Key tile t: NS = 32 accumulators per thread (64 keys, m64n64: the
+        // context tiles, and the block tile when block_size > 16) or 8 (the
+        // 16-key block tile, m64n16, when block_size <= 16).
+        auto step = [&](int t, auto nsc) {
+            constexpr int NS = decltype(nsc)::value, NJ = NS / 4, NKK = NS / 8;
+            const int pr = t & 1 ? pk1 : pk0;
+            if (t == 0) { // Q, dO landed (TMA; or this thread's copies, made visible to the tensor cores)
+                if (maps.qd_on) {
+                    if (!(FOLD && qnext)) // (else waited for by the previous item, for Di)
+                        pair_wait(pq);
+                } else {
+                    cp_wait<0>();
+                    fence_proxy_async();
                 }
-        }
-        wg_wait<0>(); // dP
-        reg_fence(dp);
-        // dS as the A fragments of dQ's k steps: k step kk (keys 16 kk .. + 15)
-        // = accumulator columns 2 kk, 2 kk + 1
-        uint32_t sa[NKK][4];
-#pragma unroll
-        for (int kk = 0; kk < NKK; kk++)
-#pragma unroll
-            for (int h = 0; h < 4; h++) {
-                int i = 8 * kk + 2 * h; // elements i, i + 1: row r0 + 8 (h & 1)
-                float d0 = Dr[h & 1];
-                sa[kk][h] = pack_bf2(s[i] * (dp[i] - d0), s[i + 1] * (dp[i + 1] - d0));
             }
-        if constexpr (FOLD) {
-            if (t == nt - 1) {
-                // the block tile (the last tile: bs <= QTK): P^T, dS^T (bf16, the
-                // values of this tile's dQ) as [key][row] tiles of 128-byte rows
-                // in the 128-byte swizzle (row r of key k: chunk r / 8 at chunk
-                // position (r / 8) ^ (k % 8), element r % 8 = gid in it), into the
-                // stage tile t - 1 used: its last readers (tile t - 1's wgmmas)
-                // retired before this tile's barrier, and no tile loads into it
-                // any more (t + 1 = nt). Only the 8-key groups below bs: the
-                // other A rows (keys) feed only dK / dV rows that are not written.
-                // Read by the wgmmas after the loop (fenced and synced there).
-                static_assert(QST == 2, "the stage of tile t - 1 is st ^ 1");
-                uint8_t *pt = wq_smem + (sb - s0) + L::KV_OFF + (st ^ 1) * 2 * L::KV;
+            pair_wait(pr); // tile t landed
+            __syncthreads(); // Q, dO (everyone's copies); tile t - 1's wgmmas retired (its end)
+            if (t + 1 < nt) // tile t + 1 into the pair tile t - 1 used
+                issue(t + 1, t & 1 ? pk0 : pk1);
+            else if (early && tid == 0) {
+                // the block tile: the next item's Q / dO into the free pair, so
+                // their latency runs under this tile and the epilogue
+                const uint32_t qb = bar0 + 8 * pfree, qn = sb + pfree * L::PR;
+                mbar_expect_tx(qb, (uint32_t)(2 * L::QS));
 #pragma unroll
-                for (int j = 0; j < NJ; j++) {
-                    if (8 * j >= p.bs)
-                        break;
+                for (int cb = 0; cb < L::NH; cb++) {
+                    tma_load_3d(qn + cb * (CHUNK_ROWS * 128), &maps.q, 64 * cb, gnx * p.group, bnx * p.bs,
+                                qb);
+                    tma_load_3d(qn + L::QS + cb * (CHUNK_ROWS * 128), &maps.dout, 64 * cb, gnx * p.group,
+                                bnx * p.bs, qb);
+                }
+            }
+            const uint32_t kd = sb + pr * L::PR;
+            const uint64_t dK = wg_desc(kd, KM_LBO, SBO), dV = dK + (L::KV >> 4);
+            float s[NS], dp[NS];
+            wg_fence();
+            wg_tile_ab<NS, KS, CHUNK_ROWS, QTK>(s, dQ, dK);
+            wg_commit();
+            wg_tile_ab<NS, KS, CHUNK_ROWS, QTK>(dp, dO, dV);
+            wg_commit();
+            const bool isctx = t < ntc;
+            const int base = isctx ? lo0 + t * QTK : (t - ntc) * QTK;
+            // every row of the chunk sees the whole tile: no per-element mask
+            const bool full = NS == 32 && allok && isctx && base >= lohi && base + QTK <= anc;
+            wg_wait<1>(); // S; dP still running
+            reg_fence(s);
+            // P: element 4 j + e is row r0 + 8 (e >> 1), key base + 8 j + 2 t4 +
+            // (e & 1). Branch-free: masked elements get 2^-inf = 0.
+            if (full) {
 #pragma unroll
-                    for (int ri = 0; ri < 2; ri++) {
-                        // elements 4 j + 2 ri + e: row 16 warp + gid + 8 ri, key 8 j + 2 t4 + e
-                        const int rc = 2 * warp + ri, k0 = 8 * j + 2 * t4;
-                        const uint32_t pv = pack_bf2(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]);
-                        const uint32_t sv = sa[j >> 1][2 * (j & 1) + ri]; // same elements
+                for (int j = 0; j < NJ; j++)
 #pragma unroll
-                        for (int e = 0; e < 2; e++) {
-                            int k = k0 + e, off = k * 128 + ((rc ^ (k & 7)) << 4) + 2 * gid;
-                            *reinterpret_cast<uint16_t *>(pt + off) = (uint16_t)(pv >> (16 * e));
-                            *reinterpret_cast<uint16_t *>(pt + PTB + off) = (uint16_t)(sv >> (16 * e));
+                    for (int e = 0; e < 4; e++)
+                        s[4 * j + e] = ex2(fmaf(s[4 * j + e], sl, nL[e >> 1]));
+            } else {
+                // visible keys of each row in this tile: [klo, khi)
+                int klo[2], khi[2];
+#pragma unroll
+                for (int ri = 0; ri < 2; ri++) {
+                    int qo1 = rid[ri].qo + 1;
+                    klo[ri] = isctx ? rlo[ri] : 0;
+                    khi[ri] = isctx ? anc : (p.W == 0 || qo1 > p.bs ? p.bs : qo1);
+                    khi[ri] = rok[ri] ? khi[ri] : INT_MIN;
+                }
+#pragma unroll
+                for (int j = 0; j < NJ; j++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int ri = e >> 1, key = base + 8 * j + 2 * t4 + (e & 1);
+                        bool vis = key >= klo[ri] && key < khi[ri];
+                        float x = fmaf(s[4 * j + e], sl, nL[ri]);
+                        s[4 * j + e] = ex2(vis ? x : -INFINITY);
+                    }
+            }
+            wg_wait<0>(); // dP
+            reg_fence(dp);
+            // dS as the A fragments of dQ's k steps: k step kk (keys 16 kk .. + 15)
+            // = accumulator columns 2 kk, 2 kk + 1
+            uint32_t sa[NKK][4];
+#pragma unroll
+            for (int kk = 0; kk < NKK; kk++)
+#pragma unroll
+                for (int h = 0; h < 4; h++) {
+                    int i = 8 * kk + 2 * h; // elements i, i + 1: row r0 + 8 (h & 1)
+                    float d0 = Dr[h & 1];
+                    sa[kk][h] = pack_bf2(s[i] * (dp[i] - d0), s[i + 1] * (dp[i + 1] - d0));
+                }
+            if constexpr (FOLD) {
+                if (t == nt - 1) {
+                    // the block tile (the last tile: bs <= QTK): P^T, dS^T (bf16, the
+                    // values of this tile's dQ) as [key][row] tiles of 128-byte rows
+                    // in the 128-byte swizzle (row r of key k: chunk r / 8 at chunk
+                    // position (r / 8) ^ (k % 8), element r % 8 = gid in it), at pt
+                    // (see there: bytes no wgmma of this tile reads, in a pair no
+                    // copy writes before the item's end). Only the 8-key groups
+                    // below bs: the other A rows (keys) feed only dK / dV rows that
+                    // are not written. Read by the wgmmas after the loop (fenced
+                    // and synced there).
+                    uint8_t *ptp = wq_smem + (pt - s0);
+#pragma unroll
+                    for (int j = 0; j < NJ; j++) {
+                        if (8 * j >= p.bs)
+                            break;
+#pragma unroll
+                        for (int ri = 0; ri < 2; ri++) {
+                            // elements 4 j + 2 ri + e: row 16 warp + gid + 8 ri, key 8 j + 2 t4 + e
+                            const int rc = 2 * warp + ri, k0 = 8 * j + 2 * t4;
+                            const uint32_t pv = pack_bf2(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]);
+                            const uint32_t sv = sa[j >> 1][2 * (j & 1) + ri]; // same elements
+#pragma unroll
+                            for (int e = 0; e < 2; e++) {
+                                int k = k0 + e, off = k * 128 + ((rc ^ (k & 7)) << 4) + 2 * gid;
+                                *reinterpret_cast<uint16_t *>(ptp + off) = (uint16_t)(pv >> (16 * e));
+                                *reinterpret_cast<uint16_t *>(ptp + pstep + off) = (uint16_t)(sv >> (16 * e));
+                            }
                         }
                     }
                 }
             }
-        }
-        // B of k step kk: keys 16 kk .. + 15 of the K stage, MN-major
-        const uint64_t mK = wg_desc(kd, MN_LBO, SBO);
-        wg_fence(); // the A fragments were written by ordinary instructions
+            // B of k step kk: keys 16 kk .. + 15 of the K stage, MN-major
+            const uint64_t mK = wg_desc(kd, MN_LBO, SBO);
+            wg_fence(); // the A fragments were written by ordinary instructions
 #pragma unroll
-        for (int kk = 0; kk < NKK; kk++)
-            wg_rs(acc, sa[kk], mK + kk * (16 * 128 >> 4));
-        wg_commit();
-        // retired before the next tile: frees the dS fragments, and the K
-        // stage is refilled right after the next barrier
-        wg_wait<0>();
-        st = st + 1 == QST ? 0 : st + 1;
-    };
-    // block_size <= 16: one block tile, of 16 keys
-    const bool b16 = p.bs <= 16;
-    for (int t = 0, ntl = b16 ? ntc : nt; t < ntl; t++)
-        step(t, IntC<32>());
-    if (b16)
-        step(nt - 1, IntC<8>());
-    reg_fence(acc);
-    // element 4 j + 2 ri + e: row r0 + 8 ri, head dim 8 j + 2 t4 + e
+            for (int kk = 0; kk < NKK; kk++)
+                wg_rs(acc, sa[kk], mK + kk * (16 * 128 >> 4));
+            wg_commit();
+            // retired before the next tile: frees the dS fragments, and the K
+            // stage is refilled right after the next barrier
+            wg_wait<0>();
+        };
+        for (int t = 0, ntl = b16 ? ntc : nt; t < ntl; t++)
+            step(t, IntC<32>());
+        // FOLD, early: the next item's O rows (for its Di) and lse, loaded under
+        // the block tile and this item's epilogue
+        uint4 onx[2][FOLD ? D / 32 : 1];
+        if constexpr (FOLD) {
+            if (early) {
+                const int chnx = nx % p.nch;
+                RowId nid[2] = {row_id(p, bnx, gnx, chnx, 16 * warp + gid),
+                                row_id(p, bnx, gnx, chnx, 16 * warp + gid + 8)};
+                chunk_o_load<D>(p, nid, t4, onx);
 #pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        const RowId &id = rid[ri];
-        if (!id.ok)
-            continue;
-        uint16_t *qrow = p.dq + id.grow * ldq + (long long)id.h * D + 2 * t4;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *reinterpret_cast<uint32_t *>(qrow + 8 * j) =
-                pack_bf2(acc[4 * j + 2 * ri] * p.scale, acc[4 * j + 2 * ri + 1] * p.scale);
-    }
-    if constexpr (FOLD) {
-        // the block's dK / dV for kv head g (see the kernel's comment). P^T at
-        // pt, dS^T at pt + PTB: the stage after the last tile's (st has moved
-        // past it), where the block tile stored them.
-        static_assert(2 * PTB <= 2 * L::KV, "P^T and dS^T fit one K / V stage");
-        const uint32_t pt = sb + L::KV_OFF + st * 2 * L::KV;
-        fence_proxy_async(); // this thread's P^T / dS^T stores -> the tensor cores ...
-        __syncthreads();     // ... everyone's (every wgmma of the loop retired in its tile)
-        float dv[NA], dk[NA];
-#pragma unroll
-        for (int i = 0; i < NA; i++)
-            dv[i] = 0.0f, dk[i] = 0.0f;
-        reg_fence(dv);
-        reg_fence(dk);
-        // A (P^T, dS^T: 64 keys x 64 rows, K-major): k step kk = rows 16 kk ..
-        // + 15, 32 bytes into the 128-byte rows (as the S GEMM's A = Q). B (dO,
-        // Q: 64 rows x D, MN-major): k step kk = rows 16 kk .. + 15 = 2048
-        // bytes, LBO one column block of the chunk (dkv_wg_kernel's mO, mQ).
-        const uint64_t aP = wg_desc(pt, KM_LBO, SBO), aS = aP + (PTB >> 4);
-        const uint64_t mQ = wg_desc(sb, CHUNK_ROWS * 128, SBO), mO = mQ + (L::QS >> 4);
-        wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-            wg_ss_tb(dv, aP + kk * (32 >> 4), mO + kk * (16 * 128 >> 4));
-#pragma unroll
-        for (int kk = 0; kk < 4; kk++)
-            wg_ss_tb(dk, aS + kk * (32 >> 4), mQ + kk * (16 * 128 >> 4));
-        wg_commit();
-        wg_wait<0>();
-        reg_fence(dv);
-        reg_fence(dk);
-        // element 4 j + 2 h + e: key 16 warp + gid + 8 h, head dim 8 j + 2 t4 + e;
-        // dK scaled in fp32 before the rounding (dkv_mma2_kernel's order)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int key = 16 * warp + gid + 8 * h;
-            if (key >= p.bs)
-                continue;
-            const long long off = ((long long)b * p.bs + key) * ldk + (long long)g * D + 2 * t4;
-#pragma unroll
-            for (int j = 0; j < D / 8; j++) {
-                *reinterpret_cast<uint32_t *>(p.dkb + off + 8 * j) =
-                    pack_bf2(dk[4 * j + 2 * h] * p.scale, dk[4 * j + 2 * h + 1] * p.scale);
-                *reinterpret_cast<uint32_t *>(p.dvb + off + 8 * j) =
-                    pack_bf2(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+                for (int ri = 0; ri < 2; ri++)
+                    nxL[ri] = nid[ri].ok ? p.lse_in[(long long)nid[ri].grow * p.nq + nid[ri].h] : 0.0f;
             }
         }
+        if (b16)
+            step(nt - 1, IntC<8>());
+        reg_fence(acc);
+        // element 4 j + 2 ri + e: row r0 + 8 ri, head dim 8 j + 2 t4 + e
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++) {
+            const RowId &id = rid[ri];
+            if (!id.ok)
+                continue;
+            uint16_t *qrow = p.dq + id.grow * ldq + (long long)id.h * D + 2 * t4;
+#pragma unroll
+            for (int j = 0; j < D / 8; j++)
+                *reinterpret_cast<uint32_t *>(qrow + 8 * j) =
+                    pack_bf2(acc[4 * j + 2 * ri] * p.scale, acc[4 * j + 2 * ri + 1] * p.scale);
+        }
+        if constexpr (FOLD) {
+            // the next item's Di, once its dO landed (issued in the block tile)
+            if (early) {
+                pair_wait(pfree);
+                chunk_di_smem<D>(onx, wq_smem + (sb + pfree * L::PR + L::QS - s0), 16 * warp + gid, t4, nxDr);
+            }
+            // the block's dK / dV for kv head g (see the kernel's comment) from
+            // P^T at pt, dS^T at pt + pstep, where the block tile stored them
+            static_assert(2 * PTB <= L::PR, "P^T and dS^T fit one page pair");
+            fence_proxy_async(); // this thread's P^T / dS^T stores -> the tensor cores ...
+            __syncthreads();     // ... everyone's (every wgmma of the loop retired in its tile)
+            float dv[NA], dk[NA];
+#pragma unroll
+            for (int i = 0; i < NA; i++)
+                dv[i] = 0.0f, dk[i] = 0.0f;
+            reg_fence(dv);
+            reg_fence(dk);
+            // A (P^T, dS^T: 64 keys x 64 rows, K-major): k step kk = rows 16 kk ..
+            // + 15, 32 bytes into the 128-byte rows (as the S GEMM's A = Q). B (dO,
+            // Q: 64 rows x D, MN-major): k step kk = rows 16 kk .. + 15 = 2048
+            // bytes, LBO one column block of the chunk (dkv_wg_kernel's mO, mQ).
+            const uint64_t aP = wg_desc(pt, KM_LBO, SBO), aS = aP + (pstep >> 4);
+            const uint64_t mQ = wg_desc(qsm, CHUNK_ROWS * 128, SBO), mO = mQ + (L::QS >> 4);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                wg_ss_tb(dv, aP + kk * (32 >> 4), mO + kk * (16 * 128 >> 4));
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++)
+                wg_ss_tb(dk, aS + kk * (32 >> 4), mQ + kk * (16 * 128 >> 4));
+            wg_commit();
+            wg_wait<0>();
+            reg_fence(dv);
+            reg_fence(dk);
+            // element 4 j + 2 h + e: key 16 warp + gid + 8 h, head dim 8 j + 2 t4 + e;
+            // dK scaled in fp32 before the rounding (dkv_mma2_kernel's order)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int key = 16 * warp + gid + 8 * h;
+                if (key >= p.bs)
+                    continue;
+                const long long off = ((long long)b * p.bs + key) * ldk + (long long)g * D + 2 * t4;
+#pragma unroll
+                for (int j = 0; j < D / 8; j++) {
+                    *reinterpret_cast<uint32_t *>(p.dkb + off + 8 * j) =
+                        pack_bf2(dk[4 * j + 2 * h] * p.scale, dk[4 * j + 2 * h + 1] * p.scale);
+                    *reinterpret_cast<uint32_t *>(p.dvb + off + 8 * j) =
+                        pack_bf2(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+                }
+            }
+        }
+        // every thread's wgmmas of this item retired (at its last tile / the
+        // fold): the next item's copies may refill the pairs
+        __syncthreads();
+        if (early) { // the next item: Q / dO in the free pair, tiles in the others
+            const int opq = pq;
+            pq = pfree, pk0 = pblk, pk1 = opq;
+        }
+        qnext = early;
     }
 #else
     __trap(); // built without sm_90a: dq_wg_usable() keeps launches away
@@ -547,18 +719,37 @@ bool dq_wg_usable(int D, bool fold)
 
 namespace {
 template <int D, bool FOLD>
-cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps &maps)
+cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps &maps, int *ctr)
 {
     cudaError_t e = cudaFuncSetAttribute(dq_wg_kernel<D, FOLD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)DqLayout<D>::SMEM);
     if (e != cudaSuccess)
         return e;
-    dq_wg_kernel<D, FOLD><<<n, QNT, DqLayout<D>::SMEM, st>>>(p, maps);
+    // persistent: as many CTAs as fit at once (2 per SM at D 128), each
+    // taking items blockIdx.x, + gridDim.x, ... (the blocks last to first);
+    // DFLASH_ATTN_DQ_PERSIST=0: one CTA per item (the order as before)
+    static int persist = -1;
+    if (persist < 0) {
+        const char *v = getenv("DFLASH_ATTN_DQ_PERSIST");
+        persist = !(v && v[0] == '0');
+    }
+    unsigned grid = n;
+    int dev = 0, nsm = 0, per = 0;
+    if (persist && cudaGetDevice(&dev) == cudaSuccess &&
+        cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, dq_wg_kernel<D, FOLD>, QNT, DqLayout<D>::SMEM) ==
+            cudaSuccess &&
+        per > 0 && (unsigned)(per * nsm) < n)
+        grid = (unsigned)(per * nsm);
+    e = cudaMemsetAsync(ctr, 0, sizeof(int), st);
+    if (e != cudaSuccess)
+        return e;
+    dq_wg_kernel<D, FOLD><<<grid, QNT, DqLayout<D>::SMEM, st>>>(p, maps, (int)n, ctr);
     return cudaGetLastError();
 }
 } // namespace
 
-int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps)
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr)
 {
     long long n = (long long)p.nb * p.nkv * p.nch;
     if (n <= 0)
@@ -568,10 +759,10 @@ int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMap
                 __FILE__, __LINE__);
         return -EINVAL;
     }
-    cudaError_t e = D == 128 ? (fold ? dq_wg_run<128, true>(p, (unsigned)n, st, maps)
-                                     : dq_wg_run<128, false>(p, (unsigned)n, st, maps))
-                             : (fold ? dq_wg_run<64, true>(p, (unsigned)n, st, maps)
-                                     : dq_wg_run<64, false>(p, (unsigned)n, st, maps));
+    cudaError_t e = D == 128 ? (fold ? dq_wg_run<128, true>(p, (unsigned)n, st, maps, ctr)
+                                     : dq_wg_run<128, false>(p, (unsigned)n, st, maps, ctr))
+                             : (fold ? dq_wg_run<64, true>(p, (unsigned)n, st, maps, ctr)
+                                     : dq_wg_run<64, false>(p, (unsigned)n, st, maps, ctr));
     if (e != cudaSuccess) {
         fprintf(stderr, "dflash_attn: dq_wg_kernel<%d%s>: %s (%s:%d)\n", D, fold ? ", fold" : "",
                 cudaGetErrorString(e), __FILE__, __LINE__);
