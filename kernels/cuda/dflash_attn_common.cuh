@@ -9,6 +9,7 @@
 
 #include <cuda.h> // CUtensorMap (the wgmma kernels' TMA maps; no libcuda link)
 #include <cuda_runtime.h>
+#include <limits.h>
 #include <stdint.h>
 
 namespace df_dflash {
@@ -53,6 +54,19 @@ __device__ __forceinline__ RowId row_id(const Params &p, int b, int g, int ch, i
     id.grow = b * p.bs + qo;
     id.h = g * p.group + hh;
     return id;
+}
+
+// The keys row id sees in a key tile, [klo, khi): a context tile, [rlo (its
+// ctx_lo), anc); the block tile, the block's bs keys, or on a sliding layer
+// (W > 0) the first qo + 1 of them; none where ok is false (rows past the
+// chunk, rows without lse). The wgmma forward's and dQ pass's masks.
+__device__ __forceinline__ void row_key_range(const Params &p, const RowId &id, int rlo, bool ok, bool isctx,
+                                              int anc, int &klo, int &khi)
+{
+    int qo1 = id.qo + 1;
+    klo = isctx ? rlo : 0;
+    khi = isctx ? anc : (p.W == 0 || qo1 > p.bs ? p.bs : qo1);
+    khi = ok ? khi : INT_MIN;
 }
 
 // ---- dflash_attn_wg.cu (impls DF_CUDA_DFLASH_IMPL_WG2, _WG2F: the context dK/dV) ----

@@ -276,13 +276,8 @@ __global__ void __launch_bounds__(WNT, 1)
         return k < nitems ? tl[k / p.nch] : 0;
     };
     float dv[NA], dk[NA];
-#pragma unroll
-    for (int i = 0; i < NA; i++)
-        dv[i] = 0.0f, dk[i] = 0.0f;
-    // pin the zeroing here: sunk into the loop's paths, it counts as "non-wgmma
-    // instructions defining accumulators" and ptxas serializes every wgmma
-    reg_fence(dv);
-    reg_fence(dk);
+    acc_zero(dv); // pinned before the loop
+    acc_zero(dk);
     // items 0, 1 into stages 0, 1; then item i + 2 during item i. Their block
     // index, anchor and document start are loaded ahead (b of item i + 3 and
     // the anchor of item i + 2 during item i - 1...): no dependent global load

@@ -145,6 +145,16 @@ template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N])
     for (int i = 0; i < N; i++)
         asm volatile("" : "+f"(r[i])::"memory");
 }
+// Zero wgmma accumulators and pin the zeroing where it is called: sunk into
+// a loop's paths, it counts as "non-wgmma instructions defining
+// accumulators" and ptxas serializes every wgmma.
+template <int N> __device__ __forceinline__ void acc_zero(float (&r)[N])
+{
+#pragma unroll
+    for (int i = 0; i < N; i++)
+        r[i] = 0.0f;
+    reg_fence(r);
+}
 
 // The accumulator operands of an m64nNk16 wgmma: N/2 fp32 registers per
 // thread, in the instruction's register list and in the asm operand list

@@ -460,11 +460,7 @@ __global__ void __launch_bounds__(QNT, 2)
         const int bnx = p.nb - 1 - nx / (p.nch * p.nkv), gnx = (nx / p.nch) % p.nkv;
         const bool early = nx < nitems && maps.qd_on && b16 && p.valid[bnx];
         float acc[NA];
-#pragma unroll
-        for (int i = 0; i < NA; i++)
-            acc[i] = 0.0f;
-        // pin the zeroing before the loop (sunk into it, ptxas serializes the wgmmas)
-        reg_fence(acc);
+        acc_zero(acc); // pinned before the loop
         const float sl = p.scale * WLOG2E;
         const uint64_t dQ = wg_desc(qsm, KM_LBO, SBO), dO = dQ + (L::QS >> 4);
         // the block tile's pair (the last tile's) and the other stage pair (free
@@ -536,12 +532,8 @@ __global__ void __launch_bounds__(QNT, 2)
                 // visible keys of each row in this tile: [klo, khi)
                 int klo[2], khi[2];
 #pragma unroll
-                for (int ri = 0; ri < 2; ri++) {
-                    int qo1 = rid[ri].qo + 1;
-                    klo[ri] = isctx ? rlo[ri] : 0;
-                    khi[ri] = isctx ? anc : (p.W == 0 || qo1 > p.bs ? p.bs : qo1);
-                    khi[ri] = rok[ri] ? khi[ri] : INT_MIN;
-                }
+                for (int ri = 0; ri < 2; ri++)
+                    row_key_range(p, rid[ri], rlo[ri], rok[ri], isctx, anc, klo[ri], khi[ri]);
 #pragma unroll
                 for (int j = 0; j < NJ; j++)
 #pragma unroll
@@ -651,11 +643,8 @@ __global__ void __launch_bounds__(QNT, 2)
             fence_proxy_async(); // this thread's P^T / dS^T stores -> the tensor cores ...
             __syncthreads();     // ... everyone's (every wgmma of the loop retired in its tile)
             float dv[NA], dk[NA];
-#pragma unroll
-            for (int i = 0; i < NA; i++)
-                dv[i] = 0.0f, dk[i] = 0.0f;
-            reg_fence(dv);
-            reg_fence(dk);
+            acc_zero(dv);
+            acc_zero(dk);
             // A (P^T, dS^T: 64 keys x 64 rows, K-major): k step kk = rows 16 kk ..
             // + 15, 32 bytes into the 128-byte rows (as the S GEMM's A = Q). B (dO,
             // Q: 64 rows x D, MN-major): k step kk = rows 16 kk .. + 15 = 2048

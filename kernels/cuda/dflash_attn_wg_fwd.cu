@@ -221,10 +221,7 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p, const __grid_c
     for (int ri = 0; ri < 2; ri++)
         rlo[ri] = ctx_lo(anc, ds, p.W, rid[ri].qo);
     float o[NA];
-#pragma unroll
-    for (int i = 0; i < NA; i++)
-        o[i] = 0.0f;
-    reg_fence(o); // pinned before the loop (see dflash_attn_wg.cuh)
+    acc_zero(o); // pinned before the loop
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const float sl = p.scale * WLOG2E;
     const uint64_t dQ = wg_desc(sb, KM_LBO, SBO);
@@ -262,12 +259,8 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p, const __grid_c
         // chunk: none)
         int klo[2], khi[2];
 #pragma unroll
-        for (int ri = 0; ri < 2; ri++) {
-            int qo1 = rid[ri].qo + 1;
-            klo[ri] = isctx ? rlo[ri] : 0;
-            khi[ri] = isctx ? anc : (p.W == 0 || qo1 > p.bs ? p.bs : qo1);
-            khi[ri] = rid[ri].ok ? khi[ri] : INT_MIN;
-        }
+        for (int ri = 0; ri < 2; ri++)
+            row_key_range(p, rid[ri], rlo[ri], rid[ri].ok, isctx, anc, klo[ri], khi[ri]);
         wg_wait<0>();
         reg_fence(s);
         // element 4 j + e: row r0 + 8 (e >> 1), key base + 8 j + 2 t4 + (e & 1)
