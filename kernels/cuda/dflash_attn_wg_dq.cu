@@ -250,8 +250,9 @@ __device__ __forceinline__ void chunk_di_smem(const uint4 (&o)[2][D / 32], const
 // c's first item is c, each next one is taken from the counter *ctr
 // (zeroed by the host before the launch; atomicAdd, plus gridDim.x) at the
 // start of the item before, so items go to CTAs as they free up, in item
-// order, as the hardware hands out CTAs (a static stride left the CTAs of
-// the longest items last at 1doc). The item -> CTA mapping changes nothing
+// order, as the hardware hands out CTAs (a static stride, item c + j
+// gridDim.x, was ~5% slower at 1doc sliding in session 13; uneven rounds are
+// the likely reason, not measured). The item -> CTA mapping changes nothing
 // in the results: each item is computed whole by one CTA, in tile order.
 // Why: where a block's rows of a kv head are one TMA box (maps.qd_on) and
 // the block tile is 16 keys (bs <= 16), the next item's loads run under
@@ -272,10 +273,10 @@ __device__ __forceinline__ void chunk_di_smem(const uint4 (&o)[2][D / 32], const
 // 0.652; the backward 3docs full 0.803 -> 0.789 ms (334 TFLOP/s), 3docs
 // sliding 0.801 -> 0.785; every gradient bitwise the same. Not kept:
 // issuing item i + 1's first two tiles too, right after item i's last
-// barrier (before the fold's stores): 255 registers and an 8-byte spill,
-// the pass 8% slower. With one CTA per item instead (grid = items,
+// barrier (before the fold's stores), twice (branches wip/s13-early-tiles,
+// -2): 255 registers and a 4-8 byte spill, the pass 8-12% slower. With one CTA per item instead (grid = items,
 // DFLASH_ATTN_DQ_PERSIST=0) this code was ~4% slower than the
-// non-persistent kernel it replaced (the loop's registers).
+// non-persistent kernel it replaced.
 // FOLD (impl WG2F; the host launches it only with p.nch == 1, so the CTA
 // holds every row that sees its block's keys for kv head g, and bs <= QTK:
 // one block tile, the last of the loop): the CTA also computes its rows' Di
@@ -714,22 +715,30 @@ cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps
                                          (int)DqLayout<D>::SMEM);
     if (e != cudaSuccess)
         return e;
-    // persistent: as many CTAs as fit at once (2 per SM at D 128), each
-    // taking items blockIdx.x, + gridDim.x, ... (the blocks last to first);
-    // DFLASH_ATTN_DQ_PERSIST=0: one CTA per item (the order as before)
+    // persistent: as many CTAs as fit at once (2 per SM at D 128), CTA c
+    // taking item c first, then items from the counter ctr (see the kernel);
+    // DFLASH_ATTN_DQ_PERSIST=0: one CTA per item (the order as before). The
+    // resident count per device is asked once (racing first calls store the
+    // same value; 0: unknown or not persistent).
     static int persist = -1;
     if (persist < 0) {
         const char *v = getenv("DFLASH_ATTN_DQ_PERSIST");
         persist = !(v && v[0] == '0');
     }
+    static int resident[64];
     unsigned grid = n;
-    int dev = 0, nsm = 0, per = 0;
-    if (persist && cudaGetDevice(&dev) == cudaSuccess &&
-        cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-        cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, dq_wg_kernel<D, FOLD>, QNT, DqLayout<D>::SMEM) ==
-            cudaSuccess &&
-        per > 0 && (unsigned)(per * nsm) < n)
-        grid = (unsigned)(per * nsm);
+    int dev = 0;
+    if (persist && cudaGetDevice(&dev) == cudaSuccess && dev >= 0 && dev < 64) {
+        if (!resident[dev]) {
+            int nsm = 0, per = 0;
+            if (cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, dq_wg_kernel<D, FOLD>, QNT,
+                                                              DqLayout<D>::SMEM) == cudaSuccess)
+                resident[dev] = per * nsm > 0 ? per * nsm : 0;
+        }
+        if (resident[dev] > 0 && (unsigned)resident[dev] < n)
+            grid = (unsigned)resident[dev];
+    }
     e = cudaMemsetAsync(ctr, 0, sizeof(int), st);
     if (e != cudaSuccess)
         return e;
