@@ -69,10 +69,11 @@
 // Rows of a chunk past bs x group: Q, dO zero, lse -inf (P = 0), not written.
 // Padding blocks: dq 0.
 //
-// Resources (ptxas, sm_90a, CUDA 13.0, session 13, persistent): D 128: 199
-// registers (251 with FOLD), no spills, 97 KiB of dynamic shared memory (3
-// page pairs of 32 KiB + 1 KiB alignment slack): 2 CTAs (8 warps) per SM;
-// D 64: 163 (194 with FOLD), 49 KiB. (Before the 16-key block tile: 180 /
+// Resources (ptxas, sm_90a, CUDA 13.0, session 14, the block area): D 128:
+// 191 registers (248 with FOLD), no spills, 111 KiB of dynamic shared memory
+// (3 page pairs of 32 KiB, the 14 KiB block area, 1 KiB alignment slack): 2
+// CTAs (8 warps) per SM (at most 113 KiB each); D 64: 168 (190 with FOLD),
+// 61 KiB. (Session 13, without the block area: 199 / 251, 97 KiB.) (Before the 16-key block tile: 180 /
 // 146 registers.) No "wgmma
 // serialization" warning. On the H200 (27B drafter shape, 3docs full):
 // 0.378 ms, bitwise dq_mma2_kernel's dQ. ncu (FOLD, session 6): 2 active
@@ -127,9 +128,19 @@ template <int D> struct DqLayout {
     static constexpr int KV = NH * QTK * 128;        // one K (or V) tile
     static constexpr int PR = 2 * QS;                // a page pair
     static_assert(QS == KV, "a pair holds Q, dO or K, V");
-    static constexpr int BAR_OFF = NPR * PR;
-    static constexpr int NX_OFF = BAR_OFF + NPR * 8; // int: the CTA's next item
-    static constexpr size_t SMEM = (size_t)NX_OFF + 8 + 1024; // + alignment slack
+    // block_size <= 16: the block tile's own area after the pairs: its K (16
+    // rows of each column block) at 0, V at BK; once the tile's dQ wgmma
+    // retired, FOLD's P^T / dS^T (16 valid rows of 128 bytes each) at BK and
+    // BK + 2 KiB (over V: its last reader, the dP wgmma, retired before the
+    // dQ wgmma was issued by every warp); the fold's wgmmas read 64 rows (8
+    // KiB) from each: BK + 10 KiB (D 128: 14 KiB)
+    static constexpr int BK = NH * 16 * 128;
+    static constexpr int BLK_OFF = NPR * PR;
+    static constexpr int BLK = BK + 2048 + QTK * 128;
+    static constexpr int BAR_OFF = BLK_OFF + BLK; // mbarriers: pairs 0 .. NPR - 1, then the block area
+    // ints: the CTA's next item, its anchor and document start (prefetched)
+    static constexpr int NX_OFF = BAR_OFF + (NPR + 1) * 8;
+    static constexpr size_t SMEM = (size_t)NX_OFF + 16 + 1024; // + alignment slack
 };
 static_assert(QTK == WG_KV_BOX, "the tensor maps' box is one key tile");
 
@@ -256,22 +267,41 @@ __device__ __forceinline__ void chunk_di_smem(const uint4 (&o)[2][D / 32], const
 // in the results: each item is computed whole by one CTA, in tile order.
 // Why: where a block's rows of a kv head are one TMA box (maps.qd_on) and
 // the block tile is 16 keys (bs <= 16), the next item's loads run under
-// this item's block tile and epilogue: its Q / dO by TMA into the page pair
-// the block tile leaves free, and (FOLD) its O rows into registers and its
-// lse, so its Di is computed (chunk_di_smem: chunk_di's bits, dO from
-// shared memory) before this item's fold. Shared memory is three page pairs
-// (Q + dO, or one tile's K + V: 2 x 16 KiB at D 128) whose roles rotate:
-// item i holds Q / dO in pair pq and its tiles alternate in pk0 / pk1; the
-// block tile (the last) is in pblk, the other stage pair pfree is free from
-// the block tile's barrier on (tile nt - 2's wgmmas retired) and takes item
-// i + 1's Q / dO; item i + 1's tiles then go to pblk and the old pq (free
-// once the fold's wgmmas retired: the item's last barrier). One mbarrier
-// per pair, its phase counted per pair (every thread waits on every fill).
+// this item's block tile and epilogue: its Q / dO and its first context
+// tile by TMA into the two stage pairs, and (FOLD) its O rows into
+// registers and its lse, so its Di is computed (chunk_di_smem: chunk_di's
+// bits, dO from shared memory) before this item's fold; its anchor and
+// document start come by cp.async into shared memory (no registers held
+// across the item), and it is known valid (no load at its top). Shared
+// memory is three page pairs (Q + dO, or one context tile's K + V: 2 x 16
+// KiB at D 128) whose roles rotate, and, bs <= 16, the block area (the
+// block tile's 16 keys, then FOLD's P^T / dS^T: DqLayout): item i holds Q /
+// dO in pair pq and its context tiles alternate in pk0 / pk1; its block
+// tile (the last) lands in the block area, issued at the item's start. From
+// the block tile's barrier on (the last context tile's wgmmas retired) pk0
+// and pk1 are free: item i + 1's Q / dO go to pk1, its first context tile
+// to pk0; item i + 1 then holds Q / dO in pk1 and its tiles in pk0 and the
+// old pq (free once the fold's wgmmas retired: the item's last barrier).
+// One mbarrier per pair and one for the block area, each phase counted
+// apart (every thread waits on every fill).
+// Before the block area (session 13), the block tile took a stage pair, so
+// item i + 1's first tile was issued only at its start. A clock64 trace of
+// every item (session 14, H200, 3docs full) put ~2.9 us of a 21.3 us item
+// in the loads of its start (the validity, then anchor / start, then the
+// first tile: three round trips) and another ~6 us in the block tile, dQ
+// store, fold and its stores; the other CTA of the SM covers much of
+// that: moving the start's loads under the block tile (this code) took the
+// pass only 2-3.5% (below).
 // H200, bench_dflash_attn (session 13; medians of 5 runs of main's kernel
 // and 4 of this one, two calls): this pass 3docs full 0.366 -> 0.354 ms,
 // sliding 0.372 -> 0.351, 1doc full 0.828 -> 0.816, 1doc sliding 0.667 ->
 // 0.652; the backward 3docs full 0.803 -> 0.789 ms (334 TFLOP/s), 3docs
-// sliding 0.801 -> 0.785; every gradient bitwise the same. Not kept:
+// sliding 0.801 -> 0.785; every gradient bitwise the same. The block
+// area with item i + 1's first tile, anchor and start early (session 14;
+// H200, bench_dflash_attn, medians of 6 runs of each, interleaved in one
+// call): this pass 3docs full 0.356 -> 0.343 ms, sliding 0.351 -> 0.344,
+// 1doc full 0.814 -> 0.799, 1doc sliding 0.639 -> 0.624 (faster in 22 of
+// the 24 run pairs); every gradient bitwise the same. Not kept:
 // issuing item i + 1's first two tiles too, right after item i's last
 // barrier (before the fold's stores), twice (branches wip/s13-early-tiles,
 // -2): 255 registers and a 4-8 byte spill, the pass 8-12% slower. With one CTA per item instead (grid = items,
@@ -287,8 +317,9 @@ __device__ __forceinline__ void chunk_di_smem(const uint4 (&o)[2][D / 32], const
 // from the block tile's P and dS (bf16, as the dQ GEMM used them) summed
 // over the chunk's 64 rows. In the block tile, P^T and dS^T are stored as
 // bf16 [key][row] tiles (128-byte rows, the swizzle of the Q tile: K-major A
-// operands): with the 16-key block tile beside its keys in the block tile's
-// own page pair (see pt in the kernel), else into the free stage pair;
+// operands): with the 16-key block tile in the block area over its V, once
+// the tile's dQ wgmma retired (see pt in the kernel), else into the free
+// stage pair;
 // after the loop and dQ's write-out (its accumulators dead), 2 x 4 wgmma
 // m64nDk16 with A = P^T / dS^T and B = dO / Q of the chunk, MN-major through
 // the descriptor (dkv_wg_kernel's B of dV += P^T dO, dK += dS^T Q). Block
@@ -303,7 +334,7 @@ __global__ void __launch_bounds__(QNT, 2)
 #if DF_WG_BODY
     using L = DqLayout<D>;
     constexpr int V8 = D / 8, KS = D / 16, NA = D / 2; // NA: dQ accumulators per thread
-    constexpr uint32_t KM_LBO = 16, SBO = 1024, MN_LBO = QTK * 128;
+    constexpr uint32_t KM_LBO = 16, SBO = 1024;
     extern __shared__ __align__(1024) uint8_t wq_smem[];
     const uint32_t s0 = smem_u32(wq_smem), sb = (s0 + 1023u) & ~1023u;
     const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
@@ -314,7 +345,7 @@ __global__ void __launch_bounds__(QNT, 2)
     // the parity of pair q's next fill (every thread waits on every fill)
     const uint32_t bar0 = sb + L::BAR_OFF;
     if (tid == 0) {
-        for (int i = 0; i < NPR; i++)
+        for (int i = 0; i <= NPR; i++)
             mbar_init(bar0 + 8 * i, 1);
         mbar_fence_init();
     }
@@ -343,7 +374,7 @@ __global__ void __launch_bounds__(QNT, 2)
         if (tid == 0)
             taken = (int)gridDim.x + atomicAdd(ctr, 1);
         const int ch = item % p.nch, g = (item / p.nch) % p.nkv, b = p.nb - 1 - item / (p.nch * p.nkv);
-        if (!p.valid[b]) {
+        if (!qnext && !p.valid[b]) { // (qnext: known valid)
             for (int e = tid; e < CHUNK_ROWS * V8; e += QNT) {
                 RowId id = row_id(p, b, g, ch, e / V8);
                 if (id.ok)
@@ -376,7 +407,8 @@ __global__ void __launch_bounds__(QNT, 2)
             __syncthreads(); // everyone read it before thread 0 writes the next
             continue; // (no early issue from a padding block: qnext is false)
         }
-        const int anc = p.anchor[b], ds = p.doc_start[b];
+        // (qnext: prefetched by the previous item)
+        const int anc = qnext ? s_nx[1] : p.anchor[b], ds = qnext ? s_nx[2] : p.doc_start[b];
         const int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
         const int ntc = (anc - lo0 + QTK - 1) / QTK, ntb = (p.bs + QTK - 1) / QTK, nt = ntc + ntb;
         // Q, dO of the chunk into pair pq, waited for before the first tile: by
@@ -423,8 +455,27 @@ __global__ void __launch_bounds__(QNT, 2)
                             bar);
             }
         };
+        // b16: the block tile into its own area (free: the previous item's fold
+        // retired before its last barrier)
+        auto issue_blk = [&]() {
+            if (tid != 0)
+                return;
+            const uint32_t dst = sb + L::BLK_OFF, bar = bar0 + 8 * NPR;
+            mbar_expect_tx(bar, (uint32_t)(2 * L::BK));
+#pragma unroll
+            for (int cb = 0; cb < L::NH; cb++) {
+                tma_load_2d(dst + cb * (16 * 128), &maps.kb, g * D + 64 * cb, b * p.bs, bar);
+                tma_load_2d(dst + L::BK + cb * (16 * 128), &maps.vb, g * D + 64 * cb, b * p.bs, bar);
+            }
+        };
         static_assert(QST == 2, "tile t is in pair pk0 (t even) or pk1 (t odd)");
-        issue(0, pk0);
+        if (b16) {
+            issue_blk();
+            if (!qnext && ntc > 0) // (qnext: the previous item issued tile 0)
+                issue(0, pk0);
+        } else {
+            issue(0, pk0);
+        }
         // this thread's rows: r0 = 16 warp + gid (accumulator elements 4 j + 0, 1)
         // and r0 + 8 (4 j + 2, 3); their lse (log2 domain), Di, context bound
         RowId rid[2] = {row_id(p, b, g, ch, 16 * warp + gid), row_id(p, b, g, ch, 16 * warp + gid + 8)};
@@ -460,27 +511,35 @@ __global__ void __launch_bounds__(QNT, 2)
         // pair free
         const int bnx = p.nb - 1 - nx / (p.nch * p.nkv), gnx = (nx / p.nch) % p.nkv;
         const bool early = nx < nitems && maps.qd_on && b16 && p.valid[bnx];
+        // the next item's anchor and document start, for its start (thread 0:
+        // cp.async, waited for before the item's last barrier; no registers held)
+        if (early && tid == 0) {
+            const uint32_t nxs = sb + L::NX_OFF;
+            cp4(nxs + 4, p.anchor + bnx, true);
+            cp4(nxs + 8, p.doc_start + bnx, true);
+            cp_commit();
+        }
         float acc[NA];
         acc_zero(acc); // pinned before the loop
         const float sl = p.scale * WLOG2E;
         const uint64_t dQ = wg_desc(qsm, KM_LBO, SBO), dO = dQ + (L::QS >> 4);
-        // the block tile's pair (the last tile's) and the other stage pair (free
-        // during the block tile: tile nt - 2's, or no tile of this item's)
-        const int pblk = (nt - 1) & 1 ? pk1 : pk0, pfree = (nt - 1) & 1 ? pk0 : pk1;
+        // !b16: the block tile's pair (the last tile's) and the other stage pair
+        // (free during the block tile: tile nt - 2's, or no tile of this item's).
+        // b16: during the block tile (in the block area) both stage pairs are
+        // free: the next item's Q / dO go to pk1, its first context tile to pk0
+        const int pfree = b16 ? pk1 : (nt - 1) & 1 ? pk0 : pk1;
         // FOLD: the block tile's P^T and dS^T (bf16 [key][row] tiles) at pt,
-        // pt + pstep: with a 16-key block tile, in the block tile's own pair
-        // beside its keys (K rows 0 .. 15 of each 128-byte column block at 0 and
-        // QTK x 128; P^T's rows 0 .. 15 at 2 KiB, dS^T's at 4 KiB; the rows the
-        // wgmmas read past them feed only dK / dV rows that are not written),
-        // so that the free pair takes the next item's Q / dO; else the free pair
-        const uint32_t pt = b16 ? sb + pblk * L::PR + 2048 : sb + pfree * L::PR;
+        // pt + pstep: with a 16-key block tile, in the block area over its V
+        // (see DqLayout; the rows the wgmmas read past their 16 feed only dK /
+        // dV rows that are not written); else in the free pair
+        const uint32_t pt = b16 ? sb + L::BLK_OFF + L::BK : sb + pfree * L::PR;
         const uint32_t pstep = b16 ? 2048 : PTB;
         // Key tile t: NS = 32 accumulators per thread (64 keys, m64n64: the
         // context tiles, and the block tile when block_size > 16) or 8 (the
         // 16-key block tile, m64n16, when block_size <= 16).
         auto step = [&](int t, auto nsc) {
             constexpr int NS = decltype(nsc)::value, NJ = NS / 4, NKK = NS / 8;
-            const int pr = t & 1 ? pk1 : pk0;
+            const int pr = NS == 8 ? NPR : t & 1 ? pk1 : pk0; // (NS 8: the block area's barrier)
             if (t == 0) { // Q, dO landed (TMA; or this thread's copies, made visible to the tensor cores)
                 if (maps.qd_on) {
                     if (!(FOLD && qnext)) // (else waited for by the previous item, for Di)
@@ -492,11 +551,23 @@ __global__ void __launch_bounds__(QNT, 2)
             }
             pair_wait(pr); // tile t landed
             __syncthreads(); // Q, dO (everyone's copies); tile t - 1's wgmmas retired (its end)
-            if (t + 1 < nt) // tile t + 1 into the pair tile t - 1 used
+            if (t + 1 < (b16 ? ntc : nt)) // tile t + 1 into the pair tile t - 1 used
                 issue(t + 1, t & 1 ? pk0 : pk1);
-            else if (early && tid == 0) {
-                // the block tile: the next item's Q / dO into the free pair, so
-                // their latency runs under this tile and the epilogue
+            else if (NS == 8 && early && tid == 0) {
+                // the block tile: the next item's Q / dO into the free pair and its
+                // first context tile into the other, so their latency runs under
+                // this tile and the epilogue
+                cp_wait<0>(); // its anchor / document start (this thread's cp.async)
+                const int ancn = s_nx[1], lon = ctx_lo(ancn, s_nx[2], p.W, 0);
+                if (ancn > lon) {
+                    const uint32_t dst = sb + pk0 * L::PR, bar = bar0 + 8 * pk0;
+                    mbar_expect_tx(bar, (uint32_t)(2 * L::NH * QTK * 128));
+#pragma unroll
+                    for (int cb = 0; cb < L::NH; cb++) {
+                        tma_load_2d(dst + cb * (QTK * 128), &maps.kc, gnx * D + 64 * cb, lon, bar);
+                        tma_load_2d(dst + L::KV + cb * (QTK * 128), &maps.vc, gnx * D + 64 * cb, lon, bar);
+                    }
+                }
                 const uint32_t qb = bar0 + 8 * pfree, qn = sb + pfree * L::PR;
                 mbar_expect_tx(qb, (uint32_t)(2 * L::QS));
 #pragma unroll
@@ -507,13 +578,15 @@ __global__ void __launch_bounds__(QNT, 2)
                                 bnx * p.bs, qb);
                 }
             }
-            const uint32_t kd = sb + pr * L::PR;
-            const uint64_t dK = wg_desc(kd, KM_LBO, SBO), dV = dK + (L::KV >> 4);
+            // NS 8: the block area, 16 rows per column block
+            constexpr int BR = NS == 8 ? 16 : QTK;
+            const uint32_t kd = NS == 8 ? sb + L::BLK_OFF : sb + pr * L::PR;
+            const uint64_t dK = wg_desc(kd, KM_LBO, SBO), dV = dK + ((NS == 8 ? L::BK : L::KV) >> 4);
             float s[NS], dp[NS];
             wg_fence();
-            wg_tile_ab<NS, KS, CHUNK_ROWS, QTK>(s, dQ, dK);
+            wg_tile_ab<NS, KS, CHUNK_ROWS, BR>(s, dQ, dK);
             wg_commit();
-            wg_tile_ab<NS, KS, CHUNK_ROWS, QTK>(dp, dO, dV);
+            wg_tile_ab<NS, KS, CHUNK_ROWS, BR>(dp, dO, dV);
             wg_commit();
             const bool isctx = t < ntc;
             const int base = isctx ? lo0 + t * QTK : (t - ntc) * QTK;
@@ -558,17 +631,19 @@ __global__ void __launch_bounds__(QNT, 2)
                     float d0 = Dr[h & 1];
                     sa[kk][h] = pack_bf2(s[i] * (dp[i] - d0), s[i + 1] * (dp[i + 1] - d0));
                 }
-            if constexpr (FOLD) {
-                if (t == nt - 1) {
-                    // the block tile (the last tile: bs <= QTK): P^T, dS^T (bf16, the
-                    // values of this tile's dQ) as [key][row] tiles of 128-byte rows
-                    // in the 128-byte swizzle (row r of key k: chunk r / 8 at chunk
-                    // position (r / 8) ^ (k % 8), element r % 8 = gid in it), at pt
-                    // (see there: bytes no wgmma of this tile reads, in a pair no
-                    // copy writes before the item's end). Only the 8-key groups
-                    // below bs: the other A rows (keys) feed only dK / dV rows that
-                    // are not written. Read by the wgmmas after the loop (fenced
-                    // and synced there).
+            // FOLD, the block tile (the last tile: bs <= QTK): P^T, dS^T (bf16, the
+            // values of this tile's dQ) as [key][row] tiles of 128-byte rows in
+            // the 128-byte swizzle (row r of key k: chunk r / 8 at chunk position
+            // (r / 8) ^ (k % 8), element r % 8 = gid in it), at pt (see there).
+            // Only the 8-key groups below bs: the other A rows (keys) feed only
+            // dK / dV rows that are not written. Read by the fold's wgmmas after
+            // the loop (fenced and synced there). NS 8: stored once this tile's
+            // dQ wgmma retired (pt is over the block tile's V); else before it
+            // (pt is in the free pair).
+            auto store_pt = [&]() {
+                if constexpr (FOLD) {
+                    if (t != nt - 1)
+                        return;
                     uint8_t *ptp = wq_smem + (pt - s0);
 #pragma unroll
                     for (int j = 0; j < NJ; j++) {
@@ -589,9 +664,12 @@ __global__ void __launch_bounds__(QNT, 2)
                         }
                     }
                 }
-            }
-            // B of k step kk: keys 16 kk .. + 15 of the K stage, MN-major
-            const uint64_t mK = wg_desc(kd, MN_LBO, SBO);
+            };
+            if constexpr (NS != 8)
+                store_pt();
+            // B of k step kk: keys 16 kk .. + 15 of the K tile, MN-major (LBO: one
+            // column block of the tile)
+            const uint64_t mK = wg_desc(kd, BR * 128, SBO);
             wg_fence(); // the A fragments were written by ordinary instructions
 #pragma unroll
             for (int kk = 0; kk < NKK; kk++)
@@ -600,6 +678,8 @@ __global__ void __launch_bounds__(QNT, 2)
             // retired before the next tile: frees the dS fragments, and the K
             // stage is refilled right after the next barrier
             wg_wait<0>();
+            if constexpr (NS == 8)
+                store_pt();
         };
         for (int t = 0, ntl = b16 ? ntc : nt; t < ntl; t++)
             step(t, IntC<32>());
@@ -680,12 +760,14 @@ __global__ void __launch_bounds__(QNT, 2)
                 }
             }
         }
+        if (early && tid == 0)
+            cp_wait<0>(); // the next item's anchor / start landed (visible after the barrier)
         // every thread's wgmmas of this item retired (at its last tile / the
         // fold): the next item's copies may refill the pairs
         __syncthreads();
         if (early) { // the next item: Q / dO in the free pair, tiles in the others
             const int opq = pq;
-            pq = pfree, pk0 = pblk, pk1 = opq;
+            pq = pfree, pk1 = opq; // (pk0: the next item's tile 0, if any)
         }
         qnext = early;
     }
