@@ -271,6 +271,21 @@ template <bool ACC> __device__ __forceinline__ void wg_ss16(float (&d)[8], uint6
         asm volatile(WG_SS16_ASM : WG_ACC8("=f", d, 0) : "l"(da), "l"(db), "r"(0));
 }
 
+// D[64 x 16] (ACC: += | first: =) A[64 x 16] B[16 x 16], A MN-major
+// (transposed through the descriptor) and B K-major in shared memory: scale-d,
+// trans-a 1, trans-b 0 (dflash_attn_wg_dq.cu's block-key dK^T / dV^T, impl
+// WG2F with block_size <= 16)
+#define WG_SS16_TA_ASM                                                                     \
+    "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                          \
+    "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " WG_ACC8_REGS ", %8, %9, p, 1, 1, 1, 0;\n}\n"
+template <bool ACC> __device__ __forceinline__ void wg_ss16_ta(float (&d)[8], uint64_t da, uint64_t db)
+{
+    if constexpr (ACC)
+        asm volatile(WG_SS16_TA_ASM : WG_ACC8("+f", d, 0) : "l"(da), "l"(db), "r"(1));
+    else
+        asm volatile(WG_SS16_TA_ASM : WG_ACC8("=f", d, 0) : "l"(da), "l"(db), "r"(0));
+}
+
 // One key tile's S = Q K^T (or dP = dO V^T) of the forward and the dQ pass:
 // d[64 x 2 NS] = A[64 x 16 KS] B[2 NS x 16 KS]^T over KS k steps, A and B
 // K-major tiles of AR and BR rows ([column block][rows][128 B]): NS = 32

@@ -70,10 +70,10 @@
 // Padding blocks: dq 0.
 //
 // Resources (ptxas, sm_90a, CUDA 13.0, session 14, the block area): D 128:
-// 191 registers (248 with FOLD), no spills, 111 KiB of dynamic shared memory
-// (3 page pairs of 32 KiB, the 14 KiB block area, 1 KiB alignment slack): 2
-// CTAs (8 warps) per SM (at most 113 KiB each); D 64: 168 (190 with FOLD),
-// 61 KiB. (Session 13, without the block area: 199 / 251, 97 KiB.) (Before the 16-key block tile: 180 /
+// 191 registers (248 with FOLD), no spills, 105 KiB of dynamic shared memory
+// (3 page pairs of 32 KiB, the 8 KiB block area, 1 KiB alignment slack): 2
+// CTAs (8 warps) per SM (at most 113 KiB each); D 64: 168 (191 with FOLD),
+// 55 KiB. (Session 13, without the block area: 199 / 251, 97 KiB.) (Before the 16-key block tile: 180 /
 // 146 registers.) No "wgmma
 // serialization" warning. On the H200 (27B drafter shape, 3docs full):
 // 0.378 ms, bitwise dq_mma2_kernel's dQ. ncu (FOLD, session 6): 2 active
@@ -130,13 +130,12 @@ template <int D> struct DqLayout {
     static_assert(QS == KV, "a pair holds Q, dO or K, V");
     // block_size <= 16: the block tile's own area after the pairs: its K (16
     // rows of each column block) at 0, V at BK; once the tile's dQ wgmma
-    // retired, FOLD's P^T / dS^T (16 valid rows of 128 bytes each) at BK and
-    // BK + 2 KiB (over V: its last reader, the dP wgmma, retired before the
-    // dQ wgmma was issued by every warp); the fold's wgmmas read 64 rows (8
-    // KiB) from each: BK + 10 KiB (D 128: 14 KiB)
+    // retired, FOLD's P^T / dS^T (16 rows of 128 bytes each) at BK and BK + 2
+    // KiB (over V: its last reader, the dP wgmma, retired before the dQ wgmma
+    // was issued by every warp): BK + 4 KiB (D 128: 8 KiB)
     static constexpr int BK = NH * 16 * 128;
     static constexpr int BLK_OFF = NPR * PR;
-    static constexpr int BLK = BK + 2048 + QTK * 128;
+    static constexpr int BLK = BK + 2 * 2048;
     static constexpr int BAR_OFF = BLK_OFF + BLK; // mbarriers: pairs 0 .. NPR - 1, then the block area
     // ints: the CTA's next item, its anchor and document start (prefetched)
     static constexpr int NX_OFF = BAR_OFF + (NPR + 1) * 8;
@@ -320,11 +319,19 @@ __device__ __forceinline__ void chunk_di_smem(const uint4 (&o)[2][D / 32], const
 // operands): with the 16-key block tile in the block area over its V, once
 // the tile's dQ wgmma retired (see pt in the kernel), else into the free
 // stage pair;
-// after the loop and dQ's write-out (its accumulators dead), 2 x 4 wgmma
-// m64nDk16 with A = P^T / dS^T and B = dO / Q of the chunk, MN-major through
-// the descriptor (dkv_wg_kernel's B of dV += P^T dO, dK += dS^T Q). Block
-// dK / dV need not be bitwise MMA4's (wgmma's sum order within a k step may
-// differ from mma.sync's, and P, dS come from this kernel's S, dP).
+// after the loop and dQ's write-out (its accumulators dead), with the
+// 16-key block tile the transposed products dV_b^T = dO^T P, dK_b^T = Q^T dS
+// (M = head dims, N = 16 keys: 2 x D/64 x 4 wgmma m64n16k16, A = dO / Q of
+// the chunk MN-major through the descriptor, B = P^T / dS^T K-major), else
+// 2 x 4 wgmma m64nDk16 with A = P^T / dS^T (64 keys) and B = dO / Q,
+// MN-major (dkv_wg_kernel's B of dV += P^T dO, dK += dS^T Q). The transposed
+// form does a quarter of the tensor work (no 48 unwritten key rows) and
+// spreads the stores over the 4 warps; H200, bench_dflash_attn (session 14,
+// medians of 5 interleaved runs each): this pass 0.2-1.0% faster, the
+// backward 3docs full 0.786 -> 0.777 ms, every gradient bitwise the same
+// (the same k order per output element). Block dK / dV need not be bitwise
+// MMA4's (wgmma's sum order within a k step may differ from mma.sync's, and
+// P, dS come from this kernel's S, dP).
 // FOLD = false compiles to WG2's kernel as before (every addition is under
 // if constexpr (FOLD)).
 template <int D, bool FOLD>
@@ -723,40 +730,92 @@ __global__ void __launch_bounds__(QNT, 2)
             static_assert(2 * PTB <= L::PR, "P^T and dS^T fit one page pair");
             fence_proxy_async(); // this thread's P^T / dS^T stores -> the tensor cores ...
             __syncthreads();     // ... everyone's (every wgmma of the loop retired in its tile)
-            float dv[NA], dk[NA];
-            acc_zero(dv);
-            acc_zero(dk);
-            // A (P^T, dS^T: 64 keys x 64 rows, K-major): k step kk = rows 16 kk ..
-            // + 15, 32 bytes into the 128-byte rows (as the S GEMM's A = Q). B (dO,
-            // Q: 64 rows x D, MN-major): k step kk = rows 16 kk .. + 15 = 2048
-            // bytes, LBO one column block of the chunk (dkv_wg_kernel's mO, mQ).
-            const uint64_t aP = wg_desc(pt, KM_LBO, SBO), aS = aP + (pstep >> 4);
-            const uint64_t mQ = wg_desc(qsm, CHUNK_ROWS * 128, SBO), mO = mQ + (L::QS >> 4);
-            wg_fence();
+            if (b16) {
+                // transposed, N = the 16 block keys: dV_b^T = dO^T P, dK_b^T = Q^T dS
+                // (M = head dims, one m64 per column block of the chunk; 4 x less
+                // tensor work than m64 over 64 keys, 48 of them not written). A
+                // (dO^T, Q^T: D x 64 rows, MN-major): column block h at h x 8 KiB,
+                // k step kk = rows 16 kk .. + 15 = 2048 bytes; B (P, dS: 64 rows x 16
+                // keys, K-major = the [key][row] tiles at pt): k step kk = 32 bytes
+                // into their 128-byte rows.
+                float dvt[L::NH][8], dkt[L::NH][8];
+                const uint64_t bP = wg_desc(pt, KM_LBO, SBO), bS = bP + (pstep >> 4);
+                const uint64_t tQ = wg_desc(qsm, CHUNK_ROWS * 128, SBO), tO = tQ + (L::QS >> 4);
+                wg_fence();
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                wg_ss_tb(dv, aP + kk * (32 >> 4), mO + kk * (16 * 128 >> 4));
+                for (int h = 0; h < L::NH; h++) {
+                    const uint32_t ho = h * (CHUNK_ROWS * 128) >> 4;
+                    wg_ss16_ta<false>(dvt[h], tO + ho, bP);
 #pragma unroll
-            for (int kk = 0; kk < 4; kk++)
-                wg_ss_tb(dk, aS + kk * (32 >> 4), mQ + kk * (16 * 128 >> 4));
-            wg_commit();
-            wg_wait<0>();
-            reg_fence(dv);
-            reg_fence(dk);
-            // element 4 j + 2 h + e: key 16 warp + gid + 8 h, head dim 8 j + 2 t4 + e;
-            // dK scaled in fp32 before the rounding (dkv_mma2_kernel's order)
+                    for (int kk = 1; kk < 4; kk++)
+                        wg_ss16_ta<true>(dvt[h], tO + ho + kk * (16 * 128 >> 4), bP + kk * (32 >> 4));
+                    wg_ss16_ta<false>(dkt[h], tQ + ho, bS);
 #pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int key = 16 * warp + gid + 8 * h;
-                if (key >= p.bs)
-                    continue;
-                const long long off = ((long long)b * p.bs + key) * ldk + (long long)g * D + 2 * t4;
+                    for (int kk = 1; kk < 4; kk++)
+                        wg_ss16_ta<true>(dkt[h], tQ + ho + kk * (16 * 128 >> 4), bS + kk * (32 >> 4));
+                }
+                wg_commit();
+                wg_wait<0>();
 #pragma unroll
-                for (int j = 0; j < D / 8; j++) {
-                    *reinterpret_cast<uint32_t *>(p.dkb + off + 8 * j) =
-                        pack_bf2(dk[4 * j + 2 * h] * p.scale, dk[4 * j + 2 * h + 1] * p.scale);
-                    *reinterpret_cast<uint32_t *>(p.dvb + off + 8 * j) =
-                        pack_bf2(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+                for (int h = 0; h < L::NH; h++) {
+                    reg_fence(dvt[h]);
+                    reg_fence(dkt[h]);
+                }
+                // element 4 j + 2 r + e: head dim 64 h + 16 warp + gid + 8 r, key 8 j +
+                // 2 t4 + e; dK scaled in fp32 before the rounding
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int key = 8 * j + 2 * t4 + e;
+                        if (key >= p.bs)
+                            continue;
+                        const long long off = ((long long)b * p.bs + key) * ldk + (long long)g * D + 16 * warp + gid;
+#pragma unroll
+                        for (int h = 0; h < L::NH; h++)
+#pragma unroll
+                            for (int r = 0; r < 2; r++) {
+                                const float vk = dkt[h][4 * j + 2 * r + e] * p.scale, vv = dvt[h][4 * j + 2 * r + e];
+                                p.dkb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vk));
+                                p.dvb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vv));
+                            }
+                    }
+            } else {
+                float dv[NA], dk[NA];
+                acc_zero(dv);
+                acc_zero(dk);
+                // A (P^T, dS^T: 64 keys x 64 rows, K-major): k step kk = rows 16 kk ..
+                // + 15, 32 bytes into the 128-byte rows (as the S GEMM's A = Q). B (dO,
+                // Q: 64 rows x D, MN-major): k step kk = rows 16 kk .. + 15 = 2048
+                // bytes, LBO one column block of the chunk (dkv_wg_kernel's mO, mQ).
+                const uint64_t aP = wg_desc(pt, KM_LBO, SBO), aS = aP + (pstep >> 4);
+                const uint64_t mQ = wg_desc(qsm, CHUNK_ROWS * 128, SBO), mO = mQ + (L::QS >> 4);
+                wg_fence();
+    #pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    wg_ss_tb(dv, aP + kk * (32 >> 4), mO + kk * (16 * 128 >> 4));
+    #pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+                    wg_ss_tb(dk, aS + kk * (32 >> 4), mQ + kk * (16 * 128 >> 4));
+                wg_commit();
+                wg_wait<0>();
+                reg_fence(dv);
+                reg_fence(dk);
+                // element 4 j + 2 h + e: key 16 warp + gid + 8 h, head dim 8 j + 2 t4 + e;
+                // dK scaled in fp32 before the rounding (dkv_mma2_kernel's order)
+    #pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const int key = 16 * warp + gid + 8 * h;
+                    if (key >= p.bs)
+                        continue;
+                    const long long off = ((long long)b * p.bs + key) * ldk + (long long)g * D + 2 * t4;
+    #pragma unroll
+                    for (int j = 0; j < D / 8; j++) {
+                        *reinterpret_cast<uint32_t *>(p.dkb + off + 8 * j) =
+                            pack_bf2(dk[4 * j + 2 * h] * p.scale, dk[4 * j + 2 * h + 1] * p.scale);
+                        *reinterpret_cast<uint32_t *>(p.dvb + off + 8 * j) =
+                            pack_bf2(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+                    }
                 }
             }
         }
