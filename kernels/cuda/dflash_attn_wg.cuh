@@ -254,36 +254,23 @@ __device__ __forceinline__ void wg_ss_tb(float (&d)[64], uint64_t da, uint64_t d
                  : "l"(da), "l"(db), "r"(1));
 }
 
-// D[64 x 16] (ACC: += | first: =) A[64 x 16] B[16 x 16], A and B K-major in
-// shared memory: the 16-key block tiles (block_size <= 16) of the forward
-// and the dQ pass, 4 x less tensor work than a zero-filled 64-key tile.
+// D[64 x 16] (ACC: += | first: =) A[64 x 16] B[16 x 16] in shared memory, B
+// K-major, A K-major (TA 0: the 16-key block tiles (block_size <= 16) of the
+// forward and the dQ pass, 4 x less tensor work than a zero-filled 64-key
+// tile) or MN-major, transposed through the descriptor (TA 1:
+// dflash_attn_wg_dq.cu's block-key dK^T / dV^T, impl WG2F).
 #define WG_ACC8_REGS "{%0, %1, %2, %3, %4, %5, %6, %7}"
 // (the scale-d flag, operand 10: 0 on the first k step, which writes d
-// without reading it: "=f", no zeroing instructions)
+// without reading it: "=f", no zeroing instructions; trans-a, operand 11)
 #define WG_SS16_ASM                                                                        \
     "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                          \
-    "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " WG_ACC8_REGS ", %8, %9, p, 1, 1, 0, 0;\n}\n"
-template <bool ACC> __device__ __forceinline__ void wg_ss16(float (&d)[8], uint64_t da, uint64_t db)
+    "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " WG_ACC8_REGS ", %8, %9, p, 1, 1, %11, 0;\n}\n"
+template <bool ACC, int TA = 0> __device__ __forceinline__ void wg_ss16(float (&d)[8], uint64_t da, uint64_t db)
 {
     if constexpr (ACC)
-        asm volatile(WG_SS16_ASM : WG_ACC8("+f", d, 0) : "l"(da), "l"(db), "r"(1));
+        asm volatile(WG_SS16_ASM : WG_ACC8("+f", d, 0) : "l"(da), "l"(db), "r"(1), "n"(TA));
     else
-        asm volatile(WG_SS16_ASM : WG_ACC8("=f", d, 0) : "l"(da), "l"(db), "r"(0));
-}
-
-// D[64 x 16] (ACC: += | first: =) A[64 x 16] B[16 x 16], A MN-major
-// (transposed through the descriptor) and B K-major in shared memory: scale-d,
-// trans-a 1, trans-b 0 (dflash_attn_wg_dq.cu's block-key dK^T / dV^T, impl
-// WG2F with block_size <= 16)
-#define WG_SS16_TA_ASM                                                                     \
-    "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"                                          \
-    "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 " WG_ACC8_REGS ", %8, %9, p, 1, 1, 1, 0;\n}\n"
-template <bool ACC> __device__ __forceinline__ void wg_ss16_ta(float (&d)[8], uint64_t da, uint64_t db)
-{
-    if constexpr (ACC)
-        asm volatile(WG_SS16_TA_ASM : WG_ACC8("+f", d, 0) : "l"(da), "l"(db), "r"(1));
-    else
-        asm volatile(WG_SS16_TA_ASM : WG_ACC8("=f", d, 0) : "l"(da), "l"(db), "r"(0));
+        asm volatile(WG_SS16_ASM : WG_ACC8("=f", d, 0) : "l"(da), "l"(db), "r"(0), "n"(TA));
 }
 
 // One key tile's S = Q K^T (or dP = dO V^T) of the forward and the dQ pass:

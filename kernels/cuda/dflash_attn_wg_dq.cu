@@ -745,14 +745,14 @@ __global__ void __launch_bounds__(QNT, 2)
 #pragma unroll
                 for (int h = 0; h < L::NH; h++) {
                     const uint32_t ho = h * (CHUNK_ROWS * 128) >> 4;
-                    wg_ss16_ta<false>(dvt[h], tO + ho, bP);
+                    wg_ss16<false, 1>(dvt[h], tO + ho, bP);
 #pragma unroll
                     for (int kk = 1; kk < 4; kk++)
-                        wg_ss16_ta<true>(dvt[h], tO + ho + kk * (16 * 128 >> 4), bP + kk * (32 >> 4));
-                    wg_ss16_ta<false>(dkt[h], tQ + ho, bS);
+                        wg_ss16<true, 1>(dvt[h], tO + ho + kk * (16 * 128 >> 4), bP + kk * (32 >> 4));
+                    wg_ss16<false, 1>(dkt[h], tQ + ho, bS);
 #pragma unroll
                     for (int kk = 1; kk < 4; kk++)
-                        wg_ss16_ta<true>(dkt[h], tQ + ho + kk * (16 * 128 >> 4), bS + kk * (32 >> 4));
+                        wg_ss16<true, 1>(dkt[h], tQ + ho + kk * (16 * 128 >> 4), bS + kk * (32 >> 4));
                 }
                 wg_commit();
                 wg_wait<0>();
