@@ -2,12 +2,14 @@
 # the dQ pass, per-item phase times (us), the context-tile cost per tile and CTA tails (one
 # summary per layout: the last traced launch of each), and for the context dK/dV pass, per-CTA
 # prologue / loop / epilogue, per-item loop time and the SM busy fraction (per traced launch).
-# Usage: python3 dq-trace-read.py [trace dir, default /tmp/tr]
+# With 32-word records (dq-trace-tiles.patch) also the in-tile spans per context tile.
+# Usage: python3 dq-trace-read.py [trace dir, default /tmp/tr] [16 | 32: words per record]
 import glob, re, sys, array, statistics as st
 DIR = sys.argv[1] if len(sys.argv) > 1 else '/tmp/tr'
+WORDS = int(sys.argv[2]) if len(sys.argv) > 2 else 16
 def load(f):
     a=array.array('I'); a.frombytes(open(f,'rb').read())
-    return [a[i:i+16] for i in range(0,len(a),16)]
+    return [a[i:i+WORDS] for i in range(0,len(a),WORDS)]
 def cfg(f):
     return int(re.findall(r'_(\d+)_W',f)[0]), int(re.findall(r'_W(\d+)',f)[0])
 out={}
@@ -54,6 +56,10 @@ for key in sorted(out):
     # by ntc bucket
     buck={}
     for r,t in zip(recs,tot): buck.setdefault(min(r[1]//4*4,40),[]).append(t)
+    if WORDS == 32:
+        nt=sum(r[1] for r in recs)
+        spans=['TMA wait','barrier','issue + S wait','softmax + dP wait','dS + dQ + wait']
+        print("  per context tile us: " + ", ".join("%s %.3f"%(nm, sum(r[16+i] for r in recs)/max(1,nt)/ghz/1e3) for i,nm in enumerate(spans)))
     print("  item us by ntc bucket:", " ".join("%d:%.1f(%d)"%(k,st.mean(v),len(v)) for k,v in sorted(buck.items())))
 
 fs=sorted(glob.glob(DIR + '/t_dkv_*.bin'), key=lambda f:cfg(f))
