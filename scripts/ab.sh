@@ -10,6 +10,10 @@
 #   test   every GPU test (ctest -R ^test_gpu_) under AB_ENV
 #   attn   tools/bench_dflash_attn with and without AB_ENV: times, and the hash of the default
 #          forward's bits per configuration (equal hashes: bitwise the same forward)
+#   attnx  tools/bench_dflash_attn AB_RUNS times per side (default 5), A and B alternately:
+#          per configuration the medians over the runs, the change and in how many run pairs
+#          B was faster (scripts/ab_attnx.py). The attention moves 2-5% from process to
+#          process (session 14), more than most kernel changes: one run per side can mislead
 #   train  scripts/bench-train.sh (1 GPU, no SpecForge) with and without AB_ENV: the median
 #          and step-by-step times, and whether the losses are identical step by step;
 #          AB_GPUS=N: also on N GPUs (bench-train's GPUS), compared the same way
@@ -61,6 +65,16 @@ for part in "$@"; do
       same=$(diff <(grep "default $dir bits" "$LOG/attn-a.log") <(grep "default $dir bits" "$LOG/attn-b.log") >/dev/null && echo yes || echo no)
       rows+=("attention $dir bits equal with and without $WHAT: $same")
     done
+    ;;
+  attnx)
+    n=${AB_RUNS:-5}
+    for r in $(seq 1 "$n"); do
+      timeout 200 "$B/tools/bench_dflash_attn" >"$LOG/attnx-a-$r.log" 2>&1 || status=1
+      env $AB_ENV timeout 200 "$BB/tools/bench_dflash_attn" >"$LOG/attnx-b-$r.log" 2>&1 || status=1
+    done
+    echo "-- bench_dflash_attn, $n runs each, A = default, B = $WHAT"
+    python3 "$ROOT/scripts/ab_attnx.py" "$LOG" "$n" || status=1
+    rows+=("attention, $n interleaved runs per side, default vs $WHAT: see the table above")
     ;;
   train)
     for side in a b; do
