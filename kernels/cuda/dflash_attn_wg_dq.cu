@@ -6,7 +6,8 @@
 // its items' blocks last to first (see the kernel).
 //
 // Work split (dq_mma2_kernel's): one item per (block b, kv head g, row
-// chunk), items handed to a persistent grid (see the kernel): the 64 rows of a chunk are the 16 queries x `group` heads of one
+// chunk), items handed to a persistent grid (see the kernel): the 64 rows
+// of a chunk are the 16 queries x `group` heads of one
 // block and kv head, sharing one anchor and one context span [lo0, anchor)
 // (lo0: the widest row's bound), so for every key tile of the span the
 // problem is a dense 64 rows x QTK keys one:
@@ -73,9 +74,9 @@
 // 191 registers (248 with FOLD), no spills, 105 KiB of dynamic shared memory
 // (3 page pairs of 32 KiB, the 8 KiB block area, 1 KiB alignment slack): 2
 // CTAs (8 warps) per SM (at most 113 KiB each); D 64: 168 (191 with FOLD),
-// 55 KiB. (Session 13, without the block area: 199 / 251, 97 KiB.) (Before the 16-key block tile: 180 /
-// 146 registers.) No "wgmma
-// serialization" warning. On the H200 (27B drafter shape, 3docs full):
+// 55 KiB. (Session 13, without the block area: 199 / 251, 97 KiB; before
+// the 16-key block tile: 180 / 146 registers.) No "wgmma serialization"
+// warning. On the H200 (27B drafter shape, 3docs full):
 // 0.378 ms, bitwise dq_mma2_kernel's dQ. ncu (FOLD, session 6): 2 active
 // warps per scheduler, 0.40 eligible, the busiest pipe 45% busy:
 // latency-bound.
@@ -303,7 +304,8 @@ __device__ __forceinline__ void chunk_di_smem(const uint4 (&o)[2][D / 32], const
 // the 24 run pairs); every gradient bitwise the same. Not kept:
 // issuing item i + 1's first two tiles too, right after item i's last
 // barrier (before the fold's stores), twice (branches wip/s13-early-tiles,
-// -2): 255 registers and a 4-8 byte spill, the pass 8-12% slower. With one CTA per item instead (grid = items,
+// -2): 255 registers and a 4-8 byte spill, the pass 8-12% slower. With one
+// CTA per item instead (grid = items,
 // DFLASH_ATTN_DQ_PERSIST=0) this code was ~4% slower than the
 // non-persistent kernel it replaced.
 // FOLD (impl WG2F; the host launches it only with p.nch == 1, so the CTA
@@ -770,12 +772,14 @@ __global__ void __launch_bounds__(QNT, 2)
                         const int key = 8 * j + 2 * t4 + e;
                         if (key >= p.bs)
                             continue;
-                        const long long off = ((long long)b * p.bs + key) * ldk + (long long)g * D + 16 * warp + gid;
+                        const long long off =
+                            ((long long)b * p.bs + key) * ldk + (long long)g * D + 16 * warp + gid;
 #pragma unroll
                         for (int h = 0; h < L::NH; h++)
 #pragma unroll
                             for (int r = 0; r < 2; r++) {
-                                const float vk = dkt[h][4 * j + 2 * r + e] * p.scale, vv = dvt[h][4 * j + 2 * r + e];
+                                const float vk = dkt[h][4 * j + 2 * r + e] * p.scale;
+                                const float vv = dvt[h][4 * j + 2 * r + e];
                                 p.dkb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vk));
                                 p.dvb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vv));
                             }
