@@ -1429,7 +1429,7 @@ constexpr size_t dkv_smem(int D) { return ((size_t)(2 * RQ + 2 * TK) * (D + 4) +
 bool impl_known(int impl)
 {
     return impl == 0 || impl == DF_CUDA_DFLASH_IMPL_SIMT || impl == DF_CUDA_DFLASH_IMPL_MMA4 ||
-           impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F;
+           impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F || impl == DF_CUDA_DFLASH_IMPL_WG3;
 }
 
 int check_args(const df_cuda_dflash_args *a, bool bwd)
@@ -1458,6 +1458,7 @@ Params make_params(const df_cuda_dflash_args *a)
     p.out = a->out, p.dout = a->dout, p.o = a->out;
     p.dq = a->dq, p.dkc = a->dkc, p.dvc = a->dvc, p.dkb = a->dkb, p.dvb = a->dvb;
     p.lse = a->lse, p.lse_in = a->lse, p.Di = NULL;
+    p.ds = p.dsb = NULL, p.dsmaxt = 0;
     return p;
 }
 
@@ -1485,7 +1486,7 @@ int fwd_launch(const Params &p, cudaStream_t st, int impl)
         return 0;
     }
     // WG2, WG2F: the wgmma forward (dflash_attn_wg_fwd.cu) where the device runs it
-    if ((impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F) &&
+    if ((impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F || impl == DF_CUDA_DFLASH_IMPL_WG3) &&
         df_dflash::fwd_wg_usable(D)) {
         int rc = df_dflash::fwd_wg_launch(p, D, st);
         if (rc != -EOPNOTSUPP) // (no tensor maps for these tensors: MMA4's below)
@@ -1586,6 +1587,22 @@ size_t list_bytes(const df_cuda_dflash_args *a)
     return (nct * (2 + (size_t)a->n_blocks) * sizeof(int) + 255) / 256 * 256;
 }
 
+// WG3's stored dS (dflash_attn_wg_dqs.cu), after the dQ item order: the
+// block tiles' dS^T, the context tiles' (room for every span at its widest);
+// 0 for the other implementations
+size_t dsb_bytes(const df_cuda_dflash_args *a)
+{
+    return (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) * (size_t)(a->nkv > 0 ? a->nkv : 0) * df_dflash::DS_BLK_BYTES;
+}
+size_t wg3_bytes(const df_cuda_dflash_args *a)
+{
+    int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
+    if (impl != DF_CUDA_DFLASH_IMPL_WG3)
+        return 0;
+    return dsb_bytes(a) + (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) * (size_t)(a->nkv > 0 ? a->nkv : 0) *
+                              (size_t)df_dflash::dqs_max_tiles(a->S, a->window) * df_dflash::DS_TILE_BYTES;
+}
+
 // Bytes of the dQ item order (WG2's: n_blocks * chunks ints), after the lists.
 size_t order_bytes(const df_cuda_dflash_args *a)
 {
@@ -1609,9 +1626,10 @@ size_t order_bytes(const df_cuda_dflash_args *a)
 // dkv_mma2_kernel are not launched (their pass events are recorded right
 // after the previous ones); elsewhere WG2's launches.
 template <int D>
-int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, int *dq_order,
+int bwd_mma4_launch(const Params &p0, cudaStream_t st, float *part, int *lists, int *dq_order,
                     bool wg2, bool fold, cudaEvent_t *ev)
 {
+    Params p = p0; // (WG3: p0.ds set; kept below only where its passes run)
     // dkv4 needs 174 KiB (D 128) of shared memory per CTA: more than sm_80's
     // 163 KiB and the 99 KiB of sm_86/89/120. There, bwd_mma2_launch runs instead.
     int dev, smax;
@@ -1625,6 +1643,15 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     df_dflash::KvMaps maps;
     const bool wgdq_on = wg2 && df_dflash::dq_wg_usable(D, false) && df_dflash::kv_maps_make(p, D, &maps) == 0;
     const bool fold_on = fold && wgdq_on && p.nch == 1 && df_dflash::dq_wg_usable(D, true);
+    // WG3 (p0.ds): the dQ pass in its block-only mode, the context dK/dV pass
+    // storing dS^T, then dQ from it (dflash_attn_wg_dqs.cu), where the fold
+    // runs with 16-key block tiles and TMA-fed Q / dO, the context dK/dV pass
+    // takes its TMA-fed instantiation and the device runs dqs_kernel; else
+    // WG2F's passes
+    const bool wg3_on = p.ds && fold_on && p.bs <= 16 && maps.qd_on && df_dflash::dkv_wg_usable(p, D) &&
+                        df_dflash::dkv_wg_tq(p, D, &maps) && df_dflash::dqs_usable(D);
+    if (!wg3_on)
+        p.ds = p.dsb = NULL;
     if (rows > 0) {
         if (!fold_on) { // (fold_on: the dQ pass computes Di)
             long long w = rows * p.nq;
@@ -1669,6 +1696,11 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         REC(ev, 3, st);
     }
     REC(ev, 4, st);
+    if (wg3_on) { // WG3's dQ (its pass event: [5])
+        int rc = df_dflash::dqs_launch(p, D, st, maps);
+        if (rc)
+            return rc;
+    }
     // block tiles: dkv_mma2_kernel, its CTA ids offset past its context CTAs
     // (fold_on: done in the dQ pass)
     long long nct2 = (p.S + TKM - 1) / TKM, ctx2 = nct2 * p.nkv * NSPL,
@@ -1720,7 +1752,7 @@ extern "C" size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *
 {
     if (!a)
         return 0;
-    size_t n = di_bytes(a) + part_bytes(a) + list_bytes(a) + order_bytes(a);
+    size_t n = di_bytes(a) + part_bytes(a) + list_bytes(a) + order_bytes(a) + wg3_bytes(a);
     return n ? n : 4;
 }
 
@@ -1739,7 +1771,8 @@ int env_bwd_impl()
         } tab[] = {{"simt", DF_CUDA_DFLASH_IMPL_SIMT},
                    {"mma4", DF_CUDA_DFLASH_IMPL_MMA4},
                    {"wg2", DF_CUDA_DFLASH_IMPL_WG2},
-                   {"wg2f", DF_CUDA_DFLASH_IMPL_WG2F}};
+                   {"wg2f", DF_CUDA_DFLASH_IMPL_WG2F},
+                   {"wg3", DF_CUDA_DFLASH_IMPL_WG3}};
         const char *e = getenv("DFLASH_ATTN_BWD");
         int r = 0;
         if (e && *e) {
@@ -1747,7 +1780,7 @@ int env_bwd_impl()
                 if (!strcmp(e, tab[i].nm))
                     r = tab[i].impl;
             if (!r)
-                fprintf(stderr, "dflash_attn: DFLASH_ATTN_BWD=%s is none of simt, mma4, wg2, wg2f "
+                fprintf(stderr, "dflash_attn: DFLASH_ATTN_BWD=%s is none of simt, mma4, wg2, wg2f, wg3 "
                                 "(mma, mma2, mma3, mma5 and wg were removed): the default "
                                 "backward\n", e);
         }
@@ -1824,8 +1857,14 @@ extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_
         float *part = (float *)((char *)ws + di_bytes(a));
         int *lists = (int *)((char *)part + part_bytes(a));
         int *dq_order = (int *)((char *)lists + list_bytes(a));
-        bool fold = impl == DF_CUDA_DFLASH_IMPL_WG2F; // WG2 with the fold
+        bool wg3 = impl == DF_CUDA_DFLASH_IMPL_WG3;
+        bool fold = impl == DF_CUDA_DFLASH_IMPL_WG2F || wg3; // WG2 with the fold
         bool wg2 = impl == DF_CUDA_DFLASH_IMPL_WG2 || fold;
+        if (wg3) { // its stored dS (used where the shapes allow: bwd_mma4_launch)
+            p.dsb = (uint16_t *)((char *)dq_order + order_bytes(a));
+            p.ds = (uint16_t *)((char *)p.dsb + dsb_bytes(a));
+            p.dsmaxt = df_dflash::dqs_max_tiles(a->S, a->window);
+        }
         cudaEvent_t *ev = a->pass_events;
         rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg2, fold, ev)
                                : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg2, fold, ev);

@@ -28,7 +28,21 @@ struct Params {
     float *lse;
     const float *lse_in;
     float *Di;
+    // impl WG3 (dflash_attn_wg_dqs.cu), else NULL: the context dS^T tiles
+    // the context dK/dV pass stores (ds, DS_TILE_BYTES per (block b, 128-key
+    // tile t of its span, kv head g), slot (b dsmaxt + t - lo0 / 128) nkv + g;
+    // dsmaxt: the most tiles a span can meet), and the block tiles' (dsb,
+    // DS_BLK_BYTES per (block, kv head), written by the dQ pass's block-only
+    // mode, which then writes no dq)
+    uint16_t *ds, *dsb;
+    int dsmaxt;
 };
+
+// impl WG3's stored dS^T: one context tile's is 128 keys x 64 rows of bf16,
+// [key][row] rows of 128 bytes in the 128-byte swizzle (the wgmma
+// MN-major A layout; keys 64 h .. 64 h + 63 in half h, written by warpgroup
+// h of the context dK/dV pass); a block tile's the same for 16 keys.
+constexpr int DS_TILE_BYTES = 128 * 64 * 2, DS_BLK_BYTES = 16 * 64 * 2;
 
 // Context keys visible to row qo of a valid block: [lo, anchor).
 __device__ __forceinline__ int ctx_lo(int anc, int ds, int W, int qo)
@@ -149,6 +163,21 @@ int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMap
 // TMA. 0, -EIO, or -EOPNOTSUPP when the tensor maps cannot be made (nothing
 // launched: the caller runs MMA4's forward).
 int fwd_wg_launch(const Params &p, int D, cudaStream_t st);
+
+// ---- dflash_attn_wg_dqs.cu (impl DF_CUDA_DFLASH_IMPL_WG3) ----
+// Whether the context dK/dV pass would take its TMA-fed (TQ) instantiation
+// for p (bs x group == 64, group a power of two >= 4, its maps made; km as
+// dkv_wg_launch's): WG3's stored dS^T exists only there.
+bool dkv_wg_tq(const Params &p, int D, const KvMaps *km);
+// Whether the current device runs the dQ-from-stored-dS kernel for head dim D.
+bool dqs_usable(int D);
+// dq = (sum over the stored context dS tiles of dS K + the block tile's dS
+// K_b) x scale, per (block, kv head) in key order: deterministic. Needs
+// p.ds, p.dsb filled, maps' kc / kb. 0 or -EIO.
+int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps);
+// The most 128-key tiles a block's context span can meet (p.dsmaxt): S keys
+// wide at most, and window - 1 on a sliding layer.
+int dqs_max_tiles(int S, int window);
 
 } // namespace df_dflash
 

@@ -152,6 +152,21 @@ constexpr int WKEYS = 64; // keys per warpgroup (wgmma M)
 // One CTA per (LPT rank, kv head, split): context keys only (see the top).
 // TQ: every item load by TMA (qm) and no CTA barrier in the item loop (see
 // the top); else the cp.async loads and a barrier per item.
+// WG3's dS^T store: 4 bytes v at base + ro + ((c ^ x) << 4), the 128-byte
+// swizzle's chunk c of a row with row & 7 == x. The offset is computed in
+// the asm, at the store: computed by the compiler, the 16 stores' offsets
+// (item-invariant) were hoisted out of the item loop, 16 more registers
+// held across it (255 registers and a 16-byte spill).
+__device__ __forceinline__ void st_sw(const uint8_t *base, uint32_t ro, int c, int x, uint32_t v)
+{
+    asm volatile("{\n.reg .u32 t;\n.reg .u64 a;\n"
+                 "xor.b32 t, %2, %3;\nshl.b32 t, t, 4;\nadd.u32 t, t, %1;\n"
+                 "cvt.u64.u32 a, t;\nadd.u64 a, a, %0;\n"
+                 "st.global.b32 [a], %4;\n}\n" ::"l"(base),
+                 "r"(ro), "r"(c), "r"(x), "r"(v)
+                 : "memory");
+}
+
 template <int D, bool TQ>
 __global__ void __launch_bounds__(WNT, 1)
     dkv_wg_kernel(Params p, float *part, const int *cnt, const int *lst, const int *order,
@@ -226,6 +241,8 @@ __global__ void __launch_bounds__(WNT, 1)
                 info[1] = ctx_lo(anc, ds, p.W, 0);        // widest row's bound
                 info[2] = ctx_lo(anc, ds, p.W, p.bs - 1); // narrowest row's
                 info[3] = ds;
+                // WG3: the item's stored dS^T slot for this tile (see Params)
+                info[4] = (b * p.dsmaxt + tile - info[1] / WG_TILE_KEYS) * p.nkv + g;
                 mbar_expect_tx(bar, 2 * L::QS + 2 * CHUNK_ROWS * 4);
 #pragma unroll
                 for (int cb = 0; cb < L::NH; cb++) {
@@ -439,6 +456,23 @@ __global__ void __launch_bounds__(WNT, 1)
                 sa[kk][2] = pack_bf2(dp[8 * kk + 4], dp[8 * kk + 5]);
                 sa[kk][3] = pack_bf2(dp[8 * kk + 6], dp[8 * kk + 7]);
             }
+            if constexpr (TQ) {
+                // WG3: dS^T of this warpgroup's 64 keys into its stored tile's
+                // half (see Params: [key][row] in the 128-byte swizzle): sa[kk][h]
+                // is key kw + 8 (h & 1), rows 16 kk + 8 (h >> 1) + 2 t4 (+ 1),
+                // so 16-byte chunk 2 kk + (h >> 1) of the key's row, bytes 4 t4
+                if (p.ds) {
+                    const uint8_t *dst = reinterpret_cast<const uint8_t *>(p.ds) +
+                                         (size_t)meta[3 * CHUNK_ROWS + 4] * DS_TILE_BYTES + wg * (DS_TILE_BYTES / 2);
+                    // key 16 warp + gid (+ 8): key & 7 == gid
+                    const uint32_t ro = (16 * warp + gid) * 128 + 4 * t4;
+#pragma unroll
+                    for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                        for (int h = 0; h < 4; h++)
+                            st_sw(dst, ro + 1024 * (h & 1), 2 * kk + (h >> 1), gid, sa[kk][h]);
+                }
+            }
             // B of k step kk: item rows 16 kk .. + 15 (2 x 8-row groups, SBO)
             const uint64_t mQ = wg_desc(qs, MN_LBO, SBO), mO = mQ + (L::QS >> 4);
             wg_fence(); // the A fragments were written by ordinary instructions
@@ -536,27 +570,47 @@ bool dkv_wg_usable(const Params &p, int D)
     return r;
 }
 
-int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt,
-                  const int *lst, const int *order, int nct, const KvMaps *km)
+namespace {
+// The TQ instantiation's maps (qm->on 1) where a block's rows of a kv head
+// are one whole chunk (bs group == 64: no rows past it to zero), group is a
+// power of two >= 4 (the lse / Di box rows: 16-byte multiples) and the maps
+// can be made; else qm->on 0
+void qd_maps(const Params &p, int D, const KvMaps *km, QdMaps *qm)
 {
-    unsigned grid = (unsigned)((long long)nct * p.nkv * WG_NSPL);
-    // every item load by TMA (the TQ instantiation) where a block's rows of a
-    // kv head are one whole chunk (bs group == 64: no rows past it to zero),
-    // group is a power of two >= 4 (the lse / Di box rows: 16-byte multiples)
-    // and the maps can be made
-    QdMaps qm;
-    memset(&qm, 0, sizeof qm);
+    memset(qm, 0, sizeof *qm);
     if (p.bs * p.group == CHUNK_ROWS && p.group >= 4 && (p.group & (p.group - 1)) == 0) {
         const uint64_t ldims[2] = {(uint64_t)p.nq, (uint64_t)p.nb * p.bs}, lstr[1] = {(uint64_t)p.nq * 4};
         const uint32_t lbox[2] = {(uint32_t)p.group, (uint32_t)p.bs};
         if (km && km->qd_on) { // the dQ pass's maps of the same tensors
-            qm.q = km->q, qm.dout = km->dout;
-            qm.on = 1;
+            qm->q = km->q, qm->dout = km->dout;
+            qm->on = 1;
         } else {
-            qm.on = !chunk_map_bf16(&qm.q, p.q, p, D) && !chunk_map_bf16(&qm.dout, p.dout, p, D);
+            qm->on = !chunk_map_bf16(&qm->q, p.q, p, D) && !chunk_map_bf16(&qm->dout, p.dout, p, D);
         }
-        qm.on = qm.on && !tma_map_f32(&qm.lse, p.lse_in, 2, ldims, lstr, lbox) &&
-                !tma_map_f32(&qm.di, p.Di, 2, ldims, lstr, lbox);
+        qm->on = qm->on && !tma_map_f32(&qm->lse, p.lse_in, 2, ldims, lstr, lbox) &&
+                 !tma_map_f32(&qm->di, p.Di, 2, ldims, lstr, lbox);
+    }
+}
+} // namespace
+
+bool dkv_wg_tq(const Params &p, int D, const KvMaps *km)
+{
+    QdMaps qm;
+    qd_maps(p, D, km, &qm);
+    return qm.on != 0;
+}
+
+int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt,
+                  const int *lst, const int *order, int nct, const KvMaps *km)
+{
+    unsigned grid = (unsigned)((long long)nct * p.nkv * WG_NSPL);
+    // every item load by TMA (the TQ instantiation) where qd_maps makes its maps
+    QdMaps qm;
+    qd_maps(p, D, km, &qm);
+    if (p.ds && !qm.on) { // WG3's stored dS^T exists only in TQ (the caller checks dkv_wg_tq)
+        fprintf(stderr, "dflash_attn: dkv_wg_kernel<%d>: stored dS without TMA item loads (%s:%d)\n", D,
+                __FILE__, __LINE__);
+        return -EINVAL;
     }
     cudaError_t e;
     if (D == 128) {

@@ -374,6 +374,11 @@ __global__ void __launch_bounds__(QNT, 2)
     const int kbox = p.bs <= 16 ? 16 : QTK; // the block maps' box rows
     // block_size <= 16: one block tile, of 16 keys
     const bool b16 = p.bs <= 16;
+    // impl WG3's block-only mode (FOLD, p.dsb set; the host launches it only
+    // with b16 and the TMA-fed Q / dO): no context tiles, no dq written; Di,
+    // the block-key dK / dV and the block tile's dS^T (into p.dsb, for
+    // dflash_attn_wg_dqs.cu's dQ) as in the fold
+    const bool bmode = FOLD && p.dsb != nullptr;
     volatile int *s_nx = reinterpret_cast<volatile int *>(wq_smem + (sb - s0) + L::NX_OFF);
     for (int item = blockIdx.x, nx; item < nitems; item = nx) {
         // the CTA's next item (dynamic: items go to CTAs as they free up, as the
@@ -419,7 +424,7 @@ __global__ void __launch_bounds__(QNT, 2)
         // (qnext: prefetched by the previous item)
         const int anc = qnext ? s_nx[1] : p.anchor[b], ds = qnext ? s_nx[2] : p.doc_start[b];
         const int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
-        const int ntc = (anc - lo0 + QTK - 1) / QTK, ntb = (p.bs + QTK - 1) / QTK, nt = ntc + ntb;
+        const int ntc = bmode ? 0 : (anc - lo0 + QTK - 1) / QTK, ntb = (p.bs + QTK - 1) / QTK, nt = ntc + ntb;
         // Q, dO of the chunk into pair pq, waited for before the first tile: by
         // TMA where the block's rows of kv head g are one whole chunk
         // (maps.qd_on; thread 0, pair pq's mbarrier), else by cp.async
@@ -568,7 +573,7 @@ __global__ void __launch_bounds__(QNT, 2)
                 // this tile and the epilogue
                 cp_wait<0>(); // its anchor / document start (this thread's cp.async)
                 const int ancn = s_nx[1], lon = ctx_lo(ancn, s_nx[2], p.W, 0);
-                if (ancn > lon) {
+                if (!bmode && ancn > lon) {
                     const uint32_t dst = sb + pk0 * L::PR, bar = bar0 + 8 * pk0;
                     mbar_expect_tx(bar, (uint32_t)(2 * L::NH * QTK * 128));
 #pragma unroll
@@ -713,7 +718,7 @@ __global__ void __launch_bounds__(QNT, 2)
 #pragma unroll
         for (int ri = 0; ri < 2; ri++) {
             const RowId &id = rid[ri];
-            if (!id.ok)
+            if (!id.ok || bmode)
                 continue;
             uint16_t *qrow = p.dq + id.grow * ldq + (long long)id.h * D + 2 * t4;
 #pragma unroll
@@ -784,6 +789,13 @@ __global__ void __launch_bounds__(QNT, 2)
                                 p.dvb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vv));
                             }
                     }
+                if (bmode) { // the block tile's dS^T (at pt + pstep, 16 keys of 128 bytes), keys past bs as 0
+                    const int key = tid >> 3;
+                    const uint4 v = key < p.bs ? *reinterpret_cast<const uint4 *>(wq_smem + (pt + pstep - s0) + 16 * tid)
+                                               : make_uint4(0u, 0u, 0u, 0u);
+                    *reinterpret_cast<uint4 *>(reinterpret_cast<uint8_t *>(p.dsb) +
+                                               ((size_t)b * p.nkv + g) * DS_BLK_BYTES + 16 * tid) = v;
+                }
             } else {
                 float dv[NA], dk[NA];
                 acc_zero(dv);

@@ -1,0 +1,221 @@
+// dflash_attn_wg_dqs.cu - impl DF_CUDA_DFLASH_IMPL_WG3's dQ: dQ from the dS
+// the context dK/dV pass already computed, instead of a dQ pass that
+// computes S, dP, P and dS again (dflash_attn_wg_dq.cu; two of its three
+// GEMMs per tile are that recomputation).
+//
+// WG3's backward (dflash_attn.cu, bwd_mma4_launch):
+//   1. the dQ pass in its block-only mode (dq_wg_kernel, FOLD, p.dsb): Di,
+//      the block-key dK / dV and the block tile's dS^T into p.dsb; no
+//      context tiles, no dq;
+//   2. the tile lists and the context dK/dV pass (dkv_wg_kernel, TQ), which
+//      also stores each (128-key tile, item)'s dS^T, bf16 (the values its dK
+//      GEMM uses), into p.ds;
+//   3. dqs_kernel (here): per (block, kv head), dQ = sum over its context
+//      span's 64-key halves of dS K, then the block tile's dS K_b, in key
+//      order, times scale, rounded to bf16 once: deterministic, no atomics;
+//   4. the split reduction of the context dK/dV.
+// The recomputing dQ pass did three GEMMs per 64-key tile (S, dP, dQ); this
+// one does one, and reads the tile's dS (8 KiB) from memory: it trades 2 of
+// the backward's 7 GEMMs for writing and reading dS once (2 bytes per
+// visible (row, key) pair, rounded up to tiles: ~0.4 GB at the 27B shape,
+// 3 documents; the workspace holds the worst case: dqs_max_tiles per block).
+//
+// Stored tiles (dflash_attn_common.cuh, Params): one per (valid block b,
+// 128-key context tile t its span meets, kv head g), t from lo0 / 128
+// (lo0: the widest row's bound, ctx_lo(.., 0)) to (anchor - 1) / 128, slot
+// (b dsmaxt + t - lo0 / 128) nkv + g (dsmaxt = dqs_max_tiles: room for
+// every block's widest span, so no prefix sum), DS_TILE_BYTES each: [key][row] bf16
+// rows of 128 bytes (the 64 rows of the item) in the 128-byte swizzle, as
+// the dK/dV pass's warpgroup h writes keys 64 h .. 64 h + 63. A warpgroup
+// whose 64 keys no row of the item sees writes nothing: this kernel skips
+// the same halves (the same test), so no half is read unwritten. Masked
+// pairs are stored as 0 (P = 0 there).
+//
+// CTA (this kernel): one warpgroup, one item (block, kv head; its 64 rows =
+// the wgmma M), 64-key halves through GST stages, GST - 1 ahead: K by TMA
+// (the forward's kc map, one 64-key box per column block), dS^T by a plain
+// bulk copy (8 KiB), the block tile's K_b (kb map, 16-key boxes) and dS^T
+// (2 KiB) as the last. dQ += dS K: m64nDk16, A = dS MN-major (transposed
+// through the descriptor), B = K MN-major, both in shared memory, fp32
+// accumulators in registers.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdio.h>
+
+#include "dflash_attn_common.cuh"
+#include "dflash_attn_wg.cuh"
+
+namespace df_dflash {
+namespace {
+
+constexpr int GNT = 128; // threads: one warpgroup
+constexpr int GST = 3;   // stages
+constexpr int HALF = 64; // keys per context step
+
+// Shared memory from a 1024-aligned base: stage s at s ST: K (NH column
+// blocks of 64 keys x 128 bytes; the block tile: of 16 keys) at 0, dS^T
+// (64 or 16 keys x 128 bytes) at KT; then one mbarrier per stage.
+template <int D> struct DqsLayout {
+    static constexpr int NH = D / 64;
+    static constexpr int KT = NH * HALF * 128;
+    static constexpr int ST = KT + DS_TILE_BYTES / 2;
+    static constexpr int BAR_OFF = GST * ST;
+    static constexpr size_t SMEM = (size_t)BAR_OFF + GST * 8 + 1024; // + alignment slack
+    static_assert(ST % 1024 == 0 && KT % 1024 == 0, "stages and their dS at 1024-byte multiples");
+};
+
+template <int D>
+__global__ void __launch_bounds__(GNT, 3) dqs_kernel(Params p, const __grid_constant__ KvMaps maps)
+{
+#if DF_WG_BODY
+    using L = DqsLayout<D>;
+    constexpr int NA = D / 2; // dQ accumulators per thread
+    constexpr uint32_t SBO = 1024;
+    extern __shared__ __align__(1024) uint8_t gs_smem[];
+    const uint32_t s0 = smem_u32(gs_smem), sb = (s0 + 1023u) & ~1023u;
+    const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
+    const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+    const long long ldq = (long long)p.nq * D;
+    // items: blocks last to first (the longest spans of a document first)
+    const int g = blockIdx.x % p.nkv, b = p.nb - 1 - blockIdx.x / p.nkv;
+    const RowId rid[2] = {row_id(p, b, g, 0, 16 * warp + gid), row_id(p, b, g, 0, 16 * warp + gid + 8)};
+    if (!p.valid[b]) { // padding block: dq 0
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++)
+            if (rid[ri].ok)
+                for (int j = 0; j < D / 8; j++)
+                    *reinterpret_cast<uint32_t *>(p.dq + rid[ri].grow * ldq + (long long)rid[ri].h * D + 2 * t4 +
+                                                  8 * j) = 0u;
+        return;
+    }
+    const int anc = p.anchor[b], lo0 = ctx_lo(anc, p.doc_start[b], p.W, 0);
+    // live 64-key halves: those the span [lo0, anc) meets, q0 .. q0 + nctx - 1
+    const int q0 = lo0 / HALF, nctx = lo0 < anc ? (anc - 1) / HALF - q0 + 1 : 0, ntl = nctx + 1;
+    const int slot0 = b * p.dsmaxt - lo0 / WG_TILE_KEYS;
+    const uint32_t bar0 = sb + L::BAR_OFF;
+    if (tid == 0) {
+        for (int i = 0; i < GST; i++)
+            mbar_init(bar0 + 8 * i, 1);
+        mbar_fence_init();
+    }
+    __syncthreads();
+    // step t into stage s (thread 0): a context half, or (t == nctx) the block tile
+    auto issue = [&](int t, int s) {
+        const uint32_t dst = sb + s * L::ST, bar = bar0 + 8 * s;
+        if (t < nctx) {
+            const int q = q0 + t, tile = q / 2;
+            const uint8_t *src = reinterpret_cast<const uint8_t *>(p.ds) +
+                                 ((size_t)(slot0 + tile) * p.nkv + g) * DS_TILE_BYTES + (q & 1) * (DS_TILE_BYTES / 2);
+            mbar_expect_tx(bar, (uint32_t)(L::KT + DS_TILE_BYTES / 2));
+#pragma unroll
+            for (int cb = 0; cb < L::NH; cb++)
+                tma_load_2d(dst + cb * (HALF * 128), &maps.kc, g * D + 64 * cb, HALF * q, bar);
+            bulk_load(dst + L::KT, src, DS_TILE_BYTES / 2, bar);
+        } else {
+            mbar_expect_tx(bar, (uint32_t)(L::NH * 16 * 128 + DS_BLK_BYTES));
+#pragma unroll
+            for (int cb = 0; cb < L::NH; cb++)
+                tma_load_2d(dst + cb * (16 * 128), &maps.kb, g * D + 64 * cb, b * p.bs, bar);
+            bulk_load(dst + L::KT,
+                      reinterpret_cast<const uint8_t *>(p.dsb) + ((size_t)b * p.nkv + g) * DS_BLK_BYTES,
+                      DS_BLK_BYTES, bar);
+        }
+    };
+    if (tid == 0)
+        for (int t = 0; t < GST - 1 && t < ntl; t++)
+            issue(t, t);
+    float acc[NA];
+    acc_zero(acc);
+    for (int t = 0; t < ntl; t++) {
+        const int s = t % GST;
+        // step t + GST - 1 into the stage step t - 1 used: every thread passed
+        // the barrier below only once its wgmmas of step t - 1 retired
+        if (tid == 0 && t + GST - 1 < ntl)
+            issue(t + GST - 1, (t + GST - 1) % GST);
+        mbar_wait(bar0 + 8 * s, (uint32_t)(t / GST) & 1u);
+        const uint32_t st = sb + s * L::ST;
+        // A: dS^T [key][row], MN-major: k step kk = keys 16 kk .. + 15 = 2048
+        // bytes; B: K [column block][key][64 dims], MN-major, LBO one column
+        // block (64 or, the block tile, 16 keys of 128 bytes)
+        const uint64_t dA = wg_desc(st + L::KT, HALF * 128, SBO);
+        wg_fence();
+        if (t < nctx) {
+            const uint64_t dB = wg_desc(st, HALF * 128, SBO);
+#pragma unroll
+            for (int kk = 0; kk < HALF / 16; kk++)
+                wg_ss_tb<1>(acc, dA + kk * (16 * 128 >> 4), dB + kk * (16 * 128 >> 4));
+        } else {
+            wg_ss_tb<1>(acc, dA, wg_desc(st, 16 * 128, SBO));
+        }
+        wg_commit();
+        wg_wait<0>();
+        __syncthreads(); // everyone's wgmmas of step t retired: its stage may refill
+    }
+    reg_fence(acc);
+    // element 4 j + 2 ri + e: row r0 + 8 ri, head dim 8 j + 2 t4 + e
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const RowId &id = rid[ri];
+        if (!id.ok)
+            continue;
+        uint16_t *qrow = p.dq + id.grow * ldq + (long long)id.h * D + 2 * t4;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *reinterpret_cast<uint32_t *>(qrow + 8 * j) =
+                pack_bf2(acc[4 * j + 2 * ri] * p.scale, acc[4 * j + 2 * ri + 1] * p.scale);
+    }
+#else
+    __trap(); // built without sm_90a: dqs_usable() keeps launches away
+#endif
+}
+
+} // namespace
+
+bool dqs_usable(int D)
+{
+    static signed char known[2][64]; // [D == 128][device]
+    const void *fn = D == 128 ? (const void *)dqs_kernel<128> : (const void *)dqs_kernel<64>;
+    return wg_kernel_runs(fn, D == 128 ? DqsLayout<128>::SMEM : DqsLayout<64>::SMEM, known[D == 128]);
+}
+
+int dqs_max_tiles(int S, int window)
+{
+    // a span [lo0, anc) within [0, S), and on a sliding layer at most window - 1 keys
+    int maxt = (S + WG_TILE_KEYS - 1) / WG_TILE_KEYS;
+    if (window > 0) {
+        int wt = (window + WG_TILE_KEYS - 1) / WG_TILE_KEYS + 1;
+        maxt = wt < maxt ? wt : maxt;
+    }
+    return maxt > 0 ? maxt : 0;
+}
+
+int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps)
+{
+    const long long n = (long long)p.nb * p.nkv;
+    if (n <= 0)
+        return 0;
+    cudaError_t e;
+    if (D == 128) {
+        e = cudaFuncSetAttribute(dqs_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)DqsLayout<128>::SMEM);
+        if (e == cudaSuccess) {
+            dqs_kernel<128><<<(unsigned)n, GNT, DqsLayout<128>::SMEM, st>>>(p, maps);
+            e = cudaGetLastError();
+        }
+    } else {
+        e = cudaFuncSetAttribute(dqs_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)DqsLayout<64>::SMEM);
+        if (e == cudaSuccess) {
+            dqs_kernel<64><<<(unsigned)n, GNT, DqsLayout<64>::SMEM, st>>>(p, maps);
+            e = cudaGetLastError();
+        }
+    }
+    if (e != cudaSuccess) {
+        fprintf(stderr, "dflash_attn: dqs_kernel<%d>: %s (%s:%d)\n", D, cudaGetErrorString(e), __FILE__, __LINE__);
+        return -EIO;
+    }
+    return 0;
+}
+
+} // namespace df_dflash
