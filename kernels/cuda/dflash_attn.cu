@@ -1458,7 +1458,6 @@ Params make_params(const df_cuda_dflash_args *a)
     p.out = a->out, p.dout = a->dout, p.o = a->out;
     p.dq = a->dq, p.dkc = a->dkc, p.dvc = a->dvc, p.dkb = a->dkb, p.dvb = a->dvb;
     p.lse = a->lse, p.lse_in = a->lse, p.Di = NULL;
-    p.ds = p.dsb = NULL, p.dsmaxt = 0;
     return p;
 }
 
@@ -1626,10 +1625,9 @@ size_t order_bytes(const df_cuda_dflash_args *a)
 // dkv_mma2_kernel are not launched (their pass events are recorded right
 // after the previous ones); elsewhere WG2's launches.
 template <int D>
-int bwd_mma4_launch(const Params &p0, cudaStream_t st, float *part, int *lists, int *dq_order,
-                    bool wg2, bool fold, cudaEvent_t *ev)
+int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, int *dq_order,
+                    bool wg2, bool fold, cudaEvent_t *ev, const df_dflash::DsBuf *dsb0)
 {
-    Params p = p0; // (WG3: p0.ds set; kept below only where its passes run)
     // dkv4 needs 174 KiB (D 128) of shared memory per CTA: more than sm_80's
     // 163 KiB and the 99 KiB of sm_86/89/120. There, bwd_mma2_launch runs instead.
     int dev, smax;
@@ -1643,15 +1641,14 @@ int bwd_mma4_launch(const Params &p0, cudaStream_t st, float *part, int *lists, 
     df_dflash::KvMaps maps;
     const bool wgdq_on = wg2 && df_dflash::dq_wg_usable(D, false) && df_dflash::kv_maps_make(p, D, &maps) == 0;
     const bool fold_on = fold && wgdq_on && p.nch == 1 && df_dflash::dq_wg_usable(D, true);
-    // WG3 (p0.ds): the dQ pass in its block-only mode, the context dK/dV pass
+    // WG3 (dsb0): the dQ pass in its block-only mode, the context dK/dV pass
     // storing dS^T, then dQ from it (dflash_attn_wg_dqs.cu), where the fold
     // runs with 16-key block tiles and TMA-fed Q / dO, the context dK/dV pass
     // takes its TMA-fed instantiation and the device runs dqs_kernel; else
     // WG2F's passes
-    const bool wg3_on = p.ds && fold_on && p.bs <= 16 && maps.qd_on && df_dflash::dkv_wg_usable(p, D) &&
+    const bool wg3_on = dsb0 && fold_on && p.bs <= 16 && maps.qd_on && df_dflash::dkv_wg_usable(p, D) &&
                         df_dflash::dkv_wg_tq(p, D, &maps) && df_dflash::dqs_usable(D);
-    if (!wg3_on)
-        p.ds = p.dsb = NULL;
+    const df_dflash::DsBuf *dsb = wg3_on ? dsb0 : NULL;
     if (rows > 0) {
         if (!fold_on) { // (fold_on: the dQ pass computes Di)
             long long w = rows * p.nq;
@@ -1664,7 +1661,7 @@ int bwd_mma4_launch(const Params &p0, cudaStream_t st, float *part, int *lists, 
             CU(cudaGetLastError());
         }
         // (the wgmma dQ pass takes dq_order[0] as its items' counter)
-        int rc = wgdq_on ? df_dflash::dq_wg_launch(p, D, st, fold_on, maps, dq_order)
+        int rc = wgdq_on ? df_dflash::dq_wg_launch(p, D, st, fold_on, maps, dq_order, dsb)
                          : dq_mma2_launch<D>(p, st, wg2 ? dq_order : nullptr);
         if (rc)
             return rc;
@@ -1682,7 +1679,7 @@ int bwd_mma4_launch(const Params &p0, cudaStream_t st, float *part, int *lists, 
         REC(ev, 3, st);
         if (wg2 && df_dflash::dkv_wg_usable(p, D)) {
             int rc = df_dflash::dkv_wg_launch(p, D, st, part, cnt, lst, order, nct,
-                                              wgdq_on ? &maps : nullptr);
+                                              wgdq_on ? &maps : nullptr, dsb);
             if (rc)
                 return rc;
         } else {
@@ -1697,7 +1694,7 @@ int bwd_mma4_launch(const Params &p0, cudaStream_t st, float *part, int *lists, 
     }
     REC(ev, 4, st);
     if (wg3_on) { // WG3's dQ (its pass event: [5])
-        int rc = df_dflash::dqs_launch(p, D, st, maps);
+        int rc = df_dflash::dqs_launch(p, D, st, maps, *dsb);
         if (rc)
             return rc;
     }
@@ -1860,14 +1857,14 @@ extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_
         bool wg3 = impl == DF_CUDA_DFLASH_IMPL_WG3;
         bool fold = impl == DF_CUDA_DFLASH_IMPL_WG2F || wg3; // WG2 with the fold
         bool wg2 = impl == DF_CUDA_DFLASH_IMPL_WG2 || fold;
-        if (wg3) { // its stored dS (used where the shapes allow: bwd_mma4_launch)
-            p.dsb = (uint16_t *)((char *)dq_order + order_bytes(a));
-            p.ds = (uint16_t *)((char *)p.dsb + dsb_bytes(a));
-            p.dsmaxt = df_dflash::dqs_max_tiles(a->S, a->window);
-        }
+        df_dflash::DsBuf dsb; // WG3's stored dS (used where the shapes allow: bwd_mma4_launch)
+        dsb.dsb = (uint16_t *)((char *)dq_order + order_bytes(a));
+        dsb.ds = (uint16_t *)((char *)dsb.dsb + dsb_bytes(a));
+        dsb.maxt = df_dflash::dqs_max_tiles(a->S, a->window);
         cudaEvent_t *ev = a->pass_events;
-        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg2, fold, ev)
-                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg2, fold, ev);
+        const df_dflash::DsBuf *dp = wg3 ? &dsb : NULL;
+        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg2, fold, ev, dp)
+                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg2, fold, ev, dp);
     }
     if (!a->workspace)
         CU(cudaFreeAsync(ws, st));

@@ -28,14 +28,18 @@ struct Params {
     float *lse;
     const float *lse_in;
     float *Di;
-    // impl WG3 (dflash_attn_wg_dqs.cu), else NULL: the context dS^T tiles
-    // the context dK/dV pass stores (ds, DS_TILE_BYTES per (block b, 128-key
-    // tile t of its span, kv head g), slot (b dsmaxt + t - lo0 / 128) nkv + g;
-    // dsmaxt: the most tiles a span can meet), and the block tiles' (dsb,
-    // DS_BLK_BYTES per (block, kv head), written by the dQ pass's block-only
-    // mode, which then writes no dq)
+};
+
+// Impl WG3's stored dS (dflash_attn_wg_dqs.cu; a kernel argument of its own,
+// after the others, where used: Params and every other kernel's arguments
+// as before): the context dS^T tiles the context dK/dV pass stores (ds,
+// DS_TILE_BYTES per (block b, 128-key tile t of its span, kv head g), slot
+// (b maxt + t - lo0 / 128) nkv + g; maxt = dqs_max_tiles: the most tiles a
+// span can meet), and the block tiles' (dsb, DS_BLK_BYTES per (block, kv
+// head), written by the dQ pass's block-only mode, which then writes no dq).
+struct DsBuf {
     uint16_t *ds, *dsb;
-    int dsmaxt;
+    int maxt;
 };
 
 // impl WG3's stored dS^T: one context tile's is 128 keys x 64 rows of bf16,
@@ -106,8 +110,10 @@ bool dkv_wg_usable(const Params &p, int D);
 // call, whose q / dout maps (qd_on) are used instead of encoding them again.
 // Returns 0 or -EIO (launch error).
 struct KvMaps;
+// dsb (may be NULL: WG2 / WG2F): WG3's buffers, the dS^T to store (the TQ
+// instantiation only: -EINVAL where it would not run).
 int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt,
-                  const int *lst, const int *order, int nct, const KvMaps *km);
+                  const int *lst, const int *order, int nct, const KvMaps *km, const DsBuf *dsb);
 
 // ---- dflash_attn_wg_dq.cu, dflash_attn_wg_fwd.cu (impls DF_CUDA_DFLASH_IMPL_WG2, _WG2F) ----
 // The K / V tensor maps of the forward and the dQ pass (TMA): context kc, vc
@@ -157,8 +163,10 @@ bool fwd_wg_usable(int D);
 // also writes p.Di (di_kernel's values, bitwise) and the block-key
 // gradients dkb, dvb (dkv_mma2_kernel's block tiles are then not run). ctr:
 // one int of device scratch, the items' counter (zeroed on st, then used by
-// the kernel). 0, -EINVAL or -EIO.
-int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr);
+// the kernel). dsb (fold only; NULL: none): WG3's block-only mode, which
+// writes the block tiles' dS^T into dsb->dsb and no dq. 0, -EINVAL or -EIO.
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr,
+                 const DsBuf *dsb);
 // The forward (out, lse): one CTA per (block, kv head, row chunk), K / V by
 // TMA. 0, -EIO, or -EOPNOTSUPP when the tensor maps cannot be made (nothing
 // launched: the caller runs MMA4's forward).
@@ -173,9 +181,10 @@ bool dkv_wg_tq(const Params &p, int D, const KvMaps *km);
 bool dqs_usable(int D);
 // dq = (sum over the stored context dS tiles of dS K + the block tile's dS
 // K_b) x scale, per (block, kv head) in key order: deterministic. Needs
-// p.ds, p.dsb filled, maps' kc / kb. 0 or -EIO.
-int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps);
-// The most 128-key tiles a block's context span can meet (p.dsmaxt): S keys
+// dsb filled (the block-only dQ pass, the context dK/dV pass), maps' kc /
+// kb. 0 or -EIO.
+int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, const DsBuf &dsb);
+// The most 128-key tiles a block's context span can meet (DsBuf.maxt): S keys
 // wide at most, and window - 1 on a sliding layer.
 int dqs_max_tiles(int S, int window);
 

@@ -167,10 +167,13 @@ __device__ __forceinline__ void st_sw(const uint8_t *base, uint32_t ro, int c, i
                  : "memory");
 }
 
-template <int D, bool TQ>
+// DS (impl WG3, TQ only): also store each item's dS^T (dsb.ds); its own
+// instantiation, so that WG2 / WG2F's code is as it was (the stores cost
+// registers: 245 instead of 242 at D 128).
+template <int D, bool TQ, bool DS = false>
 __global__ void __launch_bounds__(WNT, 1)
     dkv_wg_kernel(Params p, float *part, const int *cnt, const int *lst, const int *order,
-                  const __grid_constant__ QdMaps qm)
+                  const __grid_constant__ QdMaps qm, DsBuf dsb)
 {
 #if DF_WG_BODY
     using L = WgLayout<D>;
@@ -241,8 +244,8 @@ __global__ void __launch_bounds__(WNT, 1)
                 info[1] = ctx_lo(anc, ds, p.W, 0);        // widest row's bound
                 info[2] = ctx_lo(anc, ds, p.W, p.bs - 1); // narrowest row's
                 info[3] = ds;
-                // WG3: the item's stored dS^T slot for this tile (see Params)
-                info[4] = (b * p.dsmaxt + tile - info[1] / WG_TILE_KEYS) * p.nkv + g;
+                if constexpr (DS) // WG3: the item's stored dS^T slot for this tile (see Params)
+                    info[4] = (b * dsb.maxt + tile - info[1] / WG_TILE_KEYS) * p.nkv + g;
                 mbar_expect_tx(bar, 2 * L::QS + 2 * CHUNK_ROWS * 4);
 #pragma unroll
                 for (int cb = 0; cb < L::NH; cb++) {
@@ -456,13 +459,13 @@ __global__ void __launch_bounds__(WNT, 1)
                 sa[kk][2] = pack_bf2(dp[8 * kk + 4], dp[8 * kk + 5]);
                 sa[kk][3] = pack_bf2(dp[8 * kk + 6], dp[8 * kk + 7]);
             }
-            if constexpr (TQ) {
+            if constexpr (TQ && DS) {
                 // WG3: dS^T of this warpgroup's 64 keys into its stored tile's
                 // half (see Params: [key][row] in the 128-byte swizzle): sa[kk][h]
                 // is key kw + 8 (h & 1), rows 16 kk + 8 (h >> 1) + 2 t4 (+ 1),
                 // so 16-byte chunk 2 kk + (h >> 1) of the key's row, bytes 4 t4
-                if (p.ds) {
-                    const uint8_t *dst = reinterpret_cast<const uint8_t *>(p.ds) +
+                {
+                    const uint8_t *dst = reinterpret_cast<const uint8_t *>(dsb.ds) +
                                          (size_t)meta[3 * CHUNK_ROWS + 4] * DS_TILE_BYTES + wg * (DS_TILE_BYTES / 2);
                     // key 16 warp + gid (+ 8): key & 7 == gid
                     const uint32_t ro = (16 * warp + gid) * 128 + 4 * t4;
@@ -601,30 +604,33 @@ bool dkv_wg_tq(const Params &p, int D, const KvMaps *km)
 }
 
 int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt,
-                  const int *lst, const int *order, int nct, const KvMaps *km)
+                  const int *lst, const int *order, int nct, const KvMaps *km, const DsBuf *dsb)
 {
     unsigned grid = (unsigned)((long long)nct * p.nkv * WG_NSPL);
     // every item load by TMA (the TQ instantiation) where qd_maps makes its maps
     QdMaps qm;
     qd_maps(p, D, km, &qm);
-    if (p.ds && !qm.on) { // WG3's stored dS^T exists only in TQ (the caller checks dkv_wg_tq)
+    const DsBuf none = {NULL, NULL, 0}, ds = dsb ? *dsb : none;
+    if (dsb && !qm.on) { // WG3's stored dS^T exists only in TQ (the caller checks dkv_wg_tq)
         fprintf(stderr, "dflash_attn: dkv_wg_kernel<%d>: stored dS without TMA item loads (%s:%d)\n", D,
                 __FILE__, __LINE__);
         return -EINVAL;
     }
     cudaError_t e;
     if (D == 128) {
-        auto *fn = qm.on ? dkv_wg_kernel<128, true> : dkv_wg_kernel<128, false>;
+        auto *fn = qm.on ? (dsb ? dkv_wg_kernel<128, true, true> : dkv_wg_kernel<128, true>)
+                         : dkv_wg_kernel<128, false>;
         e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WgLayout<128>::SMEM);
         if (e == cudaSuccess) {
-            fn<<<grid, WNT, WgLayout<128>::SMEM, st>>>(p, part, cnt, lst, order, qm);
+            fn<<<grid, WNT, WgLayout<128>::SMEM, st>>>(p, part, cnt, lst, order, qm, ds);
             e = cudaGetLastError();
         }
     } else {
-        auto *fn = qm.on ? dkv_wg_kernel<64, true> : dkv_wg_kernel<64, false>;
+        auto *fn = qm.on ? (dsb ? dkv_wg_kernel<64, true, true> : dkv_wg_kernel<64, true>)
+                         : dkv_wg_kernel<64, false>;
         e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WgLayout<64>::SMEM);
         if (e == cudaSuccess) {
-            fn<<<grid, WNT, WgLayout<64>::SMEM, st>>>(p, part, cnt, lst, order, qm);
+            fn<<<grid, WNT, WgLayout<64>::SMEM, st>>>(p, part, cnt, lst, order, qm, ds);
             e = cudaGetLastError();
         }
     }

@@ -336,9 +336,9 @@ __device__ __forceinline__ void chunk_di_smem(const uint4 (&o)[2][D / 32], const
 // P, dS come from this kernel's S, dP).
 // FOLD = false compiles to WG2's kernel as before (every addition is under
 // if constexpr (FOLD)).
-template <int D, bool FOLD>
+template <int D, bool FOLD, bool BM = false>
 __global__ void __launch_bounds__(QNT, 2)
-    dq_wg_kernel(Params p, const __grid_constant__ KvMaps maps, int nitems, int *ctr)
+    dq_wg_kernel(Params p, const __grid_constant__ KvMaps maps, int nitems, int *ctr, uint16_t *dsbo)
 {
 #if DF_WG_BODY
     using L = DqLayout<D>;
@@ -374,11 +374,12 @@ __global__ void __launch_bounds__(QNT, 2)
     const int kbox = p.bs <= 16 ? 16 : QTK; // the block maps' box rows
     // block_size <= 16: one block tile, of 16 keys
     const bool b16 = p.bs <= 16;
-    // impl WG3's block-only mode (FOLD, p.dsb set; the host launches it only
-    // with b16 and the TMA-fed Q / dO): no context tiles, no dq written; Di,
-    // the block-key dK / dV and the block tile's dS^T (into p.dsb, for
-    // dflash_attn_wg_dqs.cu's dQ) as in the fold
-    const bool bmode = FOLD && p.dsb != nullptr;
+    // BM (FOLD only): impl WG3's block-only mode (launched only with b16,
+    // the TMA-fed Q / dO and dsbo): no context tiles, no dq written; Di, the
+    // block-key dK / dV as in the fold, and the block tile's dS^T into dsbo
+    // (for dflash_attn_wg_dqs.cu's dQ). Its own instantiation: WG2 / WG2F's
+    // code is as it was.
+    constexpr bool bmode = FOLD && BM;
     volatile int *s_nx = reinterpret_cast<volatile int *>(wq_smem + (sb - s0) + L::NX_OFF);
     for (int item = blockIdx.x, nx; item < nitems; item = nx) {
         // the CTA's next item (dynamic: items go to CTAs as they free up, as the
@@ -793,7 +794,7 @@ __global__ void __launch_bounds__(QNT, 2)
                     const int key = tid >> 3;
                     const uint4 v = key < p.bs ? *reinterpret_cast<const uint4 *>(wq_smem + (pt + pstep - s0) + 16 * tid)
                                                : make_uint4(0u, 0u, 0u, 0u);
-                    *reinterpret_cast<uint4 *>(reinterpret_cast<uint8_t *>(p.dsb) +
+                    *reinterpret_cast<uint4 *>(reinterpret_cast<uint8_t *>(dsbo) +
                                                ((size_t)b * p.nkv + g) * DS_BLK_BYTES + 16 * tid) = v;
                 }
             } else {
@@ -865,10 +866,11 @@ bool dq_wg_usable(int D, bool fold)
 }
 
 namespace {
-template <int D, bool FOLD>
-cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps &maps, int *ctr)
+template <int D, bool FOLD, bool BM = false>
+cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps &maps, int *ctr,
+                      uint16_t *dsbo = nullptr)
 {
-    cudaError_t e = cudaFuncSetAttribute(dq_wg_kernel<D, FOLD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaError_t e = cudaFuncSetAttribute(dq_wg_kernel<D, FOLD, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)DqLayout<D>::SMEM);
     if (e != cudaSuccess)
         return e;
@@ -889,7 +891,7 @@ cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps
         if (!resident[dev]) {
             int nsm = 0, per = 0;
             if (cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, dq_wg_kernel<D, FOLD>, QNT,
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, dq_wg_kernel<D, FOLD, BM>, QNT,
                                                               DqLayout<D>::SMEM) == cudaSuccess)
                 resident[dev] = per * nsm > 0 ? per * nsm : 0;
         }
@@ -899,12 +901,13 @@ cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps
     e = cudaMemsetAsync(ctr, 0, sizeof(int), st);
     if (e != cudaSuccess)
         return e;
-    dq_wg_kernel<D, FOLD><<<grid, QNT, DqLayout<D>::SMEM, st>>>(p, maps, (int)n, ctr);
+    dq_wg_kernel<D, FOLD, BM><<<grid, QNT, DqLayout<D>::SMEM, st>>>(p, maps, (int)n, ctr, dsbo);
     return cudaGetLastError();
 }
 } // namespace
 
-int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr)
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr,
+                 const DsBuf *dsb)
 {
     long long n = (long long)p.nb * p.nkv * p.nch;
     if (n <= 0)
@@ -914,10 +917,14 @@ int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMap
                 __FILE__, __LINE__);
         return -EINVAL;
     }
-    cudaError_t e = D == 128 ? (fold ? dq_wg_run<128, true>(p, (unsigned)n, st, maps, ctr)
-                                     : dq_wg_run<128, false>(p, (unsigned)n, st, maps, ctr))
-                             : (fold ? dq_wg_run<64, true>(p, (unsigned)n, st, maps, ctr)
-                                     : dq_wg_run<64, false>(p, (unsigned)n, st, maps, ctr));
+    // (dsb: WG3's block-only mode, a fold instantiation of its own)
+    const bool bm = fold && dsb;
+    cudaError_t e = D == 128 ? (bm     ? dq_wg_run<128, true, true>(p, (unsigned)n, st, maps, ctr, dsb->dsb)
+                                : fold ? dq_wg_run<128, true>(p, (unsigned)n, st, maps, ctr)
+                                       : dq_wg_run<128, false>(p, (unsigned)n, st, maps, ctr))
+                             : (bm     ? dq_wg_run<64, true, true>(p, (unsigned)n, st, maps, ctr, dsb->dsb)
+                                : fold ? dq_wg_run<64, true>(p, (unsigned)n, st, maps, ctr)
+                                       : dq_wg_run<64, false>(p, (unsigned)n, st, maps, ctr));
     if (e != cudaSuccess) {
         fprintf(stderr, "dflash_attn: dq_wg_kernel<%d%s>: %s (%s:%d)\n", D, fold ? ", fold" : "",
                 cudaGetErrorString(e), __FILE__, __LINE__);

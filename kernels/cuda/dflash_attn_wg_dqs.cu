@@ -4,12 +4,12 @@
 // GEMMs per tile are that recomputation).
 //
 // WG3's backward (dflash_attn.cu, bwd_mma4_launch):
-//   1. the dQ pass in its block-only mode (dq_wg_kernel, FOLD, p.dsb): Di,
-//      the block-key dK / dV and the block tile's dS^T into p.dsb; no
+//   1. the dQ pass in its block-only mode (dq_wg_kernel, FOLD, BM): Di,
+//      the block-key dK / dV and the block tile's dS^T into DsBuf.dsb; no
 //      context tiles, no dq;
 //   2. the tile lists and the context dK/dV pass (dkv_wg_kernel, TQ), which
 //      also stores each (128-key tile, item)'s dS^T, bf16 (the values its dK
-//      GEMM uses), into p.ds;
+//      GEMM uses), into DsBuf.ds;
 //   3. dqs_kernel (here): per (block, kv head), dQ = sum over its context
 //      span's 64-key halves of dS K, then the block tile's dS K_b, in key
 //      order, times scale, rounded to bf16 once: deterministic, no atomics;
@@ -20,10 +20,10 @@
 // visible (row, key) pair, rounded up to tiles: ~0.4 GB at the 27B shape,
 // 3 documents; the workspace holds the worst case: dqs_max_tiles per block).
 //
-// Stored tiles (dflash_attn_common.cuh, Params): one per (valid block b,
+// Stored tiles (dflash_attn_common.cuh, DsBuf): one per (valid block b,
 // 128-key context tile t its span meets, kv head g), t from lo0 / 128
 // (lo0: the widest row's bound, ctx_lo(.., 0)) to (anchor - 1) / 128, slot
-// (b dsmaxt + t - lo0 / 128) nkv + g (dsmaxt = dqs_max_tiles: room for
+// (b maxt + t - lo0 / 128) nkv + g (maxt = dqs_max_tiles: room for
 // every block's widest span, so no prefix sum), DS_TILE_BYTES each: [key][row] bf16
 // rows of 128 bytes (the 64 rows of the item) in the 128-byte swizzle, as
 // the dK/dV pass's warpgroup h writes keys 64 h .. 64 h + 63. A warpgroup
@@ -66,7 +66,7 @@ template <int D> struct DqsLayout {
 };
 
 template <int D>
-__global__ void __launch_bounds__(GNT, 3) dqs_kernel(Params p, const __grid_constant__ KvMaps maps)
+__global__ void __launch_bounds__(GNT, 3) dqs_kernel(Params p, const __grid_constant__ KvMaps maps, DsBuf dsb)
 {
 #if DF_WG_BODY
     using L = DqsLayout<D>;
@@ -92,7 +92,7 @@ __global__ void __launch_bounds__(GNT, 3) dqs_kernel(Params p, const __grid_cons
     const int anc = p.anchor[b], lo0 = ctx_lo(anc, p.doc_start[b], p.W, 0);
     // live 64-key halves: those the span [lo0, anc) meets, q0 .. q0 + nctx - 1
     const int q0 = lo0 / HALF, nctx = lo0 < anc ? (anc - 1) / HALF - q0 + 1 : 0, ntl = nctx + 1;
-    const int slot0 = b * p.dsmaxt - lo0 / WG_TILE_KEYS;
+    const int slot0 = b * dsb.maxt - lo0 / WG_TILE_KEYS;
     const uint32_t bar0 = sb + L::BAR_OFF;
     if (tid == 0) {
         for (int i = 0; i < GST; i++)
@@ -105,7 +105,7 @@ __global__ void __launch_bounds__(GNT, 3) dqs_kernel(Params p, const __grid_cons
         const uint32_t dst = sb + s * L::ST, bar = bar0 + 8 * s;
         if (t < nctx) {
             const int q = q0 + t, tile = q / 2;
-            const uint8_t *src = reinterpret_cast<const uint8_t *>(p.ds) +
+            const uint8_t *src = reinterpret_cast<const uint8_t *>(dsb.ds) +
                                  ((size_t)(slot0 + tile) * p.nkv + g) * DS_TILE_BYTES + (q & 1) * (DS_TILE_BYTES / 2);
             mbar_expect_tx(bar, (uint32_t)(L::KT + DS_TILE_BYTES / 2));
 #pragma unroll
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(GNT, 3) dqs_kernel(Params p, const __grid_cons
             for (int cb = 0; cb < L::NH; cb++)
                 tma_load_2d(dst + cb * (16 * 128), &maps.kb, g * D + 64 * cb, b * p.bs, bar);
             bulk_load(dst + L::KT,
-                      reinterpret_cast<const uint8_t *>(p.dsb) + ((size_t)b * p.nkv + g) * DS_BLK_BYTES,
+                      reinterpret_cast<const uint8_t *>(dsb.dsb) + ((size_t)b * p.nkv + g) * DS_BLK_BYTES,
                       DS_BLK_BYTES, bar);
         }
     };
@@ -190,7 +190,7 @@ int dqs_max_tiles(int S, int window)
     return maxt > 0 ? maxt : 0;
 }
 
-int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps)
+int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, const DsBuf &dsb)
 {
     const long long n = (long long)p.nb * p.nkv;
     if (n <= 0)
@@ -200,14 +200,14 @@ int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps)
         e = cudaFuncSetAttribute(dqs_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)DqsLayout<128>::SMEM);
         if (e == cudaSuccess) {
-            dqs_kernel<128><<<(unsigned)n, GNT, DqsLayout<128>::SMEM, st>>>(p, maps);
+            dqs_kernel<128><<<(unsigned)n, GNT, DqsLayout<128>::SMEM, st>>>(p, maps, dsb);
             e = cudaGetLastError();
         }
     } else {
         e = cudaFuncSetAttribute(dqs_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)DqsLayout<64>::SMEM);
         if (e == cudaSuccess) {
-            dqs_kernel<64><<<(unsigned)n, GNT, DqsLayout<64>::SMEM, st>>>(p, maps);
+            dqs_kernel<64><<<(unsigned)n, GNT, DqsLayout<64>::SMEM, st>>>(p, maps, dsb);
             e = cudaGetLastError();
         }
     }
