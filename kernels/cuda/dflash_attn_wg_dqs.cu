@@ -127,30 +127,37 @@ __global__ void __launch_bounds__(GNT, 3) dqs_kernel(Params p, const __grid_cons
             issue(t, t);
     float acc[NA];
     acc_zero(acc);
-    for (int t = 0; t < ntl; t++) {
-        const int s = t % GST;
-        // step t + GST - 1 into the stage step t - 1 used: every thread passed
-        // the barrier below only once its wgmmas of step t - 1 retired
+    // step t: its stage landed (and step t + GST - 1 issued into the stage
+    // step t - 1 used: every thread passed the barrier after step t - 1
+    // only once its wgmmas of that step retired); returns the stage
+    auto arrive = [&](int t) -> uint32_t {
         if (tid == 0 && t + GST - 1 < ntl)
             issue(t + GST - 1, (t + GST - 1) % GST);
-        mbar_wait(bar0 + 8 * s, (uint32_t)(t / GST) & 1u);
-        const uint32_t st = sb + s * L::ST;
-        // A: dS^T [key][row], MN-major: k step kk = keys 16 kk .. + 15 = 2048
-        // bytes; B: K [column block][key][64 dims], MN-major, LBO one column
-        // block (64 or, the block tile, 16 keys of 128 bytes)
-        const uint64_t dA = wg_desc(st + L::KT, HALF * 128, SBO);
+        mbar_wait(bar0 + 8 * (t % GST), (uint32_t)(t / GST) & 1u);
+        return sb + (t % GST) * L::ST;
+    };
+    // A: dS^T [key][row], MN-major: k step kk = keys 16 kk .. + 15 = 2048
+    // bytes; B: K [column block][key][64 dims], MN-major, LBO one column
+    // block (64 keys of 128 bytes; the block tile: 16). The context steps
+    // and the block step in loops of their own (wgmmas under a branch made
+    // ptxas inject warpgroup arrives)
+    for (int t = 0; t < nctx; t++) {
+        const uint32_t st = arrive(t);
+        const uint64_t dA = wg_desc(st + L::KT, HALF * 128, SBO), dB = wg_desc(st, HALF * 128, SBO);
         wg_fence();
-        if (t < nctx) {
-            const uint64_t dB = wg_desc(st, HALF * 128, SBO);
 #pragma unroll
-            for (int kk = 0; kk < HALF / 16; kk++)
-                wg_ss_tb<1>(acc, dA + kk * (16 * 128 >> 4), dB + kk * (16 * 128 >> 4));
-        } else {
-            wg_ss_tb<1>(acc, dA, wg_desc(st, 16 * 128, SBO));
-        }
+        for (int kk = 0; kk < HALF / 16; kk++)
+            wg_ss_tb<1>(acc, dA + kk * (16 * 128 >> 4), dB + kk * (16 * 128 >> 4));
         wg_commit();
         wg_wait<0>();
         __syncthreads(); // everyone's wgmmas of step t retired: its stage may refill
+    }
+    {
+        const uint32_t st = arrive(nctx);
+        wg_fence();
+        wg_ss_tb<1>(acc, wg_desc(st + L::KT, HALF * 128, SBO), wg_desc(st, 16 * 128, SBO));
+        wg_commit();
+        wg_wait<0>();
     }
     reg_fence(acc);
     // element 4 j + 2 ri + e: row r0 + 8 ri, head dim 8 j + 2 t4 + e
