@@ -172,7 +172,12 @@ int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMap
 // launched: the caller runs MMA4's forward).
 int fwd_wg_launch(const Params &p, int D, cudaStream_t st);
 
-// ---- dflash_attn_wg_dqs.cu (impl DF_CUDA_DFLASH_IMPL_WG3) ----
+// ---- dflash_attn_wg_dq.cu, dflash_attn_wg_dqs.cu (impl DF_CUDA_DFLASH_IMPL_WG3) ----
+// WG3's block pass, lean (one CTA per (block, kv head)): Di, the block-key
+// dK / dV, the block tiles' dS^T into dsb.dsb; needs bs <= 16 and
+// maps.qd_on. blk_wg_usable: the device runs it for head dim D. 0 or -EIO.
+bool blk_wg_usable(int D);
+int blk_wg_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, const DsBuf &dsb);
 // Whether the context dK/dV pass would take its TMA-fed (TQ) instantiation
 // for p (bs x group == 64, group a power of two >= 4, its maps made; km as
 // dkv_wg_launch's): WG3's stored dS^T exists only there.

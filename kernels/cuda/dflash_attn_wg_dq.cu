@@ -852,6 +852,186 @@ __global__ void __launch_bounds__(QNT, 2)
 #endif
 }
 
+
+// Impl WG3's block pass (dflash_attn_wg_dqs.cu's step 1), lean: one CTA
+// (one warpgroup) per (block b, kv head g), no persistence, no context
+// tiles, no dQ: Di (chunk_di: di_kernel's bits), the block tile's S, dP,
+// P, dS (16 keys, the fold's code), the block-key dK / dV (the transposed
+// fold) and the block tile's dS^T into dsbo. 44 KiB of shared memory (Q,
+// dO, K_b, V_b by TMA, P^T / dS^T), so several CTAs per SM overlap their
+// loads, where the persistent dQ kernel's block-only mode (BM) runs two
+// long chains per SM. Launched only with bs <= 16 and maps.qd_on.
+template <int D> struct BlkLayout {
+    static constexpr int NH = D / 64, QS = NH * CHUNK_ROWS * 128, BK = NH * 16 * 128;
+    static constexpr int PT = 2 * QS + 2 * BK; // P^T (2 KiB), dS^T (2 KiB)
+    static constexpr int BAR = PT + 4096;
+    static constexpr size_t SMEM = (size_t)BAR + 8 + 1024;
+};
+
+template <int D>
+__global__ void __launch_bounds__(QNT, 4)
+    blk_wg_kernel(Params p, const __grid_constant__ KvMaps maps, uint16_t *dsbo)
+{
+#if DF_WG_BODY
+    using L = BlkLayout<D>;
+    constexpr int V8 = D / 8, KS = D / 16;
+    constexpr uint32_t KM_LBO = 16, SBO = 1024;
+    extern __shared__ __align__(1024) uint8_t bl_smem[];
+    const uint32_t s0 = smem_u32(bl_smem), sb = (s0 + 1023u) & ~1023u;
+    const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
+    const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+    const long long ldk = (long long)p.nkv * D;
+    const int g = blockIdx.x % p.nkv, b = p.nb - 1 - blockIdx.x / p.nkv;
+    const RowId rid[2] = {row_id(p, b, g, 0, 16 * warp + gid), row_id(p, b, g, 0, 16 * warp + gid + 8)};
+    const bool valid = p.valid[b];
+    const uint32_t bar = sb + L::BAR;
+    if (valid && tid == 0) {
+        mbar_init(bar, 1);
+        mbar_fence_init();
+        mbar_expect_tx(bar, (uint32_t)(2 * L::QS + 2 * L::BK));
+#pragma unroll
+        for (int cb = 0; cb < L::NH; cb++) {
+            tma_load_3d(sb + cb * (CHUNK_ROWS * 128), &maps.q, 64 * cb, g * p.group, b * p.bs, bar);
+            tma_load_3d(sb + L::QS + cb * (CHUNK_ROWS * 128), &maps.dout, 64 * cb, g * p.group, b * p.bs, bar);
+            tma_load_2d(sb + 2 * L::QS + cb * (16 * 128), &maps.kb, g * D + 64 * cb, b * p.bs, bar);
+            tma_load_2d(sb + 2 * L::QS + L::BK + cb * (16 * 128), &maps.vb, g * D + 64 * cb, b * p.bs, bar);
+        }
+    }
+    // Di (di_kernel's bits, for the context dK/dV pass) and lse while the copies land
+    float Dr[2], nL[2];
+    bool rok[2];
+    chunk_di<D>(p, rid, t4, Dr);
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const long long li = (long long)rid[ri].grow * p.nq + rid[ri].h;
+        if (rid[ri].ok && t4 == 0)
+            p.Di[li] = Dr[ri];
+        const float l2 = rid[ri].ok && valid ? p.lse_in[li] * WLOG2E : -INFINITY;
+        nL[ri] = -l2;
+        rok[ri] = rid[ri].ok && l2 != -INFINITY;
+    }
+    if (!valid) { // padding block: dkb / dvb 0 (dkv_mma2_kernel's block tiles); no dS^T (dqs_kernel writes its dq 0)
+        for (int e = tid; e < p.bs * V8; e += QNT) {
+            long long off = ((long long)b * p.bs + e / V8) * ldk + (long long)g * D + (e % V8) * 8;
+            *reinterpret_cast<uint4 *>(p.dkb + off) = make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4 *>(p.dvb + off) = make_uint4(0u, 0u, 0u, 0u);
+        }
+        return;
+    }
+    __syncthreads(); // the mbarrier's init, before anyone waits on it
+    mbar_wait(bar, 0);
+    // S, dP of the 16 block keys (m64n16), P, dS as in dq_wg_kernel's block tile
+    const uint64_t dQ = wg_desc(sb, KM_LBO, SBO), dO = dQ + (L::QS >> 4);
+    const uint64_t dK = wg_desc(sb + 2 * L::QS, KM_LBO, SBO), dV = dK + (L::BK >> 4);
+    float s[8], dp[8];
+    wg_fence();
+    wg_tile_ab<8, KS, CHUNK_ROWS, 16>(s, dQ, dK);
+    wg_commit();
+    wg_tile_ab<8, KS, CHUNK_ROWS, 16>(dp, dO, dV);
+    wg_commit();
+    const float sl = p.scale * WLOG2E;
+    wg_wait<1>();
+    reg_fence(s);
+    {
+        int klo[2], khi[2];
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++)
+            row_key_range(p, rid[ri], 0, rok[ri], false, 0, klo[ri], khi[ri]);
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int ri = e >> 1, key = 8 * j + 2 * t4 + (e & 1);
+                const bool vis = key >= klo[ri] && key < khi[ri];
+                const float x = fmaf(s[4 * j + e], sl, nL[ri]);
+                s[4 * j + e] = ex2(vis ? x : -INFINITY);
+            }
+    }
+    wg_wait<0>();
+    reg_fence(dp);
+    uint32_t sa[4];
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        const int i = 2 * h;
+        const float d0 = Dr[h & 1];
+        sa[h] = pack_bf2(s[i] * (dp[i] - d0), s[i + 1] * (dp[i + 1] - d0));
+    }
+    // P^T, dS^T as [key][row] tiles (dq_wg_kernel's store_pt), the 8-key groups below bs
+    uint8_t *ptp = bl_smem + (sb + L::PT - s0);
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        if (8 * j >= p.bs)
+            break;
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++) {
+            const int rc = 2 * warp + ri, k0 = 8 * j + 2 * t4;
+            const uint32_t pv = pack_bf2(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]);
+            const uint32_t sv = sa[2 * j + ri];
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                const int k = k0 + e, off = k * 128 + ((rc ^ (k & 7)) << 4) + 2 * gid;
+                *reinterpret_cast<uint16_t *>(ptp + off) = (uint16_t)(pv >> (16 * e));
+                *reinterpret_cast<uint16_t *>(ptp + 2048 + off) = (uint16_t)(sv >> (16 * e));
+            }
+        }
+    }
+    fence_proxy_async(); // this thread's P^T / dS^T stores -> the tensor cores ...
+    __syncthreads();     // ... everyone's
+    // dV_b^T = dO^T P, dK_b^T = Q^T dS (dq_wg_kernel's transposed fold)
+    float dvt[L::NH][8], dkt[L::NH][8];
+    const uint64_t bP = wg_desc(sb + L::PT, KM_LBO, SBO), bS = bP + (2048 >> 4);
+    const uint64_t tQ = wg_desc(sb, CHUNK_ROWS * 128, SBO), tO = tQ + (L::QS >> 4);
+    wg_fence();
+#pragma unroll
+    for (int h = 0; h < L::NH; h++) {
+        const uint32_t ho = h * (CHUNK_ROWS * 128) >> 4;
+        wg_ss16<false, 1>(dvt[h], tO + ho, bP);
+#pragma unroll
+        for (int kk = 1; kk < 4; kk++)
+            wg_ss16<true, 1>(dvt[h], tO + ho + kk * (16 * 128 >> 4), bP + kk * (32 >> 4));
+        wg_ss16<false, 1>(dkt[h], tQ + ho, bS);
+#pragma unroll
+        for (int kk = 1; kk < 4; kk++)
+            wg_ss16<true, 1>(dkt[h], tQ + ho + kk * (16 * 128 >> 4), bS + kk * (32 >> 4));
+    }
+    wg_commit();
+    // the block tile's dS^T for dqs_kernel, keys past bs as 0 (read by the
+    // generic proxy: ordered by the barrier above)
+    {
+        const int key = tid >> 3;
+        const uint4 v = key < p.bs ? *reinterpret_cast<const uint4 *>(ptp + 2048 + 16 * tid) : make_uint4(0u, 0u, 0u, 0u);
+        *reinterpret_cast<uint4 *>(reinterpret_cast<uint8_t *>(dsbo) + ((size_t)b * p.nkv + g) * DS_BLK_BYTES + 16 * tid) = v;
+    }
+    wg_wait<0>();
+#pragma unroll
+    for (int h = 0; h < L::NH; h++) {
+        reg_fence(dvt[h]);
+        reg_fence(dkt[h]);
+    }
+    // element 4 j + 2 r + e: head dim 64 h + 16 warp + gid + 8 r, key 8 j + 2 t4 + e
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int key = 8 * j + 2 * t4 + e;
+            if (key >= p.bs)
+                continue;
+            const long long off = ((long long)b * p.bs + key) * ldk + (long long)g * D + 16 * warp + gid;
+#pragma unroll
+            for (int h = 0; h < L::NH; h++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const float vk = dkt[h][4 * j + 2 * r + e] * p.scale;
+                    const float vv = dvt[h][4 * j + 2 * r + e];
+                    p.dkb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vk));
+                    p.dvb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vv));
+                }
+        }
+#else
+    __trap(); // built without sm_90a: blk_wg_usable() keeps launches away
+#endif
+}
+
 } // namespace
 
 bool dq_wg_usable(int D, bool fold)
@@ -905,6 +1085,35 @@ cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps
     return cudaGetLastError();
 }
 } // namespace
+
+bool blk_wg_usable(int D)
+{
+    static signed char known[2][64]; // [D == 128][device]
+    const void *fn = D == 128 ? (const void *)blk_wg_kernel<128> : (const void *)blk_wg_kernel<64>;
+    return wg_kernel_runs(fn, D == 128 ? BlkLayout<128>::SMEM : BlkLayout<64>::SMEM, known[D == 128]);
+}
+
+int blk_wg_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, const DsBuf &dsb)
+{
+    const long long n = (long long)p.nb * p.nkv;
+    if (n <= 0)
+        return 0;
+    const void *fn = D == 128 ? (const void *)blk_wg_kernel<128> : (const void *)blk_wg_kernel<64>;
+    const size_t smem = D == 128 ? BlkLayout<128>::SMEM : BlkLayout<64>::SMEM;
+    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e == cudaSuccess) {
+        if (D == 128)
+            blk_wg_kernel<128><<<(unsigned)n, QNT, smem, st>>>(p, maps, dsb.dsb);
+        else
+            blk_wg_kernel<64><<<(unsigned)n, QNT, smem, st>>>(p, maps, dsb.dsb);
+        e = cudaGetLastError();
+    }
+    if (e != cudaSuccess) {
+        fprintf(stderr, "dflash_attn: blk_wg_kernel<%d>: %s (%s:%d)\n", D, cudaGetErrorString(e), __FILE__, __LINE__);
+        return -EIO;
+    }
+    return 0;
+}
 
 int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr,
                  const DsBuf *dsb)
