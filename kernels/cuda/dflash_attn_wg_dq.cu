@@ -1101,6 +1101,8 @@ int blk_wg_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, c
     const void *fn = D == 128 ? (const void *)blk_wg_kernel<128> : (const void *)blk_wg_kernel<64>;
     const size_t smem = D == 128 ? BlkLayout<128>::SMEM : BlkLayout<64>::SMEM;
     cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e == cudaSuccess) // the largest carveout: several CTAs per SM
+        e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     if (e == cudaSuccess) {
         if (D == 128)
             blk_wg_kernel<128><<<(unsigned)n, QNT, smem, st>>>(p, maps, dsb.dsb);

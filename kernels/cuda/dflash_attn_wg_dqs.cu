@@ -202,10 +202,14 @@ int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, cons
     const long long n = (long long)p.nb * p.nkv;
     if (n <= 0)
         return 0;
+    // (the largest carveout: 3 CTAs of ~73 KiB per SM)
     cudaError_t e;
     if (D == 128) {
         e = cudaFuncSetAttribute(dqs_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)DqsLayout<128>::SMEM);
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(dqs_kernel<128>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared);
         if (e == cudaSuccess) {
             dqs_kernel<128><<<(unsigned)n, GNT, DqsLayout<128>::SMEM, st>>>(p, maps, dsb);
             e = cudaGetLastError();
@@ -213,6 +217,9 @@ int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, cons
     } else {
         e = cudaFuncSetAttribute(dqs_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)DqsLayout<64>::SMEM);
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(dqs_kernel<64>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                     cudaSharedmemCarveoutMaxShared);
         if (e == cudaSuccess) {
             dqs_kernel<64><<<(unsigned)n, GNT, DqsLayout<64>::SMEM, st>>>(p, maps, dsb);
             e = cudaGetLastError();
