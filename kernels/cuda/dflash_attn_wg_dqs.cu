@@ -31,8 +31,8 @@
 // the same halves (the same test), so no half is read unwritten. Masked
 // pairs are stored as 0 (P = 0 there).
 //
-// CTA (this kernel): one warpgroup, one item (block, kv head; its 64 rows =
-// the wgmma M), 64-key halves through GST stages, GST - 1 ahead: K by TMA
+// CTA (dqs_kernel, DFLASH_ATTN_WG3_DQ=single; dqs2_kernel below pairs
+// blocks): one warpgroup, one item (block, kv head; its 64 rows = the wgmma M), 64-key halves through GST stages, GST - 1 ahead: K by TMA
 // (the forward's kc map, one 64-key box per column block), dS^T by a plain
 // bulk copy (8 KiB), the block tile's K_b (kb map, 16-key boxes) and dS^T
 // (2 KiB) as the last. dQ += dS K: m64nDk16, A = dS MN-major (transposed
@@ -42,6 +42,8 @@
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "dflash_attn_common.cuh"
 #include "dflash_attn_wg.cuh"
@@ -177,13 +179,165 @@ __global__ void __launch_bounds__(GNT, 3) dqs_kernel(Params p, const __grid_cons
 #endif
 }
 
+// Pairs (dqs2_kernel, the default; DFLASH_ATTN_WG3_DQ=single: dqs_kernel):
+// one CTA of two warpgroups per (two neighbouring blocks, kv head), warpgroup
+// w summing block b_w's dQ as dqs_kernel does. Neighbouring anchors' spans
+// mostly overlap, so one K half serves both (dqs_kernel reads each K half
+// from L2 once per block: ~0.8 GB at 3docs full, twice the stored dS): the
+// CTA steps over the union of its blocks' live halves, loading K once and
+// each block's dS^T where the half is live for it (a half in a gap between
+// two documents' spans is loaded and not used). Shared memory: GST stages of
+// K + two dS^T halves (32 KiB at D 128), then both blocks' block tiles (K_b,
+// dS^T) in one area of their own, loaded at the start: 2 CTAs per SM.
+template <int D> struct Dqs2Layout {
+    static constexpr int NH = D / 64;
+    static constexpr int KT = NH * HALF * 128, DH = DS_TILE_BYTES / 2;
+    static constexpr int ST = KT + 2 * DH;
+    static constexpr int KB = NH * 16 * 128; // a block tile's K
+    // block area: block 0's K_b, its dS^T, block 1's dS^T, its K_b (1024-aligned pieces)
+    static constexpr int BLK = GST * ST, KB0 = BLK, DB0 = BLK + KB, DB1 = DB0 + DS_BLK_BYTES,
+                         KB1 = DB1 + DS_BLK_BYTES;
+    static constexpr int BAR_OFF = KB1 + KB; // GST stage barriers, then the block area's
+    static constexpr size_t SMEM = (size_t)BAR_OFF + (GST + 1) * 8 + 1024;
+    static_assert(KB % 1024 == 0 && (DB1 + DS_BLK_BYTES) % 1024 == 0, "1024-aligned pieces");
+};
+
+template <int D>
+__global__ void __launch_bounds__(2 * GNT, 2) dqs2_kernel(Params p, const __grid_constant__ KvMaps maps, DsBuf dsb)
+{
+#if DF_WG_BODY
+    using L = Dqs2Layout<D>;
+    constexpr int NA = D / 2;
+    constexpr uint32_t SBO = 1024;
+    extern __shared__ __align__(1024) uint8_t gs_smem[];
+    const uint32_t s0 = smem_u32(gs_smem), sb = (s0 + 1023u) & ~1023u;
+    const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
+    // warpgroup (this thread's block of the pair) and warp in it, warp-uniform
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), warp = __shfl_sync(0xffffffffu, (tid >> 5) & 3, 0);
+    const long long ldq = (long long)p.nq * D;
+    const int g = blockIdx.x % p.nkv, pb = p.nb - 1 - 2 * (blockIdx.x / p.nkv); // blocks pb, pb - 1
+    // both blocks' spans (every thread: the issuing thread needs both)
+    int q0[2], q1[2], slot0[2];
+    bool has[2], val[2];
+#pragma unroll
+    for (int w = 0; w < 2; w++) {
+        const int b = pb - w;
+        val[w] = b >= 0 && p.valid[b];
+        int anc = 0, lo0 = 0;
+        if (val[w])
+            anc = p.anchor[b], lo0 = ctx_lo(anc, p.doc_start[b], p.W, 0);
+        has[w] = val[w] && lo0 < anc; // a context span
+        q0[w] = lo0 / HALF, q1[w] = has[w] ? (anc - 1) / HALF : -1;
+        slot0[w] = b * dsb.maxt - lo0 / WG_TILE_KEYS;
+    }
+    const int b = pb - wg;
+    const RowId rid[2] = {row_id(p, b < 0 ? 0 : b, g, 0, 16 * warp + gid),
+                          row_id(p, b < 0 ? 0 : b, g, 0, 16 * warp + gid + 8)};
+    // the union of the live halves: qa .. qa + nst - 1
+    const int qa = has[0] && has[1] ? min(q0[0], q0[1]) : has[0] ? q0[0] : q0[1];
+    const int qb = has[0] && has[1] ? max(q1[0], q1[1]) : has[0] ? q1[0] : q1[1];
+    const int nst = has[0] || has[1] ? qb - qa + 1 : 0;
+    auto live = [&](int w, int q) -> bool { return has[w] && q >= q0[w] && q <= q1[w]; };
+    // this warpgroup's (selects, not a runtime index: the arrays stay in registers)
+    const bool my_val = wg ? val[1] : val[0], my_has = wg ? has[1] : has[0];
+    const int my_q0 = wg ? q0[1] : q0[0], my_q1 = wg ? q1[1] : q1[0];
+    const uint32_t bar0 = sb + L::BAR_OFF, bblk = bar0 + 8 * GST;
+    if (tid == 0) {
+        for (int i = 0; i <= GST; i++)
+            mbar_init(bar0 + 8 * i, 1);
+        mbar_fence_init();
+        // both block tiles (K_b by the kb map's 16-key boxes, dS^T by a bulk copy)
+        if (val[0] || val[1]) {
+            mbar_expect_tx(bblk, (uint32_t)((val[0] + val[1]) * (L::KB + DS_BLK_BYTES)));
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                if (!val[w])
+                    continue;
+                const uint32_t kb = sb + (w ? L::KB1 : L::KB0), db = sb + (w ? L::DB1 : L::DB0);
+#pragma unroll
+                for (int cb = 0; cb < L::NH; cb++)
+                    tma_load_2d(kb + cb * (16 * 128), &maps.kb, g * D + 64 * cb, (pb - w) * p.bs, bblk);
+                bulk_load(db, reinterpret_cast<const uint8_t *>(dsb.dsb) + ((size_t)(pb - w) * p.nkv + g) * DS_BLK_BYTES,
+                          DS_BLK_BYTES, bblk);
+            }
+        }
+    }
+    // step t (half qa + t) into stage s (thread 0): K, and each block's dS^T where live
+    auto issue = [&](int t, int s) {
+        const int q = qa + t;
+        const uint32_t dst = sb + s * L::ST, bar = bar0 + 8 * s;
+        const bool l0 = live(0, q), l1 = live(1, q);
+        mbar_expect_tx(bar, (uint32_t)(L::KT + (l0 + l1) * L::DH));
+#pragma unroll
+        for (int cb = 0; cb < L::NH; cb++)
+            tma_load_2d(dst + cb * (HALF * 128), &maps.kc, g * D + 64 * cb, HALF * q, bar);
+#pragma unroll
+        for (int w = 0; w < 2; w++)
+            if (w ? l1 : l0)
+                bulk_load(dst + L::KT + w * L::DH,
+                          reinterpret_cast<const uint8_t *>(dsb.ds) +
+                              ((size_t)(slot0[w] + q / 2) * p.nkv + g) * DS_TILE_BYTES + (q & 1) * L::DH,
+                          L::DH, bar);
+    };
+    __syncthreads(); // the mbarriers' inits
+    if (tid == 0)
+        for (int t = 0; t < GST - 1 && t < nst; t++)
+            issue(t, t);
+    float acc[NA];
+    acc_zero(acc);
+    for (int t = 0; t < nst; t++) {
+        if (tid == 0 && t + GST - 1 < nst)
+            issue(t + GST - 1, (t + GST - 1) % GST);
+        mbar_wait(bar0 + 8 * (t % GST), (uint32_t)(t / GST) & 1u);
+        if (my_has && qa + t >= my_q0 && qa + t <= my_q1) { // live for this warpgroup's block
+            const uint32_t st = sb + (t % GST) * L::ST;
+            const uint64_t dA = wg_desc(st + L::KT + wg * L::DH, HALF * 128, SBO), dB = wg_desc(st, HALF * 128, SBO);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < HALF / 16; kk++)
+                wg_ss_tb<1>(acc, dA + kk * (16 * 128 >> 4), dB + kk * (16 * 128 >> 4));
+            wg_commit();
+            wg_wait<0>();
+        }
+        __syncthreads(); // both warpgroups' wgmmas of step t retired: its stage may refill
+    }
+    if (my_val) {
+        mbar_wait(bblk, 0);
+        wg_fence();
+        wg_ss_tb<1>(acc, wg_desc(sb + (wg ? L::DB1 : L::DB0), HALF * 128, SBO),
+                    wg_desc(sb + (wg ? L::KB1 : L::KB0), 16 * 128, SBO));
+        wg_commit();
+        wg_wait<0>();
+    }
+    reg_fence(acc);
+    if (b < 0)
+        return;
+    // element 4 j + 2 ri + e: row r0 + 8 ri, head dim 8 j + 2 t4 + e (a padding block: 0)
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const RowId &id = rid[ri];
+        if (!id.ok)
+            continue;
+        uint16_t *qrow = p.dq + id.grow * ldq + (long long)id.h * D + 2 * t4;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *reinterpret_cast<uint32_t *>(qrow + 8 * j) =
+                my_val ? pack_bf2(acc[4 * j + 2 * ri] * p.scale, acc[4 * j + 2 * ri + 1] * p.scale) : 0u;
+    }
+#else
+    __trap();
+#endif
+}
+
 } // namespace
 
 bool dqs_usable(int D)
 {
-    static signed char known[2][64]; // [D == 128][device]
-    const void *fn = D == 128 ? (const void *)dqs_kernel<128> : (const void *)dqs_kernel<64>;
-    return wg_kernel_runs(fn, D == 128 ? DqsLayout<128>::SMEM : DqsLayout<64>::SMEM, known[D == 128]);
+    static signed char known[2][2][64]; // [pair][D == 128][device]
+    const void *f1 = D == 128 ? (const void *)dqs_kernel<128> : (const void *)dqs_kernel<64>;
+    const void *f2 = D == 128 ? (const void *)dqs2_kernel<128> : (const void *)dqs2_kernel<64>;
+    return wg_kernel_runs(f1, D == 128 ? DqsLayout<128>::SMEM : DqsLayout<64>::SMEM, known[0][D == 128]) &&
+           wg_kernel_runs(f2, D == 128 ? Dqs2Layout<128>::SMEM : Dqs2Layout<64>::SMEM, known[1][D == 128]);
 }
 
 int dqs_max_tiles(int S, int window)
@@ -197,36 +351,45 @@ int dqs_max_tiles(int S, int window)
     return maxt > 0 ? maxt : 0;
 }
 
+namespace {
+// one kernel's launch: its shared memory (the largest carveout: 3 dqs_kernel
+// or 2 dqs2_kernel CTAs per SM), then grid x threads
+cudaError_t dqs_run(const void *fn, size_t smem, unsigned grid, unsigned threads, cudaStream_t st, const Params &p,
+                    const KvMaps &maps, const DsBuf &dsb)
+{
+    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e == cudaSuccess)
+        e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    if (e != cudaSuccess)
+        return e;
+    void *args[3] = {const_cast<Params *>(&p), const_cast<KvMaps *>(&maps), const_cast<DsBuf *>(&dsb)};
+    return cudaLaunchKernel(fn, dim3(grid), dim3(threads), args, smem, st);
+}
+} // namespace
+
 int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, const DsBuf &dsb)
 {
     const long long n = (long long)p.nb * p.nkv;
     if (n <= 0)
         return 0;
-    // (the largest carveout: 3 CTAs of ~73 KiB per SM)
+    // dqs2_kernel (pairs of blocks), or DFLASH_ATTN_WG3_DQ=single: dqs_kernel (read once)
+    static int single = -1;
+    if (single < 0) {
+        const char *v = getenv("DFLASH_ATTN_WG3_DQ");
+        single = v && !strcmp(v, "single");
+    }
     cudaError_t e;
-    if (D == 128) {
-        e = cudaFuncSetAttribute(dqs_kernel<128>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)DqsLayout<128>::SMEM);
-        if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(dqs_kernel<128>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     cudaSharedmemCarveoutMaxShared);
-        if (e == cudaSuccess) {
-            dqs_kernel<128><<<(unsigned)n, GNT, DqsLayout<128>::SMEM, st>>>(p, maps, dsb);
-            e = cudaGetLastError();
-        }
-    } else {
-        e = cudaFuncSetAttribute(dqs_kernel<64>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)DqsLayout<64>::SMEM);
-        if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(dqs_kernel<64>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                     cudaSharedmemCarveoutMaxShared);
-        if (e == cudaSuccess) {
-            dqs_kernel<64><<<(unsigned)n, GNT, DqsLayout<64>::SMEM, st>>>(p, maps, dsb);
-            e = cudaGetLastError();
-        }
+    if (single)
+        e = D == 128 ? dqs_run((const void *)dqs_kernel<128>, DqsLayout<128>::SMEM, (unsigned)n, GNT, st, p, maps, dsb)
+                     : dqs_run((const void *)dqs_kernel<64>, DqsLayout<64>::SMEM, (unsigned)n, GNT, st, p, maps, dsb);
+    else {
+        const unsigned n2 = (unsigned)((long long)(p.nb + 1) / 2 * p.nkv);
+        e = D == 128 ? dqs_run((const void *)dqs2_kernel<128>, Dqs2Layout<128>::SMEM, n2, 2 * GNT, st, p, maps, dsb)
+                     : dqs_run((const void *)dqs2_kernel<64>, Dqs2Layout<64>::SMEM, n2, 2 * GNT, st, p, maps, dsb);
     }
     if (e != cudaSuccess) {
-        fprintf(stderr, "dflash_attn: dqs_kernel<%d>: %s (%s:%d)\n", D, cudaGetErrorString(e), __FILE__, __LINE__);
+        fprintf(stderr, "dflash_attn: dqs%s_kernel<%d>: %s (%s:%d)\n", single ? "" : "2", D, cudaGetErrorString(e),
+                __FILE__, __LINE__);
         return -EIO;
     }
     return 0;
