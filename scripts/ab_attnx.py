@@ -68,7 +68,7 @@ def main():
             bits.setdefault(side, b)
     print(f"{'configuration':16} {'figure':10} {'A ms':>8} {'B ms':>8} {'change':>8}  B faster")
     for conf in runs["a"][0]:
-        for fig in ("fwd", "bwd", "dq", "ctx_dkv", "reduce"):
+        for fig in ("fwd", "bwd", "dq", "ctx_dkv", "blk_dkv", "reduce"):
             a = [r[conf][fig] for r in runs["a"] if fig in r.get(conf, {})]
             b = [r[conf][fig] for r in runs["b"] if fig in r.get(conf, {})]
             if len(a) != n or len(b) != n:
