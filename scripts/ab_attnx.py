@@ -75,7 +75,8 @@ def main():
                 continue
             ma, mb = statistics.median(a), statistics.median(b)
             faster = sum(1 for x, y in zip(a, b) if y < x)
-            print(f"{conf:16} {fig:10} {ma:8.4f} {mb:8.4f} {100 * (mb / ma - 1):+7.1f}%  {faster}/{n}")
+            change = 100 * (mb / ma - 1) if ma > 0 else float("nan")
+            print(f"{conf:16} {fig:10} {ma:8.4f} {mb:8.4f} {change:+7.1f}%  {faster}/{n}")
     print("default bits equal (first runs):", "yes" if bits.get("a") == bits.get("b") else "no")
     return 0
 
