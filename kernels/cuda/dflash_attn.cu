@@ -1641,11 +1641,11 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     df_dflash::KvMaps maps;
     const bool wgdq_on = wg2 && df_dflash::dq_wg_usable(D, false) && df_dflash::kv_maps_make(p, D, &maps) == 0;
     const bool fold_on = fold && wgdq_on && p.nch == 1 && df_dflash::dq_wg_usable(D, true);
-    // WG3 (dsb0): the dQ pass in its block-only mode, the context dK/dV pass
-    // storing dS^T, then dQ from it (dflash_attn_wg_dqs.cu), where the fold
-    // runs with 16-key block tiles and TMA-fed Q / dO, the context dK/dV pass
-    // takes its TMA-fed instantiation and the device runs dqs_kernel; else
-    // WG2F's passes
+    // WG3 (dsb0): a block pass (Di, the block keys' dK/dV, the block tiles'
+    // dS^T), the context dK/dV pass storing dS^T, then dQ from both
+    // (dflash_attn_wg_dqs.cu), where the fold would run with 16-key block
+    // tiles and TMA-fed Q / dO, the context dK/dV pass takes its TMA-fed
+    // instantiation and the device runs WG3's kernels; else WG2F's passes
     const bool wg3_on = dsb0 && fold_on && p.bs <= 16 && maps.qd_on && df_dflash::dkv_wg_usable(p, D) &&
                         df_dflash::dkv_wg_tq(p, D, &maps) && df_dflash::dqs_usable(D) &&
                         df_dflash::blk_wg_usable(D);
