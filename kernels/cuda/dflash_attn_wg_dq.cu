@@ -852,7 +852,6 @@ __global__ void __launch_bounds__(QNT, 2)
 #endif
 }
 
-
 // Impl WG3's block pass (dflash_attn_wg_dqs.cu's step 1), lean: one CTA
 // (one warpgroup) per (block b, kv head g), no persistence, no context
 // tiles, no dQ: Di (chunk_di: di_kernel's bits), the block tile's S, dP,
