@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(WNT, 1)
                 info[1] = ctx_lo(anc, ds, p.W, 0);        // widest row's bound
                 info[2] = ctx_lo(anc, ds, p.W, p.bs - 1); // narrowest row's
                 info[3] = ds;
-                if constexpr (DS) // WG3: the item's stored dS^T slot for this tile (see Params)
+                if constexpr (DS) // WG3: the item's stored dS^T slot for this tile (see DsBuf)
                     info[4] = (b * dsb.maxt + tile - info[1] / WG_TILE_KEYS) * p.nkv + g;
                 mbar_expect_tx(bar, 2 * L::QS + 2 * CHUNK_ROWS * 4);
 #pragma unroll
@@ -461,20 +461,18 @@ __global__ void __launch_bounds__(WNT, 1)
             }
             if constexpr (TQ && DS) {
                 // WG3: dS^T of this warpgroup's 64 keys into its stored tile's
-                // half (see Params: [key][row] in the 128-byte swizzle): sa[kk][h]
+                // half (see DsBuf: [key][row] in the 128-byte swizzle): sa[kk][h]
                 // is key kw + 8 (h & 1), rows 16 kk + 8 (h >> 1) + 2 t4 (+ 1),
                 // so 16-byte chunk 2 kk + (h >> 1) of the key's row, bytes 4 t4
-                {
-                    const uint8_t *dst = reinterpret_cast<const uint8_t *>(dsb.ds) +
-                                         (size_t)meta[3 * CHUNK_ROWS + 4] * DS_TILE_BYTES + wg * (DS_TILE_BYTES / 2);
-                    // key 16 warp + gid (+ 8): key & 7 == gid
-                    const uint32_t ro = (16 * warp + gid) * 128 + 4 * t4;
+                const uint8_t *dst = reinterpret_cast<const uint8_t *>(dsb.ds) +
+                                     (size_t)meta[3 * CHUNK_ROWS + 4] * DS_TILE_BYTES + wg * (DS_TILE_BYTES / 2);
+                // key 16 warp + gid (+ 8): key & 7 == gid
+                const uint32_t ro = (16 * warp + gid) * 128 + 4 * t4;
 #pragma unroll
-                    for (int kk = 0; kk < 4; kk++)
+                for (int kk = 0; kk < 4; kk++)
 #pragma unroll
-                        for (int h = 0; h < 4; h++)
-                            st_sw(dst, ro + 1024 * (h & 1), 2 * kk + (h >> 1), gid, sa[kk][h]);
-                }
+                    for (int h = 0; h < 4; h++)
+                        st_sw(dst, ro + 1024 * (h & 1), 2 * kk + (h >> 1), gid, sa[kk][h]);
             }
             // B of k step kk: item rows 16 kk .. + 15 (2 x 8-row groups, SBO)
             const uint64_t mQ = wg_desc(qs, MN_LBO, SBO), mO = mQ + (L::QS >> 4);
