@@ -248,6 +248,103 @@ __device__ __forceinline__ void chunk_di_smem(const uint4 (&o)[2][D / 32], const
         Dr[ri] = di_quad_sum(v);
     }
 }
+// The 16-key block tile's P^T, dS^T (bf16 [key][row] tiles of 128-byte rows
+// in the 128-byte swizzle: row r of key k in chunk r / 8 at chunk position
+// (r / 8) ^ (k % 8), element r % 8) at ptp, ptp + pstep, from this thread's
+// P (s: NJ x 4 accumulators) and dS fragments (sa), the 8-key groups below bs
+template <int NJ>
+__device__ __forceinline__ void store_pt_ds(uint8_t *ptp, int pstep, const float *s, const uint32_t (*sa)[4], int bs,
+                                            int warp, int gid, int t4)
+{
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        if (8 * j >= bs)
+            break;
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++) {
+            // elements 4 j + 2 ri + e: row 16 warp + gid + 8 ri, key 8 j + 2 t4 + e
+            const int rc = 2 * warp + ri, k0 = 8 * j + 2 * t4;
+            const uint32_t pv = pack_bf2(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]);
+            const uint32_t sv = sa[j >> 1][2 * (j & 1) + ri]; // same elements
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int k = k0 + e, off = k * 128 + ((rc ^ (k & 7)) << 4) + 2 * gid;
+                *reinterpret_cast<uint16_t *>(ptp + off) = (uint16_t)(pv >> (16 * e));
+                *reinterpret_cast<uint16_t *>(ptp + pstep + off) = (uint16_t)(sv >> (16 * e));
+            }
+        }
+    }
+}
+
+// The block keys' dK / dV for kv head g, transposed, N = the 16 block keys:
+// dV_b^T = dO^T P, dK_b^T = Q^T dS (M = head dims, one m64 per column block
+// of the chunk; 4 x less tensor work than m64 over 64 keys, 48 of them not
+// written). A (dO^T, Q^T: D x 64 rows, MN-major): column block h at h x 8
+// KiB of the chunk's Q at qsm (dO one QS later), k step kk = rows 16 kk ..
+// + 15 = 2048 bytes; B (P, dS: 64 rows x 16 keys, K-major = the [key][row]
+// tiles at pt, pt + pstep (2048)): k step kk = 32 bytes into their 128-byte
+// rows. (pstep and ldk = nkv D as arguments: so dq_wg_kernel compiles to the
+// same code as with this inline.)
+// Every warp stores: element 4 j + 2 r + e of column block h is head dim
+// 64 h + 16 warp + gid + 8 r, key 8 j + 2 t4 + e; dK scaled in fp32 before
+// the rounding. P^T / dS^T must be fenced (async proxy) and synced.
+template <int D>
+__device__ __forceinline__ void fold16(const Params &p, int b, int g, uint32_t qsm, uint32_t pt, uint32_t pstep,
+                                       long long ldk, int warp, int gid, int t4)
+{
+    constexpr int NH = D / 64, QS = NH * CHUNK_ROWS * 128;
+    constexpr uint32_t KM_LBO = 16, SBO = 1024;
+    float dvt[NH][8], dkt[NH][8];
+    const uint64_t bP = wg_desc(pt, KM_LBO, SBO), bS = bP + (pstep >> 4);
+    const uint64_t tQ = wg_desc(qsm, CHUNK_ROWS * 128, SBO), tO = tQ + (QS >> 4);
+    wg_fence();
+#pragma unroll
+    for (int h = 0; h < NH; h++) {
+        const uint32_t ho = h * (CHUNK_ROWS * 128) >> 4;
+        wg_ss16<false, 1>(dvt[h], tO + ho, bP);
+#pragma unroll
+        for (int kk = 1; kk < 4; kk++)
+            wg_ss16<true, 1>(dvt[h], tO + ho + kk * (16 * 128 >> 4), bP + kk * (32 >> 4));
+        wg_ss16<false, 1>(dkt[h], tQ + ho, bS);
+#pragma unroll
+        for (int kk = 1; kk < 4; kk++)
+            wg_ss16<true, 1>(dkt[h], tQ + ho + kk * (16 * 128 >> 4), bS + kk * (32 >> 4));
+    }
+    wg_commit();
+    wg_wait<0>();
+#pragma unroll
+    for (int h = 0; h < NH; h++) {
+        reg_fence(dvt[h]);
+        reg_fence(dkt[h]);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int key = 8 * j + 2 * t4 + e;
+            if (key >= p.bs)
+                continue;
+            const long long off = ((long long)b * p.bs + key) * ldk + (long long)g * D + 16 * warp + gid;
+#pragma unroll
+            for (int h = 0; h < NH; h++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const float vk = dkt[h][4 * j + 2 * r + e] * p.scale;
+                    const float vv = dvt[h][4 * j + 2 * r + e];
+                    p.dkb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vk));
+                    p.dvb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vv));
+                }
+        }
+}
+
+// WG3: the block tile's dS^T (16 keys of 128 bytes at generic address dst_s)
+// into its slot of dsbo, keys past bs as 0 (thread tid of 128: 16 bytes)
+__device__ __forceinline__ void dsb_store(const Params &p, int b, int g, int tid, const uint8_t *dst_s, uint16_t *dsbo)
+{
+    const int key = tid >> 3;
+    const uint4 v = key < p.bs ? *reinterpret_cast<const uint4 *>(dst_s + 16 * tid) : make_uint4(0u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4 *>(reinterpret_cast<uint8_t *>(dsbo) + ((size_t)b * p.nkv + g) * DS_BLK_BYTES + 16 * tid) = v;
+}
 #endif // DF_WG_BODY
 
 // Items (block, kv head, row chunk), item i = (nb - 1 - b) nkv nch + g nch
@@ -659,25 +756,7 @@ __global__ void __launch_bounds__(QNT, 2)
                 if constexpr (FOLD) {
                     if (t != nt - 1)
                         return;
-                    uint8_t *ptp = wq_smem + (pt - s0);
-#pragma unroll
-                    for (int j = 0; j < NJ; j++) {
-                        if (8 * j >= p.bs)
-                            break;
-#pragma unroll
-                        for (int ri = 0; ri < 2; ri++) {
-                            // elements 4 j + 2 ri + e: row 16 warp + gid + 8 ri, key 8 j + 2 t4 + e
-                            const int rc = 2 * warp + ri, k0 = 8 * j + 2 * t4;
-                            const uint32_t pv = pack_bf2(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]);
-                            const uint32_t sv = sa[j >> 1][2 * (j & 1) + ri]; // same elements
-#pragma unroll
-                            for (int e = 0; e < 2; e++) {
-                                int k = k0 + e, off = k * 128 + ((rc ^ (k & 7)) << 4) + 2 * gid;
-                                *reinterpret_cast<uint16_t *>(ptp + off) = (uint16_t)(pv >> (16 * e));
-                                *reinterpret_cast<uint16_t *>(ptp + pstep + off) = (uint16_t)(sv >> (16 * e));
-                            }
-                        }
-                    }
+                    store_pt_ds<NJ>(wq_smem + (pt - s0), pstep, s, sa, p.bs, warp, gid, t4);
                 }
             };
             if constexpr (NS != 8)
@@ -739,64 +818,9 @@ __global__ void __launch_bounds__(QNT, 2)
             fence_proxy_async(); // this thread's P^T / dS^T stores -> the tensor cores ...
             __syncthreads();     // ... everyone's (every wgmma of the loop retired in its tile)
             if (b16) {
-                // transposed, N = the 16 block keys: dV_b^T = dO^T P, dK_b^T = Q^T dS
-                // (M = head dims, one m64 per column block of the chunk; 4 x less
-                // tensor work than m64 over 64 keys, 48 of them not written). A
-                // (dO^T, Q^T: D x 64 rows, MN-major): column block h at h x 8 KiB,
-                // k step kk = rows 16 kk .. + 15 = 2048 bytes; B (P, dS: 64 rows x 16
-                // keys, K-major = the [key][row] tiles at pt): k step kk = 32 bytes
-                // into their 128-byte rows.
-                float dvt[L::NH][8], dkt[L::NH][8];
-                const uint64_t bP = wg_desc(pt, KM_LBO, SBO), bS = bP + (pstep >> 4);
-                const uint64_t tQ = wg_desc(qsm, CHUNK_ROWS * 128, SBO), tO = tQ + (L::QS >> 4);
-                wg_fence();
-#pragma unroll
-                for (int h = 0; h < L::NH; h++) {
-                    const uint32_t ho = h * (CHUNK_ROWS * 128) >> 4;
-                    wg_ss16<false, 1>(dvt[h], tO + ho, bP);
-#pragma unroll
-                    for (int kk = 1; kk < 4; kk++)
-                        wg_ss16<true, 1>(dvt[h], tO + ho + kk * (16 * 128 >> 4), bP + kk * (32 >> 4));
-                    wg_ss16<false, 1>(dkt[h], tQ + ho, bS);
-#pragma unroll
-                    for (int kk = 1; kk < 4; kk++)
-                        wg_ss16<true, 1>(dkt[h], tQ + ho + kk * (16 * 128 >> 4), bS + kk * (32 >> 4));
-                }
-                wg_commit();
-                wg_wait<0>();
-#pragma unroll
-                for (int h = 0; h < L::NH; h++) {
-                    reg_fence(dvt[h]);
-                    reg_fence(dkt[h]);
-                }
-                // element 4 j + 2 r + e: head dim 64 h + 16 warp + gid + 8 r, key 8 j +
-                // 2 t4 + e; dK scaled in fp32 before the rounding
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int key = 8 * j + 2 * t4 + e;
-                        if (key >= p.bs)
-                            continue;
-                        const long long off =
-                            ((long long)b * p.bs + key) * ldk + (long long)g * D + 16 * warp + gid;
-#pragma unroll
-                        for (int h = 0; h < L::NH; h++)
-#pragma unroll
-                            for (int r = 0; r < 2; r++) {
-                                const float vk = dkt[h][4 * j + 2 * r + e] * p.scale;
-                                const float vv = dvt[h][4 * j + 2 * r + e];
-                                p.dkb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vk));
-                                p.dvb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vv));
-                            }
-                    }
-                if (bmode) { // the block tile's dS^T (at pt + pstep, 16 keys of 128 bytes), keys past bs as 0
-                    const int key = tid >> 3;
-                    const uint4 v = key < p.bs ? *reinterpret_cast<const uint4 *>(wq_smem + (pt + pstep - s0) + 16 * tid)
-                                               : make_uint4(0u, 0u, 0u, 0u);
-                    *reinterpret_cast<uint4 *>(reinterpret_cast<uint8_t *>(dsbo) +
-                                               ((size_t)b * p.nkv + g) * DS_BLK_BYTES + 16 * tid) = v;
-                }
+                fold16<D>(p, b, g, qsm, pt, pstep, ldk, warp, gid, t4);
+                if (bmode) // the block tile's dS^T for dqs_kernel
+                    dsb_store(p, b, g, tid, wq_smem + (pt + pstep - s0), dsbo);
             } else {
                 float dv[NA], dk[NA];
                 acc_zero(dv);
@@ -948,84 +972,21 @@ __global__ void __launch_bounds__(QNT, 4)
     }
     wg_wait<0>();
     reg_fence(dp);
-    uint32_t sa[4];
+    uint32_t sa[1][4]; // dS as one k step's A fragments (dq_wg_kernel's layout)
 #pragma unroll
     for (int h = 0; h < 4; h++) {
         const int i = 2 * h;
         const float d0 = Dr[h & 1];
-        sa[h] = pack_bf2(s[i] * (dp[i] - d0), s[i + 1] * (dp[i + 1] - d0));
+        sa[0][h] = pack_bf2(s[i] * (dp[i] - d0), s[i + 1] * (dp[i + 1] - d0));
     }
-    // P^T, dS^T as [key][row] tiles (dq_wg_kernel's store_pt), the 8-key groups below bs
+    // P^T, dS^T as [key][row] tiles, the 8-key groups below bs
     uint8_t *ptp = bl_smem + (sb + L::PT - s0);
-#pragma unroll
-    for (int j = 0; j < 2; j++) {
-        if (8 * j >= p.bs)
-            break;
-#pragma unroll
-        for (int ri = 0; ri < 2; ri++) {
-            const int rc = 2 * warp + ri, k0 = 8 * j + 2 * t4;
-            const uint32_t pv = pack_bf2(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]);
-            const uint32_t sv = sa[2 * j + ri];
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                const int k = k0 + e, off = k * 128 + ((rc ^ (k & 7)) << 4) + 2 * gid;
-                *reinterpret_cast<uint16_t *>(ptp + off) = (uint16_t)(pv >> (16 * e));
-                *reinterpret_cast<uint16_t *>(ptp + 2048 + off) = (uint16_t)(sv >> (16 * e));
-            }
-        }
-    }
+    store_pt_ds<2>(ptp, 2048, s, sa, p.bs, warp, gid, t4);
     fence_proxy_async(); // this thread's P^T / dS^T stores -> the tensor cores ...
     __syncthreads();     // ... everyone's
-    // dV_b^T = dO^T P, dK_b^T = Q^T dS (dq_wg_kernel's transposed fold)
-    float dvt[L::NH][8], dkt[L::NH][8];
-    const uint64_t bP = wg_desc(sb + L::PT, KM_LBO, SBO), bS = bP + (2048 >> 4);
-    const uint64_t tQ = wg_desc(sb, CHUNK_ROWS * 128, SBO), tO = tQ + (L::QS >> 4);
-    wg_fence();
-#pragma unroll
-    for (int h = 0; h < L::NH; h++) {
-        const uint32_t ho = h * (CHUNK_ROWS * 128) >> 4;
-        wg_ss16<false, 1>(dvt[h], tO + ho, bP);
-#pragma unroll
-        for (int kk = 1; kk < 4; kk++)
-            wg_ss16<true, 1>(dvt[h], tO + ho + kk * (16 * 128 >> 4), bP + kk * (32 >> 4));
-        wg_ss16<false, 1>(dkt[h], tQ + ho, bS);
-#pragma unroll
-        for (int kk = 1; kk < 4; kk++)
-            wg_ss16<true, 1>(dkt[h], tQ + ho + kk * (16 * 128 >> 4), bS + kk * (32 >> 4));
-    }
-    wg_commit();
-    // the block tile's dS^T for dqs_kernel, keys past bs as 0 (read by the
-    // generic proxy: ordered by the barrier above)
-    {
-        const int key = tid >> 3;
-        const uint4 v = key < p.bs ? *reinterpret_cast<const uint4 *>(ptp + 2048 + 16 * tid) : make_uint4(0u, 0u, 0u, 0u);
-        *reinterpret_cast<uint4 *>(reinterpret_cast<uint8_t *>(dsbo) + ((size_t)b * p.nkv + g) * DS_BLK_BYTES + 16 * tid) = v;
-    }
-    wg_wait<0>();
-#pragma unroll
-    for (int h = 0; h < L::NH; h++) {
-        reg_fence(dvt[h]);
-        reg_fence(dkt[h]);
-    }
-    // element 4 j + 2 r + e: head dim 64 h + 16 warp + gid + 8 r, key 8 j + 2 t4 + e
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int key = 8 * j + 2 * t4 + e;
-            if (key >= p.bs)
-                continue;
-            const long long off = ((long long)b * p.bs + key) * ldk + (long long)g * D + 16 * warp + gid;
-#pragma unroll
-            for (int h = 0; h < L::NH; h++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const float vk = dkt[h][4 * j + 2 * r + e] * p.scale;
-                    const float vv = dvt[h][4 * j + 2 * r + e];
-                    p.dkb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vk));
-                    p.dvb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vv));
-                }
-        }
+    // the block tile's dS^T for dqs_kernel (generic reads: ordered by the barrier)
+    dsb_store(p, b, g, tid, ptp + 2048, dsbo);
+    fold16<D>(p, b, g, sb, sb + L::PT, 2048, ldk, warp, gid, t4);
 #else
     __trap(); // built without sm_90a: blk_wg_usable() keeps launches away
 #endif

@@ -67,6 +67,29 @@ template <int D> struct DqsLayout {
     static_assert(ST % 1024 == 0 && KT % 1024 == 0, "stages and their dS at 1024-byte multiples");
 };
 
+#if DF_WG_BODY
+// dq of this thread's two rows from the accumulators (element 4 j + 2 ri +
+// e: row r0 + 8 ri, head dim 8 j + 2 t4 + e) times scale, as bf16; 0 where
+// !val (a padding block's rows)
+template <int D>
+__device__ __forceinline__ void store_dq(const Params &p, const RowId (&rid)[2], const float (&acc)[D / 2], int t4,
+                                         bool val)
+{
+    const long long ldq = (long long)p.nq * D;
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const RowId &id = rid[ri];
+        if (!id.ok)
+            continue;
+        uint16_t *qrow = p.dq + id.grow * ldq + (long long)id.h * D + 2 * t4;
+#pragma unroll
+        for (int j = 0; j < D / 8; j++)
+            *reinterpret_cast<uint32_t *>(qrow + 8 * j) =
+                val ? pack_bf2(acc[4 * j + 2 * ri] * p.scale, acc[4 * j + 2 * ri + 1] * p.scale) : 0u;
+    }
+}
+#endif
+
 template <int D>
 __global__ void __launch_bounds__(GNT, 3) dqs_kernel(Params p, const __grid_constant__ KvMaps maps, DsBuf dsb)
 {
@@ -78,17 +101,12 @@ __global__ void __launch_bounds__(GNT, 3) dqs_kernel(Params p, const __grid_cons
     const uint32_t s0 = smem_u32(gs_smem), sb = (s0 + 1023u) & ~1023u;
     const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
     const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
-    const long long ldq = (long long)p.nq * D;
     // items: blocks last to first (the longest spans of a document first)
     const int g = blockIdx.x % p.nkv, b = p.nb - 1 - blockIdx.x / p.nkv;
     const RowId rid[2] = {row_id(p, b, g, 0, 16 * warp + gid), row_id(p, b, g, 0, 16 * warp + gid + 8)};
     if (!p.valid[b]) { // padding block: dq 0
-#pragma unroll
-        for (int ri = 0; ri < 2; ri++)
-            if (rid[ri].ok)
-                for (int j = 0; j < D / 8; j++)
-                    *reinterpret_cast<uint32_t *>(p.dq + rid[ri].grow * ldq + (long long)rid[ri].h * D + 2 * t4 +
-                                                  8 * j) = 0u;
+        float zero[NA] = {};
+        store_dq<D>(p, rid, zero, t4, false);
         return;
     }
     const int anc = p.anchor[b], lo0 = ctx_lo(anc, p.doc_start[b], p.W, 0);
@@ -162,18 +180,7 @@ __global__ void __launch_bounds__(GNT, 3) dqs_kernel(Params p, const __grid_cons
         wg_wait<0>();
     }
     reg_fence(acc);
-    // element 4 j + 2 ri + e: row r0 + 8 ri, head dim 8 j + 2 t4 + e
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        const RowId &id = rid[ri];
-        if (!id.ok)
-            continue;
-        uint16_t *qrow = p.dq + id.grow * ldq + (long long)id.h * D + 2 * t4;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *reinterpret_cast<uint32_t *>(qrow + 8 * j) =
-                pack_bf2(acc[4 * j + 2 * ri] * p.scale, acc[4 * j + 2 * ri + 1] * p.scale);
-    }
+    store_dq<D>(p, rid, acc, t4, true);
 #else
     __trap(); // built without sm_90a: dqs_usable() keeps launches away
 #endif
@@ -214,7 +221,6 @@ __global__ void __launch_bounds__(2 * GNT, 2) dqs2_kernel(Params p, const __grid
     const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
     // warpgroup (this thread's block of the pair) and warp in it, warp-uniform
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), warp = __shfl_sync(0xffffffffu, (tid >> 5) & 3, 0);
-    const long long ldq = (long long)p.nq * D;
     const int g = blockIdx.x % p.nkv, pb = p.nb - 1 - 2 * (blockIdx.x / p.nkv); // blocks pb, pb - 1
     // both blocks' spans (every thread: the issuing thread needs both)
     int q0[2], q1[2], slot0[2];
@@ -312,18 +318,7 @@ __global__ void __launch_bounds__(2 * GNT, 2) dqs2_kernel(Params p, const __grid
     reg_fence(acc);
     if (b < 0)
         return;
-    // element 4 j + 2 ri + e: row r0 + 8 ri, head dim 8 j + 2 t4 + e (a padding block: 0)
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        const RowId &id = rid[ri];
-        if (!id.ok)
-            continue;
-        uint16_t *qrow = p.dq + id.grow * ldq + (long long)id.h * D + 2 * t4;
-#pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *reinterpret_cast<uint32_t *>(qrow + 8 * j) =
-                my_val ? pack_bf2(acc[4 * j + 2 * ri] * p.scale, acc[4 * j + 2 * ri + 1] * p.scale) : 0u;
-    }
+    store_dq<D>(p, rid, acc, t4, my_val); // (a padding block: 0)
 #else
     __trap();
 #endif
