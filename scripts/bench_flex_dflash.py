@@ -10,7 +10,11 @@ Context key j is visible to query (block b, offset qo) iff valid[b], doc_start[b
 (and j >= anchor[b] + qo - (W-1) on sliding layers); block key visible iff same block (and
 causal within it on sliding layers). GQA via enable_gqa=True, bf16. Times fwd and fwd+bwd with CUDA
 events (median of --reps after warm-up); TFLOP/s counts visible pairs like the C bench
-(fwd 4*D per pair per head, bwd 2.5x that). Prints one JSON line, and with --ours a table.
+(fwd 4*D per pair per head, bwd 2.5x that). Peak memory of one fwd+bwd (after the timing):
+torch.cuda.max_memory_allocated, in total and above what was allocated before the call (its
+transient memory); the totals hold q/k/v twice (the plain inputs and the copies the backward
+differentiates). Ours (from --ours): the bench's tensors + workspace, all allocated up front, and
+the workspace (its backward's transient memory). Prints one JSON line, and with --ours a table.
 """
 import argparse
 import json
@@ -98,6 +102,13 @@ def main():
 
         tf = median_ms(fwd, args.reps)
         tfb = median_ms(fwdbwd, args.reps)
+        # peak memory of one fwd+bwd (everything of the timed runs is allocated by now)
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fwdbwd()
+        torch.cuda.synchronize()
+        peak = torch.cuda.max_memory_allocated()
         pairs = visible_pairs(a, W)
         ffl = 4.0 * D * pairs
         tb = tfb - tf
@@ -105,11 +116,14 @@ def main():
                     "fwd_ms": round(tf, 4), "fwdbwd_ms": round(tfb, 4), "bwd_ms": round(tb, 4),
                     "fwd_tflops": round(ffl / tf * 1e-9, 2),
                     "bwd_tflops": round(2.5 * ffl / tb * 1e-9, 2) if tb > 0 else None,
-                    "block_mask_sparsity": round(float(bm.sparsity()), 2)})
+                    "block_mask_sparsity": round(float(bm.sparsity()), 2),
+                    "peak_fwdbwd_mib": round(peak / 2**20, 1),
+                    "transient_fwdbwd_mib": round((peak - base) / 2**20, 1)})
     print(json.dumps({"bench": "flex_attention", "torch": torch.__version__,
                       "gpu": torch.cuda.get_device_name(), "layers": res}))
     if args.ours:
-        ours = {l["layer"]: l for l in json.load(open(args.ours))["layers"]}
+        oj = json.load(open(args.ours))
+        ours = {l["layer"]: l for l in oj["layers"]}
         print("%-8s %-5s %10s %10s %8s %10s %10s" %
               ("layer", "pass", "ours ms", "flex ms", "ours/flex", "ours TF/s", "flex TF/s"))
         for r in res:
@@ -123,6 +137,12 @@ def main():
             print("%-8s %-5s %10.3f %10.3f %8.2f" %
                   (r["layer"], "f+b", o["fwd_ms"] + o["bwd_ms"], r["fwdbwd_ms"],
                    (o["fwd_ms"] + o["bwd_ms"]) / r["fwdbwd_ms"]))
+        if "mem_tensors_workspace_mib" in oj:
+            print("peak memory, MiB: ours %.1f in all (tensors + workspace), %.1f of it the backward's "
+                  "workspace; flex fwd+bwd %s in all, %s of it transient" %
+                  (oj["mem_tensors_workspace_mib"], oj["workspace_mib"],
+                   " / ".join("%.1f (%s)" % (r["peak_fwdbwd_mib"], r["layer"]) for r in res),
+                   " / ".join("%.1f (%s)" % (r["transient_fwdbwd_mib"], r["layer"]) for r in res)))
 
 
 if __name__ == "__main__":

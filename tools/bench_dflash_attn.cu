@@ -556,7 +556,12 @@ int main(int argc, char **argv)
             json += buf;
         }
     }
-    json += "]}";
+    { // memory: every tensor and the workspace, all allocated up front (scripts/bench_flex_dflash.py's table)
+        char mb[160];
+        snprintf(mb, sizeof mb, "], \"mem_tensors_workspace_mib\": %.1f, \"workspace_mib\": %.2f}",
+                 (free0 - free1) / 1048576.0, wsb / 1048576.0);
+        json += mb;
+    }
     printf("%s\n", json.c_str());
     if (json_out) {
         FILE *f = fopen(json_out, "w");
