@@ -556,10 +556,11 @@ int main(int argc, char **argv)
             json += buf;
         }
     }
-    { // memory: every tensor and the workspace, all allocated up front (scripts/bench_flex_dflash.py's table)
+    { // memory: every tensor and the workspace, all allocated up front (scripts/bench_flex_dflash.py's
+      // table): the default backward's workspace (the one allocated here may be wg3's, larger)
         char mb[160];
         snprintf(mb, sizeof mb, "], \"mem_tensors_workspace_mib\": %.1f, \"workspace_mib\": %.2f}",
-                 (free0 - free1) / 1048576.0, wsb / 1048576.0);
+                 ((double)(free0 - free1) - (double)wsb + (double)wsb_def) / 1048576.0, wsb_def / 1048576.0);
         json += mb;
     }
     printf("%s\n", json.c_str());
