@@ -920,20 +920,26 @@ __global__ void __launch_bounds__(QNT, 4)
             tma_load_2d(sb + 2 * L::QS + L::BK + cb * (16 * 128), &maps.vb, g * D + 64 * cb, b * p.bs, bar);
         }
     }
-    // Di (di_kernel's bits, for the context dK/dV pass) and lse while the copies land
+    // lse, and (valid) this thread's O for Di, while the copies land
     float Dr[2], nL[2];
     bool rok[2];
-    chunk_di<D>(p, rid, t4, Dr);
 #pragma unroll
     for (int ri = 0; ri < 2; ri++) {
         const long long li = (long long)rid[ri].grow * p.nq + rid[ri].h;
-        if (rid[ri].ok && t4 == 0)
-            p.Di[li] = Dr[ri];
         const float l2 = rid[ri].ok && valid ? p.lse_in[li] * WLOG2E : -INFINITY;
         nL[ri] = -l2;
         rok[ri] = rid[ri].ok && l2 != -INFINITY;
     }
-    if (!valid) { // padding block: dkb / dvb 0 (dkv_mma2_kernel's block tiles); no dS^T (dqs_kernel writes its dq 0)
+    // Di (di_kernel's bits, for the context dK/dV pass) of this thread's rows
+    auto di_store = [&]() {
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++)
+            if (rid[ri].ok && t4 == 0)
+                p.Di[(long long)rid[ri].grow * p.nq + rid[ri].h] = Dr[ri];
+    };
+    if (!valid) { // padding block: Di as di_kernel's, dkb / dvb 0 (dkv_mma2_kernel's block tiles); no dS^T (dqs_kernel writes its dq 0)
+        chunk_di<D>(p, rid, t4, Dr);
+        di_store();
         for (int e = tid; e < p.bs * V8; e += QNT) {
             long long off = ((long long)b * p.bs + e / V8) * ldk + (long long)g * D + (e % V8) * 8;
             *reinterpret_cast<uint4 *>(p.dkb + off) = make_uint4(0u, 0u, 0u, 0u);
@@ -941,6 +947,8 @@ __global__ void __launch_bounds__(QNT, 4)
         }
         return;
     }
+    uint4 o[2][D / 32];
+    chunk_o_load<D>(p, rid, t4, o);
     __syncthreads(); // the mbarrier's init, before anyone waits on it
     mbar_wait(bar, 0);
     // S, dP of the 16 block keys (m64n16), P, dS as in dq_wg_kernel's block tile
@@ -952,6 +960,9 @@ __global__ void __launch_bounds__(QNT, 4)
     wg_commit();
     wg_tile_ab<8, KS, CHUNK_ROWS, 16>(dp, dO, dV);
     wg_commit();
+    // Di from O and the landed dO (chunk_di_smem: chunk_di's bits) while the wgmmas run
+    chunk_di_smem<D>(o, bl_smem + (sb + L::QS - s0), 16 * warp + gid, t4, Dr);
+    di_store();
     const float sl = p.scale * WLOG2E;
     wg_wait<1>();
     reg_fence(s);
