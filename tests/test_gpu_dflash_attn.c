@@ -15,10 +15,10 @@
  * The GPU backward runs on the GPU's own out/lse (as training does), the
  * CPU backward on the reference's. First pass: the default forward and
  * backward (impl 0); then each backward (simt: CUDA cores; mma4: tensor
- * cores; wg2, wg2f: wgmma) on the default forward's out/lse; then the
+ * cores; wg2, wg2f, wg3: wgmma) on the default forward's out/lse; then the
  * backward that impl 0 selects, once as built in (wg2f on a compute
  * capability 9.0 device, mma4 elsewhere) and once each switched to mma4,
- * wg2 and wg2f by df_cuda_dflash_set_bwd_impl (the hook behind
+ * wg2, wg2f and wg3 by df_cuda_dflash_set_bwd_impl (the hook behind
  * DFLASH_ATTN_BWD), each run twice and required bitwise equal
  * (determinism); wg2's and wg2f's "==mma4" are reported, not required; so
  * are wg2f's "dq/dkc/dvc==wg2", expected yes, and "dkb/dvb==wg2"; the
@@ -30,7 +30,12 @@
  * the block-key dK/dV inside its wgmma dQ pass) folds only where
  * block_size x nq / nkv <= 64 (the bs40 configs with group 2 and 4 run
  * wg2's kernels: the fallback) and is wg2 elsewhere. The bs64 group-1
- * configs fill the whole 64-key block tile. */
+ * configs fill the whole 64-key block tile. wg3 (wg2f whose context dK/dV
+ * pass stores dS, from which its dQ is computed) runs its own passes where
+ * block_size x group == 64, the group a power of two >= 4 and block_size
+ * <= 16 (the 8/2 and 32/8 bs16 configs and the 16/2 bs8 ones, whose block
+ * tiles have keys past block_size), and is wg2f elsewhere. The workspace is
+ * sized for wg3, the largest. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,14 +50,15 @@
 #include "train_ops.h"
 
 /* every implementation (args.impl), and the retired values (-EINVAL) */
-static const int impls[] = {DF_CUDA_DFLASH_IMPL_SIMT, DF_CUDA_DFLASH_IMPL_MMA4,
-                            DF_CUDA_DFLASH_IMPL_WG2, DF_CUDA_DFLASH_IMPL_WG2F};
+static const int impls[] = {DF_CUDA_DFLASH_IMPL_SIMT, DF_CUDA_DFLASH_IMPL_MMA4, DF_CUDA_DFLASH_IMPL_WG2,
+                            DF_CUDA_DFLASH_IMPL_WG2F, DF_CUDA_DFLASH_IMPL_WG3};
 static const int retired[] = {2, 3, 4, 6, 7}; /* mma, mma2, mma3, mma5, wg */
 
 /* name of an implementation (args.impl) in the output */
 static const char *impl_name(int impl)
 {
-    return impl == DF_CUDA_DFLASH_IMPL_WG2F   ? "wg2f"
+    return impl == DF_CUDA_DFLASH_IMPL_WG3    ? "wg3"
+           : impl == DF_CUDA_DFLASH_IMPL_WG2F ? "wg2f"
            : impl == DF_CUDA_DFLASH_IMPL_WG2  ? "wg2"
            : impl == DF_CUDA_DFLASH_IMPL_MMA4 ? "mma4"
                                               : "simt";
@@ -349,7 +355,10 @@ static void run_cfg(const cfg *c, df_backend *be)
     /* an explicit workspace, NaN-poisoned before each backward below: a pass
      * that leaves its part of the scratch unwritten (the context dK/dV
      * partials) cannot pass on an earlier run's values */
+    /* sized for WG3 (the largest: every other backward's plus its stored dS) */
+    a.impl = DF_CUDA_DFLASH_IMPL_WG3;
     size_t wsb = df_cuda_dflash_bwd_workspace_bytes(&a);
+    a.impl = 0;
     void *dws;
     CUDA_OK(cudaMalloc(&dws, wsb));
     CUDA_OK(cudaMemset(dws, 0xff, wsb));
@@ -443,9 +452,9 @@ static void run_cfg(const cfg *c, df_backend *be)
         int64_t ng = nQ + 2 * nC + 2 * nB;
         uint16_t *run1 = xcalloc(ng * 2), *run2 = xcalloc(ng * 2), *run0 = xcalloc(ng * 2),
                  *runw2 = xcalloc(ng * 2);
-        static const int hook[4] = {0, DF_CUDA_DFLASH_IMPL_MMA4, DF_CUDA_DFLASH_IMPL_WG2,
-                                    DF_CUDA_DFLASH_IMPL_WG2F};
-        for (int hv = 0; hv < 4; hv++) {
+        static const int hook[5] = {0, DF_CUDA_DFLASH_IMPL_MMA4, DF_CUDA_DFLASH_IMPL_WG2,
+                                    DF_CUDA_DFLASH_IMPL_WG2F, DF_CUDA_DFLASH_IMPL_WG3};
+        for (int hv = 0; hv < 5; hv++) {
             int want = hook[hv];
             CHECK_EQ(df_cuda_dflash_set_bwd_impl(want), 0);
             if (want)
@@ -497,7 +506,7 @@ static void run_cfg(const cfg *c, df_backend *be)
         }
         CHECK_EQ(df_cuda_dflash_set_bwd_impl(0), 0);
         CHECK_EQ(df_cuda_dflash_set_bwd_impl(-1), -22);
-        CHECK_EQ(df_cuda_dflash_set_bwd_impl(DF_CUDA_DFLASH_IMPL_WG2F + 1), -22);
+        CHECK_EQ(df_cuda_dflash_set_bwd_impl(DF_CUDA_DFLASH_IMPL_WG3 + 1), -22);
         for (size_t i = 0; i < sizeof retired / sizeof retired[0]; i++) {
             CHECK_EQ(df_cuda_dflash_set_bwd_impl(retired[i]), -22);
             a.impl = retired[i]; /* rejected before anything is launched */
@@ -604,6 +613,9 @@ int main(void)
          * (wg2f's fold with every warp's keys and all 8 key groups) */
         {"full 2/2 D64 bs64", 300, 8, 64, 0, 2, 2, 64, 2, {150, 300}},
         {"slide20 2/2 D128 bs64", 300, 8, 64, 20, 2, 2, 128, 2, {150, 300}},
+        /* group 8 x bs 8 = 64 rows: wg3's block tiles with keys past bs */
+        {"full 16/2 D128 bs8", 300, 20, 8, 0, 16, 2, 128, 3, {100, 180, 300}},
+        {"slide30 16/2 D64 bs8", 300, 20, 8, 30, 16, 2, 64, 3, {100, 180, 300}},
     };
     for (size_t i = 0; i < sizeof cfgs / sizeof cfgs[0]; i++)
         run_cfg(&cfgs[i], be);

@@ -26,7 +26,11 @@
 // timed next to wg2 (backward: total, passes - di and blk_dkv ~0, dq a
 // little longer -, determinism, max relative difference from the default's
 // gradients, and whether its dq / dkc / dvc / dkb / dvb are bitwise wg2's:
-// expected yes for the first three, no for the block-key dkb / dvb). The
+// expected yes for the first three, no for the block-key dkb / dvb). wg3
+// (wg2f whose context dK/dV pass stores dS, from which its dQ is computed
+// without S and dP again) likewise: total, passes (dq: its block pass;
+// blk_dkv: its dQ), determinism, max relative difference from the default's
+// gradients; the one workspace is sized for it (the largest). The
 // retired implementations (mma, mma2, mma3, mma5, wg; session 7) are no
 // longer timed. The last line is JSON (also
 // --json-out F): "layers" holds the 3docs rows (the keys
@@ -222,7 +226,12 @@ int main(int argc, char **argv)
     a.anchor = danc, a.doc_start = ddst, a.valid = dval;
     a.q = q, a.kc = kc, a.vc = vc, a.kb = kb, a.vb = vb, a.out = out, a.lse = lse, a.dout = dout;
     a.dq = dq, a.dkc = dkc, a.dvc = dvc, a.dkb = dkb, a.dvb = dvb;
-    size_t wsb = df_cuda_dflash_bwd_workspace_bytes(&a);
+    // one workspace for every backward below: the default's size, or wg3's
+    // (its stored dS: every span at its widest) where larger
+    size_t wsb_def = df_cuda_dflash_bwd_workspace_bytes(&a);
+    a.impl = DF_CUDA_DFLASH_IMPL_WG3;
+    size_t wsb3 = df_cuda_dflash_bwd_workspace_bytes(&a), wsb = wsb3 > wsb_def ? wsb3 : wsb_def;
+    a.impl = 0;
     CU(cudaMalloc(&a.workspace, wsb));
     size_t free1;
     CU(cudaMemGetInfo(&free1, &total));
@@ -391,6 +400,15 @@ int main(int argc, char **argv)
             bool f_eq[5]; // dq, dkc, dvc, dkb, dvb bitwise wg2's
             for (int k = 0; k < 5; k++)
                 f_eq[k] = gr[k] == gw2[k];
+            // impl WG3 (dQ from the context dK/dV pass's stored dS): time,
+            // passes, determinism, vs the default
+            float bw3min;
+            double bw3 = time_ms(true, DF_CUDA_DFLASH_IMPL_WG3, &bw3min);
+            double pw3[DF_CUDA_DFLASH_BWD_EVENTS - 1], rdiffw3[5];
+            pass_ms(DF_CUDA_DFLASH_IMPL_WG3, pw3);
+            int detw3 = deterministic(DF_CUDA_DFLASH_IMPL_WG3);
+            rc_all |= !detw3;
+            rel_diff(rdiffw3);
             // WG2's forward, last (the backwards above ran on the default
             // forward's out/lse): time, and out / lse vs the default's
             std::vector<uint16_t> od(nQ), ow(nQ);
@@ -458,13 +476,16 @@ int main(int argc, char **argv)
                    "", bw2f, bfl / bw2f * 1e-9, bw2fmin, detw2f ? "yes" : "NO",
                    f_eq[0] ? "yes" : "no", f_eq[1] ? "yes" : "no", f_eq[2] ? "yes" : "no",
                    f_eq[3] ? "yes" : "no", f_eq[4] ? "yes" : "no");
+            printf("      %-8s wg3 bwd %.3f ms %.1f TFLOP/s (min %.3f), deterministic %s (passes: dq = its "
+                   "block pass, blk_dkv = its dQ from the stored dS)\n",
+                   "", bw3, bfl / bw3 * 1e-9, bw3min, detw3 ? "yes" : "NO");
             printf("      %-8s bwd passes ms  %-8s", "", "");
             for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
                 printf(" %9s", pass_nm[k]);
             printf(" %9s\n", "sum");
-            const double *pp[4] = {pd, p4, pw2, pw2f};
-            static const char *const pvn[4] = {"default", "mma4", "wg2", "wg2f"};
-            for (int v = 0; v < 4; v++) {
+            const double *pp[5] = {pd, p4, pw2, pw2f, pw3};
+            static const char *const pvn[5] = {"default", "mma4", "wg2", "wg2f", "wg3"};
+            for (int v = 0; v < 5; v++) {
                 double sum = 0;
                 printf("      %-8s %-14s %-8s", "", pvn[v], v ? "" : impl_nm(dflt));
                 for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
@@ -477,6 +498,9 @@ int main(int argc, char **argv)
             printf("      %-8s wg2f vs default max|diff|/max|default|: dq %.2e dkc %.2e dvc %.2e "
                    "dkb %.2e dvb %.2e\n",
                    "", rdiffw2f[0], rdiffw2f[1], rdiffw2f[2], rdiffw2f[3], rdiffw2f[4]);
+            printf("      %-8s wg3  vs default max|diff|/max|default|: dq %.2e dkc %.2e dvc %.2e "
+                   "dkb %.2e dvb %.2e\n",
+                   "", rdiffw3[0], rdiffw3[1], rdiffw3[2], rdiffw3[3], rdiffw3[4]);
             char buf[4096];
             int o = 0;
             bool first = json.back() == '[';
@@ -514,9 +538,14 @@ int main(int argc, char **argv)
                           std::max(rdiffw2f[3], rdiffw2f[4]),
                           f_eq[0] && f_eq[1] && f_eq[2] ? "true" : "false",
                           f_eq[3] && f_eq[4] ? "true" : "false");
-            static const char *const pjn[4] = {"bwd_pass_ms", "mma4_bwd_pass_ms", "wg2_bwd_pass_ms",
-                                               "wg2f_bwd_pass_ms"};
-            for (int v = 0; v < 4; v++) {
+            o += snprintf(buf + o, sizeof buf - o,
+                          ", \"wg3_bwd_ms\": %.4f, \"wg3_bwd_tflops\": %.2f, \"wg3_deterministic\": %s, "
+                          "\"wg3_vs_default_maxrel\": %.3e",
+                          bw3, bfl / bw3 * 1e-9, detw3 ? "true" : "false",
+                          *std::max_element(rdiffw3, rdiffw3 + 5));
+            static const char *const pjn[5] = {"bwd_pass_ms", "mma4_bwd_pass_ms", "wg2_bwd_pass_ms",
+                                               "wg2f_bwd_pass_ms", "wg3_bwd_pass_ms"};
+            for (int v = 0; v < 5; v++) {
                 o += snprintf(buf + o, sizeof buf - o, ", \"%s\": {", pjn[v]);
                 for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
                     o += snprintf(buf + o, sizeof buf - o, "%s\"%s\": %.4f", k ? ", " : "", pass_nm[k],
@@ -527,10 +556,11 @@ int main(int argc, char **argv)
             json += buf;
         }
     }
-    { // memory: every tensor and the workspace, all allocated up front (scripts/bench_flex_dflash.py's table)
+    { // memory: every tensor and the workspace, all allocated up front (scripts/bench_flex_dflash.py's
+      // table): the default backward's workspace (the one allocated here may be wg3's, larger)
         char mb[160];
         snprintf(mb, sizeof mb, "], \"mem_tensors_workspace_mib\": %.1f, \"workspace_mib\": %.2f}",
-                 (free0 - free1) / 1048576.0, wsb / 1048576.0);
+                 ((double)(free0 - free1) - (double)wsb + (double)wsb_def) / 1048576.0, wsb_def / 1048576.0);
         json += mb;
     }
     printf("%s\n", json.c_str());
@@ -541,8 +571,9 @@ int main(int argc, char **argv)
     }
     size_t free2;
     CU(cudaMemGetInfo(&free2, &total));
-    printf("memory: tensors + workspace %.1f MiB (workspace %.2f MiB); device use grew %.1f MiB "
-           "by the end (cudaMemGetInfo)\n",
-           (free0 - free1) / 1048576.0, wsb / 1048576.0, (free0 - free2) / 1048576.0);
+    printf("memory: tensors + workspace %.1f MiB (workspace %.2f MiB: the default backward's %.2f, "
+           "wg3's %.2f); device use grew %.1f MiB by the end (cudaMemGetInfo)\n",
+           (free0 - free1) / 1048576.0, wsb / 1048576.0, wsb_def / 1048576.0, wsb3 / 1048576.0,
+           (free0 - free2) / 1048576.0);
     return rc_all;
 }

@@ -1429,7 +1429,7 @@ constexpr size_t dkv_smem(int D) { return ((size_t)(2 * RQ + 2 * TK) * (D + 4) +
 bool impl_known(int impl)
 {
     return impl == 0 || impl == DF_CUDA_DFLASH_IMPL_SIMT || impl == DF_CUDA_DFLASH_IMPL_MMA4 ||
-           impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F;
+           impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F || impl == DF_CUDA_DFLASH_IMPL_WG3;
 }
 
 int check_args(const df_cuda_dflash_args *a, bool bwd)
@@ -1485,7 +1485,7 @@ int fwd_launch(const Params &p, cudaStream_t st, int impl)
         return 0;
     }
     // WG2, WG2F: the wgmma forward (dflash_attn_wg_fwd.cu) where the device runs it
-    if ((impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F) &&
+    if ((impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F || impl == DF_CUDA_DFLASH_IMPL_WG3) &&
         df_dflash::fwd_wg_usable(D)) {
         int rc = df_dflash::fwd_wg_launch(p, D, st);
         if (rc != -EOPNOTSUPP) // (no tensor maps for these tensors: MMA4's below)
@@ -1586,6 +1586,22 @@ size_t list_bytes(const df_cuda_dflash_args *a)
     return (nct * (2 + (size_t)a->n_blocks) * sizeof(int) + 255) / 256 * 256;
 }
 
+// WG3's stored dS (dflash_attn_wg_dqs.cu), after the dQ item order: the
+// block tiles' dS^T, the context tiles' (room for every span at its widest);
+// 0 for the other implementations
+size_t dsb_bytes(const df_cuda_dflash_args *a)
+{
+    return (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) * (size_t)(a->nkv > 0 ? a->nkv : 0) * df_dflash::DS_BLK_BYTES;
+}
+size_t wg3_bytes(const df_cuda_dflash_args *a)
+{
+    int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
+    if (impl != DF_CUDA_DFLASH_IMPL_WG3)
+        return 0;
+    return dsb_bytes(a) + (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) * (size_t)(a->nkv > 0 ? a->nkv : 0) *
+                              (size_t)df_dflash::dqs_max_tiles(a->S, a->window) * df_dflash::DS_TILE_BYTES;
+}
+
 // Bytes of the dQ item order (WG2's: n_blocks * chunks ints), after the lists.
 size_t order_bytes(const df_cuda_dflash_args *a)
 {
@@ -1610,7 +1626,7 @@ size_t order_bytes(const df_cuda_dflash_args *a)
 // after the previous ones); elsewhere WG2's launches.
 template <int D>
 int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, int *dq_order,
-                    bool wg2, bool fold, cudaEvent_t *ev)
+                    bool wg2, bool fold, cudaEvent_t *ev, const df_dflash::DsBuf *dsb0)
 {
     // dkv4 needs 174 KiB (D 128) of shared memory per CTA: more than sm_80's
     // 163 KiB and the 99 KiB of sm_86/89/120. There, bwd_mma2_launch runs instead.
@@ -1625,6 +1641,23 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     df_dflash::KvMaps maps;
     const bool wgdq_on = wg2 && df_dflash::dq_wg_usable(D, false) && df_dflash::kv_maps_make(p, D, &maps) == 0;
     const bool fold_on = fold && wgdq_on && p.nch == 1 && df_dflash::dq_wg_usable(D, true);
+    // WG3 (dsb0): a block pass (Di, the block keys' dK/dV, the block tiles'
+    // dS^T), the context dK/dV pass storing dS^T, then dQ from both
+    // (dflash_attn_wg_dqs.cu), where the fold would run with 16-key block
+    // tiles and TMA-fed Q / dO, the context dK/dV pass takes its TMA-fed
+    // instantiation and the device runs WG3's kernels; else WG2F's passes
+    const bool wg3_on = dsb0 && fold_on && p.bs <= 16 && maps.qd_on && df_dflash::dkv_wg_usable(p, D) &&
+                        df_dflash::dkv_wg_tq(p, D, &maps) && df_dflash::dqs_usable(D) &&
+                        df_dflash::blk_wg_usable(D);
+    const df_dflash::DsBuf *dsb = wg3_on ? dsb0 : NULL;
+    // WG3's block pass: blk_wg_kernel (one CTA per block and kv head), or
+    // with DFLASH_ATTN_WG3_BLK=dq the dQ pass's block-only mode (persistent,
+    // two chains per SM; read once)
+    static int wg3_blk_dq = -1;
+    if (wg3_blk_dq < 0) {
+        const char *v = getenv("DFLASH_ATTN_WG3_BLK");
+        wg3_blk_dq = v && !strcmp(v, "dq");
+    }
     if (rows > 0) {
         if (!fold_on) { // (fold_on: the dQ pass computes Di)
             long long w = rows * p.nq;
@@ -1637,8 +1670,9 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
             CU(cudaGetLastError());
         }
         // (the wgmma dQ pass takes dq_order[0] as its items' counter)
-        int rc = wgdq_on ? df_dflash::dq_wg_launch(p, D, st, fold_on, maps, dq_order)
-                         : dq_mma2_launch<D>(p, st, wg2 ? dq_order : nullptr);
+        int rc = wg3_on && !wg3_blk_dq ? df_dflash::blk_wg_launch(p, D, st, maps, *dsb)
+                 : wgdq_on             ? df_dflash::dq_wg_launch(p, D, st, fold_on, maps, dq_order, dsb)
+                                       : dq_mma2_launch<D>(p, st, wg2 ? dq_order : nullptr);
         if (rc)
             return rc;
     } else {
@@ -1655,7 +1689,7 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         REC(ev, 3, st);
         if (wg2 && df_dflash::dkv_wg_usable(p, D)) {
             int rc = df_dflash::dkv_wg_launch(p, D, st, part, cnt, lst, order, nct,
-                                              wgdq_on ? &maps : nullptr);
+                                              wgdq_on ? &maps : nullptr, dsb);
             if (rc)
                 return rc;
         } else {
@@ -1669,6 +1703,11 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         REC(ev, 3, st);
     }
     REC(ev, 4, st);
+    if (wg3_on) { // WG3's dQ (its pass event: [5])
+        int rc = df_dflash::dqs_launch(p, D, st, maps, *dsb);
+        if (rc)
+            return rc;
+    }
     // block tiles: dkv_mma2_kernel, its CTA ids offset past its context CTAs
     // (fold_on: done in the dQ pass)
     long long nct2 = (p.S + TKM - 1) / TKM, ctx2 = nct2 * p.nkv * NSPL,
@@ -1720,7 +1759,7 @@ extern "C" size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *
 {
     if (!a)
         return 0;
-    size_t n = di_bytes(a) + part_bytes(a) + list_bytes(a) + order_bytes(a);
+    size_t n = di_bytes(a) + part_bytes(a) + list_bytes(a) + order_bytes(a) + wg3_bytes(a);
     return n ? n : 4;
 }
 
@@ -1739,7 +1778,8 @@ int env_bwd_impl()
         } tab[] = {{"simt", DF_CUDA_DFLASH_IMPL_SIMT},
                    {"mma4", DF_CUDA_DFLASH_IMPL_MMA4},
                    {"wg2", DF_CUDA_DFLASH_IMPL_WG2},
-                   {"wg2f", DF_CUDA_DFLASH_IMPL_WG2F}};
+                   {"wg2f", DF_CUDA_DFLASH_IMPL_WG2F},
+                   {"wg3", DF_CUDA_DFLASH_IMPL_WG3}};
         const char *e = getenv("DFLASH_ATTN_BWD");
         int r = 0;
         if (e && *e) {
@@ -1747,7 +1787,7 @@ int env_bwd_impl()
                 if (!strcmp(e, tab[i].nm))
                     r = tab[i].impl;
             if (!r)
-                fprintf(stderr, "dflash_attn: DFLASH_ATTN_BWD=%s is none of simt, mma4, wg2, wg2f "
+                fprintf(stderr, "dflash_attn: DFLASH_ATTN_BWD=%s is none of simt, mma4, wg2, wg2f, wg3 "
                                 "(mma, mma2, mma3, mma5 and wg were removed): the default "
                                 "backward\n", e);
         }
@@ -1824,11 +1864,17 @@ extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_
         float *part = (float *)((char *)ws + di_bytes(a));
         int *lists = (int *)((char *)part + part_bytes(a));
         int *dq_order = (int *)((char *)lists + list_bytes(a));
-        bool fold = impl == DF_CUDA_DFLASH_IMPL_WG2F; // WG2 with the fold
+        bool wg3 = impl == DF_CUDA_DFLASH_IMPL_WG3;
+        bool fold = impl == DF_CUDA_DFLASH_IMPL_WG2F || wg3; // WG2 with the fold
         bool wg2 = impl == DF_CUDA_DFLASH_IMPL_WG2 || fold;
+        df_dflash::DsBuf dsb; // WG3's stored dS (used where the shapes allow: bwd_mma4_launch)
+        dsb.dsb = (uint16_t *)((char *)dq_order + order_bytes(a));
+        dsb.ds = (uint16_t *)((char *)dsb.dsb + dsb_bytes(a));
+        dsb.maxt = df_dflash::dqs_max_tiles(a->S, a->window);
         cudaEvent_t *ev = a->pass_events;
-        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg2, fold, ev)
-                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg2, fold, ev);
+        const df_dflash::DsBuf *dp = wg3 ? &dsb : NULL;
+        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg2, fold, ev, dp)
+                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg2, fold, ev, dp);
     }
     if (!a->workspace)
         CU(cudaFreeAsync(ws, st));

@@ -40,8 +40,10 @@ typedef struct df_cuda_dflash_args {
     float *lse;                            /* forward output; backward input */
     const uint16_t *dout;                  /* backward input */
     uint16_t *dq, *dkc, *dvc, *dkb, *dvb;  /* backward outputs */
-    /* backward scratch, df_cuda_dflash_bwd_workspace_bytes() bytes; NULL:
-     * allocated stream-ordered inside (cudaMallocAsync). */
+    /* backward scratch, df_cuda_dflash_bwd_workspace_bytes() bytes (asked
+     * with the same args, impl included: with impl 0, under the same
+     * df_cuda_dflash_set_bwd_impl choice); NULL: allocated stream-ordered
+     * inside (cudaMallocAsync). */
     void *workspace;
     /* implementation of the forward and the backward: 0 = the defaults, or
      * DF_CUDA_DFLASH_IMPL_SIMT (CUDA cores, fp32 FMA: the plain reference on
@@ -66,7 +68,15 @@ typedef struct df_cuda_dflash_args {
      * separate Di and block-tile kernels; dq, dkc, dvc expected bitwise
      * WG2's, as its Di sums in di_kernel's order; dkb, dvb not promised, but
      * bitwise WG2's on the H200 in every bench configuration; WG2 exactly
-     * elsewhere; its forward is WG2's). The other values (2, 3, 4, 6, 7: the
+     * elsewhere; its forward is WG2's) or DF_CUDA_DFLASH_IMPL_WG3 (WG2F whose
+     * context dK/dV pass also stores dS, from which a dQ kernel computes dQ
+     * without computing S and dP again (kernels/cuda/dflash_attn_wg_dqs.cu),
+     * where a block's rows of a kv head are one 64-row chunk, block_size
+     * <= 16, the group a power of two >= 4 and the device is Hopper; WG2F
+     * exactly elsewhere. Its workspace holds the dS of every block's widest
+     * span: 16 KiB per (block, kv head, 128 context keys), ~2 GiB at the 27B
+     * shape's full layers. Not bitwise WG2F's: dQ's dS comes from the dK/dV
+     * pass's S^T. Its forward is WG2's). The other values (2, 3, 4, 6, 7: the
      * retired mma, mma2, mma3, mma5 and wg) are rejected with -EINVAL. Like
      * every value, impl selects the forward in df_cuda_dflash_attn_fwd and
      * the backward in df_cuda_dflash_attn_bwd independently: a caller may run
@@ -74,7 +84,7 @@ typedef struct df_cuda_dflash_args {
      * forward is df_cuda_dflash_fwd_impl()'s (WG2 on a compute capability 9.0
      * device, MMA4 elsewhere), and the backward is
      * df_cuda_dflash_set_bwd_impl()'s choice, else the environment's
-     * DFLASH_ATTN_BWD (simt, mma4, wg2, wg2f; read once; another name: a
+     * DFLASH_ATTN_BWD (simt, mma4, wg2, wg2f, wg3; read once; another name: a
      * warning on stderr, then the default), else the built-in default: WG2F
      * on a compute capability 9.0 device (Hopper), MMA4 elsewhere. */
     int impl;
@@ -93,7 +103,7 @@ typedef struct df_cuda_dflash_args {
  * the retired implementations' (removed in session 7; docs/NOTES.md has their
  * history). */
 enum { DF_CUDA_DFLASH_IMPL_SIMT = 1, DF_CUDA_DFLASH_IMPL_MMA4 = 5, DF_CUDA_DFLASH_IMPL_WG2 = 8,
-       DF_CUDA_DFLASH_IMPL_WG2F = 9 };
+       DF_CUDA_DFLASH_IMPL_WG2F = 9, DF_CUDA_DFLASH_IMPL_WG3 = 10 };
 enum { DF_CUDA_DFLASH_BWD_EVENTS = 7 };
 
 int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_t stream);

@@ -30,6 +30,24 @@ struct Params {
     float *Di;
 };
 
+// Impl WG3's stored dS (dflash_attn_wg_dqs.cu; a kernel argument of its own,
+// after the others, where used: Params and every other kernel's arguments
+// as before): the context dS^T tiles the context dK/dV pass stores (ds,
+// DS_TILE_BYTES per (block b, 128-key tile t of its span, kv head g), slot
+// (b maxt + t - lo0 / 128) nkv + g; maxt = dqs_max_tiles: the most tiles a
+// span can meet), and the block tiles' (dsb, DS_BLK_BYTES per (block, kv
+// head), written by the dQ pass's block-only mode, which then writes no dq).
+struct DsBuf {
+    uint16_t *ds, *dsb;
+    int maxt;
+};
+
+// impl WG3's stored dS^T: one context tile's is 128 keys x 64 rows of bf16,
+// [key][row] rows of 128 bytes in the 128-byte swizzle (the wgmma
+// MN-major A layout; keys 64 h .. 64 h + 63 in half h, written by warpgroup
+// h of the context dK/dV pass); a block tile's the same for 16 keys.
+constexpr int DS_TILE_BYTES = 128 * 64 * 2, DS_BLK_BYTES = 16 * 64 * 2;
+
 // Context keys visible to row qo of a valid block: [lo, anchor).
 __device__ __forceinline__ int ctx_lo(int anc, int ds, int W, int qo)
 {
@@ -92,8 +110,10 @@ bool dkv_wg_usable(const Params &p, int D);
 // call, whose q / dout maps (qd_on) are used instead of encoding them again.
 // Returns 0 or -EIO (launch error).
 struct KvMaps;
+// dsb (may be NULL: WG2 / WG2F): WG3's buffers, the dS^T to store (the TQ
+// instantiation only: -EINVAL where it would not run).
 int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt,
-                  const int *lst, const int *order, int nct, const KvMaps *km);
+                  const int *lst, const int *order, int nct, const KvMaps *km, const DsBuf *dsb);
 
 // ---- dflash_attn_wg_dq.cu, dflash_attn_wg_fwd.cu (impls DF_CUDA_DFLASH_IMPL_WG2, _WG2F) ----
 // The K / V tensor maps of the forward and the dQ pass (TMA): context kc, vc
@@ -143,12 +163,35 @@ bool fwd_wg_usable(int D);
 // also writes p.Di (di_kernel's values, bitwise) and the block-key
 // gradients dkb, dvb (dkv_mma2_kernel's block tiles are then not run). ctr:
 // one int of device scratch, the items' counter (zeroed on st, then used by
-// the kernel). 0, -EINVAL or -EIO.
-int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr);
+// the kernel). dsb (fold only; NULL: none): WG3's block-only mode, which
+// writes the block tiles' dS^T into dsb->dsb and no dq. 0, -EINVAL or -EIO.
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr,
+                 const DsBuf *dsb);
 // The forward (out, lse): one CTA per (block, kv head, row chunk), K / V by
 // TMA. 0, -EIO, or -EOPNOTSUPP when the tensor maps cannot be made (nothing
 // launched: the caller runs MMA4's forward).
 int fwd_wg_launch(const Params &p, int D, cudaStream_t st);
+
+// ---- dflash_attn_wg_dq.cu, dflash_attn_wg_dqs.cu (impl DF_CUDA_DFLASH_IMPL_WG3) ----
+// WG3's block pass, lean (one CTA per (block, kv head)): Di, the block-key
+// dK / dV, the block tiles' dS^T into dsb.dsb; needs bs <= 16 and
+// maps.qd_on. blk_wg_usable: the device runs it for head dim D. 0 or -EIO.
+bool blk_wg_usable(int D);
+int blk_wg_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, const DsBuf &dsb);
+// Whether the context dK/dV pass would take its TMA-fed (TQ) instantiation
+// for p (bs x group == 64, group a power of two >= 4, its maps made; km as
+// dkv_wg_launch's): WG3's stored dS^T exists only there.
+bool dkv_wg_tq(const Params &p, int D, const KvMaps *km);
+// Whether the current device runs the dQ-from-stored-dS kernel for head dim D.
+bool dqs_usable(int D);
+// dq = (sum over the stored context dS tiles of dS K + the block tile's dS
+// K_b) x scale, per (block, kv head) in key order: deterministic. Needs
+// dsb filled (the block-only dQ pass, the context dK/dV pass), maps' kc /
+// kb. 0 or -EIO.
+int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, const DsBuf &dsb);
+// The most 128-key tiles a block's context span can meet (DsBuf.maxt): S keys
+// wide at most, and window - 1 on a sliding layer.
+int dqs_max_tiles(int S, int window);
 
 } // namespace df_dflash
 

@@ -130,6 +130,9 @@ template <int D> struct WgLayout {
     static constexpr int BAR = META_OFF + WST * META;
     static_assert(BAR % 8 == 0 && META % 128 == 0 && META_OFF % 128 == 0, "alignment");
     static constexpr size_t SMEM = (size_t)BAR + 2 * WST * 8 + 1024; // + alignment slack
+    // DS (WG3): each warpgroup's dS^T staging half (8 KiB), stored by one bulk copy
+    static constexpr int DS_OFF = (BAR + 2 * WST * 8 + 1023) / 1024 * 1024;
+    static constexpr size_t SMEM_DS = (size_t)DS_OFF + 2 * 8192 + 1024;
 };
 
 // The items' loads by TMA (the kernel's TQ instantiation: a block's rows of
@@ -152,10 +155,43 @@ constexpr int WKEYS = 64; // keys per warpgroup (wgmma M)
 // One CTA per (LPT rank, kv head, split): context keys only (see the top).
 // TQ: every item load by TMA (qm) and no CTA barrier in the item loop (see
 // the top); else the cp.async loads and a barrier per item.
-template <int D, bool TQ>
+// WG3's dS^T staging: 4 bytes v at shared address base + ro + ((c ^ x) << 4),
+// the 128-byte swizzle's chunk c of a row with row & 7 == x. The offset is
+// computed in the asm, at the store: computed by the compiler, the 16
+// stores' offsets (item-invariant) were hoisted out of the item loop, 16
+// more registers held across it (255 registers and a 16-byte spill).
+__device__ __forceinline__ void sts_sw(uint32_t base, uint32_t ro, int c, int x, uint32_t v)
+{
+    asm volatile("{\n.reg .u32 t;\n"
+                 "xor.b32 t, %2, %3;\nshl.b32 t, t, 4;\nadd.u32 t, t, %1;\nadd.u32 t, t, %0;\n"
+                 "st.shared.b32 [t], %4;\n}\n" ::"r"(base),
+                 "r"(ro), "r"(c), "r"(x), "r"(v)
+                 : "memory");
+}
+// one warpgroup's named barrier (ids 1, 2; 128 threads)
+__device__ __forceinline__ void wg_bar(int id) { asm volatile("bar.sync %0, 128;\n" ::"r"(id) : "memory"); }
+// bytes from shared src to global dst by one bulk copy (commit group of its own)
+__device__ __forceinline__ void bulk_store(void *dst, uint32_t src, uint32_t bytes)
+{
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+                 "cp.async.bulk.commit_group;\n" ::"l"(reinterpret_cast<uint64_t>(dst)),
+                 "r"(src), "r"(bytes)
+                 : "memory");
+}
+// this thread's bulk copies have read their shared sources / are complete
+__device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+__device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+// DS (impl WG3, TQ only): also store each item's dS^T (dsb.ds), staged in
+// 16 KiB more shared memory (WgLayout::SMEM_DS) and written by one bulk copy
+// per warpgroup and item; its own instantiation, so that WG2 / WG2F's code is
+// as it was (253 registers instead of 242 at D 128, no spill). H200 (session
+// 15), this pass 3docs full 0.41 ms without the stores, 0.51 with direct
+// 4-byte stores (after or before the dV / dK wgmma issue alike), 0.428 staged.
+template <int D, bool TQ, bool DS = false>
 __global__ void __launch_bounds__(WNT, 1)
     dkv_wg_kernel(Params p, float *part, const int *cnt, const int *lst, const int *order,
-                  const __grid_constant__ QdMaps qm)
+                  const __grid_constant__ QdMaps qm, DsBuf dsb)
 {
 #if DF_WG_BODY
     using L = WgLayout<D>;
@@ -226,6 +262,8 @@ __global__ void __launch_bounds__(WNT, 1)
                 info[1] = ctx_lo(anc, ds, p.W, 0);        // widest row's bound
                 info[2] = ctx_lo(anc, ds, p.W, p.bs - 1); // narrowest row's
                 info[3] = ds;
+                if constexpr (DS) // WG3: the item's stored dS^T slot for this tile (see DsBuf)
+                    info[4] = (b * dsb.maxt + tile - info[1] / WG_TILE_KEYS) * p.nkv + g;
                 mbar_expect_tx(bar, 2 * L::QS + 2 * CHUNK_ROWS * 4);
 #pragma unroll
                 for (int cb = 0; cb < L::NH; cb++) {
@@ -439,6 +477,33 @@ __global__ void __launch_bounds__(WNT, 1)
                 sa[kk][2] = pack_bf2(dp[8 * kk + 4], dp[8 * kk + 5]);
                 sa[kk][3] = pack_bf2(dp[8 * kk + 6], dp[8 * kk + 7]);
             }
+            if constexpr (TQ && DS) {
+                // WG3: dS^T of this warpgroup's 64 keys into its stored tile's
+                // half (see DsBuf: [key][row] in the 128-byte swizzle): sa[kk][h]
+                // is key kw + 8 (h & 1), rows 16 kk + 8 (h >> 1) + 2 t4 (+ 1),
+                // so 16-byte chunk 2 kk + (h >> 1) of the key's row, bytes 4 t4.
+                // Staged in shared memory, then one bulk copy of 8 KiB (full
+                // 128-byte lines; direct 4-byte stores made 8 partial-line
+                // requests per warp store and cost the pass ~0.1 ms at 3docs)
+                const uint32_t stg = sb + L::DS_OFF + wg * 8192;
+                const int lead = tid == 128 * wg; // the warpgroup's issuing thread
+                if (lead)
+                    bulk_wait_read(); // its previous bulk copy has read the staging half
+                wg_bar(1 + wg);
+                // key 16 warp + gid (+ 8): key & 7 == gid
+                const uint32_t ro = (16 * warp + gid) * 128 + 4 * t4;
+#pragma unroll
+                for (int kk = 0; kk < 4; kk++)
+#pragma unroll
+                    for (int h = 0; h < 4; h++)
+                        sts_sw(stg, ro + 1024 * (h & 1), 2 * kk + (h >> 1), gid, sa[kk][h]);
+                fence_proxy_async(); // these stores -> the bulk copy (async proxy)
+                wg_bar(1 + wg);
+                if (lead)
+                    bulk_store(reinterpret_cast<uint8_t *>(dsb.ds) + (size_t)meta[3 * CHUNK_ROWS + 4] * DS_TILE_BYTES +
+                                   wg * (DS_TILE_BYTES / 2),
+                               stg, 8192);
+            }
             // B of k step kk: item rows 16 kk .. + 15 (2 x 8-row groups, SBO)
             const uint64_t mQ = wg_desc(qs, MN_LBO, SBO), mO = mQ + (L::QS >> 4);
             wg_fence(); // the A fragments were written by ordinary instructions
@@ -471,6 +536,9 @@ __global__ void __launch_bounds__(WNT, 1)
         st2 = st2 == WST - 1 ? 0 : st2 + 1;
     }
     wg_wait<0>();
+    if constexpr (TQ && DS) // the last bulk copies done before the CTA's shared memory goes
+        if (tid == 0 || tid == 128)
+            bulk_wait_all();
     reg_fence(dv);
     reg_fence(dk);
     cp_wait<0>();
@@ -536,41 +604,66 @@ bool dkv_wg_usable(const Params &p, int D)
     return r;
 }
 
-int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt,
-                  const int *lst, const int *order, int nct, const KvMaps *km)
+namespace {
+// The TQ instantiation's maps (qm->on 1) where a block's rows of a kv head
+// are one whole chunk (bs group == 64: no rows past it to zero), group is a
+// power of two >= 4 (the lse / Di box rows: 16-byte multiples) and the maps
+// can be made; else qm->on 0
+void qd_maps(const Params &p, int D, const KvMaps *km, QdMaps *qm)
 {
-    unsigned grid = (unsigned)((long long)nct * p.nkv * WG_NSPL);
-    // every item load by TMA (the TQ instantiation) where a block's rows of a
-    // kv head are one whole chunk (bs group == 64: no rows past it to zero),
-    // group is a power of two >= 4 (the lse / Di box rows: 16-byte multiples)
-    // and the maps can be made
-    QdMaps qm;
-    memset(&qm, 0, sizeof qm);
+    memset(qm, 0, sizeof *qm);
     if (p.bs * p.group == CHUNK_ROWS && p.group >= 4 && (p.group & (p.group - 1)) == 0) {
         const uint64_t ldims[2] = {(uint64_t)p.nq, (uint64_t)p.nb * p.bs}, lstr[1] = {(uint64_t)p.nq * 4};
         const uint32_t lbox[2] = {(uint32_t)p.group, (uint32_t)p.bs};
         if (km && km->qd_on) { // the dQ pass's maps of the same tensors
-            qm.q = km->q, qm.dout = km->dout;
-            qm.on = 1;
+            qm->q = km->q, qm->dout = km->dout;
+            qm->on = 1;
         } else {
-            qm.on = !chunk_map_bf16(&qm.q, p.q, p, D) && !chunk_map_bf16(&qm.dout, p.dout, p, D);
+            qm->on = !chunk_map_bf16(&qm->q, p.q, p, D) && !chunk_map_bf16(&qm->dout, p.dout, p, D);
         }
-        qm.on = qm.on && !tma_map_f32(&qm.lse, p.lse_in, 2, ldims, lstr, lbox) &&
-                !tma_map_f32(&qm.di, p.Di, 2, ldims, lstr, lbox);
+        qm->on = qm->on && !tma_map_f32(&qm->lse, p.lse_in, 2, ldims, lstr, lbox) &&
+                 !tma_map_f32(&qm->di, p.Di, 2, ldims, lstr, lbox);
+    }
+}
+} // namespace
+
+bool dkv_wg_tq(const Params &p, int D, const KvMaps *km)
+{
+    QdMaps qm;
+    qd_maps(p, D, km, &qm);
+    return qm.on != 0;
+}
+
+int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt,
+                  const int *lst, const int *order, int nct, const KvMaps *km, const DsBuf *dsb)
+{
+    unsigned grid = (unsigned)((long long)nct * p.nkv * WG_NSPL);
+    // every item load by TMA (the TQ instantiation) where qd_maps makes its maps
+    QdMaps qm;
+    qd_maps(p, D, km, &qm);
+    const DsBuf none = {NULL, NULL, 0}, ds = dsb ? *dsb : none;
+    if (dsb && !qm.on) { // WG3's stored dS^T exists only in TQ (the caller checks dkv_wg_tq)
+        fprintf(stderr, "dflash_attn: dkv_wg_kernel<%d>: stored dS without TMA item loads (%s:%d)\n", D,
+                __FILE__, __LINE__);
+        return -EINVAL;
     }
     cudaError_t e;
     if (D == 128) {
-        auto *fn = qm.on ? dkv_wg_kernel<128, true> : dkv_wg_kernel<128, false>;
-        e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WgLayout<128>::SMEM);
+        auto *fn = qm.on ? (dsb ? dkv_wg_kernel<128, true, true> : dkv_wg_kernel<128, true>)
+                         : dkv_wg_kernel<128, false>;
+        const size_t sm = dsb ? WgLayout<128>::SMEM_DS : WgLayout<128>::SMEM;
+        e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
         if (e == cudaSuccess) {
-            fn<<<grid, WNT, WgLayout<128>::SMEM, st>>>(p, part, cnt, lst, order, qm);
+            fn<<<grid, WNT, sm, st>>>(p, part, cnt, lst, order, qm, ds);
             e = cudaGetLastError();
         }
     } else {
-        auto *fn = qm.on ? dkv_wg_kernel<64, true> : dkv_wg_kernel<64, false>;
-        e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)WgLayout<64>::SMEM);
+        auto *fn = qm.on ? (dsb ? dkv_wg_kernel<64, true, true> : dkv_wg_kernel<64, true>)
+                         : dkv_wg_kernel<64, false>;
+        const size_t sm = dsb ? WgLayout<64>::SMEM_DS : WgLayout<64>::SMEM;
+        e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
         if (e == cudaSuccess) {
-            fn<<<grid, WNT, WgLayout<64>::SMEM, st>>>(p, part, cnt, lst, order, qm);
+            fn<<<grid, WNT, sm, st>>>(p, part, cnt, lst, order, qm, ds);
             e = cudaGetLastError();
         }
     }

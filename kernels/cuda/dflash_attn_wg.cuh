@@ -114,6 +114,15 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *map, int c
                  : "memory");
 }
 
+// bytes (a multiple of 16) from global src to shared dst (both 16-byte
+// aligned), a plain bulk copy (no tensor map); completes bytes on mbarrier bar
+__device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
+{
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(src)), "r"(bytes), "r"(bar)
+                 : "memory");
+}
+
 // cp.async writes are generic-proxy writes; wgmma reads through the async proxy
 __device__ __forceinline__ void fence_proxy_async()
 {
@@ -226,32 +235,34 @@ __device__ __forceinline__ void wg_rs(float (&d)[64], const uint32_t (&a)[4], ui
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(db), "r"(1));
 }
 
-// D[64 x N] += A[64 x 16] B[16 x N], A K-major and B MN-major (transposed
-// through the descriptor, as wg_rs's B), both in shared memory: scale-d 1,
-// trans-a 0, trans-b 1 (dflash_attn_wg_dq.cu's block-key dK / dV, impl WG2F).
-__device__ __forceinline__ void wg_ss_tb(float (&d)[32], uint64_t da, uint64_t db)
+// D[64 x N] += A[64 x 16] B[16 x N], B MN-major (transposed through the
+// descriptor, as wg_rs's B), A K-major (TA 0: dflash_attn_wg_dq.cu's
+// block-key dK / dV, impl WG2F) or MN-major (TA 1: dflash_attn_wg_dqs.cu's
+// dQ = dS K from stored dS^T tiles, impl WG3), both in shared memory:
+// scale-d 1, trans-b 1.
+template <int TA = 0> __device__ __forceinline__ void wg_ss_tb(float (&d)[32], uint64_t da, uint64_t db)
 {
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %34, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
                  WG_ACC32_REGS ", "
-                 "%32, %33, p, 1, 1, 0, 1;\n"
+                 "%32, %33, p, 1, 1, %35, 1;\n"
                  "}\n"
                  : WG_ACC32("+f", d)
-                 : "l"(da), "l"(db), "r"(1));
+                 : "l"(da), "l"(db), "r"(1), "n"(TA));
 }
-__device__ __forceinline__ void wg_ss_tb(float (&d)[64], uint64_t da, uint64_t db)
+template <int TA = 0> __device__ __forceinline__ void wg_ss_tb(float (&d)[64], uint64_t da, uint64_t db)
 {
     asm volatile("{\n"
                  ".reg .pred p;\n"
                  "setp.ne.b32 p, %66, 0;\n"
                  "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
                  WG_ACC64_REGS ", "
-                 "%64, %65, p, 1, 1, 0, 1;\n"
+                 "%64, %65, p, 1, 1, %67, 1;\n"
                  "}\n"
                  : WG_ACC64("+f", d)
-                 : "l"(da), "l"(db), "r"(1));
+                 : "l"(da), "l"(db), "r"(1), "n"(TA));
 }
 
 // D[64 x 16] (ACC: += | first: =) A[64 x 16] B[16 x 16] in shared memory, B

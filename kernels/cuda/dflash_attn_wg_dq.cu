@@ -248,6 +248,103 @@ __device__ __forceinline__ void chunk_di_smem(const uint4 (&o)[2][D / 32], const
         Dr[ri] = di_quad_sum(v);
     }
 }
+// The 16-key block tile's P^T, dS^T (bf16 [key][row] tiles of 128-byte rows
+// in the 128-byte swizzle: row r of key k in chunk r / 8 at chunk position
+// (r / 8) ^ (k % 8), element r % 8) at ptp, ptp + pstep, from this thread's
+// P (s: NJ x 4 accumulators) and dS fragments (sa), the 8-key groups below bs
+template <int NJ>
+__device__ __forceinline__ void store_pt_ds(uint8_t *ptp, int pstep, const float *s, const uint32_t (*sa)[4], int bs,
+                                            int warp, int gid, int t4)
+{
+#pragma unroll
+    for (int j = 0; j < NJ; j++) {
+        if (8 * j >= bs)
+            break;
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++) {
+            // elements 4 j + 2 ri + e: row 16 warp + gid + 8 ri, key 8 j + 2 t4 + e
+            const int rc = 2 * warp + ri, k0 = 8 * j + 2 * t4;
+            const uint32_t pv = pack_bf2(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]);
+            const uint32_t sv = sa[j >> 1][2 * (j & 1) + ri]; // same elements
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int k = k0 + e, off = k * 128 + ((rc ^ (k & 7)) << 4) + 2 * gid;
+                *reinterpret_cast<uint16_t *>(ptp + off) = (uint16_t)(pv >> (16 * e));
+                *reinterpret_cast<uint16_t *>(ptp + pstep + off) = (uint16_t)(sv >> (16 * e));
+            }
+        }
+    }
+}
+
+// The block keys' dK / dV for kv head g, transposed, N = the 16 block keys:
+// dV_b^T = dO^T P, dK_b^T = Q^T dS (M = head dims, one m64 per column block
+// of the chunk; 4 x less tensor work than m64 over 64 keys, 48 of them not
+// written). A (dO^T, Q^T: D x 64 rows, MN-major): column block h at h x 8
+// KiB of the chunk's Q at qsm (dO one QS later), k step kk = rows 16 kk ..
+// + 15 = 2048 bytes; B (P, dS: 64 rows x 16 keys, K-major = the [key][row]
+// tiles at pt, pt + pstep (2048)): k step kk = 32 bytes into their 128-byte
+// rows. (pstep and ldk = nkv D as arguments: so dq_wg_kernel compiles to the
+// same code as with this inline.)
+// Every warp stores: element 4 j + 2 r + e of column block h is head dim
+// 64 h + 16 warp + gid + 8 r, key 8 j + 2 t4 + e; dK scaled in fp32 before
+// the rounding. P^T / dS^T must be fenced (async proxy) and synced.
+template <int D>
+__device__ __forceinline__ void fold16(const Params &p, int b, int g, uint32_t qsm, uint32_t pt, uint32_t pstep,
+                                       long long ldk, int warp, int gid, int t4)
+{
+    constexpr int NH = D / 64, QS = NH * CHUNK_ROWS * 128;
+    constexpr uint32_t KM_LBO = 16, SBO = 1024;
+    float dvt[NH][8], dkt[NH][8];
+    const uint64_t bP = wg_desc(pt, KM_LBO, SBO), bS = bP + (pstep >> 4);
+    const uint64_t tQ = wg_desc(qsm, CHUNK_ROWS * 128, SBO), tO = tQ + (QS >> 4);
+    wg_fence();
+#pragma unroll
+    for (int h = 0; h < NH; h++) {
+        const uint32_t ho = h * (CHUNK_ROWS * 128) >> 4;
+        wg_ss16<false, 1>(dvt[h], tO + ho, bP);
+#pragma unroll
+        for (int kk = 1; kk < 4; kk++)
+            wg_ss16<true, 1>(dvt[h], tO + ho + kk * (16 * 128 >> 4), bP + kk * (32 >> 4));
+        wg_ss16<false, 1>(dkt[h], tQ + ho, bS);
+#pragma unroll
+        for (int kk = 1; kk < 4; kk++)
+            wg_ss16<true, 1>(dkt[h], tQ + ho + kk * (16 * 128 >> 4), bS + kk * (32 >> 4));
+    }
+    wg_commit();
+    wg_wait<0>();
+#pragma unroll
+    for (int h = 0; h < NH; h++) {
+        reg_fence(dvt[h]);
+        reg_fence(dkt[h]);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int key = 8 * j + 2 * t4 + e;
+            if (key >= p.bs)
+                continue;
+            const long long off = ((long long)b * p.bs + key) * ldk + (long long)g * D + 16 * warp + gid;
+#pragma unroll
+            for (int h = 0; h < NH; h++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const float vk = dkt[h][4 * j + 2 * r + e] * p.scale;
+                    const float vv = dvt[h][4 * j + 2 * r + e];
+                    p.dkb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vk));
+                    p.dvb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vv));
+                }
+        }
+}
+
+// WG3: the block tile's dS^T (16 keys of 128 bytes at generic address dst_s)
+// into its slot of dsbo, keys past bs as 0 (thread tid of 128: 16 bytes)
+__device__ __forceinline__ void dsb_store(const Params &p, int b, int g, int tid, const uint8_t *dst_s, uint16_t *dsbo)
+{
+    const int key = tid >> 3;
+    const uint4 v = key < p.bs ? *reinterpret_cast<const uint4 *>(dst_s + 16 * tid) : make_uint4(0u, 0u, 0u, 0u);
+    *reinterpret_cast<uint4 *>(reinterpret_cast<uint8_t *>(dsbo) + ((size_t)b * p.nkv + g) * DS_BLK_BYTES + 16 * tid) = v;
+}
 #endif // DF_WG_BODY
 
 // Items (block, kv head, row chunk), item i = (nb - 1 - b) nkv nch + g nch
@@ -336,9 +433,9 @@ __device__ __forceinline__ void chunk_di_smem(const uint4 (&o)[2][D / 32], const
 // P, dS come from this kernel's S, dP).
 // FOLD = false compiles to WG2's kernel as before (every addition is under
 // if constexpr (FOLD)).
-template <int D, bool FOLD>
+template <int D, bool FOLD, bool BM = false>
 __global__ void __launch_bounds__(QNT, 2)
-    dq_wg_kernel(Params p, const __grid_constant__ KvMaps maps, int nitems, int *ctr)
+    dq_wg_kernel(Params p, const __grid_constant__ KvMaps maps, int nitems, int *ctr, uint16_t *dsbo)
 {
 #if DF_WG_BODY
     using L = DqLayout<D>;
@@ -374,6 +471,12 @@ __global__ void __launch_bounds__(QNT, 2)
     const int kbox = p.bs <= 16 ? 16 : QTK; // the block maps' box rows
     // block_size <= 16: one block tile, of 16 keys
     const bool b16 = p.bs <= 16;
+    // BM (FOLD only): impl WG3's block-only mode (launched only with b16,
+    // the TMA-fed Q / dO and dsbo): no context tiles, no dq written; Di, the
+    // block-key dK / dV as in the fold, and the block tile's dS^T into dsbo
+    // (for dflash_attn_wg_dqs.cu's dQ). Its own instantiation: WG2 / WG2F's
+    // code is as it was.
+    constexpr bool bmode = FOLD && BM;
     volatile int *s_nx = reinterpret_cast<volatile int *>(wq_smem + (sb - s0) + L::NX_OFF);
     for (int item = blockIdx.x, nx; item < nitems; item = nx) {
         // the CTA's next item (dynamic: items go to CTAs as they free up, as the
@@ -419,7 +522,7 @@ __global__ void __launch_bounds__(QNT, 2)
         // (qnext: prefetched by the previous item)
         const int anc = qnext ? s_nx[1] : p.anchor[b], ds = qnext ? s_nx[2] : p.doc_start[b];
         const int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
-        const int ntc = (anc - lo0 + QTK - 1) / QTK, ntb = (p.bs + QTK - 1) / QTK, nt = ntc + ntb;
+        const int ntc = bmode ? 0 : (anc - lo0 + QTK - 1) / QTK, ntb = (p.bs + QTK - 1) / QTK, nt = ntc + ntb;
         // Q, dO of the chunk into pair pq, waited for before the first tile: by
         // TMA where the block's rows of kv head g are one whole chunk
         // (maps.qd_on; thread 0, pair pq's mbarrier), else by cp.async
@@ -568,7 +671,7 @@ __global__ void __launch_bounds__(QNT, 2)
                 // this tile and the epilogue
                 cp_wait<0>(); // its anchor / document start (this thread's cp.async)
                 const int ancn = s_nx[1], lon = ctx_lo(ancn, s_nx[2], p.W, 0);
-                if (ancn > lon) {
+                if (!bmode && ancn > lon) {
                     const uint32_t dst = sb + pk0 * L::PR, bar = bar0 + 8 * pk0;
                     mbar_expect_tx(bar, (uint32_t)(2 * L::NH * QTK * 128));
 #pragma unroll
@@ -653,25 +756,7 @@ __global__ void __launch_bounds__(QNT, 2)
                 if constexpr (FOLD) {
                     if (t != nt - 1)
                         return;
-                    uint8_t *ptp = wq_smem + (pt - s0);
-#pragma unroll
-                    for (int j = 0; j < NJ; j++) {
-                        if (8 * j >= p.bs)
-                            break;
-#pragma unroll
-                        for (int ri = 0; ri < 2; ri++) {
-                            // elements 4 j + 2 ri + e: row 16 warp + gid + 8 ri, key 8 j + 2 t4 + e
-                            const int rc = 2 * warp + ri, k0 = 8 * j + 2 * t4;
-                            const uint32_t pv = pack_bf2(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]);
-                            const uint32_t sv = sa[j >> 1][2 * (j & 1) + ri]; // same elements
-#pragma unroll
-                            for (int e = 0; e < 2; e++) {
-                                int k = k0 + e, off = k * 128 + ((rc ^ (k & 7)) << 4) + 2 * gid;
-                                *reinterpret_cast<uint16_t *>(ptp + off) = (uint16_t)(pv >> (16 * e));
-                                *reinterpret_cast<uint16_t *>(ptp + pstep + off) = (uint16_t)(sv >> (16 * e));
-                            }
-                        }
-                    }
+                    store_pt_ds<NJ>(wq_smem + (pt - s0), pstep, s, sa, p.bs, warp, gid, t4);
                 }
             };
             if constexpr (NS != 8)
@@ -713,7 +798,7 @@ __global__ void __launch_bounds__(QNT, 2)
 #pragma unroll
         for (int ri = 0; ri < 2; ri++) {
             const RowId &id = rid[ri];
-            if (!id.ok)
+            if (!id.ok || bmode)
                 continue;
             uint16_t *qrow = p.dq + id.grow * ldq + (long long)id.h * D + 2 * t4;
 #pragma unroll
@@ -733,57 +818,9 @@ __global__ void __launch_bounds__(QNT, 2)
             fence_proxy_async(); // this thread's P^T / dS^T stores -> the tensor cores ...
             __syncthreads();     // ... everyone's (every wgmma of the loop retired in its tile)
             if (b16) {
-                // transposed, N = the 16 block keys: dV_b^T = dO^T P, dK_b^T = Q^T dS
-                // (M = head dims, one m64 per column block of the chunk; 4 x less
-                // tensor work than m64 over 64 keys, 48 of them not written). A
-                // (dO^T, Q^T: D x 64 rows, MN-major): column block h at h x 8 KiB,
-                // k step kk = rows 16 kk .. + 15 = 2048 bytes; B (P, dS: 64 rows x 16
-                // keys, K-major = the [key][row] tiles at pt): k step kk = 32 bytes
-                // into their 128-byte rows.
-                float dvt[L::NH][8], dkt[L::NH][8];
-                const uint64_t bP = wg_desc(pt, KM_LBO, SBO), bS = bP + (pstep >> 4);
-                const uint64_t tQ = wg_desc(qsm, CHUNK_ROWS * 128, SBO), tO = tQ + (L::QS >> 4);
-                wg_fence();
-#pragma unroll
-                for (int h = 0; h < L::NH; h++) {
-                    const uint32_t ho = h * (CHUNK_ROWS * 128) >> 4;
-                    wg_ss16<false, 1>(dvt[h], tO + ho, bP);
-#pragma unroll
-                    for (int kk = 1; kk < 4; kk++)
-                        wg_ss16<true, 1>(dvt[h], tO + ho + kk * (16 * 128 >> 4), bP + kk * (32 >> 4));
-                    wg_ss16<false, 1>(dkt[h], tQ + ho, bS);
-#pragma unroll
-                    for (int kk = 1; kk < 4; kk++)
-                        wg_ss16<true, 1>(dkt[h], tQ + ho + kk * (16 * 128 >> 4), bS + kk * (32 >> 4));
-                }
-                wg_commit();
-                wg_wait<0>();
-#pragma unroll
-                for (int h = 0; h < L::NH; h++) {
-                    reg_fence(dvt[h]);
-                    reg_fence(dkt[h]);
-                }
-                // element 4 j + 2 r + e: head dim 64 h + 16 warp + gid + 8 r, key 8 j +
-                // 2 t4 + e; dK scaled in fp32 before the rounding
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-#pragma unroll
-                    for (int e = 0; e < 2; e++) {
-                        const int key = 8 * j + 2 * t4 + e;
-                        if (key >= p.bs)
-                            continue;
-                        const long long off =
-                            ((long long)b * p.bs + key) * ldk + (long long)g * D + 16 * warp + gid;
-#pragma unroll
-                        for (int h = 0; h < L::NH; h++)
-#pragma unroll
-                            for (int r = 0; r < 2; r++) {
-                                const float vk = dkt[h][4 * j + 2 * r + e] * p.scale;
-                                const float vv = dvt[h][4 * j + 2 * r + e];
-                                p.dkb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vk));
-                                p.dvb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vv));
-                            }
-                    }
+                fold16<D>(p, b, g, qsm, pt, pstep, ldk, warp, gid, t4);
+                if (bmode) // the block tile's dS^T for dqs_kernel
+                    dsb_store(p, b, g, tid, wq_smem + (pt + pstep - s0), dsbo);
             } else {
                 float dv[NA], dk[NA];
                 acc_zero(dv);
@@ -839,6 +876,133 @@ __global__ void __launch_bounds__(QNT, 2)
 #endif
 }
 
+// Impl WG3's block pass (dflash_attn_wg_dqs.cu's step 1), lean: one CTA
+// (one warpgroup) per (block b, kv head g), no persistence, no context
+// tiles, no dQ: Di (chunk_di: di_kernel's bits), the block tile's S, dP,
+// P, dS (16 keys, the fold's code), the block-key dK / dV (the transposed
+// fold) and the block tile's dS^T into dsbo. 44 KiB of shared memory (Q,
+// dO, K_b, V_b by TMA, P^T / dS^T), so several CTAs per SM overlap their
+// loads, where the persistent dQ kernel's block-only mode (BM) runs two
+// long chains per SM. Launched only with bs <= 16 and maps.qd_on.
+template <int D> struct BlkLayout {
+    static constexpr int NH = D / 64, QS = NH * CHUNK_ROWS * 128, BK = NH * 16 * 128;
+    static constexpr int PT = 2 * QS + 2 * BK; // P^T (2 KiB), dS^T (2 KiB)
+    static constexpr int BAR = PT + 4096;
+    static constexpr size_t SMEM = (size_t)BAR + 8 + 1024;
+};
+
+template <int D>
+__global__ void __launch_bounds__(QNT, 4)
+    blk_wg_kernel(Params p, const __grid_constant__ KvMaps maps, uint16_t *dsbo)
+{
+#if DF_WG_BODY
+    using L = BlkLayout<D>;
+    constexpr int V8 = D / 8, KS = D / 16;
+    constexpr uint32_t KM_LBO = 16, SBO = 1024;
+    extern __shared__ __align__(1024) uint8_t bl_smem[];
+    const uint32_t s0 = smem_u32(bl_smem), sb = (s0 + 1023u) & ~1023u;
+    const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
+    const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+    const long long ldk = (long long)p.nkv * D;
+    const int g = blockIdx.x % p.nkv, b = p.nb - 1 - blockIdx.x / p.nkv;
+    const RowId rid[2] = {row_id(p, b, g, 0, 16 * warp + gid), row_id(p, b, g, 0, 16 * warp + gid + 8)};
+    const bool valid = p.valid[b];
+    const uint32_t bar = sb + L::BAR;
+    if (valid && tid == 0) {
+        mbar_init(bar, 1);
+        mbar_fence_init();
+        mbar_expect_tx(bar, (uint32_t)(2 * L::QS + 2 * L::BK));
+#pragma unroll
+        for (int cb = 0; cb < L::NH; cb++) {
+            tma_load_3d(sb + cb * (CHUNK_ROWS * 128), &maps.q, 64 * cb, g * p.group, b * p.bs, bar);
+            tma_load_3d(sb + L::QS + cb * (CHUNK_ROWS * 128), &maps.dout, 64 * cb, g * p.group, b * p.bs, bar);
+            tma_load_2d(sb + 2 * L::QS + cb * (16 * 128), &maps.kb, g * D + 64 * cb, b * p.bs, bar);
+            tma_load_2d(sb + 2 * L::QS + L::BK + cb * (16 * 128), &maps.vb, g * D + 64 * cb, b * p.bs, bar);
+        }
+    }
+    // lse, and (valid) this thread's O for Di, while the copies land
+    float Dr[2], nL[2];
+    bool rok[2];
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const long long li = (long long)rid[ri].grow * p.nq + rid[ri].h;
+        const float l2 = rid[ri].ok && valid ? p.lse_in[li] * WLOG2E : -INFINITY;
+        nL[ri] = -l2;
+        rok[ri] = rid[ri].ok && l2 != -INFINITY;
+    }
+    // Di (di_kernel's bits, for the context dK/dV pass) of this thread's rows
+    auto di_store = [&]() {
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++)
+            if (rid[ri].ok && t4 == 0)
+                p.Di[(long long)rid[ri].grow * p.nq + rid[ri].h] = Dr[ri];
+    };
+    if (!valid) { // padding block: Di as di_kernel's, dkb / dvb 0 (dkv_mma2_kernel's block tiles); no dS^T (dqs_kernel writes its dq 0)
+        chunk_di<D>(p, rid, t4, Dr);
+        di_store();
+        for (int e = tid; e < p.bs * V8; e += QNT) {
+            long long off = ((long long)b * p.bs + e / V8) * ldk + (long long)g * D + (e % V8) * 8;
+            *reinterpret_cast<uint4 *>(p.dkb + off) = make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4 *>(p.dvb + off) = make_uint4(0u, 0u, 0u, 0u);
+        }
+        return;
+    }
+    uint4 o[2][D / 32];
+    chunk_o_load<D>(p, rid, t4, o);
+    __syncthreads(); // the mbarrier's init, before anyone waits on it
+    mbar_wait(bar, 0);
+    // S, dP of the 16 block keys (m64n16), P, dS as in dq_wg_kernel's block tile
+    const uint64_t dQ = wg_desc(sb, KM_LBO, SBO), dO = dQ + (L::QS >> 4);
+    const uint64_t dK = wg_desc(sb + 2 * L::QS, KM_LBO, SBO), dV = dK + (L::BK >> 4);
+    float s[8], dp[8];
+    wg_fence();
+    wg_tile_ab<8, KS, CHUNK_ROWS, 16>(s, dQ, dK);
+    wg_commit();
+    wg_tile_ab<8, KS, CHUNK_ROWS, 16>(dp, dO, dV);
+    wg_commit();
+    // Di from O and the landed dO (chunk_di_smem: chunk_di's bits) while the wgmmas run
+    chunk_di_smem<D>(o, bl_smem + (sb + L::QS - s0), 16 * warp + gid, t4, Dr);
+    di_store();
+    const float sl = p.scale * WLOG2E;
+    wg_wait<1>();
+    reg_fence(s);
+    {
+        int klo[2], khi[2];
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++)
+            row_key_range(p, rid[ri], 0, rok[ri], false, 0, klo[ri], khi[ri]);
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int ri = e >> 1, key = 8 * j + 2 * t4 + (e & 1);
+                const bool vis = key >= klo[ri] && key < khi[ri];
+                const float x = fmaf(s[4 * j + e], sl, nL[ri]);
+                s[4 * j + e] = ex2(vis ? x : -INFINITY);
+            }
+    }
+    wg_wait<0>();
+    reg_fence(dp);
+    uint32_t sa[1][4]; // dS as one k step's A fragments (dq_wg_kernel's layout)
+#pragma unroll
+    for (int h = 0; h < 4; h++) {
+        const int i = 2 * h;
+        const float d0 = Dr[h & 1];
+        sa[0][h] = pack_bf2(s[i] * (dp[i] - d0), s[i + 1] * (dp[i + 1] - d0));
+    }
+    // P^T, dS^T as [key][row] tiles, the 8-key groups below bs
+    uint8_t *ptp = bl_smem + (sb + L::PT - s0);
+    store_pt_ds<2>(ptp, 2048, s, sa, p.bs, warp, gid, t4);
+    fence_proxy_async(); // this thread's P^T / dS^T stores -> the tensor cores ...
+    __syncthreads();     // ... everyone's
+    // the block tile's dS^T for dqs_kernel (generic reads: ordered by the barrier)
+    dsb_store(p, b, g, tid, ptp + 2048, dsbo);
+    fold16<D>(p, b, g, sb, sb + L::PT, 2048, ldk, warp, gid, t4);
+#else
+    __trap(); // built without sm_90a: blk_wg_usable() keeps launches away
+#endif
+}
+
 } // namespace
 
 bool dq_wg_usable(int D, bool fold)
@@ -853,10 +1017,11 @@ bool dq_wg_usable(int D, bool fold)
 }
 
 namespace {
-template <int D, bool FOLD>
-cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps &maps, int *ctr)
+template <int D, bool FOLD, bool BM = false>
+cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps &maps, int *ctr,
+                      uint16_t *dsbo = nullptr)
 {
-    cudaError_t e = cudaFuncSetAttribute(dq_wg_kernel<D, FOLD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaError_t e = cudaFuncSetAttribute(dq_wg_kernel<D, FOLD, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)DqLayout<D>::SMEM);
     if (e != cudaSuccess)
         return e;
@@ -877,7 +1042,7 @@ cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps
         if (!resident[dev]) {
             int nsm = 0, per = 0;
             if (cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, dq_wg_kernel<D, FOLD>, QNT,
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, dq_wg_kernel<D, FOLD, BM>, QNT,
                                                               DqLayout<D>::SMEM) == cudaSuccess)
                 resident[dev] = per * nsm > 0 ? per * nsm : 0;
         }
@@ -887,12 +1052,44 @@ cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps
     e = cudaMemsetAsync(ctr, 0, sizeof(int), st);
     if (e != cudaSuccess)
         return e;
-    dq_wg_kernel<D, FOLD><<<grid, QNT, DqLayout<D>::SMEM, st>>>(p, maps, (int)n, ctr);
+    dq_wg_kernel<D, FOLD, BM><<<grid, QNT, DqLayout<D>::SMEM, st>>>(p, maps, (int)n, ctr, dsbo);
     return cudaGetLastError();
 }
 } // namespace
 
-int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr)
+bool blk_wg_usable(int D)
+{
+    static signed char known[2][64]; // [D == 128][device]
+    const void *fn = D == 128 ? (const void *)blk_wg_kernel<128> : (const void *)blk_wg_kernel<64>;
+    return wg_kernel_runs(fn, D == 128 ? BlkLayout<128>::SMEM : BlkLayout<64>::SMEM, known[D == 128]);
+}
+
+int blk_wg_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, const DsBuf &dsb)
+{
+    const long long n = (long long)p.nb * p.nkv;
+    if (n <= 0)
+        return 0;
+    const void *fn = D == 128 ? (const void *)blk_wg_kernel<128> : (const void *)blk_wg_kernel<64>;
+    const size_t smem = D == 128 ? BlkLayout<128>::SMEM : BlkLayout<64>::SMEM;
+    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e == cudaSuccess) // the largest carveout: several CTAs per SM
+        e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    if (e == cudaSuccess) {
+        if (D == 128)
+            blk_wg_kernel<128><<<(unsigned)n, QNT, smem, st>>>(p, maps, dsb.dsb);
+        else
+            blk_wg_kernel<64><<<(unsigned)n, QNT, smem, st>>>(p, maps, dsb.dsb);
+        e = cudaGetLastError();
+    }
+    if (e != cudaSuccess) {
+        fprintf(stderr, "dflash_attn: blk_wg_kernel<%d>: %s (%s:%d)\n", D, cudaGetErrorString(e), __FILE__, __LINE__);
+        return -EIO;
+    }
+    return 0;
+}
+
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr,
+                 const DsBuf *dsb)
 {
     long long n = (long long)p.nb * p.nkv * p.nch;
     if (n <= 0)
@@ -902,10 +1099,14 @@ int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMap
                 __FILE__, __LINE__);
         return -EINVAL;
     }
-    cudaError_t e = D == 128 ? (fold ? dq_wg_run<128, true>(p, (unsigned)n, st, maps, ctr)
-                                     : dq_wg_run<128, false>(p, (unsigned)n, st, maps, ctr))
-                             : (fold ? dq_wg_run<64, true>(p, (unsigned)n, st, maps, ctr)
-                                     : dq_wg_run<64, false>(p, (unsigned)n, st, maps, ctr));
+    // (dsb: WG3's block-only mode, a fold instantiation of its own)
+    const bool bm = fold && dsb;
+    cudaError_t e = D == 128 ? (bm     ? dq_wg_run<128, true, true>(p, (unsigned)n, st, maps, ctr, dsb->dsb)
+                                : fold ? dq_wg_run<128, true>(p, (unsigned)n, st, maps, ctr)
+                                       : dq_wg_run<128, false>(p, (unsigned)n, st, maps, ctr))
+                             : (bm     ? dq_wg_run<64, true, true>(p, (unsigned)n, st, maps, ctr, dsb->dsb)
+                                : fold ? dq_wg_run<64, true>(p, (unsigned)n, st, maps, ctr)
+                                       : dq_wg_run<64, false>(p, (unsigned)n, st, maps, ctr));
     if (e != cudaSuccess) {
         fprintf(stderr, "dflash_attn: dq_wg_kernel<%d%s>: %s (%s:%d)\n", D, fold ? ", fold" : "",
                 cudaGetErrorString(e), __FILE__, __LINE__);
