@@ -16,7 +16,7 @@
  * CPU backward on the reference's. First pass: the default forward and
  * backward (impl 0); then each backward (simt: CUDA cores; mma4: tensor
  * cores; wg2, wg2f, wg3: wgmma) on the default forward's out/lse; then the
- * backward that impl 0 selects, once as built in (wg2f on a compute
+ * backward that impl 0 selects, once as built in (wg3 on a compute
  * capability 9.0 device, mma4 elsewhere) and once each switched to mma4,
  * wg2, wg2f and wg3 by df_cuda_dflash_set_bwd_impl (the hook behind
  * DFLASH_ATTN_BWD), each run twice and required bitwise equal

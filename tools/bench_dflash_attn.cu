@@ -10,7 +10,7 @@
 // pairs: forward 4 * D per pair per head (QK^T and PV), backward 2.5x the
 // forward (FlashAttention convention: 5 matmuls vs 2). Also checks that two
 // backward runs give bitwise-equal gradients (determinism).
-// Forward and backward are timed for the defaults (wg2 / wg2f on compute
+// Forward and backward are timed for the defaults (wg2 / wg3 on compute
 // capability 9.0, mma4 elsewhere), the CUDA-core (simt) kernels (3docs
 // layout only) and the mma4 backward (also checked for determinism). The
 // default's and mma4's backward are also timed pass by pass

@@ -71,11 +71,12 @@ namespace {
 // MMA4's (fwd_mma2_kernel) elsewhere.
 #define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD DF_CUDA_DFLASH_IMPL_MMA4
 #define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD_SM90 DF_CUDA_DFLASH_IMPL_WG2
-// Which backward runs when args.impl == 0: WG2F on compute capability 9.0
-// (H200, 27B shape, 3docs full: 1.000 ms vs WG2's 1.134, MMA4's 2.26), MMA4
+// Which backward runs when args.impl == 0: WG3 on compute capability 9.0
+// (H200, 27B shape, session 15: 3docs full 0.710 ms vs WG2F's 0.773, 1doc
+// full 1.60 vs 1.89; WG2F exactly where WG3's shapes do not fit), MMA4
 // elsewhere.
 #define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD DF_CUDA_DFLASH_IMPL_MMA4
-#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD_SM90 DF_CUDA_DFLASH_IMPL_WG2F
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD_SM90 DF_CUDA_DFLASH_IMPL_WG3
 
 constexpr int NT = 256, NW = 8, RPW = 8, RQ = NW * RPW, TK = 32, PP = TK + 4;
 

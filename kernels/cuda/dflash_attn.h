@@ -85,7 +85,7 @@ typedef struct df_cuda_dflash_args {
      * device, MMA4 elsewhere), and the backward is
      * df_cuda_dflash_set_bwd_impl()'s choice, else the environment's
      * DFLASH_ATTN_BWD (simt, mma4, wg2, wg2f, wg3; read once; another name: a
-     * warning on stderr, then the default), else the built-in default: WG2F
+     * warning on stderr, then the default), else the built-in default: WG3
      * on a compute capability 9.0 device (Hopper), MMA4 elsewhere. */
     int impl;
     /* backward only, for timing (tools/bench_dflash_attn); NULL: none.
