@@ -377,38 +377,34 @@ int main(int argc, char **argv)
             // mma4 pass by pass (the default's rows are mma4's only while it is the default)
             double p4[DF_CUDA_DFLASH_BWD_EVENTS - 1];
             pass_ms(DF_CUDA_DFLASH_IMPL_MMA4, p4);
-            // impl WG2 (dQ on wgmma too): time, passes, determinism, vs the default
-            float bw2min;
-            double bw2 = time_ms(true, DF_CUDA_DFLASH_IMPL_WG2, &bw2min);
-            double pw2[DF_CUDA_DFLASH_BWD_EVENTS - 1], rdiffw2[5];
-            pass_ms(DF_CUDA_DFLASH_IMPL_WG2, pw2);
-            int detw2 = deterministic(DF_CUDA_DFLASH_IMPL_WG2);
-            rc_all |= !detw2;
-            rel_diff(rdiffw2);
+            // one wgmma backward: time, passes, determinism, vs the default (its
+            // gradients stay in gr)
+            struct BwdRow {
+                double ms, pm[DF_CUDA_DFLASH_BWD_EVENTS - 1], rd[5];
+                float min;
+                int det;
+            };
+            auto bwd_row = [&](int impl, BwdRow &r) {
+                r.ms = time_ms(true, impl, &r.min);
+                pass_ms(impl, r.pm);
+                r.det = deterministic(impl);
+                rc_all |= !r.det;
+                rel_diff(r.rd);
+            };
+            // impl WG2 (dQ on wgmma too)
+            BwdRow w2, w2f, w3;
+            bwd_row(DF_CUDA_DFLASH_IMPL_WG2, w2);
             std::vector<uint16_t> gw2[5]; // wg2's gradients, for wg2f's comparison
             for (int k = 0; k < 5; k++)
                 gw2[k] = gr[k];
-            // impl WG2F (Di and block-key dK/dV inside WG2's dQ pass): time,
-            // passes, determinism, vs the default, bitwise vs wg2 per gradient
-            float bw2fmin;
-            double bw2f = time_ms(true, DF_CUDA_DFLASH_IMPL_WG2F, &bw2fmin);
-            double pw2f[DF_CUDA_DFLASH_BWD_EVENTS - 1], rdiffw2f[5];
-            pass_ms(DF_CUDA_DFLASH_IMPL_WG2F, pw2f);
-            int detw2f = deterministic(DF_CUDA_DFLASH_IMPL_WG2F);
-            rc_all |= !detw2f;
-            rel_diff(rdiffw2f);
+            // impl WG2F (Di and block-key dK/dV inside WG2's dQ pass), and
+            // bitwise vs wg2 per gradient
+            bwd_row(DF_CUDA_DFLASH_IMPL_WG2F, w2f);
             bool f_eq[5]; // dq, dkc, dvc, dkb, dvb bitwise wg2's
             for (int k = 0; k < 5; k++)
                 f_eq[k] = gr[k] == gw2[k];
-            // impl WG3 (dQ from the context dK/dV pass's stored dS): time,
-            // passes, determinism, vs the default
-            float bw3min;
-            double bw3 = time_ms(true, DF_CUDA_DFLASH_IMPL_WG3, &bw3min);
-            double pw3[DF_CUDA_DFLASH_BWD_EVENTS - 1], rdiffw3[5];
-            pass_ms(DF_CUDA_DFLASH_IMPL_WG3, pw3);
-            int detw3 = deterministic(DF_CUDA_DFLASH_IMPL_WG3);
-            rc_all |= !detw3;
-            rel_diff(rdiffw3);
+            // impl WG3 (dQ from the context dK/dV pass's stored dS)
+            bwd_row(DF_CUDA_DFLASH_IMPL_WG3, w3);
             // WG2's forward, last (the backwards above ran on the default
             // forward's out/lse): time, and out / lse vs the default's
             std::vector<uint16_t> od(nQ), ow(nQ);
@@ -469,21 +465,21 @@ int main(int argc, char **argv)
                    bfl / b4 * 1e-9, b4min, det4 ? "yes" : "NO");
             printf("      %-8s wg2 bwd %.3f ms %.1f TFLOP/s (min %.3f), deterministic %s; wg2 fwd "
                    "%.3f ms %.1f TFLOP/s (min %.3f) vs default fwd %.3f ms\n",
-                   "", bw2, bfl / bw2 * 1e-9, bw2min, detw2 ? "yes" : "NO", fw2, ffl / fw2 * 1e-9,
+                   "", w2.ms, bfl / w2.ms * 1e-9, w2.min, w2.det ? "yes" : "NO", fw2, ffl / fw2 * 1e-9,
                    fw2min, mf);
             printf("      %-8s wg2f bwd %.3f ms %.1f TFLOP/s (min %.3f), deterministic %s; bitwise "
                    "wg2's: dq %s dkc %s dvc %s (expected yes) dkb %s dvb %s (expected no)\n",
-                   "", bw2f, bfl / bw2f * 1e-9, bw2fmin, detw2f ? "yes" : "NO",
+                   "", w2f.ms, bfl / w2f.ms * 1e-9, w2f.min, w2f.det ? "yes" : "NO",
                    f_eq[0] ? "yes" : "no", f_eq[1] ? "yes" : "no", f_eq[2] ? "yes" : "no",
                    f_eq[3] ? "yes" : "no", f_eq[4] ? "yes" : "no");
             printf("      %-8s wg3 bwd %.3f ms %.1f TFLOP/s (min %.3f), deterministic %s (passes: dq = its "
                    "block pass, blk_dkv = its dQ from the stored dS)\n",
-                   "", bw3, bfl / bw3 * 1e-9, bw3min, detw3 ? "yes" : "NO");
+                   "", w3.ms, bfl / w3.ms * 1e-9, w3.min, w3.det ? "yes" : "NO");
             printf("      %-8s bwd passes ms  %-8s", "", "");
             for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS; k++)
                 printf(" %9s", pass_nm[k]);
             printf(" %9s\n", "sum");
-            const double *pp[5] = {pd, p4, pw2, pw2f, pw3};
+            const double *pp[5] = {pd, p4, w2.pm, w2f.pm, w3.pm};
             static const char *const pvn[5] = {"default", "mma4", "wg2", "wg2f", "wg3"};
             for (int v = 0; v < 5; v++) {
                 double sum = 0;
@@ -494,13 +490,13 @@ int main(int argc, char **argv)
             }
             printf("      %-8s wg2  vs default max|diff|/max|default|: dq %.2e dkc %.2e dvc %.2e "
                    "dkb %.2e dvb %.2e; fwd out %.2e lse %.2e\n",
-                   "", rdiffw2[0], rdiffw2[1], rdiffw2[2], rdiffw2[3], rdiffw2[4], rfo, rfl);
+                   "", w2.rd[0], w2.rd[1], w2.rd[2], w2.rd[3], w2.rd[4], rfo, rfl);
             printf("      %-8s wg2f vs default max|diff|/max|default|: dq %.2e dkc %.2e dvc %.2e "
                    "dkb %.2e dvb %.2e\n",
-                   "", rdiffw2f[0], rdiffw2f[1], rdiffw2f[2], rdiffw2f[3], rdiffw2f[4]);
+                   "", w2f.rd[0], w2f.rd[1], w2f.rd[2], w2f.rd[3], w2f.rd[4]);
             printf("      %-8s wg3  vs default max|diff|/max|default|: dq %.2e dkc %.2e dvc %.2e "
                    "dkb %.2e dvb %.2e\n",
-                   "", rdiffw3[0], rdiffw3[1], rdiffw3[2], rdiffw3[3], rdiffw3[4]);
+                   "", w3.rd[0], w3.rd[1], w3.rd[2], w3.rd[3], w3.rd[4]);
             char buf[4096];
             int o = 0;
             bool first = json.back() == '[';
@@ -526,23 +522,23 @@ int main(int argc, char **argv)
                           ", \"wg2_bwd_ms\": %.4f, \"wg2_bwd_tflops\": %.2f, \"wg2_deterministic\": %s, "
                           "\"wg2_vs_default_maxrel\": %.3e, \"wg2_fwd_ms\": %.4f, \"wg2_fwd_tflops\": %.2f, "
                           "\"wg2_fwd_vs_default_maxrel\": %.3e",
-                          bw2, bfl / bw2 * 1e-9, detw2 ? "true" : "false",
-                          *std::max_element(rdiffw2, rdiffw2 + 5), fw2, ffl / fw2 * 1e-9,
+                          w2.ms, bfl / w2.ms * 1e-9, w2.det ? "true" : "false",
+                          *std::max_element(w2.rd, w2.rd + 5), fw2, ffl / fw2 * 1e-9,
                           rfo > rfl ? rfo : rfl);
             o += snprintf(buf + o, sizeof buf - o,
                           ", \"wg2f_bwd_ms\": %.4f, \"wg2f_bwd_tflops\": %.2f, \"wg2f_deterministic\": %s, "
                           "\"wg2f_vs_default_maxrel\": %.3e, \"wg2f_blk_vs_default_maxrel\": %.3e, "
                           "\"wg2f_dq_dkc_dvc_bitwise_wg2\": %s, \"wg2f_dkb_dvb_bitwise_wg2\": %s",
-                          bw2f, bfl / bw2f * 1e-9, detw2f ? "true" : "false",
-                          *std::max_element(rdiffw2f, rdiffw2f + 5),
-                          std::max(rdiffw2f[3], rdiffw2f[4]),
+                          w2f.ms, bfl / w2f.ms * 1e-9, w2f.det ? "true" : "false",
+                          *std::max_element(w2f.rd, w2f.rd + 5),
+                          std::max(w2f.rd[3], w2f.rd[4]),
                           f_eq[0] && f_eq[1] && f_eq[2] ? "true" : "false",
                           f_eq[3] && f_eq[4] ? "true" : "false");
             o += snprintf(buf + o, sizeof buf - o,
                           ", \"wg3_bwd_ms\": %.4f, \"wg3_bwd_tflops\": %.2f, \"wg3_deterministic\": %s, "
                           "\"wg3_vs_default_maxrel\": %.3e",
-                          bw3, bfl / bw3 * 1e-9, detw3 ? "true" : "false",
-                          *std::max_element(rdiffw3, rdiffw3 + 5));
+                          w3.ms, bfl / w3.ms * 1e-9, w3.det ? "true" : "false",
+                          *std::max_element(w3.rd, w3.rd + 5));
             static const char *const pjn[5] = {"bwd_pass_ms", "mma4_bwd_pass_ms", "wg2_bwd_pass_ms",
                                                "wg2f_bwd_pass_ms", "wg3_bwd_pass_ms"};
             for (int v = 0; v < 5; v++) {

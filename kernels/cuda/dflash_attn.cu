@@ -1651,14 +1651,6 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
                         df_dflash::dkv_wg_tq(p, D, &maps) && df_dflash::dqs_usable(D) &&
                         df_dflash::blk_wg_usable(D);
     const df_dflash::DsBuf *dsb = wg3_on ? dsb0 : NULL;
-    // WG3's block pass: blk_wg_kernel (one CTA per block and kv head), or
-    // with DFLASH_ATTN_WG3_BLK=dq the dQ pass's block-only mode (persistent,
-    // two chains per SM; read once)
-    static int wg3_blk_dq = -1;
-    if (wg3_blk_dq < 0) {
-        const char *v = getenv("DFLASH_ATTN_WG3_BLK");
-        wg3_blk_dq = v && !strcmp(v, "dq");
-    }
     if (rows > 0) {
         if (!fold_on) { // (fold_on: the dQ pass computes Di)
             long long w = rows * p.nq;
@@ -1671,9 +1663,10 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
             CU(cudaGetLastError());
         }
         // (the wgmma dQ pass takes dq_order[0] as its items' counter)
-        int rc = wg3_on && !wg3_blk_dq ? df_dflash::blk_wg_launch(p, D, st, maps, *dsb)
-                 : wgdq_on             ? df_dflash::dq_wg_launch(p, D, st, fold_on, maps, dq_order, dsb)
-                                       : dq_mma2_launch<D>(p, st, wg2 ? dq_order : nullptr);
+        // (WG3: its block pass, blk_wg_kernel, in place of the dQ pass)
+        int rc = wg3_on    ? df_dflash::blk_wg_launch(p, D, st, maps, *dsb)
+                 : wgdq_on ? df_dflash::dq_wg_launch(p, D, st, fold_on, maps, dq_order)
+                           : dq_mma2_launch<D>(p, st, wg2 ? dq_order : nullptr);
         if (rc)
             return rc;
     } else {

@@ -75,8 +75,9 @@ typedef struct df_cuda_dflash_args {
      * <= 16, the group a power of two >= 4 and the device is Hopper; WG2F
      * exactly elsewhere. Its workspace holds the dS of every block's widest
      * span: 16 KiB per (block, kv head, 128 context keys), ~2 GiB at the 27B
-     * shape's full layers. Not bitwise WG2F's: dQ's dS comes from the dK/dV
-     * pass's S^T. Its forward is WG2's). The other values (2, 3, 4, 6, 7: the
+     * shape's full layers. dq is not bitwise WG2F's (its dS comes from the
+     * dK/dV pass's S^T); dkc, dvc, dkb, dvb were, on the H200, in every
+     * bench configuration. Its forward is WG2's). The other values (2, 3, 4, 6, 7: the
      * retired mma, mma2, mma3, mma5 and wg) are rejected with -EINVAL. Like
      * every value, impl selects the forward in df_cuda_dflash_attn_fwd and
      * the backward in df_cuda_dflash_attn_bwd independently: a caller may run

@@ -36,7 +36,7 @@ struct Params {
 // DS_TILE_BYTES per (block b, 128-key tile t of its span, kv head g), slot
 // (b maxt + t - lo0 / 128) nkv + g; maxt = dqs_max_tiles: the most tiles a
 // span can meet), and the block tiles' (dsb, DS_BLK_BYTES per (block, kv
-// head), written by the dQ pass's block-only mode, which then writes no dq).
+// head), written by the block pass, blk_wg_kernel).
 struct DsBuf {
     uint16_t *ds, *dsb;
     int maxt;
@@ -163,10 +163,8 @@ bool fwd_wg_usable(int D);
 // also writes p.Di (di_kernel's values, bitwise) and the block-key
 // gradients dkb, dvb (dkv_mma2_kernel's block tiles are then not run). ctr:
 // one int of device scratch, the items' counter (zeroed on st, then used by
-// the kernel). dsb (fold only; NULL: none): WG3's block-only mode, which
-// writes the block tiles' dS^T into dsb->dsb and no dq. 0, -EINVAL or -EIO.
-int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr,
-                 const DsBuf *dsb);
+// the kernel). 0, -EINVAL or -EIO.
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr);
 // The forward (out, lse): one CTA per (block, kv head, row chunk), K / V by
 // TMA. 0, -EIO, or -EOPNOTSUPP when the tensor maps cannot be made (nothing
 // launched: the caller runs MMA4's forward).
@@ -186,8 +184,8 @@ bool dkv_wg_tq(const Params &p, int D, const KvMaps *km);
 bool dqs_usable(int D);
 // dq = (sum over the stored context dS tiles of dS K + the block tile's dS
 // K_b) x scale, per (block, kv head) in key order: deterministic. Needs
-// dsb filled (the block-only dQ pass, the context dK/dV pass), maps' kc /
-// kb. 0 or -EIO.
+// dsb filled (the block pass, the context dK/dV pass), maps' kc / kb. 0 or
+// -EIO.
 int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, const DsBuf &dsb);
 // The most 128-key tiles a block's context span can meet (DsBuf.maxt): S keys
 // wide at most, and window - 1 on a sliding layer.

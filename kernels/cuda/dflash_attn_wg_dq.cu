@@ -433,9 +433,9 @@ __device__ __forceinline__ void dsb_store(const Params &p, int b, int g, int tid
 // P, dS come from this kernel's S, dP).
 // FOLD = false compiles to WG2's kernel as before (every addition is under
 // if constexpr (FOLD)).
-template <int D, bool FOLD, bool BM = false>
+template <int D, bool FOLD>
 __global__ void __launch_bounds__(QNT, 2)
-    dq_wg_kernel(Params p, const __grid_constant__ KvMaps maps, int nitems, int *ctr, uint16_t *dsbo)
+    dq_wg_kernel(Params p, const __grid_constant__ KvMaps maps, int nitems, int *ctr)
 {
 #if DF_WG_BODY
     using L = DqLayout<D>;
@@ -471,12 +471,6 @@ __global__ void __launch_bounds__(QNT, 2)
     const int kbox = p.bs <= 16 ? 16 : QTK; // the block maps' box rows
     // block_size <= 16: one block tile, of 16 keys
     const bool b16 = p.bs <= 16;
-    // BM (FOLD only): impl WG3's block-only mode (launched only with b16,
-    // the TMA-fed Q / dO and dsbo): no context tiles, no dq written; Di, the
-    // block-key dK / dV as in the fold, and the block tile's dS^T into dsbo
-    // (for dflash_attn_wg_dqs.cu's dQ). Its own instantiation: WG2 / WG2F's
-    // code is as it was.
-    constexpr bool bmode = FOLD && BM;
     volatile int *s_nx = reinterpret_cast<volatile int *>(wq_smem + (sb - s0) + L::NX_OFF);
     for (int item = blockIdx.x, nx; item < nitems; item = nx) {
         // the CTA's next item (dynamic: items go to CTAs as they free up, as the
@@ -522,7 +516,7 @@ __global__ void __launch_bounds__(QNT, 2)
         // (qnext: prefetched by the previous item)
         const int anc = qnext ? s_nx[1] : p.anchor[b], ds = qnext ? s_nx[2] : p.doc_start[b];
         const int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
-        const int ntc = bmode ? 0 : (anc - lo0 + QTK - 1) / QTK, ntb = (p.bs + QTK - 1) / QTK, nt = ntc + ntb;
+        const int ntc = (anc - lo0 + QTK - 1) / QTK, ntb = (p.bs + QTK - 1) / QTK, nt = ntc + ntb;
         // Q, dO of the chunk into pair pq, waited for before the first tile: by
         // TMA where the block's rows of kv head g are one whole chunk
         // (maps.qd_on; thread 0, pair pq's mbarrier), else by cp.async
@@ -671,7 +665,7 @@ __global__ void __launch_bounds__(QNT, 2)
                 // this tile and the epilogue
                 cp_wait<0>(); // its anchor / document start (this thread's cp.async)
                 const int ancn = s_nx[1], lon = ctx_lo(ancn, s_nx[2], p.W, 0);
-                if (!bmode && ancn > lon) {
+                if (ancn > lon) {
                     const uint32_t dst = sb + pk0 * L::PR, bar = bar0 + 8 * pk0;
                     mbar_expect_tx(bar, (uint32_t)(2 * L::NH * QTK * 128));
 #pragma unroll
@@ -798,7 +792,7 @@ __global__ void __launch_bounds__(QNT, 2)
 #pragma unroll
         for (int ri = 0; ri < 2; ri++) {
             const RowId &id = rid[ri];
-            if (!id.ok || bmode)
+            if (!id.ok)
                 continue;
             uint16_t *qrow = p.dq + id.grow * ldq + (long long)id.h * D + 2 * t4;
 #pragma unroll
@@ -819,8 +813,6 @@ __global__ void __launch_bounds__(QNT, 2)
             __syncthreads();     // ... everyone's (every wgmma of the loop retired in its tile)
             if (b16) {
                 fold16<D>(p, b, g, qsm, pt, pstep, ldk, warp, gid, t4);
-                if (bmode) // the block tile's dS^T for dqs_kernel
-                    dsb_store(p, b, g, tid, wq_smem + (pt + pstep - s0), dsbo);
             } else {
                 float dv[NA], dk[NA];
                 acc_zero(dv);
@@ -882,8 +874,9 @@ __global__ void __launch_bounds__(QNT, 2)
 // P, dS (16 keys, the fold's code), the block-key dK / dV (the transposed
 // fold) and the block tile's dS^T into dsbo. 44 KiB of shared memory (Q,
 // dO, K_b, V_b by TMA, P^T / dS^T), so several CTAs per SM overlap their
-// loads, where the persistent dQ kernel's block-only mode (BM) runs two
-// long chains per SM. Launched only with bs <= 16 and maps.qd_on.
+// loads (a block-only instantiation of the persistent dQ kernel, two long
+// chains per SM, was no faster: session 15). Launched only with bs <= 16 and
+// maps.qd_on.
 template <int D> struct BlkLayout {
     static constexpr int NH = D / 64, QS = NH * CHUNK_ROWS * 128, BK = NH * 16 * 128;
     static constexpr int PT = 2 * QS + 2 * BK; // P^T (2 KiB), dS^T (2 KiB)
@@ -1017,11 +1010,10 @@ bool dq_wg_usable(int D, bool fold)
 }
 
 namespace {
-template <int D, bool FOLD, bool BM = false>
-cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps &maps, int *ctr,
-                      uint16_t *dsbo = nullptr)
+template <int D, bool FOLD>
+cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps &maps, int *ctr)
 {
-    cudaError_t e = cudaFuncSetAttribute(dq_wg_kernel<D, FOLD, BM>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    cudaError_t e = cudaFuncSetAttribute(dq_wg_kernel<D, FOLD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          (int)DqLayout<D>::SMEM);
     if (e != cudaSuccess)
         return e;
@@ -1042,7 +1034,7 @@ cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps
         if (!resident[dev]) {
             int nsm = 0, per = 0;
             if (cudaDeviceGetAttribute(&nsm, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess &&
-                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, dq_wg_kernel<D, FOLD, BM>, QNT,
+                cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per, dq_wg_kernel<D, FOLD>, QNT,
                                                               DqLayout<D>::SMEM) == cudaSuccess)
                 resident[dev] = per * nsm > 0 ? per * nsm : 0;
         }
@@ -1052,7 +1044,7 @@ cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps
     e = cudaMemsetAsync(ctr, 0, sizeof(int), st);
     if (e != cudaSuccess)
         return e;
-    dq_wg_kernel<D, FOLD, BM><<<grid, QNT, DqLayout<D>::SMEM, st>>>(p, maps, (int)n, ctr, dsbo);
+    dq_wg_kernel<D, FOLD><<<grid, QNT, DqLayout<D>::SMEM, st>>>(p, maps, (int)n, ctr);
     return cudaGetLastError();
 }
 } // namespace
@@ -1088,8 +1080,7 @@ int blk_wg_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, c
     return 0;
 }
 
-int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr,
-                 const DsBuf *dsb)
+int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr)
 {
     long long n = (long long)p.nb * p.nkv * p.nch;
     if (n <= 0)
@@ -1099,14 +1090,10 @@ int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMap
                 __FILE__, __LINE__);
         return -EINVAL;
     }
-    // (dsb: WG3's block-only mode, a fold instantiation of its own)
-    const bool bm = fold && dsb;
-    cudaError_t e = D == 128 ? (bm     ? dq_wg_run<128, true, true>(p, (unsigned)n, st, maps, ctr, dsb->dsb)
-                                : fold ? dq_wg_run<128, true>(p, (unsigned)n, st, maps, ctr)
-                                       : dq_wg_run<128, false>(p, (unsigned)n, st, maps, ctr))
-                             : (bm     ? dq_wg_run<64, true, true>(p, (unsigned)n, st, maps, ctr, dsb->dsb)
-                                : fold ? dq_wg_run<64, true>(p, (unsigned)n, st, maps, ctr)
-                                       : dq_wg_run<64, false>(p, (unsigned)n, st, maps, ctr));
+    cudaError_t e = D == 128 ? (fold ? dq_wg_run<128, true>(p, (unsigned)n, st, maps, ctr)
+                                     : dq_wg_run<128, false>(p, (unsigned)n, st, maps, ctr))
+                             : (fold ? dq_wg_run<64, true>(p, (unsigned)n, st, maps, ctr)
+                                     : dq_wg_run<64, false>(p, (unsigned)n, st, maps, ctr));
     if (e != cudaSuccess) {
         fprintf(stderr, "dflash_attn: dq_wg_kernel<%d%s>: %s (%s:%d)\n", D, fold ? ", fold" : "",
                 cudaGetErrorString(e), __FILE__, __LINE__);
