@@ -103,6 +103,8 @@ static const char *impl_nm(int impl)
         return "wg2";
     case DF_CUDA_DFLASH_IMPL_WG2F:
         return "wg2f";
+    case DF_CUDA_DFLASH_IMPL_WG3:
+        return "wg3";
     }
     return "?";
 }
