@@ -86,6 +86,9 @@ using df_dflash::Params;
 using df_dflash::ctx_lo;
 using df_dflash::RowId;
 using df_dflash::row_id;
+using df_dflash::launch_pdl;
+using df_dflash::pdl_trigger;
+using df_dflash::pdl_wait;
 static_assert(RQ == df_dflash::CHUNK_ROWS, "row chunk size");
 
 __device__ __forceinline__ float warp_max(float v)
@@ -1062,6 +1065,7 @@ __global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part
 __global__ void __launch_bounds__(NT) dkv_reduce_kernel(const float *part, size_t n, uint16_t *dk,
                                                         uint16_t *dv)
 {
+    pdl_wait(); // the partials (WG3 launches it as a programmatic dependent)
     size_t i = ((size_t)blockIdx.x * NT + threadIdx.x) * 4;
     if (i >= n)
         return;
@@ -1112,12 +1116,20 @@ constexpr size_t dkv4_smem()
 
 // cnt[t], lst[t * nb ..]: the valid blocks whose context span meets key tile
 // t of tk keys, ascending (the same test as dkv_mma2_kernel's item iterator).
-__global__ void __launch_bounds__(NT) tile_list_kernel(Params p, int tk, int *cnt, int *lst)
+// sem (may be NULL): the fused split reduction's ints of tile t (2 per kv
+// head, df_dflash::DsBuf), zeroed. A programmatic dependent (WG3): it
+// touches nothing the kernel before it reads or writes, so it waits only
+// before it ends (pdl_wait's contract).
+__global__ void __launch_bounds__(NT) tile_list_kernel(Params p, int tk, int *cnt, int *lst, int *sem)
 {
     __shared__ int wsum[NW];
     __shared__ int running;
     int tile = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int base = tile * tk, kend = base + tk < p.S ? base + tk : p.S;
+    pdl_trigger();
+    if (sem)
+        for (int i = threadIdx.x; i < 2 * p.nkv; i += NT)
+            sem[(size_t)tile * 2 * p.nkv + i] = 0;
     if (threadIdx.x == 0)
         running = 0;
     __syncthreads();
@@ -1145,11 +1157,14 @@ __global__ void __launch_bounds__(NT) tile_list_kernel(Params p, int tk, int *cn
     }
     if (threadIdx.x == 0)
         cnt[tile] = running;
+    pdl_wait();
 }
 
 // order[rank] = tile, by descending item count (ties: lower index first).
 __global__ void __launch_bounds__(1024) tile_order_kernel(const int *cnt, int nct, int *order)
 {
+    pdl_trigger();
+    pdl_wait(); // cnt
     for (int i = threadIdx.x; i < nct; i += 1024) {
         int c = cnt[i], r = 0;
         for (int j = 0; j < nct; j++) {
@@ -1594,12 +1609,18 @@ size_t dsb_bytes(const df_cuda_dflash_args *a)
 {
     return (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) * (size_t)(a->nkv > 0 ? a->nkv : 0) * df_dflash::DS_BLK_BYTES;
 }
+// WG3's fused split reduction's ints (DsBuf.sem: 2 per context tile and kv head)
+size_t sem_bytes(const df_cuda_dflash_args *a)
+{
+    size_t nct = ((size_t)(a->S > 0 ? a->S : 0) + TK4 - 1) / TK4;
+    return (2 * nct * (size_t)(a->nkv > 0 ? a->nkv : 0) * sizeof(int) + 255) / 256 * 256;
+}
 size_t wg3_bytes(const df_cuda_dflash_args *a)
 {
     int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
     if (impl != DF_CUDA_DFLASH_IMPL_WG3)
         return 0;
-    return dsb_bytes(a) + (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) * (size_t)(a->nkv > 0 ? a->nkv : 0) *
+    return sem_bytes(a) + dsb_bytes(a) + (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) * (size_t)(a->nkv > 0 ? a->nkv : 0) *
                               (size_t)df_dflash::dqs_max_tiles(a->S, a->window) * df_dflash::DS_TILE_BYTES;
 }
 
@@ -1676,10 +1697,15 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     int nct = (p.S + TK4 - 1) / TK4;
     if (nct > 0) {
         int *cnt = lists, *order = cnt + nct, *lst = order + nct;
-        tile_list_kernel<<<(unsigned)nct, NT, 0, st>>>(p, TK4, cnt, lst);
-        CU(cudaGetLastError());
-        tile_order_kernel<<<1, 1024, 0, st>>>(cnt, nct, order);
-        CU(cudaGetLastError());
+        // (WG3: programmatic dependents, and the fused reduction's ints zeroed)
+        const bool pdl = dsb && dsb->pdl;
+        int *sem = dsb ? dsb->sem : nullptr;
+        Params pa = p;
+        int tk = TK4;
+        void *la[5] = {&pa, &tk, &cnt, &lst, &sem};
+        CU(launch_pdl((const void *)tile_list_kernel, dim3((unsigned)nct), dim3(NT), 0, st, pdl, la));
+        void *oa[3] = {&cnt, &nct, &order};
+        CU(launch_pdl((const void *)tile_order_kernel, dim3(1), dim3(1024), 0, st, pdl, oa));
         REC(ev, 3, st);
         if (wg2 && df_dflash::dkv_wg_usable(p, D)) {
             int rc = df_dflash::dkv_wg_launch(p, D, st, part, cnt, lst, order, nct,
@@ -1714,9 +1740,11 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     }
     REC(ev, 5, st);
     size_t n = (size_t)p.S * p.nkv * D;
-    if (n > 0) {
-        dkv_reduce_kernel<<<(unsigned)((n / 4 + NT - 1) / NT), NT, 0, st>>>(part, n, p.dkc, p.dvc);
-        CU(cudaGetLastError());
+    if (n > 0 && !(dsb && dsb->sem)) { // (WG3's fused reduction: done in the context dK/dV pass)
+        uint16_t *dk = p.dkc, *dv = p.dvc;
+        void *ra[4] = {&part, &n, &dk, &dv};
+        CU(launch_pdl((const void *)dkv_reduce_kernel, dim3((unsigned)((n / 4 + NT - 1) / NT)), dim3(NT), 0, st,
+                      dsb && dsb->pdl, ra));
     }
     REC(ev, 6, st);
     return 0;
@@ -1759,6 +1787,20 @@ extern "C" size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *
 
 namespace {
 int g_bwd_impl; // df_cuda_dflash_set_bwd_impl; 0: none
+
+// WG3's switches, read once (racing first calls compute the same value): on
+// unless the variable is set to 0. DFLASH_ATTN_FUSE_RED: the split reduction
+// fused into the context dK/dV pass (DsBuf.sem); DFLASH_ATTN_PDL: its
+// kernels after the first launched as programmatic dependents.
+int g_env_fuse = -1, g_env_pdl = -1;
+bool env_on(const char *name, int *v)
+{
+    if (*v < 0) {
+        const char *e = getenv(name);
+        *v = !(e && e[0] == '0');
+    }
+    return *v != 0;
+}
 
 // DFLASH_ATTN_BWD, read once (0: unset or unknown). The retired names (mma,
 // mma2, mma3, mma5, wg) are unknown names: a warning, then the default.
@@ -1862,9 +1904,12 @@ extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_
         bool fold = impl == DF_CUDA_DFLASH_IMPL_WG2F || wg3; // WG2 with the fold
         bool wg2 = impl == DF_CUDA_DFLASH_IMPL_WG2 || fold;
         df_dflash::DsBuf dsb; // WG3's stored dS (used where the shapes allow: bwd_mma4_launch)
-        dsb.dsb = (uint16_t *)((char *)dq_order + order_bytes(a));
+        int *sem = (int *)((char *)dq_order + order_bytes(a));
+        dsb.dsb = (uint16_t *)((char *)sem + sem_bytes(a));
         dsb.ds = (uint16_t *)((char *)dsb.dsb + dsb_bytes(a));
         dsb.maxt = df_dflash::dqs_max_tiles(a->S, a->window);
+        dsb.sem = env_on("DFLASH_ATTN_FUSE_RED", &g_env_fuse) ? sem : NULL;
+        dsb.pdl = env_on("DFLASH_ATTN_PDL", &g_env_pdl);
         cudaEvent_t *ev = a->pass_events;
         const df_dflash::DsBuf *dp = wg3 ? &dsb : NULL;
         rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg2, fold, ev, dp)

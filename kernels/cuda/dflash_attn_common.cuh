@@ -30,6 +30,41 @@ struct Params {
     float *Di;
 };
 
+// Programmatic dependent launch (sm_90; no-ops elsewhere and in a grid
+// launched without it). A kernel launched with launch_pdl(.., true) may start
+// while the kernel before it in the stream still runs: it must pdl_wait()
+// before it reads that kernel's (or an earlier one's) results or writes what
+// they read, and before it exits, so that a grid's end still means every
+// grid before it has ended. pdl_trigger() lets the next grid launch once
+// every CTA of this one has run it (or ended): the next grid's CTAs then take
+// the SMs this grid's last wave leaves free and wait there, so a kernel
+// boundary costs no launch latency and no ramp.
+__device__ __forceinline__ void pdl_wait()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger()
+{
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+// fn<<<grid, block, smem, st>>>(args), as a programmatic dependent of the
+// stream's previous kernel when pdl
+static inline cudaError_t launch_pdl(const void *fn, dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                     bool pdl, void **args)
+{
+    cudaLaunchConfig_t cfg = {};
+    cudaLaunchAttribute at[1];
+    at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    at[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.gridDim = grid, cfg.blockDim = block, cfg.dynamicSmemBytes = smem, cfg.stream = st;
+    cfg.attrs = at, cfg.numAttrs = pdl ? 1 : 0;
+    return cudaLaunchKernelExC(&cfg, fn, args);
+}
+
 // Impl WG3's stored dS (dflash_attn_wg_dqs.cu; a kernel argument of its own,
 // after the others, where used: Params and every other kernel's arguments
 // as before): the context dS^T tiles the context dK/dV pass stores (ds,
@@ -37,9 +72,20 @@ struct Params {
 // (b maxt + t - lo0 / 128) nkv + g; maxt = dqs_max_tiles: the most tiles a
 // span can meet), and the block tiles' (dsb, DS_BLK_BYTES per (block, kv
 // head), written by the block pass, blk_wg_kernel).
+// sem (may be NULL): the fused split reduction's two ints per (128-key
+// context tile, kv head), a ticket and a ready flag, zeroed by
+// tile_list_kernel before each context dK/dV pass: the pass's two split CTAs
+// of a (tile, kv head) take tickets as they end; the first writes its fp32
+// partials and raises the flag, the second adds them to its own (the sum
+// dkv_reduce_kernel would form: fp32 addition commutes, so the bits do not
+// depend on which split ends first) and writes dkc / dvc, and no reduction
+// kernel runs. NULL: both write partials and dkv_reduce_kernel sums them.
+// pdl (host side): WG3's kernels after the first are launched as
+// programmatic dependents (launch_pdl).
 struct DsBuf {
     uint16_t *ds, *dsb;
-    int maxt;
+    int *sem;
+    int maxt, pdl;
 };
 
 // impl WG3's stored dS^T: one context tile's is 128 keys x 64 rows of bf16,

@@ -201,6 +201,10 @@ __global__ void __launch_bounds__(WNT, 1)
     const uint32_t s0 = smem_u32(wg_smem), sb = (s0 + 1023u) & ~1023u;
     uint8_t *sm = wg_smem + (sb - s0);
     const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
+    if constexpr (DS) { // WG3: a programmatic dependent (see pdl_wait)
+        pdl_trigger();
+        pdl_wait(); // the tile lists, their order, Di
+    }
     // warpgroup / warp index broadcast from lane 0: warp-uniform for the
     // compiler, so the wgmma descriptors built from them stay uniform
     const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), warp = __shfl_sync(0xffffffffu, (tid >> 5) & 3, 0);
@@ -545,6 +549,66 @@ __global__ void __launch_bounds__(WNT, 1)
     // fp32 partials of this split: thread element 4 j + 2 h + e is key kw + 8 h,
     // head dim 8 j + 2 t4 + e
     size_t n = (size_t)p.S * ldk;
+    if constexpr (DS) {
+        if (dsb.sem) { // the fused split reduction (see DsBuf)
+            int *tk = dsb.sem + 2 * ((size_t)tile * p.nkv + g);
+            int t = 0;
+            if (tid == 0)
+                t = atomicAdd(tk, 1);
+            if (__syncthreads_or(tid == 0 && t == 0)) { // first: partials, then the flag
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int key = kw + 8 * h;
+                    if (key >= kend)
+                        continue;
+                    size_t off = (size_t)key * ldk + (size_t)g * D + 2 * t4;
+#pragma unroll
+                    for (int j = 0; j < D / 8; j++) {
+                        __stcg(reinterpret_cast<float2 *>(part + off + 8 * j),
+                               make_float2(dk[4 * j + 2 * h] * p.scale, dk[4 * j + 2 * h + 1] * p.scale));
+                        __stcg(reinterpret_cast<float2 *>(part + n + off + 8 * j),
+                               make_float2(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]));
+                    }
+                }
+                __syncthreads(); // every thread's stores, before ...
+                if (tid == 0) {  // ... the flag (release, gpu scope: cumulative)
+                    __threadfence();
+                    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(tk + 1), "r"(1) : "memory");
+                }
+                return;
+            }
+            if (tid == 0) { // second: the first's partials, once its flag is up
+                int f = 0;
+                while (true) {
+                    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(f) : "l"(tk + 1) : "memory");
+                    if (f)
+                        break;
+                    __nanosleep(32);
+                }
+            }
+            __syncthreads(); // (thread 0's acquire orders everyone's reads after it)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                int key = kw + 8 * h;
+                if (key >= kend)
+                    continue;
+                size_t off = (size_t)key * ldk + (size_t)g * D + 2 * t4;
+#pragma unroll
+                for (int j = 0; j < D / 8; j++) {
+                    const float2 ok = __ldcg(reinterpret_cast<const float2 *>(part + off + 8 * j));
+                    const float2 ov = __ldcg(reinterpret_cast<const float2 *>(part + n + off + 8 * j));
+                    // (the partial's product rounded first, as the first split's store
+                    // did: no fused multiply-add)
+                    *reinterpret_cast<uint32_t *>(p.dkc + off + 8 * j) =
+                        pack_bf2(__fadd_rn(__fmul_rn(dk[4 * j + 2 * h], p.scale), ok.x),
+                                 __fadd_rn(__fmul_rn(dk[4 * j + 2 * h + 1], p.scale), ok.y));
+                    *reinterpret_cast<uint32_t *>(p.dvc + off + 8 * j) =
+                        pack_bf2(__fadd_rn(dv[4 * j + 2 * h], ov.x), __fadd_rn(dv[4 * j + 2 * h + 1], ov.y));
+                }
+            }
+            return;
+        }
+    }
     float *pk = part + (size_t)split * 2 * n, *pv = pk + n;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
@@ -641,31 +705,35 @@ int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const in
     // every item load by TMA (the TQ instantiation) where qd_maps makes its maps
     QdMaps qm;
     qd_maps(p, D, km, &qm);
-    const DsBuf none = {NULL, NULL, 0}, ds = dsb ? *dsb : none;
+    const DsBuf none = {NULL, NULL, NULL, 0, 0}, ds = dsb ? *dsb : none;
     if (dsb && !qm.on) { // WG3's stored dS^T exists only in TQ (the caller checks dkv_wg_tq)
         fprintf(stderr, "dflash_attn: dkv_wg_kernel<%d>: stored dS without TMA item loads (%s:%d)\n", D,
                 __FILE__, __LINE__);
         return -EINVAL;
     }
+    // (WG3: a programmatic dependent where ds.pdl)
+    Params pa = p;
+    float *pp = part;
+    const int *c = cnt, *l = lst, *o = order;
+    void *args[7] = {&pa, &pp, &c, &l, &o, &qm, const_cast<DsBuf *>(&ds)};
+    auto run = [&](const void *fn, size_t sm) {
+        return launch_pdl(fn, dim3(grid), dim3(WNT), sm, st, ds.pdl != 0, args);
+    };
     cudaError_t e;
     if (D == 128) {
         auto *fn = qm.on ? (dsb ? dkv_wg_kernel<128, true, true> : dkv_wg_kernel<128, true>)
                          : dkv_wg_kernel<128, false>;
         const size_t sm = dsb ? WgLayout<128>::SMEM_DS : WgLayout<128>::SMEM;
         e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-        if (e == cudaSuccess) {
-            fn<<<grid, WNT, sm, st>>>(p, part, cnt, lst, order, qm, ds);
-            e = cudaGetLastError();
-        }
+        if (e == cudaSuccess)
+            e = run((const void *)fn, sm);
     } else {
         auto *fn = qm.on ? (dsb ? dkv_wg_kernel<64, true, true> : dkv_wg_kernel<64, true>)
                          : dkv_wg_kernel<64, false>;
         const size_t sm = dsb ? WgLayout<64>::SMEM_DS : WgLayout<64>::SMEM;
         e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
-        if (e == cudaSuccess) {
-            fn<<<grid, WNT, sm, st>>>(p, part, cnt, lst, order, qm, ds);
-            e = cudaGetLastError();
-        }
+        if (e == cudaSuccess)
+            e = run((const void *)fn, sm);
     }
     if (e != cudaSuccess) {
         fprintf(stderr, "dflash_attn: dkv_wg_kernel<%d>: %s (%s:%d)\n", D, cudaGetErrorString(e),

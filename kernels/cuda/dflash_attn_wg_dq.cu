@@ -901,6 +901,7 @@ __global__ void __launch_bounds__(QNT, 4)
     const RowId rid[2] = {row_id(p, b, g, 0, 16 * warp + gid), row_id(p, b, g, 0, 16 * warp + gid + 8)};
     const bool valid = p.valid[b];
     const uint32_t bar = sb + L::BAR;
+    pdl_trigger(); // WG3's next kernels may launch (they wait for this one's end)
     if (valid && tid == 0) {
         mbar_init(bar, 1);
         mbar_fence_init();

@@ -135,6 +135,8 @@ __global__ void __launch_bounds__(2 * GNT, 2) dqs_kernel(Params p, const __grid_
     const bool my_val = wg ? val[1] : val[0], my_has = wg ? has[1] : has[0];
     const int my_q0 = wg ? q0[1] : q0[0], my_q1 = wg ? q1[1] : q1[0];
     const uint32_t bar0 = sb + L::BAR_OFF, bblk = bar0 + 8 * GST;
+    pdl_trigger();
+    pdl_wait(); // the stored dS (the block pass's, the context dK/dV pass's)
     if (tid == 0) {
         for (int i = 0; i <= GST; i++)
             mbar_init(bar0 + 8 * i, 1);
@@ -244,7 +246,7 @@ int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, cons
         e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     if (e == cudaSuccess) {
         void *args[3] = {const_cast<Params *>(&p), const_cast<KvMaps *>(&maps), const_cast<DsBuf *>(&dsb)};
-        e = cudaLaunchKernel(fn, dim3(n), dim3(2 * GNT), args, smem, st);
+        e = launch_pdl(fn, dim3(n), dim3(2 * GNT), smem, st, dsb.pdl != 0, args); // (a programmatic dependent)
     }
     if (e != cudaSuccess) {
         fprintf(stderr, "dflash_attn: dqs_kernel<%d>: %s (%s:%d)\n", D, cudaGetErrorString(e), __FILE__, __LINE__);
