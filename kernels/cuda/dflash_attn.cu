@@ -1116,20 +1116,15 @@ constexpr size_t dkv4_smem()
 
 // cnt[t], lst[t * nb ..]: the valid blocks whose context span meets key tile
 // t of tk keys, ascending (the same test as dkv_mma2_kernel's item iterator).
-// sem (may be NULL): the fused split reduction's ints of tile t (2 per kv
-// head, df_dflash::DsBuf), zeroed. A programmatic dependent (WG3): it
-// touches nothing the kernel before it reads or writes, so it waits only
-// before it ends (pdl_wait's contract).
-__global__ void __launch_bounds__(NT) tile_list_kernel(Params p, int tk, int *cnt, int *lst, int *sem)
+// A programmatic dependent (WG3): it touches nothing the kernel before it
+// reads or writes, so it waits only before it ends (pdl_wait's contract).
+__global__ void __launch_bounds__(NT) tile_list_kernel(Params p, int tk, int *cnt, int *lst)
 {
     __shared__ int wsum[NW];
     __shared__ int running;
     int tile = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     int base = tile * tk, kend = base + tk < p.S ? base + tk : p.S;
     pdl_trigger();
-    if (sem)
-        for (int i = threadIdx.x; i < 2 * p.nkv; i += NT)
-            sem[(size_t)tile * 2 * p.nkv + i] = 0;
     if (threadIdx.x == 0)
         running = 0;
     __syncthreads();
@@ -1602,25 +1597,19 @@ size_t list_bytes(const df_cuda_dflash_args *a)
     return (nct * (2 + (size_t)a->n_blocks) * sizeof(int) + 255) / 256 * 256;
 }
 
-// WG3's stored dS (dflash_attn_wg_dqs.cu), after the dQ item order: the
+// WG3's dQ item counter (256 bytes) and stored dS (dflash_attn_wg_dqs.cu), after the dQ item order: the
 // block tiles' dS^T, the context tiles' (room for every span at its widest);
 // 0 for the other implementations
 size_t dsb_bytes(const df_cuda_dflash_args *a)
 {
     return (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) * (size_t)(a->nkv > 0 ? a->nkv : 0) * df_dflash::DS_BLK_BYTES;
 }
-// WG3's fused split reduction's ints (DsBuf.sem: 2 per context tile and kv head)
-size_t sem_bytes(const df_cuda_dflash_args *a)
-{
-    size_t nct = ((size_t)(a->S > 0 ? a->S : 0) + TK4 - 1) / TK4;
-    return (2 * nct * (size_t)(a->nkv > 0 ? a->nkv : 0) * sizeof(int) + 255) / 256 * 256;
-}
 size_t wg3_bytes(const df_cuda_dflash_args *a)
 {
     int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
     if (impl != DF_CUDA_DFLASH_IMPL_WG3)
         return 0;
-    return sem_bytes(a) + dsb_bytes(a) + (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) * (size_t)(a->nkv > 0 ? a->nkv : 0) *
+    return 256 + dsb_bytes(a) + (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) * (size_t)(a->nkv > 0 ? a->nkv : 0) *
                               (size_t)df_dflash::dqs_max_tiles(a->S, a->window) * df_dflash::DS_TILE_BYTES;
 }
 
@@ -1697,12 +1686,11 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     int nct = (p.S + TK4 - 1) / TK4;
     if (nct > 0) {
         int *cnt = lists, *order = cnt + nct, *lst = order + nct;
-        // (WG3: programmatic dependents, and the fused reduction's ints zeroed)
+        // (WG3: programmatic dependents)
         const bool pdl = dsb && dsb->pdl;
-        int *sem = dsb ? dsb->sem : nullptr;
         Params pa = p;
         int tk = TK4;
-        void *la[5] = {&pa, &tk, &cnt, &lst, &sem};
+        void *la[4] = {&pa, &tk, &cnt, &lst};
         CU(launch_pdl((const void *)tile_list_kernel, dim3((unsigned)nct), dim3(NT), 0, st, pdl, la));
         void *oa[3] = {&cnt, &nct, &order};
         CU(launch_pdl((const void *)tile_order_kernel, dim3(1), dim3(1024), 0, st, pdl, oa));
@@ -1740,7 +1728,7 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     }
     REC(ev, 5, st);
     size_t n = (size_t)p.S * p.nkv * D;
-    if (n > 0 && !(dsb && dsb->sem)) { // (WG3's fused reduction: done in the context dK/dV pass)
+    if (n > 0) {
         uint16_t *dk = p.dkc, *dv = p.dvc;
         void *ra[4] = {&part, &n, &dk, &dv};
         CU(launch_pdl((const void *)dkv_reduce_kernel, dim3((unsigned)((n / 4 + NT - 1) / NT)), dim3(NT), 0, st,
@@ -1788,11 +1776,10 @@ extern "C" size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *
 namespace {
 int g_bwd_impl; // df_cuda_dflash_set_bwd_impl; 0: none
 
-// WG3's switches, read once (racing first calls compute the same value): on
-// unless the variable is set to 0. DFLASH_ATTN_FUSE_RED: the split reduction
-// fused into the context dK/dV pass (DsBuf.sem); DFLASH_ATTN_PDL: its
-// kernels after the first launched as programmatic dependents.
-int g_env_fuse = -1, g_env_pdl = -1;
+// A switch, read once (racing first calls compute the same value): on
+// unless the variable is set to 0. DFLASH_ATTN_PDL: WG3's kernels after the
+// first launched as programmatic dependents (DsBuf.pdl).
+int g_env_pdl = -1;
 bool env_on(const char *name, int *v)
 {
     if (*v < 0) {
@@ -1904,11 +1891,10 @@ extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_
         bool fold = impl == DF_CUDA_DFLASH_IMPL_WG2F || wg3; // WG2 with the fold
         bool wg2 = impl == DF_CUDA_DFLASH_IMPL_WG2 || fold;
         df_dflash::DsBuf dsb; // WG3's stored dS (used where the shapes allow: bwd_mma4_launch)
-        int *sem = (int *)((char *)dq_order + order_bytes(a));
-        dsb.dsb = (uint16_t *)((char *)sem + sem_bytes(a));
+        dsb.ctr = (int *)((char *)dq_order + order_bytes(a)); // (256 bytes)
+        dsb.dsb = (uint16_t *)((char *)dsb.ctr + 256);
         dsb.ds = (uint16_t *)((char *)dsb.dsb + dsb_bytes(a));
         dsb.maxt = df_dflash::dqs_max_tiles(a->S, a->window);
-        dsb.sem = env_on("DFLASH_ATTN_FUSE_RED", &g_env_fuse) ? sem : NULL;
         dsb.pdl = env_on("DFLASH_ATTN_PDL", &g_env_pdl);
         cudaEvent_t *ev = a->pass_events;
         const df_dflash::DsBuf *dp = wg3 ? &dsb : NULL;

@@ -72,19 +72,12 @@ static inline cudaError_t launch_pdl(const void *fn, dim3 grid, dim3 block, size
 // (b maxt + t - lo0 / 128) nkv + g; maxt = dqs_max_tiles: the most tiles a
 // span can meet), and the block tiles' (dsb, DS_BLK_BYTES per (block, kv
 // head), written by the block pass, blk_wg_kernel).
-// sem (may be NULL): the fused split reduction's two ints per (128-key
-// context tile, kv head), a ticket and a ready flag, zeroed by
-// tile_list_kernel before each context dK/dV pass: the pass's two split CTAs
-// of a (tile, kv head) take tickets as they end; the first writes its fp32
-// partials and raises the flag, the second adds them to its own (the sum
-// dkv_reduce_kernel would form: fp32 addition commutes, so the bits do not
-// depend on which split ends first) and writes dkc / dvc, and no reduction
-// kernel runs. NULL: both write partials and dkv_reduce_kernel sums them.
-// pdl (host side): WG3's kernels after the first are launched as
+// ctr: one int, the dQ kernel's item counter (dqq_kernel), zeroed by the
+// block pass. pdl (host side): WG3's kernels after the first are launched as
 // programmatic dependents (launch_pdl).
 struct DsBuf {
     uint16_t *ds, *dsb;
-    int *sem;
+    int *ctr;
     int maxt, pdl;
 };
 

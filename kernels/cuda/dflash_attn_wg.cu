@@ -549,66 +549,6 @@ __global__ void __launch_bounds__(WNT, 1)
     // fp32 partials of this split: thread element 4 j + 2 h + e is key kw + 8 h,
     // head dim 8 j + 2 t4 + e
     size_t n = (size_t)p.S * ldk;
-    if constexpr (DS) {
-        if (dsb.sem) { // the fused split reduction (see DsBuf)
-            int *tk = dsb.sem + 2 * ((size_t)tile * p.nkv + g);
-            int t = 0;
-            if (tid == 0)
-                t = atomicAdd(tk, 1);
-            if (__syncthreads_or(tid == 0 && t == 0)) { // first: partials, then the flag
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    int key = kw + 8 * h;
-                    if (key >= kend)
-                        continue;
-                    size_t off = (size_t)key * ldk + (size_t)g * D + 2 * t4;
-#pragma unroll
-                    for (int j = 0; j < D / 8; j++) {
-                        __stcg(reinterpret_cast<float2 *>(part + off + 8 * j),
-                               make_float2(dk[4 * j + 2 * h] * p.scale, dk[4 * j + 2 * h + 1] * p.scale));
-                        __stcg(reinterpret_cast<float2 *>(part + n + off + 8 * j),
-                               make_float2(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]));
-                    }
-                }
-                __syncthreads(); // every thread's stores, before ...
-                if (tid == 0) {  // ... the flag (release, gpu scope: cumulative)
-                    __threadfence();
-                    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(tk + 1), "r"(1) : "memory");
-                }
-                return;
-            }
-            if (tid == 0) { // second: the first's partials, once its flag is up
-                int f = 0;
-                while (true) {
-                    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(f) : "l"(tk + 1) : "memory");
-                    if (f)
-                        break;
-                    __nanosleep(32);
-                }
-            }
-            __syncthreads(); // (thread 0's acquire orders everyone's reads after it)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                int key = kw + 8 * h;
-                if (key >= kend)
-                    continue;
-                size_t off = (size_t)key * ldk + (size_t)g * D + 2 * t4;
-#pragma unroll
-                for (int j = 0; j < D / 8; j++) {
-                    const float2 ok = __ldcg(reinterpret_cast<const float2 *>(part + off + 8 * j));
-                    const float2 ov = __ldcg(reinterpret_cast<const float2 *>(part + n + off + 8 * j));
-                    // (the partial's product rounded first, as the first split's store
-                    // did: no fused multiply-add)
-                    *reinterpret_cast<uint32_t *>(p.dkc + off + 8 * j) =
-                        pack_bf2(__fadd_rn(__fmul_rn(dk[4 * j + 2 * h], p.scale), ok.x),
-                                 __fadd_rn(__fmul_rn(dk[4 * j + 2 * h + 1], p.scale), ok.y));
-                    *reinterpret_cast<uint32_t *>(p.dvc + off + 8 * j) =
-                        pack_bf2(__fadd_rn(dv[4 * j + 2 * h], ov.x), __fadd_rn(dv[4 * j + 2 * h + 1], ov.y));
-                }
-            }
-            return;
-        }
-    }
     float *pk = part + (size_t)split * 2 * n, *pv = pk + n;
 #pragma unroll
     for (int h = 0; h < 2; h++) {

@@ -886,7 +886,7 @@ template <int D> struct BlkLayout {
 
 template <int D>
 __global__ void __launch_bounds__(QNT, 4)
-    blk_wg_kernel(Params p, const __grid_constant__ KvMaps maps, uint16_t *dsbo)
+    blk_wg_kernel(Params p, const __grid_constant__ KvMaps maps, uint16_t *dsbo, int *ctr)
 {
 #if DF_WG_BODY
     using L = BlkLayout<D>;
@@ -902,6 +902,8 @@ __global__ void __launch_bounds__(QNT, 4)
     const bool valid = p.valid[b];
     const uint32_t bar = sb + L::BAR;
     pdl_trigger(); // WG3's next kernels may launch (they wait for this one's end)
+    if (blockIdx.x == 0 && tid == 0)
+        *ctr = 0; // the dQ kernel's item counter (DsBuf.ctr)
     if (valid && tid == 0) {
         mbar_init(bar, 1);
         mbar_fence_init();
@@ -1069,9 +1071,9 @@ int blk_wg_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, c
         e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     if (e == cudaSuccess) {
         if (D == 128)
-            blk_wg_kernel<128><<<(unsigned)n, QNT, smem, st>>>(p, maps, dsb.dsb);
+            blk_wg_kernel<128><<<(unsigned)n, QNT, smem, st>>>(p, maps, dsb.dsb, dsb.ctr);
         else
-            blk_wg_kernel<64><<<(unsigned)n, QNT, smem, st>>>(p, maps, dsb.dsb);
+            blk_wg_kernel<64><<<(unsigned)n, QNT, smem, st>>>(p, maps, dsb.dsb, dsb.ctr);
         e = cudaGetLastError();
     }
     if (e != cudaSuccess) {

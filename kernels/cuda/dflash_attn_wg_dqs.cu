@@ -34,6 +34,8 @@
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "dflash_attn_common.cuh"
 #include "dflash_attn_wg.cuh"
@@ -213,13 +215,203 @@ __global__ void __launch_bounds__(2 * GNT, 2) dqs_kernel(Params p, const __grid_
 #endif
 }
 
+// Four neighbouring blocks per item, persistent (the default; the pairs
+// above: DFLASH_ATTN_WG3_DQ=pair). The pair kernel read each K half once per
+// two blocks (as many bytes of K as of dS, mostly from L2: ncu, H200, 3docs
+// full: L2 throughput 84%, DRAM 66%), and each CTA's first loads waited a
+// whole memory latency with nothing else of its own in flight. Here an item
+// is (four neighbouring blocks, kv head) and one CTA per SM takes items
+// until none is left (the first gridDim.x by index, then from the counter
+// DsBuf.ctr, which the block pass zeroes): a producer warp (lane 0) walks
+// the items' steps - each live 64-key half of their union (K once, each
+// block's dS^T half where live), then one block step (each valid block's
+// K_b and dS^T) - into QST stages, QST - 1 ahead across item boundaries,
+// with a metadata record per stage (item, half or block step, which
+// blocks); warpgroup w (of four) sums block pb - w's dQ from the stages
+// where its bit is set, stores it at the block step and starts over. Each
+// warp releases a stage (an "empty" mbarrier of 16 arrivals) once its
+// wgmmas retired. Same sums in the same order as the pairs: the same bits.
+constexpr int QB = 4, QST = 4;
+template <int D> struct DqqLayout {
+    static constexpr int NH = D / 64;
+    static constexpr int KT = NH * HALF * 128, DH = DS_TILE_BYTES / 2, KB = NH * 16 * 128;
+    static constexpr int ST = KT + QB * DH; // a context step; a block step: QB K_b, then QB dS^T
+    static constexpr int KBS = QB * KB;     // the block step's dS^T, after its K_b
+    static_assert(KBS + QB * DS_BLK_BYTES <= ST && KB % 1024 == 0 && DS_BLK_BYTES % 1024 == 0, "block step");
+    static constexpr int META = QST * ST;          // QST records of 4 ints
+    static constexpr int BAR_OFF = META + QST * 16; // full[QST], then empty[QST]
+    static constexpr size_t SMEM = (size_t)BAR_OFF + 2 * QST * 8 + 1024;
+    static constexpr int NT = QB * GNT + 32; // four warpgroups, the producer warp
+};
+
+template <int D>
+__global__ void __launch_bounds__(DqqLayout<D>::NT, 1) dqq_kernel(Params p, const __grid_constant__ KvMaps maps, DsBuf dsb)
+{
+#if DF_WG_BODY
+    using L = DqqLayout<D>;
+    constexpr int NA = D / 2;
+    constexpr uint32_t SBO = 1024;
+    extern __shared__ __align__(1024) uint8_t gs_smem[];
+    const uint32_t s0 = smem_u32(gs_smem), sb = (s0 + 1023u) & ~1023u;
+    int *meta = reinterpret_cast<int *>(gs_smem + (sb - s0) + L::META);
+    const int tid = threadIdx.x, lane = tid & 31;
+    const uint32_t full0 = sb + L::BAR_OFF, empty0 = full0 + 8 * QST;
+    const int nitems = (p.nb + QB - 1) / QB * p.nkv;
+    if (tid == 0) {
+        for (int i = 0; i < QST; i++) {
+            mbar_init(full0 + 8 * i, 1);
+            mbar_init(empty0 + 8 * i, QB * 4);
+        }
+        mbar_fence_init();
+    }
+    pdl_trigger();
+    pdl_wait(); // the stored dS (the block pass's, the context dK/dV pass's), the counter
+    __syncthreads(); // the mbarriers' inits
+    if (tid >= QB * GNT) { // the producer warp
+        if (lane != 0)
+            return;
+        int j = 0; // steps issued
+        // stage of step j, once its previous fill (step j - QST) is released
+        auto take = [&]() -> int {
+            const int s = j % QST;
+            if (j >= QST)
+                mbar_wait(empty0 + 8 * s, (uint32_t)(j / QST - 1) & 1u);
+            return s;
+        };
+        for (int item = blockIdx.x;; item = gridDim.x + atomicAdd(dsb.ctr, 1)) {
+            if (item >= nitems) { // the end: a record, no bytes
+                const int s = take();
+                meta[4 * s] = -1, meta[4 * s + 1] = -2, meta[4 * s + 2] = 0;
+                mbar_arrive(full0 + 8 * s);
+                return;
+            }
+            const int g = item % p.nkv, pb = p.nb - 1 - QB * (item / p.nkv);
+            int q0[QB], q1[QB], slot0[QB], vm = 0, qa = INT_MAX, qb = -1;
+#pragma unroll
+            for (int w = 0; w < QB; w++) {
+                const int b = pb - w;
+                const bool v = b >= 0 && p.valid[b];
+                int anc = 0, lo0 = 0;
+                if (v)
+                    anc = p.anchor[b], lo0 = ctx_lo(anc, p.doc_start[b], p.W, 0);
+                vm |= v << w;
+                const bool has = v && lo0 < anc;
+                q0[w] = has ? lo0 / HALF : INT_MAX, q1[w] = has ? (anc - 1) / HALF : -1;
+                slot0[w] = b * dsb.maxt - lo0 / WG_TILE_KEYS;
+                qa = min(qa, q0[w]), qb = max(qb, q1[w]);
+            }
+            for (int q = qa; q <= qb; q++) { // the union's live halves
+                int lm = 0;
+#pragma unroll
+                for (int w = 0; w < QB; w++)
+                    lm |= (q >= q0[w] && q <= q1[w]) << w;
+                if (!lm)
+                    continue; // (a gap between two documents' spans)
+                const int s = take();
+                const uint32_t dst = sb + s * L::ST, bar = full0 + 8 * s;
+                meta[4 * s] = item, meta[4 * s + 1] = q, meta[4 * s + 2] = lm;
+                mbar_expect_tx(bar, (uint32_t)(L::KT + __popc(lm) * L::DH));
+#pragma unroll
+                for (int cb = 0; cb < L::NH; cb++)
+                    tma_load_2d(dst + cb * (HALF * 128), &maps.kc, g * D + 64 * cb, HALF * q, bar);
+#pragma unroll
+                for (int w = 0; w < QB; w++)
+                    if (lm >> w & 1)
+                        bulk_load(dst + L::KT + w * L::DH,
+                                  reinterpret_cast<const uint8_t *>(dsb.ds) +
+                                      ((size_t)(slot0[w] + q / 2) * p.nkv + g) * DS_TILE_BYTES + (q & 1) * L::DH,
+                                  L::DH, bar);
+                j++;
+            }
+            { // the block step
+                const int s = take();
+                const uint32_t dst = sb + s * L::ST, bar = full0 + 8 * s;
+                meta[4 * s] = item, meta[4 * s + 1] = -1, meta[4 * s + 2] = vm;
+                mbar_expect_tx(bar, (uint32_t)(__popc(vm) * (L::KB + DS_BLK_BYTES)));
+#pragma unroll
+                for (int w = 0; w < QB; w++) {
+                    if (!(vm >> w & 1))
+                        continue;
+#pragma unroll
+                    for (int cb = 0; cb < L::NH; cb++)
+                        tma_load_2d(dst + w * L::KB + cb * (16 * 128), &maps.kb, g * D + 64 * cb, (pb - w) * p.bs,
+                                    bar);
+                    bulk_load(dst + L::KBS + w * DS_BLK_BYTES,
+                              reinterpret_cast<const uint8_t *>(dsb.dsb) + ((size_t)(pb - w) * p.nkv + g) * DS_BLK_BYTES,
+                              DS_BLK_BYTES, bar);
+                }
+                j++;
+            }
+        }
+    }
+    // warpgroup wg: block pb - wg of each item
+    const int gid = lane >> 2, t4 = lane & 3;
+    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), warp = __shfl_sync(0xffffffffu, (tid >> 5) & 3, 0);
+    float acc[NA];
+    acc_zero(acc);
+    for (int j = 0;; j++) {
+        const int s = j % QST;
+        mbar_wait(full0 + 8 * s, (uint32_t)(j / QST) & 1u);
+        const int item = meta[4 * s], q = meta[4 * s + 1], m = meta[4 * s + 2];
+        if (q == -2)
+            break;
+        const uint32_t st = sb + s * L::ST;
+        if ((m >> wg & 1) && q >= 0) { // a context half: dQ += dS K over its 64 keys
+            const uint64_t dA = wg_desc(st + L::KT + wg * L::DH, HALF * 128, SBO), dB = wg_desc(st, HALF * 128, SBO);
+            wg_fence();
+#pragma unroll
+            for (int kk = 0; kk < HALF / 16; kk++)
+                wg_ss_tb<1>(acc, dA + kk * (16 * 128 >> 4), dB + kk * (16 * 128 >> 4));
+            wg_commit();
+            wg_wait<0>();
+        }
+        if ((m >> wg & 1) && q == -1) { // the block tile: dQ += dS_b K_b
+            wg_fence();
+            wg_ss_tb<1>(acc, wg_desc(st + L::KBS + wg * DS_BLK_BYTES, HALF * 128, SBO),
+                        wg_desc(st + wg * L::KB, 16 * 128, SBO));
+            wg_commit();
+            wg_wait<0>();
+        }
+        __syncwarp();
+        if (lane == 0) // this warp is done with the stage (its wgmmas retired, its reads of meta done)
+            mbar_arrive(empty0 + 8 * s);
+        if (q == -1) { // the item's end: block pb - wg's dQ
+            reg_fence(acc);
+            const int g = item % p.nkv, b = p.nb - 1 - QB * (item / p.nkv) - wg;
+            if (b >= 0) {
+                const RowId rid[2] = {row_id(p, b, g, 0, 16 * warp + gid), row_id(p, b, g, 0, 16 * warp + gid + 8)};
+                store_dq<D>(p, rid, acc, t4, (m >> wg & 1) != 0); // (a padding block: 0)
+            }
+            acc_zero(acc);
+        }
+    }
+#else
+    __trap();
+#endif
+}
+
 } // namespace
+
+// DFLASH_ATTN_WG3_DQ=pair: dqs_kernel; else dqq_kernel (read once)
+static bool dq_pairs()
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DFLASH_ATTN_WG3_DQ");
+        v = e && !strcmp(e, "pair");
+    }
+    return v != 0;
+}
 
 bool dqs_usable(int D)
 {
-    static signed char known[2][64]; // [D == 128][device]
-    const void *fn = D == 128 ? (const void *)dqs_kernel<128> : (const void *)dqs_kernel<64>;
-    return wg_kernel_runs(fn, D == 128 ? DqsLayout<128>::SMEM : DqsLayout<64>::SMEM, known[D == 128]);
+    static signed char known[2][2][64]; // [pairs][D == 128][device]
+    const bool pr = dq_pairs();
+    const void *fn = pr ? (D == 128 ? (const void *)dqs_kernel<128> : (const void *)dqs_kernel<64>)
+                        : (D == 128 ? (const void *)dqq_kernel<128> : (const void *)dqq_kernel<64>);
+    const size_t smem = pr ? (D == 128 ? DqsLayout<128>::SMEM : DqsLayout<64>::SMEM)
+                           : (D == 128 ? DqqLayout<128>::SMEM : DqqLayout<64>::SMEM);
+    return wg_kernel_runs(fn, smem, known[pr][D == 128]);
 }
 
 int dqs_max_tiles(int S, int window)
@@ -235,6 +427,32 @@ int dqs_max_tiles(int S, int window)
 
 int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, const DsBuf &dsb)
 {
+    if (!dq_pairs()) { // one CTA per SM (the SM count asked once per device), at most one per item
+        const unsigned nitems = (unsigned)((long long)(p.nb + QB - 1) / QB * p.nkv);
+        if (nitems == 0)
+            return 0;
+        static int nsm[64];
+        int dev = 0;
+        cudaError_t e = cudaGetDevice(&dev);
+        if (e == cudaSuccess && dev >= 0 && dev < 64 && !nsm[dev])
+            e = cudaDeviceGetAttribute(&nsm[dev], cudaDevAttrMultiProcessorCount, dev);
+        const unsigned grid = e == cudaSuccess && dev >= 0 && dev < 64 && nsm[dev] > 0 && (unsigned)nsm[dev] < nitems
+                                  ? (unsigned)nsm[dev]
+                                  : nitems;
+        const void *fn = D == 128 ? (const void *)dqq_kernel<128> : (const void *)dqq_kernel<64>;
+        const size_t smem = D == 128 ? DqqLayout<128>::SMEM : DqqLayout<64>::SMEM;
+        if (e == cudaSuccess)
+            e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        if (e == cudaSuccess) {
+            void *args[3] = {const_cast<Params *>(&p), const_cast<KvMaps *>(&maps), const_cast<DsBuf *>(&dsb)};
+            e = launch_pdl(fn, dim3(grid), dim3(DqqLayout<128>::NT), smem, st, dsb.pdl != 0, args);
+        }
+        if (e != cudaSuccess) {
+            fprintf(stderr, "dflash_attn: dqq_kernel<%d>: %s (%s:%d)\n", D, cudaGetErrorString(e), __FILE__, __LINE__);
+            return -EIO;
+        }
+        return 0;
+    }
     // pairs of blocks per CTA; the largest shared-memory carveout (2 CTAs of ~109 KiB per SM)
     const unsigned n = (unsigned)((long long)(p.nb + 1) / 2 * p.nkv);
     if (n == 0)
