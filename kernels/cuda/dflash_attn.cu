@@ -1711,8 +1711,12 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         REC(ev, 3, st);
     }
     REC(ev, 4, st);
-    if (wg3_on) { // WG3's dQ (its pass event: [5])
-        int rc = df_dflash::dqs_launch(p, D, st, maps, *dsb);
+    // WG3's dQ (its pass event: [5]), and the split reduction where its kernel does it
+    const bool red_in_dq = wg3_on && df_dflash::dqs_reduces();
+    if (wg3_on) {
+        df_dflash::DsBuf d = *dsb;
+        d.part = red_in_dq ? part : nullptr;
+        int rc = df_dflash::dqs_launch(p, D, st, maps, d);
         if (rc)
             return rc;
     }
@@ -1728,7 +1732,7 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     }
     REC(ev, 5, st);
     size_t n = (size_t)p.S * p.nkv * D;
-    if (n > 0) {
+    if (n > 0 && !red_in_dq) {
         uint16_t *dk = p.dkc, *dv = p.dvc;
         void *ra[4] = {&part, &n, &dk, &dv};
         CU(launch_pdl((const void *)dkv_reduce_kernel, dim3((unsigned)((n / 4 + NT - 1) / NT)), dim3(NT), 0, st,
@@ -1895,6 +1899,7 @@ extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_
         dsb.dsb = (uint16_t *)((char *)dsb.ctr + 256);
         dsb.ds = (uint16_t *)((char *)dsb.dsb + dsb_bytes(a));
         dsb.maxt = df_dflash::dqs_max_tiles(a->S, a->window);
+        dsb.part = NULL; // (bwd_mma4_launch: dqs_reduces)
         dsb.pdl = env_on("DFLASH_ATTN_PDL", &g_env_pdl);
         cudaEvent_t *ev = a->pass_events;
         const df_dflash::DsBuf *dp = wg3 ? &dsb : NULL;

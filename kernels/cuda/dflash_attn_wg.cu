@@ -645,7 +645,7 @@ int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const in
     // every item load by TMA (the TQ instantiation) where qd_maps makes its maps
     QdMaps qm;
     qd_maps(p, D, km, &qm);
-    const DsBuf none = {NULL, NULL, NULL, 0, 0}, ds = dsb ? *dsb : none;
+    const DsBuf none = {NULL, NULL, NULL, NULL, 0, 0}, ds = dsb ? *dsb : none;
     if (dsb && !qm.on) { // WG3's stored dS^T exists only in TQ (the caller checks dkv_wg_tq)
         fprintf(stderr, "dflash_attn: dkv_wg_kernel<%d>: stored dS without TMA item loads (%s:%d)\n", D,
                 __FILE__, __LINE__);

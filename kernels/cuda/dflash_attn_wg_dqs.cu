@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(2 * GNT, 2) dqs_kernel(Params p, const __grid_
 // where its bit is set, stores it at the block step and starts over. Each
 // warp releases a stage (an "empty" mbarrier of 16 arrivals) once its
 // wgmmas retired. Same sums in the same order as the pairs: the same bits.
-constexpr int QB = 4, QST = 4;
+constexpr int QB = 4, QST = 4, RW = 3; // RW: reducer warps (DsBuf.part; 20 warps in all: 96 registers each)
 template <int D> struct DqqLayout {
     static constexpr int NH = D / 64;
     static constexpr int KT = NH * HALF * 128, DH = DS_TILE_BYTES / 2, KB = NH * 16 * 128;
@@ -241,7 +241,7 @@ template <int D> struct DqqLayout {
     static constexpr int META = QST * ST;          // QST records of 4 ints
     static constexpr int BAR_OFF = META + QST * 16; // full[QST], then empty[QST]
     static constexpr size_t SMEM = (size_t)BAR_OFF + 2 * QST * 8 + 1024;
-    static constexpr int NT = QB * GNT + 32; // four warpgroups, the producer warp
+    static constexpr int NT = QB * GNT + 32 + RW * 32; // four warpgroups, the producer warp, the reducer warps
 };
 
 template <int D>
@@ -267,6 +267,41 @@ __global__ void __launch_bounds__(DqqLayout<D>::NT, 1) dqq_kernel(Params p, cons
     pdl_trigger();
     pdl_wait(); // the stored dS (the block pass's, the context dK/dV pass's), the counter
     __syncthreads(); // the mbarriers' inits
+    if (tid >= QB * GNT + 32) { // the reducer warps: dkc / dvc = the sum of the split partials, in split
+                                // order (dkv_reduce_kernel's sums), while the dQ streams in
+        if (!dsb.part)
+            return;
+        // (RU groups of 4 elements per thread per round, every load issued first: few
+        // threads, so each keeps several in flight)
+        constexpr int RU = 4;
+        const size_t n = (size_t)p.S * p.nkv * D, step = (size_t)gridDim.x * RW * 32 * 4;
+        for (size_t i0 = ((size_t)blockIdx.x * RW * 32 + (tid - QB * GNT - 32)) * 4; i0 < n; i0 += RU * step) {
+            float4 a[RU][WG_NSPL], c[RU][WG_NSPL];
+#pragma unroll
+            for (int u = 0; u < RU; u++)
+#pragma unroll
+                for (int sp = 0; sp < WG_NSPL; sp++) {
+                    const size_t i = i0 + u * step < n ? i0 + u * step : i0; // (past n: a repeat, not stored)
+                    a[u][sp] = __ldcs(reinterpret_cast<const float4 *>(dsb.part + (size_t)sp * 2 * n + i));
+                    c[u][sp] = __ldcs(reinterpret_cast<const float4 *>(dsb.part + (size_t)sp * 2 * n + n + i));
+                }
+#pragma unroll
+            for (int u = 0; u < RU; u++) {
+                const size_t i = i0 + u * step;
+                if (i >= n)
+                    break;
+                float4 sk = make_float4(0, 0, 0, 0), sv = sk;
+#pragma unroll
+                for (int sp = 0; sp < WG_NSPL; sp++) {
+                    sk.x += a[u][sp].x, sk.y += a[u][sp].y, sk.z += a[u][sp].z, sk.w += a[u][sp].w;
+                    sv.x += c[u][sp].x, sv.y += c[u][sp].y, sv.z += c[u][sp].z, sv.w += c[u][sp].w;
+                }
+                *reinterpret_cast<uint2 *>(p.dkc + i) = make_uint2(pack_bf2(sk.x, sk.y), pack_bf2(sk.z, sk.w));
+                *reinterpret_cast<uint2 *>(p.dvc + i) = make_uint2(pack_bf2(sv.x, sv.y), pack_bf2(sv.z, sv.w));
+            }
+        }
+        return;
+    }
     if (tid >= QB * GNT) { // the producer warp
         if (lane != 0)
             return;
@@ -401,6 +436,16 @@ static bool dq_pairs()
         v = e && !strcmp(e, "pair");
     }
     return v != 0;
+}
+
+bool dqs_reduces()
+{
+    static int v = -1;
+    if (v < 0) {
+        const char *e = getenv("DFLASH_ATTN_WG3_RED");
+        v = !(e && !strcmp(e, "kernel"));
+    }
+    return v && !dq_pairs();
 }
 
 bool dqs_usable(int D)
