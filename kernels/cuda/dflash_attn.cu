@@ -1711,11 +1711,11 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         REC(ev, 3, st);
     }
     REC(ev, 4, st);
-    // WG3's dQ (its pass event: [5]), and the split reduction where its kernel does it
-    const bool red_in_dq = wg3_on && df_dflash::dqs_reduces();
+    // WG3's dQ (its pass event: [5]); its kernel also does the split reduction
+    const bool red_in_dq = wg3_on;
     if (wg3_on) {
         df_dflash::DsBuf d = *dsb;
-        d.part = red_in_dq ? part : nullptr;
+        d.part = part;
         int rc = df_dflash::dqs_launch(p, D, st, maps, d);
         if (rc)
             return rc;
@@ -1899,7 +1899,7 @@ extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_
         dsb.dsb = (uint16_t *)((char *)dsb.ctr + 256);
         dsb.ds = (uint16_t *)((char *)dsb.dsb + dsb_bytes(a));
         dsb.maxt = df_dflash::dqs_max_tiles(a->S, a->window);
-        dsb.part = NULL; // (bwd_mma4_launch: dqs_reduces)
+        dsb.part = NULL; // (bwd_mma4_launch sets it)
         dsb.pdl = env_on("DFLASH_ATTN_PDL", &g_env_pdl);
         cudaEvent_t *ev = a->pass_events;
         const df_dflash::DsBuf *dp = wg3 ? &dsb : NULL;

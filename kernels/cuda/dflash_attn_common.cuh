@@ -72,12 +72,12 @@ static inline cudaError_t launch_pdl(const void *fn, dim3 grid, dim3 block, size
 // (b maxt + t - lo0 / 128) nkv + g; maxt = dqs_max_tiles: the most tiles a
 // span can meet), and the block tiles' (dsb, DS_BLK_BYTES per (block, kv
 // head), written by the block pass, blk_wg_kernel).
-// ctr: one int, the dQ kernel's item counter (dqq_kernel), zeroed by the
+// ctr: one int, the dQ kernel's item counter (dqs_kernel), zeroed by the
 // block pass. pdl (host side): WG3's kernels after the first are launched as
 // programmatic dependents (launch_pdl).
 // part (may be NULL): the context dK/dV pass's fp32 split partials, which
-// dqq_kernel's reducer warps then sum into dkc / dvc in place of
-// dkv_reduce_kernel (dqs_launch; the same sums, the same bits).
+// dqs_kernel's reducer warps then sum into dkc / dvc in place of
+// dkv_reduce_kernel (the same sums, the same bits).
 struct DsBuf {
     uint16_t *ds, *dsb;
     int *ctr;
@@ -226,14 +226,10 @@ bool dkv_wg_tq(const Params &p, int D, const KvMaps *km);
 // Whether the current device runs the dQ-from-stored-dS kernel for head dim D.
 bool dqs_usable(int D);
 // dq = (sum over the stored context dS tiles of dS K + the block tile's dS
-// K_b) x scale, per (block, kv head) in key order: deterministic. Needs
-// dsb filled (the block pass, the context dK/dV pass), maps' kc / kb. 0 or
-// -EIO.
+// K_b) x scale, per (block, kv head) in key order: deterministic; and, where
+// dsb.part, dkc / dvc from the split partials. Needs dsb filled (the block
+// pass, the context dK/dV pass), maps' kc / kb. 0 or -EIO.
 int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, const DsBuf &dsb);
-// Whether dqs_launch runs dqq_kernel, which can also do the split reduction
-// (DsBuf.part): the default; DFLASH_ATTN_WG3_DQ=pair: dqs_kernel, which
-// cannot; DFLASH_ATTN_WG3_RED=kernel: dkv_reduce_kernel does it anyway.
-bool dqs_reduces();
 // The most 128-key tiles a block's context span can meet (DsBuf.maxt): S keys
 // wide at most, and window - 1 on a sliding layer.
 int dqs_max_tiles(int S, int window);

@@ -12,7 +12,9 @@
 //   3. dqs_kernel (here): per (block, kv head), dQ = sum over its context
 //      span's 64-key halves of dS K, then the block tile's dS K_b, in key
 //      order, times scale, rounded to bf16 once: deterministic, no atomics;
-//   4. the split reduction of the context dK/dV.
+//      its reducer warps meanwhile sum the context dK/dV pass's split
+//      partials into dkc / dvc (dkv_reduce_kernel's sums, in place of it).
+// Every kernel after the block pass is a programmatic dependent (launch_pdl).
 // The recomputing dQ pass did three GEMMs per 64-key tile (S, dP, dQ); this
 // one does one, and reads the tile's dS (8 KiB) from memory: it trades 2 of
 // the backward's 7 GEMMs for writing and reading dS once (2 bytes per
@@ -34,8 +36,6 @@
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "dflash_attn_common.cuh"
 #include "dflash_attn_wg.cuh"
@@ -44,7 +44,6 @@ namespace df_dflash {
 namespace {
 
 constexpr int GNT = 128; // threads: one warpgroup
-constexpr int GST = 3;   // stages
 constexpr int HALF = 64; // keys per context step
 
 
@@ -71,168 +70,30 @@ __device__ __forceinline__ void store_dq(const Params &p, const RowId (&rid)[2],
 }
 #endif
 
-// CTA: two warpgroups per (two neighbouring blocks, kv head), warpgroup w
-// summing block b_w's dQ. Neighbouring anchors' spans mostly overlap, so one
-// K half serves both: the CTA steps over the union of its blocks' live
-// 64-key halves through GST stages, GST - 1 ahead, loading K once (TMA: the
-// forward's kc map, one 64-key box per column block) and each block's dS^T
-// (a plain bulk copy, 8 KiB) where the half is live for it (a half in a gap
-// between two documents' spans is loaded and not used); both blocks' block
-// tiles (K_b by the kb map's 16-key boxes, dS^T 2 KiB) in an area of their
-// own, loaded at the start. dQ += dS K: m64nDk16, A = dS MN-major
-// (transposed through the descriptor), B = K MN-major, both in shared
-// memory, fp32 accumulators in registers. Shared memory: GST stages of K +
-// two dS^T halves (32 KiB at D 128), then the block area: 2 CTAs per SM.
-// (One warpgroup per block, each reading its K halves itself, was no
-// faster: session 15.)
-template <int D> struct DqsLayout {
-    static constexpr int NH = D / 64;
-    static constexpr int KT = NH * HALF * 128, DH = DS_TILE_BYTES / 2;
-    static constexpr int ST = KT + 2 * DH;
-    static constexpr int KB = NH * 16 * 128; // a block tile's K
-    // block area: block 0's K_b, its dS^T, block 1's dS^T, its K_b (1024-aligned pieces)
-    static constexpr int BLK = GST * ST, KB0 = BLK, DB0 = BLK + KB, DB1 = DB0 + DS_BLK_BYTES,
-                         KB1 = DB1 + DS_BLK_BYTES;
-    static constexpr int BAR_OFF = KB1 + KB; // GST stage barriers, then the block area's
-    static constexpr size_t SMEM = (size_t)BAR_OFF + (GST + 1) * 8 + 1024;
-    static_assert(KB % 1024 == 0 && (DB1 + DS_BLK_BYTES) % 1024 == 0, "1024-aligned pieces");
-};
-
-template <int D>
-__global__ void __launch_bounds__(2 * GNT, 2) dqs_kernel(Params p, const __grid_constant__ KvMaps maps, DsBuf dsb)
-{
-#if DF_WG_BODY
-    using L = DqsLayout<D>;
-    constexpr int NA = D / 2;
-    constexpr uint32_t SBO = 1024;
-    extern __shared__ __align__(1024) uint8_t gs_smem[];
-    const uint32_t s0 = smem_u32(gs_smem), sb = (s0 + 1023u) & ~1023u;
-    const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
-    // warpgroup (this thread's block of the pair) and warp in it, warp-uniform
-    const int wg = __shfl_sync(0xffffffffu, tid >> 7, 0), warp = __shfl_sync(0xffffffffu, (tid >> 5) & 3, 0);
-    const int g = blockIdx.x % p.nkv, pb = p.nb - 1 - 2 * (blockIdx.x / p.nkv); // blocks pb, pb - 1
-    // both blocks' spans (every thread: the issuing thread needs both)
-    int q0[2], q1[2], slot0[2];
-    bool has[2], val[2];
-#pragma unroll
-    for (int w = 0; w < 2; w++) {
-        const int b = pb - w;
-        val[w] = b >= 0 && p.valid[b];
-        int anc = 0, lo0 = 0;
-        if (val[w])
-            anc = p.anchor[b], lo0 = ctx_lo(anc, p.doc_start[b], p.W, 0);
-        has[w] = val[w] && lo0 < anc; // a context span
-        q0[w] = lo0 / HALF, q1[w] = has[w] ? (anc - 1) / HALF : -1;
-        slot0[w] = b * dsb.maxt - lo0 / WG_TILE_KEYS;
-    }
-    const int b = pb - wg;
-    const RowId rid[2] = {row_id(p, b < 0 ? 0 : b, g, 0, 16 * warp + gid),
-                          row_id(p, b < 0 ? 0 : b, g, 0, 16 * warp + gid + 8)};
-    // the union of the live halves: qa .. qa + nst - 1
-    const int qa = has[0] && has[1] ? min(q0[0], q0[1]) : has[0] ? q0[0] : q0[1];
-    const int qb = has[0] && has[1] ? max(q1[0], q1[1]) : has[0] ? q1[0] : q1[1];
-    const int nst = has[0] || has[1] ? qb - qa + 1 : 0;
-    auto live = [&](int w, int q) -> bool { return has[w] && q >= q0[w] && q <= q1[w]; };
-    // this warpgroup's (selects, not a runtime index: the arrays stay in registers)
-    const bool my_val = wg ? val[1] : val[0], my_has = wg ? has[1] : has[0];
-    const int my_q0 = wg ? q0[1] : q0[0], my_q1 = wg ? q1[1] : q1[0];
-    const uint32_t bar0 = sb + L::BAR_OFF, bblk = bar0 + 8 * GST;
-    pdl_trigger();
-    pdl_wait(); // the stored dS (the block pass's, the context dK/dV pass's)
-    if (tid == 0) {
-        for (int i = 0; i <= GST; i++)
-            mbar_init(bar0 + 8 * i, 1);
-        mbar_fence_init();
-        // both block tiles (K_b by the kb map's 16-key boxes, dS^T by a bulk copy)
-        if (val[0] || val[1]) {
-            mbar_expect_tx(bblk, (uint32_t)((val[0] + val[1]) * (L::KB + DS_BLK_BYTES)));
-#pragma unroll
-            for (int w = 0; w < 2; w++) {
-                if (!val[w])
-                    continue;
-                const uint32_t kb = sb + (w ? L::KB1 : L::KB0), db = sb + (w ? L::DB1 : L::DB0);
-#pragma unroll
-                for (int cb = 0; cb < L::NH; cb++)
-                    tma_load_2d(kb + cb * (16 * 128), &maps.kb, g * D + 64 * cb, (pb - w) * p.bs, bblk);
-                bulk_load(db, reinterpret_cast<const uint8_t *>(dsb.dsb) + ((size_t)(pb - w) * p.nkv + g) * DS_BLK_BYTES,
-                          DS_BLK_BYTES, bblk);
-            }
-        }
-    }
-    // step t (half qa + t) into stage s (thread 0): K, and each block's dS^T where live
-    auto issue = [&](int t, int s) {
-        const int q = qa + t;
-        const uint32_t dst = sb + s * L::ST, bar = bar0 + 8 * s;
-        const bool l0 = live(0, q), l1 = live(1, q);
-        mbar_expect_tx(bar, (uint32_t)(L::KT + (l0 + l1) * L::DH));
-#pragma unroll
-        for (int cb = 0; cb < L::NH; cb++)
-            tma_load_2d(dst + cb * (HALF * 128), &maps.kc, g * D + 64 * cb, HALF * q, bar);
-#pragma unroll
-        for (int w = 0; w < 2; w++)
-            if (w ? l1 : l0)
-                bulk_load(dst + L::KT + w * L::DH,
-                          reinterpret_cast<const uint8_t *>(dsb.ds) +
-                              ((size_t)(slot0[w] + q / 2) * p.nkv + g) * DS_TILE_BYTES + (q & 1) * L::DH,
-                          L::DH, bar);
-    };
-    __syncthreads(); // the mbarriers' inits
-    if (tid == 0)
-        for (int t = 0; t < GST - 1 && t < nst; t++)
-            issue(t, t);
-    float acc[NA];
-    acc_zero(acc);
-    for (int t = 0; t < nst; t++) {
-        if (tid == 0 && t + GST - 1 < nst)
-            issue(t + GST - 1, (t + GST - 1) % GST);
-        mbar_wait(bar0 + 8 * (t % GST), (uint32_t)(t / GST) & 1u);
-        if (my_has && qa + t >= my_q0 && qa + t <= my_q1) { // live for this warpgroup's block
-            const uint32_t st = sb + (t % GST) * L::ST;
-            const uint64_t dA = wg_desc(st + L::KT + wg * L::DH, HALF * 128, SBO), dB = wg_desc(st, HALF * 128, SBO);
-            wg_fence();
-#pragma unroll
-            for (int kk = 0; kk < HALF / 16; kk++)
-                wg_ss_tb<1>(acc, dA + kk * (16 * 128 >> 4), dB + kk * (16 * 128 >> 4));
-            wg_commit();
-            wg_wait<0>();
-        }
-        __syncthreads(); // both warpgroups' wgmmas of step t retired: its stage may refill
-    }
-    if (my_val) {
-        mbar_wait(bblk, 0);
-        wg_fence();
-        wg_ss_tb<1>(acc, wg_desc(sb + (wg ? L::DB1 : L::DB0), HALF * 128, SBO),
-                    wg_desc(sb + (wg ? L::KB1 : L::KB0), 16 * 128, SBO));
-        wg_commit();
-        wg_wait<0>();
-    }
-    reg_fence(acc);
-    if (b < 0)
-        return;
-    store_dq<D>(p, rid, acc, t4, my_val); // (a padding block: 0)
-#else
-    __trap();
-#endif
-}
-
-// Four neighbouring blocks per item, persistent (the default; the pairs
-// above: DFLASH_ATTN_WG3_DQ=pair). The pair kernel read each K half once per
-// two blocks (as many bytes of K as of dS, mostly from L2: ncu, H200, 3docs
-// full: L2 throughput 84%, DRAM 66%), and each CTA's first loads waited a
-// whole memory latency with nothing else of its own in flight. Here an item
-// is (four neighbouring blocks, kv head) and one CTA per SM takes items
-// until none is left (the first gridDim.x by index, then from the counter
-// DsBuf.ctr, which the block pass zeroes): a producer warp (lane 0) walks
-// the items' steps - each live 64-key half of their union (K once, each
-// block's dS^T half where live), then one block step (each valid block's
-// K_b and dS^T) - into QST stages, QST - 1 ahead across item boundaries,
-// with a metadata record per stage (item, half or block step, which
-// blocks); warpgroup w (of four) sums block pb - w's dQ from the stages
-// where its bit is set, stores it at the block step and starts over. Each
-// warp releases a stage (an "empty" mbarrier of 16 arrivals) once its
-// wgmmas retired. Same sums in the same order as the pairs: the same bits.
+// CTA: one per SM, persistent; an item is (four neighbouring blocks, kv
+// head), items taken until none is left (the first gridDim.x by index, then
+// from the counter DsBuf.ctr, which the block pass zeroes). Neighbouring
+// anchors' spans mostly overlap, so one K half serves all four blocks. A
+// producer warp (lane 0) walks the items' steps - each live 64-key half of
+// their union (K once, by TMA: the forward's kc map; each block's dS^T half,
+// 8 KiB by a plain bulk copy, where live for it; a half in a gap between two
+// documents' spans is skipped), then one block step (each valid block's K_b
+// by the kb map's 16-key boxes and its block tile's dS^T) - into QST
+// stages, QST - 1 ahead across item boundaries, with a record per stage
+// (item, half or block step, which blocks). Warpgroup w (of four) sums block
+// pb - w's dQ += dS K from the stages whose record has its bit (m64nDk16, A
+// = dS MN-major, transposed through the descriptor, B = K MN-major, both in
+// shared memory, fp32 accumulators in registers), stores it at the block
+// step and starts over. Each warp releases a stage (an "empty" mbarrier of
+// 16 arrivals) once its wgmmas retired. RW reducer warps do the split
+// reduction (DsBuf.part) alongside. Shared memory: QST stages of K + four
+// dS^T halves, 194 KiB at D 128. H200 (session 16), against two blocks per
+// CTA (2 CTAs per SM, not persistent, each K half read for two blocks): L2
+// throughput 84% -> 86% for 25% fewer bytes, the kernel 3docs full 0.171
+// -> 0.159 ms, 1doc full 0.378 -> 0.369; the same bits. The reducer warps
+// make it 0.157 -> 0.172 and take dkv_reduce_kernel's 0.022 away.
 constexpr int QB = 4, QST = 4, RW = 3; // RW: reducer warps (DsBuf.part; 20 warps in all: 96 registers each)
-template <int D> struct DqqLayout {
+template <int D> struct DqsLayout {
     static constexpr int NH = D / 64;
     static constexpr int KT = NH * HALF * 128, DH = DS_TILE_BYTES / 2, KB = NH * 16 * 128;
     static constexpr int ST = KT + QB * DH; // a context step; a block step: QB K_b, then QB dS^T
@@ -245,10 +106,10 @@ template <int D> struct DqqLayout {
 };
 
 template <int D>
-__global__ void __launch_bounds__(DqqLayout<D>::NT, 1) dqq_kernel(Params p, const __grid_constant__ KvMaps maps, DsBuf dsb)
+__global__ void __launch_bounds__(DqsLayout<D>::NT, 1) dqs_kernel(Params p, const __grid_constant__ KvMaps maps, DsBuf dsb)
 {
 #if DF_WG_BODY
-    using L = DqqLayout<D>;
+    using L = DqsLayout<D>;
     constexpr int NA = D / 2;
     constexpr uint32_t SBO = 1024;
     extern __shared__ __align__(1024) uint8_t gs_smem[];
@@ -427,36 +288,11 @@ __global__ void __launch_bounds__(DqqLayout<D>::NT, 1) dqq_kernel(Params p, cons
 
 } // namespace
 
-// DFLASH_ATTN_WG3_DQ=pair: dqs_kernel; else dqq_kernel (read once)
-static bool dq_pairs()
-{
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("DFLASH_ATTN_WG3_DQ");
-        v = e && !strcmp(e, "pair");
-    }
-    return v != 0;
-}
-
-bool dqs_reduces()
-{
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("DFLASH_ATTN_WG3_RED");
-        v = !(e && !strcmp(e, "kernel"));
-    }
-    return v && !dq_pairs();
-}
-
 bool dqs_usable(int D)
 {
-    static signed char known[2][2][64]; // [pairs][D == 128][device]
-    const bool pr = dq_pairs();
-    const void *fn = pr ? (D == 128 ? (const void *)dqs_kernel<128> : (const void *)dqs_kernel<64>)
-                        : (D == 128 ? (const void *)dqq_kernel<128> : (const void *)dqq_kernel<64>);
-    const size_t smem = pr ? (D == 128 ? DqsLayout<128>::SMEM : DqsLayout<64>::SMEM)
-                           : (D == 128 ? DqqLayout<128>::SMEM : DqqLayout<64>::SMEM);
-    return wg_kernel_runs(fn, smem, known[pr][D == 128]);
+    static signed char known[2][64]; // [D == 128][device]
+    const void *fn = D == 128 ? (const void *)dqs_kernel<128> : (const void *)dqs_kernel<64>;
+    return wg_kernel_runs(fn, D == 128 ? DqsLayout<128>::SMEM : DqsLayout<64>::SMEM, known[D == 128]);
 }
 
 int dqs_max_tiles(int S, int window)
@@ -472,44 +308,25 @@ int dqs_max_tiles(int S, int window)
 
 int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, const DsBuf &dsb)
 {
-    if (!dq_pairs()) { // one CTA per SM (the SM count asked once per device), at most one per item
-        const unsigned nitems = (unsigned)((long long)(p.nb + QB - 1) / QB * p.nkv);
-        if (nitems == 0)
-            return 0;
-        static int nsm[64];
-        int dev = 0;
-        cudaError_t e = cudaGetDevice(&dev);
-        if (e == cudaSuccess && dev >= 0 && dev < 64 && !nsm[dev])
-            e = cudaDeviceGetAttribute(&nsm[dev], cudaDevAttrMultiProcessorCount, dev);
-        const unsigned grid = e == cudaSuccess && dev >= 0 && dev < 64 && nsm[dev] > 0 && (unsigned)nsm[dev] < nitems
-                                  ? (unsigned)nsm[dev]
-                                  : nitems;
-        const void *fn = D == 128 ? (const void *)dqq_kernel<128> : (const void *)dqq_kernel<64>;
-        const size_t smem = D == 128 ? DqqLayout<128>::SMEM : DqqLayout<64>::SMEM;
-        if (e == cudaSuccess)
-            e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-        if (e == cudaSuccess) {
-            void *args[3] = {const_cast<Params *>(&p), const_cast<KvMaps *>(&maps), const_cast<DsBuf *>(&dsb)};
-            e = launch_pdl(fn, dim3(grid), dim3(DqqLayout<128>::NT), smem, st, dsb.pdl != 0, args);
-        }
-        if (e != cudaSuccess) {
-            fprintf(stderr, "dflash_attn: dqq_kernel<%d>: %s (%s:%d)\n", D, cudaGetErrorString(e), __FILE__, __LINE__);
-            return -EIO;
-        }
+    // one CTA per SM (the SM count asked once per device), at most one per item
+    const unsigned nitems = (unsigned)((long long)(p.nb + QB - 1) / QB * p.nkv);
+    if (nitems == 0)
         return 0;
-    }
-    // pairs of blocks per CTA; the largest shared-memory carveout (2 CTAs of ~109 KiB per SM)
-    const unsigned n = (unsigned)((long long)(p.nb + 1) / 2 * p.nkv);
-    if (n == 0)
-        return 0;
+    static int nsm[64];
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e == cudaSuccess && dev >= 0 && dev < 64 && !nsm[dev])
+        e = cudaDeviceGetAttribute(&nsm[dev], cudaDevAttrMultiProcessorCount, dev);
+    const unsigned grid =
+        e == cudaSuccess && dev >= 0 && dev < 64 && nsm[dev] > 0 && (unsigned)nsm[dev] < nitems ? (unsigned)nsm[dev]
+                                                                                                : nitems;
     const void *fn = D == 128 ? (const void *)dqs_kernel<128> : (const void *)dqs_kernel<64>;
     const size_t smem = D == 128 ? DqsLayout<128>::SMEM : DqsLayout<64>::SMEM;
-    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+        e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (e == cudaSuccess) {
         void *args[3] = {const_cast<Params *>(&p), const_cast<KvMaps *>(&maps), const_cast<DsBuf *>(&dsb)};
-        e = launch_pdl(fn, dim3(n), dim3(2 * GNT), smem, st, dsb.pdl != 0, args); // (a programmatic dependent)
+        e = launch_pdl(fn, dim3(grid), dim3(DqsLayout<128>::NT), smem, st, dsb.pdl != 0, args);
     }
     if (e != cudaSuccess) {
         fprintf(stderr, "dflash_attn: dqs_kernel<%d>: %s (%s:%d)\n", D, cudaGetErrorString(e), __FILE__, __LINE__);
