@@ -65,6 +65,28 @@ static inline cudaError_t launch_pdl(const void *fn, dim3 grid, dim3 block, size
     return cudaLaunchKernelExC(&cfg, fn, args);
 }
 
+// fn's dynamic shared memory limit (smem bytes) and, where carve, the
+// largest shared-memory carveout, set once per kernel and device (done: one
+// flag per device, the caller's static array of 64): WG3 launches its
+// kernels with these every call, and the driver calls would otherwise sit
+// between a backward's start and its first kernel. Racing first calls set
+// the same values. (Nothing here resets the device: cudaDeviceReset would
+// need them set again.)
+static inline cudaError_t func_smem_once(const void *fn, size_t smem, bool carve, signed char *done)
+{
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    const bool known = e == cudaSuccess && dev >= 0 && dev < 64;
+    if (known && done[dev])
+        return cudaSuccess;
+    e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+    if (e == cudaSuccess && carve)
+        e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    if (e == cudaSuccess && known)
+        done[dev] = 1;
+    return e;
+}
+
 // Impl WG3's stored dS (dflash_attn_wg_dqs.cu; a kernel argument of its own,
 // after the others, where used: Params and every other kernel's arguments
 // as before): the context dS^T tiles the context dK/dV pass stores (ds,

@@ -664,14 +664,16 @@ int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const in
         auto *fn = qm.on ? (dsb ? dkv_wg_kernel<128, true, true> : dkv_wg_kernel<128, true>)
                          : dkv_wg_kernel<128, false>;
         const size_t sm = dsb ? WgLayout<128>::SMEM_DS : WgLayout<128>::SMEM;
-        e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        static signed char set[3][64]; // [instantiation][device]
+        e = func_smem_once((const void *)fn, sm, false, set[qm.on ? (dsb ? 2 : 1) : 0]);
         if (e == cudaSuccess)
             e = run((const void *)fn, sm);
     } else {
         auto *fn = qm.on ? (dsb ? dkv_wg_kernel<64, true, true> : dkv_wg_kernel<64, true>)
                          : dkv_wg_kernel<64, false>;
         const size_t sm = dsb ? WgLayout<64>::SMEM_DS : WgLayout<64>::SMEM;
-        e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm);
+        static signed char set[3][64]; // [instantiation][device]
+        e = func_smem_once((const void *)fn, sm, false, set[qm.on ? (dsb ? 2 : 1) : 0]);
         if (e == cudaSuccess)
             e = run((const void *)fn, sm);
     }

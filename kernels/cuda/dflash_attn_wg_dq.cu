@@ -1066,9 +1066,9 @@ int blk_wg_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, c
         return 0;
     const void *fn = D == 128 ? (const void *)blk_wg_kernel<128> : (const void *)blk_wg_kernel<64>;
     const size_t smem = D == 128 ? BlkLayout<128>::SMEM : BlkLayout<64>::SMEM;
-    cudaError_t e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (e == cudaSuccess) // the largest carveout: several CTAs per SM
-        e = cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    static signed char set[2][64]; // [D == 128][device]
+    // (the largest carveout: several CTAs per SM)
+    cudaError_t e = func_smem_once(fn, smem, true, set[D == 128]);
     if (e == cudaSuccess) {
         if (D == 128)
             blk_wg_kernel<128><<<(unsigned)n, QNT, smem, st>>>(p, maps, dsb.dsb, dsb.ctr);

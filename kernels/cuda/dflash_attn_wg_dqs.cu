@@ -322,8 +322,9 @@ int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, cons
                                                                                                 : nitems;
     const void *fn = D == 128 ? (const void *)dqs_kernel<128> : (const void *)dqs_kernel<64>;
     const size_t smem = D == 128 ? DqsLayout<128>::SMEM : DqsLayout<64>::SMEM;
+    static signed char set[2][64]; // [D == 128][device]
     if (e == cudaSuccess)
-        e = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+        e = func_smem_once(fn, smem, false, set[D == 128]);
     if (e == cudaSuccess) {
         void *args[3] = {const_cast<Params *>(&p), const_cast<KvMaps *>(&maps), const_cast<DsBuf *>(&dsb)};
         e = launch_pdl(fn, dim3(grid), dim3(DqsLayout<128>::NT), smem, st, dsb.pdl != 0, args);
