@@ -9,7 +9,12 @@
 // (median of 20 after 3 warm-ups). TFLOP/s counts only visible (query, key)
 // pairs: forward 4 * D per pair per head (QK^T and PV), backward 2.5x the
 // forward (FlashAttention convention: 5 matmuls vs 2). Also checks that two
-// backward runs give bitwise-equal gradients (determinism).
+// backward runs give bitwise-equal gradients (determinism). The defaults are
+// also timed back to back (20 calls between two events, per call, median
+// of 5; last in each row, then a 0.3 s rest): without the host's time before
+// each call's first kernel, but at the clocks a sustained load gets (the
+// H200's power cap), which a training loop sees; the per-call figures get
+// the idle GPU's clocks, as flex's per-call figures do.
 // Forward and backward are timed for the defaults (wg2 / wg3 on compute
 // capability 9.0, mma4 elsewhere), the CUDA-core (simt) kernels (3docs
 // layout only) and the mma4 backward (also checked for determinism). The
