@@ -278,46 +278,30 @@ int main(int argc, char **argv)
             }
             pairs *= NQ;
             double ffl = 4.0 * D * pairs, bfl = 2.5 * ffl;
-            auto time_ms = [&](bool bwd, int impl, float *mn) -> double {
+            // calls calls between two events, per call: medians of reps after 3
+            // warm-ups (calls 1: a call on an idle GPU, what flex's figures are),
+            // or of 5 after 1 (calls > 1, back to back: without the host's time
+            // before each call's first launch, but at the clocks a sustained
+            // load gets, which a training loop sees)
+            auto time_ms = [&](bool bwd, int impl, float *mn, int calls = 1) -> double {
                 std::vector<float> tm;
                 a.impl = impl;
-                for (int it = 0; it < 3 + reps; it++) {
+                const int warm = calls > 1 ? 1 : 3, n = calls > 1 ? 5 : reps;
+                for (int it = 0; it < warm + n; it++) {
                     CU(cudaEventRecord(e0));
-                    if (bwd ? df_cuda_dflash_attn_bwd(&a, 0) : df_cuda_dflash_attn_fwd(&a, 0))
-                        exit(1);
-                    CU(cudaEventRecord(e1));
-                    CU(cudaEventSynchronize(e1));
-                    float ms;
-                    CU(cudaEventElapsedTime(&ms, e0, e1));
-                    if (it >= 3)
-                        tm.push_back(ms);
-                }
-                std::sort(tm.begin(), tm.end());
-                if (mn)
-                    *mn = tm[0];
-                return tm[tm.size() / 2];
-            };
-            // back to back: NB2B calls queued between two events, per call (median
-            // of 5): without the host's time before each call's first launch,
-            // which the per-call figure above includes (a trainer's stream runs
-            // ahead of the GPU: the figure it sees)
-            auto b2b_ms = [&](bool bwd) -> double {
-                const int NB2B = 20;
-                std::vector<float> tm;
-                a.impl = 0;
-                for (int it = 0; it < 6; it++) {
-                    CU(cudaEventRecord(e0));
-                    for (int c = 0; c < NB2B; c++)
+                    for (int c = 0; c < calls; c++)
                         if (bwd ? df_cuda_dflash_attn_bwd(&a, 0) : df_cuda_dflash_attn_fwd(&a, 0))
                             exit(1);
                     CU(cudaEventRecord(e1));
                     CU(cudaEventSynchronize(e1));
                     float ms;
                     CU(cudaEventElapsedTime(&ms, e0, e1));
-                    if (it >= 1)
-                        tm.push_back(ms / NB2B);
+                    if (it >= warm)
+                        tm.push_back(ms / calls);
                 }
                 std::sort(tm.begin(), tm.end());
+                if (mn)
+                    *mn = tm[0];
                 return tm[tm.size() / 2];
             };
             // the backward pass by pass (events between its launches), medians
@@ -469,7 +453,7 @@ int main(int argc, char **argv)
             CU(cudaMemcpy(ow.data(), out, nQ * 2, cudaMemcpyDeviceToHost));
             CU(cudaMemcpy(lw.data(), lse, lw.size() * 4, cudaMemcpyDeviceToHost));
             // (last: a sustained load lowers the clocks for what follows it)
-            double mfq = b2b_ms(false), mbq = b2b_ms(true);
+            double mfq = time_ms(false, 0, NULL, 20), mbq = time_ms(true, 0, NULL, 20);
             usleep(300000); // (and some rest before the next row's runs)
             double fdo = 0, fao = 0, fdl = 0, fal = 0; // max |diff|, max |default|: out, lse
             for (size_t i = 0; i < nQ; i++) {
