@@ -1712,7 +1712,6 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     }
     REC(ev, 4, st);
     // WG3's dQ (its pass event: [5]); its kernel also does the split reduction
-    const bool red_in_dq = wg3_on;
     if (wg3_on) {
         df_dflash::DsBuf d = *dsb;
         d.part = part;
@@ -1732,7 +1731,7 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     }
     REC(ev, 5, st);
     size_t n = (size_t)p.S * p.nkv * D;
-    if (n > 0 && !red_in_dq) {
+    if (n > 0 && !wg3_on) { // (WG3: in its dQ kernel)
         uint16_t *dk = p.dkc, *dv = p.dvc;
         void *ra[4] = {&part, &n, &dk, &dv};
         CU(launch_pdl((const void *)dkv_reduce_kernel, dim3((unsigned)((n / 4 + NT - 1) / NT)), dim3(NT), 0, st,

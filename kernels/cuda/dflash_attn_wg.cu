@@ -651,31 +651,24 @@ int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const in
                 __FILE__, __LINE__);
         return -EINVAL;
     }
-    // (WG3: a programmatic dependent where ds.pdl)
-    Params pa = p;
-    float *pp = part;
-    const int *c = cnt, *l = lst, *o = order;
-    void *args[7] = {&pa, &pp, &c, &l, &o, &qm, const_cast<DsBuf *>(&ds)};
-    auto run = [&](const void *fn, size_t sm) {
-        return launch_pdl(fn, dim3(grid), dim3(WNT), sm, st, ds.pdl != 0, args);
-    };
-    cudaError_t e;
-    if (D == 128) {
-        auto *fn = qm.on ? (dsb ? dkv_wg_kernel<128, true, true> : dkv_wg_kernel<128, true>)
-                         : dkv_wg_kernel<128, false>;
-        const size_t sm = dsb ? WgLayout<128>::SMEM_DS : WgLayout<128>::SMEM;
-        static signed char set[3][64]; // [instantiation][device]
-        e = func_smem_once((const void *)fn, sm, false, set[qm.on ? (dsb ? 2 : 1) : 0]);
-        if (e == cudaSuccess)
-            e = run((const void *)fn, sm);
-    } else {
-        auto *fn = qm.on ? (dsb ? dkv_wg_kernel<64, true, true> : dkv_wg_kernel<64, true>)
-                         : dkv_wg_kernel<64, false>;
-        const size_t sm = dsb ? WgLayout<64>::SMEM_DS : WgLayout<64>::SMEM;
-        static signed char set[3][64]; // [instantiation][device]
-        e = func_smem_once((const void *)fn, sm, false, set[qm.on ? (dsb ? 2 : 1) : 0]);
-        if (e == cudaSuccess)
-            e = run((const void *)fn, sm);
+    // the instantiation: 0 cp.async item loads, 1 TQ, 2 TQ storing dS (WG3)
+    const int v = qm.on ? (dsb ? 2 : 1) : 0;
+    const void *fn = D == 128 ? (v == 2   ? (const void *)dkv_wg_kernel<128, true, true>
+                                 : v == 1 ? (const void *)dkv_wg_kernel<128, true>
+                                          : (const void *)dkv_wg_kernel<128, false>)
+                              : (v == 2   ? (const void *)dkv_wg_kernel<64, true, true>
+                                 : v == 1 ? (const void *)dkv_wg_kernel<64, true>
+                                          : (const void *)dkv_wg_kernel<64, false>);
+    const size_t sm = D == 128 ? (dsb ? WgLayout<128>::SMEM_DS : WgLayout<128>::SMEM)
+                               : (dsb ? WgLayout<64>::SMEM_DS : WgLayout<64>::SMEM);
+    static signed char set[2][3][64]; // [D == 128][instantiation][device]
+    cudaError_t e = func_smem_once(fn, sm, false, set[D == 128][v]);
+    if (e == cudaSuccess) { // (WG3: a programmatic dependent where ds.pdl)
+        Params pa = p;
+        float *pp = part;
+        const int *c = cnt, *l = lst, *o = order;
+        void *args[7] = {&pa, &pp, &c, &l, &o, &qm, const_cast<DsBuf *>(&ds)};
+        e = launch_pdl(fn, dim3(grid), dim3(WNT), sm, st, ds.pdl != 0, args);
     }
     if (e != cudaSuccess) {
         fprintf(stderr, "dflash_attn: dkv_wg_kernel<%d>: %s (%s:%d)\n", D, cudaGetErrorString(e),
