@@ -4,6 +4,8 @@ with the DFlash drafter mask (DFLASH.md "Attention mask") at the same shape and 
 
   tools/bench_dflash_attn --anchors-out A.json --json-out OURS.json
   scripts/bench_flex_dflash.py --anchors A.json [--ours OURS.json]
+  tools/bench_dflash_attn --anchors-1doc-out A1.json --json-out OURS.json
+  scripts/bench_flex_dflash.py --anchors A1.json --ours OURS.json --ours-key layers_1doc --title 1doc
 
 Queries: n_blocks*bs block tokens; keys: S context + n_blocks*bs block tokens (concatenated).
 Context key j is visible to query (block b, offset qo) iff valid[b], doc_start[b] <= j < anchor[b]
@@ -58,6 +60,9 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--anchors", required=True)
     ap.add_argument("--ours", help="bench_dflash_attn --json-out file, for the comparison table")
+    ap.add_argument("--ours-key", default="layers",
+                    help="the rows of --ours with the same anchors: layers (3docs) or layers_1doc")
+    ap.add_argument("--title", default="", help="a name for the layout, printed above the table")
     ap.add_argument("--reps", type=int, default=20)
     args = ap.parse_args()
     a = json.load(open(args.anchors))
@@ -123,7 +128,9 @@ def main():
                       "gpu": torch.cuda.get_device_name(), "layers": res}))
     if args.ours:
         oj = json.load(open(args.ours))
-        ours = {l["layer"]: l for l in oj["layers"]}
+        ours = {l["layer"]: l for l in oj[args.ours_key]}
+        if args.title:
+            print("ours against flex_attention, %s:" % args.title)
         print("%-8s %-5s %10s %10s %8s %10s %10s" %
               ("layer", "pass", "ours ms", "flex ms", "ours/flex", "ours TF/s", "flex TF/s"))
         for r in res:
