@@ -41,6 +41,14 @@ void df_sha256_hex(const uint8_t digest[DF_SHA256_LEN], char out[DF_SHA256_HEX])
 /* hex of SHA-256 of data (convenience: one-shot + hex). */
 void df_sha256_hex_of(const void *data, size_t len, char out[DF_SHA256_HEX]);
 
+/* Which compression runs: 1 the x86 SHA extensions (SHA-NI, chosen where the
+ * CPU has them), 0 the portable code. Same digests either way. */
+int df_sha256_hw(void);
+/* Tests and benchmarks: on 0 forces the portable code, on 1 uses SHA-NI where
+ * the CPU has it; returns the previous df_sha256_hw(). Process-wide: not to be
+ * called while other threads hash. */
+int df_sha256_use_hw(int on);
+
 /* Hashes a whole file by streaming reads (corpora can be large).
  * Returns 0, or a negative errno with e naming the file and offset. */
 int df_sha256_file(const char *path, char out_hex[DF_SHA256_HEX], df_err *e);
