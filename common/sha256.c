@@ -117,8 +117,8 @@ static int cpu_has_sha_ni(void)
 #endif
 
 /* -1: not chosen yet; 0 portable; 1 SHA-NI. Racing first calls choose the
- * same value. */
-static int g_hw = -1;
+ * same value (atomic: no torn or undefined reads while they do). */
+static _Atomic int g_hw = -1;
 
 int df_sha256_use_hw(int on)
 {
