@@ -55,6 +55,8 @@ static void usage(FILE *f)
             "  --clip C              global gradient-norm clip (default 1.0)\n"
             "  --init-std S          linear init std (default 0.02)\n"
             "  --seed S              all randomness (default 1)\n"
+            "  --init-seed S         the initial weights' draw alone (default: --seed), to\n"
+            "                        tell the init's effect from the data order's\n"
             "bookkeeping:\n"
             "  --eval-cache CACHE    acc[k], tau_hat, tau_walk, loss on a held-out cache (same\n"
             "                        target), forward only, same rows each time: --eval-every N\n"
@@ -213,6 +215,7 @@ int cmd_train(int argc, char **argv)
         else if (!strcmp(a, "--clip")) o.clip = x;
         else if (!strcmp(a, "--init-std")) o.init_std = x;
         else if (!strcmp(a, "--seed")) o.seed = (uint64_t)x;
+        else if (!strcmp(a, "--init-seed") && x >= 1) o.init_seed = (uint64_t)x;
         else if (!strcmp(a, "--log-every")) o.log_every = (int)x;
         else if (!strcmp(a, "--eval-every")) o.eval_every = (int)x;
         else if (!strcmp(a, "--eval-rows")) o.eval_rows = (int)x;

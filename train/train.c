@@ -1303,7 +1303,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
             rc = df_errf(e, -ENOMEM, "out of memory for %" PRId64 " parameters", total);
             goto out;
         }
-        df_params_init(ps, ck.master, (float)o->init_std, o->seed);
+        df_params_init(ps, ck.master, (float)o->init_std, o->init_seed ? o->init_seed : o->seed);
         df_rng_seed(&rng, o->seed, /* rank 0: as one rank */
                     1 + 0x10000ull * (uint64_t)(o->replicate_data ? 0 : rank));
         if ((rc = df_mkdirs(o->run_dir, e)))
@@ -1422,7 +1422,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
                 goto out;
             }
         }
-        ev.seed = o->seed ^ 0x5eedull;
+        /* not the training seed: runs of other seeds score the same rows and anchors */
+        ev.seed = 0x5eedull;
     }
     src.cache = cache;
     src.layer_mask = layer_mask;

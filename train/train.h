@@ -61,7 +61,8 @@ typedef struct df_train_opts {
     /* optimisation */
     int64_t steps;              /* required (> 0) */
     double lr, min_lr, warmup_frac, clip, init_std;
-    uint64_t seed;
+    uint64_t seed;              /* data order, anchors, noise; and the init unless init_seed */
+    uint64_t init_seed;         /* the weights' initial draw; 0 = seed */
     /* bookkeeping */
     int log_every, ckpt_every, keep_last;
     int no_ckpt;                /* write no checkpoint at all, not even at the end (benchmarks) */

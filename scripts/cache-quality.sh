@@ -1,0 +1,226 @@
+#!/usr/bin/env bash
+# cache-quality.sh [BUILD_DIR] [WORK_DIR] [OUT_DIR] - drafter quality per cache variant, in one call.
+#
+# The protocol of issue 27: a lossy cache is judged by the drafter it trains, not by its error.
+# On the small really-trained target qwen3-code-8m and its 10x completions corpus (corpus30k/:
+# 27,000 train records, 9.47M tokens; 3,000 eval records from disjoint documents):
+#   1. import the train and eval corpora, extract the lossless caches (split-zstd) once;
+#   2. derive each variant's train cache (another codec: extracted again with --codec; a projection:
+#      `dflash cache project` of the lossless cache) and the eval cache it is scored on (the lossless
+#      one for codecs: serving sees exact features; for projections the same basis applied to it);
+#   3. train the same drafter on every variant with every seed (PAR runs at a time on the GPU),
+#      each scored on its eval cache (eval loss, tau_hat, tau_walk over EVAL_ROWS rows: rows and
+#      anchors do not depend on the seed);
+#   4. optionally (REAL_TAU=1) decode with the first seed's export of each variant through SpecForge's
+#      spec_generate (scripts/specforge_tau.py): the real acceptance length;
+#   5. print a table: bytes/token (of raw BF16, and at the Qwen3.6-27B shape), eval figures as mean
+#      and spread over seeds, and each variant's paired difference to lossless (same seed, same data
+#      order, only the cache differs): mean and spread of (variant - lossless) tau_walk.
+#
+# VARIANTS (space-separated NAME=SPEC; "lossless" is always run first):
+#   codec:C            train on a cache extracted with --codec C
+#   initseed:S         the lossless cache, with --init-seed S (the weights' draw) and the run's seed
+#                      for everything else: tells the init's effect from the data order's
+#   project:R[:C]      `dflash cache project --rank R [--codec C]` of the lossless cache
+#   project-energy:F[:C]  the same, R chosen to keep fraction F of the features' energy
+# Environment: MODEL [.device/qwen3-code-8m, else ../shared/models/qwen3-code-8m], CORPUS [corpus30k],
+#   SEEDS ["1 2 3"], STEPS [4000], LR [3e-3], WARMUP [0.04], LAYER_TYPES [full,full], EVAL_ROWS [256],
+#   EVAL_EVERY [STEPS/4], PAR [4], REAL_TAU [0], SF_PROMPTS [64], TRAIN_ARGS [] (more train options),
+#   DEVICE [cuda], LIMIT [all] (records of each corpus: for a quick check of the script on a CPU).
+# Outputs: OUT_DIR/table.md (printed last), OUT_DIR/runs.tsv (one line per run), logs in OUT_DIR/logs.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+die() { echo "cache-quality: $*" >&2; exit 2; }
+abspath() { case $1 in /*) printf '%s\n' "$1";; *) printf '%s\n' "$PWD/$1";; esac; }
+BUILD=$(abspath "${1:-build}"); W=$(abspath "${2:-/tmp/dflash-quality}"); OUTD=$(abspath "${3:-$W/out}")
+D=$BUILD/dflash
+[ -x "$D" ] || die "no dflash binary in $BUILD"
+MODEL=${MODEL:-}
+if [ -z "$MODEL" ]; then
+  for m in "$ROOT/.device/qwen3-code-8m" "$ROOT/../shared/models/qwen3-code-8m"; do
+    [ -f "$m/config.json" ] && { MODEL=$m; break; }
+  done
+fi
+CORPUS=${CORPUS:-corpus30k}
+[ -f "$MODEL/config.json" ] && [ -f "$MODEL/$CORPUS/train.jsonl.xz" ] || die "MODEL=$MODEL: no $CORPUS/train.jsonl.xz"
+SEEDS=${SEEDS:-1 2 3}; STEPS=${STEPS:-4000}; LR=${LR:-3e-3}; WARMUP=${WARMUP:-0.04}
+LAYER_TYPES=${LAYER_TYPES:-full,full}; EVAL_ROWS=${EVAL_ROWS:-256}; EVAL_EVERY=${EVAL_EVERY:-$((STEPS / 4))}
+PAR=${PAR:-4}; DEVICE=${DEVICE:-cuda}; VARIANTS=${VARIANTS:-}
+NL=$(tr ',' '\n' <<<"$LAYER_TYPES" | wc -l)
+mkdir -p "$W" "$OUTD/logs" || die "cannot create $W / $OUTD"
+LOGS=$OUTD/logs
+now() { date +%s.%N; }
+t_start=$(now)
+note() { printf '[%6.1f s] %s\n' "$(awk -v a="$t_start" -v b="$(now)" 'BEGIN { print b - a }')" "$*"; }
+
+# ---------------------------------------------------------------- 1. corpora and lossless caches
+for s in train eval; do
+  if [ ! -f "$W/$s.dtok" ]; then
+    (set +o pipefail; xz -dc "$MODEL/$CORPUS/$s.jsonl.xz" | head -n "${LIMIT:-1000000000}" >"$W/$s.jsonl") &&
+      "$D" corpus import --model "$MODEL" --out "$W/$s.dtok" "$W/$s.jsonl" >"$LOGS/corpus-$s.log" 2>&1 ||
+      die "corpus import of $s failed (see $LOGS/corpus-$s.log)"
+  fi
+done
+note "corpora: $(du -h "$W/train.dtok" | cut -f1) train, $(du -h "$W/eval.dtok" | cut -f1) eval"
+extract() { # extract SPLIT CODEC OUT
+  [ -f "$3/manifest.json" ] && return 0
+  "$D" extract --device "$DEVICE" --model "$MODEL" --data "$W/$1.dtok" --out "$3" --codec "$2" \
+    >"$LOGS/extract-$(basename "$3").log" 2>&1 || die "extract $1 --codec $2 failed (see $LOGS)"
+}
+extract train split-zstd "$W/c-lossless"
+extract eval split-zstd "$W/e-lossless"
+note "lossless caches extracted"
+
+# ---------------------------------------------------------------- 2. variants' caches
+declare -A TRAIN EVAL EXTRA
+NAMES=(lossless)
+TRAIN[lossless]=$W/c-lossless; EVAL[lossless]=$W/e-lossless; EXTRA[lossless]=""
+for v in $VARIANTS; do
+  name=${v%%=*}; spec=${v#*=}
+  [ "$name" != "$v" ] && [ -n "$name" ] || die "VARIANTS: '$v' is not NAME=SPEC"
+  [ "$name" = lossless ] && continue
+  NAMES+=("$name"); EXTRA[$name]=""
+  IFS=: read -r kind a b <<<"$spec"
+  case $kind in
+    codec)
+      extract train "$a" "$W/c-$name"
+      TRAIN[$name]=$W/c-$name; EVAL[$name]=$W/e-lossless;;
+    initseed)
+      TRAIN[$name]=$W/c-lossless; EVAL[$name]=$W/e-lossless; EXTRA[$name]="--init-seed $a";;
+    project|project-energy)
+      opt="--rank $a"; [ "$kind" = project-energy ] && opt="--energy $a"
+      [ -n "${b:-}" ] && opt+=" --codec $b"
+      if [ ! -f "$W/c-$name/manifest.json" ]; then
+        "$D" cache project "$W/c-lossless" "$W/c-$name" $opt >"$LOGS/project-$name.log" 2>&1 ||
+          die "cache project $name failed (see $LOGS/project-$name.log)"
+      fi
+      if [ ! -f "$W/e-$name/manifest.json" ]; then
+        "$D" cache project "$W/e-lossless" "$W/e-$name" --basis "$W/c-$name/basis.dfb" \
+          ${b:+--codec $b} >"$LOGS/project-eval-$name.log" 2>&1 ||
+          die "cache project (eval) $name failed (see $LOGS/project-eval-$name.log)"
+      fi
+      TRAIN[$name]=$W/c-$name; EVAL[$name]=$W/e-$name;;
+    *) die "VARIANTS: unknown kind '$kind' in '$v'";;
+  esac
+  note "variant $name: ${TRAIN[$name]}"
+done
+
+# bytes/token: stored bytes of the train cache over its tokens, and over raw BF16 of the lossless
+# cache's layers (a projected cache holds fewer values per token than the raw features)
+tokens_of() { "$D" dump "$1" --json 2>/dev/null | python3 -c '
+import json, sys; d = json.load(sys.stdin); t = d.get("totals", d)
+print(t["tokens"], t["stored_bytes"], t["raw_bytes"])'; }
+read -r LTOK LSTORED LRAW <<<"$(tokens_of "$W/c-lossless")"
+[ -n "${LRAW:-}" ] || die "dump --json of the lossless cache gave no totals"
+
+# ---------------------------------------------------------------- 3. training runs
+RUNS=$OUTD/runs.tsv
+printf 'variant\tseed\tsteps\teval_loss\teval_tau_hat\teval_tau_walk\tseconds\trun\n' >"$RUNS"
+train_one() { # train_one NAME SEED
+  local name=$1 seed=$2 run=$W/run-$1-s$2 t0; t0=$(now)
+  rm -rf "$run"
+  "$D" train --device "$DEVICE" --cache "${TRAIN[$name]}" --eval-cache "${EVAL[$name]}" --target "$MODEL" \
+    --out "$run" --steps "$STEPS" --mask-token 1 --block-size 16 --layers "$NL" --layer-types "$LAYER_TYPES" \
+    --heads 4 --kv-heads 2 --head-dim 64 --intermediate 768 --max-tokens 4096 --max-anchors 512 \
+    --lr "$LR" --warmup "$WARMUP" --seed "$seed" --log-every 100 --eval-every "$EVAL_EVERY" \
+    --eval-rows "$EVAL_ROWS" --ckpt-every "$STEPS" --keep-last 1 --buffered-io --quiet \
+    ${EXTRA[$name]} ${TRAIN_ARGS:-} >"$LOGS/train-$name-s$seed.log" 2>&1
+  local rc=$? secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+  python3 - "$run/log.jsonl" "$name" "$seed" "$secs" "$run" "$rc" >>"$RUNS" <<'PY'
+import json, sys
+path, name, seed, secs, run, rc = sys.argv[1:]
+last = None
+try:
+    for line in open(path):
+        r = json.loads(line)
+        if "eval_loss" in r:
+            last = r
+except OSError:
+    pass
+if last is None or rc != "0":
+    print("\t".join([name, seed, "FAILED(rc %s)" % rc, "", "", "", secs, run]))
+else:
+    print("\t".join([name, seed, str(last.get("step")), "%.4f" % last["eval_loss"],
+                     "%.4f" % last["eval_tau_hat"], "%.4f" % last.get("eval_tau_walk", float("nan")),
+                     secs, run]))
+PY
+}
+JOBS=()
+for name in "${NAMES[@]}"; do for seed in $SEEDS; do JOBS+=("$name $seed"); done; done
+note "training ${#JOBS[@]} runs, $PAR at a time ($STEPS steps each)"
+running=0
+for j in "${JOBS[@]}"; do
+  train_one $j &
+  running=$((running + 1))
+  if [ $running -ge "$PAR" ]; then wait -n; running=$((running - 1)); fi
+done
+wait
+note "training done"
+
+# ---------------------------------------------------------------- 4. real acceptance length
+SFJ=$OUTD/real-tau.json
+if [ "${REAL_TAU:-0}" = 1 ]; then
+  first=$(awk '{print $1; exit}' <<<"$SEEDS")
+  args=()
+  for name in "${NAMES[@]}"; do
+    x=$W/run-$name-s$first/export
+    [ -f "$x/model.safetensors" ] && args+=(--drafter "$name=$x")
+  done
+  if [ ${#args[@]} -gt 0 ]; then
+    python3 "$ROOT/scripts/specforge_tau.py" --target "$MODEL" --eval-corpus "$W/eval.jsonl" "${args[@]}" \
+      --prompts "${SF_PROMPTS:-64}" --json-out "$SFJ" >"$LOGS/real-tau.log" 2>&1 ||
+      echo "cache-quality: specforge_tau.py failed (see $LOGS/real-tau.log)" >&2
+  fi
+  note "real tau done"
+fi
+
+# ---------------------------------------------------------------- 5. the table
+SIZES=$OUTD/sizes.tsv
+: >"$SIZES"
+for name in "${NAMES[@]}"; do
+  read -r tok st raw <<<"$(tokens_of "${TRAIN[$name]}")"
+  printf '%s\t%s\t%s\n' "$name" "$tok" "$st" >>"$SIZES"
+done
+python3 - "$RUNS" "$SIZES" "$LRAW" "$LTOK" "$SFJ" "$OUTD/table.md" <<'PY'
+import json, math, os, statistics as st, sys
+runs_p, sizes_p, lraw, ltok, sfj, out = sys.argv[1:]
+raw_per_tok = float(lraw) / float(ltok)            # raw BF16 bytes of the K feature layers per token
+RAW27B = 5 * 5120 * 2                               # Qwen3.6-27B: 5 feature layers x 5120, BF16
+runs, order = {}, []
+for line in open(runs_p).read().splitlines()[1:]:
+    f = line.split("\t")
+    if f[0] not in runs:
+        runs[f[0]] = {}; order.append(f[0])
+    runs[f[0]][f[1]] = None if f[2].startswith("FAILED") else tuple(map(float, f[3:6]))
+sizes = {}
+for line in open(sizes_p).read().splitlines():
+    n, t, s = line.split("\t"); sizes[n] = float(s) / float(t)
+real = {}
+if os.path.exists(sfj):
+    try:
+        real = {k: v["tau"] for k, v in json.load(open(sfj))["drafters"].items()}
+    except Exception:
+        pass
+def ms(xs):
+    xs = [x for x in xs if x is not None and not math.isnan(x)]
+    if not xs: return "-"
+    if len(xs) == 1: return "%.3f" % xs[0]
+    return "%.3f ± %.3f" % (st.mean(xs), st.stdev(xs))
+base = runs.get("lossless", {})
+lines = ["| variant | bytes/token (of raw BF16) | at 27B shape | eval loss | eval tau_hat | eval tau_walk | per seed tau_walk | paired d tau_walk vs lossless | real tau |",
+         "|---|---|---|---|---|---|---|---|---|"]
+for n in order:
+    r = runs[n]
+    ok = [v for v in r.values() if v]
+    ratio = sizes.get(n, float("nan")) / raw_per_tok
+    d = [r[s][2] - base[s][2] for s in r if r[s] and base.get(s)] if n != "lossless" else []
+    lines.append("| %s | %.0f B (%.4f) | %.2f KB | %s | %s | %s | %s | %s | %s |" % (
+        n, sizes.get(n, float("nan")), ratio, ratio * RAW27B / 1000, ms([v[0] for v in ok]),
+        ms([v[1] for v in ok]), ms([v[2] for v in ok]),
+        " ".join("%s:%s" % (s, "%.3f" % r[s][2] if r[s] else "FAIL") for s in sorted(r, key=int)),
+        ms(d) if d else "-", "%.3f" % real[n] if n in real else "-"))
+txt = "\n".join(lines) + "\n"
+open(out, "w").write(txt)
+print(txt)
+PY
+note "done"
