@@ -57,6 +57,7 @@ static void usage(FILE *f)
             "  --seed S              all randomness (default 1)\n"
             "  --init-seed S         the initial weights' draw alone (default: --seed), to\n"
             "                        tell the init's effect from the data order's\n"
+            "  --init-seed-for P=S[,P=S]  parameters named P... drawn with seed S instead\n"
             "bookkeeping:\n"
             "  --eval-cache CACHE    acc[k], tau_hat, tau_walk, loss on a held-out cache (same\n"
             "                        target), forward only, same rows each time: --eval-every N\n"
@@ -169,6 +170,7 @@ int cmd_train(int argc, char **argv)
         else if (!strcmp(a, "--eval-cache")) o.eval_cache = v;
         else if (!strcmp(a, "--out")) o.run_dir = v;
         else if (!strcmp(a, "--layer-types")) o.layer_types = v;
+        else if (!strcmp(a, "--init-seed-for")) o.init_seed_for = v;
         else if (!strcmp(a, "--gpus")) gpus = v;
         else if (!strcmp(a, "--run-id")) o.run_id = v;
         else if (!strcmp(a, "--device")) {

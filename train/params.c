@@ -117,38 +117,42 @@ static void *init_main(void *arg)
 #define INIT_THREADS 32
 #define INIT_MIN_SLICE ((int64_t)1 << 20) /* elements: smaller tensors take one pass */
 
-void df_params_init(const df_params *ps, float *flat, float std, uint64_t seed)
+void df_params_init_one(const df_params *ps, int i, float *flat, float std, uint64_t seed)
 {
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     int nt = ncpu < 1 ? 1 : ncpu > INIT_THREADS ? INIT_THREADS : (int)ncpu;
-    for (int i = 0; i < ps->n; i++) {
-        const df_param *p = &ps->p[i];
-        float *w = flat + p->offset;
-        if (p->is_norm) {
-            for (int64_t k = 0; k < p->numel; k++)
-                w[k] = 1.0f;
-            continue;
-        }
-        /* one stream per tensor, so adding a layer does not shift the others;
-         * big tensors (the 27B drafter's 1.7 G parameters: a minute in one
-         * thread) in slices over the cores */
-        uint64_t s0 = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
-        int64_t per = (p->numel + nt - 1) / nt;
-        if (per < INIT_MIN_SLICE)
-            per = INIT_MIN_SLICE;
-        init_slice job[INIT_THREADS];
-        pthread_t th[INIT_THREADS];
-        int started[INIT_THREADS] = {0}, n = 0;
-        for (int64_t k0 = 0; k0 < p->numel && n < INIT_THREADS; k0 += per, n++) {
-            job[n] = (init_slice){w, k0, k0 + per < p->numel ? k0 + per : p->numel, s0, std};
-            /* the last slice here; a thread that cannot start: here too */
-            started[n] = k0 + per < p->numel && pthread_create(&th[n], NULL, init_main, &job[n]) == 0;
-        }
-        for (int t = 0; t < n; t++)
-            if (!started[t])
-                init_range(&job[t]);
-        for (int t = 0; t < n; t++)
-            if (started[t])
-                pthread_join(th[t], NULL);
+    const df_param *p = &ps->p[i];
+    float *w = flat + p->offset;
+    if (p->is_norm) {
+        for (int64_t k = 0; k < p->numel; k++)
+            w[k] = 1.0f;
+        return;
     }
+    /* one stream per tensor, so adding a layer does not shift the others;
+     * big tensors (the 27B drafter's 1.7 G parameters: a minute in one
+     * thread) in slices over the cores */
+    uint64_t s0 = seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(i + 1));
+    int64_t per = (p->numel + nt - 1) / nt;
+    if (per < INIT_MIN_SLICE)
+        per = INIT_MIN_SLICE;
+    init_slice job[INIT_THREADS];
+    pthread_t th[INIT_THREADS];
+    int started[INIT_THREADS] = {0}, n = 0;
+    for (int64_t k0 = 0; k0 < p->numel && n < INIT_THREADS; k0 += per, n++) {
+        job[n] = (init_slice){w, k0, k0 + per < p->numel ? k0 + per : p->numel, s0, std};
+        /* the last slice here; a thread that cannot start: here too */
+        started[n] = k0 + per < p->numel && pthread_create(&th[n], NULL, init_main, &job[n]) == 0;
+    }
+    for (int t = 0; t < n; t++)
+        if (!started[t])
+            init_range(&job[t]);
+    for (int t = 0; t < n; t++)
+        if (started[t])
+            pthread_join(th[t], NULL);
+}
+
+void df_params_init(const df_params *ps, float *flat, float std, uint64_t seed)
+{
+    for (int i = 0; i < ps->n; i++)
+        df_params_init_one(ps, i, flat, std, seed);
 }

@@ -43,5 +43,7 @@ void df_params_free(df_params *ps);
 int df_params_find(const df_params *ps, const char *name);
 /* Deterministic init: linear weights ~ N(0, std), norms = 1. */
 void df_params_init(const df_params *ps, float *flat, float std, uint64_t seed);
+/* Parameter i alone, with the bits df_params_init(seed) gives it. */
+void df_params_init_one(const df_params *ps, int i, float *flat, float std, uint64_t seed);
 
 #endif

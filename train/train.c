@@ -50,6 +50,34 @@ void df_train_opts_defaults(df_train_opts *o)
     o->overlap_opt = -1;
 }
 
+/* "PREFIX=S[,PREFIX=S...]": each parameter whose name starts with PREFIX
+ * drawn again with seed S (the bits that seed gives it). */
+static int init_overrides(const df_params *ps, float *flat, float std, const char *spec, df_err *e)
+{
+    const char *p = spec;
+    while (*p) {
+        const char *eq = strchr(p, '='), *end = strchr(p, ',');
+        if (!end)
+            end = p + strlen(p);
+        char *num_end = NULL;
+        unsigned long long seed = eq && eq < end ? strtoull(eq + 1, &num_end, 10) : 0;
+        if (!eq || eq >= end || eq == p || num_end != end || seed == 0)
+            return df_errf(e, -EINVAL, "--init-seed-for: '%.*s' is not PREFIX=SEED (SEED >= 1)",
+                           (int)(end - p), p);
+        int hits = 0;
+        for (int i = 0; i < ps->n; i++)
+            if (!strncmp(ps->p[i].name, p, (size_t)(eq - p))) {
+                df_params_init_one(ps, i, flat, std, (uint64_t)seed);
+                hits++;
+            }
+        if (!hits)
+            return df_errf(e, -EINVAL, "--init-seed-for: no parameter name starts with '%.*s'",
+                           (int)(eq - p), p);
+        p = *end ? end + 1 : end;
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------------ the document source
  * Documents in the shuffled order of epoch `epoch`, from position `pos`; at the
  * end of an epoch the next one starts with a new order. One document may be
@@ -1304,6 +1332,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
             goto out;
         }
         df_params_init(ps, ck.master, (float)o->init_std, o->init_seed ? o->init_seed : o->seed);
+        if (o->init_seed_for && (rc = init_overrides(ps, ck.master, (float)o->init_std,
+                                                     o->init_seed_for, e)))
+            goto out;
         df_rng_seed(&rng, o->seed, /* rank 0: as one rank */
                     1 + 0x10000ull * (uint64_t)(o->replicate_data ? 0 : rank));
         if ((rc = df_mkdirs(o->run_dir, e)))

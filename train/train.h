@@ -63,6 +63,8 @@ typedef struct df_train_opts {
     double lr, min_lr, warmup_frac, clip, init_std;
     uint64_t seed;              /* data order, anchors, noise; and the init unless init_seed */
     uint64_t init_seed;         /* the weights' initial draw; 0 = seed */
+    const char *init_seed_for;  /* "PREFIX=S[,PREFIX=S...]": parameters whose names start with
+                                   PREFIX drawn with seed S (finding which draw matters); NULL */
     /* bookkeeping */
     int log_every, ckpt_every, keep_last;
     int no_ckpt;                /* write no checkpoint at all, not even at the end (benchmarks) */
