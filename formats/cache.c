@@ -52,14 +52,31 @@ int df_cache_params_finish(df_cache_params *p, df_err *e)
     if (p->n_layers == 0 || p->n_layers > DF_CACHE_MAX_LAYERS)
         return df_errf(e, -EINVAL, "cache holds %u layers; 1..%d supported", p->n_layers,
                        DF_CACHE_MAX_LAYERS);
-    for (uint32_t i = 0; i < p->n_layers; i++) {
-        if (p->layer_ids[i] < 0 ||
-            (p->num_target_layers && (uint32_t)p->layer_ids[i] >= p->num_target_layers))
-            return df_errf(e, -EINVAL, "layer id %d out of range for a %u-layer target",
-                           p->layer_ids[i], p->num_target_layers);
+    const int32_t *ids;
+    uint32_t nids = df_cache_target_layers(p, &ids);
+    if (p->proj_rank) {
+        if (p->n_layers != 1 || p->layer_ids[0] != DF_CACHE_PROJECTED_LAYER ||
+            p->hidden_size != p->proj_rank)
+            return df_errf(e, -EINVAL, "projected cache: want 1 stored layer of rank %u values",
+                           p->proj_rank);
+        if (p->src_hidden == 0 || p->src_hidden > DF_CACHE_MAX_HIDDEN || nids == 0 ||
+            nids > DF_CACHE_MAX_LAYERS)
+            return df_errf(e, -EINVAL, "projected cache: source of %u layers x %u out of range",
+                           nids, p->src_hidden);
+        if ((uint64_t)p->proj_rank > (uint64_t)nids * p->src_hidden)
+            return df_errf(e, -EINVAL, "projection rank %u exceeds the %u source dimensions",
+                           p->proj_rank, nids * p->src_hidden);
+        if (strlen(p->basis_sha256) != 64 || strspn(p->basis_sha256, "0123456789abcdef") != 64)
+            return df_errf(e, -EINVAL, "projected cache: basis sha256 \"%s\" is not 64 hex digits",
+                           p->basis_sha256);
+    }
+    for (uint32_t i = 0; i < nids; i++) {
+        if (ids[i] < 0 || (p->num_target_layers && (uint32_t)ids[i] >= p->num_target_layers))
+            return df_errf(e, -EINVAL, "layer id %d out of range for a %u-layer target", ids[i],
+                           p->num_target_layers);
         for (uint32_t j = 0; j < i; j++)
-            if (p->layer_ids[j] == p->layer_ids[i])
-                return df_errf(e, -EINVAL, "layer id %d listed twice", p->layer_ids[i]);
+            if (ids[j] == ids[i])
+                return df_errf(e, -EINVAL, "layer id %d listed twice", ids[i]);
     }
     if (p->codec < 0 || p->codec >= DF_CODEC_COUNT)
         return df_errf(e, -EINVAL, "unknown codec id %d", p->codec);
@@ -104,6 +121,14 @@ int df_cache_params_compatible(const df_cache_params *a, const df_cache_params *
          b->corpus_fingerprint);
     DIFF(a->world_size != b->world_size, "cache was written by %u ranks, not %u", a->world_size,
          b->world_size);
+    DIFF(a->proj_rank != b->proj_rank, "cache projection rank %u, not %u", a->proj_rank,
+         b->proj_rank);
+    DIFF(a->proj_rank && (a->src_hidden != b->src_hidden || a->src_n_layers != b->src_n_layers ||
+                          memcmp(a->src_layer_ids, b->src_layer_ids, a->src_n_layers * 4)),
+         "projected cache of other source layers");
+    DIFF(a->proj_rank && strcmp(a->basis_sha256, b->basis_sha256),
+         "projected cache with another basis (sha256 %.12s..., not %.12s...)", a->basis_sha256,
+         b->basis_sha256);
 #undef DIFF
     return 0;
 }

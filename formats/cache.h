@@ -29,6 +29,12 @@
 #include "pool.h"
 
 #define DF_CACHE_VERSION 1
+/* meta.json / manifest.json of a projected cache (below): a reader that does not know
+ * projections refuses it by this version instead of reading z as features. Shards and
+ * indexes keep version 1: their layout is the same. */
+#define DF_CACHE_VERSION_PROJECTED 2
+#define DF_CACHE_PROJECTED_LAYER (-1) /* layer_ids[0] of a projected cache */
+#define DF_CACHE_BASIS_FILE "basis.dfb"
 #define DF_CACHE_ALIGN 4096u
 #define DF_CACHE_MAX_LAYERS 64
 #define DF_CACHE_SHARD_HEADER 4096u
@@ -59,7 +65,29 @@ typedef struct df_cache_params {
     uint64_t corpus_docs;
     uint32_t world_size;      /* writer ranks; each writes its own shards */
     uint8_t uuid[16];         /* set at creation; shards carry it */
+    /* A projected cache stores, per token, z = P x (proj_rank values): x is the concatenation
+     * of the residual streams of src_layer_ids (src_n_layers x src_hidden), P the basis
+     * (proj_rank x src_n_layers*src_hidden, orthonormal rows) in DF_CACHE_BASIS_FILE, whose
+     * SHA-256 is basis_sha256. The record layout then sees one stored layer of proj_rank
+     * values: hidden_size = proj_rank, n_layers = 1, layer_ids[0] = DF_CACHE_PROJECTED_LAYER.
+     * In meta.json the target's hidden size and the source layers are stored as for any
+     * cache, plus a "projection" object (docs/FORMAT.md). proj_rank 0: not projected. */
+    uint32_t proj_rank;
+    uint32_t src_hidden, src_n_layers;
+    int32_t src_layer_ids[DF_CACHE_MAX_LAYERS];
+    char basis_sha256[65];
 } df_cache_params;
+
+/* The target's hidden size and feature layers behind a cache, projected or not. */
+static inline uint32_t df_cache_target_hidden(const df_cache_params *p)
+{
+    return p->proj_rank ? p->src_hidden : p->hidden_size;
+}
+static inline uint32_t df_cache_target_layers(const df_cache_params *p, const int32_t **ids)
+{
+    *ids = p->proj_rank ? p->src_layer_ids : p->layer_ids;
+    return p->proj_rank ? p->src_n_layers : p->n_layers;
+}
 
 /* One sample as a writer receives it. layers[i] points to n_tokens x
  * hidden_size elements of params.dtype, row-major, for layer_ids[i]. */

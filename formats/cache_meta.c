@@ -43,22 +43,31 @@ cJSON *df_cache_params_json(const df_cache_params *p)
     char uuid[33];
     hex16(p->uuid, uuid);
     cJSON_AddStringToObject(o, "format", "dflash-hidden-state-cache");
-    cJSON_AddNumberToObject(o, "version", DF_CACHE_VERSION);
+    cJSON_AddNumberToObject(o, "version",
+                            p->proj_rank ? DF_CACHE_VERSION_PROJECTED : DF_CACHE_VERSION);
     cJSON_AddStringToObject(o, "uuid", uuid);
     cJSON *t = cJSON_AddObjectToObject(o, "target");
     cJSON_AddStringToObject(t, "model_type", p->model_type);
     cJSON_AddStringToObject(t, "name", p->target_name);
     cJSON_AddStringToObject(t, "config_sha256", p->config_sha256);
-    cJSON_AddNumberToObject(t, "hidden_size", p->hidden_size);
+    cJSON_AddNumberToObject(t, "hidden_size", df_cache_target_hidden(p));
     cJSON_AddNumberToObject(t, "num_hidden_layers", p->num_target_layers);
     cJSON_AddNumberToObject(t, "vocab_size", (double)p->vocab_size);
     cJSON *ly = cJSON_AddArrayToObject(o, "layers");
-    for (uint32_t i = 0; i < p->n_layers; i++)
-        cJSON_AddItemToArray(ly, cJSON_CreateNumber(p->layer_ids[i]));
+    const int32_t *ids;
+    uint32_t nids = df_cache_target_layers(p, &ids);
+    for (uint32_t i = 0; i < nids; i++)
+        cJSON_AddItemToArray(ly, cJSON_CreateNumber(ids[i]));
+    if (p->proj_rank) {
+        cJSON *pj = cJSON_AddObjectToObject(o, "projection");
+        cJSON_AddNumberToObject(pj, "rank", p->proj_rank);
+        cJSON_AddStringToObject(pj, "basis", DF_CACHE_BASIS_FILE);
+        cJSON_AddStringToObject(pj, "basis_sha256", p->basis_sha256);
+    }
     cJSON_AddStringToObject(o, "dtype", df_dtype_name(p->dtype));
     cJSON_AddStringToObject(o, "codec", df_codec_name(p->codec));
     cJSON_AddNumberToObject(o, "codec_level", p->codec_level);
-    cJSON_AddBoolToObject(o, "lossy", df_codec_is_lossy(p->codec));
+    cJSON_AddBoolToObject(o, "lossy", df_codec_is_lossy(p->codec) || p->proj_rank); /* z drops what P does not span */
     cJSON_AddNumberToObject(o, "rows_per_block", p->rows_per_block);
     cJSON_AddNumberToObject(o, "shard_bytes", (double)p->shard_bytes);
     cJSON_AddStringToObject(o, "checksum", "crc32c");
@@ -115,9 +124,13 @@ int df_cache_params_from_cjson(const cJSON *o, const char *path, df_cache_params
         return df_errf(e, -DF_ECORRUPT, "%s: format \"%s\" is not a dflash cache", path, s);
     if ((rc = get_num(o, "version", 0, 1e9, &v, path, e)))
         return rc;
-    if (v != DF_CACHE_VERSION)
-        return df_errf(e, -DF_EVERSION, "%s: cache version %g; this build reads version %d", path,
-                       v, DF_CACHE_VERSION);
+    if (v != DF_CACHE_VERSION && v != DF_CACHE_VERSION_PROJECTED)
+        return df_errf(e, -DF_EVERSION, "%s: cache version %g; this build reads versions %d and %d",
+                       path, v, DF_CACHE_VERSION, DF_CACHE_VERSION_PROJECTED);
+    const cJSON *pj = cJSON_GetObjectItemCaseSensitive(o, "projection");
+    if ((v == DF_CACHE_VERSION_PROJECTED) != (pj != NULL))
+        return df_errf(e, -DF_ECORRUPT, "%s: version %g %s a \"projection\" object", path, v,
+                       pj ? "with" : "without");
     char uuid[40];
     if ((rc = get_str(o, "uuid", uuid, sizeof uuid, path, e)))
         return rc;
@@ -150,6 +163,25 @@ int df_cache_params_from_cjson(const cJSON *o, const char *path, df_cache_params
         if (!cJSON_IsNumber(x) || x->valuedouble < 0 || x->valuedouble > 1e6)
             return df_errf(e, -DF_ECORRUPT, "%s: layers[%d] is not a layer id", path, i);
         p->layer_ids[i] = (int32_t)x->valuedouble;
+    }
+    if (pj) { /* the stored rows are z: one "layer" of rank values (cache.h) */
+        if (!cJSON_IsObject(pj))
+            return df_errf(e, -DF_ECORRUPT, "%s: \"projection\" is not an object", path);
+        if ((rc = get_num(pj, "rank", 1, DF_CACHE_MAX_HIDDEN, &v, path, e)) ||
+            (rc = get_str(pj, "basis_sha256", p->basis_sha256, sizeof p->basis_sha256, path, e)) ||
+            (rc = get_str(pj, "basis", s, sizeof s, path, e)))
+            return rc;
+        if (strcmp(s, DF_CACHE_BASIS_FILE))
+            return df_errf(e, -DF_ECORRUPT, "%s: projection basis \"%s\", want \"%s\"", path, s,
+                           DF_CACHE_BASIS_FILE);
+        p->proj_rank = (uint32_t)v;
+        p->src_hidden = p->hidden_size;
+        p->src_n_layers = p->n_layers;
+        memcpy(p->src_layer_ids, p->layer_ids, sizeof p->layer_ids);
+        p->hidden_size = p->proj_rank;
+        p->n_layers = 1;
+        memset(p->layer_ids, 0, sizeof p->layer_ids);
+        p->layer_ids[0] = DF_CACHE_PROJECTED_LAYER;
     }
     if ((rc = get_str(o, "dtype", s, sizeof s, path, e)))
         return rc;

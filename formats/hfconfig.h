@@ -118,7 +118,17 @@ typedef struct df_drafter_config {
                                                     transformers drops the window otherwise */
     int64_t vocab_size;
     char config_sha256[DF_SHA256_HEX];           /* of the parsed bytes ("" after init) */
+    int feature_dim;                             /* training only, never in config.json: the
+                                                    width of the features fc reads, 0 = K x
+                                                    hidden_size; a projected cache's rank R
+                                                    (fc is then H x R; the export merges it) */
 } df_drafter_config;
+
+/* Input width of fc: K x hidden_size, or feature_dim when set. */
+static inline int64_t df_drafter_fc_in(const df_drafter_config *c)
+{
+    return c->feature_dim ? c->feature_dim : (int64_t)c->num_target_features * c->hidden_size;
+}
 
 int df_drafter_config_load(const char *dir_or_config_json, df_drafter_config *out, df_err *e);
 int df_drafter_config_parse(const char *json, size_t len, const char *name_for_errors,

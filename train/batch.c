@@ -514,6 +514,17 @@ int df_batch_map_layers(const df_cache_params *p, const int *target_layer_ids, i
     if (K < 1 || K > DF_BATCH_MAX_FEATURES)
         return df_errf(e, -EINVAL, "batch: %d target layers (1..%d)", K, DF_BATCH_MAX_FEATURES);
     uint64_t mask = 0;
+    if (p->proj_rank) { /* one stored feature, z, made from exactly these layers in this order */
+        if ((uint32_t)K != p->src_n_layers ||
+            memcmp(target_layer_ids, p->src_layer_ids, (size_t)K * sizeof *target_layer_ids))
+            return df_errf(e, -DF_EMISMATCH, "the cache is projected from %u layers (first %d); "
+                           "the drafter wants %d (first %d): a projection reads all its layers",
+                           p->src_n_layers, p->src_layer_ids[0], K, target_layer_ids[0]);
+        cache_index[0] = 0;
+        if (layer_mask)
+            *layer_mask = 1;
+        return 0;
+    }
     for (int k = 0; k < K; k++) {
         int found = -1;
         for (uint32_t i = 0; i < p->n_layers && i < DF_CACHE_MAX_LAYERS; i++)

@@ -172,7 +172,10 @@ const df_batch_config *df_batch_get_config(const df_batch *b);
 /* Maps the drafter's target_layer_ids[K] onto the cache's layers:
  * cache_index[k] = i with params.layer_ids[i] == target_layer_ids[k], and
  * *layer_mask (for df_cache_stream_opts) selects exactly those.
- * -DF_EMISMATCH naming the first id the cache lacks. */
+ * -DF_EMISMATCH naming the first id the cache lacks. A projected cache
+ * (cache.h) stores one feature, z, made from its source layers jointly: the
+ * ids must be exactly those, in order; then cache_index[0] = 0, mask 1, and
+ * the rows hold one feature of proj_rank values per token. */
 int df_batch_map_layers(const df_cache_params *p, const int *target_layer_ids, int K,
                         int *cache_index, uint64_t *layer_mask, df_err *e);
 /* A stream item as a document, layers in drafter order. */

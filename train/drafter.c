@@ -468,7 +468,7 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
     int ok = d->arena && d->arena32 && d->act && d->argmax_host && d->act_i && d->inv &&
              d->lab_c && d->wts_c;
     if (ok && !d->host) { /* the row's features, uploaded (F32 rows: staged at first use) */
-        int64_t KH = (int64_t)c->num_target_features * c->hidden_size;
+        int64_t KH = df_drafter_fc_in(c);
         d->feat = df_backend_alloc(d->be, (size_t)(S * KH) * d->aes);
         ok = d->feat != NULL;
     }
@@ -570,7 +570,7 @@ int df_drafter_prefetch_row(df_drafter *d, const df_drafter_row *r)
     df_dtype fdt = r->feat_dtype ? r->feat_dtype : DF_DTYPE_F32;
     if (d->host || !r->pinned || fdt != d->adt || r->S > d->cap_S || !d->feat)
         return 0; /* row_step uploads them as usual */
-    size_t nf = (size_t)(r->S * (int64_t)d->c.num_target_features * d->c.hidden_size);
+    size_t nf = (size_t)(r->S * df_drafter_fc_in(&d->c));
     int rc = df_backend_upload_ahead(d->be, d->feat, r->feat, nf * d->aes);
     if (rc)
         return rc;
@@ -588,7 +588,7 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
     int64_t S = r->S, N = (int64_t)r->blocks.n_blocks * bs;
     int64_t H = c->hidden_size, D = c->head_dim, nq = c->num_attention_heads,
             nkv = c->num_key_value_heads, QD = nq * D, KD = nkv * D, F = c->intermediate_size,
-            KH = (int64_t)c->num_target_features * H;
+            KH = df_drafter_fc_in(c);
     float eps = (float)c->rms_norm_eps, scale = (float)(1.0 / sqrt((double)D));
     if (r->blocks.block_size != bs)
         return df_errf(e, -EINVAL, "row block size %d, drafter %d", r->blocks.block_size, bs);
@@ -619,8 +619,7 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         } else if (fdt == d->adt) {
             CK(up(be, d->feat, r->feat, nf * d->aes));
         } else {
-            if (!d->feat32 && !(d->feat32 = df_backend_alloc(be, (size_t)(d->cap_S *
-                                                (int64_t)c->num_target_features * H) * 4)))
+            if (!d->feat32 && !(d->feat32 = df_backend_alloc(be, (size_t)(d->cap_S * KH) * 4)))
                 return df_errf(e, -ENOMEM, "out of memory on %s staging F32 features",
                                df_backend_name(be));
             CK(up(be, d->feat32, r->feat, nf * df_dtype_size(fdt)));

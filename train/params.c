@@ -37,7 +37,7 @@ int df_params_build(const df_drafter_config *c, df_params *out, df_err *e)
     if (!out->p)
         return df_errf(e, -ENOMEM, "out of memory");
     char n[96];
-    int rc = add(out, cap, "fc.weight", H, K * H, 0);
+    int rc = add(out, cap, "fc.weight", H, df_drafter_fc_in(c), 0);
     rc |= add(out, cap, "hidden_norm.weight", H, 0, 1);
     for (int i = 0; i < c->num_hidden_layers && !rc; i++) {
 #define P(suffix, d0, d1, norm)                                 \

@@ -18,6 +18,7 @@
 #include "fsutil.h"
 #include "log.h"
 #include "params.h"
+#include "projected.h"
 #include "safetensors.h"
 #include "schedule.h"
 #include "comm.h"
@@ -314,7 +315,7 @@ static double row_flops(const df_drafter_config *c, const df_batch_row *br)
 {
     double H = c->hidden_size, D = c->head_dim, QD = (double)c->num_attention_heads * D,
            KD = (double)c->num_key_value_heads * D, F = c->intermediate_size,
-           KH = (double)c->num_target_features * H, V = (double)c->vocab_size;
+           KH = (double)df_drafter_fc_in(c), V = (double)c->vocab_size;
     double S = br->n_tokens, N = (double)br->n_blocks * br->block_size, bs = br->block_size;
     double per_layer = H * QD + 2 * H * KD + QD * H + 3 * H * F;
     double f = 4 * S * KH * H + 4 * (double)br->n_weighted * H * V;
@@ -559,6 +560,7 @@ typedef struct feeder {
     df_rng *rng;
     const df_drafter_config *c;
     const int *cache_index;
+    int n_feat;                  /* features per token as stored: K, or 1 (a projected cache) */
     const char *cache_dir;
     int nrows;
     int64_t next_step, end_step; /* steps [next_step, end_step) still to build */
@@ -596,7 +598,7 @@ static int feeder_build(feeder *f, feed_slot *sl, df_err *e)
             if (got <= 0)
                 return got < 0 ? got : df_errf(e, -ENODATA, "%s: no samples", f->cache_dir);
             df_batch_doc doc;
-            df_batch_doc_from_item(&it, f->cache_index, f->c->num_target_features, &doc);
+            df_batch_doc_from_item(&it, f->cache_index, f->n_feat, &doc);
             int added = df_batch_add(sl->rows[r], &doc, f->rng, e);
             if (added < 0)
                 return added;
@@ -1168,6 +1170,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
     df_ckpt_state ck = {0};
     source src = {0};
     df_comm *comm = NULL;
+    df_basis basis = {0};
     int nrows = o->rows_per_step > 0 ? o->rows_per_step : 1;
     int world = o->world > 1 ? o->world : 1, rank = world > 1 ? o->rank : 0;
     int lead = rank == 0; /* rank 0 writes the log, checkpoints and the export */
@@ -1185,22 +1188,35 @@ int df_train_run(const df_train_opts *o, df_err *e)
         return e ? e->code : -EIO;
     const df_cache_params *cp = &df_cache_get_info(cache)->params;
     if ((!o->random_target && strcmp(cp->config_sha256, tc.config_sha256)) ||
-        (int)cp->hidden_size != tc.hidden_size) {
+        (int)df_cache_target_hidden(cp) != tc.hidden_size) {
         rc = df_errf(e, -DF_EMISMATCH, "%s was extracted from another target (config sha256 "
                      "%.12s..., hidden %u) than %s (%.12s..., hidden %d)", o->cache_dir,
-                     cp->config_sha256, cp->hidden_size, o->target_dir, tc.config_sha256,
-                     tc.hidden_size);
+                     cp->config_sha256, df_cache_target_hidden(cp), o->target_dir,
+                     tc.config_sha256, tc.hidden_size);
         goto out;
     }
+    /* A projected cache: the drafter reads z (proj_rank values per token) through fc_r
+     * (H x R); the export merges fc = fc_r P with the cache's basis. */
+    if (cp->proj_rank && o->target_layers) {
+        rc = df_errf(e, -EINVAL, "--target-layers: %s is projected (rank %u) from layers it "
+                     "holds jointly; a subset of them cannot be taken", o->cache_dir, cp->proj_rank);
+        goto out;
+    }
+    if (cp->proj_rank && (rc = df_projected_load_basis(o->cache_dir, cp, &basis, e)))
+        goto out;
+    const int32_t *src_ids;
+    uint32_t n_src = df_cache_target_layers(cp, &src_ids);
+    const int n_feat = cp->proj_rank ? 1 : (o->target_layers ? o->n_target_layers : (int)n_src);
 
     /* The drafter config: DFLASH.md shapes, defaults from the target. */
     df_drafter_config c;
     memset(&c, 0, sizeof c);
     c.block_size = o->block_size;
     c.mask_token_id = o->mask_token_id;
-    c.num_target_features = o->target_layers ? o->n_target_layers : (int)cp->n_layers;
+    c.num_target_features = o->target_layers ? o->n_target_layers : (int)n_src;
     for (int i = 0; i < c.num_target_features; i++)
-        c.target_layer_ids[i] = o->target_layers ? o->target_layers[i] : cp->layer_ids[i];
+        c.target_layer_ids[i] = o->target_layers ? o->target_layers[i] : src_ids[i];
+    c.feature_dim = (int)cp->proj_rank;
     c.num_target_layers = tc.num_hidden_layers;
     c.num_hidden_layers = o->layers;
     c.hidden_size = tc.hidden_size;
@@ -1411,8 +1427,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
     }
     df_batch_config bc = {.max_tokens = o->max_tokens, .max_anchors = o->max_anchors,
                           .block_size = c.block_size, .mask_token_id = c.mask_token_id,
-                          .vocab_size = c.vocab_size, .hidden_size = c.hidden_size,
-                          .n_features = c.num_target_features, .dtype = cp->dtype,
+                          .vocab_size = c.vocab_size, .hidden_size = (int)cp->hidden_size,
+                          .n_features = n_feat, .dtype = cp->dtype,
                           .gamma = o->gamma, .noise = o->noise,
                           /* a device backend takes the rows as bf16: half the upload, no cast */
                           .out_dtype = df_backend_host_addressable(be) ? DF_DTYPE_F32
@@ -1424,9 +1440,17 @@ int df_train_run(const df_train_opts *o, df_err *e)
         }
         const df_cache_params *ep = &df_cache_get_info(ev.cache)->params;
         if ((!o->random_target && strcmp(ep->config_sha256, tc.config_sha256)) ||
-            (int)ep->hidden_size != tc.hidden_size) {
+            (int)df_cache_target_hidden(ep) != tc.hidden_size) {
             rc = df_errf(e, -DF_EMISMATCH, "evaluation cache %s was extracted from another target "
                          "than the training cache", o->eval_cache);
+            goto out;
+        }
+        if (ep->proj_rank != cp->proj_rank ||
+            (cp->proj_rank && strcmp(ep->basis_sha256, cp->basis_sha256))) {
+            rc = df_errf(e, -DF_EMISMATCH, "evaluation cache %s is %s; the training cache %s is "
+                         "%s: project both with the same basis (dflash cache project --basis)",
+                         o->eval_cache, ep->proj_rank ? "projected" : "not projected", o->cache_dir,
+                         cp->proj_rank ? "projected" : "not projected");
             goto out;
         }
         if ((rc = df_batch_map_layers(ep, c.target_layer_ids, c.num_target_features,
@@ -1481,6 +1505,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
     fd.src = &src;
     fd.rng = &rng;
     fd.c = &c;
+    fd.n_feat = n_feat;
     fd.cache_index = cache_index;
     fd.cache_dir = o->cache_dir;
     fd.nrows = nrows;
@@ -1674,7 +1699,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
             double t_ev = df_now();
             if (ds.overlap && (rc = df_backend_sync(be))) /* the optimizer's side stream */
                 goto out;
-            if ((rc = run_eval(&ev, d, ds.w, c.num_target_features, done, logf, o->quiet,
+            if ((rc = run_eval(&ev, d, ds.w, n_feat, done, logf, o->quiet,
                                c.block_size, e)))
                 goto out;
             t_prev += df_now() - t_ev; /* the next interval's throughput leaves it out */
@@ -1743,7 +1768,8 @@ export:;
         goto out;
     char exp[4200];
     snprintf(exp, sizeof exp, "%s/export", o->run_dir);
-    if ((rc = df_export_drafter(exp, &c, ps, ck.master, e)))
+    if ((rc = c.feature_dim ? df_export_drafter_projected(exp, &c, ps, ck.master, &basis, e)
+                            : df_export_drafter(exp, &c, ps, ck.master, e)))
         goto out;
     if (!o->quiet)
         printf("exported the drafter to %s (config.json + model.safetensors)\n", exp);
@@ -1774,6 +1800,7 @@ out:
     df_drafter_close(d);
     df_backend_close(be);
     df_st_close(tst);
+    df_basis_free(&basis);
     df_cache_close(cache);
     return rc;
 }
