@@ -19,10 +19,12 @@
 #
 # VARIANTS (space-separated NAME=SPEC; "lossless" is always run first):
 #   codec:C            train on a cache extracted with --codec C
-#   initseed:S         the lossless cache, with --init-seed S (the weights' draw) and the run's seed
-#                      for everything else: tells the init's effect from the data order's
+#   init:S[:P=S2,...]  the lossless cache, with --init-seed S (the weights' draw) and the run's seed
+#                      for everything else (tells the init's effect from the data order's); parameters
+#                      named P... drawn with seed S2 (--init-seed-for: which draw decides)
 #   project:R[:C]      `dflash cache project --rank R [--codec C]` of the lossless cache
 #   project-energy:F[:C]  the same, R chosen to keep fraction F of the features' energy
+# A SPEC may end in /S1,S2,...: that variant's seeds instead of SEEDS.
 # Environment: MODEL [.device/qwen3-code-8m, else ../shared/models/qwen3-code-8m], CORPUS [corpus30k],
 #   SEEDS ["1 2 3"], STEPS [4000], LR [3e-3], WARMUP [0.04], LAYER_TYPES [full,full], EVAL_ROWS [256],
 #   EVAL_EVERY [STEPS/4], PAR [4], REAL_TAU [0], SF_PROMPTS [64], TRAIN_ARGS [] (more train options),
@@ -72,21 +74,24 @@ extract eval split-zstd "$W/e-lossless"
 note "lossless caches extracted"
 
 # ---------------------------------------------------------------- 2. variants' caches
-declare -A TRAIN EVAL EXTRA
+declare -A TRAIN EVAL EXTRA VSEEDS
 NAMES=(lossless)
-TRAIN[lossless]=$W/c-lossless; EVAL[lossless]=$W/e-lossless; EXTRA[lossless]=""
+TRAIN[lossless]=$W/c-lossless; EVAL[lossless]=$W/e-lossless; EXTRA[lossless]=""; VSEEDS[lossless]=$SEEDS
 for v in $VARIANTS; do
   name=${v%%=*}; spec=${v#*=}
   [ "$name" != "$v" ] && [ -n "$name" ] || die "VARIANTS: '$v' is not NAME=SPEC"
-  [ "$name" = lossless ] && continue
-  NAMES+=("$name"); EXTRA[$name]=""
+  vs=$SEEDS
+  if [[ $spec == */* ]]; then vs=${spec##*/}; vs=${vs//,/ }; spec=${spec%/*}; fi
+  if [ "$name" = lossless ]; then VSEEDS[lossless]=$vs; continue; fi
+  NAMES+=("$name"); EXTRA[$name]=""; VSEEDS[$name]=$vs
   IFS=: read -r kind a b <<<"$spec"
   case $kind in
     codec)
       extract train "$a" "$W/c-$name"
       TRAIN[$name]=$W/c-$name; EVAL[$name]=$W/e-lossless;;
-    initseed)
-      TRAIN[$name]=$W/c-lossless; EVAL[$name]=$W/e-lossless; EXTRA[$name]="--init-seed $a";;
+    init)
+      TRAIN[$name]=$W/c-lossless; EVAL[$name]=$W/e-lossless; EXTRA[$name]="--init-seed $a"
+      [ -n "${b:-}" ] && EXTRA[$name]+=" --init-seed-for $b";;
     project|project-energy)
       opt="--rank $a"; [ "$kind" = project-energy ] && opt="--energy $a"
       [ -n "${b:-}" ] && opt+=" --codec $b"
@@ -146,7 +151,7 @@ else:
 PY
 }
 JOBS=()
-for name in "${NAMES[@]}"; do for seed in $SEEDS; do JOBS+=("$name $seed"); done; done
+for name in "${NAMES[@]}"; do for seed in ${VSEEDS[$name]}; do JOBS+=("$name $seed"); done; done
 note "training ${#JOBS[@]} runs, $PAR at a time ($STEPS steps each)"
 running=0
 for j in "${JOBS[@]}"; do
@@ -156,13 +161,14 @@ for j in "${JOBS[@]}"; do
 done
 wait
 note "training done"
+(cd "$W" && tar czf "$OUTD/logs.tgz" run-*/log.jsonl 2>/dev/null) || true
 
 # ---------------------------------------------------------------- 4. real acceptance length
 SFJ=$OUTD/real-tau.json
 if [ "${REAL_TAU:-0}" = 1 ]; then
-  first=$(awk '{print $1; exit}' <<<"$SEEDS")
   args=()
   for name in "${NAMES[@]}"; do
+    first=$(awk '{print $1; exit}' <<<"${VSEEDS[$name]}")
     x=$W/run-$name-s$first/export
     [ -f "$x/model.safetensors" ] && args+=(--drafter "$name=$x")
   done
