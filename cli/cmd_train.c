@@ -54,6 +54,9 @@ static void usage(FILE *f)
             "  --lr LR --min-lr LR   peak and final LR (default 6e-4, 0); warmup --warmup F (0.04)\n"
             "  --clip C              global gradient-norm clip (default 1.0)\n"
             "  --init-std S          linear init std (default 0.02)\n"
+            "  --fc-init-random      fc drawn like the other weights (default: fc starts as the\n"
+            "                        mean of the feature layers; random fc left some seeds on a\n"
+            "                        plateau, docs/NOTES.md)\n"
             "  --seed S              all randomness (default 1)\n"
             "  --init-seed S         the initial weights' draw alone (default: --seed), to\n"
             "                        tell the init's effect from the data order's\n"
@@ -153,6 +156,10 @@ int cmd_train(int argc, char **argv)
         }
         if (!strcmp(a, "--no-overlap-optimizer")) {
             o.overlap_opt = 0;
+            continue;
+        }
+        if (!strcmp(a, "--fc-init-random")) {
+            o.fc_init_random = 1;
             continue;
         }
         if (!strcmp(a, "--no-eval-walk")) {

@@ -63,6 +63,8 @@ typedef struct df_train_opts {
     double lr, min_lr, warmup_frac, clip, init_std;
     uint64_t seed;              /* data order, anchors, noise; and the init unless init_seed */
     uint64_t init_seed;         /* the weights' initial draw; 0 = seed */
+    int fc_init_random;         /* fc drawn like the other linear weights; default (0): fc starts
+                                   as the mean of the K feature layers (train.c, "fc_init_mean") */
     const char *init_seed_for;  /* "PREFIX=S[,PREFIX=S...]": parameters whose names start with
                                    PREFIX drawn with seed S (finding which draw matters); NULL */
     /* bookkeeping */
