@@ -17,12 +17,15 @@
 #include "cache_writer.h"
 #include "cmds.h"
 #include "fsutil.h"
+#include "hfconfig.h"
+#include "safetensors.h"
 #include "pool.h"
 
 static void project_usage(FILE *f)
 {
     fprintf(f,
-            "usage: dflash cache project IN OUT (--rank R | --energy F | --basis FILE) [options]\n"
+            "usage: dflash cache project IN OUT (--rank R | --energy F | --basis FILE |\n"
+            "                                    --fc-basis DRAFTER) [options]\n"
             "Derives a projected cache OUT from the finished BF16 cache IN, without the target:\n"
             "each token's features x (IN's layers, concatenated: D = layers x hidden values)\n"
             "are stored as z = P x (R BF16 values), P the top-R eigenvectors of the features'\n"
@@ -35,6 +38,9 @@ static void project_usage(FILE *f)
             "                      of the features' energy\n"
             "  --basis FILE        use this basis (another projected cache's basis.dfb: an eval\n"
             "                      cache must be projected with its train cache's basis)\n"
+            "  --fc-basis DRAFTER  P = the row space of fc of a drafter export (config.json +\n"
+            "                      model.safetensors of a run on IN's layers, e.g. a short one):\n"
+            "                      R = its hidden size, the subspace that fc reads\n"
             "  --sample-tokens N   tokens the second moment is taken over, from documents spread\n"
             "                      over IN (default 2000000; all of IN when it holds fewer)\n"
             "  --codec C           OUT's codec (default split-zstd); --level N its level\n"
@@ -101,6 +107,49 @@ static int fit_moment(reader *r, uint64_t want, df_moment *m, df_pool *pool, df_
                                        df_cache_dir(r->c));
 }
 
+/* The row space of fc.weight (hidden x K*hidden) of the drafter export in
+ * dir, whose target layers must be the cache's, in order. */
+static int fc_row_basis(const char *dir, const df_cache_params *ip, df_pool *pool, df_basis *b,
+                        df_err *e)
+{
+    df_drafter_config dc;
+    int rc = df_drafter_config_load(dir, &dc, e);
+    if (rc)
+        return rc;
+    int K = (int)ip->n_layers, H = (int)ip->hidden_size;
+    int same = dc.num_target_features == K && dc.hidden_size == H;
+    for (int k = 0; same && k < K; k++)
+        same = dc.target_layer_ids[k] == ip->layer_ids[k];
+    if (!same)
+        return df_errf(e, -DF_EMISMATCH, "%s: a drafter of %d target layers (first %d) x %d; the "
+                       "cache holds %d (first %d) x %d", dir, dc.num_target_features,
+                       dc.target_layer_ids[0], dc.hidden_size, K, ip->layer_ids[0], H);
+    df_st *st = NULL;
+    if ((rc = df_st_open(dir, &st, e)))
+        return rc;
+    const df_st_tensor *t = df_st_find(st, "fc.weight");
+    float *a = NULL;
+    int64_t D = (int64_t)K * H;
+    if (!t || t->ndim != 2 || t->shape[0] != H || t->shape[1] != D ||
+        (t->dtype != DF_DTYPE_BF16 && t->dtype != DF_DTYPE_F32)) {
+        rc = df_errf(e, -DF_EMISMATCH, "%s: fc.weight missing or not %d x %" PRId64
+                     " BF16/F32", dir, H, D);
+        goto out;
+    }
+    if (!(a = malloc((size_t)(H * D) * sizeof *a))) {
+        rc = df_errf(e, -ENOMEM, "out of memory for fc.weight");
+        goto out;
+    }
+    size_t es = df_dtype_size(t->dtype);
+    for (int64_t i = 0; i < H * D; i++)
+        a[i] = df_elem_to_f32((const uint8_t *)t->data + (size_t)i * es, t->dtype);
+    rc = df_basis_from_rows(a, H, K, H, ip->layer_ids, 0, 1.0, pool, b, e);
+out:
+    free(a);
+    df_st_close(st);
+    return rc;
+}
+
 static int parse_num(const char *s, double lo, double hi, double *v)
 {
     char *end;
@@ -110,7 +159,8 @@ static int parse_num(const char *s, double lo, double hi, double *v)
 
 int cmd_cache_project(int argc, char **argv)
 {
-    const char *in = NULL, *outd = NULL, *basis_path = NULL, *codec_name = "split-zstd";
+    const char *in = NULL, *outd = NULL, *basis_path = NULL, *fc_dir = NULL,
+               *codec_name = "split-zstd";
     double rank = 0, energy = 0, sample = 2e6, level = 0, threads = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
@@ -139,6 +189,8 @@ int cmd_cache_project(int argc, char **argv)
             bad = parse_num(v, 1e-9, 1, &energy);
         else if (!strcmp(a, "--basis"))
             basis_path = v;
+        else if (!strcmp(a, "--fc-basis"))
+            fc_dir = v;
         else if (!strcmp(a, "--sample-tokens"))
             bad = parse_num(v, 1, 1e15, &sample);
         else if (!strcmp(a, "--codec"))
@@ -158,10 +210,10 @@ int cmd_cache_project(int argc, char **argv)
             return 2;
         }
     }
-    int n_choice = (rank > 0) + (energy > 0) + (basis_path != NULL);
+    int n_choice = (rank > 0) + (energy > 0) + (basis_path != NULL) + (fc_dir != NULL);
     if (!in || !outd || n_choice != 1) {
         fprintf(stderr, "dflash cache project: want IN, OUT and exactly one of --rank, --energy, "
-                        "--basis\n");
+                        "--basis, --fc-basis\n");
         project_usage(stderr);
         return 2;
     }
@@ -203,6 +255,7 @@ int cmd_cache_project(int argc, char **argv)
     }
     int K = (int)ip->n_layers, H = (int)ip->hidden_size;
     int64_t D = (int64_t)K * H;
+    double kept_data = -1; /* --fc-basis: what it keeps of the features' energy */
     if (rank > (double)D) {
         rc = df_errf(&e, -EINVAL, "--rank %.0f out of range: %s holds %d layers x %d = %" PRId64
                      " values per token", rank, in, K, H, D);
@@ -237,6 +290,20 @@ int cmd_cache_project(int argc, char **argv)
         }
         if (from != bpath && (rc = df_basis_write(&b, bpath, &e)))
             goto out;
+    } else if (fc_dir) {
+        if ((rc = fc_row_basis(fc_dir, ip, pool, &b, &e)) || (rc = df_basis_write(&b, bpath, &e)))
+            goto out;
+        /* what it keeps of the features' energy (the file's figures are fc's rows') */
+        double kept, lk[DF_BASIS_MAX_LAYERS];
+        if ((rc = df_moment_init(&m, K, H, ip->layer_ids, &e)) ||
+            (rc = fit_moment(&r, (uint64_t)(sample < 5e5 ? sample : 5e5), &m, pool, &e)) ||
+            (rc = df_basis_eval(&b, &m, &kept, lk, pool, &e)))
+            goto out;
+        kept_data = kept;
+        fprintf(stderr, "fc basis: keeps %.3f%% of the features' energy (per layer:", 100 * kept);
+        for (int k = 0; k < K; k++)
+            fprintf(stderr, " %d: %.2f%%", b.layer_ids[k], 100 * lk[k]);
+        fprintf(stderr, ")\n");
     } else {
         if ((rc = df_moment_init(&m, K, H, ip->layer_ids, &e)) ||
             (rc = fit_moment(&r, (uint64_t)sample, &m, pool, &e)) ||
@@ -245,7 +312,8 @@ int cmd_cache_project(int argc, char **argv)
             goto out;
     }
     fprintf(stderr, "basis: rank %d of %" PRId64 " (%.2f%% of the values), keeps %.3f%% of the "
-            "energy (per layer:", b.R, D, 100.0 * b.R / (double)D, 100 * b.kept);
+            "%s energy (per layer:", b.R, D, 100.0 * b.R / (double)D, 100 * b.kept,
+            b.kind == DF_BASIS_KIND_ROWS ? "fitted rows'" : "features'");
     for (int k = 0; k < K; k++)
         fprintf(stderr, " %d: %.2f%%", b.layer_ids[k], 100 * b.layer_kept[k]);
     fprintf(stderr, ")\n");
@@ -315,7 +383,9 @@ int cmd_cache_project(int argc, char **argv)
     w = NULL;
     if (!rc)
         printf("%s: %zu samples, %" PRIu64 " tokens, rank %d of %" PRId64 ", %.3f%% of the "
-               "energy kept\n", outd, n, all_tok, b.R, D, 100 * b.kept);
+               "features' energy kept%s\n", outd, n, all_tok, b.R, D,
+               100 * (kept_data >= 0 ? kept_data : b.kept), kept_data >= 0 || !from ? ""
+               : " (of the basis' own fit)");
 out:
     if (w)
         df_cache_writer_abandon(w);

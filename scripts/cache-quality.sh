@@ -24,10 +24,14 @@
 #                      named P... drawn with seed S2 (--init-seed-for: which draw decides)
 #   project:R[:C]      `dflash cache project --rank R [--codec C]` of the lossless cache
 #   project-energy:F[:C]  the same, R chosen to keep fraction F of the features' energy
+#   fcbasis:N[:C]      P = the row space of fc (R = hidden size: the subspace fc reads) of a drafter
+#                      trained N steps on the lossless cache (seed 1000, its own run), then projected
 # A SPEC may end in /S1,S2,...: that variant's seeds instead of SEEDS.
 # Environment: MODEL [.device/qwen3-code-8m, else ../shared/models/qwen3-code-8m], CORPUS [corpus30k],
 #   SEEDS ["1 2 3"], STEPS [4000], LR [3e-3], WARMUP [0.04], LAYER_TYPES [full,full], EVAL_ROWS [256],
-#   EVAL_EVERY [STEPS/4], PAR [4], REAL_TAU [0], SF_PROMPTS [64], TRAIN_ARGS [] (more train options),
+#   EVAL_EVERY [STEPS/4], PAR [4], REAL_TAU [0] (1: every variant's first-seed export; or a list of
+#   variant names), SF_PROMPTS [64], DEADLINE [none] (seconds after the start past which the real-tau
+#   stage is skipped), TRAIN_ARGS [] (more train options),
 #   DEVICE [cuda], LIMIT [all] (records of each corpus: for a quick check of the script on a CPU).
 # Outputs: OUT_DIR/table.md (printed last), OUT_DIR/runs.tsv (one line per run), logs in OUT_DIR/logs.
 set -uo pipefail
@@ -49,6 +53,8 @@ SEEDS=${SEEDS:-1 2 3}; STEPS=${STEPS:-4000}; LR=${LR:-3e-3}; WARMUP=${WARMUP:-0.
 LAYER_TYPES=${LAYER_TYPES:-full,full}; EVAL_ROWS=${EVAL_ROWS:-256}; EVAL_EVERY=${EVAL_EVERY:-$((STEPS / 4))}
 PAR=${PAR:-4}; DEVICE=${DEVICE:-cuda}; VARIANTS=${VARIANTS:-}
 NL=$(tr ',' '\n' <<<"$LAYER_TYPES" | wc -l)
+DRAFTER_ARGS="--mask-token 1 --block-size 16 --layers $NL --layer-types $LAYER_TYPES --heads 4 --kv-heads 2
+  --head-dim 64 --intermediate 768 --max-tokens 4096 --max-anchors 512 --lr $LR --warmup $WARMUP"
 mkdir -p "$W" "$OUTD/logs" || die "cannot create $W / $OUTD"
 LOGS=$OUTD/logs
 now() { date +%s.%N; }
@@ -92,16 +98,28 @@ for v in $VARIANTS; do
     init)
       TRAIN[$name]=$W/c-lossless; EVAL[$name]=$W/e-lossless; EXTRA[$name]="--init-seed $a"
       [ -n "${b:-}" ] && EXTRA[$name]+=" --init-seed-for $b";;
-    project|project-energy)
-      opt="--rank $a"; [ "$kind" = project-energy ] && opt="--energy $a"
+    fcbasis|project|project-energy)
+      case $kind in
+        fcbasis)
+          fr=$W/fcrun-$a
+          if [ ! -f "$fr/export/model.safetensors" ]; then
+            "$D" train --device "$DEVICE" --cache "$W/c-lossless" --target "$MODEL" --out "$fr" --steps "$a" \
+              $DRAFTER_ARGS --seed 1000 --log-every 100 --no-ckpt --buffered-io --quiet ${TRAIN_ARGS:-} \
+              >"$LOGS/fcrun-$a.log" 2>&1 || die "the fc-basis run of $a steps failed (see $LOGS/fcrun-$a.log)"
+          fi
+          opt="--fc-basis $fr/export";;
+        project) opt="--rank $a";;
+        *) opt="--energy $a";;
+      esac
       [ -n "${b:-}" ] && opt+=" --codec $b"
       if [ ! -f "$W/c-$name/manifest.json" ]; then
         "$D" cache project "$W/c-lossless" "$W/c-$name" $opt >"$LOGS/project-$name.log" 2>&1 ||
           die "cache project $name failed (see $LOGS/project-$name.log)"
       fi
       if [ ! -f "$W/e-$name/manifest.json" ]; then
+        # lossless codec: the drafter is scored on the features serving gives it (exact x, so exact z)
         "$D" cache project "$W/e-lossless" "$W/e-$name" --basis "$W/c-$name/basis.dfb" \
-          ${b:+--codec $b} >"$LOGS/project-eval-$name.log" 2>&1 ||
+          >"$LOGS/project-eval-$name.log" 2>&1 ||
           die "cache project (eval) $name failed (see $LOGS/project-eval-$name.log)"
       fi
       TRAIN[$name]=$W/c-$name; EVAL[$name]=$W/e-$name;;
@@ -125,9 +143,7 @@ train_one() { # train_one NAME SEED
   local name=$1 seed=$2 run=$W/run-$1-s$2 t0; t0=$(now)
   rm -rf "$run"
   "$D" train --device "$DEVICE" --cache "${TRAIN[$name]}" --eval-cache "${EVAL[$name]}" --target "$MODEL" \
-    --out "$run" --steps "$STEPS" --mask-token 1 --block-size 16 --layers "$NL" --layer-types "$LAYER_TYPES" \
-    --heads 4 --kv-heads 2 --head-dim 64 --intermediate 768 --max-tokens 4096 --max-anchors 512 \
-    --lr "$LR" --warmup "$WARMUP" --seed "$seed" --log-every 100 --eval-every "$EVAL_EVERY" \
+    --out "$run" --steps "$STEPS" $DRAFTER_ARGS --seed "$seed" --log-every 100 --eval-every "$EVAL_EVERY" \
     --eval-rows "$EVAL_ROWS" --ckpt-every "$STEPS" --keep-last 1 --buffered-io --quiet \
     ${EXTRA[$name]} ${TRAIN_ARGS:-} >"$LOGS/train-$name-s$seed.log" 2>&1
   local rc=$? secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
@@ -163,23 +179,6 @@ wait
 note "training done"
 (cd "$W" && tar czf "$OUTD/logs.tgz" run-*/log.jsonl 2>/dev/null) || true
 
-# ---------------------------------------------------------------- 4. real acceptance length
-SFJ=$OUTD/real-tau.json
-if [ "${REAL_TAU:-0}" = 1 ]; then
-  args=()
-  for name in "${NAMES[@]}"; do
-    first=$(awk '{print $1; exit}' <<<"${VSEEDS[$name]}")
-    x=$W/run-$name-s$first/export
-    [ -f "$x/model.safetensors" ] && args+=(--drafter "$name=$x")
-  done
-  if [ ${#args[@]} -gt 0 ]; then
-    python3 "$ROOT/scripts/specforge_tau.py" --target "$MODEL" --eval-corpus "$W/eval.jsonl" "${args[@]}" \
-      --prompts "${SF_PROMPTS:-64}" --json-out "$SFJ" >"$LOGS/real-tau.log" 2>&1 ||
-      echo "cache-quality: specforge_tau.py failed (see $LOGS/real-tau.log)" >&2
-  fi
-  note "real tau done"
-fi
-
 # ---------------------------------------------------------------- 5. the table
 SIZES=$OUTD/sizes.tsv
 : >"$SIZES"
@@ -187,6 +186,8 @@ for name in "${NAMES[@]}"; do
   read -r tok st raw <<<"$(tokens_of "${TRAIN[$name]}")"
   printf '%s\t%s\t%s\n' "$name" "$tok" "$st" >>"$SIZES"
 done
+SFJ=$OUTD/real-tau.json
+print_table() {
 python3 - "$RUNS" "$SIZES" "$LRAW" "$LTOK" "$SFJ" "$OUTD/table.md" <<'PY'
 import json, math, os, statistics as st, sys
 runs_p, sizes_p, lraw, ltok, sfj, out = sys.argv[1:]
@@ -229,4 +230,29 @@ txt = "\n".join(lines) + "\n"
 open(out, "w").write(txt)
 print(txt)
 PY
+}
+print_table
+
+# ---------------------------------------------------------------- 4. real acceptance length
+elapsed() { awk -v a="$t_start" -v b="$(now)" 'BEGIN { printf "%d", b - a }'; }
+if [ "${REAL_TAU:-0}" != 0 ] && [ -n "${DEADLINE:-}" ] && [ "$(elapsed)" -gt "$DEADLINE" ]; then
+  note "real tau skipped: past DEADLINE=$DEADLINE s"
+elif [ "${REAL_TAU:-0}" != 0 ]; then
+  want=" ${NAMES[*]} "; [ "$REAL_TAU" = 1 ] || want=" ${REAL_TAU//,/ } "
+  args=()
+  for name in "${NAMES[@]}"; do
+    [[ $want == *" $name "* ]] || continue
+    first=$(awk '{print $1; exit}' <<<"${VSEEDS[$name]}")
+    x=$W/run-$name-s$first/export
+    [ -f "$x/model.safetensors" ] && args+=(--drafter "$name=$x")
+  done
+  if [ ${#args[@]} -gt 0 ]; then
+    python3 "$ROOT/scripts/specforge_tau.py" --target "$MODEL" --eval-corpus "$W/eval.jsonl" "${args[@]}" \
+      --prompts "${SF_PROMPTS:-64}" --json-out "$SFJ" >"$LOGS/real-tau.log" 2>&1 ||
+      echo "cache-quality: specforge_tau.py failed (see $LOGS/real-tau.log)" >&2
+  fi
+  note "real tau done"
+  print_table
+fi
 note "done"
+
