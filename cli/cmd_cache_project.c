@@ -244,7 +244,7 @@ int cmd_cache_project(int argc, char **argv)
     r.p = &df_cache_get_info(r.c)->params;
     const df_cache_params *ip = r.p;
     if (ip->proj_rank) {
-        rc = df_errf(&e, -EINVAL, "%s is projected already (rank %u); project its source cache",
+        rc = df_errf(&e, -DF_EMISMATCH, "%s is projected already (rank %u); project its source cache",
                      in, ip->proj_rank);
         goto out;
     }
@@ -291,13 +291,17 @@ int cmd_cache_project(int argc, char **argv)
         if (from != bpath && (rc = df_basis_write(&b, bpath, &e)))
             goto out;
     } else if (fc_dir) {
-        if ((rc = fc_row_basis(fc_dir, ip, pool, &b, &e)) || (rc = df_basis_write(&b, bpath, &e)))
-            goto out;
-        /* what it keeps of the features' energy (the file's figures are fc's rows') */
+        /* the kept fractions stored are what it keeps of the features' energy (measured on
+         * a sample), not of fc's rows, which it keeps whole */
         double kept, lk[DF_BASIS_MAX_LAYERS];
-        if ((rc = df_moment_init(&m, K, H, ip->layer_ids, &e)) ||
+        if ((rc = fc_row_basis(fc_dir, ip, pool, &b, &e)) ||
+            (rc = df_moment_init(&m, K, H, ip->layer_ids, &e)) ||
             (rc = fit_moment(&r, (uint64_t)(sample < 5e5 ? sample : 5e5), &m, pool, &e)) ||
             (rc = df_basis_eval(&b, &m, &kept, lk, pool, &e)))
+            goto out;
+        b.kept = kept;
+        memcpy(b.layer_kept, lk, sizeof lk);
+        if ((rc = df_basis_write(&b, bpath, &e)))
             goto out;
         kept_data = kept;
         fprintf(stderr, "fc basis: keeps %.3f%% of the features' energy (per layer:", 100 * kept);
@@ -312,8 +316,7 @@ int cmd_cache_project(int argc, char **argv)
             goto out;
     }
     fprintf(stderr, "basis: rank %d of %" PRId64 " (%.2f%% of the values), keeps %.3f%% of the "
-            "%s energy (per layer:", b.R, D, 100.0 * b.R / (double)D, 100 * b.kept,
-            b.kind == DF_BASIS_KIND_ROWS ? "fitted rows'" : "features'");
+            "features' energy (per layer:", b.R, D, 100.0 * b.R / (double)D, 100 * b.kept);
     for (int k = 0; k < K; k++)
         fprintf(stderr, " %d: %.2f%%", b.layer_ids[k], 100 * b.layer_kept[k]);
     fprintf(stderr, ")\n");
@@ -341,8 +344,6 @@ int cmd_cache_project(int argc, char **argv)
         rc = e.code ? e.code : -EIO;
         goto out;
     }
-    if ((rc = df_basis_prepare(&b, pool, &e)))
-        goto out;
     size_t n = df_cache_count(r.c);
     uint64_t done_tok = 0, all_tok = df_cache_get_info(r.c)->tokens;
     double t0 = df_now(), last = t0;
@@ -385,7 +386,7 @@ int cmd_cache_project(int argc, char **argv)
         printf("%s: %zu samples, %" PRIu64 " tokens, rank %d of %" PRId64 ", %.3f%% of the "
                "features' energy kept%s\n", outd, n, all_tok, b.R, D,
                100 * (kept_data >= 0 ? kept_data : b.kept), kept_data >= 0 || !from ? ""
-               : " (of the basis' own fit)");
+               : " (on the sample the basis was fitted on)");
 out:
     if (w)
         df_cache_writer_abandon(w);

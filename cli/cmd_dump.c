@@ -21,6 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "basis.h"
 #include "cache.h"
 #include "cmds.h"
 #include "codec.h"
@@ -408,6 +409,30 @@ static const char *shard_name(const df_cache_info *inf, uint32_t s)
 /* ------------------------------------------------------------------ */
 /* summary                                                             */
 
+/* What a projected cache's basis file says of itself (dump --verify checks it). */
+typedef struct basis_facts {
+    int K, kind;
+    int32_t layer_ids[DF_BASIS_MAX_LAYERS];
+    double kept, layer_kept[DF_BASIS_MAX_LAYERS];
+} basis_facts;
+
+static int read_basis_facts(const char *dir, basis_facts *f)
+{
+    char path[4200];
+    df_basis b = {0};
+    df_err e = {0};
+    snprintf(path, sizeof path, "%s/%s", dir, DF_CACHE_BASIS_FILE);
+    if (df_basis_read(path, &b, &e))
+        return -1;
+    f->K = b.K;
+    f->kind = b.kind;
+    f->kept = b.kept;
+    memcpy(f->layer_ids, b.layer_ids, sizeof f->layer_ids);
+    memcpy(f->layer_kept, b.layer_kept, sizeof f->layer_kept);
+    df_basis_free(&b);
+    return 0;
+}
+
 static int do_summary(df_cache *c, const opts *o)
 {
     const df_cache_info *inf = df_cache_get_info(c);
@@ -421,13 +446,14 @@ static int do_summary(df_cache *c, const opts *o)
         hex(uuid, p->uuid, 16);
         cJSON_AddStringToObject(r, "dir", df_cache_dir(c));
         cJSON_AddStringToObject(r, "created_by", inf->created_by);
-        cJSON_AddNumberToObject(r, "format_version", DF_CACHE_VERSION);
+        cJSON_AddNumberToObject(r, "format_version",
+                                p->proj_rank ? DF_CACHE_VERSION_PROJECTED : DF_CACHE_VERSION);
         cJSON_AddStringToObject(r, "uuid", uuid);
         cJSON_AddItemToObject(r, "target", t = cJSON_CreateObject());
         cJSON_AddStringToObject(t, "model_type", p->model_type);
         cJSON_AddStringToObject(t, "target_name", p->target_name);
         cJSON_AddStringToObject(t, "config_sha256", p->config_sha256);
-        cJSON_AddNumberToObject(t, "hidden_size", p->hidden_size);
+        cJSON_AddNumberToObject(t, "hidden_size", df_cache_target_hidden(p));
         cJSON_AddNumberToObject(t, "num_layers", p->num_target_layers);
         cJSON_AddNumberToObject(t, "vocab_size", (double)p->vocab_size);
         cJSON_AddItemToObject(r, "layer_ids", a = cJSON_CreateArray());
@@ -439,6 +465,26 @@ static int do_summary(df_cache *c, const opts *o)
         cJSON_AddStringToObject(cd, "name", df_codec_name(p->codec));
         cJSON_AddNumberToObject(cd, "level", p->codec_level);
         cJSON_AddBoolToObject(cd, "lossy", df_codec_is_lossy(p->codec) ? 1 : 0);
+        if (p->proj_rank) {
+            cJSON *pj = cJSON_AddObjectToObject(r, "projection");
+            cJSON_AddNumberToObject(pj, "rank", p->proj_rank);
+            cJSON_AddItemToObject(pj, "source_layer_ids", a = cJSON_CreateArray());
+            for (uint32_t i = 0; i < p->src_n_layers; i++)
+                cJSON_AddItemToArray(a, cJSON_CreateNumber(p->src_layer_ids[i]));
+            cJSON_AddNumberToObject(pj, "source_hidden_size", p->src_hidden);
+            cJSON_AddStringToObject(pj, "basis_sha256", p->basis_sha256);
+            double src_raw = (double)p->src_n_layers * p->src_hidden * df_dtype_size(p->dtype);
+            json_add_ratio(pj, "ratio_of_source", (double)inf->stored_bytes, src_raw * tok);
+            basis_facts bf;
+            if (!read_basis_facts(df_cache_dir(c), &bf)) {
+                cJSON_AddNumberToObject(pj, "kept_energy", bf.kept);
+                cJSON_AddItemToObject(pj, "kept_energy_per_layer", a = cJSON_CreateArray());
+                for (int k = 0; k < bf.K; k++)
+                    cJSON_AddItemToArray(a, cJSON_CreateNumber(bf.layer_kept[k]));
+                cJSON_AddStringToObject(pj, "basis_kind", bf.kind == DF_BASIS_KIND_ROWS
+                                                              ? "rows" : "moment");
+            }
+        }
         cJSON_AddNumberToObject(r, "rows_per_block", p->rows_per_block);
         cJSON_AddNumberToObject(r, "world_size", p->world_size);
         cJSON_AddItemToObject(r, "shards", sh = cJSON_CreateObject());
@@ -488,19 +534,44 @@ static int do_summary(df_cache *c, const opts *o)
     printf("created by   %s\n", inf->created_by[0] ? inf->created_by : "?");
     printf("target       %s '%s'  config sha256 %.12s  hidden %" PRIu32 "  layers %" PRIu32
            "  vocab %" PRId64 "\n",
-           p->model_type, p->target_name, p->config_sha256, p->hidden_size,
+           p->model_type, p->target_name, p->config_sha256, df_cache_target_hidden(p),
            p->num_target_layers, p->vocab_size);
-    printf("features     %" PRIu32 " layer%s:", p->n_layers, p->n_layers == 1 ? "" : "s");
-    for (uint32_t i = 0; i < p->n_layers && i < DF_CACHE_MAX_LAYERS; i++)
-        printf(" %" PRId32, p->layer_ids[i]);
-    printf("\n");
+    if (p->proj_rank) {
+        printf("features     PROJECTED: z = P x, rank %" PRIu32 " of %" PRIu32 " x %" PRIu32
+               " (layers", p->proj_rank, p->src_n_layers, p->src_hidden);
+        for (uint32_t i = 0; i < p->src_n_layers; i++)
+            printf(" %" PRId32, p->src_layer_ids[i]);
+        printf("), basis %s sha256 %.12s\n", DF_CACHE_BASIS_FILE, p->basis_sha256);
+        basis_facts bf;
+        if (read_basis_facts(df_cache_dir(c), &bf))
+            printf("basis        unreadable (dflash dump --verify says why)\n");
+        else {
+            printf("basis        %s, keeps %.2f%% of the features' energy; per layer:",
+                   bf.kind == DF_BASIS_KIND_ROWS ? "a drafter's fc rows" : "top eigenvectors",
+                   100 * bf.kept);
+            for (int k = 0; k < bf.K; k++)
+                printf(" %d: %.2f%%", bf.layer_ids[k], 100 * bf.layer_kept[k]);
+            printf("\n");
+        }
+        double src_raw = (double)p->src_n_layers * p->src_hidden * df_dtype_size(p->dtype);
+        if (inf->tokens)
+            printf("of source    stored %s of the raw features' %s per token (%s)\n",
+                   human_bytes(b1, sizeof b1, (double)inf->stored_bytes / tok),
+                   human_bytes(b2, sizeof b2, src_raw),
+                   ratio_str(b3, sizeof b3, (double)inf->stored_bytes, src_raw * tok));
+    } else {
+        printf("features     %" PRIu32 " layer%s:", p->n_layers, p->n_layers == 1 ? "" : "s");
+        for (uint32_t i = 0; i < p->n_layers && i < DF_CACHE_MAX_LAYERS; i++)
+            printf(" %" PRId32, p->layer_ids[i]);
+        printf("\n");
+    }
     printf("dtype        %s\n", df_dtype_name(p->dtype));
     if (p->codec_level)
         snprintf(b1, sizeof b1, "level %d", p->codec_level);
     else
         snprintf(b1, sizeof b1, "default level");
     printf("codec        %s (%s), %s\n", df_codec_name(p->codec), b1,
-           df_codec_is_lossy(p->codec) ? "LOSSY" : "lossless");
+           df_codec_is_lossy(p->codec) ? "LOSSY" : p->proj_rank ? "lossless (of z)" : "lossless");
     printf("block        %" PRIu32 " rows\n", p->rows_per_block);
     printf("shards       %" PRIu32 " (%" PRIu32 " writer rank%s), %s\n", inf->n_shards,
            p->world_size, p->world_size == 1 ? "" : "s",
@@ -525,7 +596,8 @@ static int do_summary(df_cache *c, const opts *o)
            human_bytes(b4, sizeof b4, (double)inf->stored_bytes));
     printf("  %-6s %12s %12s %7s\n", "layer", "raw", "stored", "ratio");
     for (uint32_t i = 0; i < p->n_layers && i < DF_CACHE_MAX_LAYERS; i++)
-        printf("  %-6" PRId32 " %12s %12s %7s\n", p->layer_ids[i],
+        printf("  %-6s %12s %12s %7s\n", p->proj_rank ? "z" : (snprintf(b4, sizeof b4, "%" PRId32,
+                                                                       p->layer_ids[i]), b4),
                human_bytes(b1, sizeof b1, (double)inf->layer_raw[i]),
                human_bytes(b2, sizeof b2, (double)inf->layer_stored[i]),
                ratio_str(b3, sizeof b3, (double)inf->layer_stored[i], (double)inf->layer_raw[i]));

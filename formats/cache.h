@@ -268,6 +268,12 @@ int df_cache_read(df_cache *c, size_t k, uint64_t layer_mask, df_cache_out *out,
 int df_cache_verify(df_cache *c, df_pool *pool, void (*progress)(void *, uint64_t, uint64_t),
                     void *arg, uint64_t *n_bad, df_err *e);
 
+/* A projected cache's basis file: present, the SHA-256 the manifest names,
+ * a valid basis (formats/basis.h) of the cache's rank, layers and hidden
+ * size. 0 for a cache that is not projected; else -DF_ECORRUPT (or the
+ * reader's error) naming the file. df_cache_verify runs it first. */
+int df_cache_check_basis(const char *dir, const df_cache_params *p, df_err *e);
+
 /* Merges rank-*.json into manifest.json once all world_size ranks are done
  * (-EAGAIN while some are not). Ranks finishing together may all call it:
  * they take turns on an flock of dir, and once the manifest exists it returns 0. */

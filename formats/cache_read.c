@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "basis.h"
 #include "cache.h"
 #include "cache_internal.h"
 #include "fsutil.h"
@@ -360,9 +361,41 @@ static int verify_one(void *vp, size_t k)
     return rc;
 }
 
+int df_cache_check_basis(const char *dir, const df_cache_params *p, df_err *e)
+{
+    if (!p->proj_rank)
+        return 0;
+    char path[4200], hex[DF_SHA256_HEX];
+    if (snprintf(path, sizeof path, "%s/%s", dir, DF_CACHE_BASIS_FILE) >= (int)sizeof path)
+        return df_errf(e, -ENAMETOOLONG, "%s: path too long", dir);
+    int rc = df_basis_sha256(path, hex, e);
+    if (rc)
+        return rc;
+    if (strcmp(hex, p->basis_sha256))
+        return df_errf(e, -DF_ECORRUPT, "%s: sha256 %.12s... is not the basis the cache was "
+                       "projected with (%.12s...)", path, hex, p->basis_sha256);
+    df_basis b = {0};
+    if ((rc = df_basis_read(path, &b, e)))
+        return rc;
+    if ((uint32_t)b.R != p->proj_rank || (uint32_t)b.K != p->src_n_layers ||
+        (uint32_t)b.H != p->src_hidden ||
+        memcmp(b.layer_ids, p->src_layer_ids, (size_t)b.K * sizeof *b.layer_ids))
+        rc = df_errf(e, -DF_ECORRUPT, "%s: a rank-%d basis of %d layers x %d; the cache holds "
+                     "rank %u of %u layers x %u", path, b.R, b.K, b.H, p->proj_rank,
+                     p->src_n_layers, p->src_hidden);
+    df_basis_free(&b);
+    return rc;
+}
+
 int df_cache_verify(df_cache *c, df_pool *pool, void (*progress)(void *, uint64_t, uint64_t),
                     void *arg, uint64_t *n_bad, df_err *e)
 {
+    int brc = df_cache_check_basis(c->dir, &c->info.params, e);
+    if (brc) {
+        if (n_bad)
+            *n_bad = 0;
+        return brc;
+    }
     verify_job j = {.c = c, .progress = progress, .arg = arg};
     pthread_mutex_init(&j.mu, NULL);
     int rc = df_pool_for(pool, c->n, verify_one, &j);

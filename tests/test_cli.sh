@@ -167,6 +167,43 @@ run 1 "another target" "$D" train $TA --out "$W/runC" --target "$SRC/tests/fixtu
 run 1 "layer" "$D" train $TA --out "$W/runD" --target-layers 0,3
 run 2 "mask-token" "$D" train --cache "$W/ext3" --target "$TM" --out "$W/runE" --steps 5
 
+# --- projected caches: `cache project` derives one from a finished cache without the target; a
+# drafter trains on z and its export is an ordinary drafter (fc merged to hidden x K*hidden)
+run 0 "rank 24 of " "$D" cache project "$W/ext3" "$W/pj" --rank 24
+run 0 "OK: 96 samples" "$D" dump "$W/pj" --verify
+run 0 "PROJECTED: z = P x, rank 24 of 3 x" "$D" dump "$W/pj"
+grep -Eq '"version":[[:space:]]*2' "$W/pj/manifest.json" || fail "a projected manifest is not version 2"
+run 0 "rank 24 of " "$D" cache project "$W/evc" "$W/pje" --basis "$W/pj/basis.dfb"
+run 0 "eval @ step 60: .* tau_walk" "$D" train ${TA/--quiet/} --cache "$W/pj" --out "$W/runP" --eval-cache "$W/pje" --eval-rows 4
+hid=$(sed -nE 's/.*"hidden_size":[[:space:]]*([0-9]+).*/\1/p' "$TM/config.json" | head -1)
+grep -aq "\"fc.weight\":{\"dtype\":\"BF16\",\"shape\":\[$hid,$((3 * hid))\]" "$W/runP/export/model.safetensors" ||
+  fail "the projected run's export has no merged fc.weight [$hid, $((3 * hid))]"
+grep -q '"target_layer_ids":[[:space:]]*\[0, 1, 2\]' "$W/runP/export/config.json" || fail "projected export: target_layer_ids"
+# a stopped run on a projected cache resumes to the same weights
+run 0 "" "$D" train $TA --cache "$W/pj" --out "$W/runP1"
+run 0 "" "$D" train $TA --cache "$W/pj" --out "$W/runP2" --stop-after 30
+run 0 "" "$D" train $TA --cache "$W/pj" --out "$W/runP2"
+cmp -s "$W/runP1/export/model.safetensors" "$W/runP2/export/model.safetensors" || fail "projected run resumed to other weights"
+# the fc rows of a drafter trained on the source cache as the basis (R = hidden), and an interrupted projection resumed
+run 0 "rank $hid of " "$D" cache project "$W/ext3" "$W/pf" --fc-basis "$W/runA/export"
+run 0 "" "$D" cache project "$W/ext3" "$W/pf2" --basis "$W/pf/basis.dfb"
+rm "$W/pf/manifest.json" "$W/pf/rank-0000.json"   # as if it stopped before finishing
+run 0 "rank $hid of " "$D" cache project "$W/ext3" "$W/pf" --fc-basis "$W/runA/export"
+run 0 "identical" "$D" cache diff "$W/pf" "$W/pf2"
+# errors, each by name: the wrong eval cache, a subset of projected layers, a damaged basis,
+# bad usage
+run 1 "not projected" "$D" train $TA --cache "$W/pj" --out "$W/runPx" --eval-cache "$W/evc"
+run 1 "projected .* subset" "$D" train $TA --cache "$W/pj" --out "$W/runPy" --target-layers 0,1
+cp -r "$W/pj" "$W/pjbad" && flip "$W/pjbad/basis.dfb" 100
+run 1 "basis.dfb: sha256 .* not the basis" "$D" dump "$W/pjbad" --verify
+run 1 "basis.dfb: sha256 .* not the basis" "$D" train $TA --cache "$W/pjbad" --out "$W/runPz"
+run 1 "projected already" "$D" cache project "$W/pj" "$W/pj3" --rank 4
+run 1 "a basis of 3 layers" "$D" cache project "$W/ext" "$W/pj4" --basis "$W/pj/basis.dfb"
+run 2 "exactly one of" "$D" cache project "$W/ext3" "$W/pj5"
+run 2 "exactly one of" "$D" cache project "$W/ext3" "$W/pj5" --rank 4 --energy 0.9
+run 2 "out of range" "$D" cache project "$W/ext3" "$W/pj6" --rank 100000
+run 2 "bad or missing value" "$D" cache project "$W/ext3" "$W/pj7" --energy 1.5
+
 # data parallel on the CPU: two ranks from the environment (as torchrun starts them), one
 # shared-memory communicator, ZeRO-1 shards; a stopped and resumed 2-rank run is bit-identical
 # to an uninterrupted one, and resuming with another number of ranks is refused

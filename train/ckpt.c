@@ -265,6 +265,8 @@ static int build_manifest(const df_ckpt_state *st, const df_params *ps, const ch
     ADD(cJSON_AddNumberToObject(r, "step", (double)st->step));
     ADD(cJSON_AddNumberToObject(r, "params_total", (double)ps->total));
     ADD(cJSON_AddNumberToObject(r, "params_count", ps->n));
+    if (st->config.feature_dim) /* a projected cache's rank: fc is hidden x it (not in config.json) */
+        ADD(cJSON_AddNumberToObject(r, "feature_dim", st->config.feature_dim));
     ADD(cJSON_AddStringToObject(r, "config_sha256", cfg_hex));
     ADD(cJSON_AddStringToObject(r, "hparams_sha256", hp_hex));
     ADD(cJSON_AddNumberToObject(r, "hparams_bytes", (double)hp_len));
@@ -490,7 +492,7 @@ static int get_hex(const cJSON *o, const char *key, const char **out, const char
 }
 
 typedef struct manifest {
-    int64_t step, total, count, hp_bytes, rng_bytes, dp_bytes, crc[5];
+    int64_t step, total, count, hp_bytes, rng_bytes, dp_bytes, crc[5], feature_dim;
     char cfg_hex[DF_SHA256_HEX], hp_hex[DF_SHA256_HEX];
 } manifest;
 
@@ -503,6 +505,7 @@ static int parse_manifest(const char *txt, size_t len, const char *path, manifes
     }
     int rc = 0;
     int64_t ver = 0;
+    m->feature_dim = 0;
     const cJSON *fmt = cJSON_GetObjectItemCaseSensitive(r, "format");
     const cJSON *crc = cJSON_GetObjectItemCaseSensitive(r, "crc32c");
     const char *h1 = NULL, *h2 = NULL;
@@ -521,6 +524,9 @@ static int parse_manifest(const char *txt, size_t len, const char *path, manifes
              (rc = get_int(r, "data_position_bytes", 0, DF_CKPT_MAX_BLOB, &m->dp_bytes, path, e)) < 0 ||
              (rc = get_hex(r, "config_sha256", &h1, path, e)) < 0 ||
              (rc = get_hex(r, "hparams_sha256", &h2, path, e)) < 0)
+        ;
+    else if (cJSON_GetObjectItemCaseSensitive(r, "feature_dim") &&
+             (rc = get_int(r, "feature_dim", 1, INT32_MAX, &m->feature_dim, path, e)) < 0)
         ;
     else if (!cJSON_IsObject(crc))
         rc = df_errf(e, -DF_ECORRUPT, "%s: \"crc32c\" missing or not an object", path);
@@ -701,8 +707,10 @@ int df_ckpt_load(const char *dir, df_ckpt_state *out, df_err *e)
                      hex, m.cfg_hex);
         goto out;
     }
-    if ((rc = df_drafter_config_parse(cfg, cfg_len, path, &out->config, e)) < 0 ||
-        (rc = df_params_build(&out->config, &ps, e)) < 0)
+    if ((rc = df_drafter_config_parse(cfg, cfg_len, path, &out->config, e)) < 0)
+        goto out;
+    out->config.feature_dim = (int)m.feature_dim;
+    if ((rc = df_params_build(&out->config, &ps, e)) < 0)
         goto out;
     if (ps.total != m.total || ps.n != m.count) {
         rc = df_errf(e, -DF_ECORRUPT, "%s: %" PRId64 " parameters in %" PRId64 " tensors, the "

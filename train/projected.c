@@ -10,26 +10,11 @@
 int df_projected_load_basis(const char *cache_dir, const df_cache_params *p, df_basis *b,
                             df_err *e)
 {
-    char path[4200], hex[DF_SHA256_HEX];
+    char path[4200];
     if (snprintf(path, sizeof path, "%s/%s", cache_dir, DF_CACHE_BASIS_FILE) >= (int)sizeof path)
         return df_errf(e, -ENAMETOOLONG, "%s: path too long", cache_dir);
-    int rc = df_basis_sha256(path, hex, e);
-    if (rc)
-        return rc;
-    if (strcmp(hex, p->basis_sha256))
-        return df_errf(e, -DF_EMISMATCH, "%s: sha256 %.12s... is not the basis the cache was "
-                       "projected with (%.12s...)", path, hex, p->basis_sha256);
-    if ((rc = df_basis_read(path, b, e)))
-        return rc;
-    if ((uint32_t)b->R != p->proj_rank || (uint32_t)b->K != p->src_n_layers ||
-        (uint32_t)b->H != p->src_hidden ||
-        memcmp(b->layer_ids, p->src_layer_ids, (size_t)b->K * sizeof *b->layer_ids)) {
-        rc = df_errf(e, -DF_EMISMATCH, "%s: a rank-%d basis of %d layers x %d; the cache holds "
-                     "rank %u of %u layers x %u", path, b->R, b->K, b->H, p->proj_rank,
-                     p->src_n_layers, p->src_hidden);
-        df_basis_free(b);
-    }
-    return rc;
+    int rc = df_cache_check_basis(cache_dir, p, e);
+    return rc ? rc : df_basis_read(path, b, e);
 }
 
 int df_export_drafter_projected(const char *out_dir, const df_drafter_config *c,

@@ -15,9 +15,8 @@
 #include "hfconfig.h"
 #include "params.h"
 
-/* Reads CACHE_DIR/basis.dfb into b and checks it is the cache's: its SHA-256
- * is the manifest's, its rank, layers and hidden size are the cache's.
- * -DF_EMISMATCH (or the reader's error) naming the file and the difference. */
+/* Reads CACHE_DIR/basis.dfb into b once df_cache_check_basis says it is the
+ * cache's (its SHA-256, rank, layers and hidden size). */
 int df_projected_load_basis(const char *cache_dir, const df_cache_params *p, df_basis *b,
                             df_err *e);
 
