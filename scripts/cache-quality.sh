@@ -30,7 +30,7 @@
 # Environment: MODEL [.device/qwen3-code-8m, else ../shared/models/qwen3-code-8m], CORPUS [corpus30k],
 #   SEEDS ["1 2 3"], STEPS [4000], LR [3e-3], WARMUP [0.04], LAYER_TYPES [full,full], EVAL_ROWS [256],
 #   EVAL_EVERY [STEPS/4], PAR [4], REAL_TAU [0] (1: every variant's first-seed export; or a list of
-#   variant names), SF_PROMPTS [64], DEADLINE [none] (seconds after the start past which the real-tau
+#   variant names), SF_PROMPTS [64], REAL_TAU_TIMEOUT [900] (seconds), DEADLINE [none] (seconds after the start past which the real-tau
 #   stage is skipped), TRAIN_ARGS [] (more train options),
 #   DEVICE [cuda], LIMIT [all] (records of each corpus: for a quick check of the script on a CPU).
 # Outputs: OUT_DIR/table.md (printed last), OUT_DIR/runs.tsv (one line per run), logs in OUT_DIR/logs.
@@ -73,10 +73,11 @@ note "corpora: $(du -h "$W/train.dtok" | cut -f1) train, $(du -h "$W/eval.dtok" 
 extract() { # extract SPLIT CODEC OUT
   [ -f "$3/manifest.json" ] && return 0
   "$D" extract --device "$DEVICE" --model "$MODEL" --data "$W/$1.dtok" --out "$3" --codec "$2" \
-    >"$LOGS/extract-$(basename "$3").log" 2>&1 || die "extract $1 --codec $2 failed (see $LOGS)"
+    >"$LOGS/extract-$(basename "$3").log" 2>&1 && return 0
+  echo "cache-quality: extract $1 --codec $2 failed (see $LOGS)" >&2; return 1
 }
-extract train split-zstd "$W/c-lossless"
-extract eval split-zstd "$W/e-lossless"
+skipv() { echo "cache-quality: variant $name skipped: $*" >&2; unset 'NAMES[${#NAMES[@]}-1]'; }
+extract train split-zstd "$W/c-lossless" && extract eval split-zstd "$W/e-lossless" || die "no lossless caches"
 note "lossless caches extracted"
 
 # ---------------------------------------------------------------- 2. variants' caches
@@ -93,7 +94,7 @@ for v in $VARIANTS; do
   IFS=: read -r kind a b <<<"$spec"
   case $kind in
     codec)
-      extract train "$a" "$W/c-$name"
+      extract train "$a" "$W/c-$name" || { skipv "extraction failed"; continue; }
       TRAIN[$name]=$W/c-$name; EVAL[$name]=$W/e-lossless;;
     init)
       TRAIN[$name]=$W/c-lossless; EVAL[$name]=$W/e-lossless; EXTRA[$name]="--init-seed $a"
@@ -105,7 +106,7 @@ for v in $VARIANTS; do
           if [ ! -f "$fr/export/model.safetensors" ]; then
             "$D" train --device "$DEVICE" --cache "$W/c-lossless" --target "$MODEL" --out "$fr" --steps "$a" \
               $DRAFTER_ARGS --seed 1000 --log-every 100 --no-ckpt --buffered-io --quiet ${TRAIN_ARGS:-} \
-              >"$LOGS/fcrun-$a.log" 2>&1 || die "the fc-basis run of $a steps failed (see $LOGS/fcrun-$a.log)"
+              >"$LOGS/fcrun-$a.log" 2>&1 || { skipv "its fc run failed (see $LOGS/fcrun-$a.log)"; continue; }
           fi
           opt="--fc-basis $fr/export";;
         project) opt="--rank $a";;
@@ -114,13 +115,13 @@ for v in $VARIANTS; do
       [ -n "${b:-}" ] && opt+=" --codec $b"
       if [ ! -f "$W/c-$name/manifest.json" ]; then
         "$D" cache project "$W/c-lossless" "$W/c-$name" $opt >"$LOGS/project-$name.log" 2>&1 ||
-          die "cache project $name failed (see $LOGS/project-$name.log)"
+          { skipv "cache project failed (see $LOGS/project-$name.log)"; continue; }
       fi
       if [ ! -f "$W/e-$name/manifest.json" ]; then
         # lossless codec: the drafter is scored on the features serving gives it (exact x, so exact z)
         "$D" cache project "$W/e-lossless" "$W/e-$name" --basis "$W/c-$name/basis.dfb" \
           >"$LOGS/project-eval-$name.log" 2>&1 ||
-          die "cache project (eval) $name failed (see $LOGS/project-eval-$name.log)"
+          { skipv "cache project of the eval cache failed (see $LOGS/project-eval-$name.log)"; continue; }
       fi
       TRAIN[$name]=$W/c-$name; EVAL[$name]=$W/e-$name;;
     *) die "VARIANTS: unknown kind '$kind' in '$v'";;
@@ -247,7 +248,7 @@ elif [ "${REAL_TAU:-0}" != 0 ]; then
     [ -f "$x/model.safetensors" ] && args+=(--drafter "$name=$x")
   done
   if [ ${#args[@]} -gt 0 ]; then
-    python3 "$ROOT/scripts/specforge_tau.py" --target "$MODEL" --eval-corpus "$W/eval.jsonl" "${args[@]}" \
+    timeout "${REAL_TAU_TIMEOUT:-900}" python3 "$ROOT/scripts/specforge_tau.py" --target "$MODEL" --eval-corpus "$W/eval.jsonl" "${args[@]}" \
       --prompts "${SF_PROMPTS:-64}" --json-out "$SFJ" >"$LOGS/real-tau.log" 2>&1 ||
       echo "cache-quality: specforge_tau.py failed (see $LOGS/real-tau.log)" >&2
   fi
