@@ -1,5 +1,6 @@
 /* codec.c - hidden-state block codecs (see codec.h; payload layouts in
- * docs/FORMAT-codecs.md).
+ * docs/FORMAT-codecs.md); the block-scaled lossy ones (ids 5-8) are in
+ * codec_block.c, on the helpers that codec_internal.h exports from here.
  *
  * Shape of every codec: validate params, transform into ctx scratch (byte
  * planes, or e4m3 codes), entropy-code straight into dst with a capacity one
@@ -19,19 +20,12 @@
 #include <zstd.h>
 #include <zstd_errors.h>
 
+#include "codec_internal.h"
 #include "le.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "codec.c reads element values in host order; raw blocks are little-endian"
 #endif
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define DF_CODEC_X86 1
-#endif
-
-/* Plane modes in the sub-headers (docs/FORMAT-codecs.md). */
-enum { PLANE_RAW = 0, PLANE_LZ4 = 1, PLANE_ZSTD = 2 };
 
 /* A plane other than the top one is only tried with zstd when a sampled
  * entropy says it could shrink by a few percent: the bf16 low byte
@@ -54,7 +48,8 @@ struct df_codec_ctx {
 /* ---- names ------------------------------------------------------------ */
 
 static const char *const codec_names[DF_CODEC_COUNT] = {
-    "stored", "lz4", "split-lz4", "split-zstd", "fp8-e4m3"};
+    "stored", "lz4", "split-lz4", "split-zstd", "fp8-e4m3",
+    "fp8-b32", "int4-b32", "int5-b32", "int6-b32"};
 
 const char *df_codec_name(int id)
 {
@@ -71,7 +66,7 @@ int df_codec_from_name(const char *name)
 
 int df_codec_is_lossy(int id)
 {
-    return id == DF_CODEC_FP8_E4M3;
+    return id >= DF_CODEC_FP8_E4M3 && id < DF_CODEC_COUNT;
 }
 
 size_t df_codec_bound(int id, size_t raw_len, const df_codec_params *p)
@@ -894,53 +889,22 @@ static long long encode_fp8(df_codec_ctx *c, const df_codec_params *p, const uin
     return (long long)(base + n);
 }
 
-/* f32 bits of e4m3(c) * scale, the sign applied after the product (RNE is
- * symmetric, so that is the signed product). mag << 20 read as an f32 is the
- * e4m3 value times 2^-120 (exactly, subnormal codes included), so the first
- * multiply is exact and the value is the one the header documents. */
-static inline uint32_t dequant_bits(uint8_t c, float scale)
-{
-    uint32_t mag = c & 0x7fu, sign = (uint32_t)(c & 0x80) << 24, u = mag << 20, b;
-    float f;
-    memcpy(&f, &u, 4);
-    f = f * 0x1p120f * scale;
-    memcpy(&b, &f, 4);
-    return mag == 0x7f ? sign | 0x7fc00000u : b | sign;
-}
-
-/* bf16 of f32 bits, RNE; only our quiet NaN and finite/inf values occur */
-static inline uint16_t bits_to_bf16(uint32_t b)
-{
-    return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1)) >> 16);
-}
-
 static void dequant_scalar(const uint8_t *in, size_t n, float scale, df_dtype t, uint8_t *out)
 {
     for (size_t i = 0; i < n; i++) {
-        uint32_t b = dequant_bits(in[i], scale);
+        uint32_t b = df_e4m3_dequant_bits(in[i], scale);
         if (t == DF_DTYPE_F32) {
             memcpy(out + 4 * i, &b, 4);
         } else {
             float f;
             memcpy(&f, &b, 4);
-            uint16_t h = t == DF_DTYPE_BF16 ? bits_to_bf16(b) : df_f32_to_f16(f);
+            uint16_t h = t == DF_DTYPE_BF16 ? df_bits_to_bf16(b) : df_f32_to_f16(f);
             memcpy(out + 2 * i, &h, 2);
         }
     }
 }
 
 #ifdef DF_CODEC_X86
-__attribute__((target("avx2"))) static inline __m256i dequant8_avx2(__m256i c, __m256 vs)
-{
-    __m256i mag = _mm256_and_si256(c, _mm256_set1_epi32(0x7f));
-    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(c, _mm256_set1_epi32(0x80)), 24);
-    __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(mag, 20));
-    f = _mm256_mul_ps(_mm256_mul_ps(f, _mm256_set1_ps(0x1p120f)), vs);
-    __m256i b = _mm256_or_si256(_mm256_castps_si256(f), sign);
-    __m256i nan = _mm256_cmpeq_epi32(mag, _mm256_set1_epi32(0x7f));
-    return _mm256_blendv_epi8(b, _mm256_or_si256(sign, _mm256_set1_epi32(0x7fc00000)), nan);
-}
-
 __attribute__((target("avx2"))) static void dequant_avx2(const uint8_t *in, size_t n, float scale,
                                                          df_dtype t, uint8_t *out)
 {
@@ -948,21 +912,14 @@ __attribute__((target("avx2"))) static void dequant_avx2(const uint8_t *in, size
     size_t i = 0;
     for (; i + 16 <= n; i += 16) {
         __m128i c16 = _mm_loadu_si128((const __m128i *)(in + i));
-        __m256i b0 = dequant8_avx2(_mm256_cvtepu8_epi32(c16), vs);
-        __m256i b1 = dequant8_avx2(_mm256_cvtepu8_epi32(_mm_srli_si128(c16, 8)), vs);
+        __m256i b0 = df_e4m3_dequant8_avx2(_mm256_cvtepu8_epi32(c16), vs);
+        __m256i b1 = df_e4m3_dequant8_avx2(_mm256_cvtepu8_epi32(_mm_srli_si128(c16, 8)), vs);
         if (t == DF_DTYPE_F32) {
             _mm256_storeu_si256((__m256i *)(out + 4 * i), b0);
             _mm256_storeu_si256((__m256i *)(out + 4 * i + 32), b1);
             continue;
         }
-        /* bf16 RNE, then 16 x 32 -> 16 x 16 bits */
-        const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7fff);
-        __m256i r0 = _mm256_srli_epi32(
-            _mm256_add_epi32(b0, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(b0, 16), one))), 16);
-        __m256i r1 = _mm256_srli_epi32(
-            _mm256_add_epi32(b1, _mm256_add_epi32(half, _mm256_and_si256(_mm256_srli_epi32(b1, 16), one))), 16);
-        __m256i h = _mm256_permute4x64_epi64(_mm256_packus_epi32(r0, r1), 0xD8);
-        _mm256_storeu_si256((__m256i *)(out + 2 * i), h);
+        _mm256_storeu_si256((__m256i *)(out + 2 * i), df_bf16_pack16_avx2(b0, b1));
     }
     dequant_scalar(in + i, n - i, scale, t, out + (t == DF_DTYPE_F32 ? 4 : 2) * i);
 }
@@ -1047,6 +1004,12 @@ int df_codec_encode(df_codec_ctx *c, int id, const df_codec_params *p, const voi
         case DF_CODEC_FP8_E4M3:
             sz = encode_fp8(c, p, src, raw_len, rb, dst, e);
             break;
+        case DF_CODEC_FP8_B32:
+        case DF_CODEC_INT4_B32:
+        case DF_CODEC_INT5_B32:
+        case DF_CODEC_INT6_B32:
+            sz = df_codec_block_encode(c, id, p, src, raw_len, rb, dst, e);
+            break;
         default:
             break;
         }
@@ -1092,7 +1055,53 @@ int df_codec_decode(df_codec_ctx *c, int id, const df_codec_params *p, const voi
     case DF_CODEC_SPLIT_LZ4:
     case DF_CODEC_SPLIT_ZSTD:
         return decode_split(c, id, src, src_len, dst, raw_len, es, e);
-    default:
+    case DF_CODEC_FP8_E4M3:
         return decode_fp8(c, p, src, src_len, dst, raw_len, rb, e);
+    default:
+        return df_codec_block_decode(c, id, p, src, src_len, dst, raw_len, rb, e);
     }
+}
+
+/* ---- for codec_block.c (codec_internal.h) -------------------------------- */
+
+uint8_t *df_codec_scratch(df_codec_ctx *c, size_t n, df_err *e)
+{
+    return scratch(c, n, e);
+}
+
+uint32_t *df_codec_row_buf(df_codec_ctx *c, size_t n, df_err *e)
+{
+    return row_buf(c, n, e);
+}
+
+int df_codec_impl(void)
+{
+    return impl_now();
+}
+
+int df_codec_plane_looks_compressible(const uint8_t *p, size_t n)
+{
+    return plane_looks_compressible(p, n);
+}
+
+long long df_codec_code_plane(df_codec_ctx *c, int mode, int level, const uint8_t *src, size_t n,
+                              uint8_t *dst, size_t cap, df_err *e)
+{
+    return code_plane(c, mode, level, src, n, dst, cap, e);
+}
+
+int df_codec_decode_plane(df_codec_ctx *c, int id, int k, int mode, const uint8_t *src, size_t len,
+                          uint8_t *dst, size_t n, df_err *e)
+{
+    return decode_plane(c, id, k, mode, src, len, dst, n, e);
+}
+
+void df_codec_row_to_f32_bits(const uint8_t *row, size_t n, df_dtype t, uint32_t *out)
+{
+    row_to_f32_bits(row, n, t, out);
+}
+
+void df_codec_quant_e4m3(const uint32_t *xb, size_t n, float scale, uint8_t *out)
+{
+    quant_row(xb, n, scale, out);
 }

@@ -11,6 +11,11 @@
  *                 (lower planes zstd too where that shrinks them, e.g. F32 data)
  *   4 fp8-e4m3    LOSSY, opt-in: per-row f32 scale (absmax/448) + e4m3 bytes,
  *                 the e4m3 plane zstd-1 coded (raw if that does not shrink it)
+ *   5 fp8-b32     LOSSY, opt-in: e4m3 bytes, one bf16 scale per block of 32
+ *                 elements of a row (a massive activation only coarsens its block)
+ *   6 int4-b32    LOSSY, opt-in: symmetric 4-, 5- or 6-bit integers, bit-packed,
+ *   7 int5-b32    one bf16 scale per 32-element block; a block's few values far
+ *   8 int6-b32    above the rest (massive activations) and NaN/Inf kept exactly
  *
  * Encoding never grows a block: when a codec's output is not smaller than the
  * raw bytes, df_codec_encode() stores it and returns DF_CODEC_STORED. The id it
@@ -37,7 +42,35 @@
  *   plus half a dtype ulp at v (and tiny f32 rounding); a row whose absmax is
  *   below 448 * 2^-126 has a subnormal scale and lower precision.
  *
- * Levels (df_codec_params.level): for zstd codecs 0 = the default, zstd 1
+ * Block-scaled codecs (5-8): a row is cut into blocks of 32 consecutive
+ * elements (the last block of a row is shorter when row_elems is not a
+ * multiple of 32; blocks never span rows). Each block has a bf16 scale
+ * S = the smallest bf16 >= A/Q, where A is the absmax of the values the block
+ * quantizes and Q = 448 (e4m3) or qmax = 2^(b-1)-1 (7, 15, 31): the largest
+ * value maps to just under Q, nothing clips (A = 0 gives S = 0). The planes
+ * (scale high bytes, scale low bytes, codes, escaped values) are each stored
+ * raw or as a zstd frame, whichever is smaller.
+ *   fp8-b32: code = sign | RNE_e4m3(|x|/S), NaN and +-Inf -> the e4m3 NaN
+ *   of their sign (as fp8-e4m3). Decoding: v = e4m3(code) * S in f32 (exact),
+ *   then RNE to the dtype. Error per finite element:
+ *     |x - v| <= S * (half an e4m3 ulp at |x|/S) + half a dtype ulp at v
+ *            <= min(|x|/16 + S/1024, A/28 * (1 + 2^-7)) + half a dtype ulp,
+ *   i.e. 2^-4 of the value and at most 3.6% of its block's absmax.
+ *   intN-b32 (N = 4, 5, 6): escaped, and kept bit-exact (the element's raw
+ *   bytes): NaN and +-Inf, and the top j finite |x| of a block for the
+ *   largest j <= 4 (j < the block's size) with top[j-1] > 2 * top[j] > 0.
+ *   The others: q = RNE(x/S) of the exact quotient (ties to even), stored as
+ *   N-bit two's complement (-2^(N-1) marks an escape). Decoding: v = q * S
+ *   in f32 (exact), then RNE to the dtype; -0 decodes as +0. Error per
+ *   element not escaped:
+ *     |x - v| <= S/2 + half a dtype ulp at v
+ *            <= A/(2 qmax) * (1 + 2^-7) + half a dtype ulp,
+ *   A the block's absmax: 7.2% (int4), 3.4% (int5), 1.6% (int6) of it.
+ *   Below A = Q * 2^-126 the scale is a subnormal bf16 and the bounds hold
+ *   with S <= A/Q + 2^-133 instead; values within 2^-7 of the dtype's
+ *   largest finite value may decode as +-Inf.
+ *
+ * Levels (df_codec_params.level): for zstd codecs (3-8) 0 = the default, zstd 1
  * with hashLog 6 and minMatch 7 (nearly literals-only: the measured best in
  * both ratio and speed on sign+exponent planes; docs/FORMAT-codecs.md), any
  * other value = that plain zstd level (negative = zstd's fast levels). For lz4
@@ -62,12 +95,17 @@ typedef enum df_codec_id {
     DF_CODEC_SPLIT_LZ4 = 2,
     DF_CODEC_SPLIT_ZSTD = 3,
     DF_CODEC_FP8_E4M3 = 4,
-    DF_CODEC_COUNT = 5
+    DF_CODEC_FP8_B32 = 5,
+    DF_CODEC_INT4_B32 = 6,
+    DF_CODEC_INT5_B32 = 7,
+    DF_CODEC_INT6_B32 = 8,
+    DF_CODEC_COUNT = 9
 } df_codec_id;
 
 typedef struct df_codec_params {
     df_dtype dtype;     /* element type of the raw block: BF16, F16 or F32 */
-    uint32_t row_elems; /* elements per row (the hidden size); fp8 scales per row */
+    uint32_t row_elems; /* elements per row (the hidden size); fp8-e4m3 scales per
+                         * row, the block codecs per 32 elements of a row */
     int level;          /* entropy coder level; 0 = the codec's default (zstd 1) */
 } df_codec_params;
 
@@ -108,8 +146,10 @@ void df_codec_split_planes(const void *src, size_t n_elems, size_t esize, uint8_
 void df_codec_merge_planes(const uint8_t *const planes[], size_t n_elems, size_t esize, void *dst);
 
 /* For tests and benchmarks only (not thread-safe): force the SIMD level of
- * the plane split/merge and fp8 kernels, 0 = auto, 1 = scalar, 2 = SSE2,
- * 3 = AVX2 (fp8 has scalar and AVX2 only). Every level gives the same bytes.
+ * the plane split/merge, fp8 and block-codec kernels, 0 = auto, 1 = scalar,
+ * 2 = SSE2, 3 = AVX2 (fp8 and the block codecs have scalar and AVX2 only;
+ * their AVX2 decoders write BF16 and F32, F16 goes scalar). Every level
+ * gives the same bytes.
  * Returns 0, -EINVAL, or -ENOTSUP if the CPU lacks it. */
 int df_codec_set_plane_impl(int impl);
 

@@ -4,6 +4,8 @@
 # to only check.
 set -euo pipefail
 PKGS=(cmake make gcc liburing-dev liblz4-dev libzstd-dev libcjson-dev xz-utils)
+# LAPACK (dsyevr): the eigendecomposition of formats/basis.c
+PKGS+=(liblapack-dev)
 # clang + its runtime: the AddressSanitizer/UBSan build and the libFuzzer targets
 PKGS+=(clang libclang-rt-dev)
 missing=()

@@ -51,6 +51,16 @@ run 0 "read .*48 samples.*threads" "$D" cache read "$W/cache" --fallback-io --sh
 run 1 "already complete" "$D" cache synth --out "$W/cache" --corpus "$W/tiny.dtok" --hidden 64 \
   --target-layers 6 --layers 3
 
+# --- the lossy codecs: same samples, checksums hold, states within tolerance of the lossless cache
+for c in fp8-e4m3 fp8-b32 int4-b32 int5-b32 int6-b32; do
+  run 0 "wrote" "$D" cache synth --out "$W/lossy-$c" --corpus "$W/tiny.dtok" --hidden 64 \
+    --target-layers 6 --layers 3 --rows-per-block 32 --shard-mb 1 --threads 2 --codec $c
+  run 0 "$c.*LOSSY" "$D" dump "$W/lossy-$c"
+  run 0 "OK: 48 samples" "$D" dump "$W/lossy-$c" --verify
+  run 0 "" "$D" cache diff "$W/cache" "$W/lossy-$c" --tol 0.06
+  run 1 "" "$D" cache diff "$W/cache" "$W/lossy-$c"
+done
+
 # --- corrupted caches: clear errors naming file and sample, exit 1
 cp -r "$W/cache" "$W/flip"
 flip "$W/flip/shard-r0000-00000.dfc" 70000

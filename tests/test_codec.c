@@ -1,12 +1,16 @@
 /* test_codec - the hidden-state block codecs (formats/codec.h).
  *
  * Round trips of every codec x dtype on random, structured (tools/synth.h),
- * constant, special-valued and oddly sized data; "never grows"; the fp8
- * error bound; and corrupt payloads (truncated, bit-flipped, lying headers,
- * garbage) giving -DF_ECORRUPT, never a crash (run it under ASan too).
+ * constant, special-valued and oddly sized data; "never grows"; the error
+ * bound of every lossy codec, element by element (per row for fp8-e4m3, per
+ * 32-element block for the block-scaled codecs, on states with massive
+ * activations too); and corrupt payloads (truncated, bit-flipped, lying
+ * headers, garbage) giving -DF_ECORRUPT, never a crash (run it under ASan too).
  */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
+#include <zstd.h>
 
 #include "codec.h"
 #include "le.h"
@@ -147,6 +151,132 @@ static int check_fp8(const uint8_t *raw, const uint8_t *dec, size_t raw_len, df_
     return bad == 0;
 }
 
+
+
+/* ---- the block-scaled codecs (5-8): an independent model of their rules ---- */
+
+static int block_bits(int id)
+{
+    return id == DF_CODEC_INT4_B32 ? 4 : id == DF_CODEC_INT5_B32 ? 5 : id == DF_CODEC_INT6_B32 ? 6 : 0;
+}
+
+/* smallest bf16 >= v (v >= 0), as a double */
+static double bf16_ceil_val(double v)
+{
+    if (v == 0)
+        return 0;
+    /* bf16 has 8 significant bits; below 2^-126 a fixed step of 2^-133 */
+    int e = ilogb(v);
+    double step = e < -126 ? 0x1p-133 : ldexp(1, e - 7);
+    return ceil(v / step) * step;
+}
+
+static uint64_t elem_bits(const uint8_t *p, size_t es)
+{
+    return es == 4 ? df_le32(p) : df_le16(p);
+}
+
+/* The elements of a block of k (at x, finite or not) that an integer codec
+ * escapes: the top nj finite |x| for the largest nj <= 4 (and < k) with
+ * top[nj-1] > 2 top[nj] > 0, and every non-finite one. Sets esc[i] and
+ * returns the absmax of the others (the one the scale comes from). */
+static double int_escapes(const double *x, size_t k, int *esc)
+{
+    double top[6] = {0};
+    for (size_t i = 0; i < k; i++) {
+        double a = isfinite(x[i]) ? fabs(x[i]) : 0;
+        int j = 5;
+        while (j > 0 && a > top[j - 1]) {
+            top[j] = top[j - 1];
+            j--;
+        }
+        if (j < 5)
+            top[j] = a;
+    }
+    int nj = 0;
+    for (int j = 1; j <= 4 && (size_t)j < k; j++)
+        if (top[j] > 0 && top[j - 1] > 2 * top[j])
+            nj = j;
+    for (size_t i = 0; i < k; i++)
+        esc[i] = !isfinite(x[i]) || (nj && fabs(x[i]) >= top[nj - 1]);
+    return top[nj];
+}
+
+/* Every element of a block codec's output within the documented bound:
+ * fp8-b32: S = ceil_bf16(A/448) over the block's finite absmax A,
+ *   |x - y| <= S * (half the e4m3 spacing at |x|/S) + half a dtype ulp at y,
+ *   and so <= A/28 (1 + 2^-7) + half a dtype ulp; non-finite -> NaN of its sign.
+ * int: escaped elements bit-exact; the others, with A' the absmax of the
+ *   non-escaped ones and S = ceil_bf16(A'/qmax), |x - y| <= S/2 + half a
+ *   dtype ulp at y, so <= A/(2 qmax) (1 + 2^-7) + half a dtype ulp.
+ * (S <= A/Q (1 + 2^-7) needs a normal bf16 S; below, S <= A/Q + 2^-133.) */
+static int check_block_codec(int id, const uint8_t *raw, const uint8_t *dec, size_t raw_len,
+                             df_dtype t, uint32_t re, const char *what)
+{
+    const int bits = block_bits(id);
+    const double qmax = bits ? (double)((1 << (bits - 1)) - 1) : 448.0;
+    size_t es = df_dtype_size(t), rb = (size_t)re * es, bad = 0;
+    double x[32];
+    int esc[32];
+    for (size_t r = 0; r < raw_len / rb; r++)
+        for (size_t k0 = 0; k0 < re; k0 += 32) {
+            size_t k = re - k0 < 32 ? re - k0 : 32;
+            const uint8_t *a = raw + r * rb + k0 * es, *b = dec + r * rb + k0 * es;
+            double amax = 0;
+            for (size_t i = 0; i < k; i++) {
+                x[i] = elem(a + i * es, t);
+                if (isfinite(x[i]) && fabs(x[i]) > amax)
+                    amax = fabs(x[i]);
+                esc[i] = 0;
+            }
+            double amax_q = bits ? int_escapes(x, k, esc) : amax;
+            double S = bf16_ceil_val(amax_q / qmax);
+            for (size_t i = 0; i < k; i++) {
+                double y = elem(b + i * es, t);
+                if (esc[i]) {
+                    if (elem_bits(a + i * es, es) != elem_bits(b + i * es, es) && bad++ < 5)
+                        fprintf(stderr, "%s: %s row %zu elem %zu: escaped %g decoded as %g, not exact\n",
+                                what, df_codec_name(id), r, k0 + i, x[i], y);
+                    continue;
+                }
+                if (!isfinite(x[i])) { /* fp8-b32 only */
+                    if ((!isnan(y) || signbit(y) != signbit(x[i])) && bad++ < 5)
+                        fprintf(stderr, "%s: %s row %zu elem %zu: %g decoded as %g, want NaN of its sign\n",
+                                what, df_codec_name(id), r, k0 + i, x[i], y);
+                    continue;
+                }
+                double lim, lim_a, hu = dtype_half_ulp(y, t) + fabs(y) * 0x1p-23 + 0x1p-149;
+                if (bits) {
+                    lim = S / 2;
+                    lim_a = (amax / qmax * (1 + 0x1p-7) + 0x1p-133) / 2;
+                } else {
+                    double q = S > 0 ? fabs(x[i]) / S : 0;
+                    if (q > 448 && bad++ < 5)
+                        fprintf(stderr, "%s: %s: |x|/scale = %g > 448\n", what, df_codec_name(id), q);
+                    lim = S * (q < 0x1p-6 ? 0x1p-10 : half_ulp(q, 3, -6));
+                    lim_a = 16 * (amax / 448 * (1 + 0x1p-7) + 0x1p-133);
+                }
+                double err = fabs(x[i] - y);
+                if (!(err <= lim + hu && err <= lim_a + hu) && bad++ < 5)
+                    fprintf(stderr,
+                            "%s: %s %s row %zu elem %zu: %.9g -> %.9g, error %.3g > bound %.3g "
+                            "(block absmax %g, scale %g)\n",
+                            what, df_codec_name(id), df_dtype_name(t), r, k0 + i, x[i], y, err,
+                            (lim < lim_a ? lim : lim_a) + hu, amax, S);
+            }
+        }
+    return bad == 0;
+}
+
+/* Every element within the documented bound of its original. */
+static int check_lossy(int id, const uint8_t *raw, const uint8_t *dec, size_t raw_len, df_dtype t,
+                       uint32_t re, const char *what)
+{
+    if (id == DF_CODEC_FP8_E4M3)
+        return check_fp8(raw, dec, raw_len, t, re, what);
+    return check_block_codec(id, raw, dec, raw_len, t, re, what);
+}
+
 /* Encodes and decodes; returns the codec id used (or -1 on failure). */
 static int roundtrip(df_codec_ctx *c, int id, df_dtype t, uint32_t re, const void *raw,
                      size_t raw_len, buf *b, const char *what)
@@ -172,7 +302,7 @@ static int roundtrip(df_codec_ctx *c, int id, df_dtype t, uint32_t re, const voi
     for (int k = 0; k < 64; k++) /* nothing written past raw_len */
         CHECK(b->dec[raw_len + k] == 0xA5);
     if (df_codec_is_lossy(used)) {
-        if (!check_fp8(raw, b->dec, raw_len, t, re, what)) {
+        if (!check_lossy(used, raw, b->dec, raw_len, t, re, what)) {
             fprintf(stderr, "  (in %s, %s, %s)\n", what, df_codec_name(id), df_dtype_name(t));
             df_test_failures++;
         }
@@ -204,9 +334,14 @@ static void test_names(void)
 {
     for (int id = 0; id < DF_CODEC_COUNT; id++) {
         CHECK_EQ(df_codec_from_name(df_codec_name(id)), id);
-        CHECK_EQ(df_codec_is_lossy(id), id == DF_CODEC_FP8_E4M3);
+        CHECK_EQ(df_codec_is_lossy(id), id >= DF_CODEC_FP8_E4M3);
     }
     CHECK(!strcmp(df_codec_name(3), "split-zstd"));
+    CHECK(!strcmp(df_codec_name(5), "fp8-b32"));
+    CHECK(!strcmp(df_codec_name(6), "int4-b32"));
+    CHECK(!strcmp(df_codec_name(7), "int5-b32"));
+    CHECK(!strcmp(df_codec_name(8), "int6-b32"));
+    CHECK_EQ(DF_CODEC_COUNT, 9);
     CHECK(!strcmp(df_codec_name(99), "?"));
     CHECK(!strcmp(df_codec_name(-1), "?"));
     CHECK_EQ(df_codec_from_name("zip"), -EINVAL);
@@ -359,7 +494,7 @@ static void test_roundtrips(df_codec_ctx *c, buf *b)
             /* random bit patterns (NaNs and Infs included) */
             fill_random_bits(raw, n);
             used = roundtrip(c, id, dt, re, raw, n, b, "random bits");
-            if (id != DF_CODEC_FP8_E4M3)
+            if (!df_codec_is_lossy(id))
                 CHECK_EQ(used, DF_CODEC_STORED); /* never grows */
 
             /* random finite gaussians */
@@ -451,7 +586,8 @@ static void test_special_values(df_codec_ctx *c, buf *b)
             else
                 df_put16(raw + (re + i) * es, (uint16_t)(1 + i % 0x3ff));
         }
-        roundtrip(c, DF_CODEC_FP8_E4M3, dt, re, raw, 2 * re * es, b, "fp8 non-finite/subnormal rows");
+        for (int id = DF_CODEC_FP8_E4M3; id < DF_CODEC_COUNT; id++)
+            roundtrip(c, id, dt, re, raw, 2 * re * es, b, "lossy: non-finite/subnormal rows");
         free(raw);
     }
 }
@@ -532,7 +668,7 @@ static void test_corrupt(df_codec_ctx *c)
             int used = df_codec_encode(c, id, &p, raw, n, enc, n, &len, &e);
             CHECK_EQ(used, id);
             /* every truncation fails (stored included: length must match) */
-            size_t step = len > 4000 ? 7 : 1;
+            size_t step = len > 4000 && id < DF_CODEC_FP8_B32 ? 7 : 1;
             for (size_t k = 0; k < len; k += step)
                 CHECK_EQ(try_decode(c, used, &p, enc, k, dst, n), -DF_ECORRUPT);
             /* one byte too many */
@@ -546,7 +682,9 @@ static void test_corrupt(df_codec_ctx *c)
                 CHECK_EQ(try_decode(c, used, &p, enc, len, dst, 0), -DF_ECORRUPT);
             /* every bit of the sub-header flipped: always detected */
             size_t hdr = id == DF_CODEC_SPLIT_LZ4 || id == DF_CODEC_SPLIT_ZSTD ? 1 + 5 * es
-                       : id == DF_CODEC_FP8_E4M3 ? 5 + 4 * rows : 0;
+                       : id == DF_CODEC_FP8_E4M3 ? 5 + 4 * rows
+                       : id == DF_CODEC_FP8_B32 ? 1 + 5 * 3
+                       : block_bits(id) ? 5 + 5 * 4 : 0;
             for (size_t bit = 0; bit < hdr * 8; bit++) {
                 memcpy(mut, enc, len);
                 mut[bit / 8] ^= (uint8_t)(1u << (bit % 8));
@@ -571,6 +709,8 @@ static void test_corrupt(df_codec_ctx *c)
                 fill_random_bits(mut, m);
                 if (m && (id == DF_CODEC_SPLIT_LZ4 || id == DF_CODEC_SPLIT_ZSTD))
                     mut[0] = (uint8_t)es; /* get past the first check */
+                if (m && id >= DF_CODEC_FP8_B32)
+                    mut[0] = (uint8_t)(block_bits(id) ? 4 : 3);
                 try_decode(c, used, &p, mut, m, dst, n);
             }
             /* lying headers */
@@ -629,13 +769,313 @@ static void test_corrupt(df_codec_ctx *c)
     }
 }
 
+
+/* ---- block-scaled codecs: massive activations, special values, corruption ---- */
+
+/* Hidden states with massive activations: ordinary channels N(0,1) times a
+ * per-channel scale (log-normal) and a per-token gain; a few fixed channels
+ * at +-gain x the row's ordinary RMS (two of them in one 32-element block),
+ * ten times more on every fifth token. Sets is_out[c] for those channels. */
+static void fill_outliers(uint8_t *p, size_t rows, uint32_t re, df_dtype t, double gain,
+                          uint64_t seed, int *is_out)
+{
+    uint64_t r = seed;
+    double *cs = malloc(re * sizeof *cs), *x = malloc(re * sizeof *x);
+    const uint32_t oc[4] = {3 % re, (re / 2 + 5) % re, (re / 2 + 9) % re, (re - 30) % re};
+    for (uint32_t c = 0; c < re; c++) {
+        cs[c] = exp(0.3 * test_randn(&r));
+        is_out[c] = 0;
+    }
+    for (int k = 0; k < 4; k++)
+        is_out[oc[k]] = 1;
+    size_t es = df_dtype_size(t);
+    for (size_t row = 0; row < rows; row++) {
+        double g = exp(0.2 * test_randn(&r)), ss = 0;
+        for (uint32_t c = 0; c < re; c++) {
+            x[c] = cs[c] * g * test_randn(&r);
+            ss += x[c] * x[c];
+        }
+        double rms = sqrt(ss / re);
+        for (int k = 0; k < 4; k++)
+            x[oc[k]] = (k & 1 ? -1 : 1) * gain * rms * (row % 5 == 0 ? 10 : 1) * (1 + 0.1 * k);
+        for (uint32_t c = 0; c < re; c++)
+            put_elem(p + (row * re + c) * es, t, x[c]);
+    }
+    free(cs);
+    free(x);
+}
+
+typedef struct ord_err {
+    double rms;     /* RMS error / RMS over the ordinary channels */
+    double max_rel; /* worst |x - y| / |x| over ordinary |x| >= 1% of the row's ordinary RMS,
+                     * in the 32-element blocks without a massive channel */
+} ord_err;
+
+static ord_err ordinary_error(const uint8_t *raw, const uint8_t *dec, size_t rows, uint32_t re,
+                              df_dtype t, const int *is_out)
+{
+    size_t es = df_dtype_size(t);
+    double se = 0, sx = 0, mr = 0;
+    for (size_t r = 0; r < rows; r++) {
+        double ss = 0;
+        size_t no = 0;
+        for (uint32_t c = 0; c < re; c++)
+            if (!is_out[c]) {
+                double v = elem(raw + (r * re + c) * es, t);
+                ss += v * v;
+                no++;
+            }
+        double rms = sqrt(ss / (double)no);
+        for (uint32_t c = 0; c < re; c++) {
+            if (is_out[c])
+                continue;
+            double v = elem(raw + (r * re + c) * es, t), y = elem(dec + (r * re + c) * es, t);
+            se += (v - y) * (v - y);
+            sx += v * v;
+            int quiet = 1; /* no massive channel in c's block */
+            for (uint32_t k = c / 32 * 32; k < c / 32 * 32 + 32 && k < re; k++)
+                quiet &= !is_out[k];
+            if (quiet && fabs(v) >= 0.01 * rms && fabs(v - y) / fabs(v) > mr)
+                mr = fabs(v - y) / fabs(v);
+        }
+    }
+    return (ord_err){sqrt(se / sx), mr};
+}
+
+/* A per-row symmetric b-bit integer quantizer (absmax / qmax, no blocks, no
+ * escapes): what one scale per row does to ordinary channels. */
+static void per_row_int(const uint8_t *raw, uint8_t *out, size_t rows, uint32_t re, df_dtype t, int b)
+{
+    size_t es = df_dtype_size(t);
+    double qmax = (1 << (b - 1)) - 1;
+    for (size_t r = 0; r < rows; r++) {
+        double a = 0;
+        for (uint32_t c = 0; c < re; c++)
+            a = fmax(a, fabs(elem(raw + (r * re + c) * es, t)));
+        double s = a / qmax;
+        for (uint32_t c = 0; c < re; c++) {
+            double v = elem(raw + (r * re + c) * es, t);
+            put_elem(out + (r * re + c) * es, t, s > 0 ? nearbyint(v / s) * s : 0);
+        }
+    }
+}
+
+/* The block codecs on states with massive activations at 100x and 1000x the
+ * row RMS: every element within its block's bound (roundtrip checks it,
+ * escapes bit-exact), and ordinary channels keep a small error where one
+ * scale per row does not: fp8-b32 against fp8-e4m3 (per-element relative
+ * error of ordinary values, at 1000x), the integer codecs against a
+ * per-row integer quantizer of the same width. */
+static void test_block_outliers(df_codec_ctx *c, buf *b)
+{
+    static const uint32_t res[] = {256, 5120};
+    static const size_t rws[] = {13, 7};
+    static const double gains[] = {100, 1000};
+    for (size_t h = 0; h < 2; h++)
+        for (size_t t = 0; t < 3; t++)
+            for (size_t gi = 0; gi < 2; gi++) {
+                df_dtype dt = dtypes[t];
+                uint32_t re = res[h];
+                size_t rows = rws[h], es = df_dtype_size(dt), n = rows * re * es;
+                uint8_t *raw = malloc(n), *ref = malloc(n);
+                int *is_out = malloc(re * sizeof *is_out);
+                fill_outliers(raw, rows, re, dt, gains[gi], 1000 + 10 * h + t, is_out);
+                ord_err oe[DF_CODEC_COUNT] = {{0, 0}};
+                char what[96];
+                snprintf(what, sizeof what, "outliers %gx, hidden %u", gains[gi], re);
+                for (int id = DF_CODEC_FP8_E4M3; id < DF_CODEC_COUNT; id++) {
+                    CHECK_EQ(roundtrip(c, id, dt, re, raw, n, b, what), id);
+                    oe[id] = ordinary_error(raw, b->dec, rows, re, dt, is_out);
+                }
+                /* fp8-b32: ordinary values above 1% of the RMS keep e4m3's
+                 * relative precision (2^-4, plus the dtype's rounding) */
+                CHECK(oe[DF_CODEC_FP8_B32].max_rel <= 0x1p-4 + 0x1p-8);
+                CHECK(oe[DF_CODEC_FP8_B32].rms < oe[DF_CODEC_FP8_E4M3].rms);
+                if (gains[gi] >= 1000)
+                    CHECK(oe[DF_CODEC_FP8_E4M3].max_rel > 3 * oe[DF_CODEC_FP8_B32].max_rel);
+                /* integers: the per-row quantizer loses the ordinary channels */
+                double pr_rms[3];
+                for (int id = DF_CODEC_INT4_B32; id <= DF_CODEC_INT6_B32; id++) {
+                    int bits = block_bits(id);
+                    per_row_int(raw, ref, rows, re, dt, bits);
+                    ord_err pr = ordinary_error(raw, ref, rows, re, dt, is_out);
+                    pr_rms[id - DF_CODEC_INT4_B32] = pr.rms;
+                    double want = bits == 4 ? 0.13 : bits == 5 ? 0.065 : 0.032;
+                    if (!(oe[id].rms < want && 5 * oe[id].rms < pr.rms)) {
+                        fprintf(stderr, "%s %s %s: ordinary RMS error %.4f (want < %.3f), per-row int %.4f\n",
+                                what, df_codec_name(id), df_dtype_name(dt), oe[id].rms, want, pr.rms);
+                        df_test_failures++;
+                    }
+                }
+                if (getenv("DF_TEST_VERBOSE")) /* for docs/FORMAT-codecs.md */
+                    printf("%-27s %-4s fp8-e4m3 %.4f/%.4f fp8-b32 %.4f/%.4f int4/5/6-b32 %.4f %.4f %.4f"
+                           " per-row int4/5/6 %.4f %.4f %.4f\n",
+                           what, df_dtype_name(dt), oe[4].rms, oe[4].max_rel, oe[5].rms, oe[5].max_rel,
+                           oe[6].rms, oe[7].rms, oe[8].rms, pr_rms[0], pr_rms[1], pr_rms[2]);
+                free(raw);
+                free(ref);
+                free(is_out);
+            }
+}
+
+/* NaN and Inf: fp8-b32 gives the e4m3 NaN of the value's sign (like
+ * fp8-e4m3); the integer codecs keep them bit-exact (NaN payloads too);
+ * neither touches the scale of the block's finite values. */
+static void test_block_specials(df_codec_ctx *c, buf *b)
+{
+    enum { RE = 64, ROWS = 3 };
+    for (size_t t = 0; t < 3; t++) {
+        df_dtype dt = dtypes[t];
+        size_t es = df_dtype_size(dt), n = RE * ROWS * es;
+        uint8_t raw[RE * ROWS * 4];
+        for (size_t i = 0; i < RE * ROWS; i++)
+            put_elem(raw + i * es, dt, 0.25 * (double)((int)(i % 29) - 14));
+        /* row 0: Inf, -Inf, a NaN with a payload, -NaN among values */
+        put_elem(raw + 1 * es, dt, INFINITY);
+        put_elem(raw + 2 * es, dt, -INFINITY);
+        if (es == 4) {
+            df_put32(raw + 3 * es, 0x7fc12345u);
+            df_put32(raw + 40 * es, 0xffc00001u);
+        } else {
+            df_put16(raw + 3 * es, dt == DF_DTYPE_BF16 ? 0x7fc5 : 0x7e05);
+            df_put16(raw + 40 * es, dt == DF_DTYPE_BF16 ? 0xffc1 : 0xfe01);
+        }
+        /* row 1: a block of only non-finite values */
+        for (size_t i = RE; i < RE + 32; i++)
+            put_elem(raw + i * es, dt, i % 2 ? -INFINITY : NAN);
+        for (int id = DF_CODEC_FP8_B32; id < DF_CODEC_COUNT; id++) {
+            CHECK_EQ(roundtrip(c, id, dt, RE, raw, n, b, "block specials"), id);
+            for (size_t i = 0; i < RE * ROWS; i++) {
+                double x = elem(raw + i * es, dt), y = elem(b->dec + i * es, dt);
+                if (isfinite(x))
+                    continue;
+                int ok = block_bits(id) ? elem_bits(raw + i * es, es) == elem_bits(b->dec + i * es, es)
+                                        : isnan(y) && signbit(y) == signbit(x);
+                if (!ok) {
+                    fprintf(stderr, "%s %s: element %zu (%g) decoded as %g\n", df_codec_name(id),
+                            df_dtype_name(dt), i, x, y);
+                    df_test_failures++;
+                }
+            }
+            /* the finite values of row 0's first block: within 1/28 (fp8) or
+             * 1/(2 qmax) of their block's finite absmax, 3.5 */
+            double lim = block_bits(id) ? 3.5 / (2 * ((1 << (block_bits(id) - 1)) - 1)) : 3.5 / 28;
+            for (size_t i = 4; i < 32; i++)
+                if (!(fabs(elem(raw + i * es, dt) - elem(b->dec + i * es, dt)) <=
+                      lim * (1 + 0x1p-7) + dtype_half_ulp(elem(b->dec + i * es, dt), dt))) {
+                    fprintf(stderr, "%s %s: element %zu: %g decoded as %g\n", df_codec_name(id),
+                            df_dtype_name(dt), i, elem(raw + i * es, dt), elem(b->dec + i * es, dt));
+                    df_test_failures++;
+                }
+        }
+    }
+}
+
+/* Rebuilds a block-codec payload with every plane raw (the decoder must
+ * accept it and give the same bytes), so that tests can edit planes. */
+static size_t block_raw_planes(int id, const uint8_t *enc, size_t len, uint8_t *out, size_t cap)
+{
+    size_t P = block_bits(id) ? 4 : 3, f = block_bits(id) ? 5 : 1, hdr = f + 5 * P, pos = hdr, o = hdr;
+    memcpy(out, enc, f);
+    for (size_t k = 0; k < P; k++) {
+        int mode = enc[f + 5 * k];
+        size_t sz = df_le32(enc + f + 5 * k + 1), n = sz;
+        if (mode == 2) {
+            unsigned long long cs = ZSTD_getFrameContentSize(enc + pos, sz);
+            CHECK(cs < cap);
+            n = ZSTD_decompress(out + o, cap - o, enc + pos, sz);
+            CHECK(!ZSTD_isError(n) && n == cs);
+        } else {
+            memcpy(out + o, enc + pos, sz);
+        }
+        out[f + 5 * k] = 0;
+        df_put32(out + f + 5 * k + 1, (uint32_t)n);
+        pos += sz;
+        o += n;
+    }
+    CHECK(pos == len);
+    return o;
+}
+
+/* Payloads that lie: bad scales, escape counts that do not match the codes,
+ * plane counts and modes; each is -DF_ECORRUPT with a message naming it. */
+static void test_block_corrupt(df_codec_ctx *c)
+{
+    enum { RE = 96, ROWS = 5 };
+    df_dtype dt = DF_DTYPE_BF16;
+    size_t es = 2, n = RE * ROWS * es;
+    uint8_t raw[RE * ROWS * 2], enc[RE * ROWS * 2], rp[4 * RE * ROWS * 2], mut[4 * RE * ROWS * 2];
+    uint8_t dst[RE * ROWS * 2], dst2[RE * ROWS * 2];
+    int is_out[RE];
+    fill_outliers(raw, ROWS, RE, dt, 300, 77, is_out);
+    df_codec_params p = {dt, RE, 0};
+    for (int id = DF_CODEC_FP8_B32; id < DF_CODEC_COUNT; id++) {
+        df_err e = {0};
+        size_t len;
+        CHECK_EQ(df_codec_encode(c, id, &p, raw, n, enc, n, &len, &e), id);
+        size_t rl = block_raw_planes(id, enc, len, rp, sizeof rp);
+        CHECK_OK(df_codec_decode(c, id, &p, enc, len, dst, n, &e), &e);
+        CHECK_OK(df_codec_decode(c, id, &p, rp, rl, dst2, n, &e), &e);
+        CHECK(!memcmp(dst, dst2, n));
+        int bits = block_bits(id);
+        size_t f = bits ? 5 : 1, hdr = f + 5 * (bits ? 4 : 3), nb = ROWS * 3;
+        size_t ne = bits ? df_le32(rp + 1) : 0;
+        if (bits)
+            CHECK(ne >= ROWS * 4); /* the outliers (a block with two holds both) */
+        /* scale bits that are never written: negative, -0, Inf, NaN */
+        static const uint16_t bad[] = {0x8000, 0xbf80, 0x7f80, 0x7fc0, 0xff80};
+        for (size_t k = 0; k < 5; k++) {
+            memcpy(mut, rp, rl);
+            mut[hdr + 7] = (uint8_t)(bad[k] >> 8);
+            mut[hdr + nb + 7] = (uint8_t)bad[k];
+            CHECK_EQ(try_decode(c, id, &p, mut, rl, dst, n), -DF_ECORRUPT);
+            CHECK_ERR(df_codec_decode(c, id, &p, mut, rl, dst, n, &e), -DF_ECORRUPT, &e, "scale");
+        }
+        /* the largest valid scale decodes (to large values or Inf) */
+        memcpy(mut, rp, rl);
+        mut[hdr + 7] = 0x7f;
+        mut[hdr + nb + 7] = 0x7f;
+        CHECK_OK(df_codec_decode(c, id, &p, mut, rl, dst, n, &e), &e);
+        /* wrong plane count; lz4 mode */
+        memcpy(mut, rp, rl);
+        mut[0] ^= 1;
+        CHECK_ERR(df_codec_decode(c, id, &p, mut, rl, dst, n, &e), -DF_ECORRUPT, &e, "planes");
+        memcpy(mut, rp, rl);
+        mut[f + 5 * 2] = 1;
+        CHECK_ERR(df_codec_decode(c, id, &p, mut, rl, dst, n, &e), -DF_ECORRUPT, &e, "mode");
+        if (!bits)
+            continue;
+        /* one escaped value more than the codes use (plane grown to match) */
+        memcpy(mut, rp, rl);
+        df_put32(mut + 1, (uint32_t)(ne + 1));
+        df_put32(mut + f + 5 * 3 + 1, (uint32_t)((ne + 1) * es));
+        mut[rl] = 0x12;
+        mut[rl + 1] = 0x34;
+        CHECK_ERR(df_codec_decode(c, id, &p, mut, rl + es, dst, n, &e), -DF_ECORRUPT, &e, "fewer");
+        /* one less */
+        memcpy(mut, rp, rl);
+        df_put32(mut + 1, (uint32_t)(ne - 1));
+        df_put32(mut + f + 5 * 3 + 1, (uint32_t)((ne - 1) * es));
+        CHECK_ERR(df_codec_decode(c, id, &p, mut, rl - es, dst, n, &e), -DF_ECORRUPT, &e, "more");
+        /* an extra escape code (the first code of row 2 := -2^(b-1)) */
+        memcpy(mut, rp, rl);
+        size_t cb = RE / 32 * 4 * (size_t)bits, c0 = hdr + 2 * nb + 2 * cb;
+        mut[c0] = (uint8_t)((mut[c0] & ~((1u << bits) - 1)) | (1u << (bits - 1)));
+        CHECK_ERR(df_codec_decode(c, id, &p, mut, rl, dst, n, &e), -DF_ECORRUPT, &e, "more");
+        /* more escapes than elements */
+        memcpy(mut, rp, rl);
+        df_put32(mut + 1, (uint32_t)(RE * ROWS + 1));
+        CHECK_ERR(df_codec_decode(c, id, &p, mut, rl, dst, n, &e), -DF_ECORRUPT, &e, "escaped");
+    }
+}
+
 /* The SIMD kernels (plane split/merge, fp8 quantize/dequantize) give the
  * same bytes as the scalar ones, tails included. */
 static void test_impls_agree(df_codec_ctx *c)
 {
-    static const uint32_t res[] = {37, 1001, 256};
+    static const uint32_t res[] = {37, 1001, 256, 5120};
     for (size_t t = 0; t < 3; t++)
-        for (size_t k = 0; k < 3; k++) {
+        for (size_t k = 0; k < 4; k++) {
             df_dtype dt = dtypes[t];
             size_t es = df_dtype_size(dt), rows = 9, n = rows * res[k] * es;
             uint8_t *raw = malloc(n), *enc[2], *dec[2];
@@ -650,12 +1090,13 @@ static void test_impls_agree(df_codec_ctx *c)
                 for (int v = 0; v < 2; v++) {
                     enc[v] = malloc(n);
                     dec[v] = malloc(n);
+                    len[v] = 0;
                     if (df_codec_set_plane_impl(v ? 0 : 1) < 0)
                         continue;
                     df_err e = {0};
-                    CHECK_OK(df_codec_encode(c, id, &p, raw, n, enc[v], n, &len[v], &e), &e);
-                    CHECK_OK(df_codec_decode(c, id == DF_CODEC_FP8_E4M3 || len[v] < n ? id : 0, &p,
-                                             enc[v], len[v], dec[v], n, &e), &e);
+                    int used = df_codec_encode(c, id, &p, raw, n, enc[v], n, &len[v], &e);
+                    CHECK_OK(used, &e);
+                    CHECK_OK(df_codec_decode(c, used, &p, enc[v], len[v], dec[v], n, &e), &e);
                 }
                 CHECK(len[0] == len[1] && !memcmp(enc[0], enc[1], len[0]));
                 CHECK(!memcmp(dec[0], dec[1], n));
@@ -711,6 +1152,9 @@ int main(void)
     test_corrupt(c);
     test_impls_agree(c);
     test_levels(c, &b);
+    test_block_outliers(c, &b);
+    test_block_specials(c, &b);
+    test_block_corrupt(c);
     /* a second context works independently */
     df_codec_ctx *c2 = df_codec_ctx_new();
     test_fp8_rounding(c2, &b);

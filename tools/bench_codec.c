@@ -2,13 +2,18 @@
  *
  * Data: synthetic hidden states (tools/synth.h), several "layers" per hidden
  * size, cut into blocks of ~1 MiB of whole rows as the cache writes them; or
- * a raw bf16 file of real hidden states (--file F --hidden N).
+ * a raw bf16 file of real hidden states (--file F --hidden N); or every layer
+ * of a finished cache (--cache DIR, e.g. real states from `dflash extract`).
  * For each codec: ratio (stored bytes / raw bytes), encode and decode GB/s of
  * raw bytes on one thread (median of --repeats runs over all blocks), decode
  * GB/s on a df_pool of --threads threads (one context per thread), and for
- * the lossy fp8 codec its error. --explore also measures the candidate
- * entropy coders of the high byte plane and the plane split/merge kernels.
- * Numbers depend on the machine; its CPU model is printed with them.
+ * the lossy codecs their error (relative RMS over all and over ordinary
+ * elements, worst element error relative to its row's and its 32-element
+ * block's absmax). --explore also measures the candidate entropy coders of
+ * the high byte plane and the plane split/merge kernels; --explore-block the
+ * candidate designs of the block-scaled codecs (scale encodings, escapes,
+ * entropy coding of the codes). Numbers depend on the machine; its CPU
+ * model is printed with them.
  */
 #define ZSTD_STATIC_LINKING_ONLY /* experimental params, measured in --explore only */
 #include <errno.h>
@@ -23,6 +28,7 @@
 #include <unistd.h>
 #include <zstd.h>
 
+#include "cache.h"
 #include "codec.h"
 #include "pool.h"
 #include "synth.h"
@@ -55,9 +61,12 @@ typedef struct opts {
     int repeats;
     int threads;
     const char *file;
+    const char *cache; /* a finished cache: its layers, decoded */
     df_dtype dtype;
     int json;
     int explore;
+    int explore_block;
+    unsigned codec_mask; /* bit id: run codec id; 0 = all */
     int level;
     uint64_t seed;
 } opts;
@@ -209,6 +218,58 @@ static int load_file(dataset *d, const opts *o)
     return 0;
 }
 
+/* Every layer of a finished BF16 cache (decoded with its own codec; use a
+ * lossless one), layer after layer, each layer's samples in id order: one
+ * "layer" of the dataset per cache layer, so blocks never straddle layers. */
+static int load_cache(dataset *d, const opts *o)
+{
+    df_err e = {0};
+    df_cache *c = df_cache_open(o->cache, &e);
+    if (!c) {
+        fprintf(stderr, "bench_codec: %s\n", e.msg);
+        return -1;
+    }
+    const df_cache_info *in = df_cache_get_info(c);
+    const df_cache_params *cp = &in->params;
+    if (cp->dtype != DF_DTYPE_BF16 || !in->tokens) {
+        fprintf(stderr, "bench_codec: %s: want a non-empty BF16 cache (%s, %llu tokens)\n",
+                o->cache, df_dtype_name(cp->dtype), (unsigned long long)in->tokens);
+        df_cache_close(c);
+        return -1;
+    }
+    size_t hid = cp->hidden_size, nl = cp->n_layers, toks = in->tokens, es = df_dtype_size(o->dtype);
+    uint16_t *bf = xmalloc(nl * toks * hid * 2);
+    size_t pos = 0;
+    for (size_t k = 0; k < df_cache_count(c); k++) {
+        const df_cache_entry *en = df_cache_entry_at(c, k);
+        df_cache_out out = {0};
+        for (size_t l = 0; l < nl; l++)
+            out.layers[l] = bf + (l * toks + pos) * hid;
+        if (df_cache_read(c, k, (nl < 64 ? (1ull << nl) : 0) - 1, &out, NULL, &e) < 0) {
+            fprintf(stderr, "bench_codec: %s\n", e.msg);
+            free(bf);
+            df_cache_close(c);
+            return -1;
+        }
+        pos += en->n_tokens;
+    }
+    d->dtype = o->dtype;
+    d->hidden = hid;
+    d->tokens = nl * toks;
+    d->row_bytes = hid * es;
+    d->data = xmalloc(d->tokens * d->row_bytes);
+    d->out = xmalloc(d->tokens * d->row_bytes);
+    convert_rows(bf, d->tokens * hid, o->dtype, d->data);
+    free(bf);
+    const char *base = strrchr(o->cache, '/');
+    snprintf(d->name, sizeof d->name, "cache %s (%s, codec %s) hidden %zu, %zu layers x %zu tokens",
+             base && base[1] ? base + 1 : o->cache, df_dtype_name(o->dtype), df_codec_name(cp->codec),
+             hid, nl, toks);
+    df_cache_close(c);
+    make_blocks(d, toks, o->block_mib);
+    return 0;
+}
+
 static void free_dataset(dataset *d)
 {
     for (size_t i = 0; i < d->nblocks; i++)
@@ -220,11 +281,32 @@ static void free_dataset(dataset *d)
 
 /* ---- codec runs ----------------------------------------------------------- */
 
+static int cmp_flt(const void *a, const void *b)
+{
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* "Ordinary" elements of a row, for the error metrics: |x| at most 20 times
+ * the row's median |x|; the rest are the massive activations, which would
+ * dominate an RMS over the whole row. tmp: n floats of scratch. */
+static double ordinary_limit(const float *x, size_t n, float *tmp)
+{
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++)
+        if (isfinite(x[i]))
+            tmp[m++] = fabsf(x[i]);
+    if (!m)
+        return 0;
+    qsort(tmp, m, sizeof *tmp, cmp_flt);
+    return 20.0 * tmp[m / 2];
+}
+
 typedef struct result {
     int id;
     double ratio, enc_gbs, dec_gbs, dec_mt_gbs;
     size_t stored_blocks;
-    double rel_rms, max_err_rel_absmax; /* fp8 only */
+    double rel_rms, ord_rel_rms, max_err_rel_absmax, max_err_rel_blk; /* lossy only */
     int ok;
 } result;
 
@@ -332,26 +414,51 @@ static result run_codec(dataset *d, int id, const opts *o, df_pool *pool)
         }
         return r;
     }
-    /* fp8: RMS error relative to the data's RMS; worst error relative to its row's absmax */
+    /* lossy: RMS error relative to the data's RMS, over all elements and over
+     * the ordinary ones (massive activations left out); worst error relative
+     * to its row's absmax and to its 32-element block's absmax */
     size_t es = df_dtype_size(d->dtype);
-    double se = 0, sx = 0, worst = 0;
+    double se = 0, sx = 0, so_e = 0, so_x = 0, worst = 0, worst_b = 0;
+    float *x = xmalloc(d->hidden * sizeof *x), *y = xmalloc(d->hidden * sizeof *y);
+    float *tmp = xmalloc(d->hidden * sizeof *tmp);
     for (size_t row = 0; row < d->tokens; row++) {
         const uint8_t *a = d->data + row * d->row_bytes, *b = d->out + row * d->row_bytes;
-        double amax = 0, emax = 0;
         for (size_t i = 0; i < d->hidden; i++) {
-            double x = elem_f32(a + i * es, d->dtype), y = elem_f32(b + i * es, d->dtype);
-            if (!isfinite(x))
-                continue;
-            se += (x - y) * (x - y);
-            sx += x * x;
-            amax = fabs(x) > amax ? fabs(x) : amax;
-            emax = fabs(x - y) > emax ? fabs(x - y) : emax;
+            x[i] = elem_f32(a + i * es, d->dtype);
+            y[i] = elem_f32(b + i * es, d->dtype);
+        }
+        double lim = ordinary_limit(x, d->hidden, tmp), amax = 0, emax = 0;
+        for (size_t k0 = 0; k0 < d->hidden; k0 += 32) {
+            size_t k1 = k0 + 32 < d->hidden ? k0 + 32 : d->hidden;
+            double bmax = 0, bemax = 0;
+            for (size_t i = k0; i < k1; i++) {
+                if (!isfinite(x[i]))
+                    continue;
+                double err = fabs((double)x[i] - (double)y[i]), ax = fabs((double)x[i]);
+                se += err * err;
+                sx += ax * ax;
+                if (ax <= lim) {
+                    so_e += err * err;
+                    so_x += ax * ax;
+                }
+                bmax = ax > bmax ? ax : bmax;
+                bemax = err > bemax ? err : bemax;
+            }
+            if (bmax > 0 && bemax / bmax > worst_b)
+                worst_b = bemax / bmax;
+            amax = bmax > amax ? bmax : amax;
+            emax = bemax > emax ? bemax : emax;
         }
         if (amax > 0 && emax / amax > worst)
             worst = emax / amax;
     }
+    free(x);
+    free(y);
+    free(tmp);
     r.rel_rms = sx > 0 ? sqrt(se / sx) : 0;
+    r.ord_rel_rms = so_x > 0 ? sqrt(so_e / so_x) : 0;
     r.max_err_rel_absmax = worst;
+    r.max_err_rel_blk = worst_b;
     return r;
 }
 
@@ -604,6 +711,284 @@ static void explore(dataset *d, const opts *o)
     ZSTD_freeDCtx(zd);
 }
 
+/* ---- --explore-block: scale encodings and entropy coding of the block codecs
+ *
+ * A reference (scalar, double precision) model of the per-32-element block
+ * quantizers, independent of the codec's kernels, run over the dataset for
+ * each candidate design: fp8 e4m3 codes with an E8M0 power-of-two scale
+ * (rounded up so that absmax/scale <= 448; or MX-style 2^(floor(log2 absmax)
+ * - 8), which clips the largest values), or with a bf16 scale rounded up
+ * (absmax maps to ~448); and b-bit symmetric integers (b = 4, 5, 6) with a
+ * bf16 or an E8M0 scale. Reports, per design: bits per element before
+ * entropy coding, the ratio with the code plane raw and zstd-coded (scale
+ * planes zstd-coded where that shrinks them), the relative RMS error, the
+ * worst element error relative to its block's absmax, and the one-thread
+ * speed of zstd-decoding the code plane alone (the cost of coding it). */
+
+enum { XS_E8M0 = 0, XS_E8M0_MX = 1, XS_BF16 = 2 };
+
+typedef struct xvariant {
+    const char *name;
+    int bits;      /* 0 = fp8 e4m3 codes, else integer bits */
+    int scale;     /* XS_* */
+    double escape; /* > 0: the block's largest values are kept exactly (as the
+                    * dtype's bytes) when they exceed escape x the rest (the
+                    * codec's rule, with its factor 2 replaced by this) */
+} xvariant;
+
+static const xvariant xvariants[] = {
+    {"fp8 e4m3, E8M0 scale (ceil)", 0, XS_E8M0, 0},
+    {"fp8 e4m3, E8M0 scale (MX floor, clips)", 0, XS_E8M0_MX, 0},
+    {"fp8 e4m3, bf16 scale (ceil)", 0, XS_BF16, 0},
+    {"int4, bf16 scale", 4, XS_BF16, 0},
+    {"int4, E8M0 scale", 4, XS_E8M0, 0},
+    {"int4, bf16 scale, escape > 1.5x", 4, XS_BF16, 1.5},
+    {"int4, bf16 scale, escape > 2x", 4, XS_BF16, 2},
+    {"int4, bf16 scale, escape > 4x", 4, XS_BF16, 4},
+    {"int5, bf16 scale", 5, XS_BF16, 0},
+    {"int5, E8M0 scale", 5, XS_E8M0, 0},
+    {"int5, bf16 scale, escape > 2x", 5, XS_BF16, 2},
+    {"int6, bf16 scale", 6, XS_BF16, 0},
+    {"int6, E8M0 scale", 6, XS_E8M0, 0},
+    {"int6, bf16 scale, escape > 1.5x", 6, XS_BF16, 1.5},
+    {"int6, bf16 scale, escape > 2x", 6, XS_BF16, 2},
+    {"int6, bf16 scale, escape > 4x", 6, XS_BF16, 4},
+};
+
+/* e4m3 code of q >= 0 (not NaN): RNE, saturated at 448 */
+static uint8_t ref_e4m3(double q)
+{
+    if (q >= 448)
+        return 0x7e;
+    if (q < 0x1p-6)
+        return (uint8_t)nearbyint(q * 512); /* 8 = 2^-6 rounds into the normals */
+    int e;
+    double m = frexp(q, &e); /* q = m 2^e, m in [0.5, 1) */
+    double mm = nearbyint((m * 2 - 1) * 8);
+    e -= 1;
+    if (mm == 8) {
+        mm = 0;
+        e++;
+    }
+    int code = ((e + 7) << 3) | (int)mm;
+    return (uint8_t)(code > 0x7e ? 0x7e : code);
+}
+
+/* smallest bf16 >= v (v > 0, finite) */
+static float bf16_ceil(double v)
+{
+    float f = (float)v;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t t = u & 0xffff0000u;
+    float g;
+    memcpy(&g, &t, 4);
+    while ((double)g < v) {
+        t += 0x10000u;
+        memcpy(&g, &t, 4);
+    }
+    return g;
+}
+
+static size_t zsize(ZSTD_CCtx *zc, const uint8_t *p, size_t n, uint8_t *tmp, size_t cap)
+{
+    if (!n)
+        return 0;
+    size_t z = ZSTD_compress2(zc, tmp, cap, p, n);
+    return ZSTD_isError(z) || z >= n ? n : z;
+}
+
+static void explore_block(dataset *d, const opts *o)
+{
+    size_t es = df_dtype_size(d->dtype), re = d->hidden, nbr = (re + 31) / 32;
+    size_t maxrows = 0, raw = 0;
+    for (size_t i = 0; i < d->nblocks; i++) {
+        size_t r = d->blocks[i].raw_len / d->row_bytes;
+        maxrows = r > maxrows ? r : maxrows;
+        raw += d->blocks[i].raw_len;
+    }
+    size_t maxn = maxrows * re, maxnb = maxrows * nbr;
+    uint8_t *codes = xmalloc(maxn), *s0 = xmalloc(maxnb), *s1 = xmalloc(maxnb);
+    size_t zcap = ZSTD_compressBound(maxn);
+    uint8_t *ztmp = xmalloc(zcap);
+    uint8_t **zc_codes = xmalloc(sizeof *zc_codes * d->nblocks);
+    size_t *zc_len = xmalloc(sizeof *zc_len * d->nblocks), *cp_len = xmalloc(sizeof *cp_len * d->nblocks);
+    for (size_t i = 0; i < d->nblocks; i++)
+        zc_codes[i] = xmalloc(zcap);
+    ZSTD_CCtx *zc = ZSTD_createCCtx();
+    ZSTD_DCtx *zd = ZSTD_createDCtx();
+    variant def = {"", 0, 1, 0, 0, 6, 7, 0, 0, 0}; /* the codecs' default zstd */
+    zstd_apply(zc, &def);
+    double *td = xmalloc(sizeof(double) * (size_t)o->repeats);
+    float *x = xmalloc(re * sizeof *x), *med = xmalloc(re * sizeof *med);
+
+    printf("\n== explore-block: %s\n", d->name);
+    printf("%-40s %6s %8s %8s %8s %8s %8s %9s %9s\n", "design (32-element blocks)", "bits/el",
+           "ratio", "ratio", "scale B", "rel RMS", "ordinary", "max err", "code-plane");
+    printf("%-40s %6s %8s %8s %8s %8s %8s %9s %9s\n", "", "raw", "codes raw", "codes zstd",
+           "per blk", "error", "rel RMS", "/blk amax", "zstd dec GB/s");
+    for (size_t v = 0; v < sizeof xvariants / sizeof xvariants[0]; v++) {
+        const xvariant *xv = &xvariants[v];
+        int b = xv->bits, qmax = b ? (1 << (b - 1)) - 1 : 0;
+        double se = 0, sx = 0, worst = 0, so_e = 0, so_x = 0;
+        size_t code_raw = 0, code_z = 0, scale_z = 0, nblk_all = 0, nesc = 0;
+        for (size_t bi = 0; bi < d->nblocks; bi++) {
+            block *bl = &d->blocks[bi];
+            size_t rows = bl->raw_len / d->row_bytes, cpos = 0, nb = 0;
+            for (size_t r = 0; r < rows; r++) {
+                const uint8_t *row = bl->raw + r * d->row_bytes;
+                for (size_t i = 0; i < re; i++)
+                    x[i] = df_elem_to_f32(row + i * es, d->dtype);
+                double ord_lim = ordinary_limit(x, re, med);
+                for (size_t k0 = 0; k0 < re; k0 += 32, nb++) {
+                    size_t k1 = k0 + 32 < re ? k0 + 32 : re;
+                    /* the 5 largest finite |x|, descending */
+                    double top[6] = {0};
+                    for (size_t i = k0; i < k1; i++) {
+                        double a = isfinite(x[i]) ? fabs(x[i]) : 0;
+                        int j = 5;
+                        while (j > 0 && a > top[j - 1]) {
+                            top[j] = top[j - 1];
+                            j--;
+                        }
+                        if (j < 5)
+                            top[j] = a;
+                    }
+                    /* escape the top j: the largest j <= 4 (and < the block's
+                     * size) with top[j-1] > escape x top[j] > 0 */
+                    int nj = 0;
+                    for (int j = 1; xv->escape > 0 && j <= 4 && (size_t)j < k1 - k0; j++)
+                        if (top[j] > 0 && top[j - 1] > xv->escape * top[j])
+                            nj = j;
+                    double amax = top[nj], esc_t = nj ? top[nj - 1] : INFINITY;
+                    double scale;
+                    uint16_t sb = 0;
+                    if (xv->scale == XS_BF16) {
+                        float s = amax > 0 ? bf16_ceil(amax / (b ? qmax : 448)) : 0.0f;
+                        uint32_t u;
+                        memcpy(&u, &s, 4);
+                        sb = (uint16_t)(u >> 16);
+                        scale = s;
+                    } else {
+                        int k = -127;
+                        if (amax > 0) {
+                            double lim = b ? qmax : 448;
+                            if (xv->scale == XS_E8M0_MX)
+                                k = ilogb(amax) - (b ? ilogb((double)qmax) : 8);
+                            else
+                                for (k = ilogb(amax) - 12; ldexp(lim, k) < amax; k++)
+                                    ;
+                            k = k < -127 ? -127 : k > 127 ? 127 : k;
+                        }
+                        sb = (uint16_t)(k + 127);
+                        scale = ldexp(1, k);
+                    }
+                    s0[nb] = (uint8_t)(xv->scale == XS_BF16 ? sb >> 8 : sb);
+                    s1[nb] = (uint8_t)sb;
+                    uint64_t acc = 0;
+                    int nacc = 0;
+                    double emax = 0;
+                    for (size_t i = k0; i < k1; i++) {
+                        double xi = x[i], y;
+                        if (isfinite(xi) && fabs(xi) >= esc_t) {
+                            nesc++;
+                            y = xi; /* kept exactly; its code slot holds the escape */
+                            acc |= (uint64_t)1 << (nacc + b - 1);
+                            nacc += b;
+                            while (nacc >= 8) {
+                                codes[cpos++] = (uint8_t)acc;
+                                acc >>= 8;
+                                nacc -= 8;
+                            }
+                        } else if (b) {
+                            double q = scale > 0 ? nearbyint(xi / scale) : 0;
+                            q = q > qmax ? qmax : q < -qmax ? -qmax : q;
+                            y = q * scale;
+                            acc |= (uint64_t)((int)q & ((1 << b) - 1)) << nacc;
+                            nacc += b;
+                            while (nacc >= 8) {
+                                codes[cpos++] = (uint8_t)acc;
+                                acc >>= 8;
+                                nacc -= 8;
+                            }
+                        } else {
+                            uint8_t c = scale > 0 && isfinite(xi) ? ref_e4m3(fabs(xi) / scale) : 0;
+                            y = df_e4m3_to_f32(c) * scale;
+                            y = xi < 0 ? -y : y;
+                            codes[cpos++] = (uint8_t)(c | (xi < 0 ? 0x80 : 0));
+                        }
+                        if (!isfinite(xi))
+                            continue;
+                        /* decoded to the dtype */
+                        uint8_t tmp[4];
+                        if (d->dtype == DF_DTYPE_F32) {
+                            float f = (float)y;
+                            memcpy(tmp, &f, 4);
+                        } else {
+                            uint16_t h = d->dtype == DF_DTYPE_BF16 ? df_f32_to_bf16((float)y)
+                                                                   : df_f32_to_f16((float)y);
+                            memcpy(tmp, &h, 2);
+                        }
+                        y = df_elem_to_f32(tmp, d->dtype);
+                        se += (xi - y) * (xi - y);
+                        sx += xi * xi;
+                        if (fabs(xi) <= ord_lim) {
+                            so_e += (xi - y) * (xi - y);
+                            so_x += xi * xi;
+                        }
+                        emax = fabs(xi - y) > emax ? fabs(xi - y) : emax;
+                    }
+                    if (nacc)
+                        codes[cpos++] = (uint8_t)acc;
+                    if (amax > 0 && emax / amax > worst)
+                        worst = emax / amax;
+                }
+            }
+            cp_len[bi] = cpos;
+            code_raw += cpos;
+            size_t z = ZSTD_compress2(zc, zc_codes[bi], zcap, codes, cpos);
+            zc_len[bi] = ZSTD_isError(z) ? 0 : z;
+            code_z += ZSTD_isError(z) || z >= cpos ? cpos : z;
+            scale_z += zsize(zc, s0, nb, ztmp, zcap);
+            if (xv->scale == XS_BF16)
+                scale_z += zsize(zc, s1, nb, ztmp, zcap);
+            nblk_all += nb;
+        }
+        /* zstd decode of the code planes alone */
+        for (int k = 0; k < o->repeats; k++) {
+            double t0 = now();
+            for (size_t bi = 0; bi < d->nblocks; bi++)
+                if (zc_len[bi])
+                    ZSTD_decompressDCtx(zd, codes, maxn, zc_codes[bi], zc_len[bi]);
+            td[k] = now() - t0;
+        }
+        size_t sraw = nblk_all * (xv->scale == XS_BF16 ? 2 : 1) + nesc * es;
+        scale_z += nesc * es; /* escaped values: counted raw */
+        double n_el = (double)(raw / es);
+        printf("%-40s %6.3f %8.4f %8.4f %8.3f %8.4f %8.4f %9.4f %9.2f\n", xv->name,
+               8.0 * (double)(code_raw + sraw) / n_el,
+               (double)(code_raw + scale_z) / (double)raw, (double)(code_z + scale_z) / (double)raw,
+               (double)scale_z / (double)nblk_all, sx > 0 ? sqrt(se / sx) : 0,
+               so_x > 0 ? sqrt(so_e / so_x) : 0, worst,
+               (double)raw / median(td, o->repeats) / 1e9);
+        fflush(stdout);
+    }
+    for (size_t i = 0; i < d->nblocks; i++)
+        free(zc_codes[i]);
+    free(zc_codes);
+    free(zc_len);
+    free(cp_len);
+    free(codes);
+    free(s0);
+    free(s1);
+    free(ztmp);
+    free(td);
+    free(x);
+    free(med);
+    ZSTD_freeCCtx(zc);
+    ZSTD_freeDCtx(zd);
+}
+
 /* ---- main ------------------------------------------------------------------ */
 
 static void usage(void)
@@ -612,9 +997,13 @@ static void usage(void)
             "usage: bench_codec [--hidden N[,N..]] [--layers L] [--mib M] [--block-mib B]\n"
             "                   [--repeats R] [--threads T] [--dtype bf16|f16|f32] [--seed S]\n"
             "                   [--level L (codec level; 0 = default)]\n"
-            "                   [--file raw.bf16 --hidden N] [--explore] [--json]\n"
+            "                   [--file raw.bf16 --hidden N | --cache DIR] [--codecs A,B,..]\n"
+            "                   [--impl 0-3] [--explore] [--explore-block] [--json]\n"
             "  defaults: --hidden 5120,256 --layers 4 --mib 32 --block-mib 1 --repeats 5\n"
             "  --threads 0 (all CPUs); --file reads little-endian bf16 rows (real data);\n"
+            "  --cache reads every layer of a finished BF16 cache (write it with a lossless\n"
+            "  codec); --codecs runs only those codecs (default: all); --impl forces the\n"
+            "  kernels' SIMD level (1 scalar, 2 SSE2, 3 AVX2; 0 = auto);\n"
             "  --dtype converts the bf16 data (f32 exactly, f16 rounded).\n");
 }
 
@@ -626,8 +1015,9 @@ static void print_result(const dataset *d, const result *r, int json, int first)
                first ? "" : ",\n", df_codec_name(r->id), df_dtype_name(d->dtype), d->hidden,
                r->ratio, r->enc_gbs, r->dec_gbs, r->dec_mt_gbs, r->stored_blocks);
         if (df_codec_is_lossy(r->id))
-            printf(", \"rel_rms_err\": %.5f, \"max_err_rel_row_absmax\": %.5f", r->rel_rms,
-                   r->max_err_rel_absmax);
+            printf(", \"rel_rms_err\": %.5f, \"ordinary_rel_rms_err\": %.5f, "
+                   "\"max_err_rel_row_absmax\": %.5f, \"max_err_rel_block_absmax\": %.5f",
+                   r->rel_rms, r->ord_rel_rms, r->max_err_rel_absmax, r->max_err_rel_blk);
         printf(", \"ok\": %s}", r->ok ? "true" : "false");
         return;
     }
@@ -636,7 +1026,8 @@ static void print_result(const dataset *d, const result *r, int json, int first)
     if (r->stored_blocks)
         printf("  %zu blocks stored", r->stored_blocks);
     if (df_codec_is_lossy(r->id))
-        printf("  rel RMS err %.4f, max err %.4f of row absmax", r->rel_rms, r->max_err_rel_absmax);
+        printf("  rel RMS err %.4f (ordinary %.4f), max err %.4f of row / %.4f of block absmax",
+               r->rel_rms, r->ord_rel_rms, r->max_err_rel_absmax, r->max_err_rel_blk);
     if (!r->ok)
         printf("  FAILED");
     printf("\n");
@@ -653,6 +1044,8 @@ int main(int argc, char **argv)
             o.json = 1;
         else if (!strcmp(a, "--explore"))
             o.explore = 1;
+        else if (!strcmp(a, "--explore-block"))
+            o.explore_block = 1;
         else if (!v) {
             usage();
             return 2;
@@ -685,6 +1078,26 @@ int main(int argc, char **argv)
             o.seed = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(a, "--file"))
             o.file = argv[++i];
+        else if (!strcmp(a, "--cache"))
+            o.cache = argv[++i];
+        else if (!strcmp(a, "--impl")) {
+            if (df_codec_set_plane_impl(atoi(argv[++i])) < 0) {
+                fprintf(stderr, "bench_codec: --impl %s not available here\n", argv[i]);
+                return 2;
+            }
+        }
+        else if (!strcmp(a, "--codecs")) {
+            /* comma-separated names */
+            char *list = argv[++i];
+            for (char *t = strtok(list, ","); t; t = strtok(NULL, ",")) {
+                int id = df_codec_from_name(t);
+                if (id < 0) {
+                    fprintf(stderr, "bench_codec: unknown codec %s\n", t);
+                    return 2;
+                }
+                o.codec_mask |= 1u << id;
+            }
+        }
         else if (!strcmp(a, "--dtype")) {
             const char *t = argv[++i];
             o.dtype = !strcmp(t, "bf16") ? DF_DTYPE_BF16 : !strcmp(t, "f16") ? DF_DTYPE_F16
@@ -718,11 +1131,14 @@ int main(int argc, char **argv)
                cpu, ncpu, ZSTD_versionString(), LZ4_versionString(), o.repeats);
 
     int first = 1, failed = 0;
-    int nsets = o.file ? 1 : o.nhidden;
+    int nsets = o.file || o.cache ? 1 : o.nhidden;
     for (int s = 0; s < nsets; s++) {
         dataset d = {0};
         if (o.file) {
             if (load_file(&d, &o) < 0)
+                return 1;
+        } else if (o.cache) {
+            if (load_cache(&d, &o) < 0)
                 return 1;
         } else {
             make_synth(&d, &o, o.hidden[s]);
@@ -734,6 +1150,8 @@ int main(int argc, char **argv)
             printf("%-11s %7s %9s %9s %8s %2d\n", "", "", "1 thread", "1 thread", "threads", nthreads);
         }
         for (int id = 0; id < DF_CODEC_COUNT; id++) {
+            if (o.codec_mask && !(o.codec_mask & (1u << id)))
+                continue;
             result r = run_codec(&d, id, &o, pool);
             failed |= !r.ok;
             print_result(&d, &r, o.json, first);
@@ -741,6 +1159,8 @@ int main(int argc, char **argv)
         }
         if (o.explore && !o.json)
             explore(&d, &o);
+        if (o.explore_block && !o.json)
+            explore_block(&d, &o);
         free_dataset(&d);
     }
     if (o.json)

@@ -1,8 +1,9 @@
 /* fuzz_codec - df_codec_decode on arbitrary payloads, and encode->decode
  * round trips on arbitrary data.
  *
- * Input: byte 0 selects codec id (sel % 5), dtype (sel / 5 % 3) and row size
- * (sel / 15 % 8 into a table); the rest is the payload. It is decoded with a
+ * Input: byte 0 selects the codec id (byte 0 % DF_CODEC_COUNT: a new codec
+ * leaves the others' seeds alone), byte 1 the dtype (byte 1 % 3) and row
+ * size (byte 1 / 3 % 8 into a table); the rest is the payload. It is decoded with a
  * few raw lengths: 0, one row, the size its sub-header implies (so that valid
  * payloads get decoded all the way), and that size +- one row. A decode must
  * return 0 or -DF_ECORRUPT (-EINVAL only for a length that is not whole rows)
@@ -75,13 +76,36 @@ static size_t implied_len(int id, size_t es, size_t row_bytes, const uint8_t *s,
         }
         return 0;
     }
-    default: {
+    case DF_CODEC_FP8_E4M3: {
         if (len < 5)
             return 0;
         size_t sz = df_le32(s + 1);
         if (sz > len - 5)
             return 0;
         return (len - 5 - sz) / 4 * row_bytes;
+    }
+    default: {
+        /* block codecs: from the code plane's size (plane 2; raw, or a zstd
+         * frame's content size): fp8-b32 has row_elems bytes per row,
+         * intN-b32 ceil(row_elems * N / 8) when the row is whole blocks
+         * (else: a guess) */
+        size_t f = id == DF_CODEC_FP8_B32 ? 1 : 5, bits = id == DF_CODEC_FP8_B32 ? 8 : (size_t)id - 2;
+        size_t hdr = f + 5 * (id == DF_CODEC_FP8_B32 ? 3 : 4);
+        if (len < hdr)
+            return 0;
+        size_t code_len = df_le32(s + f + 11), per_row = (row_bytes / es * bits + 7) / 8;
+        if (s[f + 10] == 2) {
+            size_t off = hdr + (size_t)df_le32(s + f + 1) + df_le32(s + f + 6);
+            if (off > len || code_len > len - off)
+                return 0;
+            unsigned long long cs = ZSTD_getFrameContentSize(s + off, code_len);
+            if (cs >= MAX_RAW)
+                return 0;
+            code_len = (size_t)cs;
+        } else if (s[f + 10] != 0) {
+            return 0;
+        }
+        return per_row ? code_len / per_row * row_bytes : 0;
     }
     }
 }
@@ -91,18 +115,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *d, size_t n)
     static df_codec_ctx *c; /* one per process, as a thread would keep it */
     if (!c && !(c = df_codec_ctx_new()))
         return 0;
-    if (n < 1)
+    if (n < 2)
         return 0;
-    uint8_t sel = d[0];
-    int id = sel % DF_CODEC_COUNT;
-    df_dtype dt = dtypes[(sel / 5) % 3];
-    uint32_t re = row_sizes[(sel / 15) % 8];
+    int id = d[0] % DF_CODEC_COUNT;
+    df_dtype dt = dtypes[d[1] % 3];
+    uint32_t re = row_sizes[d[1] / 3 % 8];
     size_t es = df_dtype_size(dt), rb = re * es;
     df_codec_params p = {dt, re, 0};
 
-    size_t len = n - 1;
+    size_t len = n - 2;
     uint8_t *src = malloc(len ? len : 1);
-    memcpy(src, d + 1, len);
+    memcpy(src, d + 2, len);
 
     /* decode the payload with a few raw lengths */
     size_t guess = implied_len(id, es, rb, src, len);
