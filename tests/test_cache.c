@@ -457,10 +457,17 @@ static void test_bad_input(void)
 
     /* A future version in the manifest is refused clearly. */
     FRESH("version");
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"version\":\\t1,/\"version\":\\t3,/' '%s/manifest.json'", dir);
+    CHECK(system(cmd) == 0);
+    CHECK(df_cache_open(dir, &e) == NULL);
+    CHECK_ERR(e.code, -DF_EVERSION, &e, "version 3");
+
+    /* Version 2 is a projected cache: one without its "projection" object is refused. */
+    FRESH("version2");
     snprintf(cmd, sizeof cmd, "sed -i 's/\"version\":\\t1,/\"version\":\\t2,/' '%s/manifest.json'", dir);
     CHECK(system(cmd) == 0);
     CHECK(df_cache_open(dir, &e) == NULL);
-    CHECK_ERR(e.code, -DF_EVERSION, &e, "version 2");
+    CHECK_ERR(e.code, -DF_ECORRUPT, &e, "without a \"projection\"");
 
     /* A manifest that lies about a shard's size. */
     FRESH("lying");
