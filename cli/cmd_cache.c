@@ -336,13 +336,16 @@ int cmd_cache(int argc, char **argv)
         return cmd_read(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "project"))
         return cmd_cache_project(argc, argv);
+    if (argc >= 2 && !strcmp(argv[1], "plan"))
+        return cmd_cache_plan(argc, argv);
     if (argc >= 2 && !strcmp(argv[1], "diff"))
         return cmd_cache_diff(argc - 1, argv + 1);
     FILE *f = argc >= 2 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) ? stdout : stderr;
-    fprintf(f, "usage: dflash cache synth|read|diff|project ...   (dflash cache synth --help)\n"
+    fprintf(f, "usage: dflash cache synth|read|diff|project|plan ...   (dflash cache synth --help)\n"
                "  synth   write a cache of synthetic hidden states (tests, demos, benchmarks)\n"
                "  read    stream a cache through the reader pipeline and report its rate\n"
                "  diff    compare two caches sample by sample\n"
-               "  project derive a projected (smaller) cache from a finished one\n");
+               "  project derive a projected (smaller) cache from a finished one\n"
+               "  plan    a cache's bytes per token and total size, before it is made\n");
     return f == stdout ? 0 : 2;
 }

@@ -9,6 +9,7 @@ int cmd_corpus(int argc, char **argv);
 int cmd_cache(int argc, char **argv);
 int cmd_cache_diff(int argc, char **argv); /* dflash cache diff */
 int cmd_cache_project(int argc, char **argv); /* dflash cache project */
+int cmd_cache_plan(int argc, char **argv); /* dflash cache plan */
 int cmd_extract(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_train_step(int argc, char **argv);

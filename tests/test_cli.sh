@@ -184,16 +184,16 @@ run 0 "OK: 96 samples" "$D" dump "$W/pj" --verify
 run 0 "PROJECTED: z = P x, rank 24 of 3 x" "$D" dump "$W/pj"
 grep -Eq '"version":[[:space:]]*2' "$W/pj/manifest.json" || fail "a projected manifest is not version 2"
 run 0 "rank 24 of " "$D" cache project "$W/evc" "$W/pje" --basis "$W/pj/basis.dfb"
-run 0 "eval @ step 60: .* tau_walk" "$D" train ${TA/--quiet/} --cache "$W/pj" --out "$W/runP" --eval-cache "$W/pje" --eval-rows 4
+run 0 "eval @ step 60: .* tau_walk" "$D" train ${TA/--quiet/} --cache "$W/pj" --out "$W/runPj" --eval-cache "$W/pje" --eval-rows 4
 hid=$(sed -nE 's/.*"hidden_size":[[:space:]]*([0-9]+).*/\1/p' "$TM/config.json" | head -1)
-grep -aq "\"fc.weight\":{\"dtype\":\"BF16\",\"shape\":\[$hid,$((3 * hid))\]" "$W/runP/export/model.safetensors" ||
+grep -aq "\"fc.weight\":{\"dtype\":\"BF16\",\"shape\":\[$hid,$((3 * hid))\]" "$W/runPj/export/model.safetensors" ||
   fail "the projected run's export has no merged fc.weight [$hid, $((3 * hid))]"
-grep -q '"target_layer_ids":[[:space:]]*\[0, 1, 2\]' "$W/runP/export/config.json" || fail "projected export: target_layer_ids"
+grep -q '"target_layer_ids":[[:space:]]*\[0, 1, 2\]' "$W/runPj/export/config.json" || fail "projected export: target_layer_ids"
 # a stopped run on a projected cache resumes to the same weights
-run 0 "" "$D" train $TA --cache "$W/pj" --out "$W/runP1"
-run 0 "" "$D" train $TA --cache "$W/pj" --out "$W/runP2" --stop-after 30
-run 0 "" "$D" train $TA --cache "$W/pj" --out "$W/runP2"
-cmp -s "$W/runP1/export/model.safetensors" "$W/runP2/export/model.safetensors" || fail "projected run resumed to other weights"
+run 0 "" "$D" train $TA --cache "$W/pj" --out "$W/runPj1"
+run 0 "" "$D" train $TA --cache "$W/pj" --out "$W/runPj2" --stop-after 30
+run 0 "" "$D" train $TA --cache "$W/pj" --out "$W/runPj2"
+cmp -s "$W/runPj1/export/model.safetensors" "$W/runPj2/export/model.safetensors" || fail "projected run resumed to other weights"
 # the fc rows of a drafter trained on the source cache as the basis (R = hidden), and an interrupted projection resumed
 run 0 "rank $hid of " "$D" cache project "$W/ext3" "$W/pf" --fc-basis "$W/runA/export"
 run 0 "" "$D" cache project "$W/ext3" "$W/pf2" --basis "$W/pf/basis.dfb"
@@ -213,6 +213,13 @@ run 2 "exactly one of" "$D" cache project "$W/ext3" "$W/pj5"
 run 2 "exactly one of" "$D" cache project "$W/ext3" "$W/pj5" --rank 4 --energy 0.9
 run 2 "out of range" "$D" cache project "$W/ext3" "$W/pj6" --rank 100000
 run 2 "bad or missing value" "$D" cache project "$W/ext3" "$W/pj7" --energy 1.5
+
+# --- cache plan: the size before anything runs (typical ratios, or measured on a cache)
+run 0 "total +15.48 TB" "$D" cache plan --hidden 5120 --layers 5 --tokens 1.3e9 --codec int4-b32
+run 0 "ratio 0\.[0-9]+ measured on .* tokens" "$D" cache plan --model "$TM" --corpus "$TM/corpus.jsonl" --layers 3 --codec fp8-b32 --from "$W/ext3" --rank-frac 0.25 --disk "$W"
+run 2 "at most one of" "$D" cache plan --hidden 64 --tokens 10 --rank 4 --rank-frac 0.5
+run 2 "exceeds" "$D" cache plan --hidden 64 --layers 2 --tokens 10 --rank 200
+run 1 "nope" "$D" cache plan --hidden 64 --tokens 10 --from "$W/nope"
 
 # data parallel on the CPU: two ranks from the environment (as torchrun starts them), one
 # shared-memory communicator, ZeRO-1 shards; a stopped and resumed 2-rank run is bit-identical
