@@ -63,13 +63,7 @@ static int make_geom(int id, const df_codec_params *p, size_t raw_len, size_t rb
     return g->n > UINT32_MAX ? -1 : 0;
 }
 
-static inline float bf16_val(uint32_t h)
-{
-    uint32_t u = h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
+static inline float bf16_val(uint32_t h) { return df_bf16_to_f32((uint16_t)h); }
 
 static inline float f32_of(uint32_t u)
 {
