@@ -81,7 +81,7 @@ extract train split-zstd "$W/c-lossless" && extract eval split-zstd "$W/e-lossle
 note "lossless caches extracted"
 
 # ---------------------------------------------------------------- 2. variants' caches
-declare -A TRAIN EVAL EXTRA VSEEDS
+declare -A TRAIN EVAL EXTRA VSEEDS KIND
 NAMES=(lossless)
 TRAIN[lossless]=$W/c-lossless; EVAL[lossless]=$W/e-lossless; EXTRA[lossless]=""; VSEEDS[lossless]=$SEEDS
 for v in $VARIANTS; do
@@ -92,6 +92,7 @@ for v in $VARIANTS; do
   if [ "$name" = lossless ]; then VSEEDS[lossless]=$vs; continue; fi
   NAMES+=("$name"); EXTRA[$name]=""; VSEEDS[$name]=$vs
   IFS=: read -r kind a b <<<"$spec"
+  KIND[$name]=$kind
   case $kind in
     codec)
       extract train "$a" "$W/c-$name" || { skipv "extraction failed"; continue; }
@@ -185,7 +186,7 @@ SIZES=$OUTD/sizes.tsv
 : >"$SIZES"
 for name in "${NAMES[@]}"; do
   read -r tok st raw <<<"$(tokens_of "${TRAIN[$name]}")"
-  printf '%s\t%s\t%s\n' "$name" "$tok" "$st" >>"$SIZES"
+  printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$tok" "$st" "$raw" "${KIND[$name]:-codec}" >>"$SIZES"
 done
 SFJ=$OUTD/real-tau.json
 print_table() {
@@ -200,9 +201,14 @@ for line in open(runs_p).read().splitlines()[1:]:
     if f[0] not in runs:
         runs[f[0]] = {}; order.append(f[0])
     runs[f[0]][f[1]] = None if f[2].startswith("FAILED") else tuple(map(float, f[3:6]))
-sizes = {}
+# bytes/token at the 27B shape: the same fraction of the raw features, except for a basis of fc's
+# rows, whose rank is the hidden size: 1/K of the features here, 1/5 there (5120 values)
+sizes, at27 = {}, {}
 for line in open(sizes_p).read().splitlines():
-    n, t, s = line.split("\t"); sizes[n] = float(s) / float(t)
+    n, t, s, raw, kind = line.split("\t")
+    sizes[n] = float(s) / float(t)
+    per_value = float(s) / (float(raw) / 2)       # stored bytes per stored BF16 value
+    at27[n] = per_value * 5120 if kind == "fcbasis" else sizes[n] / raw_per_tok * RAW27B
 real = {}
 if os.path.exists(sfj):
     try:
@@ -223,7 +229,7 @@ for n in order:
     ratio = sizes.get(n, float("nan")) / raw_per_tok
     d = [r[s][2] - base[s][2] for s in r if r[s] and base.get(s)] if n != "lossless" else []
     lines.append("| %s | %.0f B (%.4f) | %.2f KB | %s | %s | %s | %s | %s | %s |" % (
-        n, sizes.get(n, float("nan")), ratio, ratio * RAW27B / 1000, ms([v[0] for v in ok]),
+        n, sizes.get(n, float("nan")), ratio, at27.get(n, float("nan")) / 1000, ms([v[0] for v in ok]),
         ms([v[1] for v in ok]), ms([v[2] for v in ok]),
         " ".join("%s:%s" % (s, "%.3f" % r[s][2] if r[s] else "FAIL") for s in sorted(r, key=int)),
         ms(d) if d else "-", "%.3f" % real[n] if n in real else "-"))
