@@ -26,6 +26,9 @@ static void usage(FILE *f)
             "                            split-zstd) or the LOSSY fp8-e4m3|fp8-b32|int4-b32|\n"
             "                            int5-b32|int6-b32 (docs/FORMAT-codecs.md)\n"
             "  --level N                 entropy coder level (default: the codec's)\n"
+            "  --basis FILE              write a projected cache: z = P x per token with this\n"
+            "                            basis of the same layers (dflash cache project of a\n"
+            "                            small lossless extraction makes one); LOSSY\n"
             "  --batch-tokens N          tokens per forward pass (default 8192)\n"
             "  --max-len N               longest document accepted (default: the model's\n"
             "                            max_position_embeddings)\n"
@@ -130,6 +133,7 @@ int cmd_extract(int argc, char **argv)
         else if (!strcmp(a, "--random-weights")) o.random_config = v;
         else if (!parse_u64(v, &x) && !strcmp(a, "--seed")) o.random_seed = x;
         else if (!parse_u64(v, &x) && !strcmp(a, "--gpu") && x < 1024) gpu = (int)x;
+        else if (!strcmp(a, "--basis")) o.basis_path = v;
         else if (!strcmp(a, "--codec")) {
             if ((o.codec = df_codec_from_name(v)) < 0) {
                 fprintf(stderr, "dflash extract: unknown codec '%s' (stored, lz4, split-lz4, "

@@ -10,10 +10,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "basis.h"
 #include "cache_writer.h"
 #include "corpus.h"
 #include "fsutil.h"
 #include "model.h"
+#include "pool.h"
 
 /* Two batches in flight: the forward fills one slot's pinned feature
  * buffers while the put thread hands the other's samples to the cache
@@ -43,6 +45,10 @@ typedef struct pipe {
     df_corpus *corpus;
     int K;
     size_t H;
+    const df_basis *basis; /* a projected cache: each document's z = P x is put */
+    df_pool *pool;
+    uint16_t *z;
+    size_t zcap;           /* tokens */
     uint64_t docs_put, tokens_put;
 } pipe_t;
 
@@ -70,9 +76,20 @@ static void *put_main(void *arg)
             const void *lp[64];
             for (int i = 0; i < p->K; i++)
                 lp[i] = sl->feat[i] + (size_t)sl->cu[j] * p->H;
+            if (p->basis && len > p->zcap) {
+                free(p->z);
+                p->zcap = (size_t)len;
+                if (!(p->z = malloc(p->zcap * (size_t)p->basis->R * 2)))
+                    rc = df_errf(&e, -ENOMEM, "out of memory projecting %" PRIu64 " tokens", len);
+            }
+            if (!rc && p->basis && len &&
+                !(rc = df_basis_project_bf16(p->basis, (const uint16_t *const *)lp, p->K,
+                                             (int)p->H, (int64_t)len, p->z, p->pool, &e)))
+                lp[0] = p->z;
             df_cache_sample smp = {.id = (uint64_t)sl->docs[j], .n_tokens = (uint32_t)len,
                                    .ids = di, .loss_mask = dm, .layers = lp};
-            rc = df_cache_writer_put(p->w, &smp, &e);
+            if (!rc)
+                rc = df_cache_writer_put(p->w, &smp, &e);
             if (!rc) {
                 pthread_mutex_lock(&p->mu);
                 p->docs_put++;
@@ -95,6 +112,7 @@ static void *put_main(void *arg)
 
 typedef struct progress {
     int on, tty;
+    double raw_scale; /* stored values per raw feature value: R / (K H) projected, else 1 */
     double t0, last;
     char who[48]; /* "extract" or "extract[rank r/w]" */
 } progress;
@@ -120,7 +138,8 @@ static void progress_line(progress *p, const df_extract_stats *st, uint64_t done
             "ETA %.0f s, %.2f GB written (ratio %.3f)%s%s",
             p->tty ? "\r" : "", p->who, done_docs, total_docs, st->tokens, tps, eta,
             st->stored_bytes / 1e9,
-            st->raw_bytes ? (double)st->stored_bytes / (double)st->raw_bytes : 0.0, wb,
+            st->raw_bytes ? (double)st->stored_bytes / (double)st->raw_bytes * p->raw_scale : 0.0,
+            wb,
             p->tty && !final ? "   " : "\n");
 }
 
@@ -137,6 +156,39 @@ static double slot_wait_free(pipe_t *p, int s)
     return rc ? -1 : df_now() - t0;
 }
 
+/* --basis: read it, check it is a basis of these layers, and put it into the
+ * cache folder (kept there when an earlier run of the same cache put the same
+ * one; another one there is refused). Fills p's projection fields. */
+static int open_basis(const df_extract_opts *o, const df_model_config *c, const int *layers,
+                      int K, df_basis *b, df_cache_params *p, df_err *e)
+{
+    int rc = df_basis_read(o->basis_path, b, e);
+    if (rc)
+        return rc;
+    if (b->K != K || b->H != c->hidden_size ||
+        memcmp(b->layer_ids, layers, (size_t)K * sizeof *layers))
+        return df_errf(e, -DF_EMISMATCH, "%s: a basis of %d layers x %d (first layer %d); this "
+                       "extraction takes %d x %d (first %d)", o->basis_path, b->K, b->H,
+                       b->layer_ids[0], K, c->hidden_size, layers[0]);
+    char dst[4200], have[DF_SHA256_HEX], want[DF_SHA256_HEX];
+    if (snprintf(dst, sizeof dst, "%s/%s", o->out_dir, DF_CACHE_BASIS_FILE) >= (int)sizeof dst)
+        return df_errf(e, -ENAMETOOLONG, "%s: path too long", o->out_dir);
+    if ((rc = df_basis_sha256(o->basis_path, want, e)) || (rc = df_mkdirs(o->out_dir, e)))
+        return rc;
+    if (access(dst, F_OK) == 0) {
+        if ((rc = df_basis_sha256(dst, have, e)))
+            return rc;
+        if (strcmp(have, want))
+            return df_errf(e, -DF_EMISMATCH, "%s holds another basis (sha256 %.12s...) than %s "
+                           "(%.12s...): a cache has one basis", dst, have, o->basis_path, want);
+    } else if ((rc = df_basis_write(b, dst, e))) {
+        return rc;
+    }
+    p->proj_rank = (uint32_t)b->R;
+    memcpy(p->basis_sha256, want, sizeof p->basis_sha256);
+    return 0;
+}
+
 int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *st, df_err *e)
 {
     memset(st, 0, sizeof *st);
@@ -144,6 +196,7 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
     df_model *m = NULL;
     df_corpus *corpus = NULL;
     df_cache_writer *w = NULL;
+    df_basis basis = {0};
     pipe_t pp;
     memset(&pp, 0, sizeof pp);
     pthread_mutex_init(&pp.mu, NULL);
@@ -190,6 +243,8 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
         goto out;
 
     df_cache_params p = {0};
+    if (o->basis_path && (rc = open_basis(o, c, layers, K, &basis, &p, e)))
+        goto out;
     snprintf(p.model_type, sizeof p.model_type, "%s", c->model_type);
     char dcopy[4096];
     snprintf(dcopy, sizeof dcopy, "%s", o->random_config ? o->random_config : o->model_dir);
@@ -202,6 +257,20 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
     p.n_layers = (uint32_t)K;
     for (int i = 0; i < K; i++)
         p.layer_ids[i] = layers[i];
+    if (o->basis_path) { /* one stored "layer": z (cache.h) */
+        p.src_hidden = p.hidden_size;
+        p.src_n_layers = p.n_layers;
+        memcpy(p.src_layer_ids, p.layer_ids, sizeof p.src_layer_ids);
+        p.hidden_size = p.proj_rank;
+        p.n_layers = 1;
+        memset(p.layer_ids, 0, sizeof p.layer_ids);
+        p.layer_ids[0] = DF_CACHE_PROJECTED_LAYER;
+        if (!(pp.pool = df_pool_open(o->threads))) {
+            rc = df_errf(e, -EAGAIN, "cannot start the projection threads");
+            goto out;
+        }
+        pp.basis = &basis;
+    }
     p.dtype = DF_DTYPE_BF16;
     p.codec = o->codec;
     p.codec_level = o->codec_level;
@@ -270,7 +339,8 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
     }
     put_started = 1;
     /* Several ranks share a terminal: plain lines, each naming its rank. */
-    progress pr = {.on = o->progress, .tty = isatty(2) && p.world_size == 1, .t0 = df_now()};
+    progress pr = {.on = o->progress, .tty = isatty(2) && p.world_size == 1, .t0 = df_now(),
+                   .raw_scale = o->basis_path ? (double)p.proj_rank / ((double)K * (double)H) : 1};
     pr.last = pr.t0;
     if (p.world_size > 1)
         snprintf(pr.who, sizeof pr.who, "extract[rank %u/%u]", o->rank, p.world_size);
@@ -390,5 +460,8 @@ out:
     pthread_cond_destroy(&pp.cv);
     df_corpus_close(corpus);
     df_model_close(m);
+    df_pool_close(pp.pool);
+    free(pp.z);
+    df_basis_free(&basis);
     return rc;
 }

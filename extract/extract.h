@@ -28,6 +28,9 @@ typedef struct df_extract_opts {
     uint32_t rank, world_size;
     int force_fallback_io, buffered;
     int progress;            /* 1: a progress line on stderr */
+    const char *basis_path;  /* a basis.dfb (formats/basis.h) of these layers: write a projected
+                                cache, z = P x per token (projected on the CPU, over `threads`),
+                                the basis copied into it; NULL: the features themselves */
 } df_extract_opts;
 
 typedef struct df_extract_stats {

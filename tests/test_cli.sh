@@ -200,6 +200,11 @@ run 0 "" "$D" cache project "$W/ext3" "$W/pf2" --basis "$W/pf/basis.dfb"
 rm "$W/pf/manifest.json" "$W/pf/rank-0000.json"   # as if it stopped before finishing
 run 0 "rank $hid of " "$D" cache project "$W/ext3" "$W/pf" --fc-basis "$W/runA/export"
 run 0 "identical" "$D" cache diff "$W/pf" "$W/pf2"
+# extraction straight into a projected cache (--basis): the z of projecting the lossless cache
+run 0 "extracted" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/extpj" --layers 0,1,2 --basis "$W/pj/basis.dfb" --quiet
+run 0 "identical" "$D" cache diff "$W/extpj" "$W/pj"
+run 1 "a basis of 3 layers" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/extpj2" --layers 0,1 --basis "$W/pj/basis.dfb" --quiet
+run 1 "holds another basis" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/extpj" --layers 0,1,2 --basis "$W/pf/basis.dfb" --quiet
 # errors, each by name: the wrong eval cache, a subset of projected layers, a damaged basis,
 # bad usage
 run 1 "not projected" "$D" train $TA --cache "$W/pj" --out "$W/runPx" --eval-cache "$W/evc"
