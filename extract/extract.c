@@ -158,7 +158,8 @@ static double slot_wait_free(pipe_t *p, int s)
 
 /* --basis: read it, check it is a basis of these layers, and put it into the
  * cache folder (kept there when an earlier run of the same cache put the same
- * one; another one there is refused). Fills p's projection fields. */
+ * one; another one there is refused; only rank 0 writes it, so ranks never
+ * race on the file). Fills p's projection fields. */
 static int open_basis(const df_extract_opts *o, const df_model_config *c, const int *layers,
                       int K, df_basis *b, df_cache_params *p, df_err *e)
 {
@@ -181,8 +182,8 @@ static int open_basis(const df_extract_opts *o, const df_model_config *c, const 
         if (strcmp(have, want))
             return df_errf(e, -DF_EMISMATCH, "%s holds another basis (sha256 %.12s...) than %s "
                            "(%.12s...): a cache has one basis", dst, have, o->basis_path, want);
-    } else if ((rc = df_basis_write(b, dst, e))) {
-        return rc;
+    } else if (o->rank == 0 && (rc = df_basis_write(b, dst, e))) {
+        return rc; /* rank 0 writes it (the manifest needs every rank, rank 0 too) */
     }
     p->proj_rank = (uint32_t)b->R;
     memcpy(p->basis_sha256, want, sizeof p->basis_sha256);
