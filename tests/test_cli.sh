@@ -203,6 +203,11 @@ run 0 "identical" "$D" cache diff "$W/pf" "$W/pf2"
 # extraction straight into a projected cache (--basis): the z of projecting the lossless cache
 run 0 "extracted" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/extpj" --layers 0,1,2 --basis "$W/pj/basis.dfb" --quiet
 run 0 "identical" "$D" cache diff "$W/extpj" "$W/pj"
+# two ranks (rank 0 last: it writes the basis, the manifest needs it too)
+run 0 "48 docs" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/extpjr" --layers 0,1,2 --basis "$W/pj/basis.dfb" --world-size 2 --rank 1 --quiet
+run 0 "48 docs" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/extpjr" --layers 0,1,2 --basis "$W/pj/basis.dfb" --world-size 2 --rank 0 --quiet
+run 0 "OK: 96 samples" "$D" dump "$W/extpjr" --verify
+run 0 "identical" "$D" cache diff "$W/extpjr" "$W/pj"
 run 1 "a basis of 3 layers" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/extpj2" --layers 0,1 --basis "$W/pj/basis.dfb" --quiet
 run 1 "holds another basis" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/extpj" --layers 0,1,2 --basis "$W/pf/basis.dfb" --quiet
 # errors, each by name: the wrong eval cache, a subset of projected layers, a damaged basis,
