@@ -1,37 +1,26 @@
-/* basis.c - second moment, eigenbasis fit, projection, merge and the basis
- * file (contracts in basis.h, byte layout in docs/FORMAT-basis.md).
+/* basis.c - second moment, eigenbasis fit, projection, merge, bases from a
+ * matrix's row space and evaluation (contracts in basis.h). The blocked
+ * products are in basis_gemm.c, the file basis.dfb in basis_file.c.
  *
  * Three compute engines, all split over a df_pool in independent tasks:
- *  - the moment: M += X^T X for chunks of <= 256 rows, upper-triangle tiles
- *    of 6 x 16, f32 register tiles (AVX2+FMA when the CPU has it) added into
- *    the double M once per chunk;
- *  - "NT": C = A B^T with A's rows fetched (and converted) by a callback and
- *    B pre-packed in 16-row panels, the same 6 x 16 f32 kernel, f32 sums per
- *    256 terms added into a double tile: the projection and df_basis_eval;
- *  - "mul": Y = W B in double (4 x 8 AVX2 double tiles): merge, unproject,
- *    the Gram matrix and the rows of df_basis_from_rows, where the brief is
- *    exactness rather than speed.
+ *  - the moment (here): M += X^T X for chunks of <= 256 rows, upper-triangle
+ *    tiles of 6 x 16, f32 register tiles (AVX2+FMA when the CPU has it)
+ *    added into the double M once per chunk;
+ *  - "NT" (basis_gemm.c): C = A B^T with A's rows fetched (and converted) by
+ *    a callback and B pre-packed in 16-row panels, the same 6 x 16 f32
+ *    kernel, f32 sums per 256 terms added into a double tile: the projection
+ *    and df_basis_eval;
+ *  - "mul" (basis_gemm.c): Y = W B in double (4 x 8 AVX2 double tiles):
+ *    merge, unproject, the Gram matrix and the rows of df_basis_from_rows,
+ *    where the brief is exactness rather than speed.
  * Eigendecompositions are LAPACK's dsyevr. */
-#include "basis.h"
-
-#include <fcntl.h>
 #include <math.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
-#include "crc32c.h"
+#include "basis_internal.h"
 #include "dtype.h"
-#include "fsutil.h"
-#include "le.h"
-
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define DF_X86_SIMD 1
-#endif
 
 /* LAPACK, Fortran calling convention (LP64: 32-bit integers), declared here
  * (no lapacke header); the trailing size_t are the hidden lengths of the
@@ -42,142 +31,6 @@ extern void dsyevr_(const char *jobz, const char *range, const char *uplo, const
                     double *z, const int *ldz, int *isuppz, double *work, const int *lwork,
                     int *iwork, const int *liwork, int *info, size_t jobz_len,
                     size_t range_len, size_t uplo_len);
-
-static inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
-static inline int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-
-static void *alloc64(size_t bytes)
-{
-    return aligned_alloc(64, (bytes + 63) / 64 * 64);
-}
-
-/* ---- the f32 register-tile kernel ----
- * c[r][j] (double, rows ldc apart) += the f32 sum over k < kc of
- * a[k][r] * b[k][j], r < MR, j < NR: a is packed [kc][MR], b [kc][NR]
- * (64-byte aligned rows of 16). f32 products and sums, one rounding to
- * double per call: callers keep kc <= 256. */
-enum { MR = 6, NR = 16 };
-typedef void (*kern_fn)(int64_t kc, const float *a, const float *b, double *c, int64_t ldc);
-
-static void kern_c(int64_t kc, const float *a, const float *b, double *c, int64_t ldc)
-{
-    float acc[MR * NR];
-    memset(acc, 0, sizeof acc);
-    for (int64_t k = 0; k < kc; k++)
-        for (int r = 0; r < MR; r++) {
-            float av = a[k * MR + r];
-            for (int j = 0; j < NR; j++)
-                acc[r * NR + j] += av * b[k * NR + j];
-        }
-    for (int r = 0; r < MR; r++)
-        for (int j = 0; j < NR; j++)
-            c[r * ldc + j] += acc[r * NR + j];
-}
-
-#ifdef DF_X86_SIMD
-/* c[0..8) += the 8 f32 lanes of v, widened. */
-__attribute__((target("avx2,fma"))) static inline void add_f32x8(double *c, __m256 v)
-{
-    _mm256_storeu_pd(c, _mm256_add_pd(_mm256_loadu_pd(c),
-                                      _mm256_cvtps_pd(_mm256_castps256_ps128(v))));
-    _mm256_storeu_pd(c + 4, _mm256_add_pd(_mm256_loadu_pd(c + 4),
-                                          _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))));
-}
-
-/* 12 accumulators of 8 lanes; per k two panel loads, six broadcasts, twelve
- * FMAs (the shape of kernels/cpu/gemm.c's kernel). */
-__attribute__((target("avx2,fma"))) static void kern_avx2(int64_t kc, const float *a,
-                                                           const float *b, double *c,
-                                                           int64_t ldc)
-{
-    __m256 c00 = _mm256_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-    __m256 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-    for (int64_t k = 0; k < kc; k++) {
-        const float *ak = a + k * MR;
-        __m256 b0 = _mm256_load_ps(b + k * NR), b1 = _mm256_load_ps(b + k * NR + 8);
-        __m256 av = _mm256_broadcast_ss(ak + 0);
-        c00 = _mm256_fmadd_ps(av, b0, c00), c01 = _mm256_fmadd_ps(av, b1, c01);
-        av = _mm256_broadcast_ss(ak + 1);
-        c10 = _mm256_fmadd_ps(av, b0, c10), c11 = _mm256_fmadd_ps(av, b1, c11);
-        av = _mm256_broadcast_ss(ak + 2);
-        c20 = _mm256_fmadd_ps(av, b0, c20), c21 = _mm256_fmadd_ps(av, b1, c21);
-        av = _mm256_broadcast_ss(ak + 3);
-        c30 = _mm256_fmadd_ps(av, b0, c30), c31 = _mm256_fmadd_ps(av, b1, c31);
-        av = _mm256_broadcast_ss(ak + 4);
-        c40 = _mm256_fmadd_ps(av, b0, c40), c41 = _mm256_fmadd_ps(av, b1, c41);
-        av = _mm256_broadcast_ss(ak + 5);
-        c50 = _mm256_fmadd_ps(av, b0, c50), c51 = _mm256_fmadd_ps(av, b1, c51);
-    }
-    add_f32x8(c + 0 * ldc, c00), add_f32x8(c + 0 * ldc + 8, c01);
-    add_f32x8(c + 1 * ldc, c10), add_f32x8(c + 1 * ldc + 8, c11);
-    add_f32x8(c + 2 * ldc, c20), add_f32x8(c + 2 * ldc + 8, c21);
-    add_f32x8(c + 3 * ldc, c30), add_f32x8(c + 3 * ldc + 8, c31);
-    add_f32x8(c + 4 * ldc, c40), add_f32x8(c + 4 * ldc + 8, c41);
-    add_f32x8(c + 5 * ldc, c50), add_f32x8(c + 5 * ldc + 8, c51);
-}
-#endif
-
-static kern_fn pick_kern(void)
-{
-#ifdef DF_X86_SIMD
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return kern_avx2;
-#endif
-    return kern_c;
-}
-
-/* ---- the double kernel: c[MD rows, ldc][ND] += sum_k w[k][:] (x) b[k*ldb .. +ND] ---- */
-enum { MD = 4, ND = 8 };
-typedef void (*dkern_fn)(int64_t kc, const double *w, const double *b, int64_t ldb, double *c,
-                         int64_t ldc);
-
-static void dkern_c(int64_t kc, const double *w, const double *b, int64_t ldb, double *c,
-                    int64_t ldc)
-{
-    for (int64_t k = 0; k < kc; k++)
-        for (int r = 0; r < MD; r++) {
-            double wv = w[k * MD + r];
-            for (int j = 0; j < ND; j++)
-                c[r * ldc + j] += wv * b[k * ldb + j];
-        }
-}
-
-#ifdef DF_X86_SIMD
-__attribute__((target("avx2,fma"))) static void dkern_avx2(int64_t kc, const double *w,
-                                                            const double *b, int64_t ldb,
-                                                            double *c, int64_t ldc)
-{
-    __m256d c00 = _mm256_loadu_pd(c), c01 = _mm256_loadu_pd(c + 4);
-    __m256d c10 = _mm256_loadu_pd(c + ldc), c11 = _mm256_loadu_pd(c + ldc + 4);
-    __m256d c20 = _mm256_loadu_pd(c + 2 * ldc), c21 = _mm256_loadu_pd(c + 2 * ldc + 4);
-    __m256d c30 = _mm256_loadu_pd(c + 3 * ldc), c31 = _mm256_loadu_pd(c + 3 * ldc + 4);
-    for (int64_t k = 0; k < kc; k++) {
-        __m256d b0 = _mm256_loadu_pd(b + k * ldb), b1 = _mm256_loadu_pd(b + k * ldb + 4);
-        const double *wk = w + k * MD;
-        __m256d wv = _mm256_broadcast_sd(wk + 0);
-        c00 = _mm256_fmadd_pd(wv, b0, c00), c01 = _mm256_fmadd_pd(wv, b1, c01);
-        wv = _mm256_broadcast_sd(wk + 1);
-        c10 = _mm256_fmadd_pd(wv, b0, c10), c11 = _mm256_fmadd_pd(wv, b1, c11);
-        wv = _mm256_broadcast_sd(wk + 2);
-        c20 = _mm256_fmadd_pd(wv, b0, c20), c21 = _mm256_fmadd_pd(wv, b1, c21);
-        wv = _mm256_broadcast_sd(wk + 3);
-        c30 = _mm256_fmadd_pd(wv, b0, c30), c31 = _mm256_fmadd_pd(wv, b1, c31);
-    }
-    _mm256_storeu_pd(c, c00), _mm256_storeu_pd(c + 4, c01);
-    _mm256_storeu_pd(c + ldc, c10), _mm256_storeu_pd(c + ldc + 4, c11);
-    _mm256_storeu_pd(c + 2 * ldc, c20), _mm256_storeu_pd(c + 2 * ldc + 4, c21);
-    _mm256_storeu_pd(c + 3 * ldc, c30), _mm256_storeu_pd(c + 3 * ldc + 4, c31);
-}
-#endif
-
-static dkern_fn pick_dkern(void)
-{
-#ifdef DF_X86_SIMD
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))
-        return dkern_avx2;
-#endif
-    return dkern_c;
-}
 
 /* ---- token rows: K layers of [n x H] (ld elements between rows) ---- */
 typedef struct rows_src {
@@ -296,7 +149,7 @@ static int src_check_finite(const rows_src *s, int64_t n, const char *what, df_p
 
 /* ---- second moment ---- */
 
-static int check_shape(int K, int H, const char *what, df_err *e)
+int df_basis_check_shape(int K, int H, const char *what, df_err *e)
 {
     if (K < 1 || K > DF_BASIS_MAX_LAYERS)
         return df_errf(e, -EINVAL, "%s: K = %d layers, must be in [1, %d]", what, K,
@@ -310,7 +163,7 @@ static int check_shape(int K, int H, const char *what, df_err *e)
 int df_moment_init(df_moment *m, int K, int H, const int32_t *layer_ids, df_err *e)
 {
     memset(m, 0, sizeof *m);
-    int rc = check_shape(K, H, "df_moment_init", e);
+    int rc = df_basis_check_shape(K, H, "df_moment_init", e);
     if (rc)
         return rc;
     m->K = K, m->H = H, m->D = K * H;
@@ -448,7 +301,7 @@ static int moment_add_src(df_moment *m, const rows_src *src, int64_t n, df_pool 
     int64_t D = m->D, ngrp = cdiv(D, MR), npan = cdiv(D, NR);
     int64_t nrb = cdiv(ngrp, GB), ncc = cdiv(npan, PB);
     mom_job j = {.src = src, .D = D, .ngrp = ngrp, .npan = npan, .ncb = cdiv(D, PACK_COLS),
-                 .kern = pick_kern()};
+                 .kern = df_basis_pick_kern()};
     /* Scratch, kept in m between adds (a fresh one per call would be page
      * faults every call): the A and B packs and the task list. */
     size_t na = (size_t)(ngrp * NCH * MR), nb = (size_t)(npan * NCH * NR);
@@ -593,7 +446,7 @@ static int lapack_eig(double *a, int n, int il, int iu, double *w, double *z, df
 int df_basis_init(df_basis *b, int K, int H, int R, const int32_t *layer_ids, df_err *e)
 {
     memset(b, 0, sizeof *b);
-    int rc = check_shape(K, H, "df_basis_init", e);
+    int rc = df_basis_check_shape(K, H, "df_basis_init", e);
     if (rc)
         return rc;
     int D = K * H;
@@ -746,220 +599,6 @@ out:
     return rc;
 }
 
-/* ---- "mul": Y (n x D) = W (n x m) B (m x D) in double ----
- * W f32 or double, B f32 (ldb), Y f32 or double (ldy). A task is HB rows of
- * Y x DB columns; m is walked in slices of RCH, B's slice packed as double
- * [RCH][DB], W's as [HB/MD][RCH][MD]. */
-enum { HB = 64, DB = 256, RCH = 256 };
-
-typedef struct mul_job {
-    int64_t n, m, D;
-    const float *w32;
-    const double *w64;
-    int64_t ldw;
-    const float *B;
-    int64_t ldb;
-    float *y32;
-    double *y64;
-    int64_t ldy, ndb;
-    dkern_fn kern;
-} mul_job;
-
-static int mul_task(void *arg, size_t t)
-{
-    mul_job *j = arg;
-    int64_t h0 = (int64_t)t / j->ndb * HB, nh = imin(HB, j->n - h0);
-    int64_t d0 = (int64_t)t % j->ndb * DB, nd = imin(DB, j->D - d0);
-    int64_t ngq = cdiv(nh, MD), nd8 = cdiv(nd, ND);
-    double *acc = calloc(HB * DB, sizeof(double));
-    double *wp = alloc64(HB * RCH * sizeof(double)), *bp = alloc64(RCH * DB * sizeof(double));
-    int rc = 0;
-    if (!acc || !wp || !bp) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    for (int64_t r0 = 0; r0 < j->m; r0 += RCH) {
-        int64_t rc_ = imin(RCH, j->m - r0);
-        for (int64_t k = 0; k < rc_; k++) {
-            const float *src = j->B + (r0 + k) * j->ldb + d0;
-            double *dst = bp + k * DB;
-            for (int64_t c = 0; c < nd; c++)
-                dst[c] = src[c];
-            for (int64_t c = nd; c < nd8 * ND; c++)
-                dst[c] = 0;
-        }
-        for (int64_t h = 0; h < ngq * MD; h++) {
-            double *dst = wp + (h / MD) * RCH * MD + h % MD;
-            if (h >= nh) {
-                for (int64_t k = 0; k < rc_; k++)
-                    dst[k * MD] = 0;
-            } else if (j->w32) {
-                const float *src = j->w32 + (h0 + h) * j->ldw + r0;
-                for (int64_t k = 0; k < rc_; k++)
-                    dst[k * MD] = src[k];
-            } else {
-                const double *src = j->w64 + (h0 + h) * j->ldw + r0;
-                for (int64_t k = 0; k < rc_; k++)
-                    dst[k * MD] = src[k];
-            }
-        }
-        for (int64_t g = 0; g < ngq; g++)
-            for (int64_t c8 = 0; c8 < nd8; c8++)
-                j->kern(rc_, wp + g * RCH * MD, bp + c8 * ND, DB, acc + g * MD * DB + c8 * ND, DB);
-    }
-    for (int64_t h = 0; h < nh; h++)
-        for (int64_t c = 0; c < nd; c++) {
-            if (j->y32)
-                j->y32[(h0 + h) * j->ldy + d0 + c] = (float)acc[h * DB + c];
-            else
-                j->y64[(h0 + h) * j->ldy + d0 + c] = acc[h * DB + c];
-        }
-out:
-    free(acc);
-    free(wp);
-    free(bp);
-    return rc;
-}
-
-static int mul_run(mul_job *j, df_pool *pool, const char *what, df_err *e)
-{
-    j->ndb = cdiv(j->D, DB);
-    j->kern = pick_dkern();
-    if (j->n == 0 || j->D == 0)
-        return 0;
-    int rc = df_pool_for(pool, (size_t)(cdiv(j->n, HB) * j->ndb), mul_task, j);
-    return rc ? df_errf(e, rc, "%s: out of memory for a task's tiles", what) : 0;
-}
-
-/* ---- "NT": C (n x m) = A (n x kd) B^T, A's rows through a callback, B packed ----
- * B panels: panel p (B's rows 16p .. 16p+15) at bp + p*bld*NR, its row k at
- * + (boff + k)*NR, lanes past B's last row zero. A task is MC rows x NC
- * columns of C; kd is walked in slices of KC; the finished double tile goes
- * to put(). */
-enum { MC = 96, NC = 256, KC = 256 };
-typedef void (*get_fn)(const void *ctx, int64_t row, int64_t k0, int64_t kc, float *dst);
-typedef void (*put_fn)(void *ctx, int64_t i0, int64_t ni, int64_t j0, int64_t nj,
-                       const double *acc /* [MC][NC] */);
-
-typedef struct nt_job {
-    int64_t n, m, kd;
-    get_fn get;
-    const void *gctx;
-    const float *bp;
-    int64_t bld, boff;
-    put_fn put;
-    void *pctx;
-    kern_fn kern;
-    int64_t njb;
-} nt_job;
-
-static int nt_task(void *arg, size_t t)
-{
-    nt_job *j = arg;
-    int64_t i0 = (int64_t)t / j->njb * MC, ni = imin(MC, j->n - i0);
-    int64_t j0 = (int64_t)t % j->njb * NC, nj = imin(NC, j->m - j0);
-    int64_t ng = cdiv(ni, MR), np = cdiv(nj, NR);
-    float *ap = alloc64(MC * KC * sizeof(float)), *row = malloc(KC * sizeof(float));
-    double *acc = calloc(MC * NC, sizeof(double));
-    int rc = 0;
-    if (!ap || !row || !acc) {
-        rc = -ENOMEM;
-        goto out;
-    }
-    memset(ap, 0, MC * KC * sizeof(float)); /* rows past ni stay zero */
-    for (int64_t k0 = 0; k0 < j->kd; k0 += KC) {
-        int64_t kc = imin(KC, j->kd - k0);
-        for (int64_t r = 0; r < ni; r++) {
-            j->get(j->gctx, i0 + r, k0, kc, row);
-            float *dst = ap + (r / MR) * KC * MR + r % MR;
-            for (int64_t k = 0; k < kc; k++)
-                dst[k * MR] = row[k];
-        }
-        for (int64_t p = 0; p < np; p++) {
-            const float *bpp = j->bp + ((j0 / NR + p) * j->bld + j->boff + k0) * NR;
-            for (int64_t g = 0; g < ng; g++)
-                j->kern(kc, ap + g * KC * MR, bpp, acc + g * MR * NC + p * NR, NC);
-        }
-    }
-    j->put(j->pctx, i0, ni, j0, nj, acc);
-out:
-    free(ap);
-    free(row);
-    free(acc);
-    return rc;
-}
-
-static int nt_run(nt_job *j, df_pool *pool, const char *what, df_err *e)
-{
-    j->njb = cdiv(j->m, NC);
-    j->kern = pick_kern();
-    if (j->n == 0 || j->m == 0)
-        return 0;
-    int rc = df_pool_for(pool, (size_t)(cdiv(j->n, MC) * j->njb), nt_task, j);
-    return rc ? df_errf(e, rc, "%s: out of memory for a task's tiles", what) : 0;
-}
-
-typedef struct dmat_src { /* rows of a row-major double matrix, as f32 */
-    const double *a;
-    int64_t ld, off;
-} dmat_src;
-
-static void dmat_get(const void *ctx, int64_t row, int64_t k0, int64_t kc, float *dst)
-{
-    const dmat_src *s = ctx;
-    const double *p = s->a + row * s->ld + s->off + k0;
-    for (int64_t k = 0; k < kc; k++)
-        dst[k] = (float)p[k];
-}
-
-typedef struct fmat_src { /* rows of a row-major f32 matrix */
-    const float *a;
-    int64_t ld, off;
-} fmat_src;
-
-static void fmat_get(const void *ctx, int64_t row, int64_t k0, int64_t kc, float *dst)
-{
-    const fmat_src *s = ctx;
-    memcpy(dst, s->a + row * s->ld + s->off + k0, (size_t)kc * sizeof(float));
-}
-
-/* Panels of the rows of a matrix given by a getter (m x kd):
- * [cdiv(m,16)][kd][16], lanes past m zero. Blocks of 256 columns, so the
- * panel being written stays in L1. */
-typedef struct panel_job {
-    get_fn get;
-    const void *gctx;
-    int64_t m, kd;
-    float *dst;
-} panel_job;
-
-static int panel_task(void *arg, size_t p)
-{
-    panel_job *j = arg;
-    float *dst = j->dst + (int64_t)p * j->kd * NR, buf[256];
-    for (int64_t k0 = 0; k0 < j->kd; k0 += 256) {
-        int64_t kc = imin(256, j->kd - k0);
-        for (int c = 0; c < NR; c++) {
-            int64_t r = (int64_t)p * NR + c;
-            if (r < j->m)
-                j->get(j->gctx, r, k0, kc, buf);
-            else
-                memset(buf, 0, sizeof buf);
-            for (int64_t k = 0; k < kc; k++)
-                dst[(k0 + k) * NR + c] = buf[k];
-        }
-    }
-    return 0;
-}
-
-/* Fills dst (cdiv(m,16)*16*kd floats, 64-byte aligned) with the panels. */
-static void pack_panels(get_fn get, const void *gctx, int64_t m, int64_t kd, float *dst,
-                        df_pool *pool)
-{
-    panel_job j = {get, gctx, m, kd, dst};
-    df_pool_for(pool, (size_t)cdiv(m, NR), panel_task, &j);
-}
-
 /* ---- projection ---- */
 
 /* double -> bf16, round to nearest even, without double rounding: the f32
@@ -1041,12 +680,12 @@ static int project(const df_basis *b, const rows_src *src, int64_t n, void *z, i
     for (int64_t t0 = 0; t0 < n && !rc; t0 += PT) {
         int64_t nt = imin(PT, n - t0);
         src_off so = {src, t0};
-        pack_panels(src_off_get, &so, nt, D, xp, pool);
+        df_basis_pack_panels(src_off_get, &so, nt, D, xp, pool);
         proj_out o = {bf16 ? (void *)((uint16_t *)z + t0 * R) : (void *)((float *)z + t0 * R),
                       bf16, R};
-        nt_job j = {.n = R, .m = nt, .kd = D, .get = fmat_get, .gctx = &ps, .bp = xp, .bld = D,
-                    .put = proj_put, .pctx = &o};
-        rc = nt_run(&j, pool, what, e);
+        nt_job j = {.n = R, .m = nt, .kd = D, .get = df_basis_fmat_get, .gctx = &ps, .bp = xp,
+                    .bld = D, .put = proj_put, .pctx = &o};
+        rc = df_basis_nt_run(&j, pool, what, e);
     }
     free(xp);
     return rc;
@@ -1073,7 +712,7 @@ int df_basis_merge(const df_basis *b, const float *fc_r, int rows, float *fc, df
         return df_errf(e, -EINVAL, "df_basis_merge: empty basis or no matrices (rows %d)", rows);
     mul_job j = {.n = rows, .m = b->R, .D = b->D, .w32 = fc_r, .ldw = b->R, .B = b->P,
                  .ldb = b->D, .y32 = fc, .ldy = b->D};
-    return mul_run(&j, pool, "df_basis_merge", e);
+    return df_basis_mul_run(&j, pool, "df_basis_merge", e);
 }
 
 int df_basis_unproject(const df_basis *b, const float *z, int64_t n_rows, float *x_hat,
@@ -1084,15 +723,15 @@ int df_basis_unproject(const df_basis *b, const float *z, int64_t n_rows, float 
                        (long long)n_rows);
     mul_job j = {.n = n_rows, .m = b->R, .D = b->D, .w32 = z, .ldw = b->R, .B = b->P,
                  .ldb = b->D, .y32 = x_hat, .ldy = b->D};
-    return mul_run(&j, pool, "df_basis_unproject", e);
+    return df_basis_mul_run(&j, pool, "df_basis_unproject", e);
 }
 
 /* ---- orthonormality (file reader, serializer, from_rows) ---- */
 
 /* code with a message when P (R x D at file offset p_off) is not finite with
  * orthonormal rows (basis.h, df_basis_parse). */
-static int check_orthonormal(const float *P, int64_t R, int64_t D, const char *name,
-                             uint64_t p_off, int code, df_err *e)
+int df_basis_check_orthonormal(const float *P, int64_t R, int64_t D, const char *name,
+                               uint64_t p_off, int code, df_err *e)
 {
     for (int64_t r = 0; r < R; r++) {
         const float *p = P + r * D;
@@ -1153,7 +792,7 @@ int df_basis_from_rows(const float *A, int rows, int K, int H, const int32_t *la
 {
     const char *what = "df_basis_from_rows";
     memset(out, 0, sizeof *out);
-    int rc = check_shape(K, H, what, e);
+    int rc = df_basis_check_shape(K, H, what, e);
     if (rc)
         return rc;
     int D = K * H;
@@ -1194,7 +833,7 @@ int df_basis_from_rows(const float *A, int rows, int K, int H, const int32_t *la
             AT[d * n + i] = A[i * D + d];
     mul_job mj = {.n = n, .m = D, .D = n, .w32 = A, .ldw = D, .B = AT, .ldb = n, .y64 = G,
                   .ldy = n};
-    if ((rc = mul_run(&mj, pool, what, e)) < 0)
+    if ((rc = df_basis_mul_run(&mj, pool, what, e)) < 0)
         goto out;
     free(AT);
     AT = NULL;
@@ -1247,7 +886,7 @@ int df_basis_from_rows(const float *A, int rows, int K, int H, const int32_t *la
         goto out;
     mul_job pj = {.n = R, .m = n, .D = D, .w64 = W, .ldw = n, .B = A, .ldb = D, .y32 = out->P,
                   .ldy = D};
-    if ((rc = mul_run(&pj, pool, what, e)) < 0)
+    if ((rc = df_basis_mul_run(&pj, pool, what, e)) < 0)
         goto out;
     for (int r = 0; r < R; r++)
         out->eigval[r] = lam[n - 1 - r];
@@ -1257,7 +896,7 @@ int df_basis_from_rows(const float *A, int rows, int K, int H, const int32_t *la
     memcpy(out->layer_energy, layer_energy, sizeof layer_energy);
     df_basis_canonicalize(out);
     df_basis_stats_from_eigen(out);
-    rc = check_orthonormal(out->P, R, D, what, 0, -EDOM, e);
+    rc = df_basis_check_orthonormal(out->P, R, D, what, 0, -EDOM, e);
 out:
     if (rc)
         df_basis_free(out);
@@ -1331,14 +970,14 @@ int df_basis_eval(const df_basis *b, const df_moment *m, double *kept, double *l
         goto out;
     }
     fmat_src prow = {b->P, D, 0};
-    pack_panels(fmat_get, &prow, R, D, pp, pool);
+    df_basis_pack_panels(df_basis_fmat_get, &prow, R, D, pp, pool);
     /* C = P M (R x D), as C^T = M P^T over M's rows (mirrored: all of it) */
     mirror_upper(m->m, D);
     dmat_src ms = {m->m, D, 0};
     store_out co = {C, D, 1};
-    nt_job j1 = {.n = D, .m = R, .kd = D, .get = dmat_get, .gctx = &ms, .bp = pp, .bld = D,
+    nt_job j1 = {.n = D, .m = R, .kd = D, .get = df_basis_dmat_get, .gctx = &ms, .bp = pp, .bld = D,
                  .put = store_put, .pctx = &co};
-    if ((rc = nt_run(&j1, pool, what, e)) < 0)
+    if ((rc = df_basis_nt_run(&j1, pool, what, e)) < 0)
         goto out;
     /* a_k = sum over layer k's columns i of (P^T P M)_ii = sum_r P[r][i] C[r][i] */
     for (int64_t r = 0; r < R; r++)
@@ -1360,16 +999,16 @@ int df_basis_eval(const df_basis *b, const df_moment *m, double *kept, double *l
     }
     dmat_src cs = {C, D, 0};
     store_out go = {G, R, 0};
-    nt_job j2 = {.n = R, .m = R, .kd = D, .get = dmat_get, .gctx = &cs, .bp = pp, .bld = D,
+    nt_job j2 = {.n = R, .m = R, .kd = D, .get = df_basis_dmat_get, .gctx = &cs, .bp = pp, .bld = D,
                  .put = store_put, .pctx = &go};
-    if ((rc = nt_run(&j2, pool, what, e)) < 0)
+    if ((rc = df_basis_nt_run(&j2, pool, what, e)) < 0)
         goto out;
     for (int k = 0; k < b->K; k++) {
         fmat_src ps = {b->P, D, k * H};
         dot_out dout = {G, R, cdiv(R, NC), part};
-        nt_job j3 = {.n = R, .m = R, .kd = H, .get = fmat_get, .gctx = &ps, .bp = pp, .bld = D,
-                     .boff = k * H, .put = dot_put, .pctx = &dout};
-        if ((rc = nt_run(&j3, pool, what, e)) < 0)
+        nt_job j3 = {.n = R, .m = R, .kd = H, .get = df_basis_fmat_get, .gctx = &ps, .bp = pp,
+                     .bld = D, .boff = k * H, .put = dot_put, .pctx = &dout};
+        if ((rc = df_basis_nt_run(&j3, pool, what, e)) < 0)
             goto out;
         double bk = 0;
         for (int64_t t = 0; t < cdiv(R, MC) * cdiv(R, NC); t++)
@@ -1382,276 +1021,4 @@ out:
     free(G);
     free(part);
     return rc;
-}
-
-/* ---- file ---- */
-
-/* Byte offsets of a file's sections (docs/FORMAT-basis.md). */
-typedef struct layout {
-    uint64_t ids, lenergy, lkept, eig, P, crc, total;
-} layout;
-
-static layout basis_layout(int K, int R, int D)
-{
-    layout l;
-    l.ids = DF_BASIS_HEADER_BYTES;
-    l.lenergy = l.ids + 8 * (uint64_t)((K + 1) / 2);
-    l.lkept = l.lenergy + 8 * (uint64_t)K;
-    l.eig = l.lkept + 8 * (uint64_t)K;
-    l.P = l.eig + 8 * (uint64_t)R;
-    l.crc = l.P + 4 * (uint64_t)R * (uint64_t)D;
-    l.total = l.crc + 4;
-    return l;
-}
-
-uint64_t df_basis_file_bytes(int K, int R, int D)
-{
-    return basis_layout(K, R, D).total;
-}
-
-static double get_f64(const uint8_t *p)
-{
-    uint64_t u = df_le64(p);
-    double d;
-    memcpy(&d, &u, 8);
-    return d;
-}
-
-static void put_f64(uint8_t *p, double d)
-{
-    uint64_t u;
-    memcpy(&u, &d, 8);
-    df_put64(p, u);
-}
-
-/* Checks everything of a basis but P's orthonormality (code and offsets as
- * a parse of a file with layout l would report them). */
-static int check_fields(const df_basis *b, const layout *l, const char *name, int code,
-                        df_err *e)
-{
-    if (b->kind != DF_BASIS_KIND_MOMENT && b->kind != DF_BASIS_KIND_ROWS)
-        return df_errf(e, code, "%s: kind %d (offset 16), must be 1 or 2", name, b->kind);
-    if (b->n_rows < 1)
-        return df_errf(e, code, "%s: n_rows %lld (offset 40), must be >= 1", name,
-                       (long long)b->n_rows);
-    if (!(b->total_energy > 0) || !isfinite(b->total_energy))
-        return df_errf(e, code, "%s: total energy %g (offset 48), must be finite and > 0", name,
-                       b->total_energy);
-    if (!(b->kept >= -1e-6 && b->kept <= 1 + 1e-6))
-        return df_errf(e, code, "%s: kept fraction %g (offset 56), must be in [0, 1]", name,
-                       b->kept);
-    for (int k = 0; k < b->K; k++) {
-        if (b->layer_ids[k] < 0)
-            return df_errf(e, code, "%s: layer id %d (offset %llu) is negative", name,
-                           b->layer_ids[k], (unsigned long long)(l->ids + 4 * (uint64_t)k));
-        for (int q = 0; q < k; q++)
-            if (b->layer_ids[q] == b->layer_ids[k])
-                return df_errf(e, code, "%s: layer id %d (offset %llu) is repeated", name,
-                               b->layer_ids[k], (unsigned long long)(l->ids + 4 * (uint64_t)k));
-        if (!(b->layer_energy[k] >= 0) || !isfinite(b->layer_energy[k]))
-            return df_errf(e, code, "%s: layer %d's energy %g (offset %llu), must be finite and "
-                           ">= 0", name, k, b->layer_energy[k],
-                           (unsigned long long)(l->lenergy + 8 * (uint64_t)k));
-        if (!(b->layer_kept[k] >= -1e-6 && b->layer_kept[k] <= 1 + 1e-6))
-            return df_errf(e, code, "%s: layer %d's kept fraction %g (offset %llu), must be in "
-                           "[0, 1]", name, k, b->layer_kept[k],
-                           (unsigned long long)(l->lkept + 8 * (uint64_t)k));
-    }
-    for (int r = 0; r < b->R; r++)
-        if (!isfinite(b->eigval[r]) || (r > 0 && b->eigval[r] > b->eigval[r - 1]))
-            return df_errf(e, code, "%s: eigenvalue %d = %g (offset %llu) is %s", name, r,
-                           b->eigval[r], (unsigned long long)(l->eig + 8 * (uint64_t)r),
-                           isfinite(b->eigval[r]) ? "above the one before it" : "not finite");
-    return 0;
-}
-
-int df_basis_serialize(const df_basis *b, uint8_t **buf, size_t *len, df_err *e)
-{
-    *buf = NULL, *len = 0;
-    const char *what = "df_basis_serialize";
-    int rc = check_shape(b->K, b->H, what, e);
-    if (rc)
-        return rc;
-    if (b->D != b->K * b->H || b->R < 1 || b->R > b->D || !b->P || !b->eigval)
-        return df_errf(e, -EINVAL, "%s: D %d, R %d, K %d, H %d: not a basis", what, b->D, b->R,
-                       b->K, b->H);
-    layout l = basis_layout(b->K, b->R, b->D);
-    if ((rc = check_fields(b, &l, what, -EINVAL, e)) < 0 ||
-        (rc = check_orthonormal(b->P, b->R, b->D, what, l.P, -EINVAL, e)) < 0)
-        return rc;
-    uint8_t *p = calloc(1, (size_t)l.total);
-    if (!p)
-        return df_errf(e, -ENOMEM, "%s: out of memory for %llu bytes", what,
-                       (unsigned long long)l.total);
-    memcpy(p, DF_BASIS_MAGIC, 8);
-    df_put32(p + 8, DF_BASIS_VERSION);
-    df_put32(p + 12, DF_BASIS_HEADER_BYTES);
-    df_put32(p + 16, (uint32_t)b->kind);
-    df_put32(p + 20, (uint32_t)b->D);
-    df_put32(p + 24, (uint32_t)b->R);
-    df_put32(p + 28, (uint32_t)b->K);
-    df_put32(p + 32, (uint32_t)b->H);
-    df_put64(p + 40, (uint64_t)b->n_rows);
-    put_f64(p + 48, b->total_energy);
-    put_f64(p + 56, b->kept);
-    for (int k = 0; k < b->K; k++) {
-        df_put32(p + l.ids + 4 * k, (uint32_t)b->layer_ids[k]);
-        put_f64(p + l.lenergy + 8 * k, b->layer_energy[k]);
-        put_f64(p + l.lkept + 8 * k, b->layer_kept[k]);
-    }
-    for (int r = 0; r < b->R; r++)
-        put_f64(p + l.eig + 8 * (uint64_t)r, b->eigval[r]);
-    const size_t np = (size_t)b->R * (size_t)b->D;
-    for (size_t i = 0; i < np; i++) {
-        uint32_t u;
-        memcpy(&u, b->P + i, 4);
-        df_put32(p + l.P + 4 * i, u);
-    }
-    df_put32(p + l.crc, df_crc32c(0, p, (size_t)l.crc));
-    *buf = p, *len = (size_t)l.total;
-    return 0;
-}
-
-int df_basis_write(const df_basis *b, const char *path, df_err *e)
-{
-    uint8_t *buf;
-    size_t len;
-    int rc = df_basis_serialize(b, &buf, &len, e);
-    if (rc) {
-        df_err_wrap(e, "%s", path);
-        return rc;
-    }
-    rc = df_file_write_atomic(path, buf, len, e);
-    free(buf);
-    return rc;
-}
-
-/* The fixed header: magic, version, sizes, and the file length they imply
- * (== len). Fills the shape of *h. */
-static int parse_header(const uint8_t *p, uint64_t len, const char *name, df_basis *h,
-                        df_err *e)
-{
-    if (len < DF_BASIS_HEADER_BYTES)
-        return df_errf(e, -DF_ECORRUPT, "%s: %llu bytes, shorter than the %u-byte header", name,
-                       (unsigned long long)len, DF_BASIS_HEADER_BYTES);
-    if (memcmp(p, DF_BASIS_MAGIC, 8))
-        return df_errf(e, -DF_ECORRUPT, "%s: bad magic (offset 0): not a basis file", name);
-    uint32_t ver = df_le32(p + 8), hb = df_le32(p + 12);
-    if (ver != DF_BASIS_VERSION)
-        return df_errf(e, -DF_EVERSION, "%s: version %u (offset 8), this reader knows %u", name,
-                       ver, DF_BASIS_VERSION);
-    if (hb != DF_BASIS_HEADER_BYTES)
-        return df_errf(e, -DF_ECORRUPT, "%s: header size %u (offset 12), must be %u", name, hb,
-                       DF_BASIS_HEADER_BYTES);
-    uint32_t kind = df_le32(p + 16), D = df_le32(p + 20), R = df_le32(p + 24);
-    uint32_t K = df_le32(p + 28), H = df_le32(p + 32), res = df_le32(p + 36);
-    if (K < 1 || K > DF_BASIS_MAX_LAYERS)
-        return df_errf(e, -DF_ECORRUPT, "%s: K = %u (offset 28), must be in [1, %d]", name, K,
-                       DF_BASIS_MAX_LAYERS);
-    if (H < 1 || (uint64_t)K * H > DF_BASIS_MAX_DIM || D != K * H)
-        return df_errf(e, -DF_ECORRUPT, "%s: D = %u, H = %u (offsets 20, 32) with K = %u: need "
-                       "D = K*H in [1, %d]", name, D, H, K, DF_BASIS_MAX_DIM);
-    if (R < 1 || R > D)
-        return df_errf(e, -DF_ECORRUPT, "%s: R = %u (offset 24), must be in [1, %u]", name, R, D);
-    if (res != 0)
-        return df_errf(e, -DF_ECORRUPT, "%s: reserved field %u (offset 36), must be 0", name, res);
-    uint64_t want = df_basis_file_bytes((int)K, (int)R, (int)D);
-    if (len != want)
-        return df_errf(e, -DF_ECORRUPT, "%s: %llu bytes, its header (D %u, R %u, K %u) says %llu",
-                       name, (unsigned long long)len, D, R, K, (unsigned long long)want);
-    memset(h, 0, sizeof *h);
-    h->kind = (int)kind, h->D = (int)D, h->R = (int)R, h->K = (int)K, h->H = (int)H;
-    return 0;
-}
-
-int df_basis_parse(const uint8_t *buf, size_t len, const char *name, df_basis *out, df_err *e)
-{
-    df_basis h;
-    memset(out, 0, sizeof *out);
-    int rc = parse_header(buf, len, name, &h, e);
-    if (rc)
-        return rc;
-    layout l = basis_layout(h.K, h.R, h.D);
-    uint32_t want = df_le32(buf + l.crc), got = df_crc32c(0, buf, (size_t)l.crc);
-    if (want != got)
-        return df_errf(e, -DF_ECORRUPT, "%s: CRC32C mismatch (offset %llu): stored %08x, computed "
-                       "%08x", name, (unsigned long long)l.crc, want, got);
-    if (h.K % 2 && df_le32(buf + l.ids + 4 * (uint64_t)h.K))
-        return df_errf(e, -DF_ECORRUPT, "%s: padding after the layer ids (offset %llu) is not 0",
-                       name, (unsigned long long)(l.ids + 4 * (uint64_t)h.K));
-    if ((rc = df_basis_init(out, h.K, h.H, h.R, NULL, e)) < 0)
-        return rc;
-    out->kind = h.kind;
-    out->n_rows = (int64_t)df_le64(buf + 40);
-    out->total_energy = get_f64(buf + 48);
-    out->kept = get_f64(buf + 56);
-    for (int k = 0; k < h.K; k++) {
-        out->layer_ids[k] = (int32_t)df_le32(buf + l.ids + 4 * k);
-        out->layer_energy[k] = get_f64(buf + l.lenergy + 8 * k);
-        out->layer_kept[k] = get_f64(buf + l.lkept + 8 * k);
-    }
-    for (int r = 0; r < h.R; r++)
-        out->eigval[r] = get_f64(buf + l.eig + 8 * (uint64_t)r);
-    const size_t np = (size_t)h.R * (size_t)h.D;
-    for (size_t i = 0; i < np; i++) {
-        uint32_t u = df_le32(buf + l.P + 4 * i);
-        memcpy(out->P + i, &u, 4);
-    }
-    if ((rc = check_fields(out, &l, name, -DF_ECORRUPT, e)) < 0 ||
-        (rc = check_orthonormal(out->P, h.R, h.D, name, l.P, -DF_ECORRUPT, e)) < 0)
-        df_basis_free(out);
-    return rc;
-}
-
-static int read_at(int fd, void *buf, size_t n, uint64_t off, const char *path, df_err *e)
-{
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = pread(fd, (uint8_t *)buf + got, n - got, (off_t)(off + got));
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r <= 0)
-            return df_errf(e, r < 0 ? -errno : -DF_ECORRUPT, "%s: read failed at offset %llu%s",
-                           path, (unsigned long long)(off + got), r < 0 ? "" : " (file shrank)");
-        got += (size_t)r;
-    }
-    return 0;
-}
-
-int df_basis_read(const char *path, df_basis *out, df_err *e)
-{
-    memset(out, 0, sizeof *out);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return df_errf(e, -errno, "%s: cannot open: %s", path, strerror(errno));
-    struct stat st;
-    uint8_t hdr[DF_BASIS_HEADER_BYTES] = {0}, *buf = NULL;
-    int rc = 0;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-        rc = df_errf(e, -EINVAL, "%s: not a regular file", path);
-        goto out;
-    }
-    uint64_t len = (uint64_t)st.st_size;
-    df_basis h;
-    /* The header's sizes must match the file's before anything big is read
-     * (a file shorter than the header is reported by parse_header). */
-    if ((len >= DF_BASIS_HEADER_BYTES && (rc = read_at(fd, hdr, sizeof hdr, 0, path, e)) < 0) ||
-        (rc = parse_header(hdr, len, path, &h, e)) < 0)
-        goto out;
-    if (!(buf = malloc((size_t)len))) {
-        rc = df_errf(e, -ENOMEM, "%s: out of memory for %llu bytes", path, (unsigned long long)len);
-        goto out;
-    }
-    if ((rc = read_at(fd, buf, (size_t)len, 0, path, e)) < 0)
-        goto out;
-    rc = df_basis_parse(buf, (size_t)len, path, out, e);
-out:
-    free(buf);
-    close(fd);
-    return rc;
-}
-
-int df_basis_sha256(const char *path, char hex[DF_SHA256_HEX], df_err *e)
-{
-    return df_sha256_file(path, hex, e);
 }
