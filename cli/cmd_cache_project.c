@@ -280,13 +280,12 @@ int cmd_cache_project(int argc, char **argv)
                          ip->layer_ids[0]);
             goto out;
         }
-        if (from == bpath && ((rank > 0 && b.R != (int)rank) || energy > 0)) {
+        /* an earlier run's basis stands (its --energy or --fc-basis choice of R too), but not
+         * against an explicit other rank */
+        if (from == bpath && rank > 0 && b.R != (int)rank) {
             rc = df_errf(&e, -EEXIST, "%s holds a rank-%d basis from an earlier run; remove %s to "
                          "fit another", outd, b.R, outd);
-            if (energy > 0 && !(rank > 0))
-                rc = 0; /* --energy: the earlier run's choice of R stands */
-            if (rc)
-                goto out;
+            goto out;
         }
         if (from != bpath && (rc = df_basis_write(&b, bpath, &e)))
             goto out;

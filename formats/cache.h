@@ -270,9 +270,13 @@ int df_cache_verify(df_cache *c, df_pool *pool, void (*progress)(void *, uint64_
 
 /* A projected cache's basis file: present, the SHA-256 the manifest names,
  * a valid basis (formats/basis.h) of the cache's rank, layers and hidden
- * size. 0 for a cache that is not projected; else -DF_ECORRUPT (or the
- * reader's error) naming the file. df_cache_verify runs it first. */
-int df_cache_check_basis(const char *dir, const df_cache_params *p, df_err *e);
+ * size; the parsed basis goes to *out (free with df_basis_free) when out is
+ * not NULL. 0 for a cache that is not projected (*out untouched); else
+ * -DF_ECORRUPT (or the reader's error) naming the file. df_cache_verify
+ * runs it first. */
+struct df_basis;
+int df_cache_load_basis(const char *dir, const df_cache_params *p, struct df_basis *out,
+                        df_err *e);
 
 /* Merges rank-*.json into manifest.json once all world_size ranks are done
  * (-EAGAIN while some are not). Ranks finishing together may all call it:

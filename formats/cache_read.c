@@ -361,7 +361,7 @@ static int verify_one(void *vp, size_t k)
     return rc;
 }
 
-int df_cache_check_basis(const char *dir, const df_cache_params *p, df_err *e)
+int df_cache_load_basis(const char *dir, const df_cache_params *p, df_basis *out, df_err *e)
 {
     if (!p->proj_rank)
         return 0;
@@ -383,14 +383,17 @@ int df_cache_check_basis(const char *dir, const df_cache_params *p, df_err *e)
         rc = df_errf(e, -DF_ECORRUPT, "%s: a rank-%d basis of %d layers x %d; the cache holds "
                      "rank %u of %u layers x %u", path, b.R, b.K, b.H, p->proj_rank,
                      p->src_n_layers, p->src_hidden);
-    df_basis_free(&b);
+    if (!rc && out)
+        *out = b; /* the caller's now */
+    else
+        df_basis_free(&b);
     return rc;
 }
 
 int df_cache_verify(df_cache *c, df_pool *pool, void (*progress)(void *, uint64_t, uint64_t),
                     void *arg, uint64_t *n_bad, df_err *e)
 {
-    int brc = df_cache_check_basis(c->dir, &c->info.params, e);
+    int brc = df_cache_load_basis(c->dir, &c->info.params, NULL, e);
     if (brc) {
         if (n_bad)
             *n_bad = 0;

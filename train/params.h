@@ -46,4 +46,16 @@ void df_params_init(const df_params *ps, float *flat, float std, uint64_t seed);
 /* Parameter i alone, with the bits df_params_init(seed) gives it. */
 void df_params_init_one(const df_params *ps, int i, float *flat, float std, uint64_t seed);
 
+/* fc = the mean of the K feature layers, [I ... I] / K (hidden x K*hidden); for a
+ * drafter of a projected cache (c->feature_dim = b->R) that map times P^T. */
+struct df_basis;
+void df_params_init_fc_mean(const df_params *ps, const df_drafter_config *c,
+                            const struct df_basis *b, float *flat);
+
+/* "PREFIX=S[,PREFIX=S...]": every parameter whose name starts with PREFIX drawn
+ * again with seed S (the bits that seed gives it). -EINVAL naming a bad item or a
+ * prefix no parameter has. */
+int df_params_init_overrides(const df_params *ps, float *flat, float std, const char *spec,
+                             df_err *e);
+
 #endif

@@ -7,16 +7,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-int df_projected_load_basis(const char *cache_dir, const df_cache_params *p, df_basis *b,
-                            df_err *e)
-{
-    char path[4200];
-    if (snprintf(path, sizeof path, "%s/%s", cache_dir, DF_CACHE_BASIS_FILE) >= (int)sizeof path)
-        return df_errf(e, -ENAMETOOLONG, "%s: path too long", cache_dir);
-    int rc = df_cache_check_basis(cache_dir, p, e);
-    return rc ? rc : df_basis_read(path, b, e);
-}
-
 int df_export_drafter_projected(const char *out_dir, const df_drafter_config *c,
                                 const df_params *ps, const float *master, const df_basis *b,
                                 df_err *e)

@@ -15,11 +15,6 @@
 #include "hfconfig.h"
 #include "params.h"
 
-/* Reads CACHE_DIR/basis.dfb into b once df_cache_check_basis says it is the
- * cache's (its SHA-256, rank, layers and hidden size). */
-int df_projected_load_basis(const char *cache_dir, const df_cache_params *p, df_basis *b,
-                            df_err *e);
-
 /* The export of a drafter whose config has feature_dim = b->R: every tensor
  * as df_export_drafter writes it, fc.weight replaced by fc_r P; config.json
  * that of the same drafter on raw features (feature_dim 0). */
