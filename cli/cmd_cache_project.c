@@ -25,7 +25,7 @@ static void project_usage(FILE *f)
 {
     fprintf(f,
             "usage: dflash cache project IN OUT (--rank R | --energy F | --basis FILE |\n"
-            "                                    --fc-basis DRAFTER) [options]\n"
+            "                                    --fc-basis DRAFTER [--rank R]) [options]\n"
             "Derives a projected cache OUT from the finished BF16 cache IN, without the target:\n"
             "each token's features x (IN's layers, concatenated: D = layers x hidden values)\n"
             "are stored as z = P x (R BF16 values), P the top-R eigenvectors of the features'\n"
@@ -39,8 +39,11 @@ static void project_usage(FILE *f)
             "  --basis FILE        use this basis (another projected cache's basis.dfb: an eval\n"
             "                      cache must be projected with its train cache's basis)\n"
             "  --fc-basis DRAFTER  P = the row space of fc of a drafter export (config.json +\n"
-            "                      model.safetensors of a run on IN's layers, e.g. a short one):\n"
-            "                      R = its hidden size, the subspace that fc reads\n"
+            "                      model.safetensors of a run on IN's layers): R = its hidden\n"
+            "                      size, the subspace that fc reads. With --rank R: its top R\n"
+            "                      singular directions (R below the hidden size), or all of them\n"
+            "                      then the R - hidden directions holding the most of the\n"
+            "                      features' energy outside them (R above)\n"
             "  --sample-tokens N   tokens the second moment is taken over, from documents spread\n"
             "                      over IN (default 2000000; all of IN when it holds fewer)\n"
             "  --codec C           OUT's codec (default split-zstd); --level N its level\n"
@@ -108,9 +111,10 @@ static int fit_moment(reader *r, uint64_t want, df_moment *m, df_pool *pool, df_
 }
 
 /* The row space of fc.weight (hidden x K*hidden) of the drafter export in
- * dir, whose target layers must be the cache's, in order. */
-static int fc_row_basis(const char *dir, const df_cache_params *ip, df_pool *pool, df_basis *b,
-                        df_err *e)
+ * dir, whose target layers must be the cache's, in order: all of it (R 0) or
+ * its top R singular directions. */
+static int fc_row_basis(const char *dir, const df_cache_params *ip, int R, df_pool *pool,
+                        df_basis *b, df_err *e)
 {
     df_drafter_config dc;
     int rc = df_drafter_config_load(dir, &dc, e);
@@ -143,7 +147,7 @@ static int fc_row_basis(const char *dir, const df_cache_params *ip, df_pool *poo
     size_t es = df_dtype_size(t->dtype);
     for (int64_t i = 0; i < H * D; i++)
         a[i] = df_elem_to_f32((const uint8_t *)t->data + (size_t)i * es, t->dtype);
-    rc = df_basis_from_rows(a, H, K, H, ip->layer_ids, 0, 1.0, pool, b, e);
+    rc = df_basis_from_rows(a, H, K, H, ip->layer_ids, R, R ? 0 : 1.0, pool, b, e);
 out:
     free(a);
     df_st_close(st);
@@ -210,10 +214,10 @@ int cmd_cache_project(int argc, char **argv)
             return 2;
         }
     }
-    int n_choice = (rank > 0) + (energy > 0) + (basis_path != NULL) + (fc_dir != NULL);
+    int n_choice = (rank > 0 && !fc_dir) + (energy > 0) + (basis_path != NULL) + (fc_dir != NULL);
     if (!in || !outd || n_choice != 1) {
         fprintf(stderr, "dflash cache project: want IN, OUT and exactly one of --rank, --energy, "
-                        "--basis, --fc-basis\n");
+                        "--basis, --fc-basis (which takes a --rank too)\n");
         project_usage(stderr);
         return 2;
     }
@@ -293,10 +297,18 @@ int cmd_cache_project(int argc, char **argv)
         /* the kept fractions stored are what it keeps of the features' energy (measured on
          * a sample), not of fc's rows, which it keeps whole */
         double kept, lk[DF_BASIS_MAX_LAYERS];
-        if ((rc = fc_row_basis(fc_dir, ip, pool, &b, &e)) ||
+        if ((rc = fc_row_basis(fc_dir, ip, rank < H ? (int)rank : 0, pool, &b, &e)) ||
             (rc = df_moment_init(&m, K, H, ip->layer_ids, &e)) ||
-            (rc = fit_moment(&r, (uint64_t)(sample < 5e5 ? sample : 5e5), &m, pool, &e)) ||
-            (rc = df_basis_eval(&b, &m, &kept, lk, pool, &e)))
+            (rc = fit_moment(&r, (uint64_t)(sample < 5e5 ? sample : 5e5), &m, pool, &e)))
+            goto out;
+        if (rank > b.R) { /* fc's rows, then the most energy outside them */
+            df_basis x;
+            if ((rc = df_basis_extend(&b, &m, (int)rank, pool, &x, &e)))
+                goto out;
+            df_basis_free(&b);
+            b = x;
+        }
+        if ((rc = df_basis_eval(&b, &m, &kept, lk, pool, &e)))
             goto out;
         b.kept = kept;
         memcpy(b.layer_kept, lk, sizeof lk);

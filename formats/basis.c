@@ -389,7 +389,7 @@ int df_moment_merge(df_moment *dst, const df_moment *src, df_err *e)
 
 /* Copies M's upper triangle into its strictly lower one (blocked transpose),
  * making the array the whole symmetric matrix. */
-static void mirror_upper(double *M, int64_t D)
+void df_basis_mirror_upper(double *M, int64_t D)
 {
     enum { TB = 64 };
     for (int64_t ib = 0; ib < D; ib += TB)
@@ -554,7 +554,7 @@ int df_basis_fit(const df_moment *m, int R, double energy, df_basis *out, df_err
         goto out;
     }
     if (R == 0) { /* all eigenvalues first, to find the rank */
-        mirror_upper(A, D);
+        df_basis_mirror_upper(A, D);
         rc = lapack_eig(A, D, 0, 0, w, NULL, e);
         for (int64_t i = 0; i < D; i++)
             A[i * D + i] = diag[i];
@@ -572,7 +572,7 @@ int df_basis_fit(const df_moment *m, int R, double energy, df_basis *out, df_err
                      "(%.2f GB)", R, D, (double)D * R * 8 / 1e9);
         goto out;
     }
-    mirror_upper(A, D);
+    df_basis_mirror_upper(A, D);
     rc = lapack_eig(A, D, D - R + 1, D, w, Z, e);
     for (int64_t i = 0; i < D; i++)
         A[i * D + i] = diag[i];
@@ -972,7 +972,7 @@ int df_basis_eval(const df_basis *b, const df_moment *m, double *kept, double *l
     fmat_src prow = {b->P, D, 0};
     df_basis_pack_panels(df_basis_fmat_get, &prow, R, D, pp, pool);
     /* C = P M (R x D), as C^T = M P^T over M's rows (mirrored: all of it) */
-    mirror_upper(m->m, D);
+    df_basis_mirror_upper(m->m, D);
     dmat_src ms = {m->m, D, 0};
     store_out co = {C, D, 1};
     nt_job j1 = {.n = D, .m = R, .kd = D, .get = df_basis_dmat_get, .gctx = &ms, .bp = pp, .bld = D,

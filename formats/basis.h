@@ -13,7 +13,8 @@
  *  - the fit: P = the top-R eigenvectors of M (LAPACK dsyevr), R fixed or
  *    the smallest rank keeping a given energy fraction; or P = an
  *    orthonormal basis of a matrix's row space (df_basis_from_rows, e.g. of
- *    an fc trained briefly on lossless data);
+ *    an fc trained on lossless data), optionally extended by the top
+ *    eigenvectors of the energy outside it (df_basis_extend);
  *  - apply: z = P x (df_basis_project_*), fc = fc_r P (df_basis_merge),
  *    x_hat = P^T z (df_basis_unproject), and df_basis_eval (what fraction of
  *    a moment's energy any basis keeps, overall and per layer);
@@ -121,19 +122,23 @@ int df_moment_merge(df_moment *dst, const df_moment *src, df_err *e);
 
 enum {
     DF_BASIS_KIND_MOMENT = 1, /* top eigenvectors of a second moment (df_basis_fit) */
-    DF_BASIS_KIND_ROWS = 2    /* a matrix's row space (df_basis_from_rows) */
+    DF_BASIS_KIND_ROWS = 2,   /* a matrix's row space (df_basis_from_rows) */
+    DF_BASIS_KIND_ROWS_EXT = 3 /* rows_part rows of a basis kept whole, then the top
+                                * eigenvectors of the moment outside them (df_basis_extend) */
 };
 
 typedef struct df_basis {
     int D, R, K, H;                             /* P is R x D; D = K*H */
     int kind;                                   /* DF_BASIS_KIND_* */
+    int rows_part;                              /* kind 3: the rows kept whole (first); else 0 */
     int32_t layer_ids[DF_BASIS_MAX_LAYERS];     /* K target layer ids */
     int64_t n_rows;                             /* tokens (or matrix rows) fitted on */
     double total_energy;                        /* trace of the fitted moment */
     double layer_energy[DF_BASIS_MAX_LAYERS];   /* its K diagonal blocks' traces */
     double kept;                                /* kept energy fraction (header comment) */
     double layer_kept[DF_BASIS_MAX_LAYERS];     /* per layer (header comment) */
-    double *eigval;                             /* R eigenvalues, descending */
+    double *eigval;                             /* R eigenvalues, descending (kind 3: within
+                                                 * each part) */
     float *P;                                   /* R x D row-major, orthonormal rows */
 } df_basis;
 
@@ -185,6 +190,20 @@ int df_basis_fit(const df_moment *m, int R, double energy, df_basis *out, df_err
  * df_moment of A's rows + df_basis_fit. layer_ids: K ids or NULL (0..K-1). */
 int df_basis_from_rows(const float *A, int rows, int K, int H, const int32_t *layer_ids,
                        int R, double energy, df_pool *pool, df_basis *out, df_err *e);
+
+/* Extends q (R0 rows, kept whole and first) to R > R0 rows with the top
+ * R - R0 eigenvectors of the moment of the tokens' components outside
+ * span(q): M' = (I - q^T q) M (I - q^T q), computed from m without a pass
+ * over tokens (formats/basis_extend.c), fitted as df_basis_fit, and made
+ * orthogonal to q's rows explicitly. *out (overwritten; free with
+ * df_basis_free): kind ROWS_EXT, rows_part R0, q's eigenvalues then M''s,
+ * n_rows and energies of m, kept fractions from df_basis_eval against m.
+ * Shapes and layer ids must match (-DF_EMISMATCH); R in [R0 + 1, D] else
+ * -EINVAL. Uses m's lower triangle as scratch (as df_basis_eval). Memory:
+ * 8 D^2 (M') + 8 R0 D (Q M) + 8 (R - R0) D bytes plus df_basis_fit's; work:
+ * about 4 R0 D^2 flops over pool plus the eigensolve of M'. */
+int df_basis_extend(const df_basis *q, const df_moment *m, int R, df_pool *pool, df_basis *out,
+                    df_err *e);
 
 /* What b keeps of the moment m's energy: *kept (overall) and, when
  * layer_kept is not NULL, layer_kept[0..K) (the header comment's

@@ -57,8 +57,12 @@ static void put_f64(uint8_t *p, double d)
 static int check_fields(const df_basis *b, const layout *l, const char *name, int code,
                         df_err *e)
 {
-    if (b->kind != DF_BASIS_KIND_MOMENT && b->kind != DF_BASIS_KIND_ROWS)
-        return df_errf(e, code, "%s: kind %d (offset 16), must be 1 or 2", name, b->kind);
+    if (b->kind < DF_BASIS_KIND_MOMENT || b->kind > DF_BASIS_KIND_ROWS_EXT)
+        return df_errf(e, code, "%s: kind %d (offset 16), must be 1, 2 or 3", name, b->kind);
+    if (b->kind == DF_BASIS_KIND_ROWS_EXT ? b->rows_part < 1 || b->rows_part >= b->R
+                                          : b->rows_part != 0)
+        return df_errf(e, code, "%s: rows kept whole %d (offset 36), must be %s", name,
+                       b->rows_part, b->kind == DF_BASIS_KIND_ROWS_EXT ? "in [1, R)" : "0");
     if (b->n_rows < 1)
         return df_errf(e, code, "%s: n_rows %lld (offset 40), must be >= 1", name,
                        (long long)b->n_rows);
@@ -86,7 +90,8 @@ static int check_fields(const df_basis *b, const layout *l, const char *name, in
                            (unsigned long long)(l->lkept + 8 * (uint64_t)k));
     }
     for (int r = 0; r < b->R; r++)
-        if (!isfinite(b->eigval[r]) || (r > 0 && b->eigval[r] > b->eigval[r - 1]))
+        if (!isfinite(b->eigval[r]) ||
+            (r > 0 && r != b->rows_part && b->eigval[r] > b->eigval[r - 1]))
             return df_errf(e, code, "%s: eigenvalue %d = %g (offset %llu) is %s", name, r,
                            b->eigval[r], (unsigned long long)(l->eig + 8 * (uint64_t)r),
                            isfinite(b->eigval[r]) ? "above the one before it" : "not finite");
@@ -119,6 +124,7 @@ int df_basis_serialize(const df_basis *b, uint8_t **buf, size_t *len, df_err *e)
     df_put32(p + 24, (uint32_t)b->R);
     df_put32(p + 28, (uint32_t)b->K);
     df_put32(p + 32, (uint32_t)b->H);
+    df_put32(p + 36, (uint32_t)b->rows_part);
     df_put64(p + 40, (uint64_t)b->n_rows);
     put_f64(p + 48, b->total_energy);
     put_f64(p + 56, b->kept);
@@ -181,14 +187,16 @@ static int parse_header(const uint8_t *p, uint64_t len, const char *name, df_bas
                        "D = K*H in [1, %d]", name, D, H, K, DF_BASIS_MAX_DIM);
     if (R < 1 || R > D)
         return df_errf(e, -DF_ECORRUPT, "%s: R = %u (offset 24), must be in [1, %u]", name, R, D);
-    if (res != 0)
-        return df_errf(e, -DF_ECORRUPT, "%s: reserved field %u (offset 36), must be 0", name, res);
+    if (res > R)
+        return df_errf(e, -DF_ECORRUPT, "%s: rows kept whole %u (offset 36), above R = %u", name,
+                       res, R);
     uint64_t want = df_basis_file_bytes((int)K, (int)R, (int)D);
     if (len != want)
         return df_errf(e, -DF_ECORRUPT, "%s: %llu bytes, its header (D %u, R %u, K %u) says %llu",
                        name, (unsigned long long)len, D, R, K, (unsigned long long)want);
     memset(h, 0, sizeof *h);
     h->kind = (int)kind, h->D = (int)D, h->R = (int)R, h->K = (int)K, h->H = (int)H;
+    h->rows_part = (int)res;
     return 0;
 }
 
@@ -210,6 +218,7 @@ int df_basis_parse(const uint8_t *buf, size_t len, const char *name, df_basis *o
     if ((rc = df_basis_init(out, h.K, h.H, h.R, NULL, e)) < 0)
         return rc;
     out->kind = h.kind;
+    out->rows_part = h.rows_part;
     out->n_rows = (int64_t)df_le64(buf + 40);
     out->total_energy = get_f64(buf + 48);
     out->kept = get_f64(buf + 56);

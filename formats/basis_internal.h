@@ -104,6 +104,9 @@ void df_basis_fmat_get(const void *ctx, int64_t row, int64_t k0, int64_t kc, flo
 void df_basis_pack_panels(get_fn get, const void *gctx, int64_t m, int64_t kd, float *dst,
                           df_pool *pool);
 
+/* Copies M's upper triangle (D x D, row-major) into its strictly lower one. */
+void df_basis_mirror_upper(double *M, int64_t D);
+
 /* ---- checks shared by basis.c and basis_file.c ---- */
 
 /* 0, or -EINVAL naming `what` unless 1 <= K <= DF_BASIS_MAX_LAYERS, H >= 1

@@ -24,8 +24,10 @@
 #                      named P... drawn with seed S2 (--init-seed-for: which draw decides)
 #   project:R[:C]      `dflash cache project --rank R [--codec C]` of the lossless cache
 #   project-energy:F[:C]  the same, R chosen to keep fraction F of the features' energy
-#   fcbasis:N[:C]      P = the row space of fc (R = hidden size: the subspace fc reads) of a drafter
-#                      trained N steps on the lossless cache (seed 1000, its own run), then projected
+#   fcbasis:N[:C[:R]]  P = the row space of fc (R = hidden size: the subspace fc reads) of a drafter
+#                      trained N steps on the lossless cache (seed 1000, its own run), then projected;
+#                      with R: `cache project --fc-basis --rank R` (R > hidden: fc's rows, then the
+#                      directions of the most energy outside them; C may be empty: split-zstd)
 # A SPEC may end in /S1,S2,...: that variant's seeds instead of SEEDS.
 # Environment: MODEL [.device/qwen3-code-8m, else ../shared/models/qwen3-code-8m], CORPUS [corpus30k],
 #   SEEDS ["1 2 3"], STEPS [4000], LR [3e-3], WARMUP [0.04], LAYER_TYPES [full,full], EVAL_ROWS [256],
@@ -91,7 +93,7 @@ for v in $VARIANTS; do
   if [[ $spec == */* ]]; then vs=${spec##*/}; vs=${vs//,/ }; spec=${spec%/*}; fi
   if [ "$name" = lossless ]; then VSEEDS[lossless]=$vs; continue; fi
   NAMES+=("$name"); EXTRA[$name]=""; VSEEDS[$name]=$vs
-  IFS=: read -r kind a b <<<"$spec"
+  IFS=: read -r kind a b c <<<"$spec"
   KIND[$name]=$kind
   case $kind in
     codec)
@@ -114,6 +116,7 @@ for v in $VARIANTS; do
         *) opt="--energy $a";;
       esac
       [ -n "${b:-}" ] && opt+=" --codec $b"
+      [ "$kind" = fcbasis ] && [ -n "${c:-}" ] && opt+=" --rank $c"
       if [ ! -f "$W/c-$name/manifest.json" ]; then
         "$D" cache project "$W/c-lossless" "$W/c-$name" $opt >"$LOGS/project-$name.log" 2>&1 ||
           { skipv "cache project failed (see $LOGS/project-$name.log)"; continue; }
@@ -190,9 +193,10 @@ for name in "${NAMES[@]}"; do
 done
 SFJ=$OUTD/real-tau.json
 print_table() {
-python3 - "$RUNS" "$SIZES" "$LRAW" "$LTOK" "$SFJ" "$OUTD/table.md" <<'PY'
+python3 - "$RUNS" "$SIZES" "$LRAW" "$LTOK" "$SFJ" "$OUTD/table.md" "$MODEL/config.json" <<'PY'
 import json, math, os, statistics as st, sys
-runs_p, sizes_p, lraw, ltok, sfj, out = sys.argv[1:]
+runs_p, sizes_p, lraw, ltok, sfj, out, cfg = sys.argv[1:]
+hidden = json.load(open(cfg))["hidden_size"]
 raw_per_tok = float(lraw) / float(ltok)            # raw BF16 bytes of the K feature layers per token
 RAW27B = 5 * 5120 * 2                               # Qwen3.6-27B: 5 feature layers x 5120, BF16
 runs, order = {}, []
@@ -201,14 +205,17 @@ for line in open(runs_p).read().splitlines()[1:]:
     if f[0] not in runs:
         runs[f[0]] = {}; order.append(f[0])
     runs[f[0]][f[1]] = None if f[2].startswith("FAILED") else tuple(map(float, f[3:6]))
+order.sort(key=lambda n: n != "lossless")         # lossless first, the rest as they finished
 # bytes/token at the 27B shape: the same fraction of the raw features, except for a basis of fc's
-# rows, whose rank is the hidden size: 1/K of the features here, 1/5 there (5120 values)
+# rows, whose rank is a multiple of the hidden size (1 for fc's rows alone): R = c x hidden is c/K
+# of the features here, c/5 there (c x 5120 values)
 sizes, at27 = {}, {}
 for line in open(sizes_p).read().splitlines():
     n, t, s, raw, kind = line.split("\t")
     sizes[n] = float(s) / float(t)
     per_value = float(s) / (float(raw) / 2)       # stored bytes per stored BF16 value
-    at27[n] = per_value * 5120 if kind == "fcbasis" else sizes[n] / raw_per_tok * RAW27B
+    rank = float(raw) / float(t) / 2               # stored values per token
+    at27[n] = per_value * 5120 * rank / hidden if kind == "fcbasis" else sizes[n] / raw_per_tok * RAW27B
 real = {}
 if os.path.exists(sfj):
     try:

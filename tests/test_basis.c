@@ -7,7 +7,8 @@
  * inputs, with and without threads), the eigenvalues (a Jacobi solver here),
  * eigenvectors, orthonormality, the sign convention, the energy rule, the
  * per-layer kept fractions (against the reconstruction of the data), the
- * evaluation of any basis, bases from a matrix's row space, projection (f32
+ * evaluation of any basis, bases from a matrix's row space and their
+ * extension by the energy outside it, projection (f32
  * and BF16 rounding), unprojection, the exact merge fc = fc_r P, and the
  * file: bit-exact round trip, every truncation and byte flip rejected,
  * content checks behind a valid CRC.
@@ -949,6 +950,120 @@ static void test_file(df_pool *pool)
     free(x);
 }
 
+/* ---- a basis extended past fc-like rows ---- */
+
+static void test_extend(df_pool *pool)
+{
+    const int K = 3, H = 40, D = K * H, R0 = 17, R = 30;
+    const int64_t n = 700;
+    float *x = make_features(n, K, H, 24, 0.1);
+    const float *lay[3] = {x, x + n * H, x + 2 * n * H};
+    int32_t ids[3] = {2, 5, 9};
+    df_err e;
+    df_moment m;
+    CHECK_OK(df_moment_init(&m, K, H, ids, &e), &e);
+    CHECK_OK(df_moment_add_f32(&m, lay, K, H, n, pool, &e), &e);
+    float *A = malloc(sizeof(float) * R0 * D); /* an "fc": R0 random rows */
+    for (int i = 0; i < R0 * D; i++)
+        A[i] = test_randn(&rng);
+    df_basis q, b;
+    CHECK_OK(df_basis_from_rows(A, R0, K, H, ids, 0, 1.0, pool, &q, &e), &e);
+    CHECK_EQ(q.R, R0);
+    CHECK_OK(df_basis_extend(&q, &m, R, pool, &b, &e), &e);
+    CHECK(b.R == R && b.kind == DF_BASIS_KIND_ROWS_EXT && b.rows_part == R0);
+    CHECK(!memcmp(b.P, q.P, sizeof(float) * R0 * D)); /* kept whole, first */
+    CHECK(!memcmp(b.eigval, q.eigval, sizeof(double) * R0));
+    CHECK(ortho_err(&b) < 1e-5);
+    CHECK(b.layer_ids[2] == 9 && b.n_rows == n);
+
+    /* brute force: M' of the data's components outside span(q), its top R - R0 eigenvalues;
+     * the extension rows hold exactly that much of M' (Ky Fan: the top subspace) */
+    double *Mp = calloc((size_t)D * D, sizeof(double)), *xt = malloc(sizeof(double) * D);
+    for (int64_t t = 0; t < n; t++) {
+        for (int d = 0; d < D; d++)
+            xt[d] = xval(x, n, H, t, d);
+        for (int r = 0; r < R0; r++) {
+            double z = 0;
+            for (int d = 0; d < D; d++)
+                z += (double)q.P[r * D + d] * xt[d];
+            for (int d = 0; d < D; d++)
+                xt[d] -= z * q.P[r * D + d];
+        }
+        for (int i = 0; i < D; i++)
+            for (int j = 0; j < D; j++)
+                Mp[i * D + j] += xt[i] * xt[j];
+    }
+    double held = 0, top = 0, *w = malloc(sizeof(double) * D), *Mc = malloc(sizeof(double) * D * D);
+    memcpy(Mc, Mp, sizeof(double) * D * D);
+    for (int r = R0; r < R; r++) {
+        const float *p = b.P + (int64_t)r * D;
+        for (int i = 0; i < D; i++)
+            for (int j = 0; j < D; j++)
+                held += (double)p[i] * Mp[i * D + j] * p[j];
+    }
+    jacobi_eigvals(Mc, D, w);
+    for (int r = 0; r < R - R0; r++) {
+        top += w[r];
+        CHECK(fabs(b.eigval[R0 + r] - w[r]) <= 1e-5 * w[0]);
+    }
+    CHECK(fabs(held - top) <= 1e-5 * top);
+    /* kept fractions: against the reconstruction of the data; more than q keeps */
+    double ex[3], nm[3], kept, kq, exq[3], nmq[3];
+    brute_layer_kept(&b, x, n, ex, nm, &kept);
+    brute_layer_kept(&q, x, n, exq, nmq, &kq);
+    CHECK(fabs(b.kept - kept) < 1e-5);
+    for (int k = 0; k < K; k++)
+        CHECK(fabs(b.layer_kept[k] - ex[k]) < 1e-5);
+    CHECK(kept > kq + 0.05);
+
+    /* the file keeps kind 3 and its split; eigenvalues may rise where the parts meet */
+    uint8_t *buf, *cp;
+    size_t len;
+    df_basis r;
+    CHECK(b.eigval[R0] > b.eigval[R0 - 1]); /* this data's energy against fc's scale */
+    CHECK_OK(df_basis_serialize(&b, &buf, &len, &e), &e);
+    CHECK_OK(df_basis_parse(buf, len, "x.dfb", &r, &e), &e);
+    CHECK(r.kind == 3 && r.rows_part == R0 && !memcmp(r.P, b.P, sizeof(float) * R * D));
+    df_basis_free(&r);
+    cp = malloc(len);
+    const uint32_t bad36[][2] = {{3, 0}, {3, R}, {1, 5}, {2, 1}, {3, R + 1}};
+    for (int i = 0; i < 5; i++) {
+        memcpy(cp, buf, len);
+        df_put32(cp + 16, bad36[i][0]);
+        df_put32(cp + 36, bad36[i][1]);
+        recrc(cp, len);
+        CHECK_ERR(df_basis_parse(cp, len, "x.dfb", &r, &e), -DF_ECORRUPT, &e, "offset 36");
+    }
+    memcpy(cp, buf, len); /* out of order inside the second part */
+    uint64_t eig_off = len - 4 - 4 * (uint64_t)R * D - 8 * (uint64_t)R;
+    memcpy(cp + eig_off + 8 * (R0 + 1), buf + eig_off + 8 * R0, 8);
+    memcpy(cp + eig_off + 8 * R0, buf + eig_off + 8 * (R0 + 1), 8);
+    recrc(cp, len);
+    CHECK_ERR(df_basis_parse(cp, len, "x.dfb", &r, &e), -DF_ECORRUPT, &e, "eigenvalue 18");
+
+    /* bad arguments */
+    CHECK_ERR(df_basis_extend(&q, &m, R0, pool, &r, &e), -EINVAL, &e, "R = 17");
+    CHECK_ERR(df_basis_extend(&q, &m, D + 1, pool, &r, &e), -EINVAL, &e, "at most D");
+    df_moment m2;
+    int32_t ids2[3] = {2, 5, 10};
+    CHECK_OK(df_moment_init(&m2, K, H, ids2, &e), &e);
+    CHECK_OK(df_moment_add_f32(&m2, lay, K, H, n, pool, &e), &e);
+    CHECK_ERR(df_basis_extend(&q, &m2, R, pool, &r, &e), -DF_EMISMATCH, &e, "other target");
+    df_moment_free(&m2);
+
+    free(buf);
+    free(cp);
+    free(Mp);
+    free(Mc);
+    free(xt);
+    free(w);
+    free(A);
+    df_basis_free(&q);
+    df_basis_free(&b);
+    df_moment_free(&m);
+    free(x);
+}
+
 int main(void)
 {
     df_pool *pool = df_pool_open(3); /* more threads than this machine's 2 cores is fine */
@@ -958,6 +1073,7 @@ int main(void)
     test_apply(pool);
     test_from_rows(pool);
     test_file(pool);
+    test_extend(pool);
     df_pool_close(pool);
     return test_main_end();
 }

@@ -200,6 +200,11 @@ run 0 "" "$D" cache project "$W/ext3" "$W/pf2" --basis "$W/pf/basis.dfb"
 rm "$W/pf/manifest.json" "$W/pf/rank-0000.json"   # as if it stopped before finishing
 run 0 "rank $hid of " "$D" cache project "$W/ext3" "$W/pf" --fc-basis "$W/runA/export"
 run 0 "identical" "$D" cache diff "$W/pf" "$W/pf2"
+# fc's rows extended by the features' energy outside them (R > hidden), and its top rows (R < hidden)
+run 0 "rank $((hid + 8)) of " "$D" cache project "$W/ext3" "$W/pfx" --fc-basis "$W/runA/export" --rank $((hid + 8))
+run 0 "OK: 96 samples" "$D" dump "$W/pfx" --verify
+run 0 "rank $((hid / 2)) of " "$D" cache project "$W/ext3" "$W/pfy" --fc-basis "$W/runA/export" --rank $((hid / 2))
+run 0 "eval @ step 60: .* tau_walk" "$D" train ${TA/--quiet/} --cache "$W/pfx" --out "$W/runPfx" --eval-cache "$W/pfx" --eval-rows 4
 # extraction straight into a projected cache (--basis): the z of projecting the lossless cache
 run 0 "extracted" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/extpj" --layers 0,1,2 --basis "$W/pj/basis.dfb" --quiet
 run 0 "identical" "$D" cache diff "$W/extpj" "$W/pj"
