@@ -1,5 +1,5 @@
 /* codec.c - hidden-state block codecs (see codec.h; payload layouts in
- * docs/FORMAT-codecs.md); the block-scaled lossy ones (ids 5-8) are in
+ * docs/FORMAT-codecs.md); the block-scaled lossy ones (ids 5-10) are in
  * codec_block.c, on the helpers that codec_internal.h exports from here.
  *
  * Shape of every codec: validate params, transform into ctx scratch (byte
@@ -49,7 +49,7 @@ struct df_codec_ctx {
 
 static const char *const codec_names[DF_CODEC_COUNT] = {
     "stored", "lz4", "split-lz4", "split-zstd", "fp8-e4m3",
-    "fp8-b32", "int4-b32", "int5-b32", "int6-b32"};
+    "fp8-b32", "int4-b32", "int5-b32", "int6-b32", "int3-b32", "int2-b32"};
 
 const char *df_codec_name(int id)
 {
@@ -1008,6 +1008,8 @@ int df_codec_encode(df_codec_ctx *c, int id, const df_codec_params *p, const voi
         case DF_CODEC_INT4_B32:
         case DF_CODEC_INT5_B32:
         case DF_CODEC_INT6_B32:
+        case DF_CODEC_INT3_B32:
+        case DF_CODEC_INT2_B32:
             sz = df_codec_block_encode(c, id, p, src, raw_len, rb, dst, e);
             break;
         default:

@@ -16,6 +16,8 @@
  *   6 int4-b32    LOSSY, opt-in: symmetric 4-, 5- or 6-bit integers, bit-packed,
  *   7 int5-b32    one bf16 scale per 32-element block; a block's few values far
  *   8 int6-b32    above the rest (massive activations) and NaN/Inf kept exactly
+ *   9 int3-b32    LOSSY, opt-in: as 6-8 with 3- and 2-bit integers (coarse:
+ *  10 int2-b32    errors up to ~17% / ~50% of a block's absmax)
  *
  * Encoding never grows a block: when a codec's output is not smaller than the
  * raw bytes, df_codec_encode() stores it and returns DF_CODEC_STORED. The id it
@@ -42,12 +44,15 @@
  *   plus half a dtype ulp at v (and tiny f32 rounding); a row whose absmax is
  *   below 448 * 2^-126 has a subnormal scale and lower precision.
  *
- * Block-scaled codecs (5-8): a row is cut into blocks of 32 consecutive
+ * Block-scaled codecs (5-10): a row is cut into blocks of 32 consecutive
  * elements (the last block of a row is shorter when row_elems is not a
  * multiple of 32; blocks never span rows). Each block has a bf16 scale
  * S = the smallest bf16 >= A/Q, where A is the absmax of the values the block
- * quantizes and Q = 448 (e4m3) or qmax = 2^(b-1)-1 (7, 15, 31): the largest
- * value maps to just under Q, nothing clips (A = 0 gives S = 0). The planes
+ * quantizes and Q = 448 (e4m3) or qmax = 2^(N-1)-1 (7, 15, 31 for N = 4, 5,
+ * 6; 3, 1 for N = 3, 2): the largest value maps to just under Q, nothing
+ * clips (A = 0 gives S = 0). Only int2 (Q = 1) can meet an A/Q above the
+ * largest finite bf16 (0x7f7f = 0x1.fep127: F32 data only); S is 0x7f7f then,
+ * and those values map to within 2^-8 above Q (code 1). The planes
  * (scale high bytes, scale low bytes, codes, escaped values) are each stored
  * raw or as a zstd frame, whichever is smaller.
  *   fp8-b32: code = sign | RNE_e4m3(|x|/S), NaN and +-Inf -> the e4m3 NaN
@@ -56,21 +61,24 @@
  *     |x - v| <= S * (half an e4m3 ulp at |x|/S) + half a dtype ulp at v
  *            <= min(|x|/16 + S/1024, A/28 * (1 + 2^-7)) + half a dtype ulp,
  *   i.e. 2^-4 of the value and at most 3.6% of its block's absmax.
- *   intN-b32 (N = 4, 5, 6): escaped, and kept bit-exact (the element's raw
+ *   intN-b32 (N = 2 .. 6): escaped, and kept bit-exact (the element's raw
  *   bytes): NaN and +-Inf, and the top j finite |x| of a block for the
  *   largest j <= 4 (j < the block's size) with top[j-1] > 2 * top[j] > 0.
- *   The others: q = RNE(x/S) of the exact quotient (ties to even), stored as
- *   N-bit two's complement (-2^(N-1) marks an escape). Decoding: v = q * S
- *   in f32 (exact), then RNE to the dtype; -0 decodes as +0. Error per
- *   element not escaped:
+ *   The others: q = RNE(x/S) of the exact quotient (ties to even), clamped
+ *   to +-qmax, stored as N-bit two's complement; -2^(N-1) marks an escape
+ *   (int3: codes -3 .. 3, escape -4; int2: codes -1, 0, 1, escape -2).
+ *   Decoding: v = q * S in f32 (exact), then RNE to the dtype; -0 decodes
+ *   as +0. Error per element not escaped:
  *     |x - v| <= S/2 + half a dtype ulp at v
  *            <= A/(2 qmax) * (1 + 2^-7) + half a dtype ulp,
- *   A the block's absmax: 7.2% (int4), 3.4% (int5), 1.6% (int6) of it.
- *   Below A = Q * 2^-126 the scale is a subnormal bf16 and the bounds hold
- *   with S <= A/Q + 2^-133 instead; values within 2^-7 of the dtype's
- *   largest finite value may decode as +-Inf.
+ *   A the block's absmax: 7.2% (int4), 3.4% (int5), 1.6% (int6), 16.8%
+ *   (int3), 50.4% (int2) of it. (int2 is a sign-and-threshold code: |x| <=
+ *   S/2 decodes as 0, the rest as +-S.) Below A = Q * 2^-126 the scale is a
+ *   subnormal bf16 and the bounds hold with S <= A/Q + 2^-133 instead;
+ *   values within 2^-7 of the dtype's largest finite value may decode as
+ *   +-Inf (not F32 under int2, whose S is capped at 0x7f7f).
  *
- * Levels (df_codec_params.level): for zstd codecs (3-8) 0 = the default, zstd 1
+ * Levels (df_codec_params.level): for zstd codecs (3-10) 0 = the default, zstd 1
  * with hashLog 6 and minMatch 7 (nearly literals-only: the measured best in
  * both ratio and speed on sign+exponent planes; docs/FORMAT-codecs.md), any
  * other value = that plain zstd level (negative = zstd's fast levels). For lz4
@@ -99,7 +107,9 @@ typedef enum df_codec_id {
     DF_CODEC_INT4_B32 = 6,
     DF_CODEC_INT5_B32 = 7,
     DF_CODEC_INT6_B32 = 8,
-    DF_CODEC_COUNT = 9
+    DF_CODEC_INT3_B32 = 9,
+    DF_CODEC_INT2_B32 = 10,
+    DF_CODEC_COUNT = 11
 } df_codec_id;
 
 typedef struct df_codec_params {

@@ -1,5 +1,6 @@
 /* codec_block.c - the block-scaled lossy codecs: fp8-b32 (id 5) and
- * int4-b32, int5-b32, int6-b32 (ids 6-8). Rules and error bounds: codec.h;
+ * int4-b32, int5-b32, int6-b32, int3-b32, int2-b32 (ids 6-10; the code
+ * width N is the only difference). Rules and error bounds: codec.h;
  * payload layout and measurements: docs/FORMAT-codecs.md.
  *
  * A row is cut into blocks of 32 consecutive elements (the last one shorter
@@ -27,7 +28,7 @@
 _Static_assert(ESC_MAX == 4, "int_block_scale keeps the 5 largest values");
 
 typedef struct geom {
-    int bits;        /* 0: one e4m3 byte per element; 4, 5, 6: packed integers */
+    int bits;        /* 0: one e4m3 byte per element; 2 .. 6: packed integers */
     int P;           /* planes */
     size_t fields;   /* offset of plane 0's (mode, size) in the sub-header */
     size_t hdr;      /* sub-header bytes */
@@ -45,10 +46,23 @@ static size_t bit_bytes(size_t k, int bits)
     return (k * (size_t)bits + 7) / 8;
 }
 
+/* The code width of an integer codec, 0 for fp8-b32. */
+static int int_bits(int id)
+{
+    switch (id) {
+    case DF_CODEC_INT4_B32: return 4;
+    case DF_CODEC_INT5_B32: return 5;
+    case DF_CODEC_INT6_B32: return 6;
+    case DF_CODEC_INT3_B32: return 3;
+    case DF_CODEC_INT2_B32: return 2;
+    default: return 0;
+    }
+}
+
 /* Returns -1 when a plane could not be described by a u32 size. */
 static int make_geom(int id, const df_codec_params *p, size_t raw_len, size_t rb, geom *g)
 {
-    g->bits = id == DF_CODEC_INT4_B32 ? 4 : id == DF_CODEC_INT5_B32 ? 5 : id == DF_CODEC_INT6_B32 ? 6 : 0;
+    g->bits = int_bits(id);
     g->P = g->bits ? 4 : 3;
     g->fields = g->bits ? 5 : 1;
     g->hdr = g->fields + 5 * (size_t)g->P;
@@ -72,15 +86,16 @@ static inline float f32_of(uint32_t u)
     return f;
 }
 
-/* The smallest bf16 >= t (t >= 0, finite, below the bf16 maximum), as bits.
- * (float)t is within an f32 ulp of t, so the loop runs at most twice. */
+/* The smallest bf16 >= t (t >= 0, finite), as bits; the largest finite
+ * bf16 (0x7f7f) for t above it, which only int2 (t = A / 1) meets, on F32
+ * data. (float)t is within an f32 ulp of t, so the loop runs at most twice. */
 static uint16_t bf16_ceil(double t)
 {
     float f = (float)t;
     uint32_t u;
     memcpy(&u, &f, 4);
     uint32_t h = u >> 16;
-    while ((double)bf16_val(h) < t)
+    while (h < 0x7f7f && (double)bf16_val(h) < t)
         h++;
     return (uint16_t)h;
 }
@@ -462,7 +477,9 @@ typedef struct int_avx2_tab {
 __attribute__((target("avx2"))) static void int_avx2_setup(int b, int_avx2_tab *tb)
 {
     /* lane i (0-7) of a group of 8 codes (b bytes) gets the two bytes that
-     * hold bits [i*b, i*b + b), then is shifted right by (i*b) % 8 */
+     * hold bits [i*b, i*b + b), then is shifted right by (i*b) % 8: any b
+     * from 2 to 9 (a code never spans more than two bytes), so int3's codes
+     * that cross a byte boundary and int2's take the same path */
     uint8_t sh[32];
     uint32_t sv[8];
     for (int i = 0; i < 8; i++) {

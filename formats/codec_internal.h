@@ -95,7 +95,7 @@ __attribute__((target("avx2"))) static inline __m256i df_bf16_pack16_avx2(__m256
 }
 #endif
 
-/* The block-scaled codecs (ids 5-8), for df_codec_encode/decode after their
+/* The block-scaled codecs (ids 5-10), for df_codec_encode/decode after their
  * parameter checks; rb = bytes per row, raw_len > 0 a whole number of rows.
  * Encode returns the payload size (< raw_len), 0 for "store it", or a
  * negative code. Decode returns 0 or -DF_ECORRUPT / -ENOMEM. */

@@ -165,7 +165,10 @@ static void check_cache(const char *dir, int lossy)
                 float a = df_bf16_to_f32(S[i].layers[l][x]), b = df_bf16_to_f32(out[l][x]);
                 float tol = 0.07f * (a < 0 ? -a : a) + 0.02f * (float)(1 + l) * 40.0f / 16;
                 if (lossy >= DF_CODEC_INT4_B32) { /* half a step of the block's scale */
-                    int bits = lossy - DF_CODEC_INT4_B32 + 4, qmax = (1 << (bits - 1)) - 1;
+                    int bits = lossy == DF_CODEC_INT3_B32   ? 3
+                             : lossy == DF_CODEC_INT2_B32   ? 2
+                                                            : lossy - DF_CODEC_INT4_B32 + 4;
+                    int qmax = (1 << (bits - 1)) - 1;
                     tol = block_absmax(S[i].layers[l], x) / (2.0f * (float)qmax) * 1.01f +
                           (b < 0 ? -b : b) / 256;
                 }

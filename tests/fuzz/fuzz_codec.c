@@ -89,7 +89,10 @@ static size_t implied_len(int id, size_t es, size_t row_bytes, const uint8_t *s,
          * frame's content size): fp8-b32 has row_elems bytes per row,
          * intN-b32 ceil(row_elems * N / 8) when the row is whole blocks
          * (else: a guess) */
-        size_t f = id == DF_CODEC_FP8_B32 ? 1 : 5, bits = id == DF_CODEC_FP8_B32 ? 8 : (size_t)id - 2;
+        static const size_t width[DF_CODEC_COUNT] = {
+            [DF_CODEC_FP8_B32] = 8, [DF_CODEC_INT4_B32] = 4, [DF_CODEC_INT5_B32] = 5,
+            [DF_CODEC_INT6_B32] = 6, [DF_CODEC_INT3_B32] = 3, [DF_CODEC_INT2_B32] = 2};
+        size_t f = id == DF_CODEC_FP8_B32 ? 1 : 5, bits = width[id];
         size_t hdr = f + 5 * (id == DF_CODEC_FP8_B32 ? 3 : 4);
         if (len < hdr)
             return 0;
