@@ -190,7 +190,9 @@ int df_cache_params_from_cjson(const cJSON *o, const char *path, df_cache_params
         return rc;
     p->codec = df_codec_from_name(s);
     if (p->codec < 0)
-        return df_errf(e, -DF_ECORRUPT, "%s: unknown codec \"%s\"", path, s);
+        return df_errf(e, -DF_ECORRUPT,
+                       "%s: unknown codec \"%s\" (not one of this dflash's; a newer one wrote it?)",
+                       path, s);
     if ((rc = get_num(o, "codec_level", -1000, 1000, &v, path, e)))
         return rc;
     p->codec_level = (int)v;

@@ -472,6 +472,15 @@ static void test_bad_input(void)
     CHECK(df_cache_open(dir, &e) == NULL);
     CHECK_ERR(e.code, -DF_ECORRUPT, &e, "without a \"projection\"");
 
+    /* A codec this reader does not know (as int3-b32 is to one from before it):
+     * refused at open, naming it. */
+    FRESH("codec");
+    snprintf(cmd, sizeof cmd, "sed -i 's/\"split-zstd\"/\"int9-b32\"/' '%s/meta.json' '%s/manifest.json'",
+             dir, dir);
+    CHECK(system(cmd) == 0);
+    CHECK(df_cache_open(dir, &e) == NULL);
+    CHECK_ERR(e.code, -DF_ECORRUPT, &e, "unknown codec \"int9-b32\"");
+
     /* A manifest that lies about a shard's size. */
     FRESH("lying");
     snprintf(cmd, sizeof cmd, "sed -i '0,/\"samples\":/s/\"samples\":\\t\\([0-9]*\\)/\"samples\":\\t99\\1/' '%s/manifest.json'", dir);
