@@ -42,7 +42,7 @@ static void synth_usage(FILE *f)
             "  --target-layers N    layers of the pretend target (default 6)\n"
             "  --layers K           feature layers, picked by the DFlash rule (default 3)\n"
             "  --codec NAME         stored|lz4|split-lz4|split-zstd (default), or the lossy\n"
-            "                       fp8-e4m3|fp8-b32|int4-b32|int5-b32|int6-b32\n"
+            "                       fp8-e4m3|fp8-b32|int6-b32|int5-b32|int4-b32|int3-b32|int2-b32\n"
             "  --level N            entropy coder level (default: the codec's)\n"
             "  --rows-per-block N   rows per block (default: about 1 MiB)\n"
             "  --shard-mb N         shard size in MiB (default 4096)\n"
@@ -99,7 +99,8 @@ static int cmd_synth(int argc, char **argv)
     int cid = df_codec_from_name(codec);
     if (cid < 0) {
         fprintf(stderr, "dflash cache synth: unknown codec '%s' (stored, lz4, split-lz4, "
-                        "split-zstd, fp8-e4m3, fp8-b32, int4-b32, int5-b32, int6-b32)\n", codec);
+                        "split-zstd, fp8-e4m3, fp8-b32, int6-b32, int5-b32, int4-b32, int3-b32, "
+                        "int2-b32)\n", codec);
         return 2;
     }
     df_err e = {0};

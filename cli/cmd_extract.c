@@ -23,8 +23,8 @@ static void usage(FILE *f)
             "  --layers auto|K|L1,L2,..  feature layers: the DFlash rule (auto = min(5, layers-3)),\n"
             "                            K layers by that rule, or explicit 0-based ids\n"
             "  --codec NAME              stored|lz4|split-lz4|split-zstd (lossless; default\n"
-            "                            split-zstd) or the LOSSY fp8-e4m3|fp8-b32|int4-b32|\n"
-            "                            int5-b32|int6-b32 (docs/FORMAT-codecs.md)\n"
+            "                            split-zstd) or the LOSSY fp8-e4m3|fp8-b32|int6-b32|\n"
+            "                            int5-b32|int4-b32|int3-b32|int2-b32 (docs/FORMAT-codecs.md)\n"
             "  --level N                 entropy coder level (default: the codec's)\n"
             "  --basis FILE              write a projected cache: z = P x per token with this\n"
             "                            basis of the same layers (dflash cache project of a\n"
@@ -137,7 +137,8 @@ int cmd_extract(int argc, char **argv)
         else if (!strcmp(a, "--codec")) {
             if ((o.codec = df_codec_from_name(v)) < 0) {
                 fprintf(stderr, "dflash extract: unknown codec '%s' (stored, lz4, split-lz4, "
-                                "split-zstd, fp8-e4m3, fp8-b32, int4-b32, int5-b32, int6-b32)\n", v);
+                                "split-zstd, fp8-e4m3, fp8-b32, int6-b32, int5-b32, int4-b32, "
+                                "int3-b32, int2-b32)\n", v);
                 return 2;
             }
         } else if (!parse_u64(v, &x) && !strcmp(a, "--level")) o.codec_level = (int)x;

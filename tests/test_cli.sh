@@ -52,7 +52,7 @@ run 1 "already complete" "$D" cache synth --out "$W/cache" --corpus "$W/tiny.dto
   --target-layers 6 --layers 3
 
 # --- the lossy codecs: same samples, checksums hold, states within tolerance of the lossless cache
-for c in fp8-e4m3 fp8-b32 int4-b32 int5-b32 int6-b32; do
+for c in fp8-e4m3 fp8-b32 int6-b32 int5-b32 int4-b32 int3-b32 int2-b32; do
   run 0 "wrote" "$D" cache synth --out "$W/lossy-$c" --corpus "$W/tiny.dtok" --hidden 64 \
     --target-layers 6 --layers 3 --rows-per-block 32 --shard-mb 1 --threads 2 --codec $c
   run 0 "$c.*LOSSY" "$D" dump "$W/lossy-$c"
