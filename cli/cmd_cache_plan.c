@@ -31,6 +31,8 @@ static double typical_ratio(int codec)
     case DF_CODEC_INT4_B32: return 0.2325;
     case DF_CODEC_INT5_B32: return 0.3173;
     case DF_CODEC_INT6_B32: return 0.3864;
+    case DF_CODEC_INT3_B32: return 0.1697;
+    case DF_CODEC_INT2_B32: return 0.0695;
     default: return 1.0;
     }
 }

@@ -231,6 +231,8 @@ run 2 "bad or missing value" "$D" cache project "$W/ext3" "$W/pj7" --energy 1.5
 
 # --- cache plan: the size before anything runs (typical ratios, or measured on a cache)
 run 0 "total +15.48 TB" "$D" cache plan --hidden 5120 --layers 5 --tokens 1.3e9 --codec int4-b32
+run 0 "total +11\.30 TB" "$D" cache plan --hidden 5120 --layers 5 --tokens 1.3e9 --codec int3-b32
+run 0 "total +4\.63 TB" "$D" cache plan --hidden 5120 --layers 5 --tokens 1.3e9 --codec int2-b32
 run 0 "ratio 0\.[0-9]+ measured on .* tokens" "$D" cache plan --model "$TM" --corpus "$TM/corpus.jsonl" --layers 3 --codec fp8-b32 --from "$W/ext3" --rank-frac 0.25 --disk "$W"
 run 2 "at most one of" "$D" cache plan --hidden 64 --tokens 10 --rank 4 --rank-frac 0.5
 run 2 "exceeds" "$D" cache plan --hidden 64 --layers 2 --tokens 10 --rank 200
