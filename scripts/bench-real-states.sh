@@ -17,7 +17,7 @@ OUT=${3:-$ROOT/out/bench-real-states}
 LAYERS=${LAYERS:-1,2,3,4}
 D=${DFLASH_BUILD_DIR:-$ROOT/build}/dflash
 B=${DFLASH_BUILD_DIR:-$ROOT/build}/tools/bench_codec
-CODECS=${CODECS:-stored lz4 split-lz4 split-zstd fp8-e4m3 fp8-b32 int4-b32 int5-b32 int6-b32}
+CODECS=${CODECS:-stored lz4 split-lz4 split-zstd fp8-e4m3 fp8-b32 int4-b32 int5-b32 int6-b32 int3-b32 int2-b32}
 [ -x "$D" ] && [ -x "$B" ] || { echo "build first: cmake --build build" >&2; exit 2; }
 rm -rf "$OUT" && mkdir -p "$OUT"
 case "$CORPUS" in
