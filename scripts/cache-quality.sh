@@ -35,7 +35,8 @@
 #   variant names), SF_PROMPTS [64], REAL_TAU_TIMEOUT [900] (seconds), DEADLINE [none] (seconds after the start past which the real-tau
 #   stage is skipped), TRAIN_ARGS [] (more train options),
 #   DEVICE [cuda], LIMIT [all] (records of each corpus: for a quick check of the script on a CPU).
-# Outputs: OUT_DIR/table.md (printed last), OUT_DIR/runs.tsv (one line per run), logs in OUT_DIR/logs.
+# Outputs: OUT_DIR/table.md (printed last), OUT_DIR/runs.tsv (one line per run), logs in OUT_DIR/logs,
+#   OUT_DIR/exports/NAME: each variant's first-seed export (scripts/specforge_tau.py decodes them).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 die() { echo "cache-quality: $*" >&2; exit 2; }
@@ -183,6 +184,10 @@ done
 wait
 note "training done"
 (cd "$W" && tar czf "$OUTD/logs.tgz" run-*/log.jsonl 2>/dev/null) || true
+for name in "${NAMES[@]}"; do # each variant's first-seed export, for decoding in a later call
+  first=$(awk '{print $1; exit}' <<<"${VSEEDS[$name]}"); x=$W/run-$name-s$first/export
+  [ -f "$x/model.safetensors" ] && mkdir -p "$OUTD/exports/$name" && cp "$x"/config.json "$x"/model.safetensors "$OUTD/exports/$name/"
+done
 
 # ---------------------------------------------------------------- 5. the table
 SIZES=$OUTD/sizes.tsv
