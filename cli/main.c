@@ -14,7 +14,8 @@ static const struct {
     const char *help;
 } cmds[] = {
     {"corpus", cmd_corpus, "tokenized corpora: import JSONL into binary token shards, inspect them"},
-    {"cache", cmd_cache, "synthetic caches for tests/benchmarks (synth); stream a cache and time it (read)"},
+    {"cache", cmd_cache, "size a cache before making it (plan); project it onto a basis (project);\n"
+                         "              compare two (diff); synthesize one (synth); stream one and time it (read)"},
     {"dump", cmd_dump, "inspect a hidden-state cache: summary, samples, slices, --verify, --json"},
     {"extract", cmd_extract, "run the target over a corpus and write the hidden-state cache"},
     {"train", cmd_train, "train a DFlash drafter from a cache (CPU, one GPU or many)"},
