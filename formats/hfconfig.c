@@ -608,6 +608,68 @@ int df_drafter_config_validate(const df_drafter_config *d, const char *name, df_
     return 0;
 }
 
+/* The keys written for the serving engines (docs/SERVE.md) that restate
+ * or pin what the drafter is. Exports made before they were written lack
+ * them and still load; when present they must agree with the drafter: a
+ * disagreement would make an engine run a different network than the one
+ * trained, so it is refused with the key named. Called after target_layer_ids
+ * and hidden_size are known. */
+static int check_serving_keys(const jctx *c, const jctx *dc, const df_drafter_config *d)
+{
+    const char *w;
+    const cJSON *j;
+    if ((j = find(c, "hidden_act", &w)) &&
+        !(cJSON_IsString(j) && !strcmp(j->valuestring, "silu")))
+        return df_errf(c->e, -EINVAL, "%s: hidden_act: a DFlash drafter's MLP is SwiGLU, "
+                       "expected \"silu\"", c->name);
+    bool bias = false;
+    TRY(get_bool(c, "attention_bias", &bias));
+    if (bias)
+        return df_errf(c->e, -EINVAL, "%s: attention_bias: a DFlash drafter has no attention "
+                       "biases", c->name);
+    static const char *const dtype_keys[] = {"torch_dtype", "dtype"};
+    for (int k = 0; k < 2; k++) {
+        j = find(c, dtype_keys[k], &w);
+        if (j && !(cJSON_IsString(j) && (!strcmp(j->valuestring, "bfloat16") ||
+                                         !strcmp(j->valuestring, "float16") ||
+                                         !strcmp(j->valuestring, "float32"))))
+            return df_errf(c->e, -EINVAL, "%s: %s: expected \"bfloat16\", \"float16\" or "
+                           "\"float32\"", c->name, dtype_keys[k]);
+    }
+    int64_t th = 0;
+    int rc = get_int(c, "target_hidden_size", 0, 1, 1 << 20, &th);
+    TRY(rc);
+    if (rc && th != d->hidden_size)
+        return df_errf(c->e, -EINVAL, "%s: target_hidden_size %lld differs from hidden_size %d: "
+                       "fc reads K x hidden_size target features", c->name, (long long)th,
+                       d->hidden_size);
+    /* vLLM's id j is the hidden state entering target layer j, DFlash's id i
+     * the output of layer i: the same feature is j = i + 1. */
+    if ((j = find(c, "eagle_aux_hidden_state_layer_ids", &w))) {
+        int ok = cJSON_IsArray(j) && cJSON_GetArraySize(j) == d->num_target_features;
+        for (int i = 0; ok && i < d->num_target_features; i++) {
+            const cJSON *x = cJSON_GetArrayItem(j, i);
+            ok = cJSON_IsNumber(x) && x->valuedouble == d->target_layer_ids[i] + 1;
+        }
+        if (!ok)
+            return df_errf(c->e, -EINVAL, "%s: eagle_aux_hidden_state_layer_ids: expected "
+                           "dflash_config.target_layer_ids + 1 (one entry per target layer id)",
+                           c->name);
+    }
+    /* vLLM reads these as overrides of the per-layer causality (full layers
+     * bidirectional in the block, sliding layers causal) this drafter has. */
+    if (find(c, "is_causal", &w) || find(dc, "causal", &w))
+        return df_errf(c->e, -EINVAL, "%s: %s: a causality override; this drafter's full "
+                       "layers are bidirectional in the block and its sliding layers causal",
+                       c->name, find(c, "is_causal", &w) ? "is_causal" : "dflash_config.causal");
+    bool swa = false;
+    TRY(get_bool(dc, "use_swa", &swa));
+    if (swa)
+        return df_errf(c->e, -EINVAL, "%s: dflash_config.use_swa: true would make every layer "
+                       "sliding; layer_types says which are", c->name);
+    return 0;
+}
+
 static int drafter_fill(const jctx *c, df_drafter_config *d)
 {
     attn_shape s;
@@ -696,6 +758,7 @@ static int drafter_fill(const jctx *c, df_drafter_config *d)
                                 d->layer_types));
     TRY(check_sliding(c, d->layer_types, d->num_hidden_layers, d->use_sliding_window,
                       d->sliding_window));
+    TRY(check_serving_keys(c, &sub, d));
     return df_drafter_config_validate(d, c->name, c->e);
 }
 
@@ -777,6 +840,15 @@ char *df_drafter_config_to_json(const df_drafter_config *d, df_err *e)
     ADD(cJSON_AddBoolToObject(r, "use_sliding_window", d->use_sliding_window));
     ADD(cJSON_AddNumberToObject(r, "vocab_size", (double)d->vocab_size));
     ADD(cJSON_AddBoolToObject(r, "tie_word_embeddings", 0));
+    /* For the serving engines (docs/SERVE.md has each key's reader). */
+    ADD(cJSON_AddStringToObject(r, "hidden_act", "silu"));
+    ADD(cJSON_AddBoolToObject(r, "attention_bias", 0));
+    ADD(cJSON_AddStringToObject(r, "torch_dtype", "bfloat16"));
+    ADD(cJSON_AddStringToObject(r, "dtype", "bfloat16"));
+    ADD(cJSON_AddNumberToObject(r, "target_hidden_size", d->hidden_size));
+    ADD(a = cJSON_AddArrayToObject(r, "eagle_aux_hidden_state_layer_ids"));
+    for (int i = 0; ok && i < d->num_target_features; i++)
+        ok = cJSON_AddItemToArray(a, cJSON_CreateNumber(d->target_layer_ids[i] + 1));
 #undef ADD
     char *txt = ok ? cJSON_Print(r) : NULL;
     cJSON_Delete(r);

@@ -137,8 +137,14 @@ int df_drafter_config_parse(const char *json, size_t len, const char *name_for_e
 /* Checks a filled-in struct (the same rules as parsing). */
 int df_drafter_config_validate(const df_drafter_config *c, const char *name_for_errors, df_err *e);
 
-/* config.json text (malloc'd, NUL-terminated) with exactly the DFLASH.md
- * keys; NULL with e set when c is invalid or memory runs out. */
+/* config.json text (malloc'd, NUL-terminated): the DFLASH.md keys, then the
+ * keys SGLang's and vLLM's DFlash loaders read beyond them (docs/SERVE.md):
+ * hidden_act "silu", attention_bias false, torch_dtype and dtype "bfloat16"
+ * (the weights' type), target_hidden_size = hidden_size, and
+ * eagle_aux_hidden_state_layer_ids = target_layer_ids + 1 (vLLM counts the
+ * hidden state entering a layer). NULL with e set when c is invalid or
+ * memory runs out. The parser accepts configs with or without those keys;
+ * present, they must agree with the drafter. */
 char *df_drafter_config_to_json(const df_drafter_config *c, df_err *e);
 
 const char *df_layer_type_name(df_layer_type t);

@@ -611,7 +611,8 @@ static void test_export(void)
             "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
             "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
             "max_position_embeddings", "layer_types", "sliding_window", "use_sliding_window",
-            "vocab_size", "tie_word_embeddings"};
+            "vocab_size", "tie_word_embeddings", "hidden_act", "attention_bias", "torch_dtype",
+            "dtype", "target_hidden_size", "eagle_aux_hidden_state_layer_ids"};
         size_t nk = sizeof keys / sizeof keys[0];
         CHECK_EQ(cJSON_GetArraySize(j), (int)nk);
         for (size_t i = 0; i < nk; i++)

@@ -520,7 +520,8 @@ static void test_drafter(void)
         "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
         "num_key_value_heads", "head_dim", "rms_norm_eps", "rope_theta", "rope_scaling",
         "max_position_embeddings", "layer_types", "sliding_window", "use_sliding_window",
-        "vocab_size", "tie_word_embeddings"};
+        "vocab_size", "tie_word_embeddings", "hidden_act", "attention_bias", "torch_dtype",
+        "dtype", "target_hidden_size", "eagle_aux_hidden_state_layer_ids"};
     int nkeys = (int)(sizeof keys / sizeof keys[0]);
     CHECK_EQ(cJSON_GetArraySize(r), nkeys);
     for (int i = 0; i < nkeys; i++)
@@ -616,6 +617,27 @@ static void test_drafter(void)
         {"use_sliding_window", "false", -EINVAL, "layer_types[0] is sliding_attention but use_sliding_window"},
         {"max_position_embeddings", NULL, -EINVAL, "missing required key 'max_position_embeddings'"},
         {"layer_types", NULL, -EINVAL, "max_window_layers"}, /* derivation needs it with a window */
+        /* The serving keys (docs/SERVE.md): an older export lacks them; present, they agree. */
+        {"hidden_act", NULL, 0, NULL},
+        {"attention_bias", NULL, 0, NULL},
+        {"torch_dtype", NULL, 0, NULL},
+        {"dtype", NULL, 0, NULL},
+        {"target_hidden_size", NULL, 0, NULL},
+        {"eagle_aux_hidden_state_layer_ids", NULL, 0, NULL},
+        {"eagle_aux_hidden_state_layer_ids", "null", 0, NULL},
+        {"hidden_act", "\"gelu\"", -EINVAL, "hidden_act"},
+        {"attention_bias", "true", -EINVAL, "attention_bias"},
+        {"torch_dtype", "\"int8\"", -EINVAL, "torch_dtype"},
+        {"dtype", "16", -EINVAL, "dtype"},
+        {"target_hidden_size", "4096", -EINVAL, "target_hidden_size 4096 differs"},
+        {"eagle_aux_hidden_state_layer_ids", "[1, 16, 31, 46, 61]", -EINVAL,
+         "eagle_aux_hidden_state_layer_ids"},
+        {"eagle_aux_hidden_state_layer_ids", "[2, 17, 32, 47]", -EINVAL,
+         "eagle_aux_hidden_state_layer_ids"},
+        {"is_causal", "false", -EINVAL, "is_causal"},
+        {"dflash_config.causal", "true", -EINVAL, "dflash_config.causal"},
+        {"dflash_config.use_swa", "true", -EINVAL, "dflash_config.use_swa"},
+        {"dflash_config.use_swa", "false", 0, NULL},
     };
     for (size_t i = 0; i < sizeof ed / sizeof ed[0]; i++) {
         char *m = edit_json(js, ed[i].path, ed[i].value);
