@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# test_cli.sh DFLASH WORKDIR SRCDIR - the dflash binary end to end, as a user
+# test_cli.sh DFLASH WORKDIR SRCDIR [SERVE_KEYS] - the dflash binary end to end, as a user
 # runs it: corpus import -> cache (synthetic states) -> dump/verify/read, then
 # corrupted files and bad usage giving clear errors and the documented exit
 # codes (0 ok, 1 data error, 2 usage).
 set -u
-D=$1 W=$2 SRC=$3
+D=$1 W=$2 SRC=$3 SK=${4:-}
 rm -rf "$W" && mkdir -p "$W"
 fails=0
 fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
@@ -115,6 +115,8 @@ nolat() { sed -E 's/"tokens_per_s":[0-9.e+-]+,"step_s":[0-9.e+-]+,"data_wait":[0
 [ "$(nolat "$W/runA/log.jsonl")" = "$(nolat "$W/runB/log.jsonl")" ] || fail "resumed run's log differs"
 cmp -s "$W/runA/export/model.safetensors" "$W/runB/export/model.safetensors" || fail "resumed run's weights differ"
 [ -f "$W/runA/export/config.json" ] && grep -q DFlashDraftModel "$W/runA/export/config.json" || fail "no export"
+# the export's config.json carries every key the SGLang and vLLM DFlash loaders read
+[ -z "$SK" ] || "$SK" "$W/runA/export" || fail "the export's config.json lacks a serving key (test_serve_keys)"
 # --no-recompute (every activation kept; the default recomputes the cheap ones): the same
 # weights, bit for bit
 run 0 "" "$D" train $TA --out "$W/runRc" --no-recompute
