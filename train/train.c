@@ -239,6 +239,7 @@ typedef struct step_perf {
      * (weights, fp32 master + moments, frozen embedding + head) per rank, so
      * mem_gib - mem_base_gib - persistent_gib is what the step itself needs */
     double mem_base_gib, persistent_gib;
+    double eta_s;     /* to the last step, at this run's mean pace so far (evaluations included) */
 } step_perf;
 
 static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double loss, double lr,
@@ -253,10 +254,10 @@ static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double los
                 "\"step_s\":%.4f,\"data_wait\":%.4f,\"data_wait_max\":%.4f,"
                 "\"feed_build_s\":%.4f,\"feed_read_s\":%.4f,"
                 "\"tflops\":%.2f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
-                "\"mem_base_gib\":%.3f,\"persistent_gib\":%.3f,\"acc\":[",
+                "\"mem_base_gib\":%.3f,\"persistent_gib\":%.3f,\"eta_s\":%.0f,\"acc\":[",
                 step, epoch, loss, lr, gnorm, tau, tokens, tok_s, step_s, pf->data_wait,
                 pf->data_wait_max, pf->feed_build_s, pf->feed_read_s, pf->tflops, pf->mfu,
-                pf->mem_gib, pf->mem_base_gib, pf->persistent_gib);
+                pf->mem_gib, pf->mem_base_gib, pf->persistent_gib, pf->eta_s);
         for (int k = 1; k < bs; k++)
             fprintf(f, "%s%.4f", k > 1 ? "," : "",
                     m->counted[k] ? (double)m->correct[k] / (double)m->counted[k] : 0.0);
@@ -274,6 +275,10 @@ static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double los
             printf("  %.0f TFLOP/s (MFU %.1f%%)", pf->tflops, 100 * pf->mfu);
         if (pf->mem_gib >= 0)
             printf("  %.1f GiB", pf->mem_gib);
+        if (step < steps) {
+            long long t = (long long)(pf->eta_s + 0.5);
+            printf("  ETA %lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
+        }
         printf("\n");
         fflush(stdout);
     }
@@ -1488,6 +1493,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
         goto out;
 
     double t_prev = df_now(), acc_data_s = 0, acc_flops = 0, acc_build_s = 0, acc_read_s = 0;
+    const double t_run0 = t_prev;
     double acc_data_max_s = 0;
     /* the peak MFU is taken against: the bf16 GEMM ceiling measured on the H200s (KERNELS.md) */
     double peak = df_backend_host_addressable(be) ? 0 : 790e12;
@@ -1658,7 +1664,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
                             .mem_gib = used >= 0 ? (double)used / (1 << 30) : -1,
                             .mem_base_gib = mem_base >= 0 ? (double)mem_base / (1 << 30) : -1,
                             .persistent_gib = persistent_gib,
-                            .feed_build_s = acc_build_s / acc_n, .feed_read_s = acc_read_s / acc_n};
+                            .feed_build_s = acc_build_s / acc_n, .feed_read_s = acc_read_s / acc_n,
+                            .eta_s = (now - t_run0) / (double)(done - step0) *
+                                     (double)(o->steps - done)};
             log_step(logf, o->quiet || !lead, done, o->steps, acc_loss / acc_n, lr, acc_gnorm / acc_n, &acc,
                      c.block_size, &pf, dp.tokens, after.epoch);
             t_prev = now;
