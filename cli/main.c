@@ -19,6 +19,7 @@ static const struct {
     {"dump", cmd_dump, "inspect a hidden-state cache: summary, samples, slices, --verify, --json"},
     {"extract", cmd_extract, "run the target over a corpus and write the hidden-state cache"},
     {"train", cmd_train, "train a DFlash drafter from a cache (CPU, one GPU or many)"},
+    {"export", cmd_export, "the serving export (config.json + model.safetensors) of any checkpoint of a run"},
     {"train-step", cmd_train_step, "one step's loss + gradients from a safetensors file (for checking)"},
 };
 

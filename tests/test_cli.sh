@@ -196,6 +196,17 @@ run 0 "" "$D" train $TA --cache "$W/pj" --out "$W/runPj1"
 run 0 "" "$D" train $TA --cache "$W/pj" --out "$W/runPj2" --stop-after 30
 run 0 "" "$D" train $TA --cache "$W/pj" --out "$W/runPj2"
 cmp -s "$W/runPj1/export/model.safetensors" "$W/runPj2/export/model.safetensors" || fail "projected run resumed to other weights"
+# dflash export: any checkpoint; the newest gives the trainer's own export, bit for bit
+run 1 "projected cache .*--cache" "$D" export --run "$W/runPj1" --out "$W/exP"
+run 0 "exported step 60 of" "$D" export --run "$W/runPj1" --out "$W/exP" --cache "$W/pj"
+cmp -s "$W/runPj1/export/model.safetensors" "$W/exP/model.safetensors" || fail "export of the newest checkpoint differs from the run's"
+run 0 "exported step 40 of" "$D" export --run "$W/runPj1" --out "$W/exP40" --step 40 --basis "$W/pj/basis.dfb"
+cmp -s "$W/exP/model.safetensors" "$W/exP40/model.safetensors" && fail "steps 40 and 60 exported the same weights"
+run 1 "steps: 40, 60" "$D" export --run "$W/runPj1" --out "$W/exP41" --step 41 --cache "$W/pj"
+run 0 "exported step" "$D" export --run "$W/runA" --out "$W/exA"
+cmp -s "$W/runA/export/model.safetensors" "$W/exA/model.safetensors" || fail "export of runA's newest checkpoint differs from its export"
+run 2 "not a run on a projected cache" "$D" export --run "$W/runA" --out "$W/exA2" --basis "$W/pj/basis.dfb"
+run 1 "cannot open run directory" "$D" export --run "$W/nonexistent" --out "$W/exN"
 # the fc rows of a drafter trained on the source cache as the basis (R = hidden), and an interrupted projection resumed
 run 0 "rank $hid of " "$D" cache project "$W/ext3" "$W/pf" --fc-basis "$W/runA/export"
 run 0 "" "$D" cache project "$W/ext3" "$W/pf2" --basis "$W/pf/basis.dfb"
@@ -206,6 +217,7 @@ run 0 "identical" "$D" cache diff "$W/pf" "$W/pf2"
 run 0 "rank $((hid + 8)) of " "$D" cache project "$W/ext3" "$W/pfx" --fc-basis "$W/runA/export" --rank $((hid + 8))
 run 0 "OK: 96 samples" "$D" dump "$W/pfx" --verify
 run 0 "rank $((hid / 2)) of " "$D" cache project "$W/ext3" "$W/pfy" --fc-basis "$W/runA/export" --rank $((hid / 2))
+run 1 "the basis is rank" "$D" export --run "$W/runPj1" --out "$W/exPf" --basis "$W/pf/basis.dfb"
 run 0 "eval @ step 60: .* tau_walk" "$D" train ${TA/--quiet/} --cache "$W/pfx" --out "$W/runPfx" --eval-cache "$W/pfx" --eval-rows 4
 # extraction straight into a projected cache (--basis): the z of projecting the lossless cache
 run 0 "extracted" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/extpj" --layers 0,1,2 --basis "$W/pj/basis.dfb" --quiet
