@@ -127,7 +127,7 @@ static int cmd_synth(int argc, char **argv)
     p.num_target_layers = (uint32_t)tl;
     p.vocab_size = 151936;
     p.n_layers = (uint32_t)k;
-    /* The DFlash rule (DFLASH.md): one layer -> T/2, else 1..T-3 evenly. */
+    /* The DFlash rule (docs/DRAFTER.md): one layer -> T/2, else 1..T-3 evenly. */
     for (uint32_t i = 0; i < k; i++)
         p.layer_ids[i] = k == 1 ? (int32_t)(tl / 2)
                                 : (int32_t)(1 + (double)i * (double)(tl - 4) / (double)(k - 1) + 0.5);

@@ -1,5 +1,5 @@
 /* hfconfig.h - Hugging Face config.json of the target model, and the DFlash
- * drafter's config.json (docs: spec TARGETS.md, DFLASH.md).
+ * drafter's config.json (docs: spec TARGETS.md, docs/DRAFTER.md).
  *
  * Target configs: model_type "qwen3" (dense), "qwen3_5" (hybrid; the text
  * part under "text_config", whose model_type is "qwen3_5_text") or a bare
@@ -89,14 +89,14 @@ int df_model_config_load(const char *model_dir_or_config_json, df_model_config *
 int df_model_config_parse(const char *json, size_t len, const char *name_for_errors,
                           df_model_config *out, df_err *e);
 
-/* DFLASH.md rule for K feature layers of a T-layer target: K==1 -> [T/2];
+/* docs/DRAFTER.md rule for K feature layers of a T-layer target: K==1 -> [T/2];
  * else ids[i] = round(1 + i*(T-4)/(K-1)), rounding half to even like
  * Python's round() in the reference code. T=64, K=5 -> [1,16,31,46,61].
  * Returns 0, or -EINVAL when K < 1, K > DF_MAX_TARGET_FEATURES, or the ids
  * would not be distinct and inside [0, T). */
 int df_default_target_layers(int num_target_layers, int k, int *ids);
 
-/* The drafter's config.json (DFLASH.md "Checkpoint format"). */
+/* The drafter's config.json (docs/DRAFTER.md "Export"). */
 typedef struct df_drafter_config {
     int block_size;
     int64_t mask_token_id;
@@ -137,7 +137,7 @@ int df_drafter_config_parse(const char *json, size_t len, const char *name_for_e
 /* Checks a filled-in struct (the same rules as parsing). */
 int df_drafter_config_validate(const df_drafter_config *c, const char *name_for_errors, df_err *e);
 
-/* config.json text (malloc'd, NUL-terminated): the DFLASH.md keys, then the
+/* config.json text (malloc'd, NUL-terminated): the docs/DRAFTER.md keys, then the
  * keys SGLang's and vLLM's DFlash loaders read beyond them (docs/SERVE.md):
  * hidden_act "silu", attention_bias false, torch_dtype and dtype "bfloat16"
  * (the weights' type), target_hidden_size = hidden_size, and

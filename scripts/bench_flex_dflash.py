@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench_flex_dflash.py - the baseline for tools/bench_dflash_attn: torch.compile(flex_attention)
-with the DFlash drafter mask (DFLASH.md "Attention mask") at the same shape and the same anchors.
+with the DFlash drafter mask (docs/DRAFTER.md "Attention mask") at the same shape and the same
+anchors.
 
   tools/bench_dflash_attn --anchors-out A.json --json-out OURS.json
   scripts/bench_flex_dflash.py --anchors A.json [--ours OURS.json]

@@ -1,17 +1,17 @@
 #!/usr/bin/env python3
 """dflash_reference.py - an independent PyTorch implementation of the DFlash drafter
-(shared spec DFLASH.md) for checking our C drafter: forward, loss and every gradient
+(docs/DRAFTER.md) for checking our C drafter: forward, loss and every gradient
 (autograd) of one packed row with explicit anchors, in float64.
 
     python3 scripts/dflash_reference.py --out tests/fixtures/drafter_ref.safetensors
     python3 scripts/dflash_reference.py --config c --bf16 --out drafter_ref_c.safetensors
 
 It writes the inputs (features, positions, anchors, block tokens, labels, loss weights, the
-frozen embedding and head, every drafter weight by its DFLASH.md name) and the outputs
+frozen embedding and head, every drafter weight by its docs/DRAFTER.md name) and the outputs
 ("loss", "grad.<name>" for every weight, "argmax") as F32/I32 tensors, the drafter config as
 JSON in the metadata. tests/test_drafter_ref.c runs our CPU drafter on the same inputs.
 
-The mask is built densely from DFLASH.md's rules (not from our code): for a query at offset
+The mask is built densely from docs/DRAFTER.md's rules (not from our code): for a query at offset
 q of the block with anchor p (document [d0, d1)):
   context key j visible iff d0 <= j < p, and for sliding layers j >= p + q - (W - 1);
   block key (b', k) visible iff b' == b, and for sliding layers k <= q;

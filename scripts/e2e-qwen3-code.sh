@@ -5,7 +5,8 @@
 # own greedy completions; ../shared/models/qwen3-code-8m/README.md). In one invocation:
 #   1. corpus   xz -dc the train/eval corpora (optionally the first LIMIT/EVAL_LIMIT records),
 #               `dflash corpus import` them (ids checked against the target's vocabulary)
-#   2. extract  the target's hidden states of the feature layers (DFLASH.md's rule: 1,2,3 of 6)
+#   2. extract  the target's hidden states of the feature layers (docs/DRAFTER.md's rule:
+#               1,2,3 of 6)
 #               for the train corpus and the eval corpus, each into its own cache
 #   3. verify   `dflash dump --verify` of both caches (every CRC and index entry), summaries
 #   4. train    a DFlash drafter (block 16, mask token 1, sliding+full layers) on the train cache,
@@ -27,7 +28,7 @@
 #   STEPS           optimizer steps [4000 / 60]
 #   LIMIT           train records to use, 0 = all 2700 [0 / 400]
 #   EVAL_LIMIT      eval records to use, 0 = all 300 [0 / 100]
-#   LAYERS          target feature layers for extract: auto (DFLASH.md's rule) or ids [auto]
+#   LAYERS          target feature layers for extract: auto (docs/DRAFTER.md's rule) or ids [auto]
 #   CODEC           cache codec [split-zstd]
 #   DRAFT_LAYERS    drafter layers: DRAFT_LAYERS-1 sliding + 1 full, as the recipe [2]
 #   LAYER_TYPES     explicit --layer-types (overrides the above) []

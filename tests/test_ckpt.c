@@ -594,7 +594,7 @@ static void test_export(void)
     CHECK_OK(df_export_drafter(out, &f.st.config, &f.ps, m, &e), &e);
     check_export(out, &f.ps, m);
 
-    /* config.json: parses back, and has exactly the DFLASH.md keys */
+    /* config.json: parses back, and has exactly the docs/DRAFTER.md keys */
     df_drafter_config back;
     CHECK_OK(df_drafter_config_load(out, &back, &e), &e);
     CHECK_EQ(back.hidden_size, 32);

@@ -2,7 +2,7 @@
  * and backward, on the CPU reference backend, against references written
  * here in double precision (independent of kernels/cpu):
  *   - a naive forward that builds the whole boolean mask [rows x (S + rows)]
- *     from the rules in DFLASH.md and does a dense softmax;
+ *     from the rules in docs/DRAFTER.md and does a dense softmax;
  *   - an analytic backward on the same mask;
  *   - central finite differences of L = sum(out * R) through the naive
  *     forward (tiny shapes), which also validate the analytic reference.
@@ -10,7 +10,7 @@
  * Outputs are NaN-poisoned first and carry padding columns that must stay
  * poisoned; inputs are random (never zeros). Structural zeros (padding
  * blocks, keys nobody sees) must be exactly 0: their tolerance is 0.
- * Named tests for the public bugs (DFLASH.md): j <= anchor, a causal mask on
+ * Named tests for the public bugs (docs/DRAFTER.md): j <= anchor, a causal mask on
  * full layers, cross-document leakage.
  *
  * Tolerances (u = 2^-24): an fp32 score s = scale * (q . k) is off by at
@@ -154,7 +154,7 @@ static void prob_free(prob *P)
     free(P->kbv.p);
 }
 
-/* Visibility, straight from DFLASH.md: key index < S is context position j;
+/* Visibility, straight from docs/DRAFTER.md: key index < S is context position j;
  * key S + r is block row r (block r / bs, offset r % bs). */
 static int visible(const prob *P, int64_t row, int64_t key)
 {

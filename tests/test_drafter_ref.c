@@ -1,5 +1,5 @@
 /* test_drafter_ref - our CPU drafter against an independent PyTorch
- * implementation of DFLASH.md (scripts/dflash_reference.py, float64
+ * implementation of docs/DRAFTER.md (scripts/dflash_reference.py, float64
  * autograd; fixture tests/fixtures/drafter_ref.safetensors): the same packed
  * row (two documents, anchors at a document start, near document ends, one
  * padding block; a sliding layer with window 3 and a full layer; GQA 4/2),

@@ -1,6 +1,6 @@
 /* Tests of common/sha256 (known vectors, streaming == one shot), the HF
  * config.json loader (qwen3, qwen3_5 text and multimodal, errors naming the
- * key), the DFLASH.md target-layer rule and the drafter config round trip. */
+ * key), the docs/DRAFTER.md target-layer rule and the drafter config round trip. */
 #include <cjson/cJSON.h>
 #include <math.h>
 #include <string.h>
@@ -512,7 +512,7 @@ static void test_drafter(void)
     if (!js)
         return;
 
-    /* Exactly the DFLASH.md keys, with the fixed values serving engines expect. */
+    /* Exactly the docs/DRAFTER.md keys, with the fixed values serving engines expect. */
     cJSON *r = cJSON_Parse(js);
     CHECK(r != NULL);
     static const char *keys[] = {

@@ -1,5 +1,5 @@
 /* batch.h - the training data path: packed rows of documents -> the tensors
- * one drafter step consumes (DFLASH.md "Training recipe"). Pure C, no I/O:
+ * one drafter step consumes (docs/DRAFTER.md "Rows, anchors and blocks"). Pure C, no I/O:
  * documents come from the caller (normally df_cache_stream items).
  *
  * RNG: df_rng is xoshiro256** seeded through splitmix64. Its state is the

@@ -6,7 +6,7 @@
  *     config.json             the drafter config (df_drafter_config_to_json)
  *     hparams.json            the caller's hyperparameter JSON text, verbatim
  *     state.safetensors       F32 "master.<param>", "adam_m.<param>", "adam_v.<param>"
- *                             for every entry of the params table (DFLASH.md names,
+ *                             for every entry of the params table (docs/DRAFTER.md names,
  *                             their shapes); U8 "rng_state" [n], "data_position" [n]
  *                             (the caller's opaque blobs); __metadata__ format/step
  *     manifest.json           format "dflash-ckpt", version, step, params_total,
@@ -102,7 +102,7 @@ int df_ckpt_list(const char *run_dir, df_ckpt_info **out, int *n, df_err *e);
 /* Removes all but the keep_last newest checkpoints (never the newest one). */
 int df_ckpt_prune(const char *run_dir, int keep_last, df_err *e);
 
-/* ---- Export for serving engines (DFLASH.md "Checkpoint format") ---------------
+/* ---- Export for serving engines (docs/DRAFTER.md "Export") -------------------
  * OUT/config.json (df_drafter_config_to_json) and OUT/model.safetensors (every
  * params-table tensor, BF16 = round-to-nearest-even of master, no name prefix).
  * Written into OUT.dflash-export.tmp/ and moved into place as a whole: a new

@@ -1,4 +1,4 @@
-/* drafter.h - the DFlash drafter (DFLASH.md) forward, loss and backward over
+/* drafter.h - the DFlash drafter (docs/DRAFTER.md) forward, loss and backward over
  * one packed row, on a backend, written once against the op interface.
  *
  *   C   = RMSNorm_hidden(F @ fc^T)                   context, shared by all layers
@@ -15,7 +15,7 @@
  * layout, so several rows (and accumulation steps) sum up before one
  * optimizer step. Row inputs are host memory; a
  * device backend uploads them. The loss of a row is sum(w * CE) / denom, with denom
- * the global sum of weights of the whole step (DFLASH.md).
+ * the global sum of weights of the whole step (docs/DRAFTER.md).
  */
 #ifndef DF_DRAFTER_H
 #define DF_DRAFTER_H

@@ -9,7 +9,7 @@
  *   F32 feat [S, K*H]; I32 ctx_pos [S]; I32 anchor, doc_start, valid [n_blocks];
  *   I32 block_ids, block_pos, labels [n_blocks*bs]; F32 weights [n_blocks*bs];
  *   F32 embed, head [V, H]; F32 "param.<name>" for every drafter weight
- *   (DFLASH.md names).
+ *   (docs/DRAFTER.md names).
  * Output: F32 "loss" [1] (sum(w*CE)/sum(w) over labelled positions), F32
  *   "tau_hat" [1], F32 "acc" [bs] (acc[k]; acc[0] = 0), F32 "grad.<name>" for
  *   every weight.

@@ -1,6 +1,6 @@
 /* params.h - the drafter's trainable parameters as one flat fp32 array.
  *
- * Every tensor of the drafter (DFLASH.md "Checkpoint format" names, no
+ * Every tensor of the drafter (docs/DRAFTER.md "Parameters" names, no
  * prefix) is a slice of one contiguous fp32 buffer: optimizer state, the
  * gradient and the checkpoint all share this layout, so AdamW, clipping and
  * checkpointing are single loops over `total` floats.

@@ -1,6 +1,6 @@
 /* schedule.h - the learning-rate schedule: linear warmup, then cosine decay.
  *
- * DFLASH.md "Training recipe": peak 6e-4, warmup 4% of the steps, cosine to 0.
+ * docs/DRAFTER.md "Training defaults": peak 6e-4, warmup 4% of the steps, cosine to 0.
  * Steps are 0-based optimizer steps (the step whose update uses the LR).
  *
  *   W = warmup_steps, T = total_steps, P = peak_lr, M = min_lr

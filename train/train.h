@@ -29,7 +29,7 @@ typedef struct df_train_opts {
     const char *cache_dir, *target_dir, *run_dir;
     const char *random_target;  /* benchmarks: a config.json whose embedding and head are drawn
                                    at random (no checkpoint; the cache's target is not checked) */
-    /* drafter shape (0 = default: the target's sizes, DFLASH.md recipe) */
+    /* drafter shape (0 = default: the target's sizes, docs/DRAFTER.md) */
     int layers;                 /* default 1 */
     const char *layer_types;    /* "full", "sliding", or a comma list per layer; default: all
                                    sliding but the last (full) */
