@@ -111,7 +111,7 @@ last=$(tail -1 "$W/runA/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.3) }' || fail "loss did not fall: $first -> $last"
 run 0 "" "$D" train $TA --out "$W/runB" --stop-after 30   # stops as if killed after step 30
 run 0 "" "$D" train $TA --out "$W/runB"                    # resumes from the step-20 checkpoint
-nolat() { sed -E 's/"tokens_per_s":[0-9.e+-]+,"step_s":[0-9.e+-]+,"data_wait":[0-9.e+-]+,"data_wait_max":[0-9.e+-]+,"feed_build_s":[0-9.e+-]+,"feed_read_s":[0-9.e+-]+,"tflops":[0-9.e+-]+,"mfu":[0-9.e+-]+,"mem_gib":[0-9.e+-]+,//' "$1"; }
+nolat() { sed -E 's/"tokens_per_s":[0-9.e+-]+,"step_s":[0-9.e+-]+,"data_wait":[0-9.e+-]+,"data_wait_max":[0-9.e+-]+,"feed_build_s":[0-9.e+-]+,"feed_read_s":[0-9.e+-]+,"tflops":[0-9.e+-]+,"mfu":[0-9.e+-]+,"mem_gib":[0-9.e+-]+,//; s/"eta_s":[0-9.e+-]+,//' "$1"; }
 [ "$(nolat "$W/runA/log.jsonl")" = "$(nolat "$W/runB/log.jsonl")" ] || fail "resumed run's log differs"
 cmp -s "$W/runA/export/model.safetensors" "$W/runB/export/model.safetensors" || fail "resumed run's weights differ"
 [ -f "$W/runA/export/config.json" ] && grep -q DFlashDraftModel "$W/runA/export/config.json" || fail "no export"
