@@ -7,10 +7,13 @@
 # Ours: `dflash extract --random-weights` writing a split-zstd cache of layers 1,16,31,46,61 to the
 # local disk (forward, D2H copies, compression, io_uring writes: the whole pipeline), tokens/s
 # after setup, and the fraction of the bf16 GEMM ceiling (790 TFLOP/s measured on these H200s)
-# with FLOPs per token counted as ../shared/bench/README.md says (2 x body params + causal attention
-# + the GDN core estimate). HF: ../shared/bench/bench_hf_extract.py (its own JSON; HF_LAYERS
-# overrides its layer count when the 64-layer init is too slow).
-# Env: TOKENS (per run, default 131072), HF (1 = run the HF baselines, default 1),
+# with FLOPs per token counted as flops() below does (2 x body params + causal attention + the GDN
+# core estimate, the HF baseline's conventions). HF: bench_hf_extract.py, a PyTorch script that
+# times HF transformers' forward with output_hidden_states on a random model of the same shape; it
+# is not part of this repository (HF_BENCH names it; it writes its own JSON; HF_LAYERS overrides
+# its layer count when the 64-layer init is too slow).
+# Env: TOKENS (per run, default 131072), HF (1 = run the HF baselines, default 1; skipped with a
+# note when HF_BENCH is absent), HF_BENCH (default .device/bench/bench_hf_extract.py),
 # SHAPES (default "q35-4096 q35-8192 q3-4096"), DISK (cache folder, default /tmp/dflash-bench-x).
 # RUNS (default "1 all"): "1" the per-shape runs on one GPU (and HF's), "all" the 27B shape on
 # every GPU.
@@ -23,7 +26,13 @@ HF=${HF:-1}
 SHAPES=${SHAPES:-"q35-4096 q35-8192 q3-4096"}
 DISK=${DISK:-/tmp/dflash-bench-x}
 RUNS=${RUNS:-"1 all"}
-HF_BENCH=${HF_BENCH:-$ROOT/.device/bench/bench_hf_extract.py} # ../shared/bench, copied (it does not travel)
+HF_BENCH=${HF_BENCH:-$ROOT/.device/bench/bench_hf_extract.py}
+hf_note=""
+if [ "$HF" = 1 ] && [ ! -f "$HF_BENCH" ]; then
+  hf_note="not run: no $HF_BENCH (set HF_BENCH to bench_hf_extract.py, or HF=0)"
+  echo "bench-extract: HF baseline $hf_note" >&2
+  HF=0
+fi
 mkdir -p "$LOG" "$DISK"
 NGPU=$(nvidia-smi -L 2>/dev/null | wc -l)
 
@@ -103,6 +112,7 @@ EOF
 
 {
 echo "== bench-extract ($(date -u +%FT%TZ)) on $(nvidia-smi --query-gpu=name --format=csv,noheader | head -1) x$NGPU"
+[ -n "$hf_note" ] && row "HF transformers" "$hf_note"
 for sh in $(case " $RUNS " in *" 1 "*) echo "$SHAPES";; esac); do
   name=${sh%-*}; S=${sh#*-}
   f=$(flops "$LOG/$name/config.json" "$S")

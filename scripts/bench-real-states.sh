@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# bench-real-states.sh [MODEL_DIR] [CORPUS] [OUT_DIR] - the codecs on REAL hidden states:
+# bench-real-states.sh MODEL_DIR [CORPUS] [OUT_DIR] - the codecs on REAL hidden states:
 # `dflash extract` runs the target over the corpus once per codec (CPU backend), then reports
 # per codec and layer the stored/raw ratio and bytes per token (dump --json), and the
 # one-thread streaming read rate of decoded states (`dflash cache read --threads 1`,
 # which includes CRC checks and I/O). Then `bench_codec --cache` on the stored cache: every
 # codec on the same states, with the lossy codecs' errors (relative RMS, worst element error
 # relative to its row's and its 32-element block's absmax) and one-thread encode/decode GB/s.
-# Defaults: the shared qwen3-code-8m model and its eval corpus (300 completions, 103,416
-# tokens), feature layers 1,2,3,4; CODECS="stored lz4 ..." picks codecs (keep stored for the
-# bench_codec part).
+# MODEL_DIR (or the MODEL variable): a target's HF folder, e.g. qwen3-code-8m (not part of this
+# repository; its eval corpus, 300 completions and 103,416 tokens, gave docs/FORMAT-codecs.md's
+# figures). CORPUS defaults to MODEL_DIR/corpus/eval.jsonl.xz. Feature layers 1,2,3,4 (LAYERS);
+# CODECS="stored lz4 ..." picks codecs (keep stored for the bench_codec part).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-MODEL=${1:-$ROOT/../shared/models/qwen3-code-8m}
+MODEL=${1:-${MODEL:-}}
+[ -n "$MODEL" ] || { echo "usage: $0 MODEL_DIR [CORPUS] [OUT_DIR] (or MODEL=DIR): the target's HF folder" >&2; exit 2; }
+[ -f "$MODEL/config.json" ] || { echo "bench-real-states: $MODEL/config.json not found (MODEL_DIR / MODEL: a target's HF folder)" >&2; exit 2; }
 CORPUS=${2:-$MODEL/corpus/eval.jsonl.xz}
+[ -f "$CORPUS" ] || { echo "bench-real-states: corpus $CORPUS not found (give CORPUS)" >&2; exit 2; }
 OUT=${3:-$ROOT/out/bench-real-states}
 LAYERS=${LAYERS:-1,2,3,4}
 D=${DFLASH_BUILD_DIR:-$ROOT/build}/dflash

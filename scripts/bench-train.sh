@@ -2,7 +2,7 @@
 # bench-train.sh BUILD LOGDIR: the Qwen3.6-27B drafter shape (5 layers, 4 sliding + 1 full,
 # hidden 5120, 32/8 heads x 128, MLP 17408, 4096-token rows, 512 anchors x 16, vocab 248320)
 # trained on one GPU from a cache of synthetic features, against SpecForge's own PyTorch step
-# (../shared/bench/bench_dflash_torch.py, SpecForge files in $SPECFORGE_SRC) in the same run.
+# (bench_dflash_torch.py in $BENCH_DIR, SpecForge files in $SPECFORGE_SRC) in the same run.
 #
 # Rows are read through the page cache (--buffered-io, warmed first) so the figures are about
 # compute; a second 2-GPU run reads the cache from the disk (O_DIRECT) to show what it allows.
@@ -12,7 +12,9 @@
 # RECOMPUTE_MLP=1 adds one with --recompute-mlp; NOALIAS=1 one with --no-grad-alias; STEPS (timed run, default 14), SAMPLES (4096-token documents in the cache, default 12),
 # GPUS (also run on this many GPUs, one process each; default: 2 when two are visible),
 # PROFILE=1 (a short extra run with DFLASH_PROFILE=1: GPU time per op; PROFILE_GPUS=N also on N GPUs),
-# SPECFORGE_SRC (default .anchors_src; skipped when absent), WORK (default /tmp/dflash-trainbench).
+# SPECFORGE_SRC (default .anchors_src; skipped when absent), BENCH_DIR (the folder of
+# bench_dflash_torch.py, the PyTorch baseline, which is not part of this repository; default
+# .device/bench; skipped with a note naming BENCH_DIR when absent), WORK (default /tmp/dflash-trainbench).
 # Prints a table last; full logs in LOGDIR.
 set -u
 B=${1:?build dir}; LOG=${2:?log dir}
@@ -20,8 +22,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 W=${WORK:-/tmp/dflash-trainbench}
 STEPS=${STEPS:-14}; SAMPLES=${SAMPLES:-12}
 SRC=${SPECFORGE_SRC:-$ROOT/.anchors_src}
-BENCH=${BENCH_DIR:-$ROOT/../shared/bench}
-[ -d "$BENCH" ] || BENCH=$ROOT/.device/bench
+BENCH=${BENCH_DIR:-$ROOT/.device/bench}
 mkdir -p "$LOG"; rm -rf "$W"; mkdir -p "$W"
 status=0
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
@@ -113,7 +114,9 @@ if [ $status = 0 ]; then
   fi
 fi
 sf="not run (no $SRC)"
-if [ -d "$SRC/specforge" ]; then
+if [ -d "$SRC/specforge" ] && [ ! -f "$BENCH/bench_dflash_torch.py" ]; then
+  sf="not run (no $BENCH/bench_dflash_torch.py: set BENCH_DIR to its folder)"
+elif [ -d "$SRC/specforge" ]; then
   if python3 "$BENCH/bench_dflash_torch.py" --src "$SRC" --json-out "$LOG/specforge.json" >"$LOG/specforge.log" 2>&1; then
     sf=$(python3 -c "
 import json; r=json.load(open('$LOG/specforge.json'))

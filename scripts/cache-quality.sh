@@ -29,7 +29,9 @@
 #                      with R: `cache project --fc-basis --rank R` (R > hidden: fc's rows, then the
 #                      directions of the most energy outside them; C may be empty: split-zstd)
 # A SPEC may end in /S1,S2,...: that variant's seeds instead of SEEDS.
-# Environment: MODEL [.device/qwen3-code-8m, else ../shared/models/qwen3-code-8m], CORPUS [corpus30k],
+# Environment: MODEL (the qwen3-code-8m folder, which is not part of this repository; unset: the
+#   first of .device/qwen3-code-8m and the development tree's ../shared/models/qwen3-code-8m that
+#   exists, else an error naming MODEL), CORPUS [corpus30k],
 #   SEEDS ["1 2 3"], STEPS [4000], LR [3e-3], WARMUP [0.04], LAYER_TYPES [full,full], EVAL_ROWS [256],
 #   EVAL_EVERY [STEPS/4], PAR [4], REAL_TAU [0] (1: every variant's first-seed export; or a list of
 #   variant names), SF_PROMPTS [64], REAL_TAU_TIMEOUT [900] (seconds), DEADLINE [none] (seconds after the start past which the real-tau
@@ -50,6 +52,7 @@ if [ -z "$MODEL" ]; then
     [ -f "$m/config.json" ] && { MODEL=$m; break; }
   done
 fi
+[ -n "$MODEL" ] || die "MODEL is not set (and no .device/qwen3-code-8m): set MODEL to the qwen3-code-8m folder"
 CORPUS=${CORPUS:-corpus30k}
 [ -f "$MODEL/config.json" ] && [ -f "$MODEL/$CORPUS/train.jsonl.xz" ] || die "MODEL=$MODEL: no $CORPUS/train.jsonl.xz"
 SEEDS=${SEEDS:-1 2 3}; STEPS=${STEPS:-4000}; LR=${LR:-3e-3}; WARMUP=${WARMUP:-0.04}

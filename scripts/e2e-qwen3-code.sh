@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # e2e-qwen3-code.sh [BUILD_DIR] [WORK_DIR] - the whole pipeline on a real, small trained target.
 #
-# Target: qwen3-code-8m (a 6-layer, hidden-256 Qwen3 trained on source code; its corpus holds its
-# own greedy completions; ../shared/models/qwen3-code-8m/README.md). In one invocation:
+# Target: qwen3-code-8m, a 6-layer, hidden-256, vocab-4096 Qwen3 trained from scratch on source code,
+# whose corpus/{train,eval}.jsonl.xz hold its own greedy completions. It is not part of this
+# repository: MODEL must name its folder (or another target folder laid out the same way).
+# In one invocation:
 #   1. corpus   xz -dc the train/eval corpora (optionally the first LIMIT/EVAL_LIMIT records),
 #               `dflash corpus import` them (ids checked against the target's vocabulary)
 #   2. extract  the target's hidden states of the feature layers (docs/DRAFTER.md's rule:
@@ -24,7 +26,7 @@
 # Environment (defaults in brackets: GPU / CPU; "GPU" = DEVICE=cuda, or DEVICE=auto with a visible
 # GPU as nvidia-smi reports it):
 #   DEVICE          auto | cpu | cuda [auto]: passed to extract and train as --device
-#   MODEL           the target folder [$ROOT/../shared/models/qwen3-code-8m]
+#   MODEL           the target folder (required): config.json, safetensors, corpus/{train,eval}.jsonl.xz
 #   STEPS           optimizer steps [4000 / 60]
 #   LIMIT           train records to use, 0 = all 2700 [0 / 400]
 #   EVAL_LIMIT      eval records to use, 0 = all 300 [0 / 100]
@@ -50,7 +52,8 @@
 #                   4000 x 512 blocks), on SF_PROMPTS [64] eval prompts; set LAYER_TYPES=full,full
 #                   for an exact comparison (spec_generate runs sliding layers as full) [0]
 #
-# CPU check (2 cores, about 1.5 minutes): DEVICE=cpu STEPS=60 scripts/e2e-qwen3-code.sh
+# CPU check (2 cores, about 1.5 minutes): MODEL=/path/to/qwen3-code-8m DEVICE=cpu STEPS=60 \
+#                                            scripts/e2e-qwen3-code.sh
 # GPU run:                                 MODEL=/path/to/qwen3-code-8m scripts/e2e-qwen3-code.sh
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,7 +68,7 @@ else die "no dflash binary in $BUILD (nor in $ROOT/$BUILD); build it first (cmak
 fi
 D=$BUILD/dflash
 W=$(abspath "${2:-/tmp/dflash-e2e}")
-MODEL=${MODEL:-$ROOT/../shared/models/qwen3-code-8m}
+[ -n "${MODEL:-}" ] || die "MODEL is not set: point it at the qwen3-code-8m folder (config.json, corpus/{train,eval}.jsonl.xz)"
 [ -f "$MODEL/config.json" ] && [ -f "$MODEL/corpus/train.jsonl.xz" ] && [ -f "$MODEL/corpus/eval.jsonl.xz" ] ||
   die "MODEL=$MODEL: want the qwen3-code-8m folder (config.json, corpus/{train,eval}.jsonl.xz)"
 MODEL=$(cd "$MODEL" && pwd)

@@ -4,8 +4,11 @@
 # random models, run the benchmarks (drafter attention vs flex_attention, storage, extraction vs
 # HF), print a short table last. STAGES picks stages (default: all of them;
 # the build always runs); ARCHS the CUDA architectures (default "90a;80").
-# Full logs go to LOG_DIR (default out/gpu-check). From the repo root, after
-# ../shared/gpu/stage.sh here and with .device carried:   scripts/gpu-check.sh "$OUT"
+# Full logs go to LOG_DIR (default out/gpu-check). From the repo root, with .device/ carried:
+# the libraries the GPU machine lacks (liburing, cJSON; .device/env.sh is sourced when present),
+# for the e2e stage qwen3-code-8m in .device/qwen3-code-8m (or E2E_MODEL=DIR), and for the
+# baselines the PyTorch scripts in .device/bench (bench-train.sh, bench-extract.sh say more):
+#   scripts/gpu-check.sh "$OUT"
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LOG=${1:-$ROOT/out/gpu-check}

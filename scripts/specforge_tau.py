@@ -14,8 +14,10 @@ training code (OnlineDFlashModel: anchor sampling, block masks, decayed CE; BF16
 master AdamW, clip, warmup + cosine) on the same corpus, as the comparison issue 7 asks for.
 
 GPU machine only (torch, transformers). Nothing of SpecForge is reimplemented: its files come
-from --src (.anchors_src) through the loader of ../shared/bench/bench_dflash_torch.py
-(--bench-dir), which also builds the draft Qwen3Config the way SpecForge does.
+from --src (.anchors_src) through the loader of bench_dflash_torch.py, the PyTorch baseline of
+SpecForge's DFlash step that scripts/bench-train.sh also runs (not part of this repository: give its
+folder with --bench-dir or $BENCH_DIR; default .device/bench); it also builds the draft Qwen3Config
+the way SpecForge does.
 
   --drafter NAME=DIR     our export (config.json + model.safetensors), repeatable. Loaded into
                          SpecForge's DFlashDraftModel with load_state_dict(strict=True): the
@@ -75,7 +77,7 @@ def parse_args(argv=None):
     p.add_argument("--max-new-tokens", type=int, default=128, help="per prompt (default 128)")
     p.add_argument("--src", default=None, help="SpecForge files (default: $ANCHORS_SRC, .anchors_src)")
     p.add_argument("--bench-dir", default=None,
-                   help="folder of bench_dflash_torch.py (default ../shared/bench, else .device/bench)")
+                   help="folder of bench_dflash_torch.py (default: $BENCH_DIR, else .device/bench)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-out", default=None)
     a = p.parse_args(argv)
@@ -107,15 +109,16 @@ def read_records(path):
 
 
 def load_bench(bench_dir):
-    cands = [Path(bench_dir)] if bench_dir else [ROOT.parent / "shared" / "bench", ROOT / ".device" / "bench"]
-    for d in cands:
-        f = d / "bench_dflash_torch.py"
-        if f.is_file():
-            spec = importlib.util.spec_from_file_location("bench_dflash_torch", f)
-            mod = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(mod)
-            return mod
-    raise SystemExit("bench_dflash_torch.py not found in " + ", ".join(map(str, cands)))
+    d = Path(bench_dir or os.environ.get("BENCH_DIR") or ROOT / ".device" / "bench")
+    f = d / "bench_dflash_torch.py"
+    if not f.is_file():
+        raise SystemExit(f"specforge_tau: {f} not found: give the folder of bench_dflash_torch.py "
+                         "(the SpecForge-step baseline, not part of this repository) with --bench-dir "
+                         "DIR or BENCH_DIR=DIR")
+    spec = importlib.util.spec_from_file_location("bench_dflash_torch", f)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def preset_from_export(cfg, target_cfg):
