@@ -284,7 +284,7 @@ static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double los
     }
 }
 
-/* Model FLOPs of one row's forward + backward, as ../shared/bench's
+/* Model FLOPs of one row's forward + backward, as the usual model-FLOPs
  * convention counts them (matmuls 6 x params x tokens; the frozen-input fc
  * and LM head 4 x; attention 3.5 x 4 x visible pairs x heads x head_dim,
  * visible pairs counted from the row's blocks). */
@@ -1185,7 +1185,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
     uint32_t n_src = df_cache_target_layers(cp, &src_ids);
     const int n_feat = cp->proj_rank ? 1 : (o->target_layers ? o->n_target_layers : (int)n_src);
 
-    /* The drafter config: DFLASH.md shapes, defaults from the target. */
+    /* The drafter config: docs/DRAFTER.md shapes, defaults from the target. */
     df_drafter_config c;
     memset(&c, 0, sizeof c);
     c.block_size = o->block_size;
@@ -1515,7 +1515,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
         acc_build_s += sl->build_s;
         acc_read_s += sl->read_s;
         /* The loss is normalised by the whole step's weight over all ranks
-         * (DFLASH.md: the global denominator). */
+         * (docs/DRAFTER.md "Labels and loss": the global denominator). */
         if (world > 1 && (rc = df_comm_allreduce_host_f64(comm, &denom, 1, e)))
             goto out;
         /* with overlap the optimizer zeroed each bucket after its update; the
