@@ -38,7 +38,7 @@
 #   stage is skipped), TRAIN_ARGS [] (more train options),
 #   DEVICE [cuda], LIMIT [all] (records of each corpus: for a quick check of the script on a CPU).
 # Outputs: OUT_DIR/table.md (printed last), OUT_DIR/runs.tsv (one line per run), logs in OUT_DIR/logs,
-#   OUT_DIR/exports/NAME: each variant's first-seed export (scripts/specforge_tau.py decodes them).
+#   OUT_DIR/exports.tgz: exports/NAME, each variant's first-seed export (for scripts/specforge_tau.py).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 die() { echo "cache-quality: $*" >&2; exit 2; }
@@ -187,10 +187,12 @@ done
 wait
 note "training done"
 (cd "$W" && tar czf "$OUTD/logs.tgz" run-*/log.jsonl 2>/dev/null) || true
-for name in "${NAMES[@]}"; do # each variant's first-seed export, for decoding in a later call
+rm -rf "$W/exports" # each variant's first-seed export, for decoding in a later call: one file
+for name in "${NAMES[@]}"; do
   first=$(awk '{print $1; exit}' <<<"${VSEEDS[$name]}"); x=$W/run-$name-s$first/export
-  [ -f "$x/model.safetensors" ] && mkdir -p "$OUTD/exports/$name" && cp "$x"/config.json "$x"/model.safetensors "$OUTD/exports/$name/"
+  [ -f "$x/model.safetensors" ] && mkdir -p "$W/exports/$name" && cp "$x"/config.json "$x"/model.safetensors "$W/exports/$name/"
 done
+[ -d "$W/exports" ] && (cd "$W" && tar czf "$OUTD/exports.tgz" exports)
 
 # ---------------------------------------------------------------- 5. the table
 SIZES=$OUTD/sizes.tsv
