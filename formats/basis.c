@@ -910,24 +910,6 @@ out:
 
 /* ---- evaluation of any basis against a moment ---- */
 
-typedef struct store_out { /* acc -> double matrix, optionally transposed */
-    double *c;
-    int64_t ld;
-    int trans;
-} store_out;
-
-static void store_put(void *ctx, int64_t i0, int64_t ni, int64_t j0, int64_t nj, const double *acc)
-{
-    store_out *o = ctx;
-    for (int64_t i = 0; i < ni; i++)
-        for (int64_t c = 0; c < nj; c++) {
-            if (o->trans)
-                o->c[(j0 + c) * o->ld + i0 + i] = acc[i * NC + c];
-            else
-                o->c[(i0 + i) * o->ld + j0 + c] = acc[i * NC + c];
-        }
-}
-
 typedef struct dot_out { /* per task: sum_ij acc[i][j] G[j][i] */
     const double *G;
     int64_t ld, njb;
@@ -974,9 +956,9 @@ int df_basis_eval(const df_basis *b, const df_moment *m, double *kept, double *l
     /* C = P M (R x D), as C^T = M P^T over M's rows (mirrored: all of it) */
     df_basis_mirror_upper(m->m, D);
     dmat_src ms = {m->m, D, 0};
-    store_out co = {C, D, 1};
+    df_basis_store_out co = {C, D, 1};
     nt_job j1 = {.n = D, .m = R, .kd = D, .get = df_basis_dmat_get, .gctx = &ms, .bp = pp, .bld = D,
-                 .put = store_put, .pctx = &co};
+                 .put = df_basis_store_put, .pctx = &co};
     if ((rc = df_basis_nt_run(&j1, pool, what, e)) < 0)
         goto out;
     /* a_k = sum over layer k's columns i of (P^T P M)_ii = sum_r P[r][i] C[r][i] */
@@ -998,9 +980,9 @@ int df_basis_eval(const df_basis *b, const df_moment *m, double *kept, double *l
         goto out;
     }
     dmat_src cs = {C, D, 0};
-    store_out go = {G, R, 0};
+    df_basis_store_out go = {G, R, 0};
     nt_job j2 = {.n = R, .m = R, .kd = D, .get = df_basis_dmat_get, .gctx = &cs, .bp = pp, .bld = D,
-                 .put = store_put, .pctx = &go};
+                 .put = df_basis_store_put, .pctx = &go};
     if ((rc = df_basis_nt_run(&j2, pool, what, e)) < 0)
         goto out;
     for (int k = 0; k < b->K; k++) {

@@ -21,24 +21,6 @@
 
 #include "basis_internal.h"
 
-typedef struct store_out { /* NT tile -> double matrix, optionally transposed */
-    double *c;
-    int64_t ld;
-    int trans;
-} store_out;
-
-static void store_put(void *ctx, int64_t i0, int64_t ni, int64_t j0, int64_t nj, const double *acc)
-{
-    store_out *o = ctx;
-    for (int64_t i = 0; i < ni; i++)
-        for (int64_t c = 0; c < nj; c++) {
-            if (o->trans)
-                o->c[(j0 + c) * o->ld + i0 + i] = acc[i * NC + c];
-            else
-                o->c[(i0 + i) * o->ld + j0 + c] = acc[i * NC + c];
-        }
-}
-
 /* Rows E (n x D, f32) made orthonormal to Q (Rq x D) and unit: two passes of
  * E -= (E Q^T) Q in double. QT is Q transposed (D x Rq). */
 static int orth_against(float *E, int64_t n, const float *Q, const float *QT, int64_t Rq,
@@ -117,9 +99,9 @@ int df_basis_extend(const df_basis *q, const df_moment *m, int R, df_pool *pool,
     /* C = Q M, as C^T = M Q^T over M's rows (mirrored: all of it) */
     df_basis_mirror_upper(m->m, D);
     dmat_src ms = {m->m, D, 0};
-    store_out co = {C, D, 1};
+    df_basis_store_out co = {C, D, 1};
     nt_job j1 = {.n = D, .m = Rq, .kd = D, .get = df_basis_dmat_get, .gctx = &ms, .bp = pq,
-                 .bld = D, .put = store_put, .pctx = &co};
+                 .bld = D, .put = df_basis_store_put, .pctx = &co};
     if ((rc = df_basis_nt_run(&j1, pool, what, e)) < 0)
         goto out;
     /* G = C Q^T (R0 x R0), GQ = G Q, W = C - GQ / 2 (f32: the B side of the last product) */
@@ -133,9 +115,9 @@ int df_basis_extend(const df_basis *q, const df_moment *m, int R, df_pool *pool,
         goto out;
     }
     dmat_src cs = {C, D, 0};
-    store_out go = {G, Rq, 0};
+    df_basis_store_out go = {G, Rq, 0};
     nt_job j2 = {.n = Rq, .m = Rq, .kd = D, .get = df_basis_dmat_get, .gctx = &cs, .bp = pq,
-                 .bld = D, .put = store_put, .pctx = &go};
+                 .bld = D, .put = df_basis_store_put, .pctx = &go};
     mul_job j3 = {.n = Rq, .m = Rq, .D = D, .w64 = G, .ldw = Rq, .B = q->P, .ldb = D, .y64 = GQ,
                   .ldy = D};
     if ((rc = df_basis_nt_run(&j2, pool, what, e)) < 0 ||

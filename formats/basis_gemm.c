@@ -310,3 +310,16 @@ void df_basis_pack_panels(get_fn get, const void *gctx, int64_t m, int64_t kd, f
     panel_job j = {get, gctx, m, kd, dst};
     df_pool_for(pool, (size_t)cdiv(m, NR), panel_task, &j);
 }
+
+void df_basis_store_put(void *ctx, int64_t i0, int64_t ni, int64_t j0, int64_t nj,
+                        const double *acc)
+{
+    df_basis_store_out *o = ctx;
+    for (int64_t i = 0; i < ni; i++)
+        for (int64_t c = 0; c < nj; c++) {
+            if (o->trans)
+                o->c[(j0 + c) * o->ld + i0 + i] = acc[i * NC + c];
+            else
+                o->c[(i0 + i) * o->ld + j0 + c] = acc[i * NC + c];
+        }
+}

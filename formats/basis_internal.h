@@ -82,6 +82,16 @@ typedef struct nt_job {
  * `what` when a task could not allocate its tiles. */
 int df_basis_nt_run(nt_job *j, df_pool *pool, const char *what, df_err *e);
 
+/* put_fn storing an NT job's tiles into a double matrix c (rows ld apart),
+ * transposed (C^T) when trans is set. */
+typedef struct df_basis_store_out {
+    double *c;
+    int64_t ld;
+    int trans;
+} df_basis_store_out;
+void df_basis_store_put(void *ctx, int64_t i0, int64_t ni, int64_t j0, int64_t nj,
+                        const double *acc);
+
 typedef struct dmat_src { /* rows of a row-major double matrix, as f32 */
     const double *a;
     int64_t ld, off;

@@ -11,6 +11,7 @@
 #include "hfconfig.h"
 #include "sha256.h"
 #include "test.h"
+#include "test_drafter27b.h"
 
 #ifndef DFLASH_TEST_DATA
 #error "DFLASH_TEST_DATA must point at tests/data"
@@ -456,30 +457,6 @@ static void test_model_errors(void)
 
 /* ---------------- drafter config ---------------- */
 
-static void make_27b_drafter(df_drafter_config *d)
-{
-    memset(d, 0, sizeof *d);
-    d->block_size = 16;
-    d->mask_token_id = 248070;
-    d->num_target_layers = 64;
-    d->num_target_features = 5;
-    CHECK_OK(df_default_target_layers(64, 5, d->target_layer_ids), NULL);
-    d->num_hidden_layers = 5;
-    d->hidden_size = 5120;
-    d->intermediate_size = 17408;
-    d->num_attention_heads = 32;
-    d->num_key_value_heads = 8;
-    d->head_dim = 128;
-    d->rms_norm_eps = 1e-6;
-    d->rope_theta = 1e7;
-    d->max_position_embeddings = 262144;
-    for (int i = 0; i < 4; i++)
-        d->layer_types[i] = DF_LAYER_SLIDING;
-    d->layer_types[4] = DF_LAYER_FULL;
-    d->sliding_window = 2048;
-    d->use_sliding_window = true;
-    d->vocab_size = 248320;
-}
 
 static int drafter_equal(const df_drafter_config *a, const df_drafter_config *b)
 {
@@ -505,7 +482,7 @@ static void test_drafter(void)
 {
     df_drafter_config d, d2;
     df_err e = {0};
-    make_27b_drafter(&d);
+    test_drafter_27b(&d);
     CHECK_EQ(d.target_layer_ids[1], 16);
     char *js = df_drafter_config_to_json(&d, &e);
     CHECK(js != NULL);

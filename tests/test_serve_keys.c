@@ -21,6 +21,7 @@
 #include "fsutil.h"
 #include "hfconfig.h"
 #include "test.h"
+#include "test_drafter27b.h"
 
 /* Sources (see docs/SERVE.md "Where the facts come from"). */
 #define SG_MODEL "sglang python/sglang/srt/models/dflash.py@003b23d7"
@@ -269,36 +270,12 @@ static void check_text(const char *what, const char *txt, const df_drafter_confi
     CHECK_EQ(back.block_size, d->block_size);
 }
 
-static void make_27b(df_drafter_config *d)
-{
-    memset(d, 0, sizeof *d);
-    d->block_size = 16;
-    d->mask_token_id = 248070;
-    d->num_target_layers = 64;
-    d->num_target_features = 5;
-    CHECK_OK(df_default_target_layers(64, 5, d->target_layer_ids), NULL);
-    d->num_hidden_layers = 5;
-    d->hidden_size = 5120;
-    d->intermediate_size = 17408;
-    d->num_attention_heads = 32;
-    d->num_key_value_heads = 8;
-    d->head_dim = 128;
-    d->rms_norm_eps = 1e-6;
-    d->rope_theta = 1e7;
-    d->max_position_embeddings = 262144;
-    for (int i = 0; i < 4; i++)
-        d->layer_types[i] = DF_LAYER_SLIDING;
-    d->layer_types[4] = DF_LAYER_FULL;
-    d->sliding_window = 2048;
-    d->use_sliding_window = true;
-    d->vocab_size = 248320;
-}
 
 static void test_writer(void)
 {
     df_drafter_config d;
     df_err e = {0};
-    make_27b(&d);
+    test_drafter_27b(&d);
     CHECK_EQ(d.target_layer_ids[4], 61);
     char *js = df_drafter_config_to_json(&d, &e);
     CHECK(js != NULL);
@@ -339,7 +316,7 @@ static void test_old_export(void)
 {
     df_drafter_config d, old, now;
     df_err e = {0};
-    make_27b(&d);
+    test_drafter_27b(&d);
     CHECK_OK(df_drafter_config_parse(OLD_EXPORT, strlen(OLD_EXPORT), "old.json", &old, &e), &e);
     char *js = df_drafter_config_to_json(&d, &e);
     CHECK(js != NULL);
