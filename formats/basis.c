@@ -1,6 +1,8 @@
-/* basis.c - second moment, eigenbasis fit, projection, merge, bases from a
- * matrix's row space and evaluation (contracts in basis.h). The blocked
- * products are in basis_gemm.c, the file basis.dfb in basis_file.c.
+/* basis.c - second moment, eigenbasis fit, projection, merge and bases from
+ * a matrix's row space (contracts in basis.h). The blocked products are in
+ * basis_gemm.c, the evaluation in basis_eval.c, the extension in
+ * basis_extend.c, the file basis.dfb (and the orthonormality check) in
+ * basis_file.c.
  *
  * Three compute engines, all split over a df_pool in independent tasks:
  *  - the moment (here): M += X^T X for chunks of <= 256 rows, upper-triangle
@@ -726,65 +728,6 @@ int df_basis_unproject(const df_basis *b, const float *z, int64_t n_rows, float 
     return df_basis_mul_run(&j, pool, "df_basis_unproject", e);
 }
 
-/* ---- orthonormality (file reader, serializer, from_rows) ---- */
-
-/* code with a message when P (R x D at file offset p_off) is not finite with
- * orthonormal rows (basis.h, df_basis_parse). */
-int df_basis_check_orthonormal(const float *P, int64_t R, int64_t D, const char *name,
-                               uint64_t p_off, int code, df_err *e)
-{
-    for (int64_t r = 0; r < R; r++) {
-        const float *p = P + r * D;
-        double s = 0;
-        for (int64_t i = 0; i < D; i++) {
-            if (!isfinite(p[i]))
-                return df_errf(e, code, "%s: P[%lld][%lld] (offset %llu) is not finite", name,
-                               (long long)r, (long long)i,
-                               (unsigned long long)(p_off + 4 * (uint64_t)(r * D + i)));
-            s += (double)p[i] * p[i];
-        }
-        if (!(fabs(s - 1) <= 1e-4))
-            return df_errf(e, code, "%s: P row %lld (offset %llu) has squared norm %.9g, not 1",
-                           name, (long long)r, (unsigned long long)(p_off + 4 * (uint64_t)(r * D)),
-                           s);
-    }
-    double *u = malloc(sizeof(double) * (size_t)R), *w = malloc(sizeof(double) * (size_t)D);
-    int rc = 0;
-    if (!u || !w) {
-        rc = df_errf(e, -ENOMEM, "%s: out of memory for the orthonormality check", name);
-        goto out;
-    }
-    for (uint64_t probe = 1; probe <= 2 && !rc; probe++) {
-        uint64_t s = probe * 0x9E3779B97F4A7C15ull;
-        for (int64_t r = 0; r < R; r++) { /* splitmix64 signs */
-            uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-            u[r] = ((z ^ (z >> 31)) & 1) ? 1.0 : -1.0;
-        }
-        memset(w, 0, sizeof(double) * (size_t)D);
-        for (int64_t r = 0; r < R; r++) /* w = P^T u */
-            for (int64_t i = 0; i < D; i++)
-                w[i] += u[r] * P[r * D + i];
-        double err = 0;
-        for (int64_t r = 0; r < R; r++) { /* |P w - u|^2 */
-            double v = 0;
-            for (int64_t i = 0; i < D; i++)
-                v += (double)P[r * D + i] * w[i];
-            err += (v - u[r]) * (v - u[r]);
-        }
-        err = sqrt(err / (double)R);
-        if (!(err <= 1e-3))
-            rc = df_errf(e, code, "%s: P's rows (offset %llu) are not orthonormal: "
-                         "|P P^T u - u| = %.3g |u| for probe %llu", name,
-                         (unsigned long long)p_off, err, (unsigned long long)probe);
-    }
-out:
-    free(u);
-    free(w);
-    return rc;
-}
-
 /* ---- bases from a matrix's row space ---- */
 
 int df_basis_from_rows(const float *A, int rows, int K, int H, const int32_t *layer_ids,
@@ -905,102 +848,5 @@ out:
     free(Z);
     free(W);
     free(AT);
-    return rc;
-}
-
-/* ---- evaluation of any basis against a moment ---- */
-
-typedef struct dot_out { /* per task: sum_ij acc[i][j] G[j][i] */
-    const double *G;
-    int64_t ld, njb;
-    double *part;
-} dot_out;
-
-static void dot_put(void *ctx, int64_t i0, int64_t ni, int64_t j0, int64_t nj, const double *acc)
-{
-    dot_out *o = ctx;
-    double s = 0;
-    for (int64_t i = 0; i < ni; i++)
-        for (int64_t c = 0; c < nj; c++)
-            s += acc[i * NC + c] * o->G[(j0 + c) * o->ld + i0 + i];
-    o->part[(i0 / MC) * o->njb + j0 / NC] = s;
-}
-
-int df_basis_eval(const df_basis *b, const df_moment *m, double *kept, double *layer_kept,
-                  df_pool *pool, df_err *e)
-{
-    const char *what = "df_basis_eval";
-    if (!b->P || b->D != m->D || b->K != m->K || b->H != m->H)
-        return df_errf(e, -DF_EMISMATCH, "%s: a basis of %d layers of %d, a moment of %d of %d",
-                       what, b->K, b->H, m->K, m->H);
-    if (!m->m || m->n_rows <= 0)
-        return df_errf(e, -EINVAL, "%s: the moment holds no rows", what);
-    int64_t D = b->D, R = b->R, H = b->H;
-    double total = 0, lay_e[DF_BASIS_MAX_LAYERS] = {0}, a[DF_BASIS_MAX_LAYERS] = {0};
-    for (int64_t i = 0; i < D; i++) {
-        total += m->m[i * D + i];
-        lay_e[i / H] += m->m[i * D + i];
-    }
-    if (!(total > 0))
-        return df_errf(e, -EINVAL, "%s: the moment has no energy", what);
-    float *pp = alloc64((size_t)(cdiv(R, NR) * NR * D) * sizeof(float));
-    double *C = malloc(sizeof(double) * (size_t)(R * D)), *G = NULL, *part = NULL;
-    int rc = 0;
-    if (!C || !pp) {
-        rc = df_errf(e, -ENOMEM, "%s: out of memory for %lld x %lld doubles", what,
-                     (long long)R, (long long)D);
-        goto out;
-    }
-    fmat_src prow = {b->P, D, 0};
-    df_basis_pack_panels(df_basis_fmat_get, &prow, R, D, pp, pool);
-    /* C = P M (R x D), as C^T = M P^T over M's rows (mirrored: all of it) */
-    df_basis_mirror_upper(m->m, D);
-    dmat_src ms = {m->m, D, 0};
-    df_basis_store_out co = {C, D, 1};
-    nt_job j1 = {.n = D, .m = R, .kd = D, .get = df_basis_dmat_get, .gctx = &ms, .bp = pp, .bld = D,
-                 .put = df_basis_store_put, .pctx = &co};
-    if ((rc = df_basis_nt_run(&j1, pool, what, e)) < 0)
-        goto out;
-    /* a_k = sum over layer k's columns i of (P^T P M)_ii = sum_r P[r][i] C[r][i] */
-    for (int64_t r = 0; r < R; r++)
-        for (int64_t i = 0; i < D; i++)
-            a[i / H] += (double)b->P[r * D + i] * C[r * D + i];
-    double sum = 0;
-    for (int k = 0; k < b->K; k++)
-        sum += a[k];
-    *kept = sum / total;
-    if (!layer_kept)
-        goto out;
-    /* G = P M P^T = C P^T (R x R); b_k = sum_i in layer k of (P^T G P)_ii
-     * = sum_rs G[r][s] L_k[s][r] with L_k = P_k P_k^T over layer k's columns */
-    G = malloc(sizeof(double) * (size_t)(R * R));
-    part = malloc(sizeof(double) * (size_t)(cdiv(R, MC) * cdiv(R, NC)));
-    if (!G || !part) {
-        rc = df_errf(e, -ENOMEM, "%s: out of memory", what);
-        goto out;
-    }
-    dmat_src cs = {C, D, 0};
-    df_basis_store_out go = {G, R, 0};
-    nt_job j2 = {.n = R, .m = R, .kd = D, .get = df_basis_dmat_get, .gctx = &cs, .bp = pp, .bld = D,
-                 .put = df_basis_store_put, .pctx = &go};
-    if ((rc = df_basis_nt_run(&j2, pool, what, e)) < 0)
-        goto out;
-    for (int k = 0; k < b->K; k++) {
-        fmat_src ps = {b->P, D, k * H};
-        dot_out dout = {G, R, cdiv(R, NC), part};
-        nt_job j3 = {.n = R, .m = R, .kd = H, .get = df_basis_fmat_get, .gctx = &ps, .bp = pp,
-                     .bld = D, .boff = k * H, .put = dot_put, .pctx = &dout};
-        if ((rc = df_basis_nt_run(&j3, pool, what, e)) < 0)
-            goto out;
-        double bk = 0;
-        for (int64_t t = 0; t < cdiv(R, MC) * cdiv(R, NC); t++)
-            bk += part[t];
-        layer_kept[k] = lay_e[k] > 0 ? (2 * a[k] - bk) / lay_e[k] : 1.0;
-    }
-out:
-    free(pp);
-    free(C);
-    free(G);
-    free(part);
     return rc;
 }

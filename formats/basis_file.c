@@ -292,3 +292,62 @@ int df_basis_sha256(const char *path, char hex[DF_SHA256_HEX], df_err *e)
 {
     return df_sha256_file(path, hex, e);
 }
+
+/* ---- orthonormality (file reader, serializer, from_rows) ---- */
+
+/* code with a message when P (R x D at file offset p_off) is not finite with
+ * orthonormal rows (basis.h, df_basis_parse). */
+int df_basis_check_orthonormal(const float *P, int64_t R, int64_t D, const char *name,
+                               uint64_t p_off, int code, df_err *e)
+{
+    for (int64_t r = 0; r < R; r++) {
+        const float *p = P + r * D;
+        double s = 0;
+        for (int64_t i = 0; i < D; i++) {
+            if (!isfinite(p[i]))
+                return df_errf(e, code, "%s: P[%lld][%lld] (offset %llu) is not finite", name,
+                               (long long)r, (long long)i,
+                               (unsigned long long)(p_off + 4 * (uint64_t)(r * D + i)));
+            s += (double)p[i] * p[i];
+        }
+        if (!(fabs(s - 1) <= 1e-4))
+            return df_errf(e, code, "%s: P row %lld (offset %llu) has squared norm %.9g, not 1",
+                           name, (long long)r, (unsigned long long)(p_off + 4 * (uint64_t)(r * D)),
+                           s);
+    }
+    double *u = malloc(sizeof(double) * (size_t)R), *w = malloc(sizeof(double) * (size_t)D);
+    int rc = 0;
+    if (!u || !w) {
+        rc = df_errf(e, -ENOMEM, "%s: out of memory for the orthonormality check", name);
+        goto out;
+    }
+    for (uint64_t probe = 1; probe <= 2 && !rc; probe++) {
+        uint64_t s = probe * 0x9E3779B97F4A7C15ull;
+        for (int64_t r = 0; r < R; r++) { /* splitmix64 signs */
+            uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+            u[r] = ((z ^ (z >> 31)) & 1) ? 1.0 : -1.0;
+        }
+        memset(w, 0, sizeof(double) * (size_t)D);
+        for (int64_t r = 0; r < R; r++) /* w = P^T u */
+            for (int64_t i = 0; i < D; i++)
+                w[i] += u[r] * P[r * D + i];
+        double err = 0;
+        for (int64_t r = 0; r < R; r++) { /* |P w - u|^2 */
+            double v = 0;
+            for (int64_t i = 0; i < D; i++)
+                v += (double)P[r * D + i] * w[i];
+            err += (v - u[r]) * (v - u[r]);
+        }
+        err = sqrt(err / (double)R);
+        if (!(err <= 1e-3))
+            rc = df_errf(e, code, "%s: P's rows (offset %llu) are not orthonormal: "
+                         "|P P^T u - u| = %.3g |u| for probe %llu", name,
+                         (unsigned long long)p_off, err, (unsigned long long)probe);
+    }
+out:
+    free(u);
+    free(w);
+    return rc;
+}

@@ -117,7 +117,7 @@ void df_basis_pack_panels(get_fn get, const void *gctx, int64_t m, int64_t kd, f
 /* Copies M's upper triangle (D x D, row-major) into its strictly lower one. */
 void df_basis_mirror_upper(double *M, int64_t D);
 
-/* ---- checks shared by basis.c and basis_file.c ---- */
+/* ---- checks shared by basis.c, basis_extend.c and basis_file.c (which holds them) ---- */
 
 /* 0, or -EINVAL naming `what` unless 1 <= K <= DF_BASIS_MAX_LAYERS, H >= 1
  * and K*H <= DF_BASIS_MAX_DIM. */
