@@ -30,8 +30,7 @@
 #                      directions of the most energy outside them; C may be empty: split-zstd)
 # A SPEC may end in /S1,S2,...: that variant's seeds instead of SEEDS.
 # Environment: MODEL (the qwen3-code-8m folder, which is not part of this repository; unset: the
-#   first of .device/qwen3-code-8m and the development tree's ../shared/models/qwen3-code-8m that
-#   exists, else an error naming MODEL), CORPUS [corpus30k],
+#   .device/qwen3-code-8m if it exists, else an error naming MODEL), CORPUS [corpus30k],
 #   SEEDS ["1 2 3"], STEPS [4000], LR [3e-3], WARMUP [0.04], LAYER_TYPES [full,full], EVAL_ROWS [256],
 #   EVAL_EVERY [STEPS/4], PAR [4], REAL_TAU [0] (1: every variant's first-seed export; or a list of
 #   variant names), SF_PROMPTS [64], REAL_TAU_TIMEOUT [900] (seconds), DEADLINE [none] (seconds after the start past which the real-tau
@@ -48,9 +47,7 @@ D=$BUILD/dflash
 [ -x "$D" ] || die "no dflash binary in $BUILD"
 MODEL=${MODEL:-}
 if [ -z "$MODEL" ]; then
-  for m in "$ROOT/.device/qwen3-code-8m" "$ROOT/../shared/models/qwen3-code-8m"; do
-    [ -f "$m/config.json" ] && { MODEL=$m; break; }
-  done
+  [ -f "$ROOT/.device/qwen3-code-8m/config.json" ] && MODEL=$ROOT/.device/qwen3-code-8m
 fi
 [ -n "$MODEL" ] || die "MODEL is not set (and no .device/qwen3-code-8m): set MODEL to the qwen3-code-8m folder"
 CORPUS=${CORPUS:-corpus30k}
