@@ -24,10 +24,13 @@
 #                      named P... drawn with seed S2 (--init-seed-for: which draw decides)
 #   project:R[:C]      `dflash cache project --rank R [--codec C]` of the lossless cache
 #   project-energy:F[:C]  the same, R chosen to keep fraction F of the features' energy
-#   fcbasis:N[:C[:R]]  P = the row space of fc (R = hidden size: the subspace fc reads) of a drafter
-#                      trained N steps on the lossless cache (seed 1000, its own run), then projected;
-#                      with R: `cache project --fc-basis --rank R` (R > hidden: fc's rows, then the
-#                      directions of the most energy outside them; C may be empty: split-zstd)
+#   fcbasis:N[:C[:R[:S]]]  P = the row space of fc (R = hidden size: the subspace fc reads) of a
+#                      drafter trained N steps on the lossless cache (seed 1000, its own run), then
+#                      projected; with R: `cache project --fc-basis --rank R` (R > hidden: fc's rows,
+#                      then the directions of the most energy outside them; C may be empty:
+#                      split-zstd); with S: the fc run and the basis' moment see only a lossless
+#                      sample, S train records spread over the corpus (the README's recipe), and the whole train
+#                      cache is projected with that basis
 # A SPEC may end in /S1,S2,...: that variant's seeds instead of SEEDS.
 # Environment: MODEL (the qwen3-code-8m folder, which is not part of this repository; unset: the
 #   .device/qwen3-code-8m if it exists, else an error naming MODEL), CORPUS [corpus30k],
@@ -94,7 +97,7 @@ for v in $VARIANTS; do
   if [[ $spec == */* ]]; then vs=${spec##*/}; vs=${vs//,/ }; spec=${spec%/*}; fi
   if [ "$name" = lossless ]; then VSEEDS[lossless]=$vs; continue; fi
   NAMES+=("$name"); EXTRA[$name]=""; VSEEDS[$name]=$vs
-  IFS=: read -r kind a b c <<<"$spec"
+  IFS=: read -r kind a b c smp <<<"$spec"
   KIND[$name]=$kind
   case $kind in
     codec)
@@ -106,9 +109,21 @@ for v in $VARIANTS; do
     fcbasis|project|project-energy)
       case $kind in
         fcbasis)
-          fr=$W/fcrun-$a
+          fr=$W/fcrun-$a; src=$W/c-lossless
+          if [ -n "${smp:-}" ]; then
+            fr=$W/fcrun-$a-s$smp; src=$W/c-sample$smp
+            if [ ! -f "$W/sample$smp.dtok" ]; then
+              # every k-th record: the sample spans the corpus, as a user's would
+              awk -v m="$smp" -v n="$(wc -l <"$W/train.jsonl")" \
+                'BEGIN { k = int(n / m); if (k < 1) k = 1 } (NR - 1) % k == 0 && c < m { print; c++ }' \
+                "$W/train.jsonl" >"$W/sample$smp.jsonl" &&
+                "$D" corpus import --model "$MODEL" --out "$W/sample$smp.dtok" "$W/sample$smp.jsonl" \
+                  >"$LOGS/corpus-sample$smp.log" 2>&1 || { skipv "corpus import of the sample failed"; continue; }
+            fi
+            extract "sample$smp" split-zstd "$src" || { skipv "extraction of the sample failed"; continue; }
+          fi
           if [ ! -f "$fr/export/model.safetensors" ]; then
-            "$D" train --device "$DEVICE" --cache "$W/c-lossless" --target "$MODEL" --out "$fr" --steps "$a" \
+            "$D" train --device "$DEVICE" --cache "$src" --target "$MODEL" --out "$fr" --steps "$a" \
               $DRAFTER_ARGS --seed 1000 --log-every 100 --no-ckpt --buffered-io --quiet ${TRAIN_ARGS:-} \
               >"$LOGS/fcrun-$a.log" 2>&1 || { skipv "its fc run failed (see $LOGS/fcrun-$a.log)"; continue; }
           fi
@@ -118,6 +133,12 @@ for v in $VARIANTS; do
       esac
       [ -n "${b:-}" ] && opt+=" --codec $b"
       [ "$kind" = fcbasis ] && [ -n "${c:-}" ] && opt+=" --rank $c"
+      if [ "$kind" = fcbasis ] && [ -n "${smp:-}" ] && [ ! -f "$W/c-$name/manifest.json" ]; then
+        # the basis from the sample, then the whole train cache through it
+        "$D" cache project "$src" "$W/s-$name" $opt >"$LOGS/project-sample-$name.log" 2>&1 ||
+          { skipv "cache project of the sample failed (see $LOGS/project-sample-$name.log)"; continue; }
+        opt="--basis $W/s-$name/basis.dfb"; [ -n "${b:-}" ] && opt+=" --codec $b"
+      fi
       if [ ! -f "$W/c-$name/manifest.json" ]; then
         "$D" cache project "$W/c-lossless" "$W/c-$name" $opt >"$LOGS/project-$name.log" 2>&1 ||
           { skipv "cache project failed (see $LOGS/project-$name.log)"; continue; }
