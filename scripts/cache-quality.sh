@@ -38,7 +38,8 @@
 #   EVAL_EVERY [STEPS/4], PAR [4], REAL_TAU [0] (1: every variant's first-seed export; or a list of
 #   variant names), SF_PROMPTS [64], REAL_TAU_TIMEOUT [900] (seconds), DEADLINE [none] (seconds after the start past which the real-tau
 #   stage is skipped), TRAIN_ARGS [] (more train options),
-#   DEVICE [cuda], LIMIT [all] (records of each corpus: for a quick check of the script on a CPU).
+#   EXTRACT_ARGS [] (more extract options, e.g. --layers 0,1,2,3,4: five feature layers as at 27B; use a
+#   fresh work folder per value), DEVICE [cuda], LIMIT [all] (records of each corpus: for a quick check of the script on a CPU).
 # Outputs: OUT_DIR/table.md (printed last), OUT_DIR/runs.tsv (one line per run), logs in OUT_DIR/logs,
 #   OUT_DIR/exports.tgz: exports/NAME, each variant's first-seed export (for scripts/specforge_tau.py).
 set -uo pipefail
@@ -79,7 +80,7 @@ note "corpora: $(du -h "$W/train.dtok" | cut -f1) train, $(du -h "$W/eval.dtok" 
 extract() { # extract SPLIT CODEC OUT
   [ -f "$3/manifest.json" ] && return 0
   "$D" extract --device "$DEVICE" --model "$MODEL" --data "$W/$1.dtok" --out "$3" --codec "$2" \
-    >"$LOGS/extract-$(basename "$3").log" 2>&1 && return 0
+    ${EXTRACT_ARGS:-} >"$LOGS/extract-$(basename "$3").log" 2>&1 && return 0
   echo "cache-quality: extract $1 --codec $2 failed (see $LOGS)" >&2; return 1
 }
 skipv() { echo "cache-quality: variant $name skipped: $*" >&2; unset 'NAMES[${#NAMES[@]}-1]'; }
