@@ -149,6 +149,15 @@ static int src_check_finite(const rows_src *s, int64_t n, const char *what, df_p
     return rc;
 }
 
+int df_moment_check_finite_bf16(const uint16_t *const *layers, int K, int H, int64_t n_rows,
+                                df_pool *pool, const char *what, df_err *e)
+{
+    if (n_rows <= 0)
+        return 0;
+    rows_src s = {(const void *const *)layers, 1, K, H, H};
+    return src_check_finite(&s, n_rows, what, pool, e);
+}
+
 /* ---- second moment ---- */
 
 int df_basis_check_shape(int K, int H, const char *what, df_err *e)
@@ -506,8 +515,8 @@ void df_basis_stats_from_eigen(df_basis *b)
     }
 }
 
-/* R fixed in [1, D] with energy 0, or R 0 with energy in (0, 1]. */
-static int check_rank_rule(int R, double energy, int D, const char *what, df_err *e)
+/* R fixed in [1, D] with energy 0, or R 0 with energy in (0, 1] (basis.h). */
+int df_basis_check_rank_rule(int R, double energy, int D, const char *what, df_err *e)
 {
     if (R > 0 && R <= D && energy == 0)
         return 0;
@@ -518,8 +527,8 @@ static int check_rank_rule(int R, double energy, int D, const char *what, df_err
 }
 
 /* Smallest r with sum of the top r of lam (descending, n of them) >=
- * (energy - 1e-10) * total; n when none. */
-static int rank_for_energy(const double *lam_desc, int n, double total, double energy)
+ * (energy - 1e-10) * total; n when none (basis.h). */
+int df_basis_rank_for_energy(const double *lam_desc, int n, double total, double energy)
 {
     double cum = 0;
     for (int r = 0; r < n; r++) {
@@ -535,7 +544,7 @@ int df_basis_fit(const df_moment *m, int R, double energy, df_basis *out, df_err
     memset(out, 0, sizeof *out);
     if (!m->m || m->n_rows <= 0)
         return df_errf(e, -EINVAL, "df_basis_fit: the moment holds no rows");
-    int rc = check_rank_rule(R, energy, m->D, "df_basis_fit", e);
+    int rc = df_basis_check_rank_rule(R, energy, m->D, "df_basis_fit", e);
     if (rc)
         return rc;
     int D = m->D;
@@ -566,7 +575,7 @@ int df_basis_fit(const df_moment *m, int R, double energy, df_basis *out, df_err
             double t = w[i];
             w[i] = w[D - 1 - i], w[D - 1 - i] = t;
         }
-        R = rank_for_energy(w, D, total, energy);
+        R = df_basis_rank_for_energy(w, D, total, energy);
     }
     Z = malloc(sizeof(double) * (size_t)D * (size_t)R);
     if (!Z) {
@@ -741,7 +750,7 @@ int df_basis_from_rows(const float *A, int rows, int K, int H, const int32_t *la
     int D = K * H;
     if (rows < 1 || !A)
         return df_errf(e, -EINVAL, "%s: rows = %d, must be >= 1", what, rows);
-    if ((rc = check_rank_rule(R, energy, D, what, e)) < 0)
+    if ((rc = df_basis_check_rank_rule(R, energy, D, what, e)) < 0)
         return rc;
     const void *lay[DF_BASIS_MAX_LAYERS];
     for (int k = 0; k < K; k++)
@@ -812,7 +821,7 @@ int df_basis_from_rows(const float *A, int rows, int K, int H, const int32_t *la
         }
         for (int r = 0; r < rank; r++)
             ld[r] = lam[n - 1 - r];
-        R = rank_for_energy(ld, rank, total, energy);
+        R = df_basis_rank_for_energy(ld, rank, total, energy);
         free(ld);
     }
     if (!(W = malloc(sizeof(double) * (size_t)R * (size_t)n))) {

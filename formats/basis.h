@@ -33,7 +33,8 @@
  * GPU backends: df_moment and df_basis are plain structs with documented
  * fields, so a backend (cuBLAS syrk, cuSOLVER syevd) can fill M, or the
  * eigenpairs, itself and use df_basis_init / df_basis_canonicalize /
- * df_basis_stats_from_eigen for the rest.
+ * df_basis_stats_from_eigen and the checks under "for backends" (the end of
+ * this file) for the rest. The CUDA one is kernels/cuda/basis_gpu.h.
  *
  * Threads: functions taking a df_pool split their work over it (NULL: the
  * calling thread only). None may run concurrently on the same df_moment;
@@ -242,6 +243,29 @@ int df_basis_merge(const df_basis *b, const float *fc_r, int rows, float *fc,
  * diagnostics. 0, -EINVAL or -ENOMEM. */
 int df_basis_unproject(const df_basis *b, const float *z, int64_t n_rows, float *x_hat,
                        df_pool *pool, df_err *e);
+
+/* ---- for backends: the CPU path's checks and rules, shared so that a
+ * backend refuses, and chooses, exactly as it does ---- */
+
+/* The input scan of df_moment_add_bf16: -EINVAL "<what>: row t, layer k,
+ * column i is not finite" for the first NaN or infinity of the n_rows token
+ * rows (layers[k]: [n_rows x H] BF16 bits), else 0. Split over pool. */
+int df_moment_check_finite_bf16(const uint16_t *const *layers, int K, int H, int64_t n_rows,
+                                df_pool *pool, const char *what, df_err *e);
+
+/* df_basis_fit's rule for its R and energy arguments: 0, or -EINVAL naming
+ * what and the ranges. */
+int df_basis_check_rank_rule(int R, double energy, int D, const char *what, df_err *e);
+
+/* The energy rule: the smallest r whose top r eigenvalues (lam_desc, n of
+ * them, descending) sum to at least (energy - 1e-10) * total; n when none. */
+int df_basis_rank_for_energy(const double *lam_desc, int n, double total, double energy);
+
+/* code with a message naming name when P (R x D, row-major; at file offset
+ * p_off in messages) is not finite with orthonormal rows: the content check
+ * of df_basis_parse (its 1e-4 and 1e-3 tolerances). 4 R D flops. */
+int df_basis_check_orthonormal(const float *P, int64_t R, int64_t D, const char *name,
+                               uint64_t p_off, int code, df_err *e);
 
 /* ---- file: basis.dfb (docs/FORMAT-basis.md) ---- */
 

@@ -123,9 +123,6 @@ void df_basis_mirror_upper(double *M, int64_t D);
  * and K*H <= DF_BASIS_MAX_DIM. */
 int df_basis_check_shape(int K, int H, const char *what, df_err *e);
 
-/* code with a message when P (R x D at file offset p_off) is not finite with
- * orthonormal rows (basis.h, df_basis_parse). */
-int df_basis_check_orthonormal(const float *P, int64_t R, int64_t D, const char *name,
-                               uint64_t p_off, int code, df_err *e);
+/* df_basis_check_orthonormal is public (basis.h, "for backends"). */
 
 #endif

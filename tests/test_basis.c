@@ -259,6 +259,10 @@ static void test_moment(df_pool *pool)
     xb[2 * n * H + 7 * H] = 0x7f80; /* +inf */
     CHECK_ERR(df_moment_add_bf16(&mb, layb, K, H, n, pool, &e), -EINVAL, &e,
               "row 7, layer 2, column 0");
+    /* the same scan, exported for backends (basis.h) */
+    CHECK_ERR(df_moment_check_finite_bf16(layb, K, H, n, pool, "scan", &e), -EINVAL, &e,
+              "scan: row 7, layer 2, column 0");
+    CHECK_OK(df_moment_check_finite_bf16(layb, K, H, 7, pool, "scan", &e), &e);
     xb[2 * n * H + 7 * H] = sb;
     /* shapes */
     CHECK_ERR(df_moment_add_f32(&m, lay, K, H + 1, 10, pool, &e), -DF_EMISMATCH, &e, "layers of");
