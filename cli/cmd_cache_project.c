@@ -16,6 +16,7 @@
 #include "cache.h"
 #include "cache_writer.h"
 #include "cmds.h"
+#include "cuda/basis_gpu.h"
 #include "fsutil.h"
 #include "hfconfig.h"
 #include "safetensors.h"
@@ -47,6 +48,10 @@ static void project_usage(FILE *f)
             "  --sample-tokens N   tokens the second moment is taken over, from documents spread\n"
             "                      over IN (default 2000000; all of IN when it holds fewer)\n"
             "  --codec C           OUT's codec (default split-zstd); --level N its level\n"
+            "  --device D          where the second moment and the fit (and --fc-basis's\n"
+            "                      extension) run: cpu, cuda (GPU 0) or auto (default: cuda when\n"
+            "                      this build has CUDA and a GPU is present, else cpu). The\n"
+            "                      projection of IN itself runs on the CPU either way\n"
             "  --threads N         projection and compression threads (default: all CPUs)\n"
             "Exit status: 0 done, 1 bad data or I/O, 2 bad usage.\n");
 }
@@ -86,8 +91,9 @@ static int reader_get(reader *r, size_t k, df_pool *pool, df_err *e)
 }
 
 /* The second moment over documents spread evenly over the cache, until
- * `want` tokens are in. */
-static int fit_moment(reader *r, uint64_t want, df_moment *m, df_pool *pool, df_err *e)
+ * `want` tokens are in; on the GPU g when not NULL. */
+static int fit_moment(reader *r, uint64_t want, df_moment *m, df_basis_gpu *g, df_pool *pool,
+                      df_err *e)
 {
     size_t n = df_cache_count(r->c);
     uint64_t total = df_cache_get_info(r->c)->tokens;
@@ -98,14 +104,19 @@ static int fit_moment(reader *r, uint64_t want, df_moment *m, df_pool *pool, df_
     for (size_t k = 0; k < n && (uint64_t)m->n_rows < want; k += stride) {
         int rc = reader_get(r, k, pool, e);
         uint32_t nt = df_cache_entry_at(r->c, k)->n_tokens;
+        const uint16_t *const *lay = (const uint16_t *const *)r->out.layers;
+        int K = (int)r->p->n_layers, H = (int)r->p->hidden_size;
         if (!rc && nt)
-            rc = df_moment_add_bf16(m, (const uint16_t *const *)r->out.layers,
-                                    (int)r->p->n_layers, (int)r->p->hidden_size, nt, pool, e);
+            rc = g ? df_basis_gpu_moment_add_bf16(g, m, lay, K, H, nt, pool, e)
+                   : df_moment_add_bf16(m, lay, K, H, nt, pool, e);
         if (rc)
             return rc;
     }
-    fprintf(stderr, "second moment: %" PRId64 " tokens (%d x %d features) in %.1f s\n", m->n_rows,
-            m->K, m->H, df_now() - t0);
+    int rc = g ? df_basis_gpu_moment_sync(g, m, e) : 0;
+    if (rc)
+        return rc;
+    fprintf(stderr, "second moment: %" PRId64 " tokens (%d x %d features) in %.1f s on %s\n",
+            m->n_rows, m->K, m->H, df_now() - t0, g ? df_basis_gpu_name(g) : "the CPU");
     return m->n_rows > 0 ? 0 : df_errf(e, -ENODATA, "%s: no tokens to fit a basis on",
                                        df_cache_dir(r->c));
 }
@@ -154,6 +165,22 @@ out:
     return rc;
 }
 
+/* The GPU the fit runs on (*g) for --device cuda or auto, or none (*g NULL:
+ * the CPU) for cpu, and for auto when this build has no CUDA or there is no
+ * GPU. cuda without one is an error naming why. */
+static int open_device(const char *device, df_basis_gpu **g, df_err *e)
+{
+    *g = NULL;
+    if (!strcmp(device, "cpu") || (!strcmp(device, "auto") && df_basis_gpu_device_count() <= 0))
+        return 0;
+    int rc = df_basis_gpu_open(0, 0, g, e);
+    if (rc && !strcmp(device, "auto")) {
+        fprintf(stderr, "warning: --device auto: %s; the fit runs on the CPU\n", e->msg);
+        return 0;
+    }
+    return rc ? df_err_wrap(e, "--device %s", device) : 0;
+}
+
 static int parse_num(const char *s, double lo, double hi, double *v)
 {
     char *end;
@@ -164,7 +191,7 @@ static int parse_num(const char *s, double lo, double hi, double *v)
 int cmd_cache_project(int argc, char **argv)
 {
     const char *in = NULL, *outd = NULL, *basis_path = NULL, *fc_dir = NULL,
-               *codec_name = "split-zstd";
+               *codec_name = "split-zstd", *device = "auto";
     double rank = 0, energy = 0, sample = 2e6, level = 0, threads = 0;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
@@ -199,6 +226,8 @@ int cmd_cache_project(int argc, char **argv)
             bad = parse_num(v, 1, 1e15, &sample);
         else if (!strcmp(a, "--codec"))
             codec_name = v;
+        else if (!strcmp(a, "--device"))
+            bad = strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto");
         else if (!strcmp(a, "--level"))
             bad = parse_num(v, -1000, 1000, &level) || level != (double)(int)level;
         else if (!strcmp(a, "--threads"))
@@ -209,10 +238,13 @@ int cmd_cache_project(int argc, char **argv)
             return 2;
         }
         if (bad) {
-            fprintf(stderr, "dflash cache project: %s: bad or missing value%s%s\n", a, v ? " " : "",
-                    v ? v : "");
+            fprintf(stderr, "dflash cache project: %s: bad or missing value%s%s%s\n", a,
+                    v ? " " : "", v ? v : "",
+                    !strcmp(a, "--device") ? " (want cpu, cuda or auto)" : "");
             return 2;
         }
+        if (!strcmp(a, "--device"))
+            device = v;
     }
     int n_choice = (rank > 0 && !fc_dir) + (energy > 0) + (basis_path != NULL) + (fc_dir != NULL);
     if (!in || !outd || n_choice != 1) {
@@ -233,6 +265,7 @@ int cmd_cache_project(int argc, char **argv)
     reader r = {0};
     df_basis b = {0};
     df_moment m = {0};
+    df_basis_gpu *g = NULL;
     df_cache_writer *w = NULL;
     uint16_t *z = NULL;
     size_t zcap = 0;
@@ -269,12 +302,12 @@ int cmd_cache_project(int argc, char **argv)
         rc = df_errf(&e, -ENAMETOOLONG, "%s: path too long", outd);
         goto out;
     }
-    if ((rc = df_mkdirs(outd, &e)))
-        goto out;
-
-    /* The basis: given, left by an interrupted run of this command, or fitted. */
+    /* The basis: given, left by an interrupted run of this command, or fitted (then on the
+     * --device, opened before OUT is made: a refusal leaves nothing behind). */
     struct stat st;
     const char *from = basis_path ? basis_path : stat(bpath, &st) == 0 ? bpath : NULL;
+    if ((!from && (rc = open_device(device, &g, &e))) || (rc = df_mkdirs(outd, &e)))
+        goto out;
     if (from) {
         if ((rc = df_basis_read(from, &b, &e)))
             goto out;
@@ -299,17 +332,24 @@ int cmd_cache_project(int argc, char **argv)
         double kept, lk[DF_BASIS_MAX_LAYERS];
         if ((rc = fc_row_basis(fc_dir, ip, rank < H ? (int)rank : 0, pool, &b, &e)) ||
             (rc = df_moment_init(&m, K, H, ip->layer_ids, &e)) ||
-            (rc = fit_moment(&r, (uint64_t)(sample < 5e5 ? sample : 5e5), &m, pool, &e)))
+            (rc = fit_moment(&r, (uint64_t)(sample < 5e5 ? sample : 5e5), &m, g, pool, &e)))
             goto out;
-        if (rank > b.R) { /* fc's rows, then the most energy outside them */
+        double t0 = df_now();
+        int extended = rank > b.R;
+        if (extended) { /* fc's rows, then the most energy outside them */
             df_basis x;
-            if ((rc = df_basis_extend(&b, &m, (int)rank, pool, &x, &e)))
+            if ((rc = g ? df_basis_gpu_extend(g, &b, &m, (int)rank, &x, &e)
+                        : df_basis_extend(&b, &m, (int)rank, pool, &x, &e)))
                 goto out;
             df_basis_free(&b);
             b = x;
         }
-        if ((rc = df_basis_eval(&b, &m, &kept, lk, pool, &e)))
+        if ((rc = g ? df_basis_gpu_eval(g, &b, &m, &kept, lk, &e)
+                    : df_basis_eval(&b, &m, &kept, lk, pool, &e)))
             goto out;
+        fprintf(stderr, "fc basis: %sevaluation in %.1f s on %s\n",
+                extended ? "extension and " : "", df_now() - t0,
+                g ? df_basis_gpu_name(g) : "the CPU");
         b.kept = kept;
         memcpy(b.layer_kept, lk, sizeof lk);
         if ((rc = df_basis_write(&b, bpath, &e)))
@@ -320,12 +360,18 @@ int cmd_cache_project(int argc, char **argv)
             fprintf(stderr, " %d: %.2f%%", b.layer_ids[k], 100 * lk[k]);
         fprintf(stderr, ")\n");
     } else {
+        double t0 = 0;
         if ((rc = df_moment_init(&m, K, H, ip->layer_ids, &e)) ||
-            (rc = fit_moment(&r, (uint64_t)sample, &m, pool, &e)) ||
-            (rc = df_basis_fit(&m, (int)rank, energy, &b, &e)) ||
+            (rc = fit_moment(&r, (uint64_t)sample, &m, g, pool, &e)) ||
+            (t0 = df_now(), rc = g ? df_basis_gpu_fit(g, &m, (int)rank, energy, &b, &e)
+                                   : df_basis_fit(&m, (int)rank, energy, &b, &e)) ||
             (rc = df_basis_write(&b, bpath, &e)))
             goto out;
+        fprintf(stderr, "eigenbasis (fit and write): %.1f s on %s\n", df_now() - t0,
+                g ? df_basis_gpu_name(g) : "the CPU (LAPACK)");
     }
+    df_basis_gpu_close(g); /* its device memory, before the projection */
+    g = NULL;
     fprintf(stderr, "basis: rank %d of %" PRId64 " (%.2f%% of the values), keeps %.3f%% of the "
             "features' energy (per layer:", b.R, D, 100.0 * b.R / (double)D, 100 * b.kept);
     for (int k = 0; k < K; k++)
@@ -409,6 +455,7 @@ out:
     df_cache_close(r.c);
     df_basis_free(&b);
     df_moment_free(&m);
+    df_basis_gpu_close(g);
     df_pool_close(pool);
     return rc ? (rc == -EINVAL ? 2 : 1) : 0;
 }

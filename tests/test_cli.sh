@@ -181,7 +181,24 @@ run 2 "mask-token" "$D" train --cache "$W/ext3" --target "$TM" --out "$W/runE" -
 
 # --- projected caches: `cache project` derives one from a finished cache without the target; a
 # drafter trains on z and its export is an ordinary drafter (fc merged to hidden x K*hidden)
-run 0 "rank 24 of " "$D" cache project "$W/ext3" "$W/pj" --rank 24
+run 0 "eigenbasis .*on the CPU" "$D" cache project "$W/ext3" "$W/pj" --rank 24 --device cpu
+kept_cpu=$(grep -oE 'rank 24 of [0-9]+, [0-9.]+% of the features. energy kept' "$W/out" | cut -d, -f2 | cut -d% -f1)
+[ -n "$kept_cpu" ] || fail "cache project --rank 24: no 'rank 24 of' line with the energy kept"
+# --device cuda: on a GPU the same basis up to rounding (the kept energy printed agrees), in a
+# build without CUDA or on a machine without a GPU a clear refusal; a bad value is a usage error
+"$D" cache project "$W/ext3" "$W/pjg" --rank 24 --device cuda >"$W/out" 2>&1
+rc=$?
+if [ $rc = 0 ]; then
+  kept_gpu=$(grep -oE 'rank 24 of [0-9]+, [0-9.]+% of the features. energy kept' "$W/out" | cut -d, -f2 | cut -d% -f1)
+  awk -v a="$kept_cpu" -v b="$kept_gpu" 'BEGIN { d = a - b; exit !(a > 0 && d < 0.002 && d > -0.002) }' ||
+    fail "--device cuda keeps ${kept_gpu}%, the CPU's basis ${kept_cpu}%"
+  grep -q "eigenbasis .* on .*device 0" "$W/out" || fail "--device cuda: the fit did not say it ran on the GPU"
+  run 0 "OK: 96 samples" "$D" dump "$W/pjg" --verify
+else
+  [ $rc = 1 ] && grep -q -- "--device cuda: .*CUDA" "$W/out" ||
+    { fail "--device cuda without a GPU: exit $rc, want 1 and a message naming CUDA"; sed 's/^/    /' "$W/out" >&2; }
+fi
+run 2 "want cpu, cuda or auto" "$D" cache project "$W/ext3" "$W/pjg2" --rank 24 --device tpu
 run 0 "OK: 96 samples" "$D" dump "$W/pj" --verify
 run 0 "PROJECTED: z = P x, rank 24 of 3 x" "$D" dump "$W/pj"
 grep -Eq '"version":[[:space:]]*2' "$W/pj/manifest.json" || fail "a projected manifest is not version 2"
