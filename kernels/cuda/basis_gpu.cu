@@ -157,6 +157,16 @@ static int set_device(const df_basis_gpu *g, const char *what, df_err *e)
     return st == cudaSuccess ? 0 : cuda_fail(e, st, what, "cudaSetDevice");
 }
 
+/* Every copy goes on g's stream (a non-blocking one: the legacy default
+ * stream of a plain cudaMemcpy would not wait for its kernels), then waits
+ * for it and all before it: the host may read dst and reuse src after. */
+static cudaError_t copy_wait(const df_basis_gpu *g, void *dst, const void *src, size_t bytes,
+                             cudaMemcpyKind kind)
+{
+    cudaError_t st = cudaMemcpyAsync(dst, src, bytes, kind, g->stream);
+    return st == cudaSuccess ? cudaStreamSynchronize(g->stream) : st;
+}
+
 static int64_t cdiv64(int64_t a, int64_t b) { return (a + b - 1) / b; }
 static int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 
@@ -566,7 +576,12 @@ extern "C" int df_basis_gpu_moment_sync(df_basis_gpu *g, df_moment *m, df_err *e
             goto out;
         }
         madvise(p, cap, MADV_HUGEPAGE);
-        CK_CUDA(cudaMemcpy(p, g->dM, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy (moment)");
+        cudaError_t st = copy_wait(g, p, g->dM, bytes, cudaMemcpyDeviceToHost);
+        if (st != cudaSuccess) {
+            free(p);
+            rc = cuda_fail(e, st, what, "cudaMemcpyAsync (moment)");
+            goto out;
+        }
         m->m = (double *)p;
     } else {
         /* rows m->m already holds: add the device's upper triangle, a band of
@@ -576,8 +591,8 @@ extern "C" int df_basis_gpu_moment_sync(df_basis_gpu *g, df_moment *m, df_err *e
         double *buf = (double *)(void *)g->hX[0];
         for (int64_t r0 = 0; r0 < D; r0 += band) {
             int64_t nr = min64(band, D - r0);
-            CK_CUDA(cudaMemcpy(buf, g->dM + r0 * D, (size_t)(nr * D) * 8, cudaMemcpyDeviceToHost),
-                    "cudaMemcpy (moment)");
+            CK_CUDA(copy_wait(g, buf, g->dM + r0 * D, (size_t)(nr * D) * 8, cudaMemcpyDeviceToHost),
+                    "cudaMemcpyAsync (moment)");
             for (int64_t r = r0; r < r0 + nr; r++)
                 for (int64_t c = r; c < D; c++)
                     m->m[r * D + c] += buf[(r - r0) * D + c];
@@ -622,7 +637,7 @@ static int upload_moment(df_basis_gpu *g, const df_moment *m, double *dA, const 
 {
     int rc = 0;
     int64_t D = m->D;
-    CK_CUDA(cudaMemcpy(dA, m->m, (size_t)(D * D) * 8, cudaMemcpyHostToDevice), "cudaMemcpy (moment)");
+    CK_CUDA(copy_wait(g, dA, m->m, (size_t)(D * D) * 8, cudaMemcpyHostToDevice), "cudaMemcpyAsync (moment)");
     CK_CUDA(mirror(dA, D, g->stream), "mirror_kernel");
 out:
     return rc;
@@ -633,7 +648,7 @@ static int upload_widen(df_basis_gpu *g, const float *x, int64_t n, void *tmp, d
                         const char *what, df_err *e)
 {
     int rc = 0;
-    CK_CUDA(cudaMemcpy(tmp, x, (size_t)n * 4, cudaMemcpyHostToDevice), "cudaMemcpy (rows)");
+    CK_CUDA(copy_wait(g, tmp, x, (size_t)n * 4, cudaMemcpyHostToDevice), "cudaMemcpyAsync (rows)");
     f32_to_f64_kernel<<<grid1d(n), 256, 0, g->stream>>>((const float *)tmp, dY, n);
     CK_LAUNCH("f32_to_f64_kernel");
 out:
@@ -690,7 +705,7 @@ static int solve_top(df_basis_gpu *g, double *dA, int64_t D, int64_t R, double *
                                    CUBLAS_FILL_MODE_LOWER, D, CUDA_R_64F, dA, D, CUDA_R_64F, dW,
                                    CUDA_R_64F, dWork, dws, hWork, hws, dInfo),
                   "cusolverDnXsyevd");
-    CK_CUDA(cudaMemcpy(&info, dInfo, sizeof info, cudaMemcpyDeviceToHost), "cudaMemcpy (info)");
+    CK_CUDA(copy_wait(g, &info, dInfo, sizeof info, cudaMemcpyDeviceToHost), "cudaMemcpyAsync (info)");
     if (info) {
         rc = df_errf(e, info > 0 ? -EDOM : -EIO, "%s: %s %s on a %lld x %lld matrix (info %d)",
                      what, R ? "cusolverDnXsyevdx" : "cusolverDnXsyevd",
@@ -703,7 +718,7 @@ static int solve_top(df_basis_gpu *g, double *dA, int64_t D, int64_t R, double *
                      (long long)meig, (long long)R);
         goto out;
     }
-    CK_CUDA(cudaMemcpy(w, dW, (size_t)nw * 8, cudaMemcpyDeviceToHost), "cudaMemcpy (eigenvalues)");
+    CK_CUDA(copy_wait(g, w, dW, (size_t)nw * 8, cudaMemcpyDeviceToHost), "cudaMemcpyAsync (eigenvalues)");
 out:
     cudaFree(dW);
     cudaFree(dInfo);
@@ -725,7 +740,7 @@ static int vectors_out(df_basis_gpu *g, const double *dA, int64_t D, int64_t cto
         vec_to_rows_kernel<<<grid, 256, 0, g->stream>>>(dA, D, ctop, dP);
         CK_LAUNCH("vec_to_rows_kernel");
     }
-    CK_CUDA(cudaMemcpy(P, dP, (size_t)(R * D) * 4, cudaMemcpyDeviceToHost), "cudaMemcpy (basis)");
+    CK_CUDA(copy_wait(g, P, dP, (size_t)(R * D) * 4, cudaMemcpyDeviceToHost), "cudaMemcpyAsync (basis)");
 out:
     cudaFree(dP);
     return rc;
@@ -822,8 +837,8 @@ extern "C" int df_basis_gpu_eval(df_basis_gpu *g, const df_basis *b, const df_mo
         layer_dot_kernel<<<grid, NT, 0, g->stream>>>(dP, dC, D, H, dpart);
         CK_LAUNCH("layer_dot_kernel");
     }
-    CK_CUDA(cudaMemcpy(part, dpart, (size_t)(R * K) * 8, cudaMemcpyDeviceToHost),
-            "cudaMemcpy (partial sums)");
+    CK_CUDA(copy_wait(g, part, dpart, (size_t)(R * K) * 8, cudaMemcpyDeviceToHost),
+            "cudaMemcpyAsync (partial sums)");
     for (int64_t r = 0; r < R; r++)
         for (int64_t k = 0; k < K; k++)
             a[k] += part[r * K + k];
@@ -926,7 +941,7 @@ extern "C" int df_basis_gpu_extend(df_basis_gpu *g, const df_basis *q, const df_
         diag_kernel<<<(unsigned)cdiv64(D, 256), 256, 0, g->stream>>>(dA, D, dC);
         cudaError_t st = cudaGetLastError();
         if (st == cudaSuccess)
-            st = cudaMemcpy(diag, dC, (size_t)D * 8, cudaMemcpyDeviceToHost);
+            st = copy_wait(g, diag, dC, (size_t)D * 8, cudaMemcpyDeviceToHost);
         for (int64_t i = 0; i < D && st == cudaSuccess; i++)
             tr += diag[i];
         free(diag);
@@ -950,7 +965,7 @@ extern "C" int df_basis_gpu_extend(df_basis_gpu *g, const df_basis *q, const df_
                             (int)D, dS, (int)Rq, &one, dA, (int)D), "cublasDgemm (Q^T Q E)");
         col_sumsq_kernel<<<(unsigned)Re, NT, 0, g->stream>>>(dA, D, dn);
         CK_LAUNCH("col_sumsq_kernel");
-        CK_CUDA(cudaMemcpy(nrm, dn, (size_t)Re * 8, cudaMemcpyDeviceToHost), "cudaMemcpy (norms)");
+        CK_CUDA(copy_wait(g, nrm, dn, (size_t)Re * 8, cudaMemcpyDeviceToHost), "cudaMemcpyAsync (norms)");
         for (int64_t c = 0; c < Re; c++) {
             if (!(nrm[c] > 1e-6)) { /* an eigenvector of M' with energy is never inside span(Q) */
                 rc = df_errf(e, -EDOM, "%s: extension row %lld lies in the kept subspace "
@@ -960,7 +975,7 @@ extern "C" int df_basis_gpu_extend(df_basis_gpu *g, const df_basis *q, const df_
             }
             nrm[c] = 1 / sqrt(nrm[c]);
         }
-        CK_CUDA(cudaMemcpy(dn, nrm, (size_t)Re * 8, cudaMemcpyHostToDevice), "cudaMemcpy (norms)");
+        CK_CUDA(copy_wait(g, dn, nrm, (size_t)Re * 8, cudaMemcpyHostToDevice), "cudaMemcpyAsync (norms)");
         {
             dim3 grid((unsigned)cdiv64(D, 256), (unsigned)Re);
             col_scale_kernel<<<grid, 256, 0, g->stream>>>(dA, D, dn);
