@@ -245,7 +245,8 @@ int df_basis_unproject(const df_basis *b, const float *z, int64_t n_rows, float 
                        df_pool *pool, df_err *e);
 
 /* ---- for backends: the CPU path's checks and rules, shared so that a
- * backend refuses, and chooses, exactly as it does ---- */
+ * backend refuses, and chooses, exactly as it does (the first three are
+ * defined in basis.c, the orthonormality check in basis_file.c) ---- */
 
 /* The input scan of df_moment_add_bf16: -EINVAL "<what>: row t, layer k,
  * column i is not finite" for the first NaN or infinity of the n_rows token

@@ -123,6 +123,7 @@ void df_basis_mirror_upper(double *M, int64_t D);
  * and K*H <= DF_BASIS_MAX_DIM. */
 int df_basis_check_shape(int K, int H, const char *what, df_err *e);
 
-/* df_basis_check_orthonormal is public (basis.h, "for backends"). */
+/* df_basis_check_orthonormal (defined in basis_file.c) is public: basis.h,
+ * "for backends". */
 
 #endif

@@ -1,5 +1,6 @@
 /* basis_gpu.cu - the projection basis' heavy parts on a CUDA GPU (contracts
- * in basis_gpu.h; the CPU reference is formats/basis.c, basis_extend.c).
+ * in basis_gpu.h; the CPU reference is formats/basis.c (moment, fit),
+ * basis_extend.c and basis_eval.c).
  *
  * Layouts. Host matrices are row-major; cuBLAS and cuSOLVER are
  * column-major. A row-major R x D matrix (P, Q, C = P M) is, unchanged in
