@@ -188,6 +188,7 @@ kept_cpu=$(grep -oE 'rank 24 of [0-9]+, [0-9.]+% of the features. energy kept' "
 # build without CUDA or on a machine without a GPU a clear refusal; a bad value is a usage error
 "$D" cache project "$W/ext3" "$W/pjg" --rank 24 --device cuda >"$W/out" 2>&1
 rc=$?
+gpu=$([ $rc = 0 ] && echo 1)   # the GPU variants below run when this one did
 if [ $rc = 0 ]; then
   kept_gpu=$(grep -oE 'rank 24 of [0-9]+, [0-9.]+% of the features. energy kept' "$W/out" | cut -d, -f2 | cut -d% -f1)
   awk -v a="$kept_cpu" -v b="$kept_gpu" 'BEGIN { d = a - b; exit !(a > 0 && d < 0.002 && d > -0.002) }' ||
@@ -231,8 +232,17 @@ rm "$W/pf/manifest.json" "$W/pf/rank-0000.json"   # as if it stopped before fini
 run 0 "rank $hid of " "$D" cache project "$W/ext3" "$W/pf" --fc-basis "$W/runA/export"
 run 0 "identical" "$D" cache diff "$W/pf" "$W/pf2"
 # fc's rows extended by the features' energy outside them (R > hidden), and its top rows (R < hidden)
-run 0 "rank $((hid + 8)) of " "$D" cache project "$W/ext3" "$W/pfx" --fc-basis "$W/runA/export" --rank $((hid + 8))
+run 0 "rank $((hid + 8)) of " "$D" cache project "$W/ext3" "$W/pfx" --fc-basis "$W/runA/export" --rank $((hid + 8)) --device cpu
+kx_cpu=$(grep -oE 'rank [0-9]+ of [0-9]+, [0-9.]+% of the features. energy kept' "$W/out" | cut -d, -f2 | cut -d% -f1)
 run 0 "OK: 96 samples" "$D" dump "$W/pfx" --verify
+# the same extension (basis kind 3) on the GPU: the features' energy it keeps agrees with the CPU's
+if [ -n "$gpu" ]; then
+  run 0 "fc basis: extension and evaluation in .* on .*device 0" "$D" cache project "$W/ext3" "$W/pfxg" --fc-basis "$W/runA/export" --rank $((hid + 8)) --device cuda
+  kx_gpu=$(grep -oE 'rank [0-9]+ of [0-9]+, [0-9.]+% of the features. energy kept' "$W/out" | cut -d, -f2 | cut -d% -f1)
+  awk -v a="$kx_cpu" -v b="$kx_gpu" 'BEGIN { d = a - b; exit !(a > 0 && d < 0.002 && d > -0.002) }' ||
+    fail "--fc-basis --rank $((hid + 8)) --device cuda keeps ${kx_gpu}%, the CPU's ${kx_cpu}%"
+  run 0 "OK: 96 samples" "$D" dump "$W/pfxg" --verify
+fi
 run 0 "rank $((hid / 2)) of " "$D" cache project "$W/ext3" "$W/pfy" --fc-basis "$W/runA/export" --rank $((hid / 2))
 run 1 "the basis is rank" "$D" export --run "$W/runPj1" --out "$W/exPf" --basis "$W/pf/basis.dfb"
 run 0 "eval @ step 60: .* tau_walk" "$D" train ${TA/--quiet/} --cache "$W/pfx" --out "$W/runPfx" --eval-cache "$W/pfx" --eval-rows 4

@@ -19,8 +19,9 @@
  *    (canonical signs), the projector difference, residuals M p - lambda p,
  *    orthonormality, energies, kept fractions; m left untouched (all of
  *    it); the energy rule gives the CPU's R; argument errors;
- *  - the extension vs df_basis_extend and brute force (Ky Fan: the rows
- *    hold the top R - R0 eigenvalues' worth of M');
+ *  - the extension (basis kind 3) vs df_basis_extend and brute force (Ky
+ *    Fan: the rows hold the top R - R0 eigenvalues' worth of M'), and its
+ *    basis.dfb image parses back as kind 3;
  *  - the evaluation of a non-eigen basis vs df_basis_eval and the data. */
 #include <math.h>
 #include <stdio.h>
@@ -579,6 +580,21 @@ static void test_extend(df_basis_gpu *g, df_pool *pool)
     CHECK(fabs(bg.kept - bc.kept) < 1e-5);
     for (int k = 0; k < K; k++)
         CHECK(fabs(bg.layer_kept[k] - bc.layer_kept[k]) < 1e-5);
+    /* what `cache project --fc-basis --rank R` writes from it: a valid kind-3 basis.dfb
+     * (docs/FORMAT-basis.md: R0 in [1, R), eigenvalues non-increasing within each part, P
+     * orthonormal), read back as written */
+    uint8_t *buf = NULL;
+    size_t len = 0;
+    df_basis rb = {0};
+    CHECK_OK(df_basis_serialize(&bg, &buf, &len, &e), &e);
+    if (buf) {
+        CHECK_OK(df_basis_parse(buf, len, "gpu extension", &rb, &e), &e);
+        CHECK(rb.kind == DF_BASIS_KIND_ROWS_EXT && rb.rows_part == R0 && rb.R == R);
+        CHECK(rb.P && !memcmp(rb.P, bg.P, sizeof(float) * R * D));
+        CHECK(rb.kept == bg.kept);
+    }
+    free(buf);
+    df_basis_free(&rb);
 
     /* brute force: M' of the data's components outside span(q); the extension
      * rows hold its top R - R0 eigenvalues' worth (Ky Fan) */
