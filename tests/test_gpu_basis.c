@@ -166,7 +166,11 @@ static double ortho_err(const df_basis *b)
 
 /* ||A^T A - B^T B||_F for the rows [a0, a0 + n) of a and [b0, b0 + n) of b:
  * the distance of the two subspaces' projectors, sqrt(2n - 2 ||A B^T||_F^2). */
-static double proj_dist(const df_basis *a, int a0, const df_basis *b, int b0, int n)
+/* || A^T A - B^T B ||_F for rows a0.. of a and b0.. of b (n each): the
+ * distance of the two projectors, computed from the rows' Gram products so
+ * that equal rows give 0 whatever their f32 rounding (2n - 2 sum (a.b)^2
+ * would turn a 1e-8 norm error into 1e-4 through the square root). */
+static double gram_dot(const df_basis *a, int a0, const df_basis *b, int b0, int n)
 {
     double s = 0;
     int64_t D = a->D;
@@ -177,7 +181,14 @@ static double proj_dist(const df_basis *a, int a0, const df_basis *b, int b0, in
                 d += (double)a->P[(a0 + r) * D + i] * b->P[(b0 + q) * D + i];
             s += d * d;
         }
-    return sqrt(fmax(0, 2.0 * n - 2 * s));
+    return s;
+}
+
+static double proj_dist(const df_basis *a, int a0, const df_basis *b, int b0, int n)
+{
+    double d2 = gram_dot(a, a0, a, a0, n) + gram_dot(b, b0, b, b0, n) -
+                2 * gram_dot(a, a0, b, b0, n);
+    return sqrt(fmax(0, d2));
 }
 
 /* max_i |(M p_r)_i - lambda_r p_ri| over the rows of b, M full D x D */
