@@ -20,13 +20,24 @@ static void usage(FILE *f)
             "target in DIR, whose frozen embedding and lm_head the drafter uses). RUN gets checkpoints,\n"
             "log.jsonl and, at the end, export/ (config.json + model.safetensors for SGLang/vLLM).\n"
             "Rerunning the same command resumes from the newest checkpoint, exactly.\n"
-            "drafter:\n"
+            "  --init-from DIR       start from the drafter export in DIR (config.json +\n"
+            "                        model.safetensors: a `dflash export`, or a released DFlash\n"
+            "                        drafter with the same tensor names, SpecForge / z-lab) to\n"
+            "                        fine-tune it: its weights, a fresh optimizer (step 0, the\n"
+            "                        warmup as set). The drafter options below and --mask-token\n"
+            "                        default to DIR's config (--target-layers: its\n"
+            "                        target_layer_ids); given, they must agree with it, as must\n"
+            "                        the target (hidden size, vocabulary, layers). On a projected\n"
+            "                        cache fc_r = fc P^T. With --eval-cache also evaluated at\n"
+            "                        step 0; --steps 0: only that and the export. A rerun\n"
+            "                        resumes only with the --init-from it started with\n"
+            "drafter (defaults: --init-from's when given):\n"
             "  --layers N            drafter layers (default 1)\n"
             "  --layer-types T       full | sliding | a comma list per layer (default: sliding, last full)\n"
             "  --sliding-window W    window of sliding layers (default 2048)\n"
             "  --intermediate N --heads N --kv-heads N --head-dim N   (default: the target's)\n"
             "  --block-size N        block size (default 16)\n"
-            "  --mask-token ID       the target's mask token id (required)\n"
+            "  --mask-token ID       the target's mask token id (required without --init-from)\n"
             "  --target-layers L,..  which of the cache's feature layers to use (default: all)\n"
             "data:\n"
             "  --max-tokens N        context tokens per packed row (default 4096)\n"
@@ -108,7 +119,7 @@ int cmd_train(int argc, char **argv)
 {
     df_train_opts o;
     df_train_opts_defaults(&o);
-    int tl[64], ntl = 0, gpu_given = 0, rank_given = 0;
+    int tl[64], ntl = 0, gpu_given = 0, rank_given = 0, steps_given = 0, draws = 0;
     const char *gpus = NULL;
     char idbuf[128];
     for (int i = 1; i < argc; i++) {
@@ -160,6 +171,7 @@ int cmd_train(int argc, char **argv)
         }
         if (!strcmp(a, "--fc-init-random")) {
             o.fc_init_random = 1;
+            draws = 1;
             continue;
         }
         if (!strcmp(a, "--no-eval-walk")) {
@@ -177,7 +189,8 @@ int cmd_train(int argc, char **argv)
         else if (!strcmp(a, "--eval-cache")) o.eval_cache = v;
         else if (!strcmp(a, "--out")) o.run_dir = v;
         else if (!strcmp(a, "--layer-types")) o.layer_types = v;
-        else if (!strcmp(a, "--init-seed-for")) o.init_seed_for = v;
+        else if (!strcmp(a, "--init-seed-for")) { o.init_seed_for = v; draws = 1; }
+        else if (!strcmp(a, "--init-from")) o.init_from = v;
         else if (!strcmp(a, "--gpus")) gpus = v;
         else if (!strcmp(a, "--run-id")) o.run_id = v;
         else if (!strcmp(a, "--device")) {
@@ -217,14 +230,14 @@ int cmd_train(int argc, char **argv)
         else if (!strcmp(a, "--rows-per-step")) o.rows_per_step = (int)x;
         else if (!strcmp(a, "--gamma")) o.gamma = x;
         else if (!strcmp(a, "--noise")) o.noise = (float)x;
-        else if (!strcmp(a, "--steps")) o.steps = (int64_t)x;
+        else if (!strcmp(a, "--steps")) { o.steps = (int64_t)x; steps_given = 1; }
         else if (!strcmp(a, "--lr")) o.lr = x;
         else if (!strcmp(a, "--min-lr")) o.min_lr = x;
         else if (!strcmp(a, "--warmup")) o.warmup_frac = x;
         else if (!strcmp(a, "--clip")) o.clip = x;
-        else if (!strcmp(a, "--init-std")) o.init_std = x;
+        else if (!strcmp(a, "--init-std")) { o.init_std = x; draws = 1; }
         else if (!strcmp(a, "--seed")) o.seed = (uint64_t)x;
-        else if (!strcmp(a, "--init-seed") && x >= 1) o.init_seed = (uint64_t)x;
+        else if (!strcmp(a, "--init-seed") && x >= 1) { o.init_seed = (uint64_t)x; draws = 1; }
         else if (!strcmp(a, "--log-every")) o.log_every = (int)x;
         else if (!strcmp(a, "--eval-every")) o.eval_every = (int)x;
         else if (!strcmp(a, "--eval-rows")) o.eval_rows = (int)x;
@@ -241,10 +254,15 @@ int cmd_train(int argc, char **argv)
             return 2;
         }
     }
-    if (!o.cache_dir || (!o.target_dir && !o.random_target) || !o.run_dir || o.steps <= 0 ||
-        o.mask_token_id < 0) {
-        fprintf(stderr, "dflash train: --cache, --target, --out, --steps and --mask-token are "
-                        "required\n");
+    if (!o.cache_dir || (!o.target_dir && !o.random_target) || !o.run_dir || !steps_given ||
+        o.steps < 0 || (o.steps == 0 && !o.init_from) || (o.mask_token_id < 0 && !o.init_from)) {
+        fprintf(stderr, "dflash train: --cache, --target, --out, --steps (> 0; 0 only with "
+                        "--init-from) and --mask-token (unless --init-from) are required\n");
+        return 2;
+    }
+    if (o.init_from && draws) {
+        fprintf(stderr, "dflash train: --init-from sets every weight: --fc-init-random, "
+                        "--init-seed, --init-seed-for and --init-std have nothing to draw\n");
         return 2;
     }
     /* Ranks: a launcher's (torchrun / Slurm; CPU ranks too), or one process

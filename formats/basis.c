@@ -716,6 +716,22 @@ int df_basis_project_f32(const df_basis *b, const float *const *layers, int K, i
     return project(b, &s, n_rows, z, 0, pool, "df_basis_project_f32", e);
 }
 
+int df_basis_project_rows_f32(const df_basis *b, const float *x, int64_t n_rows, float *z,
+                              df_pool *pool, df_err *e)
+{
+    if (!b->P || b->K < 1 || b->K > DF_BASIS_MAX_LAYERS)
+        return df_errf(e, -EINVAL, "df_basis_project_rows_f32: empty basis");
+    if (n_rows > 0 && (!x || !z))
+        return df_errf(e, -EINVAL, "df_basis_project_rows_f32: n_rows = %lld with no input or "
+                       "output", (long long)n_rows);
+    /* each row holds the K layers side by side: layer k starts at k H, rows D apart */
+    const float *layers[DF_BASIS_MAX_LAYERS];
+    for (int k = 0; k < b->K; k++)
+        layers[k] = x ? x + (int64_t)k * b->H : NULL;
+    rows_src s = {(const void *const *)layers, 0, b->K, b->H, b->D};
+    return project(b, &s, n_rows, z, 0, pool, "df_basis_project_rows_f32", e);
+}
+
 int df_basis_merge(const df_basis *b, const float *fc_r, int rows, float *fc, df_pool *pool,
                    df_err *e)
 {

@@ -15,7 +15,8 @@
  *    orthonormal basis of a matrix's row space (df_basis_from_rows, e.g. of
  *    an fc trained on lossless data), optionally extended by the top
  *    eigenvectors of the energy outside it (df_basis_extend);
- *  - apply: z = P x (df_basis_project_*), fc = fc_r P (df_basis_merge),
+ *  - apply: z = P x (df_basis_project_*), fc = fc_r P (df_basis_merge), fc_r = fc P^T
+ *    (df_basis_project_rows_f32),
  *    x_hat = P^T z (df_basis_unproject), and df_basis_eval (what fraction of
  *    a moment's energy any basis keeps, overall and per layer);
  *  - the file basis.dfb (docs/FORMAT-basis.md): df_basis_write/read.
@@ -230,6 +231,15 @@ int df_basis_project_bf16(const df_basis *b, const uint16_t *const *layers, int 
                           int64_t n_rows, uint16_t *z, df_pool *pool, df_err *e);
 int df_basis_project_f32(const df_basis *b, const float *const *layers, int K, int H,
                          int64_t n_rows, float *z, df_pool *pool, df_err *e);
+
+/* The same for rows that hold the K layers side by side: x is n_rows x D
+ * row-major (a token's features, or a row of an fc), z = x P^T is n_rows x R
+ * f32. Restricting a raw drafter's fc to the basis, fc_r = fc P^T, is this
+ * with fc's H rows: for features in P's span fc_r (P x) = fc x exactly, and
+ * fc_r P is the map nearest fc (least squares, Frobenius) among those that
+ * read only z. 0, -EINVAL or -ENOMEM. */
+int df_basis_project_rows_f32(const df_basis *b, const float *x, int64_t n_rows, float *z,
+                              df_pool *pool, df_err *e);
 
 /* fc = fc_r P: fc_r is rows x R, fc is rows x D (both row-major f32);
  * products and sums in double, rounded to f32 once. The export's map: on a

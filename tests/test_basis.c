@@ -637,6 +637,20 @@ static void test_apply(df_pool *pool)
     CHECK(wmerge < 1e-5);
     CHECK(ymax > 0.1);
 
+    /* rows holding the K layers side by side (an fc's rows, --init-from): the bits of the
+     * same values given as K layers; and fc P^T of a merged fc = fc_r P gives fc_r back */
+    float *z3 = malloc(sizeof(float) * n * R), *fcr2 = malloc(sizeof(float) * HO * R);
+    CHECK_OK(df_basis_project_rows_f32(&b, xs, n, z3, pool, &e), &e);
+    CHECK(!memcmp(z2, z3, sizeof(float) * n * R));
+    CHECK_OK(df_basis_project_rows_f32(&b, fc, HO, fcr2, pool, &e), &e);
+    worst = 0;
+    for (int i = 0; i < HO * R; i++)
+        worst = fmax(worst, fabs(fcr2[i] - fcr[i]));
+    CHECK(worst < 1e-5);
+    CHECK_ERR(df_basis_project_rows_f32(&b, NULL, n, z3, pool, &e), -EINVAL, &e, "no input");
+    free(z3);
+    free(fcr2);
+
     /* arguments */
     CHECK_ERR(df_basis_project_f32(&b, lay, K + 1, H, n, z, pool, &e), -DF_EMISMATCH, &e,
               "layers of");

@@ -270,6 +270,53 @@ run 2 "exactly one of" "$D" cache project "$W/ext3" "$W/pj5" --rank 4 --energy 0
 run 2 "out of range" "$D" cache project "$W/ext3" "$W/pj6" --rank 100000
 run 2 "bad or missing value" "$D" cache project "$W/ext3" "$W/pj7" --energy 1.5
 
+# --- --init-from: a run that starts from a drafter export (ours here; a released DFlash drafter
+# has the same names) with a fresh optimizer. --steps 0: the start itself, exported bit for bit,
+# its block size, mask token and layers taken from its config (none given here)
+IA="--init-from $W/runA/export --cache $W/ext3 --target $TM --max-tokens 512 --max-anchors 32 --quiet --device cpu"
+run 0 "" "$D" train $IA --steps 0 --out "$W/runI0"
+cmp -s "$W/runA/export/model.safetensors" "$W/runI0/export/model.safetensors" || fail "--init-from --steps 0 changed the weights"
+cmp -s "$W/runA/export/config.json" "$W/runI0/export/config.json" || fail "--init-from --steps 0 changed the config"
+# fine-tuning: the first step's loss is the trained drafter's (runA ends near 5.7; a drawn one
+# starts near 6.5); an interrupted fine-tune resumes exactly
+IA1="$IA --steps 8 --lr 1e-3 --log-every 1 --ckpt-every 4"
+run 0 "" "$D" train $IA1 --out "$W/runI1"
+a=$(head -1 "$W/runA/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
+z=$(tail -1 "$W/runA/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
+i1=$(head -1 "$W/runI1/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
+awk -v a="$a" -v z="$z" -v i="$i1" 'BEGIN { exit !(i < z + 0.1 && i < a - 0.3) }' || fail "--init-from: step 1 loss $i1, not near runA's last $z"
+run 0 "" "$D" train $IA1 --out "$W/runI2" --stop-after 5
+run 0 "" "$D" train $IA1 --out "$W/runI2"
+cmp -s "$W/runI1/export/model.safetensors" "$W/runI2/export/model.safetensors" || fail "--init-from run resumed to other weights"
+# a run resumes only from the start it was made from
+run 1 "started from drawn weights; --init-from .* starts a new run" "$D" train $IA1 --out "$W/runA"
+run 1 "started from --init-from .*runA/export; give it again" "$D" train ${IA1/--init-from $W\/runA\/export/} --mask-token 1 --block-size 8 --out "$W/runI1"
+run 2 "nothing to draw" "$D" train $IA1 --out "$W/runIx" --init-seed 3
+# what does not fit is named, with both values: a config key, a tensor's shape, a missing tensor,
+# an extra one
+run 1 "num_hidden_layers is 1; the drafter being built has 2 \(--layers\)" "$D" train $IA1 --out "$W/runIx" --layers 2
+run 1 "block_size is 8; the drafter being built has 4 \(--block-size\)" "$D" train $IA1 --out "$W/runIx" --block-size 4
+cp -r "$W/runA/export" "$W/initH"
+sed -i -E 's/"(target_)?hidden_size":[[:space:]]*[0-9]+/"\1hidden_size": 32/' "$W/initH/config.json"
+run 1 "hidden_size is 32; the drafter being built has $hid \(the target's" "$D" train ${IA1/runA\/export/initH} --out "$W/runIx"
+cp -r "$W/runA/export" "$W/initF"
+sed -i -E 's/"intermediate_size":[[:space:]]*[0-9]+/"intermediate_size": 99/' "$W/initF/config.json"
+run 1 "tensor layers.0.mlp.gate_proj.weight has shape \[[0-9]+,$hid\]; its config.json implies \[99,$hid\]" "$D" train ${IA1/runA\/export/initF} --out "$W/runIx"
+cp -r "$W/runA/export" "$W/initM"
+sed -i -E 's/"num_hidden_layers":[[:space:]]*1/"num_hidden_layers": 2/; s/\["full_attention"\]/["full_attention", "full_attention"]/' "$W/initM/config.json"
+run 1 "tensor layers.1.input_layernorm.weight is missing" "$D" train ${IA1/runA\/export/initM} --out "$W/runIx"
+cp -r "$W/runL3/export" "$W/initX"   # 3 layers, its config made to say 2
+sed -i -E 's/"num_hidden_layers":[[:space:]]*3/"num_hidden_layers": 2/; s/\["sliding_attention", /[/' "$W/initX/config.json"
+run 1 "extra tensor layers.2\." "$D" train ${IA1/runA\/export/initX} --out "$W/runIx"
+# a projected cache: fc_r = fc P^T. On pf (whose basis is runA's fc rows) the evaluation at step 0
+# is runA's own, to float rounding (a rank-24 basis of the energy moves it by ~1e-2)
+run 0 "eval @ step 0" "$D" train ${IA/--quiet/} --steps 0 --eval-cache "$W/evc" --eval-rows 4 --out "$W/runI0e"
+run 0 "" "$D" cache project "$W/evc" "$W/pfe" --basis "$W/pf/basis.dfb"
+run 0 "fc_r = fc P\^T \($hid x $hid\)" "$D" train ${IA/--quiet/} --cache "$W/pf" --steps 0 --eval-cache "$W/pfe" --eval-rows 4 --out "$W/runIp"
+e0=$(sed -nE 's/.*"eval_loss":([0-9.]+).*/\1/p' "$W/runI0e/log.jsonl")
+ep=$(sed -nE 's/.*"eval_loss":([0-9.]+).*/\1/p' "$W/runIp/log.jsonl")
+awk -v a="$e0" -v b="$ep" 'BEGIN { d = a - b; exit !(a > 0 && d < 1e-4 && d > -1e-4) }' || fail "projected --init-from: eval loss $ep, runA's $e0"
+
 # --- cache plan: the size before anything runs (typical ratios, or measured on a cache)
 run 0 "total +15.48 TB" "$D" cache plan --hidden 5120 --layers 5 --tokens 1.3e9 --codec int4-b32
 run 0 "total +11\.30 TB" "$D" cache plan --hidden 5120 --layers 5 --tokens 1.3e9 --codec int3-b32

@@ -115,4 +115,16 @@ int df_ckpt_prune(const char *run_dir, int keep_last, df_err *e);
 int df_export_drafter(const char *out_dir, const df_drafter_config *c, const df_params *ps,
                       const float *master, df_err *e);
 
+/* Reads an export back (train/export_load.c): DIR/config.json (df_drafter_config_load:
+ * the DFlash keys required, the serving keys checked where present) into *c, its
+ * parameter table into *ps, and DIR/model.safetensors (or a sharded index) into
+ * *master (malloc'd, ps->total floats, table layout; BF16/F16/F32 widened exactly).
+ * Ours or a released DFlash drafter of the same names (SpecForge / z-lab). Every
+ * tensor the config implies must be there with exactly its shape, and nothing else:
+ * -DF_EMISMATCH naming the missing or extra tensor, or the tensor and both shapes;
+ * -EINVAL for a non-finite weight (tensor and index); -ENOTSUP for another dtype;
+ * the config's and the reader's errors otherwise. On error nothing is allocated. */
+int df_export_load(const char *dir, df_drafter_config *c, df_params *ps, float **master,
+                   df_err *e);
+
 #endif

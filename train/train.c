@@ -16,6 +16,7 @@
 #include "ckpt.h"
 #include "drafter.h"
 #include "fsutil.h"
+#include "init_from.h"
 #include "log.h"
 #include "params.h"
 #include "projected.h"
@@ -27,9 +28,7 @@
 void df_train_opts_defaults(df_train_opts *o)
 {
     memset(o, 0, sizeof *o);
-    o->layers = 1;
-    o->sliding_window = 2048;
-    o->block_size = 16;
+    /* layers, sliding_window, block_size 0: 1, 2048, 16 or init_from's (df_train_run) */
     o->mask_token_id = -1;
     o->max_tokens = 4096;
     o->max_anchors = 512;
@@ -1152,12 +1151,23 @@ int df_train_run(const df_train_opts *o, df_err *e)
     int world = o->world > 1 ? o->world : 1, rank = world > 1 ? o->rank : 0;
     int lead = rank == 0; /* rank 0 writes the log, checkpoints and the export */
 
-    if (o->steps <= 0)
-        return df_errf(e, -EINVAL, "--steps must be > 0");
+    if (o->steps < 0 || (o->steps == 0 && !o->init_from))
+        return df_errf(e, -EINVAL, "--steps must be > 0 (0 only with --init-from)");
     if (rank < 0 || rank >= world)
         return df_errf(e, -EINVAL, "rank %d out of range for %d ranks", rank, world);
-    if (o->mask_token_id < 0)
+    if (o->mask_token_id < 0 && !o->init_from)
         return df_errf(e, -EINVAL, "--mask-token is required (the id of the target's mask token)");
+    /* --init-from: the config of the drafter export the run starts from; it gives the
+     * shape options left unset (its weights are read at a fresh start, below) */
+    df_drafter_config ic;
+    const df_drafter_config *icp = NULL;
+    if (o->init_from) {
+        if ((rc = df_drafter_config_load(o->init_from, &ic, e))) {
+            df_err_wrap(e, "--init-from %s", o->init_from);
+            return rc;
+        }
+        icp = &ic;
+    }
     df_model_config tc;
     if ((rc = df_model_config_load(o->random_target ? o->random_target : o->target_dir, &tc, e)))
         return rc;
@@ -1185,41 +1195,62 @@ int df_train_run(const df_train_opts *o, df_err *e)
     uint32_t n_src = df_cache_target_layers(cp, &src_ids);
     const int n_feat = cp->proj_rank ? 1 : (o->target_layers ? o->n_target_layers : (int)n_src);
 
-    /* The drafter config: docs/DRAFTER.md shapes, defaults from the target. */
+    /* The drafter config: docs/DRAFTER.md shapes; what is not given comes from
+     * --init-from's config, else from the target (the feature layers: the cache's). */
     df_drafter_config c;
     memset(&c, 0, sizeof c);
-    c.block_size = o->block_size;
-    c.mask_token_id = o->mask_token_id;
-    c.num_target_features = o->target_layers ? o->n_target_layers : (int)n_src;
+    c.block_size = o->block_size ? o->block_size : icp ? icp->block_size : 16;
+    c.mask_token_id = o->mask_token_id >= 0 ? o->mask_token_id : icp ? icp->mask_token_id : -1;
+    /* a projected cache holds all of its layers jointly: those are the drafter's */
+    const int ids_from_init = icp && !o->target_layers && !cp->proj_rank;
+    c.num_target_features = o->target_layers ? o->n_target_layers
+                            : ids_from_init  ? icp->num_target_features
+                                             : (int)n_src;
     for (int i = 0; i < c.num_target_features; i++)
-        c.target_layer_ids[i] = o->target_layers ? o->target_layers[i] : src_ids[i];
+        c.target_layer_ids[i] = o->target_layers ? o->target_layers[i]
+                                : ids_from_init  ? icp->target_layer_ids[i]
+                                                 : src_ids[i];
     c.feature_dim = (int)cp->proj_rank;
     c.num_target_layers = tc.num_hidden_layers;
-    c.num_hidden_layers = o->layers;
+    c.num_hidden_layers = o->layers ? o->layers : icp ? icp->num_hidden_layers : 1;
     c.hidden_size = tc.hidden_size;
-    c.intermediate_size = o->intermediate ? o->intermediate : tc.intermediate_size;
-    c.num_attention_heads = o->heads ? o->heads : tc.num_attention_heads;
-    c.num_key_value_heads = o->kv_heads ? o->kv_heads : tc.num_key_value_heads;
-    c.head_dim = o->head_dim ? o->head_dim : tc.head_dim;
+    c.intermediate_size = o->intermediate ? o->intermediate
+                          : icp           ? icp->intermediate_size
+                                          : tc.intermediate_size;
+    c.num_attention_heads = o->heads ? o->heads : icp ? icp->num_attention_heads
+                                                      : tc.num_attention_heads;
+    c.num_key_value_heads = o->kv_heads ? o->kv_heads : icp ? icp->num_key_value_heads
+                                                            : tc.num_key_value_heads;
+    c.head_dim = o->head_dim ? o->head_dim : icp ? icp->head_dim : tc.head_dim;
     c.rms_norm_eps = tc.rms_norm_eps;
     c.rope_theta = tc.rope_theta;
     c.max_position_embeddings = tc.max_position_embeddings ? tc.max_position_embeddings : 32768;
     c.vocab_size = tc.vocab_size;
-    if ((rc = parse_layer_types(o, &c, e)))
+    if (!o->layer_types && icp && icp->num_hidden_layers == c.num_hidden_layers)
+        memcpy(c.layer_types, icp->layer_types, (size_t)c.num_hidden_layers);
+    else if ((rc = parse_layer_types(o, &c, e)))
         goto out;
     for (int i = 0; i < c.num_hidden_layers; i++)
         if (c.layer_types[i] == DF_LAYER_SLIDING) {
-            c.sliding_window = o->sliding_window;
+            c.sliding_window = o->sliding_window             ? o->sliding_window
+                               : icp && icp->sliding_window > 0 ? icp->sliding_window
+                                                                : 2048;
             c.use_sliding_window = true;
         }
     if ((rc = df_drafter_config_validate(&c, "drafter", e)))
+        goto out;
+    if (icp && (rc = df_init_config_check(o->init_from, &c, icp, cp->proj_rank != 0,
+                                          lead && !o->quiet, e)))
         goto out;
 
     int cache_index[DF_BATCH_MAX_FEATURES];
     uint64_t layer_mask = 0;
     if ((rc = df_batch_map_layers(cp, c.target_layer_ids, c.num_target_features, cache_index,
-                                  &layer_mask, e)))
+                                  &layer_mask, e))) {
+        if (ids_from_init)
+            df_err_wrap(e, "--init-from %s: its dflash_config.target_layer_ids", o->init_from);
         goto out;
+    }
 
     df_tensor embed, head;
     if (!o->random_target &&
@@ -1275,8 +1306,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
     const df_params *ps = df_drafter_params(d);
     int64_t total = ps->total;
 
-    df_lr_schedule sched;
-    if ((rc = df_lr_schedule_init(&sched, o->lr, o->min_lr, o->steps, o->warmup_frac, e)))
+    df_lr_schedule sched; /* no steps (--init-from ... --steps 0): none to schedule */
+    if (o->steps > 0 &&
+        (rc = df_lr_schedule_init(&sched, o->lr, o->min_lr, o->steps, o->warmup_frac, e)))
         goto out;
 
     /* Fresh start or exact resume. */
@@ -1285,6 +1317,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
     int64_t step0 = 0;
     rc = df_ckpt_load_latest(o->run_dir, &ck, e);
     if (rc == 0) {
+        /* the start it was made from first: without it the shape options default otherwise */
+        if ((rc = df_init_resume_check(ck.loaded_from, ck.hparams_json, o->init_from, icp, e)))
+            goto out;
         if (ck.n_floats != total || memcmp(&ck.config.target_layer_ids, &c.target_layer_ids,
                                            sizeof c.target_layer_ids) ||
             ck.config.num_hidden_layers != c.num_hidden_layers ||
@@ -1324,12 +1359,24 @@ int df_train_run(const df_train_opts *o, df_err *e)
             rc = df_errf(e, -ENOMEM, "out of memory for %" PRId64 " parameters", total);
             goto out;
         }
-        df_params_init(ps, ck.master, (float)o->init_std, o->init_seed ? o->init_seed : o->seed);
-        if (!o->fc_init_random)
-            df_params_init_fc_mean(ps, &c, cp->proj_rank ? &basis : NULL, ck.master);
-        if (o->init_seed_for && (rc = df_params_init_overrides(ps, ck.master, (float)o->init_std,
-                                                     o->init_seed_for, e)))
-            goto out;
+        if (o->init_from) { /* every weight from the export; its start goes with the checkpoints */
+            if ((rc = df_init_weights(o->init_from, &c, ps, cp->proj_rank ? &basis : NULL,
+                                      o->threads, ck.master, lead && !o->quiet, e)))
+                goto out;
+            if (!(ck.hparams_json = df_init_hparams(o->init_from, icp))) {
+                rc = df_errf(e, -ENOMEM, "out of memory");
+                goto out;
+            }
+        } else {
+            df_params_init(ps, ck.master, (float)o->init_std,
+                           o->init_seed ? o->init_seed : o->seed);
+            if (!o->fc_init_random)
+                df_params_init_fc_mean(ps, &c, cp->proj_rank ? &basis : NULL, ck.master);
+            if (o->init_seed_for &&
+                (rc = df_params_init_overrides(ps, ck.master, (float)o->init_std,
+                                               o->init_seed_for, e)))
+                goto out;
+        }
         df_rng_seed(&rng, o->seed, /* rank 0: as one rank */
                     1 + 0x10000ull * (uint64_t)(o->replicate_data ? 0 : rank));
         if ((rc = df_mkdirs(o->run_dir, e)))
@@ -1337,7 +1384,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
     } else {
         goto out;
     }
-    if (step0 >= o->steps) {
+    if (step0 > 0 && step0 >= o->steps) { /* (a fresh --steps 0 run goes on: eval, export) */
         if (!o->quiet && lead)
             printf("%s: already trained for %" PRId64 " steps\n", o->run_dir, step0);
         goto export;
@@ -1492,6 +1539,11 @@ int df_train_run(const df_train_opts *o, df_err *e)
                                                 ? step0 + o->stop_after : o->steps, e)))
         goto out;
 
+    /* a run from --init-from is evaluated before its first step too: the score of the
+     * drafter it starts from (with --steps 0, the only evaluation) */
+    if (ev.cache && lead && o->init_from && step0 == 0 &&
+        (rc = run_eval(&ev, d, ds.w, n_feat, 0, logf, o->quiet, c.block_size, e)))
+        goto out;
     double t_prev = df_now(), acc_data_s = 0, acc_flops = 0, acc_build_s = 0, acc_read_s = 0;
     const double t_run0 = t_prev;
     double acc_data_max_s = 0;

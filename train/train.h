@@ -29,15 +29,23 @@ typedef struct df_train_opts {
     const char *cache_dir, *target_dir, *run_dir;
     const char *random_target;  /* benchmarks: a config.json whose embedding and head are drawn
                                    at random (no checkpoint; the cache's target is not checked) */
-    /* drafter shape (0 = default: the target's sizes, docs/DRAFTER.md) */
+    /* A drafter export to start from (config.json + model.safetensors: ours, or a
+     * released DFlash drafter of the same tensor names), NULL = none. Its weights
+     * start the run with a fresh optimizer (step 0, the warmup as set); its config
+     * gives the shape options below left at their defaults, and must agree with
+     * those given (an error names the key and both values). On a projected cache
+     * fc_r = fc P^T. Only a fresh run takes it: a run resumes from its checkpoints,
+     * which record the config it started from (a mismatch is refused). */
+    const char *init_from;
+    /* drafter shape (0 = default: init_from's, else the target's sizes, docs/DRAFTER.md) */
     int layers;                 /* default 1 */
     const char *layer_types;    /* "full", "sliding", or a comma list per layer; default: all
                                    sliding but the last (full) */
     int sliding_window;         /* default 2048 */
     int intermediate, heads, kv_heads, head_dim;
     int block_size;             /* default 16 */
-    int64_t mask_token_id;      /* required (>= 0) */
-    const int *target_layers;   /* subset of the cache's layers, or NULL = all */
+    int64_t mask_token_id;      /* required (>= 0) unless init_from; -1 = not given */
+    const int *target_layers;   /* subset of the cache's layers, or NULL = all (init_from's) */
     int n_target_layers;
     /* evaluation on a held-out cache (same target and layers): forward only, the same rows
      * each time; logged as eval_loss / eval_tau_hat / eval_acc lines in log.jsonl */
@@ -59,7 +67,8 @@ typedef struct df_train_opts {
     int buffered_io;            /* read the cache through the page cache (no O_DIRECT): a cache
                                    that fits in RAM is then read from memory after one epoch */
     /* optimisation */
-    int64_t steps;              /* required (> 0) */
+    int64_t steps;              /* required (> 0; 0 with init_from: no step, only the export
+                                   and, with eval_cache, the evaluation at step 0) */
     double lr, min_lr, warmup_frac, clip, init_std;
     uint64_t seed;              /* data order, anchors, noise; and the init unless init_seed */
     uint64_t init_seed;         /* the weights' initial draw; 0 = seed */
