@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "basis.h"
+#include "best.h"
 #include "cache.h"
 #include "ckpt.h"
 #include "cmds.h"
@@ -15,11 +16,13 @@
 static void export_usage(FILE *f)
 {
     fprintf(f,
-            "usage: dflash export --run RUN --out DIR [--step N] [--cache CACHE | --basis FILE]\n"
+            "usage: dflash export --run RUN --out DIR [--step N | --best] [--cache CACHE | --basis FILE]\n"
             "Writes DIR/config.json + DIR/model.safetensors, the drafter as serving engines load\n"
             "it (what `dflash train` writes to RUN/export at its end), from a checkpoint of RUN.\n"
             "  --run RUN      a training run directory (its ckpt-* checkpoints)\n"
             "  --step N       the checkpoint at step N (default: the newest)\n"
+            "  --best         the export of the step with the best evaluation (RUN/best/, kept\n"
+            "                 by training with --eval-cache; projected runs: already merged)\n"
             "  --out DIR      the export directory (replaced atomically if it holds an export)\n"
             "  --cache CACHE  for a run on a projected cache: that cache (its basis.dfb, checked\n"
             "                 against its manifest) or --basis FILE: the export merges fc = fc_r P\n"
@@ -68,15 +71,46 @@ static int load_basis(const char *cache_dir, const char *basis_path, df_basis *b
     return rc;
 }
 
+/* --best: RUN/best read back whole (every tensor checked against its config,
+ * df_export_load) and written to outd as any export. */
+static int export_best(const char *run, const char *outd)
+{
+    df_err e = {0};
+    df_best b;
+    df_drafter_config c;
+    df_params ps = {0};
+    float *w = NULL;
+    char dir[4200];
+    snprintf(dir, sizeof dir, "%s/%s", run, DF_BEST_DIR);
+    int rc = df_best_load(run, &b, &e);
+    if (!rc && (rc = df_export_load(dir, &c, &ps, &w, &e)) < 0)
+        df_err_wrap(&e, "%s", dir);
+    if (!rc)
+        rc = df_export_drafter(outd, &c, &ps, w, &e);
+    if (!rc)
+        printf("exported the best step %" PRId64 " of %s (%s %.4f) to %s (config.json + "
+               "model.safetensors)\n", b.step, run, b.metric, b.value, outd);
+    else
+        fprintf(stderr, "dflash export: %s\n", e.msg);
+    free(w);
+    df_params_free(&ps);
+    return rc ? 1 : 0;
+}
+
 int cmd_export(int argc, char **argv)
 {
     const char *run = NULL, *outd = NULL, *cache_dir = NULL, *basis_path = NULL;
     long long step = -1;
+    int best = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             export_usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--best")) {
+            best = 1;
+            continue;
         }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
         char *end = NULL;
@@ -110,7 +144,14 @@ int cmd_export(int argc, char **argv)
         export_usage(stderr);
         return 2;
     }
+    if (best && (step >= 0 || cache_dir || basis_path)) {
+        fprintf(stderr, "dflash export: --best is the export kept by training (projected runs "
+                        "merged already): no --step, --cache or --basis with it\n");
+        return 2;
+    }
     df_err e = {0};
+    if (best)
+        return export_best(run, outd);
     df_ckpt_state st = {0};
     df_params ps = {0};
     df_basis b = {0};

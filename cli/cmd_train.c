@@ -79,7 +79,10 @@ static void usage(FILE *f)
             "                        eval_* lines. tau_hat = 1 + mean accepted drafts per block;\n"
             "                        tau_walk = tokens per verification of greedy decoding on the\n"
             "                        eval text (README; ~candidates/max-anchors forward passes\n"
-            "                        per row); --no-eval-walk skips it\n"
+            "                        per row); --no-eval-walk skips it. RUN/best/ keeps the\n"
+            "                        export of the step with the highest eval tau_walk (or\n"
+            "                        tau_hat without the walk) + best.json (step, figures);\n"
+            "                        `dflash export --run RUN --best` exports it; --no-best: not\n"
             "  --random-target CFG   benchmarks: a random frozen embedding/head of this config.json\n"
             "                        instead of --target (the cache's target is not checked)\n"
             "  --device cpu|cuda|auto  the backend (default cpu; cuda: one GPU, --gpu I)\n"
@@ -176,6 +179,10 @@ int cmd_train(int argc, char **argv)
         }
         if (!strcmp(a, "--no-eval-walk")) {
             o.no_eval_walk = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-best")) {
+            o.no_best = 1;
             continue;
         }
         if (!v) {

@@ -164,16 +164,35 @@ run 0 "" "$D" train $TA --out "$W/runK"
 cmp -s "$W/runA/export/model.safetensors" "$W/runK/export/model.safetensors" || fail "run resumed after kill -9 differs"
 # evaluation on a held-out cache (the bundled eval corpus): logged lines, the same at every resume
 run 0 "" "$D" extract --device cpu --model "$TM" --data "$TM/eval.jsonl" --out "$W/evc" --layers 0,1,2 --quiet
-run 0 "eval @ step 60: .* rows.* tau_walk [0-9.]* " "$D" train ${TA/--quiet/} --out "$W/runEv" --eval-cache "$W/evc" --eval-every 30 --eval-rows 4
-[ "$(grep -c eval_tau_hat "$W/runEv/log.jsonl")" = 2 ] || fail "expected 2 evaluation lines in log.jsonl"
+run 0 "eval @ step 60: .* rows.* tau_walk [0-9.]* " "$D" train ${TA/--quiet/} --out "$W/runEv" --eval-cache "$W/evc" --eval-every 20 --eval-rows 4 --keep-last 0
+[ "$(grep -c eval_tau_hat "$W/runEv/log.jsonl")" = 3 ] || fail "expected 3 evaluation lines in log.jsonl"
 # the walk's tau: tokens per verification, between 1 and the block size
 for t in $(sed -n 's/.*"eval_tau_walk":\([0-9.]*\).*/\1/p' "$W/runEv/log.jsonl"); do
   awk -v t="$t" 'BEGIN { exit !(t >= 1 && t <= 8) }' || fail "eval_tau_walk $t outside [1, 8]"
 done
-[ "$(grep -c '"eval_walk_verifications":[1-9]' "$W/runEv/log.jsonl")" = 2 ] || fail "expected 2 walks"
+[ "$(grep -c '"eval_walk_verifications":[1-9]' "$W/runEv/log.jsonl")" = 3 ] || fail "expected 3 walks"
+# RUN/best: the export of the step with the highest eval tau_walk, with best.json (step, figures):
+# no logged evaluation beats it, it is the export of that step's checkpoint, and `export --best`
+# gives it back bit for bit
+bstep() { sed -nE 's/.*"step":[[:space:]]*([0-9]+).*/\1/p' "$1/best/best.json"; }
+bs=$(bstep "$W/runEv")
+bv=$(sed -nE 's/.*"value":[[:space:]]*([0-9.e+-]+).*/\1/p' "$W/runEv/best/best.json")
+[ -n "$bs" ] && [ -n "$bv" ] || fail "runEv: no best/best.json with a step and a value"
+grep -q "^{\"step\":$bs,\"eval_rows\".*\"eval_tau_walk\":$(printf %.4f "$bv")," "$W/runEv/log.jsonl" || fail "best.json: step $bs did not score $bv"
+sed -nE 's/.*"eval_tau_walk":([0-9.]+).*/\1/p' "$W/runEv/log.jsonl" |
+  awk -v v="$(printf %.4f "$bv")" '$1 > v + 0 { bad = 1 } END { exit bad }' || fail "a logged eval_tau_walk beats best.json's $bv"
+run 0 "exported the best step $bs of" "$D" export --run "$W/runEv" --best --out "$W/exBest"
+cmp -s "$W/runEv/best/model.safetensors" "$W/exBest/model.safetensors" || fail "export --best differs from RUN/best"
+run 0 "exported step $bs of" "$D" export --run "$W/runEv" --step "$bs" --out "$W/exBestS"
+cmp -s "$W/runEv/best/model.safetensors" "$W/exBestS/model.safetensors" || fail "RUN/best is not the export of step $bs"
+run 1 "has no best export" "$D" export --run "$W/runA" --best --out "$W/exNoBest"
+run 2 "no --step" "$D" export --run "$W/runEv" --best --step 20 --out "$W/exNoBest"
 run 0 "" "$D" train $TA --out "$W/runEvN" --eval-cache "$W/evc" --eval-rows 4 --no-eval-walk
 grep -q eval_tau_hat "$W/runEvN/log.jsonl" || fail "--no-eval-walk: no evaluation line"
 grep -q eval_tau_walk "$W/runEvN/log.jsonl" && fail "--no-eval-walk still walked"
+grep -Eq '"metric":[[:space:]]*"eval_tau_hat"' "$W/runEvN/best/best.json" || fail "--no-eval-walk: the best is not by tau_hat"
+run 0 "" "$D" train ${TA/--steps 60/--steps 4} --out "$W/runEvNb" --eval-cache "$W/evc" --eval-rows 2 --no-eval-walk --no-best
+[ -e "$W/runEvNb/best" ] && fail "--no-best kept a best export"
 run 1 "nope" "$D" train $TA --out "$W/runEv2" --eval-cache "$W/nope"
 run 1 "another target" "$D" train $TA --out "$W/runC" --target "$SRC/tests/fixtures/qwen3_5-tiny"
 run 1 "layer" "$D" train $TA --out "$W/runD" --target-layers 0,3
@@ -209,6 +228,7 @@ hid=$(sed -nE 's/.*"hidden_size":[[:space:]]*([0-9]+).*/\1/p' "$TM/config.json" 
 grep -aq "\"fc.weight\":{\"dtype\":\"BF16\",\"shape\":\[$hid,$((3 * hid))\]" "$W/runPj/export/model.safetensors" ||
   fail "the projected run's export has no merged fc.weight [$hid, $((3 * hid))]"
 grep -q '"target_layer_ids":[[:space:]]*\[0, 1, 2\]' "$W/runPj/export/config.json" || fail "projected export: target_layer_ids"
+cmp -s "$W/runPj/export/model.safetensors" "$W/runPj/best/model.safetensors" || fail "projected run: best/ (its last evaluation) is not its merged export"
 # a stopped run on a projected cache resumes to the same weights
 run 0 "" "$D" train $TA --cache "$W/pj" --out "$W/runPj1"
 run 0 "" "$D" train $TA --cache "$W/pj" --out "$W/runPj2" --stop-after 30
@@ -310,12 +330,21 @@ sed -i -E 's/"num_hidden_layers":[[:space:]]*3/"num_hidden_layers": 2/; s/\["sli
 run 1 "extra tensor layers.2\." "$D" train ${IA1/runA\/export/initX} --out "$W/runIx"
 # a projected cache: fc_r = fc P^T. On pf (whose basis is runA's fc rows) the evaluation at step 0
 # is runA's own, to float rounding (a rank-24 basis of the energy moves it by ~1e-2)
-run 0 "eval @ step 0" "$D" train ${IA/--quiet/} --steps 0 --eval-cache "$W/evc" --eval-rows 4 --out "$W/runI0e"
+run 0 "eval @ step 0" "$D" train ${IA/--quiet/} --steps 0 --eval-cache "$W/evc" --eval-rows 4 --no-eval-walk --out "$W/runI0e"
 run 0 "" "$D" cache project "$W/evc" "$W/pfe" --basis "$W/pf/basis.dfb"
-run 0 "fc_r = fc P\^T \($hid x $hid\)" "$D" train ${IA/--quiet/} --cache "$W/pf" --steps 0 --eval-cache "$W/pfe" --eval-rows 4 --out "$W/runIp"
+run 0 "fc_r = fc P\^T \($hid x $hid\)" "$D" train ${IA/--quiet/} --cache "$W/pf" --steps 0 --eval-cache "$W/pfe" --eval-rows 4 --no-eval-walk --out "$W/runIp"
 e0=$(sed -nE 's/.*"eval_loss":([0-9.]+).*/\1/p' "$W/runI0e/log.jsonl")
 ep=$(sed -nE 's/.*"eval_loss":([0-9.]+).*/\1/p' "$W/runIp/log.jsonl")
 awk -v a="$e0" -v b="$ep" 'BEGIN { d = a - b; exit !(a > 0 && d < 1e-4 && d > -1e-4) }' || fail "projected --init-from: eval loss $ep, runA's $e0"
+# the start is the best while nothing beats it: at a learning rate of 1e-30 every evaluation ties
+# (the earlier step stays), also across a resume, which must read the best back from best.json
+# (tau_hat without the walk: the same rule, cheaper)
+IB="$IA --steps 6 --lr 1e-30 --eval-cache $W/evc --eval-every 2 --eval-rows 2 --no-eval-walk --ckpt-every 2"
+run 0 "" "$D" train $IB --out "$W/runIb" --stop-after 3
+run 0 "" "$D" train $IB --out "$W/runIb"
+[ "$(grep -c '"eval_tau_hat"' "$W/runIb/log.jsonl")" = 4 ] || fail "--init-from: expected evaluations at steps 0, 2, 4, 6"
+[ "$(bstep "$W/runIb")" = 0 ] || fail "a resumed run replaced the best of step 0 by a tie (step $(bstep "$W/runIb"))"
+cmp -s "$W/runA/export/model.safetensors" "$W/runIb/best/model.safetensors" || fail "the best of step 0 is not the start"
 
 # --- cache plan: the size before anything runs (typical ratios, or measured on a cache)
 run 0 "total +15.48 TB" "$D" cache plan --hidden 5120 --layers 5 --tokens 1.3e9 --codec int4-b32
@@ -337,13 +366,19 @@ ranks2() { # ranks2 RUN_ID ARGS...: both ranks, waits; fails when either does
   wait $p0 || { fail "rank 0 of: $*"; cat "$W/r0.out" >&2; }
   wait $p1 || { fail "rank 1 of: $*"; cat "$W/r1.out" >&2; }
 }
-ranks2 dp1 $TA2 --out "$W/runP"
+EV2="--eval-cache $W/evc --eval-every 20 --eval-rows 2 --no-eval-walk"
+ranks2 dp1 $TA2 $EV2 --out "$W/runP"
 # every step logs the longest wait over the ranks, at least rank 0's own
 sed -nE 's/.*"data_wait":([0-9.e+-]+),"data_wait_max":([0-9.e+-]+),.*/\1 \2/p' "$W/runP/log.jsonl" |
   awk '{ n++; if ($2 < $1) bad++ } END { exit !(n >= 8 && !bad) }' || fail "2-rank log: data_wait_max"
-ranks2 dp2 $TA2 --out "$W/runQ" --stop-after 30
-ranks2 dp3 $TA2 --out "$W/runQ"
+ranks2 dp2 $TA2 $EV2 --out "$W/runQ" --stop-after 30
+ranks2 dp3 $TA2 $EV2 --out "$W/runQ"
 cmp -s "$W/runP/export/model.safetensors" "$W/runQ/export/model.safetensors" || fail "2-rank run resumed differs"
+# RUN/best of 2 ranks (ZeRO-1: rank 0 writes the all-gathered weights): the export of its step,
+# and the same after a resume
+run 0 "" "$D" export --run "$W/runP" --step "$(bstep "$W/runP")" --out "$W/exP2b"
+cmp -s "$W/runP/best/model.safetensors" "$W/exP2b/model.safetensors" || fail "2 ranks: best/ is not the export of step $(bstep "$W/runP")"
+[ "$(bstep "$W/runP")" = "$(bstep "$W/runQ")" ] && cmp -s "$W/runP/best/model.safetensors" "$W/runQ/best/model.safetensors" || fail "2 ranks: the resumed run's best differs"
 [ "$(nolat "$W/runP/log.jsonl")" = "$(nolat "$W/runQ/log.jsonl")" ] || fail "2-rank resumed run's log differs"
 run 1 "run of 2 rank" "$D" train $TA2 --out "$W/runQ" --steps 50
 # the data-parallel math (denominator over ranks, gradient buckets reduce-scattered from the

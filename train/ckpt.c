@@ -808,8 +808,9 @@ static int same_table(const df_params *a, const df_params *b)
     return 1;
 }
 
-/* An existing export directory may hold only what an export writes. */
-static int only_export_files(const char *dir, df_err *e)
+/* An existing export directory may hold only what an export writes (with
+ * extra: that file too). */
+static int only_export_files(const char *dir, const df_export_extra *extra, df_err *e)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -823,6 +824,10 @@ static int only_export_files(const char *dir, df_err *e)
         for (i = 0; i < sizeof ok / sizeof ok[0]; i++)
             if (!strcmp(de->d_name, ok[i]))
                 break;
+        size_t xl = extra ? strlen(extra->name) : 0;
+        if (i == sizeof ok / sizeof ok[0] && extra && !strncmp(de->d_name, extra->name, xl) &&
+            (!de->d_name[xl] || !strcmp(de->d_name + xl, ".tmp")))
+            continue;
         if (i == sizeof ok / sizeof ok[0])
             rc = df_errf(e, -EEXIST, "%s: exists and holds %s: not replacing it (export into a "
                          "new or an earlier export directory)", dir, de->d_name);
@@ -850,6 +855,16 @@ static int parent_of(const char *path, char *out)
 int df_export_drafter(const char *out_dir, const df_drafter_config *c, const df_params *ps,
                       const float *master, df_err *e)
 {
+    return df_export_drafter_with(out_dir, c, ps, master, NULL, e);
+}
+
+int df_export_drafter_with(const char *out_dir, const df_drafter_config *c, const df_params *ps,
+                           const float *master, const df_export_extra *extra, df_err *e)
+{
+    if (extra && (!extra->name || !*extra->name || strchr(extra->name, '/') ||
+                  !strcmp(extra->name, "config.json") ||
+                  !strcmp(extra->name, "model.safetensors") || !extra->text))
+        return df_errf(e, -EINVAL, "%s: bad extra file for the export", out_dir);
     char *cfg = df_drafter_config_to_json(c, e);
     if (!cfg)
         return e ? e->code : -EINVAL;
@@ -897,13 +912,14 @@ int df_export_drafter(const char *out_dir, const df_drafter_config *c, const df_
         rc = df_errf(e, -ENOTDIR, "%s: exists and is not a directory", out_dir);
         goto out;
     }
-    if (exists && (rc = only_export_files(out_dir, e)) < 0)
+    if (exists && (rc = only_export_files(out_dir, extra, e)) < 0)
         goto out;
     if ((rc = rm_flat_dir(tmp, e)) < 0 || (rc = rm_flat_dir(old, e)) < 0 ||
         (rc = df_mkdirs(tmp, e)) < 0)
         goto out;
     made_tmp = 1;
     if ((rc = write_text(tmp, "config.json", cfg, strlen(cfg), e)) < 0 ||
+        (extra && (rc = write_text(tmp, extra->name, extra->text, strlen(extra->text), e)) < 0) ||
         (rc = join(p, tmp, "model.safetensors", e)) < 0 || (rc = df_st_writer_open(p, &w, e)) < 0)
         goto out;
     for (int i = 0; i < ps->n && !rc; i++)

@@ -22,6 +22,8 @@
  *   latest                    "ckpt-0000001200\n": the newest complete checkpoint, for
  *                             tools and people (replaced atomically after each save)
  *   .ckpt.lock                flock()ed during a save: one writer per run directory
+ *   export/, best/            not checkpoints: the serving export at the end, and that of
+ *                             the best evaluation (train/best.h)
  *
  * Save: every file is written into ckpt-S.tmp/ (file.tmp, fsync, rename, fsync of
  * the directory), COMPLETE last; then ckpt-S.tmp/ is renamed to ckpt-S/ and RUN is
@@ -114,6 +116,17 @@ int df_ckpt_prune(const char *run_dir, int keep_last, df_err *e);
  * Non-finite weights are refused (-EINVAL naming the tensor and index). */
 int df_export_drafter(const char *out_dir, const df_drafter_config *c, const df_params *ps,
                       const float *master, df_err *e);
+
+/* The same with one more small file in OUT (e.g. RUN/best's best.json), written
+ * into the same temporary directory, so OUT holds the weights and that file of
+ * one save or of the one before, never a mix; an existing OUT may hold that file
+ * too. name: a plain file name other than the export's two. */
+typedef struct df_export_extra {
+    const char *name;
+    const char *text;            /* NUL-terminated */
+} df_export_extra;
+int df_export_drafter_with(const char *out_dir, const df_drafter_config *c, const df_params *ps,
+                           const float *master, const df_export_extra *extra, df_err *e);
 
 /* Reads an export back (train/export_load.c): DIR/config.json (df_drafter_config_load:
  * the DFlash keys required, the serving keys checked where present) into *c, its

@@ -11,6 +11,13 @@ int df_export_drafter_projected(const char *out_dir, const df_drafter_config *c,
                                 const df_params *ps, const float *master, const df_basis *b,
                                 df_err *e)
 {
+    return df_export_drafter_projected_with(out_dir, c, ps, master, b, NULL, e);
+}
+
+int df_export_drafter_projected_with(const char *out_dir, const df_drafter_config *c,
+                                     const df_params *ps, const float *master,
+                                     const df_basis *b, const df_export_extra *extra, df_err *e)
+{
     if (c->feature_dim != b->R || b->H != c->hidden_size || b->K != c->num_target_features)
         return df_errf(e, -DF_EMISMATCH, "%s: drafter reads %d features of %d x %d; the basis "
                        "is rank %d of %d x %d", out_dir, c->feature_dim, c->num_target_features,
@@ -53,7 +60,7 @@ int df_export_drafter_projected(const char *out_dir, const df_drafter_config *c,
             memcpy(w + q->offset, master + ps->p[j].offset, (size_t)q->numel * sizeof *w);
         }
     }
-    rc = df_export_drafter(out_dir, &raw, &full, w, e);
+    rc = df_export_drafter_with(out_dir, &raw, &full, w, extra, e);
 out:
     free(w);
     df_params_free(&full);

@@ -21,5 +21,9 @@
 int df_export_drafter_projected(const char *out_dir, const df_drafter_config *c,
                                 const df_params *ps, const float *master, const df_basis *b,
                                 df_err *e);
+/* With one more file in the export (df_export_drafter_with). */
+int df_export_drafter_projected_with(const char *out_dir, const df_drafter_config *c,
+                                     const df_params *ps, const float *master,
+                                     const df_basis *b, const df_export_extra *extra, df_err *e);
 
 #endif

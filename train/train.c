@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include "batch.h"
+#include "best.h"
 #include "cache.h"
 #include "cache_stream.h"
 #include "ckpt.h"
@@ -412,8 +413,10 @@ static int eval_walk_row(eval_ctx *ev, df_drafter *d, const void *w, df_drafter_
     return 0;
 }
 
+/* One evaluation, logged; *res gets its figures (res->eval_cache is left to
+ * the caller). */
 static int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t step, FILE *logf,
-                    int quiet, int bs, df_err *e)
+                    int quiet, int bs, df_best *res, df_err *e)
 {
     source src = {.cache = ev->cache, .layer_mask = ev->layer_mask, .threads = 2,
                   .seed = ev->seed, .n_all = df_cache_count(ev->cache), .world = 1};
@@ -480,6 +483,15 @@ static int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t s
     double loss = m.weight_sum > 0 ? m.loss_sum / m.weight_sum : 0.0;
     double tau = m.blocks ? 1.0 + (double)m.accepted / (double)m.blocks : 1.0;
     double tau_walk = walk_verifs ? (double)walk_tokens / (double)walk_verifs : 1.0;
+    res->step = step;
+    res->walked = ev->walk;
+    snprintf(res->metric, sizeof res->metric, "%s", ev->walk ? "eval_tau_walk" : "eval_tau_hat");
+    res->value = ev->walk ? tau_walk : tau;
+    res->tau_walk = ev->walk ? tau_walk : 0;
+    res->tau_hat = tau;
+    res->loss = loss;
+    res->rows = n_rows;
+    res->blocks = m.blocks;
     if (logf) {
         fprintf(logf, "{\"step\":%" PRId64 ",\"eval_rows\":%d,\"eval_blocks\":%" PRIu64
                 ",\"eval_loss\":%.6f,\"eval_tau_hat\":%.4f,", step, n_rows, m.blocks, loss, tau);
@@ -1128,6 +1140,99 @@ static int dev_state_fetch(df_backend *be, dev_state *s, df_ckpt_state *ck, df_e
               : 0;
 }
 
+/* ------------------------------------------------------------ the best evaluation
+ * RUN/best/ (best.h): rank 0 keeps the export of the step whose evaluation
+ * scored highest. */
+typedef struct best_state {
+    int on;          /* rank 0, an evaluation cache, not --no-best */
+    int have;        /* best: RUN/best's record (from best.json or written by this run) */
+    df_best best;
+} best_state;
+
+/* The best so far: RUN/best/best.json when there is one (a resumed run, or one
+ * stopped before its first checkpoint); a damaged one is an error. */
+static int best_open(best_state *bs, const char *run_dir, df_err *e)
+{
+    int rc = df_best_load(run_dir, &bs->best, e);
+    if (rc == -ENOENT)
+        return 0;
+    bs->have = rc == 0;
+    return rc;
+}
+
+/* After an evaluation whose figures are r (at step r->step): RUN/best is
+ * replaced when r scores strictly higher than the best so far, or when that
+ * best was of another evaluation (metric, cache, rows, blocks), which cannot
+ * be compared.
+ *
+ * The weights written are ds->w, the ones just evaluated. They are the same on
+ * every rank: ZeRO-1 shards only the fp32 master and the moments, the weights
+ * the drafter reads (bf16 on a GPU, f32 on CPU ranks) are all-gathered after
+ * every step; so rank 0 writes it alone, with no collective the other ranks
+ * would have to join. bf16 weights are the master rounded to nearest even, as
+ * the export rounds it: the files are bit for bit what RUN/export would hold
+ * at that step. Sharded, the weights come to the host through ck_master (the
+ * host copy of the fp32 master, which a sharded run reads only when placing
+ * the state, and fetches again before every checkpoint and the export). */
+static int best_update(best_state *bs, df_best *r, const df_train_opts *o, df_backend *be,
+                       const dev_state *ds, const df_drafter_config *c, const df_params *ps,
+                       float *ck_master, const df_basis *basis, df_err *e)
+{
+    snprintf(r->eval_cache, sizeof r->eval_cache, "%s", o->eval_cache);
+    const df_best *b = &bs->best;
+    int comparable = bs->have && !strcmp(b->metric, r->metric) &&
+                     !strcmp(b->eval_cache, r->eval_cache) && b->rows == r->rows &&
+                     b->blocks == r->blocks;
+    if (comparable && !(r->value > b->value))
+        return 0;
+    if (bs->have && !comparable && !o->quiet)
+        printf("best: %s/%s (step %" PRId64 ") was scored on another evaluation (%s of %d rows, "
+               "%" PRIu64 " blocks, %s); replacing it\n", o->run_dir, DF_BEST_DIR, b->step,
+               b->metric, b->rows, b->blocks, b->eval_cache);
+    const float *w = ds->w;
+    int rc = 0;
+    if (ds->sharded) {
+        size_t wes = df_dtype_size(ds->wdt);
+        if (ds->wdt != DF_DTYPE_F32 && ds->wdt != DF_DTYPE_BF16)
+            return df_errf(e, -ENOTSUP, "best export: weights of dtype %s",
+                           df_dtype_name(ds->wdt));
+        if ((rc = df_backend_download(be, ck_master, ds->w, (size_t)ds->n * wes)))
+            return df_errf(e, rc, "best export: copying the weights from %s failed",
+                           df_backend_name(be));
+        if (ds->wdt == DF_DTYPE_BF16) { /* widened in place, from the end: element i's f32
+                                         * bytes [4i, 4i+4) cover bf16 elements 2i, 2i+1 >= i,
+                                         * already read */
+            const uint16_t *h = (const uint16_t *)(void *)ck_master;
+            for (int64_t i = ds->n - 1; i >= 0; i--)
+                ck_master[i] = df_bf16_to_f32(h[i]);
+        }
+        w = ck_master;
+    }
+    df_best nb = *r;
+    char *json = df_best_json(&nb), dir[4200];
+    if (!json)
+        return df_errf(e, -ENOMEM, "out of memory");
+    snprintf(dir, sizeof dir, "%s/%s", o->run_dir, DF_BEST_DIR);
+    df_export_extra x = {.name = DF_BEST_JSON, .text = json};
+    rc = c->feature_dim ? df_export_drafter_projected_with(dir, c, ps, w, basis, &x, e)
+                        : df_export_drafter_with(dir, c, ps, w, &x, e);
+    free(json);
+    if (rc) {
+        df_err_wrap(e, "best export at step %" PRId64, r->step);
+        return rc;
+    }
+    if (!o->quiet) {
+        printf("best: step %" PRId64 ", %s %.4f", r->step, r->metric, r->value);
+        if (comparable)
+            printf(" (was %.4f at step %" PRId64 ")", b->value, b->step);
+        printf(" -> %s\n", dir);
+        fflush(stdout);
+    }
+    bs->best = nb;
+    bs->have = 1;
+    return 0;
+}
+
 /* ------------------------------------------------------------ the loop */
 
 int df_train_run(const df_train_opts *o, df_err *e)
@@ -1147,6 +1252,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
     source src = {0};
     df_comm *comm = NULL;
     df_basis basis = {0};
+    best_state bst = {0};
     int nrows = o->rows_per_step > 0 ? o->rows_per_step : 1;
     int world = o->world > 1 ? o->world : 1, rank = world > 1 ? o->rank : 0;
     int lead = rank == 0; /* rank 0 writes the log, checkpoints and the export */
@@ -1505,6 +1611,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
         }
         /* not the training seed: runs of other seeds score the same rows and anchors */
         ev.seed = 0x5eedull;
+        bst.on = lead && !o->no_best;
+        if (bst.on && (rc = best_open(&bst, o->run_dir, e)))
+            goto out;
     }
     src.cache = cache;
     src.layer_mask = layer_mask;
@@ -1541,9 +1650,13 @@ int df_train_run(const df_train_opts *o, df_err *e)
 
     /* a run from --init-from is evaluated before its first step too: the score of the
      * drafter it starts from (with --steps 0, the only evaluation) */
-    if (ev.cache && lead && o->init_from && step0 == 0 &&
-        (rc = run_eval(&ev, d, ds.w, n_feat, 0, logf, o->quiet, c.block_size, e)))
-        goto out;
+    if (ev.cache && lead && o->init_from && step0 == 0) {
+        df_best r;
+        if ((rc = run_eval(&ev, d, ds.w, n_feat, 0, logf, o->quiet, c.block_size, &r, e)) ||
+            (bst.on &&
+             (rc = best_update(&bst, &r, o, be, &ds, &c, ps, ck.master, &basis, e))))
+            goto out;
+    }
     double t_prev = df_now(), acc_data_s = 0, acc_flops = 0, acc_build_s = 0, acc_read_s = 0;
     const double t_run0 = t_prev;
     double acc_data_max_s = 0;
@@ -1733,8 +1846,11 @@ int df_train_run(const df_train_opts *o, df_err *e)
             double t_ev = df_now();
             if (ds.overlap && (rc = df_backend_sync(be))) /* the optimizer's side stream */
                 goto out;
-            if ((rc = run_eval(&ev, d, ds.w, n_feat, done, logf, o->quiet,
-                               c.block_size, e)))
+            df_best r;
+            if ((rc = run_eval(&ev, d, ds.w, n_feat, done, logf, o->quiet, c.block_size, &r,
+                               e)) ||
+                (bst.on &&
+                 (rc = best_update(&bst, &r, o, be, &ds, &c, ps, ck.master, &basis, e))))
                 goto out;
             t_prev += df_now() - t_ev; /* the next interval's throughput leaves it out */
         }
@@ -1797,6 +1913,10 @@ int df_train_run(const df_train_opts *o, df_err *e)
         if (o->stop_after > 0 && done - step0 >= o->stop_after)
             goto out; /* as if killed (tests of resume) */
     }
+    /* no step ran (--init-from ... --steps 0): the host master is the start's,
+     * unless RUN/best's write used it as scratch; all ranks fetch it again */
+    if (step0 == o->steps && (rc = dev_state_fetch(be, &ds, &ck, e)))
+        goto out;
 export:;
     if (!lead)
         goto out;

@@ -14,7 +14,8 @@
  *
  * RUN/ holds the checkpoints (train/ckpt.h), log.jsonl (one JSON object per
  * logged step) and, at the end, export/ (config.json + model.safetensors
- * that serving engines load).
+ * that serving engines load); with an evaluation cache also best/, the export
+ * of the best evaluation (train/best.h).
  */
 #ifndef DF_TRAIN_H
 #define DF_TRAIN_H
@@ -53,6 +54,9 @@ typedef struct df_train_opts {
     int eval_every;             /* steps between evaluations (0: only at the end) */
     int eval_rows;              /* rows per evaluation (0 = 64) */
     int no_eval_walk;           /* skip the evaluation's walk (tau_walk; train.c) */
+    int no_best;                /* do not keep RUN/best/ (best.h: the export of the step whose
+                                   evaluation scored highest, tau_walk or without the walk
+                                   tau_hat); kept by default when evaluating */
     /* data */
     int max_tokens;             /* context tokens per row, default 4096 */
     int max_anchors;            /* blocks per row, default 512 */
