@@ -46,6 +46,7 @@ typedef struct pipe {
     int K;
     size_t H;
     const df_basis *basis; /* a projected cache: each document's z = P x is put */
+    int device_z;          /* the forward hands z (feat[0], R wide): nothing to project here */
     df_pool *pool;
     uint16_t *z;
     size_t zcap;           /* tokens */
@@ -74,15 +75,17 @@ static void *put_main(void *arg)
                 continue; /* resumed: already in the cache (has() only reads) */
             df_corpus_doc(p->corpus, (uint64_t)sl->docs[j], &di, &dm, &len);
             const void *lp[64];
-            for (int i = 0; i < p->K; i++)
+            for (int i = 0; i < (p->device_z ? 0 : p->K); i++)
                 lp[i] = sl->feat[i] + (size_t)sl->cu[j] * p->H;
-            if (p->basis && len > p->zcap) {
+            if (p->device_z)
+                lp[0] = sl->feat[0] + (size_t)sl->cu[j] * (size_t)p->basis->R;
+            else if (p->basis && len > p->zcap) {
                 free(p->z);
                 p->zcap = (size_t)len;
                 if (!(p->z = malloc(p->zcap * (size_t)p->basis->R * 2)))
                     rc = df_errf(&e, -ENOMEM, "out of memory projecting %" PRIu64 " tokens", len);
             }
-            if (!rc && p->basis && len &&
+            if (!rc && p->basis && !p->device_z && len &&
                 !(rc = df_basis_project_bf16(p->basis, (const uint16_t *const *)lp, p->K,
                                              (int)p->H, (int64_t)len, p->z, p->pool, &e)))
                 lp[0] = p->z;
@@ -266,11 +269,18 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
         p.n_layers = 1;
         memset(p.layer_ids, 0, sizeof p.layer_ids);
         p.layer_ids[0] = DF_CACHE_PROJECTED_LAYER;
-        if (!(pp.pool = df_pool_open(o->threads))) {
+        pp.basis = &basis;
+        /* on a GPU, z = P x is one more GEMM after the forward (and a smaller
+         * copy to the host); the CPU backend projects on the writer's threads,
+         * beside its forward */
+        if (!df_backend_host_addressable(be)) {
+            if ((rc = df_model_set_projection(m, basis.P, basis.R, basis.D, e)))
+                goto out;
+            pp.device_z = 1;
+        } else if (!(pp.pool = df_pool_open(o->threads))) {
             rc = df_errf(e, -EAGAIN, "cannot start the projection threads");
             goto out;
         }
-        pp.basis = &basis;
     }
     p.dtype = DF_DTYPE_BF16;
     p.codec = o->codec;
@@ -312,8 +322,9 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
         sl->cu = malloc(((size_t)cap + 2) * sizeof *sl->cu);
         sl->docs = malloc(((size_t)cap + 2) * sizeof *sl->docs);
         int ok = sl->ids && sl->cu && sl->docs;
-        for (int i = 0; i < K && ok; i++)
-            ok = (sl->feat[i] = df_backend_host_alloc(be, (size_t)cap * H * 2)) != NULL;
+        for (int i = 0; i < (pp.device_z ? 1 : K) && ok; i++)
+            ok = (sl->feat[i] = df_backend_host_alloc(
+                      be, (size_t)cap * (pp.device_z ? (size_t)basis.R : H) * 2)) != NULL;
         if (!ok) {
             rc = df_errf(e, -ENOMEM, "out of memory for a batch of %lld tokens", (long long)cap);
             goto out;
@@ -395,8 +406,11 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
         if (todo == 0)
             break;
         double t0 = df_now();
-        if ((rc = df_model_forward(m, sl->ids, sl->cu, n, T, hs, K, DF_DTYPE_BF16,
-                                   (void *const *)sl->feat, e))) {
+        rc = pp.device_z ? df_model_forward_projected(m, sl->ids, sl->cu, n, T, hs, K,
+                                                      sl->feat[0], e)
+                         : df_model_forward(m, sl->ids, sl->cu, n, T, hs, K, DF_DTYPE_BF16,
+                                            (void *const *)sl->feat, e);
+        if (rc) {
             df_err_wrap(e, "documents %" PRId64 "..%" PRId64, sl->docs[0], sl->docs[n - 1]);
             goto out;
         }

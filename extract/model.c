@@ -51,6 +51,15 @@ struct df_model {
     void *x, *h, *big1, *big2, *mid, *gb;
     int64_t w_big1, w_big2, w_mid; /* row widths of big1, big2 and mid */
     int32_t *pos;
+
+    /* df_model_set_projection: z = P x on the device. pw [R, 2D] BF16 holds
+     * P's high and low BF16 halves; xx [pcap, 2D] the feature layers twice
+     * (each token's K layers side by side, then again), so that one GEMM
+     * with FP32 accumulation sums x (P_hi + P_lo) and rounds z once. */
+    int proj_R, proj_D;
+    df_tensor pw;
+    void *xx, *z;
+    int64_t pcap;
 };
 
 /* ------------------------------------------------------------ loading */
@@ -396,7 +405,7 @@ void df_model_close(df_model *m)
     for (size_t i = 0; i < m->n_host; i++)
         free(m->host_owned[i]);
     free(m->host_owned);
-    void *bufs[] = {m->x, m->h, m->big1, m->big2, m->mid, m->gb};
+    void *bufs[] = {m->x, m->h, m->big1, m->big2, m->mid, m->gb, m->xx, m->z};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
         df_backend_free(m->be, bufs[i]);
     for (size_t i = 0; i < m->n_owned; i++)
@@ -644,9 +653,73 @@ static int store(df_model *m, const void *src, int64_t T, df_dtype dt, void *dst
     return rc ? df_errf(e, rc, "copying hidden states from %s failed", df_backend_name(m->be)) : 0;
 }
 
-int df_model_forward(df_model *m, const uint32_t *ids, const int32_t *cu, int n_seq, int64_t T,
-                     const int *hs_index, int n_out, df_dtype out_dtype, void *const *out,
-                     df_err *e)
+int df_model_set_projection(df_model *m, const float *P, int R, int D, df_err *e)
+{
+    const df_model_config *c = &m->cfg;
+    if (m->adt != DF_DTYPE_BF16)
+        return df_errf(e, -ENOTSUP, "projection in the forward needs a BF16 backend (CUDA); "
+                       "%s projects on the host", df_backend_name(m->be));
+    if (R < 1 || D < c->hidden_size || D % c->hidden_size || D / c->hidden_size > 64)
+        return df_errf(e, -EINVAL, "a basis of %d x %d does not fit a target of hidden size %d",
+                       R, D, c->hidden_size);
+    if (m->proj_R)
+        return df_errf(e, -EBUSY, "the model already projects");
+    size_t n = (size_t)R * 2 * (size_t)D;
+    uint16_t *w = malloc(n * sizeof *w);
+    if (!w)
+        return df_errf(e, -ENOMEM, "out of memory for a basis of %d x %d", R, D);
+    for (size_t r = 0; r < (size_t)R; r++)
+        for (size_t i = 0; i < (size_t)D; i++) {
+            float v = P[r * D + i];
+            uint16_t hi = df_f32_to_bf16(v);
+            w[r * 2 * D + i] = hi;
+            w[r * 2 * D + D + i] = df_f32_to_bf16(v - df_bf16_to_f32(hi));
+        }
+    void *d = df_backend_alloc(m->be, n * 2);
+    int rc = d ? own(m, d, e) : df_errf(e, -ENOMEM, "out of device memory for the basis");
+    if (!rc && (rc = df_backend_upload(m->be, d, w, n * 2)))
+        df_errf(e, rc, "uploading the basis to %s failed", df_backend_name(m->be));
+    free(w);
+    if (rc)
+        return rc;
+    m->pw = df_tensor_2d(d, DF_DTYPE_BF16, R, 2 * (int64_t)D);
+    m->proj_R = R;
+    m->proj_D = D;
+    return 0;
+}
+
+static int reserve_proj(df_model *m, int64_t T, df_err *e)
+{
+    if (T <= m->pcap)
+        return 0;
+    df_backend_free(m->be, m->xx);
+    df_backend_free(m->be, m->z);
+    m->xx = df_backend_alloc(m->be, (size_t)T * 2 * (size_t)m->proj_D * 2);
+    m->z = df_backend_alloc(m->be, (size_t)T * (size_t)m->proj_R * 2);
+    m->pcap = m->xx && m->z ? T : 0;
+    return m->pcap ? 0 : df_errf(e, -ENOMEM, "out of device memory projecting %lld tokens",
+                                 (long long)T);
+}
+
+/* Feature layer j's [T, H] rows into columns j H and D + j H of xx (zeroed
+ * first: the add is an exact copy). */
+static int gather(df_model *m, const void *src, int64_t T, int j, df_err *e)
+{
+    int64_t H = m->cfg.hidden_size, D = m->proj_D;
+    df_tensor x = act(m, (void *)src, T, H), xx = act(m, m->xx, T, 2 * D);
+    for (int half = 0; half < 2; half++) {
+        df_tensor y = df_tensor_cols(&xx, half * D + (int64_t)j * H, H);
+        int rc = df_op_add(m->be, &x, &y);
+        if (rc)
+            return df_errf(e, rc, "projection: gathering feature %d failed: %s", j,
+                           df_strerror(rc));
+    }
+    return 0;
+}
+
+static int forward(df_model *m, const uint32_t *ids, const int32_t *cu, int n_seq, int64_t T,
+                   const int *hs_index, int n_out, df_dtype out_dtype, void *const *out,
+                   int project, df_err *e)
 {
     const df_model_config *c = &m->cfg;
     int L = c->num_hidden_layers, last = -1;
@@ -661,6 +734,15 @@ int df_model_forward(df_model *m, const uint32_t *ids, const int32_t *cu, int n_
     int rc = reserve(m, T, e);
     if (rc)
         return rc;
+    if (project) {
+        if ((int64_t)n_out * m->cfg.hidden_size != m->proj_D)
+            return df_errf(e, -EINVAL, "%d feature layers of %d; the basis takes %d values", n_out,
+                           m->cfg.hidden_size, m->proj_D);
+        if ((rc = reserve_proj(m, T, e)))
+            return rc;
+        if ((rc = df_backend_zero(m->be, m->xx, (size_t)T * 2 * (size_t)m->proj_D * 2)))
+            return df_errf(e, rc, "%s backend failed", df_backend_name(m->be));
+    }
     for (int s = 0; s < n_seq; s++) {
         if (cu[s + 1] < cu[s])
             return df_errf(e, -EINVAL, "cu_seqlens not increasing at %d", s);
@@ -693,8 +775,32 @@ int df_model_forward(df_model *m, const uint32_t *ids, const int32_t *cu, int n_
             src = m->h;
         }
         for (int j = 0; j < n_out; j++)
-            if (hs_index[j] == idx && (rc = store(m, src, T, out_dtype, out[j], e)))
+            if (hs_index[j] == idx &&
+                (rc = project ? gather(m, src, T, j, e) : store(m, src, T, out_dtype, out[j], e)))
                 return rc;
     }
+    if (project) {
+        df_tensor xx = act(m, m->xx, T, 2 * (int64_t)m->proj_D), z = act(m, m->z, T, m->proj_R);
+        if ((rc = df_op_matmul(be, &xx, &m->pw, &z, 0)))
+            return df_errf(e, rc, "projection: z = P x failed: %s", df_strerror(rc));
+        if ((rc = df_backend_download_async(be, out[0], m->z, (size_t)T * (size_t)m->proj_R * 2)))
+            return df_errf(e, rc, "copying z from %s failed", df_backend_name(be));
+    }
     return df_backend_sync(be);
+}
+
+int df_model_forward(df_model *m, const uint32_t *ids, const int32_t *cu, int n_seq, int64_t T,
+                     const int *hs_index, int n_out, df_dtype out_dtype, void *const *out,
+                     df_err *e)
+{
+    return forward(m, ids, cu, n_seq, T, hs_index, n_out, out_dtype, out, 0, e);
+}
+
+int df_model_forward_projected(df_model *m, const uint32_t *ids, const int32_t *cu, int n_seq,
+                               int64_t T, const int *hs_index, int n_out, uint16_t *z, df_err *e)
+{
+    if (!m->proj_R)
+        return df_errf(e, -EINVAL, "no projection set (df_model_set_projection)");
+    void *out[1] = {z};
+    return forward(m, ids, cu, n_seq, T, hs_index, n_out, DF_DTYPE_BF16, out, 1, e);
 }

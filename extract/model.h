@@ -46,4 +46,19 @@ int df_model_forward(df_model *m, const uint32_t *ids, const int32_t *cu_seqlens
                      int64_t T, const int *hs_index, int n_out, df_dtype out_dtype,
                      void *const *out, df_err *e);
 
+/* Projection on the device (a projected cache, docs/FORMAT-basis.md): after
+ * df_model_set_projection(P [R x D] row-major f32, D = K hidden), each
+ * df_model_forward_projected writes z = P x [T, R] BF16 to host z (pinned
+ * memory copies fastest) for the n_out = K feature layers hs_index, in place
+ * of the K hidden states. P is held as two BF16 halves (hi + lo, ~16 bits
+ * of mantissa) and z is summed in FP32 and rounded once: the host's
+ * df_basis_project_bf16 to within FP32 accumulation. BF16 backends only
+ * (CUDA): -ENOTSUP on the CPU backend, which projects on the host. Costs
+ * 4 R D flops and 4 D bytes of device memory per token (the features twice)
+ * beside the forward's. */
+int df_model_set_projection(df_model *m, const float *P, int R, int D, df_err *e);
+int df_model_forward_projected(df_model *m, const uint32_t *ids, const int32_t *cu_seqlens,
+                               int n_seq, int64_t T, const int *hs_index, int n_out, uint16_t *z,
+                               df_err *e);
+
 #endif

@@ -15,6 +15,7 @@
 # Env: TOKENS (per run, default 131072), HF (1 = run the HF baselines, default 1; skipped with a
 # note when HF_BENCH is absent), HF_BENCH (default .device/bench/bench_hf_extract.py),
 # SHAPES (default "q35-4096 q35-8192 q3-4096"), DISK (cache folder, default /tmp/dflash-bench-x).
+# EXTRACT_ARGS: more options for ours (e.g. --basis FILE: a projected cache, z = P x on the GPU).
 # RUNS (default "1 all"): "1" the per-shape runs on one GPU (and HF's), "all" the 27B shape on
 # every GPU.
 set -uo pipefail
@@ -92,7 +93,7 @@ ours() { # name S gpus -> prints tok/s (after setup, whole pipeline) and forward
   local name=$1 S=$2 g=$3 out="$DISK/c-$1-$2-$3"
   rm -rf "$out"
   "$B/dflash" extract --random-weights "$LOG/$name/config.json" --data "$LOG/$name-$S.jsonl" \
-    --out "$out" --layers 1,16,31,46,61 --batch-tokens "$S" --gpus "$g" \
+    --out "$out" --layers 1,16,31,46,61 --batch-tokens "$S" --gpus "$g" ${EXTRACT_ARGS:-} \
     --stats-json "$LOG/ours-$name-$S-g$g.json" >"$LOG/ours-$name-$S-g$g.log" 2>&1 || {
       echo "FAILED"; tail -5 "$LOG/ours-$name-$S-g$g.log" >&2; return 1; }
   python3 - "$LOG/ours-$name-$S-g$g.json" "$g" <<'EOF'

@@ -269,6 +269,13 @@ run 0 "eval @ step 60: .* tau_walk" "$D" train ${TA/--quiet/} --cache "$W/pfx" -
 # extraction straight into a projected cache (--basis): the z of projecting the lossless cache
 run 0 "extracted" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/extpj" --layers 0,1,2 --basis "$W/pj/basis.dfb" --quiet
 run 0 "identical" "$D" cache diff "$W/extpj" "$W/pj"
+if [ -n "$gpu" ]; then # on a GPU, z = P x is computed on the device: the host's projection of the
+  # GPU's own features up to z's rounding (one BF16 ulp, 2^-8 relative at most)
+  run 0 "extracted" "$D" extract --device cuda --model "$TM" --data "$TM/corpus.jsonl" --out "$W/extg" --layers 0,1,2 --quiet
+  run 0 "rank 24 of" "$D" cache project "$W/extg" "$W/extgp" --basis "$W/pj/basis.dfb" --device cpu
+  run 0 "extracted" "$D" extract --device cuda --model "$TM" --data "$TM/corpus.jsonl" --out "$W/extpjg" --layers 0,1,2 --basis "$W/pj/basis.dfb" --quiet
+  run 0 "" "$D" cache diff "$W/extpjg" "$W/extgp" --tol 0.004
+fi
 # two ranks (rank 0 last: it writes the basis, the manifest needs it too)
 run 0 "48 docs" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/extpjr" --layers 0,1,2 --basis "$W/pj/basis.dfb" --world-size 2 --rank 1 --quiet
 run 0 "48 docs" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/extpjr" --layers 0,1,2 --basis "$W/pj/basis.dfb" --world-size 2 --rank 0 --quiet

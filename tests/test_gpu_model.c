@@ -12,6 +12,10 @@
  *    bf16 run. No NaN/Inf anywhere.
  * 2. df_backend_fill_uniform gives bit-identical values on both backends
  *    (random-weight models are the same model everywhere).
+ * 4. z = P x computed in the forward (df_model_forward_projected) against
+ *    the host's df_basis_project_bf16 of the same GPU forward's features:
+ *    per value |z_gpu - z_host| <= 2^-8 |z_host| + 1e-5 sum_i |P_ri x_i|
+ *    (one BF16 rounding each, of FP32 vs double sums), most of them equal.
  * 3. The cache the GPU extractor writes vs the CPU extractor's, on the
  *    bundled tiny target (= qwen3-tiny) and its corpus: per sample and
  *    layer, rel L2 distance <= 2 d + 2^-8, d = the largest HF bf16-vs-fp32
@@ -22,6 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "basis.h"
 #include "cache.h"
 #include "cuda/device.h"
 #include "extract.h"
@@ -237,6 +242,75 @@ out:
     df_st_close(ref);
 }
 
+/* 4 (header): the device projection on the hybrid tiny target, 3 feature
+ * layers, R = 1.5 H + 3 random rows (the projection needs no orthonormality),
+ * three packed documents. */
+static void check_projection(df_backend *gpu)
+{
+    const char *dir = DFLASH_FIXTURES "/qwen3_5-tiny";
+    df_err e = {0};
+    df_model *m = NULL;
+    df_basis b = {0};
+    uint16_t *feat = NULL, *zg = NULL, *zc = NULL;
+    uint32_t *ids = NULL;
+    CHECK_OK(df_model_open(dir, gpu, &m, &e), &e);
+    if (!m)
+        return;
+    const df_model_config *c = df_model_get_config(m);
+    const int K = 3, H = c->hidden_size, D = K * H, R = 3 * H / 2 + 3;
+    const int64_t T = 300;
+    int32_t cu[4] = {0, 97, 211, (int32_t)T}, lids[3] = {0, 1, 2};
+    int hs[3] = {1, 2, 3};
+    CHECK(c->num_hidden_layers >= 4);
+    CHECK_OK(df_basis_init(&b, K, H, R, lids, &e), &e);
+    feat = malloc((size_t)T * D * 2);
+    zg = malloc((size_t)T * R * 2);
+    zc = malloc((size_t)T * R * 2);
+    ids = malloc((size_t)T * sizeof *ids);
+    if (!feat || !zg || !zc || !ids || !b.P || c->num_hidden_layers < 4)
+        goto out;
+    uint64_t st = 12345;
+    for (int64_t t = 0; t < T; t++)
+        ids[t] = (uint32_t)(test_rand(&st) % (uint64_t)c->vocab_size);
+    for (int64_t i = 0; i < (int64_t)R * D; i++)
+        b.P[i] = test_randn(&st) / sqrtf((float)D);
+    void *outs[3] = {feat, feat + (size_t)T * H, feat + 2 * (size_t)T * H};
+    CHECK_OK(df_model_forward(m, ids, cu, 3, T, hs, K, DF_DTYPE_BF16, outs, &e), &e);
+    CHECK_EQ(df_model_forward_projected(m, ids, cu, 3, T, hs, K, zg, &e), -EINVAL); /* not set */
+    CHECK_OK(df_model_set_projection(m, b.P, R, D, &e), &e);
+    CHECK_OK(df_model_forward_projected(m, ids, cu, 3, T, hs, K, zg, &e), &e);
+    CHECK_EQ(df_model_forward_projected(m, ids, cu, 3, T, hs, 2, zg, &e), -EINVAL); /* K != D/H */
+    const uint16_t *lay[3] = {outs[0], outs[1], outs[2]};
+    CHECK_OK(df_basis_project_bf16(&b, lay, K, H, T, zc, NULL, &e), &e);
+    int64_t equal = 0, bad = 0;
+    double worst = 0;
+    for (int64_t t = 0; t < T; t++)
+        for (int r = 0; r < R; r++) {
+            double mag = 0;
+            for (int k = 0; k < K; k++)
+                for (int i = 0; i < H; i++)
+                    mag += fabs((double)b.P[(size_t)r * D + (size_t)k * H + i] *
+                                df_bf16_to_f32(lay[k][t * H + i]));
+            double g = df_bf16_to_f32(zg[t * R + r]), h = df_bf16_to_f32(zc[t * R + r]);
+            double d = fabs(g - h), lim = ldexp(fabs(h), -8) + 1e-5 * mag;
+            equal += zg[t * R + r] == zc[t * R + r];
+            bad += !(d <= lim) || !isfinite(g);
+            worst = fmax(worst, d / (lim > 0 ? lim : 1));
+        }
+    printf("projection in the forward: %lld of %lld values equal to the host's, worst %.3f of "
+           "the bound, %lld over it\n", (long long)equal, (long long)(T * R), worst,
+           (long long)bad);
+    CHECK_EQ(bad, 0);
+    CHECK(equal > T * R * 9 / 10);
+out:
+    free(ids);
+    free(zc);
+    free(zg);
+    free(feat);
+    df_basis_free(&b);
+    df_model_close(m);
+}
+
 int main(void)
 {
     if (df_cuda_device_count() <= 0) {
@@ -263,6 +337,7 @@ int main(void)
         printf("DFLASH_GPU_MODEL_DIRS unset: live HF models (head_dim 128/256) not checked\n");
     }
     check_cache(gpu, cpu);
+    check_projection(gpu);
     df_backend_close(gpu);
     df_backend_close(cpu);
     return test_main_end();
