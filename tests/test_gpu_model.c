@@ -14,8 +14,9 @@
  *    (random-weight models are the same model everywhere).
  * 4. z = P x computed in the forward (df_model_forward_projected) against
  *    the host's df_basis_project_bf16 of the same GPU forward's features:
- *    per value |z_gpu - z_host| <= 2^-8 |z_host| + 1e-5 sum_i |P_ri x_i|
- *    (one BF16 rounding each, of FP32 vs double sums), most of them equal.
+ *    each value equal, or one BF16 ulp apart (each rounds once, an FP32
+ *    and a double sum: they may fall on either side of a rounding
+ *    boundary), or within 1e-5 sum_i |P_ri x_i| (cancellation); 90% equal.
  * 3. The cache the GPU extractor writes vs the CPU extractor's, on the
  *    bundled tiny target (= qwen3-tiny) and its corpus: per sample and
  *    layer, rel L2 distance <= 2 d + 2^-8, d = the largest HF bf16-vs-fp32
@@ -292,13 +293,15 @@ static void check_projection(df_backend *gpu)
                     mag += fabs((double)b.P[(size_t)r * D + (size_t)k * H + i] *
                                 df_bf16_to_f32(lay[k][t * H + i]));
             double g = df_bf16_to_f32(zg[t * R + r]), h = df_bf16_to_f32(zc[t * R + r]);
-            double d = fabs(g - h), lim = ldexp(fabs(h), -8) + 1e-5 * mag;
-            equal += zg[t * R + r] == zc[t * R + r];
-            bad += !(d <= lim) || !isfinite(g);
-            worst = fmax(worst, d / (lim > 0 ? lim : 1));
+            uint16_t a = zg[t * R + r], bb = zc[t * R + r];
+            int ulp1 = (a >> 15) == (bb >> 15) && abs((int)(a & 0x7fff) - (int)(bb & 0x7fff)) == 1;
+            double d = fabs(g - h), lim = 1e-5 * mag;
+            equal += a == bb;
+            bad += !(a == bb || ulp1 || d <= lim) || !isfinite(g);
+            worst = fmax(worst, a == bb || ulp1 ? 0 : d / (lim > 0 ? lim : 1));
         }
-    printf("projection in the forward: %lld of %lld values equal to the host's, worst %.3f of "
-           "the bound, %lld over it\n", (long long)equal, (long long)(T * R), worst,
+    printf("projection in the forward: %lld of %lld values equal to the host's, the others one "
+           "ulp apart or within %.3f of the cancellation bound, %lld neither\n", (long long)equal, (long long)(T * R), worst,
            (long long)bad);
     CHECK_EQ(bad, 0);
     CHECK(equal > T * R * 9 / 10);
