@@ -175,6 +175,7 @@ train_one() { # train_one NAME SEED
     --eval-rows "$EVAL_ROWS" --ckpt-every "$STEPS" --keep-last 1 --buffered-io --quiet \
     ${EXTRA[$name]} ${TRAIN_ARGS:-} >"$LOGS/train-$name-s$seed.log" 2>&1
   local rc=$? secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
+  cp "$run/log.jsonl" "$LOGS/log-$name-s$seed.jsonl" 2>/dev/null # the loss curve comes back with the logs
   python3 - "$run/log.jsonl" "$name" "$seed" "$secs" "$run" "$rc" >>"$RUNS" <<'PY'
 import json, sys
 path, name, seed, secs, run, rc = sys.argv[1:]
