@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "basis.h"
+#include "basis_ref.h"
 #include "crc32c.h"
 #include "dtype.h"
 #include "le.h"
@@ -28,110 +29,6 @@
 static uint64_t rng = 2027;
 
 /* ---- brute force helpers ---- */
-
-/* Features: n tokens, K layers of H; x = A s + noise, A random D x r, s with
- * variances 1/(j+1), layer k scaled by (k+1). Returned as K separate
- * row-major [n x H] f32 layers in one buffer (layer k at + k*n*H). */
-static float *make_features(int64_t n, int K, int H, int r, double noise)
-{
-    int64_t D = (int64_t)K * H;
-    float *A = malloc(sizeof(float) * (size_t)(D * r));
-    float *x = malloc(sizeof(float) * (size_t)(n * D));
-    for (int64_t i = 0; i < D * r; i++)
-        A[i] = test_randn(&rng);
-    for (int64_t t = 0; t < n; t++) {
-        double s[64];
-        for (int j = 0; j < r; j++)
-            s[j] = test_randn(&rng) / sqrt(j + 1.0);
-        for (int64_t d = 0; d < D; d++) {
-            double v = noise * test_randn(&rng);
-            for (int j = 0; j < r; j++)
-                v += A[d * r + j] * s[j];
-            int64_t k = d / H, i = d % H;
-            x[k * n * H + t * H + i] = (float)(v * (k + 1));
-        }
-    }
-    free(A);
-    return x;
-}
-
-static double xval(const float *x, int64_t n, int H, int64_t t, int64_t d)
-{
-    return x[(d / H) * n * H + t * H + d % H];
-}
-
-/* M = sum_t x_t x_t^T in double, full D x D */
-static double *brute_moment(const float *x, int64_t n, int K, int H)
-{
-    int64_t D = (int64_t)K * H;
-    double *M = calloc((size_t)(D * D), sizeof(double)), *row = malloc(sizeof(double) * (size_t)D);
-    for (int64_t t = 0; t < n; t++) {
-        for (int64_t d = 0; d < D; d++)
-            row[d] = xval(x, n, H, t, d);
-        for (int64_t i = 0; i < D; i++)
-            for (int64_t j = 0; j < D; j++)
-                M[i * D + j] += row[i] * row[j];
-    }
-    free(row);
-    return M;
-}
-
-/* Cyclic Jacobi: the eigenvalues of the symmetric n x n a (destroyed), descending. */
-static void jacobi_eigvals(double *a, int n, double *w)
-{
-    for (int sweep = 0; sweep < 100; sweep++) {
-        double off = 0, tot = 0;
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < n; j++) {
-                tot += a[i * n + j] * a[i * n + j];
-                if (i != j)
-                    off += a[i * n + j] * a[i * n + j];
-            }
-        if (off <= 1e-30 * tot)
-            break;
-        for (int p = 0; p < n; p++)
-            for (int q = p + 1; q < n; q++) {
-                double apq = a[p * n + q];
-                if (fabs(apq) < 1e-300)
-                    continue;
-                double theta = (a[q * n + q] - a[p * n + p]) / (2 * apq);
-                double t = (theta >= 0 ? 1 : -1) / (fabs(theta) + sqrt(theta * theta + 1));
-                double c = 1 / sqrt(t * t + 1), s = t * c;
-                for (int k = 0; k < n; k++) { /* columns p, q */
-                    double akp = a[k * n + p], akq = a[k * n + q];
-                    a[k * n + p] = c * akp - s * akq;
-                    a[k * n + q] = s * akp + c * akq;
-                }
-                for (int k = 0; k < n; k++) { /* rows p, q */
-                    double apk = a[p * n + k], aqk = a[q * n + k];
-                    a[p * n + k] = c * apk - s * aqk;
-                    a[q * n + k] = s * apk + c * aqk;
-                }
-            }
-    }
-    for (int i = 0; i < n; i++)
-        w[i] = a[i * n + i];
-    for (int i = 0; i < n; i++) /* sort descending */
-        for (int j = i + 1; j < n; j++)
-            if (w[j] > w[i]) {
-                double t = w[i];
-                w[i] = w[j], w[j] = t;
-            }
-}
-
-/* max |P P^T - I| */
-static double ortho_err(const df_basis *b)
-{
-    double worst = 0;
-    for (int r = 0; r < b->R; r++)
-        for (int s = 0; s < b->R; s++) {
-            double d = 0;
-            for (int i = 0; i < b->D; i++)
-                d += (double)b->P[(int64_t)r * b->D + i] * b->P[(int64_t)s * b->D + i];
-            worst = fmax(worst, fabs(d - (r == s)));
-        }
-    return worst;
-}
 
 /* Per layer, over the data: explained = 1 - sum|x_k - xh_k|^2 / sum|x_k|^2
  * and norm = sum|xh_k|^2 / sum|x_k|^2, xh = P^T P x in double; overall kept. */
@@ -144,7 +41,7 @@ static void brute_layer_kept(const df_basis *b, const float *x, int64_t n, doubl
     double tot = 0, kz = 0;
     for (int64_t t = 0; t < n; t++) {
         for (int64_t d = 0; d < D; d++)
-            xt[d] = xval(x, n, (int)H, t, d);
+            xt[d] = basis_ref_x(x, n, (int)H, t, d);
         for (int64_t r = 0; r < R; r++) {
             z[r] = 0;
             for (int64_t d = 0; d < D; d++)
@@ -176,8 +73,8 @@ static void test_moment(df_pool *pool)
 {
     const int K = 3, H = 17, D = K * H;
     const int64_t n = 700; /* chunks of 256, 256, 188 */
-    float *x = make_features(n, K, H, 5, 0.05);
-    double *Mb = brute_moment(x, n, K, H);
+    float *x = basis_ref_features(&rng, n, K, H, 5, 0.05);
+    double *Mb = basis_ref_moment(x, n, K, H, 0, n);
     const float *lay[3] = {x, x + n * H, x + 2 * n * H};
     df_err e;
     df_moment m, mp;
@@ -215,7 +112,7 @@ static void test_moment(df_pool *pool)
         xb[i] = df_f32_to_bf16(x[i]);
         xr[i] = df_bf16_to_f32(xb[i]);
     }
-    double *Mr = brute_moment(xr, n, K, H);
+    double *Mr = basis_ref_moment(xr, n, K, H, 0, n);
     df_moment mb;
     CHECK_OK(df_moment_init(&mb, K, H, ids, &e), &e);
     const uint16_t *layb[3] = {xb, xb + n * H, xb + 2 * n * H};
@@ -319,16 +216,16 @@ static void test_fit(df_pool *pool)
     const int K = 3, H = 17, D = K * H, r = 6;
     const int64_t n = 900;
     const double noise = 0.02;
-    float *x = make_features(n, K, H, r, noise);
+    float *x = basis_ref_features(&rng, n, K, H, r, noise);
     const float *lay[3] = {x, x + n * H, x + 2 * n * H};
     df_err e;
     df_moment m;
     CHECK_OK(df_moment_init(&m, K, H, NULL, &e), &e);
     CHECK_OK(df_moment_add_f32(&m, lay, K, H, n, pool, &e), &e);
-    double *Mb = brute_moment(x, n, K, H), *Mj = malloc(sizeof(double) * D * D);
+    double *Mb = basis_ref_moment(x, n, K, H, 0, n), *Mj = malloc(sizeof(double) * D * D);
     memcpy(Mj, Mb, sizeof(double) * D * D);
     double w[64], trace = 0;
-    jacobi_eigvals(Mj, D, w);
+    basis_ref_eigvals(Mj, D, w);
     for (int i = 0; i < D; i++)
         trace += Mb[i * D + i];
     double *upper = malloc(sizeof(double) * D * D);
@@ -340,7 +237,7 @@ static void test_fit(df_pool *pool)
     CHECK_EQ(b.D, D);
     CHECK_EQ(b.kind, DF_BASIS_KIND_MOMENT);
     CHECK_EQ(b.n_rows, n);
-    CHECK(ortho_err(&b) < 1e-6);
+    CHECK(basis_ref_ortho_err(&b) < 1e-6);
     /* the moment is as before (upper triangle and diagonal) */
     int kept_m = 1;
     for (int i = 0; i < D; i++)
@@ -430,7 +327,7 @@ static void test_fit(df_pool *pool)
         df_basis_free(&be);
         CHECK_OK(df_basis_fit(&m, D, 0, &be, &e), &e); /* the full basis keeps everything */
         CHECK(fabs(be.kept - 1) < 1e-9);
-        CHECK(ortho_err(&be) < 1e-6);
+        CHECK(basis_ref_ortho_err(&be) < 1e-6);
         df_basis_free(&be);
     }
     /* arguments */
@@ -458,7 +355,7 @@ static void test_eval(df_pool *pool)
 {
     const int K = 2, H = 23, D = K * H;
     const int64_t n = 400;
-    float *x = make_features(n, K, H, 8, 0.1);
+    float *x = basis_ref_features(&rng, n, K, H, 8, 0.1);
     const float *lay[2] = {x, x + n * H};
     df_err e;
     df_moment m;
@@ -512,7 +409,7 @@ static void test_apply(df_pool *pool)
     /* D = 400 (> one 256 slice, not a multiple of 6 or 16), R = 37, n = 250 */
     const int K = 2, H = 200, D = K * H, R = 37;
     const int64_t n = 250;
-    float *x = make_features(n, K, H, 40, 0.1);
+    float *x = basis_ref_features(&rng, n, K, H, 40, 0.1);
     const float *lay[2] = {x, x + n * H};
     df_err e;
     df_moment m;
@@ -520,7 +417,7 @@ static void test_apply(df_pool *pool)
     CHECK_OK(df_moment_add_f32(&m, lay, K, H, n, pool, &e), &e);
     df_basis b;
     CHECK_OK(df_basis_fit(&m, R, 0, &b, &e), &e);
-    CHECK(ortho_err(&b) < 1e-6);
+    CHECK(basis_ref_ortho_err(&b) < 1e-6);
 
     /* f32 projection vs double brute force */
     float *z = malloc(sizeof(float) * n * R), *z2 = malloc(sizeof(float) * n * R);
@@ -531,8 +428,8 @@ static void test_apply(df_pool *pool)
         for (int r = 0; r < R; r++) {
             double v = 0, av = 0;
             for (int d = 0; d < D; d++) {
-                v += (double)b.P[(int64_t)r * D + d] * xval(x, n, H, t, d);
-                av += fabs((double)b.P[(int64_t)r * D + d] * xval(x, n, H, t, d));
+                v += (double)b.P[(int64_t)r * D + d] * basis_ref_x(x, n, H, t, d);
+                av += fabs((double)b.P[(int64_t)r * D + d] * basis_ref_x(x, n, H, t, d));
             }
             zx[t * R + r] = v;
             zmax = fmax(zmax, fabs(v));
@@ -630,7 +527,7 @@ static void test_apply(df_pool *pool)
                 scale += fabs((double)fcr[h * R + r] * z[t * R + r]);
             }
             for (int d = 0; d < D; d++)
-                y2 += (double)fc[h * D + d] * xval(x, n, H, t, d);
+                y2 += (double)fc[h * D + d] * basis_ref_x(x, n, H, t, d);
             wmerge = fmax(wmerge, fabs(y1 - y2) / scale);
             ymax = fmax(ymax, fabs(y1));
         }
@@ -686,7 +583,7 @@ static void test_from_rows(df_pool *pool)
     CHECK_OK(df_basis_from_rows(A, rows, K, H, NULL, 0, 1.0, pool, &b, &e), &e);
     CHECK_EQ(b.R, rows);
     CHECK_EQ(b.kind, DF_BASIS_KIND_ROWS);
-    CHECK(ortho_err(&b) < 1e-6);
+    CHECK(basis_ref_ortho_err(&b) < 1e-6);
     CHECK(fabs(b.kept - 1) < 1e-6);
     /* every row of A lies in the span; eigval = squared singular values */
     double worst = 0;
@@ -714,7 +611,7 @@ static void test_from_rows(df_pool *pool)
             for (int d = 0; d < D; d++)
                 G[i * rows + j] += (double)A[i * D + d] * A[j * D + d];
         }
-    jacobi_eigvals(G, rows, w);
+    basis_ref_eigvals(G, rows, w);
     for (int r = 0; r < rows; r++)
         CHECK(fabs(b.eigval[r] - w[r]) <= 1e-9 * w[0]);
 
@@ -750,7 +647,7 @@ static void test_from_rows(df_pool *pool)
         }
     CHECK_OK(df_basis_from_rows(B, rows, K, H, NULL, 0, 1.0, pool, &b, &e), &e);
     CHECK_EQ(b.R, 5);
-    CHECK(ortho_err(&b) < 1e-6);
+    CHECK(basis_ref_ortho_err(&b) < 1e-6);
     df_basis_free(&b);
     CHECK_ERR(df_basis_from_rows(B, rows, K, H, NULL, 8, 0, pool, &b, &e), -EINVAL, &e,
               "numerical rank 5");
@@ -789,7 +686,7 @@ static void test_from_rows(df_pool *pool)
     CHECK_EQ(b.kind, DF_BASIS_KIND_ROWS);
     CHECK_EQ(b.R, 10);
     CHECK_EQ(b.n_rows, tall);
-    CHECK(ortho_err(&b) < 1e-6);
+    CHECK(basis_ref_ortho_err(&b) < 1e-6);
     df_basis_free(&b);
     float nanrow = A[3 * D + 4];
     A[3 * D + 4] = NAN;
@@ -822,7 +719,7 @@ static void test_file(df_pool *pool)
 {
     const int K = 3, H = 17, D = K * H, R = 5;
     const int64_t n = 300;
-    float *x = make_features(n, K, H, 6, 0.05);
+    float *x = basis_ref_features(&rng, n, K, H, 6, 0.05);
     const float *lay[3] = {x, x + n * H, x + 2 * n * H};
     int32_t ids[3] = {1, 16, 31};
     df_err e;
@@ -974,7 +871,7 @@ static void test_extend(df_pool *pool)
 {
     const int K = 3, H = 40, D = K * H, R0 = 17, R = 30;
     const int64_t n = 700;
-    float *x = make_features(n, K, H, 24, 0.1);
+    float *x = basis_ref_features(&rng, n, K, H, 24, 0.1);
     const float *lay[3] = {x, x + n * H, x + 2 * n * H};
     int32_t ids[3] = {2, 5, 9};
     df_err e;
@@ -991,7 +888,7 @@ static void test_extend(df_pool *pool)
     CHECK(b.R == R && b.kind == DF_BASIS_KIND_ROWS_EXT && b.rows_part == R0);
     CHECK(!memcmp(b.P, q.P, sizeof(float) * R0 * D)); /* kept whole, first */
     CHECK(!memcmp(b.eigval, q.eigval, sizeof(double) * R0));
-    CHECK(ortho_err(&b) < 1e-5);
+    CHECK(basis_ref_ortho_err(&b) < 1e-5);
     CHECK(b.layer_ids[2] == 9 && b.n_rows == n);
 
     /* brute force: M' of the data's components outside span(q), its top R - R0 eigenvalues;
@@ -999,7 +896,7 @@ static void test_extend(df_pool *pool)
     double *Mp = calloc((size_t)D * D, sizeof(double)), *xt = malloc(sizeof(double) * D);
     for (int64_t t = 0; t < n; t++) {
         for (int d = 0; d < D; d++)
-            xt[d] = xval(x, n, H, t, d);
+            xt[d] = basis_ref_x(x, n, H, t, d);
         for (int r = 0; r < R0; r++) {
             double z = 0;
             for (int d = 0; d < D; d++)
@@ -1019,7 +916,7 @@ static void test_extend(df_pool *pool)
             for (int j = 0; j < D; j++)
                 held += (double)p[i] * Mp[i * D + j] * p[j];
     }
-    jacobi_eigvals(Mc, D, w);
+    basis_ref_eigvals(Mc, D, w);
     for (int r = 0; r < R - R0; r++) {
         top += w[r];
         CHECK(fabs(b.eigval[R0 + r] - w[r]) <= 1e-5 * w[0]);

@@ -29,6 +29,7 @@
 #include <string.h>
 
 #include "basis.h"
+#include "basis_ref.h"
 #include "cuda/basis_gpu.h"
 #include "dtype.h"
 #include "pool.h"
@@ -36,33 +37,7 @@
 
 static uint64_t rng = 9090;
 
-/* ---- data and brute force (as test_basis.c) ---- */
-
-/* n tokens, K layers of H: x = A s + noise, A random D x r, s with variances
- * 1/(j+1), layer k scaled by (k+1); K row-major [n x H] f32 layers in one
- * buffer (layer k at + k*n*H). */
-static float *make_features(int64_t n, int K, int H, int r, double noise)
-{
-    int64_t D = (int64_t)K * H;
-    float *A = malloc(sizeof(float) * (size_t)(D * r));
-    float *x = malloc(sizeof(float) * (size_t)(n * D));
-    for (int64_t i = 0; i < D * r; i++)
-        A[i] = test_randn(&rng);
-    for (int64_t t = 0; t < n; t++) {
-        double s[64];
-        for (int j = 0; j < r; j++)
-            s[j] = test_randn(&rng) / sqrt(j + 1.0);
-        for (int64_t d = 0; d < D; d++) {
-            double v = noise * test_randn(&rng);
-            for (int j = 0; j < r; j++)
-                v += A[d * r + j] * s[j];
-            int64_t k = d / H, i = d % H;
-            x[k * n * H + t * H + i] = (float)(v * (k + 1));
-        }
-    }
-    free(A);
-    return x;
-}
+/* ---- data and brute force (beside basis_ref.h) ---- */
 
 /* The BF16 bits of x (count values), and x rounded to them, in place. */
 static uint16_t *to_bf16(float *x, int64_t count)
@@ -75,27 +50,6 @@ static uint16_t *to_bf16(float *x, int64_t count)
     return b;
 }
 
-static double xval(const float *x, int64_t n, int H, int64_t t, int64_t d)
-{
-    return x[(d / H) * n * H + t * H + d % H];
-}
-
-/* M = sum_t x_t x_t^T over rows [t0, t1) in double, full D x D */
-static double *brute_moment(const float *x, int64_t n, int K, int H, int64_t t0, int64_t t1)
-{
-    int64_t D = (int64_t)K * H;
-    double *M = calloc((size_t)(D * D), sizeof(double)), *row = malloc(sizeof(double) * (size_t)D);
-    for (int64_t t = t0; t < t1; t++) {
-        for (int64_t d = 0; d < D; d++)
-            row[d] = xval(x, n, H, t, d);
-        for (int64_t i = 0; i < D; i++)
-            for (int64_t j = 0; j < D; j++)
-                M[i * D + j] += row[i] * row[j];
-    }
-    free(row);
-    return M;
-}
-
 /* max over the upper triangle of |m - ref| / sqrt(ref_ii ref_jj) */
 static double moment_err(const double *m, const double *ref, int64_t D)
 {
@@ -104,63 +58,6 @@ static double moment_err(const double *m, const double *ref, int64_t D)
         for (int64_t j = i; j < D; j++)
             worst = fmax(worst, fabs(m[i * D + j] - ref[i * D + j]) /
                                     sqrt(ref[i * D + i] * ref[j * D + j]));
-    return worst;
-}
-
-/* Cyclic Jacobi: the eigenvalues of the symmetric n x n a (destroyed), descending. */
-static void jacobi_eigvals(double *a, int n, double *w)
-{
-    for (int sweep = 0; sweep < 100; sweep++) {
-        double off = 0, tot = 0;
-        for (int i = 0; i < n; i++)
-            for (int j = 0; j < n; j++) {
-                tot += a[i * n + j] * a[i * n + j];
-                if (i != j)
-                    off += a[i * n + j] * a[i * n + j];
-            }
-        if (off <= 1e-30 * tot)
-            break;
-        for (int p = 0; p < n; p++)
-            for (int q = p + 1; q < n; q++) {
-                double apq = a[p * n + q];
-                if (fabs(apq) < 1e-300)
-                    continue;
-                double theta = (a[q * n + q] - a[p * n + p]) / (2 * apq);
-                double t = (theta >= 0 ? 1 : -1) / (fabs(theta) + sqrt(theta * theta + 1));
-                double c = 1 / sqrt(t * t + 1), s = t * c;
-                for (int k = 0; k < n; k++) {
-                    double akp = a[k * n + p], akq = a[k * n + q];
-                    a[k * n + p] = c * akp - s * akq;
-                    a[k * n + q] = s * akp + c * akq;
-                }
-                for (int k = 0; k < n; k++) {
-                    double apk = a[p * n + k], aqk = a[q * n + k];
-                    a[p * n + k] = c * apk - s * aqk;
-                    a[q * n + k] = s * apk + c * aqk;
-                }
-            }
-    }
-    for (int i = 0; i < n; i++)
-        w[i] = a[i * n + i];
-    for (int i = 0; i < n; i++)
-        for (int j = i + 1; j < n; j++)
-            if (w[j] > w[i]) {
-                double t = w[i];
-                w[i] = w[j], w[j] = t;
-            }
-}
-
-/* max |P P^T - I| */
-static double ortho_err(const df_basis *b)
-{
-    double worst = 0;
-    for (int r = 0; r < b->R; r++)
-        for (int s = 0; s < b->R; s++) {
-            double d = 0;
-            for (int i = 0; i < b->D; i++)
-                d += (double)b->P[(int64_t)r * b->D + i] * b->P[(int64_t)s * b->D + i];
-            worst = fmax(worst, fabs(d - (r == s)));
-        }
     return worst;
 }
 
@@ -225,9 +122,9 @@ static void test_moment(df_basis_gpu *g, df_basis_gpu *g64, df_pool *pool)
 {
     const int K = 3, H = 37, D = K * H;
     const int64_t n = 2500;
-    float *x = make_features(n, K, H, 5, 0.05);
+    float *x = basis_ref_features(&rng, n, K, H, 5, 0.05);
     uint16_t *xb = to_bf16(x, n * D); /* x now holds the BF16 values */
-    double *Mb = brute_moment(x, n, K, H, 0, n);
+    double *Mb = basis_ref_moment(x, n, K, H, 0, n);
     const uint16_t *lay[3] = {xb, xb + n * H, xb + 2 * n * H};
     df_err e;
     int32_t ids[3] = {4, 9, 13};
@@ -321,7 +218,7 @@ static void test_moment(df_basis_gpu *g, df_basis_gpu *g64, df_pool *pool)
     xb[2 * n * H + 7 * H] = saved;
     CHECK_EQ(mn.n_rows, 1234);
     CHECK_OK(df_basis_gpu_moment_sync(g, &mn, &e), &e);
-    double *M1 = brute_moment(x, n, K, H, 0, 1234);
+    double *M1 = basis_ref_moment(x, n, K, H, 0, 1234);
     CHECK(moment_err(mn.m, M1, D) < 3e-5);
     /* arguments, with df_moment_add_bf16's messages */
     CHECK_ERR(df_basis_gpu_moment_add_bf16(g, &mn, lay, K, H + 1, 10, pool, &e), -DF_EMISMATCH,
@@ -377,7 +274,7 @@ static void test_moment_wide(df_basis_gpu *g, df_basis_gpu *g64, df_pool *pool)
         }
         double want = 0, ni = 0, nj = 0;
         for (int64_t t = 0; t < n; t++) {
-            double a = xval(x, n, H, t, i), b = xval(x, n, H, t, j);
+            double a = basis_ref_x(x, n, H, t, i), b = basis_ref_x(x, n, H, t, j);
             want += a * b, ni += a * a, nj += b * b;
         }
         worst = fmax(worst, fabs(m.m[i * D + j] - want) / sqrt(ni * nj));
@@ -417,7 +314,7 @@ static void check_same_fit(const df_basis *bg, const df_basis *bc, const double 
     for (int r = 0; r < exact_rows && r < R; r++)
         for (int64_t i = 0; i < bg->D; i++)
             rows = fmax(rows, fabs((double)bg->P[r * bg->D + i] - bc->P[r * bc->D + i]));
-    double res = residual(bg, M) / top, orth = ortho_err(bg);
+    double res = residual(bg, M) / top, orth = basis_ref_ortho_err(bg);
     double pd = exact_rows ? proj_dist(bg, 0, bc, 0, exact_rows) : 0;
     printf("fit R = %d: eigenvalues %.3g of the largest, rows %.3g, projector %.3g, residual "
            "%.3g, orthonormality %.3g\n", R, ev, rows, pd, res, orth);
@@ -432,7 +329,7 @@ static void test_fit(df_basis_gpu *g, df_pool *pool)
 {
     const int K = 3, H = 37, D = K * H, r = 6;
     const int64_t n = 1500;
-    float *x = make_features(n, K, H, r, 0.02);
+    float *x = basis_ref_features(&rng, n, K, H, r, 0.02);
     const float *lay[3] = {x, x + n * H, x + 2 * n * H};
     int32_t ids[3] = {1, 2, 30};
     df_err e;
@@ -462,7 +359,7 @@ static void test_fit(df_basis_gpu *g, df_pool *pool)
     df_basis_free(&bc);
     CHECK_OK(df_basis_gpu_fit(g, &m, D, 0, &bg, &e), &e); /* all of it keeps everything */
     CHECK(fabs(bg.kept - 1) < 1e-9);
-    CHECK(ortho_err(&bg) < 1e-6);
+    CHECK(basis_ref_ortho_err(&bg) < 1e-6);
     df_basis_free(&bg);
 
     /* the energy rule: the CPU's R, eigenvalues and rows */
@@ -519,7 +416,7 @@ static void test_eval(df_basis_gpu *g, df_pool *pool)
 {
     const int K = 2, H = 23, D = K * H;
     const int64_t n = 400;
-    float *x = make_features(n, K, H, 8, 0.1);
+    float *x = basis_ref_features(&rng, n, K, H, 8, 0.1);
     const float *lay[2] = {x, x + n * H};
     df_err e;
     df_moment m;
@@ -561,7 +458,7 @@ static void test_extend(df_basis_gpu *g, df_pool *pool)
 {
     const int K = 3, H = 40, D = K * H, R0 = 17, R = 30;
     const int64_t n = 700;
-    float *x = make_features(n, K, H, 24, 0.1);
+    float *x = basis_ref_features(&rng, n, K, H, 24, 0.1);
     const float *lay[3] = {x, x + n * H, x + 2 * n * H};
     int32_t ids[3] = {2, 5, 9};
     df_err e;
@@ -580,7 +477,7 @@ static void test_extend(df_basis_gpu *g, df_pool *pool)
     CHECK(!memcmp(bg.eigval, q.eigval, sizeof(double) * R0));
     CHECK(bg.layer_ids[2] == 9 && bg.n_rows == n);
     CHECK(bg.total_energy == bc.total_energy);
-    double orth = ortho_err(&bg), ev = 0;
+    double orth = basis_ref_ortho_err(&bg), ev = 0;
     for (int r = R0; r < R; r++)
         ev = fmax(ev, fabs(bg.eigval[r] - bc.eigval[r]) / bc.eigval[R0]);
     double pd = proj_dist(&bg, R0, &bc, R0, R - R0);
@@ -612,7 +509,7 @@ static void test_extend(df_basis_gpu *g, df_pool *pool)
     double *Mp = calloc((size_t)D * D, sizeof(double)), *xt = malloc(sizeof(double) * D);
     for (int64_t t = 0; t < n; t++) {
         for (int d = 0; d < D; d++)
-            xt[d] = xval(x, n, H, t, d);
+            xt[d] = basis_ref_x(x, n, H, t, d);
         for (int r = 0; r < R0; r++) {
             double z = 0;
             for (int d = 0; d < D; d++)
@@ -632,7 +529,7 @@ static void test_extend(df_basis_gpu *g, df_pool *pool)
             for (int j = 0; j < D; j++)
                 held += (double)p[i] * Mp[i * D + j] * p[j];
     }
-    jacobi_eigvals(Mc, D, w);
+    basis_ref_eigvals(Mc, D, w);
     for (int r = 0; r < R - R0; r++) {
         top += w[r];
         CHECK(fabs(bg.eigval[R0 + r] - w[r]) <= 1e-5 * w[0]); /* m's own error, ~1e-6 */
