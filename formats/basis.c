@@ -344,8 +344,8 @@ static int moment_add_src(df_moment *m, const rows_src *src, int64_t n, df_pool 
     return 0;
 }
 
-static int moment_args(const df_moment *m, int K, int H, int64_t n, const void *layers,
-                       const char *what, df_err *e)
+int df_moment_check_add(const df_moment *m, int K, int H, int64_t n, const void *layers,
+                        const char *what, df_err *e)
 {
     if (!m->D)
         return df_errf(e, -EINVAL, "%s: moment not initialised (df_moment_init)", what);
@@ -361,7 +361,7 @@ static int moment_args(const df_moment *m, int K, int H, int64_t n, const void *
 int df_moment_add_bf16(df_moment *m, const uint16_t *const *layers, int K, int H,
                        int64_t n_rows, df_pool *pool, df_err *e)
 {
-    int rc = moment_args(m, K, H, n_rows, layers, "df_moment_add_bf16", e);
+    int rc = df_moment_check_add(m, K, H, n_rows, layers, "df_moment_add_bf16", e);
     if (rc)
         return rc;
     rows_src s = {(const void *const *)layers, 1, K, H, H};
@@ -371,7 +371,7 @@ int df_moment_add_bf16(df_moment *m, const uint16_t *const *layers, int K, int H
 int df_moment_add_f32(df_moment *m, const float *const *layers, int K, int H, int64_t n_rows,
                       df_pool *pool, df_err *e)
 {
-    int rc = moment_args(m, K, H, n_rows, layers, "df_moment_add_f32", e);
+    int rc = df_moment_check_add(m, K, H, n_rows, layers, "df_moment_add_f32", e);
     if (rc)
         return rc;
     rows_src s = {(const void *const *)layers, 0, K, H, H};

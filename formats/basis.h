@@ -255,14 +255,25 @@ int df_basis_unproject(const df_basis *b, const float *z, int64_t n_rows, float 
                        df_pool *pool, df_err *e);
 
 /* ---- for backends: the CPU path's checks and rules, shared so that a
- * backend refuses, and chooses, exactly as it does (the first three are
- * defined in basis.c, the orthonormality check in basis_file.c) ---- */
+ * backend refuses, and chooses, exactly as it does (defined in basis.c
+ * unless said) ---- */
 
 /* The input scan of df_moment_add_bf16: -EINVAL "<what>: row t, layer k,
  * column i is not finite" for the first NaN or infinity of the n_rows token
  * rows (layers[k]: [n_rows x H] BF16 bits), else 0. Split over pool. */
 int df_moment_check_finite_bf16(const uint16_t *const *layers, int K, int H, int64_t n_rows,
                                 df_pool *pool, const char *what, df_err *e);
+
+/* The argument checks of df_moment_add_bf16 / _f32 (m initialised, K and H
+ * m's, n_rows >= 0 with layers when > 0): 0, or the error naming what. */
+int df_moment_check_add(const df_moment *m, int K, int H, int64_t n_rows, const void *layers,
+                        const char *what, df_err *e);
+
+/* The argument checks of df_basis_extend (q and m of the same layers and
+ * shape, m holding rows, q->R < R <= D): 0, or the error naming what. In
+ * basis_extend.c. */
+int df_basis_check_extend(const df_basis *q, const df_moment *m, int R, const char *what,
+                          df_err *e);
 
 /* df_basis_fit's rule for its R and energy arguments: 0, or -EINVAL naming
  * what and the ranges. */

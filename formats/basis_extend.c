@@ -64,11 +64,9 @@ out:
     return rc;
 }
 
-int df_basis_extend(const df_basis *q, const df_moment *m, int R, df_pool *pool, df_basis *out,
-                    df_err *e)
+int df_basis_check_extend(const df_basis *q, const df_moment *m, int R, const char *what,
+                          df_err *e)
 {
-    const char *what = "df_basis_extend";
-    memset(out, 0, sizeof *out);
     if (!q->P || q->D != m->D || q->K != m->K || q->H != m->H)
         return df_errf(e, -DF_EMISMATCH, "%s: a basis of %d layers of %d, a moment of %d of %d",
                        what, q->K, q->H, m->K, m->H);
@@ -77,11 +75,21 @@ int df_basis_extend(const df_basis *q, const df_moment *m, int R, df_pool *pool,
                        "layers (first %d and %d)", what, q->layer_ids[0], m->layer_ids[0]);
     if (!m->m || m->n_rows <= 0)
         return df_errf(e, -EINVAL, "%s: the moment holds no rows", what);
-    int64_t D = q->D, Rq = q->R, Re = (int64_t)R - Rq;
     if (R <= q->R || R > q->D)
         return df_errf(e, -EINVAL, "%s: R = %d, must be in [%d, %lld] (above the kept basis' "
-                       "%d rows, at most D)", what, R, q->R + 1, (long long)D, q->R);
-    int rc = 0;
+                       "%d rows, at most D)", what, R, q->R + 1, (long long)q->D, q->R);
+    return 0;
+}
+
+int df_basis_extend(const df_basis *q, const df_moment *m, int R, df_pool *pool, df_basis *out,
+                    df_err *e)
+{
+    const char *what = "df_basis_extend";
+    memset(out, 0, sizeof *out);
+    int rc = df_basis_check_extend(q, m, R, what, e);
+    if (rc)
+        return rc;
+    int64_t D = q->D, Rq = q->R, Re = (int64_t)R - Rq;
     float *pq = alloc64((size_t)(cdiv(Rq, NR) * NR * D) * sizeof(float));
     float *QT = malloc(sizeof(float) * (size_t)(D * Rq)), *W = NULL;
     double *C = malloc(sizeof(double) * (size_t)(Rq * D)), *G = NULL, *GQ = NULL, *Y = NULL;

@@ -501,15 +501,8 @@ extern "C" int df_basis_gpu_moment_add_bf16(df_basis_gpu *g, df_moment *m,
 {
     const char *what = "df_basis_gpu_moment_add_bf16";
     int rc = 0;
-    /* the checks and messages of df_moment_add_bf16 (formats/basis.c, moment_args) */
-    if (!m->D)
-        return df_errf(e, -EINVAL, "%s: moment not initialised (df_moment_init)", what);
-    if (K != m->K || H != m->H)
-        return df_errf(e, -DF_EMISMATCH, "%s: %d layers of %d, the moment is of %d layers of %d",
-                       what, K, H, m->K, m->H);
-    if (n_rows < 0 || (n_rows > 0 && !layers))
-        return df_errf(e, -EINVAL, "%s: n_rows = %lld%s", what, (long long)n_rows,
-                       n_rows < 0 ? ", must be >= 0" : " with no layers");
+    if ((rc = df_moment_check_add(m, K, H, n_rows, layers, what, e)))
+        return rc;
     if (g->mom && g->mom != m)
         return df_errf(e, -EBUSY, "%s: this GPU context accumulates another moment; "
                        "df_basis_gpu_moment_sync that one first", what);
@@ -886,21 +879,13 @@ extern "C" int df_basis_gpu_extend(df_basis_gpu *g, const df_basis *q, const df_
 {
     const char *what = "df_basis_gpu_extend";
     memset(out, 0, sizeof *out);
-    /* the checks and messages of df_basis_extend */
-    if (!q->P || q->D != m->D || q->K != m->K || q->H != m->H)
-        return df_errf(e, -DF_EMISMATCH, "%s: a basis of %d layers of %d, a moment of %d of %d",
-                       what, q->K, q->H, m->K, m->H);
-    if (memcmp(q->layer_ids, m->layer_ids, sizeof(int32_t) * (size_t)q->K))
-        return df_errf(e, -DF_EMISMATCH, "%s: the basis and the moment are of other target "
-                       "layers (first %d and %d)", what, q->layer_ids[0], m->layer_ids[0]);
-    double total = 0, lay[DF_BASIS_MAX_LAYERS];
-    int rc = moment_diag(g, m, what, &total, lay, e);
+    int rc = df_basis_check_extend(q, m, R, what, e);
     if (rc)
         return rc;
+    double total = 0, lay[DF_BASIS_MAX_LAYERS];
+    if ((rc = moment_diag(g, m, what, &total, lay, e)))
+        return rc;
     int64_t D = q->D, Rq = q->R, Re = (int64_t)R - Rq;
-    if (R <= q->R || R > q->D)
-        return df_errf(e, -EINVAL, "%s: R = %d, must be in [%d, %lld] (above the kept basis' "
-                       "%d rows, at most D)", what, R, q->R + 1, (long long)D, q->R);
     double *dA = NULL, *dQ = NULL, *dC = NULL, *dG = NULL, *dS = NULL, *dn = NULL;
     double *w = (double *)malloc(sizeof(double) * (size_t)Re);
     double *nrm = (double *)malloc(sizeof(double) * (size_t)Re);
