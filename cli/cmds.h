@@ -13,6 +13,7 @@ int cmd_cache_plan(int argc, char **argv); /* dflash cache plan */
 int cmd_extract(int argc, char **argv);
 int cmd_train(int argc, char **argv);
 int cmd_export(int argc, char **argv); /* dflash export */
+int cmd_eval(int argc, char **argv);   /* dflash eval */
 int cmd_train_step(int argc, char **argv);
 
 #endif

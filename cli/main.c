@@ -20,6 +20,7 @@ static const struct {
     {"extract", cmd_extract, "run the target over a corpus and write the hidden-state cache"},
     {"train", cmd_train, "train a DFlash drafter from a cache (CPU, one GPU or many)"},
     {"export", cmd_export, "the serving export (config.json + model.safetensors) of any checkpoint of a run"},
+    {"eval", cmd_eval, "score an exported drafter on a held-out cache (loss, acc[k], tau_hat, tau_walk)"},
     {"train-step", cmd_train_step, "one step's loss + gradients from a safetensors file (for checking)"},
 };
 

@@ -165,6 +165,19 @@ cmp -s "$W/runA/export/model.safetensors" "$W/runK/export/model.safetensors" || 
 # evaluation on a held-out cache (the bundled eval corpus): logged lines, the same at every resume
 run 0 "" "$D" extract --device cpu --model "$TM" --data "$TM/eval.jsonl" --out "$W/evc" --layers 0,1,2 --quiet
 run 0 "eval @ step 60: .* rows.* tau_walk [0-9.]* " "$D" train ${TA/--quiet/} --out "$W/runEv" --eval-cache "$W/evc" --eval-every 20 --eval-rows 4 --keep-last 0
+# dflash eval of the export: the trainer's last evaluation (same rows, anchors and walk); the loss
+# within the export's BF16 rounding of the CPU's f32 weights
+run 0 '"eval_tau_walk"' "$D" eval --cache "$W/evc" --drafter "$W/runEv/export" --target "$TM" --rows 4 --max-tokens 512 --max-anchors 32 --json
+python3 - "$W/out" "$W/runEv/log.jsonl" <<'PY' || fail "dflash eval differs from the trainer's evaluation at step 60"
+import json, sys
+got = next(json.loads(l) for l in open(sys.argv[1]) if l.startswith("{"))
+want = [json.loads(l) for l in open(sys.argv[2]) if '"eval_loss"' in l][-1]
+for k in ("eval_rows", "eval_blocks", "eval_tau_hat", "eval_tau_walk", "eval_walk_verifications", "eval_acc"):
+    assert got[k] == want[k], (k, got[k], want[k])
+assert abs(got["eval_loss"] - want["eval_loss"]) < 1e-3 * want["eval_loss"], (got["eval_loss"], want["eval_loss"])
+PY
+run 2 "required" "$D" eval --cache "$W/evc" --target "$TM"
+run 1 "nope" "$D" eval --cache "$W/evc" --drafter "$W/nope" --target "$TM"
 [ "$(grep -c eval_tau_hat "$W/runEv/log.jsonl")" = 3 ] || fail "expected 3 evaluation lines in log.jsonl"
 # the walk's tau: tokens per verification, between 1 and the block size
 for t in $(sed -n 's/.*"eval_tau_walk":\([0-9.]*\).*/\1/p' "$W/runEv/log.jsonl"); do
