@@ -22,6 +22,8 @@
 #   init:S[:P=S2,...]  the lossless cache, with --init-seed S (the weights' draw) and the run's seed
 #                      for everything else (tells the init's effect from the data order's); parameters
 #                      named P... drawn with seed S2 (--init-seed-for: which draw decides)
+#   train:ARGS         the lossless cache, with more train options (ARGS: commas for spaces, e.g.
+#                      train:--fc-init-random or train:--lr,1e-3): a training change against lossless
 #   project:R[:C]      `dflash cache project --rank R [--codec C]` of the lossless cache
 #   project-energy:F[:C]  the same, R chosen to keep fraction F of the features' energy
 #   fcbasis:N[:C[:R[:S]]]  P = the row space of fc (R = hidden size: the subspace fc reads) of a
@@ -107,6 +109,9 @@ for v in $VARIANTS; do
     init)
       TRAIN[$name]=$W/c-lossless; EVAL[$name]=$W/e-lossless; EXTRA[$name]="--init-seed $a"
       [ -n "${b:-}" ] && EXTRA[$name]+=" --init-seed-for $b";;
+    train)
+      TRAIN[$name]=$W/c-lossless; EVAL[$name]=$W/e-lossless; EXTRA[$name]=${spec#train:}
+      EXTRA[$name]=${EXTRA[$name]//,/ };;
     fcbasis|project|project-energy)
       case $kind in
         fcbasis)
