@@ -7,7 +7,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cache.h"
 #include "cmds.h"
+#include "drafter.h"
+#include "hfconfig.h"
+#include "opt.h"
 #include "onestep.h"
 #include "ranks.h"
 #include "train.h"
@@ -98,15 +102,9 @@ static void usage(FILE *f)
             "  --no-ckpt             no checkpoint at all, not even the last (benchmarks)\n");
 }
 
-static int num(const char *s, double *v)
-{
-    char *end;
-    errno = 0;
-    if (!s || !*s)
-        return -1;
-    *v = strtod(s, &end);
-    return errno || *end ? -1 : 0;
-}
+/* The largest value of --rows-per-step, --max-anchors, --eval-rows: far beyond any
+ * real run, small enough that the row buffers' sizes cannot overflow. */
+#define ROWS_MAX (1 << 16)
 
 /* Every spawned rank gets the launch's --run-id. */
 static int run_id_extra(void *ctx, int i, uint32_t rank, char **av, int cap)
@@ -122,12 +120,11 @@ int cmd_train(int argc, char **argv)
 {
     df_train_opts o;
     df_train_opts_defaults(&o);
-    int tl[64], ntl = 0, gpu_given = 0, rank_given = 0, steps_given = 0, draws = 0;
+    int tl[DF_MAX_TARGET_FEATURES], ntl = 0, gpu_given = 0, rank_given = 0, steps_given = 0, draws = 0;
     const char *gpus = NULL;
     char idbuf[128];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        double x = 0;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
@@ -208,12 +205,23 @@ int cmd_train(int argc, char **argv)
             o.device = v;
         }
         else if (!strcmp(a, "--target-layers")) {
+            /* ids of target layers, at most DF_MAX_TARGET_FEATURES of them (the drafter's
+             * fc takes that many features): more is refused, not cut short */
             const char *p = v;
-            while (*p && ntl < 64) {
+            ntl = 0;
+            while (*p) {
                 char *end;
+                errno = 0;
                 long id = strtol(p, &end, 10);
-                if (end == p || id < 0 || (*end && *end != ',')) {
-                    fprintf(stderr, "dflash train: --target-layers '%s': want ids like 1,3\n", v);
+                if (end == p || errno || id < 0 || id >= DF_MAX_LAYERS ||
+                    (*end && *end != ',') || (*end == ',' && !end[1])) {
+                    fprintf(stderr, "dflash train: --target-layers '%s': want ids in 0..%d "
+                                    "like 1,3\n", v, DF_MAX_LAYERS - 1);
+                    return 2;
+                }
+                if (ntl == DF_MAX_TARGET_FEATURES) {
+                    fprintf(stderr, "dflash train: --target-layers '%s': at most %d layers\n", v,
+                            DF_MAX_TARGET_FEATURES);
                     return 2;
                 }
                 tl[ntl++] = (int)id;
@@ -221,44 +229,57 @@ int cmd_train(int argc, char **argv)
             }
             o.target_layers = tl;
             o.n_target_layers = ntl;
-        } else if (num(v, &x)) {
-            fprintf(stderr, "dflash train: %s: '%s' is not a number\n", a, v);
-            return 2;
-        } else if (!strcmp(a, "--layers")) o.layers = (int)x;
-        else if (!strcmp(a, "--sliding-window")) o.sliding_window = (int)x;
-        else if (!strcmp(a, "--intermediate")) o.intermediate = (int)x;
-        else if (!strcmp(a, "--heads")) o.heads = (int)x;
-        else if (!strcmp(a, "--kv-heads")) o.kv_heads = (int)x;
-        else if (!strcmp(a, "--head-dim")) o.head_dim = (int)x;
-        else if (!strcmp(a, "--block-size")) o.block_size = (int)x;
-        else if (!strcmp(a, "--mask-token")) o.mask_token_id = (int64_t)x;
-        else if (!strcmp(a, "--max-tokens")) o.max_tokens = (int)x;
-        else if (!strcmp(a, "--max-anchors")) o.max_anchors = (int)x;
-        else if (!strcmp(a, "--rows-per-step")) o.rows_per_step = (int)x;
-        else if (!strcmp(a, "--gamma")) o.gamma = x;
-        else if (!strcmp(a, "--noise")) o.noise = (float)x;
-        else if (!strcmp(a, "--steps")) { o.steps = (int64_t)x; steps_given = 1; }
-        else if (!strcmp(a, "--lr")) o.lr = x;
-        else if (!strcmp(a, "--min-lr")) o.min_lr = x;
-        else if (!strcmp(a, "--warmup")) o.warmup_frac = x;
-        else if (!strcmp(a, "--clip")) o.clip = x;
-        else if (!strcmp(a, "--init-std")) { o.init_std = x; draws = 1; }
-        else if (!strcmp(a, "--seed")) o.seed = (uint64_t)x;
-        else if (!strcmp(a, "--init-seed") && x >= 1) { o.init_seed = (uint64_t)x; draws = 1; }
-        else if (!strcmp(a, "--log-every")) o.log_every = (int)x;
-        else if (!strcmp(a, "--eval-every")) o.eval_every = (int)x;
-        else if (!strcmp(a, "--eval-rows")) o.eval_rows = (int)x;
-        else if (!strcmp(a, "--ckpt-every")) o.ckpt_every = (int)x;
-        else if (!strcmp(a, "--keep-last")) o.keep_last = (int)x;
-        else if (!strcmp(a, "--threads")) o.threads = (int)x;
-        else if (!strcmp(a, "--gpu") && x >= 0 && x < 1024) { o.gpu = (int)x; gpu_given = 1; }
-        else if (!strcmp(a, "--rank") && x >= 0 && x < 1024) { o.rank = (int)x; rank_given = 1; }
-        else if (!strcmp(a, "--world-size") && x >= 1 && x <= 1024) o.world = (int)x;
-        else if (!strcmp(a, "--stop-after")) o.stop_after = (int64_t)x;
-        else {
-            fprintf(stderr, "dflash train: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
+        } else {
+            /* every numeric option, with its range: a bad value is a usage error naming
+             * the option, the value and the range (common/opt.h) */
+            df_err pe = {0};
+            int rc = 1; /* 1: not a numeric option */
+            if (!strcmp(a, "--layers")) rc = df_opt_int(a, v, 1, DF_MAX_LAYERS, &o.layers, &pe);
+            else if (!strcmp(a, "--sliding-window")) rc = df_opt_int(a, v, 1, 1 << 30, &o.sliding_window, &pe);
+            else if (!strcmp(a, "--intermediate")) rc = df_opt_int(a, v, 1, 1 << 24, &o.intermediate, &pe);
+            else if (!strcmp(a, "--heads")) rc = df_opt_int(a, v, 1, 4096, &o.heads, &pe);
+            else if (!strcmp(a, "--kv-heads")) rc = df_opt_int(a, v, 1, 4096, &o.kv_heads, &pe);
+            else if (!strcmp(a, "--head-dim")) rc = df_opt_int(a, v, 2, 4096, &o.head_dim, &pe);
+            else if (!strcmp(a, "--block-size")) rc = df_opt_int(a, v, 2, DF_DRAFTER_MAX_BLOCK, &o.block_size, &pe);
+            else if (!strcmp(a, "--mask-token")) rc = df_opt_i64(a, v, 0, INT32_MAX, &o.mask_token_id, &pe);
+            else if (!strcmp(a, "--max-tokens")) rc = df_opt_int(a, v, 1, DF_CACHE_MAX_TOKENS, &o.max_tokens, &pe);
+            else if (!strcmp(a, "--max-anchors")) rc = df_opt_int(a, v, 1, ROWS_MAX, &o.max_anchors, &pe);
+            else if (!strcmp(a, "--rows-per-step")) rc = df_opt_int(a, v, 1, ROWS_MAX, &o.rows_per_step, &pe);
+            else if (!strcmp(a, "--gamma")) rc = df_opt_double(a, v, 1e-3, 1e6, &o.gamma, &pe);
+            else if (!strcmp(a, "--noise")) {
+                double x = 0;
+                if (!(rc = df_opt_double(a, v, 0, 1e6, &x, &pe)))
+                    o.noise = (float)x;
+            }
+            /* 2^53: steps are counted in doubles by the schedule */
+            else if (!strcmp(a, "--steps")) { rc = df_opt_i64(a, v, 0, (int64_t)1 << 53, &o.steps, &pe); steps_given = 1; }
+            else if (!strcmp(a, "--lr")) rc = df_opt_double(a, v, 1e-12, 10, &o.lr, &pe);
+            else if (!strcmp(a, "--min-lr")) rc = df_opt_double(a, v, 0, 10, &o.min_lr, &pe);
+            else if (!strcmp(a, "--warmup")) rc = df_opt_double(a, v, 0, 1, &o.warmup_frac, &pe);
+            else if (!strcmp(a, "--clip")) rc = df_opt_double(a, v, 0, 1e30, &o.clip, &pe); /* 0: none */
+            else if (!strcmp(a, "--init-std")) { rc = df_opt_double(a, v, 0, 10, &o.init_std, &pe); draws = 1; }
+            else if (!strcmp(a, "--seed")) rc = df_opt_u64(a, v, 0, UINT64_MAX, &o.seed, &pe);
+            /* 0 would mean "the --seed" (df_train_opts): not a value to give */
+            else if (!strcmp(a, "--init-seed")) { rc = df_opt_u64(a, v, 1, UINT64_MAX, &o.init_seed, &pe); draws = 1; }
+            else if (!strcmp(a, "--log-every")) rc = df_opt_int(a, v, 1, INT32_MAX, &o.log_every, &pe);
+            else if (!strcmp(a, "--eval-every")) rc = df_opt_int(a, v, 0, INT32_MAX, &o.eval_every, &pe);
+            else if (!strcmp(a, "--eval-rows")) rc = df_opt_int(a, v, 1, ROWS_MAX, &o.eval_rows, &pe);
+            else if (!strcmp(a, "--ckpt-every")) rc = df_opt_int(a, v, 0, INT32_MAX, &o.ckpt_every, &pe);
+            else if (!strcmp(a, "--keep-last")) rc = df_opt_int(a, v, 0, INT32_MAX, &o.keep_last, &pe);
+            else if (!strcmp(a, "--threads")) rc = df_opt_int(a, v, 0, 4096, &o.threads, &pe);
+            else if (!strcmp(a, "--gpu")) { rc = df_opt_int(a, v, 0, 1023, &o.gpu, &pe); gpu_given = 1; }
+            else if (!strcmp(a, "--rank")) { rc = df_opt_int(a, v, 0, 1023, &o.rank, &pe); rank_given = 1; }
+            else if (!strcmp(a, "--world-size")) rc = df_opt_int(a, v, 1, 1024, &o.world, &pe);
+            else if (!strcmp(a, "--stop-after")) rc = df_opt_i64(a, v, 0, INT64_MAX, &o.stop_after, &pe);
+            if (rc == 1) {
+                fprintf(stderr, "dflash train: unknown option '%s'\n", a);
+                usage(stderr);
+                return 2;
+            }
+            if (rc) {
+                fprintf(stderr, "dflash train: %s\n", pe.msg);
+                return 2;
+            }
         }
     }
     if (!o.cache_dir || (!o.target_dir && !o.random_target) || !o.run_dir || !steps_given ||

@@ -7,6 +7,7 @@
 #include "crc32c.h"
 #include "dtype.h"
 #include "fsutil.h"
+#include "opt.h"
 #include "pool.h"
 #include "test.h"
 
@@ -94,5 +95,43 @@ int main(void)
     CHECK_ERR(df_file_read_all(path, 3, &data, &len, &e), -EFBIG, &e, "file.json");
     snprintf(path, sizeof path, "%s/missing/file", dir);
     CHECK_ERR(df_file_read_all(path, 100, &data, &len, &e), -ENOENT, &e, "missing/file");
+    /* Numeric options (opt.h): integers, ranges, junk, nan/inf; the message names the
+     * option, the value and the range. */
+    {
+        df_err oe = {0};
+        int iv = 7;
+        int64_t lv = 0;
+        uint64_t uv = 0;
+        double dv = 0;
+        CHECK_OK(df_opt_int("--steps", "12", 1, 100, &iv, &oe), &oe);
+        CHECK_EQ(iv, 12);
+        CHECK_OK(df_opt_int("--steps", "1e1", 1, 100, &iv, &oe), &oe);
+        CHECK_EQ(iv, 10);
+        CHECK_ERR(df_opt_int("--steps", "2.5", 1, 100, &iv, &oe), -EINVAL, &oe, "--steps '2.5': want an integer in 1..100");
+        CHECK_EQ(iv, 10);
+        CHECK_ERR(df_opt_int("--steps", "1e30", 1, 100, &iv, &oe), -EINVAL, &oe, "1..100");
+        CHECK_ERR(df_opt_int("--steps", "12x", 1, 100, &iv, &oe), -EINVAL, &oe, "12x");
+        CHECK_ERR(df_opt_int("--steps", "", 1, 100, &iv, &oe), -EINVAL, &oe, "--steps");
+        CHECK_ERR(df_opt_int("--steps", " 5", 1, 100, &iv, &oe), -EINVAL, &oe, "--steps");
+        CHECK_ERR(df_opt_int("--steps", "nan", 1, 100, &iv, &oe), -EINVAL, &oe, "nan");
+        CHECK_ERR(df_opt_int("--keep-last", "-1", 0, 100, &iv, &oe), -EINVAL, &oe, "0..100");
+        CHECK_ERR(df_opt_i64("--steps", "99999999999999999999", 0, INT64_MAX, &lv, &oe), -EINVAL, &oe, "--steps");
+        CHECK_OK(df_opt_i64("--steps", "-3", -5, 5, &lv, &oe), &oe);
+        CHECK_EQ(lv, -3);
+        CHECK_OK(df_opt_u64("--seed", "18446744073709551615", 0, UINT64_MAX, &uv, &oe), &oe);
+        CHECK(uv == UINT64_MAX);
+        CHECK_ERR(df_opt_u64("--seed", "-1", 0, UINT64_MAX, &uv, &oe), -EINVAL, &oe, "--seed '-1'");
+        CHECK_ERR(df_opt_u64("--seed", "nan", 0, UINT64_MAX, &uv, &oe), -EINVAL, &oe, "--seed 'nan'");
+        CHECK_ERR(df_opt_u64("--seed", "18446744073709551616", 0, UINT64_MAX, &uv, &oe), -EINVAL, &oe, "--seed");
+        CHECK_OK(df_opt_u64("--seed", "1e3", 0, UINT64_MAX, &uv, &oe), &oe);
+        CHECK(uv == 1000);
+        CHECK_OK(df_opt_double("--lr", "6e-4", 0, 1, &dv, &oe), &oe);
+        CHECK(dv == 6e-4);
+        CHECK_ERR(df_opt_double("--gamma", "nan", 0, 1e6, &dv, &oe), -EINVAL, &oe, "--gamma 'nan': want a finite number");
+        CHECK_ERR(df_opt_double("--clip", "inf", 0, 1e30, &dv, &oe), -EINVAL, &oe, "--clip 'inf'");
+        CHECK_ERR(df_opt_double("--lr", "-1", 0, 1, &dv, &oe), -EINVAL, &oe, "[0, 1]");
+        CHECK_ERR(df_opt_double("--lr", "1e-3x", 0, 1, &dv, &oe), -EINVAL, &oe, "1e-3x");
+    }
+
     return test_main_end();
 }

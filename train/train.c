@@ -189,6 +189,8 @@ static int parse_layer_types(const df_train_opts *o, df_drafter_config *c, df_er
 {
     int n = c->num_hidden_layers;
     const char *s = o->layer_types;
+    if (n < 1 || n > DF_MAX_LAYERS) /* c->layer_types holds DF_MAX_LAYERS */
+        return df_errf(e, -EINVAL, "drafter layers %d: want 1..%d", n, DF_MAX_LAYERS);
     if (!s || !*s) {
         for (int i = 0; i < n; i++)
             c->layer_types[i] = i == n - 1 ? DF_LAYER_FULL : DF_LAYER_SLIDING;
@@ -1263,6 +1265,13 @@ int df_train_run(const df_train_opts *o, df_err *e)
         return df_errf(e, -EINVAL, "rank %d out of range for %d ranks", rank, world);
     if (o->mask_token_id < 0 && !o->init_from)
         return df_errf(e, -EINVAL, "--mask-token is required (the id of the target's mask token)");
+    /* the drafter config's fixed arrays (layer_types, target_layer_ids) bound these: checked
+     * before anything is written into them */
+    if (o->layers < 0 || o->layers > DF_MAX_LAYERS)
+        return df_errf(e, -EINVAL, "--layers %d: want 1..%d", o->layers, DF_MAX_LAYERS);
+    if (o->target_layers && (o->n_target_layers < 1 || o->n_target_layers > DF_MAX_TARGET_FEATURES))
+        return df_errf(e, -EINVAL, "--target-layers: %d layers given, want 1..%d",
+                       o->n_target_layers, DF_MAX_TARGET_FEATURES);
     /* --init-from: the config of the drafter export the run starts from; it gives the
      * shape options left unset (its weights are read at a fresh start, below) */
     df_drafter_config ic;
