@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <fcntl.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include "batch.h"
@@ -162,8 +164,46 @@ static size_t source_position(const source *src)
 
 /* ------------------------------------------------------------ helpers */
 
-static int load_target_head(df_st **st, const char *dir, int64_t V, int H, df_tensor *embed,
-                            df_tensor *head, df_err *e)
+/* RUN/.lock, flock()ed for the whole run by its lead rank, holding that process's
+ * pid: a second `train` into the same RUN (which would interleave checkpoints and
+ * log lines with the first) is refused naming the holder. The lock goes with the
+ * process (a killed run leaves none behind). Returns the descriptor (>= 0) to keep
+ * open, or a negative code: -EBUSY when another process holds it. */
+static int run_lock(const char *run_dir, df_err *e)
+{
+    char p[4200];
+    snprintf(p, sizeof p, "%s/.lock", run_dir);
+    int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return df_errf(e, -errno, "%s: %s", p, strerror(errno));
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+        int err = errno;
+        char pid[32] = "";
+        ssize_t n = err == EWOULDBLOCK ? pread(fd, pid, sizeof pid - 1, 0) : -1;
+        close(fd);
+        if (err != EWOULDBLOCK)
+            return df_errf(e, -err, "%s: flock failed: %s", p, strerror(err));
+        pid[n > 0 ? n : 0] = 0;
+        pid[strcspn(pid, "\n")] = 0;
+        return df_errf(e, -EBUSY, "%s is in use by another train (pid %s, holding %s); wait for "
+                       "it to end or use another --out", run_dir, *pid ? pid : "unknown", p);
+    }
+    char pid[32];
+    int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+    if (ftruncate(fd, 0) != 0 || pwrite(fd, pid, (size_t)len, 0) != len) {
+        int err = errno ? errno : EIO;
+        close(fd);
+        return df_errf(e, -err, "%s: cannot write the pid: %s", p, strerror(err));
+    }
+    return fd;
+}
+
+/* The target's frozen embedding and head. The head is lm_head.weight; the embedding
+ * stands in for it only where config.json says they are tied: without that, a missing
+ * lm_head.weight is an error (a head silently replaced by the embedding trains a
+ * drafter against the wrong logits). */
+static int load_target_head(df_st **st, const char *dir, int64_t V, int H, int tied,
+                            df_tensor *embed, df_tensor *head, df_err *e)
 {
     int rc = df_st_open(dir, st, e);
     if (rc)
@@ -176,6 +216,9 @@ static int load_target_head(df_st **st, const char *dir, int64_t V, int H, df_te
     if ((rc = df_st_expect(*st, en, DF_DTYPE_INVALID, 2, shape, &te, e)))
         return rc;
     th = df_st_find(*st, "lm_head.weight");
+    if (!th && !tied)
+        return df_errf(e, -DF_EMISMATCH, "%s: tensor lm_head.weight is missing and config.json "
+                       "has tie_word_embeddings false (a tied target says true)", dir);
     if (!th)
         th = te; /* tied embeddings */
     else if ((rc = df_st_check(th, DF_DTYPE_INVALID, 2, shape, e)))
@@ -1255,6 +1298,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
     df_comm *comm = NULL;
     df_basis basis = {0};
     best_state bst = {0};
+    int lock_fd = -1; /* RUN/.lock, held by the lead rank (run_lock) */
     int nrows = o->rows_per_step > 0 ? o->rows_per_step : 1;
     int world = o->world > 1 ? o->world : 1, rank = world > 1 ? o->rank : 0;
     int lead = rank == 0; /* rank 0 writes the log, checkpoints and the export */
@@ -1369,7 +1413,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
 
     df_tensor embed, head;
     if (!o->random_target &&
-        (rc = load_target_head(&tst, o->target_dir, tc.vocab_size, tc.hidden_size, &embed, &head, e)))
+        (rc = load_target_head(&tst, o->target_dir, tc.vocab_size, tc.hidden_size,
+                                     tc.tie_word_embeddings, &embed, &head, e)))
         goto out;
     int on_gpu = o->device && strcmp(o->device, "cpu") &&
                  (!strcmp(o->device, "cuda") || df_backend_cuda_device_count() > 0);
@@ -1430,6 +1475,12 @@ int df_train_run(const df_train_opts *o, df_err *e)
     df_rng rng;
     data_pos dp = {0};
     int64_t step0 = 0;
+    if (lead) { /* one run per RUN at a time, from here (before any of RUN is read) to the end */
+        if ((rc = df_mkdirs(o->run_dir, e)) || (rc = run_lock(o->run_dir, e)) < 0)
+            goto out;
+        lock_fd = rc;
+        rc = 0;
+    }
     rc = df_ckpt_load_latest(o->run_dir, &ck, e);
     if (rc == 0) {
         /* the start it was made from first: without it the shape options default otherwise */
@@ -1965,5 +2016,7 @@ out:
     df_st_close(tst);
     df_basis_free(&basis);
     df_cache_close(cache);
+    if (lock_fd >= 0)
+        close(lock_fd); /* last: the run's files are all closed */
     return rc;
 }
