@@ -25,6 +25,7 @@
 #include "projected.h"
 #include "safetensors.h"
 #include "schedule.h"
+#include "settings.h"
 #include "comm.h"
 #include "train_ops.h"
 
@@ -1398,6 +1399,42 @@ int df_train_run(const df_train_opts *o, df_err *e)
         }
     if ((rc = df_drafter_config_validate(&c, "drafter", e)))
         goto out;
+    /* values that parse but cannot work, refused before anything is written: a row must
+     * hold an anchor and its block, and the feeder's rows (FEED_SLOTS steps of nrows rows,
+     * allocated lazily, so too many would only fail mid-run) must fit in memory */
+    if (o->max_tokens <= c.block_size) {
+        rc = df_errf(e, -EINVAL, "--max-tokens %d: a row must hold at least one block of %d "
+                     "and its anchor; give --max-tokens %d or more (default 4096)", o->max_tokens,
+                     c.block_size, c.block_size + 1);
+        goto out;
+    }
+    if (o->max_anchors < 1 || o->max_tokens < 1) {
+        rc = df_errf(e, -EINVAL, "--max-anchors %d / --max-tokens %d: want >= 1", o->max_anchors,
+                     o->max_tokens);
+        goto out;
+    }
+    {
+        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+        double phys = pages > 0 && psz > 0 ? (double)pages * (double)psz : 0;
+        double width = (double)n_feat * (double)cp->hidden_size;
+        double row = (double)o->max_tokens * (width * 4 + 40) +
+                     (double)o->max_anchors * c.block_size * 16; /* features + per-token arrays */
+        double need = (double)FEED_SLOTS * nrows * row;
+        if (phys > 0 && need > phys) {
+            long fit = (long)(phys / ((double)FEED_SLOTS * row));
+            if (fit >= 1)
+                rc = df_errf(e, -ENOMEM, "--rows-per-step %d: the rows' buffers need %.1f GiB, "
+                             "more than this machine's %.1f GiB; give --rows-per-step %ld or less",
+                             nrows, need / 1073741824.0, phys / 1073741824.0, fit);
+            else
+                rc = df_errf(e, -ENOMEM, "--max-tokens %d: one row's buffers need %.1f GiB, "
+                             "more than this machine's %.1f GiB; give --max-tokens %ld or less",
+                             o->max_tokens, FEED_SLOTS * row / 1073741824.0,
+                             phys / 1073741824.0,
+                             (long)(phys / ((double)FEED_SLOTS * (width * 4 + 40))));
+            goto out;
+        }
+    }
     if (icp && (rc = df_init_config_check(o->init_from, &c, icp, cp->proj_rank != 0,
                                           lead && !o->quiet, e)))
         goto out;
@@ -1486,6 +1523,28 @@ int df_train_run(const df_train_opts *o, df_err *e)
         /* the start it was made from first: without it the shape options default otherwise */
         if ((rc = df_init_resume_check(ck.loaded_from, ck.hparams_json, o->init_from, icp, e)))
             goto out;
+        /* the settings that define the run: this command's must be the run's (settings.h) */
+        char *now = df_run_settings_json(ck.hparams_json, o, &c, cp);
+        int64_t ext = 0;
+        int unchecked = 0;
+        if (!now) {
+            rc = df_errf(e, -ENOMEM, "out of memory");
+            goto out;
+        }
+        if ((rc = df_run_settings_check(ck.loaded_from, ck.hparams_json, now, &ext, &unchecked,
+                                        e))) {
+            free(now);
+            goto out;
+        }
+        if (unchecked && lead)
+            df_log(DF_LOG_WARN, "%s: written before runs recorded their settings (hparams.json): "
+                   "resuming without checking this command's against the run's",
+                   ck.loaded_from);
+        if (ext && lead && !o->quiet)
+            printf("%s: --steps extended from %" PRId64 " to %" PRId64 " (the LR schedule now "
+                   "runs over %" PRId64 " steps)\n", o->run_dir, ext, o->steps, o->steps);
+        free(ck.hparams_json); /* the next checkpoints record this command's (--steps as grown) */
+        ck.hparams_json = now;
         if (ck.n_floats != total || memcmp(&ck.config.target_layer_ids, &c.target_layer_ids,
                                            sizeof c.target_layer_ids) ||
             ck.config.num_hidden_layers != c.num_hidden_layers ||
@@ -1543,6 +1602,13 @@ int df_train_run(const df_train_opts *o, df_err *e)
                                                o->init_seed_for, e)))
                 goto out;
         }
+        char *hp = df_run_settings_json(ck.hparams_json, o, &c, cp); /* + --init-from's keys */
+        if (!hp) {
+            rc = df_errf(e, -ENOMEM, "out of memory");
+            goto out;
+        }
+        free(ck.hparams_json);
+        ck.hparams_json = hp;
         df_rng_seed(&rng, o->seed, /* rank 0: as one rank */
                     1 + 0x10000ull * (uint64_t)(o->replicate_data ? 0 : rank));
         if ((rc = df_mkdirs(o->run_dir, e)))
