@@ -13,20 +13,8 @@
 #include "cmds.h"
 #include "corpus.h"
 #include "fsutil.h"
+#include "opt.h"
 #include "synth.h"
-
-static int parse_u64(const char *s, uint64_t *v)
-{
-    char *end;
-    errno = 0;
-    if (!s || !*s || *s == '-')
-        return -1;
-    unsigned long long x = strtoull(s, &end, 10);
-    if (errno || *end)
-        return -1;
-    *v = x;
-    return 0;
-}
 
 static void synth_usage(FILE *f)
 {
@@ -82,10 +70,16 @@ static int cmd_synth(int argc, char **argv)
         else if (!strcmp(a, "--shard-mb")) num = &shard_mb;
         else if (!strcmp(a, "--threads")) num = &threads;
         else if (!strcmp(a, "--seed")) num = &seed;
-        if (!num || parse_u64(v, num)) {
-            fprintf(stderr, "dflash cache synth: %s '%s'\n",
-                    num ? "bad number for" : "unknown option", num ? a : a);
+        if (!num) {
+            fprintf(stderr, "dflash cache synth: unknown option '%s'\n", a);
             synth_usage(stderr);
+            return 2;
+        }
+        /* common/opt.h: the option, the value and the range in the message; the sizes'
+         * relations are checked below */
+        df_err pe = {0};
+        if (df_opt_u64(a, v, 0, num == &threads ? 4096 : UINT64_MAX, num, &pe)) {
+            fprintf(stderr, "dflash cache synth: %s\n", pe.msg);
             return 2;
         }
         i++;
@@ -259,10 +253,20 @@ static int cmd_read(int argc, char **argv)
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             read_usage(stdout);
             return 0;
-        } else if (!strcmp(a, "--threads") && !parse_u64(v, &threads)) i++;
-        else if (!strcmp(a, "--shuffle") && !parse_u64(v, &seed)) { shuffle = 1; i++; }
-        else if (!strcmp(a, "--prefetch-mb") && !parse_u64(v, &prefetch)) i++;
-        else if (!strcmp(a, "--fallback-io")) fallback = 1;
+        } else if (!strcmp(a, "--threads") || !strcmp(a, "--shuffle") ||
+                   !strcmp(a, "--prefetch-mb")) {
+            /* common/opt.h: the option, the value and the range in the message */
+            df_err pe = {0};
+            int sh = !strcmp(a, "--shuffle");
+            uint64_t *dst = sh ? &seed : !strcmp(a, "--threads") ? &threads : &prefetch;
+            uint64_t max = sh ? UINT64_MAX : dst == &threads ? 4096 : 1u << 20;
+            if (df_opt_u64(a, v, 0, max, dst, &pe)) {
+                fprintf(stderr, "dflash cache read: %s\n", pe.msg);
+                return 2;
+            }
+            shuffle |= sh;
+            i++;
+        } else if (!strcmp(a, "--fallback-io")) fallback = 1;
         else if (!strcmp(a, "--buffered")) buffered = 1;
         else if (!strcmp(a, "--json")) json = 1;
         else if (a[0] != '-' && !dir) dir = a;

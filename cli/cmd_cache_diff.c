@@ -12,6 +12,7 @@
 #include "cache.h"
 #include "cmds.h"
 #include "dtype.h"
+#include "opt.h"
 
 static void diff_usage(FILE *f)
 {
@@ -44,9 +45,9 @@ int cmd_cache_diff(int argc, char **argv)
             diff_usage(stdout);
             return 0;
         } else if (!strcmp(argv[i], "--tol") && i + 1 < argc) {
-            char *end;
-            tol = strtod(argv[++i], &end);
-            if (*end || !(tol >= 0)) {
+            df_err pe = {0};
+            if (df_opt_double("--tol", argv[++i], 0, 1e30, &tol, &pe)) {
+                fprintf(stderr, "dflash cache diff: %s\n", pe.msg);
                 diff_usage(stderr);
                 return 2;
             }

@@ -16,6 +16,7 @@
 #include "codec.h"
 #include "corpus.h"
 #include "hfconfig.h"
+#include "opt.h"
 
 /* Stored / raw on real BF16 hidden states (qwen3-code-8m layers 1-4, 103k tokens,
  * docs/FORMAT-codecs.md; split-zstd over corpus30k's 9.5M tokens). Late layers of
@@ -65,11 +66,18 @@ static void plan_usage(FILE *f)
             "Exit status: 0, 1 bad data or I/O, 2 bad usage.\n");
 }
 
-static int num(const char *s, double lo, double hi, double *v)
+/* A finite number in [lo, hi] (integer: an integer in it) through common/opt.h; pe gets
+ * the message naming the option, the value and the range. */
+static int num(const char *name, const char *s, double lo, double hi, int integer, double *v,
+               df_err *pe)
 {
-    char *end;
-    *v = strtod(s, &end);
-    return end != s && !*end && *v >= lo && *v <= hi ? 0 : -1;
+    int64_t i = 0;
+    if (!integer)
+        return df_opt_double(name, s, lo, hi, v, pe);
+    int rc = df_opt_i64(name, s, (int64_t)lo, (int64_t)hi, &i, pe);
+    if (!rc)
+        *v = (double)i;
+    return rc;
 }
 
 /* Stored / raw of codec on the first samples of an existing cache, every layer. */
@@ -154,6 +162,7 @@ int cmd_cache_plan(int argc, char **argv)
         }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
         int bad = !v;
+        df_err pe = {0};
         if (bad)
             ;
         else if (!strcmp(a, "--model")) model = v;
@@ -161,18 +170,21 @@ int cmd_cache_plan(int argc, char **argv)
         else if (!strcmp(a, "--from")) from = v;
         else if (!strcmp(a, "--disk")) disk = v;
         else if (!strcmp(a, "--codec")) codec_name = v;
-        else if (!strcmp(a, "--hidden")) bad = num(v, 1, DF_CACHE_MAX_HIDDEN, &hidden);
-        else if (!strcmp(a, "--layers")) bad = num(v, 1, DF_CACHE_MAX_LAYERS, &layers);
-        else if (!strcmp(a, "--tokens")) bad = num(v, 1, 1e15, &tokens);
-        else if (!strcmp(a, "--rank")) bad = num(v, 1, 1e9, &rank);
-        else if (!strcmp(a, "--rank-frac")) bad = num(v, 1e-9, 1, &frac);
+        else if (!strcmp(a, "--hidden")) bad = num(a, v, 1, DF_CACHE_MAX_HIDDEN, 1, &hidden, &pe) != 0;
+        else if (!strcmp(a, "--layers")) bad = num(a, v, 1, DF_CACHE_MAX_LAYERS, 1, &layers, &pe) != 0;
+        else if (!strcmp(a, "--tokens")) bad = num(a, v, 1, 1e15, 0, &tokens, &pe) != 0;
+        else if (!strcmp(a, "--rank")) bad = num(a, v, 1, 1e9, 1, &rank, &pe) != 0;
+        else if (!strcmp(a, "--rank-frac")) bad = num(a, v, 1e-9, 1, 0, &frac, &pe) != 0;
         else {
             fprintf(stderr, "dflash cache plan: unknown option '%s'\n", a);
             plan_usage(stderr);
             return 2;
         }
-        if (bad || (v && (hidden != (double)(int64_t)hidden || layers != (double)(int64_t)layers ||
-                          rank != (double)(int64_t)rank))) {
+        if (bad && pe.code) {
+            fprintf(stderr, "dflash cache plan: bad or missing value: %s\n", pe.msg);
+            return 2;
+        }
+        if (bad) {
             fprintf(stderr, "dflash cache plan: %s: bad or missing value%s%s\n", a, v ? " " : "",
                     v ? v : "");
             return 2;

@@ -19,6 +19,7 @@
 #include "cuda/basis_gpu.h"
 #include "fsutil.h"
 #include "hfconfig.h"
+#include "opt.h"
 #include "safetensors.h"
 #include "pool.h"
 
@@ -181,11 +182,18 @@ static int open_device(const char *device, df_basis_gpu **g, df_err *e)
     return rc ? df_err_wrap(e, "--device %s", device) : 0;
 }
 
-static int parse_num(const char *s, double lo, double hi, double *v)
+/* A finite number in [lo, hi] (integer: an integer in it) through common/opt.h; pe gets
+ * the message naming the option, the value and the range. */
+static int parse_num(const char *name, const char *s, double lo, double hi, int integer,
+                     double *v, df_err *pe)
 {
-    char *end;
-    *v = strtod(s, &end);
-    return end != s && !*end && *v >= lo && *v <= hi ? 0 : -1;
+    int64_t i = 0;
+    if (!integer)
+        return df_opt_double(name, s, lo, hi, v, pe);
+    int rc = df_opt_i64(name, s, (int64_t)lo, (int64_t)hi, &i, pe);
+    if (!rc)
+        *v = (double)i;
+    return rc;
 }
 
 int cmd_cache_project(int argc, char **argv)
@@ -212,29 +220,34 @@ int cmd_cache_project(int argc, char **argv)
         }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
         int bad = !v;
+        df_err pe = {0};
         if (bad)
             ;
         else if (!strcmp(a, "--rank"))
-            bad = parse_num(v, 1, DF_CACHE_MAX_HIDDEN, &rank) || rank != (double)(int64_t)rank;
+            bad = parse_num(a, v, 1, DF_CACHE_MAX_HIDDEN, 1, &rank, &pe) != 0;
         else if (!strcmp(a, "--energy"))
-            bad = parse_num(v, 1e-9, 1, &energy);
+            bad = parse_num(a, v, 1e-9, 1, 0, &energy, &pe) != 0;
         else if (!strcmp(a, "--basis"))
             basis_path = v;
         else if (!strcmp(a, "--fc-basis"))
             fc_dir = v;
         else if (!strcmp(a, "--sample-tokens"))
-            bad = parse_num(v, 1, 1e15, &sample);
+            bad = parse_num(a, v, 1, 1e15, 1, &sample, &pe) != 0;
         else if (!strcmp(a, "--codec"))
             codec_name = v;
         else if (!strcmp(a, "--device"))
             bad = strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto");
         else if (!strcmp(a, "--level"))
-            bad = parse_num(v, -1000, 1000, &level) || level != (double)(int)level;
+            bad = parse_num(a, v, -1000, 1000, 1, &level, &pe) != 0;
         else if (!strcmp(a, "--threads"))
-            bad = parse_num(v, 0, 4096, &threads) || threads != (double)(int)threads;
+            bad = parse_num(a, v, 0, 4096, 1, &threads, &pe) != 0;
         else {
             fprintf(stderr, "dflash cache project: unknown option '%s'\n", a);
             project_usage(stderr);
+            return 2;
+        }
+        if (bad && pe.code) {
+            fprintf(stderr, "dflash cache project: bad or missing value: %s\n", pe.msg);
             return 2;
         }
         if (bad) {

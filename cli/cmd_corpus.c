@@ -10,6 +10,7 @@
 #include "corpus.h"
 #include "fsutil.h"
 #include "hfconfig.h"
+#include "opt.h"
 #include "sha256.h"
 
 static const char *IMPORT_HELP =
@@ -71,17 +72,16 @@ static const char *opt_value(int argc, char **argv, int *i, const char *name, in
     return argv[++*i];
 }
 
-static int parse_u64(const char *s, uint64_t *out)
+/* A numeric option in [min, max] (common/opt.h); on error prints the message naming
+ * the option, the value and the range, for command cmd. */
+static int opt_u64(const char *cmd, const char *name, const char *v, uint64_t min, uint64_t max,
+                   uint64_t *out)
 {
-    if (!s || !*s || *s == '-' || *s == '+')
-        return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end)
-        return -1;
-    *out = v;
-    return 0;
+    df_err pe = {0};
+    if (!df_opt_u64(name, v, min, max, out, &pe))
+        return 0;
+    fprintf(stderr, "dflash corpus %s: %s\n", cmd, pe.msg);
+    return -1;
 }
 
 static void hex32(const uint8_t b[32], char out[65])
@@ -115,15 +115,13 @@ static int cmd_import(int argc, char **argv)
         } else if ((v = opt_value(argc, argv, &i, "--model", &missing))) {
             model = v;
         } else if ((v = opt_value(argc, argv, &i, "--vocab", &missing))) {
-            if (parse_u64(v, &vocab) < 0 || vocab == 0 || vocab > 0x100000000ull) {
-                fprintf(stderr, "dflash corpus import: --vocab %s: a number in 1..2^32 expected\n", v);
+            if (opt_u64("import", "--vocab", v, 1, 0x100000000ull, &vocab) < 0) {
                 free(inputs);
                 return 2;
             }
             vocab_given = 1;
         } else if ((v = opt_value(argc, argv, &i, "--max-len", &missing))) {
-            if (parse_u64(v, &max_len) < 0 || max_len == 0) {
-                fprintf(stderr, "dflash corpus import: --max-len %s: a positive number expected\n", v);
+            if (opt_u64("import", "--max-len", v, 1, UINT32_MAX, &max_len) < 0) {
                 free(inputs);
                 return 2;
             }
@@ -212,10 +210,8 @@ static int parse_view(int argc, char **argv, const char *cmd, const char *help, 
         } else if (!strcmp(a, "--json")) {
             va->json = 1;
         } else if (want_doc && (v = opt_value(argc, argv, &i, "--doc", &missing))) {
-            if (parse_u64(v, &va->doc) < 0) {
-                fprintf(stderr, "dflash corpus %s: --doc %s: a document number expected\n", cmd, v);
+            if (opt_u64(cmd, "--doc", v, 0, UINT64_MAX, &va->doc) < 0)
                 return 2;
-            }
             va->has_doc = 1;
         } else if (a[0] != '-' && !va->file) {
             va->file = a;

@@ -28,6 +28,7 @@
 #include "dtype.h"
 #include "err.h"
 #include "fsutil.h"
+#include "opt.h"
 #include "pool.h"
 
 #define PROG "dflash dump"
@@ -216,6 +217,7 @@ static int parse_args(int argc, char **argv, opts *o)
     int no_more_opts = 0, have_layer = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
+        df_err pe = {0}; /* a numeric option's message (common/opt.h) */
         int err = 0, m;
         if (no_more_opts || a[0] != '-' || !a[1]) {
             if (o->dir)
@@ -252,26 +254,26 @@ static int parse_args(int argc, char **argv, opts *o)
                 return m;
             if ((err = set_mode(o, MODE_SAMPLE, "--sample")))
                 return err;
-            if (parse_u64(v, &o->sample_id))
-                return usage_err("--sample: '%s' is not a sample id (a non-negative integer)", v);
+            if (df_opt_u64("--sample", v, 0, UINT64_MAX, &o->sample_id, &pe))
+                return usage_err("%s (a sample id)", pe.msg);
         } else if ((m = OPT("--limit", 1))) {
             if (m != 1)
                 return m;
-            if (parse_u64(v, &o->limit))
-                return usage_err("--limit: '%s' is not a non-negative integer", v);
+            if (df_opt_u64("--limit", v, 0, UINT64_MAX, &o->limit, &pe))
+                return usage_err("%s", pe.msg);
             o->has_limit = 1;
         } else if ((m = OPT("--offset", 1))) {
             if (m != 1)
                 return m;
-            if (parse_u64(v, &o->offset))
-                return usage_err("--offset: '%s' is not a non-negative integer", v);
+            if (df_opt_u64("--offset", v, 0, UINT64_MAX, &o->offset, &pe))
+                return usage_err("%s", pe.msg);
             o->has_offset = 1;
         } else if ((m = OPT("--layer", 1))) {
             if (m != 1)
                 return m;
             uint64_t l;
-            if (parse_u64(v, &l) || l > INT32_MAX)
-                return usage_err("--layer: '%s' is not a target layer id", v);
+            if (df_opt_u64("--layer", v, 0, INT32_MAX, &l, &pe))
+                return usage_err("%s (a target layer id)", pe.msg);
             if (have_layer)
                 return usage_err("--layer given twice");
             o->layer = (int64_t)l;
@@ -289,8 +291,8 @@ static int parse_args(int argc, char **argv, opts *o)
         } else if ((m = OPT("--threads", 1))) {
             if (m != 1)
                 return m;
-            if (parse_u64(v, &o->threads) || o->threads > MAX_THREADS)
-                return usage_err("--threads: '%s' is not an integer in 0..%u", v, MAX_THREADS);
+            if (df_opt_u64("--threads", v, 0, MAX_THREADS, &o->threads, &pe))
+                return usage_err("%s", pe.msg);
             o->has_threads = 1;
         } else {
             return usage_err("unknown option '%s'", a);

@@ -10,6 +10,7 @@
 #include "cache.h"
 #include "ckpt.h"
 #include "cmds.h"
+#include "opt.h"
 #include "params.h"
 #include "projected.h"
 
@@ -100,7 +101,7 @@ static int export_best(const char *run, const char *outd)
 int cmd_export(int argc, char **argv)
 {
     const char *run = NULL, *outd = NULL, *cache_dir = NULL, *basis_path = NULL;
-    long long step = -1;
+    int64_t step = -1;
     int best = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -113,7 +114,7 @@ int cmd_export(int argc, char **argv)
             continue;
         }
         const char *v = i + 1 < argc ? argv[++i] : NULL;
-        char *end = NULL;
+        df_err pe = {0};
         int bad = !v;
         if (bad)
             ;
@@ -126,10 +127,14 @@ int cmd_export(int argc, char **argv)
         else if (!strcmp(a, "--basis"))
             basis_path = v;
         else if (!strcmp(a, "--step"))
-            bad = (step = strtoll(v, &end, 10)) < 0 || end == v || *end;
+            bad = df_opt_i64(a, v, 0, INT64_MAX, &step, &pe) != 0;
         else {
             fprintf(stderr, "dflash export: unknown option '%s'\n", a);
             export_usage(stderr);
+            return 2;
+        }
+        if (bad && pe.code) {
+            fprintf(stderr, "dflash export: bad or missing value: %s\n", pe.msg);
             return 2;
         }
         if (bad) {

@@ -11,6 +11,7 @@
 #include "codec.h"
 #include "cache.h"
 #include "extract.h"
+#include "opt.h"
 #include "ranks.h"
 
 static void usage(FILE *f)
@@ -110,7 +111,6 @@ int cmd_extract(int argc, char **argv)
     int ids[64];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        uint64_t x = 0;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
             return 0;
@@ -131,8 +131,6 @@ int cmd_extract(int argc, char **argv)
         else if (!strcmp(a, "--gpus")) gpus = v;
         else if (!strcmp(a, "--stats-json")) stats_json = v;
         else if (!strcmp(a, "--random-weights")) o.random_config = v;
-        else if (!parse_u64(v, &x) && !strcmp(a, "--seed")) o.random_seed = x;
-        else if (!parse_u64(v, &x) && !strcmp(a, "--gpu") && x < 1024) gpu = (int)x;
         else if (!strcmp(a, "--basis")) o.basis_path = v;
         else if (!strcmp(a, "--codec")) {
             if ((o.codec = df_codec_from_name(v)) < 0) {
@@ -141,16 +139,35 @@ int cmd_extract(int argc, char **argv)
                                 "int3-b32, int2-b32)\n", v);
                 return 2;
             }
-        } else if (!parse_u64(v, &x) && !strcmp(a, "--level")) o.codec_level = (int)x;
-        else if (!parse_u64(v, &x) && !strcmp(a, "--batch-tokens")) o.batch_tokens = (int64_t)x;
-        else if (!parse_u64(v, &x) && !strcmp(a, "--max-len")) o.max_len = (int64_t)x;
-        else if (!parse_u64(v, &x) && !strcmp(a, "--threads")) o.threads = (int)x;
-        else if (!parse_u64(v, &x) && !strcmp(a, "--rank") && x < UINT32_MAX) { o.rank = (uint32_t)x; rank_given = 1; }
-        else if (!parse_u64(v, &x) && !strcmp(a, "--world-size") && x > 0 && x <= UINT32_MAX) o.world_size = (uint32_t)x;
-        else {
-            fprintf(stderr, "dflash extract: bad option or value: %s %s\n", a, v);
-            usage(stderr);
-            return 2;
+        } else {
+            /* the numeric options, with their ranges (common/opt.h): a bad value is a usage
+             * error naming the option, the value and the range */
+            df_err pe = {0};
+            int rc = 1, k = 0; /* rc 1: not a numeric option */
+            if (!strcmp(a, "--seed")) rc = df_opt_u64(a, v, 0, UINT64_MAX, &o.random_seed, &pe);
+            else if (!strcmp(a, "--gpu")) rc = df_opt_int(a, v, 0, 1023, &gpu, &pe);
+            else if (!strcmp(a, "--level")) rc = df_opt_int(a, v, 0, 1000, &o.codec_level, &pe);
+            else if (!strcmp(a, "--batch-tokens")) rc = df_opt_i64(a, v, 1, DF_CACHE_MAX_TOKENS, &o.batch_tokens, &pe);
+            else if (!strcmp(a, "--max-len")) rc = df_opt_i64(a, v, 1, DF_CACHE_MAX_TOKENS, &o.max_len, &pe);
+            else if (!strcmp(a, "--threads")) rc = df_opt_int(a, v, 0, 4096, &o.threads, &pe);
+            else if (!strcmp(a, "--rank")) {
+                if (!(rc = df_opt_int(a, v, 0, 1 << 20, &k, &pe))) {
+                    o.rank = (uint32_t)k;
+                    rank_given = 1;
+                }
+            } else if (!strcmp(a, "--world-size")) {
+                if (!(rc = df_opt_int(a, v, 1, 1 << 20, &k, &pe)))
+                    o.world_size = (uint32_t)k;
+            }
+            if (rc == 1) {
+                fprintf(stderr, "dflash extract: unknown option: %s\n", a);
+                usage(stderr);
+                return 2;
+            }
+            if (rc) {
+                fprintf(stderr, "dflash extract: %s\n", pe.msg);
+                return 2;
+            }
         }
     }
     if ((!o.model_dir && !o.random_config) || !o.data_path || !o.out_dir) {

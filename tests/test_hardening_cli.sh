@@ -57,6 +57,12 @@ run 2 "--step '1.5'" "$D" export --run "$W/r1e1" --step 1.5 --out "$W/bad"
 run 2 "--tol 'nan'" "$D" cache diff "$W/ext" "$W/ext" --tol nan
 run 2 "--limit '-1'" "$D" dump "$W/ext" --samples --limit -1
 run 2 "--vocab '1e99'" "$D" corpus import --vocab 1e99 --out "$W/bad.dtok" "$TM/corpus.jsonl"
+run 2 "--threads '1e9': want an integer in 0\.\.4096" "$D" cache read "$W/ext" --threads 1e9
+run 2 "--seed 'nan'" "$D" cache synth --out "$W/bad" --hidden 64 --seed nan
+run 2 "--layers '2.5'" "$D" cache plan --hidden 64 --layers 2.5 --tokens 10
+run 2 "--threads '-1'" "$D" cache project "$W/ext" "$W/bad" --rank 4 --threads -1
+run 2 "--energy 'inf'" "$D" cache project "$W/ext" "$W/bad" --energy inf
+run 2 "--batch-tokens '0'" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad" --batch-tokens 0
 # nonsense that parses: a row shorter than one block, more rows per step than memory holds
 run 1 "--max-tokens 8: a row must hold at least one block of 8.*give --max-tokens 9" "$D" train $TA --steps 2 --out "$W/bad" --max-tokens 8
 run 1 "--rows-per-step 65536: the rows' buffers need .* GiB.*give --rows-per-step [0-9]+ or less" "$D" train ${TA/--max-tokens 512/--max-tokens 1048576} --steps 2 --out "$W/bad" --rows-per-step 65536
