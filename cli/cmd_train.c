@@ -1,6 +1,7 @@
 /* cmd_train.c - `dflash train`: a DFlash drafter from a cache, on one or
  * more ranks. */
 #include <errno.h>
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -253,7 +254,7 @@ int cmd_train(int argc, char **argv)
             }
             /* 2^53: steps are counted in doubles by the schedule */
             else if (!strcmp(a, "--steps")) { rc = df_opt_i64(a, v, 0, (int64_t)1 << 53, &o.steps, &pe); steps_given = 1; }
-            else if (!strcmp(a, "--lr")) rc = df_opt_double(a, v, 1e-12, 10, &o.lr, &pe);
+            else if (!strcmp(a, "--lr")) rc = df_opt_double(a, v, DBL_MIN, 10, &o.lr, &pe); /* > 0 */
             else if (!strcmp(a, "--min-lr")) rc = df_opt_double(a, v, 0, 10, &o.min_lr, &pe);
             else if (!strcmp(a, "--warmup")) rc = df_opt_double(a, v, 0, 1, &o.warmup_frac, &pe);
             else if (!strcmp(a, "--clip")) rc = df_opt_double(a, v, 0, 1e30, &o.clip, &pe); /* 0: none */

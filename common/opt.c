@@ -8,11 +8,12 @@
 #include <string.h>
 
 /* strtod over the whole of s, finite; 0 on success. Leading blanks (which strtod
- * skips) are refused too, so that " 5" is not silently accepted. */
+ * skips) are refused too, so that " 5" is not silently accepted, and hexadecimal
+ * ("0x10", which strtod reads) since no option is meant to take it. */
 static int whole_double(const char *s, double *v)
 {
     char *end;
-    if (!s || !*s || *s == ' ' || *s == '\t' || *s == '\n')
+    if (!s || !*s || *s == ' ' || *s == '\t' || *s == '\n' || strpbrk(s, "xX"))
         return -1;
     errno = 0;
     double x = strtod(s, &end);

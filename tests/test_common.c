@@ -114,6 +114,8 @@ int main(void)
         CHECK_ERR(df_opt_int("--steps", "", 1, 100, &iv, &oe), -EINVAL, &oe, "--steps");
         CHECK_ERR(df_opt_int("--steps", " 5", 1, 100, &iv, &oe), -EINVAL, &oe, "--steps");
         CHECK_ERR(df_opt_int("--steps", "nan", 1, 100, &iv, &oe), -EINVAL, &oe, "nan");
+        CHECK_ERR(df_opt_int("--steps", "0x10", 1, 100, &iv, &oe), -EINVAL, &oe, "0x10");
+        CHECK_ERR(df_opt_u64("--seed", "0x10", 0, UINT64_MAX, &uv, &oe), -EINVAL, &oe, "0x10");
         CHECK_ERR(df_opt_int("--keep-last", "-1", 0, 100, &iv, &oe), -EINVAL, &oe, "0..100");
         CHECK_ERR(df_opt_i64("--steps", "99999999999999999999", 0, INT64_MAX, &lv, &oe), -EINVAL, &oe, "--steps");
         CHECK_OK(df_opt_i64("--steps", "-3", -5, 5, &lv, &oe), &oe);

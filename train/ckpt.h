@@ -4,7 +4,8 @@
  * RUN/
  *   ckpt-0000001200/          one complete checkpoint per saved step (%010lld)
  *     config.json             the drafter config (df_drafter_config_to_json)
- *     hparams.json            the caller's hyperparameter JSON text, verbatim
+ *     hparams.json            the caller's hyperparameter JSON text, verbatim (train: the
+ *                             run's settings, train/settings.h, and --init-from's start)
  *     state.safetensors       F32 "master.<param>", "adam_m.<param>", "adam_v.<param>"
  *                             for every entry of the params table (docs/DRAFTER.md names,
  *                             their shapes); U8 "rng_state" [n], "data_position" [n]
@@ -22,6 +23,7 @@
  *   latest                    "ckpt-0000001200\n": the newest complete checkpoint, for
  *                             tools and people (replaced atomically after each save)
  *   .ckpt.lock                flock()ed during a save: one writer per run directory
+ *   .lock                     flock()ed by `train` for the whole run, holding its pid (train.c)
  *   export/, best/            not checkpoints: the serving export at the end, and that of
  *                             the best evaluation (train/best.h)
  *

@@ -202,8 +202,11 @@ int df_params_init_overrides(const df_params *ps, float *flat, float std, const 
         if (!end)
             end = p + strlen(p);
         char *num_end = NULL;
-        unsigned long long seed = eq && eq < end ? strtoull(eq + 1, &num_end, 10) : 0;
-        if (!eq || eq >= end || eq == p || num_end != end || seed == 0)
+        errno = 0;
+        /* digits only: strtoull would take "-1" (wrapping) and an overflow (ULLONG_MAX) */
+        unsigned long long seed = eq && eq < end && eq[1] >= '0' && eq[1] <= '9'
+                                      ? strtoull(eq + 1, &num_end, 10) : 0;
+        if (!eq || eq >= end || eq == p || num_end != end || seed == 0 || errno == ERANGE)
             return df_errf(e, -EINVAL, "--init-seed-for: '%.*s' is not PREFIX=SEED (SEED >= 1)",
                            (int)(end - p), p);
         int hits = 0;

@@ -1308,6 +1308,11 @@ int df_train_run(const df_train_opts *o, df_err *e)
         return df_errf(e, -EINVAL, "--steps must be > 0 (0 only with --init-from)");
     if (rank < 0 || rank >= world)
         return df_errf(e, -EINVAL, "rank %d out of range for %d ranks", rank, world);
+    /* a checkpoint gathers every rank's RNG state and data position into arrays of 64
+     * (the save below): refused here rather than at the first save, hours in */
+    if (world > 64 && !o->no_ckpt)
+        return df_errf(e, -ENOTSUP, "%d ranks: checkpoints hold at most 64 ranks' state (or "
+                       "--no-ckpt)", world);
     if (o->mask_token_id < 0 && !o->init_from)
         return df_errf(e, -EINVAL, "--mask-token is required (the id of the target's mask token)");
     /* the drafter config's fixed arrays (layer_types, target_layer_ids) bound these: checked
