@@ -1300,6 +1300,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
     df_basis basis = {0};
     best_state bst = {0};
     int lock_fd = -1; /* RUN/.lock, held by the lead rank (run_lock) */
+    int ck_blobs_borrowed = 0; /* ck.rng_state / data_position point at a save's stack buffers */
     int nrows = o->rows_per_step > 0 ? o->rows_per_step : 1;
     int world = o->world > 1 ? o->world : 1, rank = world > 1 ? o->rank : 0;
     int lead = rank == 0; /* rank 0 writes the log, checkpoints and the export */
@@ -2031,6 +2032,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
             ck.step = done;
             ck.config = c;
             ck.n_floats = total;
+            ck_blobs_borrowed = 1;
             ck.rng_state = rs;
             ck.rng_len = 32 * (size_t)world;
             ck.data_position = dps;
@@ -2040,6 +2042,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
             ck.rng_state = NULL;
             ck.data_position = NULL;
             ck.rng_len = ck.data_position_len = 0;
+            ck_blobs_borrowed = 0;
         }
         if (o->stop_after > 0 && done - step0 >= o->stop_after)
             goto out; /* as if killed (tests of resume) */
@@ -2080,7 +2083,9 @@ out:
     df_backend_free(be, dev_embed);
     df_backend_free(be, dev_head);
     free(grad);
-    ck.rng_state = ck.data_position = NULL; /* the caller's buffers, when saving */
+    if (ck_blobs_borrowed) /* the save's stack buffers (an error mid-save) */
+        ck.rng_state = ck.data_position = NULL;
+    /* else NULL, or a resumed checkpoint's blobs (an error before they were taken): freed */
     df_ckpt_state_free(&ck);
     df_drafter_close(d);
     df_backend_close(be);
