@@ -12,6 +12,7 @@
 
 #include "cmds.h"
 #include "fsutil.h"
+#include "opt.h"
 #include "train.h"
 
 static void usage(FILE *f)
@@ -39,18 +40,6 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     return remove(path) ? -1 : 0;
 }
 
-static long opt_long(const char *name, const char *v, long lo, long hi, int *bad)
-{
-    char *end = NULL;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (errno || !*v || *end || x < lo || x > hi) {
-        fprintf(stderr, "dflash eval: %s '%s': want an integer in %ld..%ld\n", name, v, lo, hi);
-        *bad = 1;
-    }
-    return x;
-}
-
 int cmd_eval(int argc, char **argv)
 {
     df_train_opts o;
@@ -62,6 +51,7 @@ int cmd_eval(int argc, char **argv)
     o.no_best = 1;
     const char *work = NULL;
     int json = 0, bad = 0;
+    df_err oe = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -80,19 +70,21 @@ int cmd_eval(int argc, char **argv)
         else if (!strcmp(a, "--target")) o.target_dir = v;
         else if (!strcmp(a, "--work")) work = v;
         else if (!strcmp(a, "--device")) o.device = v;
-        else if (!strcmp(a, "--rows")) o.eval_rows = (int)opt_long(a, v, 1, 1 << 20, &bad);
-        else if (!strcmp(a, "--max-tokens")) o.max_tokens = (int)opt_long(a, v, 1, 1 << 24, &bad);
-        else if (!strcmp(a, "--max-anchors")) o.max_anchors = (int)opt_long(a, v, 1, 1 << 20, &bad);
-        else if (!strcmp(a, "--gpu")) o.gpu = (int)opt_long(a, v, 0, 1023, &bad);
-        else if (!strcmp(a, "--threads")) o.threads = (int)opt_long(a, v, 0, 4096, &bad);
+        else if (!strcmp(a, "--rows")) bad = df_opt_int(a, v, 1, 1 << 20, &o.eval_rows, &oe);
+        else if (!strcmp(a, "--max-tokens")) bad = df_opt_int(a, v, 1, 1 << 24, &o.max_tokens, &oe);
+        else if (!strcmp(a, "--max-anchors")) bad = df_opt_int(a, v, 1, 1 << 20, &o.max_anchors, &oe);
+        else if (!strcmp(a, "--gpu")) bad = df_opt_int(a, v, 0, 1023, &o.gpu, &oe);
+        else if (!strcmp(a, "--threads")) bad = df_opt_int(a, v, 0, 4096, &o.threads, &oe);
         else {
             fprintf(stderr, "dflash eval: unknown option %s\n", a);
             usage(stderr);
             return 2;
         }
+        if (bad) {
+            fprintf(stderr, "dflash eval: %s\n", oe.msg);
+            return 2;
+        }
     }
-    if (bad)
-        return 2;
     if (!o.eval_cache || !o.init_from || !o.target_dir) {
         fprintf(stderr, "dflash eval: --cache, --drafter and --target are required\n");
         usage(stderr);
