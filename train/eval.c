@@ -1,0 +1,154 @@
+/* eval.c - loss, acc[k], tau_hat and the tau walk on a held-out cache (eval.h). */
+#include "eval.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "feed.h"
+
+
+/* Every candidate of the finished row scored, then the walk over its
+ * documents (eval_ctx); adds to *tokens and *verifs. */
+static int eval_walk_row(eval_ctx *ev, df_drafter *d, const void *w, df_drafter_row *dr,
+                         uint64_t *tokens, uint64_t *verifs, df_err *e)
+{
+    const df_batch_config *bc = df_batch_get_config(ev->row);
+    const df_batch_row *br = df_batch_get_row(ev->row);
+    int nc = df_batch_candidates(ev->row, ev->cand, bc->max_tokens);
+    if (nc < 0)
+        return df_errf(e, nc, "evaluation walk: row not finished");
+    for (int t = 0; t < br->n_tokens; t++)
+        ev->acc_at[t] = -1;
+    int A = bc->max_anchors, P = (nc + A - 1) / A;
+    for (int k = 0; k < P; k++) {
+        int na = 0;
+        for (int i = k; i < nc; i += P)
+            ev->anch[na++] = ev->cand[i];
+        int rc = df_batch_set_anchors(ev->row, ev->anch, na, e);
+        if (rc)
+            return rc;
+        df_drafter_metrics wm = {0};
+        wm.block_accepted = ev->blk_acc;
+        if ((rc = df_drafter_row_step(d, w, dr, 1.0f, NULL, &wm, e))) {
+            df_err_wrap(e, "evaluation walk pass %d of %d", k + 1, P);
+            return rc;
+        }
+        for (int b = 0; b < na; b++)
+            ev->acc_at[ev->anch[b]] = ev->blk_acc[b];
+    }
+    for (int p = 0; p < br->n_tokens;) {
+        if (ev->acc_at[p] < 0) {
+            p++;
+            continue;
+        }
+        int len = ev->acc_at[p] + 1;
+        *tokens += (uint64_t)len;
+        (*verifs)++;
+        p += len;
+    }
+    return 0;
+}
+
+/* One evaluation, logged; *res gets its figures (res->eval_cache is left to
+ * the caller). */
+int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t step, FILE *logf,
+             int quiet, int bs, df_best *res, df_err *e)
+{
+    source src = {.cache = ev->cache, .layer_mask = ev->layer_mask, .threads = 2,
+                  .seed = ev->seed, .n_all = df_cache_count(ev->cache), .world = 1};
+    src.order = malloc((src.n_all ? src.n_all : 1) * sizeof *src.order);
+    if (!src.order)
+        return df_errf(e, -ENOMEM, "out of memory");
+    df_rng rng;
+    df_rng_seed(&rng, ev->seed, 7);
+    df_drafter_metrics m = {0};
+    uint64_t walk_tokens = 0, walk_verifs = 0;
+    int rc = source_open_at(&src, 0, 0, e), n_rows = 0;
+    while (!rc && n_rows < ev->rows && (src.pos < src.n || src.have_pending)) {
+        df_batch_reset(ev->row);
+        int added_docs = 0;
+        for (;;) {
+            df_cache_item it;
+            int got = source_next(&src, &it, e);
+            if (got < 0) {
+                rc = got;
+                break;
+            }
+            if (got == 0)
+                break;
+            df_batch_doc doc;
+            df_batch_doc_from_item(&it, ev->cache_index, K, &doc);
+            int added = df_batch_add(ev->row, &doc, &rng, e);
+            if (added < 0) {
+                rc = added;
+                break;
+            }
+            if (added == 0) {
+                source_push_back(&src, &it);
+                break;
+            }
+            added_docs++;
+            df_cache_stream_release(src.s, &it);
+        }
+        if (rc || !added_docs)
+            break;
+        if ((rc = df_batch_finish(ev->row, &rng, e)))
+            break;
+        const df_batch_row *br = df_batch_get_row(ev->row);
+        df_drafter_row dr = {.S = br->n_tokens,
+                             .feat = br->features_bf16 ? (const void *)br->features_bf16
+                                                       : (const void *)br->features,
+                             .feat_dtype = br->features_bf16 ? DF_DTYPE_BF16 : DF_DTYPE_F32,
+                             .ctx_pos = br->pos, .blocks = br->blocks,
+                             .block_ids = (const uint32_t *)br->block_ids,
+                             .block_pos = br->block_pos, .labels = br->labels,
+                             .weights = br->weights};
+        if (br->weight_sum > 0 && (rc = df_drafter_row_step(d, w, &dr, 1.0f, NULL, &m, e)))
+            df_err_wrap(e, "evaluation row %d", n_rows);
+        if (!rc && ev->walk && br->weight_sum > 0 &&
+            (rc = eval_walk_row(ev, d, w, &dr, &walk_tokens, &walk_verifs, e)))
+            df_err_wrap(e, "evaluation row %d", n_rows);
+        n_rows++;
+    }
+    source_close(&src);
+    if (rc)
+        return rc;
+    double loss = m.weight_sum > 0 ? m.loss_sum / m.weight_sum : 0.0;
+    double tau = m.blocks ? 1.0 + (double)m.accepted / (double)m.blocks : 1.0;
+    double tau_walk = walk_verifs ? (double)walk_tokens / (double)walk_verifs : 1.0;
+    res->step = step;
+    res->walked = ev->walk;
+    snprintf(res->metric, sizeof res->metric, "%s", ev->walk ? "eval_tau_walk" : "eval_tau_hat");
+    res->value = ev->walk ? tau_walk : tau;
+    res->tau_walk = ev->walk ? tau_walk : 0;
+    res->tau_hat = tau;
+    res->loss = loss;
+    res->rows = n_rows;
+    res->blocks = m.blocks;
+    if (logf) {
+        fprintf(logf, "{\"step\":%" PRId64 ",\"eval_rows\":%d,\"eval_blocks\":%" PRIu64
+                ",\"eval_loss\":%.6f,\"eval_tau_hat\":%.4f,", step, n_rows, m.blocks, loss, tau);
+        if (ev->walk)
+            fprintf(logf, "\"eval_tau_walk\":%.4f,\"eval_walk_verifications\":%" PRIu64 ",",
+                    tau_walk, walk_verifs);
+        fprintf(logf, "\"eval_acc\":[");
+        for (int k = 1; k < bs; k++)
+            fprintf(logf, "%s%.4f", k > 1 ? "," : "",
+                    m.counted[k] ? (double)m.correct[k] / (double)m.counted[k] : 0.0);
+        fprintf(logf, "]}\n");
+        fflush(logf);
+    }
+    if (!quiet) {
+        printf("eval @ step %" PRId64 ": %d rows, %" PRIu64 " blocks, loss %.4f  tau_hat %.3f  ",
+               step, n_rows, m.blocks, loss, tau);
+        if (ev->walk)
+            printf("tau_walk %.3f  ", tau_walk);
+        printf("acc1 %.3f  acc%d %.3f\n",
+               m.counted[1] ? (double)m.correct[1] / (double)m.counted[1] : 0.0, bs - 1,
+               m.counted[bs - 1] ? (double)m.correct[bs - 1] / (double)m.counted[bs - 1] : 0.0);
+        fflush(stdout);
+    }
+    return 0;
+}
