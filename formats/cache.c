@@ -373,6 +373,21 @@ int df_cache_record_decode_block(const df_cache_params *p, const df_cache_record
     return 0;
 }
 
+int df_cache_record_check_ids(const df_cache_params *p, const df_cache_record *r, df_err *e)
+{
+    if (p->vocab_size <= 0)
+        return 0; /* a cache that does not record its vocabulary */
+    const uint32_t *ids;
+    const uint8_t *mask;
+    df_cache_record_tokens(r, &ids, &mask);
+    for (uint32_t i = 0; i < r->n_tokens; i++)
+        if ((int64_t)ids[i] >= p->vocab_size)
+            return df_errf(e, -DF_ECORRUPT,
+                           "sample %" PRIu64 " position %u: token id %u out of range (vocab %" PRId64
+                           ")", r->id, i, ids[i], p->vocab_size);
+    return 0;
+}
+
 int df_cache_record_verify(const df_cache_params *p, const df_cache_record *r, df_err *e)
 {
     for (uint32_t i = 0; i < r->n_blocks; i++) {

@@ -460,11 +460,15 @@ static int recover_partial(df_cache_writer *w, uint32_t seq, size_t *done_cap, d
 {
     char path[4200];
     shard_path(w, seq, ".dfc.partial", path, sizeof path);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    int fd = df_open_regular(path, O_RDWR, 0, e);
     if (fd < 0)
-        return df_errf(e, -errno, "%s: cannot open: %s", path, strerror(errno));
+        return fd;
     struct stat st;
-    fstat(fd, &st);
+    if (fstat(fd, &st) != 0) {
+        int err = -errno;
+        close(fd);
+        return df_errf(e, err, "%s: cannot stat: %s", path, strerror(-err));
+    }
     uint64_t size = (uint64_t)st.st_size, off = DF_CACHE_SHARD_HEADER;
     uint8_t hdr[DF_CACHE_SHARD_HEADER];
     df_err tmp;
@@ -569,7 +573,7 @@ static int load_finished(df_cache_writer *w, uint32_t seq, size_t *done_cap, df_
         return rc;
     struct stat st;
     uint64_t end = n ? ents[n - 1].offset + ents[n - 1].record_bytes : DF_CACHE_SHARD_HEADER;
-    if (stat(dpath, &st) != 0 || (uint64_t)st.st_size != end) {
+    if (stat(dpath, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != end) {
         free(ents);
         return df_errf(e, -DF_ECORRUPT, "%s: size does not match its index (%" PRIu64 " bytes)",
                        dpath, end);
@@ -711,11 +715,9 @@ df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
      * other (a second run started while the first still runs): the kernel
      * drops the lock when its holder dies, so a crash never leaves it set. */
     snprintf(path, sizeof path, "%s/.lock-r%04u", dir, w->o.rank);
-    w->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (w->lock_fd < 0) {
-        df_errf(e, -errno, "%s: cannot create: %s", path, strerror(errno));
+    w->lock_fd = df_open_regular(path, O_RDWR | O_CREAT, 0644, e);
+    if (w->lock_fd < 0)
         goto fail;
-    }
     if (flock(w->lock_fd, LOCK_EX | LOCK_NB) != 0) {
         df_errf(e, -EBUSY, "%s: another process is writing rank %u of this cache (%s is "
                 "locked); wait for it or stop it first", dir, w->o.rank, path);
