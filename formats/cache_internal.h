@@ -15,6 +15,8 @@ typedef struct df_cache_part {
     df_cache_shard_info *shards; /* malloc'd */
     uint64_t samples, tokens, loss_tokens, raw_bytes, stored_bytes;
     uint64_t layer_raw[DF_CACHE_MAX_LAYERS], layer_stored[DF_CACHE_MAX_LAYERS];
+    int has_uuid;     /* rank parts: uuid is the cache's, written as "uuid" */
+    uint8_t uuid[16];
 } df_cache_part;
 
 cJSON *df_cache_params_json(const df_cache_params *p);
@@ -22,6 +24,11 @@ int df_cache_params_from_cjson(const cJSON *o, const char *path, df_cache_params
 cJSON *df_cache_part_json(const df_cache_part *part);
 void df_cache_part_free(df_cache_part *part);
 int df_cache_part_write(const char *dir, const df_cache_part *part, df_err *e);
+/* Takes an exclusive flock on the cache directory (waiting for it): creating
+ * meta.json and merging the ranks into manifest.json happen under it. Returns
+ * the fd to close (which drops the lock), or a negative code. On a file
+ * system without flock it returns the fd unlocked. */
+int df_cache_dir_lock(const char *dir, df_err *e);
 int df_cache_meta_read(const char *dir, df_cache_params *p, df_err *e);
 int df_cache_manifest_read(const char *dir, df_cache_params *p, df_cache_part *all,
                            char *created_by, size_t cb_len, df_err *e);

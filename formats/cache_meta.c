@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cache.h"
@@ -235,6 +236,11 @@ cJSON *df_cache_part_json(const df_cache_part *part)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "rank", part->rank);
+    if (part->has_uuid) { /* which cache the shards belong to: the merge checks it */
+        char uuid[33];
+        hex16(part->uuid, uuid);
+        cJSON_AddStringToObject(o, "uuid", uuid);
+    }
     cJSON *sh = cJSON_AddArrayToObject(o, "shards");
     for (uint32_t i = 0; i < part->n_shards; i++) {
         const df_cache_shard_info *s = &part->shards[i];
@@ -420,6 +426,63 @@ int df_cache_manifest_read(const char *dir, df_cache_params *p, df_cache_part *a
     return rc;
 }
 
+/* One listed shard against the files on disk: a regular data file of the
+ * listed size whose header is this cache's (uuid, rank, seq, layout), and an
+ * index whose entries add up to the listed samples, tokens and size. The
+ * merge runs this for every shard so a manifest never lists what a reader
+ * would refuse (a rank of an older cache, a deleted or replaced shard). */
+static int check_shard(const char *dir, const df_cache_params *p, const df_cache_shard_info *si,
+                       const char *part_path, df_err *e)
+{
+    char want[64], path[4200];
+    df_cache_shard_name(want, sizeof want, si->rank, si->seq, ".dfc");
+    if (strcmp(want, si->data))
+        return df_errf(e, -DF_ECORRUPT, "%s: shard \"%s\" is not named for rank %u seq %u", part_path,
+                       si->data, si->rank, si->seq);
+    snprintf(path, sizeof path, "%s/%s", dir, si->data);
+    int fd = df_open_regular(path, O_RDONLY, 0, e);
+    if (fd < 0)
+        return df_err_wrap(e, "%s lists it", part_path);
+    struct stat st;
+    uint8_t hdr[DF_CACHE_SHARD_HEADER];
+    int rc = 0;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != si->bytes)
+        rc = df_errf(e, -DF_ECORRUPT, "%s: %lld bytes, %s says %" PRIu64, path,
+                     (long long)st.st_size, part_path, si->bytes);
+    else if (pread(fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr)
+        rc = df_errf(e, -DF_ECORRUPT, "%s: offset 0: cannot read the shard header", path);
+    else
+        rc = df_cache_shard_header_check(p, hdr, sizeof hdr, si->rank, si->seq, path, e);
+    close(fd);
+    if (rc)
+        return rc;
+    df_cache_shard_name(want, sizeof want, si->rank, si->seq, ".dfi");
+    if (strcmp(want, si->index))
+        return df_errf(e, -DF_ECORRUPT, "%s: index \"%s\" is not named for rank %u seq %u", part_path,
+                       si->index, si->rank, si->seq);
+    snprintf(path, sizeof path, "%s/%s", dir, si->index);
+    char *buf;
+    size_t len;
+    if ((rc = df_file_read_all(path, (size_t)1 << 40, &buf, &len, e)))
+        return rc;
+    df_cache_entry *ents;
+    size_t n;
+    rc = df_cache_index_parse(p, (uint8_t *)buf, len, 0, path, &ents, &n, NULL, NULL, e);
+    free(buf);
+    if (rc)
+        return rc;
+    uint64_t end = n ? ents[n - 1].offset + ents[n - 1].record_bytes : DF_CACHE_SHARD_HEADER;
+    uint64_t toks = 0;
+    for (size_t i = 0; i < n; i++)
+        toks += ents[i].n_tokens;
+    free(ents);
+    if (n != si->samples || toks != si->tokens || end != si->bytes)
+        return df_errf(e, -DF_ECORRUPT, "%s: index (%zu samples, %" PRIu64 " tokens, %" PRIu64
+                       " bytes) disagrees with %s (%" PRIu64 ", %" PRIu64 ", %" PRIu64 ")",
+                       path, n, toks, end, part_path, si->samples, si->tokens, si->bytes);
+    return 0;
+}
+
 static int finalize_locked(const char *dir, df_err *e)
 {
     df_cache_params p;
@@ -450,9 +513,32 @@ static int finalize_locked(const char *dir, df_err *e)
             break;
         }
         rc = part_from_cjson(o, p.n_layers, path, &part, e);
+        /* The part must be this cache's: a rank file left from an earlier
+         * cache in the same directory (its meta.json deleted and recreated)
+         * has another uuid. Files without "uuid" (before it was written) are
+         * still checked shard by shard below. */
+        const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "uuid");
+        if (!rc && u) {
+            char want[33];
+            hex16(p.uuid, want);
+            if (!cJSON_IsString(u) || strcmp(u->valuestring, want))
+                rc = df_errf(e, -DF_EMISMATCH, "%s: \"uuid\" %s is not this cache's (meta.json "
+                             "says %s): the rank belongs to another cache; remove it and "
+                             "rerun that rank", path, cJSON_IsString(u) ? u->valuestring : "?",
+                             want);
+        }
         cJSON_Delete(o);
         if (!rc && part.rank != r)
             rc = df_errf(e, -DF_ECORRUPT, "%s: says rank %u", path, part.rank);
+        for (uint32_t i = 0; !rc && i < part.n_shards; i++) {
+            if (part.shards[i].rank != r || part.shards[i].seq != i)
+                rc = df_errf(e, -DF_ECORRUPT, "%s: shards[%u] is rank %u seq %u, want rank %u "
+                             "seq %u", path, i, part.shards[i].rank, part.shards[i].seq, r, i);
+            else
+                rc = check_shard(dir, &p, &part.shards[i], path, e);
+        }
+        if (rc && rc != -ENOMEM)
+            df_err_wrap(e, "%s: cannot merge rank %u into manifest.json", dir, r);
         if (!rc) {
             if (all.n_shards + part.n_shards > cap) {
                 cap = (all.n_shards + part.n_shards) * 2;
@@ -504,7 +590,7 @@ static int finalize_locked(const char *dir, df_err *e)
  * flock of the cache directory, and the later one finds the manifest written
  * (both would write the same one, but through the same temporary name: one
  * rename would find the other's file gone). */
-int df_cache_finalize(const char *dir, df_err *e)
+int df_cache_dir_lock(const char *dir, df_err *e)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
@@ -515,12 +601,21 @@ int df_cache_finalize(const char *dir, df_err *e)
     /* a filesystem without flock: go on unlocked, as before the lock (the
      * race needs two ranks finishing within the same milliseconds) */
     if (rc != 0 && errno != ENOLCK && errno != EOPNOTSUPP && errno != EINVAL) {
-        rc = df_errf(e, -errno, "%s: cannot lock: %s", dir, strerror(errno));
-    } else {
-        char path[4096];
-        df_path_join(path, sizeof path, dir, "manifest.json");
-        rc = access(path, F_OK) == 0 ? 0 : finalize_locked(dir, e);
+        int err = -errno;
+        close(fd);
+        return df_errf(e, err, "%s: cannot lock: %s", dir, strerror(-err));
     }
+    return fd;
+}
+
+int df_cache_finalize(const char *dir, df_err *e)
+{
+    int fd = df_cache_dir_lock(dir, e);
+    if (fd < 0)
+        return fd;
+    char path[4096];
+    df_path_join(path, sizeof path, dir, "manifest.json");
+    int rc = access(path, F_OK) == 0 ? 0 : finalize_locked(dir, e);
     close(fd); /* and the lock with it */
     return rc;
 }

@@ -685,6 +685,35 @@ static void writer_free(df_cache_writer *w)
     free(w);
 }
 
+/* A new cache (no meta.json) goes only into an empty directory: one holding
+ * anything but the writers' lock files and a meta.json.tmp left by a crash
+ * (a model folder, another tool's output, shards of a cache whose meta.json
+ * was lost) is refused, naming the first such entry. Resuming a cache with
+ * meta.json does not come here (its parameters are checked instead). */
+static int only_cache_scratch(const char *dir, df_err *e)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return df_errf(e, -errno, "%s: cannot list: %s", dir, strerror(errno));
+    struct dirent *de;
+    int rc = 0;
+    while (!rc && (de = readdir(d))) {
+        const char *n = de->d_name;
+        unsigned r;
+        char tail;
+        if (!strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, "meta.json.tmp") ||
+            (sscanf(n, ".lock-r%4u%c", &r, &tail) == 1 && strlen(n) == 11))
+            continue;
+        rc = df_errf(e, -EEXIST, "%s: not empty (holds %s) and not a dflash cache (no meta.json): "
+                     "refusing to write a new cache into it; choose an empty or new directory%s",
+                     dir, n, !strncmp(n, "shard-", 6) || !strncmp(n, "rank-", 5)
+                                 ? " (its cache files lost meta.json: remove them and rerun "
+                                   "every rank)" : "");
+    }
+    closedir(d);
+    return rc;
+}
+
 df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
                                       const df_cache_writer_opts *opts, df_err *e)
 {
@@ -703,6 +732,7 @@ df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
         w->o = *opts;
     snprintf(w->dir, sizeof w->dir, "%s", dir);
     char path[4200];
+    int dir_fd = -1;
     int rc = df_cache_params_finish(p, e);
     if (!rc && w->o.rank >= p->world_size)
         rc = df_errf(e, -EINVAL, "rank %u out of range for world size %u", w->o.rank,
@@ -723,6 +753,11 @@ df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
                 "locked); wait for it or stop it first", dir, w->o.rank, path);
         goto fail;
     }
+    /* meta.json is read, or checked absent and created, under the
+     * directory's lock: ranks started together agree on one uuid. */
+    dir_fd = df_cache_dir_lock(dir, e);
+    if (dir_fd < 0)
+        goto fail;
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     if (access(path, F_OK) == 0) {
         df_errf(e, -EEXIST, "%s: the cache is already complete (manifest.json exists); "
@@ -732,6 +767,8 @@ df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
     df_cache_params old;
     df_err tmp;
     rc = df_cache_meta_read(dir, &old, &tmp);
+    if (rc == -ENOENT && only_cache_scratch(dir, e))
+        goto fail;
     if (rc == 0) {
         if ((rc = df_cache_params_compatible(&old, p, e))) {
             df_err_wrap(e, "%s: cannot resume", dir);
@@ -754,8 +791,12 @@ df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
             *e = tmp;
         goto fail;
     }
+    close(dir_fd);
+    dir_fd = -1;
     w->p = *p;
     w->part.rank = w->o.rank;
+    w->part.has_uuid = 1;
+    memcpy(w->part.uuid, p->uuid, sizeof w->part.uuid);
     w->part.n_layers = p->n_layers;
     if ((rc = resume(w, e)))
         goto fail;
@@ -797,6 +838,8 @@ fail_threads:
     for (int i = 0; i < w->nworkers; i++)
         pthread_join(w->workers[i], NULL);
 fail:
+    if (dir_fd >= 0)
+        close(dir_fd);
     writer_free(w);
     return NULL;
 }
@@ -942,8 +985,10 @@ int df_cache_writer_close(df_cache_writer *w, df_err *e)
         if (!rc) {
             df_err tmp;
             rc = df_cache_finalize(w->dir, &tmp);
-            if (rc == -EAGAIN)
+            if (rc == -EAGAIN) { /* another rank is still to finish: it writes the manifest */
+                df_log(DF_LOG_INFO, "%s; the manifest comes when it does", tmp.msg);
                 rc = 0;
+            }
             else if (rc && e)
                 *e = tmp;
         }

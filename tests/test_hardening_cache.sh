@@ -50,5 +50,36 @@ run 1 "sample 0 position 3: token id 160000 out of range \(vocab 151936\)" "$D" 
 run 1 "sample 0 position 3: token id 160000 out of range" "$D" cache read "$W/bigvocab"
 run 1 "sample 0 position 3: token id 160000" "$D" dump "$W/bigvocab" --sample 0 --layer 1
 
+# --- 2. the merge never writes a manifest the shards contradict
+TM=$SRC/data/tiny-qwen3
+EX=(extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --world-size 2 --quiet)
+# rank 0's meta.json lost: rank 1 does not start a new cache over rank 0's files
+run 0 "48 docs" "$D" "${EX[@]}" --rank 0 --out "$W/m1"
+rm "$W/m1/meta.json"
+run 1 "m1: not empty \(holds (rank|shard)-.*no meta.json" "$D" "${EX[@]}" --rank 1 --out "$W/m1"
+[ ! -e "$W/m1/manifest.json" ] || fail "a manifest was written over a cache without meta.json"
+# a rank file from another cache (another uuid): refused by file and field
+run 0 "48 docs" "$D" "${EX[@]}" --rank 0 --out "$W/m2"
+cp "$W/m2/rank-0000.json" "$W/other-rank-0000.json"
+rm -rf "$W/m2"
+run 0 "48 docs" "$D" "${EX[@]}" --rank 0 --out "$W/m2"
+cp "$W/other-rank-0000.json" "$W/m2/rank-0000.json"
+run 1 "rank-0000.json: \"uuid\" [0-9a-f]{32} is not this cache's" "$D" "${EX[@]}" --rank 1 --out "$W/m2"
+[ ! -e "$W/m2/manifest.json" ] || fail "a manifest was written with another cache's rank"
+# a rank file without uuid (older writers) whose shard was truncated: the shard check catches it
+run 0 "48 docs" "$D" "${EX[@]}" --rank 0 --out "$W/m3"
+sed -i '/"uuid"/d' "$W/m3/rank-0000.json"
+truncate -s -4096 "$W/m3/shard-r0000-00000.dfc"
+run 1 "cannot merge rank 0.*shard-r0000-00000.dfc: [0-9]+ bytes, .*rank-0000.json says" "$D" "${EX[@]}" --rank 1 --out "$W/m3"
+[ ! -e "$W/m3/manifest.json" ] || fail "a manifest was written over a truncated shard"
+# rank 0's rank file lost: rank 1 finishes, the manifest waits; rerunning rank 0 completes it
+run 0 "48 docs" "$D" "${EX[@]}" --rank 0 --out "$W/m4"
+rm "$W/m4/rank-0000.json"
+run 0 "" env DFLASH_LOG=info "$D" "${EX[@]}" --rank 1 --out "$W/m4"
+grep -q "rank 0 of 2 has not finished" "$W/out" || fail "rank 1 did not say the manifest waits for rank 0"
+run 1 "unfinished" "$D" dump "$W/m4"
+run 0 "0 docs \(48 already there" "$D" "${EX[@]}" --rank 0 --out "$W/m4"
+run 0 "OK: 96 samples" "$D" dump "$W/m4" --verify
+
 echo "test_hardening_cache: $fails failure(s)"
 [ "$fails" = 0 ]
