@@ -138,7 +138,24 @@ int df_fsync_dir(const char *dir, df_err *e)
     return 0;
 }
 
+static int write_atomic(const char *path, const void *data, size_t len, const char *fault,
+                        df_err *e);
+
 int df_file_write_atomic(const char *path, const void *data, size_t len, df_err *e)
+{
+    return write_atomic(path, data, len, NULL, e);
+}
+
+int df_file_publish(const char *path, const void *data, size_t len, const char *fault, df_err *e)
+{
+    return write_atomic(path, data, len, fault ? fault : "", e);
+}
+
+/* fault: NULL for df_file_write_atomic (a failed directory fsync is
+ * reported, the renamed file stays); else the file is removed again when the
+ * directory fsync fails, and df_fault(fault) can fake that failure. */
+static int write_atomic(const char *path, const void *data, size_t len, const char *fault,
+                        df_err *e)
 {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
@@ -175,7 +192,18 @@ int df_file_write_atomic(const char *path, const void *data, size_t len, df_err 
     }
     char dcopy[4096];
     snprintf(dcopy, sizeof dcopy, "%s", path);
-    return df_fsync_dir(dirname(dcopy), e);
+    const char *dir = dirname(dcopy);
+    int err = fault && *fault ? df_fault(fault) : 0;
+    int rc = err ? df_errf(e, -err, "%s: fsync of directory failed: %s", dir, strerror(err))
+                 : df_fsync_dir(dir, e);
+    if (rc && fault) {
+        /* Not durable: a crash could keep the name without what it stands
+         * for. Take it back so nothing reads it as published. */
+        unlink(path);
+        df_fsync_dir(dir, NULL);
+        df_err_wrap(e, "%s not published (removed again)", path);
+    }
+    return rc;
 }
 
 int df_mkdirs(const char *dir, df_err *e)

@@ -15,6 +15,13 @@ int df_file_read_all(const char *path, size_t max_len, char **out, size_t *len, 
  * directory. Readers see the old file or the whole new one, never a part. */
 int df_file_write_atomic(const char *path, const void *data, size_t len, df_err *e);
 
+/* df_file_write_atomic for a file whose presence is a promise (a cache's
+ * manifest.json: "every file it names is durable"): when the directory fsync
+ * after the rename fails the file is unlinked again and the error returned,
+ * so a failure never leaves it in place. fault: a df_fault point that fakes
+ * that fsync's failure in tests (NULL: none). */
+int df_file_publish(const char *path, const void *data, size_t len, const char *fault, df_err *e);
+
 /* fsync() of the directory holding path (or of path when it is a directory). */
 int df_fsync_dir(const char *dir, df_err *e);
 

@@ -579,7 +579,13 @@ static int finalize_locked(const char *dir, df_err *e)
         cJSON_Delete(o);
         char path[4096];
         df_path_join(path, sizeof path, dir, "manifest.json");
-        rc = s ? df_file_write_atomic(path, s, strlen(s), e) : df_errf(e, -ENOMEM, "out of memory");
+        /* Everything the manifest names is durable before it exists (each
+         * shard and rank file was fsynced with its directory; once more for
+         * all of them), and it is removed again if its own directory fsync
+         * fails: a cache with manifest.json is complete. */
+        rc = s ? df_fsync_dir(dir, e) : df_errf(e, -ENOMEM, "out of memory");
+        if (!rc)
+            rc = df_file_publish(path, s, strlen(s), "cache-final-dirsync", e);
         free(s);
     }
     free(all.shards);

@@ -688,9 +688,11 @@ static void writer_free(df_cache_writer *w)
 /* A new cache (no meta.json) goes only into an empty directory: one holding
  * anything but the writers' lock files and a meta.json.tmp left by a crash
  * (a model folder, another tool's output, shards of a cache whose meta.json
- * was lost) is refused, naming the first such entry. Resuming a cache with
+ * was lost) is refused, naming the first such entry. A projected cache's
+ * basis.dfb is put there before the writer opens (cache project, extract
+ * --basis), so it is allowed for one. Resuming a cache with
  * meta.json does not come here (its parameters are checked instead). */
-static int only_cache_scratch(const char *dir, df_err *e)
+static int only_cache_scratch(const char *dir, int projected, df_err *e)
 {
     DIR *d = opendir(dir);
     if (!d)
@@ -702,6 +704,7 @@ static int only_cache_scratch(const char *dir, df_err *e)
         unsigned r;
         char tail;
         if (!strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, "meta.json.tmp") ||
+            (projected && (!strcmp(n, DF_CACHE_BASIS_FILE) || !strcmp(n, DF_CACHE_BASIS_FILE ".tmp"))) ||
             (sscanf(n, ".lock-r%4u%c", &r, &tail) == 1 && strlen(n) == 11))
             continue;
         rc = df_errf(e, -EEXIST, "%s: not empty (holds %s) and not a dflash cache (no meta.json): "
@@ -745,6 +748,9 @@ df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
      * other (a second run started while the first still runs): the kernel
      * drops the lock when its holder dies, so a crash never leaves it set. */
     snprintf(path, sizeof path, "%s/.lock-r%04u", dir, w->o.rank);
+    char lock_path[4200];
+    snprintf(lock_path, sizeof lock_path, "%s", path);
+    int lock_was_there = access(lock_path, F_OK) == 0;
     w->lock_fd = df_open_regular(path, O_RDWR | O_CREAT, 0644, e);
     if (w->lock_fd < 0)
         goto fail;
@@ -767,8 +773,11 @@ df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
     df_cache_params old;
     df_err tmp;
     rc = df_cache_meta_read(dir, &old, &tmp);
-    if (rc == -ENOENT && only_cache_scratch(dir, e))
+    if (rc == -ENOENT && only_cache_scratch(dir, p->proj_rank > 0, e)) {
+        if (!lock_was_there) /* a refused directory is left as it was found */
+            unlink(lock_path);
         goto fail;
+    }
     if (rc == 0) {
         if ((rc = df_cache_params_compatible(&old, p, e))) {
             df_err_wrap(e, "%s: cannot resume", dir);

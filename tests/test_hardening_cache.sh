@@ -81,5 +81,33 @@ run 1 "unfinished" "$D" dump "$W/m4"
 run 0 "0 docs \(48 already there" "$D" "${EX[@]}" --rank 0 --out "$W/m4"
 run 0 "OK: 96 samples" "$D" dump "$W/m4" --verify
 
+# --- 4. writes
+# an EIO on the directory fsync after manifest.json's rename: exit 1, no manifest; a rerun finishes
+run 1 "manifest.json not published \(removed again\).*Input/output error" env DFLASH_FAULT=cache-final-dirsync=EIO "$D" "${SYNTH[@]}" --out "$W/eio"
+[ ! -e "$W/eio/manifest.json" ] || fail "a failed final fsync left manifest.json"
+run 1 "unfinished" "$D" dump "$W/eio"
+run 0 "0 samples \(48 resumed\)" "$D" "${SYNTH[@]}" --out "$W/eio"
+run 0 "OK: 48 samples" "$D" dump "$W/eio" --verify
+# --out into a directory that is not a cache of this corpus: refused, nothing written there
+cp -r "$TM" "$W/model"
+ls -A "$W/model" >"$W/model.ls"
+run 1 "model: not empty \(holds .*not a dflash cache" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/model" --quiet
+[ "$(ls -A "$W/model")" = "$(cat "$W/model.ls")" ] || fail "a refused extract --out left files in the model folder"
+mkdir -p "$W/notes" && echo hi >"$W/notes/README"
+run 1 "notes: not empty \(holds README\)" "$D" "${SYNTH[@]}" --out "$W/notes"
+# an unfinished cache of another corpus: refused by the resume check (naming the difference)
+run 0 "docs" "$D" extract --device cpu --model "$TM" --data "$TM/eval.jsonl" --world-size 2 --rank 0 --quiet --out "$W/other"
+run 1 "other: cannot resume.*corpus" "$D" "${EX[@]}" --rank 1 --out "$W/other"
+# an empty existing directory is fine, and so is resuming the same cache (m4 above, eio here)
+mkdir -p "$W/empty"
+run 0 "wrote" "$D" "${SYNTH[@]}" --out "$W/empty"
+# ENOSPC on train's log.jsonl stops the run, naming the file and the step
+run 0 "" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext3" --layers 0,1,2 --quiet
+TA=(train --cache "$W/ext3" --target "$TM" --steps 10 --mask-token 1 --block-size 8 --max-tokens 512 --max-anchors 32 --lr 3e-3 --log-every 5 --ckpt-every 5 --quiet --device cpu)
+run 1 "runF/log.jsonl: writing the line of step 5 failed: No space left on device" env DFLASH_FAULT=log-write=ENOSPC "$D" "${TA[@]}" --out "$W/runF"
+[ ! -e "$W/runF/export" ] || fail "a run whose log failed exported"
+run 0 "" "$D" "${TA[@]}" --out "$W/runF"
+[ "$(grep -c '"loss"' "$W/runF/log.jsonl")" = 2 ] || fail "resumed run's log does not hold steps 5 and 10 once each"
+
 echo "test_hardening_cache: $fails failure(s)"
 [ "$fails" = 0 ]

@@ -242,9 +242,25 @@ typedef struct step_perf {
     double eta_s;     /* to the last step, at this run's mean pace so far (evaluations included) */
 } step_perf;
 
-static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double loss, double lr,
-                     double gnorm, const df_drafter_metrics *m, int bs, const step_perf *pf,
-                     uint64_t tokens, uint64_t epoch)
+/* Ends a log.jsonl line: flushed, and any write error so far (ENOSPC, EIO)
+ * stops the run with a message naming the file and the step, instead of a
+ * log that silently lacks lines. DFLASH_FAULT=log-write=ENOSPC fakes one
+ * (tests). */
+static int log_line_end(FILE *f, const char *path, int64_t step, df_err *e)
+{
+    errno = 0;
+    int bad = fflush(f) != 0 || ferror(f);
+    int err = bad ? (errno ? errno : EIO) : df_fault("log-write");
+    if (!err)
+        return 0;
+    return df_errf(e, -err, "%s: writing the line of step %" PRId64 " failed: %s; stopping (the "
+                   "checkpoints so far stand: free space and rerun to resume)", path, step,
+                   strerror(err));
+}
+
+static int log_step(FILE *f, const char *path, int quiet, int64_t step, int64_t steps, double loss,
+                    double lr, double gnorm, const df_drafter_metrics *m, int bs,
+                    const step_perf *pf, uint64_t tokens, uint64_t epoch, df_err *e)
 {
     double tok_s = pf->tok_s, step_s = pf->step_s;
     double tau = m->blocks ? 1.0 + (double)m->accepted / (double)m->blocks : 1.0;
@@ -262,7 +278,9 @@ static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double los
             fprintf(f, "%s%.4f", k > 1 ? "," : "",
                     m->counted[k] ? (double)m->correct[k] / (double)m->counted[k] : 0.0);
         fprintf(f, "]}\n");
-        fflush(f);
+        int rc = log_line_end(f, path, step, e);
+        if (rc)
+            return rc;
     }
     if (!quiet) {
         printf("step %6" PRId64 "/%" PRId64 "  loss %.4f  tau_hat %.3f  acc1 %.3f  acc%d %.3f  "
@@ -282,6 +300,7 @@ static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double los
         printf("\n");
         fflush(stdout);
     }
+    return 0;
 }
 
 /* Model FLOPs of one row's forward + backward, as the usual model-FLOPs
@@ -416,7 +435,7 @@ static int eval_walk_row(eval_ctx *ev, df_drafter *d, const void *w, df_drafter_
 /* One evaluation, logged; *res gets its figures (res->eval_cache is left to
  * the caller). */
 static int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t step, FILE *logf,
-                    int quiet, int bs, df_best *res, df_err *e)
+                    const char *logpath, int quiet, int bs, df_best *res, df_err *e)
 {
     source src = {.cache = ev->cache, .layer_mask = ev->layer_mask, .threads = 2,
                   .seed = ev->seed, .n_all = df_cache_count(ev->cache), .world = 1};
@@ -503,7 +522,8 @@ static int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t s
             fprintf(logf, "%s%.4f", k > 1 ? "," : "",
                     m.counted[k] ? (double)m.correct[k] / (double)m.counted[k] : 0.0);
         fprintf(logf, "]}\n");
-        fflush(logf);
+        if ((rc = log_line_end(logf, logpath, step, e)))
+            return rc;
     }
     if (!quiet) {
         printf("eval @ step %" PRId64 ": %d rows, %" PRIu64 " blocks, loss %.4f  tau_hat %.3f  ",
@@ -1500,6 +1520,10 @@ int df_train_run(const df_train_opts *o, df_err *e)
     if (lead) {
         trim_log(logpath, step0);
         logf = fopen(logpath, "a");
+        if (!logf) { /* a run without its log is not what was asked for */
+            rc = df_errf(e, -errno, "%s: cannot open for appending: %s", logpath, strerror(errno));
+            goto out;
+        }
     }
 
     grad = malloc((size_t)total * sizeof(float));
@@ -1652,7 +1676,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
      * drafter it starts from (with --steps 0, the only evaluation) */
     if (ev.cache && lead && o->init_from && step0 == 0) {
         df_best r;
-        if ((rc = run_eval(&ev, d, ds.w, n_feat, 0, logf, o->quiet, c.block_size, &r, e)) ||
+        if ((rc = run_eval(&ev, d, ds.w, n_feat, 0, logf, logpath, o->quiet, c.block_size, &r, e)) ||
             (bst.on &&
              (rc = best_update(&bst, &r, o, be, &ds, &c, ps, ck.master, &basis, e))))
             goto out;
@@ -1832,8 +1856,10 @@ int df_train_run(const df_train_opts *o, df_err *e)
                             .feed_build_s = acc_build_s / acc_n, .feed_read_s = acc_read_s / acc_n,
                             .eta_s = (now - t_run0) / (double)(done - step0) *
                                      (double)(o->steps - done)};
-            log_step(logf, o->quiet || !lead, done, o->steps, acc_loss / acc_n, lr, acc_gnorm / acc_n, &acc,
-                     c.block_size, &pf, dp.tokens, after.epoch);
+            if ((rc = log_step(logf, logpath, o->quiet || !lead, done, o->steps, acc_loss / acc_n,
+                               lr, acc_gnorm / acc_n, &acc, c.block_size, &pf, dp.tokens,
+                               after.epoch, e)))
+                goto out;
             t_prev = now;
             acc_data_s = acc_data_max_s = acc_flops = acc_build_s = acc_read_s = 0;
             memset(&acc, 0, sizeof acc);
@@ -1847,7 +1873,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
             if (ds.overlap && (rc = df_backend_sync(be))) /* the optimizer's side stream */
                 goto out;
             df_best r;
-            if ((rc = run_eval(&ev, d, ds.w, n_feat, done, logf, o->quiet, c.block_size, &r,
+            if ((rc = run_eval(&ev, d, ds.w, n_feat, done, logf, logpath, o->quiet, c.block_size, &r,
                                e)) ||
                 (bst.on &&
                  (rc = best_update(&bst, &r, o, be, &ds, &c, ps, ck.master, &basis, e))))
