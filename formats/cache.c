@@ -1,6 +1,7 @@
 /* cache.c - the hidden-state cache format (docs/FORMAT.md) and its
  * synchronous reader. Every field read from disk is checked before use. */
 #include "cache.h"
+#include "cache_internal.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -499,6 +500,7 @@ void df_cache_shard_header_encode(const df_cache_params *p, uint32_t rank, uint3
     df_put16(out + 48, (uint16_t)p->dtype);
     df_put16(out + 50, (uint16_t)p->codec);
     df_put32(out + 52, p->rows_per_block);
+    df_put32(out + 56, df_cache_params_crc(p)); /* every meta.json parameter, cross-checked */
     df_put32(out + 60, df_crc32c(0, out, 60));
 }
 
@@ -517,6 +519,17 @@ int df_cache_shard_header_check(const df_cache_params *p, const uint8_t *buf, si
         return df_errf(e, -DF_ECORRUPT, "%s: offset 0: shard header CRC mismatch", path);
     uint8_t want[DF_CACHE_SHARD_HEADER];
     df_cache_shard_header_encode(p, rank, seq, want);
+    uint32_t have_pc = df_le32(buf + 56), want_pc = df_le32(want + 56);
+    if (have_pc == 0) { /* written before the parameter checksum: compare the rest */
+        df_put32(want + 56, 0);
+        df_put32(want + 60, df_crc32c(0, want, 60));
+    } else if (have_pc != want_pc && !memcmp(buf, want, 56)) {
+        return df_errf(e, -DF_EMISMATCH,
+                       "%s: offset 56: the shard was written with parameters of checksum %08x; "
+                       "the manifest's give %08x (a parameter in meta.json/manifest.json was "
+                       "edited or corrupted: layers, vocab, codec, corpus...)",
+                       path, have_pc, want_pc);
+    }
     if (memcmp(buf, want, 64))
         return df_errf(e, -DF_EMISMATCH,
                        "%s: shard header does not match this cache (other cache, rank or layout)",

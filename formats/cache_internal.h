@@ -19,6 +19,15 @@ typedef struct df_cache_part {
     uint8_t uuid[16];
 } df_cache_part;
 
+/* CRC-32C over the canonical text of every parameter in meta.json (never 0:
+ * 0 in a shard header means "written before this field"). Shard headers carry
+ * it at offset 56, so a manifest whose parameters were edited disagrees with
+ * every shard (docs/FORMAT.md, "Checksums"). */
+uint32_t df_cache_params_crc(const df_cache_params *p);
+/* Adds the "checksums" of a manifest's shards, totals and layer_bytes to o
+ * (which already holds df_cache_params_json's). */
+void df_cache_part_checksums(cJSON *o, const df_cache_part *all);
+
 cJSON *df_cache_params_json(const df_cache_params *p);
 int df_cache_params_from_cjson(const cJSON *o, const char *path, df_cache_params *p, df_err *e);
 cJSON *df_cache_part_json(const df_cache_part *part);

@@ -783,7 +783,10 @@ df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
             df_err_wrap(e, "%s: cannot resume", dir);
             goto fail;
         }
-        memcpy(p->uuid, old.uuid, sizeof p->uuid);
+        /* The cache's parameters are meta.json's (those the check does not
+         * compare, e.g. the target's folder name, too): the shards' headers
+         * carry their checksum, so a resumed run writes the same. */
+        *p = old;
     } else if (rc == -ENOENT) {
         if (getrandom(p->uuid, sizeof p->uuid, 0) != (ssize_t)sizeof p->uuid) {
             df_errf(e, -EIO, "getrandom failed");

@@ -109,5 +109,61 @@ run 1 "runF/log.jsonl: writing the line of step 5 failed: No space left on devic
 run 0 "" "$D" "${TA[@]}" --out "$W/runF"
 [ "$(grep -c '"loss"' "$W/runF/log.jsonl")" = 2 ] || fail "resumed run's log does not hold steps 5 and 10 once each"
 
+# --- 1. the manifest's parameters are checksummed: an edit names the file and the field
+# edit NAME SED: a copy of the cache with manifest.json edited by SED
+edit() { rm -rf "$W/$1" && cp -r "$W/cache" "$W/$1" && sed -i "$2" "$W/$1/manifest.json"; }
+edit lay1 's/"layers":\t\[1, 2, 3\]/"layers":\t[1, 2, 4]/'
+run 1 "lay1/manifest.json: \"layers\" does not match its checksum" "$D" dump "$W/lay1" --verify
+edit lay2 's/"layers":\t\[1, 2, 3\]/"layers":\t[1, 3, 2]/'
+run 1 "lay2/manifest.json: \"layers\" does not match its checksum" "$D" dump "$W/lay2" --verify
+run 1 "lay2/manifest.json: \"layers\"" "$D" cache read "$W/lay2"
+edit voc 's/"vocab_size":\t151936/"vocab_size":\t151937/'
+run 1 "voc/manifest.json: \"target.vocab_size\" does not match" "$D" dump "$W/voc" --verify
+edit lvl 's/"codec_level":\t0/"codec_level":\t3/'
+run 1 "lvl/manifest.json: \"codec_level\" does not match" "$D" dump "$W/lvl"
+edit fp 's/"fingerprint":\t"[0-9a-f]/"fingerprint":\t"z/'
+run 1 "fp/manifest.json: \"corpus.fingerprint\" does not match" "$D" dump "$W/fp"
+edit tot 's/"raw_bytes":\t\([0-9]*\)/"raw_bytes":\t1\1/'
+run 1 "tot/manifest.json: \"totals\" does not match" "$D" dump "$W/tot"
+edit tl 's/"num_hidden_layers":\t6/"num_hidden_layers":\t7/'
+run 1 "tl/manifest.json: \"target.num_hidden_layers\" does not match" "$D" dump "$W/tl"
+# a different spelling of the same values is no edit
+edit same 's/"layers":\t\[1, 2, 3\]/"layers": [1,2,3.0]/'
+run 0 "OK: 48 samples" "$D" dump "$W/same" --verify
+# meta.json too: resuming over an edited meta.json is refused by field
+rm -rf "$W/metaed" && cp -r "$W/eio" "$W/metaed" && rm "$W/metaed/manifest.json"
+sed -i 's/"layers":\t\[1, 2, 3\]/"layers":\t[1, 2, 4]/' "$W/metaed/meta.json"
+run 1 "metaed/meta.json: \"layers\" does not match its checksum" "$D" "${SYNTH[@]}" --out "$W/metaed"
+if command -v python3 >/dev/null; then
+  # "checksums" removed and a layer edited: every shard's header holds the parameters' checksum
+  rm -rf "$W/strip" && cp -r "$W/cache" "$W/strip"
+  python3 - "$W/strip/manifest.json" <<'PY'
+import json, sys
+m = json.load(open(sys.argv[1])); del m["checksums"]; m["layers"] = [1, 2, 4]
+json.dump(m, open(sys.argv[1], "w"))
+PY
+  run 1 "strip/shard-r0000-00000.dfc: offset 56: .*parameters" "$D" dump "$W/strip" --verify
+  # a cache written before the checksums (no "checksums", 0 at shard header offset 56) reads
+  rm -rf "$W/old" && cp -r "$W/cache" "$W/old"
+  python3 - "$W/old" <<'PY'
+import glob, json, struct, sys
+def crc32c(b, c=0xFFFFFFFF):
+    for x in b:
+        c ^= x
+        for _ in range(8):
+            c = (c >> 1) ^ (0x82F63B78 if c & 1 else 0)
+    return c ^ 0xFFFFFFFF
+d = sys.argv[1]
+for f in ("manifest.json", "meta.json"):
+    m = json.load(open(f"{d}/{f}")); del m["checksums"]; json.dump(m, open(f"{d}/{f}", "w"))
+for f in glob.glob(f"{d}/*.dfc"):
+    with open(f, "r+b") as h:
+        hd = bytearray(h.read(64)); hd[56:60] = b"\0" * 4
+        hd[60:64] = struct.pack("<I", crc32c(bytes(hd[:60]))); h.seek(0); h.write(hd)
+PY
+  run 0 "OK: 48 samples" "$D" dump "$W/old" --verify
+  run 0 "read .*48 samples" "$D" cache read "$W/old"
+fi
+
 echo "test_hardening_cache: $fails failure(s)"
 [ "$fails" = 0 ]
