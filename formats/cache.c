@@ -500,8 +500,11 @@ void df_cache_shard_header_encode(const df_cache_params *p, uint32_t rank, uint3
     df_put16(out + 48, (uint16_t)p->dtype);
     df_put16(out + 50, (uint16_t)p->codec);
     df_put32(out + 52, p->rows_per_block);
-    df_put32(out + 56, df_cache_params_crc(p)); /* every meta.json parameter, cross-checked */
     df_put32(out + 60, df_crc32c(0, out, 60));
+    /* Past the 64-byte prefix older readers compare (so they still read
+     * these shards): the checksum of every meta.json parameter, and its CRC. */
+    df_put32(out + 64, df_cache_params_crc(p));
+    df_put32(out + 68, df_crc32c(0, out + 64, 4));
 }
 
 int df_cache_shard_header_check(const df_cache_params *p, const uint8_t *buf, size_t len,
@@ -519,13 +522,14 @@ int df_cache_shard_header_check(const df_cache_params *p, const uint8_t *buf, si
         return df_errf(e, -DF_ECORRUPT, "%s: offset 0: shard header CRC mismatch", path);
     uint8_t want[DF_CACHE_SHARD_HEADER];
     df_cache_shard_header_encode(p, rank, seq, want);
-    uint32_t have_pc = df_le32(buf + 56), want_pc = df_le32(want + 56);
-    if (have_pc == 0) { /* written before the parameter checksum: compare the rest */
-        df_put32(want + 56, 0);
-        df_put32(want + 60, df_crc32c(0, want, 60));
-    } else if (have_pc != want_pc && !memcmp(buf, want, 56)) {
+    uint32_t have_pc = df_le32(buf + 64), want_pc = df_le32(want + 64);
+    if (have_pc == 0 && df_le32(buf + 68) == 0) {
+        /* written before the parameter checksum: the prefix is all there is */
+    } else if (df_le32(buf + 68) != df_crc32c(0, buf + 64, 4)) {
+        return df_errf(e, -DF_ECORRUPT, "%s: offset 64: parameter checksum CRC mismatch", path);
+    } else if (have_pc != want_pc && !memcmp(buf, want, 64)) {
         return df_errf(e, -DF_EMISMATCH,
-                       "%s: offset 56: the shard was written with parameters of checksum %08x; "
+                       "%s: offset 64: the shard was written with parameters of checksum %08x; "
                        "the manifest's give %08x (a parameter in meta.json/manifest.json was "
                        "edited or corrupted: layers, vocab, codec, corpus...)",
                        path, have_pc, want_pc);
