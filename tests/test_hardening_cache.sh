@@ -106,8 +106,10 @@ run 0 "" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out
 TA=(train --cache "$W/ext3" --target "$TM" --steps 10 --mask-token 1 --block-size 8 --max-tokens 512 --max-anchors 32 --lr 3e-3 --log-every 5 --ckpt-every 5 --quiet --device cpu)
 run 1 "runF/log.jsonl: writing the line of step 5 failed: No space left on device" env DFLASH_FAULT=log-write=ENOSPC "$D" "${TA[@]}" --out "$W/runF"
 [ ! -e "$W/runF/export" ] || fail "a run whose log failed exported"
+printf '{"step":0,"loss":1.2' >>"$W/runF/log.jsonl"   # a line cut short by a failed write
 run 0 "" "$D" "${TA[@]}" --out "$W/runF"
 [ "$(grep -c '"loss"' "$W/runF/log.jsonl")" = 2 ] || fail "resumed run's log does not hold steps 5 and 10 once each"
+grep -q '"loss":1.2{' "$W/runF/log.jsonl" && fail "the resumed log kept a torn line"
 
 # --- 1. the manifest's parameters are checksummed: an edit names the file and the field
 # edit NAME SED: a copy of the cache with manifest.json edited by SED

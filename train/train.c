@@ -333,26 +333,51 @@ static double row_flops(const df_drafter_config *c, const df_batch_row *br)
     return f;
 }
 
-/* Keeps only the log lines of steps <= step (a resumed run rewrites the rest). */
-static void trim_log(const char *path, int64_t step)
+/* Keeps only the whole log lines of steps <= step (a resumed run rewrites
+ * the rest; a line cut short by a failed write has no newline and goes too).
+ * A failure to rewrite the log is an error: the resumed run would otherwise
+ * append after stale lines. */
+static int trim_log(const char *path, int64_t step, df_err *e)
 {
     FILE *f = fopen(path, "r");
     if (!f)
-        return;
+        return errno == ENOENT ? 0
+                               : df_errf(e, -errno, "%s: cannot open: %s", path, strerror(errno));
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *o = fopen(tmp, "w");
+    if (!o) {
+        int err = errno;
+        fclose(f);
+        return df_errf(e, -err, "%s: cannot create: %s", tmp, strerror(err));
+    }
     char line[8192];
-    while (o && fgets(line, sizeof line, f)) {
-        long long s;
-        if (sscanf(line, "{\"step\":%lld", &s) == 1 && s <= step)
+    while (fgets(line, sizeof line, f)) {
+        long long st;
+        size_t n = strlen(line);
+        if (n && line[n - 1] == '\n' && sscanf(line, "{\"step\":%lld", &st) == 1 && st <= step)
             fputs(line, o);
     }
+    int bad_in = ferror(f);
     fclose(f);
-    if (o) {
-        fclose(o);
-        rename(tmp, path);
+    errno = 0;
+    int bad_out = fflush(o) != 0 || ferror(o) || fsync(fileno(o)) != 0;
+    int err = errno ? errno : EIO;
+    if (fclose(o) != 0 && !bad_out) {
+        bad_out = 1;
+        err = errno ? errno : EIO;
     }
+    if (bad_in || bad_out) {
+        unlink(tmp);
+        return df_errf(e, -(bad_out ? err : EIO), "%s: %s failed while trimming the log to step "
+                       "%" PRId64, bad_out ? tmp : path, bad_out ? "write" : "read", step);
+    }
+    if (rename(tmp, path) != 0) {
+        int rerr = errno;
+        unlink(tmp);
+        return df_errf(e, -rerr, "%s: rename to %s failed: %s", tmp, path, strerror(rerr));
+    }
+    return 0;
 }
 
 typedef struct data_pos {
@@ -1518,7 +1543,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
     char logpath[4200];
     snprintf(logpath, sizeof logpath, "%s/log.jsonl", o->run_dir);
     if (lead) {
-        trim_log(logpath, step0);
+        if ((rc = trim_log(logpath, step0, e)))
+            goto out;
         logf = fopen(logpath, "a");
         if (!logf) { /* a run without its log is not what was asked for */
             rc = df_errf(e, -errno, "%s: cannot open for appending: %s", logpath, strerror(errno));
