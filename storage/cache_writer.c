@@ -717,6 +717,18 @@ static int only_cache_scratch(const char *dir, int projected, df_err *e)
     return rc;
 }
 
+int df_cache_writer_check_dir(const char *dir, int projected, df_err *e)
+{
+    char path[4200];
+    struct stat st;
+    if (stat(dir, &st) != 0 && errno == ENOENT)
+        return 0;
+    snprintf(path, sizeof path, "%s/meta.json", dir);
+    if (access(path, F_OK) == 0)
+        return 0;
+    return only_cache_scratch(dir, projected, e);
+}
+
 df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
                                       const df_cache_writer_opts *opts, df_err *e)
 {

@@ -82,6 +82,8 @@ run 0 "0 docs \(48 already there" "$D" "${EX[@]}" --rank 0 --out "$W/m4"
 run 0 "OK: 96 samples" "$D" dump "$W/m4" --verify
 
 # --- 4. writes
+run 0 "" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext3" --layers 0,1,2 --quiet
+run 0 "" "$D" cache project "$W/ext3" "$W/pj" --rank 8 --device cpu
 # an EIO on the directory fsync after manifest.json's rename: exit 1, no manifest; a rerun finishes
 run 1 "manifest.json not published \(removed again\).*Input/output error" env DFLASH_FAULT=cache-final-dirsync=EIO "$D" "${SYNTH[@]}" --out "$W/eio"
 [ ! -e "$W/eio/manifest.json" ] || fail "a failed final fsync left manifest.json"
@@ -95,6 +97,11 @@ run 1 "model: not empty \(holds .*not a dflash cache" "$D" extract --device cpu 
 [ "$(ls -A "$W/model")" = "$(cat "$W/model.ls")" ] || fail "a refused extract --out left files in the model folder"
 mkdir -p "$W/notes" && echo hi >"$W/notes/README"
 run 1 "notes: not empty \(holds README\)" "$D" "${SYNTH[@]}" --out "$W/notes"
+# commands that put basis.dfb into OUT before the cache: a refused folder gets nothing
+run 1 "notes: not empty \(holds README\)" "$D" cache project "$W/ext3" "$W/notes" --rank 8 --device cpu
+run 1 "model: not empty" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --layers 0,1,2 --basis "$W/pj/basis.dfb" --out "$W/model" --quiet
+[ "$(ls -A "$W/notes")" = README ] || fail "a refused cache project left files in $W/notes"
+[ "$(ls -A "$W/model")" = "$(cat "$W/model.ls")" ] || fail "a refused extract --basis left files in the model folder"
 # an unfinished cache of another corpus: refused by the resume check (naming the difference)
 run 0 "docs" "$D" extract --device cpu --model "$TM" --data "$TM/eval.jsonl" --world-size 2 --rank 0 --quiet --out "$W/other"
 run 1 "other: cannot resume.*corpus" "$D" "${EX[@]}" --rank 1 --out "$W/other"
@@ -102,7 +109,6 @@ run 1 "other: cannot resume.*corpus" "$D" "${EX[@]}" --rank 1 --out "$W/other"
 mkdir -p "$W/empty"
 run 0 "wrote" "$D" "${SYNTH[@]}" --out "$W/empty"
 # ENOSPC on train's log.jsonl stops the run, naming the file and the step
-run 0 "" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext3" --layers 0,1,2 --quiet
 TA=(train --cache "$W/ext3" --target "$TM" --steps 10 --mask-token 1 --block-size 8 --max-tokens 512 --max-anchors 32 --lr 3e-3 --log-every 5 --ckpt-every 5 --quiet --device cpu)
 run 1 "runF/log.jsonl: writing the line of step 5 failed: No space left on device" env DFLASH_FAULT=log-write=ENOSPC "$D" "${TA[@]}" --out "$W/runF"
 [ ! -e "$W/runF/export" ] || fail "a run whose log failed exported"
