@@ -11,10 +11,10 @@ fails=0
 fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 
 # run CODE PATTERN cmd...: exit code must be CODE, stdout+stderr must match PATTERN. A hang
-# (the bug some of these guard against) is a failure after 60 s, not a stuck ctest.
+# (the bug some of these guard against) is a failure after 120 s, not a stuck ctest.
 run() {
   local want=$1 pat=$2; shift 2
-  timeout 60 "$@" >"$W/out" 2>&1
+  timeout 120 "$@" >"$W/out" 2>&1
   local got=$?
   [ "$got" = "$want" ] || { fail "exit $got (want $want): $*"; sed 's/^/    /' "$W/out" | head -20 >&2; return; }
   [ -z "$pat" ] || grep -Eq -- "$pat" "$W/out" || { fail "output of '$*' lacks /$pat/"; sed 's/^/    /' "$W/out" | head -20 >&2; }
