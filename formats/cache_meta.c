@@ -47,6 +47,7 @@ static int unhex16(const char *s, uint8_t *u)
  * as 8 hex digits: an edit of a value (a bit flip in "layers", a vocab, a
  * codec level, a corpus fingerprint) is an error naming the file and field. */
 #define CANON_MAX 4096 /* DF_CACHE_MAX_LAYERS ids of up to 7 digits and a comma */
+#define CANON_FIELDS 19 /* canon_field's count: the manifest's part fields follow */
 
 /* Field i of p: its name and canonical text; 0 past the last field. */
 static int canon_field(const df_cache_params *p, int i, const char **name, char *v, size_t n)
@@ -174,9 +175,9 @@ static int check_checksums(const cJSON *o, const df_cache_params *p, const df_ca
             /* projection fields only in a projected cache */
             if (!p->proj_rank && !strncmp(name, "projection.", 11))
                 continue;
-        } else if (i - 19 < n) {
-            name = part_fields[i - 19];
-            if (!(pv = canon_part(all, i - 19)))
+        } else if (i - CANON_FIELDS < n) {
+            name = part_fields[i - CANON_FIELDS];
+            if (!(pv = canon_part(all, i - CANON_FIELDS)))
                 return df_errf(e, -ENOMEM, "out of memory");
         } else {
             break;
