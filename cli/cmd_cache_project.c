@@ -317,6 +317,10 @@ int cmd_cache_project(int argc, char **argv)
     }
     /* The basis: given, left by an interrupted run of this command, or fitted (then on the
      * --device, opened before OUT is made: a refusal leaves nothing behind). */
+    /* basis.dfb goes into OUT before the writer opens: a folder that may not
+     * hold a cache (not empty, no meta.json) is refused before anything is put there */
+    if ((rc = df_cache_writer_check_dir(outd, 1, &e)))
+        goto out;
     struct stat st;
     const char *from = basis_path ? basis_path : stat(bpath, &st) == 0 ? bpath : NULL;
     if ((!from && (rc = open_device(device, &g, &e))) || (rc = df_mkdirs(outd, &e)))

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,17 +11,89 @@
 #include <time.h>
 #include <unistd.h>
 
+static const char *kind_of(mode_t m)
+{
+    return S_ISFIFO(m) ? "a FIFO" : S_ISDIR(m) ? "a directory" : S_ISCHR(m) ? "a character device"
+         : S_ISBLK(m) ? "a block device" : S_ISSOCK(m) ? "a socket" : "not a regular file";
+}
+
+int df_open_regular(const char *path, int flags, int mode, df_err *e)
+{
+    int fd = open(path, flags | O_NONBLOCK | O_CLOEXEC, mode);
+    if (fd < 0) {
+        int err = errno;
+        if (err == ENXIO) /* O_WRONLY|O_NONBLOCK on a FIFO without a reader */
+            return df_errf(e, -EINVAL, "%s: a FIFO, not a regular file; refusing it", path);
+        return df_errf(e, -err, "%s: cannot open: %s", path, strerror(err));
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        int err = errno;
+        close(fd);
+        return df_errf(e, -err, "%s: cannot stat: %s", path, strerror(err));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return df_errf(e, -EINVAL, "%s: %s, not a regular file; refusing it", path,
+                       kind_of(st.st_mode));
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int err = errno;
+        close(fd);
+        return df_errf(e, -err, "%s: fcntl failed: %s", path, strerror(err));
+    }
+    return fd;
+}
+
+/* DFLASH_FAULT, parsed once: at most 8 point=ERRNO items. */
+static struct {
+    char point[8][48];
+    int err[8];
+    int n;
+} g_fault;
+static pthread_once_t g_fault_once = PTHREAD_ONCE_INIT;
+
+static void fault_init(void)
+{
+    const char *v = getenv("DFLASH_FAULT");
+    char buf[512];
+    if (!v || snprintf(buf, sizeof buf, "%s", v) >= (int)sizeof buf)
+        return;
+    char *save = NULL;
+    for (char *t = strtok_r(buf, ",", &save); t && g_fault.n < 8; t = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(t, '=');
+        if (!eq || (size_t)(eq - t) >= sizeof g_fault.point[0])
+            continue;
+        *eq = 0;
+        int err = !strcmp(eq + 1, "EIO") ? EIO : !strcmp(eq + 1, "ENOSPC") ? ENOSPC : 0;
+        if (!err)
+            continue;
+        snprintf(g_fault.point[g_fault.n], sizeof g_fault.point[0], "%s", t);
+        g_fault.err[g_fault.n++] = err;
+    }
+}
+
+int df_fault(const char *point)
+{
+    pthread_once(&g_fault_once, fault_init);
+    for (int i = 0; i < g_fault.n; i++)
+        if (!strcmp(g_fault.point[i], point))
+            return g_fault.err[i];
+    return 0;
+}
+
 int df_file_read_all(const char *path, size_t max_len, char **out, size_t *len, df_err *e)
 {
     *out = NULL;
     *len = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = df_open_regular(path, O_RDONLY, 0, e);
     if (fd < 0)
-        return df_errf(e, -errno, "%s: cannot open: %s", path, strerror(errno));
+        return fd;
     struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    if (fstat(fd, &st) != 0) {
         close(fd);
-        return df_errf(e, -EINVAL, "%s: not a regular file", path);
+        return df_errf(e, -EINVAL, "%s: cannot stat", path);
     }
     if ((uint64_t)st.st_size > max_len) {
         close(fd);
@@ -65,14 +138,31 @@ int df_fsync_dir(const char *dir, df_err *e)
     return 0;
 }
 
+static int write_atomic(const char *path, const void *data, size_t len, const char *fault,
+                        df_err *e);
+
 int df_file_write_atomic(const char *path, const void *data, size_t len, df_err *e)
+{
+    return write_atomic(path, data, len, NULL, e);
+}
+
+int df_file_publish(const char *path, const void *data, size_t len, const char *fault, df_err *e)
+{
+    return write_atomic(path, data, len, fault ? fault : "", e);
+}
+
+/* fault: NULL for df_file_write_atomic (a failed directory fsync is
+ * reported, the renamed file stays); else the file is removed again when the
+ * directory fsync fails, and df_fault(fault) can fake that failure. */
+static int write_atomic(const char *path, const void *data, size_t len, const char *fault,
+                        df_err *e)
 {
     char tmp[4096];
     if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
         return df_errf(e, -ENAMETOOLONG, "%s: path too long", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int fd = df_open_regular(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644, e);
     if (fd < 0)
-        return df_errf(e, -errno, "%s: cannot create: %s", tmp, strerror(errno));
+        return fd;
     const char *p = data;
     size_t done = 0;
     while (done < len) {
@@ -102,7 +192,18 @@ int df_file_write_atomic(const char *path, const void *data, size_t len, df_err 
     }
     char dcopy[4096];
     snprintf(dcopy, sizeof dcopy, "%s", path);
-    return df_fsync_dir(dirname(dcopy), e);
+    const char *dir = dirname(dcopy);
+    int err = fault && *fault ? df_fault(fault) : 0;
+    int rc = err ? df_errf(e, -err, "%s: fsync of directory failed: %s", dir, strerror(err))
+                 : df_fsync_dir(dir, e);
+    if (rc && fault) {
+        /* Not durable: a crash could keep the name without what it stands
+         * for. Take it back so nothing reads it as published. */
+        unlink(path);
+        df_fsync_dir(dir, NULL);
+        df_err_wrap(e, "%s not published (removed again)", path);
+    }
+    return rc;
 }
 
 int df_mkdirs(const char *dir, df_err *e)

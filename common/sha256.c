@@ -1,5 +1,7 @@
 #include "sha256.h"
 
+#include "fsutil.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <string.h>
@@ -239,9 +241,9 @@ void df_sha256_hex_of(const void *data, size_t len, char out[DF_SHA256_HEX])
 int df_sha256_file(const char *path, char out_hex[DF_SHA256_HEX], df_err *e)
 {
     out_hex[0] = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = df_open_regular(path, O_RDONLY, 0, e); /* a FIFO would block the hash */
     if (fd < 0)
-        return df_errf(e, -errno, "%s: cannot open: %s", path, strerror(errno));
+        return fd;
     df_sha256_ctx s;
     df_sha256_init(&s);
     uint8_t buf[1 << 16];

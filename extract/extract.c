@@ -247,7 +247,9 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
         goto out;
 
     df_cache_params p = {0};
-    if (o->basis_path && (rc = open_basis(o, c, layers, K, &basis, &p, e)))
+    /* open_basis puts basis.dfb into the folder: check first that it may hold a cache */
+    if (o->basis_path && ((rc = df_cache_writer_check_dir(o->out_dir, 1, e)) ||
+                          (rc = open_basis(o, c, layers, K, &basis, &p, e))))
         goto out;
     snprintf(p.model_type, sizeof p.model_type, "%s", c->model_type);
     char dcopy[4096];

@@ -258,9 +258,9 @@ static int read_at(int fd, void *buf, size_t n, uint64_t off, const char *path, 
 int df_basis_read(const char *path, df_basis *out, df_err *e)
 {
     memset(out, 0, sizeof *out);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = df_open_regular(path, O_RDONLY, 0, e);
     if (fd < 0)
-        return df_errf(e, -errno, "%s: cannot open: %s", path, strerror(errno));
+        return fd;
     struct stat st;
     uint8_t hdr[DF_BASIS_HEADER_BYTES] = {0}, *buf = NULL;
     int rc = 0;

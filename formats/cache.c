@@ -1,6 +1,7 @@
 /* cache.c - the hidden-state cache format (docs/FORMAT.md) and its
  * synchronous reader. Every field read from disk is checked before use. */
 #include "cache.h"
+#include "cache_internal.h"
 
 #include <cjson/cJSON.h>
 #include <errno.h>
@@ -373,6 +374,21 @@ int df_cache_record_decode_block(const df_cache_params *p, const df_cache_record
     return 0;
 }
 
+int df_cache_record_check_ids(const df_cache_params *p, const df_cache_record *r, df_err *e)
+{
+    if (p->vocab_size <= 0)
+        return 0; /* a cache that does not record its vocabulary */
+    const uint32_t *ids;
+    const uint8_t *mask;
+    df_cache_record_tokens(r, &ids, &mask);
+    for (uint32_t i = 0; i < r->n_tokens; i++)
+        if ((int64_t)ids[i] >= p->vocab_size)
+            return df_errf(e, -DF_ECORRUPT,
+                           "sample %" PRIu64 " position %u: token id %u out of range (vocab %" PRId64
+                           ")", r->id, i, ids[i], p->vocab_size);
+    return 0;
+}
+
 int df_cache_record_verify(const df_cache_params *p, const df_cache_record *r, df_err *e)
 {
     for (uint32_t i = 0; i < r->n_blocks; i++) {
@@ -485,6 +501,10 @@ void df_cache_shard_header_encode(const df_cache_params *p, uint32_t rank, uint3
     df_put16(out + 50, (uint16_t)p->codec);
     df_put32(out + 52, p->rows_per_block);
     df_put32(out + 60, df_crc32c(0, out, 60));
+    /* Past the 64-byte prefix older readers compare (so they still read
+     * these shards): the checksum of every meta.json parameter, and its CRC. */
+    df_put32(out + 64, df_cache_params_crc(p));
+    df_put32(out + 68, df_crc32c(0, out + 64, 4));
 }
 
 int df_cache_shard_header_check(const df_cache_params *p, const uint8_t *buf, size_t len,
@@ -502,6 +522,18 @@ int df_cache_shard_header_check(const df_cache_params *p, const uint8_t *buf, si
         return df_errf(e, -DF_ECORRUPT, "%s: offset 0: shard header CRC mismatch", path);
     uint8_t want[DF_CACHE_SHARD_HEADER];
     df_cache_shard_header_encode(p, rank, seq, want);
+    uint32_t have_pc = df_le32(buf + 64), want_pc = df_le32(want + 64);
+    if (have_pc == 0 && df_le32(buf + 68) == 0) {
+        /* written before the parameter checksum: the prefix is all there is */
+    } else if (df_le32(buf + 68) != df_crc32c(0, buf + 64, 4)) {
+        return df_errf(e, -DF_ECORRUPT, "%s: offset 64: parameter checksum CRC mismatch", path);
+    } else if (have_pc != want_pc && !memcmp(buf, want, 64)) {
+        return df_errf(e, -DF_EMISMATCH,
+                       "%s: offset 64: the shard was written with parameters of checksum %08x; "
+                       "the manifest's give %08x (a parameter in meta.json/manifest.json was "
+                       "edited or corrupted: layers, vocab, codec, corpus...)",
+                       path, have_pc, want_pc);
+    }
     if (memcmp(buf, want, 64))
         return df_errf(e, -DF_EMISMATCH,
                        "%s: shard header does not match this cache (other cache, rank or layout)",

@@ -174,6 +174,11 @@ int df_cache_record_decode_block(const df_cache_params *p, const df_cache_record
 int df_cache_record_decode(const df_cache_params *p, const df_cache_record *r,
                            uint64_t layer_mask, void *const *dst, df_pool *pool, df_err *e);
 
+/* Checks every token id of a parsed record against params.vocab_size (when
+ * known, > 0): an id past the vocabulary would index past the embedding in
+ * training. The error names the sample, the position and the id. */
+int df_cache_record_check_ids(const df_cache_params *p, const df_cache_record *r, df_err *e);
+
 /* Verifies every block CRC of a parsed record without decoding. */
 int df_cache_record_verify(const df_cache_params *p, const df_cache_record *r, df_err *e);
 

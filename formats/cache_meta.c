@@ -8,10 +8,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cache.h"
 #include "cache_internal.h"
+#include "crc32c.h"
 #include "fsutil.h"
 
 #ifndef DFLASH_VERSION
@@ -33,6 +35,163 @@ static int unhex16(const char *s, uint8_t *u)
         if (sscanf(s + 2 * i, "%2x", &v) != 1)
             return -1;
         u[i] = (uint8_t)v;
+    }
+    return 0;
+}
+
+/* ---- checksums over canonical values ----
+ * Each parameter a reader relies on has a name (its JSON path) and a
+ * canonical text made from the parsed value, not from the JSON text, so
+ * whitespace, number spelling and key order do not matter. "checksums" in
+ * meta.json and manifest.json maps each name to the CRC-32C of "name=text"
+ * as 8 hex digits: an edit of a value (a bit flip in "layers", a vocab, a
+ * codec level, a corpus fingerprint) is an error naming the file and field. */
+#define CANON_MAX 4096 /* DF_CACHE_MAX_LAYERS ids of up to 7 digits and a comma */
+#define CANON_FIELDS 19 /* canon_field's count: the manifest's part fields follow */
+
+/* Field i of p: its name and canonical text; 0 past the last field. */
+static int canon_field(const df_cache_params *p, int i, const char **name, char *v, size_t n)
+{
+    const int32_t *ids;
+    uint32_t nids = df_cache_target_layers(p, &ids);
+    char uuid[33];
+    switch (i) {
+    case 0: *name = "version"; snprintf(v, n, "%d", p->proj_rank ? DF_CACHE_VERSION_PROJECTED : DF_CACHE_VERSION); return 1;
+    case 1: *name = "uuid"; hex16(p->uuid, uuid); snprintf(v, n, "%s", uuid); return 1;
+    case 2: *name = "target.model_type"; snprintf(v, n, "%s", p->model_type); return 1;
+    case 3: *name = "target.name"; snprintf(v, n, "%s", p->target_name); return 1;
+    case 4: *name = "target.config_sha256"; snprintf(v, n, "%s", p->config_sha256); return 1;
+    case 5: *name = "target.hidden_size"; snprintf(v, n, "%u", df_cache_target_hidden(p)); return 1;
+    case 6: *name = "target.num_hidden_layers"; snprintf(v, n, "%u", p->num_target_layers); return 1;
+    case 7: *name = "target.vocab_size"; snprintf(v, n, "%" PRId64, p->vocab_size); return 1;
+    case 8: {
+        *name = "layers";
+        size_t o = 0;
+        v[0] = 0;
+        for (uint32_t k = 0; k < nids && o < n; k++)
+            o += (size_t)snprintf(v + o, n - o, "%s%d", k ? "," : "", ids[k]);
+        return 1;
+    }
+    case 9: *name = "projection.rank"; snprintf(v, n, "%u", p->proj_rank); return 1;
+    case 10: *name = "projection.basis_sha256"; snprintf(v, n, "%s", p->proj_rank ? p->basis_sha256 : ""); return 1;
+    case 11: *name = "dtype"; snprintf(v, n, "%s", df_dtype_name(p->dtype)); return 1;
+    case 12: *name = "codec"; snprintf(v, n, "%s", df_codec_name(p->codec)); return 1;
+    case 13: *name = "codec_level"; snprintf(v, n, "%d", p->codec_level); return 1;
+    case 14: *name = "rows_per_block"; snprintf(v, n, "%u", p->rows_per_block); return 1;
+    case 15: *name = "shard_bytes"; snprintf(v, n, "%" PRIu64, p->shard_bytes); return 1;
+    case 16: *name = "corpus.fingerprint"; snprintf(v, n, "%s", p->corpus_fingerprint); return 1;
+    case 17: *name = "corpus.docs"; snprintf(v, n, "%" PRIu64, p->corpus_docs); return 1;
+    case 18: *name = "world_size"; snprintf(v, n, "%u", p->world_size); return 1;
+    default: return 0;
+    }
+}
+
+static uint32_t field_crc(const char *name, const char *v)
+{
+    uint32_t c = df_crc32c(0, name, strlen(name));
+    c = df_crc32c(c, "=", 1);
+    return df_crc32c(c, v, strlen(v));
+}
+
+uint32_t df_cache_params_crc(const df_cache_params *p)
+{
+    char v[CANON_MAX];
+    const char *name;
+    uint32_t c = 0;
+    for (int i = 0; canon_field(p, i, &name, v, sizeof v); i++) {
+        c = df_crc32c(c, name, strlen(name));
+        c = df_crc32c(c, "=", 1);
+        c = df_crc32c(c, v, strlen(v));
+        c = df_crc32c(c, "\n", 1);
+    }
+    return c ? c : 1; /* 0 is "none" in a shard header */
+}
+
+static void add_crc(cJSON *cs, const char *name, uint32_t crc)
+{
+    char hex[9];
+    snprintf(hex, sizeof hex, "%08x", crc);
+    cJSON_AddStringToObject(cs, name, hex);
+}
+
+/* Canonical text of a manifest's shards, totals or layer_bytes (which = 0, 1,
+ * 2) into a malloc'd string. */
+static char *canon_part(const df_cache_part *a, int which)
+{
+    size_t cap = 256 + (which == 0 ? (size_t)a->n_shards * 200 : which == 2 ? (size_t)a->n_layers * 48 : 0);
+    char *v = malloc(cap);
+    if (!v)
+        return NULL;
+    size_t o = 0;
+    v[0] = 0;
+    if (which == 0) {
+        for (uint32_t i = 0; i < a->n_shards && o < cap; i++) {
+            const df_cache_shard_info *x = &a->shards[i];
+            o += (size_t)snprintf(v + o, cap - o, "%s,%s,%u,%u,%" PRIu64 ",%" PRIu64 ",%" PRIu64 ";",
+                                  x->data, x->index, x->rank, x->seq, x->samples, x->tokens, x->bytes);
+        }
+    } else if (which == 1) {
+        snprintf(v, cap, "%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64 ",%" PRIu64, a->samples,
+                 a->tokens, a->loss_tokens, a->raw_bytes, a->stored_bytes);
+    } else {
+        for (uint32_t l = 0; l < a->n_layers && o < cap; l++)
+            o += (size_t)snprintf(v + o, cap - o, "%" PRIu64 ",%" PRIu64 ";", a->layer_raw[l],
+                                  a->layer_stored[l]);
+    }
+    return v;
+}
+
+static const char *const part_fields[3] = {"shards", "totals", "layer_bytes"};
+
+void df_cache_part_checksums(cJSON *o, const df_cache_part *all)
+{
+    cJSON *cs = cJSON_GetObjectItemCaseSensitive(o, "checksums");
+    for (int w = 0; cs && w < 3; w++) {
+        char *v = canon_part(all, w);
+        if (v)
+            add_crc(cs, part_fields[w], field_crc(part_fields[w], v));
+        free(v);
+    }
+}
+
+/* "checksums" of o against p (and all, for a manifest: NULL for meta.json).
+ * A file without "checksums" was written before them: accepted as it is
+ * (its shards' headers still cross-check the parameters, see
+ * df_cache_shard_header_check). */
+static int check_checksums(const cJSON *o, const df_cache_params *p, const df_cache_part *all,
+                           const char *path, df_err *e)
+{
+    const cJSON *cs = cJSON_GetObjectItemCaseSensitive(o, "checksums");
+    if (!cs)
+        return 0;
+    if (!cJSON_IsObject(cs))
+        return df_errf(e, -DF_ECORRUPT, "%s: \"checksums\" is not an object", path);
+    char v[CANON_MAX];
+    const char *name;
+    int n = all ? 3 : 0;
+    for (int i = 0; ; i++) {
+        char *pv = NULL;
+        if (canon_field(p, i, &name, v, sizeof v)) {
+            /* projection fields only in a projected cache */
+            if (!p->proj_rank && !strncmp(name, "projection.", 11))
+                continue;
+        } else if (i - CANON_FIELDS < n) {
+            name = part_fields[i - CANON_FIELDS];
+            if (!(pv = canon_part(all, i - CANON_FIELDS)))
+                return df_errf(e, -ENOMEM, "out of memory");
+        } else {
+            break;
+        }
+        const cJSON *x = cJSON_GetObjectItemCaseSensitive(cs, name);
+        char hex[9];
+        snprintf(hex, sizeof hex, "%08x", field_crc(name, pv ? pv : v));
+        free(pv);
+        if (!cJSON_IsString(x))
+            return df_errf(e, -DF_ECORRUPT, "%s: \"checksums\" lacks \"%s\"", path, name);
+        if (strcmp(x->valuestring, hex))
+            return df_errf(e, -DF_ECORRUPT, "%s: \"%s\" does not match its checksum (%s in "
+                           "\"checksums\", the value gives %s): the file was edited or corrupted",
+                           path, name, x->valuestring, hex);
     }
     return 0;
 }
@@ -76,6 +235,12 @@ cJSON *df_cache_params_json(const df_cache_params *p)
     cJSON_AddStringToObject(c, "fingerprint", p->corpus_fingerprint);
     cJSON_AddNumberToObject(c, "docs", (double)p->corpus_docs);
     cJSON_AddNumberToObject(o, "world_size", p->world_size);
+    cJSON *cs = cJSON_AddObjectToObject(o, "checksums");
+    char v[CANON_MAX];
+    const char *name;
+    for (int i = 0; canon_field(p, i, &name, v, sizeof v); i++)
+        if (p->proj_rank || strncmp(name, "projection.", 11))
+            add_crc(cs, name, field_crc(name, v));
     return o;
 }
 
@@ -215,7 +380,9 @@ int df_cache_params_from_cjson(const cJSON *o, const char *path, df_cache_params
         return rc;
     p->world_size = (uint32_t)v;
     rc = df_cache_params_finish(p, e);
-    return rc ? df_err_wrap(e, "%s", path) : 0;
+    if (rc)
+        return df_err_wrap(e, "%s", path);
+    return check_checksums(o, p, NULL, path, e);
 }
 
 int df_cache_params_from_json(const char *json, size_t len, const char *path, df_cache_params *p,
@@ -235,6 +402,11 @@ cJSON *df_cache_part_json(const df_cache_part *part)
 {
     cJSON *o = cJSON_CreateObject();
     cJSON_AddNumberToObject(o, "rank", part->rank);
+    if (part->has_uuid) { /* which cache the shards belong to: the merge checks it */
+        char uuid[33];
+        hex16(part->uuid, uuid);
+        cJSON_AddStringToObject(o, "uuid", uuid);
+    }
     cJSON *sh = cJSON_AddArrayToObject(o, "shards");
     for (uint32_t i = 0; i < part->n_shards; i++) {
         const df_cache_shard_info *s = &part->shards[i];
@@ -412,12 +584,71 @@ int df_cache_manifest_read(const char *dir, df_cache_params *p, df_cache_part *a
     }
     if (!rc)
         rc = part_from_cjson(o, p->n_layers, path, all, e);
+    if (!rc)
+        rc = check_checksums(o, p, all, path, e);
     if (!rc && created_by) {
         const cJSON *cb = cJSON_GetObjectItemCaseSensitive(o, "created_by");
         snprintf(created_by, cb_len, "%s", cJSON_IsString(cb) ? cb->valuestring : "?");
     }
     cJSON_Delete(o);
     return rc;
+}
+
+/* One listed shard against the files on disk: a regular data file of the
+ * listed size whose header is this cache's (uuid, rank, seq, layout), and an
+ * index whose entries add up to the listed samples, tokens and size. The
+ * merge runs this for every shard so a manifest never lists what a reader
+ * would refuse (a rank of an older cache, a deleted or replaced shard). */
+static int check_shard(const char *dir, const df_cache_params *p, const df_cache_shard_info *si,
+                       const char *part_path, df_err *e)
+{
+    char want[64], path[4200];
+    df_cache_shard_name(want, sizeof want, si->rank, si->seq, ".dfc");
+    if (strcmp(want, si->data))
+        return df_errf(e, -DF_ECORRUPT, "%s: shard \"%s\" is not named for rank %u seq %u", part_path,
+                       si->data, si->rank, si->seq);
+    snprintf(path, sizeof path, "%s/%s", dir, si->data);
+    int fd = df_open_regular(path, O_RDONLY, 0, e);
+    if (fd < 0)
+        return df_err_wrap(e, "%s lists it", part_path);
+    struct stat st;
+    uint8_t hdr[DF_CACHE_SHARD_HEADER];
+    int rc = 0;
+    if (fstat(fd, &st) != 0 || (uint64_t)st.st_size != si->bytes)
+        rc = df_errf(e, -DF_ECORRUPT, "%s: %lld bytes, %s says %" PRIu64, path,
+                     (long long)st.st_size, part_path, si->bytes);
+    else if (pread(fd, hdr, sizeof hdr, 0) != (ssize_t)sizeof hdr)
+        rc = df_errf(e, -DF_ECORRUPT, "%s: offset 0: cannot read the shard header", path);
+    else
+        rc = df_cache_shard_header_check(p, hdr, sizeof hdr, si->rank, si->seq, path, e);
+    close(fd);
+    if (rc)
+        return rc;
+    df_cache_shard_name(want, sizeof want, si->rank, si->seq, ".dfi");
+    if (strcmp(want, si->index))
+        return df_errf(e, -DF_ECORRUPT, "%s: index \"%s\" is not named for rank %u seq %u", part_path,
+                       si->index, si->rank, si->seq);
+    snprintf(path, sizeof path, "%s/%s", dir, si->index);
+    char *buf;
+    size_t len;
+    if ((rc = df_file_read_all(path, (size_t)1 << 40, &buf, &len, e)))
+        return rc;
+    df_cache_entry *ents;
+    size_t n;
+    rc = df_cache_index_parse(p, (uint8_t *)buf, len, 0, path, &ents, &n, NULL, NULL, e);
+    free(buf);
+    if (rc)
+        return rc;
+    uint64_t end = n ? ents[n - 1].offset + ents[n - 1].record_bytes : DF_CACHE_SHARD_HEADER;
+    uint64_t toks = 0;
+    for (size_t i = 0; i < n; i++)
+        toks += ents[i].n_tokens;
+    free(ents);
+    if (n != si->samples || toks != si->tokens || end != si->bytes)
+        return df_errf(e, -DF_ECORRUPT, "%s: index (%zu samples, %" PRIu64 " tokens, %" PRIu64
+                       " bytes) disagrees with %s (%" PRIu64 ", %" PRIu64 ", %" PRIu64 ")",
+                       path, n, toks, end, part_path, si->samples, si->tokens, si->bytes);
+    return 0;
 }
 
 static int finalize_locked(const char *dir, df_err *e)
@@ -450,9 +681,32 @@ static int finalize_locked(const char *dir, df_err *e)
             break;
         }
         rc = part_from_cjson(o, p.n_layers, path, &part, e);
+        /* The part must be this cache's: a rank file left from an earlier
+         * cache in the same directory (its meta.json deleted and recreated)
+         * has another uuid. Files without "uuid" (before it was written) are
+         * still checked shard by shard below. */
+        const cJSON *u = cJSON_GetObjectItemCaseSensitive(o, "uuid");
+        if (!rc && u) {
+            char want[33];
+            hex16(p.uuid, want);
+            if (!cJSON_IsString(u) || strcmp(u->valuestring, want))
+                rc = df_errf(e, -DF_EMISMATCH, "%s: \"uuid\" %s is not this cache's (meta.json "
+                             "says %s): the rank belongs to another cache; remove it and "
+                             "rerun that rank", path, cJSON_IsString(u) ? u->valuestring : "?",
+                             want);
+        }
         cJSON_Delete(o);
         if (!rc && part.rank != r)
             rc = df_errf(e, -DF_ECORRUPT, "%s: says rank %u", path, part.rank);
+        for (uint32_t i = 0; !rc && i < part.n_shards; i++) {
+            if (part.shards[i].rank != r || part.shards[i].seq != i)
+                rc = df_errf(e, -DF_ECORRUPT, "%s: shards[%u] is rank %u seq %u, want rank %u "
+                             "seq %u", path, i, part.shards[i].rank, part.shards[i].seq, r, i);
+            else
+                rc = check_shard(dir, &p, &part.shards[i], path, e);
+        }
+        if (rc && rc != -ENOMEM)
+            df_err_wrap(e, "%s: cannot merge rank %u into manifest.json", dir, r);
         if (!rc) {
             if (all.n_shards + part.n_shards > cap) {
                 cap = (all.n_shards + part.n_shards) * 2;
@@ -489,11 +743,18 @@ static int finalize_locked(const char *dir, df_err *e)
         cJSON_AddItemToObject(o, "layer_bytes", cJSON_DetachItemFromObject(pj, "layer_bytes"));
         cJSON_AddNumberToObject(o, "rank", 0);
         cJSON_Delete(pj);
+        df_cache_part_checksums(o, &all);
         char *s = cJSON_Print(o);
         cJSON_Delete(o);
         char path[4096];
         df_path_join(path, sizeof path, dir, "manifest.json");
-        rc = s ? df_file_write_atomic(path, s, strlen(s), e) : df_errf(e, -ENOMEM, "out of memory");
+        /* Everything the manifest names is durable before it exists (each
+         * shard and rank file was fsynced with its directory; once more for
+         * all of them), and it is removed again if its own directory fsync
+         * fails: a cache with manifest.json is complete. */
+        rc = s ? df_fsync_dir(dir, e) : df_errf(e, -ENOMEM, "out of memory");
+        if (!rc)
+            rc = df_file_publish(path, s, strlen(s), "cache-final-dirsync", e);
         free(s);
     }
     free(all.shards);
@@ -504,7 +765,7 @@ static int finalize_locked(const char *dir, df_err *e)
  * flock of the cache directory, and the later one finds the manifest written
  * (both would write the same one, but through the same temporary name: one
  * rename would find the other's file gone). */
-int df_cache_finalize(const char *dir, df_err *e)
+int df_cache_dir_lock(const char *dir, df_err *e)
 {
     int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (fd < 0)
@@ -515,12 +776,21 @@ int df_cache_finalize(const char *dir, df_err *e)
     /* a filesystem without flock: go on unlocked, as before the lock (the
      * race needs two ranks finishing within the same milliseconds) */
     if (rc != 0 && errno != ENOLCK && errno != EOPNOTSUPP && errno != EINVAL) {
-        rc = df_errf(e, -errno, "%s: cannot lock: %s", dir, strerror(errno));
-    } else {
-        char path[4096];
-        df_path_join(path, sizeof path, dir, "manifest.json");
-        rc = access(path, F_OK) == 0 ? 0 : finalize_locked(dir, e);
+        int err = -errno;
+        close(fd);
+        return df_errf(e, err, "%s: cannot lock: %s", dir, strerror(-err));
     }
+    return fd;
+}
+
+int df_cache_finalize(const char *dir, df_err *e)
+{
+    int fd = df_cache_dir_lock(dir, e);
+    if (fd < 0)
+        return fd;
+    char path[4096];
+    df_path_join(path, sizeof path, dir, "manifest.json");
+    int rc = access(path, F_OK) == 0 ? 0 : finalize_locked(dir, e);
     close(fd); /* and the lock with it */
     return rc;
 }

@@ -90,10 +90,9 @@ df_cache *df_cache_open(const char *dir, df_err *e)
     for (uint32_t s = 0; s < ns; s++) {
         const df_cache_shard_info *si = &c->part.shards[s];
         snprintf(c->paths[s], sizeof c->paths[s], "%s/%s", dir, si->data);
-        c->fds[s] = open(c->paths[s], O_RDONLY | O_CLOEXEC);
+        c->fds[s] = df_open_regular(c->paths[s], O_RDONLY, 0, e);
         if (c->fds[s] < 0) {
-            df_errf(e, -errno, "%s: cannot open shard listed in the manifest: %s", c->paths[s],
-                    strerror(errno));
+            df_err_wrap(e, "shard listed in the manifest");
             goto fail;
         }
         struct stat st;
@@ -275,6 +274,8 @@ int df_cache_read(df_cache *c, size_t k, uint64_t layer_mask, df_cache_out *out,
                         last.offset + last.stored_size - first.offset, t->offset + first.offset,
                         path, e);
     }
+    if (!rc && (rc = df_cache_record_check_ids(p, &r, e)))
+        df_err_wrap(e, "%s: offset %" PRIu64, path, t->offset);
     if (!rc) {
         const uint32_t *ids;
         const uint8_t *mask;
@@ -323,6 +324,8 @@ static int verify_one(void *vp, size_t k)
         rc = df_cache_record_parse(&c->info.params, buf, t->record_bytes, &r, &e);
         if (!rc)
             rc = match_entry(&r, t, c->paths[t->shard], &e);
+        if (!rc)
+            rc = df_cache_record_check_ids(&c->info.params, &r, &e);
         if (!rc)
             rc = df_cache_record_verify(&c->info.params, &r, &e);
         uint64_t stored = 0, loss = 0;

@@ -254,6 +254,8 @@ static void decode_item(df_cache_stream *s, item *it)
         dst[l] = slot + need;
         need += ((size_t)r.n_tokens * row + 63) / 64 * 64;
     }
+    if (!rc) /* ids past the vocabulary: named here, not as a bad index in training */
+        rc = df_cache_record_check_ids(&s->p, &r, &it->err);
     if (!rc && need > s->slot_bytes)
         rc = df_errf(&it->err, -ENOSPC, "sample %" PRIu64 " needs %zu bytes, slots have %zu",
                      t->id, need, s->slot_bytes);

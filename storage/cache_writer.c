@@ -460,11 +460,15 @@ static int recover_partial(df_cache_writer *w, uint32_t seq, size_t *done_cap, d
 {
     char path[4200];
     shard_path(w, seq, ".dfc.partial", path, sizeof path);
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    int fd = df_open_regular(path, O_RDWR, 0, e);
     if (fd < 0)
-        return df_errf(e, -errno, "%s: cannot open: %s", path, strerror(errno));
+        return fd;
     struct stat st;
-    fstat(fd, &st);
+    if (fstat(fd, &st) != 0) {
+        int err = -errno;
+        close(fd);
+        return df_errf(e, err, "%s: cannot stat: %s", path, strerror(-err));
+    }
     uint64_t size = (uint64_t)st.st_size, off = DF_CACHE_SHARD_HEADER;
     uint8_t hdr[DF_CACHE_SHARD_HEADER];
     df_err tmp;
@@ -569,7 +573,7 @@ static int load_finished(df_cache_writer *w, uint32_t seq, size_t *done_cap, df_
         return rc;
     struct stat st;
     uint64_t end = n ? ents[n - 1].offset + ents[n - 1].record_bytes : DF_CACHE_SHARD_HEADER;
-    if (stat(dpath, &st) != 0 || (uint64_t)st.st_size != end) {
+    if (stat(dpath, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != end) {
         free(ents);
         return df_errf(e, -DF_ECORRUPT, "%s: size does not match its index (%" PRIu64 " bytes)",
                        dpath, end);
@@ -681,6 +685,50 @@ static void writer_free(df_cache_writer *w)
     free(w);
 }
 
+/* A new cache (no meta.json) goes only into an empty directory: one holding
+ * anything but the writers' lock files and a meta.json.tmp left by a crash
+ * (a model folder, another tool's output, shards of a cache whose meta.json
+ * was lost) is refused, naming the first such entry. A projected cache's
+ * basis.dfb is put there before the writer opens (cache project, extract
+ * --basis), so it is allowed for one. Resuming a cache with
+ * meta.json does not come here (its parameters are checked instead). */
+static int only_cache_scratch(const char *dir, int projected, df_err *e)
+{
+    DIR *d = opendir(dir);
+    if (!d)
+        return df_errf(e, -errno, "%s: cannot list: %s", dir, strerror(errno));
+    struct dirent *de;
+    int rc = 0;
+    while (!rc && (de = readdir(d))) {
+        const char *n = de->d_name;
+        unsigned r;
+        char tail;
+        if (!strcmp(n, ".") || !strcmp(n, "..") || !strcmp(n, "meta.json.tmp") ||
+            (projected && (!strcmp(n, DF_CACHE_BASIS_FILE) || !strcmp(n, DF_CACHE_BASIS_FILE ".tmp"))) ||
+            (sscanf(n, ".lock-r%4u%c", &r, &tail) == 1 && strlen(n) == 11))
+            continue;
+        rc = df_errf(e, -EEXIST, "%s: not empty (holds %s) and not a dflash cache (no meta.json): "
+                     "refusing to write a new cache into it; choose an empty or new directory%s",
+                     dir, n, !strncmp(n, "shard-", 6) || !strncmp(n, "rank-", 5)
+                                 ? " (its cache files lost meta.json: remove them and rerun "
+                                   "every rank)" : "");
+    }
+    closedir(d);
+    return rc;
+}
+
+int df_cache_writer_check_dir(const char *dir, int projected, df_err *e)
+{
+    char path[4200];
+    struct stat st;
+    if (stat(dir, &st) != 0 && errno == ENOENT)
+        return 0;
+    snprintf(path, sizeof path, "%s/meta.json", dir);
+    if (access(path, F_OK) == 0)
+        return 0;
+    return only_cache_scratch(dir, projected, e);
+}
+
 df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
                                       const df_cache_writer_opts *opts, df_err *e)
 {
@@ -699,6 +747,7 @@ df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
         w->o = *opts;
     snprintf(w->dir, sizeof w->dir, "%s", dir);
     char path[4200];
+    int dir_fd = -1;
     int rc = df_cache_params_finish(p, e);
     if (!rc && w->o.rank >= p->world_size)
         rc = df_errf(e, -EINVAL, "rank %u out of range for world size %u", w->o.rank,
@@ -711,16 +760,22 @@ df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
      * other (a second run started while the first still runs): the kernel
      * drops the lock when its holder dies, so a crash never leaves it set. */
     snprintf(path, sizeof path, "%s/.lock-r%04u", dir, w->o.rank);
-    w->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (w->lock_fd < 0) {
-        df_errf(e, -errno, "%s: cannot create: %s", path, strerror(errno));
+    char lock_path[4200];
+    snprintf(lock_path, sizeof lock_path, "%s", path);
+    int lock_was_there = access(lock_path, F_OK) == 0;
+    w->lock_fd = df_open_regular(path, O_RDWR | O_CREAT, 0644, e);
+    if (w->lock_fd < 0)
         goto fail;
-    }
     if (flock(w->lock_fd, LOCK_EX | LOCK_NB) != 0) {
         df_errf(e, -EBUSY, "%s: another process is writing rank %u of this cache (%s is "
                 "locked); wait for it or stop it first", dir, w->o.rank, path);
         goto fail;
     }
+    /* meta.json is read, or checked absent and created, under the
+     * directory's lock: ranks started together agree on one uuid. */
+    dir_fd = df_cache_dir_lock(dir, e);
+    if (dir_fd < 0)
+        goto fail;
     snprintf(path, sizeof path, "%s/manifest.json", dir);
     if (access(path, F_OK) == 0) {
         df_errf(e, -EEXIST, "%s: the cache is already complete (manifest.json exists); "
@@ -730,12 +785,20 @@ df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
     df_cache_params old;
     df_err tmp;
     rc = df_cache_meta_read(dir, &old, &tmp);
+    if (rc == -ENOENT && only_cache_scratch(dir, p->proj_rank > 0, e)) {
+        if (!lock_was_there) /* a refused directory is left as it was found */
+            unlink(lock_path);
+        goto fail;
+    }
     if (rc == 0) {
         if ((rc = df_cache_params_compatible(&old, p, e))) {
             df_err_wrap(e, "%s: cannot resume", dir);
             goto fail;
         }
-        memcpy(p->uuid, old.uuid, sizeof p->uuid);
+        /* The cache's parameters are meta.json's (those the check does not
+         * compare, e.g. the target's folder name, too): the shards' headers
+         * carry their checksum, so a resumed run writes the same. */
+        *p = old;
     } else if (rc == -ENOENT) {
         if (getrandom(p->uuid, sizeof p->uuid, 0) != (ssize_t)sizeof p->uuid) {
             df_errf(e, -EIO, "getrandom failed");
@@ -752,8 +815,12 @@ df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
             *e = tmp;
         goto fail;
     }
+    close(dir_fd);
+    dir_fd = -1;
     w->p = *p;
     w->part.rank = w->o.rank;
+    w->part.has_uuid = 1;
+    memcpy(w->part.uuid, p->uuid, sizeof w->part.uuid);
     w->part.n_layers = p->n_layers;
     if ((rc = resume(w, e)))
         goto fail;
@@ -795,6 +862,8 @@ fail_threads:
     for (int i = 0; i < w->nworkers; i++)
         pthread_join(w->workers[i], NULL);
 fail:
+    if (dir_fd >= 0)
+        close(dir_fd);
     writer_free(w);
     return NULL;
 }
@@ -940,8 +1009,10 @@ int df_cache_writer_close(df_cache_writer *w, df_err *e)
         if (!rc) {
             df_err tmp;
             rc = df_cache_finalize(w->dir, &tmp);
-            if (rc == -EAGAIN)
+            if (rc == -EAGAIN) { /* another rank is still to finish: it writes the manifest */
+                df_log(DF_LOG_INFO, "%s; the manifest comes when it does", tmp.msg);
                 rc = 0;
+            }
             else if (rc && e)
                 *e = tmp;
         }

@@ -48,8 +48,17 @@ typedef struct df_cache_writer_stats {
 } df_cache_writer_stats;
 
 /* Creates or resumes the cache in dir. p is completed (defaults) and, on
- * resume, must be compatible with meta.json (the stored uuid is adopted).
- * A finished cache (manifest.json) is refused with -EEXIST. */
+ * resume, must be compatible with meta.json (meta.json's parameters, uuid
+ * included, are adopted into p). A finished cache (manifest.json) is refused
+ * with -EEXIST; a new cache goes only into a missing or empty directory
+ * (see df_cache_writer_check_dir). */
+/* 0 when dir may take a cache: missing, holding meta.json (a cache to
+ * resume; its parameters are checked when it opens), or empty but for writer
+ * lock files (and basis.dfb when projected). Else -EEXIST naming an entry.
+ * For callers that put files into dir before opening the writer (extract
+ * --basis), so a refused directory is left as it was. */
+int df_cache_writer_check_dir(const char *dir, int projected, df_err *e);
+
 df_cache_writer *df_cache_writer_open(const char *dir, df_cache_params *p,
                                       const df_cache_writer_opts *opts, df_err *e);
 

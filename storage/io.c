@@ -708,6 +708,26 @@ void df_io_close(df_io *io)
 
 static int g_direct_logged;
 
+/* Every cache file is a regular file: a FIFO, device or directory in its
+ * place is refused by name (a FIFO would block reads forever). Clears the
+ * O_NONBLOCK the open used. Returns fd, or a negative code (fd closed). */
+static int only_regular(int fd, const char *path, df_err *e)
+{
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        return df_errf(e, -EINVAL, "%s: not a regular file (FIFO, device or directory); "
+                       "refusing it", path);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0) {
+        int err = -errno;
+        close(fd);
+        return df_errf(e, err, "%s: fcntl failed: %s", path, strerror(-err));
+    }
+    return fd;
+}
+
 int df_io_open_file(const char *path, int flags, int mode, int want_direct, int *direct,
                     df_err *e)
 {
@@ -715,14 +735,18 @@ int df_io_open_file(const char *path, int flags, int mode, int want_direct, int 
         *direct = 0;
     if (!path)
         return df_errf(e, -EINVAL, "df_io_open_file: no path");
-    flags = (flags & ~O_DIRECT) | O_CLOEXEC;
+    /* O_NONBLOCK: a FIFO in a cache file's place must be refused, not block
+     * the open (see only_regular); cleared there for a regular file. */
+    flags = (flags & ~O_DIRECT) | O_CLOEXEC | O_NONBLOCK;
     if (want_direct) {
         int fd = open(path, flags | O_DIRECT, mode);
         if (fd >= 0) {
             if (direct)
                 *direct = 1;
-            return fd;
+            return only_regular(fd, path, e);
         }
+        if (errno == ENXIO)
+            return df_errf(e, -EINVAL, "%s: a FIFO, not a regular file; refusing it", path);
         if (errno != EINVAL)
             return df_errf(e, -errno, "opening %s (O_DIRECT): %s", path, strerror(errno));
         /* The kernel creates the file before it checks O_DIRECT support, so
@@ -738,9 +762,11 @@ int df_io_open_file(const char *path, int flags, int mode, int want_direct, int 
             df_log(DF_LOG_INFO, "O_DIRECT refused for %s; using buffered I/O", path);
     }
     int fd = open(path, flags, mode);
+    if (fd < 0 && errno == ENXIO)
+        return df_errf(e, -EINVAL, "%s: a FIFO, not a regular file; refusing it", path);
     if (fd < 0)
         return df_errf(e, -errno, "opening %s: %s", path, strerror(errno));
-    return fd;
+    return only_regular(fd, path, e);
 }
 
 size_t df_io_align(int fd)

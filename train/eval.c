@@ -7,7 +7,24 @@
 #include <string.h>
 
 #include "feed.h"
+#include "fsutil.h"
 
+
+/* Ends a log.jsonl line: flushed, and any write error so far (ENOSPC, EIO)
+ * stops the run with a message naming the file and the step, instead of a
+ * log that silently lacks lines. DFLASH_FAULT=log-write=ENOSPC fakes one
+ * (tests). */
+int df_train_log_line_end(FILE *f, const char *path, int64_t step, df_err *e)
+{
+    errno = 0;
+    int bad = fflush(f) != 0 || ferror(f);
+    int err = bad ? (errno ? errno : EIO) : df_fault("log-write");
+    if (!err)
+        return 0;
+    return df_errf(e, -err, "%s: writing the line of step %" PRId64 " failed: %s; stopping (the "
+                   "checkpoints so far stand: free space and rerun to resume)", path, step,
+                   strerror(err));
+}
 
 /* Every candidate of the finished row scored, then the walk over its
  * documents (eval_ctx); adds to *tokens and *verifs. */
@@ -54,7 +71,7 @@ static int eval_walk_row(eval_ctx *ev, df_drafter *d, const void *w, df_drafter_
 /* One evaluation, logged; *res gets its figures (res->eval_cache is left to
  * the caller). */
 int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t step, FILE *logf,
-             int quiet, int bs, df_best *res, df_err *e)
+             const char *logpath, int quiet, int bs, df_best *res, df_err *e)
 {
     source src = {.cache = ev->cache, .layer_mask = ev->layer_mask, .threads = 2,
                   .seed = ev->seed, .n_all = df_cache_count(ev->cache), .world = 1};
@@ -138,7 +155,8 @@ int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t step, FI
             fprintf(logf, "%s%.4f", k > 1 ? "," : "",
                     m.counted[k] ? (double)m.correct[k] / (double)m.counted[k] : 0.0);
         fprintf(logf, "]}\n");
-        fflush(logf);
+        if ((rc = df_train_log_line_end(logf, logpath, step, e)))
+            return rc;
     }
     if (!quiet) {
         printf("eval @ step %" PRId64 ": %d rows, %" PRIu64 " blocks, loss %.4f  tau_hat %.3f  ",

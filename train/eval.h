@@ -41,7 +41,13 @@ typedef struct eval_ctx {
     int32_t *anch, *blk_acc;  /* [max_anchors]: one pass's anchors; their accepted */
 } eval_ctx;
 
+/* One evaluation, logged to logf (logpath: its name in messages); *res gets
+ * its figures (res->eval_cache is left to the caller). */
 int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t step, FILE *logf,
-             int quiet, int bs, df_best *res, df_err *e);
+             const char *logpath, int quiet, int bs, df_best *res, df_err *e);
+
+/* Ends a log.jsonl line (the step log's and the evaluation's): flushed, and
+ * any write error so far is an error naming the file and the step. */
+int df_train_log_line_end(FILE *f, const char *path, int64_t step, df_err *e);
 
 #endif

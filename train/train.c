@@ -182,9 +182,9 @@ typedef struct step_perf {
     double eta_s;     /* to the last step, at this run's mean pace so far (evaluations included) */
 } step_perf;
 
-static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double loss, double lr,
-                     double gnorm, const df_drafter_metrics *m, int bs, const step_perf *pf,
-                     uint64_t tokens, uint64_t epoch)
+static int log_step(FILE *f, const char *path, int quiet, int64_t step, int64_t steps, double loss,
+                    double lr, double gnorm, const df_drafter_metrics *m, int bs,
+                    const step_perf *pf, uint64_t tokens, uint64_t epoch, df_err *e)
 {
     double tok_s = pf->tok_s, step_s = pf->step_s;
     double tau = m->blocks ? 1.0 + (double)m->accepted / (double)m->blocks : 1.0;
@@ -202,7 +202,9 @@ static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double los
             fprintf(f, "%s%.4f", k > 1 ? "," : "",
                     m->counted[k] ? (double)m->correct[k] / (double)m->counted[k] : 0.0);
         fprintf(f, "]}\n");
-        fflush(f);
+        int rc = df_train_log_line_end(f, path, step, e);
+        if (rc)
+            return rc;
     }
     if (!quiet) {
         printf("step %6" PRId64 "/%" PRId64 "  loss %.4f  tau_hat %.3f  acc1 %.3f  acc%d %.3f  "
@@ -222,28 +224,54 @@ static void log_step(FILE *f, int quiet, int64_t step, int64_t steps, double los
         printf("\n");
         fflush(stdout);
     }
+    return 0;
 }
 
-/* Keeps only the log lines of steps <= step (a resumed run rewrites the rest). */
-static void trim_log(const char *path, int64_t step)
+/* Keeps only the whole log lines of steps <= step (a resumed run rewrites
+ * the rest; a line cut short by a failed write has no newline and goes too).
+ * A failure to rewrite the log is an error: the resumed run would otherwise
+ * append after stale lines. */
+static int trim_log(const char *path, int64_t step, df_err *e)
 {
     FILE *f = fopen(path, "r");
     if (!f)
-        return;
+        return errno == ENOENT ? 0
+                               : df_errf(e, -errno, "%s: cannot open: %s", path, strerror(errno));
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *o = fopen(tmp, "w");
+    if (!o) {
+        int err = errno;
+        fclose(f);
+        return df_errf(e, -err, "%s: cannot create: %s", tmp, strerror(err));
+    }
     char line[8192];
-    while (o && fgets(line, sizeof line, f)) {
-        long long s;
-        if (sscanf(line, "{\"step\":%lld", &s) == 1 && s <= step)
+    while (fgets(line, sizeof line, f)) {
+        long long st;
+        size_t n = strlen(line);
+        if (n && line[n - 1] == '\n' && sscanf(line, "{\"step\":%lld", &st) == 1 && st <= step)
             fputs(line, o);
     }
+    int bad_in = ferror(f);
     fclose(f);
-    if (o) {
-        fclose(o);
-        rename(tmp, path);
+    errno = 0;
+    int bad_out = fflush(o) != 0 || ferror(o) || fsync(fileno(o)) != 0;
+    int err = errno ? errno : EIO;
+    if (fclose(o) != 0 && !bad_out) {
+        bad_out = 1;
+        err = errno ? errno : EIO;
     }
+    if (bad_in || bad_out) {
+        unlink(tmp);
+        return df_errf(e, -(bad_out ? err : EIO), "%s: %s failed while trimming the log to step "
+                       "%" PRId64, bad_out ? tmp : path, bad_out ? "write" : "read", step);
+    }
+    if (rename(tmp, path) != 0) {
+        int rerr = errno;
+        unlink(tmp);
+        return df_errf(e, -rerr, "%s: rename to %s failed: %s", tmp, path, strerror(rerr));
+    }
+    return 0;
 }
 
 /* A [V, H] host weight as a BF16 tensor in device memory (*owned). */
@@ -717,8 +745,13 @@ int df_train_run(const df_train_opts *o, df_err *e)
     char logpath[4200];
     snprintf(logpath, sizeof logpath, "%s/log.jsonl", o->run_dir);
     if (lead) {
-        trim_log(logpath, step0);
+        if ((rc = trim_log(logpath, step0, e)))
+            goto out;
         logf = fopen(logpath, "a");
+        if (!logf) { /* a run without its log is not what was asked for */
+            rc = df_errf(e, -errno, "%s: cannot open for appending: %s", logpath, strerror(errno));
+            goto out;
+        }
     }
 
     grad = malloc((size_t)total * sizeof(float));
@@ -871,7 +904,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
      * drafter it starts from (with --steps 0, the only evaluation) */
     if (ev.cache && lead && o->init_from && step0 == 0) {
         df_best r;
-        if ((rc = run_eval(&ev, d, ds.w, n_feat, 0, logf, o->quiet, c.block_size, &r, e)) ||
+        if ((rc = run_eval(&ev, d, ds.w, n_feat, 0, logf, logpath, o->quiet, c.block_size, &r, e)) ||
             (bst.on &&
              (rc = best_update(&bst, &r, o, be, &ds, &c, ps, ck.master, &basis, e))))
             goto out;
@@ -1051,8 +1084,10 @@ int df_train_run(const df_train_opts *o, df_err *e)
                             .feed_build_s = acc_build_s / acc_n, .feed_read_s = acc_read_s / acc_n,
                             .eta_s = (now - t_run0) / (double)(done - step0) *
                                      (double)(o->steps - done)};
-            log_step(logf, o->quiet || !lead, done, o->steps, acc_loss / acc_n, lr, acc_gnorm / acc_n, &acc,
-                     c.block_size, &pf, dp.tokens, after.epoch);
+            if ((rc = log_step(logf, logpath, o->quiet || !lead, done, o->steps, acc_loss / acc_n,
+                               lr, acc_gnorm / acc_n, &acc, c.block_size, &pf, dp.tokens,
+                               after.epoch, e)))
+                goto out;
             t_prev = now;
             acc_data_s = acc_data_max_s = acc_flops = acc_build_s = acc_read_s = 0;
             memset(&acc, 0, sizeof acc);
@@ -1066,7 +1101,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
             if (ds.overlap && (rc = df_backend_sync(be))) /* the optimizer's side stream */
                 goto out;
             df_best r;
-            if ((rc = run_eval(&ev, d, ds.w, n_feat, done, logf, o->quiet, c.block_size, &r,
+            if ((rc = run_eval(&ev, d, ds.w, n_feat, done, logf, logpath, o->quiet, c.block_size, &r,
                                e)) ||
                 (bst.on &&
                  (rc = best_update(&bst, &r, o, be, &ds, &c, ps, ck.master, &basis, e))))
