@@ -296,7 +296,7 @@ elif [ "${REAL_TAU:-0}" != 0 ]; then
     [ -f "$x/model.safetensors" ] && args+=(--drafter "$name=$x")
   done
   if [ ${#args[@]} -gt 0 ]; then
-    timeout "${REAL_TAU_TIMEOUT:-900}" python3 "$ROOT/scripts/specforge_tau.py" --target "$MODEL" --eval-corpus "$W/eval.jsonl" "${args[@]}" \
+    timeout "${REAL_TAU_TIMEOUT:-900}" python3 -u "$ROOT/scripts/specforge_tau.py" --target "$MODEL" --eval-corpus "$W/eval.jsonl" "${args[@]}" \
       --prompts "${SF_PROMPTS:-64}" --json-out "$SFJ" >"$LOGS/real-tau.log" 2>&1 ||
       echo "cache-quality: specforge_tau.py failed (see $LOGS/real-tau.log)" >&2
   fi

@@ -316,6 +316,8 @@ def main(argv=None):
                 decoded.append((out[0].tolist(), len(p)))
                 total += len(want)
                 same += sum(1 for i, t in enumerate(want) if i < len(got) and got[i] == t)
+                print(f"[specforge_tau] {name}: prompt {len(decoded)}/{len(prompts)} decoded, "
+                      f"{len(accepted)} verifications, {time.perf_counter() - t0:.1f} s", flush=True)
             tau = 1 + statistics.mean(accepted) if accepted else float("nan")
             r = dict(tau=round(tau, 4), verifications=len(accepted), prompts=len(prompts),
                      new_tokens=total, match_corpus=round(same / max(1, total), 4),
