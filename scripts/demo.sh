@@ -3,7 +3,8 @@
 #
 # Installs what is missing, builds (or uses DFLASH_BUILD_DIR), then runs as much of
 # extract -> train -> dump -> export as exists today, on the bundled tiny target
-# (data/tiny-qwen3: a random-weight Qwen3 and its own greedy completions):
+# (data/demo-target: a tiny Qwen3 trained on a code-like language by scripts/make_demo_target.py,
+# and its own greedy completions of held-out prompts):
 #   1. corpus import  its completions -> OUT/corpus.dtok (checked against the vocab)
 #   2. extract        the target's forward over the corpus -> OUT/cache (on the GPU when one is
 #                     visible, else the CPU; feature layers 0,1,2, split-zstd, io_uring writer), and
@@ -32,7 +33,7 @@ D=$BUILD/dflash
 rm -rf "$OUT" && mkdir -p "$OUT"
 step() { printf '\n== %s\n' "$*"; }
 
-TM=data/tiny-qwen3
+TM=data/demo-target
 # A visible GPU runs extraction and training on it (the drafter then uses the CUDA attention's
 # head size, 64); otherwise the CPU reference backend does everything.
 if nvidia-smi -L >/dev/null 2>&1; then
