@@ -4,9 +4,7 @@
 
 #include "cmds.h"
 
-#ifndef DFLASH_VERSION
-#define DFLASH_VERSION "0.1.0"
-#endif
+#include "version.h"
 
 static const struct {
     const char *name;

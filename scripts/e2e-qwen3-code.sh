@@ -312,7 +312,10 @@ try:
     for line in open(logp):
         try: r = json.loads(line)
         except ValueError: continue
-        (ev if "eval_loss" in r else tr).append(r)
+        if "eval_loss" in r:
+            ev.append(r)
+        elif "loss" in r:  # (the run lines hold metadata)
+            tr.append(r)
 except OSError:
     pass
 if tr:

@@ -90,6 +90,8 @@ def read_log(path):
             warn("%s:%d: not a JSON object, line skipped" % (path, n))
             skipped += 1
             continue
+        if isinstance(obj.get("run"), dict):  # a (re)start's metadata line: no figures
+            continue
         step = _num(obj.get("step"))
         if step is None:
             warn("%s:%d: no numeric \"step\", line skipped" % (path, n))

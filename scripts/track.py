@@ -35,7 +35,7 @@ def die(msg, code=1):
 def scalars(rec):
     """(prefix, {name: value}) of one log record, or None for a record without a step."""
     step = rec.get("step")
-    if not isinstance(step, int):
+    if not isinstance(step, int) or isinstance(rec.get("run"), dict):  # the run lines: metadata
         return None
     is_eval = any(k.startswith("eval_") for k in rec)
     prefix = "eval" if is_eval else "train"

@@ -106,13 +106,17 @@ run 2 "required" "$D" extract --model "$TM"
 # --- train: the drafter on the bundled cache; the loss falls; exact resume; export
 TA="--cache $W/ext3 --target $TM --steps 60 --mask-token 1 --block-size 8 --max-tokens 512 --max-anchors 32 --lr 3e-3 --log-every 5 --ckpt-every 20 --quiet --device cpu"
 run 0 "" "$D" train $TA --out "$W/runA"
-first=$(head -1 "$W/runA/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
+first=$(grep -m1 '"loss"' "$W/runA/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
 last=$(tail -1 "$W/runA/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
 awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.3) }' || fail "loss did not fall: $first -> $last"
 run 0 "" "$D" train $TA --out "$W/runB" --stop-after 30   # stops as if killed after step 30
 run 0 "" "$D" train $TA --out "$W/runB"                    # resumes from the step-20 checkpoint
-nolat() { sed -E 's/"tokens_per_s":[0-9.e+-]+,"step_s":[0-9.e+-]+,"data_wait":[0-9.e+-]+,"data_wait_max":[0-9.e+-]+,"feed_build_s":[0-9.e+-]+,"feed_read_s":[0-9.e+-]+,"tflops":[0-9.e+-]+,"mfu":[0-9.e+-]+,"mem_gib":[0-9.e+-]+,//; s/"eta_s":[0-9.e+-]+,//' "$1"; }
+# the run lines (one per start and resume: time, host, pid) differ by design; the rest is the same
+nolat() { grep -v '^{"step":[0-9]*,"run":{' "$1" | sed -E 's/"tokens_per_s":[0-9.e+-]+,"step_s":[0-9.e+-]+,"data_wait":[0-9.e+-]+,"data_wait_max":[0-9.e+-]+,"feed_build_s":[0-9.e+-]+,"feed_read_s":[0-9.e+-]+,"tflops":[0-9.e+-]+,"mfu":[0-9.e+-]+,"mem_gib":[0-9.e+-]+,//; s/"eta_s":[0-9.e+-]+,//'; }
 [ "$(nolat "$W/runA/log.jsonl")" = "$(nolat "$W/runB/log.jsonl")" ] || fail "resumed run's log differs"
+[ "$(grep -c '^{"step":0,"run":{"event":"start",' "$W/runB/log.jsonl")" = 1 ] &&
+  [ "$(grep -c '^{"step":20,"run":{"event":"resume",.*"settings":{"--steps":60,' "$W/runB/log.jsonl")" = 1 ] ||
+  fail "the resumed run's log lacks its start line at step 0 or its resume line at step 20"
 cmp -s "$W/runA/export/model.safetensors" "$W/runB/export/model.safetensors" || fail "resumed run's weights differ"
 [ -f "$W/runA/export/config.json" ] && grep -q DFlashDraftModel "$W/runA/export/config.json" || fail "no export"
 # the export's config.json carries every key the SGLang and vLLM DFlash loaders read
@@ -321,9 +325,9 @@ cmp -s "$W/runA/export/config.json" "$W/runI0/export/config.json" || fail "--ini
 # starts near 6.5); an interrupted fine-tune resumes exactly
 IA1="$IA --steps 8 --lr 1e-3 --log-every 1 --ckpt-every 4"
 run 0 "" "$D" train $IA1 --out "$W/runI1"
-a=$(head -1 "$W/runA/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
+a=$(grep -m1 '"loss"' "$W/runA/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
 z=$(tail -1 "$W/runA/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
-i1=$(head -1 "$W/runI1/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
+i1=$(grep -m1 '"loss"' "$W/runI1/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
 awk -v a="$a" -v z="$z" -v i="$i1" 'BEGIN { exit !(i < z + 0.1 && i < a - 0.3) }' || fail "--init-from: step 1 loss $i1, not near runA's last $z"
 run 0 "" "$D" train $IA1 --out "$W/runI2" --stop-after 5
 run 0 "" "$D" train $IA1 --out "$W/runI2"

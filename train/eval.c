@@ -8,23 +8,8 @@
 
 #include "feed.h"
 #include "fsutil.h"
+#include "runlog.h"
 
-
-/* Ends a log.jsonl line: flushed, and any write error so far (ENOSPC, EIO)
- * stops the run with a message naming the file and the step, instead of a
- * log that silently lacks lines. DFLASH_FAULT=log-write=ENOSPC fakes one
- * (tests). */
-int df_train_log_line_end(FILE *f, const char *path, int64_t step, df_err *e)
-{
-    errno = 0;
-    int bad = fflush(f) != 0 || ferror(f);
-    int err = bad ? (errno ? errno : EIO) : df_fault("log-write");
-    if (!err)
-        return 0;
-    return df_errf(e, -err, "%s: writing the line of step %" PRId64 " failed: %s; stopping (the "
-                   "checkpoints so far stand: free space and rerun to resume)", path, step,
-                   strerror(err));
-}
 
 /* Every candidate of the finished row scored, then the walk over its
  * documents (eval_ctx); adds to *tokens and *verifs. */
@@ -145,17 +130,23 @@ int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t step, FI
     res->rows = n_rows;
     res->blocks = m.blocks;
     if (logf) {
-        fprintf(logf, "{\"step\":%" PRId64 ",\"eval_rows\":%d,\"eval_blocks\":%" PRIu64
-                ",\"eval_loss\":%.6f,\"eval_tau_hat\":%.4f,", step, n_rows, m.blocks, loss, tau);
-        if (ev->walk)
-            fprintf(logf, "\"eval_tau_walk\":%.4f,\"eval_walk_verifications\":%" PRIu64 ",",
-                    tau_walk, walk_verifs);
-        fprintf(logf, "\"eval_acc\":[");
+        double acc[DF_DRAFTER_MAX_BLOCK];
         for (int k = 1; k < bs; k++)
-            fprintf(logf, "%s%.4f", k > 1 ? "," : "",
-                    m.counted[k] ? (double)m.correct[k] / (double)m.counted[k] : 0.0);
-        fprintf(logf, "]}\n");
-        if ((rc = df_train_log_line_end(logf, logpath, step, e)))
+            acc[k - 1] = m.counted[k] ? (double)m.correct[k] / (double)m.counted[k] : 0.0;
+        cJSON *l = df_runlog_line(step);
+        int bad = !l || df_runlog_int(l, "eval_rows", n_rows) ||
+                  df_runlog_int(l, "eval_blocks", (int64_t)m.blocks) ||
+                  df_runlog_num(l, "eval_loss", "%.6f", loss) ||
+                  df_runlog_num(l, "eval_tau_hat", "%.4f", tau);
+        if (!bad && ev->walk)
+            bad = df_runlog_num(l, "eval_tau_walk", "%.4f", tau_walk) ||
+                  df_runlog_int(l, "eval_walk_verifications", (int64_t)walk_verifs);
+        bad = bad || df_runlog_nums(l, "eval_acc", "%.4f", acc, bs - 1);
+        if (bad) {
+            cJSON_Delete(l);
+            l = NULL; /* df_runlog_write reports it */
+        }
+        if ((rc = df_runlog_write(logf, logpath, step, l, e)))
             return rc;
     }
     if (!quiet) {

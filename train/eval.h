@@ -46,8 +46,5 @@ typedef struct eval_ctx {
 int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t step, FILE *logf,
              const char *logpath, int quiet, int bs, df_best *res, df_err *e);
 
-/* Ends a log.jsonl line (the step log's and the evaluation's): flushed, and
- * any write error so far is an error naming the file and the step. */
-int df_train_log_line_end(FILE *f, const char *path, int64_t step, df_err *e);
 
 #endif

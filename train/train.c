@@ -22,6 +22,7 @@
 #include "feed.h"
 #include "fsutil.h"
 #include "init_from.h"
+#include "runlog.h"
 #include "log.h"
 #include "params.h"
 #include "projected.h"
@@ -189,20 +190,33 @@ static int log_step(FILE *f, const char *path, int quiet, int64_t step, int64_t 
     double tok_s = pf->tok_s, step_s = pf->step_s;
     double tau = m->blocks ? 1.0 + (double)m->accepted / (double)m->blocks : 1.0;
     if (f) {
-        fprintf(f, "{\"step\":%" PRId64 ",\"epoch\":%" PRIu64 ",\"loss\":%.6f,\"lr\":%.6g,"
-                "\"grad_norm\":%.6g,\"tau_hat\":%.4f,\"tokens\":%" PRIu64 ",\"tokens_per_s\":%.1f,"
-                "\"step_s\":%.4f,\"data_wait\":%.4f,\"data_wait_max\":%.4f,"
-                "\"feed_build_s\":%.4f,\"feed_read_s\":%.4f,"
-                "\"tflops\":%.2f,\"mfu\":%.4f,\"mem_gib\":%.3f,"
-                "\"mem_base_gib\":%.3f,\"persistent_gib\":%.3f,\"eta_s\":%.0f,\"acc\":[",
-                step, epoch, loss, lr, gnorm, tau, tokens, tok_s, step_s, pf->data_wait,
-                pf->data_wait_max, pf->feed_build_s, pf->feed_read_s, pf->tflops, pf->mfu,
-                pf->mem_gib, pf->mem_base_gib, pf->persistent_gib, pf->eta_s);
+        double acc[DF_DRAFTER_MAX_BLOCK];
         for (int k = 1; k < bs; k++)
-            fprintf(f, "%s%.4f", k > 1 ? "," : "",
-                    m->counted[k] ? (double)m->correct[k] / (double)m->counted[k] : 0.0);
-        fprintf(f, "]}\n");
-        int rc = df_train_log_line_end(f, path, step, e);
+            acc[k - 1] = m->counted[k] ? (double)m->correct[k] / (double)m->counted[k] : 0.0;
+        cJSON *l = df_runlog_line(step);
+        int bad = !l || df_runlog_int(l, "epoch", (int64_t)epoch) ||
+                  df_runlog_num(l, "loss", "%.6f", loss) || df_runlog_num(l, "lr", "%.6g", lr) ||
+                  df_runlog_num(l, "grad_norm", "%.6g", gnorm) ||
+                  df_runlog_num(l, "tau_hat", "%.4f", tau) ||
+                  df_runlog_int(l, "tokens", (int64_t)tokens) ||
+                  df_runlog_num(l, "tokens_per_s", "%.1f", tok_s) ||
+                  df_runlog_num(l, "step_s", "%.4f", step_s) ||
+                  df_runlog_num(l, "data_wait", "%.4f", pf->data_wait) ||
+                  df_runlog_num(l, "data_wait_max", "%.4f", pf->data_wait_max) ||
+                  df_runlog_num(l, "feed_build_s", "%.4f", pf->feed_build_s) ||
+                  df_runlog_num(l, "feed_read_s", "%.4f", pf->feed_read_s) ||
+                  df_runlog_num(l, "tflops", "%.2f", pf->tflops) ||
+                  df_runlog_num(l, "mfu", "%.4f", pf->mfu) ||
+                  df_runlog_num(l, "mem_gib", "%.3f", pf->mem_gib) ||
+                  df_runlog_num(l, "mem_base_gib", "%.3f", pf->mem_base_gib) ||
+                  df_runlog_num(l, "persistent_gib", "%.3f", pf->persistent_gib) ||
+                  df_runlog_num(l, "eta_s", "%.0f", pf->eta_s) ||
+                  df_runlog_nums(l, "acc", "%.4f", acc, bs - 1);
+        if (bad) {
+            cJSON_Delete(l);
+            l = NULL; /* df_runlog_write reports it */
+        }
+        int rc = df_runlog_write(f, path, step, l, e);
         if (rc)
             return rc;
     }
@@ -245,13 +259,21 @@ static int trim_log(const char *path, int64_t step, df_err *e)
         fclose(f);
         return df_errf(e, -err, "%s: cannot create: %s", tmp, strerror(err));
     }
-    char line[8192];
-    while (fgets(line, sizeof line, f)) {
+    enum { LINE_MAX_ = 1 << 16 }; /* the run lines hold the settings: a few KB */
+    char *line = malloc(LINE_MAX_);
+    if (!line) {
+        fclose(f);
+        fclose(o);
+        unlink(tmp);
+        return df_errf(e, -ENOMEM, "out of memory");
+    }
+    while (fgets(line, LINE_MAX_, f)) {
         long long st;
         size_t n = strlen(line);
         if (n && line[n - 1] == '\n' && sscanf(line, "{\"step\":%lld", &st) == 1 && st <= step)
             fputs(line, o);
     }
+    free(line);
     int bad_in = ferror(f);
     fclose(f);
     errno = 0;
@@ -752,6 +774,14 @@ int df_train_run(const df_train_opts *o, df_err *e)
             rc = df_errf(e, -errno, "%s: cannot open for appending: %s", logpath, strerror(errno));
             goto out;
         }
+        df_runlog_meta rm = {.event = step0 > 0 ? "resume" : "start",
+                             .backend = df_backend_name(be), .world = world,
+                             .cache = o->cache_dir, .eval_cache = o->eval_cache,
+                             .target = o->target_dir, .init_from = o->init_from,
+                             .run_dir = o->run_dir, .steps = o->steps,
+                             .settings_json = ck.hparams_json};
+        if ((rc = df_runlog_run(logf, logpath, step0, &rm, e)))
+            goto out;
     }
 
     grad = malloc((size_t)total * sizeof(float));

@@ -13,7 +13,7 @@
  * host holds copies only to write checkpoints and the export.
  *
  * RUN/ holds the checkpoints (train/ckpt.h), log.jsonl (one JSON object per
- * logged step) and, at the end, export/ (config.json + model.safetensors
+ * logged step, evaluation and (re)start: train/runlog.h) and, at the end, export/ (config.json + model.safetensors
  * that serving engines load); with an evaluation cache also best/, the export
  * of the best evaluation (train/best.h).
  */
