@@ -264,8 +264,8 @@ int cmd_cache_plan(int argc, char **argv)
                total <= freeb ? "fits" : "does NOT fit");
     }
     if (df_codec_is_lossy(codec) || rank > 0)
-        printf("quality      lossy: see docs/NOTES.md (2026-12-04) for what each choice costs the "
-               "drafter\n");
+        printf("quality      lossy: see the README's \"Smaller caches\" for what each choice "
+               "costs the drafter\n");
     return 0;
 fail:
     fprintf(stderr, "dflash cache plan: %s\n", e.msg[0] ? e.msg : strerror(-rc));

@@ -66,7 +66,7 @@ static void compress_sw(uint32_t h[8], const uint8_t *p, size_t nblk)
  * two rounds, sha256msg1 / sha256msg2 the message schedule), ~4-8x the
  * portable code's rate: the corpus importer hashes every input byte twice
  * (the file and the content fingerprint), and the portable code was 64% of
- * its time (docs/NOTES.md). sha256rnds2 keeps the state as two registers,
+ * its time (docs/log/2026-11-30-session-01.md). sha256rnds2 keeps the state as two registers,
  * ABEF and CDGH (A in the top lane), so h is permuted in and out. */
 __attribute__((target("sha,sse4.1"))) static void compress_ni(uint32_t h[8], const uint8_t *p, size_t nblk)
 {

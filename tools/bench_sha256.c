@@ -1,7 +1,7 @@
 /* bench_sha256 - SHA-256's rate with each compression this CPU has (the
  * portable code and the x86 SHA extensions), on the same buffer in one run:
  * median of REPEATS hashes of MIB MiB of pseudo-random bytes. The corpus
- * importer hashes every input byte twice (docs/NOTES.md), so this rate bounds
+ * importer hashes every input byte twice (docs/log/2026-11-30-session-01.md), so this rate bounds
  * it. Never run by tests.
  * Usage: bench_sha256 [MIB (256)] [REPEATS (5)] */
 #define _POSIX_C_SOURCE 200809L

@@ -167,7 +167,7 @@ void df_params_init(const df_params *ps, float *flat, float std, uint64_t seed)
  * third of qwen3-code-8m's seeds stayed on a plateau (eval loss ~3.7-4.0
  * against ~3.0), the step where the loss drops (steps 800-1600) not reached
  * in 4000 steps; which seeds did was decided by fc's draw jointly with the
- * last layer's (docs/NOTES.md, 2026-12-04). */
+ * last layer's (docs/log/2026-12-04-session-18.md). */
 void df_params_init_fc_mean(const df_params *ps, const df_drafter_config *c, const df_basis *b,
                             float *flat)
 {

@@ -9,7 +9,7 @@
 // (wgmma, sm_90a; the defaults on compute capability 9.0). The tensor-core
 // kernels follow the CUDA-core kernels' work split and determinism. The
 // other versions (mma, mma2, mma3, mma5, wg) were removed in session 7;
-// docs/NOTES.md has their history.
+// docs/log/ has their history.
 //
 // Rows. A "row chunk" is up to RQ = 64 query rows of ONE block b and ONE kv
 // head g: the block's bs x group (query offset qo, head of the group hh)

@@ -86,7 +86,7 @@
 // The grid runs the blocks last to first (see the kernel).
 // Portability: body in sm_90a code only; fwd_wg_usable() false elsewhere
 // (the forward then runs fwd_mma2_kernel); the non-sm_90a body traps.
-// Tried on the H200 and slower than this kernel (docs/NOTES.md, sessions
+// Tried on the H200 and slower than this kernel (docs/log/, sessions
 // 6-7): S of tile t + 1 issued before the softmax of tile t (FlashAttention-
 // 3's intra-warpgroup overlap, branch wip/attn-wg3), a persistent grid, a
 // producer warpgroup feeding two consumers that share K / V tiles between
