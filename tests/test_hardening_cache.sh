@@ -108,14 +108,20 @@ run 1 "other: cannot resume.*corpus" "$D" "${EX[@]}" --rank 1 --out "$W/other"
 # an empty existing directory is fine, and so is resuming the same cache (m4 above, eio here)
 mkdir -p "$W/empty"
 run 0 "wrote" "$D" "${SYNTH[@]}" --out "$W/empty"
-# ENOSPC on train's log.jsonl stops the run, naming the file and the step
+# ENOSPC on train's log.jsonl stops the run, naming the file and the step (the fault fails every
+# line: the first is the run line of step 0)
 TA=(train --cache "$W/ext3" --target "$TM" --steps 10 --mask-token 1 --block-size 8 --max-tokens 512 --max-anchors 32 --lr 3e-3 --log-every 5 --ckpt-every 5 --quiet --device cpu)
-run 1 "runF/log.jsonl: writing the line of step 5 failed: No space left on device" env DFLASH_FAULT=log-write=ENOSPC "$D" "${TA[@]}" --out "$W/runF"
+run 1 "runF/log.jsonl: writing the line of step 0 failed: No space left on device" env DFLASH_FAULT=log-write=ENOSPC "$D" "${TA[@]}" --out "$W/runF"
 [ ! -e "$W/runF/export" ] || fail "a run whose log failed exported"
 printf '{"step":0,"loss":1.2' >>"$W/runF/log.jsonl"   # a line cut short by a failed write
 run 0 "" "$D" "${TA[@]}" --out "$W/runF"
 [ "$(grep -c '"loss"' "$W/runF/log.jsonl")" = 2 ] || fail "resumed run's log does not hold steps 5 and 10 once each"
 grep -q '"loss":1.2{' "$W/runF/log.jsonl" && fail "the resumed log kept a torn line"
+# mid-run: after a checkpoint at step 5 the resume's first line fails; the checkpoint stands
+run 0 "" "$D" "${TA[@]}" --out "$W/runG" --stop-after 5
+run 1 "runG/log.jsonl: writing the line of step 5 failed: No space left on device" env DFLASH_FAULT=log-write=ENOSPC "$D" "${TA[@]}" --out "$W/runG"
+run 0 "" "$D" "${TA[@]}" --out "$W/runG"
+cmp -s "$W/runF/export/model.safetensors" "$W/runG/export/model.safetensors" || fail "the run resumed after a failed log write differs"
 
 # --- 1. the manifest's parameters are checksummed: an edit names the file and the field
 # edit NAME SED: a copy of the cache with manifest.json edited by SED
