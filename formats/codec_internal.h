@@ -1,6 +1,7 @@
 /* codec_internal.h - what codec.c shares with the block-scaled codecs
- * (codec_block.c): scratch memory, the plane coders, the SIMD level and the
- * e4m3 kernels. Not part of the public API (formats/codec.h). */
+ * (codec_block.c): scratch memory, the plane coders, the SIMD level (defined
+ * in codec_planes.c, with the byte-plane kernels) and the e4m3 kernels. Not
+ * part of the public API (formats/codec.h). */
 #ifndef DF_CODEC_INTERNAL_H
 #define DF_CODEC_INTERNAL_H
 
