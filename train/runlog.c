@@ -127,3 +127,116 @@ int df_runlog_run(FILE *f, const char *path, int64_t step, const df_runlog_meta 
     }
     return df_runlog_write(f, path, step, line, e);
 }
+
+int df_runlog_step(FILE *f, const char *path, int quiet, int64_t step, int64_t steps, double loss,
+                   double lr, double gnorm, const df_drafter_metrics *m, int bs,
+                   const df_step_perf *pf, uint64_t tokens, uint64_t epoch, df_err *e)
+{
+    double tok_s = pf->tok_s, step_s = pf->step_s;
+    double tau = m->blocks ? 1.0 + (double)m->accepted / (double)m->blocks : 1.0;
+    if (f) {
+        double acc[DF_DRAFTER_MAX_BLOCK];
+        for (int k = 1; k < bs; k++)
+            acc[k - 1] = m->counted[k] ? (double)m->correct[k] / (double)m->counted[k] : 0.0;
+        cJSON *l = df_runlog_line(step);
+        int bad = !l || df_runlog_int(l, "epoch", (int64_t)epoch) ||
+                  df_runlog_num(l, "loss", "%.6f", loss) || df_runlog_num(l, "lr", "%.6g", lr) ||
+                  df_runlog_num(l, "grad_norm", "%.6g", gnorm) ||
+                  df_runlog_num(l, "tau_hat", "%.4f", tau) ||
+                  df_runlog_int(l, "tokens", (int64_t)tokens) ||
+                  df_runlog_num(l, "tokens_per_s", "%.1f", tok_s) ||
+                  df_runlog_num(l, "step_s", "%.4f", step_s) ||
+                  df_runlog_num(l, "data_wait", "%.4f", pf->data_wait) ||
+                  df_runlog_num(l, "data_wait_max", "%.4f", pf->data_wait_max) ||
+                  df_runlog_num(l, "feed_build_s", "%.4f", pf->feed_build_s) ||
+                  df_runlog_num(l, "feed_read_s", "%.4f", pf->feed_read_s) ||
+                  df_runlog_num(l, "tflops", "%.2f", pf->tflops) ||
+                  df_runlog_num(l, "mfu", "%.4f", pf->mfu) ||
+                  df_runlog_num(l, "mem_gib", "%.3f", pf->mem_gib) ||
+                  df_runlog_num(l, "mem_base_gib", "%.3f", pf->mem_base_gib) ||
+                  df_runlog_num(l, "persistent_gib", "%.3f", pf->persistent_gib) ||
+                  df_runlog_num(l, "eta_s", "%.0f", pf->eta_s) ||
+                  df_runlog_nums(l, "acc", "%.4f", acc, bs - 1);
+        if (bad) {
+            cJSON_Delete(l);
+            l = NULL; /* df_runlog_write reports it */
+        }
+        int rc = df_runlog_write(f, path, step, l, e);
+        if (rc)
+            return rc;
+    }
+    if (!quiet) {
+        printf("step %6" PRId64 "/%" PRId64 "  loss %.4f  tau_hat %.3f  acc1 %.3f  acc%d %.3f  "
+               "lr %.2e  |g| %.3f  %.0f tok/s  %.3f s/step  data %.0f%%",
+               step, steps, loss, tau,
+               m->counted[1] ? (double)m->correct[1] / (double)m->counted[1] : 0.0, bs - 1,
+               m->counted[bs - 1] ? (double)m->correct[bs - 1] / (double)m->counted[bs - 1] : 0.0,
+               lr, gnorm, tok_s, step_s, 100 * pf->data_wait);
+        if (pf->mfu > 0)
+            printf("  %.0f TFLOP/s (MFU %.1f%%)", pf->tflops, 100 * pf->mfu);
+        if (pf->mem_gib >= 0)
+            printf("  %.1f GiB", pf->mem_gib);
+        if (step < steps) {
+            long long t = (long long)(pf->eta_s + 0.5);
+            printf("  ETA %lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
+        }
+        printf("\n");
+        fflush(stdout);
+    }
+    return 0;
+}
+
+/* Keeps only the whole log lines of steps <= step (a resumed run rewrites
+ * the rest; a line cut short by a failed write has no newline and goes too).
+ * A failure to rewrite the log is an error: the resumed run would otherwise
+ * append after stale lines. */
+int df_runlog_trim(const char *path, int64_t step, df_err *e)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return errno == ENOENT ? 0
+                               : df_errf(e, -errno, "%s: cannot open: %s", path, strerror(errno));
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *o = fopen(tmp, "w");
+    if (!o) {
+        int err = errno;
+        fclose(f);
+        return df_errf(e, -err, "%s: cannot create: %s", tmp, strerror(err));
+    }
+    enum { LINE_MAX_ = 1 << 16 }; /* the run lines hold the settings: a few KB */
+    char *line = malloc(LINE_MAX_);
+    if (!line) {
+        fclose(f);
+        fclose(o);
+        unlink(tmp);
+        return df_errf(e, -ENOMEM, "out of memory");
+    }
+    while (fgets(line, LINE_MAX_, f)) {
+        long long st;
+        size_t n = strlen(line);
+        if (n && line[n - 1] == '\n' && sscanf(line, "{\"step\":%lld", &st) == 1 && st <= step)
+            fputs(line, o);
+    }
+    free(line);
+    int bad_in = ferror(f);
+    fclose(f);
+    errno = 0;
+    int bad_out = fflush(o) != 0 || ferror(o) || fsync(fileno(o)) != 0;
+    int err = errno ? errno : EIO;
+    if (fclose(o) != 0 && !bad_out) {
+        bad_out = 1;
+        err = errno ? errno : EIO;
+    }
+    if (bad_in || bad_out) {
+        unlink(tmp);
+        return df_errf(e, -(bad_out ? err : EIO), "%s: %s failed while trimming the log to step "
+                       "%" PRId64, bad_out ? tmp : path, bad_out ? "write" : "read", step);
+    }
+    if (rename(tmp, path) != 0) {
+        int rerr = errno;
+        unlink(tmp);
+        return df_errf(e, -rerr, "%s: rename to %s failed: %s", tmp, path, strerror(rerr));
+    }
+    return 0;
+}

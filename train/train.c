@@ -158,144 +158,6 @@ static int parse_layer_types(const df_train_opts *o, df_drafter_config *c, df_er
     return 0;
 }
 
-/* Per-interval timing figures of the log (they differ between runs; every
- * other field of a step is reproducible). */
-typedef struct step_perf {
-    double tok_s, step_s;
-    double data_wait; /* share of the step time spent reading the cache and building rows */
-    double data_wait_max; /* the same for the rank that waited longest in each step (with
-                           * several ranks the others wait for it in the collectives);
-                           * up to 64 ranks, else this rank's */
-    /* the feeder's time per step (seconds, mean over the interval): building
-     * the step's rows, and of that waiting for the cache stream's next items
-     * (read and decoded ahead on the stream's own threads). Next to
-     * data_wait they say whether a wait came from a slow build (the host) or
-     * not (e.g. the build started late) */
-    double feed_build_s, feed_read_s;
-    double tflops;    /* model TFLOP/s (row_flops) */
-    double mfu;       /* tflops per rank / one GPU's peak (0: no peak known) */
-    double mem_gib;   /* device memory in use (-1: not known) */
-    /* constant over a run: device memory in use before the trainer allocated
-     * anything (the CUDA context, library handles) and the persistent state
-     * (weights, fp32 master + moments, frozen embedding + head) per rank, so
-     * mem_gib - mem_base_gib - persistent_gib is what the step itself needs */
-    double mem_base_gib, persistent_gib;
-    double eta_s;     /* to the last step, at this run's mean pace so far (evaluations included) */
-} step_perf;
-
-static int log_step(FILE *f, const char *path, int quiet, int64_t step, int64_t steps, double loss,
-                    double lr, double gnorm, const df_drafter_metrics *m, int bs,
-                    const step_perf *pf, uint64_t tokens, uint64_t epoch, df_err *e)
-{
-    double tok_s = pf->tok_s, step_s = pf->step_s;
-    double tau = m->blocks ? 1.0 + (double)m->accepted / (double)m->blocks : 1.0;
-    if (f) {
-        double acc[DF_DRAFTER_MAX_BLOCK];
-        for (int k = 1; k < bs; k++)
-            acc[k - 1] = m->counted[k] ? (double)m->correct[k] / (double)m->counted[k] : 0.0;
-        cJSON *l = df_runlog_line(step);
-        int bad = !l || df_runlog_int(l, "epoch", (int64_t)epoch) ||
-                  df_runlog_num(l, "loss", "%.6f", loss) || df_runlog_num(l, "lr", "%.6g", lr) ||
-                  df_runlog_num(l, "grad_norm", "%.6g", gnorm) ||
-                  df_runlog_num(l, "tau_hat", "%.4f", tau) ||
-                  df_runlog_int(l, "tokens", (int64_t)tokens) ||
-                  df_runlog_num(l, "tokens_per_s", "%.1f", tok_s) ||
-                  df_runlog_num(l, "step_s", "%.4f", step_s) ||
-                  df_runlog_num(l, "data_wait", "%.4f", pf->data_wait) ||
-                  df_runlog_num(l, "data_wait_max", "%.4f", pf->data_wait_max) ||
-                  df_runlog_num(l, "feed_build_s", "%.4f", pf->feed_build_s) ||
-                  df_runlog_num(l, "feed_read_s", "%.4f", pf->feed_read_s) ||
-                  df_runlog_num(l, "tflops", "%.2f", pf->tflops) ||
-                  df_runlog_num(l, "mfu", "%.4f", pf->mfu) ||
-                  df_runlog_num(l, "mem_gib", "%.3f", pf->mem_gib) ||
-                  df_runlog_num(l, "mem_base_gib", "%.3f", pf->mem_base_gib) ||
-                  df_runlog_num(l, "persistent_gib", "%.3f", pf->persistent_gib) ||
-                  df_runlog_num(l, "eta_s", "%.0f", pf->eta_s) ||
-                  df_runlog_nums(l, "acc", "%.4f", acc, bs - 1);
-        if (bad) {
-            cJSON_Delete(l);
-            l = NULL; /* df_runlog_write reports it */
-        }
-        int rc = df_runlog_write(f, path, step, l, e);
-        if (rc)
-            return rc;
-    }
-    if (!quiet) {
-        printf("step %6" PRId64 "/%" PRId64 "  loss %.4f  tau_hat %.3f  acc1 %.3f  acc%d %.3f  "
-               "lr %.2e  |g| %.3f  %.0f tok/s  %.3f s/step  data %.0f%%",
-               step, steps, loss, tau,
-               m->counted[1] ? (double)m->correct[1] / (double)m->counted[1] : 0.0, bs - 1,
-               m->counted[bs - 1] ? (double)m->correct[bs - 1] / (double)m->counted[bs - 1] : 0.0,
-               lr, gnorm, tok_s, step_s, 100 * pf->data_wait);
-        if (pf->mfu > 0)
-            printf("  %.0f TFLOP/s (MFU %.1f%%)", pf->tflops, 100 * pf->mfu);
-        if (pf->mem_gib >= 0)
-            printf("  %.1f GiB", pf->mem_gib);
-        if (step < steps) {
-            long long t = (long long)(pf->eta_s + 0.5);
-            printf("  ETA %lld:%02lld:%02lld", t / 3600, t / 60 % 60, t % 60);
-        }
-        printf("\n");
-        fflush(stdout);
-    }
-    return 0;
-}
-
-/* Keeps only the whole log lines of steps <= step (a resumed run rewrites
- * the rest; a line cut short by a failed write has no newline and goes too).
- * A failure to rewrite the log is an error: the resumed run would otherwise
- * append after stale lines. */
-static int trim_log(const char *path, int64_t step, df_err *e)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return errno == ENOENT ? 0
-                               : df_errf(e, -errno, "%s: cannot open: %s", path, strerror(errno));
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *o = fopen(tmp, "w");
-    if (!o) {
-        int err = errno;
-        fclose(f);
-        return df_errf(e, -err, "%s: cannot create: %s", tmp, strerror(err));
-    }
-    enum { LINE_MAX_ = 1 << 16 }; /* the run lines hold the settings: a few KB */
-    char *line = malloc(LINE_MAX_);
-    if (!line) {
-        fclose(f);
-        fclose(o);
-        unlink(tmp);
-        return df_errf(e, -ENOMEM, "out of memory");
-    }
-    while (fgets(line, LINE_MAX_, f)) {
-        long long st;
-        size_t n = strlen(line);
-        if (n && line[n - 1] == '\n' && sscanf(line, "{\"step\":%lld", &st) == 1 && st <= step)
-            fputs(line, o);
-    }
-    free(line);
-    int bad_in = ferror(f);
-    fclose(f);
-    errno = 0;
-    int bad_out = fflush(o) != 0 || ferror(o) || fsync(fileno(o)) != 0;
-    int err = errno ? errno : EIO;
-    if (fclose(o) != 0 && !bad_out) {
-        bad_out = 1;
-        err = errno ? errno : EIO;
-    }
-    if (bad_in || bad_out) {
-        unlink(tmp);
-        return df_errf(e, -(bad_out ? err : EIO), "%s: %s failed while trimming the log to step "
-                       "%" PRId64, bad_out ? tmp : path, bad_out ? "write" : "read", step);
-    }
-    if (rename(tmp, path) != 0) {
-        int rerr = errno;
-        unlink(tmp);
-        return df_errf(e, -rerr, "%s: rename to %s failed: %s", tmp, path, strerror(rerr));
-    }
-    return 0;
-}
-
 /* A [V, H] host weight as a BF16 tensor in device memory (*owned). */
 static int device_bf16(df_backend *be, df_tensor *t, void **owned, df_err *e)
 {
@@ -767,7 +629,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
     char logpath[4200];
     snprintf(logpath, sizeof logpath, "%s/log.jsonl", o->run_dir);
     if (lead) {
-        if ((rc = trim_log(logpath, step0, e)))
+        if ((rc = df_runlog_trim(logpath, step0, e)))
             goto out;
         logf = fopen(logpath, "a");
         if (!logf) { /* a run without its log is not what was asked for */
@@ -1104,7 +966,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
         if (done % (o->log_every > 0 ? o->log_every : 1) == 0 || done == o->steps) {
             double now = df_now(), dt = now - t_prev;
             int64_t used = df_backend_mem_used(be);
-            step_perf pf = {.tok_s = acc_tokens / dt, .step_s = dt / acc_n,
+            df_step_perf pf = {.tok_s = acc_tokens / dt, .step_s = dt / acc_n,
                             .data_wait = acc_data_s / dt, .data_wait_max = acc_data_max_s / dt,
                             .tflops = acc_flops / dt / 1e12,
                             .mfu = peak > 0 ? acc_flops / dt / (peak * world) : 0,
@@ -1114,7 +976,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
                             .feed_build_s = acc_build_s / acc_n, .feed_read_s = acc_read_s / acc_n,
                             .eta_s = (now - t_run0) / (double)(done - step0) *
                                      (double)(o->steps - done)};
-            if ((rc = log_step(logf, logpath, o->quiet || !lead, done, o->steps, acc_loss / acc_n,
+            if ((rc = df_runlog_step(logf, logpath, o->quiet || !lead, done, o->steps, acc_loss / acc_n,
                                lr, acc_gnorm / acc_n, &acc, c.block_size, &pf, dp.tokens,
                                after.epoch, e)))
                 goto out;
