@@ -1,4 +1,4 @@
-/* ckpt.c - training checkpoints and the serving export (see ckpt.h).
+/* ckpt.c - training checkpoints (see ckpt.h; the serving export: export.c).
  *
  * Test hook: when the environment variable DFLASH_CKPT_TEST_KILL_AT names a
  * stage of df_ckpt_save ("config", "state", "manifest", "complete", "rename",
@@ -7,6 +7,7 @@
  * per save.
  */
 #include "ckpt.h"
+#include "ckpt_internal.h"
 
 #include <cjson/cJSON.h>
 #include <dirent.h>
@@ -45,7 +46,7 @@ static void test_hook(const char *stage)
         raise(SIGKILL);
 }
 
-static int join(char *out, const char *dir, const char *name, df_err *e)
+int df_ckpt_join(char *out, const char *dir, const char *name, df_err *e)
 {
     if (df_path_join(out, PATHN, dir, name) < 0)
         return df_errf(e, -ENAMETOOLONG, "%s/%s: path too long", dir, name);
@@ -83,9 +84,7 @@ static void ckpt_name(char *out, size_t n, int64_t step)
     snprintf(out, n, "ckpt-%010" PRId64, step);
 }
 
-/* Removes a directory holding only files (what we create); refuses to
- * descend into subdirectories. A missing directory is fine. */
-static int rm_flat_dir(const char *dir, df_err *e)
+int df_ckpt_rm_flat_dir(const char *dir, df_err *e)
 {
     DIR *d = opendir(dir);
     if (!d) {
@@ -178,7 +177,7 @@ int df_ckpt_list(const char *run_dir, df_ckpt_info **out, int *n, df_err *e)
 static int remove_ckpt(const char *run_dir, const char *name, df_err *e)
 {
     char from[PATHN], to[PATHN];
-    int rc = join(from, run_dir, name, e);
+    int rc = df_ckpt_join(from, run_dir, name, e);
     if (rc < 0)
         return rc;
     if (snprintf(to, sizeof to, "%s.deleting", from) >= (int)sizeof to)
@@ -187,7 +186,7 @@ static int remove_ckpt(const char *run_dir, const char *name, df_err *e)
         return df_errf(e, -errno, "%s: cannot rename to %s: %s", from, to, strerror(errno));
     if ((rc = df_fsync_dir(run_dir, e)) < 0)
         return rc;
-    return rm_flat_dir(to, e);
+    return df_ckpt_rm_flat_dir(to, e);
 }
 
 int df_ckpt_prune(const char *run_dir, int keep_last, df_err *e)
@@ -235,16 +234,17 @@ static int clean_leftovers(const char *run_dir, df_err *e)
     closedir(d);
     for (int i = 0; i < n && !rc; i++) {
         char p[PATHN];
-        if (!(rc = join(p, run_dir, names[i], e)))
-            rc = rm_flat_dir(p, e);
+        if (!(rc = df_ckpt_join(p, run_dir, names[i], e)))
+            rc = df_ckpt_rm_flat_dir(p, e);
     }
     return rc;
 }
 
-static int write_text(const char *dir, const char *name, const void *data, size_t len, df_err *e)
+int df_ckpt_write_text(const char *dir, const char *name, const void *data, size_t len,
+                       df_err *e)
 {
     char p[PATHN];
-    int rc = join(p, dir, name, e);
+    int rc = df_ckpt_join(p, dir, name, e);
     return rc < 0 ? rc : df_file_write_atomic(p, data, len, e);
 }
 
@@ -291,7 +291,7 @@ static int build_manifest(const df_ckpt_state *st, const df_params *ps, const ch
 static int write_state(const char *dir, const df_ckpt_state *st, const df_params *ps, df_err *e)
 {
     char p[PATHN], nm[160], stepbuf[32];
-    int rc = join(p, dir, "state.safetensors", e);
+    int rc = df_ckpt_join(p, dir, "state.safetensors", e);
     if (rc < 0)
         return rc;
     df_st_writer *w;
@@ -323,7 +323,7 @@ static int write_state(const char *dir, const df_ckpt_state *st, const df_params
 static int take_lock(const char *run_dir, int *fd_out, df_err *e)
 {
     char p[PATHN];
-    int rc = join(p, run_dir, ".ckpt.lock", e);
+    int rc = df_ckpt_join(p, run_dir, ".ckpt.lock", e);
     if (rc < 0)
         return rc;
     int fd = open(p, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
@@ -388,7 +388,7 @@ int df_ckpt_save(const char *run_dir, const df_ckpt_state *st, int keep_last, df
     }
     ckpt_name(name, sizeof name, st->step);
     if ((rc = df_mkdirs(run_dir, e)) < 0 || (rc = take_lock(run_dir, &lockfd, e)) < 0 ||
-        (rc = clean_leftovers(run_dir, e)) < 0 || (rc = join(fin, run_dir, name, e)) < 0)
+        (rc = clean_leftovers(run_dir, e)) < 0 || (rc = df_ckpt_join(fin, run_dir, name, e)) < 0)
         goto out;
     snprintf(tmp, sizeof tmp, "%s.tmp", fin);
     struct stat sb;
@@ -407,8 +407,8 @@ int df_ckpt_save(const char *run_dir, const df_ckpt_state *st, int keep_last, df
     size_t hp_len = strlen(hp);
     df_sha256_hex_of(cfg, cfg_len, cfg_hex);
     df_sha256_hex_of(hp, hp_len, hp_hex);
-    if ((rc = write_text(tmp, "config.json", cfg, cfg_len, e)) < 0 ||
-        (rc = write_text(tmp, "hparams.json", hp, hp_len, e)) < 0)
+    if ((rc = df_ckpt_write_text(tmp, "config.json", cfg, cfg_len, e)) < 0 ||
+        (rc = df_ckpt_write_text(tmp, "hparams.json", hp, hp_len, e)) < 0)
         goto out;
     test_hook("config");
     if ((rc = write_state(tmp, st, &ps, e)) < 0)
@@ -417,12 +417,12 @@ int df_ckpt_save(const char *run_dir, const df_ckpt_state *st, int keep_last, df
     if ((rc = build_manifest(st, &ps, cfg_hex, hp_hex, hp_len, &manifest, e)) < 0)
         goto out;
     df_sha256_hex_of(manifest, strlen(manifest), man_hex);
-    if ((rc = write_text(tmp, "manifest.json", manifest, strlen(manifest), e)) < 0)
+    if ((rc = df_ckpt_write_text(tmp, "manifest.json", manifest, strlen(manifest), e)) < 0)
         goto out;
     test_hook("manifest");
     int cn = snprintf(complete, sizeof complete, "dflash-ckpt %d\nstep %" PRId64
                       "\nmanifest.json sha256 %s\n", DF_CKPT_VERSION, st->step, man_hex);
-    if ((rc = write_text(tmp, "COMPLETE", complete, (size_t)cn, e)) < 0)
+    if ((rc = df_ckpt_write_text(tmp, "COMPLETE", complete, (size_t)cn, e)) < 0)
         goto out;
     test_hook("complete");
     if (rename(tmp, fin) != 0) {
@@ -435,7 +435,7 @@ int df_ckpt_save(const char *run_dir, const df_ckpt_state *st, int keep_last, df
     test_hook("rename");
     char latest[PATHN], line[64];
     int ln = snprintf(line, sizeof line, "%s\n", name);
-    if ((rc = join(latest, run_dir, "latest", e)) < 0 ||
+    if ((rc = df_ckpt_join(latest, run_dir, "latest", e)) < 0 ||
         (rc = df_file_write_atomic(latest, line, (size_t)ln, e)) < 0)
         goto out;
     test_hook("latest");
@@ -443,7 +443,7 @@ int df_ckpt_save(const char *run_dir, const df_ckpt_state *st, int keep_last, df
 out:
     if (made_tmp) {
         df_err e2;
-        rm_flat_dir(tmp, &e2); /* best effort: the next save removes it too */
+        df_ckpt_rm_flat_dir(tmp, &e2); /* best effort: the next save removes it too */
     }
     if (lockfd >= 0)
         close(lockfd);
@@ -459,7 +459,7 @@ out:
 static int read_file(const char *dir, const char *name, size_t max, char **buf, size_t *len,
                      char *path, df_err *e)
 {
-    int rc = join(path, dir, name, e);
+    int rc = df_ckpt_join(path, dir, name, e);
     if (rc < 0)
         return rc;
     rc = df_file_read_all(path, max, buf, len, e);
@@ -548,7 +548,7 @@ static int check_complete(const char *dir, const char *man, size_t man_len, int6
 {
     char path[PATHN], *txt;
     size_t len;
-    int rc = join(path, dir, "COMPLETE", e);
+    int rc = df_ckpt_join(path, dir, "COMPLETE", e);
     if (rc < 0)
         return rc;
     rc = df_file_read_all(path, SMALL_MAX, &txt, &len, e);
@@ -599,7 +599,7 @@ static int load_state(const char *dir, const df_params *ps, const manifest *m, d
                       df_err *e)
 {
     char path[PATHN], nm[160];
-    int rc = join(path, dir, "state.safetensors", e);
+    int rc = df_ckpt_join(path, dir, "state.safetensors", e);
     if (rc < 0)
         return rc;
     df_st *st;
@@ -686,7 +686,7 @@ int df_ckpt_load(const char *dir, df_ckpt_state *out, df_err *e)
     if (rc == -DF_ECORRUPT) { /* a missing manifest: say whether the marker is there */
         char cp[PATHN];
         struct stat sb;
-        if (join(cp, dir, "COMPLETE", NULL) == 0 && stat(cp, &sb) != 0)
+        if (df_ckpt_join(cp, dir, "COMPLETE", NULL) == 0 && stat(cp, &sb) != 0)
             rc = df_errf(e, -DF_ECORRUPT, "%s: missing: incomplete or damaged checkpoint", cp);
     }
     if (rc < 0)
@@ -763,7 +763,7 @@ int df_ckpt_load_latest(const char *run_dir, df_ckpt_state *out, df_err *e)
     /* `latest` is written after the rename, so it may lag by one save, never lead */
     char lp[PATHN], cp[PATHN], *txt = NULL;
     size_t len;
-    if ((rc = join(lp, run_dir, "latest", e)) < 0)
+    if ((rc = df_ckpt_join(lp, run_dir, "latest", e)) < 0)
         return rc;
     rc = df_file_read_all(lp, SMALL_MAX, &txt, &len, e);
     if (rc == 0) {
@@ -785,187 +785,11 @@ int df_ckpt_load_latest(const char *run_dir, df_ckpt_state *out, df_err *e)
     } else if (rc != -ENOENT) {
         return rc;
     }
-    if ((rc = join(cp, run_dir, newest.name, e)) < 0)
+    if ((rc = df_ckpt_join(cp, run_dir, newest.name, e)) < 0)
         return rc;
     rc = df_ckpt_load(cp, out, e);
     if (rc < 0)
         df_err_wrap(e, "newest checkpoint %s unusable (no fall-back to older ones; see "
                     "df_ckpt_list)", newest.name);
-    return rc;
-}
-
-/* ---- export ---- */
-
-static int same_table(const df_params *a, const df_params *b)
-{
-    if (a->n != b->n || a->total != b->total)
-        return 0;
-    for (int i = 0; i < a->n; i++)
-        if (strcmp(a->p[i].name, b->p[i].name) || a->p[i].offset != b->p[i].offset ||
-            a->p[i].ndim != b->p[i].ndim || a->p[i].shape[0] != b->p[i].shape[0] ||
-            a->p[i].shape[1] != b->p[i].shape[1])
-            return 0;
-    return 1;
-}
-
-/* An existing export directory may hold only what an export writes (with
- * extra: that file too). */
-static int only_export_files(const char *dir, const df_export_extra *extra, df_err *e)
-{
-    DIR *d = opendir(dir);
-    if (!d)
-        return df_errf(e, -errno, "%s: cannot open directory: %s", dir, strerror(errno));
-    static const char *const ok[] = {".", "..", "config.json", "model.safetensors",
-                                     "config.json.tmp", "model.safetensors.tmp"};
-    int rc = 0;
-    struct dirent *de;
-    while (!rc && (de = readdir(d))) {
-        size_t i;
-        for (i = 0; i < sizeof ok / sizeof ok[0]; i++)
-            if (!strcmp(de->d_name, ok[i]))
-                break;
-        size_t xl = extra ? strlen(extra->name) : 0;
-        if (i == sizeof ok / sizeof ok[0] && extra && !strncmp(de->d_name, extra->name, xl) &&
-            (!de->d_name[xl] || !strcmp(de->d_name + xl, ".tmp")))
-            continue;
-        if (i == sizeof ok / sizeof ok[0])
-            rc = df_errf(e, -EEXIST, "%s: exists and holds %s: not replacing it (export into a "
-                         "new or an earlier export directory)", dir, de->d_name);
-    }
-    closedir(d);
-    return rc;
-}
-
-static int parent_of(const char *path, char *out)
-{
-    snprintf(out, PATHN, "%s", path);
-    size_t n = strlen(out);
-    while (n > 1 && out[n - 1] == '/')
-        out[--n] = 0;
-    char *s = strrchr(out, '/');
-    if (!s)
-        snprintf(out, PATHN, ".");
-    else if (s == out)
-        out[1] = 0;
-    else
-        *s = 0;
-    return 0;
-}
-
-int df_export_drafter(const char *out_dir, const df_drafter_config *c, const df_params *ps,
-                      const float *master, df_err *e)
-{
-    return df_export_drafter_with(out_dir, c, ps, master, NULL, e);
-}
-
-int df_export_drafter_with(const char *out_dir, const df_drafter_config *c, const df_params *ps,
-                           const float *master, const df_export_extra *extra, df_err *e)
-{
-    if (extra && (!extra->name || !*extra->name || strchr(extra->name, '/') ||
-                  !strcmp(extra->name, "config.json") ||
-                  !strcmp(extra->name, "model.safetensors") || !extra->text))
-        return df_errf(e, -EINVAL, "%s: bad extra file for the export", out_dir);
-    char *cfg = df_drafter_config_to_json(c, e);
-    if (!cfg)
-        return e ? e->code : -EINVAL;
-    df_params mine;
-    int rc = df_params_build(c, &mine, e);
-    if (rc < 0) {
-        free(cfg);
-        return rc;
-    }
-    uint16_t *bf = NULL;
-    df_st_writer *w = NULL;
-    int made_tmp = 0;
-    char tmp[PATHN], old[PATHN], parent[PATHN], p[PATHN];
-    if (!same_table(ps, &mine)) {
-        rc = df_errf(e, -DF_EMISMATCH, "%s: the parameter table does not match the drafter config",
-                     out_dir);
-        goto out;
-    }
-    if (snprintf(tmp, sizeof tmp, "%s.dflash-export.tmp", out_dir) >= (int)sizeof tmp ||
-        snprintf(old, sizeof old, "%s.dflash-export.old", out_dir) >= (int)sizeof old) {
-        rc = df_errf(e, -ENAMETOOLONG, "%s: path too long", out_dir);
-        goto out;
-    }
-    parent_of(out_dir, parent);
-    if (!(bf = malloc((size_t)ps->total * sizeof *bf))) {
-        rc = df_errf(e, -ENOMEM, "%s: out of memory for %" PRId64 " bf16 weights", out_dir,
-                     ps->total);
-        goto out;
-    }
-    for (int i = 0; i < ps->n; i++) {
-        const df_param *q = &ps->p[i];
-        for (int64_t k = 0; k < q->numel; k++) {
-            float x = master[q->offset + k];
-            if (!isfinite(x)) {
-                rc = df_errf(e, -EINVAL, "%s: %s[%" PRId64 "] is %g: not exporting non-finite "
-                             "weights", out_dir, q->name, k, (double)x);
-                goto out;
-            }
-            bf[q->offset + k] = df_f32_to_bf16(x);
-        }
-    }
-    struct stat sb;
-    int exists = lstat(out_dir, &sb) == 0;
-    if (exists && !S_ISDIR(sb.st_mode)) {
-        rc = df_errf(e, -ENOTDIR, "%s: exists and is not a directory", out_dir);
-        goto out;
-    }
-    if (exists && (rc = only_export_files(out_dir, extra, e)) < 0)
-        goto out;
-    if ((rc = rm_flat_dir(tmp, e)) < 0 || (rc = rm_flat_dir(old, e)) < 0 ||
-        (rc = df_mkdirs(tmp, e)) < 0)
-        goto out;
-    made_tmp = 1;
-    if ((rc = write_text(tmp, "config.json", cfg, strlen(cfg), e)) < 0 ||
-        (extra && (rc = write_text(tmp, extra->name, extra->text, strlen(extra->text), e)) < 0) ||
-        (rc = join(p, tmp, "model.safetensors", e)) < 0 || (rc = df_st_writer_open(p, &w, e)) < 0)
-        goto out;
-    for (int i = 0; i < ps->n && !rc; i++)
-        rc = df_st_writer_add(w, ps->p[i].name, DF_DTYPE_BF16, ps->p[i].ndim, ps->p[i].shape,
-                              bf + ps->p[i].offset, e);
-    if (rc < 0 || (rc = df_st_writer_set_metadata(w, "format", "pt", e)) < 0 ||
-        (rc = df_st_writer_finish(w, e)) < 0)
-        goto out;
-    if (!exists) {
-        if (rename(tmp, out_dir) != 0) {
-            rc = df_errf(e, -errno, "%s: rename to %s failed: %s", tmp, out_dir, strerror(errno));
-            goto out;
-        }
-        made_tmp = 0;
-        rc = df_fsync_dir(parent, e);
-        goto out;
-    }
-    /* Replace: an atomic exchange where the file system has it, else move the
-     * old directory aside first (a crash between leaves OUT.old, never a mix). */
-    if (renameat2(AT_FDCWD, tmp, AT_FDCWD, out_dir, RENAME_EXCHANGE) == 0) {
-        if ((rc = df_fsync_dir(parent, e)) < 0)
-            goto out;
-        rc = rm_flat_dir(tmp, e); /* the previous export */
-        made_tmp = 0;
-        goto out;
-    }
-    if (errno != EINVAL && errno != ENOSYS && errno != ENOTSUP) {
-        rc = df_errf(e, -errno, "%s: exchange with %s failed: %s", tmp, out_dir, strerror(errno));
-        goto out;
-    }
-    if (rename(out_dir, old) != 0 || rename(tmp, out_dir) != 0) {
-        rc = df_errf(e, -errno, "%s: replacing failed: %s", out_dir, strerror(errno));
-        goto out;
-    }
-    made_tmp = 0;
-    if ((rc = df_fsync_dir(parent, e)) < 0)
-        goto out;
-    rc = rm_flat_dir(old, e);
-out:
-    if (made_tmp) {
-        df_err e2;
-        rm_flat_dir(tmp, &e2);
-    }
-    df_st_writer_free(w);
-    free(bf);
-    df_params_free(&mine);
-    free(cfg);
     return rc;
 }
