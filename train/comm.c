@@ -612,6 +612,8 @@ int df_comm_open(df_backend *be, const df_comm_opts *o, df_comm **out, df_err *e
         rc = df_errf(e, -EINVAL, "comm: world %d needs a rendezvous directory", o->world);
     if (!rc)
         rc = check_run_id(o->run_id, e);
+    if (!rc && o->master_addr && *o->master_addr && (o->master_port < 1 || o->master_port > 65535))
+        rc = df_errf(e, -EINVAL, "comm: master port %d: want 1..65535", o->master_port);
     if (!rc && df_backend_host_addressable(be)) {
         c->kind = T_SHM;
         rc = shm_open_(c, o, e);

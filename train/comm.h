@@ -16,7 +16,9 @@
  *                   sums): every rank gets the same bits, and so does a rerun.
  *   CUDA backend    NCCL (builds that found it; -ENOTSUP otherwise). Rank 0
  *                   makes the ncclUniqueId and publishes it as a file in
- *                   rdv_dir; the others poll for it. Reduce-scatter sums are
+ *                   rdv_dir, the others poll for it; or, given master_addr
+ *                   and master_port, rank 0 sends it to each over TCP
+ *                   (common/rdv_tcp.h). Reduce-scatter sums are
  *                   NCCL's (fp32, its own order: exact for 2 ranks, within
  *                   rounding otherwise); the host f64 sums are gathered and
  *                   added on the host in rank order, as on the CPU.
@@ -40,7 +42,11 @@
  * (also set by df_comm_close, see there), on NCCL through the .abort marker,
  * which the peers' host waits (open, allreduce_host_f64, barrier, close)
  * look for every 0.1 s. A rank that dies without a word (SIGKILL) is only
- * seen by the timeout. After a collective has failed, or df_comm_abort, the
+ * seen by the timeout. The .abort and .joined markers are files in rdv_dir:
+ * with the TCP rendezvous and no shared disk they reach only the ranks of the
+ * same machine; ranks on other nodes learn of a failure from NCCL's async
+ * error (a peer's aborted communicator breaks its connections) or, at
+ * worst, the timeout. After a collective has failed, or df_comm_abort, the
  * communicator refuses everything with -ECONNABORTED: close it. Argument
  * errors (-EINVAL) are refused with nothing done and break nothing, but the
  * peers will wait for this rank's part.
@@ -78,6 +84,12 @@ typedef struct df_comm_opts {
                              the rendezvous files, so stale files of older launches are
                              never read */
     int timeout_s;        /* give up after this long waiting for peers; 0 = 600 */
+    const char *master_addr; /* NCCL only: with master_port > 0, the ranks meet over TCP
+                             at rank 0's MASTER_ADDR:MASTER_PORT (common/rdv_tcp.h)
+                             instead of through rdv_dir's id file, so nodes need no
+                             shared disk; NULL = the file. The CPU (shared-memory)
+                             transport ignores it: its ranks share one machine */
+    int master_port;      /* 1..65535 with master_addr; 0 = unset */
     size_t shm_slot_bytes;/* shared-memory transport: the file holds a slot of this many
                              bytes per rank, and larger buffers go through in rounds of
                              half a slot; 0 = 16 MiB. Rounded down to a multiple of 128,

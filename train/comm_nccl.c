@@ -4,7 +4,10 @@
  *
  * Rendezvous: rank 0 makes the ncclUniqueId and writes
  * RDV/.dflash-comm-<run_id>.nccl-id (magic, world, id; tmp + rename, so a
- * reader sees all of it or nothing); the others poll for it. Each rank then
+ * reader sees all of it or nothing); the others poll for it. With a master
+ * address and port (df_comm_opts) rank 0 sends the id to every rank over TCP
+ * instead (common/rdv_tcp.h: torchrun's MASTER_ADDR/MASTER_PORT, no shared
+ * disk needed), and every rank then knows that all have it. Each rank then
  * leaves RDV/.dflash-comm-<run_id>.joined-<rank>, so a rank that times out
  * inside NCCL's init can name the ranks that never read the id. Once the
  * init is done (it completes only when every rank has connected) each rank
@@ -14,7 +17,10 @@
  * call can hang the host: every wait (the init, a call that answers
  * ncclInProgress, the host-blocking collectives, finalize) is a poll loop
  * bounded by the timeout that also watches NCCL's async error and the abort
- * marker RDV/.dflash-comm-<run_id>.abort. The price: NCCL launches each
+ * marker RDV/.dflash-comm-<run_id>.abort (a file: it reaches the ranks that
+ * share RDV; across nodes without a shared disk NCCL's async error, from the
+ * connections a peer's ncclCommAbort breaks, and the timeout do that
+ * work). The price: NCCL launches each
  * collective of a nonblocking communicator from a thread of its own, some
  * tens of microseconds per call, which the few calls of a step can afford;
  * a blocking communicator could hang for good in its init or in the lazy
@@ -54,6 +60,7 @@
 
 #include "fsutil.h"
 #include "log.h"
+#include "rdv_tcp.h"
 
 #define PATHN 4096
 #define ID_MAGIC "DFNCCL1\n"
@@ -77,6 +84,7 @@ struct df_comm_nccl {
     size_t cap;
     char abort_path[PATHN];
     char prefix[PATHN]; /* RDV/.dflash-comm-<run_id> */
+    int tcp;            /* the id came over TCP: every rank has it */
 };
 
 static void sleep_ns(long ns)
@@ -210,7 +218,12 @@ static int wait_loop(df_comm_nccl *n, cudaEvent_t ev, double deadline, const cha
             }
         }
         if (now >= deadline) {
-            if (!strcmp(what, "open")) {
+            if (!strcmp(what, "open") && n->tcp) {
+                df_errf(e, -ETIMEDOUT, "comm: rank %d: open: timed out after %.0f s in NCCL's "
+                                       "init; every rank got the NCCL id over TCP, so one "
+                                       "stalled inside the init (NCCL_DEBUG=WARN says more)",
+                        n->rank, now - t0);
+            } else if (!strcmp(what, "open")) {
                 char list[256];
                 not_joined(n, list, sizeof list);
                 df_errf(e, -ETIMEDOUT, "comm: rank %d: open: timed out after %.0f s in NCCL's "
@@ -260,9 +273,45 @@ static int nc(df_comm_nccl *n, ncclResult_t r, const char *call, const char *wha
             return rc_;                             \
     } while (0)
 
-/* Rank 0 publishes the id; the others poll for it until the deadline. */
-static int exchange_id(df_comm_nccl *n, ncclUniqueId *id, double deadline, df_err *e)
+/* Over TCP: rank 0 makes the id and sends it to every rank; the others
+ * receive it. */
+static int exchange_id_tcp(df_comm_nccl *n, const df_comm_opts *o, ncclUniqueId *id,
+                           double deadline, df_err *e)
 {
+    double left = deadline - df_now();
+    df_rdv_opts ro = {.master_addr = o->master_addr, .master_port = o->master_port,
+                      .rank = n->rank, .world = n->world, .run_id = o->run_id,
+                      .timeout_ms = left > 1e-3 ? (int)(left * 1000) : 1};
+    size_t len = sizeof *id;
+    /* a marker of this run_id (here, or on the shared disk) is an older launch's */
+    if (access(n->abort_path, F_OK) == 0)
+        return df_errf(e, -EEXIST, "comm: rank %d: %s already exists: another launch used this "
+                                   "run_id", n->rank, n->abort_path);
+    if (n->rank == 0) {
+        ncclResult_t r = ncclGetUniqueId(id);
+        if (r != ncclSuccess)
+            return df_errf(e, -EIO, "comm: rank 0: ncclGetUniqueId failed: %s",
+                           ncclGetErrorString(r));
+    }
+    int rc = df_rdv_tcp(&ro, id, &len, sizeof *id, e);
+    if (rc) {
+        df_err_wrap(e, "comm: open");
+        return rc;
+    }
+    if (len != sizeof *id)
+        return df_errf(e, -DF_EMISMATCH, "comm: rank %d: rank 0 sent a %zu-byte NCCL id, this "
+                                         "build's is %zu (NCCL versions differ?)", n->rank, len,
+                       sizeof *id);
+    n->tcp = 1;
+    return 0;
+}
+
+/* Rank 0 publishes the id; the others poll for it until the deadline. */
+static int exchange_id(df_comm_nccl *n, const df_comm_opts *o, ncclUniqueId *id,
+                       double deadline, df_err *e)
+{
+    if (o->master_addr && *o->master_addr && o->master_port > 0)
+        return exchange_id_tcp(n, o, id, deadline, e);
     char path[PATHN + 32];
     snprintf(path, sizeof path, "%s.nccl-id", n->prefix);
     if (n->rank == 0) {
@@ -323,7 +372,7 @@ static int exchange_id(df_comm_nccl *n, ncclUniqueId *id, double deadline, df_er
     }
 }
 
-static int open_(df_comm_nccl *n, double deadline, df_err *e)
+static int open_(df_comm_nccl *n, const df_comm_opts *o, double deadline, df_err *e)
 {
     const char *what = "open";
     CU(cudaSetDevice(n->device), "cudaSetDevice");
@@ -340,7 +389,7 @@ static int open_(df_comm_nccl *n, double deadline, df_err *e)
        "cudaMallocHost");
 
     ncclUniqueId id;
-    int rc = exchange_id(n, &id, deadline, e);
+    int rc = exchange_id(n, o, &id, deadline, e);
     if (rc)
         return rc;
     char mark[PATHN + 32];
@@ -360,7 +409,7 @@ static int open_(df_comm_nccl *n, double deadline, df_err *e)
     if (rc)
         return rc;
     unlink(mark);
-    if (n->rank == 0) {
+    if (n->rank == 0 && !n->tcp) {
         char path[PATHN + 32];
         snprintf(path, sizeof path, "%s.nccl-id", n->prefix);
         unlink(path);
@@ -409,7 +458,7 @@ int df_comm_nccl_open(df_backend *be, const df_comm_opts *o, int timeout_s,
     int len = snprintf(n->prefix, sizeof n->prefix, "%s/.dflash-comm-%s", o->rdv_dir, o->run_id);
     int rc = len < 0 || (size_t)len >= sizeof n->prefix - 32
                  ? df_errf(e, -ENAMETOOLONG, "comm: %s: path too long", o->rdv_dir)
-                 : open_(n, deadline, e);
+                 : open_(n, o, deadline, e);
     if (rc) {
         /* the peers waiting for this rank in the init hear of it at once */
         abort_now(n, e ? e->msg : "its open failed");
