@@ -93,11 +93,17 @@ static void usage(FILE *f)
             "  --device cpu|cuda|auto  the backend (default cpu; cuda: one GPU, --gpu I)\n"
             "data parallel (ZeRO-1: gradients reduce-scattered, optimizer state sharded):\n"
             "  --gpus N|all          one process per local GPU, started here (NCCL); with\n"
-            "                        NODE_RANK/NNODES (or Slurm's) one such launch per node,\n"
-            "                        DFLASH_RUN_ID the same on every node and RUN on a shared disk\n"
+            "                        NODE_RANK/NNODES (or Slurm's) one such launch per node and\n"
+            "                        DFLASH_RUN_ID the same on every node\n"
             "  torchrun / srun       RANK, WORLD_SIZE, LOCAL_RANK (or SLURM_*) make this process\n"
             "                        one rank (CPU ranks of one machine too: shared memory)\n"
             "  --rank R --world-size W --run-id ID   the same by hand\n"
+            "  --master-addr HOST --master-port P   GPU ranks meet over TCP at rank 0's HOST:P\n"
+            "                        (rank 0 listens on P); default: MASTER_ADDR/MASTER_PORT\n"
+            "                        under torchrun/Slurm and --gpus over several nodes (the\n"
+            "                        port after MASTER_PORT when torchrun's own store holds it),\n"
+            "                        else a file in RUN (one machine, or RUN on a shared disk).\n"
+            "                        A resume needs RUN's checkpoints on every node\n"
             "  A run resumes with the number of ranks it was started with.\n"
             "  --log-every N --ckpt-every N --keep-last N --threads N --quiet\n"
             "  --no-ckpt             no checkpoint at all, not even the last (benchmarks)\n");
@@ -107,13 +113,37 @@ static void usage(FILE *f)
  * real run, small enough that the row buffers' sizes cannot overflow. */
 #define ROWS_MAX (1 << 16)
 
-/* Every spawned rank gets the launch's --run-id. */
-static int run_id_extra(void *ctx, int i, uint32_t rank, char **av, int cap)
+/* What every spawned rank is given: the launch's --run-id, and the
+ * rendezvous address when it came from the environment. */
+typedef struct spawn_extra {
+    const char *run_id, *master_addr;
+    char port[16];
+} spawn_extra;
+
+static int spawn_extra_fn(void *ctx, int i, uint32_t rank, char **av, int cap)
 {
-    if (cap < 2)
+    const spawn_extra *x = ctx;
+    int k = 0;
+    if (cap >= 2) {
+        av[k++] = "--run-id";
+        av[k++] = (char *)x->run_id;
+    }
+    if (x->master_addr && cap >= 6) {
+        av[k++] = "--master-addr";
+        av[k++] = (char *)x->master_addr;
+        av[k++] = "--master-port";
+        av[k++] = (char *)x->port;
+    }
+    return k;
+}
+
+/* MASTER_ADDR/MASTER_PORT when no --master-addr was given: 0, or 2 (usage) after a message. */
+static int master_from_env(df_train_opts *o)
+{
+    df_err pe = {0};
+    if (o->master_addr || cli_master_from_env(&o->master_addr, &o->master_port, &pe) >= 0)
         return 0;
-    av[0] = "--run-id";
-    av[1] = ctx;
+    fprintf(stderr, "dflash train: %s\n", pe.msg);
     return 2;
 }
 
@@ -198,6 +228,7 @@ int cmd_train(int argc, char **argv)
         else if (!strcmp(a, "--init-from")) o.init_from = v;
         else if (!strcmp(a, "--gpus")) gpus = v;
         else if (!strcmp(a, "--run-id")) o.run_id = v;
+        else if (!strcmp(a, "--master-addr")) o.master_addr = v;
         else if (!strcmp(a, "--device")) {
             if (strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto")) {
                 fprintf(stderr, "dflash train: --device '%s': want cpu, cuda or auto\n", v);
@@ -271,6 +302,7 @@ int cmd_train(int argc, char **argv)
             else if (!strcmp(a, "--gpu")) { rc = df_opt_int(a, v, 0, 1023, &o.gpu, &pe); gpu_given = 1; }
             else if (!strcmp(a, "--rank")) { rc = df_opt_int(a, v, 0, 1023, &o.rank, &pe); rank_given = 1; }
             else if (!strcmp(a, "--world-size")) rc = df_opt_int(a, v, 1, 1024, &o.world, &pe);
+            else if (!strcmp(a, "--master-port")) rc = df_opt_int(a, v, 1, 65535, &o.master_port, &pe);
             else if (!strcmp(a, "--stop-after")) rc = df_opt_i64(a, v, 0, INT64_MAX, &o.stop_after, &pe);
             if (rc == 1) {
                 fprintf(stderr, "dflash train: unknown option '%s'\n", a);
@@ -294,14 +326,22 @@ int cmd_train(int argc, char **argv)
                         "--init-seed, --init-seed-for and --init-std have nothing to draw\n");
         return 2;
     }
+    if (!o.master_addr != !o.master_port) {
+        fprintf(stderr, "dflash train: --master-addr and --master-port go together\n");
+        return 2;
+    }
     /* Ranks: a launcher's (torchrun / Slurm; CPU ranks too), or one process
-     * per local GPU started here (--gpus), or one process. */
+     * per local GPU started here (--gpus), or one process. The ranks meet at
+     * --master-addr/--master-port, else a launcher's MASTER_ADDR/MASTER_PORT
+     * (torchrun, Slurm; --gpus over several nodes), else through a file in RUN. */
     int n_gpu = o.device && !strcmp(o.device, "cpu") ? 0 : df_backend_cuda_device_count();
     uint32_t lr_rank, lr_world, node, nodes;
     int lr_local;
     if (!rank_given && cli_launcher_rank(&lr_rank, &lr_world, &lr_local)) {
         o.rank = (int)lr_rank;
         o.world = (int)lr_world;
+        if (master_from_env(&o))
+            return 2;
         if (!gpu_given && n_gpu > 0)
             o.gpu = lr_local % n_gpu;
         if (!o.run_id && !(o.run_id = cli_run_id_from_env(idbuf, sizeof idbuf))) {
@@ -336,8 +376,16 @@ int cmd_train(int argc, char **argv)
                 snprintf(idbuf, sizeof idbuf, "p%ld-%ld", (long)getpid(), (long)time(NULL));
                 o.run_id = idbuf;
             }
-            return cli_spawn_ranks("train", argc, argv, n, node, nodes, run_id_extra,
-                                   (void *)o.run_id) ? 1 : 0;
+            /* one node: the file in RUN, unless --master-addr/--master-port (in argv) */
+            spawn_extra x = {.run_id = o.run_id};
+            if (nodes > 1 && !o.master_addr) {
+                if (master_from_env(&o))
+                    return 2;
+                x.master_addr = o.master_addr;
+                snprintf(x.port, sizeof x.port, "%d", o.master_port);
+            }
+            return cli_spawn_ranks("train", argc, argv, n, node, nodes, spawn_extra_fn, &x) ? 1
+                                                                                         : 0;
         }
         o.gpu = 0;
     }

@@ -8,6 +8,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "opt.h"
+
 extern char **environ;
 
 /* An integer environment variable (0 <= v < 2^31), or -1. */
@@ -64,6 +66,26 @@ const char *cli_run_id_from_env(char *buf, int cap)
         return buf;
     }
     return NULL;
+}
+
+int cli_master_from_env(const char **addr, int *port, df_err *e)
+{
+    const char *a = getenv("MASTER_ADDR"), *p = getenv("MASTER_PORT");
+    if (!a || !*a)
+        return 0;
+    if (!p || !*p) {
+        df_errf(e, -EINVAL, "MASTER_ADDR is set (%.200s) but MASTER_PORT is not", a);
+        return -1;
+    }
+    int v = 0;
+    if (df_opt_int("MASTER_PORT", p, 1, 65535, &v, e))
+        return -1;
+    const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
+    if (agent && (!strcmp(agent, "True") || !strcmp(agent, "true") || !strcmp(agent, "1")))
+        v = v < 65535 ? v + 1 : v - 1;
+    *addr = a;
+    *port = v;
+    return 1;
 }
 
 int cli_spawn_ranks(const char *cmd, int argc, char **argv, int n, uint32_t node, uint32_t nodes,

@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "err.h"
+
 /* 1 with this process's rank/world/local rank from torchrun (RANK,
  * WORLD_SIZE, LOCAL_RANK) or Slurm (SLURM_PROCID, SLURM_NTASKS,
  * SLURM_LOCALID) when the world is > 1; 0 otherwise. */
@@ -19,6 +21,15 @@ void cli_node_rank(uint32_t *node, uint32_t *nodes);
  * else TORCHELASTIC_RUN_ID, else SLURM_JOB_ID.SLURM_STEP_ID; NULL when none
  * is set. */
 const char *cli_run_id_from_env(char *buf, int cap);
+
+/* Rank 0's rendezvous address from torchrun's MASTER_ADDR and MASTER_PORT
+ * (under Slurm the batch script exports them). 1 with *addr and *port set;
+ * 0 when MASTER_ADDR is unset or empty; -1 with a message in e when
+ * MASTER_PORT is missing or not in 1..65535. Under torchrun with
+ * TORCHELASTIC_USE_AGENT_STORE true, torchrun's own store already listens on
+ * MASTER_PORT on rank 0's node: the port after it (before it, at 65535) is
+ * used instead. */
+int cli_master_from_env(const char **addr, int *port, df_err *e);
 
 /* Runs `dflash <argv...>` once per local GPU as fresh processes (exec, not
  * a bare fork: CUDA must not be initialised before a fork), appending

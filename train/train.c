@@ -470,7 +470,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
         if ((rc = df_mkdirs(o->run_dir, e)))
             goto out;
         df_comm_opts co = {.rank = rank, .world = world, .rdv_dir = o->run_dir,
-                           .run_id = o->run_id ? o->run_id : "default"};
+                           .run_id = o->run_id ? o->run_id : "default",
+                           .master_addr = o->master_addr, .master_port = o->master_port};
         if ((rc = df_comm_open(be, &co, &comm, e))) {
             df_err_wrap(e, "rank %d of %d", rank, world);
             goto out;

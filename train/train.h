@@ -98,6 +98,10 @@ typedef struct df_train_opts {
      * one machine); run_id names this launch's rendezvous files in run_dir (ranks > 1) */
     int rank, world;
     const char *run_id;
+    const char *master_addr;    /* GPU ranks: with master_port, rank 0's MASTER_ADDR:MASTER_PORT,
+                                   where the ranks meet over TCP (no shared disk needed; comm.h);
+                                   NULL: through run_id's file in run_dir */
+    int master_port;            /* 1..65535, or 0 */
     int replicate_data;         /* testing: every rank reads rank 0's rows, so N ranks must give
                                    one rank's weights (exact on the CPU) */
     int quiet;
