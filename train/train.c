@@ -622,6 +622,25 @@ int df_train_run(const df_train_opts *o, df_err *e)
     } else {
         goto out;
     }
+    if (world > 1) { /* the ranks start from one checkpoint: without a shared disk, RUN
+                      * may hold it on some nodes only */
+        double *s0 = calloc((size_t)world, sizeof *s0);
+        if (!s0) {
+            rc = df_errf(e, -ENOMEM, "out of memory");
+            goto out;
+        }
+        s0[rank] = (double)step0;
+        rc = df_comm_allreduce_host_f64(comm, s0, world, e);
+        for (int r = 1; !rc && r < world; r++)
+            if (s0[r] != s0[0])
+                rc = df_errf(e, -DF_EMISMATCH, "rank %d starts at step %.0f and rank 0 at step "
+                             "%.0f: every rank must see the same checkpoints in %s (a shared "
+                             "disk, or a copy of RUN on every node)", r, s0[r], s0[0],
+                             o->run_dir);
+        free(s0);
+        if (rc)
+            goto out;
+    }
     if (step0 > 0 && step0 >= o->steps) { /* (a fresh --steps 0 run goes on: eval, export) */
         if (!o->quiet && lead)
             printf("%s: already trained for %" PRId64 " steps\n", o->run_dir, step0);
