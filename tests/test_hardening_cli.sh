@@ -47,6 +47,13 @@ bad --warmup 2 "in \[0, 1\]"
 bad --init-seed 0 "in 1\.\."
 bad --world-size 0 "in 1\.\."
 bad --noise nan "finite"
+bad --master-port 0 "want an integer in 1\.\.65535"
+bad --master-port 65536 "want an integer in 1\.\.65535"
+# the TCP rendezvous's address: both options or neither; a launcher's MASTER_PORT is checked too
+run 2 "--master-addr and --master-port go together" "$D" train $TA --steps 4 --out "$W/bad" --master-addr 127.0.0.1
+run 2 "MASTER_PORT 'x': want an integer in 1\.\.65535" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 DFLASH_RUN_ID=h MASTER_ADDR=127.0.0.1 MASTER_PORT=x "$D" train $TA --steps 4 --out "$W/bad"
+run 2 "MASTER_ADDR is set \(127\.0\.0\.1\) but MASTER_PORT is not" env -u MASTER_PORT RANK=1 WORLD_SIZE=2 LOCAL_RANK=0 DFLASH_RUN_ID=h MASTER_ADDR=127.0.0.1 "$D" train $TA --steps 4 --out "$W/bad"
+[ ! -e "$W/bad" ] || fail "a refused master address created --out"
 run 1 "--init-seed-for: 'fc=-1' is not PREFIX=SEED" "$D" train $TA --steps 2 --out "$W/bad" --init-seed-for fc=-1
 rm -rf "$W/bad"
 run 2 "--target-layers '0,1,': want ids" "$D" train $TA --steps 4 --out "$W/bad" --target-layers 0,1,
