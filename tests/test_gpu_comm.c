@@ -14,16 +14,21 @@
  * reduce_scatter bit-exact (a sum of two floats is the same in any order),
  * all_gather out of place and in place, allreduce_host_f64 bit-exact against
  * a rank-order sum, barrier, sizes odd and large; and that the failure paths
- * work: a rank that aborts makes the other's host wait fail fast.
+ * work: a rank that aborts makes the other's host wait fail fast. Then the
+ * ranks meet once more over TCP (common/rdv_tcp.h, a free loopback port the
+ * parent picked) instead of the id file, and run a few collectives.
  *
  * `test_gpu_comm --bench`: also times reduce_scatter and all_gather of
  * 256 MiB per rank (median of 10 after 3 warm-ups) and prints the bus
  * bandwidth as nccl-tests define it. */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -238,7 +243,7 @@ static void bench(df_backend *be, df_comm *c, int rank)
     df_backend_free(be, recv);
 }
 
-static int child(int rank, const char *dir, int do_bench)
+static int child(int rank, const char *dir, int do_bench, int port)
 {
     int n = df_backend_cuda_device_count();
     if (n < WORLD) {
@@ -291,6 +296,27 @@ static int child(int rank, const char *dir, int do_bench)
     CHECK_OK(df_comm_barrier(c, &e), &e);
     df_comm_close(c);
 
+    /* the id over TCP: no .nccl-id file, the same collectives */
+    df_comm_opts ot = o;
+    ot.run_id = "gpu-comm.tcp";
+    ot.master_addr = "127.0.0.1";
+    ot.master_port = port;
+    c = NULL;
+    t0 = df_now();
+    CHECK_OK(df_comm_open(be, &ot, &c, &e), &e);
+    if (c) {
+        if (rank == 0)
+            printf("open over TCP (port %d): %.2f s\n", port, df_now() - t0);
+        char idf[4200];
+        snprintf(idf, sizeof idf, "%s/.dflash-comm-gpu-comm.tcp.nccl-id", dir);
+        CHECK(access(idf, F_OK) != 0);
+        t_reduce_scatter(be, c, rank, 65537, 200);
+        t_all_gather(be, c, rank, 4097, 0, 201);
+        t_allreduce(c, rank, 5, 202);
+        CHECK_OK(df_comm_barrier(c, &e), &e);
+        df_comm_close(c);
+    }
+
     /* abort: rank 1 gives up, rank 0's host wait fails fast (not after 60 s) */
     o.run_id = "gpu-comm.abort";
     c = NULL;
@@ -322,6 +348,22 @@ int main(int argc, char **argv)
 #endif
     int do_bench = argc > 1 && !strcmp(argv[1], "--bench");
     const char *dir = test_tmpdir("gpu_comm");
+    /* a free loopback port for the TCP rendezvous: bound to port 0, read, released */
+    int port = 0, sfd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a;
+    socklen_t al = sizeof a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (sfd >= 0 && bind(sfd, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(sfd, (struct sockaddr *)&a, &al) == 0)
+        port = ntohs(a.sin_port);
+    if (sfd >= 0)
+        close(sfd);
+    if (!port) {
+        perror("picking a port");
+        return 1;
+    }
     pid_t pids[WORLD];
     fflush(NULL);
     for (int r = 0; r < WORLD; r++) {
@@ -331,7 +373,7 @@ int main(int argc, char **argv)
             return 1;
         }
         if (pids[r] == 0) {
-            int rc = child(r, dir, do_bench);
+            int rc = child(r, dir, do_bench, port);
             fflush(NULL);
             _exit(rc);
         }
