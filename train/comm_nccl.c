@@ -283,10 +283,13 @@ static int exchange_id_tcp(df_comm_nccl *n, const df_comm_opts *o, ncclUniqueId 
                       .rank = n->rank, .world = n->world, .run_id = o->run_id,
                       .timeout_ms = left > 1e-3 ? (int)(left * 1000) : 1};
     size_t len = sizeof *id;
-    /* a marker of this run_id (here, or on the shared disk) is an older launch's */
-    if (access(n->abort_path, F_OK) == 0)
-        return df_errf(e, -EEXIST, "comm: rank %d: %s already exists: another launch used this "
-                                   "run_id", n->rank, n->abort_path);
+    /* the file rendezvous's rank 0 refuses a run_id whose abort marker exists;
+     * here every rank looks (the marker may be on this node only) */
+    char why[600];
+    if (marker(n, why, sizeof why))
+        return df_errf(e, -EEXIST, "comm: rank %d: open: %s exists (%.200s): a rank of this "
+                                   "launch gave up already, or an older launch used this run_id "
+                                   "(give every launch its own)", n->rank, n->abort_path, why);
     if (n->rank == 0) {
         ncclResult_t r = ncclGetUniqueId(id);
         if (r != ncclSuccess)
