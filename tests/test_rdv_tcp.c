@@ -299,8 +299,8 @@ int main(void)
         check_fail(&r[1], -ECONNABORTED, "gave up: rdv: rank 0", "missing rank, rank 1");
     }
     { /* rank 2 was given another world size */
-        spec s[] = {{RANK, 0, 3, "wm", 0, 2000}, {RANK, 1, 3, "wm", 0, 2000},
-                    {RANK, 2, 4, "wm", 300, 2000}};
+        spec s[] = {{RANK, 0, 3, "wm", 0, 3000}, {RANK, 1, 3, "wm", 0, 3000},
+                    {RANK, 2, 4, "wm", 800, 3000}}; /* after rank 1 has joined */
         run_case(port[3], s, 3, r);
         check_fail(&r[0], -DF_EMISMATCH, "rank 2 was started with world 4", "world, rank 0");
         check_fail(&r[1], -ECONNABORTED, "world 4", "world, rank 1");
@@ -313,8 +313,8 @@ int main(void)
         check_fail(&r[1], -DF_EMISMATCH, "serves run_id 'runA', not 'runB'", "run_id, rank 1");
     }
     { /* rank 1 twice */
-        spec s[] = {{RANK, 0, 3, "dup", 0, 2000}, {RANK, 1, 3, "dup", 0, 2000},
-                    {RANK, 1, 3, "dup", 300, 2000}};
+        spec s[] = {{RANK, 0, 3, "dup", 0, 3000}, {RANK, 1, 3, "dup", 0, 3000},
+                    {RANK, 1, 3, "dup", 800, 3000}}; /* after the first has joined */
         run_case(port[5], s, 3, r);
         check_fail(&r[0], -EEXIST, "rank 1 joined twice", "duplicate, rank 0");
         check_fail(&r[1], -ECONNABORTED, "joined twice", "duplicate, first rank 1");
