@@ -10,10 +10,12 @@ fails=0
 fail() { echo "FAIL: $*" >&2; fails=$((fails + 1)); }
 
 # run CODE PATTERN cmd...: exit code must be CODE, stdout+stderr must match PATTERN
+# (DFLASH_TEST_TIMES=FILE: each command's seconds appended to FILE, to see where the time goes)
 run() {
-  local want=$1 pat=$2; shift 2
+  local want=$1 pat=$2 t0=$EPOCHREALTIME; shift 2
   "$@" >"$W/out" 2>&1
   local got=$?
+  [ -z "${DFLASH_TEST_TIMES:-}" ] || echo "$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.2f", b - a }') $*" >>"$DFLASH_TEST_TIMES"
   [ "$got" = "$want" ] || { fail "exit $got (want $want): $*"; sed 's/^/    /' "$W/out" | head -20 >&2; return; }
   [ -z "$pat" ] || grep -Eq -- "$pat" "$W/out" || { fail "output of '$*' lacks /$pat/"; sed 's/^/    /' "$W/out" | head -20 >&2; }
 }
