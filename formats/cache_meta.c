@@ -718,7 +718,8 @@ static int finalize_locked(const char *dir, df_err *e)
             }
         }
         if (!rc) {
-            memcpy(all.shards + all.n_shards, part.shards, part.n_shards * sizeof *part.shards);
+            if (part.n_shards) /* an empty corpus: no shards, all.shards may be NULL */
+                memcpy(all.shards + all.n_shards, part.shards, part.n_shards * sizeof *part.shards);
             all.n_shards += part.n_shards;
             all.samples += part.samples;
             all.tokens += part.tokens;
