@@ -66,20 +66,6 @@ static void plan_usage(FILE *f)
             "Exit status: 0, 1 bad data or I/O, 2 bad usage.\n");
 }
 
-/* A finite number in [lo, hi] (integer: an integer in it) through common/opt.h; pe gets
- * the message naming the option, the value and the range. */
-static int num(const char *name, const char *s, double lo, double hi, int integer, double *v,
-               df_err *pe)
-{
-    int64_t i = 0;
-    if (!integer)
-        return df_opt_double(name, s, lo, hi, v, pe);
-    int rc = df_opt_i64(name, s, (int64_t)lo, (int64_t)hi, &i, pe);
-    if (!rc)
-        *v = (double)i;
-    return rc;
-}
-
 /* Stored / raw of codec on the first samples of an existing cache, every layer. */
 static int measure(const char *dir, int codec, double *ratio, uint64_t *tokens_seen, df_err *e)
 {
@@ -170,11 +156,11 @@ int cmd_cache_plan(int argc, char **argv)
         else if (!strcmp(a, "--from")) from = v;
         else if (!strcmp(a, "--disk")) disk = v;
         else if (!strcmp(a, "--codec")) codec_name = v;
-        else if (!strcmp(a, "--hidden")) bad = num(a, v, 1, DF_CACHE_MAX_HIDDEN, 1, &hidden, &pe) != 0;
-        else if (!strcmp(a, "--layers")) bad = num(a, v, 1, DF_CACHE_MAX_LAYERS, 1, &layers, &pe) != 0;
-        else if (!strcmp(a, "--tokens")) bad = num(a, v, 1, 1e15, 0, &tokens, &pe) != 0;
-        else if (!strcmp(a, "--rank")) bad = num(a, v, 1, 1e9, 1, &rank, &pe) != 0;
-        else if (!strcmp(a, "--rank-frac")) bad = num(a, v, 1e-9, 1, 0, &frac, &pe) != 0;
+        else if (!strcmp(a, "--hidden")) bad = df_opt_number(a, v, 1, DF_CACHE_MAX_HIDDEN, 1, &hidden, &pe) != 0;
+        else if (!strcmp(a, "--layers")) bad = df_opt_number(a, v, 1, DF_CACHE_MAX_LAYERS, 1, &layers, &pe) != 0;
+        else if (!strcmp(a, "--tokens")) bad = df_opt_number(a, v, 1, 1e15, 0, &tokens, &pe) != 0;
+        else if (!strcmp(a, "--rank")) bad = df_opt_number(a, v, 1, 1e9, 1, &rank, &pe) != 0;
+        else if (!strcmp(a, "--rank-frac")) bad = df_opt_number(a, v, 1e-9, 1, 0, &frac, &pe) != 0;
         else {
             fprintf(stderr, "dflash cache plan: unknown option '%s'\n", a);
             plan_usage(stderr);

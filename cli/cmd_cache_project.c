@@ -182,20 +182,6 @@ static int open_device(const char *device, df_basis_gpu **g, df_err *e)
     return rc ? df_err_wrap(e, "--device %s", device) : 0;
 }
 
-/* A finite number in [lo, hi] (integer: an integer in it) through common/opt.h; pe gets
- * the message naming the option, the value and the range. */
-static int parse_num(const char *name, const char *s, double lo, double hi, int integer,
-                     double *v, df_err *pe)
-{
-    int64_t i = 0;
-    if (!integer)
-        return df_opt_double(name, s, lo, hi, v, pe);
-    int rc = df_opt_i64(name, s, (int64_t)lo, (int64_t)hi, &i, pe);
-    if (!rc)
-        *v = (double)i;
-    return rc;
-}
-
 int cmd_cache_project(int argc, char **argv)
 {
     const char *in = NULL, *outd = NULL, *basis_path = NULL, *fc_dir = NULL,
@@ -224,23 +210,23 @@ int cmd_cache_project(int argc, char **argv)
         if (bad)
             ;
         else if (!strcmp(a, "--rank"))
-            bad = parse_num(a, v, 1, DF_CACHE_MAX_HIDDEN, 1, &rank, &pe) != 0;
+            bad = df_opt_number(a, v, 1, DF_CACHE_MAX_HIDDEN, 1, &rank, &pe) != 0;
         else if (!strcmp(a, "--energy"))
-            bad = parse_num(a, v, 1e-9, 1, 0, &energy, &pe) != 0;
+            bad = df_opt_number(a, v, 1e-9, 1, 0, &energy, &pe) != 0;
         else if (!strcmp(a, "--basis"))
             basis_path = v;
         else if (!strcmp(a, "--fc-basis"))
             fc_dir = v;
         else if (!strcmp(a, "--sample-tokens"))
-            bad = parse_num(a, v, 1, 1e15, 1, &sample, &pe) != 0;
+            bad = df_opt_number(a, v, 1, 1e15, 1, &sample, &pe) != 0;
         else if (!strcmp(a, "--codec"))
             codec_name = v;
         else if (!strcmp(a, "--device"))
             bad = strcmp(v, "cpu") && strcmp(v, "cuda") && strcmp(v, "auto");
         else if (!strcmp(a, "--level"))
-            bad = parse_num(a, v, -1000, 1000, 1, &level, &pe) != 0;
+            bad = df_opt_number(a, v, -1000, 1000, 1, &level, &pe) != 0;
         else if (!strcmp(a, "--threads"))
-            bad = parse_num(a, v, 0, 4096, 1, &threads, &pe) != 0;
+            bad = df_opt_number(a, v, 0, 4096, 1, &threads, &pe) != 0;
         else {
             fprintf(stderr, "dflash cache project: unknown option '%s'\n", a);
             project_usage(stderr);

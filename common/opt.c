@@ -105,3 +105,15 @@ int df_opt_double(const char *name, const char *text, double min, double max, do
     *out = v;
     return 0;
 }
+
+int df_opt_number(const char *name, const char *text, double min, double max, int integer,
+                  double *out, df_err *e)
+{
+    int64_t i = 0;
+    if (!integer)
+        return df_opt_double(name, text, min, max, out, e);
+    int rc = df_opt_i64(name, text, (int64_t)min, (int64_t)max, &i, e);
+    if (!rc)
+        *out = (double)i;
+    return rc;
+}

@@ -29,6 +29,9 @@ int df_opt_u64(const char *name, const char *text, uint64_t min, uint64_t max, u
 /* A finite real number in [min, max] (nan and inf are always refused). */
 int df_opt_double(const char *name, const char *text, double min, double max, double *out,
                   df_err *e);
+/* df_opt_i64 (integer != 0; the value as a double) or df_opt_double over [min, max]. */
+int df_opt_number(const char *name, const char *text, double min, double max, int integer,
+                  double *out, df_err *e);
 
 #ifdef __cplusplus
 }
