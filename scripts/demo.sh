@@ -25,7 +25,8 @@ if [ -n "${DFLASH_BUILD_DIR:-}" ]; then
 else
   ./scripts/install-deps.sh
   BUILD=$ROOT/build
-  cmake -S . -B "$BUILD" -DDFLASH_CUDA_ARCHS="${DFLASH_CUDA_ARCHS:-90a}" >/dev/null
+  # the CUDA targets: DFLASH_CUDA_ARCHS when set, else this machine's GPUs (CMakeLists.txt)
+  cmake -S . -B "$BUILD" ${DFLASH_CUDA_ARCHS:+-DDFLASH_CUDA_ARCHS="$DFLASH_CUDA_ARCHS"} >/dev/null
   cmake --build "$BUILD" -j "$(nproc)" --target dflash >/dev/null
 fi
 D=$BUILD/dflash

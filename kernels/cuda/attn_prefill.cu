@@ -48,6 +48,7 @@
 #include <stdlib.h>
 
 #include "cuda_internal.h"
+#include "device.h"
 #include "ptx_async.cuh"
 
 namespace {
@@ -754,7 +755,7 @@ int wgmma_usable(bool *out)
                      "attention: compute capability"))
         return -EIO;
     bool ok = false;
-    if (major == 9) {
+    if (major == 9 && !df_cuda_portable_forced()) {
         cudaFuncAttributes fa;
         if (df_cuda_fail(cudaFuncGetAttributes(&fa, attn_wgmma_kernel<128, 128>),
                          "attention: kernel attributes"))
@@ -804,9 +805,10 @@ int optin_smem(int *out)
         *out = cache[dev];
         return 0;
     }
-    if (df_cuda_fail(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-                     "attention: shared memory attribute"))
+    if ((v = df_cuda_smem_optin(dev)) <= 0) {
+        df_cuda_fail(cudaErrorInvalidValue, "attention: shared memory attribute");
         return -EIO;
+    }
     if (dev >= 0 && dev < 64)
         cache[dev] = v;
     *out = v;
@@ -835,6 +837,14 @@ size_t up256(size_t n) { return (n + 255) / 256 * 256; }
 } // namespace
 
 extern "C" void df_cuda_attention_set_variant(int v) { g_variant = v; }
+
+extern "C" const char *df_cuda_attention_path(void)
+{
+    bool wg = false;
+    if (wgmma_usable(&wg))
+        return "?";
+    return wg ? "wgmma" : "mma.sync";
+}
 
 extern "C" int df_cuda_attention(df_backend *be, const df_tensor *q, const df_tensor *k,
                                  const df_tensor *v, const int32_t *cu_seqlens, int n_seq, int nq,

@@ -12,6 +12,7 @@
 
 #include "cuda_internal.h"
 #include "cuda_state.h"
+#include "device.h"
 #include "dflash_attn.h"
 #include "lmhead_cuda.h"
 #include "train_cuda.h"
@@ -656,6 +657,28 @@ static int cu_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tenso
     return df_cuda_dflash_attn_bwd(&a, st_of(be)->stream);
 }
 
+
+// The kernels this process runs, once (the first backend opened): which
+// attention paths the device and DFLASH_PORTABLE chose, so a log says
+// whether a GPU ran the Hopper kernels or the portable ones.
+static void log_kernels_once(int device)
+{
+    static int done;
+    if (done)
+        return;
+    done = 1;
+    cudaDeviceProp pr;
+    if (cudaGetDeviceProperties(&pr, device) != cudaSuccess) {
+        cudaGetLastError();
+        return;
+    }
+    df_log(DF_LOG_INFO, "cuda: %s (sm_%d%d, %d SMs, %.0f GiB); attention: drafter %s forward, %s backward, "
+                        "target %s%s",
+           pr.name, pr.major, pr.minor, pr.multiProcessorCount, pr.totalGlobalMem / 1073741824.0,
+           df_cuda_dflash_impl_name(df_cuda_dflash_fwd_impl()), df_cuda_dflash_impl_name(df_cuda_dflash_bwd_impl()),
+           df_cuda_attention_path(), df_cuda_portable_forced() ? " (DFLASH_PORTABLE=1)" : "");
+}
+
 static const df_backend_vt cuda_vt = {
     /* .close = */ cu_close,
     /* .sync = */ cu_sync,
@@ -748,6 +771,7 @@ extern "C" df_backend *df_backend_cuda_open(int device, df_err *e)
         cu_close(be);
         return NULL;
     }
+    log_kernels_once(device);
     const char *pe = getenv("DFLASH_PROFILE");
     if (pe && *pe == '1' && (s->prof = (df_cuda_prof *)calloc(1, sizeof *s->prof))) {
         for (int i = 0; i < 2 * DF_CUDA_PROF_EVENTS; i++)

@@ -63,6 +63,9 @@ int df_cuda_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, in
 int df_cuda_swiglu(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out);
 int df_cuda_sigmoid(df_backend *be, const df_tensor *x, df_tensor *out);
 int df_cuda_silu(df_backend *be, const df_tensor *x, df_tensor *out);
+/* The target's prefill attention kernel the current device runs: "wgmma"
+ * (Hopper, sm_90a code) or "mma.sync" (every other GPU, or DFLASH_PORTABLE=1). */
+const char *df_cuda_attention_path(void);
 int df_cuda_attention(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
                       const int32_t *cu_seqlens, int n_seq, int nq, int nkv, int head_dim,
                       float scale, const df_tensor *gate, df_tensor *out);

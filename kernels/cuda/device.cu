@@ -1,5 +1,6 @@
 // device.cu - device discovery and a self-test kernel (checks launch + copy).
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "device.h"
@@ -27,6 +28,41 @@ extern "C" int df_cuda_device_info_get(int i, df_cuda_device_info *info)
     info->sm_count = p.multiProcessorCount;
     info->mem_bytes = p.totalGlobalMem;
     return 0;
+}
+
+extern "C" int df_cuda_portable_forced(void)
+{
+    static int v = -1; // racing first calls compute the same value
+    if (v < 0) {
+        const char *e = getenv("DFLASH_PORTABLE");
+        v = e && !strcmp(e, "1");
+    }
+    return v;
+}
+
+extern "C" int df_cuda_smem_optin(int dev)
+{
+    int v = 0;
+    if (cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    const int small = 99 * 1024; // sm_86, sm_89, sm_120
+    return df_cuda_portable_forced() && v > small ? small : v;
+}
+
+extern "C" int df_cuda_hopper_kernels(void)
+{
+    int dev, major = 0, minor = 0;
+    if (df_cuda_portable_forced())
+        return 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        cudaGetLastError(); // not sticky: leave no error for the caller's checks
+        return 0;
+    }
+    return major == 9 && minor == 0;
 }
 
 __global__ void saxpy_kernel(int n, float a, const float *x, float *y)

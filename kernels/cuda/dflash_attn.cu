@@ -61,6 +61,7 @@
 #include <string.h>
 
 #include "bf16.cuh"
+#include "device.h"
 #include "dflash_attn.h"
 #include "dflash_attn_common.cuh"
 #include "ptx_async.cuh"
@@ -1640,10 +1641,11 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
                     bool wg2, bool fold, cudaEvent_t *ev, const df_dflash::DsBuf *dsb0)
 {
     // dkv4 needs 174 KiB (D 128) of shared memory per CTA: more than sm_80's
-    // 163 KiB and the 99 KiB of sm_86/89/120. There, bwd_mma2_launch runs instead.
+    // 163 KiB and the 99 KiB of sm_86/89/120 (and of DFLASH_PORTABLE=1). There,
+    // bwd_mma2_launch runs instead.
     int dev, smax;
     CU(cudaGetDevice(&dev));
-    CU(cudaDeviceGetAttribute(&smax, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    smax = df_cuda_smem_optin(dev);
     if ((size_t)smax < dkv4_smem<D>())
         return bwd_mma2_launch<D>(p, st, part, ev);
     REC(ev, 0, st);
@@ -1831,22 +1833,6 @@ extern "C" int df_cuda_dflash_set_bwd_impl(int impl)
     return 0;
 }
 
-namespace {
-// Whether the current device is compute capability 9.0 (Hopper: the wgmma
-// defaults); false when it cannot be asked.
-bool device_is_sm90()
-{
-    int dev, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-        cudaGetLastError(); // not sticky: leave no error for the caller's checks
-        return false;
-    }
-    return major == 9 && minor == 0;
-}
-} // namespace
-
 extern "C" int df_cuda_dflash_bwd_impl(void)
 {
     if (g_bwd_impl)
@@ -1855,12 +1841,29 @@ extern "C" int df_cuda_dflash_bwd_impl(void)
     if (e)
         return e;
     // the built-in default of the current device
-    return device_is_sm90() ? DF_CUDA_DFLASH_IMPL_DEFAULT_BWD_SM90 : DF_CUDA_DFLASH_IMPL_DEFAULT_BWD;
+    return df_cuda_hopper_kernels() ? DF_CUDA_DFLASH_IMPL_DEFAULT_BWD_SM90 : DF_CUDA_DFLASH_IMPL_DEFAULT_BWD;
 }
 
 extern "C" int df_cuda_dflash_fwd_impl(void)
 {
-    return device_is_sm90() ? DF_CUDA_DFLASH_IMPL_DEFAULT_FWD_SM90 : DF_CUDA_DFLASH_IMPL_DEFAULT_FWD;
+    return df_cuda_hopper_kernels() ? DF_CUDA_DFLASH_IMPL_DEFAULT_FWD_SM90 : DF_CUDA_DFLASH_IMPL_DEFAULT_FWD;
+}
+
+extern "C" const char *df_cuda_dflash_impl_name(int impl)
+{
+    switch (impl) {
+    case DF_CUDA_DFLASH_IMPL_SIMT:
+        return "simt";
+    case DF_CUDA_DFLASH_IMPL_MMA4:
+        return "mma4";
+    case DF_CUDA_DFLASH_IMPL_WG2:
+        return "wg2";
+    case DF_CUDA_DFLASH_IMPL_WG2F:
+        return "wg2f";
+    case DF_CUDA_DFLASH_IMPL_WG3:
+        return "wg3";
+    }
+    return "?";
 }
 
 extern "C" int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_t st)

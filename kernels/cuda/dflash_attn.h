@@ -121,6 +121,8 @@ int df_cuda_dflash_set_bwd_impl(int impl);
 int df_cuda_dflash_bwd_impl(void);
 /* The forward that args.impl == 0 runs on the current device (never 0). */
 int df_cuda_dflash_fwd_impl(void);
+/* An implementation's name (simt, mma4, wg2, wg2f, wg3; "?" for another value). */
+const char *df_cuda_dflash_impl_name(int impl);
 
 #ifdef __cplusplus
 }

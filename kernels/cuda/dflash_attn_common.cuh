@@ -12,6 +12,8 @@
 #include <limits.h>
 #include <stdint.h>
 
+#include "device.h" // df_cuda_portable_forced
+
 namespace df_dflash {
 
 // Rows of a row chunk (dflash_attn.cu's RQ): one block's bs x group rows of

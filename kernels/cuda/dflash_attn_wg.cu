@@ -589,7 +589,7 @@ bool dkv_wg_usable(const Params &p, int D)
              cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
              cudaDeviceGetAttribute(&smax, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ==
                  cudaSuccess &&
-             major == 9 && minor == 0;
+             major == 9 && minor == 0 && !df_cuda_portable_forced();
     if (r) {
         // the kernel must come from Hopper code (the 90a target), not from
         // another target's PTX compiled at load time (whose body is a trap)

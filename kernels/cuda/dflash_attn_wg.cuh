@@ -346,7 +346,7 @@ __host__ inline bool wg_kernel_runs(const void *fn, size_t smem, signed char *kn
              cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) == cudaSuccess &&
              cudaDeviceGetAttribute(&smax, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) ==
                  cudaSuccess &&
-             major == 9 && minor == 0;
+             major == 9 && minor == 0 && !df_cuda_portable_forced();
     if (r) {
         cudaFuncAttributes fa;
         cudaError_t e = cudaFuncGetAttributes(&fa, fn);

@@ -63,6 +63,7 @@
 #include <string.h>
 
 #include "cuda_internal.h"
+#include "device.h"
 
 #define GC 64     /* chunk length */
 #define NTHR 256  /* threads per CTA of kernel 1 (8 warps) */
@@ -667,10 +668,12 @@ static int launch(cudaStream_t st, const prep_args &pa, pass_args sa, int n_chun
      * dk = 128), else 2 stages (sm_80: ~136 KB); the ~99 KB parts (sm_86/89/120)
      * decline (the backend falls back to the recurrent kernel). */
     int dev = 0, optin = 0;
-    if (df_cuda_fail(cudaGetDevice(&dev), "gdn get device") ||
-        df_cuda_fail(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev),
-                     "gdn smem limit"))
+    if (df_cuda_fail(cudaGetDevice(&dev), "gdn get device"))
         return -EIO;
+    if ((optin = df_cuda_smem_optin(dev)) <= 0) {
+        df_cuda_fail(cudaErrorInvalidValue, "gdn smem limit");
+        return -EIO;
+    }
     sa.nst = (size_t)optin >= pass_dims<DK>::bytes(3) ? 3 : 2;
     const size_t s2 = pass_dims<DK>::bytes(sa.nst);
     if ((size_t)optin < s1 || (size_t)optin < s2)

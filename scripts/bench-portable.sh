@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# bench-portable.sh BUILD LOGDIR - the non-Hopper path measured on a Hopper GPU: every figure
+# twice in one call, with the per-device default (wgmma / TMA kernels on compute capability 9.0)
+# and with DFLASH_PORTABLE=1 (the portable mma.sync kernels under the 99 KiB of shared memory of
+# sm_86 / sm_89 / sm_120: what an RTX PRO 6000 Blackwell or an L40S chooses), next to the
+# PyTorch baselines (flex_attention, SpecForge, HF) where their scripts are there.
+# STAGES (default "test attn ops train extract"):
+#   test    the GPU tests with DFLASH_PORTABLE=1 (the default's run in gpu-check.sh)
+#   attn    tools/bench_dflash_attn, default and portable, and torch.compile(flex_attention)
+#           on both anchor layouts (scripts/bench_flex_dflash.py)
+#   ops     the target's prefill attention and GDN benchmarks, default and portable
+#   train   scripts/bench-train.sh (27B drafter shape; SpecForge once), default and portable
+#   extract scripts/bench-extract.sh (27B shape, 4096-token documents; HF once), both
+# Each stage's wall time is printed; full logs in LOGDIR.
+set -uo pipefail
+B=${1:?build dir}; LOG=${2:?log dir}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+STAGES=${STAGES:-test attn ops train extract}
+has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
+mkdir -p "$LOG"
+status=0
+t() { echo "[$(date +%T)] $*" >>"$LOG/times.txt"; }
+nvidia-smi -L >"$LOG/machine.log" 2>&1
+if has test; then
+  t test start
+  DFLASH_PORTABLE=1 ctest --test-dir "$B" -R "test_gpu" --output-on-failure -j4 >"$LOG/ctest-portable.log" 2>&1 || status=1
+  t test end "$(grep -E 'tests passed|tests failed' "$LOG/ctest-portable.log" | tail -1)"
+fi
+if has attn; then
+  t attn start
+  "$B/tools/bench_dflash_attn" --anchors-out "$LOG/anchors.json" --anchors-1doc-out "$LOG/anchors-1doc.json" \
+    --json-out "$LOG/attn-default.json" >"$LOG/attn-default.log" 2>&1 || status=1
+  t attn default done
+  DFLASH_PORTABLE=1 "$B/tools/bench_dflash_attn" --json-out "$LOG/attn-portable.json" >"$LOG/attn-portable.log" 2>&1 || status=1
+  t attn portable done
+  for v in default portable; do
+    { python3 "$ROOT/scripts/bench_flex_dflash.py" --anchors "$LOG/anchors.json" --ours "$LOG/attn-$v.json" --title "3docs $v" &&
+      python3 "$ROOT/scripts/bench_flex_dflash.py" --anchors "$LOG/anchors-1doc.json" --ours "$LOG/attn-$v.json" \
+        --ours-key layers_1doc --title "1doc $v"; } >"$LOG/flex-$v.log" 2>&1 || status=1
+  done
+  t attn end
+fi
+if has ops; then
+  t ops start
+  for v in default portable; do
+    env $([ $v = portable ] && echo DFLASH_PORTABLE=1) bash -c \
+      "'$B/tests/test_gpu_attn_prefill' --bench; '$B/tests/test_gpu_gdn' --bench; '$B/tests/test_gpu_lmhead_ce' --bench" \
+      >"$LOG/ops-$v.log" 2>&1 || status=1
+  done
+  t ops end
+fi
+if has train; then
+  t train start
+  DISK=0 RECOMPUTE=0 OVERLAP=0 GPUS=1 "$ROOT/scripts/bench-train.sh" "$B" "$LOG/train-default" >"$LOG/train-default.log" 2>&1 || status=1
+  t train default done
+  DFLASH_PORTABLE=1 DISK=0 RECOMPUTE=0 OVERLAP=0 GPUS=1 BENCH_DIR=/nonexistent SPECFORGE_SRC=/nonexistent \
+    "$ROOT/scripts/bench-train.sh" "$B" "$LOG/train-portable" >"$LOG/train-portable.log" 2>&1 || status=1
+  t train end
+fi
+if has extract; then
+  t extract start
+  SHAPES=q35-4096 RUNS=1 TOKENS=${TOKENS:-65536} "$ROOT/scripts/bench-extract.sh" "$B" "$LOG/extract-default" \
+    >"$LOG/extract-default.log" 2>&1 || status=1
+  t extract default done
+  DFLASH_PORTABLE=1 HF=0 SHAPES=q35-4096 RUNS=1 TOKENS=${TOKENS:-65536} "$ROOT/scripts/bench-extract.sh" "$B" \
+    "$LOG/extract-portable" >"$LOG/extract-portable.log" 2>&1 || status=1
+  t extract end
+fi
+cat "$LOG/times.txt"
+exit $status
