@@ -7,57 +7,62 @@
 # STAGES (default "test attn ops train extract"):
 #   test    the GPU tests with DFLASH_PORTABLE=1 (the default's run in gpu-check.sh)
 #   attn    tools/bench_dflash_attn, default and portable, and torch.compile(flex_attention)
-#           on both anchor layouts (scripts/bench_flex_dflash.py)
+#           on both anchor layouts (scripts/bench_flex_dflash.py), as compiled for the GPU and
+#           with Triton's Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, like the portable path)
 #   ops     the target's prefill attention and GDN benchmarks, default and portable
 #   train   scripts/bench-train.sh (27B drafter shape; SpecForge once), default and portable
 #   extract scripts/bench-extract.sh (27B shape, 4096-token documents; HF once), both
-# Each stage's wall time is printed; full logs in LOGDIR.
+# Stages run in the order given; each one's wall time is printed; full logs in LOGDIR.
 set -uo pipefail
 B=${1:?build dir}; LOG=${2:?log dir}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 STAGES=${STAGES:-test attn ops train extract}
-has() { case " $STAGES " in *" $1 "*) return 0;; esac; return 1; }
 mkdir -p "$LOG"
 status=0
 t() { echo "[$(date +%T)] $*" >>"$LOG/times.txt"; }
 nvidia-smi -L >"$LOG/machine.log" 2>&1
-if has test; then
+st_test() {
   t test start
   DFLASH_PORTABLE=1 ctest --test-dir "$B" -R "test_gpu" --output-on-failure -j4 >"$LOG/ctest-portable.log" 2>&1 || status=1
   t test end "$(grep -E 'tests passed|tests failed' "$LOG/ctest-portable.log" | tail -1)"
-fi
-if has attn; then
+}
+st_attn() {
   t attn start
   "$B/tools/bench_dflash_attn" --anchors-out "$LOG/anchors.json" --anchors-1doc-out "$LOG/anchors-1doc.json" \
     --json-out "$LOG/attn-default.json" >"$LOG/attn-default.log" 2>&1 || status=1
   t attn default done
   DFLASH_PORTABLE=1 "$B/tools/bench_dflash_attn" --json-out "$LOG/attn-portable.json" >"$LOG/attn-portable.log" 2>&1 || status=1
   t attn portable done
-  for v in default portable; do
-    { python3 "$ROOT/scripts/bench_flex_dflash.py" --anchors "$LOG/anchors.json" --ours "$LOG/attn-$v.json" --title "3docs $v" &&
-      python3 "$ROOT/scripts/bench_flex_dflash.py" --anchors "$LOG/anchors-1doc.json" --ours "$LOG/attn-$v.json" \
-        --ours-key layers_1doc --title "1doc $v"; } >"$LOG/flex-$v.log" 2>&1 || status=1
+  # flex as compiled for this GPU (Triton's wgmma on Hopper) against both; then with Triton's
+  # Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, as on the GPUs the portable path is for)
+  for v in default portable mma2; do
+    j=$v; [ $v = mma2 ] && j=portable
+    env $([ $v = mma2 ] && echo DISABLE_MMA_V3=1) bash -c "
+      python3 '$ROOT/scripts/bench_flex_dflash.py' --anchors '$LOG/anchors.json' --ours '$LOG/attn-$j.json' --title '3docs $v' &&
+      python3 '$ROOT/scripts/bench_flex_dflash.py' --anchors '$LOG/anchors-1doc.json' --ours '$LOG/attn-$j.json' \
+        --ours-key layers_1doc --title '1doc $v'" >"$LOG/flex-$v.log" 2>&1 || status=1
   done
   t attn end
-fi
-if has ops; then
+}
+st_ops() {
   t ops start
+  OPS=${OPS:-test_gpu_attn_prefill test_gpu_gdn test_gpu_lmhead_ce}
   for v in default portable; do
-    env $([ $v = portable ] && echo DFLASH_PORTABLE=1) bash -c \
-      "'$B/tests/test_gpu_attn_prefill' --bench; '$B/tests/test_gpu_gdn' --bench; '$B/tests/test_gpu_lmhead_ce' --bench" \
-      >"$LOG/ops-$v.log" 2>&1 || status=1
+    for o in $OPS; do
+      env $([ $v = portable ] && echo DFLASH_PORTABLE=1) "$B/tests/$o" --bench || status=1
+    done >"$LOG/ops-$v.log" 2>&1
   done
   t ops end
-fi
-if has train; then
+}
+st_train() {
   t train start
   DISK=0 RECOMPUTE=0 OVERLAP=0 GPUS=1 "$ROOT/scripts/bench-train.sh" "$B" "$LOG/train-default" >"$LOG/train-default.log" 2>&1 || status=1
   t train default done
   DFLASH_PORTABLE=1 DISK=0 RECOMPUTE=0 OVERLAP=0 GPUS=1 BENCH_DIR=/nonexistent SPECFORGE_SRC=/nonexistent \
     "$ROOT/scripts/bench-train.sh" "$B" "$LOG/train-portable" >"$LOG/train-portable.log" 2>&1 || status=1
   t train end
-fi
-if has extract; then
+}
+st_extract() {
   t extract start
   SHAPES=q35-4096 RUNS=1 TOKENS=${TOKENS:-65536} "$ROOT/scripts/bench-extract.sh" "$B" "$LOG/extract-default" \
     >"$LOG/extract-default.log" 2>&1 || status=1
@@ -65,6 +70,7 @@ if has extract; then
   DFLASH_PORTABLE=1 HF=0 SHAPES=q35-4096 RUNS=1 TOKENS=${TOKENS:-65536} "$ROOT/scripts/bench-extract.sh" "$B" \
     "$LOG/extract-portable" >"$LOG/extract-portable.log" 2>&1 || status=1
   t extract end
-fi
+}
+for st in $STAGES; do "st_$st"; done
 cat "$LOG/times.txt"
 exit $status

@@ -39,7 +39,8 @@
  *    K, Q, V are bf16 in shared memory as read from the input (ldmatrix,
  *    .trans for the K of the update and for V), T and M fp32. The inputs of
  *    chunk c+2 (3-stage ring, 2 where the shared-memory opt-in is < 200 KB)
- *    are fetched with cp.async while chunk c runs.
+ *    are fetched with cp.async while chunk c runs; with one stage (opt-in
+ *    < 136 KB: sm_86 / sm_89 / sm_120) after it.
  *    Per warp and chunk (dk = 128): 256 + 128 bf16 mma + 72 TF32 mma, no
  *    barrier other than the ring's; Qwen3.5-27B (hv = 48, dv = 128): 96 CTAs
  *    of 4 warps, one warp per SM sub-partition.
@@ -211,12 +212,16 @@ __global__ void __launch_bounds__(NTHR, 2) gdn_chunk_prep(prep_args a)
 {
     constexpr int KP = prep_dims<DK>::LD;
     extern __shared__ float4 smem_f4[];
+    /* T and the inversion's block products take K's and Q's place once the
+     * products of step 3 have read them (84 KB in all for dk = 128: the ~99 KB
+     * parts, sm_86 / sm_89 / sm_120, run it too) */
+    static_assert(GC * LDA <= GC * KP && 3 * 16 * 17 <= GC * KP, "T, Y in K's, Q's place");
     float *sK = (float *)smem_f4;  /* [64][KP]: K */
     float *sQ = sK + GC * KP;      /* [64][KP]: Q */
     float *sA = sQ + GC * KP;      /* [64][LDA]: A (strictly lower) */
-    float *sT = sA + GC * LDA;     /* [64][LDA]: (I + A)^-1 */
-    float *sY = sT + GC * LDA;     /* [3][16][17]: block products of the inversion */
-    float *sG = sY + 3 * 16 * 17;  /* [64] Gamma */
+    float *sT = sK;                /* [64][LDA]: (I + A)^-1, from step 4 on */
+    float *sY = sQ;                /* [3][16][17]: block products of the inversion, step 5 */
+    float *sG = sA + GC * LDA;     /* [64] Gamma */
     float *sE = sG + GC;           /* [64] e^Gamma */
     float *sB = sE + GC;           /* [64] beta (0 beyond L) */
 
@@ -373,8 +378,7 @@ __global__ void __launch_bounds__(NTHR, 2) gdn_chunk_prep(prep_args a)
 
 template <int DK> constexpr size_t prep_smem_bytes()
 {
-    return sizeof(float) * ((size_t)2 * GC * prep_dims<DK>::LD + 2 * GC * LDA + 3 * 16 * 17 +
-                            3 * GC);
+    return sizeof(float) * ((size_t)2 * GC * prep_dims<DK>::LD + GC * LDA + 3 * GC);
 }
 
 /* ---- kernel 2: the sequential state pass ---- */
@@ -388,7 +392,7 @@ struct pass_args {
     const int32_t *chunks;      /* [2 * n_chunks]: token start, length */
     const int32_t *seqs;        /* [2 * n_items]: first chunk, chunk count (longest first) */
     int hv, group, nslices;     /* nslices = dv / PC */
-    int nst;                    /* input ring stages: 2 or 3 */
+    int nst;                    /* input ring stages: 1, 2 or 3 */
     int async16;                /* q, k, v rows 16-byte aligned: cp.async, else plain loads */
     int ovec;                   /* out rows 16-byte aligned: 16-byte stores */
 };
@@ -500,10 +504,12 @@ __global__ void __launch_bounds__(PTHR, 1) gdn_state_pass(pass_args a)
         else
             cp_wait<0>();
         __syncthreads(); /* chunk ci visible to all; everyone is done with chunk ci - 1's stage */
-        if (ci + a.nst - 1 < nc)
-            issue(ci + a.nst - 1); /* into chunk ci - 1's stage */
-        else
-            cp_commit(); /* an empty group keeps the wait counts uniform */
+        if (a.nst > 1) {
+            if (ci + a.nst - 1 < nc)
+                issue(ci + a.nst - 1); /* into chunk ci - 1's stage */
+            else
+                cp_commit(); /* an empty group keeps the wait counts uniform */
+        }
 
         const unsigned char *st = smem + (size_t)(ci % a.nst) * PD::stage;
         const uint16_t *sK = (const uint16_t *)(st + PD::oK), *sQ = (const uint16_t *)(st + PD::oQ);
@@ -642,6 +648,13 @@ __global__ void __launch_bounds__(PTHR, 1) gdn_state_pass(pass_args a)
                 mma_bf16(S[2 * jp + 1], al, b[2], b[3]);
             }
         }
+        if (a.nst == 1) { /* one stage: the next chunk's inputs once everyone is done with it */
+            __syncthreads();
+            if (ci + 1 < nc)
+                issue(ci + 1);
+            else
+                cp_commit();
+        }
     }
     cp_wait<0>();
 }
@@ -665,8 +678,8 @@ static int launch(cudaStream_t st, const prep_args &pa, pass_args sa, int n_chun
 {
     const size_t s1 = prep_smem_bytes<DK>();
     /* The state pass takes a 3-stage input ring where it fits (sm_90: ~198 KB for
-     * dk = 128), else 2 stages (sm_80: ~136 KB); the ~99 KB parts (sm_86/89/120)
-     * decline (the backend falls back to the recurrent kernel). */
+     * dk = 128), else 2 stages (sm_80: ~136 KB), else one (~74 KB: the ~99 KB parts,
+     * sm_86 / sm_89 / sm_120, whose loads then do not overlap the math). */
     int dev = 0, optin = 0;
     if (df_cuda_fail(cudaGetDevice(&dev), "gdn get device"))
         return -EIO;
@@ -674,7 +687,7 @@ static int launch(cudaStream_t st, const prep_args &pa, pass_args sa, int n_chun
         df_cuda_fail(cudaErrorInvalidValue, "gdn smem limit");
         return -EIO;
     }
-    sa.nst = (size_t)optin >= pass_dims<DK>::bytes(3) ? 3 : 2;
+    sa.nst = (size_t)optin >= pass_dims<DK>::bytes(3) ? 3 : (size_t)optin >= pass_dims<DK>::bytes(2) ? 2 : 1;
     const size_t s2 = pass_dims<DK>::bytes(sa.nst);
     if ((size_t)optin < s1 || (size_t)optin < s2)
         return -ENOTSUP;
