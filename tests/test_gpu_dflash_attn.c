@@ -36,6 +36,7 @@
  * <= 16 (the 8/2 and 32/8 bs16 configs and the 16/2 bs8 ones, whose block
  * tiles have keys past block_size), and is wg2f elsewhere. The workspace is
  * sized for wg3, the largest. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -429,7 +430,14 @@ static void run_cfg(const cfg *c, df_backend *be)
             CUDA_OK(cudaMemset(outs[t].dev, 0xff, outs[t].n * 2));
         CUDA_OK(cudaMemset(dws, 0xff, wsb));
         a.impl = impl;
-        CHECK_EQ(df_cuda_dflash_attn_bwd(&a, 0), 0);
+        int brc = df_cuda_dflash_attn_bwd(&a, 0);
+        if (brc == -ENOTSUP && impl == DF_CUDA_DFLASH_IMPL_SIMT) {
+            /* the CUDA-core reference's dQ / dK-dV tiles (fp32) need more than the
+             * 99 KiB of sm_86 / sm_89 / sm_120 (or DFLASH_PORTABLE=1) at D 128 */
+            printf(" | simt bwd: n/a (shared memory)");
+            continue;
+        }
+        CHECK_EQ(brc, 0);
         CUDA_OK(cudaDeviceSynchronize());
         printf(" | %s bwd:", impl_name(impl));
         for (int t = 1; t < 6; t++) {

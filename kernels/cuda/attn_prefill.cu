@@ -949,10 +949,10 @@ extern "C" int df_cuda_attention(df_backend *be, const df_tensor *q, const df_te
             p.o = (uint16_t *)sc, p.lo = cq;
     }
 
-    if (df_cuda_fail(cudaFuncSetAttribute(kn.fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          (int)kn.smem),
-                     "attention: shared memory opt-in"))
+    if (df_cuda_func_smem((const void *)kn.fn, kn.smem)) {
+        df_cuda_fail(cudaErrorInvalidValue, "attention: shared memory opt-in");
         return -EIO;
+    }
     kn.fn<<<(unsigned)(n_items * nq), kn.threads, kn.smem, st>>>(p);
     if (df_cuda_check_launch("attention"))
         return -EIO;

@@ -1,4 +1,5 @@
 // device.cu - device discovery and a self-test kernel (checks launch + copy).
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,22 @@ extern "C" int df_cuda_smem_optin(int dev)
     }
     const int small = 99 * 1024; // sm_86, sm_89, sm_120
     return df_cuda_portable_forced() && v > small ? small : v;
+}
+
+extern "C" int df_cuda_func_smem(const void *fn, size_t bytes)
+{
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        return -EIO;
+    }
+    if (bytes > (size_t)df_cuda_smem_optin(dev))
+        return -ENOTSUP;
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes) != cudaSuccess) {
+        cudaGetLastError();
+        return -EIO;
+    }
+    return 0;
 }
 
 extern "C" int df_cuda_hopper_kernels(void)

@@ -2,6 +2,8 @@
 #ifndef DF_CUDA_DEVICE_H
 #define DF_CUDA_DEVICE_H
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -33,6 +35,11 @@ int df_cuda_portable_forced(void);
  * sm_86 / sm_89 / sm_120 limit) under df_cuda_portable_forced(); 0 when the
  * device cannot be asked (the CUDA error is cleared). */
 int df_cuda_smem_optin(int dev);
+/* cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+ * bytes) on the current device, within df_cuda_smem_optin(): -ENOTSUP
+ * (nothing set) where bytes exceed it, so that DFLASH_PORTABLE=1 refuses a
+ * launch a 99 KiB part would refuse; 0, or -EIO on a CUDA error (cleared). */
+int df_cuda_func_smem(const void *fn, size_t bytes);
 /* Whether the Hopper kernels (wgmma, TMA; built for sm_90a) may be chosen on
  * the current device: compute capability 9.0 and not df_cuda_portable_forced().
  * Each Hopper kernel still checks that its sm_90a code is in the binary. */

@@ -853,26 +853,30 @@ __global__ void __launch_bounds__(MW * 32) dq_mma2_kernel(Params p, const int *o
 // (visible block, row chunk) in ascending order; context split s takes items
 // k with k % NSPL == s. Q/dO rows and their lse/Di/qo/lo of the next item are
 // loaded (cp.async) while this item is computed.
-template <int D>
+template <int D, int NST = 2>
 constexpr size_t dkv3_smem()
 {
-    return (size_t)(2 * TKM + 4 * RQ) * (D + 8) * 2 + (size_t)2 * RQ * 16;
+    return (size_t)(2 * TKM + 2 * NST * RQ) * (D + 8) * 2 + (size_t)NST * RQ * 16;
 }
 
 struct ItemIter {
     int b, ch, k;
 };
 
-template <int D>
+// NST: the item stages (Q, dO, lse, Di of one row chunk). 2: the next item
+// loads while this one is computed; 1 (D 128 on the 99 KiB parts, sm_86 /
+// sm_89 / sm_120, where two need 104 KiB): after it.
+template <int D, int NST = 2>
 __global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part, int bid0)
 {
+    static_assert(NST == 1 || NST == 2, "item stages");
     constexpr int NTHR = MW * 32, KP = D + 8, KS = D / 16, NTD = D / 8, V8 = D / 8;
     extern __shared__ float4 smem4[];
     uint16_t *Ks = reinterpret_cast<uint16_t *>(smem4), *Vs = Ks + TKM * KP, *Qb = Vs + TKM * KP;
     // stage st: Q at Qb + st * 2 RQ KP, dO after it
-    float *Lb = reinterpret_cast<float *>(Qb + 4 * RQ * KP); // [2][RQ] lse*log2e, then [2][RQ] Di
-    float *Db = Lb + 2 * RQ;
-    int *Qob = reinterpret_cast<int *>(Db + 2 * RQ), *Lob = Qob + 2 * RQ;
+    float *Lb = reinterpret_cast<float *>(Qb + 2 * NST * RQ * KP); // [NST][RQ] lse*log2e, then [NST][RQ] Di
+    float *Db = Lb + NST * RQ;
+    int *Qob = reinterpret_cast<int *>(Db + NST * RQ), *Lob = Qob + NST * RQ;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
     long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
     int nct = (p.S + TKM - 1) / TKM, ntb = (p.bs + TKM - 1) / TKM;
@@ -961,10 +965,14 @@ __global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part
         int st = 0;
         while (cur.b < b1) {
             ItemIter nx = advance(cur);
-            if (nx.b < b1)
-                issue(nx, st ^ 1);
-            cp_commit();
-            cp_wait<1>();
+            if (NST == 2) {
+                if (nx.b < b1)
+                    issue(nx, st ^ 1);
+                cp_commit();
+                cp_wait<1>();
+            } else {
+                cp_wait<0>();
+            }
             __syncthreads();
             const uint16_t *Qs = Qb + st * 2 * RQ * KP, *dOs = Qs + RQ * KP;
             const float *Ls = Lb + st * RQ, *Ds = Db + st * RQ;
@@ -1029,8 +1037,13 @@ __global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part
                     mma_cols<NTD, KP>(ak, sa, Qs, r0, lane);
                 }
             }
-            __syncthreads(); // stage st is refilled by the next iteration's issue
-            cur = nx, st ^= 1;
+            __syncthreads(); // stage st is refilled by the next iteration's issue (NST 1: below)
+            if (NST == 1) {
+                if (nx.b < b1)
+                    issue(nx, 0);
+                cp_commit();
+            }
+            cur = nx, st ^= NST - 1;
         }
         cp_wait<0>();
     }
@@ -1482,6 +1495,14 @@ Params make_params(const df_cuda_dflash_args *a)
             return -EIO;                                                                 \
         }                                                                                \
     } while (0)
+// fn's dynamic shared memory opt-in, within what the device (or
+// DFLASH_PORTABLE=1) allows: returns -ENOTSUP / -EIO from the caller otherwise
+#define SMEM(fn, bytes)                                                  \
+    do {                                                                 \
+        int smem_rc_ = df_cuda_func_smem((const void *)(fn), (bytes));   \
+        if (smem_rc_)                                                    \
+            return smem_rc_;                                             \
+    } while (0)
 
 template <int D>
 int fwd_launch(const Params &p, cudaStream_t st, int impl)
@@ -1490,8 +1511,7 @@ int fwd_launch(const Params &p, cudaStream_t st, int impl)
     if (n == 0)
         return 0;
     if (impl == DF_CUDA_DFLASH_IMPL_SIMT) {
-        CU(cudaFuncSetAttribute(fwd_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)fwd_smem(D)));
+        SMEM(fwd_kernel<D>, fwd_smem(D));
         fwd_kernel<D><<<(unsigned)n, NT, fwd_smem(D), st>>>(p);
         CU(cudaGetLastError());
         return 0;
@@ -1504,8 +1524,7 @@ int fwd_launch(const Params &p, cudaStream_t st, int impl)
             return rc;
     }
     // MMA4, and WG2 / WG2F elsewhere
-    CU(cudaFuncSetAttribute(fwd_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)fwd3_smem<D>()));
+    SMEM(fwd_mma2_kernel<D>, fwd3_smem<D>());
     fwd_mma2_kernel<D><<<(unsigned)n, MW * 32, fwd3_smem<D>(), st>>>(p);
     CU(cudaGetLastError());
     return 0;
@@ -1532,12 +1551,10 @@ int dq_mma2_launch(const Params &p, cudaStream_t st, const int *dq_order)
 {
     unsigned n = (unsigned)((long long)p.nb * p.nkv * p.nch);
     if (dq_order) {
-        CU(cudaFuncSetAttribute(dq_mma2_kernel<D, true>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq3_smem<D>()));
+        SMEM((dq_mma2_kernel<D, true>), dq3_smem<D>());
         dq_mma2_kernel<D, true><<<n, MW * 32, dq3_smem<D>(), st>>>(p, dq_order);
     } else {
-        CU(cudaFuncSetAttribute(dq_mma2_kernel<D, false>,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dq3_smem<D>()));
+        SMEM((dq_mma2_kernel<D, false>), dq3_smem<D>());
         dq_mma2_kernel<D, false><<<n, MW * 32, dq3_smem<D>(), st>>>(p, nullptr);
     }
     CU(cudaGetLastError());
@@ -1568,9 +1585,15 @@ int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, cudaEvent_t *
     long long nct = (p.S + TKM - 1) / TKM, ctas = nct * p.nkv * NSPL +
                                               (long long)p.nb * ((p.bs + TKM - 1) / TKM) * p.nkv;
     if (ctas > 0) {
-        CU(cudaFuncSetAttribute(dkv_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)dkv3_smem<D>()));
-        dkv_mma2_kernel<D><<<(unsigned)ctas, MW * 32, dkv3_smem<D>(), st>>>(p, part, 0);
+        int dev;
+        CU(cudaGetDevice(&dev));
+        if ((size_t)df_cuda_smem_optin(dev) >= dkv3_smem<D>()) {
+            SMEM(dkv_mma2_kernel<D>, dkv3_smem<D>());
+            dkv_mma2_kernel<D><<<(unsigned)ctas, MW * 32, dkv3_smem<D>(), st>>>(p, part, 0);
+        } else {
+            SMEM((dkv_mma2_kernel<D, 1>), (dkv3_smem<D, 1>()));
+            dkv_mma2_kernel<D, 1><<<(unsigned)ctas, MW * 32, dkv3_smem<D, 1>(), st>>>(p, part, 0);
+        }
         CU(cudaGetLastError());
     }
     REC(ev, 4, st); // context and block keys in one kernel
@@ -1703,8 +1726,7 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
             if (rc)
                 return rc;
         } else {
-            CU(cudaFuncSetAttribute(dkv4_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    (int)dkv4_smem<D>()));
+            SMEM(dkv4_kernel<D>, dkv4_smem<D>());
             dkv4_kernel<D><<<(unsigned)((long long)nct * p.nkv * NSPL), NW4 * 32, dkv4_smem<D>(),
                              st>>>(p, part, cnt, lst, order);
             CU(cudaGetLastError());
@@ -1726,8 +1748,7 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     long long nct2 = (p.S + TKM - 1) / TKM, ctx2 = nct2 * p.nkv * NSPL,
               nbt = (long long)p.nb * ((p.bs + TKM - 1) / TKM) * p.nkv;
     if (nbt > 0 && !fold_on) {
-        CU(cudaFuncSetAttribute(dkv_mma2_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)dkv3_smem<D>()));
+        SMEM(dkv_mma2_kernel<D>, dkv3_smem<D>());
         dkv_mma2_kernel<D><<<(unsigned)nbt, MW * 32, dkv3_smem<D>(), st>>>(p, part, (int)ctx2);
         CU(cudaGetLastError());
     }
@@ -1753,15 +1774,13 @@ int bwd_simt_launch(const Params &p, cudaStream_t st)
         di_kernel<D><<<(unsigned)((w * 32 + NT - 1) / NT), NT, 0, st>>>(p);
         CU(cudaGetLastError());
         unsigned n = (unsigned)((long long)p.nb * p.nkv * p.nch);
-        CU(cudaFuncSetAttribute(dq_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)dq_smem(D)));
+        SMEM(dq_kernel<D>, dq_smem(D));
         dq_kernel<D><<<n, NT, dq_smem(D), st>>>(p);
         CU(cudaGetLastError());
     }
     long long tiles = (p.S + TK - 1) / TK + (long long)p.nb * ((p.bs + TK - 1) / TK);
     if (tiles > 0) {
-        CU(cudaFuncSetAttribute(dkv_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)dkv_smem(D)));
+        SMEM(dkv_kernel<D>, dkv_smem(D));
         dkv_kernel<D><<<(unsigned)(tiles * p.nkv), NT, dkv_smem(D), st>>>(p);
         CU(cudaGetLastError());
     }

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "cuda_internal.h"
+#include "device.h"
 
 __device__ static inline float bf(uint16_t h)
 {
@@ -164,11 +165,13 @@ int df_cuda_gdn_recurrent(df_backend *be, const df_tensor *q, const df_tensor *k
     const int32_t *cu = df_cuda_stage_i32(be, cu_seqlens, n_seq + 1);
     if (!cu)
         return -EIO;
-    if (smem > 48 * 1024 &&
-        df_cuda_fail(cudaFuncSetAttribute(gdn_recurrent_kernel,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem),
-                     "gdn recurrent smem"))
-        return -EIO;
+    if (smem > 48 * 1024) {
+        int rc = df_cuda_func_smem((const void *)gdn_recurrent_kernel, smem);
+        if (rc) {
+            df_cuda_fail(cudaErrorInvalidValue, "gdn recurrent smem");
+            return rc;
+        }
+    }
     int threads = (dv + 31) / 32 * 32;
     gdn_recurrent_kernel<<<dim3((unsigned)n_seq, (unsigned)hv), (unsigned)threads, smem,
                            df_cuda_stream(be)>>>(

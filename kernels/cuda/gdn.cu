@@ -691,13 +691,11 @@ static int launch(cudaStream_t st, const prep_args &pa, pass_args sa, int n_chun
     const size_t s2 = pass_dims<DK>::bytes(sa.nst);
     if ((size_t)optin < s1 || (size_t)optin < s2)
         return -ENOTSUP;
-    if (df_cuda_fail(cudaFuncSetAttribute(gdn_chunk_prep<DK>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s1),
-                     "gdn prep smem") ||
-        df_cuda_fail(cudaFuncSetAttribute(gdn_state_pass<DK, DV>,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize, (int)s2),
-                     "gdn pass smem"))
+    if (df_cuda_func_smem((const void *)gdn_chunk_prep<DK>, s1) ||
+        df_cuda_func_smem((const void *)gdn_state_pass<DK, DV>, s2)) {
+        df_cuda_fail(cudaErrorInvalidValue, "gdn smem opt-in");
         return -EIO;
+    }
     gdn_chunk_prep<DK><<<dim3((unsigned)n_chunks, (unsigned)pa.hv), NTHR, s1, st>>>(pa);
     if (df_cuda_check_launch("gdn chunk prep"))
         return -EIO;
