@@ -4,7 +4,8 @@
 # and with DFLASH_PORTABLE=1 (the portable mma.sync kernels under the 99 KiB of shared memory of
 # sm_86 / sm_89 / sm_120: what an RTX PRO 6000 Blackwell or an L40S chooses), next to the
 # PyTorch baselines (flex_attention, SpecForge, HF) where their scripts are there.
-# STAGES (default "test attn ops train extract"):
+# STAGES (default "test attn ops train extract"); FLEX: the attn stage's flex runs (default
+# "default portable mma2"); OPS: the ops stage's test binaries:
 #   test    the GPU tests with DFLASH_PORTABLE=1 (the default's run in gpu-check.sh)
 #   attn    tools/bench_dflash_attn, default and portable, and torch.compile(flex_attention)
 #           on both anchor layouts (scripts/bench_flex_dflash.py), as compiled for the GPU and
@@ -35,7 +36,7 @@ st_attn() {
   t attn portable done
   # flex as compiled for this GPU (Triton's wgmma on Hopper) against both; then with Triton's
   # Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, as on the GPUs the portable path is for)
-  for v in default portable mma2; do
+  for v in ${FLEX:-default portable mma2}; do
     j=$v; [ $v = mma2 ] && j=portable
     env $([ $v = mma2 ] && echo DISABLE_MMA_V3=1) bash -c "
       python3 '$ROOT/scripts/bench_flex_dflash.py' --anchors '$LOG/anchors.json' --ours '$LOG/attn-$j.json' --title '3docs $v' &&

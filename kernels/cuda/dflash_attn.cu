@@ -853,6 +853,25 @@ __global__ void __launch_bounds__(MW * 32) dq_mma2_kernel(Params p, const int *o
 // (visible block, row chunk) in ascending order; context split s takes items
 // k with k % NSPL == s. Q/dO rows and their lse/Di/qo/lo of the next item are
 // loaded (cp.async) while this item is computed.
+// The one-stage backward's dS^T store (dsd): per (block, kv head, row chunk)
+// maxt + 1 slots of [TKM keys][RQ rows] bf16: the context tiles of the
+// block's span (slot t: key tile lo0 / TKM + t), then its block-key tile
+// (slot maxt; block_size <= TKM). Keys a slot's CTA does not reach (past S,
+// past the block's keys) are left unwritten; dq_dsd_kernel zero-fills them.
+__host__ __device__ inline int dsd_maxt(int S, int W)
+{
+    int m = (S + TKM - 1) / TKM; // a span [lo0, anc) within [0, S)
+    if (W > 0) {                 // at most W - 1 keys
+        int w = (W + TKM - 1) / TKM + 1;
+        m = w < m ? w : m;
+    }
+    return m > 0 ? m : 0;
+}
+__host__ __device__ inline size_t dsd_slot(const Params &p, int b, int g, int ch, int t)
+{
+    return (((size_t)b * p.nch + ch) * p.nkv + g) * (size_t)(dsd_maxt(p.S, p.W) + 1) + t;
+}
+
 template <int D, int NST = 2>
 constexpr size_t dkv3_smem()
 {
@@ -866,8 +885,11 @@ struct ItemIter {
 // NST: the item stages (Q, dO, lse, Di of one row chunk). 2: the next item
 // loads while this one is computed; 1 (D 128 on the 99 KiB parts, sm_86 /
 // sm_89 / sm_120, where two need 104 KiB): after it.
+// dsd (may be NULL): the dS^T store of the one-stage backward (dsd_bytes):
+// each item's bf16 dS^T tile, as the dK products use it, into its slot for
+// dq_dsd_kernel.
 template <int D, int NST = 2>
-__global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part, int bid0)
+__global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part, int bid0, uint16_t *dsd)
 {
     static_assert(NST == 1 || NST == 2, "item stages");
     constexpr int NTHR = MW * 32, KP = D + 8, KS = D / 16, NTD = D / 8, V8 = D / 8;
@@ -979,6 +1001,11 @@ __global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part
             const int *Qo = Qob + st * RQ, *Lo = Lob + st * RQ;
             int anc = p.anchor[cur.b];
             int kend_b = isctx ? anc : end;
+            uint16_t *dslot = NULL; // this item's dS^T tile (dsd), [64 keys][64 rows]
+            if (dsd) {
+                int t = isctx ? tile - ctx_lo(anc, p.doc_start[cur.b], p.W, 0) / TKM : dsd_maxt(p.S, p.W);
+                dslot = dsd + dsd_slot(p, cur.b, g, cur.ch, t) * (size_t)(TKM * RQ);
+            }
             int lohi = ctx_lo(anc, p.doc_start[cur.b], p.W, p.bs - 1);
             bool full = isctx && (cur.ch + 1) * RQ <= p.bs * p.group && base >= lohi &&
                         base + TKM <= anc;
@@ -1033,6 +1060,13 @@ __global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part
                                       pack_bf2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
                                       pack_bf2(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
                     int r0 = h2 * 32 + kk * 16;
+                    if (dslot) { // sa[j]: key kw + gid (+ 8 for j odd), rows r0 + 8 (j / 2) + 2 t4 (+ 1)
+                        uint16_t *d0 = dslot + (size_t)(kw + gid) * RQ + r0 + 2 * t4;
+                        *reinterpret_cast<uint32_t *>(d0) = sa[0];
+                        *reinterpret_cast<uint32_t *>(d0 + 8 * RQ) = sa[1];
+                        *reinterpret_cast<uint32_t *>(d0 + 8) = sa[2];
+                        *reinterpret_cast<uint32_t *>(d0 + 8 * RQ + 8) = sa[3];
+                    }
                     mma_cols<NTD, KP>(av, pa, dOs, r0, lane);
                     mma_cols<NTD, KP>(ak, sa, Qs, r0, lane);
                 }
@@ -1072,6 +1106,79 @@ __global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part
                     pack_bf2(av[nd][2 * ri], av[nd][2 * ri + 1]);
             }
         }
+    }
+}
+
+// dQ from the stored dS^T (the one-stage backward): CTA = item (block b, kv
+// head g, row chunk ch), MW warps, warp w the chunk's rows 16 w .. + 15 x D.
+// dq = scale (sum over the span's context tiles of dS K_t + the block tile's
+// dS K_b), tile by tile in key order (deterministic). A stage: the dS^T tile
+// [TKM][RQ + 8] and its K rows [TKM][D + 8], both cp.async, two stages.
+template <int D> constexpr size_t dq_dsd_smem() { return (size_t)2 * TKM * ((RQ + 8) + (D + 8)) * 2; }
+template <int D>
+__global__ void __launch_bounds__(MW * 32) dq_dsd_kernel(Params p, const uint16_t *dsd)
+{
+    constexpr int KP = D + 8, TP = RQ + 8, NTD = D / 8, V8 = D / 8, R8 = RQ / 8, NTHR = MW * 32;
+    extern __shared__ float4 smem4[];
+    uint16_t *sm = reinterpret_cast<uint16_t *>(smem4); // stage st: dS^T at st * TKM (TP + KP), K after it
+    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv, b = blockIdx.x / (p.nch * p.nkv);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane & 3, gid = lane >> 2;
+    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    float acc[NTD][4];
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd++)
+        acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
+    if (p.valid[b]) {
+        int anc = p.anchor[b], lo0 = ctx_lo(anc, p.doc_start[b], p.W, 0);
+        int t0 = lo0 / TKM, ntc = anc > lo0 ? (anc - 1) / TKM - t0 + 1 : 0, nt = ntc + 1;
+        int maxt = dsd_maxt(p.S, p.W);
+        auto issue = [&](int t, int st) {
+            uint16_t *Ts = sm + st * TKM * (TP + KP), *Ks = Ts + TKM * TP;
+            bool isctx = t < ntc;
+            int base = isctx ? (t0 + t) * TKM : 0, end = isctx ? anc : p.bs;
+            const uint16_t *dsrc = dsd + dsd_slot(p, b, g, ch, isctx ? t : maxt) * (size_t)(TKM * RQ);
+            const uint16_t *ksrc = isctx ? p.kc : p.kb;
+            long long rbase = isctx ? base : (long long)b * p.bs;
+            for (int e = threadIdx.x; e < TKM * (R8 + V8); e += NTHR) {
+                int key = e / (R8 + V8), c = (e % (R8 + V8)) * 8;
+                bool ok = base + key < end;
+                if (c < RQ)
+                    cp16(Ts + key * TP + c, dsrc + (ok ? key * RQ + c : 0), ok);
+                else
+                    cp16(Ks + key * KP + c - RQ, ksrc + (ok ? (rbase + key) * ldk + (long long)g * D + c - RQ : 0), ok);
+            }
+        };
+        issue(0, 0);
+        cp_commit();
+        for (int t = 0; t < nt; t++) {
+            if (t + 1 < nt)
+                issue(t + 1, (t + 1) & 1);
+            cp_commit();
+            cp_wait<1>();
+            __syncthreads();
+            const uint16_t *Ts = sm + (t & 1) * TKM * (TP + KP), *Ks = Ts + TKM * TP;
+#pragma unroll
+            for (int kk = 0; kk < TKM / 16; kk++) {
+                // A = dS (rows 16 warp.., keys 16 kk..) from dS^T [key][row]: ldmatrix .trans;
+                // matrices (rows lo, keys lo), (rows hi, keys lo), (rows lo, keys hi), (rows hi, keys hi)
+                uint32_t a[4];
+                ldsm4t(a, Ts + (kk * 16 + (lane >> 4) * 8 + (lane & 7)) * TP + warp * 16 + ((lane >> 3) & 1) * 8);
+                mma_cols<NTD, KP>(acc, a, Ks, kk * 16, lane);
+            }
+            __syncthreads(); // stage t & 1 is refilled by the next iteration's issue
+        }
+        cp_wait<0>();
+    }
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        RowId id = row_id(p, b, g, ch, warp * 16 + gid + 8 * ri);
+        if (!id.ok)
+            continue;
+        uint16_t *qrow = p.dq + id.grow * ldq + id.h * D;
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++)
+            *reinterpret_cast<uint32_t *>(qrow + nd * 8 + 2 * t4) =
+                pack_bf2(acc[nd][2 * ri] * p.scale, acc[nd][2 * ri + 1] * p.scale);
     }
 }
 
@@ -1561,11 +1668,13 @@ int dq_mma2_launch(const Params &p, cudaStream_t st, const int *dq_order)
     return 0;
 }
 
-// MMA4's backward where dkv4_kernel does not fit the device's shared memory:
-// Di, dQ, then dkv_mma2_kernel for the context and the block keys alike (the
-// passes of the retired impl MMA2), the split reduction.
+// MMA4's backward where dkv4_kernel does not fit the device's shared memory
+// (sm_80's 163 KiB, sm_86/89/120's 99 KiB): Di, then dkv_mma2_kernel for the
+// context and the block keys alike, the split reduction; the dQ either from
+// the dS^T that pass stores (dsd, block_size <= TKM: dq_dsd_kernel, one
+// product instead of three) or, where dsd is NULL, dq_mma2_kernel before it.
 template <int D>
-int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, cudaEvent_t *ev)
+int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, uint16_t *dsd, cudaEvent_t *ev)
 {
     REC(ev, 0, st);
     long long rows = (long long)p.nb * p.bs;
@@ -1574,9 +1683,11 @@ int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, cudaEvent_t *
         di_kernel<D><<<(unsigned)((w * 32 + NT - 1) / NT), NT, 0, st>>>(p);
         CU(cudaGetLastError());
         REC(ev, 1, st);
-        int rc = dq_mma2_launch<D>(p, st, nullptr);
-        if (rc)
-            return rc;
+        if (!dsd) {
+            int rc = dq_mma2_launch<D>(p, st, nullptr);
+            if (rc)
+                return rc;
+        }
     } else {
         REC(ev, 1, st);
     }
@@ -1589,14 +1700,19 @@ int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, cudaEvent_t *
         CU(cudaGetDevice(&dev));
         if ((size_t)df_cuda_smem_optin(dev) >= dkv3_smem<D>()) {
             SMEM(dkv_mma2_kernel<D>, dkv3_smem<D>());
-            dkv_mma2_kernel<D><<<(unsigned)ctas, MW * 32, dkv3_smem<D>(), st>>>(p, part, 0);
+            dkv_mma2_kernel<D><<<(unsigned)ctas, MW * 32, dkv3_smem<D>(), st>>>(p, part, 0, dsd);
         } else {
             SMEM((dkv_mma2_kernel<D, 1>), (dkv3_smem<D, 1>()));
-            dkv_mma2_kernel<D, 1><<<(unsigned)ctas, MW * 32, dkv3_smem<D, 1>(), st>>>(p, part, 0);
+            dkv_mma2_kernel<D, 1><<<(unsigned)ctas, MW * 32, dkv3_smem<D, 1>(), st>>>(p, part, 0, dsd);
         }
         CU(cudaGetLastError());
     }
     REC(ev, 4, st); // context and block keys in one kernel
+    if (dsd && rows > 0) { // (its pass event: [5], as WG3's dQ from its stored dS)
+        SMEM(dq_dsd_kernel<D>, dq_dsd_smem<D>());
+        dq_dsd_kernel<D><<<(unsigned)((long long)p.nb * p.nkv * p.nch), MW * 32, dq_dsd_smem<D>(), st>>>(p, dsd);
+        CU(cudaGetLastError());
+    }
     REC(ev, 5, st);
     size_t n = (size_t)p.S * p.nkv * D;
     if (n > 0) {
@@ -1637,6 +1753,26 @@ size_t wg3_bytes(const df_cuda_dflash_args *a)
                               (size_t)df_dflash::dqs_max_tiles(a->S, a->window) * df_dflash::DS_TILE_BYTES;
 }
 
+// Bytes of the one-stage backward's dS^T store (bwd_mma2_launch's dsd), after
+// everything else: where an implementation other than SIMT runs
+// bwd_mma2_launch on the current device (dkv4_kernel does not fit its shared
+// memory) and block_size <= TKM; else 0.
+size_t dsd_bytes(const df_cuda_dflash_args *a)
+{
+    int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
+    int dev = 0;
+    if (impl == DF_CUDA_DFLASH_IMPL_SIMT || a->block_size > TKM || a->n_blocks <= 0 || a->nkv <= 0 ||
+        cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    size_t need = a->head_dim == 64 ? dkv4_smem<64>() : dkv4_smem<128>();
+    if ((size_t)df_cuda_smem_optin(dev) >= need)
+        return 0;
+    Params p = make_params(a);
+    return dsd_slot(p, p.nb, 0, 0, 0) * (size_t)(TKM * RQ) * 2;
+}
+
 // Bytes of the dQ item order (WG2's: n_blocks * chunks ints), after the lists.
 size_t order_bytes(const df_cuda_dflash_args *a)
 {
@@ -1661,7 +1797,7 @@ size_t order_bytes(const df_cuda_dflash_args *a)
 // after the previous ones); elsewhere WG2's launches.
 template <int D>
 int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, int *dq_order,
-                    bool wg2, bool fold, cudaEvent_t *ev, const df_dflash::DsBuf *dsb0)
+                    bool wg2, bool fold, cudaEvent_t *ev, const df_dflash::DsBuf *dsb0, uint16_t *dsd)
 {
     // dkv4 needs 174 KiB (D 128) of shared memory per CTA: more than sm_80's
     // 163 KiB and the 99 KiB of sm_86/89/120 (and of DFLASH_PORTABLE=1). There,
@@ -1670,7 +1806,7 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     CU(cudaGetDevice(&dev));
     smax = df_cuda_smem_optin(dev);
     if ((size_t)smax < dkv4_smem<D>())
-        return bwd_mma2_launch<D>(p, st, part, ev);
+        return bwd_mma2_launch<D>(p, st, part, dsd, ev);
     REC(ev, 0, st);
     long long rows = (long long)p.nb * p.bs;
     // the wgmma dQ pass's K / V tensor maps (TMA); none: dq_mma2_kernel
@@ -1749,7 +1885,7 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
               nbt = (long long)p.nb * ((p.bs + TKM - 1) / TKM) * p.nkv;
     if (nbt > 0 && !fold_on) {
         SMEM(dkv_mma2_kernel<D>, dkv3_smem<D>());
-        dkv_mma2_kernel<D><<<(unsigned)nbt, MW * 32, dkv3_smem<D>(), st>>>(p, part, (int)ctx2);
+        dkv_mma2_kernel<D><<<(unsigned)nbt, MW * 32, dkv3_smem<D>(), st>>>(p, part, (int)ctx2, nullptr);
         CU(cudaGetLastError());
     }
     REC(ev, 5, st);
@@ -1793,7 +1929,7 @@ extern "C" size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *
 {
     if (!a)
         return 0;
-    size_t n = di_bytes(a) + part_bytes(a) + list_bytes(a) + order_bytes(a) + wg3_bytes(a);
+    size_t n = di_bytes(a) + part_bytes(a) + list_bytes(a) + order_bytes(a) + wg3_bytes(a) + dsd_bytes(a);
     return n ? n : 4;
 }
 
@@ -1924,8 +2060,10 @@ extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_
         dsb.pdl = env_on("DFLASH_ATTN_PDL", &g_env_pdl);
         cudaEvent_t *ev = a->pass_events;
         const df_dflash::DsBuf *dp = wg3 ? &dsb : NULL;
-        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg2, fold, ev, dp)
-                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg2, fold, ev, dp);
+        // the one-stage backward's dS^T store, last (NULL where it does not run)
+        uint16_t *dsd = dsd_bytes(a) ? (uint16_t *)((char *)dsb.ctr + wg3_bytes(a)) : NULL;
+        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg2, fold, ev, dp, dsd)
+                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg2, fold, ev, dp, dsd);
     }
     if (!a->workspace)
         CU(cudaFreeAsync(ws, st));
