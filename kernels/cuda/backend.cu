@@ -245,8 +245,14 @@ static void *cu_alloc(df_backend *be, size_t bytes)
         return NULL;
     /* 256-byte aligned; 0 bytes still gives a unique pointer. */
     if (cudaMalloc(&p, bytes ? bytes : 256) != cudaSuccess) {
-        df_log(DF_LOG_ERROR, "cuda: cannot allocate %zu bytes on device %d", bytes, st_of(be)->device);
         (void)cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        if (cudaMemGetInfo(&fr, &tot) != cudaSuccess)
+            (void)cudaGetLastError();
+        df_log(DF_LOG_ERROR,
+               "cuda: cannot allocate %.2f GiB on device %d (%.2f of %.2f GiB free): less work per "
+               "step needs less (extract: a smaller --batch-tokens; train: smaller --max-tokens)",
+               bytes / 1073741824.0, st_of(be)->device, fr / 1073741824.0, tot / 1073741824.0);
         return NULL;
     }
     return p;
