@@ -4,9 +4,14 @@
 #ifndef DF_BACKEND_INTERNAL_H
 #define DF_BACKEND_INTERNAL_H
 
+#include "op_list.h"
 #include "ops.h"
 #include "train_ops.h"
 #include "pool.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 typedef enum df_backend_kind { DF_BACKEND_CPU = 1, DF_BACKEND_CUDA = 2 } df_backend_kind;
 
@@ -40,63 +45,8 @@ typedef struct df_backend_vt {
     void (*prof_begin)(df_backend *be, const char *name);
     void (*prof_end)(df_backend *be);
 
-    int (*embed)(df_backend *be, const df_tensor *table, const uint32_t *ids, int64_t n,
-                 df_tensor *out);
-    int (*matmul)(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
-                  int accumulate);
-    int (*add)(df_backend *be, const df_tensor *x, df_tensor *y);
-    int (*rmsnorm)(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
-                   int plus_one, df_tensor *y);
-    int (*rmsnorm_gated)(df_backend *be, const df_tensor *x, const df_tensor *z,
-                         const df_tensor *w, float eps, df_tensor *y);
-    int (*rope)(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
-                int rot_dim, double theta);
-    int (*swiglu)(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out);
-    int (*sigmoid)(df_backend *be, const df_tensor *x, df_tensor *out);
-    int (*silu)(df_backend *be, const df_tensor *x, df_tensor *out);
-    int (*attention)(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
-                     const int32_t *cu_seqlens, int n_seq, int nq, int nkv, int head_dim,
-                     float scale, const df_tensor *gate, df_tensor *out);
-    int (*conv1d_silu)(df_backend *be, const df_tensor *x, const df_tensor *w,
-                       const int32_t *cu_seqlens, int n_seq, df_tensor *out);
-    int (*l2norm)(df_backend *be, df_tensor *x, float eps, float scale);
-    int (*gdn_gates)(df_backend *be, const df_tensor *a, const df_tensor *b,
-                     const df_tensor *A_log, const df_tensor *dt_bias, df_tensor *g,
-                     df_tensor *beta);
-    int (*gdn)(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
-               const df_tensor *g, const df_tensor *beta, const int32_t *cu_seqlens, int n_seq,
-               int hk, int hv, int dk, int dv, df_gdn_mode mode, df_tensor *out);
-
-    /* training ops (train_ops.h) */
-    int (*matmul_bwd_x)(df_backend *be, const df_tensor *dy, const df_tensor *w, df_tensor *dx,
-                        int accumulate);
-    int (*matmul_bwd_w)(df_backend *be, const df_tensor *dy, const df_tensor *x, df_tensor *dw,
-                        int accumulate);
-    int (*rmsnorm_bwd)(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
-                       int plus_one, const df_tensor *dy, df_tensor *dx, int accumulate_dx,
-                       df_tensor *dw);
-    int (*rope_bwd)(df_backend *be, df_tensor *dx, const int32_t *pos, int heads, int head_dim,
-                    int rot_dim, double theta);
-    int (*swiglu_bwd)(df_backend *be, const df_tensor *gate, const df_tensor *up,
-                      const df_tensor *dout, df_tensor *dgate, df_tensor *dup);
-    int (*lmhead_ce)(df_backend *be, const df_tensor *h, const df_tensor *head,
-                     const int32_t *label, const float *weight, float denom, double *loss_sum,
-                     df_tensor *dh, int32_t *argmax, float *ce);
-    /* grad / x: grad_dtype / dtype elements, F32 or BF16 (checked). */
-    int (*adamw)(df_backend *be, float *master, const void *grad, df_dtype grad_dtype, float *m,
-                 float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,
-                 int64_t step, float grad_scale, uint16_t *out_bf16);
-    double (*sumsq)(df_backend *be, const void *x, df_dtype dtype, int64_t n);
-    int (*dflash_attn)(df_backend *be, const df_tensor *q, const df_tensor *kc,
-                       const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,
-                       const df_dflash_blocks *blk, int nq, int nkv, int head_dim,
-                       float scale, df_tensor *out, df_tensor *lse);
-    int (*dflash_attn_bwd)(df_backend *be, const df_tensor *q, const df_tensor *kc,
-                           const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,
-                           const df_dflash_blocks *blk, int nq, int nkv, int head_dim,
-                           float scale, const df_tensor *out, const df_tensor *lse,
-                           const df_tensor *dout, df_tensor *dq, df_tensor *dkc, df_tensor *dvc,
-                           df_tensor *dkb, df_tensor *dvb);
+    /* the compute ops (op_list.h), in its order */
+    DF_OPS(DF_OP_MEMBER)
     /* Host to backend, enqueued in op order, no wait: src must stay as it is
      * until the next sync (pinned memory: a real async copy). NULL: same as
      * upload. */
@@ -171,33 +121,13 @@ static inline int df_is_act(const df_backend *be, const df_tensor *t)
     return t && t->dtype == be->act;
 }
 
-/* CPU implementations (kernels/cpu/). Arguments are already validated. */
-int df_cpu_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, int64_t n,
-                 df_tensor *out);
-int df_cpu_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
-                  int accumulate);
-int df_cpu_add(df_backend *be, const df_tensor *x, df_tensor *y);
-int df_cpu_rmsnorm(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
-                   int plus_one, df_tensor *y);
-int df_cpu_rmsnorm_gated(df_backend *be, const df_tensor *x, const df_tensor *z,
-                         const df_tensor *w, float eps, df_tensor *y);
-int df_cpu_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
-                int rot_dim, double theta);
-int df_cpu_swiglu(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out);
-int df_cpu_sigmoid(df_backend *be, const df_tensor *x, df_tensor *out);
-int df_cpu_silu(df_backend *be, const df_tensor *x, df_tensor *out);
-int df_cpu_attention(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
-                     const int32_t *cu_seqlens, int n_seq, int nq, int nkv, int head_dim,
-                     float scale, const df_tensor *gate, df_tensor *out);
-int df_cpu_conv1d_silu(df_backend *be, const df_tensor *x, const df_tensor *w,
-                       const int32_t *cu_seqlens, int n_seq, df_tensor *out);
-int df_cpu_l2norm(df_backend *be, df_tensor *x, float eps, float scale);
-int df_cpu_gdn_gates(df_backend *be, const df_tensor *a, const df_tensor *b,
-                     const df_tensor *A_log, const df_tensor *dt_bias, df_tensor *g,
-                     df_tensor *beta);
-int df_cpu_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
-               const df_tensor *g, const df_tensor *beta, const int32_t *cu_seqlens, int n_seq,
-               int hk, int hv, int dk, int dv, df_gdn_mode mode, df_tensor *out);
+/* Each backend's implementation of every op (op_list.h): df_cpu_<op>
+ * (kernels/cpu/), df_cuda_<op> (kernels/cuda/; CUDA builds only). Arguments
+ * are already validated. */
+#define DF_CPU_OP_DECL(ret, name, params) ret df_cpu_##name params;
+#define DF_CUDA_OP_DECL(ret, name, params) ret df_cuda_##name params;
+DF_OPS(DF_CPU_OP_DECL)
+DF_OPS(DF_CUDA_OP_DECL)
 
 /* Weight element i of a BF16/F16/F32 vector, as f32. */
 static inline float df_weight_at(const df_tensor *w, int64_t i)
@@ -206,4 +136,7 @@ static inline float df_weight_at(const df_tensor *w, int64_t i)
                           w->dtype);
 }
 
+#ifdef __cplusplus
+}
+#endif
 #endif

@@ -166,30 +166,9 @@ static const df_backend_vt cpu_vt = {
     .host_alloc = cpu_alloc,
     .host_free = cpu_free,
     .fill_uniform = cpu_fill_uniform,
-    .embed = df_cpu_embed,
-    .matmul = df_cpu_matmul,
-    .add = df_cpu_add,
-    .rmsnorm = df_cpu_rmsnorm,
-    .rmsnorm_gated = df_cpu_rmsnorm_gated,
-    .rope = df_cpu_rope,
-    .swiglu = df_cpu_swiglu,
-    .sigmoid = df_cpu_sigmoid,
-    .silu = df_cpu_silu,
-    .attention = df_cpu_attention,
-    .conv1d_silu = df_cpu_conv1d_silu,
-    .l2norm = df_cpu_l2norm,
-    .gdn_gates = df_cpu_gdn_gates,
-    .gdn = df_cpu_gdn,
-    .matmul_bwd_x = df_cpu_matmul_bwd_x,
-    .matmul_bwd_w = df_cpu_matmul_bwd_w,
-    .rmsnorm_bwd = df_cpu_rmsnorm_bwd,
-    .rope_bwd = df_cpu_rope_bwd,
-    .swiglu_bwd = df_cpu_swiglu_bwd,
-    .lmhead_ce = df_cpu_lmhead_ce,
-    .adamw = df_cpu_adamw,
-    .sumsq = df_cpu_sumsq,
-    .dflash_attn = df_cpu_dflash_attn,
-    .dflash_attn_bwd = df_cpu_dflash_attn_bwd,
+#define DF_CPU_OP_ENTRY(ret, name, params) .name = df_cpu_##name,
+    DF_OPS(DF_CPU_OP_ENTRY)
+#undef DF_CPU_OP_ENTRY
 };
 
 df_backend *df_backend_cpu_open(int nthreads, df_err *e)

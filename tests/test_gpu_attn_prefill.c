@@ -21,7 +21,7 @@
  * multiples of any tile, one of 1000+ tokens. Every case runs with the
  * automatic configuration and with each forced candidate configuration
  * (df_cuda_attention_set_variant), so the portable small-smem kernels are
- * tested on an H200 too, and v4, the sm_90a wgmma kernel (forced variants call df_cuda_attention directly, so
+ * tested on an H200 too, and v4, the sm_90a wgmma kernel (forced variants call df_cuda_attention_flash directly, so
  * the backend's CUDA-core fallback cannot stand in for them). The tuned
  * kernel must decline head_dim 96 with -ENOTSUP.
  *
@@ -90,7 +90,7 @@ static int attn(df_backend *gpu, int var, const df_tensor *q, const df_tensor *k
     if (var == 0)
         return df_op_attention(gpu, q, k, v, cu, n_seq, nq, nkv, D, scale, gate, out);
     df_cuda_attention_set_variant(var);
-    int rc = df_cuda_attention(gpu, q, k, v, cu, n_seq, nq, nkv, D, scale, gate, out);
+    int rc = df_cuda_attention_flash(gpu, q, k, v, cu, n_seq, nq, nkv, D, scale, gate, out);
     df_cuda_attention_set_variant(0);
     return rc;
 }
@@ -434,7 +434,7 @@ int main(int argc, char **argv)
                   tk = df_tensor_2d(kv, DF_DTYPE_BF16, T, nkv * D),
                   to = df_tensor_2d(o, DF_DTYPE_BF16, T, nq * D);
         int32_t cu[2] = {0, T};
-        CHECK_EQ(df_cuda_attention(gpu, &tq, &tk, &tk, cu, 1, nq, nkv, D, 0.1f, NULL, &to),
+        CHECK_EQ(df_cuda_attention_flash(gpu, &tq, &tk, &tk, cu, 1, nq, nkv, D, 0.1f, NULL, &to),
                  -ENOTSUP);
         df_backend_free(gpu, q), df_backend_free(gpu, kv), df_backend_free(gpu, o);
     }

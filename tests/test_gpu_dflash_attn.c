@@ -364,8 +364,8 @@ static void run_cfg(const cfg *c, df_backend *be)
     CUDA_OK(cudaMalloc(&dws, wsb));
     CUDA_OK(cudaMemset(dws, 0xff, wsb));
     a.workspace = dws;
-    CHECK_EQ(df_cuda_dflash_attn_fwd(&a, 0), 0);
-    CHECK_EQ(df_cuda_dflash_attn_bwd(&a, 0), 0);
+    CHECK_EQ(df_cuda_dflash_fwd(&a, 0), 0);
+    CHECK_EQ(df_cuda_dflash_bwd(&a, 0), 0);
     CUDA_OK(cudaDeviceSynchronize());
 
     /* structural zeros: rows of padding blocks; context keys nobody sees */
@@ -430,7 +430,7 @@ static void run_cfg(const cfg *c, df_backend *be)
             CUDA_OK(cudaMemset(outs[t].dev, 0xff, outs[t].n * 2));
         CUDA_OK(cudaMemset(dws, 0xff, wsb));
         a.impl = impl;
-        int brc = df_cuda_dflash_attn_bwd(&a, 0);
+        int brc = df_cuda_dflash_bwd(&a, 0);
         if (brc == -ENOTSUP && impl == DF_CUDA_DFLASH_IMPL_SIMT) {
             /* the CUDA-core reference's dQ / dK-dV tiles (fp32) need more than the
              * 99 KiB of sm_86 / sm_89 / sm_120 (or DFLASH_PORTABLE=1) at D 128 */
@@ -474,7 +474,7 @@ static void run_cfg(const cfg *c, df_backend *be)
                 for (int t = 1; t < 6; t++)
                     CUDA_OK(cudaMemset(outs[t].dev, 0xff, outs[t].n * 2));
                 CUDA_OK(cudaMemset(dws, 0xff, wsb));
-                CHECK_EQ(df_cuda_dflash_attn_bwd(&a, 0), 0);
+                CHECK_EQ(df_cuda_dflash_bwd(&a, 0), 0);
                 CUDA_OK(cudaDeviceSynchronize());
                 for (int t = 1; t < 6; t++) {
                     CUDA_OK(cudaMemcpy(dst_, outs[t].dev, outs[t].n * 2, cudaMemcpyDeviceToHost));
@@ -518,8 +518,8 @@ static void run_cfg(const cfg *c, df_backend *be)
         for (size_t i = 0; i < sizeof retired / sizeof retired[0]; i++) {
             CHECK_EQ(df_cuda_dflash_set_bwd_impl(retired[i]), -22);
             a.impl = retired[i]; /* rejected before anything is launched */
-            CHECK_EQ(df_cuda_dflash_attn_fwd(&a, 0), -22);
-            CHECK_EQ(df_cuda_dflash_attn_bwd(&a, 0), -22);
+            CHECK_EQ(df_cuda_dflash_fwd(&a, 0), -22);
+            CHECK_EQ(df_cuda_dflash_bwd(&a, 0), -22);
         }
         free(run1), free(run2), free(run0), free(runw2);
     }
@@ -537,7 +537,7 @@ static void run_cfg(const cfg *c, df_backend *be)
             }
             CUDA_OK(cudaMemset(dout_, 0xff, nQ * 2));
             CUDA_OK(cudaMemset(dlse, 0xff, (size_t)rows * nq * 4));
-            CHECK_EQ(df_cuda_dflash_attn_fwd(&a, 0), 0);
+            CHECK_EQ(df_cuda_dflash_fwd(&a, 0), 0);
             CUDA_OK(cudaDeviceSynchronize());
             CUDA_OK(cudaMemcpy(gl, dlse, (size_t)rows * nq * 4, cudaMemcpyDeviceToHost));
             CUDA_OK(cudaMemcpy(hb, dout_, nQ * 2, cudaMemcpyDeviceToHost));
@@ -590,10 +590,10 @@ int main(void)
         df_cuda_dflash_args bad;
         memset(&bad, 0, sizeof bad);
         bad.block_size = 16, bad.nq = 4, bad.nkv = 2, bad.head_dim = 96;
-        CHECK_EQ(df_cuda_dflash_attn_fwd(&bad, 0), -22);
-        CHECK_EQ(df_cuda_dflash_attn_fwd(NULL, 0), -22);
+        CHECK_EQ(df_cuda_dflash_fwd(&bad, 0), -22);
+        CHECK_EQ(df_cuda_dflash_fwd(NULL, 0), -22);
         bad.head_dim = 64, bad.nkv = 3;
-        CHECK_EQ(df_cuda_dflash_attn_bwd(&bad, 0), -22);
+        CHECK_EQ(df_cuda_dflash_bwd(&bad, 0), -22);
     }
     printf("max abs error: GPU vs fp32 reference / naive bf16 vs fp32 reference\n");
     static const cfg cfgs[] = {

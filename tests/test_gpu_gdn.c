@@ -420,7 +420,7 @@ int main(int argc, char **argv)
         dprob d;
         int32_t cu[2] = {0, 8};
         if (upload_prob(&d, &p) == 0) {
-            CHECK_EQ(df_cuda_gdn(gpu, &d.tq, &d.tk, &d.tv, &d.tg, &d.tb, cu, 1, 1, 1, 32, 32,
+            CHECK_EQ(df_cuda_gdn_chunked(gpu, &d.tq, &d.tk, &d.tv, &d.tg, &d.tb, cu, 1, 1, 1, 32, 32,
                                  DF_GDN_CHUNKED, &d.to),
                      -ENOTSUP);
             CHECK_EQ(df_op_gdn(gpu, &d.tq, &d.tk, &d.tv, &d.tg, &d.tb, cu, 1, 1, 1, 32, 32,

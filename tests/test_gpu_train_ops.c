@@ -312,7 +312,7 @@ static void check_dflash(df_backend *g, df_backend *c)
     a.S = S, a.n_blocks = nb, a.block_size = bs, a.window = W, a.nq = nq, a.nkv = nkv,
     a.head_dim = D, a.scale = scale, a.anchor = da, a.doc_start = dd, a.valid = dv;
     a.q = Gq, a.kc = Gkc, a.vc = Gvc, a.kb = Gkb, a.vb = Gvb, a.out = Go2, a.lse = Gl2;
-    CHECK_EQ(df_cuda_dflash_attn_fwd(&a, df_cuda_stream(g)), 0);
+    CHECK_EQ(df_cuda_dflash_fwd(&a, df_cuda_stream(g)), 0);
     CHECK_EQ(df_backend_sync(g), 0);
     size_t no = (size_t)rows * nq * D;
     uint16_t *h1 = malloc(no * 2), *h2 = malloc(no * 2);

@@ -293,7 +293,7 @@ int main(int argc, char **argv)
                 for (int it = 0; it < warm + n; it++) {
                     CU(cudaEventRecord(e0));
                     for (int c = 0; c < calls; c++)
-                        if (bwd ? df_cuda_dflash_attn_bwd(&a, 0) : df_cuda_dflash_attn_fwd(&a, 0))
+                        if (bwd ? df_cuda_dflash_bwd(&a, 0) : df_cuda_dflash_fwd(&a, 0))
                             exit(1);
                     CU(cudaEventRecord(e1));
                     CU(cudaEventSynchronize(e1));
@@ -313,7 +313,7 @@ int main(int argc, char **argv)
                 a.impl = impl;
                 a.pass_events = pev;
                 for (int it = 0; it < 3 + reps; it++) {
-                    if (df_cuda_dflash_attn_bwd(&a, 0))
+                    if (df_cuda_dflash_bwd(&a, 0))
                         exit(1);
                     CU(cudaEventSynchronize(pev[DF_CUDA_DFLASH_BWD_EVENTS - 1]));
                     for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS && it >= 3; k++) {
@@ -343,12 +343,12 @@ int main(int argc, char **argv)
             auto deterministic = [&](int impl) -> int {
                 a.impl = impl;
                 CU(cudaMemset(a.workspace, 0xff, wsb));
-                if (df_cuda_dflash_attn_bwd(&a, 0))
+                if (df_cuda_dflash_bwd(&a, 0))
                     exit(1);
                 CU(cudaDeviceSynchronize());
                 grads(g2);
                 CU(cudaMemset(a.workspace, 0xff, wsb));
-                if (df_cuda_dflash_attn_bwd(&a, 0))
+                if (df_cuda_dflash_bwd(&a, 0))
                     exit(1);
                 CU(cudaDeviceSynchronize());
                 grads(gr);

@@ -846,7 +846,7 @@ extern "C" const char *df_cuda_attention_path(void)
     return wg ? "wgmma" : "mma.sync";
 }
 
-extern "C" int df_cuda_attention(df_backend *be, const df_tensor *q, const df_tensor *k,
+extern "C" int df_cuda_attention_flash(df_backend *be, const df_tensor *q, const df_tensor *k,
                                  const df_tensor *v, const int32_t *cu_seqlens, int n_seq, int nq,
                                  int nkv, int head_dim, float scale, const df_tensor *gate,
                                  df_tensor *out)

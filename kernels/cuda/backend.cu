@@ -547,12 +547,12 @@ static int force_fallback(void)
     return v;
 }
 
-static int cu_attention(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+extern "C" int df_cuda_attention(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
                         const int32_t *cu_seqlens, int n_seq, int nq, int nkv, int head_dim,
                         float scale, const df_tensor *gate, df_tensor *out)
 {
     int rc = force_fallback() ? -ENOTSUP
-                              : df_cuda_attention(be, q, k, v, cu_seqlens, n_seq, nq, nkv,
+                              : df_cuda_attention_flash(be, q, k, v, cu_seqlens, n_seq, nq, nkv,
                                                   head_dim, scale, gate, out);
     if (rc == -ENOTSUP)
         rc = df_cuda_attention_simt(be, q, k, v, cu_seqlens, n_seq, nq, nkv, head_dim, scale,
@@ -560,12 +560,12 @@ static int cu_attention(df_backend *be, const df_tensor *q, const df_tensor *k, 
     return rc;
 }
 
-static int cu_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+extern "C" int df_cuda_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
                   const df_tensor *g, const df_tensor *beta, const int32_t *cu_seqlens, int n_seq,
                   int hk, int hv, int dk, int dv, df_gdn_mode mode, df_tensor *out)
 {
     int rc = force_fallback() ? -ENOTSUP
-                              : df_cuda_gdn(be, q, k, v, g, beta, cu_seqlens, n_seq, hk, hv, dk,
+                              : df_cuda_gdn_chunked(be, q, k, v, g, beta, cu_seqlens, n_seq, hk, hv, dk,
                                             dv, mode, out);
     if (rc == -ENOTSUP)
         rc = df_cuda_gdn_recurrent(be, q, k, v, g, beta, cu_seqlens, n_seq, hk, hv, dk, dv, out);
@@ -613,7 +613,7 @@ static int dflash_args(df_backend *be, const df_tensor *q, const df_tensor *kc,
     return 0;
 }
 
-static int cu_dflash_attn(df_backend *be, const df_tensor *q, const df_tensor *kc,
+extern "C" int df_cuda_dflash_attn(df_backend *be, const df_tensor *q, const df_tensor *kc,
                           const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,
                           const df_dflash_blocks *blk, int nq, int nkv, int head_dim, float scale,
                           df_tensor *out, df_tensor *lse)
@@ -627,10 +627,10 @@ static int cu_dflash_attn(df_backend *be, const df_tensor *q, const df_tensor *k
         return -ENOTSUP;
     a.out = (uint16_t *)out->data;
     a.lse = (float *)lse->data;
-    return df_cuda_dflash_attn_fwd(&a, st_of(be)->stream);
+    return df_cuda_dflash_fwd(&a, st_of(be)->stream);
 }
 
-static int cu_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *kc,
+extern "C" int df_cuda_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *kc,
                               const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,
                               const df_dflash_blocks *blk, int nq, int nkv, int head_dim,
                               float scale, const df_tensor *out, const df_tensor *lse,
@@ -660,7 +660,7 @@ static int cu_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tenso
      * at another time of the step. */
     if (!(a.workspace = df_cuda_scratch(be, df_cuda_dflash_bwd_workspace_bytes(&a))))
         return -ENOMEM;
-    return df_cuda_dflash_attn_bwd(&a, st_of(be)->stream);
+    return df_cuda_dflash_bwd(&a, st_of(be)->stream);
 }
 
 
@@ -702,31 +702,10 @@ static const df_backend_vt cuda_vt = {
     /* .mem_used = */ cu_mem_used,
     /* .prof_begin = */ cu_prof_begin,
     /* .prof_end = */ cu_prof_end,
-    /* .embed = */ df_cuda_embed,
-    /* .matmul = */ df_cuda_matmul,
-    /* .add = */ df_cuda_add,
-    /* .rmsnorm = */ df_cuda_rmsnorm,
-    /* .rmsnorm_gated = */ df_cuda_rmsnorm_gated,
-    /* .rope = */ df_cuda_rope,
-    /* .swiglu = */ df_cuda_swiglu,
-    /* .sigmoid = */ df_cuda_sigmoid,
-    /* .silu = */ df_cuda_silu,
-    /* .attention = */ cu_attention,
-    /* .conv1d_silu = */ df_cuda_conv1d_silu,
-    /* .l2norm = */ df_cuda_l2norm,
-    /* .gdn_gates = */ df_cuda_gdn_gates,
-    /* .gdn = */ cu_gdn,
-    /* training ops */
-    /* .matmul_bwd_x = */ df_cuda_matmul_bwd_x,
-    /* .matmul_bwd_w = */ df_cuda_matmul_bwd_w,
-    /* .rmsnorm_bwd = */ df_cuda_rmsnorm_bwd,
-    /* .rope_bwd = */ df_cuda_rope_bwd,
-    /* .swiglu_bwd = */ df_cuda_swiglu_bwd,
-    /* .lmhead_ce = */ df_cuda_lmhead_ce,
-    /* .adamw = */ df_cuda_adamw,
-    /* .sumsq = */ df_cuda_sumsq,
-    /* .dflash_attn = */ cu_dflash_attn,
-    /* .dflash_attn_bwd = */ cu_dflash_attn_bwd,
+    // the compute ops, in op_list.h's order
+#define DF_CUDA_OP_ENTRY(ret, name, params) df_cuda_##name,
+    DF_OPS(DF_CUDA_OP_ENTRY)
+#undef DF_CUDA_OP_ENTRY
     /* .upload_async = */ cu_upload_async,
     /* .prof_reset = */ cu_prof_reset,
     /* .upload_ahead = */ cu_upload_ahead,

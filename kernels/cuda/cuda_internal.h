@@ -48,42 +48,22 @@ int df_cuda_fail(cudaError_t err, const char *what);
 /* df_cuda_fail(cudaGetLastError(), what): call after kernel launches. */
 int df_cuda_check_launch(const char *what);
 
-/* Op implementations (the .cu files beside this header). */
-int df_cuda_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, int64_t n,
-                  df_tensor *out);
-int df_cuda_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
-                   int accumulate);
-int df_cuda_add(df_backend *be, const df_tensor *x, df_tensor *y);
-int df_cuda_rmsnorm(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
-                    int plus_one, df_tensor *y);
-int df_cuda_rmsnorm_gated(df_backend *be, const df_tensor *x, const df_tensor *z,
-                          const df_tensor *w, float eps, df_tensor *y);
-int df_cuda_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
-                 int rot_dim, double theta);
-int df_cuda_swiglu(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out);
-int df_cuda_sigmoid(df_backend *be, const df_tensor *x, df_tensor *out);
-int df_cuda_silu(df_backend *be, const df_tensor *x, df_tensor *out);
+/* The op implementations, df_cuda_<op> (the .cu files beside this header):
+ * declared from op_list.h (backend_internal.h). The kernels some of them
+ * choose between: */
 /* The target's prefill attention kernel the current device runs: "wgmma"
  * (Hopper, sm_90a code) or "mma.sync" (every other GPU, or DFLASH_PORTABLE=1). */
 const char *df_cuda_attention_path(void);
-int df_cuda_attention(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
-                      const int32_t *cu_seqlens, int n_seq, int nq, int nkv, int head_dim,
-                      float scale, const df_tensor *gate, df_tensor *out);
-int df_cuda_conv1d_silu(df_backend *be, const df_tensor *x, const df_tensor *w,
-                        const int32_t *cu_seqlens, int n_seq, df_tensor *out);
-int df_cuda_l2norm(df_backend *be, df_tensor *x, float eps, float scale);
-int df_cuda_gdn_gates(df_backend *be, const df_tensor *a, const df_tensor *b,
-                      const df_tensor *A_log, const df_tensor *dt_bias, df_tensor *g,
-                      df_tensor *beta);
-int df_cuda_gdn(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
-                const df_tensor *g, const df_tensor *beta, const int32_t *cu_seqlens, int n_seq,
-                int hk, int hv, int dk, int dv, df_gdn_mode mode, df_tensor *out);
-
-/* Training ops (train_ops.h contracts; weight gradients F32 or BF16). */
-int df_cuda_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w, df_tensor *dx,
-                         int accumulate);
-int df_cuda_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x, df_tensor *dw,
-                         int accumulate);
+/* Flash attention (attn_prefill.cu): -ENOTSUP for shapes it does not take
+ * (df_cuda_attention then runs df_cuda_attention_simt). */
+int df_cuda_attention_flash(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+                            const int32_t *cu_seqlens, int n_seq, int nq, int nkv, int head_dim,
+                            float scale, const df_tensor *gate, df_tensor *out);
+/* The chunked GDN prefill (gdn.cu): -ENOTSUP for head dims it does not take
+ * (df_cuda_gdn then runs df_cuda_gdn_recurrent). */
+int df_cuda_gdn_chunked(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
+                        const df_tensor *g, const df_tensor *beta, const int32_t *cu_seqlens, int n_seq,
+                        int hk, int hv, int dk, int dv, df_gdn_mode mode, df_tensor *out);
 
 /* cuBLASLt plans (gemm.cu). The timed choice among the heuristic's
  * bitwise-equal candidates (DFLASH_GEMM_TUNE=1, gemm.cu's header):

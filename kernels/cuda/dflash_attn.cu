@@ -2021,7 +2021,7 @@ extern "C" const char *df_cuda_dflash_impl_name(int impl)
     return "?";
 }
 
-extern "C" int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_t st)
+extern "C" int df_cuda_dflash_fwd(const df_cuda_dflash_args *a, cudaStream_t st)
 {
     int rc = check_args(a, false);
     if (rc)
@@ -2031,7 +2031,7 @@ extern "C" int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_
     return a->head_dim == 64 ? fwd_launch<64>(p, st, impl) : fwd_launch<128>(p, st, impl);
 }
 
-extern "C" int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_t st)
+extern "C" int df_cuda_dflash_bwd(const df_cuda_dflash_args *a, cudaStream_t st)
 {
     int rc = check_args(a, true);
     if (rc)

@@ -79,8 +79,8 @@ typedef struct df_cuda_dflash_args {
      * dK/dV pass's S^T); dkc, dvc, dkb, dvb were, on the H200, in every
      * bench configuration. Its forward is WG2's). The other values (2, 3, 4, 6, 7: the
      * retired mma, mma2, mma3, mma5 and wg) are rejected with -EINVAL. Like
-     * every value, impl selects the forward in df_cuda_dflash_attn_fwd and
-     * the backward in df_cuda_dflash_attn_bwd independently: a caller may run
+     * every value, impl selects the forward in df_cuda_dflash_fwd and
+     * the backward in df_cuda_dflash_bwd independently: a caller may run
      * WG2's forward and another backward, or the reverse. With impl 0 the
      * forward is df_cuda_dflash_fwd_impl()'s (WG2 on a compute capability 9.0
      * device, MMA4 elsewhere), and the backward is
@@ -107,8 +107,8 @@ enum { DF_CUDA_DFLASH_IMPL_SIMT = 1, DF_CUDA_DFLASH_IMPL_MMA4 = 5, DF_CUDA_DFLAS
        DF_CUDA_DFLASH_IMPL_WG2F = 9, DF_CUDA_DFLASH_IMPL_WG3 = 10 };
 enum { DF_CUDA_DFLASH_BWD_EVENTS = 7 };
 
-int df_cuda_dflash_attn_fwd(const df_cuda_dflash_args *a, cudaStream_t stream);
-int df_cuda_dflash_attn_bwd(const df_cuda_dflash_args *a, cudaStream_t stream);
+int df_cuda_dflash_fwd(const df_cuda_dflash_args *a, cudaStream_t stream);
+int df_cuda_dflash_bwd(const df_cuda_dflash_args *a, cudaStream_t stream);
 size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *a);
 /* The backward that args.impl == 0 runs, process-wide (tests, benchmarks):
  * one of the DF_CUDA_DFLASH_IMPL_* values, or 0 for the environment's

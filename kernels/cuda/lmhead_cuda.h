@@ -28,9 +28,7 @@ extern "C" {
 
 #include "backend_internal.h"
 
-int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
-                      const int32_t *label, const float *weight, float denom, double *loss_sum,
-                      df_tensor *dh, int32_t *argmax, float *ce);
+/* df_cuda_lmhead_ce: declared from op_list.h (backend_internal.h). */
 
 /* Test hook: the bound on the per-chunk buffers (logits, and with dh the
  * low halves of the gradient and an fp32 dh chunk) in bytes; 0 restores the

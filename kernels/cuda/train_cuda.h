@@ -22,11 +22,9 @@
 extern "C" {
 #endif
 
+#include "backend_internal.h" /* df_cuda_<op> of op_list.h */
 #include "train_ops.h"
 
-int df_cuda_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
-                        int plus_one, const df_tensor *dy, df_tensor *dx, int accumulate_dx,
-                        df_tensor *dw);
 /* RMSNorm backward's paths (the same bits; see train_dense.cu): ONEPASS
  * reads x and dy once (16-byte aligned rows, D <= 512 or 1025..6144;
  * elsewhere the
@@ -39,14 +37,6 @@ int df_cuda_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, 
 enum { DF_CUDA_RMSNORM_BWD_ONEPASS = 1, DF_CUDA_RMSNORM_BWD_TWOPASS = 2 };
 int df_cuda_rmsnorm_bwd_set_impl(int impl);
 int df_cuda_rmsnorm_bwd_last_impl(void);
-int df_cuda_rope_bwd(df_backend *be, df_tensor *dx, const int32_t *pos, int heads, int head_dim,
-                     int rot_dim, double theta);
-int df_cuda_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up,
-                       const df_tensor *dout, df_tensor *dgate, df_tensor *dup);
-int df_cuda_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_dtype, float *m,
-                  float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,
-                  int64_t step, float grad_scale, uint16_t *out_bf16);
-double df_cuda_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n);
 
 #ifdef __cplusplus
 }
