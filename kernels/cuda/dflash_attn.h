@@ -53,10 +53,10 @@ typedef struct df_cuda_dflash_args {
      * block-key dK/dV; the context dK/dV with 128-key tiles, 8 warps, P and
      * dS through shared memory, per-tile block lists, heaviest tiles first)
      * or DF_CUDA_DFLASH_IMPL_WG2 (Hopper warpgroup MMA, wgmma, in each pass
-     * where it exists: the forward (kernels/cuda/dflash_attn_wg_fwd.cu, MMA4's
-     * work split), the dQ pass (kernels/cuda/dflash_attn_wg_dq.cu, its CTAs
+     * where it exists: the forward (kernels/cuda/dflash_attn/wg_fwd.cu, MMA4's
+     * work split), the dQ pass (kernels/cuda/dflash_attn/wg_dq.cu, its CTAs
      * longest span first) and the context dK/dV pass
-     * (kernels/cuda/dflash_attn_wg.cu); Di, the tile lists, the block-key
+     * (kernels/cuda/dflash_attn/wg_dkv.cu); Di, the tile lists, the block-key
      * dK/dV and the split reduction are MMA4's. Each wgmma kernel falls back
      * to MMA4's forward / dQ (in the same longest-first order) / context
      * dK/dV where the device is not compute capability 9.0 or the build has
@@ -70,7 +70,7 @@ typedef struct df_cuda_dflash_args {
      * bitwise WG2's on the H200 in every bench configuration; WG2 exactly
      * elsewhere; its forward is WG2's) or DF_CUDA_DFLASH_IMPL_WG3 (WG2F whose
      * context dK/dV pass also stores dS, from which a dQ kernel computes dQ
-     * without computing S and dP again (kernels/cuda/dflash_attn_wg_dqs.cu),
+     * without computing S and dP again (kernels/cuda/dflash_attn/wg_dqs.cu),
      * where a block's rows of a kv head are one 64-row chunk, block_size
      * <= 16, the group a power of two >= 4 and the device is Hopper; WG2F
      * exactly elsewhere. Its workspace holds the dS of every block's widest

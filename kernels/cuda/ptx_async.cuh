@@ -1,5 +1,5 @@
 // ptx_async.cuh - the PTX wrappers the tensor-core attention kernels share
-// (attn_prefill.cu, dflash_attn.cu, dflash_attn_wg*.cu): shared-memory
+// (attn_prefill.cu, dflash_attn/*.cu): shared-memory
 // addresses, cp.async with zero-fill, its commit / wait, ldmatrix x4 and
 // mma.sync m16n8k16 (bf16 in, fp32 accumulate). sm_80+ instructions; an
 // unused wrapper emits nothing, so including this in code also built for

@@ -1,4 +1,4 @@
-// dflash_attn.cu - the DFlash drafter attention on the GPU (contract in
+// dflash_attn/attn.cu - the DFlash drafter attention on the GPU (contract in
 // dflash_attn.h and train_ops.h; the CPU reference is kernels/cpu/dflash_attn.c).
 //
 // FlashAttention-2 structure. Four implementations (args.impl; the table in
@@ -41,8 +41,8 @@
 // over per-tile block lists (dkv4_kernel); the split reduction. wg2 (its
 // forward the default on compute capability 9.0, 1.7-1.8x mma4's speed at
 // the 27B shape on the H200) is mma4 with its forward
-// (dflash_attn_wg_fwd.cu), its dQ pass (dflash_attn_wg_dq.cu, blocks last to
-// first) and its context dK/dV pass (dflash_attn_wg.cu) on wgmma; where
+// (dflash_attn/wg_fwd.cu), its dQ pass (dflash_attn/wg_dq.cu, blocks last to
+// first) and its context dK/dV pass (dflash_attn/wg_dkv.cu) on wgmma; where
 // sm_90a is not there, fwd_mma2_kernel, dq_mma2_kernel in longest-first order
 // (dq_order_kernel) and dkv4_kernel. wg2f (the
 // backward's default on compute capability 9.0) is wg2 with Di and the
@@ -60,11 +60,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "bf16.cuh"
-#include "device.h"
-#include "dflash_attn.h"
-#include "dflash_attn_common.cuh"
-#include "ptx_async.cuh"
+#include "../bf16.cuh"
+#include "../device.h"
+#include "../dflash_attn.h"
+#include "common.cuh"
+#include "../ptx_async.cuh"
 
 namespace {
 
@@ -81,8 +81,8 @@ namespace {
 
 constexpr int NT = 256, NW = 8, RPW = 8, RQ = NW * RPW, TK = 32, PP = TK + 4;
 
-// Params, ctx_lo, RowId / row_id: dflash_attn_common.cuh (shared with
-// dflash_attn_wg.cu)
+// Params, ctx_lo, RowId / row_id: dflash_attn/common.cuh (shared with
+// dflash_attn/wg_dkv.cu)
 using df_dflash::Params;
 using df_dflash::ctx_lo;
 using df_dflash::RowId;
@@ -575,7 +575,7 @@ __device__ __forceinline__ void issue_kv(const Params &p, int b, int g, int anc,
     }
 }
 
-constexpr int TKF = 64, TKQ = 32, NSPL = 2; // NSPL: dflash_attn_common.cuh's WG_NSPL says why 2
+constexpr int TKF = 64, TKQ = 32, NSPL = 2; // NSPL: dflash_attn/common.cuh's WG_NSPL says why 2
 template <int D> constexpr size_t fwd3_smem() { return (size_t)2 * 2 * TKF * (D + 8) * 2; }
 template <int D> constexpr size_t dq3_smem() { return (size_t)2 * 2 * TKQ * (D + 8) * 2; }
 
@@ -1226,7 +1226,7 @@ __global__ void __launch_bounds__(NT) dkv_reduce_kernel(const float *part, size_
 // Padding: padding blocks are never in a list; keys past S are zero-filled
 // and masked (key >= anchor); rows past the chunk have lse -inf (P = 0).
 constexpr int TK4 = 128, NW4 = 8, PTP = RQ + 8; // PTP: [key][row] bf16 pitch (conflict-free)
-// WG2's wgmma context dK/dV kernel (dflash_attn_wg.cu) shares the lists, order,
+// WG2's wgmma context dK/dV kernel (dflash_attn/wg_dkv.cu) shares the lists, order,
 // partials and reduction
 static_assert(TK4 == df_dflash::WG_TILE_KEYS && NSPL == df_dflash::WG_NSPL, "wg tile / splits");
 template <int D>
@@ -1623,7 +1623,7 @@ int fwd_launch(const Params &p, cudaStream_t st, int impl)
         CU(cudaGetLastError());
         return 0;
     }
-    // WG2, WG2F: the wgmma forward (dflash_attn_wg_fwd.cu) where the device runs it
+    // WG2, WG2F: the wgmma forward (dflash_attn/wg_fwd.cu) where the device runs it
     if ((impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F || impl == DF_CUDA_DFLASH_IMPL_WG3) &&
         df_dflash::fwd_wg_usable(D)) {
         int rc = df_dflash::fwd_wg_launch(p, D, st);
@@ -1737,7 +1737,7 @@ size_t list_bytes(const df_cuda_dflash_args *a)
     return (nct * (2 + (size_t)a->n_blocks) * sizeof(int) + 255) / 256 * 256;
 }
 
-// WG3's dQ item counter (256 bytes) and stored dS (dflash_attn_wg_dqs.cu), after the dQ item order: the
+// WG3's dQ item counter (256 bytes) and stored dS (dflash_attn/wg_dqs.cu), after the dQ item order: the
 // block tiles' dS^T, the context tiles' (room for every span at its widest);
 // 0 for the other implementations
 size_t dsb_bytes(const df_cuda_dflash_args *a)
@@ -1815,7 +1815,7 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     const bool fold_on = fold && wgdq_on && p.nch == 1 && df_dflash::dq_wg_usable(D, true);
     // WG3 (dsb0): a block pass (Di, the block keys' dK/dV, the block tiles'
     // dS^T), the context dK/dV pass storing dS^T, then dQ from both
-    // (dflash_attn_wg_dqs.cu), where the fold would run with 16-key block
+    // (dflash_attn/wg_dqs.cu), where the fold would run with 16-key block
     // tiles and TMA-fed Q / dO, the context dK/dV pass takes its TMA-fed
     // instantiation and the device runs WG3's kernels; else WG2F's passes
     const bool wg3_on = dsb0 && fold_on && p.bs <= 16 && maps.qd_on && df_dflash::dkv_wg_usable(p, D) &&

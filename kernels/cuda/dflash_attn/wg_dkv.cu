@@ -1,9 +1,9 @@
-// dflash_attn_wg.cu - the context dK/dV pass of the DFlash attention backward
+// dflash_attn/wg_dkv.cu - the context dK/dV pass of the DFlash attention backward
 // of impls DF_CUDA_DFLASH_IMPL_WG2 and _WG2F (dflash_attn.h) on Hopper
 // warpgroup MMA (wgmma.mma_async, sm_90a), in place of MMA4's dkv4_kernel.
 // The per-tile block lists and their LPT order, the partials and the split
-// reduction are MMA4's, in dflash_attn.cu; the dQ pass is
-// dflash_attn_wg_dq.cu.
+// reduction are MMA4's, in attn.cu; the dQ pass is
+// dflash_attn/wg_dq.cu.
 //
 // Work split (MMA4's): one CTA per (key tile of 128 context keys, kv head g,
 // split s of WG_NSPL); its items are (valid block whose span meets the tile,
@@ -105,8 +105,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "dflash_attn_common.cuh"
-#include "dflash_attn_wg.cuh" // DF_WG_BODY (sm_90a code), the wgmma / cp.async / swizzle helpers
+#include "common.cuh"
+#include "wg.cuh" // DF_WG_BODY (sm_90a code), the wgmma / cp.async / swizzle helpers
 
 namespace df_dflash {
 namespace {

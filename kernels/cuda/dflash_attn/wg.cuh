@@ -1,7 +1,7 @@
-// dflash_attn_wg.cuh - the Hopper warpgroup-MMA (wgmma, sm_90a) helpers that
+// dflash_attn/wg.cuh - the Hopper warpgroup-MMA (wgmma, sm_90a) helpers that
 // the DFlash attention's wgmma kernels (impls WG2 and WG2F) share:
-// dflash_attn_wg.cu (context dK/dV), dflash_attn_wg_dq.cu (dQ),
-// dflash_attn_wg_fwd.cu (forward). Internal (each includer gets its own
+// dflash_attn/wg_dkv.cu (context dK/dV), dflash_attn/wg_dq.cu (dQ),
+// dflash_attn/wg_fwd.cu (forward). Internal (each includer gets its own
 // copies: anonymous namespace). Conventions, as the kernels use them:
 //  - shared tiles of bf16 rows in the 128-byte swizzle: [D/64 column blocks]
 //    [nrows][128 B], 16-byte chunk c of row r at chunk position c ^ (r % 8)
@@ -27,8 +27,8 @@
 #include <cuda_runtime.h>
 #include <stdint.h>
 
-#include "dflash_attn_common.cuh"
-#include "ptx_async.cuh"
+#include "common.cuh"
+#include "../ptx_async.cuh"
 
 // The kernel bodies and their helpers: sm_90a device code only.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -57,7 +57,7 @@ __device__ __forceinline__ int sw_off(int r, int c, int nrows)
 }
 
 // mbarriers and TMA (the forward's and the dQ pass's K / V tiles; the
-// tensor maps: dflash_attn_common.cuh's KvMaps). An mbarrier of one arrival:
+// tensor maps: dflash_attn/common.cuh's KvMaps). An mbarrier of one arrival:
 // the thread that issues a tile's TMA copies arrives with the byte count
 // (expect_tx), the copies complete the transaction, and each reader waits
 // for the phase's parity: the n-th fill of a barrier completes phase n, so
@@ -236,8 +236,8 @@ __device__ __forceinline__ void wg_rs(float (&d)[64], const uint32_t (&a)[4], ui
 }
 
 // D[64 x N] += A[64 x 16] B[16 x N], B MN-major (transposed through the
-// descriptor, as wg_rs's B), A K-major (TA 0: dflash_attn_wg_dq.cu's
-// block-key dK / dV, impl WG2F) or MN-major (TA 1: dflash_attn_wg_dqs.cu's
+// descriptor, as wg_rs's B), A K-major (TA 0: dflash_attn/wg_dq.cu's
+// block-key dK / dV, impl WG2F) or MN-major (TA 1: dflash_attn/wg_dqs.cu's
 // dQ = dS K from stored dS^T tiles, impl WG3), both in shared memory:
 // scale-d 1, trans-b 1.
 template <int TA = 0> __device__ __forceinline__ void wg_ss_tb(float (&d)[32], uint64_t da, uint64_t db)
@@ -269,7 +269,7 @@ template <int TA = 0> __device__ __forceinline__ void wg_ss_tb(float (&d)[64], u
 // K-major, A K-major (TA 0: the 16-key block tiles (block_size <= 16) of the
 // forward and the dQ pass, 4 x less tensor work than a zero-filled 64-key
 // tile) or MN-major, transposed through the descriptor (TA 1:
-// dflash_attn_wg_dq.cu's block-key dK^T / dV^T, impl WG2F).
+// dflash_attn/wg_dq.cu's block-key dK^T / dV^T, impl WG2F).
 #define WG_ACC8_REGS "{%0, %1, %2, %3, %4, %5, %6, %7}"
 // (the scale-d flag, operand 10: 0 on the first k step, which writes d
 // without reading it: "=f", no zeroing instructions; trans-a, operand 11)

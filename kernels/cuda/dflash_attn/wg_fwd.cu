@@ -1,6 +1,6 @@
-// dflash_attn_wg_fwd.cu - the forward of impls DF_CUDA_DFLASH_IMPL_WG2 and
+// dflash_attn/wg_fwd.cu - the forward of impls DF_CUDA_DFLASH_IMPL_WG2 and
 // _WG2F (dflash_attn.h) on Hopper warpgroup MMA (wgmma.mma_async, sm_90a):
-// out and lse, the contract of MMA4's fwd_mma2_kernel (dflash_attn.cu), whose
+// out and lse, the contract of MMA4's fwd_mma2_kernel (dflash_attn/attn.cu), whose
 // work split it keeps.
 //
 // One CTA per (block b, kv head g, row chunk): the chunk's 64 rows (16
@@ -76,7 +76,7 @@
 // of cp.async (session 12): H200, bench_dflash_attn, 3docs full 0.253 ->
 // 0.242 ms (417.9 -> 437.1 TFLOP/s), sliding 0.251 -> 0.242, 1doc full
 // 0.601 -> 0.590 (534.0), 1doc sliding 0.462 -> 0.451 (516.0); the same bits.
-// Storage, descriptors, fences: dflash_attn_wg.cuh's conventions.
+// Storage, descriptors, fences: dflash_attn/wg.cuh's conventions.
 // Masking per (row, key) only on tiles not every row sees whole.
 // Resources (ptxas, sm_90a, CUDA 13.0): D 128: 140 registers, no spills, 65
 // KiB of dynamic shared memory (16 + 3 x 16 KiB, 4 mbarriers, 1 KiB alignment slack): 3 CTAs
@@ -104,8 +104,8 @@
 #include <math.h>
 #include <stdio.h>
 
-#include "dflash_attn_common.cuh"
-#include "dflash_attn_wg.cuh" // DF_WG_BODY (sm_90a code), the wgmma / cp.async / swizzle helpers
+#include "common.cuh"
+#include "wg.cuh" // DF_WG_BODY (sm_90a code), the wgmma / cp.async / swizzle helpers
 
 namespace df_dflash {
 namespace {

@@ -1,10 +1,10 @@
-// dflash_attn_wg_dqs.cu - impl DF_CUDA_DFLASH_IMPL_WG3's dQ: dQ from the dS
+// dflash_attn/wg_dqs.cu - impl DF_CUDA_DFLASH_IMPL_WG3's dQ: dQ from the dS
 // the context dK/dV pass already computed, instead of a dQ pass that
-// computes S, dP, P and dS again (dflash_attn_wg_dq.cu; two of its three
+// computes S, dP, P and dS again (dflash_attn/wg_dq.cu; two of its three
 // GEMMs per tile are that recomputation).
 //
-// WG3's backward (dflash_attn.cu, bwd_mma4_launch):
-//   1. the block pass (blk_wg_kernel, dflash_attn_wg_dq.cu): Di, the
+// WG3's backward (attn.cu, bwd_mma4_launch):
+//   1. the block pass (blk_wg_kernel, dflash_attn/wg_dq.cu): Di, the
 //      block-key dK / dV and the block tile's dS^T into DsBuf.dsb;
 //   2. the tile lists and the context dK/dV pass (dkv_wg_kernel, TQ), which
 //      also stores each (128-key tile, item)'s dS^T, bf16 (the values its dK
@@ -21,7 +21,7 @@
 // visible (row, key) pair, rounded up to tiles: ~0.4 GB at the 27B shape,
 // 3 documents; the workspace holds the worst case: dqs_max_tiles per block).
 //
-// Stored tiles (dflash_attn_common.cuh, DsBuf): one per (valid block b,
+// Stored tiles (dflash_attn/common.cuh, DsBuf): one per (valid block b,
 // 128-key context tile t its span meets, kv head g), t from lo0 / 128
 // (lo0: the widest row's bound, ctx_lo(.., 0)) to (anchor - 1) / 128, slot
 // (b maxt + t - lo0 / 128) nkv + g (maxt = dqs_max_tiles: room for every
@@ -37,8 +37,8 @@
 #include <errno.h>
 #include <stdio.h>
 
-#include "dflash_attn_common.cuh"
-#include "dflash_attn_wg.cuh"
+#include "common.cuh"
+#include "wg.cuh"
 
 namespace df_dflash {
 namespace {

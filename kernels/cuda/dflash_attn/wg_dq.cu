@@ -1,7 +1,7 @@
-// dflash_attn_wg_dq.cu - the dQ pass of impl DF_CUDA_DFLASH_IMPL_WG2's
+// dflash_attn/wg_dq.cu - the dQ pass of impl DF_CUDA_DFLASH_IMPL_WG2's
 // backward (dflash_attn.h) on Hopper warpgroup MMA (wgmma.mma_async,
 // sm_90a). WG2's backward is MMA4's with its context dK/dV pass on wgmma
-// (dflash_attn_wg.cu; Di, the tile lists, the block-key dK/dV and the split
+// (dflash_attn/wg_dkv.cu; Di, the tile lists, the block-key dK/dV and the split
 // reduction are MMA4's) and this kernel in place of MMA4's dq_mma2_kernel,
 // its items' blocks last to first (see the kernel).
 //
@@ -44,7 +44,7 @@
 //      refilled after the next barrier).
 // K / V tiles stream through QST = 2 stages by TMA, one tile ahead (tile t
 // + 1 loads during tile t): thread 0 issues a tile's copies (the forward's
-// tensor maps, dflash_attn_common.cuh's KvMaps) after the barrier at the
+// tensor maps, dflash_attn/common.cuh's KvMaps) after the barrier at the
 // top of tile t, which every thread passes only once tile t - 1's wgmmas
 // retired; the copies complete the stage's mbarrier, which the readers wait
 // on. (A stage and the Q / dO buffer are page pairs whose roles rotate from
@@ -63,7 +63,7 @@
 // H200, bench_dflash_attn, this pass 3docs full 0.380 -> 0.373 ms, 1doc
 // sliding 0.644 -> 0.637, 1doc full 0.818 -> 0.834 (within the calls'
 // spread); the same bits.
-// Tiles are stored in the 128-byte swizzle of dflash_attn_wg.cuh (K-major
+// Tiles are stored in the 128-byte swizzle of dflash_attn/wg.cuh (K-major
 // descriptors for steps 1, MN-major for the B of step 3).
 // Masking per (row, key) only on tiles not every row of the chunk sees whole
 // (window bound, end of span, block tiles, partial chunks, rows without lse).
@@ -108,8 +108,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "dflash_attn_common.cuh"
-#include "dflash_attn_wg.cuh" // DF_WG_BODY (sm_90a code), the wgmma / cp.async / swizzle helpers
+#include "common.cuh"
+#include "wg.cuh" // DF_WG_BODY (sm_90a code), the wgmma / cp.async / swizzle helpers
 
 namespace df_dflash {
 namespace {
@@ -148,7 +148,7 @@ static_assert(QTK == WG_KV_BOX, "the tensor maps' box is one key tile");
 constexpr int PTB = QTK * CHUNK_ROWS * 2; // WG2F: one bf16 [key][row] tile (P^T or dS^T), 8 KiB
 
 // WG2F: Di = dO . O of this thread's two rows (rid[0], rid[1]; 0 for rows
-// past the chunk's), computed as di_kernel (dflash_attn.cu) computes it, bit
+// past the chunk's), computed as di_kernel (dflash_attn/attn.cu) computes it, bit
 // for bit: there lane l of a warp sums its D / 32 products o[l + 32 i] d[l +
 // 32 i] in i order (fma, from 0), then a butterfly (shfl xor 16, 8, 4, 2, 1;
 // fp32 adds commute, so every lane ends with lane 0's bits). Here the quad
@@ -868,7 +868,7 @@ __global__ void __launch_bounds__(QNT, 2)
 #endif
 }
 
-// Impl WG3's block pass (dflash_attn_wg_dqs.cu's step 1), lean: one CTA
+// Impl WG3's block pass (dflash_attn/wg_dqs.cu's step 1), lean: one CTA
 // (one warpgroup) per (block b, kv head g), no persistence, no context
 // tiles, no dQ: Di (chunk_di: di_kernel's bits), the block tile's S, dP,
 // P, dS (16 keys, the fold's code), the block-key dK / dV (the transposed

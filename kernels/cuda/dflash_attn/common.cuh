@@ -1,6 +1,6 @@
-// dflash_attn_common.cuh - what the DFlash attention's CUDA files share
-// (dflash_attn.cu: every implementation; dflash_attn_wg.cu,
-// dflash_attn_wg_dq.cu, dflash_attn_wg_fwd.cu: the wgmma context dK/dV, dQ
+// dflash_attn/common.cuh - what the DFlash attention's CUDA files share
+// (attn.cu: every implementation; dflash_attn/wg_dkv.cu,
+// dflash_attn/wg_dq.cu, dflash_attn/wg_fwd.cu: the wgmma context dK/dV, dQ
 // and forward of impls WG2 and WG2F): the kernel parameters, the row-chunk
 // and visibility helpers and the host entry points of the wgmma files.
 // Internal: not part of the dflash_attn.h contract.
@@ -12,11 +12,11 @@
 #include <limits.h>
 #include <stdint.h>
 
-#include "device.h" // df_cuda_portable_forced
+#include "../device.h" // df_cuda_portable_forced
 
 namespace df_dflash {
 
-// Rows of a row chunk (dflash_attn.cu's RQ): one block's bs x group rows of
+// Rows of a row chunk (attn.cu's RQ): one block's bs x group rows of
 // one kv head, at most CHUNK_ROWS of them per chunk.
 constexpr int CHUNK_ROWS = 64;
 
@@ -89,7 +89,7 @@ static inline cudaError_t func_smem_once(const void *fn, size_t smem, bool carve
     return e;
 }
 
-// Impl WG3's stored dS (dflash_attn_wg_dqs.cu; a kernel argument of its own,
+// Impl WG3's stored dS (dflash_attn/wg_dqs.cu; a kernel argument of its own,
 // after the others, where used: Params and every other kernel's arguments
 // as before): the context dS^T tiles the context dK/dV pass stores (ds,
 // DS_TILE_BYTES per (block b, 128-key tile t of its span, kv head g), slot
@@ -154,10 +154,10 @@ __device__ __forceinline__ void row_key_range(const Params &p, const RowId &id, 
     khi = ok ? khi : INT_MIN;
 }
 
-// ---- dflash_attn_wg.cu (impls DF_CUDA_DFLASH_IMPL_WG2, _WG2F: the context dK/dV) ----
+// ---- dflash_attn/wg_dkv.cu (impls DF_CUDA_DFLASH_IMPL_WG2, _WG2F: the context dK/dV) ----
 // Key tile and split count of the context dK/dV partials: MMA4's (TK4, NSPL),
 // so the tile lists, their order, the partial buffer and the split reduction
-// are MMA4's (dflash_attn.cu asserts the match). Two splits, not four: H200,
+// are MMA4's (attn.cu asserts the match). Two splits, not four: H200,
 // bench_dflash_attn (session 10), backward 3docs full 0.967 -> 0.927 ms (the
 // context dK/dV pass 0.497 -> 0.479, the reduction 0.040 -> 0.022), 1doc full
 // 2.281 -> 2.246, 1doc sliding 1.768 -> 1.738; half the partials' memory
@@ -182,11 +182,11 @@ struct KvMaps;
 int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt,
                   const int *lst, const int *order, int nct, const KvMaps *km, const DsBuf *dsb);
 
-// ---- dflash_attn_wg_dq.cu, dflash_attn_wg_fwd.cu (impls DF_CUDA_DFLASH_IMPL_WG2, _WG2F) ----
+// ---- dflash_attn/wg_dq.cu, dflash_attn/wg_fwd.cu (impls DF_CUDA_DFLASH_IMPL_WG2, _WG2F) ----
 // The K / V tensor maps of the forward and the dQ pass (TMA): context kc, vc
 // [S, nkv D] and block kb, vb [nb bs, nkv D], bf16 rows, boxes of 64 dims x
 // WG_KV_BOX keys (the block maps: x 16 keys when block_size <= 16) in the
-// 128-byte swizzle, the shared tiles' layout (dflash_attn_wg.cuh); rows past
+// 128-byte swizzle, the shared tiles' layout (dflash_attn/wg.cuh); rows past
 // a tensor's end read as zeros. Passed to the kernels as __grid_constant__.
 constexpr int WG_KV_BOX = 64;
 struct KvMaps {
@@ -202,7 +202,7 @@ struct KvMaps {
 // between consecutive indices of dims 1 ..) as a TMA map of box boxes in
 // the 128-byte swizzle (box[0] x 2 bytes <= 128), reads past its ends
 // giving zeros: 0, or -EOPNOTSUPP (no cuTensorMapEncodeTiled in the driver,
-// base not 16-byte aligned, or the encoder refused). dflash_attn_wg_fwd.cu.
+// base not 16-byte aligned, or the encoder refused). dflash_attn/wg_fwd.cu.
 int tma_map_bf16(CUtensorMap *m, const void *base, int rank, const uint64_t *dims,
                  const uint64_t *strides, const uint32_t *box);
 // A [nb bs queries][nq heads][D] bf16 tensor (q, dout, out) as a 3-D map
@@ -237,7 +237,7 @@ int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMap
 // launched: the caller runs MMA4's forward).
 int fwd_wg_launch(const Params &p, int D, cudaStream_t st);
 
-// ---- dflash_attn_wg_dq.cu, dflash_attn_wg_dqs.cu (impl DF_CUDA_DFLASH_IMPL_WG3) ----
+// ---- dflash_attn/wg_dq.cu, dflash_attn/wg_dqs.cu (impl DF_CUDA_DFLASH_IMPL_WG3) ----
 // WG3's block pass, lean (one CTA per (block, kv head)): Di, the block-key
 // dK / dV, the block tiles' dS^T into dsb.dsb; needs bs <= 16 and
 // maps.qd_on. blk_wg_usable: the device runs it for head dim D. 0 or -EIO.
