@@ -572,7 +572,7 @@ extern "C" int df_cuda_gdn(df_backend *be, const df_tensor *q, const df_tensor *
     return rc;
 }
 
-/* The DFlash drafter attention (dflash_attn/attn.cu) behind the op interface:
+/* The DFlash drafter attention (dflash_attn/) behind the op interface:
  * contiguous matrices, block arrays staged from the host. */
 static int dflash_args(df_backend *be, const df_tensor *q, const df_tensor *kc,
                        const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,

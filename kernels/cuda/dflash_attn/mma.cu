@@ -1,291 +1,12 @@
-// dflash_attn/attn.cu - the DFlash drafter attention on the GPU (contract in
-// dflash_attn.h and train_ops.h; the CPU reference is kernels/cpu/dflash_attn.c).
-//
-// FlashAttention-2 structure. Four implementations (args.impl; the table in
-// kernels/README.md): simt, the CUDA cores (fp32 FMA from shared memory, 256
-// threads = 8 warps: the plain reference on the GPU, described first below);
-// mma4, tensor cores (mma.sync m16n8k16 bf16, sm_80+; the default on devices
-// other than compute capability 9.0); wg2 and wg2f, Hopper warpgroup MMA
-// (wgmma, sm_90a; the defaults on compute capability 9.0). The tensor-core
-// kernels follow the CUDA-core kernels' work split and determinism. The
-// other versions (mma, mma2, mma3, mma5, wg) were removed in session 7;
-// docs/log/ has their history.
-//
-// Rows. A "row chunk" is up to RQ = 64 query rows of ONE block b and ONE kv
-// head g: the block's bs x group (query offset qo, head of the group hh)
-// rows, row r = qo * group + hh. They share the anchor and document start, so
-// the block-sparse structure is by construction: a chunk visits only the
-// context keys [lo0, anchor) (lo0 = max(doc_start, anchor - (W-1)), the span
-// of its widest row qo = 0) in tiles of TK = 32 keys, then its own block's
-// keys. Per-key masking inside a tile is one compare per (row, key) (the
-// window's per-row lower bound, the end of the range, in-block causality).
-// Warp w owns rows w + 8 i (i < 8); in the score phase lane = key of the tile,
-// so the online softmax of a row is a warp reduction held in registers; in
-// the accumulate phase lane = head dim (d = lane + 32 k).
-//
-// Forward: one CTA per (block, kv head, row chunk): S = Q K^T, online softmax
-// (fp32 m, l per row), O += P V; out = O / l (bf16), lse = m + log l.
-// Backward (recompute P from lse, no atomics, deterministic):
-//   1. Di = dO . O per (row, head), fp32 workspace.
-//   2. dQ: one CTA per (block, kv head, row chunk), the forward's key loop:
-//      dS = P (dO V^T - Di), dq = scale dS K.
-//   3. dK/dV: one CTA per (kv head, key tile). Context tiles: every valid
-//      block (ascending) whose span meets the tile, all its row chunks (the
-//      transposed visibility). Block tiles: the block's own rows. dv = P^T dO,
-//      dk = scale dS^T Q, summed in fp32 in a fixed order, written once.
-// Padding blocks: out 0, lse -inf, dq/dkb/dvb 0; rows with nothing visible
-// likewise (never NaN).
-// mma4 (described before its kernels below): the forward (fwd_mma2_kernel),
-// Di, dQ (dq_mma2_kernel) and the block-key dK/dV (dkv_mma2_kernel) in
-// cp.async-pipelined mma.sync kernels; the context dK/dV with 128-key tiles
-// over per-tile block lists (dkv4_kernel); the split reduction. wg2 (its
-// forward the default on compute capability 9.0, 1.7-1.8x mma4's speed at
-// the 27B shape on the H200) is mma4 with its forward
-// (dflash_attn/wg_fwd.cu), its dQ pass (dflash_attn/wg_dq.cu, blocks last to
-// first) and its context dK/dV pass (dflash_attn/wg_dkv.cu) on wgmma; where
-// sm_90a is not there, fwd_mma2_kernel, dq_mma2_kernel in longest-first order
-// (dq_order_kernel) and dkv4_kernel. wg2f (the
-// backward's default on compute capability 9.0) is wg2 with Di and the
-// block-key dK/dV computed inside the wgmma dQ pass where one row chunk holds
-// a block's rows per kv head (nch == 1): no di_kernel, no block-tile
-// dkv_mma2_kernel; elsewhere wg2 exactly. On the H200 (27B drafter shape)
-// its five gradients were bitwise wg2's in all four bench configurations and
-// its backward 1.134 -> 1.000 ms (3docs full), 2.410 -> 2.313 (1doc full):
-// the dQ pass grows by ~0.07 ms, Di (0.05) and the block keys' pass (0.16)
-// go.
-#include <cuda_runtime.h>
-#include <errno.h>
-#include <math.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-
-#include "../bf16.cuh"
-#include "../device.h"
-#include "../dflash_attn.h"
-#include "common.cuh"
-#include "../ptx_async.cuh"
+// dflash_attn/mma.cu - impl MMA4: the drafter attention on mma.sync tensor
+// cores (sm_80+), and the passes the Hopper implementations share with it
+// (Di, the tile lists, the block-key dK/dV, the split reduction) and fall
+// back to where their wgmma kernels do not run (dispatch.cu's header
+// describes the structure).
+#include "attn_internal.cuh"
 
 namespace {
-
-// Which forward runs when args.impl == 0: WG2's on compute capability 9.0,
-// MMA4's (fwd_mma2_kernel) elsewhere.
-#define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD DF_CUDA_DFLASH_IMPL_MMA4
-#define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD_SM90 DF_CUDA_DFLASH_IMPL_WG2
-// Which backward runs when args.impl == 0: WG3 on compute capability 9.0
-// (H200, 27B shape, session 15: 3docs full 0.710 ms vs WG2F's 0.773, 1doc
-// full 1.60 vs 1.89; WG2F exactly where WG3's shapes do not fit), MMA4
-// elsewhere.
-#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD DF_CUDA_DFLASH_IMPL_MMA4
-#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD_SM90 DF_CUDA_DFLASH_IMPL_WG3
-
-constexpr int NT = 256, NW = 8, RPW = 8, RQ = NW * RPW, TK = 32, PP = TK + 4;
-
-// Params, ctx_lo, RowId / row_id: dflash_attn/common.cuh (shared with
-// dflash_attn/wg_dkv.cu)
-using df_dflash::Params;
-using df_dflash::ctx_lo;
-using df_dflash::RowId;
-using df_dflash::row_id;
-using df_dflash::launch_pdl;
-using df_dflash::pdl_trigger;
-using df_dflash::pdl_wait;
-static_assert(RQ == df_dflash::CHUNK_ROWS, "row chunk size");
-
-__device__ __forceinline__ float warp_max(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-    return v;
-}
-__device__ __forceinline__ float warp_sum(float v)
-{
-    for (int o = 16; o > 0; o >>= 1)
-        v += __shfl_xor_sync(0xffffffffu, v, o);
-    return v;
-}
-
-// n rows of D bf16 (row i at src + row_off(i)) into dst [n][D+4] floats;
-// rows with row_off < 0 (and rows >= n up to nmax) are zero-filled.
-template <int D, typename F>
-__device__ __forceinline__ void load_rows(float *dst, int nmax, const uint16_t *src, F row_off)
-{
-    constexpr int DP = D + 4, V = D / 8;
-    for (int e = threadIdx.x; e < nmax * V; e += NT) {
-        int i = e / V, c = (e % V) * 8;
-        long long off = row_off(i);
-        float *d = dst + i * DP + c;
-        if (off < 0) {
-            for (int t = 0; t < 8; t++)
-                d[t] = 0.0f;
-            continue;
-        }
-        uint4 u = *reinterpret_cast<const uint4 *>(src + off + c);
-        uint32_t w[4] = {u.x, u.y, u.z, u.w};
-        for (int t = 0; t < 4; t++) {
-            d[2 * t] = __uint_as_float(w[t] << 16);
-            d[2 * t + 1] = __uint_as_float(w[t] & 0xffff0000u);
-        }
-    }
-}
-
-// Scores (and optionally dO.V^T) of the warp's rows x the tile's keys (lane).
-template <int D, bool DP_TOO>
-__device__ __forceinline__ void tile_scores(const float *Qs, const float *Ks, const float *dOs,
-                                            const float *Vs, int warp, int lane, float s[RPW],
-                                            float dp[RPW])
-{
-    constexpr int DP = D + 4;
-#pragma unroll
-    for (int i = 0; i < RPW; i++)
-        s[i] = 0.0f, dp[i] = 0.0f;
-#pragma unroll 4
-    for (int d = 0; d < D; d += 4) {
-        float4 k4 = *reinterpret_cast<const float4 *>(Ks + lane * DP + d);
-        float4 v4;
-        if (DP_TOO)
-            v4 = *reinterpret_cast<const float4 *>(Vs + lane * DP + d);
-#pragma unroll
-        for (int i = 0; i < RPW; i++) {
-            float4 q4 = *reinterpret_cast<const float4 *>(Qs + (warp + NW * i) * DP + d);
-            s[i] += q4.x * k4.x + q4.y * k4.y + q4.z * k4.z + q4.w * k4.w;
-            if (DP_TOO) {
-                float4 o4 = *reinterpret_cast<const float4 *>(dOs + (warp + NW * i) * DP + d);
-                dp[i] += o4.x * v4.x + o4.y * v4.y + o4.z * v4.z + o4.w * v4.w;
-            }
-        }
-    }
-}
-
-// acc[i][k] += sum_c Ps[row_i][c] * Xs[c][lane + 32 k]
-template <int D>
-__device__ __forceinline__ void tile_accum(const float *Ps, const float *Xs, int warp, int lane,
-                                           float acc[RPW][D / 32])
-{
-    constexpr int DP = D + 4, KD = D / 32;
-#pragma unroll 2
-    for (int c = 0; c < TK; c += 4) {
-        float x[4][KD];
-#pragma unroll
-        for (int t = 0; t < 4; t++)
-#pragma unroll
-            for (int k = 0; k < KD; k++)
-                x[t][k] = Xs[(c + t) * DP + lane + 32 * k];
-#pragma unroll
-        for (int i = 0; i < RPW; i++) {
-            float4 p4 = *reinterpret_cast<const float4 *>(Ps + (warp + NW * i) * PP + c);
-#pragma unroll
-            for (int k = 0; k < KD; k++)
-                acc[i][k] += p4.x * x[0][k] + p4.y * x[1][k] + p4.z * x[2][k] + p4.w * x[3][k];
-        }
-    }
-}
-
-// Is key (context index j, or block offset j) visible to a row?
-__device__ __forceinline__ bool visible(bool isctx, int j, int nk_end, int lo, int qo, int W)
-{
-    if (j >= nk_end)
-        return false;
-    return isctx ? j >= lo : (W == 0 || j <= qo);
-}
-
-// ---- forward ----
-template <int D>
-__global__ void __launch_bounds__(NT) fwd_kernel(Params p)
-{
-    constexpr int DP = D + 4, KD = D / 32;
-    extern __shared__ float4 smem4[];
-    float *Qs = reinterpret_cast<float *>(smem4), *Ks = Qs + RQ * DP, *Vs = Ks + TK * DP,
-          *Ps = Vs + TK * DP;
-    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
-        b = blockIdx.x / (p.nch * p.nkv);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
-    if (!p.valid[b]) {
-        for (int i = 0; i < RPW; i++) {
-            RowId id = row_id(p, b, g, ch, warp + NW * i);
-            if (!id.ok)
-                continue;
-            for (int k = 0; k < KD; k++)
-                p.o[id.grow * ldq + id.h * D + lane + 32 * k] = 0;
-            if (lane == 0)
-                p.lse[(long long)id.grow * p.nq + id.h] = -INFINITY;
-        }
-        return;
-    }
-    int anc = p.anchor[b], ds = p.doc_start[b];
-    int lo0 = ctx_lo(anc, ds, p.W, 0);
-    load_rows<D>(Qs, RQ, p.q, [&](int i) -> long long {
-        RowId id = row_id(p, b, g, ch, i);
-        return id.ok ? id.grow * ldq + id.h * D : -1;
-    });
-    int qo[RPW], lo[RPW];
-    bool rok[RPW];
-    float m[RPW], l[RPW], acc[RPW][KD];
-#pragma unroll
-    for (int i = 0; i < RPW; i++) {
-        RowId id = row_id(p, b, g, ch, warp + NW * i);
-        rok[i] = id.ok, qo[i] = id.qo, lo[i] = ctx_lo(anc, ds, p.W, id.qo);
-        m[i] = -INFINITY, l[i] = 0.0f;
-#pragma unroll
-        for (int k = 0; k < KD; k++)
-            acc[i][k] = 0.0f;
-    }
-    int ntc = (anc - lo0 + TK - 1) / TK, ntb = (p.bs + TK - 1) / TK;
-    for (int t = 0; t < ntc + ntb; t++) {
-        bool isctx = t < ntc;
-        int base = isctx ? lo0 + t * TK : (t - ntc) * TK;
-        int end = isctx ? anc : p.bs;
-        __syncthreads();
-        const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
-        long long rbase = isctx ? base : (long long)b * p.bs + base;
-        auto roff = [&](int i) -> long long {
-            return base + i < end ? (rbase + i) * ldk + (long long)g * D : -1;
-        };
-        load_rows<D>(Ks, TK, ksrc, roff);
-        load_rows<D>(Vs, TK, vsrc, roff);
-        __syncthreads();
-        float s[RPW], dummy[RPW];
-        tile_scores<D, false>(Qs, Ks, nullptr, nullptr, warp, lane, s, dummy);
-        float al[RPW];
-#pragma unroll
-        for (int i = 0; i < RPW; i++) {
-            bool vis = rok[i] && visible(isctx, base + lane, end, lo[i], qo[i], p.W);
-            float sv = vis ? s[i] * p.scale : -INFINITY;
-            float mn = fmaxf(m[i], warp_max(sv));
-            float pr, a;
-            if (mn == -INFINITY) {
-                pr = 0.0f, a = 1.0f;
-            } else {
-                pr = vis ? expf(sv - mn) : 0.0f;
-                a = expf(m[i] - mn);
-            }
-            l[i] = l[i] * a + warp_sum(pr);
-            m[i] = mn, al[i] = a;
-            Ps[(warp + NW * i) * PP + lane] = pr;
-        }
-        __syncwarp();
-#pragma unroll
-        for (int i = 0; i < RPW; i++)
-#pragma unroll
-            for (int k = 0; k < KD; k++)
-                acc[i][k] *= al[i];
-        tile_accum<D>(Ps, Vs, warp, lane, acc);
-    }
-#pragma unroll
-    for (int i = 0; i < RPW; i++) {
-        RowId id = row_id(p, b, g, ch, warp + NW * i);
-        if (!id.ok)
-            continue;
-        bool any = l[i] > 0.0f;
-        float inv = any ? 1.0f / l[i] : 0.0f;
-#pragma unroll
-        for (int k = 0; k < KD; k++)
-            p.o[id.grow * ldq + id.h * D + lane + 32 * k] = f2bf(any ? acc[i][k] * inv : 0.0f);
-        if (lane == 0)
-            p.lse[(long long)id.grow * p.nq + id.h] = any ? m[i] + logf(l[i]) : -INFINITY;
-    }
-}
+using namespace df_dflash;
 
 // ---- backward ----
 
@@ -304,185 +25,6 @@ __global__ void __launch_bounds__(NT) di_kernel(Params p)
     s = warp_sum(s);
     if (lane == 0)
         p.Di[w] = s;
-}
-
-template <int D>
-__global__ void __launch_bounds__(NT) dq_kernel(Params p)
-{
-    constexpr int DP = D + 4, KD = D / 32;
-    extern __shared__ float4 smem4[];
-    float *Qs = reinterpret_cast<float *>(smem4), *dOs = Qs + RQ * DP, *Ks = dOs + RQ * DP,
-          *Vs = Ks + TK * DP, *Ps = Vs + TK * DP;
-    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
-        b = blockIdx.x / (p.nch * p.nkv);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
-    if (!p.valid[b]) {
-        for (int i = 0; i < RPW; i++) {
-            RowId id = row_id(p, b, g, ch, warp + NW * i);
-            if (id.ok)
-                for (int k = 0; k < KD; k++)
-                    p.dq[id.grow * ldq + id.h * D + lane + 32 * k] = 0;
-        }
-        return;
-    }
-    int anc = p.anchor[b], ds = p.doc_start[b];
-    int lo0 = ctx_lo(anc, ds, p.W, 0);
-    auto qoff = [&](int i) -> long long {
-        RowId id = row_id(p, b, g, ch, i);
-        return id.ok ? id.grow * ldq + id.h * D : -1;
-    };
-    load_rows<D>(Qs, RQ, p.q, qoff);
-    load_rows<D>(dOs, RQ, p.dout, qoff);
-    int qo[RPW], lo[RPW];
-    bool rok[RPW];
-    float L[RPW], Dr[RPW], acc[RPW][KD];
-#pragma unroll
-    for (int i = 0; i < RPW; i++) {
-        RowId id = row_id(p, b, g, ch, warp + NW * i);
-        rok[i] = id.ok, qo[i] = id.qo, lo[i] = ctx_lo(anc, ds, p.W, id.qo);
-        long long li = (long long)id.grow * p.nq + id.h;
-        L[i] = id.ok ? p.lse_in[li] : -INFINITY;
-        Dr[i] = id.ok ? p.Di[li] : 0.0f;
-        rok[i] = rok[i] && L[i] != -INFINITY;
-#pragma unroll
-        for (int k = 0; k < KD; k++)
-            acc[i][k] = 0.0f;
-    }
-    int ntc = (anc - lo0 + TK - 1) / TK, ntb = (p.bs + TK - 1) / TK;
-    for (int t = 0; t < ntc + ntb; t++) {
-        bool isctx = t < ntc;
-        int base = isctx ? lo0 + t * TK : (t - ntc) * TK;
-        int end = isctx ? anc : p.bs;
-        __syncthreads();
-        const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
-        long long rbase = isctx ? base : (long long)b * p.bs + base;
-        auto roff = [&](int i) -> long long {
-            return base + i < end ? (rbase + i) * ldk + (long long)g * D : -1;
-        };
-        load_rows<D>(Ks, TK, ksrc, roff);
-        load_rows<D>(Vs, TK, vsrc, roff);
-        __syncthreads();
-        float s[RPW], dp[RPW];
-        tile_scores<D, true>(Qs, Ks, dOs, Vs, warp, lane, s, dp);
-#pragma unroll
-        for (int i = 0; i < RPW; i++) {
-            bool vis = rok[i] && visible(isctx, base + lane, end, lo[i], qo[i], p.W);
-            float P = vis ? expf(s[i] * p.scale - L[i]) : 0.0f;
-            Ps[(warp + NW * i) * PP + lane] = vis ? P * (dp[i] - Dr[i]) : 0.0f;
-        }
-        __syncwarp();
-        tile_accum<D>(Ps, Ks, warp, lane, acc);
-    }
-#pragma unroll
-    for (int i = 0; i < RPW; i++) {
-        RowId id = row_id(p, b, g, ch, warp + NW * i);
-        if (!id.ok)
-            continue;
-#pragma unroll
-        for (int k = 0; k < KD; k++)
-            p.dq[id.grow * ldq + id.h * D + lane + 32 * k] = f2bf(acc[i][k] * p.scale);
-    }
-}
-
-template <int D>
-__global__ void __launch_bounds__(NT) dkv_kernel(Params p)
-{
-    constexpr int DP = D + 4, KD = D / 32, KPW = TK / NW; // keys per warp in the accumulate
-    extern __shared__ float4 smem4[];
-    float *Qs = reinterpret_cast<float *>(smem4), *dOs = Qs + RQ * DP, *Ks = dOs + RQ * DP,
-          *Vs = Ks + TK * DP, *Ps = Vs + TK * DP, *dSs = Ps + RQ * PP;
-    int g = blockIdx.x % p.nkv, tile = blockIdx.x / p.nkv;
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
-    int nct = (p.S + TK - 1) / TK, ntb = (p.bs + TK - 1) / TK;
-    bool isctx = tile < nct;
-    int bb = isctx ? -1 : (tile - nct) / ntb;
-    int base = isctx ? tile * TK : ((tile - nct) % ntb) * TK;
-    int end = isctx ? p.S : p.bs;
-    uint16_t *dk = isctx ? p.dkc : p.dkb, *dv = isctx ? p.dvc : p.dvb;
-    long long rbase = isctx ? base : (long long)bb * p.bs + base;
-    float ak[KPW][KD], av[KPW][KD];
-#pragma unroll
-    for (int j = 0; j < KPW; j++)
-#pragma unroll
-        for (int k = 0; k < KD; k++)
-            ak[j][k] = 0.0f, av[j][k] = 0.0f;
-    if (isctx || p.valid[bb]) {
-        const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
-        auto roff = [&](int i) -> long long {
-            return base + i < end ? (rbase + i) * ldk + (long long)g * D : -1;
-        };
-        load_rows<D>(Ks, TK, ksrc, roff);
-        load_rows<D>(Vs, TK, vsrc, roff);
-        int b0 = isctx ? 0 : bb, b1 = isctx ? p.nb : bb + 1;
-        int kend = base + TK < end ? base + TK : end;
-        for (int b = b0; b < b1; b++) {
-            if (!p.valid[b])
-                continue;
-            int anc = p.anchor[b], ds = p.doc_start[b];
-            if (isctx) {
-                int lo0 = ctx_lo(anc, ds, p.W, 0);
-                if (anc <= base || lo0 >= kend || lo0 >= anc)
-                    continue;
-            }
-            for (int ch = 0; ch < p.nch; ch++) {
-                __syncthreads(); // previous users of Qs/dOs/Ps/dSs are done
-                auto qoff = [&](int i) -> long long {
-                    RowId id = row_id(p, b, g, ch, i);
-                    return id.ok ? id.grow * ldq + id.h * D : -1;
-                };
-                load_rows<D>(Qs, RQ, p.q, qoff);
-                load_rows<D>(dOs, RQ, p.dout, qoff);
-                __syncthreads();
-                float s[RPW], dp[RPW];
-                tile_scores<D, true>(Qs, Ks, dOs, Vs, warp, lane, s, dp);
-#pragma unroll
-                for (int i = 0; i < RPW; i++) {
-                    RowId id = row_id(p, b, g, ch, warp + NW * i);
-                    long long li = (long long)id.grow * p.nq + id.h;
-                    float L = id.ok ? p.lse_in[li] : -INFINITY;
-                    float Dr = id.ok ? p.Di[li] : 0.0f;
-                    bool vis = id.ok && L != -INFINITY &&
-                               (isctx ? (base + lane < anc &&
-                                         base + lane >= ctx_lo(anc, ds, p.W, id.qo))
-                                      : visible(false, base + lane, end, 0, id.qo, p.W));
-                    vis = vis && base + lane < end;
-                    float P = vis ? expf(s[i] * p.scale - L) : 0.0f;
-                    Ps[(warp + NW * i) * PP + lane] = P;
-                    dSs[(warp + NW * i) * PP + lane] = vis ? P * (dp[i] - Dr) : 0.0f;
-                }
-                __syncthreads();
-                int nr = p.bs * p.group - ch * RQ;
-                nr = nr < RQ ? nr : RQ;
-                for (int r = 0; r < nr; r++) {
-                    float o[KD], qq[KD];
-#pragma unroll
-                    for (int k = 0; k < KD; k++)
-                        o[k] = dOs[r * DP + lane + 32 * k], qq[k] = Qs[r * DP + lane + 32 * k];
-#pragma unroll
-                    for (int j = 0; j < KPW; j++) {
-                        float pv = Ps[r * PP + warp + NW * j], sv = dSs[r * PP + warp + NW * j];
-#pragma unroll
-                        for (int k = 0; k < KD; k++)
-                            av[j][k] += pv * o[k], ak[j][k] += sv * qq[k];
-                    }
-                }
-            }
-        }
-    }
-#pragma unroll
-    for (int j = 0; j < KPW; j++) {
-        int c = warp + NW * j;
-        if (base + c >= end)
-            continue;
-        long long off = (rbase + c) * ldk + (long long)g * D;
-#pragma unroll
-        for (int k = 0; k < KD; k++) {
-            dk[off + lane + 32 * k] = f2bf(ak[j][k] * p.scale);
-            dv[off + lane + 32 * k] = f2bf(av[j][k]);
-        }
-    }
 }
 
 // ---- tensor-core kernels (mma.sync m16n8k16 bf16 -> fp32, sm_80+) ----
@@ -511,7 +53,6 @@ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
 
 constexpr int MW = 4;        // warps per CTA
 constexpr int TKM = MW * 16; // keys per dK/dV tile of dkv_mma2_kernel (16 per warp)
-constexpr float LOG2E = 1.4426950408889634f, LN2 = 0.6931471805599453f;
 
 // acc[n][*] += A (16 x 16 k) * X^T where X is row-major [n rows][k] in shared
 // memory (ld KP): rows n0 .. n0 + 8 NT - 1, k columns k0 .. k0 + 15.
@@ -1491,25 +1032,8 @@ __global__ void __launch_bounds__(NW4 * 32, 1)
 // ~4096 keys). dq_order_kernel builds an order of the items (block, chunk) on
 // the device: descending key-tile count, ties by index (LPT), kv head
 // fastest. Same math, same sum order per element: the order changes no bit.
-// Gain with dq_mma2_kernel (H200, bench_dflash_attn): dQ 2.014 -> 1.964 ms,
-// backward 5.53 -> 5.49 ms on the 1doc full layer, 4.29 -> 4.26 sliding;
-// none on 3docs (within noise): the tail was small.
-// Where MMA4's backward goes (ms, the bench's pass events; 3docs full / 1doc
-// full): Di 0.048 / 0.048, dQ 0.745 / 2.014 (~215-235 TFLOP/s counting its 3
-// products), context tile lists 0.008, context dK/dV 1.264 / 3.312 (~165-190
-// TFLOP/s counting its 4 products), block-key dK/dV 0.160 / 0.161 (tiny work:
-// ~25 TFLOP/s), reduction 0.038 / 0.038. The context dK/dV is the largest
-// and least efficient pass (ncu: latency bound, 2 warps per scheduler, shared
-// pipe the busiest at 26%, 7.4 cycles per issued instruction).
-// Measured and dropped (H200, bench_dflash_attn, dQ pass 0.744 ms / 2.00 ms
-// for dq_mma2_kernel at 3docs / 1doc full): CTAs of two items (2 x 64 rows
-// of neighbouring anchors, 8 warps) sharing each K/V tile, with Q / dO
-// fragments in registers (248 regs, 1 CTA/SM, 64-key tiles, 3-stage ring):
-// 0.848 / 2.17 ms; with Q / dO in shared memory (128 regs, 2 CTAs/SM, 32-key
-// tiles): 0.835 / 2.22 ms, shared-memory bound (L1/shared 68%, 12.4 cycles
-// per issued instruction). dq_mma2_kernel itself (ncu): latency bound, 2
-// warps per scheduler, 0.39 eligible, tensor pipe 34%, 6.05 cycles per issued
-// instruction (35% waiting on fixed-latency dependencies).
+// (The measured gains, the pass-by-pass profile and the dQ designs tried and
+// dropped: docs/log/2026-11-30-session-03.md and the later logs.)
 constexpr int NL_ORDER = 1024; // threads of dq_order_kernel
 
 // out[rank] = i for i < n, ranked by (key(i), i) ascending. Call from every
@@ -1551,105 +1075,6 @@ __global__ void __launch_bounds__(NL_ORDER) dq_order_kernel(Params p, int *order
         return (unsigned long long)(0x7fffffff - n);
     }, order, sh);
 }
-
-constexpr size_t fwd_smem(int D) { return ((size_t)(RQ + 2 * TK) * (D + 4) + RQ * PP) * 4; }
-constexpr size_t dq_smem(int D) { return ((size_t)(2 * RQ + 2 * TK) * (D + 4) + RQ * PP) * 4; }
-constexpr size_t dkv_smem(int D) { return ((size_t)(2 * RQ + 2 * TK) * (D + 4) + 2 * RQ * PP) * 4; }
-
-// Whether impl is 0 (the defaults) or an implementation this file has. The
-// retired values (DF_CUDA_DFLASH_IMPL_* 2, 3, 4, 6, 7) are not.
-bool impl_known(int impl)
-{
-    return impl == 0 || impl == DF_CUDA_DFLASH_IMPL_SIMT || impl == DF_CUDA_DFLASH_IMPL_MMA4 ||
-           impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F || impl == DF_CUDA_DFLASH_IMPL_WG3;
-}
-
-int check_args(const df_cuda_dflash_args *a, bool bwd)
-{
-    if (!a || a->S < 0 || a->n_blocks < 0 || a->block_size < 1 || a->window < 0 || a->nq < 1 ||
-        a->nkv < 1 || a->nq % a->nkv || (a->head_dim != 64 && a->head_dim != 128) ||
-        !(a->scale == a->scale) || !impl_known(a->impl))
-        return -EINVAL;
-    if (!a->anchor || !a->doc_start || !a->valid || !a->q || !a->kc || !a->vc || !a->kb ||
-        !a->vb || !a->out || !a->lse)
-        return -EINVAL;
-    if (bwd && (!a->dout || !a->dq || !a->dkc || !a->dvc || !a->dkb || !a->dvb))
-        return -EINVAL;
-    return 0;
-}
-
-Params make_params(const df_cuda_dflash_args *a)
-{
-    Params p;
-    p.S = a->S, p.nb = a->n_blocks, p.bs = a->block_size, p.W = a->window;
-    p.nq = a->nq, p.nkv = a->nkv, p.group = a->nq / a->nkv;
-    p.nch = (p.bs * p.group + RQ - 1) / RQ;
-    p.scale = a->scale;
-    p.anchor = a->anchor, p.doc_start = a->doc_start, p.valid = a->valid;
-    p.q = a->q, p.kc = a->kc, p.vc = a->vc, p.kb = a->kb, p.vb = a->vb;
-    p.out = a->out, p.dout = a->dout, p.o = a->out;
-    p.dq = a->dq, p.dkc = a->dkc, p.dvc = a->dvc, p.dkb = a->dkb, p.dvb = a->dvb;
-    p.lse = a->lse, p.lse_in = a->lse, p.Di = NULL;
-    return p;
-}
-
-#define CU(x)                                                                            \
-    do {                                                                                 \
-        cudaError_t e_ = (x);                                                            \
-        if (e_ != cudaSuccess) {                                                         \
-            fprintf(stderr, "dflash_attn: %s: %s (%s:%d)\n", #x, cudaGetErrorString(e_), \
-                    __FILE__, __LINE__);                                                 \
-            return -EIO;                                                                 \
-        }                                                                                \
-    } while (0)
-// fn's dynamic shared memory opt-in, within what the device (or
-// DFLASH_PORTABLE=1) allows: returns -ENOTSUP / -EIO from the caller otherwise
-#define SMEM(fn, bytes)                                                  \
-    do {                                                                 \
-        int smem_rc_ = df_cuda_func_smem((const void *)(fn), (bytes));   \
-        if (smem_rc_)                                                    \
-            return smem_rc_;                                             \
-    } while (0)
-
-template <int D>
-int fwd_launch(const Params &p, cudaStream_t st, int impl)
-{
-    long long n = (long long)p.nb * p.nkv * p.nch;
-    if (n == 0)
-        return 0;
-    if (impl == DF_CUDA_DFLASH_IMPL_SIMT) {
-        SMEM(fwd_kernel<D>, fwd_smem(D));
-        fwd_kernel<D><<<(unsigned)n, NT, fwd_smem(D), st>>>(p);
-        CU(cudaGetLastError());
-        return 0;
-    }
-    // WG2, WG2F: the wgmma forward (dflash_attn/wg_fwd.cu) where the device runs it
-    if ((impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F || impl == DF_CUDA_DFLASH_IMPL_WG3) &&
-        df_dflash::fwd_wg_usable(D)) {
-        int rc = df_dflash::fwd_wg_launch(p, D, st);
-        if (rc != -EOPNOTSUPP) // (no tensor maps for these tensors: MMA4's below)
-            return rc;
-    }
-    // MMA4, and WG2 / WG2F elsewhere
-    SMEM(fwd_mma2_kernel<D>, fwd3_smem<D>());
-    fwd_mma2_kernel<D><<<(unsigned)n, MW * 32, fwd3_smem<D>(), st>>>(p);
-    CU(cudaGetLastError());
-    return 0;
-}
-
-// Bytes of the backward workspace before the dK/dV partials (Di), rounded up.
-size_t di_bytes(const df_cuda_dflash_args *a)
-{
-    size_t n = (size_t)a->n_blocks * (size_t)a->block_size * (size_t)a->nq * sizeof(float);
-    return (n + 255) / 256 * 256;
-}
-
-// Records pass event i (args.pass_events) on the stream, if asked for.
-#define REC(ev, i, st)                                   \
-    do {                                                 \
-        if (ev)                                          \
-            CU(cudaEventRecord((ev)[i], st));            \
-    } while (0)
 
 // The dQ pass on dq_mma2_kernel: its CTAs in dq_order's order (LPT) where
 // given, else in grid order.
@@ -1721,65 +1146,6 @@ int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, uint16_t *dsd
     }
     REC(ev, 6, st);
     return 0;
-}
-
-// Bytes of the fp32 context dK/dV partials, rounded up.
-size_t part_bytes(const df_cuda_dflash_args *a)
-{
-    size_t n = (size_t)NSPL * 2 * (size_t)a->S * (size_t)a->nkv * (size_t)a->head_dim * sizeof(float);
-    return (n + 255) / 256 * 256;
-}
-
-// Bytes of the context tile lists (cnt, order, lst: ints), after the partials.
-size_t list_bytes(const df_cuda_dflash_args *a)
-{
-    size_t nct = ((size_t)a->S + TK4 - 1) / TK4;
-    return (nct * (2 + (size_t)a->n_blocks) * sizeof(int) + 255) / 256 * 256;
-}
-
-// WG3's dQ item counter (256 bytes) and stored dS (dflash_attn/wg_dqs.cu), after the dQ item order: the
-// block tiles' dS^T, the context tiles' (room for every span at its widest);
-// 0 for the other implementations
-size_t dsb_bytes(const df_cuda_dflash_args *a)
-{
-    return (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) * (size_t)(a->nkv > 0 ? a->nkv : 0) * df_dflash::DS_BLK_BYTES;
-}
-size_t wg3_bytes(const df_cuda_dflash_args *a)
-{
-    int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
-    if (impl != DF_CUDA_DFLASH_IMPL_WG3)
-        return 0;
-    return 256 + dsb_bytes(a) + (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) * (size_t)(a->nkv > 0 ? a->nkv : 0) *
-                              (size_t)df_dflash::dqs_max_tiles(a->S, a->window) * df_dflash::DS_TILE_BYTES;
-}
-
-// Bytes of the one-stage backward's dS^T store (bwd_mma2_launch's dsd), after
-// everything else: where an implementation other than SIMT runs
-// bwd_mma2_launch on the current device (dkv4_kernel does not fit its shared
-// memory) and block_size <= TKM; else 0.
-size_t dsd_bytes(const df_cuda_dflash_args *a)
-{
-    int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
-    int dev = 0;
-    if (impl == DF_CUDA_DFLASH_IMPL_SIMT || a->block_size > TKM || a->n_blocks <= 0 || a->nkv <= 0 ||
-        cudaGetDevice(&dev) != cudaSuccess) {
-        cudaGetLastError();
-        return 0;
-    }
-    size_t need = a->head_dim == 64 ? dkv4_smem<64>() : dkv4_smem<128>();
-    if ((size_t)df_cuda_smem_optin(dev) >= need)
-        return 0;
-    Params p = make_params(a);
-    return dsd_slot(p, p.nb, 0, 0, 0) * (size_t)(TKM * RQ) * 2;
-}
-
-// Bytes of the dQ item order (WG2's: n_blocks * chunks ints), after the lists.
-size_t order_bytes(const df_cuda_dflash_args *a)
-{
-    size_t group = a->nkv > 0 && a->nq >= a->nkv ? (size_t)(a->nq / a->nkv) : 1;
-    size_t bs = a->block_size > 0 ? (size_t)a->block_size : 0, nb = a->n_blocks > 0 ? (size_t)a->n_blocks : 0;
-    size_t nch = (bs * group + RQ - 1) / RQ;
-    return (nb * nch * sizeof(int) + 255) / 256 * 256;
 }
 
 // MMA4 (wg2 false): Di, dQ (dq_mma2_kernel), the tile lists and their LPT
@@ -1900,172 +1266,113 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     return 0;
 }
 
-// SIMT: Di, dQ, then the context and block keys' dK/dV in one kernel.
 template <int D>
-int bwd_simt_launch(const Params &p, cudaStream_t st)
+int fwd_mma_launch(const Params &p, cudaStream_t st)
 {
-    long long rows = (long long)p.nb * p.bs;
-    if (rows > 0) {
-        long long w = rows * p.nq;
-        di_kernel<D><<<(unsigned)((w * 32 + NT - 1) / NT), NT, 0, st>>>(p);
-        CU(cudaGetLastError());
-        unsigned n = (unsigned)((long long)p.nb * p.nkv * p.nch);
-        SMEM(dq_kernel<D>, dq_smem(D));
-        dq_kernel<D><<<n, NT, dq_smem(D), st>>>(p);
-        CU(cudaGetLastError());
-    }
-    long long tiles = (p.S + TK - 1) / TK + (long long)p.nb * ((p.bs + TK - 1) / TK);
-    if (tiles > 0) {
-        SMEM(dkv_kernel<D>, dkv_smem(D));
-        dkv_kernel<D><<<(unsigned)(tiles * p.nkv), NT, dkv_smem(D), st>>>(p);
-        CU(cudaGetLastError());
-    }
-    return 0;
-}
-
-} // namespace
-
-extern "C" size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *a)
-{
-    if (!a)
+    long long n = (long long)p.nb * p.nkv * p.nch;
+    if (n == 0)
         return 0;
-    size_t n = di_bytes(a) + part_bytes(a) + list_bytes(a) + order_bytes(a) + wg3_bytes(a) + dsd_bytes(a);
-    return n ? n : 4;
-}
-
-namespace {
-int g_bwd_impl; // df_cuda_dflash_set_bwd_impl; 0: none
-
-// A switch, read once (racing first calls compute the same value): on
-// unless the variable is set to 0. DFLASH_ATTN_PDL: WG3's kernels after the
-// first launched as programmatic dependents (DsBuf.pdl).
-int g_env_pdl = -1;
-bool env_on(const char *name, int *v)
-{
-    if (*v < 0) {
-        const char *e = getenv(name);
-        *v = !(e && e[0] == '0');
-    }
-    return *v != 0;
-}
-
-// DFLASH_ATTN_BWD, read once (0: unset or unknown). The retired names (mma,
-// mma2, mma3, mma5, wg) are unknown names: a warning, then the default.
-int env_bwd_impl()
-{
-    static int v = -1; // racing first calls compute the same value
-    if (v < 0) {
-        static const struct {
-            const char *nm;
-            int impl;
-        } tab[] = {{"simt", DF_CUDA_DFLASH_IMPL_SIMT},
-                   {"mma4", DF_CUDA_DFLASH_IMPL_MMA4},
-                   {"wg2", DF_CUDA_DFLASH_IMPL_WG2},
-                   {"wg2f", DF_CUDA_DFLASH_IMPL_WG2F},
-                   {"wg3", DF_CUDA_DFLASH_IMPL_WG3}};
-        const char *e = getenv("DFLASH_ATTN_BWD");
-        int r = 0;
-        if (e && *e) {
-            for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
-                if (!strcmp(e, tab[i].nm))
-                    r = tab[i].impl;
-            if (!r)
-                fprintf(stderr, "dflash_attn: DFLASH_ATTN_BWD=%s is none of simt, mma4, wg2, wg2f, wg3 "
-                                "(mma, mma2, mma3, mma5 and wg were removed): the default "
-                                "backward\n", e);
-        }
-        v = r;
-    }
-    return v;
-}
-} // namespace
-
-extern "C" int df_cuda_dflash_set_bwd_impl(int impl)
-{
-    if (!impl_known(impl))
-        return -EINVAL;
-    g_bwd_impl = impl;
+    SMEM(fwd_mma2_kernel<D>, fwd3_smem<D>());
+    fwd_mma2_kernel<D><<<(unsigned)n, MW * 32, fwd3_smem<D>(), st>>>(p);
+    CU(cudaGetLastError());
     return 0;
 }
 
-extern "C" int df_cuda_dflash_bwd_impl(void)
+template <int D>
+int di_run(const Params &p, cudaStream_t st)
 {
-    if (g_bwd_impl)
-        return g_bwd_impl;
-    int e = env_bwd_impl();
-    if (e)
-        return e;
-    // the built-in default of the current device
-    return df_cuda_hopper_kernels() ? DF_CUDA_DFLASH_IMPL_DEFAULT_BWD_SM90 : DF_CUDA_DFLASH_IMPL_DEFAULT_BWD;
+    long long w = (long long)p.nb * p.bs * p.nq;
+    if (w == 0)
+        return 0;
+    di_kernel<D><<<(unsigned)((w * 32 + NT - 1) / NT), NT, 0, st>>>(p);
+    CU(cudaGetLastError());
+    return 0;
+}
+} // namespace
+
+namespace df_dflash {
+
+// Bytes of the backward workspace before the dK/dV partials (Di), rounded up.
+size_t di_bytes(const df_cuda_dflash_args *a)
+{
+    size_t n = (size_t)a->n_blocks * (size_t)a->block_size * (size_t)a->nq * sizeof(float);
+    return (n + 255) / 256 * 256;
 }
 
-extern "C" int df_cuda_dflash_fwd_impl(void)
+// Bytes of the fp32 context dK/dV partials, rounded up.
+size_t part_bytes(const df_cuda_dflash_args *a)
 {
-    return df_cuda_hopper_kernels() ? DF_CUDA_DFLASH_IMPL_DEFAULT_FWD_SM90 : DF_CUDA_DFLASH_IMPL_DEFAULT_FWD;
+    size_t n = (size_t)NSPL * 2 * (size_t)a->S * (size_t)a->nkv * (size_t)a->head_dim * sizeof(float);
+    return (n + 255) / 256 * 256;
 }
 
-extern "C" const char *df_cuda_dflash_impl_name(int impl)
+// Bytes of the context tile lists (cnt, order, lst: ints), after the partials.
+size_t list_bytes(const df_cuda_dflash_args *a)
 {
-    switch (impl) {
-    case DF_CUDA_DFLASH_IMPL_SIMT:
-        return "simt";
-    case DF_CUDA_DFLASH_IMPL_MMA4:
-        return "mma4";
-    case DF_CUDA_DFLASH_IMPL_WG2:
-        return "wg2";
-    case DF_CUDA_DFLASH_IMPL_WG2F:
-        return "wg2f";
-    case DF_CUDA_DFLASH_IMPL_WG3:
-        return "wg3";
-    }
-    return "?";
+    size_t nct = ((size_t)a->S + TK4 - 1) / TK4;
+    return (nct * (2 + (size_t)a->n_blocks) * sizeof(int) + 255) / 256 * 256;
 }
 
-extern "C" int df_cuda_dflash_fwd(const df_cuda_dflash_args *a, cudaStream_t st)
+// WG3's dQ item counter (256 bytes) and stored dS (dflash_attn/wg_dqs.cu), after the dQ item order: the
+// block tiles' dS^T, the context tiles' (room for every span at its widest);
+// 0 for the other implementations
+size_t dsb_bytes(const df_cuda_dflash_args *a)
 {
-    int rc = check_args(a, false);
-    if (rc)
-        return rc;
-    Params p = make_params(a);
-    int impl = a->impl ? a->impl : df_cuda_dflash_fwd_impl();
-    return a->head_dim == 64 ? fwd_launch<64>(p, st, impl) : fwd_launch<128>(p, st, impl);
+    return (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) * (size_t)(a->nkv > 0 ? a->nkv : 0) * df_dflash::DS_BLK_BYTES;
 }
-
-extern "C" int df_cuda_dflash_bwd(const df_cuda_dflash_args *a, cudaStream_t st)
+size_t wg3_bytes(const df_cuda_dflash_args *a)
 {
-    int rc = check_args(a, true);
-    if (rc)
-        return rc;
-    Params p = make_params(a);
-    void *ws = a->workspace;
-    if (!ws)
-        CU(cudaMallocAsync(&ws, df_cuda_dflash_bwd_workspace_bytes(a), st));
-    p.Di = (float *)ws;
     int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
-    if (impl == DF_CUDA_DFLASH_IMPL_SIMT) {
-        rc = a->head_dim == 64 ? bwd_simt_launch<64>(p, st) : bwd_simt_launch<128>(p, st);
-    } else { // MMA4, WG2, WG2F
-        float *part = (float *)((char *)ws + di_bytes(a));
-        int *lists = (int *)((char *)part + part_bytes(a));
-        int *dq_order = (int *)((char *)lists + list_bytes(a));
-        bool wg3 = impl == DF_CUDA_DFLASH_IMPL_WG3;
-        bool fold = impl == DF_CUDA_DFLASH_IMPL_WG2F || wg3; // WG2 with the fold
-        bool wg2 = impl == DF_CUDA_DFLASH_IMPL_WG2 || fold;
-        df_dflash::DsBuf dsb; // WG3's stored dS (used where the shapes allow: bwd_mma4_launch)
-        dsb.ctr = (int *)((char *)dq_order + order_bytes(a)); // (256 bytes)
-        dsb.dsb = (uint16_t *)((char *)dsb.ctr + 256);
-        dsb.ds = (uint16_t *)((char *)dsb.dsb + dsb_bytes(a));
-        dsb.maxt = df_dflash::dqs_max_tiles(a->S, a->window);
-        dsb.part = NULL; // (bwd_mma4_launch sets it)
-        dsb.pdl = env_on("DFLASH_ATTN_PDL", &g_env_pdl);
-        cudaEvent_t *ev = a->pass_events;
-        const df_dflash::DsBuf *dp = wg3 ? &dsb : NULL;
-        // the one-stage backward's dS^T store, last (NULL where it does not run)
-        uint16_t *dsd = dsd_bytes(a) ? (uint16_t *)((char *)dsb.ctr + wg3_bytes(a)) : NULL;
-        rc = a->head_dim == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg2, fold, ev, dp, dsd)
-                               : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg2, fold, ev, dp, dsd);
-    }
-    if (!a->workspace)
-        CU(cudaFreeAsync(ws, st));
-    return rc;
+    if (impl != DF_CUDA_DFLASH_IMPL_WG3)
+        return 0;
+    return 256 + dsb_bytes(a) + (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) * (size_t)(a->nkv > 0 ? a->nkv : 0) *
+                              (size_t)df_dflash::dqs_max_tiles(a->S, a->window) * df_dflash::DS_TILE_BYTES;
 }
+
+// Bytes of the one-stage backward's dS^T store (bwd_mma2_launch's dsd), after
+// everything else: where an implementation other than SIMT runs
+// bwd_mma2_launch on the current device (dkv4_kernel does not fit its shared
+// memory) and block_size <= TKM; else 0.
+size_t dsd_bytes(const df_cuda_dflash_args *a)
+{
+    int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
+    int dev = 0;
+    if (impl == DF_CUDA_DFLASH_IMPL_SIMT || a->block_size > TKM || a->n_blocks <= 0 || a->nkv <= 0 ||
+        cudaGetDevice(&dev) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    size_t need = a->head_dim == 64 ? dkv4_smem<64>() : dkv4_smem<128>();
+    if ((size_t)df_cuda_smem_optin(dev) >= need)
+        return 0;
+    Params p = make_params(a);
+    return dsd_slot(p, p.nb, 0, 0, 0) * (size_t)(TKM * RQ) * 2;
+}
+
+// Bytes of the dQ item order (WG2's: n_blocks * chunks ints), after the lists.
+size_t order_bytes(const df_cuda_dflash_args *a)
+{
+    size_t group = a->nkv > 0 && a->nq >= a->nkv ? (size_t)(a->nq / a->nkv) : 1;
+    size_t bs = a->block_size > 0 ? (size_t)a->block_size : 0, nb = a->n_blocks > 0 ? (size_t)a->n_blocks : 0;
+    size_t nch = (bs * group + RQ - 1) / RQ;
+    return (nb * nch * sizeof(int) + 255) / 256 * 256;
+}
+
+int di_launch(const Params &p, int D, cudaStream_t st)
+{
+    return D == 64 ? di_run<64>(p, st) : di_run<128>(p, st);
+}
+
+int mma_fwd_launch(const Params &p, int D, cudaStream_t st)
+{
+    return D == 64 ? fwd_mma_launch<64>(p, st) : fwd_mma_launch<128>(p, st);
+}
+
+int mma_bwd_launch(const Params &p, int D, cudaStream_t st, float *part, int *lists, int *dq_order, bool wg2,
+                   bool fold, cudaEvent_t *ev, const DsBuf *dsb, uint16_t *dsd)
+{
+    return D == 64 ? bwd_mma4_launch<64>(p, st, part, lists, dq_order, wg2, fold, ev, dsb, dsd)
+                   : bwd_mma4_launch<128>(p, st, part, lists, dq_order, wg2, fold, ev, dsb, dsd);
+}
+
+} // namespace df_dflash

@@ -1,0 +1,254 @@
+// dflash_attn/dispatch.cu - the DFlash drafter attention on the GPU (contract in
+// dflash_attn.h and train_ops.h; the CPU reference is kernels/cpu/dflash_attn.c).
+//
+// FlashAttention-2 structure. Five implementations (args.impl; the table in
+// kernels/README.md): simt, the CUDA cores (fp32 FMA from shared memory, 256
+// threads = 8 warps: the plain reference on the GPU, simt.cu); mma4, tensor
+// cores (mma.sync m16n8k16 bf16, sm_80+; the default on devices other than
+// compute capability 9.0, mma.cu); wg2, wg2f and wg3, Hopper warpgroup MMA
+// (wgmma, sm_90a; wg2's forward and wg3's backward the defaults on compute
+// capability 9.0, wg_*.cu). The tensor-core kernels follow the CUDA-core
+// kernels' work split and determinism. The retired ids (2, 3, 4, 6, 7) are
+// refused; docs/log/ has their history.
+//
+// Rows. A "row chunk" is up to RQ = 64 query rows of ONE block b and ONE kv
+// head g: the block's bs x group (query offset qo, head of the group hh)
+// rows, row r = qo * group + hh. They share the anchor and document start, so
+// the block-sparse structure is by construction: a chunk visits only the
+// context keys [lo0, anchor) (lo0 = max(doc_start, anchor - (W-1)), the span
+// of its widest row qo = 0) in tiles of TK = 32 keys, then its own block's
+// keys. Per-key masking inside a tile is one compare per (row, key) (the
+// window's per-row lower bound, the end of the range, in-block causality).
+// Warp w owns rows w + 8 i (i < 8); in the score phase lane = key of the tile,
+// so the online softmax of a row is a warp reduction held in registers; in
+// the accumulate phase lane = head dim (d = lane + 32 k).
+//
+// Forward: one CTA per (block, kv head, row chunk): S = Q K^T, online softmax
+// (fp32 m, l per row), O += P V; out = O / l (bf16), lse = m + log l.
+// Backward (recompute P from lse, no atomics, deterministic):
+//   1. Di = dO . O per (row, head), fp32 workspace.
+//   2. dQ: one CTA per (block, kv head, row chunk), the forward's key loop:
+//      dS = P (dO V^T - Di), dq = scale dS K.
+//   3. dK/dV: one CTA per (kv head, key tile). Context tiles: every valid
+//      block (ascending) whose span meets the tile, all its row chunks (the
+//      transposed visibility). Block tiles: the block's own rows. dv = P^T dO,
+//      dk = scale dS^T Q, summed in fp32 in a fixed order, written once.
+// Padding blocks: out 0, lse -inf, dq/dkb/dvb 0; rows with nothing visible
+// likewise (never NaN).
+// mma4 (described before its kernels in mma.cu): the forward (fwd_mma2_kernel),
+// Di, dQ (dq_mma2_kernel) and the block-key dK/dV (dkv_mma2_kernel) in
+// cp.async-pipelined mma.sync kernels; the context dK/dV with 128-key tiles
+// over per-tile block lists (dkv4_kernel); the split reduction. wg2 (its
+// forward the default on compute capability 9.0) is mma4 with its forward
+// (dflash_attn/wg_fwd.cu), its dQ pass (dflash_attn/wg_dq.cu, blocks last to
+// first) and its context dK/dV pass (dflash_attn/wg_dkv.cu) on wgmma; where
+// sm_90a is not there, fwd_mma2_kernel, dq_mma2_kernel in longest-first order
+// (dq_order_kernel) and dkv4_kernel. wg2f (the
+// backward's default on compute capability 9.0) is wg2 with Di and the
+// block-key dK/dV computed inside the wgmma dQ pass where one row chunk holds
+// a block's rows per kv head (nch == 1): no di_kernel, no block-tile
+// dkv_mma2_kernel; elsewhere wg2 exactly. wg3 is wg2f whose context dK/dV
+// pass also stores dS, from which dQ is computed (wg_dqs.cu). Where dkv4_kernel
+// does not fit the shared memory (sm_80, sm_86 / 89 / 120), mma4's backward
+// is dkv_mma2_kernel for every key tile storing dS^T, then dQ from it
+// (mma.cu, bwd_mma2_launch).
+// The files: this one (the choice, the workspace, the knobs, the entry
+// points), simt.cu, mma.cu, wg_fwd.cu / wg_dq.cu / wg_dkv.cu / wg_dqs.cu
+// (Hopper); what they share: attn_internal.cuh, common.cuh.
+#include "attn_internal.cuh"
+
+namespace {
+using namespace df_dflash;
+
+// Which forward runs when args.impl == 0: WG2's on compute capability 9.0,
+// MMA4's (fwd_mma2_kernel) elsewhere.
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD DF_CUDA_DFLASH_IMPL_MMA4
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD_SM90 DF_CUDA_DFLASH_IMPL_WG2
+// Which backward runs when args.impl == 0: WG3 on compute capability 9.0
+// (the fastest measured at the 27B drafter shape: DESIGN.md; WG2F exactly
+// where WG3's shapes do not fit), MMA4 elsewhere.
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD DF_CUDA_DFLASH_IMPL_MMA4
+#define DF_CUDA_DFLASH_IMPL_DEFAULT_BWD_SM90 DF_CUDA_DFLASH_IMPL_WG3
+
+// Whether impl is 0 (the defaults) or an implementation this file has. The
+// retired values (DF_CUDA_DFLASH_IMPL_* 2, 3, 4, 6, 7) are not.
+bool impl_known(int impl)
+{
+    return impl == 0 || impl == DF_CUDA_DFLASH_IMPL_SIMT || impl == DF_CUDA_DFLASH_IMPL_MMA4 ||
+           impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F || impl == DF_CUDA_DFLASH_IMPL_WG3;
+}
+
+int check_args(const df_cuda_dflash_args *a, bool bwd)
+{
+    if (!a || a->S < 0 || a->n_blocks < 0 || a->block_size < 1 || a->window < 0 || a->nq < 1 ||
+        a->nkv < 1 || a->nq % a->nkv || (a->head_dim != 64 && a->head_dim != 128) ||
+        !(a->scale == a->scale) || !impl_known(a->impl))
+        return -EINVAL;
+    if (!a->anchor || !a->doc_start || !a->valid || !a->q || !a->kc || !a->vc || !a->kb ||
+        !a->vb || !a->out || !a->lse)
+        return -EINVAL;
+    if (bwd && (!a->dout || !a->dq || !a->dkc || !a->dvc || !a->dkb || !a->dvb))
+        return -EINVAL;
+    return 0;
+}
+
+// The forward of impl: SIMT's, the wgmma one (WG2, WG2F, WG3) where the
+// device runs it and its tensor maps can be made, else MMA4's.
+int fwd_launch(const Params &p, int D, cudaStream_t st, int impl)
+{
+    if (impl == DF_CUDA_DFLASH_IMPL_SIMT)
+        return simt_fwd_launch(p, D, st);
+    if ((impl == DF_CUDA_DFLASH_IMPL_WG2 || impl == DF_CUDA_DFLASH_IMPL_WG2F || impl == DF_CUDA_DFLASH_IMPL_WG3) &&
+        (long long)p.nb * p.nkv * p.nch > 0 && fwd_wg_usable(D)) {
+        int rc = fwd_wg_launch(p, D, st);
+        if (rc != -EOPNOTSUPP) // (no tensor maps for these tensors: MMA4's below)
+            return rc;
+    }
+    return mma_fwd_launch(p, D, st);
+}
+
+} // namespace
+
+extern "C" size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *a)
+{
+    if (!a)
+        return 0;
+    size_t n = di_bytes(a) + part_bytes(a) + list_bytes(a) + order_bytes(a) + wg3_bytes(a) + dsd_bytes(a);
+    return n ? n : 4;
+}
+
+namespace {
+int g_bwd_impl; // df_cuda_dflash_set_bwd_impl; 0: none
+
+// A switch, read once (racing first calls compute the same value): on
+// unless the variable is set to 0. DFLASH_ATTN_PDL: WG3's kernels after the
+// first launched as programmatic dependents (DsBuf.pdl).
+int g_env_pdl = -1;
+bool env_on(const char *name, int *v)
+{
+    if (*v < 0) {
+        const char *e = getenv(name);
+        *v = !(e && e[0] == '0');
+    }
+    return *v != 0;
+}
+
+// DFLASH_ATTN_BWD, read once (0: unset or unknown). The retired names (mma,
+// mma2, mma3, mma5, wg) are unknown names: a warning, then the default.
+int env_bwd_impl()
+{
+    static int v = -1; // racing first calls compute the same value
+    if (v < 0) {
+        static const struct {
+            const char *nm;
+            int impl;
+        } tab[] = {{"simt", DF_CUDA_DFLASH_IMPL_SIMT},
+                   {"mma4", DF_CUDA_DFLASH_IMPL_MMA4},
+                   {"wg2", DF_CUDA_DFLASH_IMPL_WG2},
+                   {"wg2f", DF_CUDA_DFLASH_IMPL_WG2F},
+                   {"wg3", DF_CUDA_DFLASH_IMPL_WG3}};
+        const char *e = getenv("DFLASH_ATTN_BWD");
+        int r = 0;
+        if (e && *e) {
+            for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
+                if (!strcmp(e, tab[i].nm))
+                    r = tab[i].impl;
+            if (!r)
+                fprintf(stderr, "dflash_attn: DFLASH_ATTN_BWD=%s is none of simt, mma4, wg2, wg2f, wg3 "
+                                "(mma, mma2, mma3, mma5 and wg were removed): the default "
+                                "backward\n", e);
+        }
+        v = r;
+    }
+    return v;
+}
+} // namespace
+
+extern "C" int df_cuda_dflash_set_bwd_impl(int impl)
+{
+    if (!impl_known(impl))
+        return -EINVAL;
+    g_bwd_impl = impl;
+    return 0;
+}
+
+extern "C" int df_cuda_dflash_bwd_impl(void)
+{
+    if (g_bwd_impl)
+        return g_bwd_impl;
+    int e = env_bwd_impl();
+    if (e)
+        return e;
+    // the built-in default of the current device
+    return df_cuda_hopper_kernels() ? DF_CUDA_DFLASH_IMPL_DEFAULT_BWD_SM90 : DF_CUDA_DFLASH_IMPL_DEFAULT_BWD;
+}
+
+extern "C" int df_cuda_dflash_fwd_impl(void)
+{
+    return df_cuda_hopper_kernels() ? DF_CUDA_DFLASH_IMPL_DEFAULT_FWD_SM90 : DF_CUDA_DFLASH_IMPL_DEFAULT_FWD;
+}
+
+extern "C" const char *df_cuda_dflash_impl_name(int impl)
+{
+    switch (impl) {
+    case DF_CUDA_DFLASH_IMPL_SIMT:
+        return "simt";
+    case DF_CUDA_DFLASH_IMPL_MMA4:
+        return "mma4";
+    case DF_CUDA_DFLASH_IMPL_WG2:
+        return "wg2";
+    case DF_CUDA_DFLASH_IMPL_WG2F:
+        return "wg2f";
+    case DF_CUDA_DFLASH_IMPL_WG3:
+        return "wg3";
+    }
+    return "?";
+}
+
+extern "C" int df_cuda_dflash_fwd(const df_cuda_dflash_args *a, cudaStream_t st)
+{
+    int rc = check_args(a, false);
+    if (rc)
+        return rc;
+    Params p = make_params(a);
+    int impl = a->impl ? a->impl : df_cuda_dflash_fwd_impl();
+    return fwd_launch(p, a->head_dim, st, impl);
+}
+
+extern "C" int df_cuda_dflash_bwd(const df_cuda_dflash_args *a, cudaStream_t st)
+{
+    int rc = check_args(a, true);
+    if (rc)
+        return rc;
+    Params p = make_params(a);
+    void *ws = a->workspace;
+    if (!ws)
+        CU(cudaMallocAsync(&ws, df_cuda_dflash_bwd_workspace_bytes(a), st));
+    p.Di = (float *)ws;
+    int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
+    if (impl == DF_CUDA_DFLASH_IMPL_SIMT) {
+        rc = simt_bwd_launch(p, a->head_dim, st);
+    } else { // MMA4, WG2, WG2F
+        float *part = (float *)((char *)ws + di_bytes(a));
+        int *lists = (int *)((char *)part + part_bytes(a));
+        int *dq_order = (int *)((char *)lists + list_bytes(a));
+        bool wg3 = impl == DF_CUDA_DFLASH_IMPL_WG3;
+        bool fold = impl == DF_CUDA_DFLASH_IMPL_WG2F || wg3; // WG2 with the fold
+        bool wg2 = impl == DF_CUDA_DFLASH_IMPL_WG2 || fold;
+        df_dflash::DsBuf dsb; // WG3's stored dS (used where the shapes allow: bwd_mma4_launch)
+        dsb.ctr = (int *)((char *)dq_order + order_bytes(a)); // (256 bytes)
+        dsb.dsb = (uint16_t *)((char *)dsb.ctr + 256);
+        dsb.ds = (uint16_t *)((char *)dsb.dsb + dsb_bytes(a));
+        dsb.maxt = df_dflash::dqs_max_tiles(a->S, a->window);
+        dsb.part = NULL; // (bwd_mma4_launch sets it)
+        dsb.pdl = env_on("DFLASH_ATTN_PDL", &g_env_pdl);
+        cudaEvent_t *ev = a->pass_events;
+        const df_dflash::DsBuf *dp = wg3 ? &dsb : NULL;
+        // the one-stage backward's dS^T store, last (NULL where it does not run)
+        uint16_t *dsd = dsd_bytes(a) ? (uint16_t *)((char *)dsb.ctr + wg3_bytes(a)) : NULL;
+        rc = mma_bwd_launch(p, a->head_dim, st, part, lists, dq_order, wg2, fold, ev, dp, dsd);
+    }
+    if (!a->workspace)
+        CU(cudaFreeAsync(ws, st));
+    return rc;
+}
