@@ -213,7 +213,13 @@ int cmd_extract(int argc, char **argv)
     int use_cuda = n_gpu > 0;
     uint32_t lr_rank, lr_world;
     int lr_local;
-    if (gpu < 0 && !rank_given && cli_launcher_rank(&lr_rank, &lr_world, &lr_local)) {
+    df_err le = {0};
+    int launched = gpu < 0 && !rank_given ? cli_launcher_rank(&lr_rank, &lr_world, &lr_local, &le) : 0;
+    if (launched < 0) {
+        fprintf(stderr, "dflash extract: %s\n", le.msg);
+        return 2;
+    }
+    if (launched) {
         /* torchrun / Slurm: this process is one rank (on the CPU too); its GPU is its local rank */
         o.rank = lr_rank;
         o.world_size = lr_world;

@@ -337,7 +337,17 @@ int cmd_train(int argc, char **argv)
     int n_gpu = o.device && !strcmp(o.device, "cpu") ? 0 : df_backend_cuda_device_count();
     uint32_t lr_rank, lr_world, node, nodes;
     int lr_local;
-    if (!rank_given && cli_launcher_rank(&lr_rank, &lr_world, &lr_local)) {
+    df_err le = {0};
+    int launched = !rank_given ? cli_launcher_rank(&lr_rank, &lr_world, &lr_local, &le) : 0;
+    if (launched < 0) {
+        fprintf(stderr, "dflash train: %s\n", le.msg);
+        return 2;
+    }
+    if (rank_given && o.rank >= o.world) {
+        fprintf(stderr, "dflash train: --rank %d out of range for --world-size %d\n", o.rank, o.world);
+        return 2;
+    }
+    if (launched) {
         o.rank = (int)lr_rank;
         o.world = (int)lr_world;
         if (master_from_env(&o))

@@ -24,18 +24,34 @@ static long env_int(const char *name)
     return errno || *end || x >= 0x80000000ull ? -1 : (long)x;
 }
 
-int cli_launcher_rank(uint32_t *rank, uint32_t *world, int *local)
+int cli_launcher_rank(uint32_t *rank, uint32_t *world, int *local, df_err *e)
 {
     const char *k[2][3] = {{"RANK", "WORLD_SIZE", "LOCAL_RANK"},
                            {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"}};
     for (int i = 0; i < 2; i++) {
+        const char *rs = getenv(k[i][0]), *ws = getenv(k[i][1]);
+        if (!(rs && *rs) && !(ws && *ws))
+            continue;
         long r = env_int(k[i][0]), w = env_int(k[i][1]), l = env_int(k[i][2]);
-        if (r >= 0 && w > 1 && r < w && l >= 0) {
-            *rank = (uint32_t)r;
-            *world = (uint32_t)w;
-            *local = (int)l;
-            return 1;
+        if (r < 0 || w < 1) {
+            df_errf(e, -EINVAL, "%s '%s', %s '%s': want a rank in 0..%s - 1", k[i][0], rs ? rs : "",
+                    k[i][1], ws ? ws : "", k[i][1]);
+            return -1;
         }
+        if (r >= w) {
+            df_errf(e, -EINVAL, "%s %ld out of range for %s %ld", k[i][0], r, k[i][1], w);
+            return -1;
+        }
+        if (w == 1)
+            return 0;
+        if (l < 0) {
+            df_errf(e, -EINVAL, "%s %ld of %ld: %s is not set (or not a number)", k[i][0], r, w, k[i][2]);
+            return -1;
+        }
+        *rank = (uint32_t)r;
+        *world = (uint32_t)w;
+        *local = (int)l;
+        return 1;
     }
     return 0;
 }

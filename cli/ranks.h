@@ -10,8 +10,11 @@
 
 /* 1 with this process's rank/world/local rank from torchrun (RANK,
  * WORLD_SIZE, LOCAL_RANK) or Slurm (SLURM_PROCID, SLURM_NTASKS,
- * SLURM_LOCALID) when the world is > 1; 0 otherwise. */
-int cli_launcher_rank(uint32_t *rank, uint32_t *world, int *local);
+ * SLURM_LOCALID) when the world is > 1; 0 when neither launcher's variables
+ * are set or the world is 1 (rank 0); -1 with a message in e when they are
+ * set but do not make a rank (not a number, a rank outside the world, no
+ * local rank): a process must not train alone what it was launched to share. */
+int cli_launcher_rank(uint32_t *rank, uint32_t *world, int *local, df_err *e);
 
 /* This node's index and the node count for one process per node
  * (NODE_RANK/NNODES, or SLURM_NODEID/SLURM_NNODES); 0 of 1 otherwise. */

@@ -557,9 +557,8 @@ int df_cache_manifest_read(const char *dir, df_cache_params *p, df_cache_part *a
     if (rc == -ENOENT) {
         char meta[4096];
         df_path_join(meta, sizeof meta, dir, "meta.json");
-        FILE *f = fopen(meta, "r");
-        if (f) {
-            fclose(f);
+        struct stat sb;
+        if (stat(meta, &sb) == 0) {
             return df_errf(e, -ENOENT,
                            "%s: unfinished cache (meta.json but no manifest.json): its writer did "
                            "not finish; rerun the extraction to resume it",

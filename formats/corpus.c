@@ -599,10 +599,9 @@ int df_corpus_open(const char *path, const df_corpus_opts *o, df_corpus **out, d
     df_corpus *c = corpus_new(path);
     if (!c)
         return df_errf(e, -ENOMEM, "%s: out of memory", path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = df_open_regular(path, O_RDONLY, 0, e); /* a FIFO would block open(2) */
     if (fd < 0)
-        return finish_open(c, df_errf(e, -errno, "%s: cannot open: %s", path, strerror(errno)),
-                           out);
+        return finish_open(c, fd, out);
     struct stat st;
     char magic[8];
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

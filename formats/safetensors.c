@@ -339,13 +339,14 @@ static st_file *new_file(df_st *st, const char *path)
 
 static int map_file(st_file *f, df_err *e)
 {
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    int fd = df_open_regular(f->path, O_RDONLY, 0, e); /* a FIFO would block open(2) */
     if (fd < 0)
-        return df_errf(e, -errno, "%s: cannot open: %s", f->path, strerror(errno));
+        return fd;
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+    if (fstat(fd, &sb) != 0) {
+        int err = errno;
         close(fd);
-        return df_errf(e, -EINVAL, "%s: not a regular file", f->path);
+        return df_errf(e, -err, "%s: cannot stat: %s", f->path, strerror(err));
     }
     f->size = (size_t)sb.st_size;
     if (f->size == 0) { /* mmap refuses 0 bytes; parse_file reports "too short" */

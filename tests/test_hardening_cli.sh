@@ -130,5 +130,20 @@ run 1 "in use by another train \(pid $lpid" "$D" train $TA --steps 4 --out "$W/r
 kill $lpid 2>/dev/null; wait $lpid 2>/dev/null
 run 0 "" "$D" train $TA --steps 4 --out "$W/rl"   # a lock left by a killed run is no lock
 
+# --- 6. ranks that do not make a world: refused (were: one process training alone, exit 0)
+run 2 "--rank 1 out of range for --world-size 1" "$D" train $TA --steps 2 --out "$W/bad" --rank 1 --world-size 1
+run 2 "RANK 3 out of range for WORLD_SIZE 2" env RANK=3 WORLD_SIZE=2 LOCAL_RANK=0 "$D" train $TA --steps 2 --out "$W/bad"
+run 2 "LOCAL_RANK is not set" env -u LOCAL_RANK RANK=1 WORLD_SIZE=2 "$D" train $TA --steps 2 --out "$W/bad"
+run 2 "RANK 'x'" env RANK=x WORLD_SIZE=2 LOCAL_RANK=0 "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad" --quiet
+run 2 "SLURM_PROCID 2 out of range for SLURM_NTASKS 2" env -u RANK -u WORLD_SIZE SLURM_PROCID=2 SLURM_NTASKS=2 SLURM_LOCALID=0 "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad" --quiet
+
+# --- 7. a FIFO where a data file belongs: refused naming it (was: extract blocked forever)
+mkdir -p "$W/fifo-model" && cp "$TM/config.json" "$W/fifo-model/" && mkfifo "$W/fifo-model/model.safetensors"
+run 1 "model.safetensors: a FIFO" timeout 20 "$D" extract --device cpu --model "$W/fifo-model" --data "$TM/corpus.jsonl" --out "$W/bad" --quiet
+mkfifo "$W/fifo.jsonl"
+run 1 "fifo.jsonl: a FIFO" timeout 20 "$D" extract --device cpu --model "$TM" --data "$W/fifo.jsonl" --out "$W/bad" --quiet
+mkdir -p "$W/rf" && mkfifo "$W/rf/log.jsonl"
+run 1 "log.jsonl: a FIFO" timeout 20 "$D" train $TA --steps 2 --out "$W/rf"
+
 [ "$fails" = 0 ] && echo "test_hardening_cli: all passed" || echo "test_hardening_cli: $fails failed"
 [ "$fails" = 0 ]

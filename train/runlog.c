@@ -2,6 +2,7 @@
 #include "runlog.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdlib.h>
@@ -192,10 +193,17 @@ int df_runlog_step(FILE *f, const char *path, int quiet, int64_t step, int64_t s
  * append after stale lines. */
 int df_runlog_trim(const char *path, int64_t step, df_err *e)
 {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return errno == ENOENT ? 0
-                               : df_errf(e, -errno, "%s: cannot open: %s", path, strerror(errno));
+    if (access(path, F_OK) != 0)
+        return errno == ENOENT ? 0 : df_errf(e, -errno, "%s: cannot open: %s", path, strerror(errno));
+    int fd = df_open_regular(path, O_RDONLY, 0, e); /* a FIFO would block fopen */
+    if (fd < 0)
+        return fd;
+    FILE *f = fdopen(fd, "r");
+    if (!f) {
+        int err = errno;
+        close(fd);
+        return df_errf(e, -err, "%s: cannot open: %s", path, strerror(err));
+    }
     char tmp[4200];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     FILE *o = fopen(tmp, "w");

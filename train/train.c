@@ -651,9 +651,15 @@ int df_train_run(const df_train_opts *o, df_err *e)
     if (lead) {
         if ((rc = df_runlog_trim(logpath, step0, e)))
             goto out;
-        logf = fopen(logpath, "a");
-        if (!logf) { /* a run without its log is not what was asked for */
+        /* a run without its log is not what was asked for; a FIFO would block */
+        int lfd = df_open_regular(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644, e);
+        if (lfd < 0) {
+            rc = lfd;
+            goto out;
+        }
+        if (!(logf = fdopen(lfd, "a"))) {
             rc = df_errf(e, -errno, "%s: cannot open for appending: %s", logpath, strerror(errno));
+            close(lfd);
             goto out;
         }
         df_runlog_meta rm = {.event = step0 > 0 ? "resume" : "start",
