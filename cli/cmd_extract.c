@@ -197,6 +197,12 @@ int cmd_extract(int argc, char **argv)
                                     "1,16,31\n", layers);
                     return 2;
                 }
+                if (n > 0 && v <= ids[n - 1]) {
+                    /* serving engines hand a drafter the target's layers in layer order */
+                    fprintf(stderr, "dflash extract: --layers '%s': list each layer once, in "
+                                    "increasing order\n", layers);
+                    return 2;
+                }
                 ids[n++] = (int)v;
                 p = *end ? end + 1 : end;
             }

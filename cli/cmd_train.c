@@ -256,6 +256,12 @@ int cmd_train(int argc, char **argv)
                             DF_MAX_TARGET_FEATURES);
                     return 2;
                 }
+                if (ntl > 0 && id <= tl[ntl - 1]) {
+                    /* the cache's layers and the export's target_layer_ids are in layer order */
+                    fprintf(stderr, "dflash train: --target-layers '%s': list each layer once, in "
+                                    "increasing order\n", v);
+                    return 2;
+                }
                 tl[ntl++] = (int)id;
                 p = *end ? end + 1 : end;
             }

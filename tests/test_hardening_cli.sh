@@ -137,6 +137,12 @@ run 2 "LOCAL_RANK is not set" env -u LOCAL_RANK RANK=1 WORLD_SIZE=2 "$D" train $
 run 2 "RANK 'x'" env RANK=x WORLD_SIZE=2 LOCAL_RANK=0 "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad" --quiet
 run 2 "SLURM_PROCID 2 out of range for SLURM_NTASKS 2" env -u RANK -u WORLD_SIZE SLURM_PROCID=2 SLURM_NTASKS=2 SLURM_LOCALID=0 "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad" --quiet
 
+# --- 6b. layer lists: each layer once, in increasing order (serving engines hand the drafter
+# the target's layers in layer order; was: 2,1 kept as given and exported so)
+run 2 "--layers '2,1': list each layer once, in increasing order" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad" --layers 2,1 --quiet
+run 2 "--layers '1,1': list each layer once" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad" --layers 1,1 --quiet
+run 2 "--target-layers '2,0': list each layer once, in increasing order" "$D" train $TA --steps 2 --out "$W/bad" --target-layers 2,0
+
 # --- 7. a FIFO where a data file belongs: refused naming it (was: extract blocked forever)
 mkdir -p "$W/fifo-model" && cp "$TM/config.json" "$W/fifo-model/" && mkfifo "$W/fifo-model/model.safetensors"
 run 1 "model.safetensors: a FIFO" timeout 20 "$D" extract --device cpu --model "$W/fifo-model" --data "$TM/corpus.jsonl" --out "$W/bad" --quiet
