@@ -152,6 +152,9 @@ int cmd_train(int argc, char **argv)
     df_train_opts o;
     df_train_opts_defaults(&o);
     int tl[DF_MAX_TARGET_FEATURES], ntl = 0, gpu_given = 0, rank_given = 0, steps_given = 0, draws = 0;
+    enum { SEEN_RECOMPUTE = 1, SEEN_NO_RECOMPUTE = 2, SEEN_RECOMPUTE_MLP = 4, SEEN_OVERLAP = 8,
+           SEEN_NO_OVERLAP = 16, SEEN_NO_CKPT = 32, SEEN_CKPT_EVERY = 64 };
+    unsigned seen = 0;
     const char *gpus = NULL;
     char idbuf[128];
     for (int i = 1; i < argc; i++) {
@@ -169,14 +172,17 @@ int cmd_train(int argc, char **argv)
             continue;
         }
         if (!strcmp(a, "--recompute")) { /* the default; kept for scripts */
+            seen |= SEEN_RECOMPUTE;
             o.recompute = o.recompute > 1 ? o.recompute : 1;
             continue;
         }
         if (!strcmp(a, "--no-recompute")) {
+            seen |= SEEN_NO_RECOMPUTE;
             o.recompute = 0;
             continue;
         }
         if (!strcmp(a, "--recompute-mlp")) {
+            seen |= SEEN_RECOMPUTE_MLP;
             o.recompute = 2;
             continue;
         }
@@ -185,10 +191,12 @@ int cmd_train(int argc, char **argv)
             continue;
         }
         if (!strcmp(a, "--no-ckpt")) {
+            seen |= SEEN_NO_CKPT;
             o.no_ckpt = 1;
             continue;
         }
         if (!strcmp(a, "--overlap-optimizer")) { /* the default; an error where impossible */
+            seen |= SEEN_OVERLAP;
             o.overlap_opt = 1;
             continue;
         }
@@ -197,6 +205,7 @@ int cmd_train(int argc, char **argv)
             continue;
         }
         if (!strcmp(a, "--no-overlap-optimizer")) {
+            seen |= SEEN_NO_OVERLAP;
             o.overlap_opt = 0;
             continue;
         }
@@ -302,7 +311,7 @@ int cmd_train(int argc, char **argv)
             else if (!strcmp(a, "--log-every")) rc = df_opt_int(a, v, 1, INT32_MAX, &o.log_every, &pe);
             else if (!strcmp(a, "--eval-every")) rc = df_opt_int(a, v, 0, INT32_MAX, &o.eval_every, &pe);
             else if (!strcmp(a, "--eval-rows")) rc = df_opt_int(a, v, 1, ROWS_MAX, &o.eval_rows, &pe);
-            else if (!strcmp(a, "--ckpt-every")) rc = df_opt_int(a, v, 0, INT32_MAX, &o.ckpt_every, &pe);
+            else if (!strcmp(a, "--ckpt-every")) { rc = df_opt_int(a, v, 0, INT32_MAX, &o.ckpt_every, &pe); seen |= SEEN_CKPT_EVERY; }
             else if (!strcmp(a, "--keep-last")) rc = df_opt_int(a, v, 0, INT32_MAX, &o.keep_last, &pe);
             else if (!strcmp(a, "--threads")) rc = df_opt_int(a, v, 0, 4096, &o.threads, &pe);
             else if (!strcmp(a, "--gpu")) { rc = df_opt_int(a, v, 0, 1023, &o.gpu, &pe); gpu_given = 1; }
@@ -334,6 +343,32 @@ int cmd_train(int argc, char **argv)
     }
     if (!o.master_addr != !o.master_port) {
         fprintf(stderr, "dflash train: --master-addr and --master-port go together\n");
+        return 2;
+    }
+    /* flags that ask for opposite things: refused, not settled by their order */
+    static const struct {
+        unsigned a, b;
+        const char *na, *nb;
+    } clash[] = {{SEEN_RECOMPUTE, SEEN_NO_RECOMPUTE, "--recompute", "--no-recompute"},
+                 {SEEN_RECOMPUTE_MLP, SEEN_NO_RECOMPUTE, "--recompute-mlp", "--no-recompute"},
+                 {SEEN_OVERLAP, SEEN_NO_OVERLAP, "--overlap-optimizer", "--no-overlap-optimizer"},
+                 {SEEN_NO_CKPT, SEEN_CKPT_EVERY, "--no-ckpt", "--ckpt-every"}};
+    for (size_t k = 0; k < sizeof clash / sizeof clash[0]; k++)
+        if ((seen & clash[k].a) && (seen & clash[k].b)) {
+            fprintf(stderr, "dflash train: %s and %s ask for opposite things: give one\n", clash[k].na,
+                    clash[k].nb);
+            return 2;
+        }
+    if (o.target_dir && o.random_target) {
+        fprintf(stderr, "dflash train: --target and --random-target: give one\n");
+        return 2;
+    }
+    if (gpus && gpu_given && !rank_given) { /* (the ranks --gpus starts get both, and --rank) */
+        fprintf(stderr, "dflash train: --gpu and --gpus: give one\n");
+        return 2;
+    }
+    if ((gpus || gpu_given) && o.device && !strcmp(o.device, "cpu")) {
+        fprintf(stderr, "dflash train: --device cpu with %s: give one\n", gpus ? "--gpus" : "--gpu");
         return 2;
     }
     /* Ranks: a launcher's (torchrun / Slurm; CPU ranks too), or one process

@@ -137,6 +137,14 @@ run 2 "LOCAL_RANK is not set" env -u LOCAL_RANK RANK=1 WORLD_SIZE=2 "$D" train $
 run 2 "RANK 'x'" env RANK=x WORLD_SIZE=2 LOCAL_RANK=0 "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad" --quiet
 run 2 "SLURM_PROCID 2 out of range for SLURM_NTASKS 2" env -u RANK -u WORLD_SIZE SLURM_PROCID=2 SLURM_NTASKS=2 SLURM_LOCALID=0 "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad" --quiet
 
+# --- 6a. flags that ask for opposite things: refused (was: the last one won)
+run 2 "--recompute and --no-recompute ask for opposite things" "$D" train $TA --steps 2 --out "$W/bad" --recompute --no-recompute
+run 2 "--recompute-mlp and --no-recompute" "$D" train $TA --steps 2 --out "$W/bad" --no-recompute --recompute-mlp
+run 2 "--overlap-optimizer and --no-overlap-optimizer" "$D" train $TA --steps 2 --out "$W/bad" --overlap-optimizer --no-overlap-optimizer
+run 2 "--no-ckpt and --ckpt-every" "$D" train $TA --steps 2 --out "$W/bad" --no-ckpt --ckpt-every 2
+run 2 "--target and --random-target: give one" "$D" train $TA --steps 2 --out "$W/bad" --random-target "$TM/config.json"
+run 2 "--device cpu with --gpus: give one" "$D" train $TA --steps 2 --out "$W/bad" --gpus 2
+
 # --- 6b. layer lists: each layer once, in increasing order (serving engines hand the drafter
 # the target's layers in layer order; was: 2,1 kept as given and exported so)
 run 2 "--layers '2,1': list each layer once, in increasing order" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/bad" --layers 2,1 --quiet
