@@ -103,6 +103,10 @@ for i in $(seq 10); do
   run 0 "" "$D" "${SYNTH[@]}" --out "$W/fsz"
   run 0 "OK: 48 samples" "$D" dump "$W/fsz" --verify
 done
+# an empty corpus: an empty cache that verifies (was: UBSan, a memcpy from a NULL shard list)
+: >"$W/empty.jsonl"
+run 0 "0 docs" "$D" extract --device cpu --model "$TM" --data "$W/empty.jsonl" --out "$W/emptyc" --quiet
+run 0 "OK: 0 samples" "$D" dump "$W/emptyc" --verify
 # --out into a directory that is not a cache of this corpus: refused, nothing written there
 cp -r "$TM" "$W/model"
 ls -A "$W/model" >"$W/model.ls"
