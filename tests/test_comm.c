@@ -126,6 +126,31 @@ static void t_allreduce(ctx *t, size_t n, int salt)
     free(tmp);
 }
 
+/* The host all-gather (the trainer's per-rank figures, its checkpoints' RNG
+ * states and data positions): every rank's bytes in its slot, on every rank. */
+static void t_allgather_host(ctx *t, size_t bytes, int salt)
+{
+    unsigned char *mine = malloc(bytes ? bytes : 1), *all = malloc(bytes * (size_t)t->world + 1),
+                  *want = malloc(bytes ? bytes : 1);
+    fill_u8(mine, bytes, t->rank, salt);
+    memset(all, 0xa5, bytes * (size_t)t->world + 1);
+    df_err e = {0};
+    CHECK_OK(df_comm_allgather_host(t->c, mine, bytes, all, &e), &e);
+    for (int r = 0; r < t->world; r++) {
+        fill_u8(want, bytes, r, salt);
+        if (memcmp(all + (size_t)r * bytes, want, bytes)) {
+            fprintf(stderr, "allgather_host %zu bytes (world %d rank %d): rank %d's slot differs\n",
+                    bytes, t->world, t->rank, r);
+            df_test_failures++;
+        }
+    }
+    CHECK(all[bytes * (size_t)t->world] == 0xa5); /* nothing written past the end */
+    t->hash = fnv(t->hash, all, bytes * (size_t)t->world);
+    free(mine);
+    free(all);
+    free(want);
+}
+
 /* BF16: every rank's values widened, added in fp32 in rank order, rounded
  * once; the same bits on every transport that is not NCCL. */
 static void t_reduce_scatter_bf16(ctx *t, size_t count, int salt, int in_place)
@@ -322,6 +347,9 @@ static int sc_full(int rank, int world, const char *dir, size_t slot, int big)
             t_all_gather(&t, sizes_u8[i], 40 + (int)i, 0);
             t_all_gather(&t, sizes_u8[i], 60 + (int)i, 1);
         }
+        const size_t sizes_host[] = {0, 1, 3, 8, 24, 32, 1001};
+        for (size_t i = 0; i < sizeof sizes_host / sizeof *sizes_host; i++)
+            t_allgather_host(&t, sizes_host[i], 90 + (int)i);
         t_mix(&t, 150);
     }
 

@@ -701,6 +701,34 @@ static int no_nccl(const char *what, df_err *e)
 }
 #endif
 
+int df_comm_allgather_host(df_comm *c, const void *mine, size_t bytes, void *all, df_err *e)
+{
+    if (!c || (bytes && (!mine || !all)))
+        return df_errf(e, -EINVAL, "comm: allgather_host: bad arguments");
+    int world = c->world, rank = c->rank;
+    if (bytes == 0)
+        return 0;
+    size_t words = (bytes + 3) / 4, n = words * (size_t)world;
+    if (n > INT_MAX)
+        return df_errf(e, -EINVAL, "comm: allgather_host: %zu bytes x %d ranks is too much", bytes, world);
+    double *v = calloc(n, sizeof *v);
+    if (!v)
+        return df_errf(e, -ENOMEM, "comm: allgather_host: out of memory");
+    for (size_t i = 0; i < words; i++) { /* this rank's slot: its words; the others' zeros */
+        uint32_t w = 0;
+        memcpy(&w, (const uint8_t *)mine + 4 * i, bytes - 4 * i < 4 ? bytes - 4 * i : 4);
+        v[(size_t)rank * words + i] = (double)w;
+    }
+    int rc = df_comm_allreduce_host_f64(c, v, (int)n, e);
+    for (int r = 0; !rc && r < world; r++)
+        for (size_t i = 0; i < words; i++) {
+            uint32_t w = (uint32_t)v[(size_t)r * words + i];
+            memcpy((uint8_t *)all + (size_t)r * bytes + 4 * i, &w, bytes - 4 * i < 4 ? bytes - 4 * i : 4);
+        }
+    free(v);
+    return rc;
+}
+
 int df_comm_allreduce_host_f64(df_comm *c, double *v, int n, df_err *e)
 {
     if (!c || n < 0 || (n > 0 && !v))

@@ -122,6 +122,12 @@ const char *df_comm_transport(const df_comm *c);
  * on every rank (added in rank order on every transport). */
 int df_comm_allreduce_host_f64(df_comm *c, double *v, int n, df_err *e);
 
+/* Every rank's bytes bytes of host memory (mine) into all, world x bytes,
+ * rank r's at all + r * bytes, blocking, on every rank; any world size (the
+ * carrier is allreduce_host_f64 over 32-bit words: exact). mine and all may
+ * not overlap. -ENOMEM, or allreduce_host_f64's errors. */
+int df_comm_allgather_host(df_comm *c, const void *mine, size_t bytes, void *all, df_err *e);
+
 /* send: world*count elements of dtype (F32 or BF16) in backend memory; recv
  * (count elements, backend memory) gets the sum over ranks of
  * send[rank*count .. +count). In place is allowed when recv == send + rank*count

@@ -280,6 +280,16 @@ static int best_update(best_state *bs, df_best *r, const df_train_opts *o, df_ba
 
 /* ------------------------------------------------------------ the loop */
 
+/* Every rank's n bytes at mine into all (world x n); one rank: a copy. */
+static int gather(df_comm *comm, const void *mine, size_t n, void *all, df_err *e)
+{
+    if (!comm) {
+        memcpy(all, mine, n);
+        return 0;
+    }
+    return df_comm_allgather_host(comm, mine, n, all, e);
+}
+
 int df_train_run(const df_train_opts *o, df_err *e)
 {
     int rc = 0;
@@ -303,16 +313,15 @@ int df_train_run(const df_train_opts *o, df_err *e)
     int nrows = o->rows_per_step > 0 ? o->rows_per_step : 1;
     int world = o->world > 1 ? o->world : 1, rank = world > 1 ? o->rank : 0;
     int lead = rank == 0; /* rank 0 writes the log, checkpoints and the export */
+    /* each rank's data wait per step; the checkpoints' RNG states and data positions */
+    double *waits = NULL;
+    uint8_t *ckpt_rs = NULL;
+    data_pos *ckpt_dps = NULL;
 
     if (o->steps < 0 || (o->steps == 0 && !o->init_from))
         return df_errf(e, -EINVAL, "--steps must be > 0 (0 only with --init-from)");
     if (rank < 0 || rank >= world)
         return df_errf(e, -EINVAL, "rank %d out of range for %d ranks", rank, world);
-    /* a checkpoint gathers every rank's RNG state and data position into arrays of 64
-     * (the save below): refused here rather than at the first save, hours in */
-    if (world > 64 && !o->no_ckpt)
-        return df_errf(e, -ENOTSUP, "%d ranks: checkpoints hold at most 64 ranks' state (or "
-                       "--no-ckpt)", world);
     if (o->mask_token_id < 0 && !o->init_from)
         return df_errf(e, -EINVAL, "--mask-token is required (the id of the target's mask token)");
     /* the drafter config's fixed arrays (layer_types, target_layer_ids) bound these: checked
@@ -673,7 +682,10 @@ int df_train_run(const df_train_opts *o, df_err *e)
     }
 
     grad = malloc((size_t)total * sizeof(float));
-    if (!grad) {
+    waits = calloc((size_t)world, sizeof *waits);
+    ckpt_rs = calloc((size_t)world, 32);
+    ckpt_dps = calloc((size_t)world, sizeof *ckpt_dps);
+    if (!grad || !waits || !ckpt_rs || !ckpt_dps) {
         rc = df_errf(e, -ENOMEM, "out of memory");
         goto out;
     }
@@ -935,22 +947,20 @@ int df_train_run(const df_train_opts *o, df_err *e)
         memcpy(rng_after, sl->rng_after, sizeof rng_after);
         feeder_release(&fd, sl);
         if (world > 1) { /* the step's figures over all ranks (logged by rank 0) */
-            /* v: 6 scalars, correct[bs], counted[bs], each rank's wait */
-            int bs = c.block_size, nw = world <= 64 ? world : 0, oc = 6, on = oc + bs,
-                ow = on + bs, nv = ow + nw;
-            double v[6 + 2 * DF_DRAFTER_MAX_BLOCK + 64];
+            /* v: 6 scalars, correct[bs], counted[bs]: sums; then each rank's wait */
+            int bs = c.block_size, oc = 6, on = oc + bs, nv = on + bs;
+            double v[6 + 2 * DF_DRAFTER_MAX_BLOCK];
             v[0] = sq, v[1] = m.loss_sum, v[2] = (double)m.blocks, v[3] = (double)m.accepted;
             v[4] = (double)tokens, v[5] = flops;
             for (int k = 0; k < bs; k++) {
                 v[oc + k] = (double)m.correct[k];
                 v[on + k] = (double)m.counted[k];
             }
-            for (int q = 0; q < nw; q++) /* each rank's wait in its own slot */
-                v[ow + q] = q == rank ? wait_s : 0.0;
-            if ((rc = df_comm_allreduce_host_f64(comm, v, nv, e)))
+            if ((rc = df_comm_allreduce_host_f64(comm, v, nv, e)) ||
+                (rc = gather(comm, &wait_s, sizeof wait_s, waits, e)))
                 goto out;
-            for (int q = 0; q < nw; q++)
-                wait_max_s = v[ow + q] > wait_max_s ? v[ow + q] : wait_max_s;
+            for (int q = 0; q < world; q++)
+                wait_max_s = waits[q] > wait_max_s ? waits[q] : wait_max_s;
             sq = v[0], m.loss_sum = v[1], m.blocks = (uint64_t)v[2], m.accepted = (uint64_t)v[3];
             tokens = (uint64_t)v[4], flops = v[5];
             for (int k = 0; k < bs; k++) {
@@ -1035,40 +1045,13 @@ int df_train_run(const df_train_opts *o, df_err *e)
         if (save) {
             dp.epoch = after.epoch;
             dp.pos = after.pos;
-            /* every rank's RNG state and data position, gathered as doubles
-             * (32-bit halves and counts below 2^53: exact) */
-            uint8_t rs[32 * 64];
-            data_pos dps[64];
-            if (world > 64) {
-                rc = df_errf(e, -ENOTSUP, "checkpoints of more than 64 ranks");
+            /* every rank's RNG state and data position (ckpt_rs, ckpt_dps:
+             * world of each, allocated with the run) */
+            uint8_t *rs = ckpt_rs;
+            data_pos *dps = ckpt_dps;
+            if ((rc = gather(comm, rng_after, 32, rs, e)) ||
+                (rc = gather(comm, &dp, sizeof dp, dps, e)))
                 goto out;
-            }
-            if (world > 1) {
-                double g[64 * 11];
-                memset(g, 0, sizeof(double) * 11 * (size_t)world);
-                for (int i = 0; i < 8; i++) {
-                    uint32_t h;
-                    memcpy(&h, rng_after + 4 * i, 4);
-                    g[11 * rank + i] = h;
-                }
-                g[11 * rank + 8] = (double)dp.epoch;
-                g[11 * rank + 9] = (double)dp.pos;
-                g[11 * rank + 10] = (double)dp.tokens;
-                if ((rc = df_comm_allreduce_host_f64(comm, g, 11 * world, e)))
-                    goto out;
-                for (int q = 0; q < world; q++) {
-                    for (int i = 0; i < 8; i++) {
-                        uint32_t h = (uint32_t)g[11 * q + i];
-                        memcpy(rs + 32 * q + 4 * i, &h, 4);
-                    }
-                    dps[q].epoch = (uint64_t)g[11 * q + 8];
-                    dps[q].pos = (uint64_t)g[11 * q + 9];
-                    dps[q].tokens = (uint64_t)g[11 * q + 10];
-                }
-            } else {
-                memcpy(rs, rng_after, 32);
-                dps[0] = dp;
-            }
             ck.step = done;
             ck.config = c;
             ck.n_floats = total;
@@ -1119,7 +1102,10 @@ out:
     df_backend_free(be, dev_embed);
     df_backend_free(be, dev_head);
     free(grad);
-    if (ck_blobs_borrowed) /* the save's stack buffers (an error mid-save) */
+    free(waits);
+    free(ckpt_rs);
+    free(ckpt_dps);
+    if (ck_blobs_borrowed) /* the save's buffers (an error mid-save) */
         ck.rng_state = ck.data_position = NULL;
     /* else NULL, or a resumed checkpoint's blobs (an error before they were taken): freed */
     df_ckpt_state_free(&ck);
