@@ -152,8 +152,10 @@ int cmd_train(int argc, char **argv)
     df_train_opts o;
     df_train_opts_defaults(&o);
     int tl[DF_MAX_TARGET_FEATURES], ntl = 0, gpu_given = 0, rank_given = 0, steps_given = 0, draws = 0;
+    /* flags of which a pair asks for opposite things (--no-ckpt over a --ckpt-every
+     * is not one: it turns checkpoints off whatever their interval) */
     enum { SEEN_RECOMPUTE = 1, SEEN_NO_RECOMPUTE = 2, SEEN_RECOMPUTE_MLP = 4, SEEN_OVERLAP = 8,
-           SEEN_NO_OVERLAP = 16, SEEN_NO_CKPT = 32, SEEN_CKPT_EVERY = 64 };
+           SEEN_NO_OVERLAP = 16 };
     unsigned seen = 0;
     const char *gpus = NULL;
     char idbuf[128];
@@ -191,7 +193,6 @@ int cmd_train(int argc, char **argv)
             continue;
         }
         if (!strcmp(a, "--no-ckpt")) {
-            seen |= SEEN_NO_CKPT;
             o.no_ckpt = 1;
             continue;
         }
@@ -311,7 +312,7 @@ int cmd_train(int argc, char **argv)
             else if (!strcmp(a, "--log-every")) rc = df_opt_int(a, v, 1, INT32_MAX, &o.log_every, &pe);
             else if (!strcmp(a, "--eval-every")) rc = df_opt_int(a, v, 0, INT32_MAX, &o.eval_every, &pe);
             else if (!strcmp(a, "--eval-rows")) rc = df_opt_int(a, v, 1, ROWS_MAX, &o.eval_rows, &pe);
-            else if (!strcmp(a, "--ckpt-every")) { rc = df_opt_int(a, v, 0, INT32_MAX, &o.ckpt_every, &pe); seen |= SEEN_CKPT_EVERY; }
+            else if (!strcmp(a, "--ckpt-every")) rc = df_opt_int(a, v, 0, INT32_MAX, &o.ckpt_every, &pe);
             else if (!strcmp(a, "--keep-last")) rc = df_opt_int(a, v, 0, INT32_MAX, &o.keep_last, &pe);
             else if (!strcmp(a, "--threads")) rc = df_opt_int(a, v, 0, 4096, &o.threads, &pe);
             else if (!strcmp(a, "--gpu")) { rc = df_opt_int(a, v, 0, 1023, &o.gpu, &pe); gpu_given = 1; }
@@ -351,8 +352,7 @@ int cmd_train(int argc, char **argv)
         const char *na, *nb;
     } clash[] = {{SEEN_RECOMPUTE, SEEN_NO_RECOMPUTE, "--recompute", "--no-recompute"},
                  {SEEN_RECOMPUTE_MLP, SEEN_NO_RECOMPUTE, "--recompute-mlp", "--no-recompute"},
-                 {SEEN_OVERLAP, SEEN_NO_OVERLAP, "--overlap-optimizer", "--no-overlap-optimizer"},
-                 {SEEN_NO_CKPT, SEEN_CKPT_EVERY, "--no-ckpt", "--ckpt-every"}};
+                 {SEEN_OVERLAP, SEEN_NO_OVERLAP, "--overlap-optimizer", "--no-overlap-optimizer"}};
     for (size_t k = 0; k < sizeof clash / sizeof clash[0]; k++)
         if ((seen & clash[k].a) && (seen & clash[k].b)) {
             fprintf(stderr, "dflash train: %s and %s ask for opposite things: give one\n", clash[k].na,

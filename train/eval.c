@@ -11,6 +11,59 @@
 #include "runlog.h"
 
 
+int eval_open(eval_ctx *ev, const char *path, const df_batch_config *bc, const df_drafter_config *c,
+              const df_cache_params *cp, const char *config_sha256, int hidden, int rows, int walk,
+              const char *train_cache, df_err *e)
+{
+    if (!(ev->cache = df_cache_open(path, e)))
+        return e ? e->code : -EIO;
+    const df_cache_params *ep = &df_cache_get_info(ev->cache)->params;
+    if ((config_sha256 && strcmp(ep->config_sha256, config_sha256)) ||
+        (int)df_cache_target_hidden(ep) != hidden)
+        return df_errf(e, -DF_EMISMATCH, "evaluation cache %s was extracted from another target "
+                       "than the training cache", path);
+    if (ep->proj_rank != cp->proj_rank || (cp->proj_rank && strcmp(ep->basis_sha256, cp->basis_sha256)))
+        return df_errf(e, -DF_EMISMATCH, "evaluation cache %s is %s; the training cache %s is "
+                       "%s: project both with the same basis (dflash cache project --basis)",
+                       path, ep->proj_rank ? "projected" : "not projected", train_cache,
+                       cp->proj_rank ? "projected" : "not projected");
+    int rc = df_batch_map_layers(ep, c->target_layer_ids, c->num_target_features, ev->cache_index,
+                                 &ev->layer_mask, e);
+    if (rc) {
+        df_err_wrap(e, "evaluation cache %s", path);
+        return rc;
+    }
+    df_batch_config ebc = *bc;
+    ebc.dtype = ep->dtype;
+    ebc.noise = 0; /* evaluation sees the features as they are */
+    if (!(ev->row = df_batch_create(&ebc, e)))
+        return e ? e->code : -ENOMEM;
+    ev->rows = rows > 0 ? rows : 64;
+    ev->walk = walk;
+    if (ev->walk) {
+        ev->cand = malloc((size_t)bc->max_tokens * sizeof *ev->cand);
+        ev->acc_at = malloc((size_t)bc->max_tokens * sizeof *ev->acc_at);
+        ev->anch = malloc((size_t)bc->max_anchors * sizeof *ev->anch);
+        ev->blk_acc = malloc((size_t)bc->max_anchors * sizeof *ev->blk_acc);
+        if (!ev->cand || !ev->acc_at || !ev->anch || !ev->blk_acc)
+            return df_errf(e, -ENOMEM, "out of memory");
+    }
+    /* not the training seed: runs of other seeds score the same rows and anchors */
+    ev->seed = 0x5eedull;
+    return 0;
+}
+
+void eval_close(eval_ctx *ev)
+{
+    df_batch_free(ev->row);
+    df_cache_close(ev->cache);
+    free(ev->cand);
+    free(ev->acc_at);
+    free(ev->anch);
+    free(ev->blk_acc);
+    memset(ev, 0, sizeof *ev);
+}
+
 /* Every candidate of the finished row scored, then the walk over its
  * documents (eval_ctx); adds to *tokens and *verifs. */
 static int eval_walk_row(eval_ctx *ev, df_drafter *d, const void *w, df_drafter_row *dr,

@@ -41,6 +41,18 @@ typedef struct eval_ctx {
     int32_t *anch, *blk_acc;  /* [max_anchors]: one pass's anchors; their accepted */
 } eval_ctx;
 
+/* Opens the held-out cache path for drafter config c trained on a cache of
+ * params cp: the same target (config_sha256, NULL: not checked, a random
+ * target; hidden size), the same projection, the drafter's layers mapped;
+ * its row built like the training rows (bc) but without noise; rows rows per
+ * evaluation (<= 0: 64), the walk when walk. train_cache names the training
+ * cache in messages. On error ev holds what to free (eval_close). */
+int eval_open(eval_ctx *ev, const char *path, const df_batch_config *bc, const df_drafter_config *c,
+              const df_cache_params *cp, const char *config_sha256, int hidden, int rows, int walk,
+              const char *train_cache, df_err *e);
+/* Frees what eval_open made; a zeroed ev is fine. */
+void eval_close(eval_ctx *ev);
+
 /* One evaluation, logged to logf (logpath: its name in messages); *res gets
  * its figures (res->eval_cache is left to the caller). */
 int run_eval(eval_ctx *ev, df_drafter *d, const void *w, int K, int64_t step, FILE *logf,

@@ -280,6 +280,82 @@ static int best_update(best_state *bs, df_best *r, const df_train_opts *o, df_ba
 
 /* ------------------------------------------------------------ the loop */
 
+/* The drafter config: docs/DRAFTER.md shapes; what is not given comes from
+ * --init-from's config (icp, may be NULL), else from the target (tc; the
+ * feature layers: the cache's, n_src ids src_ids, or the cache's projection).
+ * *from_init: the feature layer ids came from icp. Not yet validated. */
+static int resolve_config(const df_train_opts *o, const df_drafter_config *icp,
+                          const df_model_config *tc, const df_cache_params *cp, uint32_t n_src,
+                          const int32_t *src_ids, df_drafter_config *c, int *from_init, df_err *e)
+{
+    int rc = 0;
+    memset(c, 0, sizeof *c);
+    c->block_size = o->block_size ? o->block_size : icp ? icp->block_size : 16;
+    c->mask_token_id = o->mask_token_id >= 0 ? o->mask_token_id : icp ? icp->mask_token_id : -1;
+    /* a projected cache holds all of its layers jointly: those are the drafter's */
+    const int ids_from_init = *from_init = icp && !o->target_layers && !cp->proj_rank;
+    c->num_target_features = o->target_layers ? o->n_target_layers
+                            : ids_from_init  ? icp->num_target_features
+                                             : (int)n_src;
+    for (int i = 0; i < c->num_target_features; i++)
+        c->target_layer_ids[i] = o->target_layers ? o->target_layers[i]
+                                : ids_from_init  ? icp->target_layer_ids[i]
+                                                 : src_ids[i];
+    c->feature_dim = (int)cp->proj_rank;
+    c->num_target_layers = tc->num_hidden_layers;
+    c->num_hidden_layers = o->layers ? o->layers : icp ? icp->num_hidden_layers : 1;
+    c->hidden_size = tc->hidden_size;
+    c->intermediate_size = o->intermediate ? o->intermediate
+                          : icp           ? icp->intermediate_size
+                                          : tc->intermediate_size;
+    c->num_attention_heads = o->heads ? o->heads : icp ? icp->num_attention_heads
+                                                      : tc->num_attention_heads;
+    c->num_key_value_heads = o->kv_heads ? o->kv_heads : icp ? icp->num_key_value_heads
+                                                            : tc->num_key_value_heads;
+    c->head_dim = o->head_dim ? o->head_dim : icp ? icp->head_dim : tc->head_dim;
+    c->rms_norm_eps = tc->rms_norm_eps;
+    c->rope_theta = tc->rope_theta;
+    c->max_position_embeddings = tc->max_position_embeddings ? tc->max_position_embeddings : 32768;
+    c->vocab_size = tc->vocab_size;
+    if (!o->layer_types && icp && icp->num_hidden_layers == c->num_hidden_layers)
+        memcpy(c->layer_types, icp->layer_types, (size_t)c->num_hidden_layers);
+    else if ((rc = parse_layer_types(o, c, e)))
+        return rc;
+    for (int i = 0; i < c->num_hidden_layers; i++)
+        if (c->layer_types[i] == DF_LAYER_SLIDING) {
+            c->sliding_window = o->sliding_window             ? o->sliding_window
+                               : icp && icp->sliding_window > 0 ? icp->sliding_window
+                                                                : 2048;
+            c->use_sliding_window = true;
+        }
+    return rc;
+}
+
+/* The feeder's rows (FEED_SLOTS steps of nrows rows, allocated lazily, so too
+ * many would only fail mid-run) must fit in this machine's memory: -ENOMEM
+ * naming the option to lower, checked before anything is written. */
+static int check_row_memory(const df_train_opts *o, const df_drafter_config *c, int n_feat,
+                            const df_cache_params *cp, int nrows, df_err *e)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
+    double phys = pages > 0 && psz > 0 ? (double)pages * (double)psz : 0;
+    double width = (double)n_feat * (double)cp->hidden_size;
+    double row = (double)o->max_tokens * (width * 4 + 40) +
+                 (double)o->max_anchors * c->block_size * 16; /* features + per-token arrays */
+    double need = (double)FEED_SLOTS * nrows * row;
+    if (!(phys > 0 && need > phys))
+        return 0;
+    long fit = (long)(phys / ((double)FEED_SLOTS * row));
+    if (fit >= 1)
+        return df_errf(e, -ENOMEM, "--rows-per-step %d: the rows' buffers need %.1f GiB, "
+                       "more than this machine's %.1f GiB; give --rows-per-step %ld or less",
+                       nrows, need / 1073741824.0, phys / 1073741824.0, fit);
+    return df_errf(e, -ENOMEM, "--max-tokens %d: one row's buffers need %.1f GiB, "
+                   "more than this machine's %.1f GiB; give --max-tokens %ld or less",
+                   o->max_tokens, FEED_SLOTS * row / 1073741824.0, phys / 1073741824.0,
+                   (long)(phys / ((double)FEED_SLOTS * (width * 4 + 40))));
+}
+
 /* Every rank's n bytes at mine into all (world x n); one rank: a copy. */
 static int gather(df_comm *comm, const void *mine, size_t n, void *all, df_err *e)
 {
@@ -369,48 +445,10 @@ int df_train_run(const df_train_opts *o, df_err *e)
     uint32_t n_src = df_cache_target_layers(cp, &src_ids);
     const int n_feat = cp->proj_rank ? 1 : (o->target_layers ? o->n_target_layers : (int)n_src);
 
-    /* The drafter config: docs/DRAFTER.md shapes; what is not given comes from
-     * --init-from's config, else from the target (the feature layers: the cache's). */
     df_drafter_config c;
-    memset(&c, 0, sizeof c);
-    c.block_size = o->block_size ? o->block_size : icp ? icp->block_size : 16;
-    c.mask_token_id = o->mask_token_id >= 0 ? o->mask_token_id : icp ? icp->mask_token_id : -1;
-    /* a projected cache holds all of its layers jointly: those are the drafter's */
-    const int ids_from_init = icp && !o->target_layers && !cp->proj_rank;
-    c.num_target_features = o->target_layers ? o->n_target_layers
-                            : ids_from_init  ? icp->num_target_features
-                                             : (int)n_src;
-    for (int i = 0; i < c.num_target_features; i++)
-        c.target_layer_ids[i] = o->target_layers ? o->target_layers[i]
-                                : ids_from_init  ? icp->target_layer_ids[i]
-                                                 : src_ids[i];
-    c.feature_dim = (int)cp->proj_rank;
-    c.num_target_layers = tc.num_hidden_layers;
-    c.num_hidden_layers = o->layers ? o->layers : icp ? icp->num_hidden_layers : 1;
-    c.hidden_size = tc.hidden_size;
-    c.intermediate_size = o->intermediate ? o->intermediate
-                          : icp           ? icp->intermediate_size
-                                          : tc.intermediate_size;
-    c.num_attention_heads = o->heads ? o->heads : icp ? icp->num_attention_heads
-                                                      : tc.num_attention_heads;
-    c.num_key_value_heads = o->kv_heads ? o->kv_heads : icp ? icp->num_key_value_heads
-                                                            : tc.num_key_value_heads;
-    c.head_dim = o->head_dim ? o->head_dim : icp ? icp->head_dim : tc.head_dim;
-    c.rms_norm_eps = tc.rms_norm_eps;
-    c.rope_theta = tc.rope_theta;
-    c.max_position_embeddings = tc.max_position_embeddings ? tc.max_position_embeddings : 32768;
-    c.vocab_size = tc.vocab_size;
-    if (!o->layer_types && icp && icp->num_hidden_layers == c.num_hidden_layers)
-        memcpy(c.layer_types, icp->layer_types, (size_t)c.num_hidden_layers);
-    else if ((rc = parse_layer_types(o, &c, e)))
+    int ids_from_init = 0;
+    if ((rc = resolve_config(o, icp, &tc, cp, n_src, src_ids, &c, &ids_from_init, e)))
         goto out;
-    for (int i = 0; i < c.num_hidden_layers; i++)
-        if (c.layer_types[i] == DF_LAYER_SLIDING) {
-            c.sliding_window = o->sliding_window             ? o->sliding_window
-                               : icp && icp->sliding_window > 0 ? icp->sliding_window
-                                                                : 2048;
-            c.use_sliding_window = true;
-        }
     if ((rc = df_drafter_config_validate(&c, "drafter", e)))
         goto out;
     /* values that parse but cannot work, refused before anything is written: a row must
@@ -427,28 +465,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
                      o->max_tokens);
         goto out;
     }
-    {
-        long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGESIZE);
-        double phys = pages > 0 && psz > 0 ? (double)pages * (double)psz : 0;
-        double width = (double)n_feat * (double)cp->hidden_size;
-        double row = (double)o->max_tokens * (width * 4 + 40) +
-                     (double)o->max_anchors * c.block_size * 16; /* features + per-token arrays */
-        double need = (double)FEED_SLOTS * nrows * row;
-        if (phys > 0 && need > phys) {
-            long fit = (long)(phys / ((double)FEED_SLOTS * row));
-            if (fit >= 1)
-                rc = df_errf(e, -ENOMEM, "--rows-per-step %d: the rows' buffers need %.1f GiB, "
-                             "more than this machine's %.1f GiB; give --rows-per-step %ld or less",
-                             nrows, need / 1073741824.0, phys / 1073741824.0, fit);
-            else
-                rc = df_errf(e, -ENOMEM, "--max-tokens %d: one row's buffers need %.1f GiB, "
-                             "more than this machine's %.1f GiB; give --max-tokens %ld or less",
-                             o->max_tokens, FEED_SLOTS * row / 1073741824.0,
-                             phys / 1073741824.0,
-                             (long)(phys / ((double)FEED_SLOTS * (width * 4 + 40))));
-            goto out;
-        }
-    }
+    if ((rc = check_row_memory(o, &c, n_feat, cp, nrows, e)))
+        goto out;
     if (icp && (rc = df_init_config_check(o->init_from, &c, icp, cp->proj_rank != 0,
                                           lead && !o->quiet, e)))
         goto out;
@@ -748,51 +766,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
                           .out_dtype = df_backend_host_addressable(be) ? DF_DTYPE_F32
                                                                        : DF_DTYPE_BF16};
     if (o->eval_cache) {
-        if (!(ev.cache = df_cache_open(o->eval_cache, e))) {
-            rc = e ? e->code : -EIO;
+        if ((rc = eval_open(&ev, o->eval_cache, &bc, &c, cp, o->random_target ? NULL : tc.config_sha256,
+                            tc.hidden_size, o->eval_rows, !o->no_eval_walk, o->cache_dir, e)))
             goto out;
-        }
-        const df_cache_params *ep = &df_cache_get_info(ev.cache)->params;
-        if ((!o->random_target && strcmp(ep->config_sha256, tc.config_sha256)) ||
-            (int)df_cache_target_hidden(ep) != tc.hidden_size) {
-            rc = df_errf(e, -DF_EMISMATCH, "evaluation cache %s was extracted from another target "
-                         "than the training cache", o->eval_cache);
-            goto out;
-        }
-        if (ep->proj_rank != cp->proj_rank ||
-            (cp->proj_rank && strcmp(ep->basis_sha256, cp->basis_sha256))) {
-            rc = df_errf(e, -DF_EMISMATCH, "evaluation cache %s is %s; the training cache %s is "
-                         "%s: project both with the same basis (dflash cache project --basis)",
-                         o->eval_cache, ep->proj_rank ? "projected" : "not projected", o->cache_dir,
-                         cp->proj_rank ? "projected" : "not projected");
-            goto out;
-        }
-        if ((rc = df_batch_map_layers(ep, c.target_layer_ids, c.num_target_features,
-                                      ev.cache_index, &ev.layer_mask, e))) {
-            df_err_wrap(e, "evaluation cache %s", o->eval_cache);
-            goto out;
-        }
-        df_batch_config ebc = bc;
-        ebc.dtype = ep->dtype;
-        ebc.noise = 0; /* evaluation sees the features as they are */
-        if (!(ev.row = df_batch_create(&ebc, e))) {
-            rc = e ? e->code : -ENOMEM;
-            goto out;
-        }
-        ev.rows = o->eval_rows > 0 ? o->eval_rows : 64;
-        ev.walk = !o->no_eval_walk;
-        if (ev.walk) {
-            ev.cand = malloc((size_t)bc.max_tokens * sizeof *ev.cand);
-            ev.acc_at = malloc((size_t)bc.max_tokens * sizeof *ev.acc_at);
-            ev.anch = malloc((size_t)bc.max_anchors * sizeof *ev.anch);
-            ev.blk_acc = malloc((size_t)bc.max_anchors * sizeof *ev.blk_acc);
-            if (!ev.cand || !ev.acc_at || !ev.anch || !ev.blk_acc) {
-                rc = df_errf(e, -ENOMEM, "out of memory");
-                goto out;
-            }
-        }
-        /* not the training seed: runs of other seeds score the same rows and anchors */
-        ev.seed = 0x5eedull;
         bst.on = lead && !o->no_best;
         if (bst.on && (rc = best_open(&bst, o->run_dir, e)))
             goto out;
@@ -1091,12 +1067,7 @@ out:
     source_close(&src);
     if (logf)
         fclose(logf);
-    df_batch_free(ev.row);
-    df_cache_close(ev.cache);
-    free(ev.cand);
-    free(ev.acc_at);
-    free(ev.anch);
-    free(ev.blk_acc);
+    eval_close(&ev);
     dev_state_free(be, &ds);
     df_comm_close(comm);
     df_backend_free(be, dev_embed);
