@@ -356,6 +356,116 @@ static int check_row_memory(const df_train_opts *o, const df_drafter_config *c, 
                    (long)(phys / ((double)FEED_SLOTS * (width * 4 + 40))));
 }
 
+/* The run's start: the latest checkpoint in RUN (settings and shape checked
+ * against this command's, this rank's RNG state and data position), or a
+ * fresh one (weights from --init-from or drawn; the run's settings). */
+static int start_state(const df_train_opts *o, const df_drafter_config *c,
+                       const df_drafter_config *icp, const df_cache_params *cp, const df_params *ps,
+                       int64_t total, df_basis *basis, int world, int rank, int lead,
+                       df_ckpt_state *ck, df_rng *rng, data_pos *dp, int64_t *step0, df_err *e)
+{
+    int rc;
+    rc = df_ckpt_load_latest(o->run_dir, ck, e);
+    if (rc == 0) {
+        /* the start it was made from first: without it the shape options default otherwise */
+        if ((rc = df_init_resume_check(ck->loaded_from, ck->hparams_json, o->init_from, icp, e)))
+            return rc;
+        /* the settings that define the run: this command's must be the run's (settings.h) */
+        char *now = df_run_settings_json(ck->hparams_json, o, c, cp);
+        int64_t ext = 0;
+        int unchecked = 0;
+        if (!now) {
+            rc = df_errf(e, -ENOMEM, "out of memory");
+            return rc;
+        }
+        if ((rc = df_run_settings_check(ck->loaded_from, ck->hparams_json, now, &ext, &unchecked,
+                                        e))) {
+            free(now);
+            return rc;
+        }
+        if (unchecked && lead)
+            df_log(DF_LOG_WARN, "%s: written before runs recorded their settings (hparams.json): "
+                   "resuming without checking this command's against the run's",
+                   ck->loaded_from);
+        if (ext && lead && !o->quiet)
+            printf("%s: --steps extended from %" PRId64 " to %" PRId64 " (the LR schedule now "
+                   "runs over %" PRId64 " steps)\n", o->run_dir, ext, o->steps, o->steps);
+        free(ck->hparams_json); /* the next checkpoints record this command's (--steps as grown) */
+        ck->hparams_json = now;
+        if (ck->n_floats != total || memcmp(ck->config.target_layer_ids, &c->target_layer_ids,
+                                           sizeof c->target_layer_ids) ||
+            ck->config.num_hidden_layers != c->num_hidden_layers ||
+            ck->config.hidden_size != c->hidden_size || ck->config.block_size != c->block_size) {
+            rc = df_errf(e, -DF_EMISMATCH, "%s holds a run of another drafter shape; use another "
+                         "--out", o->run_dir);
+            return rc;
+        }
+        /* one RNG state and data position per rank */
+        if (ck->rng_len % 32 || ck->data_position_len != ck->rng_len / 32 * sizeof *dp) {
+            rc = df_errf(e, -DF_ECORRUPT, "%s: checkpoint state blobs have the wrong size",
+                         ck->loaded_from);
+            return rc;
+        }
+        if (ck->rng_len != 32 * (size_t)world) {
+            rc = df_errf(e, -DF_EMISMATCH, "%s was written by a run of %zu rank(s); resume it "
+                         "with the same number (this run has %d)", ck->loaded_from,
+                         ck->rng_len / 32, world);
+            return rc;
+        }
+        if ((rc = df_rng_load(rng, (const uint8_t *)ck->rng_state + 32 * rank, e)))
+            return rc;
+        memcpy(dp, (const uint8_t *)ck->data_position + sizeof *dp * rank, sizeof *dp);
+        free(ck->rng_state);
+        free(ck->data_position);
+        ck->rng_state = ck->data_position = NULL;
+        *step0 = ck->step;
+        if (!o->quiet && lead)
+            printf("resuming %s at step %" PRId64 " (epoch %" PRIu64 ", position %" PRIu64 ")\n",
+                   ck->loaded_from, *step0, dp->epoch, dp->pos);
+    } else if (rc == -ENOENT) {
+        rc = 0;
+        ck->master = malloc((size_t)total * sizeof(float));
+        ck->adam_m = calloc((size_t)total, sizeof(float));
+        ck->adam_v = calloc((size_t)total, sizeof(float));
+        if (!ck->master || !ck->adam_m || !ck->adam_v) {
+            rc = df_errf(e, -ENOMEM, "out of memory for %" PRId64 " parameters", total);
+            return rc;
+        }
+        if (o->init_from) { /* every weight from the export; its start goes with the checkpoints */
+            if ((rc = df_init_weights(o->init_from, c, ps, cp->proj_rank ? basis : NULL,
+                                      o->threads, ck->master, lead && !o->quiet, e)))
+                return rc;
+            if (!(ck->hparams_json = df_init_hparams(o->init_from, icp))) {
+                rc = df_errf(e, -ENOMEM, "out of memory");
+                return rc;
+            }
+        } else {
+            df_params_init(ps, ck->master, (float)o->init_std,
+                           o->init_seed ? o->init_seed : o->seed);
+            if (!o->fc_init_random)
+                df_params_init_fc_mean(ps, c, cp->proj_rank ? basis : NULL, ck->master);
+            if (o->init_seed_for &&
+                (rc = df_params_init_overrides(ps, ck->master, (float)o->init_std,
+                                               o->init_seed_for, e)))
+                return rc;
+        }
+        char *hp = df_run_settings_json(ck->hparams_json, o, c, cp); /* + --init-from's keys */
+        if (!hp) {
+            rc = df_errf(e, -ENOMEM, "out of memory");
+            return rc;
+        }
+        free(ck->hparams_json);
+        ck->hparams_json = hp;
+        df_rng_seed(rng, o->seed, /* rank 0: as one rank */
+                    1 + 0x10000ull * (uint64_t)(o->replicate_data ? 0 : rank));
+        if ((rc = df_mkdirs(o->run_dir, e)))
+            return rc;
+    } else {
+        return rc;
+    }
+    return rc;
+}
+
 /* Every rank's n bytes at mine into all (world x n); one rank: a copy. */
 static int gather(df_comm *comm, const void *mine, size_t n, void *all, df_err *e)
 {
@@ -364,6 +474,209 @@ static int gather(df_comm *comm, const void *mine, size_t n, void *all, df_err *
         return 0;
     }
     return df_comm_allgather_host(comm, mine, n, all, e);
+}
+
+/* The frozen embedding and head where the backend computes: random ones for
+ * benchmarks (--random-target), else the target's as bf16 on a device
+ * (dev_embed, dev_head: backend memory to free), else as loaded. */
+static int frozen_on_backend(const df_train_opts *o, df_backend *be, const df_model_config *tc,
+                             df_tensor *embed, df_tensor *head, void **dev_embed, void **dev_head,
+                             df_err *e)
+{
+    int rc = 0;
+    if (o->random_target) { /* benchmarks: a random frozen embedding and head on the backend */
+        df_dtype dt = df_backend_act_dtype(be);
+        size_t nb = (size_t)tc->vocab_size * (size_t)tc->hidden_size * df_dtype_size(dt);
+        *dev_embed = df_backend_alloc(be, nb);
+        *dev_head = df_backend_alloc(be, nb);
+        if (!*dev_embed || !*dev_head) {
+            rc = df_errf(e, -ENOMEM, "out of memory for a random [%lld x %d] embedding and head",
+                         (long long)tc->vocab_size, tc->hidden_size);
+            return rc;
+        }
+        int64_t n = tc->vocab_size * (int64_t)tc->hidden_size;
+        if ((rc = df_backend_fill_uniform(be, *dev_embed, dt, n, o->seed + 11, -0.035f, 0.035f)) ||
+            (rc = df_backend_fill_uniform(be, *dev_head, dt, n, o->seed + 12, -0.035f, 0.035f)))
+            return rc;
+        *embed = df_tensor_2d(*dev_embed, dt, tc->vocab_size, tc->hidden_size);
+        *head = df_tensor_2d(*dev_head, dt, tc->vocab_size, tc->hidden_size);
+    } else if (!df_backend_host_addressable(be)) { /* the frozen embedding and head, bf16 on the device */
+        if ((rc = device_bf16(be, embed, dev_embed, e)) ||
+            (rc = device_bf16(be, head, dev_head, e)))
+            return rc;
+    }
+    return rc;
+}
+
+/* How the gradients meet the drafter: the optimizer overlapping the next
+ * forward (--overlap-optimizer; by default where the buckets fit the
+ * backend's marks), their dtype, and with one row per step the layers'
+ * activations living in them until their backward (ds's alias ranges). */
+static int wire_grads(const df_train_opts *o, df_drafter *d, const df_params *ps, int nl, int nrows,
+                      dev_state *ds, df_err *e)
+{
+    int rc = 0;
+    if (o->overlap_opt < 0 && ds->nb > DF_BACKEND_MARKS) {
+        df_log(DF_LOG_INFO, "train: %d gradient buckets, more than %d: the optimizer does not "
+                            "overlap the forward", ds->nb, DF_BACKEND_MARKS);
+    } else if (o->overlap_opt) {
+        if (ds->nb > DF_BACKEND_MARKS) {
+            rc = df_errf(e, -ENOTSUP, "--overlap-optimizer: %d gradient buckets, at most %d",
+                         ds->nb, DF_BACKEND_MARKS);
+            return rc;
+        }
+        ds->overlap = 1;
+        ds_part_marks(ds, ps, nl);
+    }
+    if ((rc = df_drafter_set_grad_dtype(d, ds->gdt))) {
+        df_errf(e, rc, "gradient dtype %s", df_dtype_name(ds->gdt));
+        return rc;
+    }
+    /* one row per step: the gradients are consumed before the next forward,
+     * so layers' activations may live in them until their backward */
+    if (!o->no_grad_alias && nrows == 1) {
+        if ((rc = df_drafter_set_grad_alias(d, ds->grad))) {
+            df_errf(e, rc, "gradient aliasing");
+            return rc;
+        }
+        for (int l = 1; l < nl; l++) { /* disjoint; kept ascending */
+            int64_t lo, hi;
+            if (!df_drafter_grad_alias_range(d, l, &lo, &hi))
+                continue;
+            int j = ds->nalias++;
+            for (; j > 0 && ds->alo[j - 1] > lo; j--)
+                ds->alo[j] = ds->alo[j - 1], ds->ahi[j] = ds->ahi[j - 1];
+            ds->alo[j] = lo, ds->ahi[j] = hi;
+        }
+    }
+    return rc;
+}
+
+/* RUN/log.jsonl for appending (its lines past step0 dropped, a resume's),
+ * with the run line of this start (runlog.h). */
+static int open_log(const df_train_opts *o, const char *logpath, int64_t step0, const char *backend,
+                    int world, const char *settings_json, FILE **logf, df_err *e)
+{
+    int rc;
+    if ((rc = df_runlog_trim(logpath, step0, e)))
+        return rc;
+    /* a run without its log is not what was asked for; a FIFO would block */
+    int lfd = df_open_regular(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644, e);
+    if (lfd < 0) {
+        rc = lfd;
+        return rc;
+    }
+    if (!(*logf = fdopen(lfd, "a"))) {
+        rc = df_errf(e, -errno, "%s: cannot open for appending: %s", logpath, strerror(errno));
+        close(lfd);
+        return rc;
+    }
+    df_runlog_meta rm = {.event = step0 > 0 ? "resume" : "start",
+                         .backend = backend, .world = world,
+                         .cache = o->cache_dir, .eval_cache = o->eval_cache,
+                         .target = o->target_dir, .init_from = o->init_from,
+                         .run_dir = o->run_dir, .steps = o->steps,
+                         .settings_json = settings_json};
+    if ((rc = df_runlog_run(*logf, logpath, step0, &rm, e)))
+        return rc;
+    return 0;
+}
+
+/* This rank's samples of the cache from data position dp (its share of each
+ * epoch's order), and the feeder thread that builds each step's rows from
+ * them ahead of the step, until --stop-after or --steps. */
+static int open_data(const df_train_opts *o, df_backend *be, df_cache *cache, uint64_t layer_mask,
+                     int rank, int world, const data_pos *dp, df_rng *rng, const df_drafter_config *c,
+                     int n_feat, const int *cache_index, int nrows, const df_batch_config *bc,
+                     int64_t step0, source *src, feeder *fd, df_err *e)
+{
+    int rc;
+    src->cache = cache;
+    src->layer_mask = layer_mask;
+    src->threads = 4; /* decompression: a 4096-token row of 5 x 5120 bf16 features is ~200 MB */
+    src->seed = o->seed;
+    src->n_all = df_cache_count(cache);
+    src->rank = o->replicate_data ? 0 : rank;
+    src->world = o->replicate_data ? 1 : world;
+    src->buffered = o->buffered_io;
+    src->ahead = 1;
+    src->order = malloc((src->n_all ? src->n_all : 1) * sizeof *src->order);
+    if (!src->order) {
+        return df_errf(e, -ENOMEM, "out of memory");
+    }
+    if (src->n_all < (size_t)src->world) {
+        return df_errf(e, -ENODATA, "%s: the cache has %zu samples, fewer than the %d ranks",
+                       o->cache_dir, src->n_all, world);
+    }
+    if ((rc = source_open_at(src, dp->epoch, dp->pos, e)))
+        return rc;
+    fd->be = be;
+    fd->src = src;
+    fd->rng = rng;
+    fd->c = c;
+    fd->n_feat = n_feat;
+    fd->cache_index = cache_index;
+    fd->cache_dir = o->cache_dir;
+    fd->nrows = nrows;
+    if ((rc = feeder_open(fd, bc, step0, o->stop_after > 0 && step0 + o->stop_after < o->steps
+                                                ? step0 + o->stop_after : o->steps, e)))
+        return rc;
+
+    return 0;
+}
+
+/* The step's figures over all ranks (logged by rank 0): the sums of the
+ * gradients' squares, the metrics, tokens and FLOPs; the longest data wait. */
+static int step_figures_reduce(df_comm *comm, int world, int bs, double wait_s, double *waits,
+                               double *sq, df_drafter_metrics *m, uint64_t *tokens, double *flops,
+                               double *wait_max_s, df_err *e)
+{
+    /* v: 6 scalars, correct[bs], counted[bs] */
+    int oc = 6, on = oc + bs, nv = on + bs, rc;
+    double v[6 + 2 * DF_DRAFTER_MAX_BLOCK];
+    v[0] = *sq, v[1] = m->loss_sum, v[2] = (double)m->blocks, v[3] = (double)m->accepted;
+    v[4] = (double)*tokens, v[5] = *flops;
+    for (int k = 0; k < bs; k++) {
+        v[oc + k] = (double)m->correct[k];
+        v[on + k] = (double)m->counted[k];
+    }
+    if ((rc = df_comm_allreduce_host_f64(comm, v, nv, e)) ||
+        (rc = gather(comm, &wait_s, sizeof wait_s, waits, e)))
+        return rc;
+    for (int q = 0; q < world; q++)
+        *wait_max_s = waits[q] > *wait_max_s ? waits[q] : *wait_max_s;
+    *sq = v[0], m->loss_sum = v[1], m->blocks = (uint64_t)v[2], m->accepted = (uint64_t)v[3];
+    *tokens = (uint64_t)v[4], *flops = v[5];
+    for (int k = 0; k < bs; k++) {
+        m->correct[k] = (uint64_t)v[oc + k];
+        m->counted[k] = (uint64_t)v[on + k];
+    }
+    return 0;
+}
+
+/* The checkpoint of step done: every rank's RNG state and data position
+ * gathered into rs, dps (world of each), which ck holds only while the lead
+ * rank saves it. */
+static int save_ckpt(const df_train_opts *o, df_comm *comm, int world, int lead, int64_t done,
+                     const df_drafter_config *c, int64_t total, const uint8_t *rng_after,
+                     const data_pos *dp, uint8_t *rs, data_pos *dps, df_ckpt_state *ck, df_err *e)
+{
+    int rc;
+    if ((rc = gather(comm, rng_after, 32, rs, e)) || (rc = gather(comm, dp, sizeof *dp, dps, e)))
+        return rc;
+    ck->step = done;
+    ck->config = *c;
+    ck->n_floats = total;
+    ck->rng_state = rs;
+    ck->rng_len = 32 * (size_t)world;
+    ck->data_position = dps;
+    ck->data_position_len = sizeof *dps * (size_t)world;
+    if (lead)
+        rc = df_ckpt_save(o->run_dir, ck, o->keep_last, e);
+    ck->rng_state = NULL;
+    ck->data_position = NULL;
+    ck->rng_len = ck->data_position_len = 0;
+    return rc;
 }
 
 int df_train_run(const df_train_opts *o, df_err *e)
@@ -385,7 +698,6 @@ int df_train_run(const df_train_opts *o, df_err *e)
     df_basis basis = {0};
     best_state bst = {0};
     int lock_fd = -1; /* RUN/.lock, held by the lead rank (run_lock) */
-    int ck_blobs_borrowed = 0; /* ck.rng_state / data_position point at a save's stack buffers */
     int nrows = o->rows_per_step > 0 ? o->rows_per_step : 1;
     int world = o->world > 1 ? o->world : 1, rank = world > 1 ? o->rank : 0;
     int lead = rank == 0; /* rank 0 writes the log, checkpoints and the export */
@@ -504,27 +816,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
             goto out;
         }
     }
-    if (o->random_target) { /* benchmarks: a random frozen embedding and head on the backend */
-        df_dtype dt = df_backend_act_dtype(be);
-        size_t nb = (size_t)tc.vocab_size * (size_t)tc.hidden_size * df_dtype_size(dt);
-        dev_embed = df_backend_alloc(be, nb);
-        dev_head = df_backend_alloc(be, nb);
-        if (!dev_embed || !dev_head) {
-            rc = df_errf(e, -ENOMEM, "out of memory for a random [%lld x %d] embedding and head",
-                         (long long)tc.vocab_size, tc.hidden_size);
-            goto out;
-        }
-        int64_t n = tc.vocab_size * (int64_t)tc.hidden_size;
-        if ((rc = df_backend_fill_uniform(be, dev_embed, dt, n, o->seed + 11, -0.035f, 0.035f)) ||
-            (rc = df_backend_fill_uniform(be, dev_head, dt, n, o->seed + 12, -0.035f, 0.035f)))
-            goto out;
-        embed = df_tensor_2d(dev_embed, dt, tc.vocab_size, tc.hidden_size);
-        head = df_tensor_2d(dev_head, dt, tc.vocab_size, tc.hidden_size);
-    } else if (!df_backend_host_addressable(be)) { /* the frozen embedding and head, bf16 on the device */
-        if ((rc = device_bf16(be, &embed, &dev_embed, e)) ||
-            (rc = device_bf16(be, &head, &dev_head, e)))
-            goto out;
-    }
+    if ((rc = frozen_on_backend(o, be, &tc, &embed, &head, &dev_embed, &dev_head, e)))
+        goto out;
     if (!df_backend_host_addressable(be) && c.head_dim != 64 && c.head_dim != 128) {
         rc = df_errf(e, -ENOTSUP, "drafter head_dim %d: the GPU drafter attention takes 64 or "
                      "128 (set --head-dim, and --heads/--kv-heads to keep the width)", c.head_dim);
@@ -551,104 +844,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
         lock_fd = rc;
         rc = 0;
     }
-    rc = df_ckpt_load_latest(o->run_dir, &ck, e);
-    if (rc == 0) {
-        /* the start it was made from first: without it the shape options default otherwise */
-        if ((rc = df_init_resume_check(ck.loaded_from, ck.hparams_json, o->init_from, icp, e)))
-            goto out;
-        /* the settings that define the run: this command's must be the run's (settings.h) */
-        char *now = df_run_settings_json(ck.hparams_json, o, &c, cp);
-        int64_t ext = 0;
-        int unchecked = 0;
-        if (!now) {
-            rc = df_errf(e, -ENOMEM, "out of memory");
-            goto out;
-        }
-        if ((rc = df_run_settings_check(ck.loaded_from, ck.hparams_json, now, &ext, &unchecked,
-                                        e))) {
-            free(now);
-            goto out;
-        }
-        if (unchecked && lead)
-            df_log(DF_LOG_WARN, "%s: written before runs recorded their settings (hparams.json): "
-                   "resuming without checking this command's against the run's",
-                   ck.loaded_from);
-        if (ext && lead && !o->quiet)
-            printf("%s: --steps extended from %" PRId64 " to %" PRId64 " (the LR schedule now "
-                   "runs over %" PRId64 " steps)\n", o->run_dir, ext, o->steps, o->steps);
-        free(ck.hparams_json); /* the next checkpoints record this command's (--steps as grown) */
-        ck.hparams_json = now;
-        if (ck.n_floats != total || memcmp(&ck.config.target_layer_ids, &c.target_layer_ids,
-                                           sizeof c.target_layer_ids) ||
-            ck.config.num_hidden_layers != c.num_hidden_layers ||
-            ck.config.hidden_size != c.hidden_size || ck.config.block_size != c.block_size) {
-            rc = df_errf(e, -DF_EMISMATCH, "%s holds a run of another drafter shape; use another "
-                         "--out", o->run_dir);
-            goto out;
-        }
-        /* one RNG state and data position per rank */
-        if (ck.rng_len % 32 || ck.data_position_len != ck.rng_len / 32 * sizeof dp) {
-            rc = df_errf(e, -DF_ECORRUPT, "%s: checkpoint state blobs have the wrong size",
-                         ck.loaded_from);
-            goto out;
-        }
-        if (ck.rng_len != 32 * (size_t)world) {
-            rc = df_errf(e, -DF_EMISMATCH, "%s was written by a run of %zu rank(s); resume it "
-                         "with the same number (this run has %d)", ck.loaded_from,
-                         ck.rng_len / 32, world);
-            goto out;
-        }
-        if ((rc = df_rng_load(&rng, (const uint8_t *)ck.rng_state + 32 * rank, e)))
-            goto out;
-        memcpy(&dp, (const uint8_t *)ck.data_position + sizeof dp * rank, sizeof dp);
-        free(ck.rng_state);
-        free(ck.data_position);
-        ck.rng_state = ck.data_position = NULL;
-        step0 = ck.step;
-        if (!o->quiet && lead)
-            printf("resuming %s at step %" PRId64 " (epoch %" PRIu64 ", position %" PRIu64 ")\n",
-                   ck.loaded_from, step0, dp.epoch, dp.pos);
-    } else if (rc == -ENOENT) {
-        rc = 0;
-        ck.master = malloc((size_t)total * sizeof(float));
-        ck.adam_m = calloc((size_t)total, sizeof(float));
-        ck.adam_v = calloc((size_t)total, sizeof(float));
-        if (!ck.master || !ck.adam_m || !ck.adam_v) {
-            rc = df_errf(e, -ENOMEM, "out of memory for %" PRId64 " parameters", total);
-            goto out;
-        }
-        if (o->init_from) { /* every weight from the export; its start goes with the checkpoints */
-            if ((rc = df_init_weights(o->init_from, &c, ps, cp->proj_rank ? &basis : NULL,
-                                      o->threads, ck.master, lead && !o->quiet, e)))
-                goto out;
-            if (!(ck.hparams_json = df_init_hparams(o->init_from, icp))) {
-                rc = df_errf(e, -ENOMEM, "out of memory");
-                goto out;
-            }
-        } else {
-            df_params_init(ps, ck.master, (float)o->init_std,
-                           o->init_seed ? o->init_seed : o->seed);
-            if (!o->fc_init_random)
-                df_params_init_fc_mean(ps, &c, cp->proj_rank ? &basis : NULL, ck.master);
-            if (o->init_seed_for &&
-                (rc = df_params_init_overrides(ps, ck.master, (float)o->init_std,
-                                               o->init_seed_for, e)))
-                goto out;
-        }
-        char *hp = df_run_settings_json(ck.hparams_json, o, &c, cp); /* + --init-from's keys */
-        if (!hp) {
-            rc = df_errf(e, -ENOMEM, "out of memory");
-            goto out;
-        }
-        free(ck.hparams_json);
-        ck.hparams_json = hp;
-        df_rng_seed(&rng, o->seed, /* rank 0: as one rank */
-                    1 + 0x10000ull * (uint64_t)(o->replicate_data ? 0 : rank));
-        if ((rc = df_mkdirs(o->run_dir, e)))
-            goto out;
-    } else {
+    if ((rc = start_state(o, &c, icp, cp, ps, total, &basis, world, rank, lead, &ck, &rng, &dp,
+                          &step0, e)))
         goto out;
-    }
     if (world > 1) { /* the ranks start from one checkpoint: without a shared disk, RUN
                       * may hold it on some nodes only */
         double *s0 = calloc((size_t)world, sizeof *s0);
@@ -675,29 +873,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
     }
     char logpath[4200];
     snprintf(logpath, sizeof logpath, "%s/log.jsonl", o->run_dir);
-    if (lead) {
-        if ((rc = df_runlog_trim(logpath, step0, e)))
-            goto out;
-        /* a run without its log is not what was asked for; a FIFO would block */
-        int lfd = df_open_regular(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644, e);
-        if (lfd < 0) {
-            rc = lfd;
-            goto out;
-        }
-        if (!(logf = fdopen(lfd, "a"))) {
-            rc = df_errf(e, -errno, "%s: cannot open for appending: %s", logpath, strerror(errno));
-            close(lfd);
-            goto out;
-        }
-        df_runlog_meta rm = {.event = step0 > 0 ? "resume" : "start",
-                             .backend = df_backend_name(be), .world = world,
-                             .cache = o->cache_dir, .eval_cache = o->eval_cache,
-                             .target = o->target_dir, .init_from = o->init_from,
-                             .run_dir = o->run_dir, .steps = o->steps,
-                             .settings_json = ck.hparams_json};
-        if ((rc = df_runlog_run(logf, logpath, step0, &rm, e)))
-            goto out;
-    }
+    if (lead && (rc = open_log(o, logpath, step0, df_backend_name(be), world, ck.hparams_json, &logf, e)))
+        goto out;
 
     grad = malloc((size_t)total * sizeof(float));
     waits = calloc((size_t)world, sizeof *waits);
@@ -710,39 +887,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
     if ((rc = dev_state_open(be, comm, &ck, grad, total, ps, c.num_hidden_layers, o->grad_f32,
                              &ds, e)))
         goto out;
-    if (o->overlap_opt < 0 && ds.nb > DF_BACKEND_MARKS) {
-        df_log(DF_LOG_INFO, "train: %d gradient buckets, more than %d: the optimizer does not "
-                            "overlap the forward", ds.nb, DF_BACKEND_MARKS);
-    } else if (o->overlap_opt) {
-        if (ds.nb > DF_BACKEND_MARKS) {
-            rc = df_errf(e, -ENOTSUP, "--overlap-optimizer: %d gradient buckets, at most %d",
-                         ds.nb, DF_BACKEND_MARKS);
-            goto out;
-        }
-        ds.overlap = 1;
-        ds_part_marks(&ds, ps, c.num_hidden_layers);
-    }
-    if ((rc = df_drafter_set_grad_dtype(d, ds.gdt))) {
-        df_errf(e, rc, "gradient dtype %s", df_dtype_name(ds.gdt));
+    if ((rc = wire_grads(o, d, ps, c.num_hidden_layers, nrows, &ds, e)))
         goto out;
-    }
-    /* one row per step: the gradients are consumed before the next forward,
-     * so layers' activations may live in them until their backward */
-    if (!o->no_grad_alias && nrows == 1) {
-        if ((rc = df_drafter_set_grad_alias(d, ds.grad))) {
-            df_errf(e, rc, "gradient aliasing");
-            goto out;
-        }
-        for (int l = 1; l < c.num_hidden_layers; l++) { /* disjoint; kept ascending */
-            int64_t lo, hi;
-            if (!df_drafter_grad_alias_range(d, l, &lo, &hi))
-                continue;
-            int j = ds.nalias++;
-            for (; j > 0 && ds.alo[j - 1] > lo; j--)
-                ds.alo[j] = ds.alo[j - 1], ds.ahi[j] = ds.ahi[j - 1];
-            ds.alo[j] = lo, ds.ahi[j] = hi;
-        }
-    }
     double persistent_gib;
     {
         double gib = 1.0 / (1 << 30), P = (double)total;
@@ -773,37 +919,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
         if (bst.on && (rc = best_open(&bst, o->run_dir, e)))
             goto out;
     }
-    src.cache = cache;
-    src.layer_mask = layer_mask;
-    src.threads = 4; /* decompression: a 4096-token row of 5 x 5120 bf16 features is ~200 MB */
-    src.seed = o->seed;
-    src.n_all = df_cache_count(cache);
-    src.rank = o->replicate_data ? 0 : rank;
-    src.world = o->replicate_data ? 1 : world;
-    src.buffered = o->buffered_io;
-    src.ahead = 1;
-    src.order = malloc((src.n_all ? src.n_all : 1) * sizeof *src.order);
-    if (!src.order) {
-        rc = df_errf(e, -ENOMEM, "out of memory");
-        goto out;
-    }
-    if (src.n_all < (size_t)src.world) {
-        rc = df_errf(e, -ENODATA, "%s: the cache has %zu samples, fewer than the %d ranks",
-                     o->cache_dir, src.n_all, world);
-        goto out;
-    }
-    if ((rc = source_open_at(&src, dp.epoch, dp.pos, e)))
-        goto out;
-    fd.be = be;
-    fd.src = &src;
-    fd.rng = &rng;
-    fd.c = &c;
-    fd.n_feat = n_feat;
-    fd.cache_index = cache_index;
-    fd.cache_dir = o->cache_dir;
-    fd.nrows = nrows;
-    if ((rc = feeder_open(&fd, &bc, step0, o->stop_after > 0 && step0 + o->stop_after < o->steps
-                                                ? step0 + o->stop_after : o->steps, e)))
+    if ((rc = open_data(o, be, cache, layer_mask, rank, world, &dp, &rng, &c, n_feat, cache_index, nrows,
+                        &bc, step0, &src, &fd, e)))
         goto out;
 
     /* a run from --init-from is evaluated before its first step too: the score of the
@@ -922,28 +1039,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
         uint8_t rng_after[32];
         memcpy(rng_after, sl->rng_after, sizeof rng_after);
         feeder_release(&fd, sl);
-        if (world > 1) { /* the step's figures over all ranks (logged by rank 0) */
-            /* v: 6 scalars, correct[bs], counted[bs]: sums; then each rank's wait */
-            int bs = c.block_size, oc = 6, on = oc + bs, nv = on + bs;
-            double v[6 + 2 * DF_DRAFTER_MAX_BLOCK];
-            v[0] = sq, v[1] = m.loss_sum, v[2] = (double)m.blocks, v[3] = (double)m.accepted;
-            v[4] = (double)tokens, v[5] = flops;
-            for (int k = 0; k < bs; k++) {
-                v[oc + k] = (double)m.correct[k];
-                v[on + k] = (double)m.counted[k];
-            }
-            if ((rc = df_comm_allreduce_host_f64(comm, v, nv, e)) ||
-                (rc = gather(comm, &wait_s, sizeof wait_s, waits, e)))
-                goto out;
-            for (int q = 0; q < world; q++)
-                wait_max_s = waits[q] > wait_max_s ? waits[q] : wait_max_s;
-            sq = v[0], m.loss_sum = v[1], m.blocks = (uint64_t)v[2], m.accepted = (uint64_t)v[3];
-            tokens = (uint64_t)v[4], flops = v[5];
-            for (int k = 0; k < bs; k++) {
-                m.correct[k] = (uint64_t)v[oc + k];
-                m.counted[k] = (uint64_t)v[on + k];
-            }
-        }
+        if (world > 1 && (rc = step_figures_reduce(comm, world, c.block_size, wait_s, waits, &sq, &m,
+                                                   &tokens, &flops, &wait_max_s, e)))
+            goto out;
         acc_flops += flops;
         acc_data_max_s += wait_max_s;
         double loss = denom > 0 ? m.loss_sum / denom : 0.0;
@@ -1021,27 +1119,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
         if (save) {
             dp.epoch = after.epoch;
             dp.pos = after.pos;
-            /* every rank's RNG state and data position (ckpt_rs, ckpt_dps:
-             * world of each, allocated with the run) */
-            uint8_t *rs = ckpt_rs;
-            data_pos *dps = ckpt_dps;
-            if ((rc = gather(comm, rng_after, 32, rs, e)) ||
-                (rc = gather(comm, &dp, sizeof dp, dps, e)))
+            if ((rc = save_ckpt(o, comm, world, lead, done, &c, total, rng_after, &dp, ckpt_rs, ckpt_dps,
+                                &ck, e)))
                 goto out;
-            ck.step = done;
-            ck.config = c;
-            ck.n_floats = total;
-            ck_blobs_borrowed = 1;
-            ck.rng_state = rs;
-            ck.rng_len = 32 * (size_t)world;
-            ck.data_position = dps;
-            ck.data_position_len = sizeof dps[0] * (size_t)world;
-            if (lead && (rc = df_ckpt_save(o->run_dir, &ck, o->keep_last, e)))
-                goto out;
-            ck.rng_state = NULL;
-            ck.data_position = NULL;
-            ck.rng_len = ck.data_position_len = 0;
-            ck_blobs_borrowed = 0;
         }
         if (o->stop_after > 0 && done - step0 >= o->stop_after)
             goto out; /* as if killed (tests of resume) */
@@ -1076,9 +1156,7 @@ out:
     free(waits);
     free(ckpt_rs);
     free(ckpt_dps);
-    if (ck_blobs_borrowed) /* the save's buffers (an error mid-save) */
-        ck.rng_state = ck.data_position = NULL;
-    /* else NULL, or a resumed checkpoint's blobs (an error before they were taken): freed */
+    /* ck's blobs: NULL, or a resumed checkpoint's (an error before they were taken): freed */
     df_ckpt_state_free(&ck);
     df_drafter_close(d);
     df_backend_close(be);
