@@ -2,12 +2,15 @@
 #include "best.h"
 
 #include <cjson/cJSON.h>
+#include <errno.h>
+#include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "fsutil.h"
+#include "setup.h"
 
 #define BEST_JSON_MAX (1u << 20)
 
@@ -111,4 +114,88 @@ char *df_best_json(const df_best *b)
     }
     cJSON_free(txt);
     return out;
+}
+
+/* The best so far: RUN/best/best.json when there is one (a resumed run, or one
+ * stopped before its first checkpoint); a damaged one is an error. */
+int best_open(best_state *bs, const char *run_dir, df_err *e)
+{
+    int rc = df_best_load(run_dir, &bs->best, e);
+    if (rc == -ENOENT)
+        return 0;
+    bs->have = rc == 0;
+    return rc;
+}
+
+/* After an evaluation whose figures are r (at step r->step): RUN/best is
+ * replaced when r scores strictly higher than the best so far, or when that
+ * best was of another evaluation (metric, cache, rows, blocks), which cannot
+ * be compared.
+ *
+ * The weights written are ds->w, the ones just evaluated. They are the same on
+ * every rank: ZeRO-1 shards only the fp32 master and the moments, the weights
+ * the drafter reads (bf16 on a GPU, f32 on CPU ranks) are all-gathered after
+ * every step; so rank 0 writes it alone, with no collective the other ranks
+ * would have to join. bf16 weights are the master rounded to nearest even, as
+ * the export rounds it: the files are bit for bit what RUN/export would hold
+ * at that step. Sharded, the weights come to the host through ck_master (the
+ * host copy of the fp32 master, which a sharded run reads only when placing
+ * the state, and fetches again before every checkpoint and the export). */
+int best_update(best_state *bs, df_best *r, const df_train_opts *o, df_backend *be,
+                const dev_state *ds, const df_drafter_config *c, const df_params *ps,
+                float *ck_master, const df_basis *basis, df_err *e)
+{
+    snprintf(r->eval_cache, sizeof r->eval_cache, "%s", o->eval_cache);
+    const df_best *b = &bs->best;
+    int comparable = bs->have && !strcmp(b->metric, r->metric) &&
+                     !strcmp(b->eval_cache, r->eval_cache) && b->rows == r->rows &&
+                     b->blocks == r->blocks;
+    if (comparable && !(r->value > b->value))
+        return 0;
+    if (bs->have && !comparable && !o->quiet)
+        printf("best: %s/%s (step %" PRId64 ") was scored on another evaluation (%s of %d rows, "
+               "%" PRIu64 " blocks, %s); replacing it\n", o->run_dir, DF_BEST_DIR, b->step,
+               b->metric, b->rows, b->blocks, b->eval_cache);
+    const float *w = ds->w;
+    int rc = 0;
+    if (ds->sharded) {
+        size_t wes = df_dtype_size(ds->wdt);
+        if (ds->wdt != DF_DTYPE_F32 && ds->wdt != DF_DTYPE_BF16)
+            return df_errf(e, -ENOTSUP, "best export: weights of dtype %s",
+                           df_dtype_name(ds->wdt));
+        if ((rc = df_backend_download(be, ck_master, ds->w, (size_t)ds->n * wes)))
+            return df_errf(e, rc, "best export: copying the weights from %s failed",
+                           df_backend_name(be));
+        if (ds->wdt == DF_DTYPE_BF16) { /* widened in place, from the end: element i's f32
+                                         * bytes [4i, 4i+4) cover bf16 elements 2i, 2i+1 >= i,
+                                         * already read */
+            const uint16_t *h = (const uint16_t *)(void *)ck_master;
+            for (int64_t i = ds->n - 1; i >= 0; i--)
+                ck_master[i] = df_bf16_to_f32(h[i]);
+        }
+        w = ck_master;
+    }
+    df_best nb = *r;
+    char *json = df_best_json(&nb), dir[4200];
+    if (!json)
+        return df_errf(e, -ENOMEM, "out of memory");
+    snprintf(dir, sizeof dir, "%s/%s", o->run_dir, DF_BEST_DIR);
+    df_export_extra x = {.name = DF_BEST_JSON, .text = json};
+    rc = c->feature_dim ? df_export_drafter_projected_with(dir, c, ps, w, basis, &x, e)
+                        : df_export_drafter_with(dir, c, ps, w, &x, e);
+    free(json);
+    if (rc) {
+        df_err_wrap(e, "best export at step %" PRId64, r->step);
+        return rc;
+    }
+    if (!o->quiet) {
+        printf("best: step %" PRId64 ", %s %.4f", r->step, r->metric, r->value);
+        if (comparable)
+            printf(" (was %.4f at step %" PRId64 ")", b->value, b->step);
+        printf(" -> %s\n", dir);
+        fflush(stdout);
+    }
+    bs->best = nb;
+    bs->have = 1;
+    return 0;
 }
