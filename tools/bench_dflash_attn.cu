@@ -97,24 +97,7 @@ static uint16_t *dev_rand(size_t n)
 static const char *const pass_nm[DF_CUDA_DFLASH_BWD_EVENTS - 1] = {"di",      "dq",      "ctx_lists",
                                                                    "ctx_dkv", "blk_dkv", "reduce"};
 
-static const char *impl_nm(int impl)
-{
-    switch (impl) {
-    case 0:
-        return "0";
-    case DF_CUDA_DFLASH_IMPL_SIMT:
-        return "simt";
-    case DF_CUDA_DFLASH_IMPL_MMA4:
-        return "mma4";
-    case DF_CUDA_DFLASH_IMPL_WG2:
-        return "wg2";
-    case DF_CUDA_DFLASH_IMPL_WG2F:
-        return "wg2f";
-    case DF_CUDA_DFLASH_IMPL_WG3:
-        return "wg3";
-    }
-    return "?";
-}
+static const char *impl_nm(int impl) { return impl ? df_cuda_dflash_impl_name(impl) : "0"; }
 
 // An anchor layout: per block anchor / doc_start / valid.
 struct Layout {
