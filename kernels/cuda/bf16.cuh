@@ -1,7 +1,7 @@
 /* bf16.cuh - bf16 <-> fp32 on the device, one element or a 16-byte vector
  * of 8 at a time, for the kernel files that keep bf16 tensors as raw
  * uint16_t (dense.cu, train_dense.cu, gdn_prep.cu, lmhead_ce.cu,
- * dflash_attn/mma.cu): each had its own identical copy. Widening is exact (the
+ * dflash_attn/mma_*.cu): each had its own identical copy. Widening is exact (the
  * bits shifted up); narrowing rounds to nearest even. Files that round by
  * hand with NaN rules of their own (gdn.cu, fallback.cu, backend.cu) keep
  * their own. */

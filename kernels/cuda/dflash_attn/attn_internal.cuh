@@ -1,6 +1,6 @@
 // dflash_attn/attn_internal.cuh - what the drafter attention's dispatcher
 // (dispatch.cu), its CUDA-core reference (simt.cu) and its mma.sync kernels
-// (mma.cu) share: the launch macros, small device helpers, the workspace's
+// (mma_fwd.cu, mma_bwd.cu) share: the launch macros, small device helpers, the workspace's
 // parts and each file's entry points. Internal: not part of the
 // dflash_attn.h contract.
 #ifndef DF_DFLASH_ATTN_INTERNAL_CUH
@@ -91,12 +91,12 @@ inline Params make_params(const df_cuda_dflash_args *a)
 int simt_fwd_launch(const Params &p, int D, cudaStream_t st);
 int simt_bwd_launch(const Params &p, int D, cudaStream_t st); // needs p.Di
 
-// ---- mma.cu (impl MMA4; WG2 / WG2F / WG3 call it for the passes they share) ----
+// ---- mma_fwd.cu, mma_bwd.cu (impl MMA4; WG2 / WG2F / WG3 call it for the passes they share) ----
 // Di = dO . O per (row, head) into p.Di.
 int di_launch(const Params &p, int D, cudaStream_t st);
 int mma_fwd_launch(const Params &p, int D, cudaStream_t st);
 // The backward of MMA4 (wg2 false) and of WG2 / WG2F (wg2; fold) / WG3 (dsb):
-// mma.cu's bwd_mma4_launch says which passes run where. part, lists,
+// mma_bwd.cu's bwd_mma4_launch says which passes run where. part, lists,
 // dq_order, dsd: the workspace's parts below.
 int mma_bwd_launch(const Params &p, int D, cudaStream_t st, float *part, int *lists, int *dq_order, bool wg2,
                    bool fold, cudaEvent_t *ev, const DsBuf *dsb, uint16_t *dsd);

@@ -1,5 +1,5 @@
 // dflash_attn/common.cuh - what the DFlash attention's CUDA files share
-// (dispatch.cu, simt.cu, mma.cu: every implementation; dflash_attn/wg_dkv.cu,
+// (dispatch.cu, simt.cu, mma_*.cu: every implementation; dflash_attn/wg_dkv.cu,
 // dflash_attn/wg_dq.cu, dflash_attn/wg_fwd.cu: the wgmma context dK/dV, dQ
 // and forward of impls WG2 and WG2F): the kernel parameters, the row-chunk
 // and visibility helpers and the host entry points of the wgmma files.
@@ -157,7 +157,7 @@ __device__ __forceinline__ void row_key_range(const Params &p, const RowId &id, 
 // ---- dflash_attn/wg_dkv.cu (impls DF_CUDA_DFLASH_IMPL_WG2, _WG2F: the context dK/dV) ----
 // Key tile and split count of the context dK/dV partials: MMA4's (TK4, NSPL),
 // so the tile lists, their order, the partial buffer and the split reduction
-// are MMA4's (mma.cu asserts the match). Two splits, not four: H200,
+// are MMA4's (mma_bwd.cu asserts the match). Two splits, not four: H200,
 // bench_dflash_attn (session 10), backward 3docs full 0.967 -> 0.927 ms (the
 // context dK/dV pass 0.497 -> 0.479, the reduction 0.040 -> 0.022), 1doc full
 // 2.281 -> 2.246, 1doc sliding 1.768 -> 1.738; half the partials' memory

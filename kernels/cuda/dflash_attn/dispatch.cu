@@ -5,7 +5,7 @@
 // kernels/README.md): simt, the CUDA cores (fp32 FMA from shared memory, 256
 // threads = 8 warps: the plain reference on the GPU, simt.cu); mma4, tensor
 // cores (mma.sync m16n8k16 bf16, sm_80+; the default on devices other than
-// compute capability 9.0, mma.cu); wg2, wg2f and wg3, Hopper warpgroup MMA
+// compute capability 9.0, mma_fwd.cu / mma_bwd.cu); wg2, wg2f and wg3, Hopper warpgroup MMA
 // (wgmma, sm_90a; wg2's forward and wg3's backward the defaults on compute
 // capability 9.0, wg_*.cu). The tensor-core kernels follow the CUDA-core
 // kernels' work split and determinism. The retired ids (2, 3, 4, 6, 7) are
@@ -35,7 +35,7 @@
 //      dk = scale dS^T Q, summed in fp32 in a fixed order, written once.
 // Padding blocks: out 0, lse -inf, dq/dkb/dvb 0; rows with nothing visible
 // likewise (never NaN).
-// mma4 (described before its kernels in mma.cu): the forward (fwd_mma2_kernel),
+// mma4 (described before its kernels in mma.cuh): the forward (fwd_mma2_kernel),
 // Di, dQ (dq_mma2_kernel) and the block-key dK/dV (dkv_mma2_kernel) in
 // cp.async-pipelined mma.sync kernels; the context dK/dV with 128-key tiles
 // over per-tile block lists (dkv4_kernel); the split reduction. wg2 (its
@@ -51,9 +51,9 @@
 // pass also stores dS, from which dQ is computed (wg_dqs.cu). Where dkv4_kernel
 // does not fit the shared memory (sm_80, sm_86 / 89 / 120), mma4's backward
 // is dkv_mma2_kernel for every key tile storing dS^T, then dQ from it
-// (mma.cu, bwd_mma2_launch).
+// (mma_bwd.cu, bwd_mma2_launch).
 // The files: this one (the choice, the workspace, the knobs, the entry
-// points), simt.cu, mma.cu, wg_fwd.cu / wg_dq.cu / wg_dkv.cu / wg_dqs.cu
+// points), simt.cu, mma_fwd.cu / mma_bwd.cu, wg_fwd.cu / wg_dq.cu / wg_dkv.cu / wg_dqs.cu
 // (Hopper); what they share: attn_internal.cuh, common.cuh.
 #include "attn_internal.cuh"
 

@@ -2,7 +2,7 @@
 // of impls DF_CUDA_DFLASH_IMPL_WG2 and _WG2F (dflash_attn.h) on Hopper
 // warpgroup MMA (wgmma.mma_async, sm_90a), in place of MMA4's dkv4_kernel.
 // The per-tile block lists and their LPT order, the partials and the split
-// reduction are MMA4's, in mma.cu; the dQ pass is
+// reduction are MMA4's, in mma_bwd.cu; the dQ pass is
 // dflash_attn/wg_dq.cu.
 //
 // Work split (MMA4's): one CTA per (key tile of 128 context keys, kv head g,

@@ -148,7 +148,7 @@ static_assert(QTK == WG_KV_BOX, "the tensor maps' box is one key tile");
 constexpr int PTB = QTK * CHUNK_ROWS * 2; // WG2F: one bf16 [key][row] tile (P^T or dS^T), 8 KiB
 
 // WG2F: Di = dO . O of this thread's two rows (rid[0], rid[1]; 0 for rows
-// past the chunk's), computed as di_kernel (dflash_attn/mma.cu) computes it, bit
+// past the chunk's), computed as di_kernel (dflash_attn/mma_bwd.cu) computes it, bit
 // for bit: there lane l of a warp sums its D / 32 products o[l + 32 i] d[l +
 // 32 i] in i order (fma, from 0), then a butterfly (shfl xor 16, 8, 4, 2, 1;
 // fp32 adds commute, so every lane ends with lane 0's bits). Here the quad

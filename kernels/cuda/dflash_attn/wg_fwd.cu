@@ -1,6 +1,6 @@
 // dflash_attn/wg_fwd.cu - the forward of impls DF_CUDA_DFLASH_IMPL_WG2 and
 // _WG2F (dflash_attn.h) on Hopper warpgroup MMA (wgmma.mma_async, sm_90a):
-// out and lse, the contract of MMA4's fwd_mma2_kernel (dflash_attn/mma.cu), whose
+// out and lse, the contract of MMA4's fwd_mma2_kernel (dflash_attn/mma_fwd.cu), whose
 // work split it keeps.
 //
 // One CTA per (block b, kv head g, row chunk): the chunk's 64 rows (16

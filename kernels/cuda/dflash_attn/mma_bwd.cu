@@ -1,9 +1,10 @@
-// dflash_attn/mma.cu - impl MMA4: the drafter attention on mma.sync tensor
-// cores (sm_80+), and the passes the Hopper implementations share with it
-// (Di, the tile lists, the block-key dK/dV, the split reduction) and fall
-// back to where their wgmma kernels do not run (dispatch.cu's header
-// describes the structure).
-#include "attn_internal.cuh"
+// dflash_attn/mma_bwd.cu - impl MMA4's backward on mma.sync tensor cores
+// (sm_80+): Di, the dK/dV passes (dkv_mma2_kernel, dkv4_kernel), dQ from the
+// stored dS^T, the split reduction, and the launch of the whole backward for
+// MMA4 and the Hopper implementations, which share these passes and fall
+// back to them where their wgmma kernels do not run (dispatch.cu's header
+// describes the structure; mma_fwd.cu has the forward and the dQ pass).
+#include "mma.cuh"
 
 namespace {
 using namespace df_dflash;
@@ -25,368 +26,6 @@ __global__ void __launch_bounds__(NT) di_kernel(Params p)
     s = warp_sum(s);
     if (lane == 0)
         p.Di[w] = s;
-}
-
-// ---- tensor-core kernels (mma.sync m16n8k16 bf16 -> fp32, sm_80+) ----
-// MMA4's forward, dQ and block-key dK/dV (and WG2's kernels where sm_90a is
-// not there). The CUDA-core kernels' work split and determinism (every output
-// element summed in a fixed order by one thread, written once, no atomics),
-// 4 warps x 16 rows per row chunk. Operands are bf16 (P and dS rounded to
-// bf16 before their products, as the naive bf16 math does); fp32 accumulate.
-// K/V (and in dK/dV the Q/dO rows) staged by cp.async in two buffers (the
-// next tile's load overlaps this tile's math); every mma operand fetched by
-// ldmatrix (V, K and dO as the k-major B operand through .trans: no
-// transposed stores); forward tiles of 64 keys; per-element masks skipped on
-// tiles every row sees whole; softmax in the exp2 domain. dK/dV: the valid
-// blocks that see a context tile are dealt round-robin (in ascending order)
-// to NSPL CTAs; each sums its share in a fixed order into fp32 partials, and
-// a last kernel adds the NSPL partials in split order (deterministic;
-// balances the late tiles seen by many blocks).
-__device__ __forceinline__ uint32_t ld32(const uint16_t *p)
-{
-    return *reinterpret_cast<const uint32_t *>(p);
-}
-__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
-{
-    return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
-}
-
-constexpr int MW = 4;        // warps per CTA
-constexpr int TKM = MW * 16; // keys per dK/dV tile of dkv_mma2_kernel (16 per warp)
-
-// acc[n][*] += A (16 x 16 k) * X^T where X is row-major [n rows][k] in shared
-// memory (ld KP): rows n0 .. n0 + 8 NT - 1, k columns k0 .. k0 + 15.
-// (B fragment of "col" layout = rows of X: ldmatrix without .trans.)
-// Used with X = K (S = Q K^T), V (dP = dO V^T), Q / dO (S^T = K Q^T ...).
-template <int NTL, int KP>
-__device__ __forceinline__ void mma_rows(float (*acc)[4], const uint32_t a[4], const uint16_t *X,
-                                         int n0, int k0, int lane)
-{
-#pragma unroll
-    for (int nt = 0; nt < NTL; nt += 2) {
-        uint32_t r[4];
-        // matrices: (nt, k lo), (nt, k hi), (nt + 1, k lo), (nt + 1, k hi)
-        ldsm4(r, X + (n0 + nt * 8 + (lane & 7) + (lane >> 4) * 8) * KP + k0 + ((lane >> 3) & 1) * 8);
-        mma16816(acc[nt], a, r[0], r[1]);
-        mma16816(acc[nt + 1], a, r[2], r[3]);
-    }
-}
-// acc[nd][*] += A (16 x 16 k) * X where X is row-major [k rows][n] in shared
-// memory: k rows k0 .. k0 + 15, n columns 0 .. 8 NTD - 1 (ldmatrix .trans).
-template <int NTD, int KP>
-__device__ __forceinline__ void mma_cols(float (*acc)[4], const uint32_t a[4], const uint16_t *X,
-                                         int k0, int lane)
-{
-#pragma unroll
-    for (int nd = 0; nd < NTD; nd += 2) {
-        uint32_t r[4];
-        // matrices: (k lo, nd), (k hi, nd), (k lo, nd + 1), (k hi, nd + 1)
-        ldsm4t(r, X + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KP + (nd + (lane >> 4)) * 8);
-        mma16816(acc[nd], a, r[0], r[1]);
-        mma16816(acc[nd + 1], a, r[2], r[3]);
-    }
-}
-
-// A fragment (16 rows x 16 k) of a row-major [rows][k] shared matrix.
-template <int KP>
-__device__ __forceinline__ void ldsm_a(uint32_t a[4], const uint16_t *X, int r0, int k0, int lane)
-{
-    ldsm4(a, X + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * KP + k0 + (lane >> 4) * 8);
-}
-
-// K/V tile t of a (block, head) key loop into stage buffers (cp.async, zero
-// fill past the end).
-template <int D, int TKX>
-__device__ __forceinline__ void issue_kv(const Params &p, int b, int g, int anc, int lo0, int ntc,
-                                         int t, uint16_t *Kd, uint16_t *Vd, int nthr)
-{
-    constexpr int KP = D + 8, V8 = D / 8;
-    bool isctx = t < ntc;
-    int base = isctx ? lo0 + t * TKX : (t - ntc) * TKX;
-    int end = isctx ? anc : p.bs;
-    const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
-    long long rbase = isctx ? base : (long long)b * p.bs + base;
-    long long ldk = (long long)p.nkv * D;
-    for (int e = threadIdx.x; e < TKX * V8; e += nthr) {
-        int key = e / V8, c = (e % V8) * 8;
-        bool ok = base + key < end;
-        long long off = ok ? (rbase + key) * ldk + (long long)g * D + c : 0;
-        cp16(Kd + key * KP + c, ksrc + off, ok);
-        cp16(Vd + key * KP + c, vsrc + off, ok);
-    }
-}
-
-constexpr int TKF = 64, TKQ = 32, NSPL = 2; // NSPL: dflash_attn/common.cuh's WG_NSPL says why 2
-template <int D> constexpr size_t fwd3_smem() { return (size_t)2 * 2 * TKF * (D + 8) * 2; }
-template <int D> constexpr size_t dq3_smem() { return (size_t)2 * 2 * TKQ * (D + 8) * 2; }
-
-template <int D>
-__global__ void __launch_bounds__(MW * 32) fwd_mma2_kernel(Params p)
-{
-    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, NTK = TKF / 8;
-    extern __shared__ float4 smem4[];
-    uint16_t *sm = reinterpret_cast<uint16_t *>(smem4);
-    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
-        b = blockIdx.x / (p.nch * p.nkv);
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
-    long long ldq = (long long)p.nq * D;
-    if (!p.valid[b]) {
-        for (int i = 0; i < 16; i++) {
-            RowId id = row_id(p, b, g, ch, warp * 16 + i);
-            if (!id.ok)
-                continue;
-            for (int k = lane; k < D; k += 32)
-                p.o[id.grow * ldq + id.h * D + k] = 0;
-            if (lane == 0)
-                p.lse[(long long)id.grow * p.nq + id.h] = -INFINITY;
-        }
-        return;
-    }
-    int anc = p.anchor[b], ds = p.doc_start[b];
-    int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
-    int ntc = (anc - lo0 + TKF - 1) / TKF, ntb = (p.bs + TKF - 1) / TKF, nt = ntc + ntb;
-    issue_kv<D, TKF>(p, b, g, anc, lo0, ntc, 0, sm, sm + TKF * KP, MW * 32);
-    cp_commit();
-    RowId rid[2] = {row_id(p, b, g, ch, warp * 16 + gid), row_id(p, b, g, ch, warp * 16 + gid + 8)};
-    int rlo[2] = {ctx_lo(anc, ds, p.W, rid[0].qo), ctx_lo(anc, ds, p.W, rid[1].qo)};
-    uint32_t qa[KS][4];
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const RowId &id = rid[e & 1];
-            int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
-            qa[ks][e] = id.ok ? ld32(p.q + id.grow * ldq + id.h * D + col) : 0u;
-        }
-    float o[NTD][4];
-#pragma unroll
-    for (int nd = 0; nd < NTD; nd++)
-        o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-    const float sl = p.scale * LOG2E;
-    for (int t = 0; t < nt; t++) {
-        if (t + 1 < nt) {
-            uint16_t *Kd = sm + ((t + 1) & 1) * 2 * TKF * KP;
-            issue_kv<D, TKF>(p, b, g, anc, lo0, ntc, t + 1, Kd, Kd + TKF * KP, MW * 32);
-        }
-        cp_commit();
-        cp_wait<1>();
-        __syncthreads();
-        const uint16_t *Ks = sm + (t & 1) * 2 * TKF * KP, *Vs = Ks + TKF * KP;
-        bool isctx = t < ntc;
-        int base = isctx ? lo0 + t * TKF : (t - ntc) * TKF;
-        int end = isctx ? anc : p.bs;
-        bool full = isctx && base >= lohi && base + TKF <= anc;
-        float s[NTK][4];
-#pragma unroll
-        for (int n = 0; n < NTK; n++)
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++)
-            mma_rows<NTK, KP>(s, qa[ks], Ks, 0, ks * 16, lane);
-        float mx[2] = {-INFINITY, -INFINITY};
-        if (full) {
-#pragma unroll
-            for (int n = 0; n < NTK; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s[n][e] *= sl;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
-                }
-        } else {
-#pragma unroll
-            for (int n = 0; n < NTK; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int ri = e >> 1, key = base + n * 8 + 2 * t4 + (e & 1);
-                    bool vis = rid[ri].ok && visible(isctx, key, end, rlo[ri], rid[ri].qo, p.W);
-                    s[n][e] = vis ? s[n][e] * sl : -INFINITY;
-                    mx[ri] = fmaxf(mx[ri], s[n][e]);
-                }
-        }
-        float al[2];
-#pragma unroll
-        for (int ri = 0; ri < 2; ri++) {
-            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
-            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
-            float mn = fmaxf(m[ri], mx[ri]);
-            al[ri] = mn == -INFINITY ? 1.0f : exp2f(m[ri] - mn);
-            m[ri] = mn;
-        }
-        float ps[2] = {0.0f, 0.0f};
-#pragma unroll
-        for (int n = 0; n < NTK; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int ri = e >> 1;
-                float pr = s[n][e] == -INFINITY ? 0.0f : exp2f(s[n][e] - m[ri]);
-                s[n][e] = pr;
-                ps[ri] += pr;
-            }
-        l[0] = l[0] * al[0] + ps[0];
-        l[1] = l[1] * al[1] + ps[1];
-#pragma unroll
-        for (int nd = 0; nd < NTD; nd++)
-            o[nd][0] *= al[0], o[nd][1] *= al[0], o[nd][2] *= al[1], o[nd][3] *= al[1];
-#pragma unroll
-        for (int kk = 0; kk < TKF / 16; kk++) {
-            uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-            mma_cols<NTD, KP>(o, pa, Vs, kk * 16, lane);
-        }
-        __syncthreads(); // this stage is refilled at t + 2
-    }
-    cp_wait<0>();
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
-        l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 2);
-    }
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        const RowId &id = rid[ri];
-        if (!id.ok)
-            continue;
-        bool any = l[ri] > 0.0f;
-        float inv = any ? 1.0f / l[ri] : 0.0f;
-        uint16_t *orow = p.o + id.grow * ldq + id.h * D;
-#pragma unroll
-        for (int nd = 0; nd < NTD; nd++)
-            *reinterpret_cast<uint32_t *>(orow + nd * 8 + 2 * t4) =
-                pack_bf2(o[nd][2 * ri] * inv, o[nd][2 * ri + 1] * inv);
-        if (t4 == 0)
-            p.lse[(long long)id.grow * p.nq + id.h] = any ? m[ri] * LN2 + logf(l[ri]) : -INFINITY;
-    }
-}
-
-// LPT (WG2's dQ where the wgmma one does not run): CTA blockIdx takes item
-// order[blockIdx / nkv] (item = b nch + ch, dq_order_kernel's longest-first
-// order), kv head blockIdx % nkv; else (block, kv head, chunk) in order.
-template <int D, bool LPT>
-__global__ void __launch_bounds__(MW * 32) dq_mma2_kernel(Params p, const int *order)
-{
-    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, NTK = TKQ / 8;
-    extern __shared__ float4 smem4[];
-    uint16_t *sm = reinterpret_cast<uint16_t *>(smem4);
-    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
-        b = blockIdx.x / (p.nch * p.nkv);
-    if (LPT) {
-        int item = order[blockIdx.x / p.nkv];
-        ch = item % p.nch, g = blockIdx.x % p.nkv, b = item / p.nch;
-    }
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
-    long long ldq = (long long)p.nq * D;
-    if (!p.valid[b]) {
-        for (int i = 0; i < 16; i++) {
-            RowId id = row_id(p, b, g, ch, warp * 16 + i);
-            if (!id.ok)
-                continue;
-            for (int k = lane; k < D; k += 32)
-                p.dq[id.grow * ldq + id.h * D + k] = 0;
-        }
-        return;
-    }
-    int anc = p.anchor[b], ds = p.doc_start[b];
-    int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
-    int ntc = (anc - lo0 + TKQ - 1) / TKQ, ntb = (p.bs + TKQ - 1) / TKQ, nt = ntc + ntb;
-    issue_kv<D, TKQ>(p, b, g, anc, lo0, ntc, 0, sm, sm + TKQ * KP, MW * 32);
-    cp_commit();
-    RowId rid[2] = {row_id(p, b, g, ch, warp * 16 + gid), row_id(p, b, g, ch, warp * 16 + gid + 8)};
-    int rlo[2];
-    float L[2], Dr[2];
-    bool rok[2];
-    bool allok = true;
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        rlo[ri] = ctx_lo(anc, ds, p.W, rid[ri].qo);
-        long long li = (long long)rid[ri].grow * p.nq + rid[ri].h;
-        L[ri] = rid[ri].ok ? p.lse_in[li] * LOG2E : -INFINITY;
-        Dr[ri] = rid[ri].ok ? p.Di[li] : 0.0f;
-        rok[ri] = rid[ri].ok && L[ri] != -INFINITY;
-    }
-    allok = __syncthreads_and(rok[0] && rok[1]);
-    uint32_t qa[KS][4], da[KS][4];
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const RowId &id = rid[e & 1];
-            int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
-            long long off = id.grow * ldq + id.h * D + col;
-            qa[ks][e] = id.ok ? ld32(p.q + off) : 0u;
-            da[ks][e] = id.ok ? ld32(p.dout + off) : 0u;
-        }
-    float acc[NTD][4];
-#pragma unroll
-    for (int nd = 0; nd < NTD; nd++)
-        acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
-    const float sl = p.scale * LOG2E;
-    for (int t = 0; t < nt; t++) {
-        if (t + 1 < nt) {
-            uint16_t *Kd = sm + ((t + 1) & 1) * 2 * TKQ * KP;
-            issue_kv<D, TKQ>(p, b, g, anc, lo0, ntc, t + 1, Kd, Kd + TKQ * KP, MW * 32);
-        }
-        cp_commit();
-        cp_wait<1>();
-        __syncthreads();
-        const uint16_t *Ks = sm + (t & 1) * 2 * TKQ * KP, *Vs = Ks + TKQ * KP;
-        bool isctx = t < ntc;
-        int base = isctx ? lo0 + t * TKQ : (t - ntc) * TKQ;
-        int end = isctx ? anc : p.bs;
-        bool full = allok && isctx && base >= lohi && base + TKQ <= anc;
-        float s[NTK][4], dp[NTK][4];
-#pragma unroll
-        for (int n = 0; n < NTK; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                s[n][e] = 0.0f, dp[n][e] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            mma_rows<NTK, KP>(s, qa[ks], Ks, 0, ks * 16, lane);
-            mma_rows<NTK, KP>(dp, da[ks], Vs, 0, ks * 16, lane);
-        }
-        if (full) {
-#pragma unroll
-            for (int n = 0; n < NTK; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int ri = e >> 1;
-                    float P = exp2f(s[n][e] * sl - L[ri]);
-                    s[n][e] = P * (dp[n][e] - Dr[ri]);
-                }
-        } else {
-#pragma unroll
-            for (int n = 0; n < NTK; n++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int ri = e >> 1, key = base + n * 8 + 2 * t4 + (e & 1);
-                    bool vis = rok[ri] && visible(isctx, key, end, rlo[ri], rid[ri].qo, p.W);
-                    float P = vis ? exp2f(s[n][e] * sl - L[ri]) : 0.0f;
-                    s[n][e] = vis ? P * (dp[n][e] - Dr[ri]) : 0.0f;
-                }
-        }
-#pragma unroll
-        for (int kk = 0; kk < TKQ / 16; kk++) {
-            uint32_t sa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-            mma_cols<NTD, KP>(acc, sa, Ks, kk * 16, lane);
-        }
-        __syncthreads();
-    }
-    cp_wait<0>();
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        const RowId &id = rid[ri];
-        if (!id.ok)
-            continue;
-        uint16_t *qrow = p.dq + id.grow * ldq + id.h * D;
-#pragma unroll
-        for (int nd = 0; nd < NTD; nd++)
-            *reinterpret_cast<uint32_t *>(qrow + nd * 8 + 2 * t4) =
-                pack_bf2(acc[nd][2 * ri] * p.scale, acc[nd][2 * ri + 1] * p.scale);
-    }
 }
 
 // dK/dV, pipelined: CTA (split s, kv head g, key tile of TKM keys); context
@@ -1025,74 +664,6 @@ __global__ void __launch_bounds__(NW4 * 32, 1)
         }
 }
 
-// ---- the dQ pass's longest-first CTA order (WG2, WG2F) ----
-// A dQ grid in (block, kv head, chunk) order runs the trainer's blocks
-// sorted by anchor, so the CTAs with the longest context spans start last
-// and the pass ends in a tail of them (one 4096-token document: spans 0 ..
-// ~4096 keys). dq_order_kernel builds an order of the items (block, chunk) on
-// the device: descending key-tile count, ties by index (LPT), kv head
-// fastest. Same math, same sum order per element: the order changes no bit.
-// (The measured gains, the pass-by-pass profile and the dQ designs tried and
-// dropped: docs/log/2026-11-30-session-03.md and the later logs.)
-constexpr int NL_ORDER = 1024; // threads of dq_order_kernel
-
-// out[rank] = i for i < n, ranked by (key(i), i) ascending. Call from every
-// thread of a CTA of NL_ORDER threads (the loops and barriers are CTA-uniform).
-// O(n^2 / NL_ORDER) shared-memory compares: 512 items take a few microseconds.
-template <typename K>
-__device__ __forceinline__ void rank_sort(int n, K key, int *out, unsigned long long *sh)
-{
-    for (int i0 = 0; i0 < n; i0 += NL_ORDER) {
-        int i = i0 + threadIdx.x, r = 0;
-        unsigned long long ki = i < n ? key(i) : 0ull;
-        for (int j0 = 0; j0 < n; j0 += NL_ORDER) {
-            __syncthreads(); // the previous chunk of keys is read
-            sh[threadIdx.x] = j0 + threadIdx.x < n ? key(j0 + threadIdx.x) : 0ull;
-            __syncthreads();
-            int m = n - j0 < NL_ORDER ? n - j0 : NL_ORDER;
-            if (i < n)
-                for (int jj = 0; jj < m; jj++) {
-                    unsigned long long kj = sh[jj];
-                    r += kj < ki || (kj == ki && j0 + jj < i);
-                }
-        }
-        if (i < n)
-            out[r] = i;
-    }
-}
-
-// order[rank] = item (b nch + ch), by descending dq_mma2 tile count (padding
-// blocks: 0), ties by index. Any permutation is correct; this one is LPT.
-__global__ void __launch_bounds__(NL_ORDER) dq_order_kernel(Params p, int *order)
-{
-    __shared__ unsigned long long sh[NL_ORDER];
-    rank_sort(p.nb * p.nch, [&](int it) -> unsigned long long {
-        int b = it / p.nch, n = 0;
-        if (p.valid[b]) {
-            int anc = p.anchor[b], lo0 = ctx_lo(anc, p.doc_start[b], p.W, 0);
-            n = (anc - lo0 + TKQ - 1) / TKQ + (p.bs + TKQ - 1) / TKQ;
-        }
-        return (unsigned long long)(0x7fffffff - n);
-    }, order, sh);
-}
-
-// The dQ pass on dq_mma2_kernel: its CTAs in dq_order's order (LPT) where
-// given, else in grid order.
-template <int D>
-int dq_mma2_launch(const Params &p, cudaStream_t st, const int *dq_order)
-{
-    unsigned n = (unsigned)((long long)p.nb * p.nkv * p.nch);
-    if (dq_order) {
-        SMEM((dq_mma2_kernel<D, true>), dq3_smem<D>());
-        dq_mma2_kernel<D, true><<<n, MW * 32, dq3_smem<D>(), st>>>(p, dq_order);
-    } else {
-        SMEM((dq_mma2_kernel<D, false>), dq3_smem<D>());
-        dq_mma2_kernel<D, false><<<n, MW * 32, dq3_smem<D>(), st>>>(p, nullptr);
-    }
-    CU(cudaGetLastError());
-    return 0;
-}
-
 // MMA4's backward where dkv4_kernel does not fit the device's shared memory
 // (sm_80's 163 KiB, sm_86/89/120's 99 KiB): Di, then dkv_mma2_kernel for the
 // context and the block keys alike, the split reduction; the dQ either from
@@ -1109,7 +680,7 @@ int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, uint16_t *dsd
         CU(cudaGetLastError());
         REC(ev, 1, st);
         if (!dsd) {
-            int rc = dq_mma2_launch<D>(p, st, nullptr);
+            int rc = dq_mma2_run(p, D, st, nullptr);
             if (rc)
                 return rc;
         }
@@ -1196,14 +767,15 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         }
         REC(ev, 1, st);
         if (wg2 && !wgdq_on) { // (the wgmma dQ runs its blocks last to first)
-            dq_order_kernel<<<1, NL_ORDER, 0, st>>>(p, dq_order);
-            CU(cudaGetLastError());
+            int rc = dq_order_run(p, st, dq_order);
+            if (rc)
+                return rc;
         }
         // (the wgmma dQ pass takes dq_order[0] as its items' counter)
         // (WG3: its block pass, blk_wg_kernel, in place of the dQ pass)
         int rc = wg3_on    ? df_dflash::blk_wg_launch(p, D, st, maps, *dsb)
                  : wgdq_on ? df_dflash::dq_wg_launch(p, D, st, fold_on, maps, dq_order)
-                           : dq_mma2_launch<D>(p, st, wg2 ? dq_order : nullptr);
+                           : dq_mma2_run(p, D, st, wg2 ? dq_order : nullptr);
         if (rc)
             return rc;
     } else {
@@ -1263,18 +835,6 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
                       dsb && dsb->pdl, ra));
     }
     REC(ev, 6, st);
-    return 0;
-}
-
-template <int D>
-int fwd_mma_launch(const Params &p, cudaStream_t st)
-{
-    long long n = (long long)p.nb * p.nkv * p.nch;
-    if (n == 0)
-        return 0;
-    SMEM(fwd_mma2_kernel<D>, fwd3_smem<D>());
-    fwd_mma2_kernel<D><<<(unsigned)n, MW * 32, fwd3_smem<D>(), st>>>(p);
-    CU(cudaGetLastError());
     return 0;
 }
 
@@ -1361,11 +921,6 @@ size_t order_bytes(const df_cuda_dflash_args *a)
 int di_launch(const Params &p, int D, cudaStream_t st)
 {
     return D == 64 ? di_run<64>(p, st) : di_run<128>(p, st);
-}
-
-int mma_fwd_launch(const Params &p, int D, cudaStream_t st)
-{
-    return D == 64 ? fwd_mma_launch<64>(p, st) : fwd_mma_launch<128>(p, st);
 }
 
 int mma_bwd_launch(const Params &p, int D, cudaStream_t st, float *part, int *lists, int *dq_order, bool wg2,

@@ -1,0 +1,113 @@
+// dflash_attn/mma.cuh - what the mma.sync kernels of mma_fwd.cu (the forward,
+// the dQ pass) and mma_bwd.cu (the dK/dV passes) share: fragment loads, the
+// m16n8k16 products over shared tiles, the K / V tile loads, the tile sizes.
+// Internal.
+#ifndef DF_DFLASH_ATTN_MMA_CUH
+#define DF_DFLASH_ATTN_MMA_CUH
+
+#include "attn_internal.cuh"
+
+namespace df_dflash {
+
+// ---- tensor-core kernels (mma.sync m16n8k16 bf16 -> fp32, sm_80+) ----
+// MMA4's forward, dQ and block-key dK/dV (and WG2's kernels where sm_90a is
+// not there). The CUDA-core kernels' work split and determinism (every output
+// element summed in a fixed order by one thread, written once, no atomics),
+// 4 warps x 16 rows per row chunk. Operands are bf16 (P and dS rounded to
+// bf16 before their products, as the naive bf16 math does); fp32 accumulate.
+// K/V (and in dK/dV the Q/dO rows) staged by cp.async in two buffers (the
+// next tile's load overlaps this tile's math); every mma operand fetched by
+// ldmatrix (V, K and dO as the k-major B operand through .trans: no
+// transposed stores); forward tiles of 64 keys; per-element masks skipped on
+// tiles every row sees whole; softmax in the exp2 domain. dK/dV: the valid
+// blocks that see a context tile are dealt round-robin (in ascending order)
+// to NSPL CTAs; each sums its share in a fixed order into fp32 partials, and
+// a last kernel adds the NSPL partials in split order (deterministic;
+// balances the late tiles seen by many blocks).
+__device__ __forceinline__ uint32_t ld32(const uint16_t *p)
+{
+    return *reinterpret_cast<const uint32_t *>(p);
+}
+__device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
+{
+    return (uint32_t)f2bf(lo) | ((uint32_t)f2bf(hi) << 16);
+}
+
+constexpr int MW = 4;        // warps per CTA
+constexpr int TKM = MW * 16; // keys per dK/dV tile of dkv_mma2_kernel (16 per warp)
+
+// acc[n][*] += A (16 x 16 k) * X^T where X is row-major [n rows][k] in shared
+// memory (ld KP): rows n0 .. n0 + 8 NT - 1, k columns k0 .. k0 + 15.
+// (B fragment of "col" layout = rows of X: ldmatrix without .trans.)
+// Used with X = K (S = Q K^T), V (dP = dO V^T), Q / dO (S^T = K Q^T ...).
+template <int NTL, int KP>
+__device__ __forceinline__ void mma_rows(float (*acc)[4], const uint32_t a[4], const uint16_t *X,
+                                         int n0, int k0, int lane)
+{
+#pragma unroll
+    for (int nt = 0; nt < NTL; nt += 2) {
+        uint32_t r[4];
+        // matrices: (nt, k lo), (nt, k hi), (nt + 1, k lo), (nt + 1, k hi)
+        ldsm4(r, X + (n0 + nt * 8 + (lane & 7) + (lane >> 4) * 8) * KP + k0 + ((lane >> 3) & 1) * 8);
+        mma16816(acc[nt], a, r[0], r[1]);
+        mma16816(acc[nt + 1], a, r[2], r[3]);
+    }
+}
+// acc[nd][*] += A (16 x 16 k) * X where X is row-major [k rows][n] in shared
+// memory: k rows k0 .. k0 + 15, n columns 0 .. 8 NTD - 1 (ldmatrix .trans).
+template <int NTD, int KP>
+__device__ __forceinline__ void mma_cols(float (*acc)[4], const uint32_t a[4], const uint16_t *X,
+                                         int k0, int lane)
+{
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd += 2) {
+        uint32_t r[4];
+        // matrices: (k lo, nd), (k hi, nd), (k lo, nd + 1), (k hi, nd + 1)
+        ldsm4t(r, X + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KP + (nd + (lane >> 4)) * 8);
+        mma16816(acc[nd], a, r[0], r[1]);
+        mma16816(acc[nd + 1], a, r[2], r[3]);
+    }
+}
+
+// A fragment (16 rows x 16 k) of a row-major [rows][k] shared matrix.
+template <int KP>
+__device__ __forceinline__ void ldsm_a(uint32_t a[4], const uint16_t *X, int r0, int k0, int lane)
+{
+    ldsm4(a, X + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * KP + k0 + (lane >> 4) * 8);
+}
+
+// K/V tile t of a (block, head) key loop into stage buffers (cp.async, zero
+// fill past the end).
+template <int D, int TKX>
+__device__ __forceinline__ void issue_kv(const Params &p, int b, int g, int anc, int lo0, int ntc,
+                                         int t, uint16_t *Kd, uint16_t *Vd, int nthr)
+{
+    constexpr int KP = D + 8, V8 = D / 8;
+    bool isctx = t < ntc;
+    int base = isctx ? lo0 + t * TKX : (t - ntc) * TKX;
+    int end = isctx ? anc : p.bs;
+    const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
+    long long rbase = isctx ? base : (long long)b * p.bs + base;
+    long long ldk = (long long)p.nkv * D;
+    for (int e = threadIdx.x; e < TKX * V8; e += nthr) {
+        int key = e / V8, c = (e % V8) * 8;
+        bool ok = base + key < end;
+        long long off = ok ? (rbase + key) * ldk + (long long)g * D + c : 0;
+        cp16(Kd + key * KP + c, ksrc + off, ok);
+        cp16(Vd + key * KP + c, vsrc + off, ok);
+    }
+}
+
+constexpr int TKF = 64, TKQ = 32, NSPL = 2; // NSPL: dflash_attn/common.cuh's WG_NSPL says why 2
+template <int D> constexpr size_t fwd3_smem() { return (size_t)2 * 2 * TKF * (D + 8) * 2; }
+template <int D> constexpr size_t dq3_smem() { return (size_t)2 * 2 * TKQ * (D + 8) * 2; }
+
+// ---- mma_fwd.cu ----
+// The dQ pass on dq_mma2_kernel, its CTAs in order's order (LPT) where given.
+int dq_mma2_run(const Params &p, int D, cudaStream_t st, const int *order);
+// order: the dQ items longest-first (dq_order_kernel; one CTA).
+int dq_order_run(const Params &p, cudaStream_t st, int *order);
+
+} // namespace df_dflash
+
+#endif

@@ -1,0 +1,380 @@
+// dflash_attn/mma_fwd.cu - impl MMA4's row-chunk passes on mma.sync tensor
+// cores (sm_80+): the forward (fwd_mma2_kernel) and the dQ pass that
+// recomputes S and dP (dq_mma2_kernel), with its longest-first order (also
+// the Hopper implementations' fallback where their wgmma kernels do not run).
+#include "mma.cuh"
+
+namespace {
+using namespace df_dflash;
+
+template <int D>
+__global__ void __launch_bounds__(MW * 32) fwd_mma2_kernel(Params p)
+{
+    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, NTK = TKF / 8;
+    extern __shared__ float4 smem4[];
+    uint16_t *sm = reinterpret_cast<uint16_t *>(smem4);
+    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
+        b = blockIdx.x / (p.nch * p.nkv);
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
+    long long ldq = (long long)p.nq * D;
+    if (!p.valid[b]) {
+        for (int i = 0; i < 16; i++) {
+            RowId id = row_id(p, b, g, ch, warp * 16 + i);
+            if (!id.ok)
+                continue;
+            for (int k = lane; k < D; k += 32)
+                p.o[id.grow * ldq + id.h * D + k] = 0;
+            if (lane == 0)
+                p.lse[(long long)id.grow * p.nq + id.h] = -INFINITY;
+        }
+        return;
+    }
+    int anc = p.anchor[b], ds = p.doc_start[b];
+    int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
+    int ntc = (anc - lo0 + TKF - 1) / TKF, ntb = (p.bs + TKF - 1) / TKF, nt = ntc + ntb;
+    issue_kv<D, TKF>(p, b, g, anc, lo0, ntc, 0, sm, sm + TKF * KP, MW * 32);
+    cp_commit();
+    RowId rid[2] = {row_id(p, b, g, ch, warp * 16 + gid), row_id(p, b, g, ch, warp * 16 + gid + 8)};
+    int rlo[2] = {ctx_lo(anc, ds, p.W, rid[0].qo), ctx_lo(anc, ds, p.W, rid[1].qo)};
+    uint32_t qa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const RowId &id = rid[e & 1];
+            int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
+            qa[ks][e] = id.ok ? ld32(p.q + id.grow * ldq + id.h * D + col) : 0u;
+        }
+    float o[NTD][4];
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd++)
+        o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    const float sl = p.scale * LOG2E;
+    for (int t = 0; t < nt; t++) {
+        if (t + 1 < nt) {
+            uint16_t *Kd = sm + ((t + 1) & 1) * 2 * TKF * KP;
+            issue_kv<D, TKF>(p, b, g, anc, lo0, ntc, t + 1, Kd, Kd + TKF * KP, MW * 32);
+        }
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        const uint16_t *Ks = sm + (t & 1) * 2 * TKF * KP, *Vs = Ks + TKF * KP;
+        bool isctx = t < ntc;
+        int base = isctx ? lo0 + t * TKF : (t - ntc) * TKF;
+        int end = isctx ? anc : p.bs;
+        bool full = isctx && base >= lohi && base + TKF <= anc;
+        float s[NTK][4];
+#pragma unroll
+        for (int n = 0; n < NTK; n++)
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+            mma_rows<NTK, KP>(s, qa[ks], Ks, 0, ks * 16, lane);
+        float mx[2] = {-INFINITY, -INFINITY};
+        if (full) {
+#pragma unroll
+            for (int n = 0; n < NTK; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    s[n][e] *= sl;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+                }
+        } else {
+#pragma unroll
+            for (int n = 0; n < NTK; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int ri = e >> 1, key = base + n * 8 + 2 * t4 + (e & 1);
+                    bool vis = rid[ri].ok && visible(isctx, key, end, rlo[ri], rid[ri].qo, p.W);
+                    s[n][e] = vis ? s[n][e] * sl : -INFINITY;
+                    mx[ri] = fmaxf(mx[ri], s[n][e]);
+                }
+        }
+        float al[2];
+#pragma unroll
+        for (int ri = 0; ri < 2; ri++) {
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
+            float mn = fmaxf(m[ri], mx[ri]);
+            al[ri] = mn == -INFINITY ? 1.0f : exp2f(m[ri] - mn);
+            m[ri] = mn;
+        }
+        float ps[2] = {0.0f, 0.0f};
+#pragma unroll
+        for (int n = 0; n < NTK; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int ri = e >> 1;
+                float pr = s[n][e] == -INFINITY ? 0.0f : exp2f(s[n][e] - m[ri]);
+                s[n][e] = pr;
+                ps[ri] += pr;
+            }
+        l[0] = l[0] * al[0] + ps[0];
+        l[1] = l[1] * al[1] + ps[1];
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++)
+            o[nd][0] *= al[0], o[nd][1] *= al[0], o[nd][2] *= al[1], o[nd][3] *= al[1];
+#pragma unroll
+        for (int kk = 0; kk < TKF / 16; kk++) {
+            uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
+                              pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            mma_cols<NTD, KP>(o, pa, Vs, kk * 16, lane);
+        }
+        __syncthreads(); // this stage is refilled at t + 2
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
+        l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 2);
+    }
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const RowId &id = rid[ri];
+        if (!id.ok)
+            continue;
+        bool any = l[ri] > 0.0f;
+        float inv = any ? 1.0f / l[ri] : 0.0f;
+        uint16_t *orow = p.o + id.grow * ldq + id.h * D;
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++)
+            *reinterpret_cast<uint32_t *>(orow + nd * 8 + 2 * t4) =
+                pack_bf2(o[nd][2 * ri] * inv, o[nd][2 * ri + 1] * inv);
+        if (t4 == 0)
+            p.lse[(long long)id.grow * p.nq + id.h] = any ? m[ri] * LN2 + logf(l[ri]) : -INFINITY;
+    }
+}
+
+// LPT (WG2's dQ where the wgmma one does not run): CTA blockIdx takes item
+// order[blockIdx / nkv] (item = b nch + ch, dq_order_kernel's longest-first
+// order), kv head blockIdx % nkv; else (block, kv head, chunk) in order.
+template <int D, bool LPT>
+__global__ void __launch_bounds__(MW * 32) dq_mma2_kernel(Params p, const int *order)
+{
+    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, NTK = TKQ / 8;
+    extern __shared__ float4 smem4[];
+    uint16_t *sm = reinterpret_cast<uint16_t *>(smem4);
+    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
+        b = blockIdx.x / (p.nch * p.nkv);
+    if (LPT) {
+        int item = order[blockIdx.x / p.nkv];
+        ch = item % p.nch, g = blockIdx.x % p.nkv, b = item / p.nch;
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
+    long long ldq = (long long)p.nq * D;
+    if (!p.valid[b]) {
+        for (int i = 0; i < 16; i++) {
+            RowId id = row_id(p, b, g, ch, warp * 16 + i);
+            if (!id.ok)
+                continue;
+            for (int k = lane; k < D; k += 32)
+                p.dq[id.grow * ldq + id.h * D + k] = 0;
+        }
+        return;
+    }
+    int anc = p.anchor[b], ds = p.doc_start[b];
+    int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
+    int ntc = (anc - lo0 + TKQ - 1) / TKQ, ntb = (p.bs + TKQ - 1) / TKQ, nt = ntc + ntb;
+    issue_kv<D, TKQ>(p, b, g, anc, lo0, ntc, 0, sm, sm + TKQ * KP, MW * 32);
+    cp_commit();
+    RowId rid[2] = {row_id(p, b, g, ch, warp * 16 + gid), row_id(p, b, g, ch, warp * 16 + gid + 8)};
+    int rlo[2];
+    float L[2], Dr[2];
+    bool rok[2];
+    bool allok = true;
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        rlo[ri] = ctx_lo(anc, ds, p.W, rid[ri].qo);
+        long long li = (long long)rid[ri].grow * p.nq + rid[ri].h;
+        L[ri] = rid[ri].ok ? p.lse_in[li] * LOG2E : -INFINITY;
+        Dr[ri] = rid[ri].ok ? p.Di[li] : 0.0f;
+        rok[ri] = rid[ri].ok && L[ri] != -INFINITY;
+    }
+    allok = __syncthreads_and(rok[0] && rok[1]);
+    uint32_t qa[KS][4], da[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const RowId &id = rid[e & 1];
+            int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
+            long long off = id.grow * ldq + id.h * D + col;
+            qa[ks][e] = id.ok ? ld32(p.q + off) : 0u;
+            da[ks][e] = id.ok ? ld32(p.dout + off) : 0u;
+        }
+    float acc[NTD][4];
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd++)
+        acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
+    const float sl = p.scale * LOG2E;
+    for (int t = 0; t < nt; t++) {
+        if (t + 1 < nt) {
+            uint16_t *Kd = sm + ((t + 1) & 1) * 2 * TKQ * KP;
+            issue_kv<D, TKQ>(p, b, g, anc, lo0, ntc, t + 1, Kd, Kd + TKQ * KP, MW * 32);
+        }
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        const uint16_t *Ks = sm + (t & 1) * 2 * TKQ * KP, *Vs = Ks + TKQ * KP;
+        bool isctx = t < ntc;
+        int base = isctx ? lo0 + t * TKQ : (t - ntc) * TKQ;
+        int end = isctx ? anc : p.bs;
+        bool full = allok && isctx && base >= lohi && base + TKQ <= anc;
+        float s[NTK][4], dp[NTK][4];
+#pragma unroll
+        for (int n = 0; n < NTK; n++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                s[n][e] = 0.0f, dp[n][e] = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) {
+            mma_rows<NTK, KP>(s, qa[ks], Ks, 0, ks * 16, lane);
+            mma_rows<NTK, KP>(dp, da[ks], Vs, 0, ks * 16, lane);
+        }
+        if (full) {
+#pragma unroll
+            for (int n = 0; n < NTK; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int ri = e >> 1;
+                    float P = exp2f(s[n][e] * sl - L[ri]);
+                    s[n][e] = P * (dp[n][e] - Dr[ri]);
+                }
+        } else {
+#pragma unroll
+            for (int n = 0; n < NTK; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int ri = e >> 1, key = base + n * 8 + 2 * t4 + (e & 1);
+                    bool vis = rok[ri] && visible(isctx, key, end, rlo[ri], rid[ri].qo, p.W);
+                    float P = vis ? exp2f(s[n][e] * sl - L[ri]) : 0.0f;
+                    s[n][e] = vis ? P * (dp[n][e] - Dr[ri]) : 0.0f;
+                }
+        }
+#pragma unroll
+        for (int kk = 0; kk < TKQ / 16; kk++) {
+            uint32_t sa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
+                              pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                              pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+            mma_cols<NTD, KP>(acc, sa, Ks, kk * 16, lane);
+        }
+        __syncthreads();
+    }
+    cp_wait<0>();
+#pragma unroll
+    for (int ri = 0; ri < 2; ri++) {
+        const RowId &id = rid[ri];
+        if (!id.ok)
+            continue;
+        uint16_t *qrow = p.dq + id.grow * ldq + id.h * D;
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++)
+            *reinterpret_cast<uint32_t *>(qrow + nd * 8 + 2 * t4) =
+                pack_bf2(acc[nd][2 * ri] * p.scale, acc[nd][2 * ri + 1] * p.scale);
+    }
+}
+
+// ---- the dQ pass's longest-first CTA order (WG2, WG2F) ----
+// A dQ grid in (block, kv head, chunk) order runs the trainer's blocks
+// sorted by anchor, so the CTAs with the longest context spans start last
+// and the pass ends in a tail of them (one 4096-token document: spans 0 ..
+// ~4096 keys). dq_order_kernel builds an order of the items (block, chunk) on
+// the device: descending key-tile count, ties by index (LPT), kv head
+// fastest. Same math, same sum order per element: the order changes no bit.
+// (The measured gains, the pass-by-pass profile and the dQ designs tried and
+// dropped: docs/log/2026-11-30-session-03.md and the later logs.)
+constexpr int NL_ORDER = 1024; // threads of dq_order_kernel
+
+// out[rank] = i for i < n, ranked by (key(i), i) ascending. Call from every
+// thread of a CTA of NL_ORDER threads (the loops and barriers are CTA-uniform).
+// O(n^2 / NL_ORDER) shared-memory compares: 512 items take a few microseconds.
+template <typename K>
+__device__ __forceinline__ void rank_sort(int n, K key, int *out, unsigned long long *sh)
+{
+    for (int i0 = 0; i0 < n; i0 += NL_ORDER) {
+        int i = i0 + threadIdx.x, r = 0;
+        unsigned long long ki = i < n ? key(i) : 0ull;
+        for (int j0 = 0; j0 < n; j0 += NL_ORDER) {
+            __syncthreads(); // the previous chunk of keys is read
+            sh[threadIdx.x] = j0 + threadIdx.x < n ? key(j0 + threadIdx.x) : 0ull;
+            __syncthreads();
+            int m = n - j0 < NL_ORDER ? n - j0 : NL_ORDER;
+            if (i < n)
+                for (int jj = 0; jj < m; jj++) {
+                    unsigned long long kj = sh[jj];
+                    r += kj < ki || (kj == ki && j0 + jj < i);
+                }
+        }
+        if (i < n)
+            out[r] = i;
+    }
+}
+
+// order[rank] = item (b nch + ch), by descending dq_mma2 tile count (padding
+// blocks: 0), ties by index. Any permutation is correct; this one is LPT.
+__global__ void __launch_bounds__(NL_ORDER) dq_order_kernel(Params p, int *order)
+{
+    __shared__ unsigned long long sh[NL_ORDER];
+    rank_sort(p.nb * p.nch, [&](int it) -> unsigned long long {
+        int b = it / p.nch, n = 0;
+        if (p.valid[b]) {
+            int anc = p.anchor[b], lo0 = ctx_lo(anc, p.doc_start[b], p.W, 0);
+            n = (anc - lo0 + TKQ - 1) / TKQ + (p.bs + TKQ - 1) / TKQ;
+        }
+        return (unsigned long long)(0x7fffffff - n);
+    }, order, sh);
+}
+
+// The dQ pass on dq_mma2_kernel: its CTAs in dq_order's order (LPT) where
+// given, else in grid order.
+template <int D>
+int dq_mma2_launch(const Params &p, cudaStream_t st, const int *dq_order)
+{
+    unsigned n = (unsigned)((long long)p.nb * p.nkv * p.nch);
+    if (dq_order) {
+        SMEM((dq_mma2_kernel<D, true>), dq3_smem<D>());
+        dq_mma2_kernel<D, true><<<n, MW * 32, dq3_smem<D>(), st>>>(p, dq_order);
+    } else {
+        SMEM((dq_mma2_kernel<D, false>), dq3_smem<D>());
+        dq_mma2_kernel<D, false><<<n, MW * 32, dq3_smem<D>(), st>>>(p, nullptr);
+    }
+    CU(cudaGetLastError());
+    return 0;
+}
+
+template <int D>
+int fwd_mma_launch(const Params &p, cudaStream_t st)
+{
+    long long n = (long long)p.nb * p.nkv * p.nch;
+    if (n == 0)
+        return 0;
+    SMEM(fwd_mma2_kernel<D>, fwd3_smem<D>());
+    fwd_mma2_kernel<D><<<(unsigned)n, MW * 32, fwd3_smem<D>(), st>>>(p);
+    CU(cudaGetLastError());
+    return 0;
+}
+
+} // namespace
+
+namespace df_dflash {
+
+int mma_fwd_launch(const Params &p, int D, cudaStream_t st)
+{
+    return D == 64 ? fwd_mma_launch<64>(p, st) : fwd_mma_launch<128>(p, st);
+}
+
+int dq_mma2_run(const Params &p, int D, cudaStream_t st, const int *order)
+{
+    return D == 64 ? dq_mma2_launch<64>(p, st, order) : dq_mma2_launch<128>(p, st, order);
+}
+
+int dq_order_run(const Params &p, cudaStream_t st, int *order)
+{
+    dq_order_kernel<<<1, NL_ORDER, 0, st>>>(p, order);
+    CU(cudaGetLastError());
+    return 0;
+}
+
+} // namespace df_dflash
