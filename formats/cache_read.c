@@ -140,12 +140,14 @@ df_cache *df_cache_open(const char *dir, df_err *e)
             }
             c->ents = ne;
         }
-        memcpy(c->ents + c->n, ents, n * sizeof *ents);
+        if (n) /* (an empty shard's list may be NULL) */
+            memcpy(c->ents + c->n, ents, n * sizeof *ents);
         c->n += n;
         free(ents);
         in->file_bytes += si->bytes;
     }
-    qsort(c->ents, c->n, sizeof *c->ents, cmp_entry_id);
+    if (c->n > 1) /* (an empty cache has no list: qsort wants one) */
+        qsort(c->ents, c->n, sizeof *c->ents, cmp_entry_id);
     uint64_t toks = 0, loss = 0, stored = 0;
     for (size_t i = 0; i < c->n; i++) {
         if (i && c->ents[i].id == c->ents[i - 1].id) {
