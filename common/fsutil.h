@@ -44,8 +44,7 @@ int df_open_regular(const char *path, int flags, int mode, df_err *e);
  * point=ERRNO items, ERRNO one of EIO, ENOSPC (e.g.
  * DFLASH_FAULT=cache-final-dirsync=EIO). Points: cache-final-dirsync (the
  * directory fsync after manifest.json's rename), log-write (train's
- * log.jsonl), cache-shard-end (a cache writer's write seen failed when it
- * finishes a shard). Unset in normal runs: one getenv, then a cached "nothing". */
+ * log.jsonl). Unset in normal runs: one getenv, then a cached "nothing". */
 int df_fault(const char *point);
 
 /* Seconds on a monotonic clock. */

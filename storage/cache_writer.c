@@ -230,23 +230,6 @@ int df_cw_part_add_shard(df_cache_writer *w, const df_cache_shard_info *si, cons
 static int finish_shard(df_cache_writer *w, df_err *e)
 {
     int rc = drain(w);
-    int fault = df_fault("cache-shard-end");
-    if (fault) { /* test hook: as if the drain had reaped a failed write */
-        df_err fe;
-        df_errf(&fe, -fault, "%s: a write failed at the end of shard %u (DFLASH_FAULT): %s", w->dir,
-                w->cur_seq, strerror(fault));
-        set_err(w, -fault, &fe);
-    }
-    /* a write the drain reaped may have failed (reap records it in w->err):
-     * such a shard must not be published */
-    pthread_mutex_lock(&w->mu);
-    int failed = w->err;
-    df_err why = w->errmsg;
-    pthread_mutex_unlock(&w->mu);
-    if (failed) {
-        *e = why;
-        return failed;
-    }
     if (rc)
         return df_errf(e, rc, "%s: writes failed before finishing a shard", w->dir);
     char part_path[4200], data_path[4200], idx_path[4200];

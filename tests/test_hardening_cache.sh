@@ -90,13 +90,8 @@ run 1 "manifest.json not published \(removed again\).*Input/output error" env DF
 run 1 "unfinished" "$D" dump "$W/eio"
 run 0 "0 samples \(48 resumed\)" "$D" "${SYNTH[@]}" --out "$W/eio"
 run 0 "OK: 48 samples" "$D" dump "$W/eio" --verify
-# a write seen failed when a shard is finished: the shard is not published, the run exits 1,
-# a rerun resumes (was: the shard renamed into place, the rerun stuck on its size); and the
-# real thing, writes past RLIMIT_FSIZE with two encoder threads, ten times
-run 1 "a write failed at the end of shard 0" env DFLASH_FAULT=cache-shard-end=EIO "$D" "${SYNTH[@]}" --out "$W/shend"
-[ ! -e "$W/shend/shard-r0000-00000.dfc" ] || fail "a shard whose write failed was published"
-run 0 "wrote" "$D" "${SYNTH[@]}" --out "$W/shend"
-run 0 "OK: 48 samples" "$D" dump "$W/shend" --verify
+# writes past RLIMIT_FSIZE with two encoder threads, ten times: a rerun always resumes to a
+# cache that verifies (was: 1 run in 4-5 left a published shard the rerun could not take)
 for i in $(seq 10); do
   rm -rf "$W/fsz"
   bash -c 'trap "" XFSZ; ulimit -f 256; exec "$@" >/dev/null 2>&1' _ "$D" "${SYNTH[@]}" --out "$W/fsz"
