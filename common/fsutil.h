@@ -44,7 +44,8 @@ int df_open_regular(const char *path, int flags, int mode, df_err *e);
  * point=ERRNO items, ERRNO one of EIO, ENOSPC (e.g.
  * DFLASH_FAULT=cache-final-dirsync=EIO). Points: cache-final-dirsync (the
  * directory fsync after manifest.json's rename), log-write (train's
- * log.jsonl). Unset in normal runs: one getenv, then a cached "nothing". */
+ * log.jsonl), cache-shard-write (the cache writer's shard 1: a write failure
+ * reported to the drain just before the shard would be published). Unset in normal runs: one getenv, then a cached "nothing". */
 int df_fault(const char *point);
 
 /* Seconds on a monotonic clock. */

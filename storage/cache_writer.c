@@ -125,6 +125,18 @@ static void release(df_cache_writer *w, job *j)
     job_free(j);
 }
 
+/* Records the failure of a write of the current shard (j: its job, NULL for
+ * the header) as the writer's error. */
+static void write_failed(df_cache_writer *w, const job *j, int res)
+{
+    df_err e;
+    char path[4200];
+    df_cw_shard_path(w, w->cur_seq, ".dfc.partial", path, sizeof path);
+    df_errf(&e, res, "%s: write of sample %" PRIu64 " failed: %s", path, j ? j->s.id : 0,
+            df_strerror(res));
+    set_err(w, res, &e);
+}
+
 /* Reaps at least min completions (0: whatever is done). */
 static int reap(df_cache_writer *w, unsigned min)
 {
@@ -141,26 +153,32 @@ static int reap(df_cache_writer *w, unsigned min)
     }
     for (int i = 0; i < n; i++) {
         job *j = (job *)(uintptr_t)cq[i].tag;
-        if (cq[i].res < 0) {
-            df_err e;
-            char path[4200];
-            df_cw_shard_path(w, w->cur_seq, ".dfc.partial", path, sizeof path);
-            df_errf(&e, (int)cq[i].res, "%s: write of sample %" PRIu64 " failed: %s", path,
-                    j ? j->s.id : 0, df_strerror((int)cq[i].res));
-            set_err(w, (int)cq[i].res, &e);
-        }
+        if (cq[i].res < 0)
+            write_failed(w, j, (int)cq[i].res);
         if (j && --j->chunks_pending == 0)
             release(w, j);
     }
     return n;
 }
 
+/* Waits for every write in flight. Returns the writer's first error: a failed
+ * completion is recorded by reap() (set_err) rather than returned, so without
+ * this check finish_shard() would publish a shard whose write had failed
+ * whenever that completion happened to be reaped here rather than in io_main's
+ * loop (which skips later jobs once the error is set). */
 static int drain(df_cache_writer *w)
 {
     while (df_io_inflight(w->io) > 0)
         if (reap(w, 1) < 0)
             return -EIO;
-    return 0;
+    if (w->fault_drain) { /* test hook (finish_shard): a failure reaped here */
+        write_failed(w, NULL, w->fault_drain);
+        w->fault_drain = 0;
+    }
+    pthread_mutex_lock(&w->mu);
+    int rc = w->err;
+    pthread_mutex_unlock(&w->mu);
+    return rc;
 }
 
 static int submit_write(df_cache_writer *w, const void *buf, size_t len, uint64_t off, job *j)
@@ -229,6 +247,10 @@ int df_cw_part_add_shard(df_cache_writer *w, const df_cache_shard_info *si, cons
 /* fsync the data, write the index, rename .partial into place, fsync the dir. */
 static int finish_shard(df_cache_writer *w, df_err *e)
 {
+    /* Test hook: shard 1's last write fails, its completion reaped by this
+     * drain (the window in which a failed shard used to be published). */
+    int f = w->cur_seq == 1 ? df_fault("cache-shard-write") : 0;
+    w->fault_drain = f ? -f : 0;
     int rc = drain(w);
     if (rc)
         return df_errf(e, rc, "%s: writes failed before finishing a shard", w->dir);

@@ -65,6 +65,7 @@ struct df_cache_writer {
     df_io *io;
     int fd;
     int cur_open;
+    int fault_drain; /* test hook: the error drain() records as a failed write, or 0 */
     int lock_fd; /* flock'd .lock-rRRRR: one writer per rank and cache */
     uint32_t cur_seq;
     uint64_t cur_size;
