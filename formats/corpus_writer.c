@@ -130,11 +130,11 @@ int df_corpus_writer_open(const char *path, df_corpus_writer **out, df_err *e)
     }
     snprintf(w->tmp, sizeof w->tmp, "%s.tmp", path);
     int rc;
-    int fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* df_open_regular: a FIFO left at the .tmp name would block a plain open */
+    int fd = df_open_regular(w->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644, e);
     if (fd < 0) {
-        rc = df_errf(e, -errno, "%s: cannot create: %s", w->tmp, strerror(errno));
         free(w);
-        return rc;
+        return fd;
     }
     if (ws_init(&w->main, fd, 4u << 20) < 0) {
         rc = df_errf(e, -ENOMEM, "%s: out of memory", path);

@@ -936,11 +936,11 @@ int df_st_writer_finish(df_st_writer *w, df_err *e)
         free(h.p);
         return df_errf(e, -ENAMETOOLONG, "%s: path too long", w->path);
     }
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    /* df_open_regular: a FIFO left at the .tmp name would block a plain open */
+    int fd = df_open_regular(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644, e);
     if (fd < 0) {
-        int err = errno;
         free(h.p);
-        return df_errf(e, -err, "%s: cannot create: %s", tmp, strerror(err));
+        return fd;
     }
     uint8_t lenbuf[8];
     df_put64(lenbuf, (uint64_t)h.n);

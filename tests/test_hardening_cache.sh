@@ -40,6 +40,25 @@ mkdir -p "$W/fifo5" && mkfifo "$W/fifo5/.lock-r0000"
 run 1 ".lock-r0000: a FIFO" "$D" "${SYNTH[@]}" --out "$W/fifo5"
 mkdir -p "$W/fifo6" && mkfifo "$W/fifo6/meta.json"
 run 1 "meta.json: a FIFO" "$D" "${SYNTH[@]}" --out "$W/fifo6"
+# a cache without manifest.json whose meta.json is a FIFO: the "unfinished" message, no wait
+cp -r "$W/cache" "$W/fifo7" && rm "$W/fifo7/manifest.json" "$W/fifo7/meta.json" && mkfifo "$W/fifo7/meta.json"
+run 1 "fifo7: unfinished cache" "$D" dump "$W/fifo7"
+# the readers of user-given inputs: a model's weights (single file or an index's shard), its
+# config.json, a corpus (was: the safetensors reader waited on the FIFO)
+TMF=$SRC/data/tiny-qwen3
+FX=(extract --device cpu --data "$TMF/corpus.jsonl" --quiet)
+mkdir -p "$W/mf1" && cp "$TMF/config.json" "$W/mf1/" && mkfifo "$W/mf1/model.safetensors"
+run 1 "mf1/model.safetensors: a FIFO" "$D" "${FX[@]}" --model "$W/mf1" --out "$W/fx1"
+mkdir -p "$W/mf2" && cp "$TMF/config.json" "$W/mf2/" && mkfifo "$W/mf2/model-00001-of-00001.safetensors"
+echo '{"weight_map":{"lm_head.weight":"model-00001-of-00001.safetensors"}}' >"$W/mf2/model.safetensors.index.json"
+run 1 "mf2/model-00001-of-00001.safetensors: a FIFO" "$D" "${FX[@]}" --model "$W/mf2" --out "$W/fx2"
+mkdir -p "$W/mf3" && cp "$TMF/model.safetensors" "$W/mf3/" && mkfifo "$W/mf3/config.json"
+run 1 "mf3/config.json: a FIFO" "$D" "${FX[@]}" --model "$W/mf3" --out "$W/fx3"
+mkfifo "$W/corpus-fifo.jsonl"
+run 1 "corpus-fifo.jsonl: a FIFO" "$D" extract --device cpu --model "$TMF" --data "$W/corpus-fifo.jsonl" --quiet --out "$W/fx4"
+# a FIFO left at a writer's .tmp name: refused, not waited on
+mkfifo "$W/cf.dtok.tmp"
+run 1 "cf.dtok.tmp: a FIFO" "$D" corpus import --vocab 4096 --out "$W/cf.dtok" "$SRC/data/tiny/corpus.jsonl"
 
 # --- 5. token ids past the vocabulary: dump --verify and cache read name sample and position
 # (cache synth takes a corpus' ids as they are; its caches say vocab 151936)

@@ -176,6 +176,15 @@ static void test_roundtrip(void)
     CHECK_OK(df_st_writer_open(P("no/such/dir/x.safetensors"), &w, &e), &e);
     CHECK_ERR(df_st_writer_finish(w, &e), -ENOENT, &e, "x.safetensors.tmp");
     df_st_writer_free(w);
+    /* A FIFO where a file belongs (the file itself, or the writer's temp file): refused
+     * by name, never waited on (a plain open of a FIFO blocks until a peer comes). */
+    CHECK(mkfifo(P("fifo.safetensors"), 0644) == 0);
+    st = NULL;
+    CHECK_ERR(df_st_open(P("fifo.safetensors"), &st, &e), -EINVAL, &e, "fifo.safetensors: a FIFO");
+    CHECK(mkfifo(P("y.safetensors.tmp"), 0644) == 0);
+    CHECK_OK(df_st_writer_open(P("y.safetensors"), &w, &e), &e);
+    CHECK_ERR(df_st_writer_finish(w, &e), -EINVAL, &e, "y.safetensors.tmp: a FIFO");
+    df_st_writer_free(w);
 
     for (int i = 0; i < n; i++)
         free(t[i].data);
