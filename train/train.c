@@ -130,26 +130,28 @@ static int step_rows(df_drafter *d, dev_state *ds, feeder *fd, feed_slot *sl, in
     return 0;
 }
 
-/* The step's figures over all ranks (logged by rank 0): the sums of the
- * gradients' squares, the metrics, tokens and FLOPs; the longest data wait. */
-static int step_figures_reduce(df_comm *comm, int world, int bs, double wait_s, double *waits,
+/* The step's figures over all ranks (logged by rank 0), in one host
+ * collective: the sums of the gradients' squares, the metrics, tokens and
+ * FLOPs, and each rank's data wait in its own slot (the longest is logged).
+ * v: scratch of 6 + 2 DF_DRAFTER_MAX_BLOCK + world doubles. */
+static int step_figures_reduce(df_comm *comm, int world, int rank, int bs, double wait_s, double *v,
                                double *sq, df_drafter_metrics *m, uint64_t *tokens, double *flops,
                                double *wait_max_s, df_err *e)
 {
-    /* v: 6 scalars, correct[bs], counted[bs] */
-    int oc = 6, on = oc + bs, nv = on + bs, rc;
-    double v[6 + 2 * DF_DRAFTER_MAX_BLOCK];
+    /* v: 6 scalars, correct[bs], counted[bs], each rank's wait */
+    int oc = 6, on = oc + bs, ow = on + bs, nv = ow + world, rc;
     v[0] = *sq, v[1] = m->loss_sum, v[2] = (double)m->blocks, v[3] = (double)m->accepted;
     v[4] = (double)*tokens, v[5] = *flops;
     for (int k = 0; k < bs; k++) {
         v[oc + k] = (double)m->correct[k];
         v[on + k] = (double)m->counted[k];
     }
-    if ((rc = df_comm_allreduce_host_f64(comm, v, nv, e)) ||
-        (rc = gather(comm, &wait_s, sizeof wait_s, waits, e)))
+    for (int q = 0; q < world; q++)
+        v[ow + q] = q == rank ? wait_s : 0.0;
+    if ((rc = df_comm_allreduce_host_f64(comm, v, nv, e)))
         return rc;
     for (int q = 0; q < world; q++)
-        *wait_max_s = waits[q] > *wait_max_s ? waits[q] : *wait_max_s;
+        *wait_max_s = v[ow + q] > *wait_max_s ? v[ow + q] : *wait_max_s;
     *sq = v[0], m->loss_sum = v[1], m->blocks = (uint64_t)v[2], m->accepted = (uint64_t)v[3];
     *tokens = (uint64_t)v[4], *flops = v[5];
     for (int k = 0; k < bs; k++) {
@@ -206,8 +208,9 @@ int df_train_run(const df_train_opts *o, df_err *e)
     int nrows = o->rows_per_step > 0 ? o->rows_per_step : 1;
     int world = o->world > 1 ? o->world : 1, rank = world > 1 ? o->rank : 0;
     int lead = rank == 0; /* rank 0 writes the log, checkpoints and the export */
-    /* each rank's data wait per step; the checkpoints' RNG states and data positions */
-    double *waits = NULL;
+    /* the step figures' scratch (step_figures_reduce); the checkpoints' RNG states and
+     * data positions */
+    double *figs = NULL;
     uint8_t *ckpt_rs = NULL;
     data_pos *ckpt_dps = NULL;
 
@@ -382,10 +385,10 @@ int df_train_run(const df_train_opts *o, df_err *e)
         goto out;
 
     grad = malloc((size_t)total * sizeof(float));
-    waits = calloc((size_t)world, sizeof *waits);
+    figs = calloc(6 + 2 * DF_DRAFTER_MAX_BLOCK + (size_t)world, sizeof *figs);
     ckpt_rs = calloc((size_t)world, 32);
     ckpt_dps = calloc((size_t)world, sizeof *ckpt_dps);
-    if (!grad || !waits || !ckpt_rs || !ckpt_dps) {
+    if (!grad || !figs || !ckpt_rs || !ckpt_dps) {
         rc = df_errf(e, -ENOMEM, "out of memory");
         goto out;
     }
@@ -497,7 +500,7 @@ int df_train_run(const df_train_opts *o, df_err *e)
         uint8_t rng_after[32];
         memcpy(rng_after, sl->rng_after, sizeof rng_after);
         feeder_release(&fd, sl);
-        if (world > 1 && (rc = step_figures_reduce(comm, world, c.block_size, wait_s, waits, &sq, &m,
+        if (world > 1 && (rc = step_figures_reduce(comm, world, rank, c.block_size, wait_s, figs, &sq, &m,
                                                    &tokens, &flops, &wait_max_s, e)))
             goto out;
         acc_flops += flops;
@@ -611,7 +614,7 @@ out:
     df_backend_free(be, dev_embed);
     df_backend_free(be, dev_head);
     free(grad);
-    free(waits);
+    free(figs);
     free(ckpt_rs);
     free(ckpt_dps);
     /* ck's blobs: NULL, or a resumed checkpoint's (an error before they were taken): freed */
