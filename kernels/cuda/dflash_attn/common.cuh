@@ -237,7 +237,7 @@ int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMap
 // launched: the caller runs MMA4's forward).
 int fwd_wg_launch(const Params &p, int D, cudaStream_t st);
 
-// ---- dflash_attn/wg_dq.cu, dflash_attn/wg_dqs.cu (impl DF_CUDA_DFLASH_IMPL_WG3) ----
+// ---- dflash_attn/wg_blk.cu, dflash_attn/wg_dqs.cu (impl DF_CUDA_DFLASH_IMPL_WG3) ----
 // WG3's block pass, lean (one CTA per (block, kv head)): Di, the block-key
 // dK / dV, the block tiles' dS^T into dsb.dsb; needs bs <= 16 and
 // maps.qd_on. blk_wg_usable: the device runs it for head dim D. 0 or -EIO.

@@ -1,105 +1,60 @@
-// dflash_attn/wg_dq.cu - the dQ pass of impl DF_CUDA_DFLASH_IMPL_WG2's
-// backward (dflash_attn.h) on Hopper warpgroup MMA (wgmma.mma_async,
-// sm_90a). WG2's backward is MMA4's with its context dK/dV pass on wgmma
-// (dflash_attn/wg_dkv.cu; Di, the tile lists, the block-key dK/dV and the split
-// reduction are MMA4's) and this kernel in place of MMA4's dq_mma2_kernel,
-// its items' blocks last to first (see the kernel).
+// dflash_attn/wg_dq.cu - the dQ pass of impls DF_CUDA_DFLASH_IMPL_WG2 /
+// WG2F's backward (dflash_attn.h) on Hopper warpgroup MMA (wgmma.mma_async,
+// sm_90a), in place of MMA4's dq_mma2_kernel. (WG3, the default, computes
+// dQ from the stored dS instead: wg_dqs.cu; WG2F is its fallback where a
+// block's rows of a kv head are more than one row chunk.)
 //
-// Work split (dq_mma2_kernel's): one item per (block b, kv head g, row
-// chunk), items handed to a persistent grid (see the kernel): the 64 rows
-// of a chunk are the 16 queries x `group` heads of one
-// block and kv head, sharing one anchor and one context span [lo0, anchor)
-// (lo0: the widest row's bound), so for every key tile of the span the
-// problem is a dense 64 rows x QTK keys one:
-//   S  = Q K^T                      (rows x keys, k-dim D)
-//   dP = dO V^T
+// Work split: one item per (block b, kv head g, row chunk), handed to a
+// persistent grid (see the kernel). The 64 rows of a chunk are the 16
+// queries x `group` heads of one block and kv head, sharing one anchor and
+// one context span [lo0, anchor) (lo0: the widest row's bound), so every
+// key tile of the span is a dense 64 rows x QTK keys problem:
+//   S  = Q K^T,  dP = dO V^T                          (k-dim D)
 //   P  = exp2(S scale log2e - lse log2e)   (fp32; masked on partial tiles)
 //   dS = P (dP - Di)
-//   dQ += dS K                      (dS rounded to bf16; fp32 accumulator)
-// then the block's own keys (kb / vb, bs of them, in-block causality on
-// sliding layers) as one or more tiles of the same loop, masked per element
-// past bs (the rows there hold the next block's keys, zeros past the last
-// block; block tiles are never "full"). block_size <= 16:
-// the block tile is 16 keys wide (S, dP by wgmma m64n16k16, dQ one k16
-// step), not a 64-key tile three quarters zeros. H200, bench_dflash_attn,
-// 64 -> 16-key block tile (session 11, with the forward's): this pass 3docs
-// full 0.422 -> 0.405 ms, 1doc full 0.946 -> 0.921, 1doc sliding 0.740 ->
-// 0.731; 203 registers instead of 180 (D 128; 209 with FOLD; still 2 CTAs
-// per SM, shared-memory bound); other bits, within the tests' bounds.
-// dQ is scaled once at the end and written as bf16 by the thread that summed
-// it, in tile order: deterministic, no atomics.
+//   dQ += dS K                     (dS rounded to bf16; fp32 accumulator)
+// then the block's own keys (kb / vb; in-block causality on sliding
+// layers), masked per element past bs. block_size <= 16: the block tile is
+// 16 keys wide (wgmma m64n16k16; one k16 step for dQ) rather than a 64-key
+// tile three quarters zeros. dQ is scaled once at the end and written as
+// bf16 by the thread that summed it, in tile order: deterministic, no
+// atomics.
 //
-// CTA: one warpgroup (128 threads, wgmma M = 64 = the chunk's rows); warp w
-// holds rows 16 w .. 16 w + 15 of every accumulator. Per tile:
-//   1. S, dP: D/16 wgmma m64n64k16 each, A = Q / dO (the chunk, resident in
-//      shared memory, K-major), B = K / V (the tile's stage, K-major); two
-//      commit groups, so P is computed while dP is still running.
-//   2. P, dS in the accumulator registers; the fp32 accumulator layout of a
-//      16-key column pair is the bf16 A-fragment layout of a k16 step, so dS
-//      becomes the register A operand of step 3 without shuffles
-//      (FlashAttention-3's P in registers).
-//   3. dQ += dS K: QTK/16 wgmma m64nDk16, A = dS from registers, B = the
-//      same K stage MN-major (transposed through the descriptor: no
-//      transposed copy). Waited for at the end of the tile (its stage is
-//      refilled after the next barrier).
-// K / V tiles stream through QST = 2 stages by TMA, one tile ahead (tile t
-// + 1 loads during tile t): thread 0 issues a tile's copies (the forward's
-// tensor maps, dflash_attn/common.cuh's KvMaps) after the barrier at the
-// top of tile t, which every thread passes only once tile t - 1's wgmmas
-// retired; the copies complete the stage's mbarrier, which the readers wait
-// on. (A stage and the Q / dO buffer are page pairs whose roles rotate from
-// item to item: see the kernel.) Context keys past the anchor arrive as they are and are masked; keys
-// past S arrive as zeros. TMA instead of each thread's cp.async (session
-// 11): H200, bench_dflash_attn, this pass 3docs full 0.418 -> 0.375 ms,
-// sliding 0.404 -> 0.373, 1doc full 0.946 -> 0.839, 1doc sliding 0.709 ->
-// 0.676 (the backward 0.919 -> 0.880, 300.5 TFLOP/s, at 3docs full); every
-// gradient bitwise the same; 184 registers instead of 203 (188 / 209 with
-// FOLD). Where the maps cannot be made the backward runs dq_mma2_kernel.
-// Q, dO: loaded once, waited for before the first tile: by TMA (one thread,
-// the maps' 3-D boxes of one row chunk) where a block's rows of a kv head
-// are one whole chunk (bs x group == 64), else by every thread's cp.async.
-// TMA instead of cp.async (session 12; the cp.async loop's address work was
-// ~1 us of the CTA's 2.2 us before its first barrier, by a clock64 trace):
-// H200, bench_dflash_attn, this pass 3docs full 0.380 -> 0.373 ms, 1doc
-// sliding 0.644 -> 0.637, 1doc full 0.818 -> 0.834 (within the calls'
-// spread); the same bits.
-// Tiles are stored in the 128-byte swizzle of dflash_attn/wg.cuh (K-major
-// descriptors for steps 1, MN-major for the B of step 3).
-// Masking per (row, key) only on tiles not every row of the chunk sees whole
-// (window bound, end of span, block tiles, partial chunks, rows without lse).
-// Rows of a chunk past bs x group: Q, dO zero, lse -inf (P = 0), not written.
-// Padding blocks: dq 0.
+// CTA: one warpgroup (wgmma M = 64 = the chunk's rows); warp w holds rows
+// 16 w .. + 15 of every accumulator. Per tile:
+//   1. S, dP: D/16 wgmma m64n64k16 each, A = Q / dO (resident, K-major),
+//      B = K / V (the tile's stage, K-major); two commit groups, so P is
+//      computed while dP is still running.
+//   2. P, dS in the accumulator registers: the fp32 accumulator layout of a
+//      16-key column pair is the bf16 A-fragment layout of a k16 step, so
+//      dS is the register A operand of step 3 without shuffles.
+//   3. dQ += dS K: QTK/16 wgmma m64nDk16, B = the same K stage, MN-major
+//      through the descriptor (no transposed copy).
+// K / V tiles stream through QST = 2 stages by TMA (the forward's tensor
+// maps, common.cuh's KvMaps), one tile ahead; thread 0 issues a tile's
+// copies after the barrier at the top of the tile before, which every
+// thread passes only once that tile's wgmmas retired. Keys past the anchor
+// arrive and are masked; keys past S arrive as zeros. Q, dO: by TMA (the
+// maps' 3-D boxes) where a block's rows of a kv head are one whole chunk
+// (bs x group == 64), else by every thread's cp.async. Tiles use the
+// 128-byte swizzle of wg.cuh. Per-(row, key) masks only on tiles that not
+// every row sees whole. Rows past bs x group: Q, dO zero, lse -inf (P = 0),
+// not written. Padding blocks: dq 0.
 //
-// Resources (ptxas, sm_90a, CUDA 13.0, session 14, the block area): D 128:
-// 191 registers (248 with FOLD), no spills, 105 KiB of dynamic shared memory
-// (3 page pairs of 32 KiB, the 8 KiB block area, 1 KiB alignment slack): 2
-// CTAs (8 warps) per SM (at most 113 KiB each); D 64: 168 (191 with FOLD),
-// 55 KiB. (Session 13, without the block area: 199 / 251, 97 KiB; before
-// the 16-key block tile: 180 / 146 registers.) No "wgmma serialization"
-// warning. On the H200 (27B drafter shape, 3docs full):
-// 0.378 ms, bitwise dq_mma2_kernel's dQ. ncu (FOLD, session 6): 2 active
-// warps per scheduler, 0.40 eligible, the busiest pipe 45% busy:
-// latency-bound.
-// Keeping dQ(t)'s wgmmas in flight across S(t + 1) (branch wip/attn-wg3)
-// was correct but 20-26% slower; the next lever is warp specialization (a
-// producer warpgroup, two consumers ping-ponging).
-// Impl DF_CUDA_DFLASH_IMPL_WG2F: the FOLD instantiation (launched only with
-// one row chunk per block and kv head, p.nch == 1) also computes its rows'
-// Di (chunk_di: di_kernel's sum order, so p.Di, and with it dQ and the
-// context dK/dV, are expected bitwise WG2's) and its block's dK / dV for
-// kv head g from the block tile's P and dS (see dq_wg_kernel): the
-// backward then runs neither di_kernel (0.048 ms at the 27B shape) nor
-// the block tiles of dkv_mma2_kernel (0.159 ms). Resources (ptxas, sm_90a,
-// CUDA 13.0, session 6): D 128: 189 registers, no spills; D 64: 152; shared
-// memory as WG2's (P^T / dS^T in free bytes of a K / V stage). FOLD = false compiles to the
-// same code as before the fold existed (checked: identical .text bytes).
-// On the H200 (session 6): all five gradients bitwise WG2's (dkb / dvb were
-// not promised) in every bench configuration; the pass 0.378 -> 0.446 ms
-// and the backward 1.134 -> 1.000 ms (3docs full).
-// Portability: the kernel body exists only in sm_90a code; elsewhere (or in
-// builds without a 90a target) dq_wg_usable() is false and the backward runs
-// dq_mma2_kernel in the same order. The non-sm_90a body traps, so a launch
-// there fails loudly.
+// Resources (ptxas, sm_90a, D 128): ~190 registers (~250 with FOLD), no
+// spills, 105 KiB of dynamic shared memory: 2 CTAs per SM. The pass is
+// latency-bound (ncu: 2 active warps per scheduler); warp specialization is
+// the known next lever. docs/log/ has the measurements behind each choice.
+//
+// Impl WG2F: the FOLD instantiation (launched only with p.nch == 1) also
+// computes its rows' Di (chunk_di: di_kernel's sum order, so dQ and the
+// context dK/dV equal WG2's bitwise) and its block's dK / dV for kv head g
+// from the block tile's P and dS: the backward then runs neither di_kernel
+// nor the block tiles of dkv_mma2_kernel. FOLD = false compiles to the same
+// code as a kernel without the fold.
+// Portability: the kernel body exists only in sm_90a code; elsewhere
+// dq_wg_usable() is false and the backward runs dq_mma2_kernel in the same
+// order. The non-sm_90a body traps, so a launch there fails loudly.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -108,13 +63,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "common.cuh"
-#include "wg.cuh" // DF_WG_BODY (sm_90a code), the wgmma / cp.async / swizzle helpers
+#include "wg_bwd.cuh" // QNT, the shared device helpers; common.cuh, wg.cuh
 
 namespace df_dflash {
 namespace {
 
-constexpr int QNT = 128; // threads: one warpgroup
 constexpr int QTK = 64;  // keys per tile (S, dP: n 64; dQ: 4 k steps of 16)
 constexpr int QST = 2;   // K / V stages (tile t + 1 loads during tile t)
 
@@ -146,293 +99,48 @@ static_assert(QTK == WG_KV_BOX, "the tensor maps' box is one key tile");
 
 #if DF_WG_BODY
 constexpr int PTB = QTK * CHUNK_ROWS * 2; // WG2F: one bf16 [key][row] tile (P^T or dS^T), 8 KiB
-
-// WG2F: Di = dO . O of this thread's two rows (rid[0], rid[1]; 0 for rows
-// past the chunk's), computed as di_kernel (dflash_attn/mma_bwd.cu) computes it, bit
-// for bit: there lane l of a warp sums its D / 32 products o[l + 32 i] d[l +
-// 32 i] in i order (fma, from 0), then a butterfly (shfl xor 16, 8, 4, 2, 1;
-// fp32 adds commute, so every lane ends with lane 0's bits). Here the quad
-// of a row (t4 = 0..3) plays its 32 lanes: thread t4 plays lanes 8 t4 ..
-// 8 t4 + 7 (their elements are 16-byte vectors: one uint4 of O and of dO
-// per i), lane xor 16 / 8 is thread t4 xor 2 / 1, lane xor 4, 2, 1 stay
-// inside the thread. So the Di the later passes read equals di_kernel's and
-// WG2F's dQ and context dK / dV equal WG2's bitwise (same inputs, same sums).
-// v[j] += the products of one 16-byte vector of O and of dO (element 2 k:
-// the low half of word k, bf2f: bits << 16), chunk_di's order
-__device__ __forceinline__ void di_acc(float (&v)[8], uint4 uo, uint4 ud)
-{
-    uint32_t wo[4] = {uo.x, uo.y, uo.z, uo.w}, wd[4] = {ud.x, ud.y, ud.z, ud.w};
-#pragma unroll
-    for (int k = 0; k < 4; k++) {
-        v[2 * k] += __uint_as_float(wo[k] << 16) * __uint_as_float(wd[k] << 16);
-        v[2 * k + 1] += __uint_as_float(wo[k] & 0xffff0000u) * __uint_as_float(wd[k] & 0xffff0000u);
-    }
-}
-
-// the quad's butterfly of chunk_di (every thread of the warp takes part)
-__device__ __forceinline__ float di_quad_sum(float (&v)[8])
-{
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-        v[j] += __shfl_xor_sync(0xffffffffu, v[j], 2); // lanes l, l ^ 16
-#pragma unroll
-    for (int j = 0; j < 8; j++)
-        v[j] += __shfl_xor_sync(0xffffffffu, v[j], 1); // l ^ 8
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        v[j] += v[j + 4]; // l ^ 4
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-        v[j] += v[j + 2]; // l ^ 2
-    return v[0] + v[1];   // l ^ 1
-}
-
-template <int D>
-__device__ __forceinline__ void chunk_di(const Params &p, const RowId (&rid)[2], int t4, float (&Dr)[2])
-{
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        float v[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            v[j] = 0.0f;
-        if (rid[ri].ok) {
-            long long w = (long long)rid[ri].grow * p.nq + rid[ri].h; // di_kernel's warp index
-            const uint16_t *o = p.out + w * D + 8 * t4, *d = p.dout + w * D + 8 * t4;
-#pragma unroll
-            for (int i = 0; i < D / 32; i++)
-                di_acc(v, *reinterpret_cast<const uint4 *>(o + 32 * i),
-                       *reinterpret_cast<const uint4 *>(d + 32 * i));
-        }
-        Dr[ri] = di_quad_sum(v);
-    }
-}
-
-// chunk_di in two halves, for an item whose dO is loaded into shared memory
-// ahead: this thread's 16-byte vectors of O (vector i of row ri: columns 8
-// t4 + 32 i; zeros for rows past the chunk) into registers ...
-template <int D>
-__device__ __forceinline__ void chunk_o_load(const Params &p, const RowId (&rid)[2], int t4,
-                                             uint4 (&o)[2][D / 32])
-{
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        const uint16_t *src = p.out + ((long long)rid[ri].grow * p.nq + rid[ri].h) * D + 8 * t4;
-#pragma unroll
-        for (int i = 0; i < D / 32; i++)
-            o[ri][i] = rid[ri].ok ? *reinterpret_cast<const uint4 *>(src + 32 * i)
-                                  : make_uint4(0u, 0u, 0u, 0u);
-    }
-}
-// ... then Di from them and the chunk's dO at dos (generic address; rows
-// r0, r0 + 8 of the 128-byte swizzle): chunk_di's products and sums, so
-// chunk_di's bits (rows past the chunk: O zeros, so 0, as chunk_di)
-template <int D>
-__device__ __forceinline__ void chunk_di_smem(const uint4 (&o)[2][D / 32], const uint8_t *dos, int r0, int t4,
-                                              float (&Dr)[2])
-{
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        const int r = r0 + 8 * ri;
-        float v[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            v[j] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < D / 32; i++) {
-            const int c = t4 + 4 * i; // 16-byte chunk of the row: column block c / 8, chunk c % 8
-            const uint4 ud = *reinterpret_cast<const uint4 *>(dos + (c >> 3) * (CHUNK_ROWS * 128) + r * 128 +
-                                                              (((c & 7) ^ (r & 7)) << 4));
-            di_acc(v, o[ri][i], ud);
-        }
-        Dr[ri] = di_quad_sum(v);
-    }
-}
-// The 16-key block tile's P^T, dS^T (bf16 [key][row] tiles of 128-byte rows
-// in the 128-byte swizzle: row r of key k in chunk r / 8 at chunk position
-// (r / 8) ^ (k % 8), element r % 8) at ptp, ptp + pstep, from this thread's
-// P (s: NJ x 4 accumulators) and dS fragments (sa), the 8-key groups below bs
-template <int NJ>
-__device__ __forceinline__ void store_pt_ds(uint8_t *ptp, int pstep, const float *s, const uint32_t (*sa)[4], int bs,
-                                            int warp, int gid, int t4)
-{
-#pragma unroll
-    for (int j = 0; j < NJ; j++) {
-        if (8 * j >= bs)
-            break;
-#pragma unroll
-        for (int ri = 0; ri < 2; ri++) {
-            // elements 4 j + 2 ri + e: row 16 warp + gid + 8 ri, key 8 j + 2 t4 + e
-            const int rc = 2 * warp + ri, k0 = 8 * j + 2 * t4;
-            const uint32_t pv = pack_bf2(s[4 * j + 2 * ri], s[4 * j + 2 * ri + 1]);
-            const uint32_t sv = sa[j >> 1][2 * (j & 1) + ri]; // same elements
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int k = k0 + e, off = k * 128 + ((rc ^ (k & 7)) << 4) + 2 * gid;
-                *reinterpret_cast<uint16_t *>(ptp + off) = (uint16_t)(pv >> (16 * e));
-                *reinterpret_cast<uint16_t *>(ptp + pstep + off) = (uint16_t)(sv >> (16 * e));
-            }
-        }
-    }
-}
-
-// The block keys' dK / dV for kv head g, transposed, N = the 16 block keys:
-// dV_b^T = dO^T P, dK_b^T = Q^T dS (M = head dims, one m64 per column block
-// of the chunk; 4 x less tensor work than m64 over 64 keys, 48 of them not
-// written). A (dO^T, Q^T: D x 64 rows, MN-major): column block h at h x 8
-// KiB of the chunk's Q at qsm (dO one QS later), k step kk = rows 16 kk ..
-// + 15 = 2048 bytes; B (P, dS: 64 rows x 16 keys, K-major = the [key][row]
-// tiles at pt, pt + pstep (2048)): k step kk = 32 bytes into their 128-byte
-// rows. (pstep and ldk = nkv D as arguments: so dq_wg_kernel compiles to the
-// same code as with this inline.)
-// Every warp stores: element 4 j + 2 r + e of column block h is head dim
-// 64 h + 16 warp + gid + 8 r, key 8 j + 2 t4 + e; dK scaled in fp32 before
-// the rounding. P^T / dS^T must be fenced (async proxy) and synced.
-template <int D>
-__device__ __forceinline__ void fold16(const Params &p, int b, int g, uint32_t qsm, uint32_t pt, uint32_t pstep,
-                                       long long ldk, int warp, int gid, int t4)
-{
-    constexpr int NH = D / 64, QS = NH * CHUNK_ROWS * 128;
-    constexpr uint32_t KM_LBO = 16, SBO = 1024;
-    float dvt[NH][8], dkt[NH][8];
-    const uint64_t bP = wg_desc(pt, KM_LBO, SBO), bS = bP + (pstep >> 4);
-    const uint64_t tQ = wg_desc(qsm, CHUNK_ROWS * 128, SBO), tO = tQ + (QS >> 4);
-    wg_fence();
-#pragma unroll
-    for (int h = 0; h < NH; h++) {
-        const uint32_t ho = h * (CHUNK_ROWS * 128) >> 4;
-        wg_ss16<false, 1>(dvt[h], tO + ho, bP);
-#pragma unroll
-        for (int kk = 1; kk < 4; kk++)
-            wg_ss16<true, 1>(dvt[h], tO + ho + kk * (16 * 128 >> 4), bP + kk * (32 >> 4));
-        wg_ss16<false, 1>(dkt[h], tQ + ho, bS);
-#pragma unroll
-        for (int kk = 1; kk < 4; kk++)
-            wg_ss16<true, 1>(dkt[h], tQ + ho + kk * (16 * 128 >> 4), bS + kk * (32 >> 4));
-    }
-    wg_commit();
-    wg_wait<0>();
-#pragma unroll
-    for (int h = 0; h < NH; h++) {
-        reg_fence(dvt[h]);
-        reg_fence(dkt[h]);
-    }
-#pragma unroll
-    for (int j = 0; j < 2; j++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            const int key = 8 * j + 2 * t4 + e;
-            if (key >= p.bs)
-                continue;
-            const long long off = ((long long)b * p.bs + key) * ldk + (long long)g * D + 16 * warp + gid;
-#pragma unroll
-            for (int h = 0; h < NH; h++)
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const float vk = dkt[h][4 * j + 2 * r + e] * p.scale;
-                    const float vv = dvt[h][4 * j + 2 * r + e];
-                    p.dkb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vk));
-                    p.dvb[off + 64 * h + 8 * r] = __bfloat16_as_ushort(__float2bfloat16_rn(vv));
-                }
-        }
-}
-
-// WG3: the block tile's dS^T (16 keys of 128 bytes at generic address dst_s)
-// into its slot of dsbo, keys past bs as 0 (thread tid of 128: 16 bytes)
-__device__ __forceinline__ void dsb_store(const Params &p, int b, int g, int tid, const uint8_t *dst_s, uint16_t *dsbo)
-{
-    const int key = tid >> 3;
-    const uint4 v = key < p.bs ? *reinterpret_cast<const uint4 *>(dst_s + 16 * tid) : make_uint4(0u, 0u, 0u, 0u);
-    *reinterpret_cast<uint4 *>(reinterpret_cast<uint8_t *>(dsbo) + ((size_t)b * p.nkv + g) * DS_BLK_BYTES + 16 * tid) = v;
-}
-#endif // DF_WG_BODY
+#endif
 
 // Items (block, kv head, row chunk), item i = (nb - 1 - b) nkv nch + g nch
 // + ch: blocks last to first (the forward's order: a document's longest
-// context spans first, neighbouring anchors side by side; it replaced
-// dq_order_kernel's global LPT order, still used by dq_mma2_kernel: on the
-// H200, bench_dflash_attn, session 9, the pass took 0.450 -> 0.434 ms, 3docs
-// full, 0.449 -> 0.439 sliding; 1doc within +-1%).
-// Persistent (session 13): the host launches as many CTAs as fit at once
-// (2 per SM at D 128, __launch_bounds__(.., 2): shared memory bound); CTA
-// c's first item is c, each next one is taken from the counter *ctr
-// (zeroed by the host before the launch; atomicAdd, plus gridDim.x) at the
-// start of the item before, so items go to CTAs as they free up, in item
-// order, as the hardware hands out CTAs (a static stride, item c + j
-// gridDim.x, was ~5% slower at 1doc sliding in session 13; uneven rounds are
-// the likely reason, not measured). The item -> CTA mapping changes nothing
-// in the results: each item is computed whole by one CTA, in tile order.
-// Why: where a block's rows of a kv head are one TMA box (maps.qd_on) and
-// the block tile is 16 keys (bs <= 16), the next item's loads run under
-// this item's block tile and epilogue: its Q / dO and its first context
-// tile by TMA into the two stage pairs, and (FOLD) its O rows into
-// registers and its lse, so its Di is computed (chunk_di_smem: chunk_di's
-// bits, dO from shared memory) before this item's fold; its anchor and
-// document start come by cp.async into shared memory (no registers held
-// across the item), and it is known valid (no load at its top). Shared
-// memory is three page pairs (Q + dO, or one context tile's K + V: 2 x 16
-// KiB at D 128) whose roles rotate, and, bs <= 16, the block area (the
-// block tile's 16 keys, then FOLD's P^T / dS^T: DqLayout): item i holds Q /
-// dO in pair pq and its context tiles alternate in pk0 / pk1; its block
-// tile (the last) lands in the block area, issued at the item's start. From
-// the block tile's barrier on (the last context tile's wgmmas retired) pk0
-// and pk1 are free: item i + 1's Q / dO go to pk1, its first context tile
-// to pk0; item i + 1 then holds Q / dO in pk1 and its tiles in pk0 and the
-// old pq (free once the fold's wgmmas retired: the item's last barrier).
-// One mbarrier per pair and one for the block area, each phase counted
-// apart (every thread waits on every fill).
-// Before the block area (session 13), the block tile took a stage pair, so
-// item i + 1's first tile was issued only at its start. A clock64 trace of
-// every item (session 14, H200, 3docs full) put ~2.9 us of a 21.3 us item
-// in the loads of its start (the validity, then anchor / start, then the
-// first tile: three round trips) and another ~6 us in the block tile, dQ
-// store, fold and its stores; the other CTA of the SM covers much of
-// that: moving the start's loads under the block tile (this code) took the
-// pass only 2-3.5% (below).
-// H200, bench_dflash_attn (session 13; medians of 5 runs of main's kernel
-// and 4 of this one, two calls): this pass 3docs full 0.366 -> 0.354 ms,
-// sliding 0.372 -> 0.351, 1doc full 0.828 -> 0.816, 1doc sliding 0.667 ->
-// 0.652; the backward 3docs full 0.803 -> 0.789 ms (334 TFLOP/s), 3docs
-// sliding 0.801 -> 0.785; every gradient bitwise the same. The block
-// area with item i + 1's first tile, anchor and start early (session 14;
-// H200, bench_dflash_attn, medians of 6 runs of each, interleaved in one
-// call): this pass 3docs full 0.356 -> 0.343 ms, sliding 0.351 -> 0.344,
-// 1doc full 0.814 -> 0.799, 1doc sliding 0.639 -> 0.624 (faster in 22 of
-// the 24 run pairs); every gradient bitwise the same. Not kept:
-// issuing item i + 1's first two tiles too, right after item i's last
-// barrier (before the fold's stores), twice (branches wip/s13-early-tiles,
-// -2): 255 registers and a 4-8 byte spill, the pass 8-12% slower. With one
-// CTA per item instead (grid = items,
-// DFLASH_ATTN_DQ_PERSIST=0) this code was ~4% slower than the
-// non-persistent kernel it replaced.
-// FOLD (impl WG2F; the host launches it only with p.nch == 1, so the CTA
-// holds every row that sees its block's keys for kv head g, and bs <= QTK:
-// one block tile, the last of the loop): the CTA also computes its rows' Di
-// (chunk_di; writes p.Di for the later passes; di_kernel is not run) and
-// its block's dK / dV for kv head g (dkb, dvb; dkv_mma2_kernel's block tiles
-// are not run):
-//   dV_b = P^T dO,  dK_b = scale dS^T Q      (64 block keys, bs valid, x D)
+// context spans first, neighbouring anchors side by side).
+// Persistent: the host launches as many CTAs as fit at once (2 per SM at D
+// 128, shared-memory bound); CTA c's first item is c, each next one is
+// taken from the counter *ctr (zeroed by the host; atomicAdd plus gridDim.x)
+// at the start of the item before, so items go to CTAs as they free up, in
+// item order. The mapping changes nothing in the results: each item is
+// computed whole by one CTA, in tile order.
+// Where a block's rows of a kv head are one TMA box (maps.qd_on) and the
+// block tile is 16 keys (bs <= 16), the next item's loads run under this
+// item's block tile and epilogue: its Q / dO and its first context tile by
+// TMA, and (FOLD) its O rows and lse, so its Di is computed (chunk_di_smem:
+// chunk_di's bits) before this item's fold; its anchor and document start
+// come by cp.async into shared memory. Shared memory is three page pairs
+// (Q + dO, or one context tile's K + V: 2 x 16 KiB at D 128) whose roles
+// rotate, plus, bs <= 16, the block area (the block tile's 16 keys, then
+// FOLD's P^T / dS^T: DqLayout): item i holds Q / dO in pair pq and its
+// context tiles alternate in pk0 / pk1; its block tile lands in the block
+// area, issued at the item's start. From the block tile's barrier on (the
+// last context tile's wgmmas retired) pk0 and pk1 are free: item i + 1's Q
+// / dO go to pk1, its first context tile to pk0; item i + 1 then holds Q /
+// dO in pk1 and its tiles in pk0 and the old pq (free once the fold's
+// wgmmas retired: the item's last barrier). One mbarrier per pair and one
+// for the block area, each phase counted apart.
+// FOLD (impl WG2F; launched only with p.nch == 1, so the CTA holds every
+// row that sees its block's keys for kv head g, and bs <= QTK: one block
+// tile, the last of the loop): the CTA also computes its rows' Di
+// (chunk_di; writes p.Di) and its block's dK / dV for kv head g:
+//   dV_b = P^T dO,  dK_b = scale dS^T Q      (bs block keys x D)
 // from the block tile's P and dS (bf16, as the dQ GEMM used them) summed
-// over the chunk's 64 rows. In the block tile, P^T and dS^T are stored as
-// bf16 [key][row] tiles (128-byte rows, the swizzle of the Q tile: K-major A
-// operands): with the 16-key block tile in the block area over its V, once
-// the tile's dQ wgmma retired (see pt in the kernel), else into the free
-// stage pair;
-// after the loop and dQ's write-out (its accumulators dead), with the
-// 16-key block tile the transposed products dV_b^T = dO^T P, dK_b^T = Q^T dS
-// (M = head dims, N = 16 keys: 2 x D/64 x 4 wgmma m64n16k16, A = dO / Q of
-// the chunk MN-major through the descriptor, B = P^T / dS^T K-major), else
-// 2 x 4 wgmma m64nDk16 with A = P^T / dS^T (64 keys) and B = dO / Q,
-// MN-major (dkv_wg_kernel's B of dV += P^T dO, dK += dS^T Q). The transposed
-// form does a quarter of the tensor work (no 48 unwritten key rows) and
-// spreads the stores over the 4 warps; H200, bench_dflash_attn (session 14,
-// medians of 5 interleaved runs each): this pass 0.2-1.0% faster, the
-// backward 3docs full 0.786 -> 0.777 ms, every gradient bitwise the same
-// (the same k order per output element). Block dK / dV need not be bitwise
-// MMA4's (wgmma's sum order within a k step may differ from mma.sync's, and
-// P, dS come from this kernel's S, dP).
-// FOLD = false compiles to WG2's kernel as before (every addition is under
-// if constexpr (FOLD)).
+// over the chunk's 64 rows. P^T and dS^T are stored as bf16 [key][row]
+// tiles (128-byte rows, the Q tile's swizzle: K-major operands): with the
+// 16-key block tile in the block area over its V once the tile's dQ wgmma
+// retired, else into the free stage pair. After the loop and dQ's write-out
+// (its accumulators dead): with the 16-key block tile the transposed
+// products dV_b^T = dO^T P, dK_b^T = Q^T dS (fold16: M = head dims, N = 16
+// keys; a quarter of the tensor work of m64 over 64 keys), else 2 x 4 wgmma
+// m64nDk16 with A = P^T / dS^T and B = dO / Q, MN-major. Block dK / dV need
+// not be bitwise MMA4's (wgmma's sum order within a k step may differ).
 template <int D, bool FOLD>
 __global__ void __launch_bounds__(QNT, 2)
     dq_wg_kernel(Params p, const __grid_constant__ KvMaps maps, int nitems, int *ctr)
@@ -868,137 +576,6 @@ __global__ void __launch_bounds__(QNT, 2)
 #endif
 }
 
-// Impl WG3's block pass (dflash_attn/wg_dqs.cu's step 1), lean: one CTA
-// (one warpgroup) per (block b, kv head g), no persistence, no context
-// tiles, no dQ: Di (chunk_di: di_kernel's bits), the block tile's S, dP,
-// P, dS (16 keys, the fold's code), the block-key dK / dV (the transposed
-// fold) and the block tile's dS^T into dsbo. 44 KiB of shared memory (Q,
-// dO, K_b, V_b by TMA, P^T / dS^T), so several CTAs per SM overlap their
-// loads (a block-only instantiation of the persistent dQ kernel, two long
-// chains per SM, was no faster: session 15). Launched only with bs <= 16 and
-// maps.qd_on.
-template <int D> struct BlkLayout {
-    static constexpr int NH = D / 64, QS = NH * CHUNK_ROWS * 128, BK = NH * 16 * 128;
-    static constexpr int PT = 2 * QS + 2 * BK; // P^T (2 KiB), dS^T (2 KiB)
-    static constexpr int BAR = PT + 4096;
-    static constexpr size_t SMEM = (size_t)BAR + 8 + 1024;
-};
-
-template <int D>
-__global__ void __launch_bounds__(QNT, 4)
-    blk_wg_kernel(Params p, const __grid_constant__ KvMaps maps, uint16_t *dsbo, int *ctr)
-{
-#if DF_WG_BODY
-    using L = BlkLayout<D>;
-    constexpr int V8 = D / 8, KS = D / 16;
-    constexpr uint32_t KM_LBO = 16, SBO = 1024;
-    extern __shared__ __align__(1024) uint8_t bl_smem[];
-    const uint32_t s0 = smem_u32(bl_smem), sb = (s0 + 1023u) & ~1023u;
-    const int tid = threadIdx.x, lane = tid & 31, gid = lane >> 2, t4 = lane & 3;
-    const int warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
-    const long long ldk = (long long)p.nkv * D;
-    const int g = blockIdx.x % p.nkv, b = p.nb - 1 - blockIdx.x / p.nkv;
-    const RowId rid[2] = {row_id(p, b, g, 0, 16 * warp + gid), row_id(p, b, g, 0, 16 * warp + gid + 8)};
-    const bool valid = p.valid[b];
-    const uint32_t bar = sb + L::BAR;
-    pdl_trigger(); // WG3's next kernels may launch (they wait for this one's end)
-    if (blockIdx.x == 0 && tid == 0)
-        *ctr = 0; // the dQ kernel's item counter (DsBuf.ctr)
-    if (valid && tid == 0) {
-        mbar_init(bar, 1);
-        mbar_fence_init();
-        mbar_expect_tx(bar, (uint32_t)(2 * L::QS + 2 * L::BK));
-#pragma unroll
-        for (int cb = 0; cb < L::NH; cb++) {
-            tma_load_3d(sb + cb * (CHUNK_ROWS * 128), &maps.q, 64 * cb, g * p.group, b * p.bs, bar);
-            tma_load_3d(sb + L::QS + cb * (CHUNK_ROWS * 128), &maps.dout, 64 * cb, g * p.group, b * p.bs, bar);
-            tma_load_2d(sb + 2 * L::QS + cb * (16 * 128), &maps.kb, g * D + 64 * cb, b * p.bs, bar);
-            tma_load_2d(sb + 2 * L::QS + L::BK + cb * (16 * 128), &maps.vb, g * D + 64 * cb, b * p.bs, bar);
-        }
-    }
-    // lse, and (valid) this thread's O for Di, while the copies land
-    float Dr[2], nL[2];
-    bool rok[2];
-#pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        const long long li = (long long)rid[ri].grow * p.nq + rid[ri].h;
-        const float l2 = rid[ri].ok && valid ? p.lse_in[li] * WLOG2E : -INFINITY;
-        nL[ri] = -l2;
-        rok[ri] = rid[ri].ok && l2 != -INFINITY;
-    }
-    // Di (di_kernel's bits, for the context dK/dV pass) of this thread's rows
-    auto di_store = [&]() {
-#pragma unroll
-        for (int ri = 0; ri < 2; ri++)
-            if (rid[ri].ok && t4 == 0)
-                p.Di[(long long)rid[ri].grow * p.nq + rid[ri].h] = Dr[ri];
-    };
-    if (!valid) { // padding block: Di as di_kernel's, dkb / dvb 0 (dkv_mma2_kernel's block tiles); no dS^T (dqs_kernel writes its dq 0)
-        chunk_di<D>(p, rid, t4, Dr);
-        di_store();
-        for (int e = tid; e < p.bs * V8; e += QNT) {
-            long long off = ((long long)b * p.bs + e / V8) * ldk + (long long)g * D + (e % V8) * 8;
-            *reinterpret_cast<uint4 *>(p.dkb + off) = make_uint4(0u, 0u, 0u, 0u);
-            *reinterpret_cast<uint4 *>(p.dvb + off) = make_uint4(0u, 0u, 0u, 0u);
-        }
-        return;
-    }
-    uint4 o[2][D / 32];
-    chunk_o_load<D>(p, rid, t4, o);
-    __syncthreads(); // the mbarrier's init, before anyone waits on it
-    mbar_wait(bar, 0);
-    // S, dP of the 16 block keys (m64n16), P, dS as in dq_wg_kernel's block tile
-    const uint64_t dQ = wg_desc(sb, KM_LBO, SBO), dO = dQ + (L::QS >> 4);
-    const uint64_t dK = wg_desc(sb + 2 * L::QS, KM_LBO, SBO), dV = dK + (L::BK >> 4);
-    float s[8], dp[8];
-    wg_fence();
-    wg_tile_ab<8, KS, CHUNK_ROWS, 16>(s, dQ, dK);
-    wg_commit();
-    wg_tile_ab<8, KS, CHUNK_ROWS, 16>(dp, dO, dV);
-    wg_commit();
-    // Di from O and the landed dO (chunk_di_smem: chunk_di's bits) while the wgmmas run
-    chunk_di_smem<D>(o, bl_smem + (sb + L::QS - s0), 16 * warp + gid, t4, Dr);
-    di_store();
-    const float sl = p.scale * WLOG2E;
-    wg_wait<1>();
-    reg_fence(s);
-    {
-        int klo[2], khi[2];
-#pragma unroll
-        for (int ri = 0; ri < 2; ri++)
-            row_key_range(p, rid[ri], 0, rok[ri], false, 0, klo[ri], khi[ri]);
-#pragma unroll
-        for (int j = 0; j < 2; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int ri = e >> 1, key = 8 * j + 2 * t4 + (e & 1);
-                const bool vis = key >= klo[ri] && key < khi[ri];
-                const float x = fmaf(s[4 * j + e], sl, nL[ri]);
-                s[4 * j + e] = ex2(vis ? x : -INFINITY);
-            }
-    }
-    wg_wait<0>();
-    reg_fence(dp);
-    uint32_t sa[1][4]; // dS as one k step's A fragments (dq_wg_kernel's layout)
-#pragma unroll
-    for (int h = 0; h < 4; h++) {
-        const int i = 2 * h;
-        const float d0 = Dr[h & 1];
-        sa[0][h] = pack_bf2(s[i] * (dp[i] - d0), s[i + 1] * (dp[i + 1] - d0));
-    }
-    // P^T, dS^T as [key][row] tiles, the 8-key groups below bs
-    uint8_t *ptp = bl_smem + (sb + L::PT - s0);
-    store_pt_ds<2>(ptp, 2048, s, sa, p.bs, warp, gid, t4);
-    fence_proxy_async(); // this thread's P^T / dS^T stores -> the tensor cores ...
-    __syncthreads();     // ... everyone's
-    // the block tile's dS^T for dqs_kernel (generic reads: ordered by the barrier)
-    dsb_store(p, b, g, tid, ptp + 2048, dsbo);
-    fold16<D>(p, b, g, sb, sb + L::PT, 2048, ldk, warp, gid, t4);
-#else
-    __trap(); // built without sm_90a: blk_wg_usable() keeps launches away
-#endif
-}
-
 } // namespace
 
 bool dq_wg_usable(int D, bool fold)
@@ -1051,37 +628,6 @@ cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps
     return cudaGetLastError();
 }
 } // namespace
-
-bool blk_wg_usable(int D)
-{
-    static signed char known[2][64]; // [D == 128][device]
-    const void *fn = D == 128 ? (const void *)blk_wg_kernel<128> : (const void *)blk_wg_kernel<64>;
-    return wg_kernel_runs(fn, D == 128 ? BlkLayout<128>::SMEM : BlkLayout<64>::SMEM, known[D == 128]);
-}
-
-int blk_wg_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, const DsBuf &dsb)
-{
-    const long long n = (long long)p.nb * p.nkv;
-    if (n <= 0)
-        return 0;
-    const void *fn = D == 128 ? (const void *)blk_wg_kernel<128> : (const void *)blk_wg_kernel<64>;
-    const size_t smem = D == 128 ? BlkLayout<128>::SMEM : BlkLayout<64>::SMEM;
-    static signed char set[2][64]; // [D == 128][device]
-    // (the largest carveout: several CTAs per SM)
-    cudaError_t e = func_smem_once(fn, smem, true, set[D == 128]);
-    if (e == cudaSuccess) {
-        if (D == 128)
-            blk_wg_kernel<128><<<(unsigned)n, QNT, smem, st>>>(p, maps, dsb.dsb, dsb.ctr);
-        else
-            blk_wg_kernel<64><<<(unsigned)n, QNT, smem, st>>>(p, maps, dsb.dsb, dsb.ctr);
-        e = cudaGetLastError();
-    }
-    if (e != cudaSuccess) {
-        fprintf(stderr, "dflash_attn: blk_wg_kernel<%d>: %s (%s:%d)\n", D, cudaGetErrorString(e), __FILE__, __LINE__);
-        return -EIO;
-    }
-    return 0;
-}
 
 int dq_wg_launch(const Params &p, int D, cudaStream_t st, bool fold, const KvMaps &maps, int *ctr)
 {

@@ -4,7 +4,7 @@
 // GEMMs per tile are that recomputation).
 //
 // WG3's backward (mma_bwd.cu, bwd_mma4_launch):
-//   1. the block pass (blk_wg_kernel, dflash_attn/wg_dq.cu): Di, the
+//   1. the block pass (blk_wg_kernel, dflash_attn/wg_blk.cu): Di, the
 //      block-key dK / dV and the block tile's dS^T into DsBuf.dsb;
 //   2. the tile lists and the context dK/dV pass (dkv_wg_kernel, TQ), which
 //      also stores each (128-key tile, item)'s dS^T, bf16 (the values its dK
