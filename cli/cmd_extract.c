@@ -285,15 +285,20 @@ int cmd_extract(int argc, char **argv)
     printf(", %.1f MB raw -> %.1f MB stored (%.3f), %s\n", st.raw_bytes / 1e6,
            st.stored_bytes / 1e6, st.raw_bytes ? (double)st.stored_bytes / st.raw_bytes : 0.0,
            st.io_backend ? st.io_backend : "-");
+    if (st.mem_peak_bytes >= 0)
+        printf("device memory in use: %.2f GiB after loading the model, %.2f GiB at most after a batch\n",
+               st.mem_setup_bytes / 1073741824.0, st.mem_peak_bytes / 1073741824.0);
     if (stats_json) {
         FILE *f = fopen(stats_json, "w");
         if (!f || fprintf(f, "{\"rank\": %u, \"world_size\": %u, \"device\": \"%s\", \"docs\": %"
                           PRIu64 ", \"tokens\": %" PRIu64 ", \"seconds\": %.4f, \"setup_seconds\": "
                           "%.4f, \"forward_seconds\": %.4f, \"writer_wait_seconds\": %.4f, "
-                          "\"raw_bytes\": %" PRIu64 ", \"stored_bytes\": %" PRIu64 "}\n",
+                          "\"raw_bytes\": %" PRIu64 ", \"stored_bytes\": %" PRIu64 ", "
+                          "\"mem_setup_bytes\": %" PRId64 ", \"mem_peak_bytes\": %" PRId64 "}\n",
                           o.rank, o.world_size, use_cuda ? "cuda" : "cpu", st.docs, st.tokens,
                           st.seconds, st.setup_seconds, st.forward_seconds,
-                          st.writer_wait_seconds, st.raw_bytes, st.stored_bytes) < 0) {
+                          st.writer_wait_seconds, st.raw_bytes, st.stored_bytes, st.mem_setup_bytes,
+                          st.mem_peak_bytes) < 0) {
             fprintf(stderr, "dflash extract: cannot write %s\n", stats_json);
             if (f)
                 fclose(f);

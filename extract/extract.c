@@ -196,6 +196,7 @@ static int open_basis(const df_extract_opts *o, const df_model_config *c, const 
 int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *st, df_err *e)
 {
     memset(st, 0, sizeof *st);
+    st->mem_setup_bytes = st->mem_peak_bytes = -1;
     double t_start = df_now();
     df_model *m = NULL;
     df_corpus *corpus = NULL;
@@ -340,6 +341,7 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
         goto out;
     }
     st->setup_seconds = df_now() - t_start;
+    st->mem_setup_bytes = st->mem_peak_bytes = df_backend_mem_used(be);
     uint64_t mine = 0;
     for (uint64_t d = o->rank; d < n_docs; d += p.world_size)
         mine++;
@@ -417,6 +419,9 @@ int df_extract_run(const df_extract_opts *o, df_backend *be, df_extract_stats *s
             goto out;
         }
         st->forward_seconds += df_now() - t0;
+        int64_t used = df_backend_mem_used(be); /* activations and workspaces at their largest */
+        if (used > st->mem_peak_bytes)
+            st->mem_peak_bytes = used;
         sl->n = n;
         pthread_mutex_lock(&pp.mu);
         sl->state = SLOT_FULL;

@@ -40,6 +40,9 @@ typedef struct df_extract_stats {
     double seconds, forward_seconds;
     double setup_seconds;                /* model load (or random init), corpus open */
     double writer_wait_seconds;          /* the forward waited on compression / the disk */
+    int64_t mem_setup_bytes;             /* device memory in use after the model's load, and */
+    int64_t mem_peak_bytes;              /* the most after any batch (all processes on the device:
+                                            cudaMemGetInfo); -1: not known (CPU backend) */
     int layer_ids[64];
     int n_layers;
     const char *io_backend;

@@ -106,7 +106,9 @@ wall = max(s["seconds"] - s["setup_seconds"] for s in st)
 fwd = max(s["forward_seconds"] for s in st)
 wait = max(s["writer_wait_seconds"] for s in st)
 ratio = sum(s["stored_bytes"] for s in st) / max(1, sum(s["raw_bytes"] for s in st))
-print(f"{tok / wall:.0f} {tok / fwd / len(st) * len(st):.0f} {100 * wait / wall:.1f} {ratio:.3f}")
+mem = max(s.get("mem_peak_bytes", -1) for s in st) / 2**30
+mem0 = max(s.get("mem_setup_bytes", -1) for s in st) / 2**30
+print(f"{tok / wall:.0f} {tok / fwd / len(st) * len(st):.0f} {100 * wait / wall:.1f} {ratio:.3f} {mem0:.2f} {mem:.2f}")
 EOF
   rm -rf "$out"
 }
@@ -121,7 +123,7 @@ for sh in $(case " $RUNS " in *" 1 "*) echo "$SHAPES";; esac); do
   set -- $r
   if [ "$1" != FAILED ]; then
     tflops=$(python3 -c "print(f'{$1 * $f / 1e12:.0f}')")
-    row "ours $sh 1 GPU" "$1 tok/s ($tflops TFLOP/s, $(python3 -c "print(f'{100 * $1 * $f / 790e12:.0f}')")% of 790; forward alone $2 tok/s; writer-bound $3%; ratio $4)"
+    row "ours $sh 1 GPU" "$1 tok/s ($tflops TFLOP/s, $(python3 -c "print(f'{100 * $1 * $f / 790e12:.0f}')")% of 790; forward alone $2 tok/s; writer-bound $3%; ratio $4; device memory $5 GiB after load, $6 GiB peak)"
     ours_tps=$1
   else
     row "ours $sh 1 GPU" "FAILED (see ours-$name-$S-g1.log)"; ours_tps=0
