@@ -12,7 +12,8 @@
 #           with Triton's Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, like the portable path)
 #   ops     the target's prefill attention and GDN benchmarks, default and portable
 #   train   scripts/bench-train.sh (27B drafter shape; SpecForge once), default and portable
-#   extract scripts/bench-extract.sh (27B shape, 4096-token documents; HF once), both
+#   extract scripts/bench-extract.sh (27B shape, 4096-token documents or XSHAPES; HF once unless
+#           HF=0), both; with the device memory in use after the load and at the batch's peak
 # Stages run in the order given; each one's wall time is printed; full logs in LOGDIR.
 set -uo pipefail
 B=${1:?build dir}; LOG=${2:?log dir}
@@ -65,10 +66,10 @@ st_train() {
 }
 st_extract() {
   t extract start
-  SHAPES=q35-4096 RUNS=1 TOKENS=${TOKENS:-65536} "$ROOT/scripts/bench-extract.sh" "$B" "$LOG/extract-default" \
+  SHAPES=${XSHAPES:-q35-4096} RUNS=1 TOKENS=${TOKENS:-65536} "$ROOT/scripts/bench-extract.sh" "$B" "$LOG/extract-default" \
     >"$LOG/extract-default.log" 2>&1 || status=1
   t extract default done
-  DFLASH_PORTABLE=1 HF=0 SHAPES=q35-4096 RUNS=1 TOKENS=${TOKENS:-65536} "$ROOT/scripts/bench-extract.sh" "$B" \
+  DFLASH_PORTABLE=1 HF=0 SHAPES=${XSHAPES:-q35-4096} RUNS=1 TOKENS=${TOKENS:-65536} "$ROOT/scripts/bench-extract.sh" "$B" \
     "$LOG/extract-portable" >"$LOG/extract-portable.log" 2>&1 || status=1
   t extract end
 }
