@@ -36,6 +36,12 @@ __device__ __forceinline__ void unpack8(uint4 u, float *f)
     }
 }
 
+/* p[0..8) as 16 bytes; p 16-byte aligned. */
+__device__ __forceinline__ uint4 ld16(const uint16_t *p)
+{
+    return *reinterpret_cast<const uint4 *>(p);
+}
+
 /* p[0..8) as floats; p 16-byte aligned. */
 __device__ __forceinline__ void load8(const uint16_t *p, float *f)
 {

@@ -1,6 +1,6 @@
 /* dense.cu - the dense ops on the GPU: embed, residual add, the RMSNorms
  * (plain, plus_one, gated) and the row-norm kernel l2norm shares with them,
- * NeoX RoPE, SwiGLU, sigmoid, SiLU. The CPU reference is kernels/cpu/dense.c;
+ * SwiGLU, sigmoid, SiLU (RoPE: rope.cu). The CPU reference is kernels/cpu/dense.c;
  * every formula below is written in its order, in fp32, and each output is
  * rounded to bf16 once (round to nearest even).
  *
@@ -20,9 +20,7 @@
  * found by a multiply-high division (ew_vec_kernel); norms give a row a
  * sub-warp group (D <= 1024: 4..32 lanes, several rows per warp, e.g. 8
  * lanes x 2 vectors for D = 128) or 128 threads (the hidden size), the row
- * held in registers so x is read once (normv_kernel); RoPE computes each
- * token's cos/sin once per 8 pairs and applies them to ~4 heads per thread
- * (rope_vec_kernel). Everything else (odd widths or strides, unaligned
+ * held in registers so x is read once (normv_kernel). Everything else (odd widths or strides, unaligned
  * views) takes the general kernels: a 2-D grid of rows x units (a unit is
  * one vector or one element), short rows packed several to a block; norms
  * a warp or a block per row, grid-stride over rows. */
@@ -129,11 +127,6 @@ __device__ __forceinline__ void row_offsets_fast(const Rows &L, const FastDiv &d
 #pragma unroll
     for (int k = 0; k < MAXT; k++)
         off[k] = (int64_t)i0 * L.st[k][0] + (int64_t)i1 * L.st[k][1] + (int64_t)i2 * L.st[k][2];
-}
-
-__device__ __forceinline__ uint4 ld16(const uint16_t *p)
-{
-    return *reinterpret_cast<const uint4 *>(p);
 }
 
 /* ---- embed ---- */
@@ -526,141 +519,6 @@ __global__ void __launch_bounds__(NT, TPR > 32 ? 1 : MODE == NORM_GATED ? NORMV_
     normv_write<MODE, NV, RPT>(p, xr, zr, wr, yo, ok, inv, lane, TPR);
 }
 
-/* ---- RoPE ---- */
-
-struct RopeArgs {
-    uint16_t *x;
-    const int32_t *pos;
-    const float *inv_freq;
-    int64_t T, stride;
-    int heads, head_dim, half, nchunk;
-};
-
-/* One unit = V consecutive pairs (d, d + half) of one head of one row;
- * V == VEC when every such run is 16-byte aligned. Dims >= rot_dim are
- * never touched. */
-template <int V>
-__global__ void rope_kernel(RopeArgs p)
-{
-    const int64_t units = (int64_t)p.heads * p.nchunk;
-    ROW_LOOP(t, p.T)
-    {
-        const float pf = (float)p.pos[t];
-        UNIT_LOOP(u, units)
-        {
-            const int h = (int)(u / p.nchunk), d0 = (int)(u % p.nchunk) * V;
-            uint16_t *v = p.x + t * p.stride + (int64_t)h * p.head_dim;
-            float x1[V], x2[V];
-            const int nd = p.half - d0 < V ? p.half - d0 : V;
-            if (V == VEC) {
-                load8(v + d0, x1);
-                load8(v + d0 + p.half, x2);
-            } else {
-                for (int j = 0; j < nd; j++) {
-                    x1[j] = bf2f(v[d0 + j]);
-                    x2[j] = bf2f(v[d0 + p.half + j]);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < V; j++) {
-                if (j >= nd)
-                    break;
-                /* HF: one fp32 product pos * inv_freq, cos/sin in fp32. */
-                float s, c;
-                sincosf(pf * p.inv_freq[d0 + j], &s, &c);
-                float a = x1[j], b = x2[j];
-                x1[j] = a * c - b * s;
-                x2[j] = b * c + a * s;
-            }
-            if (V == VEC) {
-                store8(v + d0, x1);
-                store8(v + d0 + p.half, x2);
-            } else {
-                for (int j = 0; j < nd; j++) {
-                    v[d0 + j] = f2bf(x1[j]);
-                    v[d0 + p.half + j] = f2bf(x2[j]);
-                }
-            }
-        }
-    }
-}
-
-/* The vector path of RoPE (as rope_kernel<VEC>'s condition, and half / 8
- * <= NT). cos / sin depend on (token, pair) only, so a thread keeps the 8
- * of its chunk of pairs and applies them to several heads: per token, hs
- * head slots x nchunk chunks of threads, slot s taking heads s, s + hs, ...
- * (hs about heads / ROPE_H, so about ROPE_H heads each); tpb tokens share a
- * block. A thread's heads are loaded ROPE_H at a time, the first batch
- * before its sincosf so their latency overlaps. Same math per pair as
- * rope_kernel. */
-constexpr int ROPE_H = 4;
-
-struct RopeVArgs {
-    uint16_t *x;
-    const int32_t *pos;
-    const float *inv_freq;
-    int64_t stride;
-    int T, heads, head_dim, half, nchunk, hs, tpt, tpb;
-};
-
-__global__ void __launch_bounds__(NT) rope_vec_kernel(RopeVArgs p)
-{
-    const int sub = (int)threadIdx.x / p.tpt, i = (int)threadIdx.x - sub * p.tpt;
-    const int t = (int)blockIdx.x * p.tpb + sub;
-    if (sub >= p.tpb || t >= p.T)
-        return; /* no barriers below */
-    const int hs = i / p.nchunk, d0 = (i - hs * p.nchunk) * VEC;
-    uint16_t *row = p.x + (int64_t)t * p.stride + d0;
-    const int step = ROPE_H * p.hs;
-    uint4 a[ROPE_H], b[ROPE_H];
-    int h0 = hs; /* < heads: hs <= heads */
-#pragma unroll
-    for (int k = 0; k < ROPE_H; k++) {
-        const int h = h0 + k * p.hs;
-        a[k] = b[k] = make_uint4(0, 0, 0, 0);
-        if (h < p.heads) {
-            a[k] = ld16(row + (int64_t)h * p.head_dim);
-            b[k] = ld16(row + (int64_t)h * p.head_dim + p.half);
-        }
-    }
-    /* HF: one fp32 product pos * inv_freq, cos/sin in fp32. */
-    const float pf = (float)p.pos[t];
-    float cs[VEC], sn[VEC];
-#pragma unroll
-    for (int j = 0; j < VEC; j++)
-        sincosf(pf * p.inv_freq[d0 + j], &sn[j], &cs[j]);
-    for (;;) {
-#pragma unroll
-        for (int k = 0; k < ROPE_H; k++) {
-            const int h = h0 + k * p.hs;
-            if (h >= p.heads)
-                continue;
-            float x1[VEC], x2[VEC];
-            unpack8(a[k], x1);
-            unpack8(b[k], x2);
-#pragma unroll
-            for (int j = 0; j < VEC; j++) {
-                float u = x1[j], w = x2[j];
-                x1[j] = u * cs[j] - w * sn[j];
-                x2[j] = w * cs[j] + u * sn[j];
-            }
-            store8(row + (int64_t)h * p.head_dim, x1);
-            store8(row + (int64_t)h * p.head_dim + p.half, x2);
-        }
-        h0 += step;
-        if (h0 >= p.heads)
-            break;
-#pragma unroll
-        for (int k = 0; k < ROPE_H; k++) {
-            const int h = h0 + k * p.hs;
-            if (h < p.heads) {
-                a[k] = ld16(row + (int64_t)h * p.head_dim);
-                b[k] = ld16(row + (int64_t)h * p.head_dim + p.half);
-            }
-        }
-    }
-}
-
 /* ---- host side ---- */
 
 int ew_run(df_backend *be, const df_tensor *a, const df_tensor *b, df_tensor *out, int op)
@@ -867,71 +725,6 @@ int df_cuda_rmsnorm_gated(df_backend *be, const df_tensor *x, const df_tensor *z
     return norm_rows(be, NORM_GATED, x, z, w, eps, 1.0f, y);
 }
 
-/* inv_freq exactly as the CPU computes it (host powf, bit for bit), staged
- * through the int32 path as raw bits: a device powf may differ by an ulp,
- * which pos ~ 1e5 would turn into a visible angle error. */
-static const float *rope_inv_freq(df_backend *be, int rot_dim, double theta)
-{
-    int nh = rot_dim / 2;
-    int32_t *bits = (int32_t *)malloc((size_t)nh * sizeof(int32_t));
-    if (!bits)
-        return NULL;
-    float base = (float)theta;
-    for (int d = 0; d < nh; d++) {
-        float f = 1.0f / powf(base, (float)(2 * d) / (float)rot_dim);
-        memcpy(&bits[d], &f, sizeof f);
-    }
-    const int32_t *dev = df_cuda_stage_i32(be, bits, nh);
-    free(bits);
-    return (const float *)dev;
-}
-
-int df_cuda_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
-                 int rot_dim, double theta)
-{
-    int64_t T = x->shape[0];
-    if (T == 0)
-        return 0;
-    RopeArgs p;
-    p.inv_freq = rope_inv_freq(be, rot_dim, theta);
-    p.pos = df_cuda_stage_i32(be, pos, T);
-    if (!p.inv_freq || !p.pos)
-        return -EIO;
-    p.x = (uint16_t *)x->data;
-    p.T = T;
-    p.stride = x->stride[0];
-    p.heads = heads;
-    p.head_dim = head_dim;
-    p.half = rot_dim / 2;
-    int vec = p.half % VEC == 0 && head_dim % VEC == 0 && p.stride % VEC == 0 &&
-              !((uintptr_t)p.x & 15u);
-    p.nchunk = vec ? p.half / VEC : p.half;
-    cudaStream_t st = df_cuda_stream(be);
-    if (vec && heads >= 1 && p.nchunk >= 1 && p.nchunk <= NT && T < IDX_LIMIT) {
-        RopeVArgs q;
-        q.x = p.x;
-        q.pos = p.pos;
-        q.inv_freq = p.inv_freq;
-        q.stride = p.stride;
-        q.T = (int)T;
-        q.heads = heads;
-        q.head_dim = head_dim;
-        q.half = p.half;
-        q.nchunk = p.nchunk;
-        int hs = (heads + ROPE_H - 1) / ROPE_H, hs_max = NT / p.nchunk;
-        q.hs = hs < hs_max ? hs : hs_max;
-        q.tpt = q.hs * p.nchunk;
-        q.tpb = NT / q.tpt;
-        rope_vec_kernel<<<(unsigned)cdiv(T, q.tpb), (unsigned)(q.tpb * q.tpt), 0, st>>>(q);
-        return df_cuda_check_launch("rope kernel");
-    }
-    Launch l = rows_launch(T, (int64_t)heads * p.nchunk);
-    if (vec)
-        rope_kernel<VEC><<<l.grid, l.block, 0, st>>>(p);
-    else
-        rope_kernel<1><<<l.grid, l.block, 0, st>>>(p);
-    return df_cuda_check_launch("rope kernel");
-}
 
 int df_cuda_swiglu(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out)
 {

@@ -1,5 +1,5 @@
 /* train_dense.cu - the dense training ops on the GPU: RMSNorm backward
- * (plain and plus_one), RoPE backward, SwiGLU backward, AdamW and the sum of
+ * (plain and plus_one), the RoPE backward in rope.cu, SwiGLU backward, AdamW and the sum of
  * squares (contracts in train_ops.h; the CPU reference is
  * kernels/cpu/train_dense.c, whose formulas are written here in its order,
  * in fp32; each bf16 output is rounded once, to nearest even). Weight
@@ -548,68 +548,6 @@ __global__ void __launch_bounds__(32 * DW_GROUPS)
     }
 }
 
-/* ---- RoPE backward: dense.cu's rope kernel with sin's sign a parameter ---- */
-
-struct RopeArgs {
-    uint16_t *x;
-    const int32_t *pos;
-    const float *inv_freq;
-    int64_t T, stride;
-    int heads, head_dim, half, nchunk;
-    float sign;
-};
-
-/* One unit = V consecutive pairs (d, d + half) of one head of one row;
- * V == VEC when every such run is 16-byte aligned. Dims >= rot_dim are
- * never touched. */
-template <int V>
-__global__ void rope_kernel(RopeArgs p)
-{
-    const int64_t units = (int64_t)p.heads * p.nchunk;
-    ROW_LOOP(t, p.T)
-    {
-        const float pf = (float)p.pos[t];
-        UNIT_LOOP(u, units)
-        {
-            const int h = (int)(u / p.nchunk), d0 = (int)(u % p.nchunk) * V;
-            uint16_t *v = p.x + t * p.stride + (int64_t)h * p.head_dim;
-            float x1[V], x2[V];
-            const int nd = p.half - d0 < V ? p.half - d0 : V;
-            if (V == VEC) {
-                load8(v + d0, x1);
-                load8(v + d0 + p.half, x2);
-            } else {
-                for (int j = 0; j < nd; j++) {
-                    x1[j] = bf2f(v[d0 + j]);
-                    x2[j] = bf2f(v[d0 + p.half + j]);
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < V; j++) {
-                if (j >= nd)
-                    break;
-                /* HF: one fp32 product pos * inv_freq, cos/sin in fp32; the
-                 * backward negates sin (exact), as the CPU's sign. */
-                float s, c;
-                sincosf(pf * p.inv_freq[d0 + j], &s, &c);
-                s = p.sign * s;
-                float a = x1[j], b = x2[j];
-                x1[j] = a * c - b * s;
-                x2[j] = b * c + a * s;
-            }
-            if (V == VEC) {
-                store8(v + d0, x1);
-                store8(v + d0 + p.half, x2);
-            } else {
-                for (int j = 0; j < nd; j++) {
-                    v[d0 + j] = f2bf(x1[j]);
-                    v[d0 + p.half + j] = f2bf(x2[j]);
-                }
-            }
-        }
-    }
-}
-
 /* ---- SwiGLU backward ---- */
 
 /* Operand slots: 0 = gate, 1 = up, 2 = dout, 3 = dgate, 4 = dup. */
@@ -985,54 +923,6 @@ int df_cuda_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, 
     return df_cuda_check_launch("rmsnorm_bwd dw kernel");
 }
 
-/* inv_freq exactly as the CPU computes it (host powf, bit for bit), staged
- * through the int32 path as raw bits (dense.cu's reason: a device powf may
- * differ by an ulp, which pos ~ 1e5 turns into a visible angle error). */
-static const float *rope_inv_freq(df_backend *be, int rot_dim, double theta)
-{
-    int nh = rot_dim / 2;
-    int32_t *bits = (int32_t *)malloc((size_t)nh * sizeof(int32_t));
-    if (!bits)
-        return NULL;
-    float base = (float)theta;
-    for (int d = 0; d < nh; d++) {
-        float f = 1.0f / powf(base, (float)(2 * d) / (float)rot_dim);
-        memcpy(&bits[d], &f, sizeof f);
-    }
-    const int32_t *dev = df_cuda_stage_i32(be, bits, nh);
-    free(bits);
-    return (const float *)dev;
-}
-
-int df_cuda_rope_bwd(df_backend *be, df_tensor *dx, const int32_t *pos, int heads, int head_dim,
-                     int rot_dim, double theta)
-{
-    int64_t T = dx->shape[0];
-    if (T == 0)
-        return 0;
-    RopeArgs p;
-    p.inv_freq = rope_inv_freq(be, rot_dim, theta);
-    p.pos = df_cuda_stage_i32(be, pos, T);
-    if (!p.inv_freq || !p.pos)
-        return -EIO;
-    p.x = (uint16_t *)dx->data;
-    p.T = T;
-    p.stride = dx->stride[0];
-    p.heads = heads;
-    p.head_dim = head_dim;
-    p.half = rot_dim / 2;
-    p.sign = -1.0f; /* the transpose of the rotation */
-    int vec = p.half % VEC == 0 && head_dim % VEC == 0 && p.stride % VEC == 0 &&
-              !((uintptr_t)p.x & 15u);
-    p.nchunk = vec ? p.half / VEC : p.half;
-    Launch l = rows_launch(T, (int64_t)heads * p.nchunk);
-    cudaStream_t st = df_cuda_stream(be);
-    if (vec)
-        rope_kernel<VEC><<<l.grid, l.block, 0, st>>>(p);
-    else
-        rope_kernel<1><<<l.grid, l.block, 0, st>>>(p);
-    return df_cuda_check_launch("rope_bwd kernel");
-}
 
 int df_cuda_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up,
                        const df_tensor *dout, df_tensor *dgate, df_tensor *dup)
