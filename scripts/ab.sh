@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ab.sh BUILD LOGDIR PART...: the same measurement with and without an environment switch, in
 # one call on the GPU machine (an opt-in kernel variant against the default). AB_ENV holds the
-# switch, e.g. AB_ENV="DFLASH_ATTN_FWD=ws" or AB_ENV="DFLASH_RMSNORM_BWD=twopass".
+# switch, e.g. AB_ENV="DFLASH_ATTN_BWD=mma4" or AB_ENV="DFLASH_RMSNORM_BWD=twopass".
 # AB_SRC="FILE=REPLACEMENT ..." makes the B side a second build (under /tmp/ab-build) of this
 # tree with each FILE replaced by REPLACEMENT (paths from the repo root; REPLACEMENT e.g. an
 # untracked copy of a branch's file), so a kernel change is measured against main in one call
@@ -13,7 +13,7 @@
 #   attnx  tools/bench_dflash_attn AB_RUNS times per side (default 5), A and B alternately:
 #          per configuration the medians over the runs, the change and in how many run pairs
 #          B was faster (scripts/ab_attnx.py). The attention moves 2-5% from process to
-#          process (session 14), more than most kernel changes: one run per side can mislead
+#          process, more than most kernel changes: one run per side can mislead
 #   train  scripts/bench-train.sh (1 GPU, no SpecForge) with and without AB_ENV: the median
 #          and step-by-step times, and whether the losses are identical step by step;
 #          AB_GPUS=N: also on N GPUs (bench-train's GPUS), compared the same way

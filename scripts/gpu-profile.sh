@@ -7,7 +7,7 @@
 #  - ncu (hardware counters; --clock-control none keeps the clocks alone) on the attention
 #    kernels of the default implementation (forward, dQ, context dK/dV), the first launch of each.
 # Env: PARTS (default "gemm ncu"); KERNELS (default "fwd_wg_kernel dq_wg_kernel dkv_wg_kernel",
-# regexes of the kernel names ncu profiles; e.g. with DFLASH_ATTN_FWD=ws, "fwd_ws_kernel").
+# regexes of the kernel names ncu profiles; e.g. with DFLASH_ATTN_BWD=mma4, "dkv4_kernel").
 set -u
 B=${1:?build dir}; LOG=${2:?log dir}
 PARTS=${PARTS:-gemm ncu}

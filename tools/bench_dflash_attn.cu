@@ -36,8 +36,8 @@
 // without S and dP again) likewise: total, passes (dq: its block pass;
 // blk_dkv: its dQ), determinism, max relative difference from the default's
 // gradients; the one workspace is sized for it (the largest). The
-// retired implementations (mma, mma2, mma3, mma5, wg; session 7) are no
-// longer timed. The last line is JSON (also
+// retired implementations (mma, mma2, mma3, mma5, wg) are not
+// timed. The last line is JSON (also
 // --json-out F): "layers" holds the 3docs rows (the keys
 // scripts/bench_flex_dflash.py reads), "layers_1doc" the 1doc rows.
 // --anchors-out F writes the 3docs shape and anchors as JSON for
@@ -413,7 +413,7 @@ int main(int argc, char **argv)
             CU(cudaMemcpy(od.data(), out, nQ * 2, cudaMemcpyDeviceToHost));
             CU(cudaMemcpy(ld.data(), lse, ld.size() * 4, cudaMemcpyDeviceToHost));
             { // FNV-1a of the default forward's bits: runs with and without an
-              // environment switch of the forward (DFLASH_ATTN_FWD_PERSIST) compare them
+              // environment switch or a changed source (scripts/ab.sh) compare them
                 uint64_t ho = 1469598103934665603ull, hl = ho;
                 const uint8_t *bo = (const uint8_t *)od.data(), *bl = (const uint8_t *)ld.data();
                 for (size_t i = 0; i < nQ * 2; i++)

@@ -55,7 +55,8 @@ void df_train_opts_defaults(df_train_opts *o)
      * for ~0.2% of the step time (H200), the same bits */
     o->recompute = 1;
     /* AdamW bucket by bucket on a side stream, overlapping the next forward:
-     * the same bits; 225.3 vs 228.4 ms/step at the 27B drafter shape (H200) */
+     * the same bits, ~1.4% less time per step at the 27B drafter shape
+     * (docs/log/) */
     o->overlap_opt = -1;
 }
 

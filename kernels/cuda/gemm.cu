@@ -73,8 +73,8 @@
  * differ between runs in the last bit: hence opt-in. It also pays only when
  * shapes repeat: each new shape costs its trials and a stream sync, and the
  * trainer's GEMMs follow each row's context length and block count, so on a
- * corpus of varied lengths most steps would bring new shapes (session 7:
- * ~1% of the 27B step, whose rows are all full). */
+ * corpus of varied lengths most steps would bring new shapes (its gain is
+ * ~1% of the 27B step, whose rows are all full: docs/log/). */
 #include <errno.h>
 #include <stdio.h>
 #include <stdint.h>

@@ -91,7 +91,7 @@ static inline cudaError_t func_smem_once(const void *fn, size_t smem, bool carve
 
 // Impl WG3's stored dS (dflash_attn/wg_dqs.cu; a kernel argument of its own,
 // after the others, where used: Params and every other kernel's arguments
-// as before): the context dS^T tiles the context dK/dV pass stores (ds,
+// do not hold it): the context dS^T tiles the context dK/dV pass stores (ds,
 // DS_TILE_BYTES per (block b, 128-key tile t of its span, kv head g), slot
 // (b maxt + t - lo0 / 128) nkv + g; maxt = dqs_max_tiles: the most tiles a
 // span can meet), and the block tiles' (dsb, DS_BLK_BYTES per (block, kv
@@ -157,11 +157,9 @@ __device__ __forceinline__ void row_key_range(const Params &p, const RowId &id, 
 // ---- dflash_attn/wg_dkv.cu (impls DF_CUDA_DFLASH_IMPL_WG2, _WG2F: the context dK/dV) ----
 // Key tile and split count of the context dK/dV partials: MMA4's (TK4, NSPL),
 // so the tile lists, their order, the partial buffer and the split reduction
-// are MMA4's (mma_bwd.cu asserts the match). Two splits, not four: H200,
-// bench_dflash_attn (session 10), backward 3docs full 0.967 -> 0.927 ms (the
-// context dK/dV pass 0.497 -> 0.479, the reduction 0.040 -> 0.022), 1doc full
-// 2.281 -> 2.246, 1doc sliding 1.768 -> 1.738; half the partials' memory
-// (67 MB at the 27B shape); eight splits were slower (1.068 ms, 3docs full).
+// are MMA4's (mma_bwd.cu asserts the match). Two splits: half the
+// partials' memory of four (67 MB at the 27B shape) and a shorter
+// reduction; four and eight splits were tried and were slower (docs/log/).
 constexpr int WG_TILE_KEYS = 128, WG_NSPL = 2;
 
 // Whether the current device runs the wgmma context dK/dV kernel for p and

@@ -51,19 +51,12 @@
 //    loop: the two warpgroups run apart (up to about an item), so one's P /
 //    dS math overlaps the other's wgmmas instead of both meeting at every
 //    item's barrier. Each row's window bound is computed in registers (row r
-//    is query r >> log2 group). H200, bench_dflash_attn (session 12), against
-//    the per-item barrier with Q, dO by TMA and lse, Di, bounds by the
-//    threads: this pass 3docs full 0.474 -> 0.405 ms, sliding 0.471 ->
-//    0.415, 1doc full 1.339 -> 1.162, 1doc sliding 0.993 -> 0.835; backward
-//    3docs full 0.877 -> 0.802 ms (301.7 -> 329.7 TFLOP/s), 1doc full 2.114
-//    -> 2.009 (372.7 -> 392.0), 1doc sliding 1.654 -> 1.491 (390.6); every
-//    gradient bitwise the same; 242 registers instead of 238.
+//    is query r >> log2 group).
 //  - else: every thread's cp.async (Q, dO zero-filled past a partial chunk;
 //    lse, Di), the bounds by plain stores, and a CTA barrier at the top of
 //    each item, which both warpgroups pass only once done with item i - 1
-//    (its wgmmas retired at its end). (Session 11's Q, dO by TMA with the
-//    rest by the threads, for any bs x group == 64, is not kept: group 1
-//    and 2 shapes now take this way.)
+//    (its wgmmas retired at its end). Shapes with bs x group == 64 and
+//    group 1 or 2 take this way too.
 // Tiles are
 // stored in 128-byte-swizzled rows ([D/64 column blocks][rows][64 bf16],
 // 16-byte chunk c of row r at chunk position c ^ (r % 8)), the canonical
@@ -74,21 +67,16 @@
 // by every row of the item (window bound, end of span, partial chunk); a
 // warpgroup whose 64 keys no row of the item sees skips the item.
 //
-// Resources (ptxas, sm_90a, CUDA 13.0, session 12): D 128: 242 registers
-// (TQ and not), no spills, 164 KiB of dynamic shared memory (1 CTA, 8 warps
-// per SM); D 64: 199 (TQ) / 188, 84 KiB.
-// Measured (H200, bench_dflash_attn, 27B drafter shape, context dK/dV pass):
-// 1doc full 3.32 -> 1.31 ms, 1doc sliding 2.56 -> 1.02 ms, 3docs full 1.28
-// -> 0.51 ms (MMA4's dkv4_kernel -> this one; ~2.5x); ncu (1doc full): tensor
-// pipe 50% busy, 1.05 instructions per cycle per SM, warp stalls mostly on
-// the wgmma waits, shared-memory latency (short scoreboard) and the per-item
-// barrier; integer address work is the largest instruction class (the item
-// loads: a producer warpgroup with TMA would take it off the consumers).
-// The rows' lse are read from shared memory before the S^T wait, not after
-// it (the top stall site in ncu's samples): 242 registers instead of 238, no
-// spill. H200, bench_dflash_attn, this pass: 1doc full 1.378 -> 1.350 ms,
-// 1doc sliding 1.061 -> 1.029, 3docs full 0.507 -> 0.498 (2-3%); every
-// gradient bitwise the same as before.
+// Resources (ptxas, sm_90a): D 128: ~242 registers (TQ and not), no
+// spills, 164 KiB of dynamic shared memory (1 CTA, 8 warps per SM); D 64:
+// ~199 (TQ) / ~188, 84 KiB.
+// About 2.5x faster than MMA4's dkv4_kernel at the 27B drafter shape
+// (docs/log/). ncu: warp stalls mostly on the wgmma waits and shared-memory
+// latency (short scoreboard); integer address work is the largest
+// instruction class (the item loads: a producer warpgroup with TMA would
+// take it off the consumers). The rows' lse are read from shared memory
+// before the S^T wait, not after it (there they were the top stall site in
+// ncu's samples).
 // Its gradients came out bitwise equal to MMA4's on every test and bench
 // case (same bf16 operands, same k-step order of fp32 accumulation); that is
 // observed, not promised.
@@ -184,10 +172,10 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 
 // DS (impl WG3, TQ only): also store each item's dS^T (dsb.ds), staged in
 // 16 KiB more shared memory (WgLayout::SMEM_DS) and written by one bulk copy
-// per warpgroup and item; its own instantiation, so that WG2 / WG2F's code is
-// as it was (253 registers instead of 242 at D 128, no spill). H200 (session
-// 15), this pass 3docs full 0.41 ms without the stores, 0.51 with direct
-// 4-byte stores (after or before the dV / dK wgmma issue alike), 0.428 staged.
+// per warpgroup and item; its own instantiation, so that WG2 / WG2F's code
+// does not carry it (DS: ~253 registers at D 128, no spill). Direct 4-byte
+// stores from the fragments, instead of the staging, were tried and were
+// slower (docs/log/).
 template <int D, bool TQ, bool DS = false>
 __global__ void __launch_bounds__(WNT, 1)
     dkv_wg_kernel(Params p, float *part, const int *cnt, const int *lst, const int *order,
@@ -487,8 +475,8 @@ __global__ void __launch_bounds__(WNT, 1)
                 // is key kw + 8 (h & 1), rows 16 kk + 8 (h >> 1) + 2 t4 (+ 1),
                 // so 16-byte chunk 2 kk + (h >> 1) of the key's row, bytes 4 t4.
                 // Staged in shared memory, then one bulk copy of 8 KiB (full
-                // 128-byte lines; direct 4-byte stores made 8 partial-line
-                // requests per warp store and cost the pass ~0.1 ms at 3docs)
+                // 128-byte lines; direct 4-byte stores make 8 partial-line
+                // requests per warp store)
                 const uint32_t stg = sb + L::DS_OFF + wg * 8192;
                 const int lead = tid == 128 * wg; // the warpgroup's issuing thread
                 if (lead)

@@ -87,11 +87,10 @@ __device__ __forceinline__ void store_dq(const Params &p, const RowId (&rid)[2],
 // step and starts over. Each warp releases a stage (an "empty" mbarrier of
 // 16 arrivals) once its wgmmas retired. RW reducer warps do the split
 // reduction (DsBuf.part) alongside. Shared memory: QST stages of K + four
-// dS^T halves, 194 KiB at D 128. H200 (session 16), against two blocks per
-// CTA (2 CTAs per SM, not persistent, each K half read for two blocks): L2
-// throughput 84% -> 86% for 25% fewer bytes, the kernel 3docs full 0.171
-// -> 0.159 ms, 1doc full 0.378 -> 0.369; the same bits. The reducer warps
-// make it 0.157 -> 0.172 and take dkv_reduce_kernel's 0.022 away.
+// dS^T halves, 194 KiB at D 128. Four blocks per persistent CTA, not two
+// per CTA at 2 CTAs per SM: each K half is read once for four blocks (25%
+// fewer bytes), the same bits, faster (docs/log/). The reducer warps add
+// less time to this kernel than the dkv_reduce_kernel pass they replace.
 constexpr int QB = 4, QST = 4, RW = 3; // RW: reducer warps (DsBuf.part; 20 warps in all: 96 registers each)
 template <int D> struct DqsLayout {
     static constexpr int NH = D / 64;

@@ -6,15 +6,11 @@
 // One CTA per (block b, kv head g, row chunk): the chunk's 64 rows (16
 // queries x `group` heads of one block and kv head) share one anchor and
 // one context span [lo0, anchor), so each key tile of the span is a dense
-// 64 rows x QTK keys problem; then the block's own keys (kb / vb) as tiles
+// 64 rows x FTK keys problem; then the block's own keys (kb / vb) as tiles
 // of the same loop, masked per element past bs (the rows there hold the
 // next block's keys, zeros past the last block); with
 // block_size <= 16 one tile of 16 keys (S by wgmma m64n16k16, P V one k16
-// step) instead of a 64-key tile three quarters zeros: H200,
-// bench_dflash_attn (session 11), 3docs full 0.302 -> 0.292 ms (350 -> 362
-// TFLOP/s), sliding 0.299 -> 0.291, 1doc full 0.714 -> 0.704, 1doc sliding
-// 0.556 -> 0.546; 154 registers instead of 152; other bits, within the
-// tests' bounds. Per tile:
+// step) instead of a 64-key tile three quarters zeros. Per tile:
 //   S = Q K^T                       (fp32 accumulators)
 //   online softmax in the exp2 domain, fp32 m, l per row (FlashAttention-2)
 //   O = O alpha + P V               (P rounded to bf16)
@@ -28,14 +24,11 @@
 //   2. the row max of the raw S over the 4 threads of a quad (2 shuffles),
 //      scaled once (sl > 0 keeps the order); P = 2^fma(S, sl, -m), alpha, l;
 //      O's accumulators rescaled in registers between wgmma groups (after
-//      the previous P V retired). The scale folded into the exponent's fma
-//      (FlashAttention-2's) instead of a multiply per score first: H200,
-//      bench_dflash_attn, 3docs full 0.307 -> 0.302 ms, 1doc full 0.724 ->
-//      0.710, 1doc sliding 0.572 -> 0.552 (session 10; out and lse round
-//      differently, within the tests' bounds). Rescaling O only where a
-//      warp's rows got a new max (alpha 1 elsewhere, a vote per tile) was
-//      slower: 0.307 -> 0.316 ms.
-//   3. O += P V: QTK/16 wgmma m64nDk16, A = P from registers (the fp32
+//      the previous P V retired). The scale is folded into the exponent's
+//      fma (FlashAttention-2's), not a multiply per score first. Rescaling O
+//      only where a warp's rows got a new max was tried and was slower
+//      (docs/log/).
+//   3. O += P V: FTK/16 wgmma m64nDk16, A = P from registers (the fp32
 //      accumulator layout of a 16-key column pair is the bf16 A-fragment
 //      layout of a k16 step: FlashAttention-3's P in registers), B = the V
 //      stage MN-major (transposed through the descriptor).
@@ -45,58 +38,38 @@
 // each slot has an mbarrier the copies complete and the readers wait on),
 // each issued one tile ahead: K(t + 1) into the slot V(t - 1) left once
 // P V(t - 1) retired, V(t + 1) into K(t)'s once S(t) retired; two CTA
-// barriers per tile make those slots' reuse safe. TMA instead of each
-// thread's cp.async (session 11): the 128 threads no longer compute and
-// issue 2 x 8 16-byte copies per tile each; H200, bench_dflash_attn, 3docs
-// full 0.293 -> 0.252 ms (360.6 -> 419.5 TFLOP/s), sliding 0.293 -> 0.254
-// (413.4), 1doc full 0.706 -> 0.607 (519.0), 1doc sliding 0.545 -> 0.470
-// (495.8); out and lse bitwise the same; 140 registers instead of 154.
-// Context keys past the anchor now arrive as they are (not zeros) and are
-// masked like the others (P = 0; the inputs are finite); keys past S and
-// block rows past the last block arrive as zeros (TMA's out-of-bounds fill).
+// barriers per tile make those slots' reuse safe. TMA rather than each
+// thread's cp.async: the 128 threads do not compute and issue 2 x 8 16-byte
+// copies per tile each. Context keys past the anchor arrive as they are
+// (not zeros) and are masked like the others (P = 0; the inputs are
+// finite); keys past S and block rows past the last block arrive as zeros
+// (TMA's out-of-bounds fill).
 // Where the maps cannot be made (no driver entry point, a base address not
 // 16-byte aligned) fwd_wg_launch returns -EOPNOTSUPP and the caller runs
 // MMA4's forward.
-// With cp.async (before), each load issued right after the wgmmas of its
-// step (S(t), P V(t)) so that its address work ran under the tensor cores: H200,
-// bench_dflash_attn, loads before -> after: 3docs full 0.313 -> 0.304 ms
-// (348.2 TFLOP/s), sliding 0.313 -> 0.306, 1doc full 0.754 -> 0.727 (433.6),
-// 1doc sliding 0.587 -> 0.563 (413.5); bits equal (session 10; the same
-// move in the dQ pass was slower there: 201 registers instead of 180).
-// Why half tiles: two stages of whole tiles took 81 KiB and 2 CTAs (8 warps)
-// per SM, and these kernels are latency-bound (ncu, session 6: 57-74% of
-// cycles issue nothing); 3 slots take 65 KiB, so 3 CTAs (12 warps) fit with
-// the same prefetch distance. H200, bench_dflash_attn, 2 -> 3 CTAs per SM:
-// 3docs full 0.328 -> 0.314 ms (322.6 -> 337.3 TFLOP/s), sliding 0.331 ->
-// 0.314, 1doc full 0.771 -> 0.755 (417.4 TFLOP/s), 1doc sliding 0.603 ->
-// 0.586; out and lse bitwise the same (session 10).
+// Why half tiles: two stages of whole tiles take 81 KiB and fit 2 CTAs (8
+// warps) per SM, and these kernels are latency-bound (ncu: most cycles
+// issue nothing); 3 slots take 65 KiB, so 3 CTAs (12 warps) fit with the
+// same prefetch distance.
 // Q: by TMA (one thread, the maps' 3-D box of one row chunk) where a
 // block's rows of a kv head are one whole chunk (bs x group == 64), else by
-// every thread's cp.async (zero-filled past the chunk's rows). TMA instead
-// of cp.async (session 12): H200, bench_dflash_attn, 3docs full 0.253 ->
-// 0.242 ms (417.9 -> 437.1 TFLOP/s), sliding 0.251 -> 0.242, 1doc full
-// 0.601 -> 0.590 (534.0), 1doc sliding 0.462 -> 0.451 (516.0); the same bits.
+// every thread's cp.async (zero-filled past the chunk's rows).
 // Storage, descriptors, fences: dflash_attn/wg.cuh's conventions.
 // Masking per (row, key) only on tiles not every row sees whole.
-// Resources (ptxas, sm_90a, CUDA 13.0): D 128: 140 registers, no spills, 65
-// KiB of dynamic shared memory (16 + 3 x 16 KiB, 4 mbarriers, 1 KiB alignment slack): 3 CTAs
-// per SM (__launch_bounds__ caps registers at 170; the carveout asks for the
-// most shared memory); D 64: 103 registers, 33 KiB. No "wgmma
-// serialization" warning.
+// Resources (ptxas, sm_90a): D 128: ~140 registers, no spills, 65 KiB of
+// dynamic shared memory (16 + 3 x 16 KiB, 4 mbarriers, 1 KiB alignment
+// slack): 3 CTAs per SM (__launch_bounds__ caps registers at 170; the
+// carveout asks for the most shared memory); D 64: ~103 registers, 33 KiB.
+// No "wgmma serialization" warning.
 // The grid runs the blocks last to first (see the kernel).
 // Portability: body in sm_90a code only; fwd_wg_usable() false elsewhere
 // (the forward then runs fwd_mma2_kernel); the non-sm_90a body traps.
-// Tried on the H200 and slower than this kernel (docs/log/, sessions
-// 6-7): S of tile t + 1 issued before the softmax of tile t (FlashAttention-
-// 3's intra-warpgroup overlap, branch wip/attn-wg3), a persistent grid, a
-// producer warpgroup feeding two consumers that share K / V tiles between
-// neighbouring anchors (wip/attn-ws, with and without a persistent grid),
-// three stages of whole tiles (session 9: 113 KiB, still 2 CTAs per SM), and
-// (session 10) the block's keys appended to the context span (one key
-// sequence lo0 .. anc + bs - 1, so ~3 of 4 CTAs skip their mostly empty
-// block tile: correct, but 0.313 -> 0.354 ms at 3docs full and 0.754 ->
-// 0.932 at 1doc full, with the per-row source select in the loads; the
-// cause was not found).
+// Tried and slower than this kernel (docs/log/): S of tile t + 1 issued
+// before the softmax of tile t (FlashAttention-3's intra-warpgroup overlap),
+// a persistent grid, a producer warpgroup feeding two consumers that share
+// K / V tiles between neighbouring anchors, three stages of whole tiles
+// (113 KiB, still 2 CTAs per SM), and the block's keys appended to the
+// context span (one key sequence lo0 .. anc + bs - 1).
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -143,9 +116,7 @@ __global__ void __launch_bounds__(FNT, 3) fwd_wg_kernel(Params p, const __grid_c
     // Blocks last to first: a row's anchors ascend within each document, so
     // the CTAs with the longest context spans start first and the grid ends
     // on short ones (the wgmma dQ pass runs the same order). Same work per CTA, same
-    // bits. H200, bench_dflash_attn, first to last -> last to first: 3docs
-    // full 0.341 -> 0.327 ms, sliding 0.338 -> 0.328, 1doc full 0.803 ->
-    // 0.766, sliding 0.613 -> 0.600.
+    // bits.
     const int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
               b = p.nb - 1 - (int)(blockIdx.x / (p.nch * p.nkv));
     const long long ldq = (long long)p.nq * D;
