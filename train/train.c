@@ -186,35 +186,64 @@ static int save_ckpt(const df_train_opts *o, df_comm *comm, int world, int lead,
     ck->rng_len = ck->data_position_len = 0;
     return rc;
 }
-
-int df_train_run(const df_train_opts *o, df_err *e)
-{
-    int rc = 0;
-    df_cache *cache = NULL;
-    df_st *tst = NULL;
-    df_backend *be = NULL;
-    df_drafter *d = NULL;
-    feeder fd = {0};
-    float *grad = NULL;
-    dev_state ds = {0};
-    eval_ctx ev = {0};
-    void *dev_embed = NULL, *dev_head = NULL;
-    FILE *logf = NULL;
-    df_ckpt_state ck = {0};
-    source src = {0};
-    df_comm *comm = NULL;
-    df_basis basis = {0};
-    best_state bst = {0};
-    int lock_fd = -1; /* RUN/.lock, held by the lead rank (run_lock) */
-    int nrows = o->rows_per_step > 0 ? o->rows_per_step : 1;
-    int world = o->world > 1 ? o->world : 1, rank = world > 1 ? o->rank : 0;
-    int lead = rank == 0; /* rank 0 writes the log, checkpoints and the export */
+/* One run's state, from its opening to its close (run_close frees what is there). */
+typedef struct run {
+    const df_train_opts *o;
+    int nrows, world, rank, lead; /* lead: rank 0 writes the log, checkpoints and the export */
+    df_cache *cache;
+    const df_cache_params *cp;
+    df_st *tst;
+    df_backend *be;
+    df_comm *comm;
+    df_drafter *d;
+    feeder fd;
+    source src;
+    float *grad;
+    dev_state ds;
+    eval_ctx ev;
+    best_state bst;
+    void *dev_embed, *dev_head;
+    FILE *logf;
+    char logpath[4200];
+    df_ckpt_state ck;
+    df_basis basis;
+    int lock_fd; /* RUN/.lock, held by the lead rank (train_run_lock) */
     /* the step figures' scratch (step_figures_reduce); the checkpoints' RNG states and
      * data positions */
-    double *figs = NULL;
-    uint8_t *ckpt_rs = NULL;
-    data_pos *ckpt_dps = NULL;
+    double *figs;
+    uint8_t *ckpt_rs;
+    data_pos *ckpt_dps;
+    df_drafter_config ic; /* --init-from's config (icp: &ic, or NULL) */
+    const df_drafter_config *icp;
+    df_model_config tc; /* the target's */
+    df_drafter_config c;
+    int ids_from_init, n_feat;
+    int cache_index[DF_BATCH_MAX_FEATURES];
+    uint64_t layer_mask;
+    df_tensor embed, head;
+    int64_t mem_base; /* device memory in use before ours: the context and handles */
+    const df_params *ps;
+    int64_t total;
+    df_lr_schedule sched;
+    df_rng rng;
+    data_pos dp;
+    int64_t step0;
+    double persistent_gib;
+    df_batch_config bc;
+    /* the step just run: where its rows ended, the RNG after them */
+    data_pos after;
+    uint8_t rng_after[32];
+    /* the logging interval's sums */
+    double t_prev, t_run0, peak, acc_data_s, acc_data_max_s, acc_flops, acc_build_s, acc_read_s;
+    double acc_loss, acc_gnorm;
+    int acc_n;
+    uint64_t acc_tokens;
+    df_drafter_metrics acc;
+} run;
 
+/* The options alone: what cannot work is refused before anything is opened. */
+static int run_check_opts(const df_train_opts *o, int rank, int world, df_err *e)
+{
     if (o->steps < 0 || (o->steps == 0 && !o->init_from))
         return df_errf(e, -EINVAL, "--steps must be > 0 (0 only with --init-from)");
     if (rank < 0 || rank >= world)
@@ -228,404 +257,452 @@ int df_train_run(const df_train_opts *o, df_err *e)
     if (o->target_layers && (o->n_target_layers < 1 || o->n_target_layers > DF_MAX_TARGET_FEATURES))
         return df_errf(e, -EINVAL, "--target-layers: %d layers given, want 1..%d",
                        o->n_target_layers, DF_MAX_TARGET_FEATURES);
+    return 0;
+}
+
+/* The inputs: --init-from's config, the target's, the cache (from that target), the
+ * drafter's config resolved and checked, the cache layers it reads, the frozen head. */
+static int run_open_inputs(run *r, df_err *e)
+{
+    const df_train_opts *o = r->o;
+    int rc;
     /* --init-from: the config of the drafter export the run starts from; it gives the
      * shape options left unset (its weights are read at a fresh start, below) */
-    df_drafter_config ic;
-    const df_drafter_config *icp = NULL;
     if (o->init_from) {
-        if ((rc = df_drafter_config_load(o->init_from, &ic, e))) {
+        if ((rc = df_drafter_config_load(o->init_from, &r->ic, e))) {
             df_err_wrap(e, "--init-from %s", o->init_from);
             return rc;
         }
-        icp = &ic;
+        r->icp = &r->ic;
     }
-    df_model_config tc;
-    if ((rc = df_model_config_load(o->random_target ? o->random_target : o->target_dir, &tc, e)))
+    if ((rc = df_model_config_load(o->random_target ? o->random_target : o->target_dir, &r->tc, e)))
         return rc;
-    if (!(cache = df_cache_open(o->cache_dir, e)))
+    if (!(r->cache = df_cache_open(o->cache_dir, e)))
         return e ? e->code : -EIO;
-    const df_cache_params *cp = &df_cache_get_info(cache)->params;
-    if ((!o->random_target && strcmp(cp->config_sha256, tc.config_sha256)) ||
-        (int)df_cache_target_hidden(cp) != tc.hidden_size) {
-        rc = df_errf(e, -DF_EMISMATCH, "%s was extracted from another target (config sha256 "
-                     "%.12s..., hidden %u) than %s (%.12s..., hidden %d)", o->cache_dir,
-                     cp->config_sha256, df_cache_target_hidden(cp), o->target_dir,
-                     tc.config_sha256, tc.hidden_size);
-        goto out;
-    }
+    const df_cache_params *cp = r->cp = &df_cache_get_info(r->cache)->params;
+    const df_model_config *tc = &r->tc;
+    if ((!o->random_target && strcmp(cp->config_sha256, tc->config_sha256)) ||
+        (int)df_cache_target_hidden(cp) != tc->hidden_size)
+        return df_errf(e, -DF_EMISMATCH, "%s was extracted from another target (config sha256 "
+                       "%.12s..., hidden %u) than %s (%.12s..., hidden %d)", o->cache_dir,
+                       cp->config_sha256, df_cache_target_hidden(cp), o->target_dir,
+                       tc->config_sha256, tc->hidden_size);
     /* A projected cache: the drafter reads z (proj_rank values per token) through fc_r
      * (H x R); the export merges fc = fc_r P with the cache's basis. */
-    if (cp->proj_rank && o->target_layers) {
-        rc = df_errf(e, -EINVAL, "--target-layers: %s is projected (rank %u) from layers it "
-                     "holds jointly; a subset of them cannot be taken", o->cache_dir, cp->proj_rank);
-        goto out;
-    }
-    if (cp->proj_rank && (rc = df_cache_load_basis(o->cache_dir, cp, &basis, e)))
-        goto out;
+    if (cp->proj_rank && o->target_layers)
+        return df_errf(e, -EINVAL, "--target-layers: %s is projected (rank %u) from layers it "
+                       "holds jointly; a subset of them cannot be taken", o->cache_dir, cp->proj_rank);
+    if (cp->proj_rank && (rc = df_cache_load_basis(o->cache_dir, cp, &r->basis, e)))
+        return rc;
     const int32_t *src_ids;
     uint32_t n_src = df_cache_target_layers(cp, &src_ids);
-    const int n_feat = cp->proj_rank ? 1 : (o->target_layers ? o->n_target_layers : (int)n_src);
+    r->n_feat = cp->proj_rank ? 1 : (o->target_layers ? o->n_target_layers : (int)n_src);
 
-    df_drafter_config c;
-    int ids_from_init = 0;
-    if ((rc = train_resolve_config(o, icp, &tc, cp, n_src, src_ids, &c, &ids_from_init, e)))
-        goto out;
-    if ((rc = df_drafter_config_validate(&c, "drafter", e)))
-        goto out;
+    df_drafter_config *c = &r->c;
+    if ((rc = train_resolve_config(o, r->icp, tc, cp, n_src, src_ids, c, &r->ids_from_init, e)) ||
+        (rc = df_drafter_config_validate(c, "drafter", e)))
+        return rc;
     /* values that parse but cannot work, refused before anything is written: a row must
      * hold an anchor and its block, and the feeder's rows (FEED_SLOTS steps of nrows rows,
      * allocated lazily, so too many would only fail mid-run) must fit in memory */
-    if (o->max_tokens <= c.block_size) {
-        rc = df_errf(e, -EINVAL, "--max-tokens %d: a row must hold at least one block of %d "
-                     "and its anchor; give --max-tokens %d or more (default 4096)", o->max_tokens,
-                     c.block_size, c.block_size + 1);
-        goto out;
-    }
-    if (o->max_anchors < 1 || o->max_tokens < 1) {
-        rc = df_errf(e, -EINVAL, "--max-anchors %d / --max-tokens %d: want >= 1", o->max_anchors,
-                     o->max_tokens);
-        goto out;
-    }
-    if ((rc = train_check_row_memory(o, &c, n_feat, cp, nrows, e)))
-        goto out;
-    if (icp && (rc = df_init_config_check(o->init_from, &c, icp, cp->proj_rank != 0,
-                                          lead && !o->quiet, e)))
-        goto out;
-
-    int cache_index[DF_BATCH_MAX_FEATURES];
-    uint64_t layer_mask = 0;
-    if ((rc = df_batch_map_layers(cp, c.target_layer_ids, c.num_target_features, cache_index,
-                                  &layer_mask, e))) {
-        if (ids_from_init)
+    if (o->max_tokens <= c->block_size)
+        return df_errf(e, -EINVAL, "--max-tokens %d: a row must hold at least one block of %d "
+                       "and its anchor; give --max-tokens %d or more (default 4096)", o->max_tokens,
+                       c->block_size, c->block_size + 1);
+    if (o->max_anchors < 1 || o->max_tokens < 1)
+        return df_errf(e, -EINVAL, "--max-anchors %d / --max-tokens %d: want >= 1", o->max_anchors,
+                       o->max_tokens);
+    if ((rc = train_check_row_memory(o, c, r->n_feat, cp, r->nrows, e)))
+        return rc;
+    if (r->icp && (rc = df_init_config_check(o->init_from, c, r->icp, cp->proj_rank != 0,
+                                             r->lead && !o->quiet, e)))
+        return rc;
+    if ((rc = df_batch_map_layers(cp, c->target_layer_ids, c->num_target_features, r->cache_index,
+                                  &r->layer_mask, e))) {
+        if (r->ids_from_init)
             df_err_wrap(e, "--init-from %s: its dflash_config.target_layer_ids", o->init_from);
-        goto out;
+        return rc;
     }
-
-    df_tensor embed, head;
     if (!o->random_target &&
-        (rc = train_load_target_head(&tst, o->target_dir, tc.vocab_size, tc.hidden_size,
-                                     tc.tie_word_embeddings, &embed, &head, e)))
-        goto out;
+        (rc = train_load_target_head(&r->tst, o->target_dir, tc->vocab_size, tc->hidden_size,
+                                     tc->tie_word_embeddings, &r->embed, &r->head, e)))
+        return rc;
+    return 0;
+}
+
+/* The backend, the ranks' communicator, the frozen head on the backend, the
+ * drafter, the schedule, RUN's lock and the start (fresh, resumed or
+ * --init-from), the same step on every rank. */
+static int run_open_model(run *r, df_err *e)
+{
+    const df_train_opts *o = r->o;
+    const df_drafter_config *c = &r->c;
+    int rc;
     int on_gpu = o->device && strcmp(o->device, "cpu") &&
                  (!strcmp(o->device, "cuda") || df_backend_cuda_device_count() > 0);
-    be = on_gpu ? df_backend_cuda_open(o->gpu, e) : df_backend_cpu_open(o->threads, e);
-    if (!be) {
-        rc = e ? e->code : -ENOMEM;
-        goto out;
-    }
-    int64_t mem_base = df_backend_mem_used(be); /* the context and handles, before our memory */
-    if (world > 1) { /* the ranks meet in the run directory */
+    r->be = on_gpu ? df_backend_cuda_open(o->gpu, e) : df_backend_cpu_open(o->threads, e);
+    if (!r->be)
+        return e ? e->code : -ENOMEM;
+    r->mem_base = df_backend_mem_used(r->be);
+    if (r->world > 1) { /* the ranks meet in the run directory */
         if ((rc = df_mkdirs(o->run_dir, e)))
-            goto out;
-        df_comm_opts co = {.rank = rank, .world = world, .rdv_dir = o->run_dir,
+            return rc;
+        df_comm_opts co = {.rank = r->rank, .world = r->world, .rdv_dir = o->run_dir,
                            .run_id = o->run_id ? o->run_id : "default",
                            .master_addr = o->master_addr, .master_port = o->master_port};
-        if ((rc = df_comm_open(be, &co, &comm, e))) {
-            df_err_wrap(e, "rank %d of %d", rank, world);
-            goto out;
+        if ((rc = df_comm_open(r->be, &co, &r->comm, e))) {
+            df_err_wrap(e, "rank %d of %d", r->rank, r->world);
+            return rc;
         }
     }
-    if ((rc = train_frozen_on_backend(o, be, &tc, &embed, &head, &dev_embed, &dev_head, e)))
-        goto out;
-    if (!df_backend_host_addressable(be) && c.head_dim != 64 && c.head_dim != 128) {
-        rc = df_errf(e, -ENOTSUP, "drafter head_dim %d: the GPU drafter attention takes 64 or "
-                     "128 (set --head-dim, and --heads/--kv-heads to keep the width)", c.head_dim);
-        goto out;
-    }
-    if ((rc = df_drafter_open(&c, be, &embed, &head, &d, e)))
-        goto out;
-    df_drafter_set_recompute(d, o->recompute);
-    const df_params *ps = df_drafter_params(d);
-    int64_t total = ps->total;
-
-    df_lr_schedule sched; /* no steps (--init-from ... --steps 0): none to schedule */
+    if ((rc = train_frozen_on_backend(o, r->be, &r->tc, &r->embed, &r->head, &r->dev_embed,
+                                      &r->dev_head, e)))
+        return rc;
+    if (!df_backend_host_addressable(r->be) && c->head_dim != 64 && c->head_dim != 128)
+        return df_errf(e, -ENOTSUP, "drafter head_dim %d: the GPU drafter attention takes 64 or "
+                       "128 (set --head-dim, and --heads/--kv-heads to keep the width)", c->head_dim);
+    if ((rc = df_drafter_open(c, r->be, &r->embed, &r->head, &r->d, e)))
+        return rc;
+    df_drafter_set_recompute(r->d, o->recompute);
+    r->ps = df_drafter_params(r->d);
+    r->total = r->ps->total;
+    /* no steps (--init-from ... --steps 0): none to schedule */
     if (o->steps > 0 &&
-        (rc = df_lr_schedule_init(&sched, o->lr, o->min_lr, o->steps, o->warmup_frac, e)))
-        goto out;
-
+        (rc = df_lr_schedule_init(&r->sched, o->lr, o->min_lr, o->steps, o->warmup_frac, e)))
+        return rc;
     /* Fresh start or exact resume. */
-    df_rng rng;
-    data_pos dp = {0};
-    int64_t step0 = 0;
-    if (lead) { /* one run per RUN at a time, from here (before any of RUN is read) to the end */
+    if (r->lead) { /* one run per RUN at a time, from here (before any of RUN is read) to the end */
         if ((rc = df_mkdirs(o->run_dir, e)) || (rc = train_run_lock(o->run_dir, e)) < 0)
-            goto out;
-        lock_fd = rc;
-        rc = 0;
+            return rc;
+        r->lock_fd = rc;
     }
-    if ((rc = train_start_state(o, &c, icp, cp, ps, total, &basis, world, rank, lead, &ck, &rng, &dp,
-                          &step0, e)))
-        goto out;
-    if (world > 1) { /* the ranks start from one checkpoint: without a shared disk, RUN
-                      * may hold it on some nodes only */
-        double *s0 = calloc((size_t)world, sizeof *s0);
-        if (!s0) {
-            rc = df_errf(e, -ENOMEM, "out of memory");
-            goto out;
-        }
-        s0[rank] = (double)step0;
-        rc = df_comm_allreduce_host_f64(comm, s0, world, e);
-        for (int r = 1; !rc && r < world; r++)
-            if (s0[r] != s0[0])
+    if ((rc = train_start_state(o, c, r->icp, r->cp, r->ps, r->total, &r->basis, r->world, r->rank,
+                                r->lead, &r->ck, &r->rng, &r->dp, &r->step0, e)))
+        return rc;
+    if (r->world > 1) { /* the ranks start from one checkpoint: without a shared disk, RUN
+                         * may hold it on some nodes only */
+        double *s0 = calloc((size_t)r->world, sizeof *s0);
+        if (!s0)
+            return df_errf(e, -ENOMEM, "out of memory");
+        s0[r->rank] = (double)r->step0;
+        rc = df_comm_allreduce_host_f64(r->comm, s0, r->world, e);
+        for (int q = 1; !rc && q < r->world; q++)
+            if (s0[q] != s0[0])
                 rc = df_errf(e, -DF_EMISMATCH, "rank %d starts at step %.0f and rank 0 at step "
                              "%.0f: every rank must see the same checkpoints in %s (a shared "
-                             "disk, or a copy of RUN on every node)", r, s0[r], s0[0],
-                             o->run_dir);
+                             "disk, or a copy of RUN on every node)", q, s0[q], s0[0], o->run_dir);
         free(s0);
         if (rc)
-            goto out;
+            return rc;
     }
-    if (step0 > 0 && step0 >= o->steps) { /* (a fresh --steps 0 run goes on: eval, export) */
-        if (!o->quiet && lead)
-            printf("%s: already trained for %" PRId64 " steps\n", o->run_dir, step0);
-        goto export;
-    }
-    char logpath[4200];
-    snprintf(logpath, sizeof logpath, "%s/log.jsonl", o->run_dir);
-    if (lead && (rc = train_open_log(o, logpath, step0, df_backend_name(be), world, ck.hparams_json, &logf, e)))
-        goto out;
+    return 0;
+}
 
-    grad = malloc((size_t)total * sizeof(float));
-    figs = calloc(6 + 2 * DF_DRAFTER_MAX_BLOCK + (size_t)world, sizeof *figs);
-    ckpt_rs = calloc((size_t)world, 32);
-    ckpt_dps = calloc((size_t)world, sizeof *ckpt_dps);
-    if (!grad || !figs || !ckpt_rs || !ckpt_dps) {
-        rc = df_errf(e, -ENOMEM, "out of memory");
-        goto out;
-    }
-    if ((rc = dev_state_open(be, comm, &ck, grad, total, ps, c.num_hidden_layers, o->grad_f32,
-                             &ds, e)))
-        goto out;
-    if ((rc = train_wire_grads(o, d, ps, c.num_hidden_layers, nrows, &ds, e)))
-        goto out;
-    double persistent_gib;
+/* What the steps need: the log, the gradients and the device state (ZeRO-1
+ * shards, buckets), the evaluation, the data; --init-from's first evaluation. */
+static int run_open_steps(run *r, df_err *e)
+{
+    const df_train_opts *o = r->o;
+    const df_drafter_config *c = &r->c;
+    int rc;
+    snprintf(r->logpath, sizeof r->logpath, "%s/log.jsonl", o->run_dir);
+    if (r->lead && (rc = train_open_log(o, r->logpath, r->step0, df_backend_name(r->be), r->world,
+                                        r->ck.hparams_json, &r->logf, e)))
+        return rc;
+    r->grad = malloc((size_t)r->total * sizeof(float));
+    r->figs = calloc(6 + 2 * DF_DRAFTER_MAX_BLOCK + (size_t)r->world, sizeof *r->figs);
+    r->ckpt_rs = calloc((size_t)r->world, 32);
+    r->ckpt_dps = calloc((size_t)r->world, sizeof *r->ckpt_dps);
+    if (!r->grad || !r->figs || !r->ckpt_rs || !r->ckpt_dps)
+        return df_errf(e, -ENOMEM, "out of memory");
+    if ((rc = dev_state_open(r->be, r->comm, &r->ck, r->grad, r->total, r->ps, c->num_hidden_layers,
+                             o->grad_f32, &r->ds, e)) ||
+        (rc = train_wire_grads(o, r->d, r->ps, c->num_hidden_layers, r->nrows, &r->ds, e)))
+        return rc;
     {
-        double gib = 1.0 / (1 << 30), P = (double)total;
-        double eh = 2.0 * (double)tc.vocab_size * tc.hidden_size *
-                    (double)df_dtype_size(embed.dtype) * gib;
-        double wb = ds.sharded ? P * gib * (double)df_dtype_size(ds.wdt) : 0;
-        persistent_gib = wb + 12 * P * gib / world + eh;
-        if (!o->quiet && lead)
+        double gib = 1.0 / (1 << 30), P = (double)r->total;
+        double eh = 2.0 * (double)r->tc.vocab_size * r->tc.hidden_size *
+                    (double)df_dtype_size(r->embed.dtype) * gib;
+        double wb = r->ds.sharded ? P * gib * (double)df_dtype_size(r->ds.wdt) : 0;
+        r->persistent_gib = wb + 12 * P * gib / r->world + eh;
+        if (!o->quiet && r->lead)
             printf("drafter: %" PRId64 " parameters on %s x %d rank(s); persistent state per "
                    "rank %.2f GiB (weights %.2f, fp32 master + moments %.2f, frozen embedding + "
                    "head %.2f); gradients (%s) %.2f GiB\n",
-                   total, df_backend_name(be), world, persistent_gib, wb, 12 * P * gib / world,
-                   eh, df_dtype_name(ds.gdt), (double)ds.ges * P * gib);
+                   r->total, df_backend_name(r->be), r->world, r->persistent_gib, wb,
+                   12 * P * gib / r->world, eh, df_dtype_name(r->ds.gdt), (double)r->ds.ges * P * gib);
     }
-    df_batch_config bc = {.max_tokens = o->max_tokens, .max_anchors = o->max_anchors,
-                          .block_size = c.block_size, .mask_token_id = c.mask_token_id,
-                          .vocab_size = c.vocab_size, .hidden_size = (int)cp->hidden_size,
-                          .n_features = n_feat, .dtype = cp->dtype,
-                          .gamma = o->gamma, .noise = o->noise,
-                          /* a device backend takes the rows as bf16: half the upload, no cast */
-                          .out_dtype = df_backend_host_addressable(be) ? DF_DTYPE_F32
-                                                                       : DF_DTYPE_BF16};
+    const df_cache_params *cp = r->cp;
+    r->bc = (df_batch_config){.max_tokens = o->max_tokens, .max_anchors = o->max_anchors,
+                              .block_size = c->block_size, .mask_token_id = c->mask_token_id,
+                              .vocab_size = c->vocab_size, .hidden_size = (int)cp->hidden_size,
+                              .n_features = r->n_feat, .dtype = cp->dtype,
+                              .gamma = o->gamma, .noise = o->noise,
+                              /* a device backend takes the rows as bf16: half the upload, no cast */
+                              .out_dtype = df_backend_host_addressable(r->be) ? DF_DTYPE_F32
+                                                                             : DF_DTYPE_BF16};
     if (o->eval_cache) {
-        if ((rc = eval_open(&ev, o->eval_cache, &bc, &c, cp, o->random_target ? NULL : tc.config_sha256,
-                            tc.hidden_size, o->eval_rows, !o->no_eval_walk, o->cache_dir, e)))
-            goto out;
-        bst.on = lead && !o->no_best;
-        if (bst.on && (rc = best_open(&bst, o->run_dir, e)))
-            goto out;
+        if ((rc = eval_open(&r->ev, o->eval_cache, &r->bc, c, cp,
+                            o->random_target ? NULL : r->tc.config_sha256, r->tc.hidden_size,
+                            o->eval_rows, !o->no_eval_walk, o->cache_dir, e)))
+            return rc;
+        r->bst.on = r->lead && !o->no_best;
+        if (r->bst.on && (rc = best_open(&r->bst, o->run_dir, e)))
+            return rc;
     }
-    if ((rc = train_open_data(o, be, cache, layer_mask, rank, world, &dp, &rng, &c, n_feat, cache_index, nrows,
-                        &bc, step0, &src, &fd, e)))
-        goto out;
-
+    if ((rc = train_open_data(o, r->be, r->cache, r->layer_mask, r->rank, r->world, &r->dp, &r->rng, c,
+                              r->n_feat, r->cache_index, r->nrows, &r->bc, r->step0, &r->src, &r->fd, e)))
+        return rc;
     /* a run from --init-from is evaluated before its first step too: the score of the
      * drafter it starts from (with --steps 0, the only evaluation) */
-    if (ev.cache && lead && o->init_from && step0 == 0) {
-        df_best r;
-        if ((rc = run_eval(&ev, d, ds.w, n_feat, 0, logf, logpath, o->quiet, c.block_size, &r, e)) ||
-            (bst.on &&
-             (rc = best_update(&bst, &r, o, be, &ds, &c, ps, ck.master, &basis, e))))
-            goto out;
+    if (r->ev.cache && r->lead && o->init_from && r->step0 == 0) {
+        df_best b;
+        if ((rc = run_eval(&r->ev, r->d, r->ds.w, r->n_feat, 0, r->logf, r->logpath, o->quiet,
+                           c->block_size, &b, e)) ||
+            (r->bst.on &&
+             (rc = best_update(&r->bst, &b, o, r->be, &r->ds, c, r->ps, r->ck.master, &r->basis, e))))
+            return rc;
     }
-    double t_prev = df_now(), acc_data_s = 0, acc_flops = 0, acc_build_s = 0, acc_read_s = 0;
-    const double t_run0 = t_prev;
-    double acc_data_max_s = 0;
+    r->t_prev = r->t_run0 = df_now();
     /* the peak MFU is taken against: the bf16 GEMM ceiling measured on the H200s (KERNELS.md) */
-    double peak = df_backend_host_addressable(be) ? 0 : 790e12;
-    df_drafter_metrics acc = {0};
-    double acc_loss = 0, acc_gnorm = 0;
-    int acc_n = 0;
-    uint64_t acc_tokens = 0;
-    for (int64_t step = step0; step < o->steps; step++) {
-        /* The step's rows, built ahead by the feeder: waiting here is data wait. */
-        double t_data = df_now();
-        feed_slot *sl = feeder_take(&fd, step, e, &rc);
-        if (rc)
+    r->peak = df_backend_host_addressable(r->be) ? 0 : 790e12;
+    return 0;
+}
+
+/* One optimizer step: the rows' forward and backward, the gradients reduced
+ * over the ranks, their norm, clipping and AdamW; the figures into the
+ * logging interval's sums; the rows' end and RNG into r->after, r->rng_after. */
+static int run_step(run *r, int64_t step, df_err *e)
+{
+    const df_train_opts *o = r->o;
+    dev_state *ds = &r->ds;
+    int rc = 0;
+    /* The step's rows, built ahead by the feeder: waiting here is data wait. */
+    double t_data = df_now();
+    feed_slot *sl = feeder_take(&r->fd, step, e, &rc);
+    if (rc)
+        return rc;
+    double denom = sl->denom;
+    uint64_t tokens = sl->tokens;
+    const double wait_s = df_now() - t_data;
+    double wait_max_s = wait_s;
+    r->acc_data_s += wait_s;
+    r->acc_build_s += sl->build_s;
+    r->acc_read_s += sl->read_s;
+    /* The loss is normalised by the whole step's weight over all ranks
+     * (docs/DRAFTER.md "Labels and loss": the global denominator). */
+    if (r->world > 1 && (rc = df_comm_allreduce_host_f64(r->comm, &denom, 1, e)))
+        return rc;
+    /* with overlap the optimizer zeroed each bucket after its update; the
+     * ranges hosting activations the backward clears itself */
+    if ((!ds->overlap || step == r->step0) && (rc = ds_zero(r->be, ds, 0, ds->np)))
+        return df_errf(e, rc, "step %" PRId64 ": clearing gradients failed", step);
+    df_drafter_metrics m = {0};
+    if ((rc = step_rows(r->d, ds, &r->fd, sl, step, r->nrows, denom, r->world, &m, e)))
+        return rc;
+    if (r->world > 1 && (rc = ds_grad_hook(ds, -1))) /* buckets no row reduced (no rows) */
+        return rc;
+    if (r->world > 1 && (rc = df_comm_wait(r->comm, e)))
+        return rc;
+    double sq = 0; /* this rank's reduced gradients: its slices of the buckets */
+    if (ds->world > 1) {
+        for (int k = 0; k < ds->nb; k++)
+            sq += ds->cnt[k] ? df_op_sumsq(r->be, ds_gslice(ds, k), ds->gdt, ds->cnt[k]) : 0.0;
+    } else {
+        sq = df_op_sumsq(r->be, ds->grad, ds->gdt, r->total);
+    }
+    /* sumsq waited for the stream: the rows' uploads and argmax are done */
+    for (int q = 0; q < r->nrows && denom > 0; q++) {
+        const df_batch_row *br = df_batch_get_row(sl->rows[q]);
+        if (!(br->weight_sum > 0))
+            continue;
+        df_drafter_row dr = {.blocks = br->blocks, .labels = br->labels, .weights = br->weights};
+        df_drafter_row_metrics(r->d, &dr, sl->argmax[q], &m);
+    }
+    double flops = sl->flops;
+    r->after = sl->after;
+    memcpy(r->rng_after, sl->rng_after, sizeof r->rng_after);
+    feeder_release(&r->fd, sl);
+    if (r->world > 1 &&
+        (rc = step_figures_reduce(r->comm, r->world, r->rank, r->c.block_size, wait_s, r->figs, &sq,
+                                  &m, &tokens, &flops, &wait_max_s, e)))
+        return rc;
+    r->acc_flops += flops;
+    r->acc_data_max_s += wait_max_s;
+    double loss = denom > 0 ? m.loss_sum / denom : 0.0;
+    double gnorm = sqrt(sq);
+    if (!isfinite(loss) || !isfinite(gnorm))
+        return df_errf(e, -ERANGE, "step %" PRId64 ": loss %g, gradient norm %g: not finite "
+                       "(rows of epoch %" PRIu64 " before position %" PRIu64 ")", step, loss,
+                       gnorm, r->after.epoch, r->after.pos);
+    double lr = df_lr_at(&r->sched, step);
+    float gscale = gnorm > o->clip && o->clip > 0 ? (float)(o->clip / gnorm) : 1.0f;
+    if (denom > 0 && (rc = dev_state_adamw(r->be, ds, (float)lr, step + 1, gscale, e))) {
+        df_err_wrap(e, "step %" PRId64, step);
+        return rc;
+    }
+    /* metrics over the logging interval */
+    r->acc_loss += loss;
+    r->acc_gnorm += gnorm;
+    r->acc_n++;
+    r->acc_tokens += tokens;
+    r->acc.blocks += m.blocks;
+    r->acc.accepted += m.accepted;
+    for (int k = 0; k < DF_DRAFTER_MAX_BLOCK; k++) {
+        r->acc.correct[k] += m.correct[k];
+        r->acc.counted[k] += m.counted[k];
+    }
+    r->dp.tokens += tokens;
+    return 0;
+}
+
+/* The logging interval that ends with step done - 1: one log line (the
+ * lead's), the sums cleared. */
+static int run_log(run *r, int64_t done, df_err *e)
+{
+    const df_train_opts *o = r->o;
+    double now = df_now(), dt = now - r->t_prev;
+    int64_t used = df_backend_mem_used(r->be);
+    double lr = df_lr_at(&r->sched, done - 1);
+    df_step_perf pf = {.tok_s = r->acc_tokens / dt, .step_s = dt / r->acc_n,
+                       .data_wait = r->acc_data_s / dt, .data_wait_max = r->acc_data_max_s / dt,
+                       .tflops = r->acc_flops / dt / 1e12,
+                       .mfu = r->peak > 0 ? r->acc_flops / dt / (r->peak * r->world) : 0,
+                       .mem_gib = used >= 0 ? (double)used / (1 << 30) : -1,
+                       .mem_base_gib = r->mem_base >= 0 ? (double)r->mem_base / (1 << 30) : -1,
+                       .persistent_gib = r->persistent_gib,
+                       .feed_build_s = r->acc_build_s / r->acc_n, .feed_read_s = r->acc_read_s / r->acc_n,
+                       .eta_s = (now - r->t_run0) / (double)(done - r->step0) * (double)(o->steps - done)};
+    int rc = df_runlog_step(r->logf, r->logpath, o->quiet || !r->lead, done, o->steps,
+                            r->acc_loss / r->acc_n, lr, r->acc_gnorm / r->acc_n, &r->acc,
+                            r->c.block_size, &pf, r->dp.tokens, r->after.epoch, e);
+    r->t_prev = now;
+    r->acc_data_s = r->acc_data_max_s = r->acc_flops = r->acc_build_s = r->acc_read_s = 0;
+    memset(&r->acc, 0, sizeof r->acc);
+    r->acc_loss = r->acc_gnorm = 0;
+    r->acc_n = 0;
+    r->acc_tokens = 0;
+    return rc;
+}
+
+/* After step done - 1: the log line, the evaluation (RUN/best), the
+ * checkpoint, each when it is due. */
+static int run_after_step(run *r, int64_t done, df_err *e)
+{
+    const df_train_opts *o = r->o;
+    int rc;
+    if (done - 1 == r->step0)
+        df_backend_profile_reset(r->be); /* the op profile leaves out the warm-up step */
+    if ((done % (o->log_every > 0 ? o->log_every : 1) == 0 || done == o->steps) &&
+        (rc = run_log(r, done, e)))
+        return rc;
+    if (r->ev.cache && r->lead && ((o->eval_every > 0 && done % o->eval_every == 0) || done == o->steps)) {
+        double t_ev = df_now();
+        if (r->ds.overlap && (rc = df_backend_sync(r->be))) /* the optimizer's side stream */
+            return rc;
+        df_best b;
+        if ((rc = run_eval(&r->ev, r->d, r->ds.w, r->n_feat, done, r->logf, r->logpath, o->quiet,
+                           r->c.block_size, &b, e)) ||
+            (r->bst.on &&
+             (rc = best_update(&r->bst, &b, o, r->be, &r->ds, &r->c, r->ps, r->ck.master, &r->basis, e))))
+            return rc;
+        r->t_prev += df_now() - t_ev; /* the next interval's throughput leaves it out */
+    }
+    int save = !o->no_ckpt && ((o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == o->steps);
+    /* the state comes back for a checkpoint, and at the end for the export */
+    if ((save || done == o->steps) &&
+        ((r->ds.overlap && (rc = df_backend_sync(r->be))) || (rc = dev_state_fetch(r->be, &r->ds, &r->ck, e))))
+        return rc;
+    if (save) {
+        r->dp.epoch = r->after.epoch;
+        r->dp.pos = r->after.pos;
+        if ((rc = save_ckpt(o, r->comm, r->world, r->lead, done, &r->c, r->total, r->rng_after, &r->dp,
+                            r->ckpt_rs, r->ckpt_dps, &r->ck, e)))
+            return rc;
+    }
+    return 0;
+}
+
+/* RUN/export (the lead's): the drafter, merged with the basis on a projected cache. */
+static int run_export(run *r, df_err *e)
+{
+    const df_train_opts *o = r->o;
+    if (!r->lead)
+        return 0;
+    char exp[4200];
+    snprintf(exp, sizeof exp, "%s/export", o->run_dir);
+    int rc = r->c.feature_dim ? df_export_drafter_projected(exp, &r->c, r->ps, r->ck.master, &r->basis, e)
+                              : df_export_drafter(exp, &r->c, r->ps, r->ck.master, e);
+    if (!rc && !o->quiet)
+        printf("exported the drafter to %s (config.json + model.safetensors)\n", exp);
+    return rc;
+}
+
+/* Everything run holds, in dependency order; rc != 0 aborts the other ranks first. */
+static void run_close(run *r, int rc)
+{
+    if (rc && r->comm)
+        df_comm_abort(r->comm); /* the other ranks fail fast instead of waiting */
+    feeder_close(&r->fd); /* before the source it reads */
+    source_close(&r->src);
+    if (r->logf)
+        fclose(r->logf);
+    eval_close(&r->ev);
+    dev_state_free(r->be, &r->ds);
+    df_comm_close(r->comm);
+    df_backend_free(r->be, r->dev_embed);
+    df_backend_free(r->be, r->dev_head);
+    free(r->grad);
+    free(r->figs);
+    free(r->ckpt_rs);
+    free(r->ckpt_dps);
+    /* ck's blobs: NULL, or a resumed checkpoint's (an error before they were taken): freed */
+    df_ckpt_state_free(&r->ck);
+    df_drafter_close(r->d);
+    df_backend_close(r->be);
+    df_st_close(r->tst);
+    df_basis_free(&r->basis);
+    df_cache_close(r->cache);
+    if (r->lock_fd >= 0)
+        close(r->lock_fd); /* last: the run's files are all closed */
+}
+
+int df_train_run(const df_train_opts *o, df_err *e)
+{
+    int world = o->world > 1 ? o->world : 1, rank = world > 1 ? o->rank : 0;
+    int rc = run_check_opts(o, rank, world, e);
+    if (rc)
+        return rc;
+    run *r = calloc(1, sizeof *r);
+    if (!r)
+        return df_errf(e, -ENOMEM, "out of memory");
+    r->o = o;
+    r->world = world, r->rank = rank, r->lead = rank == 0;
+    r->nrows = o->rows_per_step > 0 ? o->rows_per_step : 1;
+    r->lock_fd = -1;
+    if ((rc = run_open_inputs(r, e)) || (rc = run_open_model(r, e)))
+        goto out;
+    if (r->step0 > 0 && r->step0 >= o->steps) { /* (a fresh --steps 0 run goes on: eval, export) */
+        if (!o->quiet && r->lead)
+            printf("%s: already trained for %" PRId64 " steps\n", o->run_dir, r->step0);
+        rc = run_export(r, e);
+        goto out;
+    }
+    if ((rc = run_open_steps(r, e)))
+        goto out;
+    for (int64_t step = r->step0; step < o->steps; step++) {
+        if ((rc = run_step(r, step, e)) || (rc = run_after_step(r, step + 1, e)))
             goto out;
-        double denom = sl->denom;
-        uint64_t tokens = sl->tokens;
-        const double wait_s = df_now() - t_data;
-        double wait_max_s = wait_s;
-        acc_data_s += wait_s;
-        acc_build_s += sl->build_s;
-        acc_read_s += sl->read_s;
-        /* The loss is normalised by the whole step's weight over all ranks
-         * (docs/DRAFTER.md "Labels and loss": the global denominator). */
-        if (world > 1 && (rc = df_comm_allreduce_host_f64(comm, &denom, 1, e)))
-            goto out;
-        /* with overlap the optimizer zeroed each bucket after its update; the
-         * ranges hosting activations the backward clears itself */
-        if ((!ds.overlap || step == step0) && (rc = ds_zero(be, &ds, 0, ds.np))) {
-            df_errf(e, rc, "step %" PRId64 ": clearing gradients failed", step);
-            goto out;
-        }
-        df_drafter_metrics m = {0};
-        if ((rc = step_rows(d, &ds, &fd, sl, step, nrows, denom, world, &m, e)))
-            goto out;
-        if (world > 1 && (rc = ds_grad_hook(&ds, -1))) /* buckets no row reduced (no rows) */
-            goto out;
-        if (world > 1 && (rc = df_comm_wait(comm, e)))
-            goto out;
-        double sq = 0; /* this rank's reduced gradients: its slices of the buckets */
-        if (ds.world > 1) {
-            for (int k = 0; k < ds.nb; k++)
-                sq += ds.cnt[k] ? df_op_sumsq(be, ds_gslice(&ds, k), ds.gdt, ds.cnt[k]) : 0.0;
-        } else {
-            sq = df_op_sumsq(be, ds.grad, ds.gdt, total);
-        }
-        /* sumsq waited for the stream: the rows' uploads and argmax are done */
-        for (int r = 0; r < nrows && denom > 0; r++) {
-            const df_batch_row *br = df_batch_get_row(sl->rows[r]);
-            if (!(br->weight_sum > 0))
-                continue;
-            df_drafter_row dr = {.blocks = br->blocks, .labels = br->labels,
-                                 .weights = br->weights};
-            df_drafter_row_metrics(d, &dr, sl->argmax[r], &m);
-        }
-        double flops = sl->flops;
-        data_pos after = sl->after;
-        uint8_t rng_after[32];
-        memcpy(rng_after, sl->rng_after, sizeof rng_after);
-        feeder_release(&fd, sl);
-        if (world > 1 && (rc = step_figures_reduce(comm, world, rank, c.block_size, wait_s, figs, &sq, &m,
-                                                   &tokens, &flops, &wait_max_s, e)))
-            goto out;
-        acc_flops += flops;
-        acc_data_max_s += wait_max_s;
-        double loss = denom > 0 ? m.loss_sum / denom : 0.0;
-        double gnorm = sqrt(sq);
-        if (!isfinite(loss) || !isfinite(gnorm)) {
-            rc = df_errf(e, -ERANGE, "step %" PRId64 ": loss %g, gradient norm %g: not finite "
-                         "(rows of epoch %" PRIu64 " before position %" PRIu64 ")", step, loss,
-                         gnorm, after.epoch, after.pos);
-            goto out;
-        }
-        double lr = df_lr_at(&sched, step);
-        float gscale = gnorm > o->clip && o->clip > 0 ? (float)(o->clip / gnorm) : 1.0f;
-        if (denom > 0 && (rc = dev_state_adamw(be, &ds, (float)lr, step + 1, gscale, e))) {
-            df_err_wrap(e, "step %" PRId64, step);
-            goto out;
-        }
-        /* metrics over the logging interval */
-        acc_loss += loss;
-        acc_gnorm += gnorm;
-        acc_n++;
-        acc_tokens += tokens;
-        acc.blocks += m.blocks;
-        acc.accepted += m.accepted;
-        for (int k = 0; k < DF_DRAFTER_MAX_BLOCK; k++) {
-            acc.correct[k] += m.correct[k];
-            acc.counted[k] += m.counted[k];
-        }
-        dp.tokens += tokens;
-        int64_t done = step + 1;
-        if (step == step0)
-            df_backend_profile_reset(be); /* the op profile leaves out the warm-up step */
-        if (done % (o->log_every > 0 ? o->log_every : 1) == 0 || done == o->steps) {
-            double now = df_now(), dt = now - t_prev;
-            int64_t used = df_backend_mem_used(be);
-            df_step_perf pf = {.tok_s = acc_tokens / dt, .step_s = dt / acc_n,
-                            .data_wait = acc_data_s / dt, .data_wait_max = acc_data_max_s / dt,
-                            .tflops = acc_flops / dt / 1e12,
-                            .mfu = peak > 0 ? acc_flops / dt / (peak * world) : 0,
-                            .mem_gib = used >= 0 ? (double)used / (1 << 30) : -1,
-                            .mem_base_gib = mem_base >= 0 ? (double)mem_base / (1 << 30) : -1,
-                            .persistent_gib = persistent_gib,
-                            .feed_build_s = acc_build_s / acc_n, .feed_read_s = acc_read_s / acc_n,
-                            .eta_s = (now - t_run0) / (double)(done - step0) *
-                                     (double)(o->steps - done)};
-            if ((rc = df_runlog_step(logf, logpath, o->quiet || !lead, done, o->steps, acc_loss / acc_n,
-                               lr, acc_gnorm / acc_n, &acc, c.block_size, &pf, dp.tokens,
-                               after.epoch, e)))
-                goto out;
-            t_prev = now;
-            acc_data_s = acc_data_max_s = acc_flops = acc_build_s = acc_read_s = 0;
-            memset(&acc, 0, sizeof acc);
-            acc_loss = acc_gnorm = 0;
-            acc_n = 0;
-            acc_tokens = 0;
-        }
-        if (ev.cache && lead &&
-            ((o->eval_every > 0 && done % o->eval_every == 0) || done == o->steps)) {
-            double t_ev = df_now();
-            if (ds.overlap && (rc = df_backend_sync(be))) /* the optimizer's side stream */
-                goto out;
-            df_best r;
-            if ((rc = run_eval(&ev, d, ds.w, n_feat, done, logf, logpath, o->quiet, c.block_size, &r,
-                               e)) ||
-                (bst.on &&
-                 (rc = best_update(&bst, &r, o, be, &ds, &c, ps, ck.master, &basis, e))))
-                goto out;
-            t_prev += df_now() - t_ev; /* the next interval's throughput leaves it out */
-        }
-        int save = !o->no_ckpt &&
-                   ((o->ckpt_every > 0 && done % o->ckpt_every == 0) || done == o->steps);
-        /* the state comes back for a checkpoint, and at the end for the export */
-        if ((save || done == o->steps) &&
-            ((ds.overlap && (rc = df_backend_sync(be))) || (rc = dev_state_fetch(be, &ds, &ck, e))))
-            goto out;
-        if (save) {
-            dp.epoch = after.epoch;
-            dp.pos = after.pos;
-            if ((rc = save_ckpt(o, comm, world, lead, done, &c, total, rng_after, &dp, ckpt_rs, ckpt_dps,
-                                &ck, e)))
-                goto out;
-        }
-        if (o->stop_after > 0 && done - step0 >= o->stop_after)
+        if (o->stop_after > 0 && step + 1 - r->step0 >= o->stop_after)
             goto out; /* as if killed (tests of resume) */
     }
     /* no step ran (--init-from ... --steps 0): the host master is the start's,
      * unless RUN/best's write used it as scratch; all ranks fetch it again */
-    if (step0 == o->steps && (rc = dev_state_fetch(be, &ds, &ck, e)))
+    if (r->step0 == o->steps && (rc = dev_state_fetch(r->be, &r->ds, &r->ck, e)))
         goto out;
-export:;
-    if (!lead)
-        goto out;
-    char exp[4200];
-    snprintf(exp, sizeof exp, "%s/export", o->run_dir);
-    if ((rc = c.feature_dim ? df_export_drafter_projected(exp, &c, ps, ck.master, &basis, e)
-                            : df_export_drafter(exp, &c, ps, ck.master, e)))
-        goto out;
-    if (!o->quiet)
-        printf("exported the drafter to %s (config.json + model.safetensors)\n", exp);
+    rc = run_export(r, e);
 out:
-    if (rc && comm)
-        df_comm_abort(comm); /* the other ranks fail fast instead of waiting */
-    feeder_close(&fd); /* before the source it reads */
-    source_close(&src);
-    if (logf)
-        fclose(logf);
-    eval_close(&ev);
-    dev_state_free(be, &ds);
-    df_comm_close(comm);
-    df_backend_free(be, dev_embed);
-    df_backend_free(be, dev_head);
-    free(grad);
-    free(figs);
-    free(ckpt_rs);
-    free(ckpt_dps);
-    /* ck's blobs: NULL, or a resumed checkpoint's (an error before they were taken): freed */
-    df_ckpt_state_free(&ck);
-    df_drafter_close(d);
-    df_backend_close(be);
-    df_st_close(tst);
-    df_basis_free(&basis);
-    df_cache_close(cache);
-    if (lock_fd >= 0)
-        close(lock_fd); /* last: the run's files are all closed */
+    run_close(r, rc);
+    free(r);
     return rc;
 }
