@@ -20,7 +20,7 @@ static void synth_usage(FILE *f)
 {
     fprintf(f,
             "usage: dflash cache synth --out DIR [options]\n"
-            "Writes a cache of synthetic hidden-state-like bf16 data (tools/synth.h says how it\n"
+            "Writes a cache of synthetic hidden-state-like bf16 data (cache/synth.h says how it\n"
             "is made) through the real writer pipeline: for tests, demos and storage benchmarks.\n"
             "  --samples N          samples (default 64; with --corpus: its documents, at most N)\n"
             "  --min-tokens N       shortest sample (default 16)\n"

@@ -8,7 +8,7 @@
 #  3. cache read through the streaming reader (`dflash cache read`: io_uring, CRC checks,
 #     decode into slots), in a shuffled epoch order;
 #  4. the codecs (`bench_codec`): ratio and encode/decode GB/s per core on synthetic
-#     hidden-state-like bf16 (tools/synth.h says how it is made), hidden 5120.
+#     hidden-state-like bf16 (cache/synth.h says how it is made), hidden 5120.
 # The cache has the Qwen3.6-27B extraction shape: hidden 5120, 5 feature layers of 64,
 # samples of 256..1024 tokens. Medians of REPEATS (default 3); dd and ours alternate.
 # GB/s = 1e9 bytes/s of FILE bytes unless marked raw. Files are removed at the end.

@@ -1,6 +1,6 @@
 /* test_codec - the hidden-state block codecs (formats/codec.h).
  *
- * Round trips of every codec x dtype on random, structured (tools/synth.h),
+ * Round trips of every codec x dtype on random, structured (cache/synth.h),
  * constant, special-valued and oddly sized data; "never grows"; the error
  * bound of every lossy codec, element by element (per row for fp8-e4m3, per
  * 32-element block for the block-scaled codecs, on states with massive

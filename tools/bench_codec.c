@@ -1,6 +1,6 @@
 /* bench_codec - ratio and speed of the hidden-state codecs (formats/codec.h).
  *
- * Data: synthetic hidden states (tools/synth.h), several "layers" per hidden
+ * Data: synthetic hidden states (cache/synth.h), several "layers" per hidden
  * size, cut into blocks of ~1 MiB of whole rows as the cache writes them; or
  * a raw bf16 file of real hidden states (--file F --hidden N); or every layer
  * of a finished cache (--cache DIR, e.g. real states from `dflash extract`).

@@ -1,4 +1,4 @@
-/* projected.h - a drafter trained on a projected cache (formats/cache.h).
+/* projected.h - a drafter trained on a projected cache (cache/cache.h).
  *
  * Such a cache stores z = P x per token; the drafter's fc_r (H x R) reads z.
  * Serving engines feed fc the raw features x, so the export writes

@@ -1,4 +1,6 @@
-/* synth.h - hidden-state-like bf16 test data for the codec and I/O benchmarks.
+/* synth.h - hidden-state-like bf16 data: what `dflash cache synth` writes (a
+ * cache to size and benchmark training without a target), and the codec
+ * benchmark's and tests' input.
  *
  * Why synthetic data at all: the benchmarks must run anywhere (CI, a laptop)
  * without a model; and real data is only a sample of one model. What matters

@@ -1,5 +1,5 @@
-/* cache_internal.h - pieces shared by the cache's format, reader and the
- * storage-side writer; not part of the public API. */
+/* cache_internal.h - pieces shared by the cache's format, reader and
+ * writer; not part of the public API. */
 #ifndef DF_CACHE_INTERNAL_H
 #define DF_CACHE_INTERNAL_H
 

@@ -14,8 +14,9 @@
  * per-layer blocks (whole rows each, codec id + sizes + CRC32C each), padded
  * to 4 KiB so records can be read and written with O_DIRECT.
  *
- * This module is pure format + synchronous pread-based reading; the threaded,
- * io_uring-driven writer and streaming reader live in storage/.
+ * This header is pure format + synchronous pread-based reading; the threaded
+ * writer (cache_writer.h) and streaming reader (cache_stream.h) beside it do
+ * their I/O through the engine in storage/io.h.
  */
 #ifndef DF_CACHE_H
 #define DF_CACHE_H
