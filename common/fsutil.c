@@ -11,6 +11,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "knobs.h"
+#include "log.h"
+
 static const char *kind_of(mode_t m)
 {
     return S_ISFIFO(m) ? "a FIFO" : S_ISDIR(m) ? "a directory" : S_ISCHR(m) ? "a character device"
@@ -46,7 +49,8 @@ int df_open_regular(const char *path, int flags, int mode, df_err *e)
     return fd;
 }
 
-/* DFLASH_FAULT, parsed once: at most 8 point=ERRNO items. */
+/* DFLASH_FAULT, parsed once: at most 8 point=ERRNO items; an item not of
+ * that form, and any after the eighth, is ignored with a warning. */
 static struct {
     char point[8][48];
     int err[8];
@@ -56,19 +60,35 @@ static pthread_once_t g_fault_once = PTHREAD_ONCE_INIT;
 
 static void fault_init(void)
 {
-    const char *v = getenv("DFLASH_FAULT");
+    static const char *const points[] = {"cache-final-dirsync", "log-write", "cache-shard-write"};
+    const char *v = df_knob_str(DF_KNOB_FAULT);
     char buf[512];
-    if (!v || snprintf(buf, sizeof buf, "%s", v) >= (int)sizeof buf)
+    if (!v)
         return;
+    if (snprintf(buf, sizeof buf, "%s", v) >= (int)sizeof buf) {
+        df_log(DF_LOG_WARN, "DFLASH_FAULT: %zu characters, more than the %zu read: ignored", strlen(v),
+               sizeof buf - 1);
+        return;
+    }
     char *save = NULL;
-    for (char *t = strtok_r(buf, ",", &save); t && g_fault.n < 8; t = strtok_r(NULL, ",", &save)) {
+    for (char *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (g_fault.n == 8) {
+            df_log(DF_LOG_WARN, "DFLASH_FAULT: '%s' and any items after it ignored (at most 8)", t);
+            break;
+        }
         char *eq = strchr(t, '=');
-        if (!eq || (size_t)(eq - t) >= sizeof g_fault.point[0])
+        int err = !eq ? 0 : !strcmp(eq + 1, "EIO") ? EIO : !strcmp(eq + 1, "ENOSPC") ? ENOSPC : 0;
+        if (!err || (size_t)(eq - t) >= sizeof g_fault.point[0]) {
+            df_log(DF_LOG_WARN, "DFLASH_FAULT: item '%s' ignored: want POINT=EIO or POINT=ENOSPC", t);
             continue;
+        }
         *eq = 0;
-        int err = !strcmp(eq + 1, "EIO") ? EIO : !strcmp(eq + 1, "ENOSPC") ? ENOSPC : 0;
-        if (!err)
-            continue;
+        size_t k = 0;
+        while (k < sizeof points / sizeof points[0] && strcmp(t, points[k]))
+            k++;
+        if (k == sizeof points / sizeof points[0])
+            df_log(DF_LOG_WARN, "DFLASH_FAULT: '%s' is no fault point (cache-final-dirsync, log-write, "
+                                "cache-shard-write): it never fires", t);
         snprintf(g_fault.point[g_fault.n], sizeof g_fault.point[0], "%s", t);
         g_fault.err[g_fault.n++] = err;
     }

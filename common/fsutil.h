@@ -45,7 +45,7 @@ int df_open_regular(const char *path, int flags, int mode, df_err *e);
  * DFLASH_FAULT=cache-final-dirsync=EIO). Points: cache-final-dirsync (the
  * directory fsync after manifest.json's rename), log-write (train's
  * log.jsonl), cache-shard-write (the cache writer's shard 1: a write failure
- * reported to the drain just before the shard would be published). Unset in normal runs: one getenv, then a cached "nothing". */
+ * reported to the drain just before the shard would be published). Unset in normal runs: a cached "nothing". */
 int df_fault(const char *point);
 
 /* Seconds on a monotonic clock. */

@@ -2,27 +2,12 @@
 
 #include <stdarg.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
 
-static int log_level(void)
-{
-    static int level = -1;
-    if (level < 0) {
-        const char *s = getenv("DFLASH_LOG");
-        level = DF_LOG_INFO;
-        if (s) {
-            if (!strcmp(s, "error")) level = DF_LOG_ERROR;
-            else if (!strcmp(s, "warn")) level = DF_LOG_WARN;
-            else if (!strcmp(s, "debug")) level = DF_LOG_DEBUG;
-        }
-    }
-    return level;
-}
+#include "knobs.h"
 
 int df_log_enabled(int level)
 {
-    return level <= log_level();
+    return level <= df_knob_int(DF_KNOB_LOG); /* its choices are the levels, in order */
 }
 
 void df_log(int level, const char *fmt, ...)

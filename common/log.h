@@ -1,5 +1,5 @@
 /* log.h - one-line diagnostics to stderr. Level from DFLASH_LOG
- * (error|warn|info|debug; default info). Thread-safe (one fprintf per line). */
+ * (error|warn|info|debug; default info; knobs.h). Thread-safe (one fprintf per line). */
 #ifndef DF_LOG_H
 #define DF_LOG_H
 

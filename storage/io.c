@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "knobs.h"
 #include "log.h"
 
 /* Older headers lack the direct-I/O alignment query (Linux 6.1). The kernel
@@ -253,20 +254,12 @@ df_io *df_io_open(const df_io_opts *opts, df_err *e)
     }
     int nthreads = o.nthreads ? o.nthreads : (int)(o.queue_depth < 16 ? o.queue_depth : 16);
 
-    /* DFLASH_IO is read at every open (not cached) so a test or a wrapper
-     * can change it between engines. */
-    enum { AUTO, URING, THREADS } mode = AUTO;
-    const char *env = getenv("DFLASH_IO");
-    if (env && *env && strcmp(env, "auto") != 0) {
-        if (!strcmp(env, "uring") || !strcmp(env, "io_uring"))
-            mode = URING;
-        else if (!strcmp(env, "threads"))
-            mode = THREADS;
-        else {
-            df_errf(e, -EINVAL, "DFLASH_IO=%s: expected auto, uring or threads", env);
-            return NULL;
-        }
-    }
+    /* DFLASH_IO's choices in knobs.h's order; a bad value is this open's
+     * error. Tests and tools switch it between engines with df_knob_set. */
+    enum { AUTO, URING, THREADS };
+    if (df_knob_check(DF_KNOB_IO, e))
+        return NULL;
+    int mode = df_knob_int(DF_KNOB_IO);
     if (o.force_fallback)
         mode = THREADS;
 

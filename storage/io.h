@@ -9,7 +9,8 @@
  *     opts->force_fallback or DFLASH_IO=threads. io_uring is probed once per
  *     process and the verdict cached; the switch is logged once (warn).
  *     DFLASH_IO=uring forces io_uring: its setup failure is then an error.
- *     DFLASH_IO unset, "" or "auto": probe. Any other value: -EINVAL.
+ *     DFLASH_IO unset, "" or "auto": probe. Any other value: -EINVAL. The
+ *     knob is read once per process (knobs.h; df_knob_set switches it).
  *     opts->force_fallback beats DFLASH_IO=uring (the code asked explicitly).
  *
  * Completion semantics, identical on both backends:

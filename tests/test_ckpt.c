@@ -16,6 +16,7 @@
 #include "ckpt.h"
 #include "dtype.h"
 #include "fsutil.h"
+#include "knobs.h"
 #include "params.h"
 #include "safetensors.h"
 #include "schedule.h"
@@ -353,7 +354,7 @@ static void test_crash(void)
         fflush(NULL);
         pid_t pid = fork();
         if (pid == 0) {
-            setenv("DFLASH_CKPT_TEST_KILL_AT", stages[k].stage, 1);
+            df_knob_set(DF_KNOB_CKPT_TEST_KILL_AT, stages[k].stage);
             df_err ce;
             df_ckpt_save(run, &b.st, 1, &ce);
             _exit(3); /* the hook did not fire */

@@ -38,6 +38,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_internal.h"
+#include "knobs.h"
 #include "ops.h"
 #include "test.h"
 
@@ -421,7 +422,7 @@ int main(int argc, char **argv)
         return 1;
     }
 
-    if (getenv("DFLASH_CUDA_FALLBACK") && *getenv("DFLASH_CUDA_FALLBACK") == '1')
+    if (df_knob_int(DF_KNOB_CUDA_FALLBACK))
         printf("note: DFLASH_CUDA_FALLBACK=1: v0 runs the CUDA-core fallback, v1.. the tuned "
                "kernel\n");
     { /* head_dim 96: the tuned kernel declines (the backend then falls back) */

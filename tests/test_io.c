@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "io.h"
+#include "knobs.h"
 #include "log.h"
 #include "test.h"
 
@@ -376,17 +377,17 @@ static void files(void)
     close(pf[1]);
 }
 
-/* DFLASH_IO is read at each open. */
+/* The DFLASH_IO knob, switched between opens (df_knob_set: the environment is read once). */
 static void env_path(int have_uring)
 {
     df_err e_ = {0}, *e = &e_;
     df_io_opts o = {.queue_depth = 4};
-    setenv("DFLASH_IO", "threads", 1);
+    df_knob_set(DF_KNOB_IO, "threads");
     df_io *io = df_io_open(&o, e);
     CHECK(io && !strcmp(df_io_backend(io), "threads"));
     df_io_close(io);
 
-    setenv("DFLASH_IO", "uring", 1);
+    df_knob_set(DF_KNOB_IO, "uring");
     io = df_io_open(&o, e);
     if (have_uring)
         CHECK(io && !strcmp(df_io_backend(io), "io_uring"));
@@ -399,16 +400,16 @@ static void env_path(int have_uring)
     df_io_close(io);
     o.force_fallback = 0;
 
-    setenv("DFLASH_IO", "bogus", 1);
+    df_knob_set(DF_KNOB_IO, "bogus");
     io = df_io_open(&o, e);
     CHECK(io == NULL);
     CHECK_ERR(io ? 0 : e->code, -EINVAL, e, "DFLASH_IO=bogus");
     df_io_close(io);
 
-    /* The whole suite once more, the pool chosen by the environment. */
-    setenv("DFLASH_IO", "threads", 1);
+    /* The whole suite once more, the pool chosen by the knob. */
+    df_knob_set(DF_KNOB_IO, "threads");
     suite(0, "env-threads");
-    unsetenv("DFLASH_IO");
+    df_knob_set(DF_KNOB_IO, NULL);
 }
 
 /* In a child with no free descriptor, io_uring setup fails (EMFILE): auto
@@ -436,7 +437,7 @@ static void fallback_child(void)
         lim.rlim_max = cur.rlim_max;
         if (setrlimit(RLIMIT_NOFILE, &lim) != 0)
             _exit(3);
-        unsetenv("DFLASH_IO");
+        df_knob_set(DF_KNOB_IO, NULL);
         df_err e_ = {0}, *e = &e_;
         df_io_opts o = {.queue_depth = 4};
         for (int i = 0; i < 2; i++) {
@@ -448,7 +449,7 @@ static void fallback_child(void)
                   cq.res == -EBADF);
             df_io_close(io);
         }
-        setenv("DFLASH_IO", "uring", 1);
+        df_knob_set(DF_KNOB_IO, "uring");
         df_io *io = df_io_open(&o, e);
         CHECK(io == NULL);
         CHECK_ERR(io ? 0 : e->code, -EMFILE, e, "DFLASH_IO=uring");

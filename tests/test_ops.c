@@ -12,6 +12,7 @@
  * u = 2^-24 = 6e-8 is fp32's unit roundoff.
  *
  * DFLASH_OPS_BENCH=1 also times matmul (M=512, K=N=1024) on 1 and 2 threads. */
+#include "knobs.h"
 #include "ops.h"
 #include "test.h"
 
@@ -340,14 +341,14 @@ static void test_matmul(void)
     const df_dtype dts[] = {DF_DTYPE_BF16, DF_DTYPE_F16, DF_DTYPE_F32};
     /* Both kernels: the AVX2 one (where the CPU has it) and the portable one. */
     for (int simd = 1; simd >= 0; simd--) {
-        setenv("DFLASH_CPU_SIMD", simd ? "1" : "0", 1);
+        df_knob_set(DF_KNOB_CPU_SIMD, simd ? "1" : "0");
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int d = 0; d < 3; d++)
                 for (int acc = 0; acc < 2; acc++)
                     if (!(d == 1 && acc == 1)) /* F16 once per shape is enough */
                         check_matmul(shapes[s][0], shapes[s][1], shapes[s][2], dts[d], acc);
     }
-    unsetenv("DFLASH_CPU_SIMD");
+    df_knob_set(DF_KNOB_CPU_SIMD, NULL);
 
     /* Bad arguments: -EINVAL and y untouched. */
     mat x = mat_new(4, 8, 8), y = mat_new(4, 5, 5);

@@ -28,6 +28,7 @@
  *
  * DFLASH_TRAIN_BENCH=1 also times matmul_bwd_x / _w (M=512, K=N=1024) and
  * the LM-head CE on 1 and 2 threads. */
+#include "knobs.h"
 #include "train_ops.h"
 #include "test.h"
 
@@ -555,14 +556,14 @@ static void test_matmul_bwd(void)
                                         {300, 200, 530}, {193, 5, 70}, {0, 4, 5},
                                         {4, 0, 5},     {4, 5, 0}};
     for (int simd = 1; simd >= 0; simd--) {
-        setenv("DFLASH_CPU_SIMD", simd ? "1" : "0", 1);
+        df_knob_set(DF_KNOB_CPU_SIMD, simd ? "1" : "0");
         for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
             for (int d = 0; d < 3; d++)
                 for (int acc = 0; acc < 2; acc++)
                     if (!(d == 1 && acc == 1) && !(shapes[s][0] == 300 && (d != 0 || !simd)))
                         check_matmul_bwd(shapes[s][0], shapes[s][1], shapes[s][2], DTS[d], acc);
     }
-    unsetenv("DFLASH_CPU_SIMD");
+    df_knob_set(DF_KNOB_CPU_SIMD, NULL);
 
     /* BF16 dw. {M, N, K}: as above, plus N x K > 2^20 (the f32 buffer goes
      * in slabs of rows) and M = 0 (an empty sum: 0, or the old value). */
@@ -573,13 +574,13 @@ static void test_matmul_bwd(void)
                                          {193, 5, 70}, {3, 300, 4000}, {300, 200, 530},
                                          {0, 4, 5}};
     for (int simd = 1; simd >= 0; simd--) {
-        setenv("DFLASH_CPU_SIMD", simd ? "1" : "0", 1);
+        df_knob_set(DF_KNOB_CPU_SIMD, simd ? "1" : "0");
         for (size_t s = 0; s < sizeof bshapes / sizeof bshapes[0]; s++)
             for (int acc = 0; acc < 2; acc++)
                 if (simd || bshapes[s][0] * bshapes[s][1] * bshapes[s][2] < 1000000)
                     check_matmul_bwd_w_bf16(bshapes[s][0], bshapes[s][1], bshapes[s][2], acc, 0);
     }
-    unsetenv("DFLASH_CPU_SIMD");
+    df_knob_set(DF_KNOB_CPU_SIMD, NULL);
     for (int acc = 0; acc < 2; acc++) {
         check_matmul_bwd_w_bf16(300, 40, 70, acc, 1);
         check_matmul_bwd_w_bf16(5, 300, 4000, acc, 1);

@@ -20,6 +20,7 @@
 
 #include "fsutil.h"
 #include "io.h"
+#include "knobs.h"
 
 typedef struct cfg {
     const char *file;
@@ -180,9 +181,9 @@ out:
 static int run_backend(const cfg *c, int threads, uint8_t **bufs)
 {
     df_err e = {0};
-    /* The environment decides how a forced backend fails: an io_uring run
+    /* The DFLASH_IO knob decides how a forced backend fails: an io_uring run
      * that cannot get io_uring is an error here, not a silent fallback. */
-    setenv("DFLASH_IO", threads ? "threads" : "uring", 1);
+    df_knob_set(DF_KNOB_IO, threads ? "threads" : "uring");
     df_io_opts o = {.queue_depth = c->qd};
     df_io *io = df_io_open(&o, &e);
     if (!io) {

@@ -1,10 +1,9 @@
 /* ckpt.c - training checkpoints (see ckpt.h; the serving export: export.c).
  *
- * Test hook: when the environment variable DFLASH_CKPT_TEST_KILL_AT names a
- * stage of df_ckpt_save ("config", "state", "manifest", "complete", "rename",
+ * Test hook: when the knob DFLASH_CKPT_TEST_KILL_AT (knobs.h) names a stage
+ * of df_ckpt_save ("config", "state", "manifest", "complete", "rename",
  * "latest"), the process SIGKILLs itself right after that stage, so tests can
- * check what a crash at that point leaves behind. Unset, it costs one getenv
- * per save.
+ * check what a crash at that point leaves behind.
  */
 #include "ckpt.h"
 #include "ckpt_internal.h"
@@ -26,6 +25,7 @@
 #include "crc32c.h"
 #include "dtype.h"
 #include "fsutil.h"
+#include "knobs.h"
 #include "safetensors.h"
 #include "sha256.h"
 
@@ -41,7 +41,7 @@ static const char *const ARRAYS[3] = {"master", "adam_m", "adam_v"};
 
 static void test_hook(const char *stage)
 {
-    const char *v = getenv("DFLASH_CKPT_TEST_KILL_AT");
+    const char *v = df_knob_str(DF_KNOB_CKPT_TEST_KILL_AT);
     if (v && !strcmp(v, stage))
         raise(SIGKILL);
 }

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "knobs.h"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define DF_X86_SIMD 1
@@ -91,8 +93,7 @@ __attribute__((target("avx2,fma"))) static void kern_avx2(int64_t kc, const floa
 
 df_gemm_kern df_gemm_pick_kernel(void)
 {
-    const char *env = getenv("DFLASH_CPU_SIMD");
-    if (env && env[0] == '0')
+    if (!df_knob_int(DF_KNOB_CPU_SIMD))
         return kern_c;
 #ifdef DF_X86_SIMD
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"))

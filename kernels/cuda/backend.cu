@@ -16,6 +16,7 @@
 #include "dflash_attn.h"
 #include "lmhead_cuda.h"
 #include "train_cuda.h"
+#include "knobs.h"
 extern "C" {
 #include "log.h"
 }
@@ -539,12 +540,7 @@ static void cu_close(df_backend *be)
  * tuned kernels decline with -ENOTSUP. */
 static int force_fallback(void)
 {
-    static int v = -1;
-    if (v < 0) {
-        const char *e = getenv("DFLASH_CUDA_FALLBACK");
-        v = e && *e == '1';
-    }
-    return v;
+    return df_knob_int(DF_KNOB_CUDA_FALLBACK);
 }
 
 extern "C" int df_cuda_attention(df_backend *be, const df_tensor *q, const df_tensor *k, const df_tensor *v,
@@ -757,8 +753,7 @@ extern "C" df_backend *df_backend_cuda_open(int device, df_err *e)
         return NULL;
     }
     log_kernels_once(device);
-    const char *pe = getenv("DFLASH_PROFILE");
-    if (pe && *pe == '1' && (s->prof = (df_cuda_prof *)calloc(1, sizeof *s->prof))) {
+    if (df_knob_int(DF_KNOB_PROFILE) && (s->prof = (df_cuda_prof *)calloc(1, sizeof *s->prof))) {
         for (int i = 0; i < 2 * DF_CUDA_PROF_EVENTS; i++)
             (void)cudaEventCreate(&s->prof->ev[i]);
         be->prof = 1;

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "device.h"
+#include "knobs.h"
 
 extern "C" int df_cuda_device_count(void)
 {
@@ -33,12 +34,7 @@ extern "C" int df_cuda_device_info_get(int i, df_cuda_device_info *info)
 
 extern "C" int df_cuda_portable_forced(void)
 {
-    static int v = -1; // racing first calls compute the same value
-    if (v < 0) {
-        const char *e = getenv("DFLASH_PORTABLE");
-        v = e && !strcmp(e, "1");
-    }
-    return v;
+    return df_knob_int(DF_KNOB_PORTABLE);
 }
 
 extern "C" int df_cuda_smem_optin(int dev)

@@ -85,6 +85,7 @@
 
 #include "cuda_internal.h"
 #include "cuda_state.h"
+#include "knobs.h"
 
 extern "C" {
 #include "log.h"
@@ -172,10 +173,8 @@ static int64_t g_n_tuned;  /* plans whose algorithm was chosen by time */
 
 static int tune_on(void)
 {
-    if (g_tune < 0) {
-        const char *v = getenv("DFLASH_GEMM_TUNE");
-        g_tune = v && *v == '1';
-    }
+    if (g_tune < 0)
+        g_tune = df_knob_int(DF_KNOB_GEMM_TUNE);
     return g_tune;
 }
 

@@ -53,6 +53,7 @@
 
 #include "bf16.cuh"
 #include "cuda_internal.h"
+#include "knobs.h"
 #include "lmhead_cuda.h"
 
 extern "C" {
@@ -67,11 +68,10 @@ constexpr int TILE = RT * RU;        /* logits per tile */
 constexpr int NW = RT / 32;          /* warps per row block */
 constexpr int LT = 1024;             /* threads of the loss-sum block */
 constexpr size_t WS_BYTES = (size_t)32 << 20;           /* cuBLASLt workspace */
-constexpr size_t DEFAULT_CHUNK_BYTES = (size_t)1 << 30; /* per-chunk buffers */
 constexpr int PLAN_CAP = 32;
 constexpr int MAX_DEV = 64;
 
-size_t g_chunk_bytes = 0; /* test hook; 0 = DEFAULT_CHUNK_BYTES */
+size_t g_chunk_bytes = 0; /* test hook; 0 = DFLASH_CE_CHUNK_MIB's */
 int g_precise = -1;       /* hi + lo gradient; -1 = not yet read from DFLASH_CE_PRECISE */
 
 /* A row is active (contributes loss and gradient) as on the CPU, plus the
@@ -466,26 +466,18 @@ extern "C" void df_cuda_lmhead_ce_set_precise(int on)
     g_precise = on ? 1 : 0;
 }
 
-/* DEFAULT_CHUNK_BYTES, or DFLASH_CE_CHUNK_MIB (64..65536): larger chunks give
- * the dh GEMM (H x rows, K = V) more output tiles per wave, at that much
- * more memory. */
+/* DFLASH_CE_CHUNK_MIB (64..65536, default 1024): larger chunks give the dh
+ * GEMM (H x rows, K = V) more output tiles per wave, at that much more
+ * memory. */
 static size_t chunk_bytes_default(void)
 {
-    static size_t v = 0;
-    if (!v) {
-        const char *e = getenv("DFLASH_CE_CHUNK_MIB");
-        long mib = e ? strtol(e, NULL, 10) : 0;
-        v = mib >= 64 && mib <= 65536 ? (size_t)mib << 20 : DEFAULT_CHUNK_BYTES;
-    }
-    return v;
+    return (size_t)df_knob_int(DF_KNOB_CE_CHUNK_MIB) << 20;
 }
 
 static int precise_mode(void)
 {
-    if (g_precise < 0) {
-        const char *v = getenv("DFLASH_CE_PRECISE");
-        g_precise = v && *v == '1';
-    }
+    if (g_precise < 0)
+        g_precise = df_knob_int(DF_KNOB_CE_PRECISE);
     return g_precise;
 }
 

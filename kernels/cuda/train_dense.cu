@@ -29,6 +29,7 @@
 
 #include "bf16.cuh"
 #include "cuda_internal.h"
+#include "knobs.h"
 #include "train_cuda.h"
 
 /* Before rows.cuh, which is sized by them. */
@@ -770,26 +771,11 @@ namespace {
 int g_nbwd_impl;     /* df_cuda_rmsnorm_bwd_set_impl; 0: none */
 int g_nbwd_last = 0; /* the path the last call took */
 
-/* DFLASH_RMSNORM_BWD, read once: "twopass" or "onepass" (the default);
- * 0 when unset or unknown. */
+/* DFLASH_RMSNORM_BWD: onepass (the default) or twopass, knobs.h's order. */
 int env_nbwd_impl()
 {
-    static int v = -1; /* racing first calls compute the same value */
-    if (v < 0) {
-        const char *e = getenv("DFLASH_RMSNORM_BWD");
-        int r = 0;
-        if (e && *e) {
-            if (!strcmp(e, "onepass"))
-                r = DF_CUDA_RMSNORM_BWD_ONEPASS;
-            else if (!strcmp(e, "twopass"))
-                r = DF_CUDA_RMSNORM_BWD_TWOPASS;
-            else
-                fprintf(stderr, "rmsnorm_bwd: DFLASH_RMSNORM_BWD=%s is neither onepass nor "
-                                "twopass: the default\n", e);
-        }
-        v = r;
-    }
-    return v;
+    return df_knob_int(DF_KNOB_RMSNORM_BWD) == 1 ? DF_CUDA_RMSNORM_BWD_TWOPASS
+                                                 : DF_CUDA_RMSNORM_BWD_ONEPASS;
 }
 
 template <int TPR, int UPT, int RU, int MINB>

@@ -12,12 +12,13 @@
 
 #include "corpus.h"
 #include "jsonl.h"
+#include "knobs.h"
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     (void)argc;
     (void)argv;
-    setenv("DFLASH_LOG", "error", 1); /* empty-document warnings would flood the output */
+    df_knob_set(DF_KNOB_LOG, "error"); /* empty-document warnings would flood the output */
     return 0;
 }
 

@@ -56,6 +56,7 @@
 // points), simt.cu, mma_fwd.cu / mma_bwd.cu, wg_fwd.cu / wg_dq.cu / wg_dkv.cu / wg_blk.cu / wg_dqs.cu
 // (Hopper); what they share: attn_internal.cuh, common.cuh.
 #include "attn_internal.cuh"
+#include "knobs.h"
 
 namespace {
 using namespace df_dflash;
@@ -120,47 +121,15 @@ extern "C" size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *
 namespace {
 int g_bwd_impl; // df_cuda_dflash_set_bwd_impl; 0: none
 
-// A switch, read once (racing first calls compute the same value): on
-// unless the variable is set to 0. DFLASH_ATTN_PDL: WG3's kernels after the
-// first launched as programmatic dependents (DsBuf.pdl).
-int g_env_pdl = -1;
-bool env_on(const char *name, int *v)
-{
-    if (*v < 0) {
-        const char *e = getenv(name);
-        *v = !(e && e[0] == '0');
-    }
-    return *v != 0;
-}
-
-// DFLASH_ATTN_BWD, read once (0: unset or unknown). The retired names (mma,
-// mma2, mma3, mma5, wg) are unknown names: a warning, then the default.
+// DFLASH_ATTN_BWD (0: unset, or a bad value, which the knob warns of: the
+// retired names mma, mma2, mma3, mma5, wg among them). The implementations
+// in the order of the knob's words (knobs.h).
 int env_bwd_impl()
 {
-    static int v = -1; // racing first calls compute the same value
-    if (v < 0) {
-        static const struct {
-            const char *nm;
-            int impl;
-        } tab[] = {{"simt", DF_CUDA_DFLASH_IMPL_SIMT},
-                   {"mma4", DF_CUDA_DFLASH_IMPL_MMA4},
-                   {"wg2", DF_CUDA_DFLASH_IMPL_WG2},
-                   {"wg2f", DF_CUDA_DFLASH_IMPL_WG2F},
-                   {"wg3", DF_CUDA_DFLASH_IMPL_WG3}};
-        const char *e = getenv("DFLASH_ATTN_BWD");
-        int r = 0;
-        if (e && *e) {
-            for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
-                if (!strcmp(e, tab[i].nm))
-                    r = tab[i].impl;
-            if (!r)
-                fprintf(stderr, "dflash_attn: DFLASH_ATTN_BWD=%s is none of simt, mma4, wg2, wg2f, wg3 "
-                                "(mma, mma2, mma3, mma5 and wg were removed): the default "
-                                "backward\n", e);
-        }
-        v = r;
-    }
-    return v;
+    static const int impl[] = {DF_CUDA_DFLASH_IMPL_SIMT, DF_CUDA_DFLASH_IMPL_MMA4, DF_CUDA_DFLASH_IMPL_WG2,
+                               DF_CUDA_DFLASH_IMPL_WG2F, DF_CUDA_DFLASH_IMPL_WG3};
+    const int i = df_knob_int(DF_KNOB_ATTN_BWD);
+    return i >= 0 && i < (int)(sizeof impl / sizeof impl[0]) ? impl[i] : 0;
 }
 } // namespace
 
@@ -241,7 +210,7 @@ extern "C" int df_cuda_dflash_bwd(const df_cuda_dflash_args *a, cudaStream_t st)
         dsb.ds = (uint16_t *)((char *)dsb.dsb + dsb_bytes(a));
         dsb.maxt = df_dflash::dqs_max_tiles(a->S, a->window);
         dsb.part = NULL; // (bwd_mma4_launch sets it)
-        dsb.pdl = env_on("DFLASH_ATTN_PDL", &g_env_pdl);
+        dsb.pdl = df_knob_int(DF_KNOB_ATTN_PDL) != 0; // WG3's later kernels as programmatic dependents
         cudaEvent_t *ev = a->pass_events;
         const df_dflash::DsBuf *dp = wg3 ? &dsb : NULL;
         // the one-stage backward's dS^T store, last (NULL where it does not run)

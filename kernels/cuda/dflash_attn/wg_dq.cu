@@ -63,6 +63,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "knobs.h"
 #include "wg_bwd.cuh" // QNT, the shared device helpers; common.cuh, wg.cuh
 
 namespace df_dflash {
@@ -602,11 +603,7 @@ cudaError_t dq_wg_run(const Params &p, unsigned n, cudaStream_t st, const KvMaps
     // DFLASH_ATTN_DQ_PERSIST=0: one CTA per item (the order as before). The
     // resident count per device is asked once (racing first calls store the
     // same value; 0: unknown or not persistent).
-    static int persist = -1;
-    if (persist < 0) {
-        const char *v = getenv("DFLASH_ATTN_DQ_PERSIST");
-        persist = !(v && v[0] == '0');
-    }
+    const int persist = df_knob_int(DF_KNOB_ATTN_DQ_PERSIST);
     static int resident[64];
     unsigned grid = n;
     int dev = 0;
