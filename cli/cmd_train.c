@@ -12,6 +12,7 @@
 #include "cmds.h"
 #include "drafter.h"
 #include "hfconfig.h"
+#include "knobs.h"
 #include "opt.h"
 #include "onestep.h"
 #include "ranks.h"
@@ -441,8 +442,7 @@ int cmd_train(int argc, char **argv)
         o.gpu = 0;
     }
     /* testing: every rank trains on rank 0's rows (N ranks must then give one rank's result) */
-    const char *rep = getenv("DFLASH_TEST_REPLICATE_DATA");
-    o.replicate_data = rep && *rep == '1';
+    o.replicate_data = df_knob_int(DF_KNOB_TEST_REPLICATE_DATA);
     if (o.world > 1 && !o.device)
         o.device = n_gpu > 0 ? "cuda" : "cpu";
     df_err e = {0};

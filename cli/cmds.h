@@ -15,5 +15,6 @@ int cmd_train(int argc, char **argv);
 int cmd_export(int argc, char **argv); /* dflash export */
 int cmd_eval(int argc, char **argv);   /* dflash eval */
 int cmd_train_step(int argc, char **argv);
+int cmd_env(int argc, char **argv); /* dflash env */
 
 #endif

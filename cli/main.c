@@ -20,6 +20,7 @@ static const struct {
     {"export", cmd_export, "the serving export (config.json + model.safetensors) of any checkpoint of a run"},
     {"eval", cmd_eval, "score an exported drafter on a held-out cache (loss, acc[k], tau_hat, tau_walk)"},
     {"train-step", cmd_train_step, "one step's loss + gradients from a safetensors file (for checking)"},
+    {"env", cmd_env, "the DFLASH_* environment knobs: what each does, its default, the value in use"},
 };
 
 static void usage(FILE *f)

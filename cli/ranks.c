@@ -8,6 +8,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "knobs.h"
 #include "opt.h"
 
 extern char **environ;
@@ -69,8 +70,8 @@ void cli_node_rank(uint32_t *node, uint32_t *nodes)
 
 const char *cli_run_id_from_env(char *buf, int cap)
 {
-    const char *v = getenv("DFLASH_RUN_ID");
-    if (!v || !*v)
+    const char *v = df_knob_str(DF_KNOB_RUN_ID);
+    if (!v)
         v = getenv("TORCHELASTIC_RUN_ID");
     if (v && *v) {
         snprintf(buf, (size_t)cap, "%s", v);

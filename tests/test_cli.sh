@@ -428,6 +428,17 @@ run 2 "DFLASH_RUN_ID" env RANK=0 WORLD_SIZE=2 LOCAL_RANK=0 "$D" train $TA2 --out
 run 0 "loss 6.82796" "$D" train-step --in "$SRC/tests/fixtures/drafter_ref.safetensors" --out "$W/grads.safetensors"
 run 1 "missing|config" "$D" train-step --in "$W/grads.safetensors"
 
+# --- dflash env: the knob table with the values in use; docs/KNOBS.md is its --markdown
+run 0 "DFLASH_CE_CHUNK_MIB=1024 \(default\)" env -u DFLASH_CE_CHUNK_MIB "$D" env
+run 0 "DFLASH_CE_CHUNK_MIB=2048 \(set\)" env DFLASH_CE_CHUNK_MIB=2048 "$D" env
+run 0 "DFLASH_IO=bogus \(bad: an error at use\)" env DFLASH_IO=bogus "$D" env
+run 0 "warn: DFLASH_ATTN_BWD=mma: want one of simt, mma4, wg2, wg2f, wg3; using the default" env DFLASH_ATTN_BWD=mma "$D" env
+[ "$(DFLASH_ATTN_BWD=mma "$D" env 2>&1 | grep -c "warn: DFLASH_ATTN_BWD")" = 1 ] || fail "a bad knob did not warn exactly once"
+"$D" env --markdown | cmp -s - "$SRC/docs/KNOBS.md" || fail "docs/KNOBS.md is not \`dflash env --markdown\`"
+run 2 "unknown argument" "$D" env --bogus
+run 1 "DFLASH_IO=bogus: want one of auto, uring \(or io_uring\), threads" env DFLASH_IO=bogus "$D" cache synth --out "$W/iobad" \
+  --corpus "$W/tiny.dtok" --hidden 64 --target-layers 6 --layers 3
+
 # --- usage
 run 2 "" "$D"
 run 2 "unknown command" "$D" nosuch
