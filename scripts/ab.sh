@@ -21,7 +21,7 @@
 set -u
 B=${1:?build dir}; LOG=${2:?log dir}; shift 2
 AB_SRC=${AB_SRC:-}
-if [ -z "$AB_SRC" ]; then AB_ENV=${AB_ENV:?AB_ENV, e.g. DFLASH_ATTN_FWD=ws (or AB_SRC)}; else AB_ENV=${AB_ENV:-}; fi
+if [ -z "$AB_SRC" ]; then AB_ENV=${AB_ENV:?AB_ENV, e.g. DFLASH_ATTN_BWD=mma4 (or AB_SRC)}; else AB_ENV=${AB_ENV:-}; fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$LOG"
 status=0; rows=()
