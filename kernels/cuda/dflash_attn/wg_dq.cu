@@ -110,7 +110,9 @@ constexpr int PTB = QTK * CHUNK_ROWS * 2; // WG2F: one bf16 [key][row] tile (P^T
 // taken from the counter *ctr (zeroed by the host; atomicAdd plus gridDim.x)
 // at the start of the item before, so items go to CTAs as they free up, in
 // item order. The mapping changes nothing in the results: each item is
-// computed whole by one CTA, in tile order.
+// computed whole by one CTA, in tile order. A static stride of items, one
+// CTA per item (DFLASH_ATTN_DQ_PERSIST=0) and issuing the next item's first
+// two tiles early were each tried and were slower (docs/log/).
 // Where a block's rows of a kv head are one TMA box (maps.qd_on) and the
 // block tile is 16 keys (bs <= 16), the next item's loads run under this
 // item's block tile and epilogue: its Q / dO and its first context tile by
