@@ -147,7 +147,10 @@ float *gh_download_bf16(df_backend *be, const void *d, int64_t n);
 /* What a comparison of got against ref found. Pairs with a NaN go to nan,
  * pairs with an infinity to bad (unless both are the same infinity and the
  * options allow it), structural zeros that are not exactly 0 in both to
- * bad; err, ref_max and naive are over the other (finite) pairs. */
+ * bad; err is over the other (finite) pairs. ref_max and naive, the
+ * bound's terms, are the reference's alone: over every finite ref. Any
+ * NaN or bad pair fails, so which pairs the terms cover cannot change a
+ * verdict. */
 typedef struct gh_diff {
     double err;      /* max |got - ref| */
     double ref_max;  /* max |ref| */
