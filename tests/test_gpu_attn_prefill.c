@@ -38,9 +38,9 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_internal.h"
+#include "gpu_harness.h"
 #include "knobs.h"
 #include "ops.h"
-#include "test.h"
 
 /* attn_prefill.cu's test hook: 0 automatic, v >= 1 forces candidate v - 1:
  * v1..v3 the mma.sync kernel's configurations, v4 the sm_90a wgmma kernel
@@ -50,34 +50,7 @@ void df_cuda_attention_set_variant(int v);
 
 static uint64_t rng = 20240917;
 
-static uint16_t f2bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float bf2f(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static float rb(float x) { return bf2f(f2bf(x)); } /* round to bf16 */
 static float sigm(float x) { return 1.0f / (1.0f + expf(-x)); }
-
-static void *xcalloc(size_t n)
-{
-    void *p = calloc(n ? n : 1, 1);
-    if (!p) {
-        fprintf(stderr, "out of memory\n");
-        exit(2);
-    }
-    return p;
-}
 
 /* Variant 0: the public df_op_attention (what the model runs; the backend
  * falls back to its CUDA-core kernel only on -ENOTSUP). A forced variant
@@ -104,12 +77,6 @@ typedef struct acase {
     int nseq;
     int lens[8];
 } acase;
-
-/* A device buffer [T, width] bf16 that views live in. */
-typedef struct dbuf {
-    int64_t width;
-    uint16_t *host, *dev;
-} dbuf;
 
 /* Which buffer and column each of q, k, v, gate, out uses. */
 typedef struct place {
@@ -157,14 +124,14 @@ static void run_case(const acase *c, df_backend *cpu, df_backend *gpu)
     /* logical inputs, bf16 values (never zero) and their f32 copies */
     float *f[NT_];
     for (int t = 0; t < NT_; t++)
-        f[t] = xcalloc((size_t)(T * cols[t]) * 4);
+        f[t] = gh_xmalloc((size_t)(T * cols[t]) * 4);
     for (int t = TQ; t <= TG; t++) {
         float amp = t == TQ ? 1.5f : t == TG ? 2.0f : 1.0f;
         for (int64_t i = 0; i < T * cols[t]; i++) {
             float x = test_randn(&rng) * amp;
             if (x == 0.0f)
                 x = 0.01f;
-            f[t][i] = rb(x);
+            f[t][i] = gh_rb(x);
         }
     }
 
@@ -178,8 +145,8 @@ static void run_case(const acase *c, df_backend *cpu, df_backend *gpu)
              0);
 
     /* naive bf16 */
-    float *nv = xcalloc((size_t)(T * cq) * 4), *sc = xcalloc((size_t)(T + 1) * 4),
-          *acc = xcalloc((size_t)D * 4);
+    float *nv = gh_xmalloc((size_t)(T * cq) * 4), *sc = gh_xmalloc((size_t)(T + 1) * 4),
+          *acc = gh_xmalloc((size_t)D * 4);
     for (int s = 0; s < c->nseq; s++)
         for (int64_t i = cu[s]; i < cu[s + 1]; i++)
             for (int h = 0; h < nq; h++) {
@@ -200,7 +167,7 @@ static void run_case(const acase *c, df_backend *cpu, df_backend *gpu)
                     sum += (sc[j] = expf(sc[j] - mx));
                 memset(acc, 0, (size_t)D * 4);
                 for (int64_t j = 0; j < n; j++) {
-                    float p = rb(sc[j] / sum);
+                    float p = gh_rb(sc[j] / sum);
                     const float *vj = f[TV] + (cu[s] + j) * ck + (int64_t)g * D;
                     for (int e = 0; e < D; e++)
                         acc[e] += p * vj[e];
@@ -208,53 +175,47 @@ static void run_case(const acase *c, df_backend *cpu, df_backend *gpu)
                 float *o = nv + i * cq + (int64_t)h * D;
                 const float *gt = f[TG] + i * cq + (int64_t)h * D;
                 for (int e = 0; e < D; e++)
-                    o[e] = c->gated ? rb(rb(acc[e]) * sigm(gt[e])) : rb(acc[e]);
+                    o[e] = c->gated ? gh_rb(gh_rb(acc[e]) * sigm(gt[e])) : gh_rb(acc[e]);
             }
-    double nerr = 0, rmax = 0;
-    for (int64_t i = 0; i < T * cq; i++) {
-        double d = fabs((double)nv[i] - ref[i]);
-        nerr = d > nerr ? d : nerr;
-        rmax = fabs(ref[i]) > rmax ? fabs(ref[i]) : rmax;
-    }
-    double tol = 2 * nerr + 1e-6 * rmax;
+    gh_diff dn;
+    gh_diff_f32(&dn, nv, ref, T * cq, NULL);
+    double nerr = dn.err, tol = 2 * nerr + 1e-6 * dn.ref_max;
 
     /* device buffers: junk around the views, the out buffer all poison */
     int64_t w[5];
     int nbuf;
     place pl[NT_];
     layout_of(c, w, &nbuf, pl);
-    dbuf b[5];
+    gh_buf b[5];
     for (int i = 0; i < nbuf; i++) {
-        b[i].width = w[i];
-        b[i].host = xcalloc((size_t)(T * w[i]) * 2);
-        for (int64_t e = 0; e < T * w[i]; e++)
-            b[i].host[e] = f2bf(test_randn(&rng) * 100.0f); /* junk: would show if read */
-        b[i].dev = df_backend_alloc(gpu, (size_t)(T * w[i]) * 2 + 64);
-        CHECK(b[i].dev != NULL);
+        b[i] = gh_buf_new(T * w[i], 0, 64);
+        for (int64_t e = 0; e < T * w[i]; e++) /* junk: would show if read */
+            gh_buf_set(&b[i], e, gh_draw(GH_N01, &rng, 100.0f));
+        CHECK(b[i].d != NULL);
     }
-    for (int64_t e = 0; e < T * w[pl[TO].buf]; e++)
-        b[pl[TO].buf].host[e] = 0xffff; /* bf16 NaN */
+    gh_buf *out = &b[pl[TO].buf];
+    for (int64_t e = 0; e < out->n; e++)
+        ((uint16_t *)out->img)[e] = 0xffff; /* bf16 NaN */
     for (int t = TQ; t <= TG; t++)
         for (int64_t r = 0; r < T; r++)
             for (int64_t j = 0; j < cols[t]; j++)
-                b[pl[t].buf].host[r * w[pl[t].buf] + pl[t].col + j] = f2bf(f[t][r * cols[t] + j]);
+                gh_buf_set(&b[pl[t].buf], r * w[pl[t].buf] + pl[t].col + j, f[t][r * cols[t] + j]);
     for (int i = 0; i < nbuf; i++)
-        CHECK_EQ(df_backend_upload(gpu, b[i].dev, b[i].host, (size_t)(T * w[i]) * 2), 0);
+        gh_buf_upload(&b[i]);
     df_tensor gten[NT_];
-    for (int t = 0; t < NT_; t++) {
-        df_tensor whole = df_tensor_2d(b[pl[t].buf].dev, DF_DTYPE_BF16, T, w[pl[t].buf]);
-        gten[t] = df_tensor_cols(&whole, pl[t].col, cols[t]);
-    }
+    for (int t = 0; t < NT_; t++)
+        gten[t] = gh_tens(&b[pl[t].buf], gh_v2(pl[t].col, T, cols[t], w[pl[t].buf]), 1);
+    /* the out view's reference, where gh_view_diff looks for it */
+    gh_view vo = gh_v2(pl[TO].col, T, cq, w[pl[TO].buf]);
+    for (int64_t r = 0; r < T; r++)
+        for (int64_t j = 0; j < cq; j++)
+            out->h[r * w[pl[TO].buf] + pl[TO].col + j] = ref[r * cq + j];
+    const gh_cmp_opts inf_eq = {NULL, 0, 1};
 
-    uint16_t *got = xcalloc((size_t)(T * w[pl[TO].buf]) * 2);
     printf("%-34s T=%-5lld naive %.2e |", c->name, (long long)T, nerr);
     int ok = 1;
     for (int var = 0; var <= N_VARIANTS; var++) {
-        /* re-poison the out buffer for every run */
-        uint16_t *poison = b[pl[TO].buf].host;
-        CHECK_EQ(df_backend_upload(gpu, b[pl[TO].buf].dev, poison,
-                                   (size_t)(T * w[pl[TO].buf]) * 2),
-                 0);
+        gh_buf_upload(out); /* re-poison the out buffer for every run */
         int rc = attn(gpu, var, &gten[TQ], &gten[TK], &gten[TV], cu, c->nseq, nq, nkv, D, scale,
                       c->gated ? &gten[TG] : NULL, &gten[TO]);
         if (rc == -ENOTSUP && var > 0) { /* forced config larger than this GPU allows */
@@ -263,53 +224,29 @@ static void run_case(const acase *c, df_backend *cpu, df_backend *gpu)
         }
         CHECK_EQ(rc, 0);
         CHECK_EQ(df_backend_sync(gpu), 0);
-        CHECK_EQ(df_backend_download(gpu, got, b[pl[TO].buf].dev,
-                                     (size_t)(T * w[pl[TO].buf]) * 2),
-                 0);
-        double err = 0;
-        int64_t nan = 0, oob = 0;
-        int64_t wo = w[pl[TO].buf], co = pl[TO].col;
-        for (int64_t r = 0; r < T; r++)
-            for (int64_t j = 0; j < wo; j++) {
-                uint16_t hv = got[r * wo + j];
-                if (j < co || j >= co + cq) {
-                    oob += hv != 0xffff;
-                    continue;
-                }
-                float gv = bf2f(hv), rv = ref[r * cq + j - co];
-                if (isnan(gv) || isnan(rv)) {
-                    nan++;
-                    continue;
-                }
-                double d = fabs((double)gv - rv);
-                err = d > err ? d : err;
-            }
-        int vok = !nan && !oob && err <= tol && rc == 0;
-        printf(" v%d %.2e%s", var, err, vok ? "" : "(FAIL)");
-        if (!vok)
-            printf("[nan=%lld oob=%lld tol=%.2e]", (long long)nan, (long long)oob, tol);
+        gh_diff d;
+        int64_t oob = 0; /* outside the out view: still poison */
+        gh_view_diff(out, vo, NULL, &inf_eq, &d, &oob);
+        int vok = gh_diff_ok(&d, tol) && !oob && rc == 0;
+        printf(" v%d %.2e%s", var, d.err, vok ? "" : "(FAIL)");
+        if (!vok) {
+            printf("[nan=%lld inf=%lld oob=%lld tol=%.2e]", (long long)d.nan, (long long)d.bad,
+                   (long long)oob, tol);
+            gh_diff_report(c->name, &d, tol);
+        }
         ok = ok && vok;
     }
     printf("  %s\n", ok ? "ok" : "FAILED");
     CHECK(ok);
 
-    free(got);
-    for (int i = 0; i < nbuf; i++) {
-        df_backend_free(gpu, b[i].dev);
-        free(b[i].host);
-    }
+    for (int i = 0; i < nbuf; i++)
+        gh_buf_free(&b[i]);
     for (int t = 0; t < NT_; t++)
         free(f[t]);
     free(nv), free(sc), free(acc);
 }
 
 /* ---- benchmark ---- */
-
-static int cmp_f(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
-}
 
 static void bench_one(df_backend *gpu, const char *name, int nq, int nkv, int D, int gated,
                       int nseq, const int *lens)
@@ -371,8 +308,7 @@ static void bench_one(df_backend *gpu, const char *name, int nq, int nkv, int D,
         CHECK_EQ(rc, 0);
         if (rc)
             break;
-        qsort(ms, RUNS, sizeof ms[0], cmp_f);
-        float med = ms[RUNS / 2];
+        float med = gh_median_f(ms, RUNS);
         printf(" | v%d %.3f ms %.0f TFLOP/s", var, med, flops / (med * 1e-3) / 1e12);
     }
     printf("\n");
@@ -399,27 +335,14 @@ static void bench(df_backend *gpu)
 
 int main(int argc, char **argv)
 {
-    df_err e;
-    memset(&e, 0, sizeof e);
-    df_backend *gpu = df_backend_cuda_open(0, &e);
-    if (!gpu) {
-        if (e.code == -ENODEV) {
-            printf("no CUDA device: skipped\n");
-            return 77;
-        }
-        fprintf(stderr, "cuda backend: %s\n", e.msg);
-        return 1;
-    }
+    int rc = gh_open(0);
+    if (rc)
+        return rc;
+    df_backend *gpu = gh_gpu, *cpu = gh_cpu;
     if (argc > 1 && !strcmp(argv[1], "--bench")) {
         bench(gpu);
-        df_backend_close(gpu);
+        gh_close();
         return test_main_end();
-    }
-    df_backend *cpu = df_backend_cpu_open(0, &e);
-    if (!cpu) {
-        fprintf(stderr, "cpu backend: %s\n", e.msg);
-        df_backend_close(gpu);
-        return 1;
     }
 
     if (df_knob_int(DF_KNOB_CUDA_FALLBACK))
@@ -457,7 +380,6 @@ int main(int argc, char **argv)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
         run_case(&cases[i], cpu, gpu);
-    df_backend_close(cpu);
-    df_backend_close(gpu);
+    gh_close();
     return test_main_end();
 }

@@ -33,9 +33,9 @@
 #include "cuda/device.h"
 #include "drafter.h"
 #include "dtype.h"
+#include "gpu_harness.h"
 #include "ops.h"
 #include "safetensors.h"
-#include "test.h"
 
 static df_st *st;
 
@@ -99,44 +99,12 @@ static int parse_config(df_drafter_config *c)
     return 0;
 }
 
-/* A BF16 device copy of n host floats. */
-static void *dev_bf16(df_backend *g, const float *x, int64_t n)
-{
-    uint16_t *h = malloc((size_t)n * 2 + 2);
-    void *d = df_backend_alloc(g, (size_t)n * 2 + 2);
-    if (!h || !d) {
-        free(h);
-        df_backend_free(g, d);
-        return NULL;
-    }
-    for (int64_t i = 0; i < n; i++)
-        h[i] = df_f32_to_bf16(x[i]);
-    int rc = df_backend_upload(g, d, h, (size_t)n * 2);
-    free(h);
-    if (rc) {
-        df_backend_free(g, d);
-        return NULL;
-    }
-    return d;
-}
-
 static int finite_all(const float *x, int64_t n)
 {
     for (int64_t i = 0; i < n; i++)
         if (!isfinite(x[i]))
             return 0;
     return 1;
-}
-
-/* sqrt(sum (a - b)^2), b may be NULL (then ||a||). */
-static double l2(const float *a, const float *b, int64_t n)
-{
-    double s = 0;
-    for (int64_t i = 0; i < n; i++) {
-        double d = (double)a[i] - (b ? (double)b[i] : 0.0);
-        s += d * d;
-    }
-    return sqrt(s);
 }
 
 /* Every gradient tensor of the GPU step (gg, widened to F32) against the fp64
@@ -151,8 +119,8 @@ static void grads_check(const char *what, const df_params *ps, const float *ggpu
         const df_param *p = &ps->p[i];
         const float *gg = ggpu + p->offset, *gc = gcpu + p->offset;
         int fin = finite_all(gg, p->numel);
-        double dgpu_ = l2(gg, g64[i], p->numel), d16 = l2(g16[i], g64[i], p->numel),
-               nref = l2(g64[i], NULL, p->numel), dcpu = l2(gc, g64[i], p->numel);
+        double dgpu_ = gh_l2(gg, g64[i], p->numel), d16 = gh_l2(g16[i], g64[i], p->numel),
+               nref = gh_l2(g64[i], NULL, p->numel), dcpu = gh_l2(gc, g64[i], p->numel);
         double bound = 2 * d16 + 1e-6 * nref, ratio = d16 > 0 ? dgpu_ / d16 : INFINITY;
         int ok = fin && dgpu_ <= bound;
         printf("%-44s %11.3e %11.3e %11.3e %9.3g %11.3e %s%s\n", p->name, dgpu_, d16, nref, ratio,
@@ -172,16 +140,17 @@ static void grads_check(const char *what, const df_params *ps, const float *ggpu
 
 int main(void)
 {
-    if (df_cuda_device_count() <= 0) {
-        printf("no CUDA device: skipped\n");
+    if (gh_skip_without_gpu())
         return 77;
-    }
     const char *path = getenv("DFLASH_GPU_DRAFTER_REF");
     if (!path || !*path) {
         printf("DFLASH_GPU_DRAFTER_REF is unset: skipped (set it to a fixture made by "
                "scripts/dflash_reference.py --config c --bf16 --out FILE)\n");
         return 77;
     }
+    int orc = gh_open(0);
+    if (orc)
+        return orc;
     df_err e = {0};
     CHECK_OK(df_st_open(path, &st, &e), &e);
     if (!st)
@@ -224,7 +193,7 @@ int main(void)
            (long long)r.S, nb, bs, dsum);
 
     /* ---- CPU (fp32), for information ---- */
-    df_backend *cpu = df_backend_cpu_open(0, &e);
+    df_backend *cpu = gh_cpu;
     CHECK(cpu != NULL);
     df_drafter *dc = NULL;
     df_tensor te = df_tensor_2d(embv, DF_DTYPE_F32, V, H), th = df_tensor_2d(headv, DF_DTYPE_F32, V, H);
@@ -265,13 +234,9 @@ int main(void)
     /* dc stays open until the end: ps (the layout both drafters share) is its table */
 
     /* ---- CUDA: bf16 weights, embedding, head; f32 gradients ---- */
-    df_backend *gpu = df_backend_cuda_open(0, &e);
-    if (!gpu) {
-        fprintf(stderr, "FAIL: df_backend_cuda_open: %s\n", e.msg);
-        return 1;
-    }
-    void *demb = dev_bf16(gpu, embv, V * H), *dhead = dev_bf16(gpu, headv, V * H);
-    void *dw = dev_bf16(gpu, w32, P);
+    df_backend *gpu = gh_gpu;
+    void *demb = gh_dev_bf16(gpu, embv, V * H), *dhead = gh_dev_bf16(gpu, headv, V * H);
+    void *dw = gh_dev_bf16(gpu, w32, P);
     float *dg = df_backend_alloc(gpu, (size_t)P * 4);
     CHECK(demb && dhead && dw && dg);
     if (!demb || !dhead || !dw || !dg)
@@ -297,7 +262,7 @@ int main(void)
     if (rc) {
         df_drafter_close(dgpu);
         df_drafter_close(dc);
-        df_backend_close(gpu);
+        gh_close();
         return test_main_end();
     }
     CHECK_OK(df_backend_sync(gpu), &e);
@@ -352,8 +317,7 @@ int main(void)
     df_backend_free(gpu, dhead);
     df_backend_free(gpu, dw);
     df_backend_free(gpu, dg);
-    df_backend_close(gpu);
-    df_backend_close(cpu);
+    gh_close();
     free(w32);
     free(gcpu);
     free(ggpu);

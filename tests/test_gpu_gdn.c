@@ -34,40 +34,10 @@
 #include <time.h>
 
 #include "cuda/cuda_internal.h"
+#include "gpu_harness.h"
 #include "ops.h"
-#include "test.h"
 
 static uint64_t rng = 0x9d17a5eedull;
-static df_backend *cpu, *gpu;
-
-static uint16_t f2bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-static float bf2f(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-static float rb(float x) { return bf2f(f2bf(x)); } /* round to bf16 */
-
-static void *xcalloc(size_t n)
-{
-    void *p = calloc(n ? n : 1, 1);
-    if (!p) {
-        fprintf(stderr, "out of memory\n");
-        exit(2);
-    }
-    return p;
-}
-
 static float uniform01(void) { return (float)((test_rand(&rng) >> 40) + 1) / (float)((1u << 24) + 2); }
 
 /* The inputs of one problem: fused bf16 q|k|v rows (and their f32 values),
@@ -84,16 +54,16 @@ static void make_prob(prob *p, int64_t T, int hk, int hv, int dk, int dv, int pa
 {
     p->T = T, p->hk = hk, p->hv = hv, p->dk = dk, p->dv = dv, p->pad = pad;
     p->C = pad + 2 * (int64_t)hk * dk + (int64_t)hv * dv;
-    p->hb = xcalloc((size_t)(T * p->C) * 2);
-    p->hf = xcalloc((size_t)(T * p->C) * 4);
-    p->g = xcalloc((size_t)(T * hv) * 4);
-    p->beta = xcalloc((size_t)(T * hv) * 4);
+    p->hb = gh_xmalloc((size_t)(T * p->C) * 2);
+    p->hf = gh_xmalloc((size_t)(T * p->C) * 4);
+    p->g = gh_xmalloc((size_t)(T * hv) * 4);
+    p->beta = gh_xmalloc((size_t)(T * hv) * 4);
     int dmax = dk > dv ? dk : dv;
-    float *tmp = xcalloc((size_t)dmax * 4);
+    float *tmp = gh_xmalloc((size_t)dmax * 4);
     for (int64_t t = 0; t < T; t++) {
         uint16_t *row = p->hb + t * p->C;
         for (int c = 0; c < pad; c++)
-            row[c] = f2bf(test_randn(&rng) + 3.0f);
+            row[c] = gh_f2bf(test_randn(&rng) + 3.0f);
         for (int part = 0; part < 2; part++) /* q then k heads, l2-normalised */
             for (int kh = 0; kh < hk; kh++) {
                 double ss = 0;
@@ -107,18 +77,18 @@ static void make_prob(prob *p, int64_t T, int hk, int hv, int dk, int dv, int pa
                 float sc = part == 0 ? 1.0f / sqrtf((float)dk) : 1.0f;
                 uint16_t *dst = row + pad + ((int64_t)part * hk + kh) * dk;
                 for (int d = 0; d < dk; d++) {
-                    dst[d] = f2bf(tmp[d] * inv * sc);
+                    dst[d] = gh_f2bf(tmp[d] * inv * sc);
                     if ((dst[d] & 0x7fff) == 0)
-                        dst[d] = f2bf(1e-3f);
+                        dst[d] = gh_f2bf(1e-3f);
                 }
             }
         uint16_t *vv = row + pad + 2 * (int64_t)hk * dk;
         for (int64_t i = 0; i < (int64_t)hv * dv; i++) {
             float x = test_randn(&rng);
-            vv[i] = f2bf(x == 0.0f ? 0.01f : x);
+            vv[i] = gh_f2bf(x == 0.0f ? 0.01f : x);
         }
         for (int64_t c = 0; c < p->C; c++)
-            p->hf[t * p->C + c] = bf2f(row[c]);
+            p->hf[t * p->C + c] = gh_bf2f(row[c]);
         for (int h = 0; h < hv; h++) {
             /* -exp(A_h) from -0.05 (mild) to -4.5 (strong decay) */
             float negA = -expf(-3.0f + 4.5f * (hv > 1 ? (float)h / (float)(hv - 1) : 0.5f));
@@ -148,7 +118,7 @@ static void naive_bf16(const prob *p, const int32_t *cu, int n_seq, float *out)
 {
     int hk = p->hk, hv = p->hv, dk = p->dk, dv = p->dv, grp = hv / hk;
     int64_t ldo = (int64_t)hv * dv;
-    float *S = xcalloc((size_t)dk * dv * 4), *kv = xcalloc((size_t)dv * 4);
+    float *S = gh_xmalloc((size_t)dk * dv * 4), *kv = gh_xmalloc((size_t)dv * 4);
     for (int s = 0; s < n_seq; s++)
         for (int h = 0; h < hv; h++) {
             memset(S, 0, (size_t)dk * dv * 4);
@@ -176,10 +146,10 @@ static void naive_bf16(const prob *p, const int32_t *cu, int n_seq, float *out)
                         o[j] += q[i] * S[i * dv + j];
                     }
                 for (int j = 0; j < dv; j++)
-                    o[j] = rb(o[j]);
+                    o[j] = gh_rb(o[j]);
                 if ((t - cu[s] + 1) % 64 == 0)
                     for (int64_t e = 0; e < (int64_t)dk * dv; e++)
-                        S[e] = rb(S[e]);
+                        S[e] = gh_rb(S[e]);
             }
         }
     free(S), free(kv);
@@ -195,14 +165,15 @@ static int upload_prob(dprob *d, const prob *p)
 {
     size_t nf = (size_t)(p->T * p->C) * 2, ng = (size_t)(p->T * p->hv) * 4;
     size_t no = (size_t)(p->T * p->hv * p->dv) * 2;
-    d->fused = df_backend_alloc(gpu, nf);
-    d->g = df_backend_alloc(gpu, ng);
-    d->beta = df_backend_alloc(gpu, ng);
-    d->out = df_backend_alloc(gpu, no);
+    d->fused = df_backend_alloc(gh_gpu, nf);
+    d->g = df_backend_alloc(gh_gpu, ng);
+    d->beta = df_backend_alloc(gh_gpu, ng);
+    d->out = df_backend_alloc(gh_gpu, no);
     if (!d->fused || !d->g || !d->beta || !d->out)
         return -1;
-    if (df_backend_upload(gpu, d->fused, p->hb, nf) || df_backend_upload(gpu, d->g, p->g, ng) ||
-        df_backend_upload(gpu, d->beta, p->beta, ng))
+    if (df_backend_upload(gh_gpu, d->fused, p->hb, nf) ||
+        df_backend_upload(gh_gpu, d->g, p->g, ng) ||
+        df_backend_upload(gh_gpu, d->beta, p->beta, ng))
         return -1;
     int64_t qk = (int64_t)p->hk * p->dk;
     d->tf = df_tensor_2d(d->fused, DF_DTYPE_BF16, p->T, p->C);
@@ -217,8 +188,8 @@ static int upload_prob(dprob *d, const prob *p)
 
 static void free_dprob(dprob *d)
 {
-    df_backend_free(gpu, d->fused), df_backend_free(gpu, d->g);
-    df_backend_free(gpu, d->beta), df_backend_free(gpu, d->out);
+    df_backend_free(gh_gpu, d->fused), df_backend_free(gh_gpu, d->g);
+    df_backend_free(gh_gpu, d->beta), df_backend_free(gh_gpu, d->out);
 }
 
 typedef struct gcase {
@@ -240,7 +211,7 @@ static void run_case(const gcase *c)
     int64_t no = T * c->hv * c->dv;
 
     /* fp32 reference: the CPU oracle on the same (bf16-valued) inputs */
-    float *ref = xcalloc((size_t)no * 4);
+    float *ref = gh_xmalloc((size_t)no * 4);
     for (int64_t i = 0; i < no; i++)
         ref[i] = NAN;
     {
@@ -251,19 +222,15 @@ static void run_case(const gcase *c)
         df_tensor tg = df_tensor_2d(p.g, DF_DTYPE_F32, T, c->hv);
         df_tensor tb = df_tensor_2d(p.beta, DF_DTYPE_F32, T, c->hv);
         df_tensor to = df_tensor_2d(ref, DF_DTYPE_F32, T, (int64_t)c->hv * c->dv);
-        CHECK_EQ(df_op_gdn(cpu, &tq, &tk, &tv, &tg, &tb, cu, c->n_seq, c->hk, c->hv, c->dk, c->dv,
-                           DF_GDN_RECURRENT, &to),
+        CHECK_EQ(df_op_gdn(gh_cpu, &tq, &tk, &tv, &tg, &tb, cu, c->n_seq, c->hk, c->hv, c->dk,
+                           c->dv, DF_GDN_RECURRENT, &to),
                  0);
     }
-    float *nv = xcalloc((size_t)no * 4);
+    float *nv = gh_xmalloc((size_t)no * 4);
     naive_bf16(&p, cu, c->n_seq, nv);
-    double nerr = 0, rmax = 0;
-    for (int64_t i = 0; i < no; i++) {
-        double d = fabs((double)nv[i] - ref[i]);
-        nerr = d > nerr ? d : nerr;
-        rmax = fabs(ref[i]) > rmax ? fabs(ref[i]) : rmax;
-    }
-    double tol = 2 * nerr + 1e-6 * rmax;
+    gh_diff dn;
+    gh_diff_f32(&dn, nv, ref, no, NULL);
+    double nerr = dn.err, rmax = dn.ref_max, tol = 2 * nerr + 1e-6 * rmax;
 
     dprob d;
     if (upload_prob(&d, &p)) {
@@ -272,59 +239,42 @@ static void run_case(const gcase *c)
         free_prob(&p), free(ref), free(nv);
         return;
     }
-    uint16_t *poison = xcalloc((size_t)no * 2), *hb = xcalloc((size_t)no * 2);
+    uint16_t *poison = gh_xmalloc((size_t)no * 2), *hb = gh_xmalloc((size_t)no * 2);
+    float *gv = gh_xmalloc((size_t)no * 4);
     memset(poison, 0xff, (size_t)no * 2); /* 0xffff: a bf16 NaN */
+    const gh_cmp_opts inf_eq = {NULL, 0, 1};
     printf("%-36s max|ref| %.2e naive %.2e", c->name, rmax, nerr);
     int ok = 1;
     for (int mode = DF_GDN_RECURRENT; mode <= DF_GDN_CHUNKED; mode++) {
-        CHECK_EQ(df_backend_upload(gpu, d.out, poison, (size_t)no * 2), 0);
-        int rc = df_op_gdn(gpu, &d.tq, &d.tk, &d.tv, &d.tg, &d.tb, cu, c->n_seq, c->hk, c->hv,
+        CHECK_EQ(df_backend_upload(gh_gpu, d.out, poison, (size_t)no * 2), 0);
+        int rc = df_op_gdn(gh_gpu, &d.tq, &d.tk, &d.tv, &d.tg, &d.tb, cu, c->n_seq, c->hk, c->hv,
                            c->dk, c->dv, (df_gdn_mode)mode, &d.to);
         CHECK_EQ(rc, 0);
-        CHECK_EQ(df_backend_sync(gpu), 0);
-        CHECK_EQ(df_backend_download(gpu, hb, d.out, (size_t)no * 2), 0);
-        double err = 0;
-        int64_t nan = 0, worst = -1;
-        for (int64_t i = 0; i < no; i++) {
-            float gv = bf2f(hb[i]);
-            if (isnan(gv) || isnan(ref[i])) {
-                nan++;
-                continue;
-            }
-            double e = fabs((double)gv - ref[i]);
-            if (e > err)
-                err = e, worst = i;
-        }
-        int pass = rc == 0 && nan == 0 && err <= tol;
-        printf(" | %s gpu %.2e (ratio %.2f)%s", mode == DF_GDN_RECURRENT ? "rec" : "chk", err,
-               nerr > 0 ? err / nerr : 0.0, pass ? "" : " FAIL");
+        CHECK_EQ(df_backend_sync(gh_gpu), 0);
+        CHECK_EQ(df_backend_download(gh_gpu, hb, d.out, (size_t)no * 2), 0);
+        for (int64_t i = 0; i < no; i++)
+            gv[i] = gh_bf2f(hb[i]);
+        gh_diff e;
+        gh_diff_f32(&e, gv, ref, no, &inf_eq);
+        int64_t worst = e.worst;
+        int pass = rc == 0 && gh_diff_ok(&e, tol);
+        printf(" | %s gpu %.2e (ratio %.2f)%s", mode == DF_GDN_RECURRENT ? "rec" : "chk", e.err,
+               nerr > 0 ? e.err / nerr : 0.0, pass ? "" : " FAIL");
         if (!pass && worst >= 0) {
             int64_t ld = (int64_t)c->hv * c->dv;
-            fprintf(stderr, "\n  worst at t=%lld col=%lld: gpu %g ref %g naive %g; nan %lld\n",
-                    (long long)(worst / ld), (long long)(worst % ld), bf2f(hb[worst]), ref[worst],
-                    nv[worst], (long long)nan);
+            fprintf(stderr, "\n  worst at t=%lld col=%lld: gpu %g ref %g naive %g; nan %lld, "
+                    "inf %lld (tol %.3e)\n", (long long)(worst / ld), (long long)(worst % ld),
+                    gv[worst], ref[worst], nv[worst], (long long)e.nan, (long long)e.bad, tol);
         } else if (!pass)
-            fprintf(stderr, "\n  rc %d, nan %lld\n", rc, (long long)nan);
+            fprintf(stderr, "\n  rc %d, nan %lld, inf %lld\n", rc, (long long)e.nan,
+                    (long long)e.bad);
         ok = ok && pass;
     }
     printf("  %s\n", ok ? "ok" : "FAILED");
     CHECK(ok);
     free_dprob(&d);
-    free(poison), free(hb), free(ref), free(nv);
+    free(poison), free(hb), free(gv), free(ref), free(nv);
     free_prob(&p);
-}
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* Median wall time of one df_op_gdn (launch to stream idle) over 20 runs
@@ -348,36 +298,35 @@ static void bench(int64_t T, int n_docs)
     }
     double ms[20] = {0};
     for (int i = 0; i < 23; i++) {
-        double t0 = now_ms();
-        int rc = df_op_gdn(gpu, &d.tq, &d.tk, &d.tv, &d.tg, &d.tb, cu, n_docs, hk, hv, dk, dv,
+        double t0 = gh_now_ms();
+        int rc = df_op_gdn(gh_gpu, &d.tq, &d.tk, &d.tv, &d.tg, &d.tb, cu, n_docs, hk, hv, dk, dv,
                            DF_GDN_CHUNKED, &d.to);
-        int rs = df_backend_sync(gpu);
+        int rs = df_backend_sync(gh_gpu);
         if (rc || rs) {
             fprintf(stderr, "bench: rc %d sync %d\n", rc, rs);
             df_test_failures++;
             break;
         }
         if (i >= 3)
-            ms[i - 3] = now_ms() - t0;
+            ms[i - 3] = gh_now_ms() - t0;
     }
-    qsort(ms, 20, sizeof ms[0], cmp_d);
+    double med = gh_median(ms, 20);
     double bm[5];
     for (int b = 0; b < 5; b++) {
-        double t0 = now_ms();
+        double t0 = gh_now_ms();
         for (int i = 0; i < 20; i++)
-            df_op_gdn(gpu, &d.tq, &d.tk, &d.tv, &d.tg, &d.tb, cu, n_docs, hk, hv, dk, dv,
+            df_op_gdn(gh_gpu, &d.tq, &d.tk, &d.tv, &d.tg, &d.tb, cu, n_docs, hk, hv, dk, dv,
                       DF_GDN_CHUNKED, &d.to);
-        CHECK_EQ(df_backend_sync(gpu), 0);
-        bm[b] = (now_ms() - t0) / 20;
+        CHECK_EQ(df_backend_sync(gh_gpu), 0);
+        bm[b] = (gh_now_ms() - t0) / 20;
     }
-    qsort(bm, 5, sizeof bm[0], cmp_d);
-    double mean = bm[2];
+    double mean = gh_median(bm, 5);
     /* chunked-form FLOPs: per chunk-head 4 64x64xd products in prep (KK^T, QK^T, W, U;
      * triangular ones counted full) + 4 in the state pass (W S, Q S, M V, K^T V) */
     double flop = (double)(T / 64) * hv * 2.0 * 64 * 64 * 128 * 8;
     printf("bench T=%lld docs=%d hk=%d hv=%d dk=dv=%d: median %.3f ms (sync each), %.3f ms "
            "(back to back, median of 5 means of 20), ~%.0f TFLOP/s chunked-form\n",
-           (long long)T, n_docs, hk, hv, dk, ms[10], mean,
+           (long long)T, n_docs, hk, hv, dk, med, mean,
            flop / (mean * 1e-3) / 1e12);
     free_dprob(&d);
     free_prob(&p);
@@ -386,22 +335,9 @@ static void bench(int64_t T, int n_docs)
 int main(int argc, char **argv)
 {
     int do_bench = argc > 1 && !strcmp(argv[1], "--bench");
-    df_err e;
-    memset(&e, 0, sizeof e);
-    gpu = df_backend_cuda_open(0, &e);
-    if (!gpu) {
-        if (e.code == -ENODEV || e.code == -ENOTSUP) {
-            printf("no CUDA device: skipped (%s)\n", e.msg);
-            return 77;
-        }
-        fprintf(stderr, "cuda backend: %s\n", e.msg);
-        return 1;
-    }
-    cpu = df_backend_cpu_open(0, &e);
-    if (!cpu) {
-        fprintf(stderr, "cpu backend: %s\n", e.msg);
-        return 1;
-    }
+    int rc = gh_open(0);
+    if (rc)
+        return rc;
     printf("max abs error vs the fp32 recurrent oracle: naive bf16 | GPU (GPU/naive ratio; "
            "bound 2 + 1e-6 max|ref|)\n");
     static const gcase cases[] = {
@@ -420,10 +356,10 @@ int main(int argc, char **argv)
         dprob d;
         int32_t cu[2] = {0, 8};
         if (upload_prob(&d, &p) == 0) {
-            CHECK_EQ(df_cuda_gdn_chunked(gpu, &d.tq, &d.tk, &d.tv, &d.tg, &d.tb, cu, 1, 1, 1, 32, 32,
-                                 DF_GDN_CHUNKED, &d.to),
+            CHECK_EQ(df_cuda_gdn_chunked(gh_gpu, &d.tq, &d.tk, &d.tv, &d.tg, &d.tb, cu, 1, 1, 1, 32,
+                                         32, DF_GDN_CHUNKED, &d.to),
                      -ENOTSUP);
-            CHECK_EQ(df_op_gdn(gpu, &d.tq, &d.tk, &d.tv, &d.tg, &d.tb, cu, 1, 1, 1, 32, 32,
+            CHECK_EQ(df_op_gdn(gh_gpu, &d.tq, &d.tk, &d.tv, &d.tg, &d.tb, cu, 1, 1, 1, 32, 32,
                                DF_GDN_CHUNKED, &d.to),
                      0);
             free_dprob(&d);
@@ -437,7 +373,6 @@ int main(int argc, char **argv)
         bench(8192, 1);
         bench(8192, 4);
     }
-    df_backend_close(cpu);
-    df_backend_close(gpu);
+    gh_close();
     return test_main_end();
 }

@@ -33,65 +33,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cuda/device.h"
 #include "cuda/lmhead_cuda.h"
+#include "gpu_harness.h"
 #include "ops.h"
-#include "test.h"
 #include "train_ops.h"
-
-#define POISON_I32 (-7777)
 
 static uint64_t rng = 4242;
 
-static float rb(float x)
-{
-    return df_bf16_to_f32(df_f32_to_bf16(x));
-}
-
 /* n bf16-representable values, N(0, scale^2)-ish. */
-static float *rnd(int64_t n, float scale)
-{
-    float *p = malloc((size_t)n * 4 + 4);
-    for (int64_t i = 0; i < n; i++)
-        p[i] = rb(scale * test_randn(&rng));
-    return p;
-}
-
-static void *dev_bf16(df_backend *g, const float *x, int64_t n)
-{
-    uint16_t *h = malloc((size_t)n * 2 + 2);
-    for (int64_t i = 0; i < n; i++)
-        h[i] = df_f32_to_bf16(x[i]);
-    void *d = df_backend_alloc(g, (size_t)n * 2 + 2);
-    CHECK(d && df_backend_upload(g, d, h, (size_t)n * 2) == 0);
-    free(h);
-    return d;
-}
-
-static void *dev_copy(df_backend *g, const void *x, size_t bytes)
-{
-    void *d = df_backend_alloc(g, bytes + 4);
-    CHECK(d && df_backend_upload(g, d, x, bytes) == 0);
-    return d;
-}
-
-/* es 2: bf16 NaN; es 4 + is_int: POISON_I32; es 4: f32 NaN. */
-static void poison(df_backend *g, void *d, int64_t n, size_t es, int is_int)
-{
-    uint8_t *h = malloc((size_t)n * es + 4);
-    for (int64_t i = 0; i < n; i++) {
-        if (es == 2)
-            ((uint16_t *)h)[i] = 0x7fc0;
-        else if (is_int)
-            ((int32_t *)h)[i] = POISON_I32;
-        else
-            ((float *)h)[i] = NAN;
-    }
-    CHECK(df_backend_upload(g, d, h, (size_t)n * es) == 0);
-    free(h);
-}
+static float *rnd(int64_t n, float scale) { return gh_rand_bf16(GH_N01, &rng, n, scale); }
 
 typedef struct gpu_out {
     float *ce;
@@ -109,11 +61,11 @@ static int run_gpu(df_backend *g, int64_t N, int64_t V, int64_t H, void *dh_, vo
     void *dam = want_am ? df_backend_alloc(g, (size_t)N * 4) : NULL;
     void *dce = want_ce ? df_backend_alloc(g, (size_t)N * 4) : NULL;
     if (ddh)
-        poison(g, ddh, N * H, 2, 0);
+        gh_dev_poison(g, ddh, N * H, DF_DTYPE_BF16);
     if (dam)
-        poison(g, dam, N, 4, 1);
+        gh_dev_poison(g, dam, N, DF_DTYPE_I32);
     if (dce)
-        poison(g, dce, N, 4, 0);
+        gh_dev_poison(g, dce, N, DF_DTYPE_F32);
     df_tensor th = df_tensor_2d(dh_, DF_DTYPE_BF16, N, H);
     df_tensor tw = df_tensor_2d(dhead, DF_DTYPE_BF16, V, H);
     df_tensor tdh = df_tensor_2d(ddh, DF_DTYPE_BF16, N, H);
@@ -180,12 +132,12 @@ static double naive_bf16_dh_err(const float *h, const float *w, const int32_t *l
         memset(acc, 0, (size_t)H * 8);
         for (int64_t v = 0; v < V; v++) {
             double gv = (exp(z[v] - mx) / sum - (v == lab[i])) * wi / denom;
-            double gb = rb((float)gv);
+            double gb = gh_rb((float)gv);
             for (int64_t k = 0; k < H; k++)
                 acc[k] += gb * w[v * H + k];
         }
         for (int64_t k = 0; k < H; k++)
-            worst = fmax(worst, fabs(rb((float)acc[k]) - dh_ref[i * H + k]));
+            worst = fmax(worst, fabs(gh_rb((float)acc[k]) - dh_ref[i * H + k]));
     }
     free(z), free(acc);
     return worst;
@@ -240,9 +192,9 @@ static void check_case(df_backend *g, df_backend *c, int64_t N, int64_t V, int64
         gap_ok[i] = 1e-5 * zmax + 2.0 * dz[i];
     }
 
-    void *dh_ = dev_bf16(g, h, N * H), *dw_ = dev_bf16(g, w, V * H);
-    void *dlab = dev_copy(g, lab, (size_t)N * 4);
-    void *dwt = use_weight ? dev_copy(g, wt, (size_t)N * 4) : NULL;
+    void *dh_ = gh_dev_bf16(g, h, N * H), *dw_ = gh_dev_bf16(g, w, V * H);
+    void *dlab = gh_dev_copy(g, lab, (size_t)N * 4);
+    void *dwt = use_weight ? gh_dev_copy(g, wt, (size_t)N * 4) : NULL;
     df_cuda_lmhead_ce_set_chunk_bytes(chunk_bytes);
     df_cuda_lmhead_ce_set_precise(precise);
 
@@ -290,24 +242,27 @@ static void check_case(df_backend *g, df_backend *c, int64_t N, int64_t V, int64
         big_ok &= o1.dh[big_row * H + k] == 0;
 
     /* dh */
-    double err = 0, naive = 0, mx = 0;
-    int dnan = 0, ign_nz = 0;
+    float *dhg = gh_xmalloc((size_t)(N * H) * 4);
+    int ign_nz = 0;
     for (int64_t i = 0; i < N; i++) {
         double wi = use_weight ? wt[i] : 1.0;
         int act = lab_cpu[i] >= 0 && wi > 0;
         for (int64_t k = 0; k < H; k++) {
-            float gv = df_bf16_to_f32(o1.dh[i * H + k]), rv = dh_ref[i * H + k];
-            dnan += isnan(gv);
-            if (!act && gv != 0.0f)
+            dhg[i * H + k] = gh_bf2f(o1.dh[i * H + k]);
+            if (!act && dhg[i * H + k] != 0.0f)
                 ign_nz++;
-            err = fmax(err, fabs((double)gv - rv));
-            naive = fmax(naive, fabs((double)rb(rv) - rv));
-            mx = fmax(mx, fabs(rv));
         }
     }
+    gh_diff dd;
+    gh_diff_f32(&dd, dhg, dh_ref, N * H, NULL);
+    double err = dd.err, naive = dd.naive;
     if (!precise) /* the bound of the one-bf16 G: naive bf16 autograd's error */
         naive = fmax(naive, naive_bf16_dh_err(h, w, lab_cpu, wp, denom, N, V, H, dh_ref));
-    int dh_ok = !dnan && !ign_nz && err <= 2 * naive + 1e-6 * mx;
+    double dh_tol = 2 * naive + 1e-6 * dd.ref_max;
+    int dh_ok = !ign_nz && gh_diff_ok(&dd, dh_tol);
+    if (!dh_ok)
+        gh_diff_report("lmhead_ce dh", &dd, dh_tol);
+    free(dhg);
 
     /* determinism: a second run is bitwise identical */
     int same = o1.loss == o2.loss && !memcmp(o1.ce, o2.ce, (size_t)N * 4) &&
@@ -350,8 +305,8 @@ static void check_lend(df_backend *g)
     int32_t *lab = malloc((size_t)N * 4);
     for (int64_t i = 0; i < N; i++)
         lab[i] = i % 9 == 2 ? -1 : (int32_t)(test_rand(&rng) % (uint64_t)V);
-    void *dh_ = dev_bf16(g, h, N * H), *dw_ = dev_bf16(g, w, V * H);
-    void *dlab = dev_copy(g, lab, (size_t)N * 4);
+    void *dh_ = gh_dev_bf16(g, h, N * H), *dw_ = gh_dev_bf16(g, w, V * H);
+    void *dlab = gh_dev_copy(g, lab, (size_t)N * 4);
     /* lmhead_ce.cu's fixed part: its cuBLASLt workspace (32 MiB), the row
      * losses, alignment */
     size_t fixed = ((((size_t)32 << 20) + (size_t)(N + 1) * 8 + 255) / 256) * 256 + 1024;
@@ -360,7 +315,7 @@ static void check_lend(df_backend *g)
     CHECK(buf != NULL);
     if (!buf)
         return;
-    poison(g, buf, (int64_t)(lent / 4), 4, 0);
+    gh_dev_poison(g, buf, (int64_t)(lent / 4), DF_DTYPE_F32);
     gpu_out a, b;
     df_cuda_lmhead_ce_set_chunk_bytes(lent - fixed); /* the chunking a loan of that size gives */
     run_gpu(g, N, V, H, dh_, dw_, dlab, NULL, 7.0f, 1, 1, 1, &a);
@@ -389,13 +344,6 @@ static void check_lend(df_backend *g)
     free(h), free(w), free(lab);
 }
 
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 /* The drafter's size: timing only (the CPU reference would take hours). */
 static void bench(df_backend *g)
 {
@@ -406,7 +354,7 @@ static void bench(df_backend *g)
     int32_t *lab = malloc((size_t)N * 4);
     for (int64_t i = 0; i < N; i++)
         lab[i] = i % 50 == 0 ? -1 : (int32_t)(test_rand(&rng) % (uint64_t)V);
-    void *dlab = dev_copy(g, lab, (size_t)N * 4);
+    void *dlab = gh_dev_copy(g, lab, (size_t)N * 4);
     CHECK(dh_ && dw_ && ddh && dam && dce && dlab);
     if (!(dh_ && dw_ && ddh && dam && dce && dlab))
         return;
@@ -419,12 +367,12 @@ static void bench(df_backend *g)
         double loss = 0, best = 1e30;
         for (int it = 0; it < 4; it++) { /* the first is a warm-up (plans, scratch) */
             CHECK_EQ(df_backend_sync(g), 0);
-            double t0 = now_ms();
+            double t0 = gh_now_ms();
             CHECK_EQ(df_cuda_lmhead_ce(g, &th, &tw, dlab, NULL, (float)N, &loss,
                                        mode ? &tdh : NULL, dam, dce),
                      0);
             CHECK_EQ(df_backend_sync(g), 0);
-            double t = now_ms() - t0;
+            double t = gh_now_ms() - t0;
             if (it > 0 && t < best)
                 best = t;
         }
@@ -442,16 +390,10 @@ static void bench(df_backend *g)
 int main(int argc, char **argv)
 {
     int do_bench = argc > 1 && !strcmp(argv[1], "--bench");
-    if (df_cuda_device_count() <= 0) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
-    df_err e = {0};
-    df_backend *g = df_backend_cuda_open(0, &e), *c = df_backend_cpu_open(0, &e);
-    if (!g || !c) {
-        fprintf(stderr, "%s\n", e.msg);
-        return 1;
-    }
+    int rc = gh_open(0);
+    if (rc)
+        return rc;
+    df_backend *g = gh_gpu, *c = gh_cpu;
     for (int precise = 0; precise < 2; precise++) {
         check_case(g, c, 37, 1000, 64, 1, 0, precise);
         check_case(g, c, 37, 1000, 64, 0, 0, precise);
@@ -462,7 +404,6 @@ int main(int argc, char **argv)
     check_lend(g);
     if (do_bench)
         bench(g);
-    df_backend_close(g);
-    df_backend_close(c);
+    gh_close();
     return test_main_end();
 }

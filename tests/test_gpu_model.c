@@ -32,19 +32,9 @@
 #include "cuda/device.h"
 #include "extract.h"
 #include "model.h"
+#include "gpu_harness.h"
 #include "ops.h"
 #include "safetensors.h"
-#include "test.h"
-
-static double l2(const float *a, const float *b, size_t n)
-{
-    double s = 0;
-    for (size_t i = 0; i < n; i++) {
-        double d = (double)a[i] - (b ? (double)b[i] : 0.0);
-        s += d * d;
-    }
-    return sqrt(s);
-}
 
 /* Largest HF bf16-vs-fp32 relative distance over hidden states lo..hi. */
 static double hf_bf16_dist(const df_st *ref, int lo, int hi)
@@ -57,7 +47,7 @@ static double hf_bf16_dist(const df_st *ref, int lo, int hi)
         const df_st_tensor *a = df_st_find(ref, k32), *b = df_st_find(ref, k16);
         if (!a || !b)
             continue;
-        double d = l2(a->data, b->data, a->numel) / l2(a->data, NULL, a->numel);
+        double d = gh_l2(a->data, b->data, a->numel) / gh_l2(a->data, NULL, a->numel);
         if (d > worst)
             worst = d;
     }
@@ -109,8 +99,8 @@ static void check_vs_hf(df_backend *gpu, df_backend *cpu, const char *dir)
         if (!r32 || !r16 || (size_t)r32->numel != n)
             continue;
         const float *o = out[i], *a = r32->data, *b = r16->data;
-        double norm = l2(a, NULL, n), e32 = l2(o, a, n), e16 = l2(o, b, n), d = l2(a, b, n),
-               ecpu = l2(o, outc[i], n);
+        double norm = gh_l2(a, NULL, n), e32 = gh_l2(o, a, n), e16 = gh_l2(o, b, n), d = gh_l2(a, b, n),
+               ecpu = gh_l2(o, outc[i], n);
         int bad = 0;
         for (size_t x = 0; x < n; x++)
             bad += !isfinite(o[x]);
@@ -316,17 +306,11 @@ out:
 
 int main(void)
 {
-    if (df_cuda_device_count() <= 0) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
-    df_err e = {0};
-    df_backend *gpu = df_backend_cuda_open(0, &e), *cpu = df_backend_cpu_open(0, &e);
+    int rc = gh_open(0);
+    if (rc)
+        return rc;
+    df_backend *gpu = gh_gpu, *cpu = gh_cpu;
     CHECK(gpu && cpu);
-    if (!gpu || !cpu) {
-        fprintf(stderr, "%s\n", e.msg);
-        return 1;
-    }
     check_fill(gpu, cpu);
     check_vs_hf(gpu, cpu, DFLASH_FIXTURES "/qwen3-tiny");
     check_vs_hf(gpu, cpu, DFLASH_FIXTURES "/qwen3_5-tiny");
@@ -341,7 +325,6 @@ int main(void)
     }
     check_cache(gpu, cpu);
     check_projection(gpu);
-    df_backend_close(gpu);
-    df_backend_close(cpu);
+    gh_close();
     return test_main_end();
 }

@@ -27,7 +27,6 @@
  * GPU (fresh values, as after the producing GEMM, and the GPU is busy while
  * the host enqueues the call, so launch latency is not timed). */
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,269 +34,35 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/cuda_internal.h"
-#include "cuda/device.h"
+#include "gpu_harness.h"
 #include "ops.h"
-#include "test.h"
 
 static uint64_t rng = 0x5eed0f0b5ull;
-static df_backend *cpu, *gpu;
 
 static const float EPS = 1e-6f;
-
-/* ---- bf16 ---- */
-
-static uint16_t f2bf(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return 0x7fc0;
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
-static float bf2f(uint16_t h)
-{
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static float rb(float x) { return bf2f(f2bf(x)); }
-
-static void *xmalloc(size_t n)
-{
-    void *p = calloc(n ? n : 1, 1);
-    if (!p) {
-        fprintf(stderr, "out of memory\n");
-        exit(2);
-    }
-    return p;
-}
-
-/* ---- buffers: one host f32 copy (CPU side), one device copy (GPU side) ---- */
-
-typedef struct buf {
-    int64_t n;
-    int f32;   /* the device copy is F32 (the gates' outputs), else BF16 */
-    float *h;  /* CPU copy: the values (bf16-exact for a BF16 buffer) */
-    void *img; /* host image of what was uploaded (uint16_t or float) */
-    void *d;   /* device copy */
-} buf;
-
-static size_t esz(const buf *b) { return b->f32 ? 4 : 2; }
-
-static void buf_set(buf *b, int64_t i, float v)
-{
-    if (b->f32) {
-        b->h[i] = v;
-        ((float *)b->img)[i] = v;
-    } else {
-        b->h[i] = rb(v);
-        ((uint16_t *)b->img)[i] = f2bf(v);
-    }
-}
-
-/* n values scale * N(0,1), rounded to bf16 unless f32. */
-static buf buf_new(int64_t n, int f32, float scale)
-{
-    buf b = {n, f32, xmalloc((size_t)n * 4), xmalloc((size_t)n * (f32 ? 4 : 2)), NULL};
-    for (int64_t i = 0; i < n; i++)
-        buf_set(&b, i, scale * test_randn(&rng));
-    b.d = df_backend_alloc(gpu, (size_t)n * esz(&b));
-    if (!b.d) {
-        fprintf(stderr, "device allocation of %lld elements failed\n", (long long)n);
-        exit(2);
-    }
-    return b;
-}
-
-static void buf_upload(const buf *b)
-{
-    CHECK_EQ(df_backend_upload(gpu, b->d, b->img, (size_t)b->n * esz(b)), 0);
-}
-
-static void buf_free(buf *b)
-{
-    free(b->h);
-    free(b->img);
-    df_backend_free(gpu, b->d);
-    memset(b, 0, sizeof *b);
-}
-
-/* ---- views ---- */
-
-typedef struct view {
-    int64_t off;
-    int ndim;
-    int64_t shape[4], stride[4];
-} view;
-
-static view vnd(int64_t off, int ndim, const int64_t *shape, const int64_t *stride)
-{
-    view v;
-    memset(&v, 0, sizeof v);
-    v.off = off;
-    v.ndim = ndim;
-    for (int d = 0; d < ndim; d++) {
-        v.shape[d] = shape[d];
-        v.stride[d] = stride[d];
-    }
-    return v;
-}
-
-/* Columns [col0, col0 + cols) of a [rows, ld] matrix. */
-static view v2(int64_t col0, int64_t rows, int64_t cols, int64_t ld)
-{
-    int64_t sh[2] = {rows, cols}, st[2] = {ld, 1};
-    return vnd(col0, 2, sh, st);
-}
-
-static view v1(int64_t n)
-{
-    int64_t sh[1] = {n}, st[1] = {1};
-    return vnd(0, 1, sh, st);
-}
-
-/* Elements a buffer needs to hold v. */
-static int64_t view_len(view v)
-{
-    int64_t e = v.off + 1;
-    for (int d = 0; d < v.ndim; d++)
-        e += (v.shape[d] - 1) * v.stride[d];
-    return e;
-}
-
-/* Element offsets of v in row-major order into offs (if not NULL); the count. */
-static int64_t view_offsets(view v, int64_t *offs)
-{
-    int64_t n = 1;
-    for (int d = 0; d < v.ndim; d++)
-        n *= v.shape[d];
-    for (int64_t i = 0; offs && i < n; i++) {
-        int64_t r = i, off = v.off;
-        for (int d = v.ndim - 1; d >= 0; d--) {
-            off += (r % v.shape[d]) * v.stride[d];
-            r /= v.shape[d];
-        }
-        offs[i] = off;
-    }
-    return n;
-}
-
-static df_tensor tens(const buf *b, view v, int on_gpu)
-{
-    df_tensor t;
-    memset(&t, 0, sizeof t);
-    t.ndim = v.ndim;
-    for (int d = 0; d < v.ndim; d++) {
-        t.shape[d] = v.shape[d];
-        t.stride[d] = v.stride[d];
-    }
-    if (on_gpu) {
-        t.dtype = b->f32 ? DF_DTYPE_F32 : DF_DTYPE_BF16;
-        t.data = (char *)b->d + v.off * (int64_t)esz(b);
-    } else {
-        t.dtype = DF_DTYPE_F32;
-        t.data = b->h + v.off;
-    }
-    return t;
-}
-
-/* NaN into the device image of v (the CPU copy keeps its values). */
-static void poison(buf *b, view v)
-{
-    int64_t n = view_offsets(v, NULL);
-    int64_t *offs = xmalloc((size_t)n * sizeof *offs);
-    view_offsets(v, offs);
-    for (int64_t i = 0; i < n; i++) {
-        if (b->f32) {
-            uint32_t nan = 0x7fc00000u;
-            memcpy((float *)b->img + offs[i], &nan, 4);
-        } else {
-            ((uint16_t *)b->img)[offs[i]] = 0x7fc0;
-        }
-    }
-    free(offs);
-}
-
-/* Downloads b and compares view v with the CPU copy (the rule at the top);
- * elements outside v and outside `also` (another view the op wrote, or
- * NULL) must equal the uploaded image. */
-static void check_view(const char *name, const buf *b, view v, const view *also)
-{
-    size_t bytes = (size_t)b->n * esz(b);
-    char *got = xmalloc(bytes);
-    uint8_t *in = xmalloc((size_t)b->n);
-    int rc = df_backend_download(gpu, got, b->d, bytes);
-    int64_t n = view_offsets(v, NULL);
-    int64_t *offs = xmalloc((size_t)n * sizeof *offs);
-    if (also) {
-        int64_t na = view_offsets(*also, NULL);
-        int64_t *oa = xmalloc((size_t)na * sizeof *oa);
-        view_offsets(*also, oa);
-        for (int64_t i = 0; i < na; i++)
-            in[oa[i]] = 1;
-        free(oa);
-    }
-    view_offsets(v, offs);
-    double err = 0, naive = 0, refmax = 0;
-    int64_t bad = 0, touched = 0;
-    for (int64_t i = 0; i < n; i++) {
-        int64_t o = offs[i];
-        in[o] = 1;
-        float ref = b->h[o];
-        float g = b->f32 ? ((float *)got)[o] : bf2f(((uint16_t *)got)[o]);
-        if (!isfinite(g) || !isfinite(ref)) {
-            bad++;
-            continue;
-        }
-        double d = fabs((double)g - ref), r = fabs((double)rb(ref) - ref);
-        err = d > err ? d : err;
-        naive = r > naive ? r : naive;
-        refmax = fabs(ref) > refmax ? fabs(ref) : refmax;
-    }
-    for (int64_t i = 0; i < b->n; i++)
-        if (!in[i] && memcmp(got + i * esz(b), (char *)b->img + i * esz(b), esz(b)))
-            touched++;
-    double bound = 2.0 * naive + 1e-6 * refmax;
-    int ok = rc == 0 && bad == 0 && touched == 0 && err <= bound;
-    printf("%-52s err %.3e  naive %.3e  bound %.3e  %s\n", name, err, naive, bound,
-           ok ? "ok" : "FAIL");
-    if (!ok) {
-        fprintf(stderr, "%s: download rc %d, %lld non-finite, %lld written outside the view\n",
-                name, rc, (long long)bad, (long long)touched);
-        df_test_failures++;
-    }
-    free(offs);
-    free(in);
-    free(got);
-}
-
-static void check(const char *name, const buf *b, view v) { check_view(name, b, v, NULL); }
 
 /* ---- embed ---- */
 
 static void embed_case(const char *name, int64_t V, int64_t H, int64_t n, int64_t ld,
                        int64_t col0)
 {
-    view vt = v2(0, V, H, H), vo = v2(col0, n, H, ld);
-    buf tab = buf_new(view_len(vt), 0, 1.0f), out = buf_new(view_len(vo), 0, 1.0f);
-    uint32_t *ids = xmalloc((size_t)n * sizeof *ids);
+    gh_view vt = gh_v2(0, V, H, H), vo = gh_v2(col0, n, H, ld);
+    gh_buf tab = gh_buf_rand(gh_view_len(vt), 0, GH_N01, &rng, 1.0f);
+    gh_buf out = gh_buf_rand(gh_view_len(vo), 0, GH_N01, &rng, 1.0f);
+    uint32_t *ids = gh_xmalloc((size_t)n * sizeof *ids);
     for (int64_t i = 0; i < n; i++)
         ids[i] = i == 0 ? 0 : i == 1 ? (uint32_t)(V - 1) : (uint32_t)(test_rand(&rng) % V);
-    poison(&out, vo);
-    buf_upload(&tab);
-    buf_upload(&out);
-    df_tensor tc = tens(&tab, vt, 0), tg = tens(&tab, vt, 1);
-    df_tensor oc = tens(&out, vo, 0), og = tens(&out, vo, 1);
-    CHECK_EQ(df_op_embed(cpu, &tc, ids, n, &oc), 0);
-    CHECK_EQ(df_op_embed(gpu, &tg, ids, n, &og), 0);
-    check(name, &out, vo);
+    gh_poison(&out, vo);
+    gh_buf_upload(&tab);
+    gh_buf_upload(&out);
+    df_tensor tc = gh_tens(&tab, vt, 0), tg = gh_tens(&tab, vt, 1);
+    df_tensor oc = gh_tens(&out, vo, 0), og = gh_tens(&out, vo, 1);
+    CHECK_EQ(df_op_embed(gh_cpu, &tc, ids, n, &oc), 0);
+    CHECK_EQ(df_op_embed(gh_gpu, &tg, ids, n, &og), 0);
+    gh_check_view(name, &out, vo, NULL);
     free(ids);
-    buf_free(&tab);
-    buf_free(&out);
+    gh_buf_free(&tab);
+    gh_buf_free(&out);
 }
 
 /* ---- matmul ---- */
@@ -306,23 +71,24 @@ static void embed_case(const char *name, int64_t V, int64_t H, int64_t n, int64_
 static void matmul_case(const char *name, int64_t M, int64_t N, int64_t K, int64_t xpad,
                         int64_t ypad, int acc)
 {
-    view vx = v2(xpad ? 8 : 0, M, K, K + xpad), vw = v2(0, N, K, K);
-    view vy = v2(ypad ? 16 : 0, M, N, N + ypad);
-    buf x = buf_new(view_len(vx), 0, 1.0f), w = buf_new(view_len(vw), 0, 1.0f);
-    buf y = buf_new(view_len(vy), 0, 4.0f);
+    gh_view vx = gh_v2(xpad ? 8 : 0, M, K, K + xpad), vw = gh_v2(0, N, K, K);
+    gh_view vy = gh_v2(ypad ? 16 : 0, M, N, N + ypad);
+    gh_buf x = gh_buf_rand(gh_view_len(vx), 0, GH_N01, &rng, 1.0f);
+    gh_buf w = gh_buf_rand(gh_view_len(vw), 0, GH_N01, &rng, 1.0f);
+    gh_buf y = gh_buf_rand(gh_view_len(vy), 0, GH_N01, &rng, 4.0f);
     if (!acc)
-        poison(&y, vy);
-    buf_upload(&x);
-    buf_upload(&w);
-    buf_upload(&y);
-    df_tensor xc = tens(&x, vx, 0), xg = tens(&x, vx, 1), wc = tens(&w, vw, 0);
-    df_tensor wg = tens(&w, vw, 1), yc = tens(&y, vy, 0), yg = tens(&y, vy, 1);
-    CHECK_EQ(df_op_matmul(cpu, &xc, &wc, &yc, acc), 0);
-    CHECK_EQ(df_op_matmul(gpu, &xg, &wg, &yg, acc), 0);
-    check(name, &y, vy);
-    buf_free(&x);
-    buf_free(&w);
-    buf_free(&y);
+        gh_poison(&y, vy);
+    gh_buf_upload(&x);
+    gh_buf_upload(&w);
+    gh_buf_upload(&y);
+    df_tensor xc = gh_tens(&x, vx, 0), xg = gh_tens(&x, vx, 1), wc = gh_tens(&w, vw, 0);
+    df_tensor wg = gh_tens(&w, vw, 1), yc = gh_tens(&y, vy, 0), yg = gh_tens(&y, vy, 1);
+    CHECK_EQ(df_op_matmul(gh_cpu, &xc, &wc, &yc, acc), 0);
+    CHECK_EQ(df_op_matmul(gh_gpu, &xg, &wg, &yg, acc), 0);
+    gh_check_view(name, &y, vy, NULL);
+    gh_buf_free(&x);
+    gh_buf_free(&w);
+    gh_buf_free(&y);
 }
 
 /* ---- elementwise ---- */
@@ -346,7 +112,7 @@ static int run_ew(df_backend *be, int op, const df_tensor *a, df_tensor *b, df_t
 
 /* alias: 0 = out in its own buffer (add: y is b's buffer), 'a' = out is a
  * (same view), 'b' = out is b, 'x' = add with x and y one view. */
-static void ew_case(const char *name, int op, view va, view vb, view vo, int alias)
+static void ew_case(const char *name, int op, gh_view va, gh_view vb, gh_view vo, int alias)
 {
     int binary = op == OP_ADD || op == OP_SWIGLU;
     if (op == OP_ADD && alias == 0)
@@ -357,44 +123,44 @@ static void ew_case(const char *name, int op, view va, view vb, view vo, int ali
         vo = vb;
     if (alias == 'x')
         vb = va;
-    buf A = buf_new(view_len(va), 0, 2.0f), B, O;
+    gh_buf A = gh_buf_rand(gh_view_len(va), 0, GH_N01, &rng, 2.0f), B, O;
     memset(&B, 0, sizeof B);
     memset(&O, 0, sizeof O);
     /* saturating inputs: exp overflow must give 0 / -0 / x, never NaN */
     static const float ext[] = {200.0f, -200.0f, 88.5f, -88.5f, 16.0f, -16.0f};
     if (op != OP_ADD)
         for (int64_t i = 0; i < A.n; i += 17)
-            buf_set(&A, i, ext[(i / 17) % 6]);
+            gh_buf_set(&A, i, ext[(i / 17) % 6]);
     if (binary && alias != 'x')
-        B = buf_new(view_len(vb), 0, 2.0f);
+        B = gh_buf_rand(gh_view_len(vb), 0, GH_N01, &rng, 2.0f);
     if (alias == 0)
-        O = buf_new(view_len(vo), 0, 1.0f);
-    buf *pb = binary ? (alias == 'x' ? &A : &B) : NULL;
-    buf *po = alias == 0 ? &O : alias == 'b' ? &B : &A;
+        O = gh_buf_rand(gh_view_len(vo), 0, GH_N01, &rng, 1.0f);
+    gh_buf *pb = binary ? (alias == 'x' ? &A : &B) : NULL;
+    gh_buf *po = alias == 0 ? &O : alias == 'b' ? &B : &A;
     if (alias == 0)
-        poison(&O, vo);
-    buf_upload(&A);
+        gh_poison(&O, vo);
+    gh_buf_upload(&A);
     if (B.d)
-        buf_upload(&B);
+        gh_buf_upload(&B);
     if (O.d)
-        buf_upload(&O);
-    df_tensor ac = tens(&A, va, 0), ag = tens(&A, va, 1), bc, bg, oc, og;
+        gh_buf_upload(&O);
+    df_tensor ac = gh_tens(&A, va, 0), ag = gh_tens(&A, va, 1), bc, bg, oc, og;
     memset(&bc, 0, sizeof bc);
     memset(&bg, 0, sizeof bg);
     if (pb) {
-        bc = tens(pb, vb, 0);
-        bg = tens(pb, vb, 1);
+        bc = gh_tens(pb, vb, 0);
+        bg = gh_tens(pb, vb, 1);
     }
-    oc = tens(po, vo, 0);
-    og = tens(po, vo, 1);
-    CHECK_EQ(run_ew(cpu, op, &ac, pb ? &bc : NULL, &oc), 0);
-    CHECK_EQ(run_ew(gpu, op, &ag, pb ? &bg : NULL, &og), 0);
-    check(name, po, vo);
-    buf_free(&A);
+    oc = gh_tens(po, vo, 0);
+    og = gh_tens(po, vo, 1);
+    CHECK_EQ(run_ew(gh_cpu, op, &ac, pb ? &bc : NULL, &oc), 0);
+    CHECK_EQ(run_ew(gh_gpu, op, &ag, pb ? &bg : NULL, &og), 0);
+    gh_check_view(name, po, vo, NULL);
+    gh_buf_free(&A);
     if (B.d)
-        buf_free(&B);
+        gh_buf_free(&B);
     if (O.d)
-        buf_free(&O);
+        gh_buf_free(&O);
 }
 
 static void test_elementwise(void)
@@ -406,30 +172,31 @@ static void test_elementwise(void)
         int op = ops[k];
         /* contiguous: one long row */
         snprintf(nm, sizeof nm, "%s [64, 5120] contiguous", names[k]);
-        ew_case(nm, op, v2(0, 64, 5120, 5120), v2(0, 64, 5120, 5120), v2(0, 64, 5120, 5120), 0);
+        ew_case(nm, op, gh_v2(0, 64, 5120, 5120), gh_v2(0, 64, 5120, 5120),
+                gh_v2(0, 64, 5120, 5120), 0);
         snprintf(nm, sizeof nm, "%s [1001] 1-D", names[k]);
-        ew_case(nm, op, v1(1001), v1(1001), v1(1001), 0);
+        ew_case(nm, op, gh_v1(1001), gh_v1(1001), gh_v1(1001), 0);
         /* odd width, column views at unaligned and aligned offsets */
         snprintf(nm, sizeof nm, "%s [37, 77] column views", names[k]);
-        ew_case(nm, op, v2(3, 37, 77, 90), v2(77, 37, 77, 160), v2(5, 37, 77, 83), 0);
+        ew_case(nm, op, gh_v2(3, 37, 77, 90), gh_v2(77, 37, 77, 160), gh_v2(5, 37, 77, 83), 0);
         /* halves of a fused [T, 2F] projection (SwiGLU's gate | up) */
         snprintf(nm, sizeof nm, "%s [45, 96] halves of [45, 192]", names[k]);
-        ew_case(nm, op, v2(0, 45, 96, 192), v2(96, 45, 96, 192), v2(8, 45, 96, 112), 0);
+        ew_case(nm, op, gh_v2(0, 45, 96, 192), gh_v2(96, 45, 96, 192), gh_v2(8, 45, 96, 112), 0);
         {
             int64_t sh[3] = {10, 6, 40}, sa[3] = {6 * 48 + 8, 48, 1}, sb[3] = {240, 40, 1},
                     so[3] = {6 * 56, 56, 1};
             snprintf(nm, sizeof nm, "%s [10, 6, 40] 3-D views with gaps", names[k]);
-            ew_case(nm, op, vnd(8, 3, sh, sa), vnd(0, 3, sh, sb), vnd(16, 3, sh, so), 0);
+            ew_case(nm, op, gh_vnd(8, 3, sh, sa), gh_vnd(0, 3, sh, sb), gh_vnd(16, 3, sh, so), 0);
         }
         {
             int64_t sh[4] = {2, 3, 4, 16}, st[4] = {3 * 4 * 24, 4 * 24, 24, 1};
             snprintf(nm, sizeof nm, "%s [2, 3, 4, 16] 4-D, in place", names[k]);
-            ew_case(nm, op, vnd(8, 4, sh, st), vnd(0, 4, sh, st), vnd(0, 4, sh, st),
+            ew_case(nm, op, gh_vnd(8, 4, sh, st), gh_vnd(0, 4, sh, st), gh_vnd(0, 4, sh, st),
                     op == OP_ADD ? 'x' : 'a');
         }
         snprintf(nm, sizeof nm, "%s [33, 130] in place (out = %s)", names[k],
                  op == OP_ADD ? "x = y" : op == OP_SWIGLU ? "up" : "x");
-        ew_case(nm, op, v2(0, 33, 130, 130), v2(0, 33, 130, 136), v2(0, 33, 130, 130),
+        ew_case(nm, op, gh_v2(0, 33, 130, 130), gh_v2(0, 33, 130, 136), gh_v2(0, 33, 130, 130),
                 op == OP_ADD ? 'x' : op == OP_SWIGLU ? 'b' : 'a');
     }
 }
@@ -453,113 +220,115 @@ static int run_norm(df_backend *be, int kind, df_tensor *x, const df_tensor *z,
 }
 
 /* vz is used by the gated norm only; inplace: y is x (always for l2norm). */
-static void norm_case(const char *name, int kind, view vx, view vz, view vy, int inplace)
+static void norm_case(const char *name, int kind, gh_view vx, gh_view vz, gh_view vy, int inplace)
 {
     int64_t D = vx.shape[vx.ndim - 1];
     if (kind == N_L2)
         inplace = 1;
     if (inplace)
         vy = vx;
-    buf x = buf_new(view_len(vx), 0, 1.5f), z, y, w;
+    gh_buf x = gh_buf_rand(gh_view_len(vx), 0, GH_N01, &rng, 1.5f), z, y, w;
     memset(&z, 0, sizeof z);
     memset(&y, 0, sizeof y);
-    w = buf_new(D, 0, kind == N_PLUS1 ? 0.1f : 1.0f);
+    w = gh_buf_rand(D, 0, GH_N01, &rng, kind == N_PLUS1 ? 0.1f : 1.0f);
     if (kind == N_GATED)
-        z = buf_new(view_len(vz), 0, 2.0f);
+        z = gh_buf_rand(gh_view_len(vz), 0, GH_N01, &rng, 2.0f);
     if (!inplace) {
-        y = buf_new(view_len(vy), 0, 1.0f);
-        poison(&y, vy);
+        y = gh_buf_rand(gh_view_len(vy), 0, GH_N01, &rng, 1.0f);
+        gh_poison(&y, vy);
     }
-    buf *py = inplace ? &x : &y;
-    buf_upload(&x);
-    buf_upload(&w);
+    gh_buf *py = inplace ? &x : &y;
+    gh_buf_upload(&x);
+    gh_buf_upload(&w);
     if (z.d)
-        buf_upload(&z);
+        gh_buf_upload(&z);
     if (y.d)
-        buf_upload(&y);
-    df_tensor xc = tens(&x, vx, 0), xg = tens(&x, vx, 1), wc = tens(&w, v1(D), 0);
-    df_tensor wg = tens(&w, v1(D), 1), zc, zg;
+        gh_buf_upload(&y);
+    df_tensor xc = gh_tens(&x, vx, 0), xg = gh_tens(&x, vx, 1), wc = gh_tens(&w, gh_v1(D), 0);
+    df_tensor wg = gh_tens(&w, gh_v1(D), 1), zc, zg;
     memset(&zc, 0, sizeof zc);
     memset(&zg, 0, sizeof zg);
     if (z.d) {
-        zc = tens(&z, vz, 0);
-        zg = tens(&z, vz, 1);
+        zc = gh_tens(&z, vz, 0);
+        zg = gh_tens(&z, vz, 1);
     }
-    df_tensor yc = tens(py, vy, 0), yg = tens(py, vy, 1);
-    CHECK_EQ(run_norm(cpu, kind, &xc, &zc, &wc, &yc), 0);
-    CHECK_EQ(run_norm(gpu, kind, &xg, &zg, &wg, &yg), 0);
-    check(name, py, vy);
-    buf_free(&x);
-    buf_free(&w);
+    df_tensor yc = gh_tens(py, vy, 0), yg = gh_tens(py, vy, 1);
+    CHECK_EQ(run_norm(gh_cpu, kind, &xc, &zc, &wc, &yc), 0);
+    CHECK_EQ(run_norm(gh_gpu, kind, &xg, &zg, &wg, &yg), 0);
+    gh_check_view(name, py, vy, NULL);
+    gh_buf_free(&x);
+    gh_buf_free(&w);
     if (z.d)
-        buf_free(&z);
+        gh_buf_free(&z);
     if (y.d)
-        buf_free(&y);
+        gh_buf_free(&y);
 }
 
 static void test_norms(void)
 {
-    view none;
+    gh_view none;
     memset(&none, 0, sizeof none);
     /* the hidden size: a block per row, 16-byte vectors */
-    norm_case("rmsnorm [33, 5120]", N_PLAIN, v2(0, 33, 5120, 5120), none, v2(0, 33, 5120, 5120), 0);
-    norm_case("rmsnorm plus_one [33, 5120] in place", N_PLUS1, v2(0, 33, 5120, 5120), none,
+    norm_case("rmsnorm [33, 5120]", N_PLAIN, gh_v2(0, 33, 5120, 5120), none,
+              gh_v2(0, 33, 5120, 5120), 0);
+    norm_case("rmsnorm plus_one [33, 5120] in place", N_PLUS1, gh_v2(0, 33, 5120, 5120), none,
               none, 1);
-    norm_case("rmsnorm plus_one [17, 4096] -> column view", N_PLUS1, v2(0, 17, 4096, 4096),
-              none, v2(8, 17, 4096, 4104), 0);
+    norm_case("rmsnorm plus_one [17, 4096] -> column view", N_PLUS1, gh_v2(0, 17, 4096, 4096),
+              none, gh_v2(8, 17, 4096, 4104), 0);
     /* > 1024 with a scalar tail (stride 1104), and unaligned (stride 1101) */
-    norm_case("rmsnorm [20, 1101] of [20, 1104] (vector + tail)", N_PLAIN, v2(0, 20, 1101, 1104),
-              none, v2(8, 20, 1101, 1112), 0);
-    norm_case("rmsnorm plus_one [20, 1101] unaligned, in place", N_PLUS1, v2(3, 20, 1101, 1107),
-              none, none, 1);
+    norm_case("rmsnorm [20, 1101] of [20, 1104] (vector + tail)", N_PLAIN,
+              gh_v2(0, 20, 1101, 1104), none, gh_v2(8, 20, 1101, 1112), 0);
+    norm_case("rmsnorm plus_one [20, 1101] unaligned, in place", N_PLUS1,
+              gh_v2(3, 20, 1101, 1107), none, none, 1);
     /* warp per row: odd width, unaligned */
-    norm_case("rmsnorm [30, 100] of [30, 104] (vector + tail)", N_PLAIN, v2(0, 30, 100, 104),
-              none, v2(16, 30, 100, 128), 0);
-    norm_case("rmsnorm [50, 77]", N_PLAIN, v2(0, 50, 77, 77), none, v2(0, 50, 77, 77), 0);
-    norm_case("rmsnorm plus_one [50, 77] in place", N_PLUS1, v2(0, 50, 77, 77), none, none, 1);
+    norm_case("rmsnorm [30, 100] of [30, 104] (vector + tail)", N_PLAIN, gh_v2(0, 30, 100, 104),
+              none, gh_v2(16, 30, 100, 128), 0);
+    norm_case("rmsnorm [50, 77]", N_PLAIN, gh_v2(0, 50, 77, 77), none, gh_v2(0, 50, 77, 77), 0);
+    norm_case("rmsnorm plus_one [50, 77] in place", N_PLUS1, gh_v2(0, 50, 77, 77), none, none, 1);
     {   /* q_norm on q inside per-head [q | gate] rows: [T, nq, 256], row stride 2*nq*256 */
         int64_t sh[3] = {40, 4, 256}, sx[3] = {2 * 4 * 256, 512, 1}, sy[3] = {1024, 256, 1};
-        norm_case("q_norm [40, 4, 256] of per-head q|gate", N_PLAIN, vnd(0, 3, sh, sx), none,
-                  vnd(0, 3, sh, sy), 0);
-        norm_case("q_norm plus_one [40, 4, 256] q|gate in place", N_PLUS1, vnd(256, 3, sh, sx),
-                  none, none, 1);
+        norm_case("q_norm [40, 4, 256] of per-head q|gate", N_PLAIN, gh_vnd(0, 3, sh, sx), none,
+                  gh_vnd(0, 3, sh, sy), 0);
+        norm_case("q_norm plus_one [40, 4, 256] q|gate in place", N_PLUS1,
+                  gh_vnd(256, 3, sh, sx), none, none, 1);
         /* q columns of a [T, 2*nq*D] buffer: [T, nq, D] with row stride 2*nq*D */
         int64_t sq[3] = {2 * 4 * 256, 256, 1};
-        norm_case("k_norm plus_one [40, 4, 256] column slice", N_PLUS1, vnd(1024, 3, sh, sq),
-                  none, vnd(0, 3, sh, sy), 0);
+        norm_case("k_norm plus_one [40, 4, 256] column slice", N_PLUS1, gh_vnd(1024, 3, sh, sq),
+                  none, gh_vnd(0, 3, sh, sy), 0);
     }
-    norm_case("k_norm plus_one [64, 128] (Qwen3 per-head)", N_PLUS1, v2(0, 64, 128, 128), none,
+    norm_case("k_norm plus_one [64, 128] (Qwen3 per-head)", N_PLUS1, gh_v2(0, 64, 128, 128), none,
               none, 1);
     {
         int64_t sh[4] = {2, 3, 5, 24}, st[4] = {3 * 5 * 32 + 8, 5 * 32, 32, 1};
-        norm_case("rmsnorm plus_one [2, 3, 5, 24] 4-D with gaps", N_PLUS1, vnd(0, 4, sh, st),
+        norm_case("rmsnorm plus_one [2, 3, 5, 24] 4-D with gaps", N_PLUS1, gh_vnd(0, 4, sh, st),
                   none, none, 1);
     }
     {   /* the GDN output norm: per value head over 128, gate z a column view */
         int64_t sh[3] = {30, 6, 128}, sx[3] = {768, 128, 1}, sz[3] = {768 + 64, 128, 1};
-        norm_case("rmsnorm_gated [30, 6, 128]", N_GATED, vnd(0, 3, sh, sx), vnd(32, 3, sh, sz),
-                  vnd(0, 3, sh, sx), 0);
-        norm_case("rmsnorm_gated [30, 6, 128] in place", N_GATED, vnd(0, 3, sh, sx),
-                  vnd(8, 3, sh, sz), none, 1);
+        norm_case("rmsnorm_gated [30, 6, 128]", N_GATED, gh_vnd(0, 3, sh, sx),
+                  gh_vnd(32, 3, sh, sz), gh_vnd(0, 3, sh, sx), 0);
+        norm_case("rmsnorm_gated [30, 6, 128] in place", N_GATED, gh_vnd(0, 3, sh, sx),
+                  gh_vnd(8, 3, sh, sz), none, 1);
     }
-    norm_case("rmsnorm_gated [41, 45] odd", N_GATED, v2(0, 41, 45, 45), v2(1, 41, 45, 50),
-              v2(2, 41, 45, 47), 0);
-    norm_case("rmsnorm_gated [9, 2048] block per row", N_GATED, v2(0, 9, 2048, 2048),
-              v2(0, 9, 2048, 2048), v2(0, 9, 2048, 2048), 0);
+    norm_case("rmsnorm_gated [41, 45] odd", N_GATED, gh_v2(0, 41, 45, 45), gh_v2(1, 41, 45, 50),
+              gh_v2(2, 41, 45, 47), 0);
+    norm_case("rmsnorm_gated [9, 2048] block per row", N_GATED, gh_v2(0, 9, 2048, 2048),
+              gh_v2(0, 9, 2048, 2048), gh_v2(0, 9, 2048, 2048), 0);
     {   /* l2norm: q/k heads inside the fused conv output [T, 2*hk*D + hv*Dv] */
         int64_t ld = 2 * 4 * 128 + 8 * 128;
         int64_t sh[3] = {50, 4, 128}, st[3] = {ld, 128, 1};
-        norm_case("l2norm q [50, 4, 128] of conv output", N_L2, vnd(0, 3, sh, st), none, none, 1);
-        norm_case("l2norm k [50, 4, 128] of conv output", N_L2, vnd(512, 3, sh, st), none, none,
-                  1);
+        norm_case("l2norm q [50, 4, 128] of conv output", N_L2, gh_vnd(0, 3, sh, st), none,
+                  none, 1);
+        norm_case("l2norm k [50, 4, 128] of conv output", N_L2, gh_vnd(512, 3, sh, st), none,
+                  none, 1);
         int64_t sg[3] = {ld, 256, 1}; /* every other head: gaps between rows */
-        norm_case("l2norm [50, 2, 128] strided heads", N_L2, vnd(0, 3, sh, sg), none, none, 1);
+        norm_case("l2norm [50, 2, 128] strided heads", N_L2, gh_vnd(0, 3, sh, sg), none, none, 1);
     }
-    norm_case("l2norm [50, 77]", N_L2, v2(0, 50, 77, 77), none, none, 1);
-    norm_case("l2norm [9, 2048] block per row", N_L2, v2(8, 9, 2048, 2064), none, none, 1);
+    norm_case("l2norm [50, 77]", N_L2, gh_v2(0, 50, 77, 77), none, none, 1);
+    norm_case("l2norm [9, 2048] block per row", N_L2, gh_v2(8, 9, 2048, 2064), none, none, 1);
     {
         int64_t sh[4] = {3, 2, 4, 64}, st[4] = {2 * 4 * 72 + 16, 4 * 72, 72, 1};
-        norm_case("l2norm [3, 2, 4, 64] 4-D with gaps", N_L2, vnd(0, 4, sh, st), none, none, 1);
+        norm_case("l2norm [3, 2, 4, 64] 4-D with gaps", N_L2, gh_vnd(0, 4, sh, st), none, none, 1);
     }
 }
 
@@ -568,19 +337,19 @@ static void test_norms(void)
 static void rope_case(const char *name, int64_t T, int heads, int hd, int rot, double theta,
                       int64_t ld, int64_t col0)
 {
-    view vx = v2(col0, T, (int64_t)heads * hd, ld);
-    buf x = buf_new(view_len(vx), 0, 1.5f);
-    int32_t *pos = xmalloc((size_t)T * sizeof *pos);
+    gh_view vx = gh_v2(col0, T, (int64_t)heads * hd, ld);
+    gh_buf x = gh_buf_rand(gh_view_len(vx), 0, GH_N01, &rng, 1.5f);
+    int32_t *pos = gh_xmalloc((size_t)T * sizeof *pos);
     static const int32_t fixed[] = {0, 1, 4095, 4096, 4097, 32768, 100000, 262143, 1000000};
     for (int64_t t = 0; t < T; t++)
         pos[t] = t < 9 ? fixed[t] : (int32_t)(test_rand(&rng) % 40000);
-    buf_upload(&x);
-    df_tensor xc = tens(&x, vx, 0), xg = tens(&x, vx, 1);
-    CHECK_EQ(df_op_rope(cpu, &xc, pos, heads, hd, rot, theta), 0);
-    CHECK_EQ(df_op_rope(gpu, &xg, pos, heads, hd, rot, theta), 0);
-    check(name, &x, vx);
+    gh_buf_upload(&x);
+    df_tensor xc = gh_tens(&x, vx, 0), xg = gh_tens(&x, vx, 1);
+    CHECK_EQ(df_op_rope(gh_cpu, &xc, pos, heads, hd, rot, theta), 0);
+    CHECK_EQ(df_op_rope(gh_gpu, &xg, pos, heads, hd, rot, theta), 0);
+    gh_check_view(name, &x, vx, NULL);
     free(pos);
-    buf_free(&x);
+    gh_buf_free(&x);
 }
 
 static void test_rope(void)
@@ -604,21 +373,23 @@ static void conv_case(const char *name, int64_t C, int K, const int32_t *cu, int
 {
     int64_t T = cu[n_seq];
     /* out rows padded to a multiple of 8: the vector path with a partial group */
-    view vx = v2(x0, T, C, xld), vw = v2(0, C, K, wld), vo = v2(0, T, C, (C + 7) / 8 * 8);
-    buf x = buf_new(view_len(vx), 0, 1.5f), w = buf_new(view_len(vw), 0, 0.6f);
-    buf o = buf_new(view_len(vo), 0, 1.0f);
-    poison(&o, vo);
-    buf_upload(&x);
-    buf_upload(&w);
-    buf_upload(&o);
-    df_tensor xc = tens(&x, vx, 0), xg = tens(&x, vx, 1), wc = tens(&w, vw, 0);
-    df_tensor wg = tens(&w, vw, 1), oc = tens(&o, vo, 0), og = tens(&o, vo, 1);
-    CHECK_EQ(df_op_conv1d_silu(cpu, &xc, &wc, cu, n_seq, &oc), 0);
-    CHECK_EQ(df_op_conv1d_silu(gpu, &xg, &wg, cu, n_seq, &og), 0);
-    check(name, &o, vo);
-    buf_free(&x);
-    buf_free(&w);
-    buf_free(&o);
+    gh_view vx = gh_v2(x0, T, C, xld), vw = gh_v2(0, C, K, wld);
+    gh_view vo = gh_v2(0, T, C, (C + 7) / 8 * 8);
+    gh_buf x = gh_buf_rand(gh_view_len(vx), 0, GH_N01, &rng, 1.5f);
+    gh_buf w = gh_buf_rand(gh_view_len(vw), 0, GH_N01, &rng, 0.6f);
+    gh_buf o = gh_buf_rand(gh_view_len(vo), 0, GH_N01, &rng, 1.0f);
+    gh_poison(&o, vo);
+    gh_buf_upload(&x);
+    gh_buf_upload(&w);
+    gh_buf_upload(&o);
+    df_tensor xc = gh_tens(&x, vx, 0), xg = gh_tens(&x, vx, 1), wc = gh_tens(&w, vw, 0);
+    df_tensor wg = gh_tens(&w, vw, 1), oc = gh_tens(&o, vo, 0), og = gh_tens(&o, vo, 1);
+    CHECK_EQ(df_op_conv1d_silu(gh_cpu, &xc, &wc, cu, n_seq, &oc), 0);
+    CHECK_EQ(df_op_conv1d_silu(gh_gpu, &xg, &wg, cu, n_seq, &og), 0);
+    gh_check_view(name, &o, vo, NULL);
+    gh_buf_free(&x);
+    gh_buf_free(&w);
+    gh_buf_free(&o);
 }
 
 static void test_conv(void)
@@ -640,44 +411,47 @@ static void test_conv(void)
 
 static void gates_case(const char *name, int64_t T, int64_t H)
 {
-    view va = v2(0, T, H, 2 * H + 8), vb = v2(H + 8, T, H, 2 * H + 8);
-    view vg = v2(0, T, H, 2 * H), vbeta = v2(H, T, H, 2 * H);
-    buf ab = buf_new(view_len(vb), 0, 2.0f), gb = buf_new(view_len(vbeta), 1, 1.0f);
-    buf alog = buf_new(H, 0, 0.7f), dtb = buf_new(H, 0, 1.0f);
+    gh_view va = gh_v2(0, T, H, 2 * H + 8), vb = gh_v2(H + 8, T, H, 2 * H + 8);
+    gh_view vg = gh_v2(0, T, H, 2 * H), vbeta = gh_v2(H, T, H, 2 * H);
+    gh_buf ab = gh_buf_rand(gh_view_len(vb), 0, GH_N01, &rng, 2.0f);
+    gh_buf gb = gh_buf_rand(gh_view_len(vbeta), 1, GH_N01, &rng, 1.0f);
+    gh_buf alog = gh_buf_rand(H, 0, GH_N01, &rng, 0.7f);
+    gh_buf dtb = gh_buf_rand(H, 0, GH_N01, &rng, 1.0f);
     /* a + dt_bias beyond the softplus threshold, around it, and far below */
     for (int64_t t = 0; t < T; t++)
         for (int64_t h = 0; h < H; h++) {
             int64_t i = t * (2 * H + 8) + h;
             int k = (int)((t + h) % 6);
             if (k == 0)
-                buf_set(&ab, i, 24.0f + (float)(h % 7));
+                gh_buf_set(&ab, i, 24.0f + (float)(h % 7));
             else if (k == 1)
-                buf_set(&ab, i, 20.0f - dtb.h[h] + 0.25f * (float)((t % 5) - 2));
+                gh_buf_set(&ab, i, 20.0f - dtb.h[h] + 0.25f * (float)((t % 5) - 2));
             else if (k == 2)
-                buf_set(&ab, i, -30.0f);
+                gh_buf_set(&ab, i, -30.0f);
         }
-    poison(&gb, vg);
-    poison(&gb, vbeta);
-    buf_upload(&ab);
-    buf_upload(&gb);
-    buf_upload(&alog);
-    buf_upload(&dtb);
-    df_tensor ac = tens(&ab, va, 0), ag = tens(&ab, va, 1), bc = tens(&ab, vb, 0);
-    df_tensor bg = tens(&ab, vb, 1), lc = tens(&alog, v1(H), 0), lg = tens(&alog, v1(H), 1);
-    df_tensor dc = tens(&dtb, v1(H), 0), dg = tens(&dtb, v1(H), 1);
-    df_tensor gc = tens(&gb, vg, 0), gg = tens(&gb, vg, 1);
-    df_tensor ec = tens(&gb, vbeta, 0), eg = tens(&gb, vbeta, 1);
-    CHECK_EQ(df_op_gdn_gates(cpu, &ac, &bc, &lc, &dc, &gc, &ec), 0);
-    CHECK_EQ(df_op_gdn_gates(gpu, &ag, &bg, &lg, &dg, &gg, &eg), 0);
+    gh_poison(&gb, vg);
+    gh_poison(&gb, vbeta);
+    gh_buf_upload(&ab);
+    gh_buf_upload(&gb);
+    gh_buf_upload(&alog);
+    gh_buf_upload(&dtb);
+    df_tensor ac = gh_tens(&ab, va, 0), ag = gh_tens(&ab, va, 1), bc = gh_tens(&ab, vb, 0);
+    df_tensor bg = gh_tens(&ab, vb, 1), lc = gh_tens(&alog, gh_v1(H), 0);
+    df_tensor lg = gh_tens(&alog, gh_v1(H), 1);
+    df_tensor dc = gh_tens(&dtb, gh_v1(H), 0), dg = gh_tens(&dtb, gh_v1(H), 1);
+    df_tensor gc = gh_tens(&gb, vg, 0), gg = gh_tens(&gb, vg, 1);
+    df_tensor ec = gh_tens(&gb, vbeta, 0), eg = gh_tens(&gb, vbeta, 1);
+    CHECK_EQ(df_op_gdn_gates(gh_cpu, &ac, &bc, &lc, &dc, &gc, &ec), 0);
+    CHECK_EQ(df_op_gdn_gates(gh_gpu, &ag, &bg, &lg, &dg, &gg, &eg), 0);
     char nm[128];
     snprintf(nm, sizeof nm, "%s: g", name);
-    check_view(nm, &gb, vg, &vbeta);
+    gh_check_view(nm, &gb, vg, &vbeta);
     snprintf(nm, sizeof nm, "%s: beta", name);
-    check_view(nm, &gb, vbeta, &vg);
-    buf_free(&ab);
-    buf_free(&gb);
-    buf_free(&alog);
-    buf_free(&dtb);
+    gh_check_view(nm, &gb, vbeta, &vg);
+    gh_buf_free(&ab);
+    gh_buf_free(&gb);
+    gh_buf_free(&alog);
+    gh_buf_free(&dtb);
 }
 
 /* ---- benchmark ---- */
@@ -721,34 +495,28 @@ static int bench_call(bench_op *o, const int32_t *cu, const int32_t *pos)
 {
     switch (o->kind) {
     case B_SWIGLU:
-        return df_op_swiglu(gpu, &o->x, &o->z, &o->y);
+        return df_op_swiglu(gh_gpu, &o->x, &o->z, &o->y);
     case B_RMS:
-        return df_op_rmsnorm(gpu, &o->x, &o->w, EPS, o->plus_one, &o->y);
+        return df_op_rmsnorm(gh_gpu, &o->x, &o->w, EPS, o->plus_one, &o->y);
     case B_GATED:
-        return df_op_rmsnorm_gated(gpu, &o->x, &o->z, &o->w, EPS, &o->y);
+        return df_op_rmsnorm_gated(gh_gpu, &o->x, &o->z, &o->w, EPS, &o->y);
     case B_CONV:
-        return df_op_conv1d_silu(gpu, &o->x, &o->w, cu, 1, &o->y);
+        return df_op_conv1d_silu(gh_gpu, &o->x, &o->w, cu, 1, &o->y);
     case B_L2:
-        return df_op_l2norm(gpu, &o->x, EPS, o->scale);
+        return df_op_l2norm(gh_gpu, &o->x, EPS, o->scale);
     default:
-        return df_op_rope(gpu, &o->x, pos, o->heads, o->hd, o->rot, o->theta);
+        return df_op_rope(gh_gpu, &o->x, pos, o->heads, o->hd, o->rot, o->theta);
     }
-}
-
-static int cmp_f(const void *a, const void *b)
-{
-    float x = *(const float *)a, y = *(const float *)b;
-    return x < y ? -1 : x > y;
 }
 
 static void bench_one(bench_op *o, const int32_t *cu, const int32_t *pos, cudaEvent_t *ev)
 {
     enum { WARM = 3, RUNS = 20 };
-    cudaStream_t st = df_cuda_stream(gpu);
+    cudaStream_t st = df_cuda_stream(gh_gpu);
     float ms[RUNS];
     int rc = 0;
     for (int i = 0; i < WARM + RUNS && rc == 0; i++) {
-        rc = df_backend_fill_uniform(gpu, o->refill, DF_DTYPE_BF16, o->refill_n,
+        rc = df_backend_fill_uniform(gh_gpu, o->refill, DF_DTYPE_BF16, o->refill_n,
                                      100 + (uint64_t)i, -2.0f, 2.0f);
         if (!rc && cudaEventRecord(ev[0], st) != cudaSuccess)
             rc = -EIO;
@@ -765,8 +533,7 @@ static void bench_one(bench_op *o, const int32_t *cu, const int32_t *pos, cudaEv
         printf("%-56s failed (%d)\n", o->name, rc);
         return;
     }
-    qsort(ms, RUNS, sizeof ms[0], cmp_f);
-    float med = ms[RUNS / 2];
+    float med = gh_median_f(ms, RUNS);
     printf("%-56s %8.4f ms  %5.2f TB/s\n", o->name, med, o->bytes / (med * 1e-3) / 1e12);
 }
 
@@ -777,9 +544,11 @@ static void bench(void)
     /* A: the widest fused projection output (Qwen3-32B gate|up [T, 51200]),
      * reused for every op's [T, ld] input; B: [T, 10240] outputs; C: the
      * hidden state [T, 5120]; W: weights. */
-    void *A = df_backend_alloc(gpu, (size_t)T * 51200 * 2), *B = df_backend_alloc(gpu, (size_t)T * 10240 * 2);
-    void *C = df_backend_alloc(gpu, (size_t)T * 5120 * 2), *W = df_backend_alloc(gpu, (size_t)10240 * 4 * 2);
-    int32_t *pos = xmalloc(T * sizeof *pos), cu[2] = {0, T};
+    void *A = df_backend_alloc(gh_gpu, (size_t)T * 51200 * 2);
+    void *B = df_backend_alloc(gh_gpu, (size_t)T * 10240 * 2);
+    void *C = df_backend_alloc(gh_gpu, (size_t)T * 5120 * 2);
+    void *W = df_backend_alloc(gh_gpu, (size_t)10240 * 4 * 2);
+    int32_t *pos = gh_xmalloc(T * sizeof *pos), cu[2] = {0, T};
     for (int t = 0; t < T; t++)
         pos[t] = t;
     cudaEvent_t ev[2];
@@ -789,7 +558,7 @@ static void bench(void)
         df_test_failures++;
         return;
     }
-    CHECK_EQ(df_backend_fill_uniform(gpu, W, DF_DTYPE_BF16, 10240 * 4, 1, -0.5f, 0.5f), 0);
+    CHECK_EQ(df_backend_fill_uniform(gh_gpu, W, DF_DTYPE_BF16, 10240 * 4, 1, -0.5f, 0.5f), 0);
     bench_op ops[32];
     int n = 0;
     memset(ops, 0, sizeof ops);
@@ -857,10 +626,11 @@ static void bench(void)
         }
         bench_one(&ops[i], cu, pos, ev);
     }
-    CHECK_EQ(df_backend_sync(gpu), 0);
+    CHECK_EQ(df_backend_sync(gh_gpu), 0);
     cudaEventDestroy(ev[0]), cudaEventDestroy(ev[1]);
     free(pos);
-    df_backend_free(gpu, A), df_backend_free(gpu, B), df_backend_free(gpu, C), df_backend_free(gpu, W);
+    df_backend_free(gh_gpu, A), df_backend_free(gh_gpu, B);
+    df_backend_free(gh_gpu, C), df_backend_free(gh_gpu, W);
 }
 
 /* df_backend_upload_ahead / _join: the upload starts after the work enqueued
@@ -869,10 +639,10 @@ static void bench(void)
 static void test_upload_ahead(void)
 {
     const size_t n = (size_t)16 << 20; /* 64 MiB of u32: long enough to overlap */
-    uint32_t *ha = df_backend_host_alloc(gpu, n * 4), *hb = df_backend_host_alloc(gpu, n * 4),
-             *got = malloc(n * 4);
-    void *dst = df_backend_alloc(gpu, n * 4), *snap = df_backend_alloc(gpu, n * 4),
-         *after = df_backend_alloc(gpu, n * 4);
+    uint32_t *ha = df_backend_host_alloc(gh_gpu, n * 4), *hb = df_backend_host_alloc(gh_gpu, n * 4);
+    uint32_t *got = malloc(n * 4);
+    void *dst = df_backend_alloc(gh_gpu, n * 4), *snap = df_backend_alloc(gh_gpu, n * 4),
+         *after = df_backend_alloc(gh_gpu, n * 4);
     CHECK(ha && hb && got && dst && snap && after);
     if (!ha || !hb || !got || !dst || !snap || !after)
         return;
@@ -880,64 +650,46 @@ static void test_upload_ahead(void)
         ha[i] = (uint32_t)(i * 2654435761u);
         hb[i] = ~(uint32_t)(i * 40503u);
     }
-    CHECK_EQ(df_backend_upload(gpu, dst, ha, n * 4), 0);
+    CHECK_EQ(df_backend_upload(gh_gpu, dst, ha, n * 4), 0);
     for (int round = 0; round < 3; round++) {
         const uint32_t *old = round % 2 ? hb : ha, *nu = round % 2 ? ha : hb;
-        CHECK_EQ(df_backend_copy(gpu, snap, dst, n * 4), 0); /* reads the old contents */
-        CHECK_EQ(df_backend_upload_ahead(gpu, dst, nu, n * 4), 0);
-        CHECK_EQ(df_backend_upload_join(gpu), 0);
-        CHECK_EQ(df_backend_copy(gpu, after, dst, n * 4), 0); /* after the join: the new */
-        CHECK_EQ(df_backend_sync(gpu), 0);
-        CHECK_EQ(df_backend_download(gpu, got, snap, n * 4), 0);
+        CHECK_EQ(df_backend_copy(gh_gpu, snap, dst, n * 4), 0); /* reads the old contents */
+        CHECK_EQ(df_backend_upload_ahead(gh_gpu, dst, nu, n * 4), 0);
+        CHECK_EQ(df_backend_upload_join(gh_gpu), 0);
+        CHECK_EQ(df_backend_copy(gh_gpu, after, dst, n * 4), 0); /* after the join: the new */
+        CHECK_EQ(df_backend_sync(gh_gpu), 0);
+        CHECK_EQ(df_backend_download(gh_gpu, got, snap, n * 4), 0);
         CHECK(memcmp(got, old, n * 4) == 0);
-        CHECK_EQ(df_backend_download(gpu, got, after, n * 4), 0);
+        CHECK_EQ(df_backend_download(gh_gpu, got, after, n * 4), 0);
         CHECK(memcmp(got, nu, n * 4) == 0);
     }
     /* not joined: the sync still waits for it */
-    CHECK_EQ(df_backend_upload_ahead(gpu, dst, hb, n * 4), 0);
-    CHECK_EQ(df_backend_sync(gpu), 0);
-    CHECK_EQ(df_backend_download(gpu, got, dst, n * 4), 0);
+    CHECK_EQ(df_backend_upload_ahead(gh_gpu, dst, hb, n * 4), 0);
+    CHECK_EQ(df_backend_sync(gh_gpu), 0);
+    CHECK_EQ(df_backend_download(gh_gpu, got, dst, n * 4), 0);
     CHECK(memcmp(got, hb, n * 4) == 0);
-    CHECK_EQ(df_backend_upload_join(gpu), 0);
-    CHECK_EQ(df_backend_upload_ahead(gpu, NULL, hb, 4), -EINVAL);
+    CHECK_EQ(df_backend_upload_join(gh_gpu), 0);
+    CHECK_EQ(df_backend_upload_ahead(gh_gpu, NULL, hb, 4), -EINVAL);
     printf("upload_ahead / join: ordered against the compute stream\n");
-    df_backend_free(gpu, dst);
-    df_backend_free(gpu, snap);
-    df_backend_free(gpu, after);
-    df_backend_host_free(gpu, ha);
-    df_backend_host_free(gpu, hb);
+    df_backend_free(gh_gpu, dst);
+    df_backend_free(gh_gpu, snap);
+    df_backend_free(gh_gpu, after);
+    df_backend_host_free(gh_gpu, ha);
+    df_backend_host_free(gh_gpu, hb);
     free(got);
 }
 
 int main(int argc, char **argv)
 {
-    if (df_cuda_device_count() == 0) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
-    df_err e;
-    memset(&e, 0, sizeof e);
-    gpu = df_backend_cuda_open(0, &e);
-    if (!gpu) {
-        if (e.code == -ENODEV) {
-            printf("no CUDA device: skipped\n");
-            return 77;
-        }
-        fprintf(stderr, "cuda backend: %s\n", e.msg);
-        return 1;
-    }
+    int rc = gh_open(0);
+    if (rc)
+        return rc;
     if (argc > 1 && !strcmp(argv[1], "--bench")) {
         printf("T = 4096; median of 20 calls (CUDA events), TB/s = view bytes read + "
                "written / time\n");
         bench();
-        df_backend_close(gpu);
+        gh_close();
         return test_main_end();
-    }
-    cpu = df_backend_cpu_open(0, &e);
-    if (!cpu) {
-        fprintf(stderr, "cpu backend: %s\n", e.msg);
-        df_backend_close(gpu);
-        return 1;
     }
     printf("max abs error vs the fp32 CPU reference; naive = max|bf16(ref) - ref|; "
            "bound = 2 naive + 1e-6 max|ref|\n");
@@ -962,8 +714,7 @@ int main(int argc, char **argv)
     gates_case("gdn_gates T100 H48", 100, 48);
     gates_case("gdn_gates T301 H5", 301, 5);
 
-    CHECK_EQ(df_backend_sync(gpu), 0);
-    df_backend_close(cpu);
-    df_backend_close(gpu);
+    CHECK_EQ(df_backend_sync(gh_gpu), 0);
+    gh_close();
     return test_main_end();
 }

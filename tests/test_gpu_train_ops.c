@@ -35,67 +35,14 @@
 #include "cuda/device.h"
 #include "cuda/dflash_attn.h"
 #include "cuda/cuda_internal.h"
+#include "gpu_harness.h"
 #include "ops.h"
-#include "test.h"
 #include "train_ops.h"
 
 static uint64_t rng = 99;
 
-static float rb(float x)
-{
-    return df_bf16_to_f32(df_f32_to_bf16(x));
-}
-
 /* n random bf16-representable floats (|x| in [0.05, 3), never 0). */
-static float *rnd(int64_t n)
-{
-    float *p = malloc((size_t)n * 4 + 4);
-    for (int64_t i = 0; i < n; i++) {
-        float v = test_randn(&rng);
-        if (fabsf(v) < 0.05f)
-            v = v < 0 ? -0.05f : 0.05f;
-        p[i] = rb(v);
-    }
-    return p;
-}
-
-/* A device copy (bf16) of n floats. */
-static void *dev_bf16(df_backend *g, const float *x, int64_t n)
-{
-    uint16_t *h = malloc((size_t)n * 2 + 2);
-    for (int64_t i = 0; i < n; i++)
-        h[i] = df_f32_to_bf16(x[i]);
-    void *d = df_backend_alloc(g, (size_t)n * 2);
-    CHECK(d && df_backend_upload(g, d, h, (size_t)n * 2) == 0);
-    free(h);
-    return d;
-}
-
-static void *dev_poison(df_backend *g, int64_t n, size_t es)
-{
-    void *d = df_backend_alloc(g, (size_t)n * es);
-    uint8_t *h = malloc((size_t)n * es + 1);
-    if (es == 2)
-        for (int64_t i = 0; i < n; i++)
-            ((uint16_t *)h)[i] = 0x7fc0;
-    else
-        for (int64_t i = 0; i < n; i++)
-            ((float *)h)[i] = NAN;
-    CHECK(d && df_backend_upload(g, d, h, (size_t)n * es) == 0);
-    free(h);
-    return d;
-}
-
-static float *down_bf16(df_backend *g, const void *d, int64_t n)
-{
-    uint16_t *h = malloc((size_t)n * 2 + 2);
-    float *f = malloc((size_t)n * 4 + 4);
-    CHECK(df_backend_download(g, h, d, (size_t)n * 2) == 0);
-    for (int64_t i = 0; i < n; i++)
-        f[i] = df_bf16_to_f32(h[i]);
-    free(h);
-    return f;
-}
+static float *rnd(int64_t n) { return gh_rand_bf16(GH_N01_NZ, &rng, n, 1.0f); }
 
 static void check_bwd_x(df_backend *g, df_backend *c, int64_t M, int64_t N, int64_t K, int acc)
 {
@@ -105,23 +52,19 @@ static void check_bwd_x(df_backend *g, df_backend *c, int64_t M, int64_t N, int6
     df_tensor tdy = df_tensor_2d(dy, DF_DTYPE_F32, M, N), tw = df_tensor_2d(w, DF_DTYPE_F32, N, K);
     df_tensor tr = df_tensor_2d(ref, DF_DTYPE_F32, M, K);
     CHECK_EQ(df_op_matmul_bwd_x(c, &tdy, &tw, &tr, acc), 0);
-    void *gdy = dev_bf16(g, dy, M * N), *gw = dev_bf16(g, w, N * K);
-    void *gdx = acc ? dev_bf16(g, dx0, M * K) : dev_poison(g, M * K, 2);
+    void *gdy = gh_dev_bf16(g, dy, M * N), *gw = gh_dev_bf16(g, w, N * K);
+    void *gdx = acc ? gh_dev_bf16(g, dx0, M * K) : gh_dev_poisoned(g, M * K, DF_DTYPE_BF16);
     df_tensor Gdy = df_tensor_2d(gdy, DF_DTYPE_BF16, M, N), Gw = df_tensor_2d(gw, DF_DTYPE_BF16, N, K);
     df_tensor Gdx = df_tensor_2d(gdx, DF_DTYPE_BF16, M, K);
     CHECK_EQ(df_op_matmul_bwd_x(g, &Gdy, &Gw, &Gdx, acc), 0);
-    float *got = down_bf16(g, gdx, M * K);
-    double err = 0, naive = 0, mx = 0;
-    int nan = 0;
-    for (int64_t i = 0; i < M * K; i++) {
-        nan += isnan(got[i]);
-        err = fmax(err, fabs((double)got[i] - ref[i]));
-        naive = fmax(naive, fabs((double)rb(ref[i]) - ref[i]));
-        mx = fmax(mx, fabs(ref[i]));
-    }
-    int ok = !nan && err <= 2 * naive + 1e-6 * mx;
+    float *got = gh_download_bf16(g, gdx, M * K);
+    gh_diff d;
+    gh_diff_f32(&d, got, ref, M * K, NULL);
+    int ok = gh_diff_ok(&d, gh_naive_bound(&d));
     printf("matmul_bwd_x M=%lld N=%lld K=%lld acc=%d: err %.3e naive %.3e %s\n", (long long)M,
-           (long long)N, (long long)K, acc, err, naive, ok ? "ok" : "FAIL");
+           (long long)N, (long long)K, acc, d.err, d.naive, ok ? "ok" : "FAIL");
+    if (!ok)
+        gh_diff_report("matmul_bwd_x", &d, gh_naive_bound(&d));
     CHECK(ok);
     free(dy), free(w), free(dx0), free(ref), free(got);
     df_backend_free(g, gdy), df_backend_free(g, gw), df_backend_free(g, gdx);
@@ -135,8 +78,8 @@ static void check_bwd_w(df_backend *g, df_backend *c, int64_t M, int64_t N, int6
     df_tensor tdy = df_tensor_2d(dy, DF_DTYPE_F32, M, N), tx = df_tensor_2d(x, DF_DTYPE_F32, M, K);
     df_tensor tr = df_tensor_2d(ref, DF_DTYPE_F32, N, K);
     CHECK_EQ(df_op_matmul_bwd_w(c, &tdy, &tx, &tr, acc), 0);
-    void *gdy = dev_bf16(g, dy, M * N), *gx = dev_bf16(g, x, M * K);
-    void *gdw = dev_poison(g, N * K, 4);
+    void *gdy = gh_dev_bf16(g, dy, M * N), *gx = gh_dev_bf16(g, x, M * K);
+    void *gdw = gh_dev_poisoned(g, N * K, DF_DTYPE_F32);
     if (acc)
         CHECK_EQ(df_backend_upload(g, gdw, dw0, (size_t)(N * K) * 4), 0);
     df_tensor Gdy = df_tensor_2d(gdy, DF_DTYPE_BF16, M, N), Gx = df_tensor_2d(gx, DF_DTYPE_BF16, M, K);
@@ -199,7 +142,7 @@ static void check_bwd_w_bf16(df_backend *g, df_backend *c, int64_t M, int64_t N,
     df_tensor tdy = df_tensor_2d(dy, DF_DTYPE_F32, M, N), tx = df_tensor_2d(x, DF_DTYPE_F32, M, K);
     df_tensor rfull = df_tensor_2d(ref, DF_DTYPE_BF16, N, ld), tr = df_tensor_cols(&rfull, 0, K);
     CHECK_EQ(df_op_matmul_bwd_w(c, &tdy, &tx, &tr, acc), 0);
-    void *gdy = dev_bf16(g, dy, M * N), *gx = dev_bf16(g, x, M * K);
+    void *gdy = gh_dev_bf16(g, dy, M * N), *gx = gh_dev_bf16(g, x, M * K);
     void *gdw = df_backend_alloc(g, (size_t)(N * ld) * 2);
     CHECK(gdw && df_backend_upload(g, gdw, img, (size_t)(N * ld) * 2) == 0);
     df_tensor Gdy = df_tensor_2d(gdy, DF_DTYPE_BF16, M, N);
@@ -240,13 +183,7 @@ static void check_bwd_w_bf16(df_backend *g, df_backend *c, int64_t M, int64_t N,
              * old value is added (train_ops.h): half an ulp of that sum */
             double twice = acc ? 0.5 * test_bf16_ulp(fabs(sum)) : 0;
             off1 += a != b;
-            if (tol + twice < 0.5 * test_bf16_ulp(fb)) {
-                bad += test_bf16_dist(a, b) > 1;
-            } else {
-                cancel++;
-                bad += !(fabs((double)fa - fb) <=
-                         tol + twice + 0.5 * (test_bf16_ulp(fa) + test_bf16_ulp(fb)));
-            }
+            bad += !gh_bf16_close(a, b, tol + twice, &cancel);
         }
     printf("matmul_bwd_w bf16 dw M=%lld N=%lld K=%lld ld=%lld acc=%d %s: %lld/%lld differ "
            "from the CPU (by 1 ulp), %lld cancelling, %lld rounded twice; %lld bad, %lld "
@@ -287,11 +224,14 @@ static void check_dflash(df_backend *g, df_backend *c)
               tl = df_tensor_2d(lse, DF_DTYPE_F32, rows, nq);
     CHECK_EQ(df_op_dflash_attn(c, &tq, &tkc, &tvc, &tkb, &tvb, &blk, nq, nkv, D, scale, &to, &tl),
              0);
-    void *Gq = dev_bf16(g, q, (int64_t)rows * nq * D), *Gkc = dev_bf16(g, kc, (int64_t)S * nkv * D),
-         *Gvc = dev_bf16(g, vc, (int64_t)S * nkv * D), *Gkb = dev_bf16(g, kb, (int64_t)rows * nkv * D),
-         *Gvb = dev_bf16(g, vb, (int64_t)rows * nkv * D);
-    void *Go = dev_poison(g, (int64_t)rows * nq * D, 2), *Gl = dev_poison(g, (int64_t)rows * nq, 4);
-    void *Go2 = dev_poison(g, (int64_t)rows * nq * D, 2), *Gl2 = dev_poison(g, (int64_t)rows * nq, 4);
+    void *Gq = gh_dev_bf16(g, q, (int64_t)rows * nq * D);
+    void *Gkc = gh_dev_bf16(g, kc, (int64_t)S * nkv * D), *Gvc = gh_dev_bf16(g, vc, (int64_t)S * nkv * D);
+    void *Gkb = gh_dev_bf16(g, kb, (int64_t)rows * nkv * D);
+    void *Gvb = gh_dev_bf16(g, vb, (int64_t)rows * nkv * D);
+    void *Go = gh_dev_poisoned(g, (int64_t)rows * nq * D, DF_DTYPE_BF16);
+    void *Gl = gh_dev_poisoned(g, (int64_t)rows * nq, DF_DTYPE_F32);
+    void *Go2 = gh_dev_poisoned(g, (int64_t)rows * nq * D, DF_DTYPE_BF16);
+    void *Gl2 = gh_dev_poisoned(g, (int64_t)rows * nq, DF_DTYPE_F32);
     df_tensor gq = df_tensor_2d(Gq, DF_DTYPE_BF16, rows, nq * D),
               gkc = df_tensor_2d(Gkc, DF_DTYPE_BF16, S, nkv * D),
               gvc = df_tensor_2d(Gvc, DF_DTYPE_BF16, S, nkv * D),
@@ -374,7 +314,7 @@ static void check_gemm_tune(df_backend *g, const tune_case *t)
     int64_t rows = t->op == 2 ? t->N : t->M, cols = t->op == 0 ? t->N : t->K;
     size_t es = t->f32 ? 4 : 2, bytes = (size_t)(rows * t->ld) * es;
     float *fa = rnd(ar * ac), *fb = rnd(br * bc), *fc = rnd(rows * t->ld);
-    void *a = dev_bf16(g, fa, ar * ac), *b = dev_bf16(g, fb, br * bc);
+    void *a = gh_dev_bf16(g, fa, ar * ac), *b = gh_dev_bf16(g, fb, br * bc);
     void *out = df_backend_alloc(g, bytes);
     CHECK(out != NULL);
     uint8_t *img = malloc(bytes), *h[3];
@@ -428,16 +368,10 @@ static void check_gemm_tune(df_backend *g, const tune_case *t)
 
 int main(void)
 {
-    if (df_cuda_device_count() <= 0) {
-        printf("no CUDA device: skipped\n");
-        return 77;
-    }
-    df_err e = {0};
-    df_backend *g = df_backend_cuda_open(0, &e), *c = df_backend_cpu_open(0, &e);
-    if (!g || !c) {
-        fprintf(stderr, "%s\n", e.msg);
-        return 1;
-    }
+    int rc = gh_open(0);
+    if (rc)
+        return rc;
+    df_backend *g = gh_gpu, *c = gh_cpu;
     check_bwd_x(g, c, 37, 80, 72, 0);
     check_bwd_x(g, c, 37, 80, 72, 1);
     check_bwd_x(g, c, 512, 1024, 768, 0);
@@ -461,7 +395,6 @@ int main(void)
     };
     for (size_t i = 0; i < sizeof tc / sizeof tc[0]; i++)
         check_gemm_tune(g, &tc[i]);
-    df_backend_close(g);
-    df_backend_close(c);
+    gh_close();
     return test_main_end();
 }
