@@ -99,6 +99,7 @@ __device__ __forceinline__ void issue_kv(const Params &p, int b, int g, int anc,
 }
 
 constexpr int TKF = 64, TKQ = 32, NSPL = 2; // NSPL: dflash_attn/common.cuh's WG_NSPL says why 2
+constexpr int TK4 = 128; // keys per context tile of dkv4_kernel (and of the wgmma pass's lists)
 template <int D> constexpr size_t fwd3_smem() { return (size_t)2 * 2 * TKF * (D + 8) * 2; }
 template <int D> constexpr size_t dq3_smem() { return (size_t)2 * 2 * TKQ * (D + 8) * 2; }
 
@@ -107,6 +108,17 @@ template <int D> constexpr size_t dq3_smem() { return (size_t)2 * 2 * TKQ * (D +
 int dq_mma2_run(const Params &p, int D, cudaStream_t st, const int *order);
 // order: the dQ items longest-first (dq_order_kernel; one CTA).
 int dq_order_run(const Params &p, cudaStream_t st, int *order);
+
+// ---- mma_dkv4.cu ----
+// dkv4_kernel's dynamic shared memory at head dim D (64 or 128).
+size_t dkv4_smem_bytes(int D);
+// The per-tile lists of the valid blocks whose context span meets each of
+// the nct tiles of TK4 keys (cnt[t], lst[t * nb ..], ascending) and the
+// tiles by descending count (order); pdl: as programmatic dependents. 0 or -EIO.
+int tile_lists_launch(const Params &p, cudaStream_t st, int nct, int *cnt, int *lst, int *order, bool pdl);
+// The context dK/dV pass on dkv4_kernel into the NSPL fp32 partials. 0, -ENOTSUP (shared memory) or -EIO.
+int dkv4_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt, const int *lst,
+                const int *order, int nct);
 
 } // namespace df_dflash
 
