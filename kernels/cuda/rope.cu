@@ -183,6 +183,30 @@ static const float *rope_inv_freq(df_backend *be, int rot_dim, double theta)
     return (const float *)dev;
 }
 
+/* The arguments of a rotation of x (T rows of heads x head_dim, in place) by
+ * pos; *vec: whether every pair run is 16-byte aligned (the vector paths).
+ * -EIO when the staging fails. */
+static int rope_args(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
+                     int rot_dim, double theta, RopeArgs *p, int *vec)
+{
+    int64_t T = x->shape[0];
+    p->inv_freq = rope_inv_freq(be, rot_dim, theta);
+    p->pos = df_cuda_stage_i32(be, pos, T);
+    if (!p->inv_freq || !p->pos)
+        return -EIO;
+    p->x = (uint16_t *)x->data;
+    p->T = T;
+    p->stride = x->stride[0];
+    p->heads = heads;
+    p->head_dim = head_dim;
+    p->half = rot_dim / 2;
+    p->sign = 1.0f;
+    *vec = p->half % VEC == 0 && head_dim % VEC == 0 && p->stride % VEC == 0 &&
+           !((uintptr_t)p->x & 15u);
+    p->nchunk = *vec ? p->half / VEC : p->half;
+    return 0;
+}
+
 } /* namespace */
 
 int df_cuda_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, int head_dim,
@@ -192,19 +216,9 @@ int df_cuda_rope(df_backend *be, df_tensor *x, const int32_t *pos, int heads, in
     if (T == 0)
         return 0;
     RopeArgs p;
-    p.inv_freq = rope_inv_freq(be, rot_dim, theta);
-    p.pos = df_cuda_stage_i32(be, pos, T);
-    if (!p.inv_freq || !p.pos)
-        return -EIO;
-    p.x = (uint16_t *)x->data;
-    p.T = T;
-    p.stride = x->stride[0];
-    p.heads = heads;
-    p.head_dim = head_dim;
-    p.half = rot_dim / 2;
-    int vec = p.half % VEC == 0 && head_dim % VEC == 0 && p.stride % VEC == 0 &&
-              !((uintptr_t)p.x & 15u);
-    p.nchunk = vec ? p.half / VEC : p.half;
+    int vec, rc = rope_args(be, x, pos, heads, head_dim, rot_dim, theta, &p, &vec);
+    if (rc)
+        return rc;
     cudaStream_t st = df_cuda_stream(be);
     if (vec && heads >= 1 && p.nchunk >= 1 && p.nchunk <= NT && T < IDX_LIMIT) {
         RopeVArgs q;
@@ -239,20 +253,10 @@ int df_cuda_rope_bwd(df_backend *be, df_tensor *dx, const int32_t *pos, int head
     if (T == 0)
         return 0;
     RopeArgs p;
-    p.inv_freq = rope_inv_freq(be, rot_dim, theta);
-    p.pos = df_cuda_stage_i32(be, pos, T);
-    if (!p.inv_freq || !p.pos)
-        return -EIO;
-    p.x = (uint16_t *)dx->data;
-    p.T = T;
-    p.stride = dx->stride[0];
-    p.heads = heads;
-    p.head_dim = head_dim;
-    p.half = rot_dim / 2;
+    int vec, rc = rope_args(be, dx, pos, heads, head_dim, rot_dim, theta, &p, &vec);
+    if (rc)
+        return rc;
     p.sign = -1.0f; /* the transpose of the rotation */
-    int vec = p.half % VEC == 0 && head_dim % VEC == 0 && p.stride % VEC == 0 &&
-              !((uintptr_t)p.x & 15u);
-    p.nchunk = vec ? p.half / VEC : p.half;
     Launch l = rows_launch(T, (int64_t)heads * p.nchunk);
     cudaStream_t st = df_cuda_stream(be);
     if (vec)
