@@ -22,6 +22,7 @@
 #include <zstd_errors.h>
 
 #include "codec_internal.h"
+#include "e4m3.h"
 #include "le.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -392,26 +393,6 @@ static int decode_split(df_codec_ctx *c, int id, const uint8_t *src, size_t src_
 
 /* ---- fp8 e4m3 (4) -------------------------------------------------------- */
 
-/* OCP FP8 E4M3 ("fn"): bias 7, no infinities, S.1111.111 is NaN, max 448,
- * subnormals m * 2^-9. */
-float df_e4m3_to_f32(uint8_t c)
-{
-    uint32_t s = (uint32_t)(c >> 7) << 31, ex = (c >> 3) & 15, m = c & 7;
-    uint32_t u;
-    if (ex == 15 && m == 7) {
-        u = s | 0x7fc00000u;
-    } else if (ex == 0) {
-        float f = (float)m * 0x1p-9f; /* exact */
-        memcpy(&u, &f, 4);
-        u |= s;
-    } else {
-        u = s | ((ex - 7 + 127) << 23) | (m << 20);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 #define FP8_HDR 5
 
 /* The fp8 encoder's per-row f32 buffer (bits), separate from scratch. */
@@ -446,31 +427,15 @@ static void row_to_f32_bits(const uint8_t *row, size_t n, df_dtype t, uint32_t *
 }
 
 /* Quantizes one row: code = sign | RNE_e4m3(min(|x|/scale, 448)); NaN and
- * +-Inf give the e4m3 NaN of their sign. Branch-free so that it vectorizes.
- * x/scale in double is exact enough for one correct rounding to e4m3: a
- * quotient of two 24-bit values is either exactly a tie of 5-bit values or
- * at least 2^-29 (relative) away from one, far above double's 2^-53. */
+ * +-Inf give the e4m3 NaN of their sign (common/e4m3.h's rule). x/scale in
+ * double is exact enough for one correct rounding to e4m3 (e4m3.h). */
 static void quant_scalar(const uint32_t *xb, size_t n, double ds, uint8_t *out)
 {
     for (size_t i = 0; i < n; i++) {
         uint32_t a = xb[i] & 0x7fffffffu;
         float af;
         memcpy(&af, &a, 4);
-        double q = (double)af / ds;
-        q = q < 448.0 ? q : 448.0; /* saturate (NaN too; replaced below) */
-        /* normal range: RNE to 3 mantissa bits on the double's bits; the
-         * code is then (exponent, mantissa) rebased from bias 1023 to 7 */
-        uint64_t u;
-        memcpy(&u, &q, 8);
-        u += ((uint64_t)1 << 48) - 1 + ((u >> 49) & 1);
-        uint32_t cn = (uint32_t)(u >> 49) - ((1023u - 7u) << 3);
-        /* subnormal range (< 2^-6): steps of 2^-9; adding 2^52 rounds q*512
-         * to an integer (RNE) that lands in the low mantissa bits */
-        double m = q * 512.0 + 0x1p52;
-        uint64_t mb;
-        memcpy(&mb, &m, 8);
-        uint32_t cs = (uint32_t)(mb & 0xff);
-        uint32_t code = q < 0x1p-6 ? cs : cn;
+        uint32_t code = df_e4m3_mag((double)af / ds);
         code = a >= 0x7f800000u ? 0x7f : code;
         out[i] = (uint8_t)(((xb[i] >> 24) & 0x80) | code);
     }

@@ -163,7 +163,4 @@ void df_codec_merge_planes(const uint8_t *const planes[], size_t n_elems, size_t
  * Returns 0, -EINVAL, or -ENOTSUP if the CPU lacks it. */
 int df_codec_set_plane_impl(int impl);
 
-/* Value of an OCP E4M3FN byte (NaN for 0x7f/0xff). */
-float df_e4m3_to_f32(uint8_t code);
-
 #endif

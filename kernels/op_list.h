@@ -53,12 +53,14 @@
                         const df_tensor *dout, df_tensor *dgate, df_tensor *dup))                   \
     X(int, lmhead_ce, (df_backend * be, const df_tensor *h, const df_tensor *head,                  \
                        const int32_t *label, const float *weight, float denom, double *loss_sum,    \
-                       df_tensor *dh, int32_t *argmax, float *ce))                                  \
+                       df_tensor *dh, int32_t *argmax, float *ce, unsigned flags))                  \
     /* grad: grad_dtype elements, F32 or BF16 (checked) */                                          \
     X(int, adamw, (df_backend * be, float *master, const void *grad, df_dtype grad_dtype, float *m, \
                    float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,    \
                    int64_t step, float grad_scale, uint16_t *out_bf16))                             \
     X(double, sumsq, (df_backend * be, const void *x, df_dtype dtype, int64_t n))                   \
+    X(int, fp8_qdq, (df_backend * be, const df_tensor *x, df_tensor *y, int64_t block_rows,         \
+                     int64_t block_cols))                                                           \
     X(int, dflash_attn, (df_backend * be, const df_tensor *q, const df_tensor *kc,                  \
                          const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,             \
                          const df_dflash_blocks *blk, int nq, int nkv, int head_dim, float scale,   \

@@ -125,9 +125,11 @@ int df_op_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up,
 
 int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
                     const int32_t *label, const float *weight, float denom, double *loss_sum,
-                    df_tensor *dh, int32_t *argmax, float *ce)
+                    df_tensor *dh, int32_t *argmax, float *ce, unsigned flags)
 {
     if (!be || !check_tensor(h, 2, 2, ACT(be), 0) || !check_tensor(head, 2, 2, WT(be), 0))
+        return -EINVAL;
+    if (flags & ~DF_CE_FP8_GRAD)
         return -EINVAL;
     int64_t N = h->shape[0], V = head->shape[0];
     if (head->shape[1] != h->shape[1] || V < 1 || V > INT32_MAX)
@@ -158,7 +160,8 @@ int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
             if (df_spans_overlap(out[i], out[j]))
                 return -EINVAL;
     }
-    return DF_DISPATCH(be, lmhead_ce, h, head, label, weight, denom, loss_sum, dh, argmax, ce);
+    return DF_DISPATCH(be, lmhead_ce, h, head, label, weight, denom, loss_sum, dh, argmax, ce,
+                       flags);
 }
 
 /* ---- optimizer ---- */
@@ -201,4 +204,20 @@ double df_op_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n)
     if (!be->vt->sumsq)
         return (double)-ENOTSUP;
     return be->vt->sumsq(be, x, dtype, n);
+}
+
+/* ---- FP8 rounding ---- */
+
+int df_op_fp8_qdq(df_backend *be, const df_tensor *x, df_tensor *y, int64_t block_rows,
+                  int64_t block_cols)
+{
+    if (!be || !check_tensor(x, 2, 2, DF_CHK_GRAD, 0) || !check_tensor(y, 2, 2, DF_CHK_GRAD, 1))
+        return -EINVAL;
+    if (x->dtype != y->dtype || !df_same_shape(x, y))
+        return -EINVAL;
+    if (block_rows < 1 || block_cols < 1 || block_rows > INT32_MAX || block_cols > INT32_MAX)
+        return -EINVAL;
+    if (!df_alias_ok(y, x, 1))
+        return -EINVAL;
+    return DF_DISPATCH(be, fp8_qdq, x, y, block_rows, block_cols);
 }

@@ -122,10 +122,15 @@ int df_op_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *k
  * weight NULL means 1 for every row, else each weight must be finite and
  * >= 0; *loss_sum is added to (loss_sum may be NULL); denom must be finite
  * and > 0 when dh is given (unused otherwise); ignored rows get dh = 0.
- * Outputs overlap no input and no other output. */
+ * Outputs overlap no input and no other output.
+ * flags: 0, or DF_CE_FP8_GRAD: the softmax gradient G (per row, [V]) is
+ * rounded to E4M3 before dh = G @ head, with a power-of-two scale per 128
+ * consecutive entries (df_op_fp8_qdq's 1 x 128 blocks), as an FP8 input
+ * gradient GEMM takes it (FP8 training, docs/FP8.md). Other bits: -EINVAL. */
+#define DF_CE_FP8_GRAD 1u
 int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
                     const int32_t *label, const float *weight, float denom, double *loss_sum,
-                    df_tensor *dh, int32_t *argmax, float *ce);
+                    df_tensor *dh, int32_t *argmax, float *ce, unsigned flags);
 
 /* ---- optimizer ----
  * AdamW over fp32 master weights (n elements): m = b1 m + (1-b1) g;
@@ -147,5 +152,18 @@ int df_op_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_d
  * gives). Bad arguments (a NULL x with n > 0, n < 0, another dtype) return
  * -EINVAL as a double (a sum of squares is never < 0). */
 double df_op_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n);
+
+/* ---- FP8 (E4M3) rounding, for FP8 training (docs/FP8.md) ----
+ * y = x rounded to E4M3 in blocks of block_rows x block_cols elements (edge
+ * blocks smaller), each with its power-of-two scale: the smallest 2^k >=
+ * amax / 448 (k in [-100, 127]); y = code * 2^k exactly (common/e4m3.h's
+ * df_fp8_qdq_f32 is the rule). x and y: 2-D, the same shape and dtype (F32
+ * or BF16); y may be exactly x's view (in place) or overlap nothing. A block
+ * holding NaN or +-Inf is copied as it is. Activations take 1 x 128 blocks
+ * (along the GEMM's reduction), weights 128 x 128, an operand whose
+ * reduction runs over rows 128 x 1. Deterministic: the same bits on every
+ * backend. */
+int df_op_fp8_qdq(df_backend *be, const df_tensor *x, df_tensor *y, int64_t block_rows,
+                  int64_t block_cols);
 
 #endif

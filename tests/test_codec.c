@@ -14,6 +14,7 @@
 #include <zstd.h>
 
 #include "codec.h"
+#include "e4m3.h"
 #include "le.h"
 #include "test.h"
 

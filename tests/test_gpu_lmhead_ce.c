@@ -71,7 +71,7 @@ static int run_gpu(df_backend *g, int64_t N, int64_t V, int64_t H, void *dh_, vo
     df_tensor tdh = df_tensor_2d(ddh, DF_DTYPE_BF16, N, H);
     o->loss = 0.5; /* loss_sum is added to */
     int rc = df_cuda_lmhead_ce(g, &th, &tw, dlab, dw, denom, &o->loss, ddh ? &tdh : NULL, dam,
-                               dce);
+                               dce, 0);
     CHECK_EQ(rc, 0);
     CHECK_EQ(df_backend_sync(g), 0);
     o->dh = NULL, o->am = NULL, o->ce = NULL;
@@ -174,8 +174,9 @@ static void check_case(df_backend *g, df_backend *c, int64_t N, int64_t V, int64
     double loss_ref = 0.5, dummy = 0.0;
     df_tensor th = df_tensor_2d(h, DF_DTYPE_F32, N, H), tw = df_tensor_2d(w, DF_DTYPE_F32, V, H);
     df_tensor tdh = df_tensor_2d(dh_ref, DF_DTYPE_F32, N, H);
-    CHECK_EQ(df_op_lmhead_ce(c, &th, &tw, lab, wp, denom, &dummy, &tdh, am_ref, ce_ref), -EINVAL);
-    CHECK_EQ(df_op_lmhead_ce(c, &th, &tw, lab_cpu, wp, denom, &loss_ref, &tdh, am_ref, ce_ref),
+    CHECK_EQ(df_op_lmhead_ce(c, &th, &tw, lab, wp, denom, &dummy, &tdh, am_ref, ce_ref, 0),
+                             -EINVAL);
+    CHECK_EQ(df_op_lmhead_ce(c, &th, &tw, lab_cpu, wp, denom, &loss_ref, &tdh, am_ref, ce_ref, 0),
              0);
 
     /* Each row's logit bound dz and the gap a flipped argmax may have. */
@@ -369,7 +370,7 @@ static void bench(df_backend *g)
             CHECK_EQ(df_backend_sync(g), 0);
             double t0 = gh_now_ms();
             CHECK_EQ(df_cuda_lmhead_ce(g, &th, &tw, dlab, NULL, (float)N, &loss,
-                                       mode ? &tdh : NULL, dam, dce),
+                                       mode ? &tdh : NULL, dam, dce, 0),
                      0);
             CHECK_EQ(df_backend_sync(g), 0);
             double t = gh_now_ms() - t0;

@@ -1290,7 +1290,7 @@ static void fd_lmhead(df_dtype wt)
     poison(dh, N * H);
     double loss = 0;
     CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, (float)denom, &loss, &tdh, NULL,
-                             NULL),
+                             NULL, 0),
              0);
     fd_compare(FD_CE, "fd lmhead_ce dh", dh, num, N * H, 1e-5);
     for (int64_t k = 0; k < H; k++) /* ignored rows: exactly zero */
@@ -1358,7 +1358,7 @@ static void check_lmhead(int64_t N, int64_t H, int64_t V, df_dtype wt, int use_w
         memset(am[b], 0xa5, (size_t)(N + 1) * 4);
         loss[b] = 1.5; /* added to */
         CHECK_EQ(df_op_lmhead_ce(bes[b], &h.t, &head.t, label, wp, denom, &loss[b],
-                                 want_dh ? &dh[b].t : NULL, want_am ? am[b] : NULL, ce[b]),
+                                 want_dh ? &dh[b].t : NULL, want_am ? am[b] : NULL, ce[b], 0),
                  0);
         CHECK(is_poison(ce[b][N]));
         if (want_dh)
@@ -1444,7 +1444,7 @@ static void test_lmhead_ce(void)
         for (int b = 0; b < 2; b++) {
             poison(dh[b].p, N * H);
             CHECK_EQ(df_op_lmhead_ce(bes[b], &h.t, &head.t, label, NULL, 70.0f, &loss[b], &dh[b].t,
-                                     NULL, ce[b]),
+                                     NULL, ce[b], 0),
                      0);
         }
         CHECK(bitwise_equal(dh[0].p, dh[1].p, N * H * 4) && bitwise_equal(loss, loss + 1, 8));
@@ -1476,40 +1476,46 @@ static void test_lmhead_ce(void)
     float weight[4] = {1, 1, 1, 1}, bad_w[4] = {1, NAN, 1, 1}, neg_w[4] = {1, -1, 1, 1}, ce[4];
     double loss = 0;
     poison(dh.p, N * H), poison(ce, 4);
-    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head7.t, label, weight, 1.0f, &loss, &dh.t, am, ce),
+    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head7.t, label, weight, 1.0f, &loss, &dh.t, am, ce, 0),
              -EINVAL);
-    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, bad_label, weight, 1.0f, &loss, &dh.t, am, ce),
+    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, bad_label, weight, 1.0f, &loss, &dh.t, am,
+                             ce, 0),
              -EINVAL);
-    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, bad_w, 1.0f, &loss, &dh.t, am, ce),
+    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, bad_w, 1.0f, &loss, &dh.t, am, ce, 0),
              -EINVAL);
-    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, neg_w, 1.0f, &loss, &dh.t, am, ce),
+    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, neg_w, 1.0f, &loss, &dh.t, am, ce, 0),
              -EINVAL);
-    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, NULL, weight, 1.0f, &loss, &dh.t, am, ce),
+    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, NULL, weight, 1.0f, &loss, &dh.t, am, ce, 0),
              -EINVAL);
-    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, 0.0f, &loss, &dh.t, am, ce),
+    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, 0.0f, &loss, &dh.t, am, ce, 0),
              -EINVAL);
-    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, INFINITY, &loss, &dh.t, am, ce),
+    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, INFINITY, &loss, &dh.t, am,
+                             ce, 0),
              -EINVAL);
     df_tensor t = dh.t;
     t.shape[0] = 3;
-    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, 1.0f, &loss, &t, am, ce), -EINVAL);
+    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, 1.0f, &loss, &t, am, ce, 0),
+                             -EINVAL);
     t = head.t, t.shape[0] = 0;
-    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &t, label, weight, 1.0f, &loss, &dh.t, am, ce), -EINVAL);
+    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &t, label, weight, 1.0f, &loss, &dh.t, am, ce, 0),
+                             -EINVAL);
     /* dh over h; ce inside dh; argmax over label */
-    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, 1.0f, &loss, &h.t, am, ce),
+    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, 1.0f, &loss, &h.t, am, ce, 0),
              -EINVAL);
     CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, 1.0f, &loss, &dh.t, am,
-                             dh.p + 3),
+                             dh.p + 3, 0),
              -EINVAL);
-    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, 1.0f, &loss, &dh.t, label, ce),
+    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, 1.0f, &loss, &dh.t, label, ce,
+                             0),
              -EINVAL);
-    CHECK_EQ(df_op_lmhead_ce(NULL, &h.t, &head.t, label, weight, 1.0f, &loss, &dh.t, am, ce),
+    CHECK_EQ(df_op_lmhead_ce(NULL, &h.t, &head.t, label, weight, 1.0f, &loss, &dh.t, am, ce, 0),
              -EINVAL);
     CHECK(all_poison(dh.p, N * H) && all_poison(ce, 4) && loss == 0.0);
     for (int i = 0; i < 4; i++)
         CHECK_EQ(am[i], -7);
     /* without dh the denominator is not used */
-    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, 0.0f, &loss, NULL, am, ce), 0);
+    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, 0.0f, &loss, NULL, am, ce, 0),
+                             0);
     CHECK(loss > 0.0);
     free(h.p), free(dh.p);
     wmat_free(&head), wmat_free(&head7);
@@ -1819,7 +1825,7 @@ static void bench(void)
             for (int rep = 0; rep < 3; rep++) {
                 double t0 = now_s();
                 CHECK_EQ(df_op_lmhead_ce(be, &h.t, &head.t, label, NULL, (float)Nr, &loss, &dh.t,
-                                         am, NULL),
+                                         am, NULL, 0),
                          0);
                 double dt = now_s() - t0;
                 best = dt < best ? dt : best;

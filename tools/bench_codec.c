@@ -30,6 +30,7 @@
 
 #include "cache.h"
 #include "codec.h"
+#include "e4m3.h"
 #include "pool.h"
 #include "synth.h"
 

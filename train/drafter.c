@@ -719,7 +719,7 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
     if (na == N) {
         df_backend_lend_scratch(be, d->arena, lend);
         rc = df_op_lmhead_ce(be, &h, &d->head, labels, wts, denom, &loss, G ? &dh : NULL, am_dev,
-                             NULL);
+                             NULL, 0);
         df_backend_lend_scratch(be, NULL, 0);
         CK(rc);
     } else if (na > 0) {
@@ -735,7 +735,7 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         }
         df_backend_lend_scratch(be, d->arena, lend);
         rc = df_op_lmhead_ce(be, &hc, &d->head, lab_c, wts_c, denom, &loss, G ? &dhc : NULL,
-                             am_dev, NULL);
+                             am_dev, NULL, 0);
         df_backend_lend_scratch(be, NULL, 0);
         CK(rc);
         if (G) {

@@ -14,6 +14,7 @@
  *   CE = lse - z[label]  (double; ce[] gets it rounded to f32)
  *   G_v = p_v * (f32)(c / s), G[label] = p_label * (c / s) - c  (c = w / denom,
  *   the label entry in double: p_label near 1 must not cancel in f32)
+ *   with DF_CE_FP8_GRAD, G rounded to E4M3 (df_fp8_qdq_f32, 1 x 128 blocks)
  *   dh = G @ head: fp32 sums over v in order within segments of CE_VSEG,
  *   the segment sums added in order
  * Ignored rows (label < 0 or weight 0) contribute nothing, get ce = 0 and
@@ -28,6 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "e4m3.h"
+
 enum { CE_ROWS = 64, CE_VSEG = 4096 };
 
 typedef struct ce_ctx {
@@ -41,6 +44,7 @@ typedef struct ce_ctx {
     double *row_loss; /* [N] w * CE per row */
     int64_t chunk;
     df_gemm_kern kern;
+    unsigned flags;
 } ce_ctx;
 
 static int row_active(const ce_ctx *c, int64_t i)
@@ -138,6 +142,8 @@ static int ce_task(void *vp, size_t task)
             for (int64_t v = 0; v < V; v++)
                 z[v] *= scf;
             z[lab] = (float)((double)pl * sc - coef);
+            if (c->flags & DF_CE_FP8_GRAD)
+                df_fp8_qdq_f32(z, 1, V, V, 1, 128);
             grow[n_act] = z;
             drow[n_act] = h_row(c->dh, i);
             n_act++;
@@ -174,7 +180,7 @@ static int ce_task(void *vp, size_t task)
 
 int df_cpu_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
                      const int32_t *label, const float *weight, float denom, double *loss_sum,
-                     df_tensor *dh, int32_t *argmax, float *ce)
+                     df_tensor *dh, int32_t *argmax, float *ce, unsigned flags)
 {
     int64_t N = h->shape[0], V = head->shape[0];
     if (N == 0)
@@ -191,7 +197,7 @@ int df_cpu_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
     if (!row_loss)
         return -ENOMEM;
     ce_ctx c = {h, head, label, weight, (double)denom, dh, argmax, ce, row_loss, chunk,
-                df_gemm_pick_kernel()};
+                df_gemm_pick_kernel(), flags};
     int rc = df_pool_for(be->pool, (size_t)((N + chunk - 1) / chunk), ce_task, &c);
     if (rc == 0 && loss_sum) {
         double s = 0.0;

@@ -23,6 +23,10 @@
  * GEMM 2 is the only backward GEMM.
  * Why fp32 dh32 in between: a bf16 accumulate of the lo product would round
  * dh twice.
+ * FP8 training (DF_CE_FP8_GRAD): hi is rounded to E4M3 (df_cuda_fp8_qdq,
+ * 1 x 128 blocks) before GEMM 2; the reference rounds the fp32 G instead, so
+ * a block may differ where bf16 rounding moved a value across a tie or the
+ * block's largest value across a power of two.
  *
  * In place: a row's G (hi, bf16) is written over the first half of the
  * row's own fp32 logits. The block walks the row in tiles in increasing
@@ -483,7 +487,8 @@ static int precise_mode(void)
 
 extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
                                  const int32_t *label, const float *weight, float denom,
-                                 double *loss_sum, df_tensor *dh, int32_t *argmax, float *ce)
+                                 double *loss_sum, df_tensor *dh, int32_t *argmax, float *ce,
+                                 unsigned flags)
 {
     const int64_t N = h->shape[0], H = h->shape[1], V = head->shape[0];
     if (N == 0)
@@ -494,7 +499,9 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         return -ENOTSUP;
     }
     cudaStream_t st = df_cuda_stream(be);
-    const int want_dh = dh != NULL, want_lo = want_dh && precise_mode();
+    /* FP8 (DF_CE_FP8_GRAD): G is rounded to E4M3 in place (hi), so no lo */
+    const int fp8 = (flags & DF_CE_FP8_GRAD) != 0;
+    const int want_dh = dh != NULL, want_lo = want_dh && !fp8 && precise_mode();
 
     /* Row strides padded to 32 bytes (fp32 logits) / 16 bytes (lo) so every
      * row start keeps cuBLASLt's fast aligned paths whatever V is. */
@@ -545,6 +552,12 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
             break;
         if (!want_dh)
             continue;
+        if (fp8) { /* hi: [nr, V] bf16, row stride 2 ldz */
+            df_tensor g = df_tensor_2d(z, DF_DTYPE_BF16, nr, V);
+            g.stride[0] = 2 * ldz;
+            if ((rc = df_cuda_fp8_qdq(be, &g, &g, 1, 128)))
+                break;
+        }
         /* GEMM 2, dh32^T (H x nr) = head^T G^T, hi (ld 2*ldz bf16) then (precise) + lo,
          * as df_cuda_matmul_bwd_x with fp32 out */
         rc = lt_gemm(st, ws, 0, 0, H, nr, V, wd, ldw, z, 2 * ldz, d32, H, 1, 0);

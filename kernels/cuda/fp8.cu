@@ -1,0 +1,192 @@
+/* fp8.cu - df_op_fp8_qdq on the GPU (contract in train_ops.h; CPU reference
+ * kernels/cpu/fp8.c over common/e4m3.h). Bit-identical to the reference:
+ * the amax is exact, the scale a power of two (x / scale exact), and the
+ * rounding to E4M3 is done on the float's bits (normals) or by rintf (the
+ * subnormal steps of 2^-9), both round-to-nearest-even, on every
+ * architecture; no FP8 conversion instruction is needed.
+ *
+ * Three kernels by block shape, each reading its block twice (amax, then the
+ * values), coalesced:
+ *   1 x bc (activations along the reduction): a warp per block;
+ *   br x 1 (operands reduced over rows): a thread per column of a band;
+ *   br x bc otherwise (weights, 128 x 128): a CTA per block. */
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdint.h>
+
+#include "bf16.cuh"
+#include "cuda_internal.h"
+
+namespace {
+
+constexpr int NT = 256;
+
+template <typename T> __device__ __forceinline__ float ld(const T *p);
+template <> __device__ __forceinline__ float ld<float>(const float *p) { return *p; }
+template <> __device__ __forceinline__ float ld<uint16_t>(const uint16_t *p) { return bf2f(*p); }
+template <typename T> __device__ __forceinline__ void st(T *p, float v);
+template <> __device__ __forceinline__ void st<float>(float *p, float v) { *p = v; }
+/* exact: v is code * 2^k, at most 4 significant bits, a normal BF16 number */
+template <> __device__ __forceinline__ void st<uint16_t>(uint16_t *p, float v) { *p = f2bf(v); }
+
+/* max of |values| where a NaN, once seen, stays */
+__device__ __forceinline__ float amax_step(float m, float v)
+{
+    float a = fabsf(v);
+    return (a > m || a != a) ? a : m;
+}
+
+__device__ __forceinline__ float warp_amax(float m)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        m = amax_step(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
+
+/* common/e4m3.c's df_fp8_pow2_scale: 2^k, k = ceil(log2(amax / 448)) in
+ * [-100, 127]; amax finite here (0 gives 1). */
+__device__ __forceinline__ int scale_exp(float amax)
+{
+    if (!(amax > 0.0f))
+        return 0;
+    int e;
+    float m = frexpf(amax, &e);
+    int k = e - 9 + (m > 0.875f);
+    return k < -100 ? -100 : k > 127 ? 127 : k;
+}
+
+/* v rounded to E4M3 at scale 2^k (inv = 2^-k), times 2^k, with v's sign */
+__device__ __forceinline__ float qdq1(float v, float inv, float s)
+{
+    float a = fminf(fabsf(v) * inv, 448.0f);
+    uint32_t u = __float_as_uint(a);
+    float rn = __uint_as_float((u + 0x7ffffu + ((u >> 20) & 1u)) & 0xfff00000u);
+    float rs = rintf(a * 512.0f) * 0x1p-9f;
+    return copysignf((a < 0x1p-6f ? rs : rn) * s, v);
+}
+
+template <typename T>
+__global__ void __launch_bounds__(NT) qdq_row_kernel(const T *x, int64_t ldx, T *y, int64_t ldy,
+                                                     int64_t rows, int64_t cols, int64_t bc,
+                                                     int64_t ncb)
+{
+    int64_t w = (int64_t)blockIdx.x * (NT / 32) + threadIdx.x / 32;
+    if (w >= rows * ncb)
+        return;
+    int lane = threadIdx.x & 31;
+    int64_t r = w / ncb, c0 = (w % ncb) * bc, c1 = c0 + bc < cols ? c0 + bc : cols;
+    const T *xr = x + r * ldx;
+    T *yr = y + r * ldy;
+    float m = 0.0f;
+    for (int64_t c = c0 + lane; c < c1; c += 32)
+        m = amax_step(m, ld(xr + c));
+    m = warp_amax(m);
+    if (!isfinite(m)) {
+        if ((const void *)yr != (const void *)xr)
+            for (int64_t c = c0 + lane; c < c1; c += 32)
+                yr[c] = xr[c];
+        return;
+    }
+    int k = scale_exp(m);
+    float s = ldexpf(1.0f, k), inv = ldexpf(1.0f, -k);
+    for (int64_t c = c0 + lane; c < c1; c += 32)
+        st(yr + c, qdq1(ld(xr + c), inv, s));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(NT) qdq_col_kernel(const T *x, int64_t ldx, T *y, int64_t ldy,
+                                                     int64_t rows, int64_t cols, int64_t br)
+{
+    int64_t c = (int64_t)blockIdx.x * NT + threadIdx.x;
+    if (c >= cols)
+        return;
+    int64_t r0 = (int64_t)blockIdx.y * br, r1 = r0 + br < rows ? r0 + br : rows;
+    float m = 0.0f;
+    for (int64_t r = r0; r < r1; r++)
+        m = amax_step(m, ld(x + r * ldx + c));
+    if (!isfinite(m)) {
+        if ((const void *)y != (const void *)x)
+            for (int64_t r = r0; r < r1; r++)
+                y[r * ldy + c] = x[r * ldx + c];
+        return;
+    }
+    int k = scale_exp(m);
+    float s = ldexpf(1.0f, k), inv = ldexpf(1.0f, -k);
+    for (int64_t r = r0; r < r1; r++)
+        st(y + r * ldy + c, qdq1(ld(x + r * ldx + c), inv, s));
+}
+
+template <typename T>
+__global__ void __launch_bounds__(NT) qdq_tile_kernel(const T *x, int64_t ldx, T *y, int64_t ldy,
+                                                      int64_t rows, int64_t cols, int64_t br,
+                                                      int64_t bc)
+{
+    __shared__ float wm[NT / 32];
+    int64_t r0 = (int64_t)blockIdx.y * br, r1 = r0 + br < rows ? r0 + br : rows;
+    int64_t c0 = (int64_t)blockIdx.x * bc, c1 = c0 + bc < cols ? c0 + bc : cols;
+    int64_t w = c1 - c0, n = (r1 - r0) * w;
+    float m = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += NT)
+        m = amax_step(m, ld(x + (r0 + i / w) * ldx + c0 + i % w));
+    m = warp_amax(m);
+    if ((threadIdx.x & 31) == 0)
+        wm[threadIdx.x / 32] = m;
+    __syncthreads();
+    m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NT / 32; j++)
+        m = amax_step(m, wm[j]);
+    if (!isfinite(m)) {
+        if ((const void *)y != (const void *)x)
+            for (int64_t i = threadIdx.x; i < n; i += NT)
+                y[(r0 + i / w) * ldy + c0 + i % w] = x[(r0 + i / w) * ldx + c0 + i % w];
+        return;
+    }
+    int k = scale_exp(m);
+    float s = ldexpf(1.0f, k), inv = ldexpf(1.0f, -k);
+    for (int64_t i = threadIdx.x; i < n; i += NT) {
+        int64_t r = r0 + i / w, c = c0 + i % w;
+        st(y + r * ldy + c, qdq1(ld(x + r * ldx + c), inv, s));
+    }
+}
+
+template <typename T>
+int launch(cudaStream_t st, const T *x, int64_t ldx, T *y, int64_t ldy, int64_t rows,
+           int64_t cols, int64_t br, int64_t bc)
+{
+    int64_t nrb = (rows + br - 1) / br, ncb = (cols + bc - 1) / bc;
+    if (nrb > 65535 && br > 1)
+        return -ENOTSUP; /* grid.y; 2^16 bands of >= 2 rows: > 131k rows */
+    if (br == 1) {
+        int64_t ctas = (rows * ncb + NT / 32 - 1) / (NT / 32);
+        if (ctas > INT32_MAX)
+            return -ENOTSUP;
+        qdq_row_kernel<T><<<(unsigned)ctas, NT, 0, st>>>(x, ldx, y, ldy, rows, cols, bc, ncb);
+    } else if (bc == 1) {
+        dim3 grid((unsigned)((cols + NT - 1) / NT), (unsigned)nrb);
+        qdq_col_kernel<T><<<grid, NT, 0, st>>>(x, ldx, y, ldy, rows, cols, br);
+    } else {
+        if (ncb > INT32_MAX)
+            return -ENOTSUP;
+        dim3 grid((unsigned)ncb, (unsigned)nrb);
+        qdq_tile_kernel<T><<<grid, NT, 0, st>>>(x, ldx, y, ldy, rows, cols, br, bc);
+    }
+    return df_cuda_check_launch("fp8_qdq");
+}
+
+} // namespace
+
+extern "C" int df_cuda_fp8_qdq(df_backend *be, const df_tensor *x, df_tensor *y,
+                               int64_t block_rows, int64_t block_cols)
+{
+    int64_t rows = x->shape[0], cols = x->shape[1];
+    if (rows == 0 || cols == 0)
+        return 0;
+    cudaStream_t st = df_cuda_stream(be);
+    if (x->dtype == DF_DTYPE_BF16)
+        return launch(st, (const uint16_t *)x->data, x->stride[0], (uint16_t *)y->data,
+                      y->stride[0], rows, cols, block_rows, block_cols);
+    return launch(st, (const float *)x->data, x->stride[0], (float *)y->data, y->stride[0], rows,
+                  cols, block_rows, block_cols);
+}

@@ -1,0 +1,377 @@
+/* test_fp8.c - FP8 (E4M3) rounding: common/e4m3.h's rule and scales, the
+ * reference quantize-dequantize, df_op_fp8_qdq on the CPU backend, and the
+ * LM head's FP8 input gradient (DF_CE_FP8_GRAD).
+ *
+ * The rule is checked against brute force written here: the nearest of all
+ * 253 finite E4M3 values (ties to the even code), and the block scale as the
+ * smallest power of two that makes the block fit 448, found by a loop. */
+#include "e4m3.h"
+#include "test.h"
+#include "train_ops.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* the E4M3 code nearest to x >= 0 (finite), ties to the even code, by
+ * trying all of them; saturating at 448 */
+static uint8_t brute_code(double x)
+{
+    int best = 0;
+    double bd = INFINITY;
+    for (int c = 0; c < 0x7f; c++) {
+        double d = fabs(x - df_e4m3_to_f32((uint8_t)c));
+        if (d < bd || (d == bd && !(c & 1))) {
+            bd = d;
+            best = c;
+        }
+    }
+    return (uint8_t)best;
+}
+
+static float bits_f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void test_code(void)
+{
+    /* every E4M3 value round-trips; the values between two neighbours, their
+     * midpoint and points next to it go to the brute-force code */
+    for (int c = 0; c < 0x7f; c++) {
+        float v = df_e4m3_to_f32((uint8_t)c);
+        CHECK_EQ(df_e4m3_from_f32(v), c);
+        CHECK_EQ(df_e4m3_from_f32(-v), c | 0x80);
+        if (c + 1 < 0x7f) {
+            double w = df_e4m3_to_f32((uint8_t)(c + 1)), mid = (v + w) / 2;
+            float pts[] = {(float)mid, nextafterf((float)mid, 0), nextafterf((float)mid, 1e9f),
+                           (float)(v + (w - v) / 4), (float)(v + 3 * (w - v) / 4)};
+            for (int k = 0; k < 5; k++)
+                CHECK_EQ(df_e4m3_from_f32(pts[k]), brute_code(pts[k]));
+        }
+    }
+    /* random magnitudes over the whole float range */
+    uint64_t st = 42;
+    for (int i = 0; i < 200000; i++) {
+        uint32_t u = (uint32_t)test_rand(&st) & 0x7fffffffu;
+        if (u >= 0x7f800000u)
+            continue;
+        float x = bits_f(u);
+        uint8_t want = x > 448.0f ? 0x7e : brute_code(x);
+        uint8_t got = df_e4m3_from_f32(x);
+        if (got != want) {
+            fprintf(stderr, "e4m3 of %a: %#x, want %#x\n", x, got, want);
+            CHECK(0);
+            break;
+        }
+    }
+    CHECK_EQ(df_e4m3_from_f32(1e30f), 0x7e);
+    CHECK_EQ(df_e4m3_from_f32(-1e30f), 0xfe);
+    CHECK_EQ(df_e4m3_from_f32(INFINITY), 0x7f);
+    CHECK_EQ(df_e4m3_from_f32(-INFINITY), 0xff);
+    CHECK_EQ(df_e4m3_from_f32(NAN) & 0x7f, 0x7f);
+    CHECK_EQ(df_e4m3_from_f32(-0.0f), 0x80);
+    CHECK_EQ(df_e4m3_from_f32(0x1p-10f), 0x00); /* the tie between 0 and 2^-9 */
+    CHECK_EQ(df_e4m3_from_f32(432.0f), 0x7e);   /* the tie between 416 and 448 */
+}
+
+static double brute_scale(float amax)
+{
+    if (!(amax > 0) || !isfinite(amax))
+        return 1.0;
+    int k = -100;
+    while (k < 127 && amax / ldexp(1.0, k) > 448.0)
+        k++;
+    return ldexp(1.0, k);
+}
+
+static void test_scale(void)
+{
+    uint64_t st = 7;
+    for (int i = 0; i < 100000; i++) {
+        uint32_t u = (uint32_t)test_rand(&st) & 0x7fffffffu;
+        if (u >= 0x7f800000u)
+            continue;
+        float a = bits_f(u);
+        CHECK(df_fp8_pow2_scale(a) == brute_scale(a));
+    }
+    float edge[] = {448.0f, nextafterf(448.0f, 1e9f), 896.0f, 1.0f, 0x1p-120f, 0x1p-149f, 3e38f,
+                    0.0f};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++)
+        CHECK(df_fp8_pow2_scale(edge[i]) == brute_scale(edge[i]));
+    CHECK(df_fp8_pow2_scale(448.0f) == 1.0f);
+    CHECK(df_fp8_pow2_scale(449.0f) == 2.0f);
+    CHECK(df_fp8_pow2_scale(INFINITY) == 1.0f && df_fp8_pow2_scale(NAN) == 1.0f);
+}
+
+/* x[rows, cols] (ld) quantize-dequantized by brute force, into y (ld cols) */
+static void brute_qdq(const float *x, int64_t rows, int64_t cols, int64_t ld, int64_t br,
+                      int64_t bc, float *y)
+{
+    for (int64_t r0 = 0; r0 < rows; r0 += br)
+        for (int64_t c0 = 0; c0 < cols; c0 += bc) {
+            int64_t r1 = r0 + br < rows ? r0 + br : rows, c1 = c0 + bc < cols ? c0 + bc : cols;
+            float amax = 0;
+            int bad = 0;
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t c = c0; c < c1; c++) {
+                    float a = fabsf(x[r * ld + c]);
+                    bad |= !isfinite(a);
+                    amax = a > amax ? a : amax;
+                }
+            double s = brute_scale(amax);
+            for (int64_t r = r0; r < r1; r++)
+                for (int64_t c = c0; c < c1; c++) {
+                    float v = x[r * ld + c];
+                    y[r * cols + c] =
+                        bad ? v : (float)copysign(df_e4m3_to_f32(brute_code(fabs(v) / s)) * s, v);
+                }
+        }
+}
+
+/* test data: N(0,1) scaled per row and column over many octaves, with some
+ * exact zeros, negative zeros, tiny and huge values */
+static void fill(float *x, int64_t n, int64_t cols, uint64_t seed)
+{
+    uint64_t st = seed;
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r = i / cols, c = i % cols;
+        float v = test_randn(&st) * ldexpf(1.0f, (int)((r * 7 + c / 5) % 40) - 20);
+        uint64_t k = test_rand(&st) % 200;
+        x[i] = k == 0 ? 0.0f : k == 1 ? -0.0f : k == 2 ? v * 0x1p-60f : k == 3 ? v * 0x1p50f : v;
+    }
+}
+
+static int same_bits(const float *a, const float *b, int64_t n, const char *what)
+{
+    for (int64_t i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], 4)) {
+            fprintf(stderr, "%s: element %lld: %a vs %a\n", what, (long long)i, a[i], b[i]);
+            return 0;
+        }
+    return 1;
+}
+
+static const int64_t shapes[][4] = {
+    /* rows, cols, br, bc */
+    {37, 300, 1, 128}, {300, 37, 128, 1}, {260, 300, 128, 128}, {5, 7, 3, 2},
+    {1, 1000, 1, 1000}, {129, 129, 128, 128}, {64, 256, 1, 32},
+};
+
+static void test_qdq_ref(void)
+{
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t R = shapes[s][0], C = shapes[s][1], br = shapes[s][2], bc = shapes[s][3];
+        int64_t ld = C + 3;
+        float *x = malloc((size_t)(R * ld) * 4), *y = malloc((size_t)(R * C) * 4),
+              *z = malloc((size_t)(R * ld) * 4);
+        fill(x, R * ld, ld, 100 + s);
+        if (s == 3)
+            x[2 * ld + 1] = NAN; /* its block is left alone */
+        if (s == 5)
+            x[130 * 0 + 128] = INFINITY;
+        memcpy(z, x, (size_t)(R * ld) * 4);
+        brute_qdq(x, R, C, ld, br, bc, y);
+        df_fp8_qdq_f32(z, R, C, ld, br, bc);
+        int ok = 1;
+        for (int64_t r = 0; r < R && ok; r++) {
+            char what[64];
+            snprintf(what, sizeof what, "qdq %lldx%lld block %lldx%lld row %lld", (long long)R,
+                     (long long)C, (long long)br, (long long)bc, (long long)r);
+            ok = same_bits(z + r * ld, y + r * C, C, what);
+            /* the padding columns untouched */
+            ok &= !memcmp(z + r * ld + C, x + r * ld + C, 3 * 4);
+        }
+        CHECK(ok);
+        /* idempotent */
+        float *w = malloc((size_t)(R * ld) * 4);
+        memcpy(w, z, (size_t)(R * ld) * 4);
+        df_fp8_qdq_f32(w, R, C, ld, br, bc);
+        CHECK(same_bits(w, z, R * ld, "qdq twice"));
+        free(w);
+        free(x);
+        free(y);
+        free(z);
+    }
+    /* the error bound of a finite block: |x - q| <= 2^-4 |x| (normal codes)
+     * or <= 2^-10 scale (subnormal codes) */
+    enum { N = 4096 };
+    float x[N], q[N];
+    fill(x, N, 128, 9);
+    memcpy(q, x, sizeof q);
+    df_fp8_qdq_f32(q, 32, 128, 128, 1, 128);
+    int bad = 0;
+    for (int r = 0; r < 32; r++) {
+        float amax = 0;
+        for (int c = 0; c < 128; c++)
+            amax = fmaxf(amax, fabsf(x[r * 128 + c]));
+        double s = brute_scale(amax);
+        for (int c = 0; c < 128; c++) {
+            double a = fabs((double)x[r * 128 + c]), d = fabs(a - fabs((double)q[r * 128 + c]));
+            bad += !(d <= ldexp(a, -4) || d <= ldexp(s, -10));
+            bad += signbit(x[r * 128 + c]) != signbit(q[r * 128 + c]);
+        }
+    }
+    CHECK_EQ(bad, 0);
+}
+
+/* the op on the CPU backend: F32 and BF16, in place and out of place, views
+ * with padding, 1 and 3 threads: the reference's bits */
+static void test_op(void)
+{
+    df_err e = {0};
+    df_backend *b1 = df_backend_cpu_open(1, &e), *b3 = df_backend_cpu_open(3, &e);
+    CHECK(b1 && b3);
+    if (!b1 || !b3)
+        return;
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
+        int64_t R = shapes[s][0], C = shapes[s][1], br = shapes[s][2], bc = shapes[s][3];
+        int64_t ld = C + 5;
+        float *x = malloc((size_t)(R * ld) * 4), *ref = malloc((size_t)(R * ld) * 4);
+        float *y = malloc((size_t)(R * ld) * 4);
+        uint16_t *xb = malloc((size_t)(R * ld) * 2), *yb = malloc((size_t)(R * ld) * 2);
+        fill(x, R * ld, ld, 300 + s);
+        for (int64_t i = 0; i < R * ld; i++) {
+            xb[i] = df_f32_to_bf16(x[i]);
+            x[i] = df_bf16_to_f32(xb[i]); /* the same values in both dtypes */
+        }
+        memcpy(ref, x, (size_t)(R * ld) * 4);
+        df_fp8_qdq_f32(ref, R, C, ld, br, bc);
+        for (int t = 0; t < 2; t++) {
+            df_backend *be = t ? b3 : b1;
+            /* F32, out of place: the padding of y stays poisoned */
+            for (int64_t i = 0; i < R * ld; i++)
+                y[i] = NAN;
+            df_tensor tx = df_tensor_2d(x, DF_DTYPE_F32, R, C), ty = df_tensor_2d(y, DF_DTYPE_F32, R, C);
+            tx.stride[0] = ty.stride[0] = ld;
+            CHECK_EQ(df_op_fp8_qdq(be, &tx, &ty, br, bc), 0);
+            int ok = 1;
+            for (int64_t r = 0; r < R; r++) {
+                ok &= same_bits(y + r * ld, ref + r * ld, C, "fp8_qdq f32");
+                for (int64_t c = C; c < ld; c++)
+                    ok &= isnan(y[r * ld + c]);
+            }
+            CHECK(ok);
+            /* BF16, in place */
+            memcpy(yb, xb, (size_t)(R * ld) * 2);
+            df_tensor tb = df_tensor_2d(yb, DF_DTYPE_BF16, R, C);
+            tb.stride[0] = ld;
+            CHECK_EQ(df_op_fp8_qdq(be, &tb, &tb, br, bc), 0);
+            int bad = 0;
+            for (int64_t r = 0; r < R; r++)
+                for (int64_t c = 0; c < ld; c++) {
+                    float want = c < C ? ref[r * ld + c] : x[r * ld + c];
+                    uint16_t wb = df_f32_to_bf16(want);
+                    bad += yb[r * ld + c] != wb;
+                    /* exact: every result is a BF16 value */
+                    bad += c < C && isfinite(want) && df_bf16_to_f32(wb) != want;
+                }
+            CHECK_EQ(bad, 0);
+        }
+        free(x);
+        free(ref);
+        free(y);
+        free(xb);
+        free(yb);
+    }
+    /* bad arguments: -EINVAL, nothing written */
+    float a[64], b[64];
+    for (int i = 0; i < 64; i++)
+        a[i] = (float)i, b[i] = -1.0f;
+    df_tensor ta = df_tensor_2d(a, DF_DTYPE_F32, 8, 8), tb = df_tensor_2d(b, DF_DTYPE_F32, 8, 8);
+    df_tensor t47 = df_tensor_2d(b, DF_DTYPE_F32, 4, 7), tbf = df_tensor_2d(b, DF_DTYPE_BF16, 8, 8);
+    df_tensor tov = df_tensor_2d(a + 1, DF_DTYPE_F32, 8, 7);
+    CHECK_EQ(df_op_fp8_qdq(b1, &ta, &tb, 0, 128), -EINVAL);
+    CHECK_EQ(df_op_fp8_qdq(b1, &ta, &tb, 1, 0), -EINVAL);
+    CHECK_EQ(df_op_fp8_qdq(b1, &ta, &t47, 1, 128), -EINVAL);
+    CHECK_EQ(df_op_fp8_qdq(b1, &ta, &tbf, 1, 128), -EINVAL);
+    tov.stride[0] = 8;
+    CHECK_EQ(df_op_fp8_qdq(b1, &ta, &tov, 1, 128), -EINVAL); /* overlaps, not the same view */
+    CHECK_EQ(df_op_fp8_qdq(NULL, &ta, &tb, 1, 128), -EINVAL);
+    int same = 1;
+    for (int i = 0; i < 64; i++)
+        same &= b[i] == -1.0f && a[i] == (float)i;
+    CHECK(same);
+    df_backend_close(b1);
+    df_backend_close(b3);
+}
+
+/* The LM head with DF_CE_FP8_GRAD: the forward's outputs are those of
+ * flags 0; dh is G rounded per 1 x 128 block times head, G from the
+ * documented formulas (double here), within the rounding's bound, and it
+ * differs from the unrounded dh by about that much. */
+static void test_lmhead_fp8(void)
+{
+    enum { N = 6, H = 40, V = 700 };
+    df_err e = {0};
+    df_backend *be = df_backend_cpu_open(2, &e);
+    CHECK(be != NULL);
+    if (!be)
+        return;
+    static float h[N * H], head[V * H], dh0[N * H], dh8[N * H], ce0[N], ce8[N];
+    int32_t label[N] = {3, 699, -1, 128, 127, 0}, am0[N], am8[N];
+    float w[N] = {1, 0.5f, 1, 2, 1, 0.25f};
+    uint64_t st = 5;
+    for (int i = 0; i < N * H; i++)
+        h[i] = test_randn(&st);
+    for (int i = 0; i < V * H; i++)
+        head[i] = 0.3f * test_randn(&st);
+    df_tensor th = df_tensor_2d(h, DF_DTYPE_F32, N, H), tw = df_tensor_2d(head, DF_DTYPE_F32, V, H);
+    df_tensor t0 = df_tensor_2d(dh0, DF_DTYPE_F32, N, H), t8 = df_tensor_2d(dh8, DF_DTYPE_F32, N, H);
+    double l0 = 0, l8 = 0;
+    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l0, &t0, am0, ce0, 0), 0);
+    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8, DF_CE_FP8_GRAD), 0);
+    CHECK(l0 == l8 && !memcmp(am0, am8, sizeof am0) && !memcmp(ce0, ce8, sizeof ce0));
+    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8, 2), -EINVAL);
+    int bad = 0;
+    double moved = 0, scale = 0;
+    for (int i = 0; i < N; i++) {
+        double z[V], g[V], mx = -INFINITY, s = 0;
+        for (int v = 0; v < V; v++) {
+            z[v] = 0;
+            for (int k = 0; k < H; k++)
+                z[v] += (double)h[i * H + k] * head[v * H + k];
+            mx = z[v] > mx ? z[v] : mx;
+        }
+        for (int v = 0; v < V; v++)
+            s += exp(z[v] - mx);
+        for (int v = 0; v < V; v++)
+            g[v] = label[i] < 0 ? 0 : (exp(z[v] - mx) / s - (v == label[i])) * w[i] / 7.0;
+        /* bound per dh element: each G entry moves by <= 2^-4 |G| or the
+         * block's 2^-10 scale, plus fp32 sums */
+        double gmax[(V + 127) / 128] = {0};
+        for (int v = 0; v < V; v++)
+            gmax[v / 128] = fmax(gmax[v / 128], fabs(g[v]));
+        for (int k = 0; k < H; k++) {
+            double exact = 0, bound = 0;
+            for (int v = 0; v < V; v++) {
+                double a = fabs(head[v * H + k]);
+                exact += g[v] * head[v * H + k];
+                bound += a * (ldexp(fabs(g[v]), -4) + ldexp(brute_scale((float)gmax[v / 128]), -10));
+            }
+            bound = bound * 1.01 + 1e-6 * fabs(exact) + 1e-9;
+            bad += !(fabs(dh8[i * H + k] - exact) <= bound);
+            moved += fabs(dh8[i * H + k] - dh0[i * H + k]);
+            scale += fabs(exact);
+        }
+    }
+    CHECK_EQ(bad, 0);
+    /* the rounding happened: E4M3's 2^-4 relative per entry shows in dh */
+    printf("lmhead fp8 grad: mean |dh8 - dh0| / mean |dh| = %.3g\n", moved / scale);
+    CHECK(moved / scale > 1e-3 && moved / scale < 0.1);
+    df_backend_close(be);
+}
+
+int main(void)
+{
+    test_code();
+    test_scale();
+    test_qdq_ref();
+    test_op();
+    test_lmhead_fp8();
+    return test_main_end();
+}

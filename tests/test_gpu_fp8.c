@@ -1,0 +1,167 @@
+/* test_gpu_fp8 - the CUDA backend's FP8 (E4M3) rounding against the CPU
+ * reference, through the public df_op_* API. Skips (77) without a GPU.
+ *  - df_op_fp8_qdq: bitwise the CPU's result (the rule is exact: amax,
+ *    power-of-two scales, round to nearest even), for the three kernels
+ *    (1 x bc, br x 1, br x bc blocks), BF16 and F32, in place and out of
+ *    place, row-strided views whose padding must stay poisoned, blocks with
+ *    a NaN or an Inf (copied as they are), and the drafter's shapes at the
+ *    Qwen3.6-27B drafter size (8192 x 5120 activations, 5120 x 17408 weights,
+ *    4096 x 5120 operands reduced over rows).
+ *  - df_op_lmhead_ce with DF_CE_FP8_GRAD: loss, ce and argmax are those of
+ *    flags 0 on the GPU (the forward is untouched); dh is within 2e-2
+ *    relative L2 of the CPU's (the GPU rounds G to bf16 before E4M3, the CPU
+ *    rounds the fp32 G: blocks may differ by a tie or a scale step) and
+ *    moves away from the flags-0 dh by E4M3's ~1e-2. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpu_harness.h"
+#include "ops.h"
+#include "train_ops.h"
+
+static uint64_t rng = 77;
+
+/* values over many octaves, some zeros and signed zeros */
+static float draw(int64_t i, int64_t cols)
+{
+    float v = test_randn(&rng) * ldexpf(1.0f, (int)(((i / cols) * 3 + (i % cols) / 7) % 24) - 12);
+    uint64_t k = test_rand(&rng) % 100;
+    return k == 0 ? 0.0f : k == 1 ? -0.0f : v;
+}
+
+static void check_qdq(int64_t R, int64_t C, int64_t br, int64_t bc, int f32, int inplace,
+                      int nonfinite)
+{
+    df_backend *g = gh_gpu, *c = gh_cpu;
+    int64_t ld = C + 8, n = R * ld;
+    size_t es = f32 ? 4 : 2;
+    float *x = gh_xmalloc((size_t)n * 4), *ref = gh_xmalloc((size_t)n * 4);
+    uint16_t *xb = gh_xmalloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = draw(i, ld);
+        if (!f32) {
+            xb[i] = gh_f2bf(x[i]);
+            x[i] = gh_bf2f(xb[i]);
+        }
+    }
+    if (nonfinite) {
+        x[(R / 2) * ld + C / 3] = NAN;
+        x[(R - 1) * ld + C - 1] = -INFINITY;
+        if (!f32)
+            xb[(R / 2) * ld + C / 3] = 0x7fc0, xb[(R - 1) * ld + C - 1] = 0xff80;
+    }
+    memcpy(ref, x, (size_t)n * 4);
+    df_tensor tr = df_tensor_2d(ref, DF_DTYPE_F32, R, C);
+    tr.stride[0] = ld;
+    CHECK_EQ(df_op_fp8_qdq(c, &tr, &tr, br, bc), 0);
+
+    void *dx = gh_dev_copy(g, f32 ? (void *)x : (void *)xb, (size_t)n * es);
+    void *dy = inplace ? dx : gh_dev_poisoned(g, n, f32 ? DF_DTYPE_F32 : DF_DTYPE_BF16);
+    df_dtype dt = f32 ? DF_DTYPE_F32 : DF_DTYPE_BF16;
+    df_tensor tx = df_tensor_2d(dx, dt, R, C), ty = df_tensor_2d(dy, dt, R, C);
+    tx.stride[0] = ty.stride[0] = ld;
+    CHECK_EQ(df_op_fp8_qdq(g, &tx, &ty, br, bc), 0);
+    void *got = gh_xmalloc((size_t)n * es);
+    CHECK_EQ(df_backend_download(g, got, dy, (size_t)n * es), 0);
+    int64_t bad = 0, first = -1;
+    for (int64_t i = 0; i < n; i++) {
+        int pad = i % ld >= C;
+        int ok;
+        if (f32) {
+            float v = ((float *)got)[i];
+            ok = pad ? (inplace ? !memcmp(&v, &x[i], 4) : isnan(v)) : !memcmp(&v, &ref[i], 4) ||
+                                                                        (isnan(v) && isnan(ref[i]));
+        } else {
+            uint16_t v = ((uint16_t *)got)[i];
+            ok = pad ? (inplace ? v == xb[i] : v == 0x7fc0)
+                     : v == gh_f2bf(ref[i]) || (isnan(ref[i]) && v == xb[i]);
+        }
+        if (!ok && first < 0)
+            first = i;
+        bad += !ok;
+    }
+    printf("fp8_qdq %lldx%lld block %lldx%lld %s %s%s: %lld elements differ\n", (long long)R,
+           (long long)C, (long long)br, (long long)bc, f32 ? "f32" : "bf16",
+           inplace ? "in place" : "out of place", nonfinite ? " non-finite" : "", (long long)bad);
+    if (bad)
+        fprintf(stderr, "  first at %lld: ref %a\n", (long long)first, ref[first]);
+    CHECK_EQ(bad, 0);
+    free(x), free(ref), free(xb), free(got);
+    df_backend_free(g, dx);
+    if (!inplace)
+        df_backend_free(g, dy);
+}
+
+static void check_lmhead(int64_t N, int64_t V, int64_t H)
+{
+    df_backend *g = gh_gpu, *c = gh_cpu;
+    float *h = gh_rand_bf16(GH_N01, &rng, N * H, 1.0f), *w = gh_rand_bf16(GH_N01, &rng, V * H, 0.05f);
+    int32_t *lab = gh_xmalloc((size_t)N * 4);
+    for (int64_t i = 0; i < N; i++)
+        lab[i] = i % 5 == 4 ? -1 : (int32_t)(test_rand(&rng) % (uint64_t)V);
+    float *dh_ref = gh_xmalloc((size_t)(N * H) * 4);
+    df_tensor th = df_tensor_2d(h, DF_DTYPE_F32, N, H), tw = df_tensor_2d(w, DF_DTYPE_F32, V, H);
+    df_tensor tdr = df_tensor_2d(dh_ref, DF_DTYPE_F32, N, H);
+    double lref = 0;
+    CHECK_EQ(df_op_lmhead_ce(c, &th, &tw, lab, NULL, (float)N, &lref, &tdr, NULL, NULL,
+                             DF_CE_FP8_GRAD), 0);
+    void *gh = gh_dev_bf16(g, h, N * H), *gw = gh_dev_bf16(g, w, V * H);
+    void *glab = gh_dev_copy(g, lab, (size_t)N * 4);
+    void *gd0 = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16), *gd8 = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16);
+    void *gce0 = gh_dev_poisoned(g, N, DF_DTYPE_F32), *gce8 = gh_dev_poisoned(g, N, DF_DTYPE_F32);
+    void *gam0 = gh_dev_poisoned(g, N, DF_DTYPE_I32), *gam8 = gh_dev_poisoned(g, N, DF_DTYPE_I32);
+    df_tensor Gh = df_tensor_2d(gh, DF_DTYPE_BF16, N, H), Gw = df_tensor_2d(gw, DF_DTYPE_BF16, V, H);
+    df_tensor G0 = df_tensor_2d(gd0, DF_DTYPE_BF16, N, H), G8 = df_tensor_2d(gd8, DF_DTYPE_BF16, N, H);
+    double l0 = 0, l8 = 0;
+    CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &l0, &G0, gam0, gce0, 0), 0);
+    CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &l8, &G8, gam8, gce8,
+                             DF_CE_FP8_GRAD), 0);
+    CHECK(l0 == l8);
+    float *ce0 = gh_xmalloc((size_t)N * 4), *ce8 = gh_xmalloc((size_t)N * 4);
+    int32_t *am0 = gh_xmalloc((size_t)N * 4), *am8 = gh_xmalloc((size_t)N * 4);
+    CHECK_EQ(df_backend_download(g, ce0, gce0, (size_t)N * 4), 0);
+    CHECK_EQ(df_backend_download(g, ce8, gce8, (size_t)N * 4), 0);
+    CHECK_EQ(df_backend_download(g, am0, gam0, (size_t)N * 4), 0);
+    CHECK_EQ(df_backend_download(g, am8, gam8, (size_t)N * 4), 0);
+    CHECK(!memcmp(ce0, ce8, (size_t)N * 4) && !memcmp(am0, am8, (size_t)N * 4));
+    float *d0 = gh_download_bf16(g, gd0, N * H), *d8 = gh_download_bf16(g, gd8, N * H);
+    double e2 = 0, r2 = 0, m2 = 0;
+    for (int64_t i = 0; i < N * H; i++) {
+        e2 += (d8[i] - dh_ref[i]) * (double)(d8[i] - dh_ref[i]);
+        r2 += (double)dh_ref[i] * dh_ref[i];
+        m2 += (d8[i] - d0[i]) * (double)(d8[i] - d0[i]);
+    }
+    double rel = sqrt(e2 / r2), moved = sqrt(m2 / r2);
+    printf("lmhead_ce fp8 grad N=%lld V=%lld H=%lld: loss %.9g (flags 0: %.9g, cpu %.9g), dh rel L2 "
+           "vs cpu %.3e, moved from flags 0 %.3e\n",
+           (long long)N, (long long)V, (long long)H, l8, l0, lref, rel, moved);
+    CHECK(rel < 2e-2);
+    CHECK(moved > 1e-3 && moved < 0.1);
+    free(h), free(w), free(lab), free(dh_ref), free(ce0), free(ce8), free(am0), free(am8), free(d0),
+        free(d8);
+    void *bufs[] = {gh, gw, glab, gd0, gd8, gce0, gce8, gam0, gam8};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        df_backend_free(g, bufs[i]);
+}
+
+int main(void)
+{
+    int rc = gh_open(0);
+    if (rc)
+        return rc;
+    static const int64_t sh[][4] = {
+        {37, 300, 1, 128}, {300, 37, 128, 1}, {260, 300, 128, 128}, {5, 7, 3, 2}, {1, 1000, 1, 1000},
+    };
+    for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++)
+        for (int f32 = 0; f32 < 2; f32++)
+            for (int ip = 0; ip < 2; ip++)
+                check_qdq(sh[s][0], sh[s][1], sh[s][2], sh[s][3], f32, ip, s == 2 && ip);
+    check_qdq(8192, 5120, 1, 128, 0, 0, 0);   /* the drafter's activations */
+    check_qdq(5120, 17408, 128, 128, 0, 0, 0); /* a weight */
+    check_qdq(4096, 5120, 128, 1, 0, 1, 0);   /* an operand reduced over rows */
+    check_lmhead(300, 5000, 256);
+    gh_close();
+    return test_main_end();
+}
