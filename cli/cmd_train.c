@@ -57,6 +57,9 @@ static void usage(FILE *f)
             "  --recompute-mlp       also the MLP's gate/up projections (two more GEMMs per\n"
             "                        layer; same results, ~0.5 GB less per layer at 8192 rows)\n"
             "  --grad-f32            GPU: gradients in F32 (default BF16, half the memory)\n"
+            "  --fp8                 FP8 training: the GEMMs' operands rounded to E4M3 with\n"
+            "                        block scales (docs/FP8.md); evaluation and the export\n"
+            "                        stay BF16\n"
             "  --no-grad-alias       keep activations out of the gradient array (default, with\n"
             "                        one row per step: layers' saved activations live in the\n"
             "                        gradients of the layer below until its backward; same\n"
@@ -191,6 +194,10 @@ int cmd_train(int argc, char **argv)
         }
         if (!strcmp(a, "--grad-f32")) {
             o.grad_f32 = 1;
+            continue;
+        }
+        if (!strcmp(a, "--fp8")) {
+            o.fp8 = 1;
             continue;
         }
         if (!strcmp(a, "--no-ckpt")) {

@@ -157,6 +157,16 @@ for lv in --no-recompute --recompute-mlp --no-overlap-optimizer; do
 done
 run 0 "" "$D" train $TA --out "$W/runRm" --recompute-mlp
 cmp -s "$W/runA/export/model.safetensors" "$W/runRm/export/model.safetensors" || fail "--recompute-mlp changed the weights"
+# --fp8 (the GEMMs' operands rounded to E4M3): other weights than without, an exact resume, and
+# a run started without it refuses to resume with it, naming the setting
+TF="${TA/--steps 60/--steps 24}"; TF=${TF/--ckpt-every 20/--ckpt-every 8}
+run 0 "" "$D" train $TF --out "$W/runF" --fp8
+run 0 "" "$D" train $TF --out "$W/runFr" --fp8 --stop-after 12
+run 0 "" "$D" train $TF --out "$W/runFr" --fp8
+cmp -s "$W/runF/export/model.safetensors" "$W/runFr/export/model.safetensors" || fail "--fp8 resume differs"
+run 0 "" "$D" train $TF --out "$W/runF0"
+cmp -s "$W/runF/export/model.safetensors" "$W/runF0/export/model.safetensors" && fail "--fp8 changed nothing"
+run 1 "--fp8 false \(now true\)" "$D" train $TF --out "$W/runF0" --fp8
 # --no-ckpt: no checkpoint written, the export still holds the trained weights
 run 0 "" "$D" train $TA --out "$W/runNc" --no-ckpt
 ls "$W/runNc" | grep -q ckpt && fail "--no-ckpt wrote a checkpoint"

@@ -8,67 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "drafter_internal.h"
 #include "log.h"
-
-/* Parameter indices of one layer, resolved once. */
-typedef struct layer_idx {
-    int in_norm, wq, wk, wv, wo, q_norm, k_norm, post_norm, gate, up, down;
-    int window;
-} layer_idx;
-
-/* Activations one layer saves for its backward pass (backend memory, the
- * activation dtype; lse F32). */
-typedef struct layer_act {
-    void *xin, *a, *qraw, *q, *kbraw, *kb, *vb, *kcraw, *kc, *vc, *o, *xmid, *b, *g, *u, *m;
-    float *lse;
-} layer_act;
-
-struct df_drafter {
-    df_drafter_config c;
-    df_backend *be;
-    df_tensor embed, head;
-    df_params ps;
-    int fc, hidden_norm, norm;
-    layer_idx *li;
-    df_dtype adt, wdt;   /* activation and weight dtypes: F32 on the CPU, BF16 on CUDA */
-    size_t aes, wes;
-    int host;            /* backend memory is host memory */
-    /* workspace sized for cap_N queries and cap_S context tokens (backend memory) */
-    int64_t cap_N, cap_S;
-    void *arena, *arena32; /* activations; F32 (lse, loss weights) and int32 (labels, argmax) */
-    layer_act *act;
-    void *feat, *feat32;   /* the row's features on the backend (device backends) */
-    void *craw, *cn, *xfin, *h;
-    /* backward scratch */
-    void *dx, *dh, *da, *db, *dq, *dkb, *dvb, *dkc, *dvc, *dout, *dcn, *dc;
-    void *dkb2, *dkc2; /* the norms' input gradients (no in-place backward) */
-    float *wts;        /* [N] loss weights (backend) */
-    int32_t *labels, *argmax; /* [N] (backend) */
-    int32_t *argmax_host;     /* [N] host copy for the metrics */
-    /* the LM head over scored positions only: their indices, each position's
-     * index among them (n_act for the rest), packed labels and weights (host;
-     * pinned on a device) */
-    uint32_t *act_i, *inv;
-    int32_t *lab_c;
-    float *wts_c;
-    df_drafter_grad_hook hook;
-    void *hook_ctx;
-    df_drafter_fwd_hook fhook;
-    void *fhook_ctx;
-    int recompute;     /* a, b, q, kb, kc, m: one shared set, recomputed in the backward;
-                          2: g and u too (two GEMMs per layer again) */
-    df_dtype gdt;      /* the gradient array's dtype (df_drafter_set_grad_dtype) */
-    /* df_drafter_prefetch_row: the features already on their way into feat */
-    const void *pf_feat;
-    int64_t pf_S;
-    /* df_drafter_set_grad_alias: the gradient array that hosts activations
-     * of layers 1..L-1, and per layer l the element range [alo, ahi) of it
-     * (the gradients of layer l-1) zeroed before layer l-1's backward; 0, 0:
-     * layer l hosts nothing */
-    void *galias;
-    int64_t *alo, *ahi;
-    int64_t lend_n;    /* arena elements from its start free during the LM head (lent to it) */
-};
 
 void df_drafter_set_recompute(df_drafter *d, int level)
 {
@@ -190,6 +131,7 @@ void df_drafter_close(df_drafter *d)
     df_backend_free(d->be, d->arena32);
     df_backend_free(d->be, d->feat);
     df_backend_free(d->be, d->feat32);
+    drafter_fp8_free(d);
     free(d->act);
     free(d->li);
     free(d->alo);
@@ -466,7 +408,7 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
     d->lab_c = df_backend_host_alloc(d->be, (size_t)N * sizeof *d->lab_c);
     d->wts_c = df_backend_host_alloc(d->be, (size_t)N * sizeof *d->wts_c);
     int ok = d->arena && d->arena32 && d->act && d->argmax_host && d->act_i && d->inv &&
-             d->lab_c && d->wts_c;
+             d->lab_c && d->wts_c && drafter_fp8_reserve(d, N, S) == 0;
     if (ok && !d->host) { /* the row's features, uploaded (F32 rows: staged at first use) */
         int64_t KH = df_drafter_fc_in(c);
         d->feat = df_backend_alloc(d->be, (size_t)(S * KH) * d->aes);
@@ -482,21 +424,6 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
     d->cap_S = S;
     return 0;
 }
-
-/* An activation matrix of the workspace. */
-#define M(p, r, c) df_tensor_2d((p), d->adt, (r), (c))
-
-/* A parameter (dtype d->wdt) or its gradient (F32) as a tensor of its own
- * shape, from the flat arrays. */
-static df_tensor param_t(const df_drafter *d, const void *flat, df_dtype dt, int i)
-{
-    const df_param *p = &d->ps.p[i];
-    uint8_t *x = (uint8_t *)flat + (size_t)p->offset * df_dtype_size(dt);
-    return p->ndim == 1 ? df_tensor_1d(x, dt, p->shape[0])
-                        : df_tensor_2d(x, dt, p->shape[0], p->shape[1]);
-}
-#define PW(d, W, i) param_t((d), (W), (d)->wdt, (i))
-#define PG(d, G, i) param_t((d), (G), (d)->gdt, (i))
 
 #define CK(call)                                                                          \
     do {                                                                                  \
@@ -637,14 +564,20 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
     }
 
     d->pf_feat = NULL;
+    /* FP8 in steps with gradients only: a forward-only row (evaluation)
+     * computes what serving the BF16 export computes */
+    d->q8 = d->fp8 && G;
+    const void *W8 = d->q8 ? d->w8 : W; /* the GEMMs' weights */
 
     /* ---- forward ---- */
     df_tensor feat = df_tensor_2d((void *)fsrc, fdt, S, KH);
     df_tensor craw = M(d->craw, S, H), cn = M(d->cn, S, H);
-    df_tensor wfc = PW(d, W, d->fc), whn = PW(d, W, d->hidden_norm);
+    df_tensor wfc = PW(d, W8, d->fc), whn = PW(d, W, d->hidden_norm);
     if (d->fhook)
         CK(d->fhook(d->fhook_ctx, -1));
-    CK(df_op_matmul(be, &feat, &wfc, &craw, 0));
+    if (d->q8)
+        CK(drafter_fp8_part(d, W, -1));
+    CK(drafter_mm(d, &feat, &wfc, &craw, 0));
     CK(df_op_rmsnorm(be, &craw, &whn, eps, 0, &cn));
     df_tensor x = M(d->act[0].xin, N, H);
     CK(df_op_embed(be, &d->embed, r->block_ids, N, &x));
@@ -653,19 +586,21 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         layer_act *A = &d->act[l];
         if (d->fhook)
             CK(d->fhook(d->fhook_ctx, l));
+        if (d->q8)
+            CK(drafter_fp8_part(d, W, l));
         df_tensor xin = M(A->xin, N, H), a = M(A->a, N, H), xmid = M(A->xmid, N, H);
         df_tensor qraw = M(A->qraw, N, QD), q = M(A->q, N, QD), o = M(A->o, N, QD);
         df_tensor kbraw = M(A->kbraw, N, KD), kb = M(A->kb, N, KD), vb = M(A->vb, N, KD);
         df_tensor kcraw = M(A->kcraw, S, KD), kc = M(A->kc, S, KD), vc = M(A->vc, S, KD);
         df_tensor lse = df_tensor_2d(A->lse, DF_DTYPE_F32, N, nq);
-        df_tensor win = PW(d, W, I->in_norm), wq = PW(d, W, I->wq), wk = PW(d, W, I->wk),
-                  wv = PW(d, W, I->wv), wo = PW(d, W, I->wo);
+        df_tensor win = PW(d, W, I->in_norm), wq = PW(d, W8, I->wq), wk = PW(d, W8, I->wk),
+                  wv = PW(d, W8, I->wv), wo = PW(d, W8, I->wo);
         CK(df_op_rmsnorm(be, &xin, &win, eps, 0, &a));
-        CK(df_op_matmul(be, &a, &wq, &qraw, 0));
-        CK(df_op_matmul(be, &a, &wk, &kbraw, 0));
-        CK(df_op_matmul(be, &a, &wv, &vb, 0));
-        CK(df_op_matmul(be, &cn, &wk, &kcraw, 0));
-        CK(df_op_matmul(be, &cn, &wv, &vc, 0));
+        CK(drafter_mm(d, &a, &wq, &qraw, 0));
+        CK(drafter_mm(d, &a, &wk, &kbraw, 0));
+        CK(drafter_mm(d, &a, &wv, &vb, 0));
+        CK(drafter_mm(d, &cn, &wk, &kcraw, 0));
+        CK(drafter_mm(d, &cn, &wv, &vc, 0));
         if ((rc = qk_norm_rope(d, W, I, A, r, N, S, e)))
             return rc; /* its message names the op */
         df_dflash_blocks blk = r->blocks;
@@ -674,19 +609,19 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
                              &o, &lse));
         /* xmid = xin + o Wo^T */
         CK(df_backend_copy(be, A->xmid, A->xin, (size_t)(N * H) * d->aes));
-        CK(df_op_matmul(be, &o, &wo, &xmid, 1));
+        CK(drafter_mm(d, &o, &wo, &xmid, 1));
         df_tensor b = M(A->b, N, H), g = M(A->g, N, F), u = M(A->u, N, F), mm = M(A->m, N, F);
-        df_tensor wpn = PW(d, W, I->post_norm), wg = PW(d, W, I->gate), wu = PW(d, W, I->up),
-                  wd = PW(d, W, I->down);
+        df_tensor wpn = PW(d, W, I->post_norm), wg = PW(d, W8, I->gate), wu = PW(d, W8, I->up),
+                  wd = PW(d, W8, I->down);
         CK(df_op_rmsnorm(be, &xmid, &wpn, eps, 0, &b));
-        CK(df_op_matmul(be, &b, &wg, &g, 0));
-        CK(df_op_matmul(be, &b, &wu, &u, 0));
+        CK(drafter_mm(d, &b, &wg, &g, 0));
+        CK(drafter_mm(d, &b, &wu, &u, 0));
         CK(df_op_swiglu(be, &g, &u, &mm));
         /* the layer output: xmid + m Wd^T, into the next layer's xin (or xfin) */
         void *next = l + 1 < L ? d->act[l + 1].xin : d->xfin;
         CK(df_backend_copy(be, next, A->xmid, (size_t)(N * H) * d->aes));
         df_tensor xo = M(next, N, H);
-        CK(df_op_matmul(be, &mm, &wd, &xo, 1));
+        CK(drafter_mm(d, &mm, &wd, &xo, 1));
     }
     df_tensor xfin = M(d->xfin, N, H), h = M(d->h, N, H), wn = PW(d, W, d->norm);
     if (d->fhook)
@@ -716,10 +651,16 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
     int32_t *am_dev = d->host ? am_host : d->argmax;
     /* the LM head's chunk buffers in the arena's front, dead here (carve) */
     size_t lend = (size_t)d->lend_n * d->aes;
+    /* FP8: h rounded in place (nothing reads it after the head), the head's
+     * rounded copy, the softmax gradient rounded */
+    const df_tensor *head = d->q8 ? &d->head8 : &d->head;
+    unsigned ce_flags = d->q8 ? DF_CE_FP8_GRAD : 0;
     if (na == N) {
+        if (d->q8)
+            CK(df_op_fp8_qdq(be, &h, &h, 1, 128));
         df_backend_lend_scratch(be, d->arena, lend);
-        rc = df_op_lmhead_ce(be, &h, &d->head, labels, wts, denom, &loss, G ? &dh : NULL, am_dev,
-                             NULL, 0);
+        rc = df_op_lmhead_ce(be, &h, head, labels, wts, denom, &loss, G ? &dh : NULL, am_dev,
+                             NULL, ce_flags);
         df_backend_lend_scratch(be, NULL, 0);
         CK(rc);
     } else if (na > 0) {
@@ -733,9 +674,11 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
             lab_c = d->labels;
             wts_c = d->wts;
         }
+        if (d->q8)
+            CK(df_op_fp8_qdq(be, &hc, &hc, 1, 128));
         df_backend_lend_scratch(be, d->arena, lend);
-        rc = df_op_lmhead_ce(be, &hc, &d->head, lab_c, wts_c, denom, &loss, G ? &dhc : NULL,
-                             am_dev, NULL, 0);
+        rc = df_op_lmhead_ce(be, &hc, head, lab_c, wts_c, denom, &loss, G ? &dhc : NULL,
+                             am_dev, NULL, ce_flags);
         df_backend_lend_scratch(be, NULL, 0);
         CK(rc);
         if (G) {
@@ -792,9 +735,9 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
             return rc; /* its message names the op */
             CK(df_op_rmsnorm(be, &xmid, &wpn, eps, 0, &b));
             if (d->recompute > 1) { /* the MLP's input projections again */
-                df_tensor wg = PW(d, W, I->gate), wu = PW(d, W, I->up);
-                CK(df_op_matmul(be, &b, &wg, &g, 0));
-                CK(df_op_matmul(be, &b, &wu, &u, 0));
+                df_tensor wg = PW(d, W8, I->gate), wu = PW(d, W8, I->up);
+                CK(drafter_mm(d, &b, &wg, &g, 0));
+                CK(drafter_mm(d, &b, &wu, &u, 0));
             }
             CK(df_op_swiglu(be, &g, &u, &mm));
         }
@@ -803,26 +746,26 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
          * gradient has read it, dg/du overwrite g/u (swiglu_bwd allows it;
          * the forward of the next step writes all of them again). */
         df_tensor dm = mm, dg = g, du = u, db = M(d->db, N, H);
-        df_tensor wd = PW(d, W, I->down), gwd = PG(d, G, I->down);
-        df_tensor wg = PW(d, W, I->gate), gwg = PG(d, G, I->gate);
-        df_tensor wu = PW(d, W, I->up), gwu = PG(d, G, I->up);
+        df_tensor wd = PW(d, W8, I->down), gwd = PG(d, G, I->down);
+        df_tensor wg = PW(d, W8, I->gate), gwg = PG(d, G, I->gate);
+        df_tensor wu = PW(d, W8, I->up), gwu = PG(d, G, I->up);
         df_tensor wpn = PW(d, W, I->post_norm), gwpn = PG(d, G, I->post_norm);
-        CK(df_op_matmul_bwd_w(be, &dx, &mm, &gwd, 1));
-        CK(df_op_matmul_bwd_x(be, &dx, &wd, &dm, 0));
+        CK(drafter_mm_bw(d, &dx, &mm, &gwd, 1));
+        CK(drafter_mm_bx(d, &dx, &wd, &dm, 0));
         CK(df_op_swiglu_bwd(be, &g, &u, &dm, &dg, &du));
-        CK(df_op_matmul_bwd_x(be, &dg, &wg, &db, 0));
-        CK(df_op_matmul_bwd_x(be, &du, &wu, &db, 1));
-        CK(df_op_matmul_bwd_w(be, &dg, &b, &gwg, 1));
-        CK(df_op_matmul_bwd_w(be, &du, &b, &gwu, 1));
+        CK(drafter_mm_bx(d, &dg, &wg, &db, 0));
+        CK(drafter_mm_bx(d, &du, &wu, &db, 1));
+        CK(drafter_mm_bw(d, &dg, &b, &gwg, 1));
+        CK(drafter_mm_bw(d, &du, &b, &gwu, 1));
         /* dx now holds d(xmid) through the residual; add the norm's path */
         CK(df_op_rmsnorm_bwd(be, &xmid, &wpn, eps, 0, &db, &dx, 1, &gwpn));
         /* attention: xmid = xin + o Wo^T */
         df_tensor dout = M(d->dout, N, QD), dq = M(d->dq, N, QD);
         df_tensor dkb = M(d->dkb, N, KD), dvb = M(d->dvb, N, KD);
         df_tensor dkc = M(d->dkc, S, KD), dvc = M(d->dvc, S, KD);
-        df_tensor wo = PW(d, W, I->wo), gwo = PG(d, G, I->wo);
-        CK(df_op_matmul_bwd_x(be, &dx, &wo, &dout, 0));
-        CK(df_op_matmul_bwd_w(be, &dx, &o, &gwo, 1));
+        df_tensor wo = PW(d, W8, I->wo), gwo = PG(d, G, I->wo);
+        CK(drafter_mm_bx(d, &dx, &wo, &dout, 0));
+        CK(drafter_mm_bw(d, &dx, &o, &gwo, 1));
         df_dflash_blocks blk = r->blocks;
         blk.window = I->window;
         CK(df_op_dflash_attn_bwd(be, &q, &kc, &vc, &kb, &vb, &blk, (int)nq, (int)nkv, (int)D,
@@ -844,20 +787,20 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         CK(df_op_rmsnorm_bwd(be, &kbr_h, &wkn, eps, 0, &dkb_h, &dkbr_h, 0, &gwkn));
         CK(df_op_rmsnorm_bwd(be, &kcr_h, &wkn, eps, 0, &dkc_h, &dkcr_h, 0, &gwkn));
         df_tensor dqr = M(d->dout, N, QD), dkbr = M(d->dkb2, N, KD), dkcr = M(d->dkc2, S, KD);
-        df_tensor wq = PW(d, W, I->wq), gwq = PG(d, G, I->wq);
-        df_tensor wk = PW(d, W, I->wk), gwk = PG(d, G, I->wk);
-        df_tensor wv = PW(d, W, I->wv), gwv = PG(d, G, I->wv);
+        df_tensor wq = PW(d, W8, I->wq), gwq = PG(d, G, I->wq);
+        df_tensor wk = PW(d, W8, I->wk), gwk = PG(d, G, I->wk);
+        df_tensor wv = PW(d, W8, I->wv), gwv = PG(d, G, I->wv);
         df_tensor da = M(d->da, N, H);
-        CK(df_op_matmul_bwd_x(be, &dqr, &wq, &da, 0));
-        CK(df_op_matmul_bwd_x(be, &dkbr, &wk, &da, 1));
-        CK(df_op_matmul_bwd_x(be, &dvb, &wv, &da, 1));
-        CK(df_op_matmul_bwd_w(be, &dqr, &a, &gwq, 1));
-        CK(df_op_matmul_bwd_w(be, &dkbr, &a, &gwk, 1));
-        CK(df_op_matmul_bwd_w(be, &dvb, &a, &gwv, 1));
-        CK(df_op_matmul_bwd_x(be, &dkcr, &wk, &dcn, 1));
-        CK(df_op_matmul_bwd_x(be, &dvc, &wv, &dcn, 1));
-        CK(df_op_matmul_bwd_w(be, &dkcr, &cn, &gwk, 1));
-        CK(df_op_matmul_bwd_w(be, &dvc, &cn, &gwv, 1));
+        CK(drafter_mm_bx(d, &dqr, &wq, &da, 0));
+        CK(drafter_mm_bx(d, &dkbr, &wk, &da, 1));
+        CK(drafter_mm_bx(d, &dvb, &wv, &da, 1));
+        CK(drafter_mm_bw(d, &dqr, &a, &gwq, 1));
+        CK(drafter_mm_bw(d, &dkbr, &a, &gwk, 1));
+        CK(drafter_mm_bw(d, &dvb, &a, &gwv, 1));
+        CK(drafter_mm_bx(d, &dkcr, &wk, &dcn, 1));
+        CK(drafter_mm_bx(d, &dvc, &wv, &dcn, 1));
+        CK(drafter_mm_bw(d, &dkcr, &cn, &gwk, 1));
+        CK(drafter_mm_bw(d, &dvc, &cn, &gwv, 1));
         df_tensor win = PW(d, W, I->in_norm), gwin = PG(d, G, I->in_norm);
         /* dx: d(xmid) flows to d(xin) through the residual, plus the norm's path */
         CK(df_op_rmsnorm_bwd(be, &xin, &win, eps, 0, &da, &dx, 1, &gwin));
@@ -867,7 +810,7 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
     /* context: C = rmsnorm(F fc^T) */
     df_tensor dc = M(d->dc, S, H), gwhn = PG(d, G, d->hidden_norm), gwfc = PG(d, G, d->fc);
     CK(df_op_rmsnorm_bwd(be, &craw, &whn, eps, 0, &dcn, &dc, 0, &gwhn));
-    CK(df_op_matmul_bwd_w(be, &dc, &feat, &gwfc, 1));
+    CK(drafter_mm_bw(d, &dc, &feat, &gwfc, 1));
     if (d->hook)
         CK(d->hook(d->hook_ctx, -1));
     return 0;

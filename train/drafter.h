@@ -128,6 +128,16 @@ void df_drafter_set_fwd_hook(df_drafter *d, df_drafter_fwd_hook fn, void *ctx);
  * Default 0. */
 void df_drafter_set_recompute(df_drafter *d, int level);
 
+/* FP8 training (docs/FP8.md): every GEMM of a row step with gradients takes
+ * its operands rounded to E4M3 with power-of-two block scales (activations
+ * 1 x 128 along the reduction, weights and the frozen LM head 128 x 128,
+ * the weight gradients' operands 128 x 1), FP32 accumulation; attention,
+ * norms and the optimizer as in BF16 training. Forward-only row steps
+ * (evaluation) keep the BF16 GEMMs: what serving the export computes. On
+ * costs a copy of the weights and of the LM head and two activation-sized
+ * scratch buffers. Returns 0, or -ENOMEM / another error with e set. */
+int df_drafter_set_fp8(df_drafter *d, int on, df_err *e);
+
 /* Memory for nothing: the gradient array grad (the one every
  * df_drafter_row_step with gradients then gets, in df_drafter_grad_dtype)
  * hosts activations. Layer l's saved activations (l >= 1), largest first

@@ -364,6 +364,8 @@ static int run_open_model(run *r, df_err *e)
     if ((rc = df_drafter_open(c, r->be, &r->embed, &r->head, &r->d, e)))
         return rc;
     df_drafter_set_recompute(r->d, o->recompute);
+    if (o->fp8 && (rc = df_drafter_set_fp8(r->d, 1, e)))
+        return rc;
     r->ps = df_drafter_params(r->d);
     r->total = r->ps->total;
     /* no steps (--init-from ... --steps 0): none to schedule */

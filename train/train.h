@@ -66,6 +66,7 @@ typedef struct df_train_opts {
     int recompute;              /* 0: keep every activation; 1 (default): recompute the cheap
                                    ones in the backward (less memory, same results); 2: the
                                    MLP's gate/up GEMMs too */
+    int fp8;                    /* FP8 training (drafter.h, df_drafter_set_fp8) */
     int grad_f32;               /* GPU: keep gradients in F32 (default BF16: half the memory
                                    and the reduce-scatter traffic); the CPU always uses F32 */
     int buffered_io;            /* read the cache through the page cache (no O_DIRECT): a cache

@@ -1,0 +1,114 @@
+/* drafter_internal.h - the drafter's state, shared by drafter.c (the row
+ * step, the workspace) and drafter_fp8.c (FP8 training's rounding). */
+#ifndef DF_DRAFTER_INTERNAL_H
+#define DF_DRAFTER_INTERNAL_H
+
+#include <stdint.h>
+
+#include "drafter.h"
+
+/* Parameter indices of one layer, resolved once. */
+typedef struct layer_idx {
+    int in_norm, wq, wk, wv, wo, q_norm, k_norm, post_norm, gate, up, down;
+    int window;
+} layer_idx;
+
+/* Activations one layer saves for its backward pass (backend memory, the
+ * activation dtype; lse F32). */
+typedef struct layer_act {
+    void *xin, *a, *qraw, *q, *kbraw, *kb, *vb, *kcraw, *kc, *vc, *o, *xmid, *b, *g, *u, *m;
+    float *lse;
+} layer_act;
+
+struct df_drafter {
+    df_drafter_config c;
+    df_backend *be;
+    df_tensor embed, head;
+    df_params ps;
+    int fc, hidden_norm, norm;
+    layer_idx *li;
+    df_dtype adt, wdt;   /* activation and weight dtypes: F32 on the CPU, BF16 on CUDA */
+    size_t aes, wes;
+    int host;            /* backend memory is host memory */
+    /* workspace sized for cap_N queries and cap_S context tokens (backend memory) */
+    int64_t cap_N, cap_S;
+    void *arena, *arena32; /* activations; F32 (lse, loss weights) and int32 (labels, argmax) */
+    layer_act *act;
+    void *feat, *feat32;   /* the row's features on the backend (device backends) */
+    void *craw, *cn, *xfin, *h;
+    /* backward scratch */
+    void *dx, *dh, *da, *db, *dq, *dkb, *dvb, *dkc, *dvc, *dout, *dcn, *dc;
+    void *dkb2, *dkc2; /* the norms' input gradients (no in-place backward) */
+    float *wts;        /* [N] loss weights (backend) */
+    int32_t *labels, *argmax; /* [N] (backend) */
+    int32_t *argmax_host;     /* [N] host copy for the metrics */
+    /* the LM head over scored positions only: their indices, each position's
+     * index among them (n_act for the rest), packed labels and weights (host;
+     * pinned on a device) */
+    uint32_t *act_i, *inv;
+    int32_t *lab_c;
+    float *wts_c;
+    df_drafter_grad_hook hook;
+    void *hook_ctx;
+    df_drafter_fwd_hook fhook;
+    void *fhook_ctx;
+    int recompute;     /* a, b, q, kb, kc, m: one shared set, recomputed in the backward;
+                          2: g and u too (two GEMMs per layer again) */
+    df_dtype gdt;      /* the gradient array's dtype (df_drafter_set_grad_dtype) */
+    /* df_drafter_prefetch_row: the features already on their way into feat */
+    const void *pf_feat;
+    int64_t pf_S;
+    /* df_drafter_set_grad_alias: the gradient array that hosts activations
+     * of layers 1..L-1, and per layer l the element range [alo, ahi) of it
+     * (the gradients of layer l-1) zeroed before layer l-1's backward; 0, 0:
+     * layer l hosts nothing */
+    void *galias;
+    int64_t *alo, *ahi;
+    int64_t lend_n;    /* arena elements from its start free during the LM head (lent to it) */
+    /* FP8 training (df_drafter_set_fp8): on, and on for the current row step
+     * (steps with gradients); the weights' rounded copy (the flat layout,
+     * wdt); the head rounded once; two activation scratch slots of q8_cap
+     * elements each (adt) */
+    int fp8, q8;
+    void *w8;
+    df_tensor head8;
+    void *q8a, *q8b;
+    int64_t q8_cap;
+};
+
+/* An activation matrix of the workspace. */
+#define M(p, r, c) df_tensor_2d((p), d->adt, (r), (c))
+
+/* A parameter (dtype d->wdt) or its gradient (F32) as a tensor of its own
+ * shape, from the flat arrays. */
+static inline df_tensor param_t(const df_drafter *d, const void *flat, df_dtype dt, int i)
+{
+    const df_param *p = &d->ps.p[i];
+    uint8_t *x = (uint8_t *)flat + (size_t)p->offset * df_dtype_size(dt);
+    return p->ndim == 1 ? df_tensor_1d(x, dt, p->shape[0])
+                        : df_tensor_2d(x, dt, p->shape[0], p->shape[1]);
+}
+#define PW(d, W, i) param_t((d), (W), (d)->wdt, (i))
+#define PG(d, G, i) param_t((d), (G), (d)->gdt, (i))
+
+/* ---- drafter_fp8.c (df_drafter_set_fp8) ---- */
+
+/* The GEMMs of a training row step: y (+)= x w^T, dx (+)= dy w, dw (+)=
+ * dy^T x, as df_op_matmul / _bwd_x / _bwd_w. With FP8 on for the step
+ * (d->q8), the activation operands are rounded first into the two scratch
+ * slots: along the reduction in 1 x 128 blocks (x, dy of dx), or over rows
+ * in 128 x 1 blocks (dy and x of dw); w is then d->w8's (drafter_fp8_part). */
+int drafter_mm(df_drafter *d, const df_tensor *x, const df_tensor *w, df_tensor *y, int acc);
+int drafter_mm_bx(df_drafter *d, const df_tensor *dy, const df_tensor *w, df_tensor *dx, int acc);
+int drafter_mm_bw(df_drafter *d, const df_tensor *dy, const df_tensor *x, df_tensor *dw, int acc);
+
+/* The weight matrices of a part (-1: fc; l: layer l's projections and MLP)
+ * of W rounded into d->w8 (128 x 128 blocks), for the part's GEMMs. */
+int drafter_fp8_part(df_drafter *d, const void *W, int part);
+
+/* The scratch slots for N queries and S context tokens (reserve()); 0 or
+ * -ENOMEM. */
+int drafter_fp8_reserve(df_drafter *d, int64_t N, int64_t S);
+void drafter_fp8_free(df_drafter *d);
+
+#endif
