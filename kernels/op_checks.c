@@ -194,3 +194,20 @@ int df_rope_args_ok(const df_tensor *x, const int32_t *pos, int heads, int head_
         return 0;
     return x->shape[0] == 0 || pos != NULL;
 }
+
+int df_gemm_args_ok(int kind, const df_tensor *a, const df_tensor *b, const df_tensor *c, int act,
+                    int wt, int64_t max_span)
+{
+    int bw = kind == DF_GEMM_BWD_W;
+    if (kind < DF_GEMM_FWD || kind > DF_GEMM_BWD_W ||
+        !df_check_tensor(a, 2, 2, act, 0, max_span) ||
+        !df_check_tensor(b, 2, 2, bw ? act : wt, 0, max_span) ||
+        !df_check_tensor(c, 2, 2, bw ? DF_CHK_GRAD : act, 1, max_span))
+        return 0;
+    const int64_t *A = a->shape, *B = b->shape, *C = c->shape;
+    int shapes = kind == DF_GEMM_FWD ? A[1] == B[1] && C[0] == A[0] && C[1] == B[0]  /* x w^T */
+                 : kind == DF_GEMM_BWD_X ? A[1] == B[0] && C[0] == A[0] && C[1] == B[1] /* dy w */
+                                         : A[0] == B[0] && C[0] == A[1] && C[1] == B[1]; /* dy^T x */
+    /* c is written tile by tile while a and b are still being read */
+    return shapes && df_alias_ok(c, a, 0) && df_alias_ok(c, b, 0);
+}

@@ -9,6 +9,7 @@
 #include <stdint.h>
 
 #include "ops.h"
+#include "train_ops.h"
 
 /* BF16, F16 or F32: the dtypes a weight may have. */
 int df_is_weight_dtype(df_dtype t);
@@ -29,6 +30,14 @@ int df_check_tensor(const df_tensor *t, int ndim_min, int ndim_max, int weight, 
                     int64_t max_span);
 
 int df_same_shape(const df_tensor *a, const df_tensor *b);
+
+/* The GEMMs' arguments, c (+)= f(a, b) with f by kind (df_gemm_kind): a, b, c
+ * 2-D and well-formed (df_check_tensor with max_span), a of dtype rule act,
+ * b of act for DF_GEMM_BWD_W else wt, c of act (DF_CHK_GRAD for
+ * DF_GEMM_BWD_W), shapes as ops.h / train_ops.h say, c sharing no memory
+ * with a or b. 1 when valid. */
+int df_gemm_args_ok(int kind, const df_tensor *a, const df_tensor *b, const df_tensor *c, int act,
+                    int wt, int64_t max_span);
 
 /* The same view of the same memory: data, dtype and shape equal, and the
  * stride of every dim of size > 1. */

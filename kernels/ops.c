@@ -426,13 +426,7 @@ int df_op_embed(df_backend *be, const df_tensor *table, const uint32_t *ids, int
 int df_op_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
                  int accumulate)
 {
-    if (!be || !check_tensor(x, 2, 2, ACT(be), 0) || !check_tensor(w, 2, 2, WT(be), 0) ||
-        !check_tensor(y, 2, 2, ACT(be), 1))
-        return -EINVAL;
-    if (x->shape[1] != w->shape[1] || y->shape[0] != x->shape[0] || y->shape[1] != w->shape[0])
-        return -EINVAL;
-    /* y is written tile by tile while x rows and w are still being read. */
-    if (!df_alias_ok(y, x, 0) || !df_alias_ok(y, w, 0))
+    if (!be || !df_gemm_args_ok(DF_GEMM_FWD, x, w, y, ACT(be), WT(be), 0))
         return -EINVAL;
     return DISPATCH(be, matmul, x, w, y, accumulate);
 }

@@ -44,14 +44,7 @@ static int check_tensor(const df_tensor *t, int ndim_min, int ndim_max, int weig
 int df_op_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w, df_tensor *dx,
                        int accumulate)
 {
-    if (!be || !check_tensor(dy, 2, 2, ACT(be), 0) || !check_tensor(w, 2, 2, WT(be), 0) ||
-        !check_tensor(dx, 2, 2, ACT(be), 1))
-        return -EINVAL;
-    /* dy [M, N], w [N, K], dx [M, K] */
-    if (dy->shape[1] != w->shape[0] || dx->shape[0] != dy->shape[0] ||
-        dx->shape[1] != w->shape[1])
-        return -EINVAL;
-    if (!df_alias_ok(dx, dy, 0) || !df_alias_ok(dx, w, 0))
+    if (!be || !df_gemm_args_ok(DF_GEMM_BWD_X, dy, w, dx, ACT(be), WT(be), MAX_SPAN))
         return -EINVAL;
     return DF_DISPATCH(be, matmul_bwd_x, dy, w, dx, accumulate);
 }
@@ -59,14 +52,7 @@ int df_op_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w, 
 int df_op_matmul_bwd_w(df_backend *be, const df_tensor *dy, const df_tensor *x, df_tensor *dw,
                        int accumulate)
 {
-    if (!be || !check_tensor(dy, 2, 2, ACT(be), 0) || !check_tensor(x, 2, 2, ACT(be), 0) ||
-        !check_tensor(dw, 2, 2, GRAD, 1))
-        return -EINVAL;
-    /* dy [M, N], x [M, K], dw [N, K] */
-    if (dy->shape[0] != x->shape[0] || dw->shape[0] != dy->shape[1] ||
-        dw->shape[1] != x->shape[1])
-        return -EINVAL;
-    if (!df_alias_ok(dw, dy, 0) || !df_alias_ok(dw, x, 0))
+    if (!be || !df_gemm_args_ok(DF_GEMM_BWD_W, dy, x, dw, ACT(be), WT(be), MAX_SPAN))
         return -EINVAL;
     return DF_DISPATCH(be, matmul_bwd_w, dy, x, dw, accumulate);
 }
@@ -220,4 +206,12 @@ int df_op_fp8_qdq(df_backend *be, const df_tensor *x, df_tensor *y, int64_t bloc
     if (!df_alias_ok(y, x, 1))
         return -EINVAL;
     return DF_DISPATCH(be, fp8_qdq, x, y, block_rows, block_cols);
+}
+
+int df_op_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
+                     df_tensor *c, int accumulate)
+{
+    if (!be || !df_gemm_args_ok((int)kind, a, b, c, ACT(be), WT(be), MAX_SPAN))
+        return -EINVAL;
+    return DF_DISPATCH(be, matmul_fp8, kind, a, b, c, accumulate);
 }

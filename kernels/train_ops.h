@@ -153,7 +153,25 @@ int df_op_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_d
  * -EINVAL as a double (a sum of squares is never < 0). */
 double df_op_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n);
 
-/* ---- FP8 (E4M3) rounding, for FP8 training (docs/FP8.md) ----
+/* ---- FP8 (E4M3), for FP8 training (docs/FP8.md) ---- */
+
+/* The three GEMMs of a linear layer: y = x w^T (df_op_matmul), dx = dy w
+ * (df_op_matmul_bwd_x), dw = dy^T x (df_op_matmul_bwd_w). */
+typedef enum df_gemm_kind { DF_GEMM_FWD = 0, DF_GEMM_BWD_X = 1, DF_GEMM_BWD_W = 2 } df_gemm_kind;
+
+/* c (+)= the product the BF16 op of kind computes (a, b, c, accumulate as
+ * its x/dy, w/x, y/dx/dw, accumulate; the same checks), with both operands
+ * first rounded to E4M3 as df_op_fp8_qdq does, in the blocks of the recipe:
+ * along each GEMM's reduction, so an activation or gradient takes 1 x 128
+ * blocks (x of DF_GEMM_FWD, dy of DF_GEMM_BWD_X) or 128 x 1 blocks (both
+ * operands of DF_GEMM_BWD_W, which reduces over rows), a weight 128 x 128.
+ * A backend computes the BF16 op on the rounded operands (they are exact
+ * BF16 values; FP32 accumulation), or FP8 tensor-core GEMMs that give the
+ * same products up to the order of the sums. */
+int df_op_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
+                     df_tensor *c, int accumulate);
+
+/* ---- FP8 (E4M3) rounding ----
  * y = x rounded to E4M3 in blocks of block_rows x block_cols elements (edge
  * blocks smaller), each with its power-of-two scale: the smallest 2^k >=
  * amax / 448 (k in [-100, 127]); y = code * 2^k exactly (common/e4m3.h's

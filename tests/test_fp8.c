@@ -1,6 +1,6 @@
 /* test_fp8.c - FP8 (E4M3) rounding: common/e4m3.h's rule and scales, the
- * reference quantize-dequantize, df_op_fp8_qdq on the CPU backend, and the
- * LM head's FP8 input gradient (DF_CE_FP8_GRAD).
+ * reference quantize-dequantize, df_op_fp8_qdq and df_op_matmul_fp8 on the
+ * CPU backend, and the LM head's FP8 input gradient (DF_CE_FP8_GRAD).
  *
  * The rule is checked against brute force written here: the nearest of all
  * 253 finite E4M3 values (ties to the even code), and the block scale as the
@@ -300,6 +300,85 @@ static void test_op(void)
     df_backend_close(b3);
 }
 
+/* df_op_matmul_fp8 against brute force: operands rounded by brute_qdq in
+ * the recipe's blocks, products summed in double; the op sums in fp32
+ * (|err| <= 1e-5 sum |a b| is far above fp32's order effects at K <= 300
+ * and far below one E4M3 step), accumulating into C as the BF16 ops do;
+ * strided views; every kind. */
+static void test_matmul(void)
+{
+    df_err e = {0};
+    df_backend *be = df_backend_cpu_open(2, &e);
+    CHECK(be != NULL);
+    if (!be)
+        return;
+    enum { M = 37, N = 150, K = 300, PAD = 3 };
+    for (int kind = 0; kind < 3; kind++)
+        for (int acc = 0; acc < 2; acc++) {
+            /* shapes: FWD a [M,K] b [N,K] c [M,N]; BWD_X a [M,N] b [N,K] c [M,K];
+             * BWD_W a [M,N] b [M,K] c [N,K] */
+            int64_t ar = M, ac = kind == DF_GEMM_FWD ? K : N;
+            int64_t br = kind == DF_GEMM_BWD_W ? M : N, bc = K;
+            int64_t cr = kind == DF_GEMM_BWD_W ? N : M, cc = kind == DF_GEMM_BWD_X ? K : kind == DF_GEMM_FWD ? N : K;
+            int64_t la = ac + PAD, lb = bc + PAD, lc = cc + PAD;
+            float *a = malloc((size_t)(ar * la) * 4), *b = malloc((size_t)(br * lb) * 4);
+            float *c = malloc((size_t)(cr * lc) * 4), *c0 = malloc((size_t)(cr * lc) * 4);
+            float *qa = malloc((size_t)(ar * ac) * 4), *qb = malloc((size_t)(br * bc) * 4);
+            /* values over 16 octaves (fill's 2^+-50 outliers would overflow fp32 sums) */
+            uint64_t st = 3;
+            for (int64_t i = 0; i < ar * la; i++)
+                a[i] = test_randn(&st) * ldexpf(1.0f, (int)((i % la) / 9 % 16) - 8);
+            for (int64_t i = 0; i < br * lb; i++)
+                b[i] = test_rand(&st) % 50 == 0 ? 0.0f : test_randn(&st) * ldexpf(1.0f, (int)(i / lb % 16) - 8);
+            for (int64_t i = 0; i < cr * lc; i++)
+                c[i] = c0[i] = test_randn(&st);
+            int bw = kind == DF_GEMM_BWD_W;
+            brute_qdq(a, ar, ac, la, bw ? 128 : 1, bw ? 1 : 128, qa);
+            brute_qdq(b, br, bc, lb, 128, bw ? 1 : 128, qb);
+            df_tensor ta = df_tensor_2d(a, DF_DTYPE_F32, ar, ac), tb = df_tensor_2d(b, DF_DTYPE_F32, br, bc);
+            df_tensor tc = df_tensor_2d(c, DF_DTYPE_F32, cr, cc);
+            ta.stride[0] = la, tb.stride[0] = lb, tc.stride[0] = lc;
+            CHECK_EQ(df_op_matmul_fp8(be, (df_gemm_kind)kind, &ta, &tb, &tc, acc), 0);
+            int64_t bad = 0;
+            for (int64_t i = 0; i < cr; i++)
+                for (int64_t j = 0; j < lc; j++) {
+                    if (j >= cc) { /* padding untouched */
+                        bad += c[i * lc + j] != c0[i * lc + j];
+                        continue;
+                    }
+                    double sum = 0, mag = 0;
+                    int64_t n = kind == DF_GEMM_FWD ? K : kind == DF_GEMM_BWD_X ? N : M;
+                    for (int64_t k = 0; k < n; k++) {
+                        double x = kind == DF_GEMM_BWD_W ? qa[k * ac + i] : qa[i * ac + k];
+                        double y = kind == DF_GEMM_FWD ? qb[j * bc + k] : qb[k * bc + j];
+                        sum += x * y;
+                        mag += fabs(x * y);
+                    }
+                    if (acc)
+                        sum += c0[i * lc + j], mag += fabs(c0[i * lc + j]);
+                    bad += !(fabs(c[i * lc + j] - sum) <= 1e-5 * mag + 1e-30);
+                }
+            if (bad)
+                fprintf(stderr, "matmul_fp8 kind %d acc %d: %lld bad\n", kind, acc, (long long)bad);
+            CHECK_EQ(bad, 0);
+            free(a), free(b), free(c), free(c0), free(qa), free(qb);
+        }
+    /* bad arguments */
+    float x[64], w[64], y[64];
+    for (int i = 0; i < 64; i++)
+        x[i] = w[i] = 1.0f, y[i] = -2.0f;
+    df_tensor tx = df_tensor_2d(x, DF_DTYPE_F32, 8, 8), tw = df_tensor_2d(w, DF_DTYPE_F32, 8, 8);
+    df_tensor ty = df_tensor_2d(y, DF_DTYPE_F32, 8, 8), t47 = df_tensor_2d(y, DF_DTYPE_F32, 4, 7);
+    CHECK_EQ(df_op_matmul_fp8(be, (df_gemm_kind)3, &tx, &tw, &ty, 0), -EINVAL);
+    CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_FWD, &tx, &tw, &t47, 0), -EINVAL);
+    CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_BWD_W, &tx, &tw, &tx, 0), -EINVAL); /* c is a */
+    int same = 1;
+    for (int i = 0; i < 64; i++)
+        same &= y[i] == -2.0f && x[i] == 1.0f;
+    CHECK(same);
+    df_backend_close(be);
+}
+
 /* The LM head with DF_CE_FP8_GRAD: the forward's outputs are those of
  * flags 0; dh is G rounded per 1 x 128 block times head, G from the
  * documented formulas (double here), within the rounding's bound, and it
@@ -372,6 +451,7 @@ int main(void)
     test_scale();
     test_qdq_ref();
     test_op();
+    test_matmul();
     test_lmhead_fp8();
     return test_main_end();
 }

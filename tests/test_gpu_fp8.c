@@ -7,6 +7,8 @@
  *    a NaN or an Inf (copied as they are), and the drafter's shapes at the
  *    Qwen3.6-27B drafter size (8192 x 5120 activations, 5120 x 17408 weights,
  *    4096 x 5120 operands reduced over rows).
+ *  - df_op_matmul_fp8, every kind, against the CPU's within the BF16 GEMMs'
+ *    bound (the rounded operands are the same bits).
  *  - df_op_lmhead_ce with DF_CE_FP8_GRAD: loss, ce and argmax are those of
  *    flags 0 on the GPU (the forward is untouched); dh is within 2e-2
  *    relative L2 of the CPU's (the GPU rounds G to bf16 before E4M3, the CPU
@@ -146,6 +148,41 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H)
         df_backend_free(g, bufs[i]);
 }
 
+/* df_op_matmul_fp8 on the GPU against the CPU's: the same rounded operands
+ * (df_op_fp8_qdq is bit-exact), summed in another order and rounded to
+ * BF16: within twice naive BF16's error + 1e-6 max|ref|, as the BF16 GEMMs
+ * (test_gpu_train_ops). BWD_W into a BF16 dw. */
+static void check_matmul(df_gemm_kind kind, int64_t M, int64_t N, int64_t K, int acc)
+{
+    df_backend *g = gh_gpu, *c = gh_cpu;
+    int64_t ar = M, ac = kind == DF_GEMM_FWD ? K : N;
+    int64_t br = kind == DF_GEMM_BWD_W ? M : N, bc = K;
+    int64_t cr = kind == DF_GEMM_BWD_W ? N : M, cc = kind == DF_GEMM_FWD ? N : K;
+    float *a = gh_rand_bf16(GH_N01, &rng, ar * ac, 1.0f), *b = gh_rand_bf16(GH_N01, &rng, br * bc, 0.05f);
+    float *c0 = gh_rand_bf16(GH_N01, &rng, cr * cc, 1.0f);
+    float *ref = gh_xmalloc((size_t)(cr * cc) * 4);
+    memcpy(ref, c0, (size_t)(cr * cc) * 4);
+    df_tensor ta = df_tensor_2d(a, DF_DTYPE_F32, ar, ac), tb = df_tensor_2d(b, DF_DTYPE_F32, br, bc);
+    df_tensor tr = df_tensor_2d(ref, DF_DTYPE_F32, cr, cc);
+    CHECK_EQ(df_op_matmul_fp8(c, kind, &ta, &tb, &tr, acc), 0);
+    void *ga = gh_dev_bf16(g, a, ar * ac), *gb = gh_dev_bf16(g, b, br * bc);
+    void *gc = acc ? gh_dev_bf16(g, c0, cr * cc) : gh_dev_poisoned(g, cr * cc, DF_DTYPE_BF16);
+    df_tensor Ga = df_tensor_2d(ga, DF_DTYPE_BF16, ar, ac), Gb = df_tensor_2d(gb, DF_DTYPE_BF16, br, bc);
+    df_tensor Gc = df_tensor_2d(gc, DF_DTYPE_BF16, cr, cc);
+    CHECK_EQ(df_op_matmul_fp8(g, kind, &Ga, &Gb, &Gc, acc), 0);
+    float *got = gh_download_bf16(g, gc, cr * cc);
+    gh_diff d;
+    gh_diff_f32(&d, got, ref, cr * cc, NULL);
+    int ok = gh_diff_ok(&d, gh_naive_bound(&d));
+    printf("matmul_fp8 kind %d M=%lld N=%lld K=%lld acc=%d: err %.3e naive %.3e %s\n", (int)kind,
+           (long long)M, (long long)N, (long long)K, acc, d.err, d.naive, ok ? "ok" : "FAIL");
+    if (!ok)
+        gh_diff_report("matmul_fp8", &d, gh_naive_bound(&d));
+    CHECK(ok);
+    free(a), free(b), free(c0), free(ref), free(got);
+    df_backend_free(g, ga), df_backend_free(g, gb), df_backend_free(g, gc);
+}
+
 int main(void)
 {
     int rc = gh_open(0);
@@ -161,6 +198,11 @@ int main(void)
     check_qdq(8192, 5120, 1, 128, 0, 0, 0);   /* the drafter's activations */
     check_qdq(5120, 17408, 128, 128, 0, 0, 0); /* a weight */
     check_qdq(4096, 5120, 128, 1, 0, 1, 0);   /* an operand reduced over rows */
+    for (int kind = 0; kind < 3; kind++) {
+        check_matmul((df_gemm_kind)kind, 37, 150, 300, 0);
+        check_matmul((df_gemm_kind)kind, 37, 150, 300, 1);
+        check_matmul((df_gemm_kind)kind, 1024, 768, 512, kind == DF_GEMM_BWD_W);
+    }
     check_lmhead(300, 5000, 256);
     gh_close();
     return test_main_end();

@@ -408,7 +408,7 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
     d->lab_c = df_backend_host_alloc(d->be, (size_t)N * sizeof *d->lab_c);
     d->wts_c = df_backend_host_alloc(d->be, (size_t)N * sizeof *d->wts_c);
     int ok = d->arena && d->arena32 && d->act && d->argmax_host && d->act_i && d->inv &&
-             d->lab_c && d->wts_c && drafter_fp8_reserve(d, N, S) == 0;
+             d->lab_c && d->wts_c;
     if (ok && !d->host) { /* the row's features, uploaded (F32 rows: staged at first use) */
         int64_t KH = df_drafter_fc_in(c);
         d->feat = df_backend_alloc(d->be, (size_t)(S * KH) * d->aes);
@@ -567,16 +567,13 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
     /* FP8 in steps with gradients only: a forward-only row (evaluation)
      * computes what serving the BF16 export computes */
     d->q8 = d->fp8 && G;
-    const void *W8 = d->q8 ? d->w8 : W; /* the GEMMs' weights */
 
     /* ---- forward ---- */
     df_tensor feat = df_tensor_2d((void *)fsrc, fdt, S, KH);
     df_tensor craw = M(d->craw, S, H), cn = M(d->cn, S, H);
-    df_tensor wfc = PW(d, W8, d->fc), whn = PW(d, W, d->hidden_norm);
+    df_tensor wfc = PW(d, W, d->fc), whn = PW(d, W, d->hidden_norm);
     if (d->fhook)
         CK(d->fhook(d->fhook_ctx, -1));
-    if (d->q8)
-        CK(drafter_fp8_part(d, W, -1));
     CK(drafter_mm(d, &feat, &wfc, &craw, 0));
     CK(df_op_rmsnorm(be, &craw, &whn, eps, 0, &cn));
     df_tensor x = M(d->act[0].xin, N, H);
@@ -586,15 +583,13 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         layer_act *A = &d->act[l];
         if (d->fhook)
             CK(d->fhook(d->fhook_ctx, l));
-        if (d->q8)
-            CK(drafter_fp8_part(d, W, l));
         df_tensor xin = M(A->xin, N, H), a = M(A->a, N, H), xmid = M(A->xmid, N, H);
         df_tensor qraw = M(A->qraw, N, QD), q = M(A->q, N, QD), o = M(A->o, N, QD);
         df_tensor kbraw = M(A->kbraw, N, KD), kb = M(A->kb, N, KD), vb = M(A->vb, N, KD);
         df_tensor kcraw = M(A->kcraw, S, KD), kc = M(A->kc, S, KD), vc = M(A->vc, S, KD);
         df_tensor lse = df_tensor_2d(A->lse, DF_DTYPE_F32, N, nq);
-        df_tensor win = PW(d, W, I->in_norm), wq = PW(d, W8, I->wq), wk = PW(d, W8, I->wk),
-                  wv = PW(d, W8, I->wv), wo = PW(d, W8, I->wo);
+        df_tensor win = PW(d, W, I->in_norm), wq = PW(d, W, I->wq), wk = PW(d, W, I->wk),
+                  wv = PW(d, W, I->wv), wo = PW(d, W, I->wo);
         CK(df_op_rmsnorm(be, &xin, &win, eps, 0, &a));
         CK(drafter_mm(d, &a, &wq, &qraw, 0));
         CK(drafter_mm(d, &a, &wk, &kbraw, 0));
@@ -611,8 +606,8 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         CK(df_backend_copy(be, A->xmid, A->xin, (size_t)(N * H) * d->aes));
         CK(drafter_mm(d, &o, &wo, &xmid, 1));
         df_tensor b = M(A->b, N, H), g = M(A->g, N, F), u = M(A->u, N, F), mm = M(A->m, N, F);
-        df_tensor wpn = PW(d, W, I->post_norm), wg = PW(d, W8, I->gate), wu = PW(d, W8, I->up),
-                  wd = PW(d, W8, I->down);
+        df_tensor wpn = PW(d, W, I->post_norm), wg = PW(d, W, I->gate), wu = PW(d, W, I->up),
+                  wd = PW(d, W, I->down);
         CK(df_op_rmsnorm(be, &xmid, &wpn, eps, 0, &b));
         CK(drafter_mm(d, &b, &wg, &g, 0));
         CK(drafter_mm(d, &b, &wu, &u, 0));
@@ -735,7 +730,7 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
             return rc; /* its message names the op */
             CK(df_op_rmsnorm(be, &xmid, &wpn, eps, 0, &b));
             if (d->recompute > 1) { /* the MLP's input projections again */
-                df_tensor wg = PW(d, W8, I->gate), wu = PW(d, W8, I->up);
+                df_tensor wg = PW(d, W, I->gate), wu = PW(d, W, I->up);
                 CK(drafter_mm(d, &b, &wg, &g, 0));
                 CK(drafter_mm(d, &b, &wu, &u, 0));
             }
@@ -746,9 +741,9 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
          * gradient has read it, dg/du overwrite g/u (swiglu_bwd allows it;
          * the forward of the next step writes all of them again). */
         df_tensor dm = mm, dg = g, du = u, db = M(d->db, N, H);
-        df_tensor wd = PW(d, W8, I->down), gwd = PG(d, G, I->down);
-        df_tensor wg = PW(d, W8, I->gate), gwg = PG(d, G, I->gate);
-        df_tensor wu = PW(d, W8, I->up), gwu = PG(d, G, I->up);
+        df_tensor wd = PW(d, W, I->down), gwd = PG(d, G, I->down);
+        df_tensor wg = PW(d, W, I->gate), gwg = PG(d, G, I->gate);
+        df_tensor wu = PW(d, W, I->up), gwu = PG(d, G, I->up);
         df_tensor wpn = PW(d, W, I->post_norm), gwpn = PG(d, G, I->post_norm);
         CK(drafter_mm_bw(d, &dx, &mm, &gwd, 1));
         CK(drafter_mm_bx(d, &dx, &wd, &dm, 0));
@@ -763,7 +758,7 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor dout = M(d->dout, N, QD), dq = M(d->dq, N, QD);
         df_tensor dkb = M(d->dkb, N, KD), dvb = M(d->dvb, N, KD);
         df_tensor dkc = M(d->dkc, S, KD), dvc = M(d->dvc, S, KD);
-        df_tensor wo = PW(d, W8, I->wo), gwo = PG(d, G, I->wo);
+        df_tensor wo = PW(d, W, I->wo), gwo = PG(d, G, I->wo);
         CK(drafter_mm_bx(d, &dx, &wo, &dout, 0));
         CK(drafter_mm_bw(d, &dx, &o, &gwo, 1));
         df_dflash_blocks blk = r->blocks;
@@ -787,9 +782,9 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         CK(df_op_rmsnorm_bwd(be, &kbr_h, &wkn, eps, 0, &dkb_h, &dkbr_h, 0, &gwkn));
         CK(df_op_rmsnorm_bwd(be, &kcr_h, &wkn, eps, 0, &dkc_h, &dkcr_h, 0, &gwkn));
         df_tensor dqr = M(d->dout, N, QD), dkbr = M(d->dkb2, N, KD), dkcr = M(d->dkc2, S, KD);
-        df_tensor wq = PW(d, W8, I->wq), gwq = PG(d, G, I->wq);
-        df_tensor wk = PW(d, W8, I->wk), gwk = PG(d, G, I->wk);
-        df_tensor wv = PW(d, W8, I->wv), gwv = PG(d, G, I->wv);
+        df_tensor wq = PW(d, W, I->wq), gwq = PG(d, G, I->wq);
+        df_tensor wk = PW(d, W, I->wk), gwk = PG(d, G, I->wk);
+        df_tensor wv = PW(d, W, I->wv), gwv = PG(d, G, I->wv);
         df_tensor da = M(d->da, N, H);
         CK(drafter_mm_bx(d, &dqr, &wq, &da, 0));
         CK(drafter_mm_bx(d, &dkbr, &wk, &da, 1));

@@ -66,14 +66,9 @@ struct df_drafter {
     int64_t *alo, *ahi;
     int64_t lend_n;    /* arena elements from its start free during the LM head (lent to it) */
     /* FP8 training (df_drafter_set_fp8): on, and on for the current row step
-     * (steps with gradients); the weights' rounded copy (the flat layout,
-     * wdt); the head rounded once; two activation scratch slots of q8_cap
-     * elements each (adt) */
+     * (steps with gradients); the LM head rounded once */
     int fp8, q8;
-    void *w8;
     df_tensor head8;
-    void *q8a, *q8b;
-    int64_t q8_cap;
 };
 
 /* An activation matrix of the workspace. */
@@ -93,22 +88,13 @@ static inline df_tensor param_t(const df_drafter *d, const void *flat, df_dtype 
 
 /* ---- drafter_fp8.c (df_drafter_set_fp8) ---- */
 
-/* The GEMMs of a training row step: y (+)= x w^T, dx (+)= dy w, dw (+)=
- * dy^T x, as df_op_matmul / _bwd_x / _bwd_w. With FP8 on for the step
- * (d->q8), the activation operands are rounded first into the two scratch
- * slots: along the reduction in 1 x 128 blocks (x, dy of dx), or over rows
- * in 128 x 1 blocks (dy and x of dw); w is then d->w8's (drafter_fp8_part). */
+/* The GEMMs of a row step: y (+)= x w^T, dx (+)= dy w, dw (+)= dy^T x, as
+ * df_op_matmul / _bwd_x / _bwd_w, or df_op_matmul_fp8 when FP8 is on for
+ * the step (d->q8). */
 int drafter_mm(df_drafter *d, const df_tensor *x, const df_tensor *w, df_tensor *y, int acc);
 int drafter_mm_bx(df_drafter *d, const df_tensor *dy, const df_tensor *w, df_tensor *dx, int acc);
 int drafter_mm_bw(df_drafter *d, const df_tensor *dy, const df_tensor *x, df_tensor *dw, int acc);
 
-/* The weight matrices of a part (-1: fc; l: layer l's projections and MLP)
- * of W rounded into d->w8 (128 x 128 blocks), for the part's GEMMs. */
-int drafter_fp8_part(df_drafter *d, const void *W, int part);
-
-/* The scratch slots for N queries and S context tokens (reserve()); 0 or
- * -ENOMEM. */
-int drafter_fp8_reserve(df_drafter *d, int64_t N, int64_t S);
 void drafter_fp8_free(df_drafter *d);
 
 #endif

@@ -1,4 +1,5 @@
-/* fp8.c - the CPU reference of df_op_fp8_qdq (contract in train_ops.h):
+/* fp8.c - the CPU references of df_op_fp8_qdq and df_op_matmul_fp8 (contracts
+ * in train_ops.h). The rounding:
  * common/e4m3.h's df_fp8_qdq_f32 over bands of block_rows rows, the bands
  * split over the pool. BF16 rows go through an f32 copy; the results are
  * exactly BF16 values (the scales are powers of two), so the conversion
@@ -64,4 +65,44 @@ int df_cpu_fp8_qdq(df_backend *be, const df_tensor *x, df_tensor *y, int64_t blo
         per = 1;
     qdq_ctx c = {x, y, block_rows, block_cols, per};
     return df_pool_for(be->pool, (size_t)((bands + per - 1) / per), qdq_task, &c);
+}
+
+/* t (any float dtype, row-strided) as a contiguous F32 copy rounded in
+ * br x bc blocks (malloc'd into *buf; NULL when out of memory) */
+static int rounded_copy(df_backend *be, const df_tensor *t, int64_t br, int64_t bc, float **buf,
+                        df_tensor *out)
+{
+    int64_t rows = t->shape[0], cols = t->shape[1];
+    size_t es = df_dtype_size(t->dtype);
+    float *p = malloc((size_t)(rows * cols > 0 ? rows * cols : 1) * sizeof(float));
+    *buf = p;
+    if (!p)
+        return -ENOMEM;
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = (const uint8_t *)t->data + (size_t)(r * t->stride[0]) * es;
+        for (int64_t k = 0; k < cols; k++)
+            p[r * cols + k] = df_elem_to_f32(row + (size_t)k * es, t->dtype);
+    }
+    *out = df_tensor_2d(p, DF_DTYPE_F32, rows, cols);
+    return df_cpu_fp8_qdq(be, out, out, br, bc);
+}
+
+/* The BF16 op on operands rounded per the recipe (train_ops.h): the
+ * reference of every backend's FP8 GEMM. */
+int df_cpu_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
+                      df_tensor *c, int accumulate)
+{
+    int bw = kind == DF_GEMM_BWD_W;
+    float *pa = NULL, *pb = NULL;
+    df_tensor ra, rb;
+    int rc = rounded_copy(be, a, bw ? 128 : 1, bw ? 1 : 128, &pa, &ra);
+    if (!rc)
+        rc = rounded_copy(be, b, 128, bw ? 1 : 128, &pb, &rb);
+    if (!rc)
+        rc = kind == DF_GEMM_FWD     ? df_cpu_matmul(be, &ra, &rb, c, accumulate)
+             : kind == DF_GEMM_BWD_X ? df_cpu_matmul_bwd_x(be, &ra, &rb, c, accumulate)
+                                     : df_cpu_matmul_bwd_w(be, &ra, &rb, c, accumulate);
+    free(pa);
+    free(pb);
+    return rc;
 }

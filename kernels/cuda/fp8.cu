@@ -190,3 +190,28 @@ extern "C" int df_cuda_fp8_qdq(df_backend *be, const df_tensor *x, df_tensor *y,
     return launch(st, (const float *)x->data, x->stride[0], (float *)y->data, y->stride[0], rows,
                   cols, block_rows, block_cols);
 }
+
+/* df_op_matmul_fp8: both operands rounded (df_cuda_fp8_qdq) into BF16 copies
+ * in the backend scratch, then the BF16 GEMM on them: FP8's numerics
+ * exactly (the rounded values are BF16 numbers), at BF16 speed plus two
+ * passes over the operands. The E4M3 tensor-core GEMM is the next step. */
+extern "C" int df_cuda_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a,
+                                  const df_tensor *b, df_tensor *c, int accumulate)
+{
+    int bw = kind == DF_GEMM_BWD_W;
+    int64_t na = a->shape[0] * a->shape[1], nb = b->shape[0] * b->shape[1];
+    size_t ob = ((size_t)na * 2 + 255) & ~(size_t)255;
+    char *s = (char *)df_cuda_scratch(be, ob + (size_t)nb * 2 + 2);
+    if (!s)
+        return -ENOMEM;
+    df_tensor ra = df_tensor_2d(s, DF_DTYPE_BF16, a->shape[0], a->shape[1]);
+    df_tensor rb = df_tensor_2d(s + ob, DF_DTYPE_BF16, b->shape[0], b->shape[1]);
+    int rc = df_cuda_fp8_qdq(be, a, &ra, bw ? 128 : 1, bw ? 1 : 128);
+    if (!rc)
+        rc = df_cuda_fp8_qdq(be, b, &rb, 128, bw ? 1 : 128);
+    if (rc)
+        return rc;
+    return kind == DF_GEMM_FWD     ? df_cuda_matmul(be, &ra, &rb, c, accumulate)
+           : kind == DF_GEMM_BWD_X ? df_cuda_matmul_bwd_x(be, &ra, &rb, c, accumulate)
+                                   : df_cuda_matmul_bwd_w(be, &ra, &rb, c, accumulate);
+}
