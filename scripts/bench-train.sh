@@ -9,7 +9,8 @@
 # Env: DISK=0 skips the run from the disk; RECOMPUTE=0 the 1-GPU run with --no-recompute
 # (every activation kept; the default recomputes the cheap ones);
 # OVERLAP=0 skips the 1-GPU run with --no-overlap-optimizer (the default overlaps the optimizer);
-# RECOMPUTE_MLP=1 adds one with --recompute-mlp; NOALIAS=1 one with --no-grad-alias; STEPS (timed run, default 14), SAMPLES (4096-token documents in the cache, default 12),
+# RECOMPUTE_MLP=1 adds one with --recompute-mlp; NOALIAS=1 one with --no-grad-alias; FP8=1 one with
+# --fp8 (FP8 training, docs/FP8.md; its loss printed against the BF16 run's, step by step); STEPS (timed run, default 14), SAMPLES (4096-token documents in the cache, default 12),
 # GPUS (also run on this many GPUs, one process each; default: 2 when two are visible),
 # PROFILE=1 (a short extra run with DFLASH_PROFILE=1: GPU time per op; PROFILE_GPUS=N also on N GPUs),
 # SPECFORGE_SRC (default .anchors_src; skipped when absent), BENCH_DIR (the folder of
@@ -61,7 +62,7 @@ for x in r: x['dw'] = x.get('data_wait_max', x.get('data_wait', 0))
 w=sum(1 for x in r if x['dw']>0.01)  # a median of 0 can hide some waiting steps
 print('%.1f %.0f %.0f %.3f %.1f %.4f %.2f %d/%d' % (1e3*f('step_s'), f('tokens_per_s'), f('tflops'), f('mfu'), peak, f('dw'), above, w, len(r)))
 "; }
-oursna="not run"; ours="FAILED"; ours2="not run"; ours2d="not run"; oursrc="not run"; oursov="not run"; oursrm="not run"
+oursf="not run"; oursna="not run"; ours="FAILED"; ours2="not run"; ours2d="not run"; oursrc="not run"; oursov="not run"; oursrm="not run"
 # the disk's own read rate (O_DIRECT, one cache shard), for the data-wait figures
 disk=$(f=$(ls -S "$W"/cache/*.dfc 2>/dev/null | head -1); [ -n "$f" ] && dd if="$f" of=/dev/null bs=16M iflag=direct 2>&1 | tail -1 | sed 's/.*, //')
 if [ $status = 0 ]; then
@@ -85,6 +86,12 @@ if [ $status = 0 ]; then
          >"$LOG/train-1gpu-recompute-mlp.log" 2>&1; then
       cp "$W/runrm/log.jsonl" "$LOG/train-1gpu-recompute-mlp.jsonl"; oursrm=$(med "$W/runrm/log.jsonl")
     else oursrm="FAILED"; status=1; fi
+  fi
+  if [ "${FP8:-0}" = 1 ]; then # the GEMMs' operands rounded to E4M3 (docs/FP8.md)
+    if "$B/dflash" train "${TA[@]}" --out "$W/runf" --device cuda --steps "$STEPS" --fp8 \
+         >"$LOG/train-1gpu-fp8.log" 2>&1; then
+      cp "$W/runf/log.jsonl" "$LOG/train-1gpu-fp8.jsonl"; oursf=$(med "$W/runf/log.jsonl")
+    else oursf="FAILED"; status=1; fi
   fi
   if [ "${NOALIAS:-0}" = 1 ]; then # activations apart from the gradients
     if "$B/dflash" train "${TA[@]}" --out "$W/runna" --device cuda --steps "$STEPS" --no-grad-alias \
@@ -138,6 +145,15 @@ echo "ours, 1 GPU, --no-recompute (same fields):                     $oursrc"
 echo "ours, 1 GPU, --no-overlap-optimizer (same fields):             $oursov"
 echo "ours, 1 GPU, --recompute-mlp (same fields):                    $oursrm"
 echo "ours, 1 GPU, --no-grad-alias (same fields):                   $oursna"
+echo "ours, 1 GPU, --fp8 (same fields):                              $oursf"
+# the two runs see the same rows in the same order: their losses step by step
+[ -f "$LOG/train-1gpu-fp8.jsonl" ] && [ -f "$LOG/train-1gpu.jsonl" ] && python3 -c "
+import json
+ld=lambda f: {x['step']: x['loss'] for x in map(json.loads, open(f)) if 'loss' in x}
+b, f = ld('$LOG/train-1gpu.jsonl'), ld('$LOG/train-1gpu-fp8.jsonl')
+s = sorted(set(b) & set(f))
+print('  loss bf16 / fp8 by step: ' + ' '.join('%d:%.4f/%.4f' % (k, b[k], f[k]) for k in s))
+if s: print('  fp8 - bf16 loss: mean %+.4f over %d steps, last %+.4f' % (sum(f[k] - b[k] for k in s) / len(s), len(s), f[s[-1]] - b[s[-1]]))"
 echo "ours, $GPUS GPUs (same fields; tok/s is the total):            $ours2"
 echo "ours, $GPUS GPUs, cache read from the disk (O_DIRECT):           $ours2d"
 echo "disk read rate (dd O_DIRECT, one cache shard): ${disk:-?}"

@@ -423,6 +423,10 @@ run 1 "run of 2 rank" "$D" train $TA2 --out "$W/runQ" --steps 50
 run 0 "" "$D" train $TA2 --out "$W/runS1"
 DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp4 $TA2 --out "$W/runS2"
 cmp -s "$W/runS1/export/model.safetensors" "$W/runS2/export/model.safetensors" || fail "2 ranks on the same rows differ from 1 rank"
+# the same with FP8 training (each rank rounds its own rows' GEMM operands)
+run 0 "" "$D" train ${TA2/--steps 40/--steps 12} --out "$W/runS1f" --fp8
+DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp8 ${TA2/--steps 40/--steps 12} --out "$W/runS2f" --fp8
+cmp -s "$W/runS1f/export/model.safetensors" "$W/runS2f/export/model.safetensors" || fail "--fp8: 2 ranks on the same rows differ from 1 rank"
 # the same with the optimizer after the backward (the default: on the side stream, all-gathers
 # joined there, per-bucket zeroing)
 ranks2 dp5 $TA2 --out "$W/runOv2" --no-overlap-optimizer --no-grad-alias
