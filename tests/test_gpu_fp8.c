@@ -8,7 +8,10 @@
  *    Qwen3.6-27B drafter size (8192 x 5120 activations, 5120 x 17408 weights,
  *    4096 x 5120 operands reduced over rows).
  *  - df_op_matmul_fp8, every kind, against the CPU's within the BF16 GEMMs'
- *    bound (the rounded operands are the same bits).
+ *    bound (the rounded operands are the same bits): the BF16 path
+ *    (DFLASH_FP8_GEMM=0), then the E4M3 tensor cores (gemm_fp8.cu), which on
+ *    sm_90 must take the aligned shapes (each checked against the BF16 path
+ *    at its first call).
  *  - df_op_lmhead_ce with DF_CE_FP8_GRAD: loss, ce and argmax are those of
  *    flags 0 on the GPU (the forward is untouched); dh is within 2e-2
  *    relative L2 of the CPU's (the GPU rounds G to bf16 before E4M3, the CPU
@@ -19,7 +22,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda/device.h"
+#include "cuda/fp8_cuda.h"
 #include "gpu_harness.h"
+#include "knobs.h"
 #include "ops.h"
 #include "train_ops.h"
 
@@ -198,11 +204,25 @@ int main(void)
     check_qdq(8192, 5120, 1, 128, 0, 0, 0);   /* the drafter's activations */
     check_qdq(5120, 17408, 128, 128, 0, 0, 0); /* a weight */
     check_qdq(4096, 5120, 128, 1, 0, 1, 0);   /* an operand reduced over rows */
-    for (int kind = 0; kind < 3; kind++) {
-        check_matmul((df_gemm_kind)kind, 37, 150, 300, 0);
-        check_matmul((df_gemm_kind)kind, 37, 150, 300, 1);
-        check_matmul((df_gemm_kind)kind, 1024, 768, 512, kind == DF_GEMM_BWD_W);
+    /* the BF16 path everywhere, then (sm_90) the E4M3 tensor cores where they agree */
+    for (int fast = 0; fast < 2; fast++) {
+        df_knob_set(DF_KNOB_FP8_GEMM, fast ? "1" : "0");
+        for (int kind = 0; kind < 3; kind++) {
+            check_matmul((df_gemm_kind)kind, 37, 150, 300, 0);
+            check_matmul((df_gemm_kind)kind, 37, 150, 300, 1);
+            check_matmul((df_gemm_kind)kind, 1024, 768, 512, kind == DF_GEMM_BWD_W);
+            check_matmul((df_gemm_kind)kind, 4096, 1024, 5120, 1);
+        }
     }
+    int64_t nfast = 0, nslow = 0;
+    df_cuda_fp8_gemm_counts(&nfast, &nslow);
+    df_cuda_device_info info;
+    int sm90 = df_cuda_device_info_get(0, &info) == 0 && info.sm_major == 9;
+    printf("fp8 gemm: %lld calls on E4M3 tensor cores, %lld on the BF16 path after a check%s\n",
+           (long long)nfast, (long long)nslow, sm90 ? "" : " (not sm_90: none expected)");
+    /* on sm_90 the aligned shapes must have passed their check (DFLASH_LOG=info says why not) */
+    if (sm90)
+        CHECK(nfast >= 6);
     check_lmhead(300, 5000, 256);
     gh_close();
     return test_main_end();

@@ -76,6 +76,7 @@ typedef struct df_cuda_state {
     size_t gemm_ws_bytes;
     df_cuda_gemm_plan plans[DF_CUDA_GEMM_CACHE];
     int n_plans, next_evict;
+    void *fp8; /* gemm_fp8.cu's plans, made at first use */
     df_cuda_prof *prof; /* DFLASH_PROFILE=1 */
 } df_cuda_state;
 

@@ -16,6 +16,7 @@
 
 #include "bf16.cuh"
 #include "cuda_internal.h"
+#include "fp8_cuda.h"
 
 namespace {
 
@@ -191,12 +192,12 @@ extern "C" int df_cuda_fp8_qdq(df_backend *be, const df_tensor *x, df_tensor *y,
                   cols, block_rows, block_cols);
 }
 
-/* df_op_matmul_fp8: both operands rounded (df_cuda_fp8_qdq) into BF16 copies
- * in the backend scratch, then the BF16 GEMM on them: FP8's numerics
- * exactly (the rounded values are BF16 numbers), at BF16 speed plus two
- * passes over the operands. The E4M3 tensor-core GEMM is the next step. */
-extern "C" int df_cuda_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a,
-                                  const df_tensor *b, df_tensor *c, int accumulate)
+/* The BF16 path of df_op_matmul_fp8: both operands rounded (df_cuda_fp8_qdq)
+ * into BF16 copies in the backend scratch, then the BF16 GEMM on them: FP8's
+ * numerics exactly (the rounded values are BF16 numbers), at BF16 speed plus
+ * two passes over the operands. */
+extern "C" int df_cuda_matmul_fp8_bf16(df_backend *be, df_gemm_kind kind, const df_tensor *a,
+                                       const df_tensor *b, df_tensor *c, int accumulate)
 {
     int bw = kind == DF_GEMM_BWD_W;
     int64_t na = a->shape[0] * a->shape[1], nb = b->shape[0] * b->shape[1];
@@ -214,4 +215,13 @@ extern "C" int df_cuda_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_te
     return kind == DF_GEMM_FWD     ? df_cuda_matmul(be, &ra, &rb, c, accumulate)
            : kind == DF_GEMM_BWD_X ? df_cuda_matmul_bwd_x(be, &ra, &rb, c, accumulate)
                                    : df_cuda_matmul_bwd_w(be, &ra, &rb, c, accumulate);
+}
+
+/* df_op_matmul_fp8: the E4M3 tensor cores where they are there and agreed
+ * with the BF16 path on the shape (gemm_fp8.cu), else the BF16 path. */
+extern "C" int df_cuda_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a,
+                                  const df_tensor *b, df_tensor *c, int accumulate)
+{
+    int rc = df_cuda_matmul_fp8_fast(be, kind, a, b, c, accumulate);
+    return rc ? (rc < 0 ? rc : 0) : df_cuda_matmul_fp8_bf16(be, kind, a, b, c, accumulate);
 }

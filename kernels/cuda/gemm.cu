@@ -85,6 +85,7 @@
 
 #include "cuda_internal.h"
 #include "cuda_state.h"
+#include "fp8_cuda.h"
 #include "knobs.h"
 
 extern "C" {
@@ -144,6 +145,7 @@ void df_cuda_gemm_forget_plans(df_backend *be)
 
 void df_cuda_gemm_close(df_cuda_state *s)
 {
+    df_cuda_fp8_gemm_close(s);
     for (int i = 0; i < s->n_plans; i++)
         plan_free(&s->plans[i]);
     s->n_plans = 0;

@@ -1,0 +1,37 @@
+/* fp8_cuda.h - df_op_matmul_fp8's two CUDA paths (fp8.cu, gemm_fp8.cu), for
+ * the op itself and for tests. */
+#ifndef DF_CUDA_FP8_CUDA_H
+#define DF_CUDA_FP8_CUDA_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#include "backend_internal.h"
+#include "cuda_state.h"
+
+/* The BF16 GEMM on the rounded operands (BF16 copies): FP8's numerics on
+ * any GPU. Same contract as df_op_matmul_fp8. */
+int df_cuda_matmul_fp8_bf16(df_backend *be, df_gemm_kind kind, const df_tensor *a,
+                            const df_tensor *b, df_tensor *c, int accumulate);
+
+/* cuBLASLt's block-scaled E4M3 GEMM (sm_90, BF16 operands, DFLASH_FP8_GEMM
+ * on): 1 when it computed c, 0 when the caller is to run the BF16 path (not
+ * sm_90, a shape cuBLASLt refuses or whose first call's check against the
+ * BF16 path failed, an unaligned c), or a negative error. */
+int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const df_tensor *a,
+                            const df_tensor *b, df_tensor *c, int accumulate);
+
+/* Calls df_cuda_matmul_fp8_fast took / left to the BF16 path, process-wide. */
+void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback);
+
+/* Frees the backend's FP8 plans (df_cuda_gemm_close). */
+void df_cuda_fp8_gemm_close(df_cuda_state *s);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

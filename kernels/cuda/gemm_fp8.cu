@@ -1,0 +1,492 @@
+/* gemm_fp8.cu - df_op_matmul_fp8 on E4M3 tensor cores (sm_90, cuBLASLt's
+ * block-scaled FP8 GEMM), behind the rounding kernels' numerics (fp8.cu).
+ *
+ * The operands are written as E4M3 codes with FP32 scales, both K-major (the
+ * "TN" layout FP8 GEMMs take), the reduction padded with zero codes to a
+ * multiple of 128:
+ *   y = x w^T      A = w [N, K]   (128 x 128 blocks)   B = x [M, K]    (1 x 128)
+ *   dx = dy w      A = w^T [K, N] (128 x 128)          B = dy [M, N]   (1 x 128)
+ *   dw = dy^T x    A = x^T [K, M] (1 x 128 along M)    B = dy^T [N, M] (1 x 128 along M)
+ * in cuBLAS's column-major terms D (m x n) = op_T(A) B with m the output's
+ * columns, n its rows, as gemm.cu does for BF16. The codes and scales are
+ * those of df_op_fp8_qdq's rounding (code x scale is the rounded value), so
+ * the product is the one the BF16 GEMM computes on the rounded operands, up
+ * to the order of the sums.
+ * Scale layouts (as PyTorch's _scaled_mm passes them to cuBLASLt): a 1 x 128
+ * operand of r rows has scale[kb * r + i] (rows contiguous per K block); a
+ * 128 x 128 operand of r rows has scale[rb * L4 + kb], L4 = the K blocks
+ * rounded up to 4.
+ *
+ * Trust but verify: the layouts above come from reading, not from a run on
+ * this code's first GPU. So every new plan (kind, shape, strides,
+ * accumulate, C's dtype) is checked once: the FP8 product and the BF16 GEMM
+ * on the rounded operands (fp8.cu's path) go to temporaries, and only if
+ * every element agrees within 2^-7 of the largest is the plan used; else
+ * (or on any cuBLASLt refusal) that shape stays on the BF16 path, said once
+ * in the log. DFLASH_FP8_GEMM=0 keeps every shape there. */
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublasLt.h>
+
+#include "bf16.cuh"
+#include "cuda_internal.h"
+#include "cuda_state.h"
+#include "fp8_cuda.h"
+#include "knobs.h"
+
+extern "C" {
+#include "log.h"
+}
+
+namespace {
+
+constexpr int QT = 256; /* threads of the rounding kernels */
+
+__device__ __forceinline__ float amax_step8(float m, float v)
+{
+    float a = fabsf(v);
+    return (a > m || a != a) ? a : m;
+}
+
+/* fp8.cu's scale rule: 2^k, k = ceil(log2(amax / 448)) in [-100, 127] */
+__device__ __forceinline__ int scale_exp8(float amax)
+{
+    if (!(amax > 0.0f) || !isfinite(amax))
+        return 0;
+    int e;
+    float m = frexpf(amax, &e);
+    int k = e - 9 + (m > 0.875f);
+    return k < -100 ? -100 : k > 127 ? 127 : k;
+}
+
+/* The E4M3 code of v at inverse scale inv: fp8.cu's rounding, as a code.
+ * NaN and +-Inf give the NaN code, so a non-finite input still makes the
+ * product non-finite (the rounding kernel leaves such a block as it is). */
+__device__ __forceinline__ uint8_t code8(float v, float inv)
+{
+    float a = fminf(fabsf(v) * inv, 448.0f);
+    uint32_t u = __float_as_uint(a);
+    uint32_t cn = ((u + 0x7ffffu + ((u >> 20) & 1u)) >> 20) - (120u << 3);
+    uint32_t cs = (uint32_t)rintf(a * 512.0f);
+    uint32_t c = a < 0x1p-6f ? cs : cn;
+    c = isfinite(v) ? c : 0x7fu;
+    return (uint8_t)(c | (__float_as_uint(v) >> 24 & 0x80u));
+}
+
+/* 1 x 128 blocks of x [R, C] (bf16, ld ldx) along its rows (tr 0: out [R, kp]
+ * = x, reduction C) or along its columns (tr 1: out [C, kp] = x^T, reduction
+ * R). A CTA takes 128 reduction steps x 32 out rows through shared memory;
+ * a warp finishes 4 out rows: amax, scale, 4 codes per lane. */
+__global__ void __launch_bounds__(QT) q8_vec(const uint16_t *__restrict__ x, int64_t ldx,
+                                             int64_t R, int64_t C, int tr, uint8_t *__restrict__ out,
+                                             int64_t kp, float *__restrict__ sc)
+{
+    __shared__ float t[32][129];
+    int64_t rows_o = tr ? C : R, red = tr ? R : C;
+    int64_t o0 = (int64_t)blockIdx.y * 32, k0 = (int64_t)blockIdx.x * 128;
+    /* load: element (o, k) of the out operand = x[o][k] (tr 0) or x[k][o] (tr 1) */
+    for (int i = threadIdx.x; i < 32 * 128; i += QT) {
+        int oo, kk;
+        if (tr) { /* consecutive threads: consecutive o = columns of x */
+            oo = i % 32, kk = i / 32;
+        } else { /* consecutive k = columns of x */
+            oo = i / 128, kk = i % 128;
+        }
+        int64_t o = o0 + oo, k = k0 + kk;
+        float v = 0.0f;
+        if (o < rows_o && k < red)
+            v = bf2f(tr ? x[k * ldx + o] : x[o * ldx + k]);
+        t[oo][kk] = v;
+    }
+    __syncthreads();
+    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    for (int j = 0; j < 4; j++) {
+        int oo = warp * 4 + j;
+        int64_t o = o0 + oo;
+        float v[4], m = 0.0f;
+        for (int q = 0; q < 4; q++)
+            m = amax_step8(m, v[q] = t[oo][lane * 4 + q]);
+#pragma unroll
+        for (int s = 16; s > 0; s >>= 1)
+            m = amax_step8(m, __shfl_xor_sync(0xffffffffu, m, s));
+        if (o >= rows_o)
+            continue;
+        int k = scale_exp8(m);
+        float inv = ldexpf(1.0f, -k);
+        uint32_t w = 0;
+        for (int q = 0; q < 4; q++)
+            w |= (uint32_t)code8(v[q], inv) << (8 * q);
+        *reinterpret_cast<uint32_t *>(out + o * kp + k0 + lane * 4) = w;
+        if (lane == 0)
+            sc[(k0 / 128) * rows_o + o] = ldexpf(1.0f, k);
+    }
+}
+
+/* 128 x 128 blocks of w [N, K] (bf16, ld ldw): tr 0: out [N, kp] = w
+ * (reduction K), tr 1: out [K, kp] = w^T (reduction N). A CTA per block. */
+__global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int64_t ldw,
+                                             int64_t N, int64_t K, int tr, uint8_t *__restrict__ out,
+                                             int64_t kp, float *__restrict__ sc, int64_t l4)
+{
+    __shared__ float wm[QT / 32];
+    int64_t n0 = (int64_t)blockIdx.y * 128, c0 = (int64_t)blockIdx.x * 128;
+    float m = 0.0f;
+    for (int i = threadIdx.x; i < 128 * 128; i += QT) {
+        int64_t n = n0 + i / 128, k = c0 + i % 128;
+        if (n < N && k < K)
+            m = amax_step8(m, bf2f(w[n * ldw + k]));
+    }
+#pragma unroll
+    for (int s = 16; s > 0; s >>= 1)
+        m = amax_step8(m, __shfl_xor_sync(0xffffffffu, m, s));
+    if (threadIdx.x % 32 == 0)
+        wm[threadIdx.x / 32] = m;
+    __syncthreads();
+    m = 0.0f;
+    for (int j = 0; j < QT / 32; j++)
+        m = amax_step8(m, wm[j]);
+    int ke = scale_exp8(m);
+    float inv = ldexpf(1.0f, -ke);
+    int64_t rows_o = tr ? K : N, red = tr ? N : K;
+    for (int i = threadIdx.x; i < 128 * 128; i += QT) {
+        /* consecutive threads write consecutive reduction steps of one out row */
+        int64_t o = (tr ? c0 : n0) + i / 128, r = (tr ? n0 : c0) + i % 128;
+        if (o >= rows_o)
+            continue;
+        float v = r < red ? bf2f(tr ? w[r * ldw + o] : w[o * ldw + r]) : 0.0f;
+        out[o * kp + r] = code8(v, inv);
+    }
+    if (threadIdx.x == 0) {
+        int64_t ob = tr ? blockIdx.x : blockIdx.y, rb = tr ? blockIdx.y : blockIdx.x;
+        sc[ob * l4 + rb] = ldexpf(1.0f, ke);
+    }
+}
+
+/* max |a - b| and max |b| over an m x n column-major pair (ld lda, ldb) into
+ * r[0], r[1] (as float bits: non-negative floats order as integers) */
+template <typename T>
+__global__ void cmp_kernel(const T *a, int64_t lda, const T *b, int64_t ldb, int64_t m, int64_t n,
+                           unsigned *r)
+{
+    float e = 0.0f, mx = 0.0f;
+    int64_t total = m * n, stride = (int64_t)gridDim.x * blockDim.x;
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
+        int64_t col = i / m, row = i - col * m;
+        float x, y;
+        if (sizeof(T) == 2) {
+            x = bf2f(((const uint16_t *)a)[col * lda + row]);
+            y = bf2f(((const uint16_t *)b)[col * ldb + row]);
+        } else {
+            x = ((const float *)a)[col * lda + row];
+            y = ((const float *)b)[col * ldb + row];
+        }
+        float d = fabsf(x - y);
+        e = d > e || d != d ? d : e;
+        mx = fmaxf(mx, fabsf(y));
+    }
+    if (e != e)
+        e = INFINITY;
+    atomicMax(&r[0], __float_as_uint(e));
+    atomicMax(&r[1], __float_as_uint(mx));
+}
+
+/* one plan: the key, the descriptors, the algorithm and the check's verdict */
+typedef struct fp8_plan {
+    int kind, c_f32, accumulate;
+    int64_t m, n, kp, ldc;
+    cublasLtMatmulDesc_t op;
+    cublasLtMatrixLayout_t a, b, c;
+    cublasLtMatmulAlgo_t algo;
+    int state; /* 1: checked and used; -1: refused or failed the check */
+} fp8_plan;
+
+constexpr int NPLANS = 64;
+
+/* the backend's plans (df_cuda_state.fp8, made at first use) */
+typedef struct fp8_cache {
+    fp8_plan p[NPLANS];
+    int n;
+} fp8_cache;
+
+int64_t g_fast, g_fallback;
+
+int64_t rup(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
+
+int lt_ok(cublasStatus_t st, const char *what, const fp8_plan *p)
+{
+    if (st == CUBLAS_STATUS_SUCCESS)
+        return 1;
+    df_log(DF_LOG_INFO, "cuda: fp8 gemm kind %d m=%lld n=%lld k=%lld: cublasLt %s: status %d", p->kind,
+           (long long)p->m, (long long)p->n, (long long)p->kp, what, (int)st);
+    return 0;
+}
+
+void plan_drop(fp8_plan *p)
+{
+    if (p->op)
+        cublasLtMatmulDescDestroy(p->op);
+    if (p->a)
+        cublasLtMatrixLayoutDestroy(p->a);
+    if (p->b)
+        cublasLtMatrixLayoutDestroy(p->b);
+    if (p->c)
+        cublasLtMatrixLayoutDestroy(p->c);
+    p->op = NULL, p->a = p->b = p->c = NULL;
+}
+
+/* descriptors and the heuristic's algorithm; 0 when cuBLASLt refuses */
+int plan_build(df_cuda_state *s, fp8_plan *p)
+{
+    cublasLtHandle_t lt = (cublasLtHandle_t)s->lt;
+    cudaDataType_t ct = p->c_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    int32_t mode_a = p->kind == DF_GEMM_BWD_W ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                             : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    int32_t mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    int8_t fast = 0;
+    int ok = lt_ok(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc", p) &&
+             lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
+                   "transa", p) &&
+             lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb),
+                   "transb", p) &&
+             lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode_a,
+                                                  sizeof mode_a), "A scale mode", p) &&
+             lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode_b,
+                                                  sizeof mode_b), "B scale mode", p) &&
+             lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast,
+                                                  sizeof fast), "fast accum", p) &&
+             lt_ok(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, (uint64_t)p->kp,
+                                              (uint64_t)p->m, p->kp), "A layout", p) &&
+             lt_ok(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, (uint64_t)p->kp,
+                                              (uint64_t)p->n, p->kp), "B layout", p) &&
+             lt_ok(cublasLtMatrixLayoutCreate(&p->c, ct, (uint64_t)p->m, (uint64_t)p->n, p->ldc),
+                   "C layout", p);
+    /* the scale pointers must be set for the heuristic to see block scaling:
+     * placeholders, replaced per call */
+    const void *dummy = s->gemm_ws;
+    ok = ok &&
+         lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &dummy,
+                                              sizeof dummy), "A scale", p) &&
+         lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &dummy,
+                                              sizeof dummy), "B scale", p);
+    cublasLtMatmulPreference_t pref = NULL;
+    cublasLtMatmulHeuristicResult_t res;
+    int found = 0;
+    size_t ws = s->gemm_ws_bytes;
+    ok = ok && lt_ok(cublasLtMatmulPreferenceCreate(&pref), "preference", p) &&
+         lt_ok(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                    &ws, sizeof ws), "workspace", p) &&
+         lt_ok(cublasLtMatmulAlgoGetHeuristic(lt, p->op, p->a, p->b, p->c, p->c, pref, 1, &res,
+                                              &found), "heuristic", p) &&
+         found > 0;
+    if (pref)
+        cublasLtMatmulPreferenceDestroy(pref);
+    if (ok)
+        p->algo = res.algo;
+    return ok;
+}
+
+/* the operands' codes and scales into the scratch; pointers out */
+int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
+             int64_t m, int64_t n, int64_t kp, uint8_t **qa, uint8_t **qb, float **sa, float **sb)
+{
+    /* A: m rows, B: n rows, kp codes each; scales: A per its mode, B per 1 x 128 */
+    int64_t kb = kp / 128, l4 = rup(kb, 4);
+    size_t na = (size_t)rup(m * kp, 256), nb = (size_t)rup(n * kp, 256);
+    size_t nsa = (size_t)(kind == DF_GEMM_BWD_W ? kb * m : rup(m, 128) / 128 * l4) * 4;
+    size_t nsb = (size_t)(kb * n) * 4;
+    size_t total = na + nb + (size_t)rup((int64_t)nsa, 256) + (size_t)rup((int64_t)nsb, 256);
+    char *s = (char *)df_cuda_scratch(be, total);
+    if (!s)
+        return -ENOMEM;
+    cudaStream_t st = df_cuda_stream(be);
+    *qa = (uint8_t *)s;
+    *qb = (uint8_t *)(s + na);
+    *sa = (float *)(s + na + nb);
+    *sb = (float *)(s + na + nb + rup((int64_t)nsa, 256));
+    if (cudaMemsetAsync(*sa, 0, nsa, st) != cudaSuccess)
+        return df_cuda_check_launch("fp8 gemm scales");
+    const uint16_t *A = (const uint16_t *)a->data, *B = (const uint16_t *)b->data;
+    int64_t lda = a->stride[0], ldb = b->stride[0];
+    if (kind == DF_GEMM_BWD_W) { /* A = x^T [K, M], B = dy^T [N, M]: a = dy [M, N], b = x [M, K] */
+        int64_t M = a->shape[0];
+        q8_vec<<<dim3((unsigned)kb, (unsigned)((m + 31) / 32)), QT, 0, st>>>(B, ldb, M, m, 1, *qa,
+                                                                            kp, *sa);
+        q8_vec<<<dim3((unsigned)kb, (unsigned)((n + 31) / 32)), QT, 0, st>>>(A, lda, M, n, 1, *qb,
+                                                                            kp, *sb);
+    } else { /* FWD: A = w [N, K] (tr 0), B = x; BWD_X: A = w^T [K, N] (tr 1), B = dy */
+        int64_t N = b->shape[0], K = b->shape[1];
+        int tr = kind == DF_GEMM_BWD_X;
+        dim3 g((unsigned)((K + 127) / 128), (unsigned)((N + 127) / 128));
+        q8_blk<<<g, QT, 0, st>>>(B, ldb, N, K, tr, *qa, kp, *sa, l4);
+        q8_vec<<<dim3((unsigned)kb, (unsigned)((n + 31) / 32)), QT, 0, st>>>(A, lda, n,
+                                                                            a->shape[1], 0, *qb,
+                                                                            kp, *sb);
+    }
+    return df_cuda_check_launch("fp8 gemm rounding");
+}
+
+int run_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, const uint8_t *qa, const uint8_t *qb,
+             const float *sa, const float *sb, void *c, int beta1)
+{
+    float alpha = 1.0f, beta = beta1 ? 1.0f : 0.0f;
+    if (!lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa,
+                                              sizeof sa), "A scale", p) ||
+        !lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb,
+                                              sizeof sb), "B scale", p))
+        return -EIO;
+    cublasStatus_t st = cublasLtMatmul((cublasLtHandle_t)s->lt, p->op, &alpha, qa, p->a, qb, p->b,
+                                       &beta, c, p->c, c, p->c, &p->algo, s->gemm_ws,
+                                       s->gemm_ws_bytes, df_cuda_stream(be));
+    return lt_ok(st, "matmul", p) ? 0 : -EIO;
+}
+
+/* The check of a new plan: the FP8 product and the BF16 GEMM on the rounded
+ * operands, both with beta 0 into temporaries, compared. 1: agree. */
+int check_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, df_gemm_kind kind,
+               const df_tensor *a, const df_tensor *b, const df_tensor *c)
+{
+    cudaStream_t st = df_cuda_stream(be);
+    /* both temporaries in c's layout (ld ldc) */
+    size_t es = p->c_f32 ? 4 : 2, bytes = (size_t)(p->ldc * (p->n - 1) + p->m) * es;
+    char *buf = NULL;
+    unsigned r[2] = {0, 0};
+    int agree = 0;
+    if (cudaMallocAsync((void **)&buf, 2 * rup((int64_t)bytes, 256) + 256, st) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    void *t_emu = buf, *t_fp8 = buf + rup((int64_t)bytes, 256);
+    unsigned *dr = (unsigned *)(buf + 2 * rup((int64_t)bytes, 256));
+    /* the BF16 path into t_emu (its output as c's view, tight) */
+    df_tensor te = df_tensor_2d(t_emu, c->dtype, c->shape[0], c->shape[1]);
+    te.stride[0] = p->ldc;
+    int rc = df_cuda_matmul_fp8_bf16(be, kind, a, b, &te, 0);
+    uint8_t *qa, *qb;
+    float *sa, *sb;
+    if (!rc)
+        rc = quantize(be, kind, a, b, p->m, p->n, p->kp, &qa, &qb, &sa, &sb);
+    if (!rc)
+        rc = run_plan(be, s, p, qa, qb, sa, sb, t_fp8, 0);
+    if (!rc && cudaMemsetAsync(dr, 0, 8, st) == cudaSuccess) {
+        int64_t total = p->m * p->n;
+        int blocks = (int)((total + 255) / 256 < 2048 ? (total + 255) / 256 : 2048);
+        if (p->c_f32)
+            cmp_kernel<float><<<blocks, 256, 0, st>>>((const float *)t_fp8, p->ldc,
+                                                       (const float *)t_emu, p->ldc, p->m, p->n,
+                                                       dr);
+        else
+            cmp_kernel<uint16_t><<<blocks, 256, 0, st>>>((const uint16_t *)t_fp8, p->ldc,
+                                                          (const uint16_t *)t_emu, p->ldc, p->m,
+                                                          p->n, dr);
+        if (cudaMemcpyAsync(r, dr, 8, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
+            cudaStreamSynchronize(st) == cudaSuccess) {
+            float err, mx;
+            memcpy(&err, &r[0], 4);
+            memcpy(&mx, &r[1], 4);
+            agree = err <= ldexpf(mx, -7);
+            df_log(agree ? DF_LOG_INFO : DF_LOG_WARN,
+                   "cuda: fp8 gemm kind %d m=%lld n=%lld k=%lld: E4M3 tensor cores vs the BF16 GEMM "
+                   "on the rounded operands: max diff %.3g of max %.3g: %s", (int)kind,
+                   (long long)p->m, (long long)p->n, (long long)p->kp, err, mx,
+                   agree ? "using them" : "this shape stays on the BF16 GEMM");
+        }
+    }
+    (void)cudaFreeAsync(buf, st);
+    (void)cudaGetLastError();
+    return agree;
+}
+
+} // namespace
+
+extern "C" void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback)
+{
+    *fast = g_fast;
+    *fallback = g_fallback;
+}
+
+extern "C" void df_cuda_fp8_gemm_close(df_cuda_state *s)
+{
+    fp8_cache *fc = (fp8_cache *)s->fp8;
+    if (!fc)
+        return;
+    for (int i = 0; i < fc->n; i++)
+        plan_drop(&fc->p[i]);
+    free(fc);
+    s->fp8 = NULL;
+}
+
+/* 1 when the tensor cores took the call (c written), 0 when the caller runs
+ * the BF16 path, or a negative error. */
+extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const df_tensor *a,
+                                       const df_tensor *b, df_tensor *c, int accumulate)
+{
+    df_cuda_state *s = (df_cuda_state *)be->impl;
+    int major = 0;
+    if (!df_knob_int(DF_KNOB_FP8_GEMM) || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s->device) != cudaSuccess ||
+        major != 9 || a->dtype != DF_DTYPE_BF16 || b->dtype != DF_DTYPE_BF16 ||
+        (c->dtype != DF_DTYPE_BF16 && c->dtype != DF_DTYPE_F32)) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    /* cuBLAS terms: m = c's columns, n = c's rows, kp = the reduction padded */
+    int64_t red = kind == DF_GEMM_FWD ? a->shape[1] : kind == DF_GEMM_BWD_X ? a->shape[1]
+                                                                              : a->shape[0];
+    fp8_plan key;
+    memset(&key, 0, sizeof key);
+    key.kind = (int)kind;
+    key.c_f32 = c->dtype == DF_DTYPE_F32;
+    key.accumulate = accumulate != 0;
+    key.m = c->shape[1];
+    key.n = c->shape[0];
+    key.kp = rup(red, 128);
+    key.ldc = c->stride[0];
+    if (key.m < 1 || key.n < 1 || key.ldc % 8 || ((uintptr_t)c->data & 15))
+        return 0;
+    if (!s->fp8 && !(s->fp8 = calloc(1, sizeof(fp8_cache))))
+        return 0;
+    fp8_cache *fc = (fp8_cache *)s->fp8;
+    fp8_plan *p = NULL;
+    for (int i = 0; i < fc->n && !p; i++) {
+        fp8_plan *q = &fc->p[i];
+        if (q->kind == key.kind && q->c_f32 == key.c_f32 && q->accumulate == key.accumulate &&
+            q->m == key.m && q->n == key.n && q->kp == key.kp && q->ldc == key.ldc)
+            p = q;
+    }
+    if (!p) {
+        if (fc->n == NPLANS) { /* full: the oldest goes */
+            plan_drop(&fc->p[0]);
+            memmove(&fc->p[0], &fc->p[1], (NPLANS - 1) * sizeof fc->p[0]);
+            fc->n--;
+        }
+        p = &fc->p[fc->n++];
+        *p = key;
+        if (!plan_build(s, p)) {
+            plan_drop(p);
+            p->state = -1;
+            df_log(DF_LOG_INFO, "cuda: fp8 gemm kind %d m=%lld n=%lld k=%lld: cuBLASLt has no "
+                   "block-scaled E4M3 plan; the BF16 GEMM on the rounded operands", (int)kind,
+                   (long long)p->m, (long long)p->n, (long long)p->kp);
+        } else {
+            p->state = check_plan(be, s, p, kind, a, b, c) ? 1 : -1;
+        }
+    }
+    if (p->state < 0) {
+        g_fallback++;
+        return 0;
+    }
+    uint8_t *qa, *qb;
+    float *sa, *sb;
+    int rc = quantize(be, kind, a, b, p->m, p->n, p->kp, &qa, &qb, &sa, &sb);
+    if (!rc)
+        rc = run_plan(be, s, p, qa, qb, sa, sb, c->data, accumulate);
+    if (rc)
+        return rc;
+    g_fast++;
+    return 1;
+}
