@@ -123,10 +123,13 @@ int df_op_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *k
  * >= 0; *loss_sum is added to (loss_sum may be NULL); denom must be finite
  * and > 0 when dh is given (unused otherwise); ignored rows get dh = 0.
  * Outputs overlap no input and no other output.
- * flags: 0, or DF_CE_FP8_GRAD: the softmax gradient G (per row, [V]) is
- * rounded to E4M3 before dh = G @ head, with a power-of-two scale per 128
- * consecutive entries (df_op_fp8_qdq's 1 x 128 blocks), as an FP8 input
- * gradient GEMM takes it (FP8 training, docs/FP8.md). Other bits: -EINVAL. */
+ * flags: 0, or DF_CE_FP8_GRAD (FP8 training, docs/FP8.md): the softmax
+ * gradient G (per row, [V]) is rounded to E4M3 before dh = G @ head, with a
+ * power-of-two scale per 128 consecutive entries (df_op_fp8_qdq's 1 x 128
+ * blocks). The caller passes h and head already rounded (df_op_fp8_qdq:
+ * h in 1 x 128 blocks, head in 128 x 128), so both GEMMs have E4M3
+ * operands and a backend may run them on E4M3 tensor cores (the sums in
+ * another order). Other bits: -EINVAL. */
 #define DF_CE_FP8_GRAD 1u
 int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
                     const int32_t *label, const float *weight, float denom, double *loss_sum,

@@ -12,8 +12,9 @@
  *    (DFLASH_FP8_GEMM=0), then the E4M3 tensor cores (gemm_fp8.cu), which on
  *    sm_90 must take the aligned shapes (each checked against the BF16 path
  *    at its first call).
- *  - df_op_lmhead_ce with DF_CE_FP8_GRAD: loss, ce and argmax are those of
- *    flags 0 on the GPU (the forward is untouched); dh is within 2e-2
+ *  - df_op_lmhead_ce with DF_CE_FP8_GRAD on rounded h and head (its
+ *    contract): loss and ce those of flags 0 up to the order of the sums
+ *    (the E4M3 tensor cores on sm_90); dh is within 2e-2
  *    relative L2 of the CPU's (the GPU rounds G to bf16 before E4M3, the CPU
  *    rounds the fp32 G: blocks may differ by a tie or a scale step) and
  *    moves away from the flags-0 dh by E4M3's ~1e-2. */
@@ -23,6 +24,7 @@
 #include <string.h>
 
 #include "cuda/device.h"
+#include "e4m3.h"
 #include "cuda/fp8_cuda.h"
 #include "gpu_harness.h"
 #include "knobs.h"
@@ -106,6 +108,9 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H)
 {
     df_backend *g = gh_gpu, *c = gh_cpu;
     float *h = gh_rand_bf16(GH_N01, &rng, N * H, 1.0f), *w = gh_rand_bf16(GH_N01, &rng, V * H, 0.05f);
+    /* on the E4M3 grid, as DF_CE_FP8_GRAD's caller passes them */
+    df_fp8_qdq_f32(h, N, H, H, 1, 128);
+    df_fp8_qdq_f32(w, V, H, H, 128, 128);
     int32_t *lab = gh_xmalloc((size_t)N * 4);
     for (int64_t i = 0; i < N; i++)
         lab[i] = i % 5 == 4 ? -1 : (int32_t)(test_rand(&rng) % (uint64_t)V);
@@ -126,14 +131,21 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H)
     CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &l0, &G0, gam0, gce0, 0), 0);
     CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &l8, &G8, gam8, gce8,
                              DF_CE_FP8_GRAD), 0);
-    CHECK(l0 == l8);
+    /* the same logits up to the order of the sums (E4M3 tensor cores or not) */
+    CHECK(fabs(l8 - l0) <= 1e-5 * fabs(l0));
     float *ce0 = gh_xmalloc((size_t)N * 4), *ce8 = gh_xmalloc((size_t)N * 4);
     int32_t *am0 = gh_xmalloc((size_t)N * 4), *am8 = gh_xmalloc((size_t)N * 4);
     CHECK_EQ(df_backend_download(g, ce0, gce0, (size_t)N * 4), 0);
     CHECK_EQ(df_backend_download(g, ce8, gce8, (size_t)N * 4), 0);
     CHECK_EQ(df_backend_download(g, am0, gam0, (size_t)N * 4), 0);
     CHECK_EQ(df_backend_download(g, am8, gam8, (size_t)N * 4), 0);
-    CHECK(!memcmp(ce0, ce8, (size_t)N * 4) && !memcmp(am0, am8, (size_t)N * 4));
+    int64_t ce_bad = 0, am_diff = 0;
+    for (int64_t i = 0; i < N; i++) {
+        ce_bad += !(fabsf(ce8[i] - ce0[i]) <= 1e-4f * (1.0f + fabsf(ce0[i])));
+        am_diff += am0[i] != am8[i];
+    }
+    CHECK_EQ(ce_bad, 0);
+    CHECK(am_diff <= N / 100); /* near-ties may flip */
     float *d0 = gh_download_bf16(g, gd0, N * H), *d8 = gh_download_bf16(g, gd8, N * H);
     double e2 = 0, r2 = 0, m2 = 0;
     for (int64_t i = 0; i < N * H; i++) {

@@ -24,6 +24,18 @@ int df_cuda_matmul_fp8_bf16(df_backend *be, df_gemm_kind kind, const df_tensor *
 int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                             const df_tensor *b, df_tensor *c, int accumulate);
 
+/* Whether df_cuda_matmul_fp8_fast may take calls here (DFLASH_FP8_GEMM on,
+ * an sm_90 device): a caller sets a workspace aside only then. */
+int df_cuda_fp8_gemm_possible(df_backend *be);
+
+/* The same with the codes and scales in ws (ws_bytes, from
+ * df_cuda_matmul_fp8_ws_bytes; less: 0), for callers whose scratch is in
+ * use (the LM head's chunk buffers). */
+size_t df_cuda_matmul_fp8_ws_bytes(df_gemm_kind kind, const df_tensor *a, const df_tensor *c);
+int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, const df_tensor *a,
+                               const df_tensor *b, df_tensor *c, int accumulate, void *ws,
+                               size_t ws_bytes);
+
 /* Calls df_cuda_matmul_fp8_fast took / left to the BF16 path, process-wide. */
 void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback);
 

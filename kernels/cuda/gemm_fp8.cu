@@ -291,88 +291,109 @@ int plan_build(df_cuda_state *s, fp8_plan *p)
     return ok;
 }
 
-/* the operands' codes and scales into the scratch; pointers out */
-int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
-             int64_t m, int64_t n, int64_t kp, uint8_t **qa, uint8_t **qb, float **sa, float **sb)
+/* Where the operands' codes and scales go in a workspace, and its size. */
+typedef struct fp8_ws {
+    uint8_t *qa, *qb;
+    float *sa, *sb;
+    size_t nsa, bytes;
+} fp8_ws;
+
+fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base)
 {
     /* A: m rows, B: n rows, kp codes each; scales: A per its mode, B per 1 x 128 */
     int64_t kb = kp / 128, l4 = rup(kb, 4);
     size_t na = (size_t)rup(m * kp, 256), nb = (size_t)rup(n * kp, 256);
     size_t nsa = (size_t)(kind == DF_GEMM_BWD_W ? kb * m : rup(m, 128) / 128 * l4) * 4;
     size_t nsb = (size_t)(kb * n) * 4;
-    size_t total = na + nb + (size_t)rup((int64_t)nsa, 256) + (size_t)rup((int64_t)nsb, 256);
-    char *s = (char *)df_cuda_scratch(be, total);
-    if (!s)
-        return -ENOMEM;
+    fp8_ws w;
+    uintptr_t b0 = (uintptr_t)base; /* base NULL: the sizes only */
+    w.qa = (uint8_t *)b0;
+    w.qb = (uint8_t *)(b0 + na);
+    w.sa = (float *)(b0 + na + nb);
+    w.sb = (float *)(b0 + na + nb + (size_t)rup((int64_t)nsa, 256));
+    w.nsa = nsa;
+    w.bytes = na + nb + (size_t)rup((int64_t)nsa, 256) + (size_t)rup((int64_t)nsb, 256);
+    return w;
+}
+
+/* the operands' codes and scales into w */
+int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
+             int64_t m, int64_t n, int64_t kp, const fp8_ws *w)
+{
+    int64_t kb = kp / 128, l4 = rup(kb, 4);
     cudaStream_t st = df_cuda_stream(be);
-    *qa = (uint8_t *)s;
-    *qb = (uint8_t *)(s + na);
-    *sa = (float *)(s + na + nb);
-    *sb = (float *)(s + na + nb + rup((int64_t)nsa, 256));
-    if (cudaMemsetAsync(*sa, 0, nsa, st) != cudaSuccess)
+    if (cudaMemsetAsync(w->sa, 0, w->nsa, st) != cudaSuccess)
         return df_cuda_check_launch("fp8 gemm scales");
     const uint16_t *A = (const uint16_t *)a->data, *B = (const uint16_t *)b->data;
     int64_t lda = a->stride[0], ldb = b->stride[0];
     if (kind == DF_GEMM_BWD_W) { /* A = x^T [K, M], B = dy^T [N, M]: a = dy [M, N], b = x [M, K] */
         int64_t M = a->shape[0];
-        q8_vec<<<dim3((unsigned)kb, (unsigned)((m + 31) / 32)), QT, 0, st>>>(B, ldb, M, m, 1, *qa,
-                                                                            kp, *sa);
-        q8_vec<<<dim3((unsigned)kb, (unsigned)((n + 31) / 32)), QT, 0, st>>>(A, lda, M, n, 1, *qb,
-                                                                            kp, *sb);
+        q8_vec<<<dim3((unsigned)kb, (unsigned)((m + 31) / 32)), QT, 0, st>>>(B, ldb, M, m, 1, w->qa,
+                                                                            kp, w->sa);
+        q8_vec<<<dim3((unsigned)kb, (unsigned)((n + 31) / 32)), QT, 0, st>>>(A, lda, M, n, 1, w->qb,
+                                                                            kp, w->sb);
     } else { /* FWD: A = w [N, K] (tr 0), B = x; BWD_X: A = w^T [K, N] (tr 1), B = dy */
         int64_t N = b->shape[0], K = b->shape[1];
         int tr = kind == DF_GEMM_BWD_X;
         dim3 g((unsigned)((K + 127) / 128), (unsigned)((N + 127) / 128));
-        q8_blk<<<g, QT, 0, st>>>(B, ldb, N, K, tr, *qa, kp, *sa, l4);
+        q8_blk<<<g, QT, 0, st>>>(B, ldb, N, K, tr, w->qa, kp, w->sa, l4);
         q8_vec<<<dim3((unsigned)kb, (unsigned)((n + 31) / 32)), QT, 0, st>>>(A, lda, n,
-                                                                            a->shape[1], 0, *qb,
-                                                                            kp, *sb);
+                                                                            a->shape[1], 0, w->qb,
+                                                                            kp, w->sb);
     }
     return df_cuda_check_launch("fp8 gemm rounding");
 }
 
-int run_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, const uint8_t *qa, const uint8_t *qb,
-             const float *sa, const float *sb, void *c, int beta1)
+int run_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, const fp8_ws *w, void *c, int beta1)
 {
     float alpha = 1.0f, beta = beta1 ? 1.0f : 0.0f;
+    const float *sa = w->sa, *sb = w->sb;
     if (!lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa,
                                               sizeof sa), "A scale", p) ||
         !lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb,
                                               sizeof sb), "B scale", p))
         return -EIO;
-    cublasStatus_t st = cublasLtMatmul((cublasLtHandle_t)s->lt, p->op, &alpha, qa, p->a, qb, p->b,
-                                       &beta, c, p->c, c, p->c, &p->algo, s->gemm_ws,
+    cublasStatus_t st = cublasLtMatmul((cublasLtHandle_t)s->lt, p->op, &alpha, w->qa, p->a, w->qb,
+                                       p->b, &beta, c, p->c, c, p->c, &p->algo, s->gemm_ws,
                                        s->gemm_ws_bytes, df_cuda_stream(be));
     return lt_ok(st, "matmul", p) ? 0 : -EIO;
 }
 
-/* The check of a new plan: the FP8 product and the BF16 GEMM on the rounded
- * operands, both with beta 0 into temporaries, compared. 1: agree. */
+/* The check of a new plan, on the call's operands (codes already in w): the
+ * FP8 product and the BF16 GEMM on the rounded operands (its own BF16
+ * copies: the scratch may be the caller's), both with beta 0 into
+ * temporaries in c's layout, compared. 1: they agree. Temporaries are
+ * stream-ordered allocations, freed here. */
 int check_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, df_gemm_kind kind,
-               const df_tensor *a, const df_tensor *b, const df_tensor *c)
+               const df_tensor *a, const df_tensor *b, const df_tensor *c, const fp8_ws *w)
 {
     cudaStream_t st = df_cuda_stream(be);
-    /* both temporaries in c's layout (ld ldc) */
-    size_t es = p->c_f32 ? 4 : 2, bytes = (size_t)(p->ldc * (p->n - 1) + p->m) * es;
+    int bw = kind == DF_GEMM_BWD_W;
+    size_t es = p->c_f32 ? 4 : 2, bytes = (size_t)rup((p->ldc * (p->n - 1) + p->m) * (int64_t)es, 256);
+    size_t ba = (size_t)rup(a->shape[0] * a->shape[1] * 2, 256);
+    size_t bb = (size_t)rup(b->shape[0] * b->shape[1] * 2, 256);
     char *buf = NULL;
     unsigned r[2] = {0, 0};
     int agree = 0;
-    if (cudaMallocAsync((void **)&buf, 2 * rup((int64_t)bytes, 256) + 256, st) != cudaSuccess) {
+    if (cudaMallocAsync((void **)&buf, 2 * bytes + ba + bb + 256, st) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
     }
-    void *t_emu = buf, *t_fp8 = buf + rup((int64_t)bytes, 256);
-    unsigned *dr = (unsigned *)(buf + 2 * rup((int64_t)bytes, 256));
-    /* the BF16 path into t_emu (its output as c's view, tight) */
+    void *t_emu = buf, *t_fp8 = buf + bytes;
+    unsigned *dr = (unsigned *)(buf + 2 * bytes + ba + bb);
+    df_tensor ra = df_tensor_2d(buf + 2 * bytes, DF_DTYPE_BF16, a->shape[0], a->shape[1]);
+    df_tensor rb = df_tensor_2d(buf + 2 * bytes + ba, DF_DTYPE_BF16, b->shape[0], b->shape[1]);
     df_tensor te = df_tensor_2d(t_emu, c->dtype, c->shape[0], c->shape[1]);
     te.stride[0] = p->ldc;
-    int rc = df_cuda_matmul_fp8_bf16(be, kind, a, b, &te, 0);
-    uint8_t *qa, *qb;
-    float *sa, *sb;
+    int rc = df_cuda_fp8_qdq(be, a, &ra, bw ? 128 : 1, bw ? 1 : 128);
     if (!rc)
-        rc = quantize(be, kind, a, b, p->m, p->n, p->kp, &qa, &qb, &sa, &sb);
+        rc = df_cuda_fp8_qdq(be, b, &rb, 128, bw ? 1 : 128);
     if (!rc)
-        rc = run_plan(be, s, p, qa, qb, sa, sb, t_fp8, 0);
+        rc = kind == DF_GEMM_FWD     ? df_cuda_matmul(be, &ra, &rb, &te, 0)
+             : kind == DF_GEMM_BWD_X ? df_cuda_matmul_bwd_x(be, &ra, &rb, &te, 0)
+                                     : df_cuda_matmul_bwd_w(be, &ra, &rb, &te, 0);
+    if (!rc)
+        rc = run_plan(be, s, p, w, t_fp8, 0);
     if (!rc && cudaMemsetAsync(dr, 0, 8, st) == cudaSuccess) {
         int64_t total = p->m * p->n;
         int blocks = (int)((total + 255) / 256 < 2048 ? (total + 255) / 256 : 2048);
@@ -402,6 +423,57 @@ int check_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, df_gemm_kind kind,
     return agree;
 }
 
+/* The plan of a call (built and checked at its first call), or NULL: not
+ * this path (device, dtypes, alignment, or a plan that was refused). */
+fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
+                  const df_tensor *c, int accumulate, int *fresh)
+{
+    df_cuda_state *s = (df_cuda_state *)be->impl;
+    *fresh = 0;
+    if (!df_cuda_fp8_gemm_possible(be) || a->dtype != DF_DTYPE_BF16 ||
+        b->dtype != DF_DTYPE_BF16 || (c->dtype != DF_DTYPE_BF16 && c->dtype != DF_DTYPE_F32))
+        return NULL;
+    /* cuBLAS terms: m = c's columns, n = c's rows, kp = the reduction padded */
+    int64_t red = kind == DF_GEMM_BWD_W ? a->shape[0] : a->shape[1];
+    fp8_plan key;
+    memset(&key, 0, sizeof key);
+    key.kind = (int)kind;
+    key.c_f32 = c->dtype == DF_DTYPE_F32;
+    key.accumulate = accumulate != 0;
+    key.m = c->shape[1];
+    key.n = c->shape[0];
+    key.kp = rup(red, 128);
+    key.ldc = c->stride[0];
+    if (key.m < 1 || key.n < 1 || red < 1 || key.ldc % 8 || ((uintptr_t)c->data & 15))
+        return NULL;
+    if (!s->fp8 && !(s->fp8 = calloc(1, sizeof(fp8_cache))))
+        return NULL;
+    fp8_cache *fc = (fp8_cache *)s->fp8;
+    for (int i = 0; i < fc->n; i++) {
+        fp8_plan *q = &fc->p[i];
+        if (q->kind == key.kind && q->c_f32 == key.c_f32 && q->accumulate == key.accumulate &&
+            q->m == key.m && q->n == key.n && q->kp == key.kp && q->ldc == key.ldc)
+            return q->state < 0 ? NULL : q;
+    }
+    if (fc->n == NPLANS) { /* full: the oldest goes */
+        plan_drop(&fc->p[0]);
+        memmove(&fc->p[0], &fc->p[1], (NPLANS - 1) * sizeof fc->p[0]);
+        fc->n--;
+    }
+    fp8_plan *p = &fc->p[fc->n++];
+    *p = key;
+    if (!plan_build(s, p)) {
+        plan_drop(p);
+        p->state = -1;
+        df_log(DF_LOG_INFO, "cuda: fp8 gemm kind %d m=%lld n=%lld k=%lld: cuBLASLt has no "
+               "block-scaled E4M3 plan; the BF16 GEMM on the rounded operands", (int)kind,
+               (long long)p->m, (long long)p->n, (long long)p->kp);
+        return NULL;
+    }
+    *fresh = 1;
+    return p;
+}
+
 } // namespace
 
 extern "C" void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback)
@@ -421,72 +493,60 @@ extern "C" void df_cuda_fp8_gemm_close(df_cuda_state *s)
     s->fp8 = NULL;
 }
 
-/* 1 when the tensor cores took the call (c written), 0 when the caller runs
- * the BF16 path, or a negative error. */
-extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const df_tensor *a,
-                                       const df_tensor *b, df_tensor *c, int accumulate)
+extern "C" int df_cuda_fp8_gemm_possible(df_backend *be)
 {
     df_cuda_state *s = (df_cuda_state *)be->impl;
     int major = 0;
-    if (!df_knob_int(DF_KNOB_FP8_GEMM) || cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s->device) != cudaSuccess ||
-        major != 9 || a->dtype != DF_DTYPE_BF16 || b->dtype != DF_DTYPE_BF16 ||
-        (c->dtype != DF_DTYPE_BF16 && c->dtype != DF_DTYPE_F32)) {
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s->device) != cudaSuccess)
         (void)cudaGetLastError();
-        return 0;
-    }
-    /* cuBLAS terms: m = c's columns, n = c's rows, kp = the reduction padded */
-    int64_t red = kind == DF_GEMM_FWD ? a->shape[1] : kind == DF_GEMM_BWD_X ? a->shape[1]
-                                                                              : a->shape[0];
-    fp8_plan key;
-    memset(&key, 0, sizeof key);
-    key.kind = (int)kind;
-    key.c_f32 = c->dtype == DF_DTYPE_F32;
-    key.accumulate = accumulate != 0;
-    key.m = c->shape[1];
-    key.n = c->shape[0];
-    key.kp = rup(red, 128);
-    key.ldc = c->stride[0];
-    if (key.m < 1 || key.n < 1 || key.ldc % 8 || ((uintptr_t)c->data & 15))
-        return 0;
-    if (!s->fp8 && !(s->fp8 = calloc(1, sizeof(fp8_cache))))
-        return 0;
-    fp8_cache *fc = (fp8_cache *)s->fp8;
-    fp8_plan *p = NULL;
-    for (int i = 0; i < fc->n && !p; i++) {
-        fp8_plan *q = &fc->p[i];
-        if (q->kind == key.kind && q->c_f32 == key.c_f32 && q->accumulate == key.accumulate &&
-            q->m == key.m && q->n == key.n && q->kp == key.kp && q->ldc == key.ldc)
-            p = q;
-    }
+    return df_knob_int(DF_KNOB_FP8_GEMM) && major == 9;
+}
+
+extern "C" size_t df_cuda_matmul_fp8_ws_bytes(df_gemm_kind kind, const df_tensor *a,
+                                              const df_tensor *c)
+{
+    int64_t red = kind == DF_GEMM_BWD_W ? a->shape[0] : a->shape[1];
+    return ws_layout(kind, c->shape[1], c->shape[0], rup(red, 128), NULL).bytes;
+}
+
+extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, const df_tensor *a,
+                                          const df_tensor *b, df_tensor *c, int accumulate,
+                                          void *ws, size_t ws_bytes)
+{
+    int fresh = 0;
+    fp8_plan *p = plan_of(be, kind, a, b, c, accumulate, &fresh);
     if (!p) {
-        if (fc->n == NPLANS) { /* full: the oldest goes */
-            plan_drop(&fc->p[0]);
-            memmove(&fc->p[0], &fc->p[1], (NPLANS - 1) * sizeof fc->p[0]);
-            fc->n--;
-        }
-        p = &fc->p[fc->n++];
-        *p = key;
-        if (!plan_build(s, p)) {
-            plan_drop(p);
-            p->state = -1;
-            df_log(DF_LOG_INFO, "cuda: fp8 gemm kind %d m=%lld n=%lld k=%lld: cuBLASLt has no "
-                   "block-scaled E4M3 plan; the BF16 GEMM on the rounded operands", (int)kind,
-                   (long long)p->m, (long long)p->n, (long long)p->kp);
-        } else {
-            p->state = check_plan(be, s, p, kind, a, b, c) ? 1 : -1;
-        }
+        g_fallback++;
+        return 0;
     }
+    fp8_ws w = ws_layout(kind, p->m, p->n, p->kp, (char *)ws);
+    if (!ws || w.bytes > ws_bytes) {
+        g_fallback++;
+        return 0;
+    }
+    int rc = quantize(be, kind, a, b, p->m, p->n, p->kp, &w);
+    if (rc)
+        return rc;
+    if (fresh) /* its first call: checked against the BF16 path on these operands */
+        p->state = check_plan(be, (df_cuda_state *)be->impl, p, kind, a, b, c, &w) ? 1 : -1;
     if (p->state < 0) {
         g_fallback++;
         return 0;
     }
-    uint8_t *qa, *qb;
-    float *sa, *sb;
-    int rc = quantize(be, kind, a, b, p->m, p->n, p->kp, &qa, &qb, &sa, &sb);
-    if (!rc)
-        rc = run_plan(be, s, p, qa, qb, sa, sb, c->data, accumulate);
-    if (rc)
+    if ((rc = run_plan(be, (df_cuda_state *)be->impl, p, &w, c->data, accumulate)))
         return rc;
     g_fast++;
     return 1;
+}
+
+/* 1 when the tensor cores took the call (c written), 0 when the caller runs
+ * the BF16 path, or a negative error. The codes go to the backend scratch. */
+extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const df_tensor *a,
+                                       const df_tensor *b, df_tensor *c, int accumulate)
+{
+    size_t bytes = df_cuda_matmul_fp8_ws_bytes(kind, a, c);
+    void *ws = df_cuda_scratch(be, bytes);
+    if (!ws)
+        return -ENOMEM;
+    return df_cuda_matmul_fp8_fast_ws(be, kind, a, b, c, accumulate, ws, bytes);
 }

@@ -58,6 +58,7 @@
 #include "bf16.cuh"
 #include "cuda_internal.h"
 #include "knobs.h"
+#include "fp8_cuda.h"
 #include "lmhead_cuda.h"
 
 extern "C" {
@@ -502,17 +503,24 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     /* FP8 (DF_CE_FP8_GRAD): G is rounded to E4M3 in place (hi), so no lo */
     const int fp8 = (flags & DF_CE_FP8_GRAD) != 0;
     const int want_dh = dh != NULL, want_lo = want_dh && !fp8 && precise_mode();
+    /* FP8 on E4M3 tensor cores (gemm_fp8.cu): both GEMMs' codes in a region
+     * of their own at the end of the scratch layout: the head's (V x H, for
+     * either GEMM) and a chunk's rows' */
+    const int fast8 = fp8 && df_cuda_fp8_gemm_possible(be);
+    const size_t hp8 = round_up((size_t)H, 128), vp8 = round_up((size_t)V, 128);
 
     /* Row strides padded to 32 bytes (fp32 logits) / 16 bytes (lo) so every
      * row start keeps cuBLASLt's fast aligned paths whatever V is. */
     const int64_t ldz = (int64_t)round_up((size_t)V, 8);
     const int64_t ldlo = ldz;
     size_t per_row = (size_t)ldz * 4 + (want_lo ? (size_t)ldlo * 2 : 0) +
-                     (want_dh ? (size_t)H * 4 : 0);
+                     (want_dh ? (size_t)H * 4 : 0) + (fast8 ? hp8 + vp8 : 0);
     size_t cap = g_chunk_bytes ? g_chunk_bytes : chunk_bytes_default();
     /* lent memory (df_backend_lend_scratch) of at least 512 MiB of chunk
      * buffers: chunks sized to it, so the backend's scratch need not grow */
-    size_t fixed = round_up(WS_BYTES + (size_t)(N + 1) * 8, 256) + 1024, lent = df_cuda_scratch_lent(be);
+    size_t fixed = round_up(WS_BYTES + (size_t)(N + 1) * 8, 256) + 1024 +
+                   (fast8 ? hp8 * vp8 + ((size_t)1 << 20) : 0),
+           lent = df_cuda_scratch_lent(be);
     if (!g_chunk_bytes && lent >= fixed + ((size_t)512 << 20) && lent - fixed < cap)
         cap = lent - fixed;
     int64_t rows = (int64_t)(cap / per_row);
@@ -527,7 +535,19 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     size_t o_z = round_up(o_loss + (size_t)(N + 1) * 8, 256);
     size_t o_lo = round_up(o_z + (size_t)rows * ldz * 4, 256);
     size_t o_d32 = round_up(o_lo + (want_lo ? (size_t)rows * ldlo * 2 : 0), 256);
-    size_t total = o_d32 + (want_dh ? (size_t)rows * H * 4 : 0);
+    size_t o_q8 = round_up(o_d32 + (want_dh ? (size_t)rows * H * 4 : 0), 256), n_q8 = 0;
+    /* the views the FP8 GEMMs see, at the largest chunk */
+    const uint16_t *hd = (const uint16_t *)h->data, *wd = (const uint16_t *)head->data;
+    df_tensor head_v = df_tensor_2d((void *)wd, DF_DTYPE_BF16, V, H);
+    head_v.stride[0] = ldw;
+    if (fast8) {
+        df_tensor hv = df_tensor_2d((void *)hd, DF_DTYPE_BF16, rows, H), zv = df_tensor_2d(NULL, DF_DTYPE_F32, rows, V);
+        df_tensor gv = df_tensor_2d(NULL, DF_DTYPE_BF16, rows, V), dv = df_tensor_2d(NULL, DF_DTYPE_F32, rows, H);
+        size_t n1 = df_cuda_matmul_fp8_ws_bytes(DF_GEMM_FWD, &hv, &zv);
+        size_t n2 = want_dh ? df_cuda_matmul_fp8_ws_bytes(DF_GEMM_BWD_X, &gv, &dv) : 0;
+        n_q8 = n1 > n2 ? n1 : n2;
+    }
+    size_t total = o_q8 + n_q8;
     char *sc = (char *)df_cuda_scratch(be, total);
     if (!sc)
         return -ENOMEM;
@@ -536,13 +556,23 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     float *z = (float *)(sc + o_z);
     uint16_t *lo = (uint16_t *)(sc + o_lo);
     float *d32 = (float *)(sc + o_d32);
-    const uint16_t *hd = (const uint16_t *)h->data, *wd = (const uint16_t *)head->data;
+    void *q8 = n_q8 ? sc + o_q8 : NULL;
 
     int rc = 0;
     for (int64_t r0 = 0; r0 < N && !rc; r0 += rows) {
         int64_t nr = N - r0 < rows ? N - r0 : rows;
-        /* GEMM 1, Z^T (V x nr, ld ldz) = op_T(head) h_chunk^T: as df_cuda_matmul, fp32 out */
-        rc = lt_gemm(st, ws, 1, 0, V, nr, H, wd, ldw, hd + r0 * ldh, ldh, z, ldz, 1, 0);
+        /* GEMM 1, Z^T (V x nr, ld ldz) = op_T(head) h_chunk^T: as df_cuda_matmul, fp32 out
+         * (FP8: on E4M3 tensor cores where they are there, else as in BF16) */
+        int done = 0;
+        if (q8) {
+            df_tensor hv = df_tensor_2d((void *)(hd + r0 * ldh), DF_DTYPE_BF16, nr, H);
+            df_tensor zv = df_tensor_2d(z, DF_DTYPE_F32, nr, V);
+            hv.stride[0] = ldh, zv.stride[0] = ldz;
+            done = df_cuda_matmul_fp8_fast_ws(be, DF_GEMM_FWD, &hv, &head_v, &zv, 0, q8, n_q8);
+        }
+        rc = done < 0 ? done
+             : done  ? 0
+                     : lt_gemm(st, ws, 1, 0, V, nr, H, wd, ldw, hd + r0 * ldh, ldh, z, ldz, 1, 0);
         if (rc)
             break;
         ce_row_kernel<<<(unsigned)nr, RT, 0, st>>>(z, ldz, V, r0, label, weight, (double)denom,
@@ -560,7 +590,15 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         }
         /* GEMM 2, dh32^T (H x nr) = head^T G^T, hi (ld 2*ldz bf16) then (precise) + lo,
          * as df_cuda_matmul_bwd_x with fp32 out */
-        rc = lt_gemm(st, ws, 0, 0, H, nr, V, wd, ldw, z, 2 * ldz, d32, H, 1, 0);
+        done = 0;
+        if (q8) {
+            df_tensor gv = df_tensor_2d(z, DF_DTYPE_BF16, nr, V), dv = df_tensor_2d(d32, DF_DTYPE_F32, nr, H);
+            gv.stride[0] = 2 * ldz;
+            done = df_cuda_matmul_fp8_fast_ws(be, DF_GEMM_BWD_X, &gv, &head_v, &dv, 0, q8, n_q8);
+        }
+        rc = done < 0 ? done
+             : done  ? 0
+                     : lt_gemm(st, ws, 0, 0, H, nr, V, wd, ldw, z, 2 * ldz, d32, H, 1, 0);
         if (!rc && want_lo)
             rc = lt_gemm(st, ws, 0, 0, H, nr, V, wd, ldw, lo, ldlo, d32, H, 1, 1);
         if (rc)
