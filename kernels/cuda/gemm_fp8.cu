@@ -128,18 +128,24 @@ __global__ void __launch_bounds__(QT) q8_vec(const uint16_t *__restrict__ x, int
 }
 
 /* 128 x 128 blocks of w [N, K] (bf16, ld ldw): tr 0: out [N, kp] = w
- * (reduction K), tr 1: out [K, kp] = w^T (reduction N). A CTA per block. */
+ * (reduction K), tr 1: out [K, kp] = w^T (reduction N). A CTA per block,
+ * through shared memory so that both the reads of w and the writes of
+ * either orientation are coalesced (the row pitch of 65 words keeps the
+ * transposed reads off one bank). */
 __global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int64_t ldw,
                                              int64_t N, int64_t K, int tr, uint8_t *__restrict__ out,
                                              int64_t kp, float *__restrict__ sc, int64_t l4)
 {
+    __shared__ uint16_t t[128][130];
     __shared__ float wm[QT / 32];
     int64_t n0 = (int64_t)blockIdx.y * 128, c0 = (int64_t)blockIdx.x * 128;
     float m = 0.0f;
     for (int i = threadIdx.x; i < 128 * 128; i += QT) {
-        int64_t n = n0 + i / 128, k = c0 + i % 128;
-        if (n < N && k < K)
-            m = amax_step8(m, bf2f(w[n * ldw + k]));
+        int nn = i / 128, kk = i % 128;
+        int64_t n = n0 + nn, k = c0 + kk;
+        uint16_t v = n < N && k < K ? w[n * ldw + k] : (uint16_t)0;
+        t[nn][kk] = v;
+        m = amax_step8(m, bf2f(v));
     }
 #pragma unroll
     for (int s = 16; s > 0; s >>= 1)
@@ -152,14 +158,14 @@ __global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int
         m = amax_step8(m, wm[j]);
     int ke = scale_exp8(m);
     float inv = ldexpf(1.0f, -ke);
-    int64_t rows_o = tr ? K : N, red = tr ? N : K;
+    int64_t rows_o = tr ? K : N;
     for (int i = threadIdx.x; i < 128 * 128; i += QT) {
         /* consecutive threads write consecutive reduction steps of one out row */
-        int64_t o = (tr ? c0 : n0) + i / 128, r = (tr ? n0 : c0) + i % 128;
-        if (o >= rows_o)
+        int oo = i / 128, rr = i % 128;
+        int64_t o = (tr ? c0 : n0) + oo, r = (tr ? n0 : c0) + rr;
+        if (o >= rows_o || r >= kp)
             continue;
-        float v = r < red ? bf2f(tr ? w[r * ldw + o] : w[o * ldw + r]) : 0.0f;
-        out[o * kp + r] = code8(v, inv);
+        out[o * kp + r] = code8(bf2f(tr ? t[rr][oo] : t[oo][rr]), inv); /* padding: 0 */
     }
     if (threadIdx.x == 0) {
         int64_t ob = tr ? blockIdx.x : blockIdx.y, rb = tr ? blockIdx.y : blockIdx.x;
