@@ -18,12 +18,14 @@
  * rounded up to 4.
  *
  * Trust but verify: the layouts above come from reading, not from a run on
- * this code's first GPU. So every new plan (kind, shape, strides,
- * accumulate, C's dtype) is checked once: the FP8 product and the BF16 GEMM
- * on the rounded operands (fp8.cu's path) go to temporaries, and only if
- * every element agrees within 2^-7 of the largest is the plan used; else
- * (or on any cuBLASLt refusal) that shape stays on the BF16 path, said once
- * in the log. DFLASH_FP8_GEMM=0 keeps every shape there. */
+ * this code's first GPU. So the first plan of each class (kind, C's dtype,
+ * accumulate, m and n multiples of 128 or not) is checked on its call's
+ * operands: the FP8 product and the BF16 GEMM on the rounded operands
+ * (fp8.cu's path) go to temporaries, and only if every element agrees
+ * within 2^-7 of the largest is the class used; else (or where cuBLASLt
+ * refuses a shape) the BF16 path, said once in the log. Plans are per shape
+ * (the heuristic's choice); rows of varied lengths bring new shapes, not new
+ * checks. DFLASH_FP8_GEMM=0 keeps every shape on the BF16 path. */
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <math.h>
@@ -208,16 +210,25 @@ typedef struct fp8_plan {
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
     cublasLtMatmulAlgo_t algo;
-    int state; /* 1: checked and used; -1: refused or failed the check */
+    int state; /* 1: its class passed the check; -1: refused, or its class failed; 0: not known */
 } fp8_plan;
 
 constexpr int NPLANS = 64;
 
-/* the backend's plans (df_cuda_state.fp8, made at first use) */
+/* the backend's plans (df_cuda_state.fp8, made at first use), and the
+ * check's verdict per class of plans: kind, C's dtype, accumulate, and
+ * whether m and n are multiples of 128 (what a layout mistake could depend
+ * on); 0 unknown, 1 agreed, -1 not */
 typedef struct fp8_cache {
     fp8_plan p[NPLANS];
     int n;
+    signed char verdict[3][2][2][2][2];
 } fp8_cache;
+
+signed char *verdict_of(fp8_cache *fc, const fp8_plan *p)
+{
+    return &fc->verdict[p->kind][p->c_f32][p->accumulate][p->m % 128 == 0][p->n % 128 == 0];
+}
 
 int64_t g_fast, g_fallback;
 
@@ -455,18 +466,21 @@ fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const d
     if (!s->fp8 && !(s->fp8 = calloc(1, sizeof(fp8_cache))))
         return NULL;
     fp8_cache *fc = (fp8_cache *)s->fp8;
-    for (int i = 0; i < fc->n; i++) {
+    fp8_plan *p = NULL;
+    for (int i = 0; i < fc->n && !p; i++) {
         fp8_plan *q = &fc->p[i];
         if (q->kind == key.kind && q->c_f32 == key.c_f32 && q->accumulate == key.accumulate &&
             q->m == key.m && q->n == key.n && q->kp == key.kp && q->ldc == key.ldc)
-            return q->state < 0 ? NULL : q;
+            p = q;
     }
+    if (p)
+        goto verdict;
     if (fc->n == NPLANS) { /* full: the oldest goes */
         plan_drop(&fc->p[0]);
         memmove(&fc->p[0], &fc->p[1], (NPLANS - 1) * sizeof fc->p[0]);
         fc->n--;
     }
-    fp8_plan *p = &fc->p[fc->n++];
+    p = &fc->p[fc->n++];
     *p = key;
     if (!plan_build(s, p)) {
         plan_drop(p);
@@ -476,8 +490,15 @@ fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const d
                (long long)p->m, (long long)p->n, (long long)p->kp);
         return NULL;
     }
-    *fresh = 1;
-    return p;
+verdict:
+    /* rows and context lengths vary from row to row: a shape of a class that
+     * has passed its check is trusted, one of a class that failed is not;
+     * a plan whose class is unknown yet is checked at this call */
+    if (p->state == 0) {
+        p->state = *verdict_of(fc, p);
+        *fresh = p->state == 0;
+    }
+    return p->state < 0 ? NULL : p;
 }
 
 } // namespace
@@ -533,8 +554,10 @@ extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, con
     int rc = quantize(be, kind, a, b, p->m, p->n, p->kp, &w);
     if (rc)
         return rc;
-    if (fresh) /* its first call: checked against the BF16 path on these operands */
+    if (fresh) { /* its class's first call: checked against the BF16 path on these operands */
         p->state = check_plan(be, (df_cuda_state *)be->impl, p, kind, a, b, c, &w) ? 1 : -1;
+        *verdict_of((fp8_cache *)((df_cuda_state *)be->impl)->fp8, p) = (signed char)p->state;
+    }
     if (p->state < 0) {
         g_fallback++;
         return 0;
