@@ -60,7 +60,9 @@ float df_fp8_pow2_scale(float amax);
 /* Quantize-dequantize in place: x[rows, cols] (row stride ld, elements)
  * becomes code * scale, with one df_fp8_pow2_scale per block of br x bc
  * elements (edge blocks smaller). A block holding NaN or +-Inf is left as it
- * is, so the non-finite value still reaches the loss. br, bc >= 1. */
-void df_fp8_qdq_f32(float *x, int64_t rows, int64_t cols, int64_t ld, int64_t br, int64_t bc);
+ * is, so the non-finite value still reaches the loss. br, bc >= 1 (else
+ * nothing is done). Returns 0, or -ENOMEM (x untouched): it takes O(cols)
+ * working memory. */
+int df_fp8_qdq_f32(float *x, int64_t rows, int64_t cols, int64_t ld, int64_t br, int64_t bc);
 
 #endif

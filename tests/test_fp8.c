@@ -176,7 +176,7 @@ static void test_qdq_ref(void)
             x[130 * 0 + 128] = INFINITY;
         memcpy(z, x, (size_t)(R * ld) * 4);
         brute_qdq(x, R, C, ld, br, bc, y);
-        df_fp8_qdq_f32(z, R, C, ld, br, bc);
+        CHECK_EQ(df_fp8_qdq_f32(z, R, C, ld, br, bc), 0);
         int ok = 1;
         for (int64_t r = 0; r < R && ok; r++) {
             char what[64];
@@ -190,7 +190,7 @@ static void test_qdq_ref(void)
         /* idempotent */
         float *w = malloc((size_t)(R * ld) * 4);
         memcpy(w, z, (size_t)(R * ld) * 4);
-        df_fp8_qdq_f32(w, R, C, ld, br, bc);
+        CHECK_EQ(df_fp8_qdq_f32(w, R, C, ld, br, bc), 0);
         CHECK(same_bits(w, z, R * ld, "qdq twice"));
         free(w);
         free(x);
@@ -203,7 +203,7 @@ static void test_qdq_ref(void)
     float x[N], q[N];
     fill(x, N, 128, 9);
     memcpy(q, x, sizeof q);
-    df_fp8_qdq_f32(q, 32, 128, 128, 1, 128);
+    CHECK_EQ(df_fp8_qdq_f32(q, 32, 128, 128, 1, 128), 0);
     int bad = 0;
     for (int r = 0; r < 32; r++) {
         float amax = 0;
@@ -240,7 +240,7 @@ static void test_op(void)
             x[i] = df_bf16_to_f32(xb[i]); /* the same values in both dtypes */
         }
         memcpy(ref, x, (size_t)(R * ld) * 4);
-        df_fp8_qdq_f32(ref, R, C, ld, br, bc);
+        CHECK_EQ(df_fp8_qdq_f32(ref, R, C, ld, br, bc), 0);
         for (int t = 0; t < 2; t++) {
             df_backend *be = t ? b3 : b1;
             /* F32, out of place: the padding of y stays poisoned */

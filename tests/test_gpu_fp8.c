@@ -109,8 +109,8 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H)
     df_backend *g = gh_gpu, *c = gh_cpu;
     float *h = gh_rand_bf16(GH_N01, &rng, N * H, 1.0f), *w = gh_rand_bf16(GH_N01, &rng, V * H, 0.05f);
     /* on the E4M3 grid, as DF_CE_FP8_GRAD's caller passes them */
-    df_fp8_qdq_f32(h, N, H, H, 1, 128);
-    df_fp8_qdq_f32(w, V, H, H, 128, 128);
+    CHECK_EQ(df_fp8_qdq_f32(h, N, H, H, 1, 128), 0);
+    CHECK_EQ(df_fp8_qdq_f32(w, V, H, H, 128, 128), 0);
     int32_t *lab = gh_xmalloc((size_t)N * 4);
     for (int64_t i = 0; i < N; i++)
         lab[i] = i % 5 == 4 ? -1 : (int32_t)(test_rand(&rng) % (uint64_t)V);

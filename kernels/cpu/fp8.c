@@ -33,8 +33,7 @@ static int qdq_task(void *vp, size_t task)
         if (y != x)
             for (int64_t r = 0; r < n; r++)
                 memcpy(y + r * ly, x + r * lx, (size_t)cols * sizeof(float));
-        df_fp8_qdq_f32(y, n, cols, ly, c->br, c->bc);
-        return 0;
+        return df_fp8_qdq_f32(y, n, cols, ly, c->br, c->bc);
     }
     float *t = malloc((size_t)(n * cols) * sizeof(float));
     if (!t)
@@ -44,12 +43,12 @@ static int qdq_task(void *vp, size_t task)
     for (int64_t r = 0; r < n; r++)
         for (int64_t k = 0; k < cols; k++)
             t[r * cols + k] = df_bf16_to_f32(x[r * lx + k]);
-    df_fp8_qdq_f32(t, n, cols, cols, c->br, c->bc);
-    for (int64_t r = 0; r < n; r++)
+    int rc = df_fp8_qdq_f32(t, n, cols, cols, c->br, c->bc);
+    for (int64_t r = 0; r < n && !rc; r++)
         for (int64_t k = 0; k < cols; k++)
             y[r * ly + k] = df_f32_to_bf16(t[r * cols + k]);
     free(t);
-    return 0;
+    return rc;
 }
 
 int df_cpu_fp8_qdq(df_backend *be, const df_tensor *x, df_tensor *y, int64_t block_rows,

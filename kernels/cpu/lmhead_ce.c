@@ -142,8 +142,10 @@ static int ce_task(void *vp, size_t task)
             for (int64_t v = 0; v < V; v++)
                 z[v] *= scf;
             z[lab] = (float)((double)pl * sc - coef);
-            if (c->flags & DF_CE_FP8_GRAD)
-                df_fp8_qdq_f32(z, 1, V, V, 1, 128);
+            if ((c->flags & DF_CE_FP8_GRAD) && df_fp8_qdq_f32(z, 1, V, V, 1, 128)) {
+                free(buf);
+                return -ENOMEM;
+            }
             grow[n_act] = z;
             drow[n_act] = h_row(c->dh, i);
             n_act++;
