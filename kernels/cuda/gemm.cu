@@ -559,20 +559,24 @@ static int gemm(df_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k,
                    "matmul");
 }
 
-/* y [M, N] = x [M, K] @ w [N, K]^T: Y^T = op_T(W) X^T. */
+/* y [M, N] = x [M, K] @ w [N, K]^T: Y^T = op_T(W) X^T. y is BF16 through the
+ * op (an activation); F32 for internal callers (the FP8 path's check of the
+ * LM head's logits). */
 int df_cuda_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
                    int accumulate)
 {
     return gemm(be, 1, 0, w->shape[0], x->shape[0], x->shape[1], w->data, w->stride[0], x->data,
-                x->stride[0], y->data, y->stride[0], 0, accumulate);
+                x->stride[0], y->data, y->stride[0], y->dtype == DF_DTYPE_F32, accumulate);
 }
 
-/* dx [M, K] = dy [M, N] @ w [N, K]: dX^T = W^T dY^T, both stored as they are. */
+/* dx [M, K] = dy [M, N] @ w [N, K]: dX^T = W^T dY^T, both stored as they are.
+ * dx BF16 (F32 for internal callers, as df_cuda_matmul's y). */
 int df_cuda_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w, df_tensor *dx,
                          int accumulate)
 {
     return gemm(be, 0, 0, w->shape[1], dy->shape[0], w->shape[0], w->data, w->stride[0],
-                dy->data, dy->stride[0], dx->data, dx->stride[0], 0, accumulate);
+                dy->data, dy->stride[0], dx->data, dx->stride[0], dx->dtype == DF_DTYPE_F32,
+                accumulate);
 }
 
 /* dw [N, K] (F32 or BF16) = dy^T [N, M] @ x [M, K]: dW^T = X^T op_T(dY^T).
