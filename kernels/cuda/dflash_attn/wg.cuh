@@ -29,6 +29,7 @@
 
 #include "common.cuh"
 #include "../ptx_async.cuh"
+#include "../wgmma.cuh"
 
 // The kernel bodies and their helpers: sm_90a device code only.
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -123,37 +124,6 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_
                  : "memory");
 }
 
-// cp.async writes are generic-proxy writes; wgmma reads through the async proxy
-__device__ __forceinline__ void fence_proxy_async()
-{
-    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
-}
-
-// wgmma matrix descriptor: start address, leading / stride byte offsets (16-byte
-// units), 128-byte swizzle (mode 1 in bits 62-63).
-__device__ __forceinline__ uint64_t wg_desc(uint32_t addr, uint32_t lbo, uint32_t sbo)
-{
-    return (uint64_t)((addr & 0x3FFFF) >> 4) | ((uint64_t)(lbo >> 4) << 16) |
-           ((uint64_t)(sbo >> 4) << 32) | (1ull << 62);
-}
-
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit()
-{
-    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
-}
-template <int N> __device__ __forceinline__ void wg_wait()
-{
-    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-// Reads of wgmma results must not be hoisted above the wait that retires them:
-// tie each register to an (empty) volatile asm placed after the wait.
-template <int N> __device__ __forceinline__ void reg_fence(float (&r)[N])
-{
-#pragma unroll
-    for (int i = 0; i < N; i++)
-        asm volatile("" : "+f"(r[i])::"memory");
-}
 // Zero wgmma accumulators and pin the zeroing where it is called: sunk into
 // a loop's paths, it counts as "non-wgmma instructions defining
 // accumulators" and ptxas serializes every wgmma.
