@@ -26,6 +26,23 @@ flip() {
   printf "$(printf '\\%03o' $((b ^ 0x20)))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
 }
 
+# TEST_CLI_PART: a (corpus, caches, extraction, training), b (projected caches, --init-from,
+# cache plan, data parallel, env, usage; it first makes the cache, eval cache and 60-step run it
+# builds on), or all (the default). ctest runs a and b as two tests, side by side.
+PART=${TEST_CLI_PART:-all}
+case $PART in a | b | all) ;; *) echo "test_cli: TEST_CLI_PART=$PART: a, b or all" >&2; exit 2 ;; esac
+
+# shared by both parts: the tiny target, the training arguments, log filters
+TM=$SRC/data/tiny-qwen3
+cols() { "$D" dump "$1" --samples --limit 0 | awk 'NR > 2 { print $1, $2, $3, $7 }'; }
+TA="--cache $W/ext3 --target $TM --steps 60 --mask-token 1 --block-size 8 --max-tokens 512 --max-anchors 32 --lr 3e-3 --log-every 5 --ckpt-every 20 --quiet --device cpu"
+TA3="${TA/--steps 60/--steps 12} --layers 3 --eval-cache $W/ext3 --eval-every 6 --eval-rows 2"
+TA3=${TA3/--ckpt-every 20/--ckpt-every 4}
+nolat() { grep -v '^{"step":[0-9]*,"run":{' "$1" | sed -E 's/"tokens_per_s":[0-9.e+-]+,"step_s":[0-9.e+-]+,"data_wait":[0-9.e+-]+,"data_wait_max":[0-9.e+-]+,"feed_build_s":[0-9.e+-]+,"feed_read_s":[0-9.e+-]+,"tflops":[0-9.e+-]+,"mfu":[0-9.e+-]+,"mem_gib":[0-9.e+-]+,//; s/"eta_s":[0-9.e+-]+,//'; }
+evl() { grep -o '"eval_[a-z_0-9]*": *[-0-9.e+]*' "$1/log.jsonl"; }
+bstep() { sed -nE 's/.*"step":[[:space:]]*([0-9]+).*/\1/p' "$1/best/best.json"; }
+
+if [ "$PART" != b ]; then
 # --- corpus
 run 0 "48 docs|docs +48" "$D" corpus import --vocab 4096 --out "$W/tiny.dtok" "$SRC/data/tiny/corpus.jsonl"
 run 0 "" "$D" corpus info "$W/tiny.dtok"
@@ -79,7 +96,6 @@ run 1 "unfinished" "$D" dump "$W/noman"
 run 1 "not a dflash cache" "$D" dump "$W"
 
 # --- extract: the bundled tiny target over its own completions
-TM=$SRC/data/tiny-qwen3
 run 0 "extracted .*96 docs.*layers 2," "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext" --quiet
 run 0 "OK: 96 samples" "$D" dump "$W/ext" --verify
 run 0 "qwen3 'tiny-qwen3'" "$D" dump "$W/ext"
@@ -89,7 +105,6 @@ run 0 "48 docs" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl
 run 1 "unfinished" "$D" dump "$W/ext2"
 run 0 "48 docs" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext2" --world-size 2 --rank 0 --quiet
 run 0 "OK: 96 samples" "$D" dump "$W/ext2" --verify
-cols() { "$D" dump "$1" --samples --limit 0 | awk 'NR > 2 { print $1, $2, $3, $7 }'; }
 [ "$(cols "$W/ext")" = "$(cols "$W/ext2")" ] || fail "2-rank extraction differs from 1-rank"
 # the same two ranks as a launcher (torchrun) would start them: rank and world from the environment
 run 0 "48 docs" env RANK=1 WORLD_SIZE=2 LOCAL_RANK=1 "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext4" --quiet
@@ -106,7 +121,6 @@ run 2 "want auto, cpu or cuda" "$D" extract --model "$TM" --data "$TM/corpus.jso
 run 2 "required" "$D" extract --model "$TM"
 
 # --- train: the drafter on the bundled cache; the loss falls; exact resume; export
-TA="--cache $W/ext3 --target $TM --steps 60 --mask-token 1 --block-size 8 --max-tokens 512 --max-anchors 32 --lr 3e-3 --log-every 5 --ckpt-every 20 --quiet --device cpu"
 run 0 "" "$D" train $TA --out "$W/runA"
 first=$(grep -m1 '"loss"' "$W/runA/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
 last=$(tail -1 "$W/runA/log.jsonl" | sed -E 's/.*"loss":([0-9.]+).*/\1/')
@@ -114,7 +128,6 @@ awk -v a="$first" -v b="$last" 'BEGIN { exit !(b < a - 0.3) }' || fail "loss did
 run 0 "" "$D" train $TA --out "$W/runB" --stop-after 30   # stops as if killed after step 30
 run 0 "" "$D" train $TA --out "$W/runB"                    # resumes from the step-20 checkpoint
 # the run lines (one per start and resume: time, host, pid) differ by design; the rest is the same
-nolat() { grep -v '^{"step":[0-9]*,"run":{' "$1" | sed -E 's/"tokens_per_s":[0-9.e+-]+,"step_s":[0-9.e+-]+,"data_wait":[0-9.e+-]+,"data_wait_max":[0-9.e+-]+,"feed_build_s":[0-9.e+-]+,"feed_read_s":[0-9.e+-]+,"tflops":[0-9.e+-]+,"mfu":[0-9.e+-]+,"mem_gib":[0-9.e+-]+,//; s/"eta_s":[0-9.e+-]+,//'; }
 [ "$(nolat "$W/runA/log.jsonl")" = "$(nolat "$W/runB/log.jsonl")" ] || fail "resumed run's log differs"
 [ "$(grep -c '^{"step":0,"run":{"event":"start",' "$W/runB/log.jsonl")" = 1 ] &&
   [ "$(grep -c '^{"step":20,"run":{"event":"resume",.*"settings":{"--steps":60,' "$W/runB/log.jsonl")" = 1 ] ||
@@ -138,9 +151,6 @@ cmp -s "$W/runA/export/model.safetensors" "$W/runOvR/export/model.safetensors" |
 # --no-grad-alias (activations kept out of the gradient array; by default layers 1..L-1 keep
 # theirs in the gradients of the layer below): 3 layers, the same weights and evaluation, bit for
 # bit, at each recompute level, with and without the overlapped optimizer, and across a resume
-TA3="${TA/--steps 60/--steps 12} --layers 3 --eval-cache $W/ext3 --eval-every 6 --eval-rows 2"
-TA3=${TA3/--ckpt-every 20/--ckpt-every 4}
-evl() { grep -o '"eval_[a-z_0-9]*": *[-0-9.e+]*' "$1/log.jsonl"; }
 DFLASH_LOG=info run 0 "MiB more in the gradient array" "$D" train $TA3 --out "$W/runL3"
 grep -q " 0.000 MiB more in the gradient array" "$W/out" && fail "no activations went into the gradients"
 run 0 "" "$D" train $TA3 --out "$W/runL3n" --no-grad-alias --no-overlap-optimizer
@@ -203,7 +213,6 @@ done
 # RUN/best: the export of the step with the highest eval tau_walk, with best.json (step, figures):
 # no logged evaluation beats it, it is the export of that step's checkpoint, and `export --best`
 # gives it back bit for bit
-bstep() { sed -nE 's/.*"step":[[:space:]]*([0-9]+).*/\1/p' "$1/best/best.json"; }
 bs=$(bstep "$W/runEv")
 bv=$(sed -nE 's/.*"value":[[:space:]]*([0-9.e+-]+).*/\1/p' "$W/runEv/best/best.json")
 [ -n "$bs" ] && [ -n "$bv" ] || fail "runEv: no best/best.json with a step and a value"
@@ -227,6 +236,18 @@ run 1 "another target" "$D" train $TA --out "$W/runC" --target "$SRC/tests/fixtu
 run 1 "layer" "$D" train $TA --out "$W/runD" --target-layers 0,3
 run 2 "mask-token" "$D" train --cache "$W/ext3" --target "$TM" --out "$W/runE" --steps 5
 
+fi # part a
+
+if [ "$PART" = b ]; then # what part a would have left for part b: corpus, caches, runs
+  run 0 "" "$D" corpus import --vocab 4096 --out "$W/tiny.dtok" "$SRC/data/tiny/corpus.jsonl"
+  run 0 "" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext" --quiet
+  run 0 "" "$D" extract --device cpu --model "$TM" --data "$TM/corpus.jsonl" --out "$W/ext3" --layers 0,1,2 --codec split-lz4 --quiet
+  run 0 "" "$D" extract --device cpu --model "$TM" --data "$TM/eval.jsonl" --out "$W/evc" --layers 0,1,2 --quiet
+  run 0 "" "$D" train $TA --out "$W/runA"
+  run 0 "" "$D" train $TA3 --out "$W/runL3"
+fi
+
+if [ "$PART" != a ]; then
 # --- projected caches: `cache project` derives one from a finished cache without the target; a
 # drafter trains on z and its export is an ordinary drafter (fc merged to hidden x K*hidden)
 run 0 "eigenbasis .*on the CPU" "$D" cache project "$W/ext3" "$W/pj" --rank 24 --device cpu
@@ -462,6 +483,8 @@ run 2 "codec" "$D" cache synth --out "$W/x" --codec zip
 run 0 "usage" "$D" --help
 run 0 "usage" "$D" dump --help
 run 2 "" "$D" train
+
+fi # part b
 
 if [ "$fails" -gt 0 ]; then
   echo "test_cli: $fails failure(s)" >&2
