@@ -169,9 +169,9 @@ run 0 "" "$D" train $TA --out "$W/runRm" --recompute-mlp
 cmp -s "$W/runA/export/model.safetensors" "$W/runRm/export/model.safetensors" || fail "--recompute-mlp changed the weights"
 # --fp8 (the GEMMs' operands rounded to E4M3): other weights than without, an exact resume, and
 # a run started without it refuses to resume with it, naming the setting
-TF="${TA/--steps 60/--steps 24}"; TF=${TF/--ckpt-every 20/--ckpt-every 8}
+TF="${TA/--steps 60/--steps 12}"; TF=${TF/--ckpt-every 20/--ckpt-every 4}
 run 0 "" "$D" train $TF --out "$W/runF" --fp8
-run 0 "" "$D" train $TF --out "$W/runFr" --fp8 --stop-after 12
+run 0 "" "$D" train $TF --out "$W/runFr" --fp8 --stop-after 6
 run 0 "" "$D" train $TF --out "$W/runFr" --fp8
 cmp -s "$W/runF/export/model.safetensors" "$W/runFr/export/model.safetensors" || fail "--fp8 resume differs"
 run 0 "" "$D" train $TF --out "$W/runF0"
