@@ -26,6 +26,7 @@
 #include "cuda/device.h"
 #include "e4m3.h"
 #include "cuda/fp8_cuda.h"
+#include "cuda/lmhead_cuda.h"
 #include "gpu_harness.h"
 #include "knobs.h"
 #include "ops.h"
@@ -154,6 +155,24 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H)
         m2 += (d8[i] - d0[i]) * (double)(d8[i] - d0[i]);
     }
     double rel = sqrt(e2 / r2), moved = sqrt(m2 / r2);
+    /* in chunks of ~N/4 rows (the head's codes made at the first, kept for the others):
+     * the same within the sums' order */
+    df_cuda_lmhead_ce_set_chunk_bytes((size_t)(N / 4) * (size_t)((V + 8) * 4 + H * 4 + 2 * (V + H)));
+    void *gdc = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16);
+    df_tensor Gc = df_tensor_2d(gdc, DF_DTYPE_BF16, N, H);
+    double lc = 0;
+    CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &lc, &Gc, NULL, NULL,
+                             DF_CE_FP8_GRAD), 0);
+    df_cuda_lmhead_ce_set_chunk_bytes(0);
+    float *dc = gh_download_bf16(g, gdc, N * H);
+    double ec = 0;
+    for (int64_t i = 0; i < N * H; i++)
+        ec += (dc[i] - d8[i]) * (double)(dc[i] - d8[i]);
+    printf("  in chunks: loss %.9g, dh rel L2 vs one chunk %.3e\n", lc, sqrt(ec / r2));
+    CHECK(fabs(lc - l8) <= 1e-5 * fabs(l8));
+    CHECK(sqrt(ec / r2) < 1e-2);
+    free(dc);
+    df_backend_free(g, gdc);
     printf("lmhead_ce fp8 grad N=%lld V=%lld H=%lld: loss %.9g (flags 0: %.9g, cpu %.9g), dh rel L2 "
            "vs cpu %.3e, moved from flags 0 %.3e\n",
            (long long)N, (long long)V, (long long)H, l8, l0, lref, rel, moved);

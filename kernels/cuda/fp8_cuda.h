@@ -30,11 +30,14 @@ int df_cuda_fp8_gemm_possible(df_backend *be);
 
 /* The same with the codes and scales in ws (ws_bytes, from
  * df_cuda_matmul_fp8_ws_bytes; less: 0), for callers whose scratch is in
- * use (the LM head's chunk buffers). */
+ * use (the LM head's chunk buffers). weight_ready (DF_GEMM_FWD / _BWD_X):
+ * the weight b's codes are in ws already, from a call with the same b, the
+ * same ws and a c of as many columns (a chunk of rows before this one):
+ * only a is rounded. Pass 0 unless the previous call on ws returned 1. */
 size_t df_cuda_matmul_fp8_ws_bytes(df_gemm_kind kind, const df_tensor *a, const df_tensor *c);
 int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                                const df_tensor *b, df_tensor *c, int accumulate, void *ws,
-                               size_t ws_bytes);
+                               size_t ws_bytes, int weight_ready);
 
 /* Calls df_cuda_matmul_fp8_fast took / left to the BF16 path, process-wide. */
 void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback);

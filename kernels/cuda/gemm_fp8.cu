@@ -308,7 +308,9 @@ int plan_build(df_cuda_state *s, fp8_plan *p)
     return ok;
 }
 
-/* Where the operands' codes and scales go in a workspace, and its size. */
+/* Where the operands' codes and scales go in a workspace, and its size: A's
+ * codes and scales first (their place depends on m and kp only, so a caller
+ * may keep a weight's codes there across calls that differ in n), then B's. */
 typedef struct fp8_ws {
     uint8_t *qa, *qb;
     float *sa, *sb;
@@ -324,22 +326,26 @@ fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base
     size_t nsb = (size_t)(kb * n) * 4;
     fp8_ws w;
     uintptr_t b0 = (uintptr_t)base; /* base NULL: the sizes only */
+    size_t nsa_r = (size_t)rup((int64_t)nsa, 256);
     w.qa = (uint8_t *)b0;
-    w.qb = (uint8_t *)(b0 + na);
-    w.sa = (float *)(b0 + na + nb);
-    w.sb = (float *)(b0 + na + nb + (size_t)rup((int64_t)nsa, 256));
+    w.sa = (float *)(b0 + na);
+    w.qb = (uint8_t *)(b0 + na + nsa_r);
+    w.sb = (float *)(b0 + na + nsa_r + nb);
     w.nsa = nsa;
     w.bytes = na + nb + (size_t)rup((int64_t)nsa, 256) + (size_t)rup((int64_t)nsb, 256);
     return w;
 }
 
-/* the operands' codes and scales into w */
+/* the operands' codes and scales into w; weight_ready: the weight's (A of
+ * DF_GEMM_FWD / _BWD_X) are there already, from an earlier call */
 int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
-             int64_t m, int64_t n, int64_t kp, const fp8_ws *w)
+             int64_t m, int64_t n, int64_t kp, const fp8_ws *w, int weight_ready)
 {
     int64_t kb = kp / 128, l4 = rup(kb, 4);
     cudaStream_t st = df_cuda_stream(be);
-    if (cudaMemsetAsync(w->sa, 0, w->nsa, st) != cudaSuccess)
+    if (kind == DF_GEMM_BWD_W)
+        weight_ready = 0;
+    if (!weight_ready && cudaMemsetAsync(w->sa, 0, w->nsa, st) != cudaSuccess)
         return df_cuda_check_launch("fp8 gemm scales");
     const uint16_t *A = (const uint16_t *)a->data, *B = (const uint16_t *)b->data;
     int64_t lda = a->stride[0], ldb = b->stride[0];
@@ -353,7 +359,8 @@ int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_ten
         int64_t N = b->shape[0], K = b->shape[1];
         int tr = kind == DF_GEMM_BWD_X;
         dim3 g((unsigned)((K + 127) / 128), (unsigned)((N + 127) / 128));
-        q8_blk<<<g, QT, 0, st>>>(B, ldb, N, K, tr, w->qa, kp, w->sa, l4);
+        if (!weight_ready)
+            q8_blk<<<g, QT, 0, st>>>(B, ldb, N, K, tr, w->qa, kp, w->sa, l4);
         q8_vec<<<dim3((unsigned)kb, (unsigned)((n + 31) / 32)), QT, 0, st>>>(A, lda, n,
                                                                             a->shape[1], 0, w->qb,
                                                                             kp, w->sb);
@@ -538,7 +545,7 @@ extern "C" size_t df_cuda_matmul_fp8_ws_bytes(df_gemm_kind kind, const df_tensor
 
 extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                                           const df_tensor *b, df_tensor *c, int accumulate,
-                                          void *ws, size_t ws_bytes)
+                                          void *ws, size_t ws_bytes, int weight_ready)
 {
     int fresh = 0;
     fp8_plan *p = plan_of(be, kind, a, b, c, accumulate, &fresh);
@@ -551,7 +558,7 @@ extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, con
         g_fallback++;
         return 0;
     }
-    int rc = quantize(be, kind, a, b, p->m, p->n, p->kp, &w);
+    int rc = quantize(be, kind, a, b, p->m, p->n, p->kp, &w, weight_ready);
     if (rc)
         return rc;
     if (fresh) { /* its class's first call: checked against the BF16 path on these operands */
@@ -577,5 +584,5 @@ extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const 
     void *ws = df_cuda_scratch(be, bytes);
     if (!ws)
         return -ENOMEM;
-    return df_cuda_matmul_fp8_fast_ws(be, kind, a, b, c, accumulate, ws, bytes);
+    return df_cuda_matmul_fp8_fast_ws(be, kind, a, b, c, accumulate, ws, bytes, 0);
 }

@@ -519,7 +519,7 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     /* lent memory (df_backend_lend_scratch) of at least 512 MiB of chunk
      * buffers: chunks sized to it, so the backend's scratch need not grow */
     size_t fixed = round_up(WS_BYTES + (size_t)(N + 1) * 8, 256) + 1024 +
-                   (fast8 ? hp8 * vp8 + ((size_t)1 << 20) : 0),
+                   (fast8 ? 2 * hp8 * vp8 + ((size_t)2 << 20) : 0),
            lent = df_cuda_scratch_lent(be);
     if (!g_chunk_bytes && lent >= fixed + ((size_t)512 << 20) && lent - fixed < cap)
         cap = lent - fixed;
@@ -535,7 +535,10 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     size_t o_z = round_up(o_loss + (size_t)(N + 1) * 8, 256);
     size_t o_lo = round_up(o_z + (size_t)rows * ldz * 4, 256);
     size_t o_d32 = round_up(o_lo + (want_lo ? (size_t)rows * ldlo * 2 : 0), 256);
-    size_t o_q8 = round_up(o_d32 + (want_dh ? (size_t)rows * H * 4 : 0), 256), n_q8 = 0;
+    /* FP8: GEMM 1's workspace (the head's codes, a chunk's h), then GEMM 2's
+     * (the head^T's codes, a chunk's G): the head's codes are made at the
+     * first chunk and kept for the others */
+    size_t o_q8 = round_up(o_d32 + (want_dh ? (size_t)rows * H * 4 : 0), 256), n_q8 = 0, n_q8a = 0;
     /* the views the FP8 GEMMs see, at the largest chunk */
     const uint16_t *hd = (const uint16_t *)h->data, *wd = (const uint16_t *)head->data;
     df_tensor head_v = df_tensor_2d((void *)wd, DF_DTYPE_BF16, V, H);
@@ -543,9 +546,8 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     if (fast8) {
         df_tensor hv = df_tensor_2d((void *)hd, DF_DTYPE_BF16, rows, H), zv = df_tensor_2d(NULL, DF_DTYPE_F32, rows, V);
         df_tensor gv = df_tensor_2d(NULL, DF_DTYPE_BF16, rows, V), dv = df_tensor_2d(NULL, DF_DTYPE_F32, rows, H);
-        size_t n1 = df_cuda_matmul_fp8_ws_bytes(DF_GEMM_FWD, &hv, &zv);
-        size_t n2 = want_dh ? df_cuda_matmul_fp8_ws_bytes(DF_GEMM_BWD_X, &gv, &dv) : 0;
-        n_q8 = n1 > n2 ? n1 : n2;
+        n_q8a = round_up(df_cuda_matmul_fp8_ws_bytes(DF_GEMM_FWD, &hv, &zv), 256);
+        n_q8 = n_q8a + (want_dh ? df_cuda_matmul_fp8_ws_bytes(DF_GEMM_BWD_X, &gv, &dv) : 0);
     }
     size_t total = o_q8 + n_q8;
     char *sc = (char *)df_cuda_scratch(be, total);
@@ -556,7 +558,8 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     float *z = (float *)(sc + o_z);
     uint16_t *lo = (uint16_t *)(sc + o_lo);
     float *d32 = (float *)(sc + o_d32);
-    void *q8 = n_q8 ? sc + o_q8 : NULL;
+    void *q8 = n_q8 ? sc + o_q8 : NULL, *q8b = n_q8 ? sc + o_q8 + n_q8a : NULL;
+    int head8_1 = 0, head8_2 = 0; /* the head's codes in GEMM 1's / GEMM 2's workspace */
 
     int rc = 0;
     for (int64_t r0 = 0; r0 < N && !rc; r0 += rows) {
@@ -568,7 +571,9 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
             df_tensor hv = df_tensor_2d((void *)(hd + r0 * ldh), DF_DTYPE_BF16, nr, H);
             df_tensor zv = df_tensor_2d(z, DF_DTYPE_F32, nr, V);
             hv.stride[0] = ldh, zv.stride[0] = ldz;
-            done = df_cuda_matmul_fp8_fast_ws(be, DF_GEMM_FWD, &hv, &head_v, &zv, 0, q8, n_q8);
+            done = df_cuda_matmul_fp8_fast_ws(be, DF_GEMM_FWD, &hv, &head_v, &zv, 0, q8, n_q8a,
+                                              head8_1);
+            head8_1 = done == 1;
         }
         rc = done < 0 ? done
              : done  ? 0
@@ -594,7 +599,9 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         if (q8) {
             df_tensor gv = df_tensor_2d(z, DF_DTYPE_BF16, nr, V), dv = df_tensor_2d(d32, DF_DTYPE_F32, nr, H);
             gv.stride[0] = 2 * ldz;
-            done = df_cuda_matmul_fp8_fast_ws(be, DF_GEMM_BWD_X, &gv, &head_v, &dv, 0, q8, n_q8);
+            done = df_cuda_matmul_fp8_fast_ws(be, DF_GEMM_BWD_X, &gv, &head_v, &dv, 0, q8b,
+                                              n_q8 - n_q8a, head8_2);
+            head8_2 = done == 1;
         }
         rc = done < 0 ? done
              : done  ? 0
