@@ -580,6 +580,8 @@ extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, con
 extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                                        const df_tensor *b, df_tensor *c, int accumulate)
 {
+    if (!df_cuda_fp8_gemm_possible(be))
+        return 0; /* (before the scratch: it would grow for nothing) */
     size_t bytes = df_cuda_matmul_fp8_ws_bytes(kind, a, c);
     void *ws = df_cuda_scratch(be, bytes);
     if (!ws)
