@@ -1,9 +1,6 @@
 /* fp8.cu - df_op_fp8_qdq on the GPU (contract in train_ops.h; CPU reference
- * kernels/cpu/fp8.c over common/e4m3.h). Bit-identical to the reference:
- * the amax is exact, the scale a power of two (x / scale exact), and the
- * rounding to E4M3 is done on the float's bits (normals) or by rintf (the
- * subnormal steps of 2^-9), both round-to-nearest-even, on every
- * architecture; no FP8 conversion instruction is needed.
+ * kernels/cpu/fp8.c over common/e4m3.h), bit-identical to the reference
+ * (the rule: e4m3.cuh; no FP8 conversion instruction is needed).
  *
  * Three kernels by block shape, each reading its block twice (amax, then the
  * values), coalesced:
@@ -16,6 +13,7 @@
 
 #include "bf16.cuh"
 #include "cuda_internal.h"
+#include "e4m3.cuh"
 #include "fp8_cuda.h"
 
 namespace {
@@ -29,43 +27,6 @@ template <typename T> __device__ __forceinline__ void st(T *p, float v);
 template <> __device__ __forceinline__ void st<float>(float *p, float v) { *p = v; }
 /* exact: v is code * 2^k, at most 4 significant bits, a normal BF16 number */
 template <> __device__ __forceinline__ void st<uint16_t>(uint16_t *p, float v) { *p = f2bf(v); }
-
-/* max of |values| where a NaN, once seen, stays */
-__device__ __forceinline__ float amax_step(float m, float v)
-{
-    float a = fabsf(v);
-    return (a > m || a != a) ? a : m;
-}
-
-__device__ __forceinline__ float warp_amax(float m)
-{
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1)
-        m = amax_step(m, __shfl_xor_sync(0xffffffffu, m, o));
-    return m;
-}
-
-/* common/e4m3.c's df_fp8_pow2_scale: 2^k, k = ceil(log2(amax / 448)) in
- * [-100, 127]; amax finite here (0 gives 1). */
-__device__ __forceinline__ int scale_exp(float amax)
-{
-    if (!(amax > 0.0f))
-        return 0;
-    int e;
-    float m = frexpf(amax, &e);
-    int k = e - 9 + (m > 0.875f);
-    return k < -100 ? -100 : k > 127 ? 127 : k;
-}
-
-/* v rounded to E4M3 at scale 2^k (inv = 2^-k), times 2^k, with v's sign */
-__device__ __forceinline__ float qdq1(float v, float inv, float s)
-{
-    float a = fminf(fabsf(v) * inv, 448.0f);
-    uint32_t u = __float_as_uint(a);
-    float rn = __uint_as_float((u + 0x7ffffu + ((u >> 20) & 1u)) & 0xfff00000u);
-    float rs = rintf(a * 512.0f) * 0x1p-9f;
-    return copysignf((a < 0x1p-6f ? rs : rn) * s, v);
-}
 
 template <typename T>
 __global__ void __launch_bounds__(NT) qdq_row_kernel(const T *x, int64_t ldx, T *y, int64_t ldy,
@@ -130,14 +91,7 @@ __global__ void __launch_bounds__(NT) qdq_tile_kernel(const T *x, int64_t ldx, T
     float m = 0.0f;
     for (int64_t i = threadIdx.x; i < n; i += NT)
         m = amax_step(m, ld(x + (r0 + i / w) * ldx + c0 + i % w));
-    m = warp_amax(m);
-    if ((threadIdx.x & 31) == 0)
-        wm[threadIdx.x / 32] = m;
-    __syncthreads();
-    m = 0.0f;
-#pragma unroll
-    for (int j = 0; j < NT / 32; j++)
-        m = amax_step(m, wm[j]);
+    m = block_amax<NT>(m, wm);
     if (!isfinite(m)) {
         if ((const void *)y != (const void *)x)
             for (int64_t i = threadIdx.x; i < n; i += NT)

@@ -38,6 +38,7 @@
 #include "bf16.cuh"
 #include "cuda_internal.h"
 #include "cuda_state.h"
+#include "e4m3.cuh"
 #include "fp8_cuda.h"
 #include "knobs.h"
 
@@ -48,37 +49,6 @@ extern "C" {
 namespace {
 
 constexpr int QT = 256; /* threads of the rounding kernels */
-
-__device__ __forceinline__ float amax_step8(float m, float v)
-{
-    float a = fabsf(v);
-    return (a > m || a != a) ? a : m;
-}
-
-/* fp8.cu's scale rule: 2^k, k = ceil(log2(amax / 448)) in [-100, 127] */
-__device__ __forceinline__ int scale_exp8(float amax)
-{
-    if (!(amax > 0.0f) || !isfinite(amax))
-        return 0;
-    int e;
-    float m = frexpf(amax, &e);
-    int k = e - 9 + (m > 0.875f);
-    return k < -100 ? -100 : k > 127 ? 127 : k;
-}
-
-/* The E4M3 code of v at inverse scale inv: fp8.cu's rounding, as a code.
- * NaN and +-Inf give the NaN code, so a non-finite input still makes the
- * product non-finite (the rounding kernel leaves such a block as it is). */
-__device__ __forceinline__ uint8_t code8(float v, float inv)
-{
-    float a = fminf(fabsf(v) * inv, 448.0f);
-    uint32_t u = __float_as_uint(a);
-    uint32_t cn = ((u + 0x7ffffu + ((u >> 20) & 1u)) >> 20) - (120u << 3);
-    uint32_t cs = (uint32_t)rintf(a * 512.0f);
-    uint32_t c = a < 0x1p-6f ? cs : cn;
-    c = isfinite(v) ? c : 0x7fu;
-    return (uint8_t)(c | (__float_as_uint(v) >> 24 & 0x80u));
-}
 
 /* 1 x 128 blocks of x [R, C] (bf16, ld ldx) along its rows (tr 0: out [R, kp]
  * = x, reduction C) or along its columns (tr 1: out [C, kp] = x^T, reduction
@@ -112,17 +82,15 @@ __global__ void __launch_bounds__(QT) q8_vec(const uint16_t *__restrict__ x, int
         int64_t o = o0 + oo;
         float v[4], m = 0.0f;
         for (int q = 0; q < 4; q++)
-            m = amax_step8(m, v[q] = t[oo][lane * 4 + q]);
-#pragma unroll
-        for (int s = 16; s > 0; s >>= 1)
-            m = amax_step8(m, __shfl_xor_sync(0xffffffffu, m, s));
+            m = amax_step(m, v[q] = t[oo][lane * 4 + q]);
+        m = warp_amax(m);
         if (o >= rows_o)
             continue;
-        int k = scale_exp8(m);
+        int k = scale_exp(m);
         float inv = ldexpf(1.0f, -k);
         uint32_t w = 0;
         for (int q = 0; q < 4; q++)
-            w |= (uint32_t)code8(v[q], inv) << (8 * q);
+            w |= (uint32_t)e4m3_code(v[q], inv) << (8 * q);
         *reinterpret_cast<uint32_t *>(out + o * kp + k0 + lane * 4) = w;
         if (lane == 0)
             sc[(k0 / 128) * rows_o + o] = ldexpf(1.0f, k);
@@ -147,18 +115,10 @@ __global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int
         int64_t n = n0 + nn, k = c0 + kk;
         uint16_t v = n < N && k < K ? w[n * ldw + k] : (uint16_t)0;
         t[nn][kk] = v;
-        m = amax_step8(m, bf2f(v));
+        m = amax_step(m, bf2f(v));
     }
-#pragma unroll
-    for (int s = 16; s > 0; s >>= 1)
-        m = amax_step8(m, __shfl_xor_sync(0xffffffffu, m, s));
-    if (threadIdx.x % 32 == 0)
-        wm[threadIdx.x / 32] = m;
-    __syncthreads();
-    m = 0.0f;
-    for (int j = 0; j < QT / 32; j++)
-        m = amax_step8(m, wm[j]);
-    int ke = scale_exp8(m);
+    m = block_amax<QT>(m, wm);
+    int ke = scale_exp(m);
     float inv = ldexpf(1.0f, -ke);
     int64_t rows_o = tr ? K : N;
     for (int i = threadIdx.x; i < 128 * 128; i += QT) {
@@ -167,7 +127,7 @@ __global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int
         int64_t o = (tr ? c0 : n0) + oo, r = (tr ? n0 : c0) + rr;
         if (o >= rows_o || r >= kp)
             continue;
-        out[o * kp + r] = code8(bf2f(tr ? t[rr][oo] : t[oo][rr]), inv); /* padding: 0 */
+        out[o * kp + r] = e4m3_code(bf2f(tr ? t[rr][oo] : t[oo][rr]), inv); /* padding: 0 */
     }
     if (threadIdx.x == 0) {
         int64_t ob = tr ? blockIdx.x : blockIdx.y, rb = tr ? blockIdx.y : blockIdx.x;

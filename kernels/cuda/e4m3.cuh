@@ -1,0 +1,88 @@
+/* e4m3.cuh - common/e4m3.h's rounding rule on the device, for the two
+ * FP8 files: fp8.cu (values rounded in place: df_op_fp8_qdq) and gemm_fp8.cu
+ * (E4M3 codes for the tensor cores). One rule, so the codes' values are
+ * exactly the rounded values. Bit-exact with the CPU: the amax is exact, the
+ * scale a power of two (x / scale exact), and the rounding is done on the
+ * float's bits (normals) or by rintf (the subnormal steps of 2^-9), both
+ * round-to-nearest-even, on every architecture. Internal (anonymous
+ * namespace). */
+#ifndef DF_CUDA_E4M3_CUH
+#define DF_CUDA_E4M3_CUH
+
+#include <stdint.h>
+
+namespace {
+
+/* max of |values| where a NaN, once seen, stays */
+__device__ __forceinline__ float amax_step(float m, float v)
+{
+    float a = fabsf(v);
+    return (a > m || a != a) ? a : m;
+}
+
+__device__ __forceinline__ float warp_amax(float m)
+{
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1)
+        m = amax_step(m, __shfl_xor_sync(0xffffffffu, m, o));
+    return m;
+}
+
+/* The amax of a CTA of NT threads (each holding its own), in every thread;
+ * wm: NT / 32 floats of shared memory. */
+template <int NT> __device__ __forceinline__ float block_amax(float m, float *wm)
+{
+    m = warp_amax(m);
+    if ((threadIdx.x & 31) == 0)
+        wm[threadIdx.x / 32] = m;
+    __syncthreads();
+    m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NT / 32; j++)
+        m = amax_step(m, wm[j]);
+    return m;
+}
+
+/* common/e4m3.c's df_fp8_pow2_scale as its exponent: k = ceil(log2(amax /
+ * 448)) in [-100, 127]; 0 (scale 1) for amax 0 or non-finite. */
+__device__ __forceinline__ int scale_exp(float amax)
+{
+    if (!(amax > 0.0f) || !isfinite(amax))
+        return 0;
+    int e;
+    float m = frexpf(amax, &e);
+    int k = e - 9 + (m > 0.875f);
+    return k < -100 ? -100 : k > 127 ? 127 : k;
+}
+
+/* The E4M3 value nearest |v| * inv (inv = 2^-k), saturating at 448: RNE to
+ * 3 mantissa bits on the bits from 2^-6 up, steps of 2^-9 below. */
+__device__ __forceinline__ float e4m3_mag(float v, float inv)
+{
+    float a = fminf(fabsf(v) * inv, 448.0f);
+    uint32_t u = __float_as_uint(a);
+    float rn = __uint_as_float((u + 0x7ffffu + ((u >> 20) & 1u)) & 0xfff00000u);
+    float rs = rintf(a * 512.0f) * 0x1p-9f;
+    return a < 0x1p-6f ? rs : rn;
+}
+
+/* v rounded to E4M3 at scale s = 2^k (inv = 2^-k), times s, with v's sign */
+__device__ __forceinline__ float qdq1(float v, float inv, float s)
+{
+    return copysignf(e4m3_mag(v, inv) * s, v);
+}
+
+/* v's E4M3 code at inverse scale inv (e4m3_mag's value as exponent and
+ * mantissa bits). NaN and +-Inf give the NaN code, so a non-finite input
+ * still makes a product non-finite (fp8.cu leaves such a block as it is). */
+__device__ __forceinline__ uint8_t e4m3_code(float v, float inv)
+{
+    float r = e4m3_mag(v, inv);
+    uint32_t c = r < 0x1p-6f ? (uint32_t)(r * 512.0f) : (__float_as_uint(r) >> 20) - (120u << 3);
+    c = isfinite(v) ? c : 0x7fu;
+    return (uint8_t)(c | (__float_as_uint(v) >> 24 & 0x80u));
+}
+
+} // namespace
+
+#endif
