@@ -102,6 +102,10 @@ if [ $status = 0 ]; then
   if [ "${PROFILE:-1}" = 1 ]; then
     DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --out "$W/runp" --device cuda --steps 4 \
       >"$LOG/train-profile.log" 2>&1 || status=1
+    if [ "${FP8:-0}" = 1 ]; then # the fp8 step's ops: the rounding passes against the GEMMs they feed
+      DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --out "$W/runpf" --device cuda --steps 4 --fp8 \
+        >"$LOG/train-profile-fp8.log" 2>&1 || status=1
+    fi
     if [ "${PROFILE_GPUS:-1}" -gt 1 ]; then # the same on several GPUs: each rank logs its own
       DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --out "$W/runpn" --device cuda \
         --gpus "$PROFILE_GPUS" --steps 4 >"$LOG/train-profile-${PROFILE_GPUS}gpu.log" 2>&1 || status=1

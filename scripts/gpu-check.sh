@@ -4,7 +4,7 @@
 # random models, run the benchmarks (drafter attention vs flex_attention, storage, extraction vs
 # HF), print a short table last. STAGES picks stages (default: all of them;
 # the build always runs); ARCHS the CUDA architectures (default "90a;80").
-# Full logs go to LOG_DIR (default out/gpu-check). From the repo root, with .device/ carried:
+# CTEST_J the ctest jobs (default 4). Full logs go to LOG_DIR (default out/gpu-check). From the repo root, with .device/ carried:
 # the libraries the GPU machine lacks (liburing, cJSON; .device/env.sh is sourced when present),
 # for the e2e stage qwen3-code-8m in .device/qwen3-code-8m (or E2E_MODEL=DIR), and for the
 # baselines the PyTorch scripts in .device/bench (bench-train.sh, bench-extract.sh say more):
@@ -37,7 +37,7 @@ if [ $status = 0 ] && has test; then
   # test_gpu_drafter's reference: our PyTorch DFlash step in fp64 and naive bf16, made now
   python3 "$ROOT/scripts/dflash_reference.py" --config c --bf16 --out "$LOG/drafter_c.safetensors" \
     >"$LOG/drafter-ref.log" 2>&1 && export DFLASH_GPU_DRAFTER_REF="$LOG/drafter_c.safetensors"
-  ctest --test-dir "$B" --output-on-failure -j4 >"$LOG/ctest.log" 2>&1 || status=1
+  ctest --test-dir "$B" --output-on-failure -j "${CTEST_J:-4}" >"$LOG/ctest.log" 2>&1 || status=1
   "$B/tests/test_gpu_drafter" >"$LOG/gpu-drafter.log" 2>&1
   tests=$(grep -E "tests passed|tests failed" "$LOG/ctest.log" | tail -1)
   echo "ctest: $tests" >>"$LOG/summary.txt"
