@@ -255,6 +255,16 @@ int main(void)
     if (sm90)
         CHECK(nfast >= 6);
     check_lmhead(300, 5000, 256);
+    /* rows not a multiple of 4 (cuBLASLt's row counts): the GEMMs' rows rounded up, on the
+     * tensor cores still (chunks of 74 rows too) */
+    df_cuda_fp8_gemm_counts(&nfast, &nslow);
+    check_lmhead(299, 5000, 256);
+    int64_t nfast2 = 0, nslow2 = 0;
+    df_cuda_fp8_gemm_counts(&nfast2, &nslow2);
+    printf("lmhead_ce with 299 rows: %lld calls on E4M3 tensor cores, %lld on the BF16 path\n",
+           (long long)(nfast2 - nfast), (long long)(nslow2 - nslow));
+    if (sm90)
+        CHECK(nfast2 - nfast >= 4 && nslow2 == nslow);
     gh_close();
     return test_main_end();
 }

@@ -33,7 +33,11 @@ int df_cuda_fp8_gemm_possible(df_backend *be);
  * use (the LM head's chunk buffers). weight_ready (DF_GEMM_FWD / _BWD_X):
  * the weight b's codes are in ws already, from a call with the same b, the
  * same ws and a c of as many columns (a chunk of rows before this one):
- * only a is rounded. Pass 0 unless the previous call on ws returned 1. */
+ * only a is rounded. Pass 0 unless the previous call on ws returned 1.
+ * cuBLASLt takes only row counts that are multiples of 4: for DF_GEMM_FWD /
+ * _BWD_X, c may have up to 3 rows more than a (a's rows rounded up to 4),
+ * those rows written as products of zero rows; the BF16 path (return 0)
+ * writes a's rows of c only. */
 size_t df_cuda_matmul_fp8_ws_bytes(df_gemm_kind kind, const df_tensor *a, const df_tensor *c);
 int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                                const df_tensor *b, df_tensor *c, int accumulate, void *ws,

@@ -53,10 +53,12 @@ constexpr int QT = 256; /* threads of the rounding kernels */
 /* 1 x 128 blocks of x [R, C] (bf16, ld ldx) along its rows (tr 0: out [R, kp]
  * = x, reduction C) or along its columns (tr 1: out [C, kp] = x^T, reduction
  * R). A CTA takes 128 reduction steps x 32 out rows through shared memory;
- * a warp finishes 4 out rows: amax, scale, 4 codes per lane. */
+ * a warp finishes 4 out rows: amax, scale, 4 codes per lane. Out rows from
+ * x's count up to n_out get zero codes (cuBLASLt's row counts are multiples
+ * of 4; the grid covers n_out). */
 __global__ void __launch_bounds__(QT) q8_vec(const uint16_t *__restrict__ x, int64_t ldx,
                                              int64_t R, int64_t C, int tr, uint8_t *__restrict__ out,
-                                             int64_t kp, float *__restrict__ sc)
+                                             int64_t kp, float *__restrict__ sc, int64_t n_out)
 {
     __shared__ float t[32][129];
     int64_t rows_o = tr ? C : R, red = tr ? R : C;
@@ -84,7 +86,7 @@ __global__ void __launch_bounds__(QT) q8_vec(const uint16_t *__restrict__ x, int
         for (int q = 0; q < 4; q++)
             m = amax_step(m, v[q] = t[oo][lane * 4 + q]);
         m = warp_amax(m);
-        if (o >= rows_o)
+        if (o >= n_out)
             continue;
         int k = scale_exp(m);
         float inv = ldexpf(1.0f, -k);
@@ -93,7 +95,7 @@ __global__ void __launch_bounds__(QT) q8_vec(const uint16_t *__restrict__ x, int
             w |= (uint32_t)e4m3_code(v[q], inv) << (8 * q);
         *reinterpret_cast<uint32_t *>(out + o * kp + k0 + lane * 4) = w;
         if (lane == 0)
-            sc[(k0 / 128) * rows_o + o] = ldexpf(1.0f, k);
+            sc[(k0 / 128) * n_out + o] = ldexpf(1.0f, k);
     }
 }
 
@@ -312,18 +314,18 @@ int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_ten
     if (kind == DF_GEMM_BWD_W) { /* A = x^T [K, M], B = dy^T [N, M]: a = dy [M, N], b = x [M, K] */
         int64_t M = a->shape[0];
         q8_vec<<<dim3((unsigned)kb, (unsigned)((m + 31) / 32)), QT, 0, st>>>(B, ldb, M, m, 1, w->qa,
-                                                                            kp, w->sa);
+                                                                            kp, w->sa, m);
         q8_vec<<<dim3((unsigned)kb, (unsigned)((n + 31) / 32)), QT, 0, st>>>(A, lda, M, n, 1, w->qb,
-                                                                            kp, w->sb);
+                                                                            kp, w->sb, n);
     } else { /* FWD: A = w [N, K] (tr 0), B = x; BWD_X: A = w^T [K, N] (tr 1), B = dy */
         int64_t N = b->shape[0], K = b->shape[1];
         int tr = kind == DF_GEMM_BWD_X;
         dim3 g((unsigned)((K + 127) / 128), (unsigned)((N + 127) / 128));
         if (!weight_ready)
             q8_blk<<<g, QT, 0, st>>>(B, ldb, N, K, tr, w->qa, kp, w->sa, l4);
-        q8_vec<<<dim3((unsigned)kb, (unsigned)((n + 31) / 32)), QT, 0, st>>>(A, lda, n,
+        q8_vec<<<dim3((unsigned)kb, (unsigned)((n + 31) / 32)), QT, 0, st>>>(A, lda, a->shape[0],
                                                                             a->shape[1], 0, w->qb,
-                                                                            kp, w->sb);
+                                                                            kp, w->sb, n);
     }
     return df_cuda_check_launch("fp8 gemm rounding");
 }
@@ -367,7 +369,9 @@ int check_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, df_gemm_kind kind,
     unsigned *dr = (unsigned *)(buf + 2 * bytes + ba + bb);
     df_tensor ra = df_tensor_2d(buf + 2 * bytes, DF_DTYPE_BF16, a->shape[0], a->shape[1]);
     df_tensor rb = df_tensor_2d(buf + 2 * bytes + ba, DF_DTYPE_BF16, b->shape[0], b->shape[1]);
-    df_tensor te = df_tensor_2d(t_emu, c->dtype, c->shape[0], c->shape[1]);
+    /* the rows a has (c may have up to 3 more: zero rows for cuBLASLt) */
+    int64_t nr = bw ? p->n : a->shape[0];
+    df_tensor te = df_tensor_2d(t_emu, c->dtype, nr, c->shape[1]);
     te.stride[0] = p->ldc;
     int rc = df_cuda_fp8_qdq(be, a, &ra, bw ? 128 : 1, bw ? 1 : 128);
     if (!rc)
@@ -379,16 +383,16 @@ int check_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, df_gemm_kind kind,
     if (!rc)
         rc = run_plan(be, s, p, w, t_fp8, 0);
     if (!rc && cudaMemsetAsync(dr, 0, 8, st) == cudaSuccess) {
-        int64_t total = p->m * p->n;
+        int64_t total = p->m * nr;
         int blocks = (int)((total + 255) / 256 < 2048 ? (total + 255) / 256 : 2048);
         if (p->c_f32)
             cmp_kernel<float><<<blocks, 256, 0, st>>>((const float *)t_fp8, p->ldc,
-                                                       (const float *)t_emu, p->ldc, p->m, p->n,
+                                                       (const float *)t_emu, p->ldc, p->m, nr,
                                                        dr);
         else
             cmp_kernel<uint16_t><<<blocks, 256, 0, st>>>((const uint16_t *)t_fp8, p->ldc,
                                                           (const uint16_t *)t_emu, p->ldc, p->m,
-                                                          p->n, dr);
+                                                          nr, dr);
         if (cudaMemcpyAsync(r, dr, 8, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
             cudaStreamSynchronize(st) == cudaSuccess) {
             float err, mx;
@@ -430,6 +434,8 @@ fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const d
     key.ldc = c->stride[0];
     if (key.m < 1 || key.n < 1 || red < 1 || key.ldc % 8 || ((uintptr_t)c->data & 15))
         return NULL;
+    if (kind != DF_GEMM_BWD_W && (a->shape[0] > key.n || key.n - a->shape[0] > 3))
+        return NULL; /* c's rows: a's, or a's rounded up to 4 */
     if (!s->fp8 && !(s->fp8 = calloc(1, sizeof(fp8_cache))))
         return NULL;
     fp8_cache *fc = (fp8_cache *)s->fp8;

@@ -529,23 +529,25 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     if (rows > N)
         rows = N;
     rows = (N + (N + rows - 1) / rows - 1) / ((N + rows - 1) / rows); /* chunks of equal size */
+    /* the FP8 GEMMs write rows rounded up to 4 (cuBLASLt's row counts) */
+    const int64_t rows_c = fast8 ? (rows + 3) / 4 * 4 : rows;
 
     /* Scratch: [ws][row_loss N + 1 doubles][logits rows x ldz][lo][dh32]. */
     size_t o_loss = WS_BYTES;
     size_t o_z = round_up(o_loss + (size_t)(N + 1) * 8, 256);
-    size_t o_lo = round_up(o_z + (size_t)rows * ldz * 4, 256);
+    size_t o_lo = round_up(o_z + (size_t)rows_c * ldz * 4, 256);
     size_t o_d32 = round_up(o_lo + (want_lo ? (size_t)rows * ldlo * 2 : 0), 256);
     /* FP8: GEMM 1's workspace (the head's codes, a chunk's h), then GEMM 2's
      * (the head^T's codes, a chunk's G): the head's codes are made at the
      * first chunk and kept for the others */
-    size_t o_q8 = round_up(o_d32 + (want_dh ? (size_t)rows * H * 4 : 0), 256), n_q8 = 0, n_q8a = 0;
+    size_t o_q8 = round_up(o_d32 + (want_dh ? (size_t)rows_c * H * 4 : 0), 256), n_q8 = 0, n_q8a = 0;
     /* the views the FP8 GEMMs see, at the largest chunk */
     const uint16_t *hd = (const uint16_t *)h->data, *wd = (const uint16_t *)head->data;
     df_tensor head_v = df_tensor_2d((void *)wd, DF_DTYPE_BF16, V, H);
     head_v.stride[0] = ldw;
     if (fast8) {
-        df_tensor hv = df_tensor_2d((void *)hd, DF_DTYPE_BF16, rows, H), zv = df_tensor_2d(NULL, DF_DTYPE_F32, rows, V);
-        df_tensor gv = df_tensor_2d(NULL, DF_DTYPE_BF16, rows, V), dv = df_tensor_2d(NULL, DF_DTYPE_F32, rows, H);
+        df_tensor hv = df_tensor_2d((void *)hd, DF_DTYPE_BF16, rows, H), zv = df_tensor_2d(NULL, DF_DTYPE_F32, rows_c, V);
+        df_tensor gv = df_tensor_2d(NULL, DF_DTYPE_BF16, rows, V), dv = df_tensor_2d(NULL, DF_DTYPE_F32, rows_c, H);
         n_q8a = round_up(df_cuda_matmul_fp8_ws_bytes(DF_GEMM_FWD, &hv, &zv), 256);
         n_q8 = n_q8a + (want_dh ? df_cuda_matmul_fp8_ws_bytes(DF_GEMM_BWD_X, &gv, &dv) : 0);
     }
@@ -569,7 +571,7 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         int done = 0;
         if (q8) {
             df_tensor hv = df_tensor_2d((void *)(hd + r0 * ldh), DF_DTYPE_BF16, nr, H);
-            df_tensor zv = df_tensor_2d(z, DF_DTYPE_F32, nr, V);
+            df_tensor zv = df_tensor_2d(z, DF_DTYPE_F32, (nr + 3) / 4 * 4, V);
             hv.stride[0] = ldh, zv.stride[0] = ldz;
             done = df_cuda_matmul_fp8_fast_ws(be, DF_GEMM_FWD, &hv, &head_v, &zv, 0, q8, n_q8a,
                                               head8_1);
@@ -597,7 +599,8 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
          * as df_cuda_matmul_bwd_x with fp32 out */
         done = 0;
         if (q8) {
-            df_tensor gv = df_tensor_2d(z, DF_DTYPE_BF16, nr, V), dv = df_tensor_2d(d32, DF_DTYPE_F32, nr, H);
+            df_tensor gv = df_tensor_2d(z, DF_DTYPE_BF16, nr, V);
+            df_tensor dv = df_tensor_2d(d32, DF_DTYPE_F32, (nr + 3) / 4 * 4, H);
             gv.stride[0] = 2 * ldz;
             done = df_cuda_matmul_fp8_fast_ws(be, DF_GEMM_BWD_X, &gv, &head_v, &dv, 0, q8b,
                                               n_q8 - n_q8a, head8_2);
