@@ -17,7 +17,12 @@
  *    (the E4M3 tensor cores on sm_90); dh is within 2e-2
  *    relative L2 of the CPU's (the GPU rounds G to bf16 before E4M3, the CPU
  *    rounds the fp32 G: blocks may differ by a tie or a scale step) and
- *    moves away from the flags-0 dh by E4M3's ~1e-2. */
+ *    moves away from the flags-0 dh by E4M3's ~1e-2.
+ * `--bench`: the GEMMs of the Qwen3.6-27B drafter step, each kind: the BF16
+ *  GEMM, the FP8 op, and its parts on the tensor cores (the activations'
+ *  rounding alone; the whole call with the weight's codes made or kept),
+ *  medians of 9 host-timed calls (a sync each). */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,11 +225,110 @@ static void check_matmul(df_gemm_kind kind, int64_t M, int64_t N, int64_t K, int
     df_backend_free(g, ga), df_backend_free(g, gb), df_backend_free(g, gc);
 }
 
-int main(void)
+static double time_ms(int (*f)(void *), void *arg)
+{
+    double t[9];
+    CHECK_EQ(f(arg), 0); /* warm-up: plans, checks, scratch */
+    CHECK_EQ(df_backend_sync(gh_gpu), 0);
+    for (int i = 0; i < 9; i++) {
+        double t0 = gh_now_ms();
+        CHECK_EQ(f(arg), 0);
+        CHECK_EQ(df_backend_sync(gh_gpu), 0);
+        t[i] = gh_now_ms() - t0;
+    }
+    return gh_median(t, 9);
+}
+
+typedef struct bench_case {
+    df_gemm_kind kind;
+    df_tensor a, b, c, q;
+    void *ws;
+    size_t ws_bytes;
+    int weight_ready;
+} bench_case;
+
+static int run_bf16(void *p)
+{
+    bench_case *k = p;
+    return k->kind == DF_GEMM_FWD     ? df_op_matmul(gh_gpu, &k->a, &k->b, &k->c, 0)
+           : k->kind == DF_GEMM_BWD_X ? df_op_matmul_bwd_x(gh_gpu, &k->a, &k->b, &k->c, 0)
+                                      : df_op_matmul_bwd_w(gh_gpu, &k->a, &k->b, &k->c, 0);
+}
+static int run_op8(void *p)
+{
+    bench_case *k = p;
+    return df_op_matmul_fp8(gh_gpu, k->kind, &k->a, &k->b, &k->c, 0);
+}
+static int run_fast(void *p)
+{
+    bench_case *k = p;
+    int rc = df_cuda_matmul_fp8_fast_ws(gh_gpu, k->kind, &k->a, &k->b, &k->c, 0, k->ws,
+                                        k->ws_bytes, k->weight_ready);
+    return rc == 1 ? 0 : rc == 0 ? -ENOTSUP : rc;
+}
+static int run_round_a(void *p)
+{
+    bench_case *k = p;
+    return k->kind == DF_GEMM_BWD_W ? df_op_fp8_qdq(gh_gpu, &k->a, &k->q, 128, 1)
+                                    : df_op_fp8_qdq(gh_gpu, &k->a, &k->q, 1, 128);
+}
+
+/* M rows of activations, the weight N x K (as check_matmul) */
+static void bench_gemm(const char *name, df_gemm_kind kind, int64_t M, int64_t N, int64_t K)
+{
+    df_backend *g = gh_gpu;
+    int64_t ar = M, ac = kind == DF_GEMM_FWD ? K : N;
+    int64_t br = kind == DF_GEMM_BWD_W ? M : N, bc = K;
+    int64_t cr = kind == DF_GEMM_BWD_W ? N : M, cc = kind == DF_GEMM_FWD ? N : K;
+    bench_case k = {.kind = kind};
+    void *ga = df_backend_alloc(g, (size_t)(ar * ac) * 2), *gb = df_backend_alloc(g, (size_t)(br * bc) * 2);
+    void *gc = df_backend_alloc(g, (size_t)(cr * cc) * 2), *gq = df_backend_alloc(g, (size_t)(ar * ac) * 2);
+    CHECK(ga && gb && gc && gq);
+    CHECK_EQ(df_backend_fill_uniform(g, ga, DF_DTYPE_BF16, ar * ac, 1, -1.0f, 1.0f), 0);
+    CHECK_EQ(df_backend_fill_uniform(g, gb, DF_DTYPE_BF16, br * bc, 2, -0.05f, 0.05f), 0);
+    k.a = df_tensor_2d(ga, DF_DTYPE_BF16, ar, ac), k.b = df_tensor_2d(gb, DF_DTYPE_BF16, br, bc);
+    k.c = df_tensor_2d(gc, DF_DTYPE_BF16, cr, cc), k.q = df_tensor_2d(gq, DF_DTYPE_BF16, ar, ac);
+    double flop = 2.0 * (double)M * (double)N * (double)K;
+    double t16 = time_ms(run_bf16, &k), t8 = time_ms(run_op8, &k), tr = time_ms(run_round_a, &k);
+    printf("bench %-10s kind %d M=%lld N=%lld K=%lld: bf16 %.3f ms (%.0f TFLOP/s), fp8 op %.3f ms "
+           "(%.0f), activations' rounding %.3f ms",
+           name, (int)kind, (long long)M, (long long)N, (long long)K, t16, flop / t16 * 1e-9, t8,
+           flop / t8 * 1e-9, tr);
+    k.ws_bytes = df_cuda_matmul_fp8_ws_bytes(kind, &k.a, &k.c);
+    k.ws = df_backend_alloc(g, k.ws_bytes);
+    CHECK(k.ws != NULL);
+    if (df_cuda_fp8_gemm_possible(g)) {
+        double tf = time_ms(run_fast, &k);
+        printf(", tensor cores: whole call %.3f ms (%.0f)", tf, flop / tf * 1e-9);
+        if (kind != DF_GEMM_BWD_W) {
+            k.weight_ready = 1;
+            double tw = time_ms(run_fast, &k);
+            printf(", weight's codes kept %.3f ms (%.0f)", tw, flop / tw * 1e-9);
+        }
+    }
+    printf("\n");
+    void *bufs[] = {ga, gb, gc, gq, k.ws};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        df_backend_free(g, bufs[i]);
+}
+
+int main(int argc, char **argv)
 {
     int rc = gh_open(0);
     if (rc)
         return rc;
+    if (argc > 1 && !strcmp(argv[1], "--bench")) { /* the 27B drafter step's GEMMs */
+        for (int kind = 0; kind < 3; kind++) {
+            bench_gemm("mlp up", (df_gemm_kind)kind, 8192, 17408, 5120);
+            bench_gemm("mlp down", (df_gemm_kind)kind, 8192, 5120, 17408);
+            bench_gemm("q proj", (df_gemm_kind)kind, 8192, 4096, 5120);
+            bench_gemm("fc", (df_gemm_kind)kind, 4096, 5120, 25600);
+        }
+        bench_gemm("lm head", DF_GEMM_FWD, 768, 248320, 5120);
+        bench_gemm("lm head", DF_GEMM_BWD_X, 768, 248320, 5120);
+        gh_close();
+        return test_main_end();
+    }
     static const int64_t sh[][4] = {
         {37, 300, 1, 128}, {300, 37, 128, 1}, {260, 300, 128, 128}, {5, 7, 3, 2}, {1, 1000, 1, 1000},
     };
