@@ -61,6 +61,21 @@ extern "C" int df_cuda_func_smem(const void *fn, size_t bytes)
         cudaGetLastError();
         return -EIO;
     }
+    // Forced portable: the 100 KiB of shared memory per SM of those parts too
+    // (the carveout in percent of the SM's, rounded down: the driver rounds a
+    // carveout up to the next configuration it has), so that CTAs per SM, not
+    // only per-CTA limits, are theirs.
+    int per_sm = 0;
+    if (df_cuda_portable_forced() &&
+        cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev) == cudaSuccess &&
+        per_sm > 100 * 1024) {
+        int pct = (int)(100LL * 100 * 1024 / per_sm);
+        if (cudaFuncSetAttribute(fn, cudaFuncAttributePreferredSharedMemoryCarveout, pct) != cudaSuccess) {
+            cudaGetLastError();
+            return -EIO;
+        }
+    }
+    cudaGetLastError();
     return 0;
 }
 

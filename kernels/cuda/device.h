@@ -38,7 +38,9 @@ int df_cuda_smem_optin(int dev);
 /* cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
  * bytes) on the current device, within df_cuda_smem_optin(): -ENOTSUP
  * (nothing set) where bytes exceed it, so that DFLASH_PORTABLE=1 refuses a
- * launch a 99 KiB part would refuse; 0, or -EIO on a CUDA error (cleared). */
+ * launch a 99 KiB part would refuse, and then also fn's shared-memory
+ * carveout to those parts' 100 KiB per SM (their CTAs per SM); 0, or -EIO on
+ * a CUDA error (cleared). */
 int df_cuda_func_smem(const void *fn, size_t bytes);
 /* Whether the Hopper kernels (wgmma, TMA; built for sm_90a) may be chosen on
  * the current device: compute capability 9.0 and not df_cuda_portable_forced().

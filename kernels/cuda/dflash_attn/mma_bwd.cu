@@ -291,36 +291,50 @@ __global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part
 }
 
 // dQ from the stored dS^T (the one-stage backward): CTA = item (block b, kv
-// head g, row chunk ch), MW warps, warp w the chunk's rows 16 w .. + 15 x D.
-// dq = scale (sum over the span's context tiles of dS K_t + the block tile's
-// dS K_b), tile by tile in key order (deterministic). A stage: the dS^T tile
-// [TKM][RQ + 8] and its K rows [TKM][D + 8], both cp.async, two stages.
-template <int D> constexpr size_t dq_dsd_smem() { return (size_t)2 * TKM * ((RQ + 8) + (D + 8)) * 2; }
+// head g, row chunk ch), MW = 4 warps in 2 x 2: warp w the chunk's rows
+// 32 (w & 1) .. + 31 x head-dim columns (D / 2) (w >> 1) .. (each B fragment
+// of K feeds two m-tiles, each A fragment of dS half the columns: 192 bytes
+// of shared memory per mma instead of 288 with 16-row warps over all D).
+// dq = scale (sum over the span's context keys of dS K + the block keys'),
+// in key order in 32-key steps (deterministic). A stage: 32 keys of the
+// dS^T slot [32][RQ + 8] and their K rows [32][D + 8], cp.async, three
+// stages (40 KiB at D 128: two CTAs per SM on the 100 KiB parts).
+constexpr int DQS_KEYS = 32, DQS_ST = 3;
+template <int D> constexpr size_t dq_dsd_smem() { return (size_t)DQS_ST * DQS_KEYS * ((RQ + 8) + (D + 8)) * 2; }
 template <int D>
 __global__ void __launch_bounds__(MW * 32) dq_dsd_kernel(Params p, const uint16_t *dsd)
 {
-    constexpr int KP = D + 8, TP = RQ + 8, NTD = D / 8, V8 = D / 8, R8 = RQ / 8, NTHR = MW * 32;
+    static_assert(MW == 4 && RQ == 64, "2 x 2 warps over 64 rows");
+    constexpr int KP = D + 8, TP = RQ + 8, NTH = D / 16, V8 = D / 8, R8 = RQ / 8, NTHR = MW * 32;
+    constexpr int STG = DQS_KEYS * (TP + KP);
     extern __shared__ float4 smem4[];
-    uint16_t *sm = reinterpret_cast<uint16_t *>(smem4); // stage st: dS^T at st * TKM (TP + KP), K after it
+    uint16_t *sm = reinterpret_cast<uint16_t *>(smem4); // stage st: dS^T at st * STG, K after it
     int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv, b = blockIdx.x / (p.nch * p.nkv);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, t4 = lane & 3, gid = lane >> 2;
+    int wr = (warp & 1) * 32, wc = (warp >> 1) * (D / 2);
     long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
-    float acc[NTD][4];
+    float acc[2][NTH][4];
 #pragma unroll
-    for (int nd = 0; nd < NTD; nd++)
-        acc[nd][0] = acc[nd][1] = acc[nd][2] = acc[nd][3] = 0.0f;
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int nd = 0; nd < NTH; nd++)
+            acc[mi][nd][0] = acc[mi][nd][1] = acc[mi][nd][2] = acc[mi][nd][3] = 0.0f;
     if (p.valid[b]) {
         int anc = p.anchor[b], lo0 = ctx_lo(anc, p.doc_start[b], p.W, 0);
-        int t0 = lo0 / TKM, ntc = anc > lo0 ? (anc - 1) / TKM - t0 + 1 : 0, nt = ntc + 1;
-        int maxt = dsd_maxt(p.S, p.W);
-        auto issue = [&](int t, int st) {
-            uint16_t *Ts = sm + st * TKM * (TP + KP), *Ks = Ts + TKM * TP;
-            bool isctx = t < ntc;
-            int base = isctx ? (t0 + t) * TKM : 0, end = isctx ? anc : p.bs;
-            const uint16_t *dsrc = dsd + dsd_slot(p, b, g, ch, isctx ? t : maxt) * (size_t)(TKM * RQ);
+        int t0 = lo0 / TKM, maxt = dsd_maxt(p.S, p.W);
+        // 32-key steps: the context tiles' up to the anchor, then the block tile's up to bs
+        int nhc = anc > lo0 ? (anc - t0 * TKM + DQS_KEYS - 1) / DQS_KEYS : 0;
+        int nh = nhc + (p.bs + DQS_KEYS - 1) / DQS_KEYS;
+        auto issue = [&](int h, int st) {
+            uint16_t *Ts = sm + st * STG, *Ks = Ts + DQS_KEYS * TP;
+            bool isctx = h < nhc;
+            int t = isctx ? h / (TKM / DQS_KEYS) : maxt;
+            int k0 = isctx ? (h % (TKM / DQS_KEYS)) * DQS_KEYS : (h - nhc) * DQS_KEYS; // in the slot
+            int base = (isctx ? (t0 + t) * TKM : 0) + k0, end = isctx ? anc : p.bs;
+            const uint16_t *dsrc = dsd + dsd_slot(p, b, g, ch, t) * (size_t)(TKM * RQ) + (size_t)k0 * RQ;
             const uint16_t *ksrc = isctx ? p.kc : p.kb;
-            long long rbase = isctx ? base : (long long)b * p.bs;
-            for (int e = threadIdx.x; e < TKM * (R8 + V8); e += NTHR) {
+            long long rbase = isctx ? base : (long long)b * p.bs + base;
+            for (int e = threadIdx.x; e < DQS_KEYS * (R8 + V8); e += NTHR) {
                 int key = e / (R8 + V8), c = (e % (R8 + V8)) * 8;
                 bool ok = base + key < end;
                 if (c < RQ)
@@ -329,38 +343,55 @@ __global__ void __launch_bounds__(MW * 32) dq_dsd_kernel(Params p, const uint16_
                     cp16(Ks + key * KP + c - RQ, ksrc + (ok ? (rbase + key) * ldk + (long long)g * D + c - RQ : 0), ok);
             }
         };
-        issue(0, 0);
-        cp_commit();
-        for (int t = 0; t < nt; t++) {
-            if (t + 1 < nt)
-                issue(t + 1, (t + 1) & 1);
-            cp_commit();
-            cp_wait<1>();
-            __syncthreads();
-            const uint16_t *Ts = sm + (t & 1) * TKM * (TP + KP), *Ks = Ts + TKM * TP;
 #pragma unroll
-            for (int kk = 0; kk < TKM / 16; kk++) {
-                // A = dS (rows 16 warp.., keys 16 kk..) from dS^T [key][row]: ldmatrix .trans;
+        for (int s = 0; s < DQS_ST - 1; s++) {
+            if (s < nh)
+                issue(s, s);
+            cp_commit();
+        }
+        for (int h = 0; h < nh; h++) {
+            cp_wait<DQS_ST - 2>();
+            __syncthreads(); // step h landed for all; step h - 1's stage is free
+            if (h + DQS_ST - 1 < nh)
+                issue(h + DQS_ST - 1, (h + DQS_ST - 1) % DQS_ST);
+            cp_commit();
+            const uint16_t *Ts = sm + (h % DQS_ST) * STG, *Ks = Ts + DQS_KEYS * TP;
+#pragma unroll
+            for (int kk = 0; kk < DQS_KEYS / 16; kk++) {
+                // A = dS (rows wr + 16 mi.., keys 16 kk..) from dS^T [key][row]: ldmatrix .trans;
                 // matrices (rows lo, keys lo), (rows hi, keys lo), (rows lo, keys hi), (rows hi, keys hi)
-                uint32_t a[4];
-                ldsm4t(a, Ts + (kk * 16 + (lane >> 4) * 8 + (lane & 7)) * TP + warp * 16 + ((lane >> 3) & 1) * 8);
-                mma_cols<NTD, KP>(acc, a, Ks, kk * 16, lane);
+                uint32_t a[2][4];
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++)
+                    ldsm4t(a[mi], Ts + (kk * 16 + (lane >> 4) * 8 + (lane & 7)) * TP + wr + mi * 16 +
+                                      ((lane >> 3) & 1) * 8);
+#pragma unroll
+                for (int nd = 0; nd < NTH; nd += 2) { // B = K (keys 16 kk.., columns wc + 8 nd..)
+                    uint32_t r[4];
+                    ldsm4t(r, Ks + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KP + wc + (nd + (lane >> 4)) * 8);
+#pragma unroll
+                    for (int mi = 0; mi < 2; mi++) {
+                        mma16816(acc[mi][nd], a[mi], r[0], r[1]);
+                        mma16816(acc[mi][nd + 1], a[mi], r[2], r[3]);
+                    }
+                }
             }
-            __syncthreads(); // stage t & 1 is refilled by the next iteration's issue
         }
         cp_wait<0>();
     }
 #pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        RowId id = row_id(p, b, g, ch, warp * 16 + gid + 8 * ri);
-        if (!id.ok)
-            continue;
-        uint16_t *qrow = p.dq + id.grow * ldq + id.h * D;
+    for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-        for (int nd = 0; nd < NTD; nd++)
-            *reinterpret_cast<uint32_t *>(qrow + nd * 8 + 2 * t4) =
-                pack_bf2(acc[nd][2 * ri] * p.scale, acc[nd][2 * ri + 1] * p.scale);
-    }
+        for (int ri = 0; ri < 2; ri++) {
+            RowId id = row_id(p, b, g, ch, wr + mi * 16 + gid + 8 * ri);
+            if (!id.ok)
+                continue;
+            uint16_t *qrow = p.dq + id.grow * ldq + id.h * D + wc;
+#pragma unroll
+            for (int nd = 0; nd < NTH; nd++)
+                *reinterpret_cast<uint32_t *>(qrow + nd * 8 + 2 * t4) =
+                    pack_bf2(acc[mi][nd][2 * ri] * p.scale, acc[mi][nd][2 * ri + 1] * p.scale);
+        }
 }
 
 // dkc / dvc = sum over splits 0 .. NSPL - 1 of the fp32 partials, in order.
