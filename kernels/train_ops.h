@@ -129,8 +129,13 @@ int df_op_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *k
  * blocks). The caller passes h and head already rounded (df_op_fp8_qdq:
  * h in 1 x 128 blocks, head in 128 x 128), so both GEMMs have E4M3
  * operands and a backend may run them on E4M3 tensor cores (the sums in
- * another order). Other bits: -EINVAL. */
+ * another order). DF_CE_FP8_HEAD_FROZEN (with DF_CE_FP8_GRAD): head is the
+ * same tensor, unchanged, at every call with this flag (the drafter's frozen
+ * LM head): a backend may make its E4M3 codes once and keep them (the CUDA
+ * backend: one byte per element and GEMM, until it closes). Other bits:
+ * -EINVAL. */
 #define DF_CE_FP8_GRAD 1u
+#define DF_CE_FP8_HEAD_FROZEN 2u
 int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
                     const int32_t *label, const float *weight, float denom, double *loss_sum,
                     df_tensor *dh, int32_t *argmax, float *ce, unsigned flags);

@@ -160,6 +160,22 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H)
         m2 += (d8[i] - d0[i]) * (double)(d8[i] - d0[i]);
     }
     double rel = sqrt(e2 / r2), moved = sqrt(m2 / r2);
+    /* a frozen head (DF_CE_FP8_HEAD_FROZEN): its codes made at the first call and kept for the
+     * second, the same bits as made per call; kept again after a free (forgotten, remade) */
+    for (int call = 0; call < 3; call++) {
+        if (call == 2)
+            df_backend_free(g, df_backend_alloc(g, 256));
+        void *gdf = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16);
+        df_tensor Gf = df_tensor_2d(gdf, DF_DTYPE_BF16, N, H);
+        double lf = 0;
+        CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &lf, &Gf, NULL, NULL,
+                                 DF_CE_FP8_GRAD | DF_CE_FP8_HEAD_FROZEN), 0);
+        float *df = gh_download_bf16(g, gdf, N * H);
+        CHECK(lf == l8);
+        CHECK(memcmp(df, d8, (size_t)(N * H) * sizeof(float)) == 0);
+        free(df);
+        df_backend_free(g, gdf);
+    }
     /* in chunks of ~N/4 rows (the head's codes made at the first, kept for the others):
      * the same within the sums' order */
     df_cuda_lmhead_ce_set_chunk_bytes((size_t)(N / 4) * (size_t)((V + 8) * 4 + H * 4 + 2 * (V + H)));
@@ -263,7 +279,7 @@ static int run_fast(void *p)
 {
     bench_case *k = p;
     int rc = df_cuda_matmul_fp8_fast_ws(gh_gpu, k->kind, &k->a, &k->b, &k->c, 0, k->ws,
-                                        k->ws_bytes, k->weight_ready);
+                                        k->ws_bytes, NULL, k->weight_ready);
     return rc == 1 ? 0 : rc == 0 ? -ENOTSUP : rc;
 }
 static int run_round_a(void *p)
@@ -294,7 +310,7 @@ static void bench_gemm(const char *name, df_gemm_kind kind, int64_t M, int64_t N
            "(%.0f), activations' rounding %.3f ms",
            name, (int)kind, (long long)M, (long long)N, (long long)K, t16, flop / t16 * 1e-9, t8,
            flop / t8 * 1e-9, tr);
-    k.ws_bytes = df_cuda_matmul_fp8_ws_bytes(kind, &k.a, &k.c);
+    k.ws_bytes = df_cuda_matmul_fp8_ws_bytes(kind, &k.a, &k.c, 0);
     k.ws = df_backend_alloc(g, k.ws_bytes);
     CHECK(k.ws != NULL);
     if (df_cuda_fp8_gemm_possible(g)) {

@@ -649,7 +649,7 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
     /* FP8: h rounded in place (nothing reads it after the head), the head's
      * rounded copy, the softmax gradient rounded */
     const df_tensor *head = d->q8 ? &d->head8 : &d->head;
-    unsigned ce_flags = d->q8 ? DF_CE_FP8_GRAD : 0;
+    unsigned ce_flags = d->q8 ? DF_CE_FP8_GRAD | DF_CE_FP8_HEAD_FROZEN : 0;
     if (na == N) {
         if (d->q8)
             CK(df_op_fp8_qdq(be, &h, &h, 1, 128));

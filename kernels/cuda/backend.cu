@@ -14,6 +14,7 @@
 #include "cuda_state.h"
 #include "device.h"
 #include "dflash_attn.h"
+#include "fp8_cuda.h"
 #include "lmhead_cuda.h"
 #include "train_cuda.h"
 #include "knobs.h"
@@ -264,6 +265,7 @@ static void cu_free(df_backend *be, void *p)
     /* cudaFree synchronises the device: frees happen at teardown or when a
      * workspace grows, never inside a step. */
     (void)cu_set(be);
+    df_cuda_fp8_kept_forget(be); /* codes kept of a weight that may have lived there */
     (void)cudaFree(p);
 }
 

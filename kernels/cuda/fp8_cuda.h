@@ -30,18 +30,43 @@ int df_cuda_fp8_gemm_possible(df_backend *be);
 
 /* The same with the codes and scales in ws (ws_bytes, from
  * df_cuda_matmul_fp8_ws_bytes; less: 0), for callers whose scratch is in
- * use (the LM head's chunk buffers). weight_ready (DF_GEMM_FWD / _BWD_X):
- * the weight b's codes are in ws already, from a call with the same b, the
- * same ws and a c of as many columns (a chunk of rows before this one):
- * only a is rounded. Pass 0 unless the previous call on ws returned 1.
+ * use (the LM head's chunk buffers). wa (DF_GEMM_FWD / _BWD_X; NULL: in
+ * ws): the weight b's codes and scales apart, in a df_cuda_fp8_kept
+ * region, and ws holds the rest (df_cuda_matmul_fp8_ws_bytes without_a).
+ * weight_ready: b's codes are there already, from a call with the same b,
+ * the same region and a c of as many columns: only a is rounded. Pass 0
+ * unless an earlier call on that region returned 1.
  * cuBLASLt takes only row counts that are multiples of 4: for DF_GEMM_FWD /
  * _BWD_X, c may have up to 3 rows more than a (a's rows rounded up to 4),
  * those rows written as products of zero rows; the BF16 path (return 0)
  * writes a's rows of c only. */
-size_t df_cuda_matmul_fp8_ws_bytes(df_gemm_kind kind, const df_tensor *a, const df_tensor *c);
+size_t df_cuda_matmul_fp8_ws_bytes(df_gemm_kind kind, const df_tensor *a, const df_tensor *c,
+                                   int without_a);
 int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                                const df_tensor *b, df_tensor *c, int accumulate, void *ws,
-                               size_t ws_bytes, int weight_ready);
+                               size_t ws_bytes, void *wa, int weight_ready);
+
+/* A frozen weight's E4M3 codes kept on the device across calls (the LM
+ * head's: 1 byte per element and orientation, until the backend closes):
+ * slot (0 .. DF_CUDA_FP8_KEPT - 1) for weight w as A of kind (FWD: w, BWD_X:
+ * w^T). The slot is the region for df_cuda_matmul_fp8_fast_ws's wa; ready:
+ * it holds w's codes (set by the caller after a call on it returned 1;
+ * cleared here when w's pointer, shape or stride differ from the slot's).
+ * NULL: no memory (the caller keeps the codes in its workspace). */
+#define DF_CUDA_FP8_KEPT 4
+typedef struct df_cuda_fp8_kept {
+    const void *w;
+    int64_t rows, cols, ld;
+    int kind, ready;
+    void *buf;
+    size_t bytes;
+} df_cuda_fp8_kept;
+df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_gemm_kind kind,
+                                       const df_tensor *w);
+/* Marks every slot as not ready (df_backend_free calls it: a weight's memory
+ * freed and handed out again must not find its old codes; frees come at
+ * teardown or when a buffer grows, not inside a step). */
+void df_cuda_fp8_kept_forget(df_backend *be);
 
 /* Calls df_cuda_matmul_fp8_fast took / left to the BF16 path, process-wide. */
 void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback);

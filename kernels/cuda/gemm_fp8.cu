@@ -50,86 +50,165 @@ namespace {
 
 constexpr int QT = 256; /* threads of the rounding kernels */
 
-/* 1 x 128 blocks of x [R, C] (bf16, ld ldx) along its rows (tr 0: out [R, kp]
- * = x, reduction C) or along its columns (tr 1: out [C, kp] = x^T, reduction
- * R). A CTA takes 128 reduction steps x 32 out rows through shared memory;
- * a warp finishes 4 out rows: amax, scale, 4 codes per lane. Out rows from
- * x's count up to n_out get zero codes (cuBLASLt's row counts are multiples
- * of 4; the grid covers n_out). */
-__global__ void __launch_bounds__(QT) q8_vec(const uint16_t *__restrict__ x, int64_t ldx,
-                                             int64_t R, int64_t C, int tr, uint8_t *__restrict__ out,
-                                             int64_t kp, float *__restrict__ sc, int64_t n_out)
+/* 8 bf16 at p, raw: one 16-byte load where vec (p 16-byte aligned) and all
+ * 8 are in range, else the ones below lim (the rest 0) */
+__device__ __forceinline__ uint4 load8_raw(const uint16_t *__restrict__ p, int vec, int64_t lim)
 {
-    __shared__ float t[32][129];
-    int64_t rows_o = tr ? C : R, red = tr ? R : C;
-    int64_t o0 = (int64_t)blockIdx.y * 32, k0 = (int64_t)blockIdx.x * 128;
-    /* load: element (o, k) of the out operand = x[o][k] (tr 0) or x[k][o] (tr 1) */
-    for (int i = threadIdx.x; i < 32 * 128; i += QT) {
-        int oo, kk;
-        if (tr) { /* consecutive threads: consecutive o = columns of x */
-            oo = i % 32, kk = i / 32;
-        } else { /* consecutive k = columns of x */
-            oo = i / 128, kk = i % 128;
-        }
-        int64_t o = o0 + oo, k = k0 + kk;
-        float v = 0.0f;
-        if (o < rows_o && k < red)
-            v = bf2f(tr ? x[k * ldx + o] : x[o * ldx + k]);
-        t[oo][kk] = v;
+    if (vec && lim >= 8)
+        return *reinterpret_cast<const uint4 *>(p);
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        w[j] = (2 * j < lim ? (uint32_t)p[2 * j] : 0u) |
+               (2 * j + 1 < lim ? (uint32_t)p[2 * j + 1] << 16 : 0u);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* the same as floats */
+__device__ __forceinline__ void load8(const uint16_t *__restrict__ p, int vec, int64_t lim,
+                                      float v[8])
+{
+    unpack8(load8_raw(p, vec, lim), v);
+}
+
+/* 8 codes of v at inverse scale inv, little-endian in one word pair */
+__device__ __forceinline__ uint2 codes8(const float v[8], float inv)
+{
+    uint2 w = {0u, 0u};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        w.x |= (uint32_t)e4m3_code(v[j], inv) << (8 * j);
+        w.y |= (uint32_t)e4m3_code(v[j + 4], inv) << (8 * j);
+    }
+    return w;
+}
+
+/* 1 x 128 blocks along the rows of x [R, C] (bf16, ld ldx): out [n_out, kp]
+ * codes, sc[kb * n_out + o]. Sixteen threads per block, eight values each
+ * (one 16-byte load where x's rows are 16-byte aligned), the amax over the
+ * sixteen by shuffles; consecutive blocks along a row, so a warp reads 512
+ * contiguous bytes. Rows from R up to n_out get zero codes (cuBLASLt's row
+ * counts are multiples of 4); the reduction past C up to kp too. */
+__global__ void __launch_bounds__(QT) q8_row(const uint16_t *__restrict__ x, int64_t ldx,
+                                             int64_t R, int64_t C, uint8_t *__restrict__ out,
+                                             int64_t kp, float *__restrict__ sc, int64_t n_out,
+                                             int vec)
+{
+    int64_t kb = kp / 128, blk = (int64_t)blockIdx.x * (QT / 16) + threadIdx.x / 16;
+    int sub = threadIdx.x & 15;
+    int live = blk < n_out * kb;
+    int64_t o = live ? blk / kb : 0, b = live ? blk - o * kb : 0, k = b * 128 + sub * 8;
+    float v[8];
+    load8(x + o * ldx + k, vec, live && o < R ? C - k : 0, v);
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        m = amax_step(m, v[j]);
+#pragma unroll
+    for (int d = 8; d > 0; d >>= 1)
+        m = amax_step(m, __shfl_xor_sync(0xffffffffu, m, d));
+    if (!live)
+        return;
+    int e = scale_exp(m);
+    *reinterpret_cast<uint2 *>(out + o * kp + k) = codes8(v, ldexpf(1.0f, -e));
+    if (sub == 0)
+        sc[b * n_out + o] = ldexpf(1.0f, e);
+}
+
+/* 1 x 128 blocks along the columns of x [R, C]: out [C, kp] = x^T codes
+ * (reduction R), sc[kb * C + o]. A CTA: 128 reduction steps x 64 out rows,
+ * read as 16-byte rows of 8 columns into shared memory (transposed), then
+ * a warp finishes 8 out rows: amax, scale, 4 codes per lane. */
+__global__ void __launch_bounds__(QT) q8_col(const uint16_t *__restrict__ x, int64_t ldx,
+                                             int64_t R, int64_t C, uint8_t *__restrict__ out,
+                                             int64_t kp, float *__restrict__ sc, int vec)
+{
+    __shared__ float t[64][129];
+    int64_t o0 = (int64_t)blockIdx.y * 64, k0 = (int64_t)blockIdx.x * 128;
+    for (int i = threadIdx.x; i < 128 * 8; i += QT) {
+        int kk = i / 8, oc = (i % 8) * 8;
+        int64_t k = k0 + kk, o = o0 + oc;
+        float v[8];
+        load8(x + k * ldx + o, vec, k < R ? C - o : 0, v);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            t[oc + j][kk] = v[j];
     }
     __syncthreads();
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int j = 0; j < 4; j++) {
-        int oo = warp * 4 + j;
+    for (int j = 0; j < 8; j++) {
+        int oo = warp * 8 + j;
         int64_t o = o0 + oo;
         float v[4], m = 0.0f;
+#pragma unroll
         for (int q = 0; q < 4; q++)
             m = amax_step(m, v[q] = t[oo][lane * 4 + q]);
         m = warp_amax(m);
-        if (o >= n_out)
+        if (o >= C)
             continue;
-        int k = scale_exp(m);
-        float inv = ldexpf(1.0f, -k);
+        int e = scale_exp(m);
+        float inv = ldexpf(1.0f, -e);
         uint32_t w = 0;
+#pragma unroll
         for (int q = 0; q < 4; q++)
             w |= (uint32_t)e4m3_code(v[q], inv) << (8 * q);
         *reinterpret_cast<uint32_t *>(out + o * kp + k0 + lane * 4) = w;
         if (lane == 0)
-            sc[(k0 / 128) * n_out + o] = ldexpf(1.0f, k);
+            sc[(k0 / 128) * C + o] = ldexpf(1.0f, e);
     }
 }
 
 /* 128 x 128 blocks of w [N, K] (bf16, ld ldw): tr 0: out [N, kp] = w
- * (reduction K), tr 1: out [K, kp] = w^T (reduction N). A CTA per block,
- * through shared memory so that both the reads of w and the writes of
- * either orientation are coalesced (the row pitch of 65 words keeps the
- * transposed reads off one bank). */
+ * (reduction K), tr 1: out [K, kp] = w^T (reduction N). A CTA per block:
+ * 16-byte loads into shared memory, the block's amax, then each thread
+ * writes 8 (tr 0) or 16 (tr 1) codes of one out row in one store; tr 1
+ * reads a column of the tile with consecutive threads on consecutive
+ * columns (no bank conflicts). */
 __global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int64_t ldw,
                                              int64_t N, int64_t K, int tr, uint8_t *__restrict__ out,
-                                             int64_t kp, float *__restrict__ sc, int64_t l4)
+                                             int64_t kp, float *__restrict__ sc, int64_t l4, int vec)
 {
-    __shared__ uint16_t t[128][130];
+    __shared__ __align__(16) uint16_t t[128][136];
     __shared__ float wm[QT / 32];
     int64_t n0 = (int64_t)blockIdx.y * 128, c0 = (int64_t)blockIdx.x * 128;
     float m = 0.0f;
-    for (int i = threadIdx.x; i < 128 * 128; i += QT) {
-        int nn = i / 128, kk = i % 128;
-        int64_t n = n0 + nn, k = c0 + kk;
-        uint16_t v = n < N && k < K ? w[n * ldw + k] : (uint16_t)0;
-        t[nn][kk] = v;
-        m = amax_step(m, bf2f(v));
+    for (int i = threadIdx.x; i < 128 * 16; i += QT) {
+        int nn = i / 16, kc = (i % 16) * 8;
+        int64_t n = n0 + nn, k = c0 + kc;
+        uint4 u = load8_raw(w + n * ldw + k, vec, n < N ? K - k : 0);
+        float v[8];
+        unpack8(u, v);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            m = amax_step(m, v[j]);
+        *reinterpret_cast<uint4 *>(&t[nn][kc]) = u;
     }
-    m = block_amax<QT>(m, wm);
+    m = block_amax<QT>(m, wm); /* (its barrier also orders the tile's writes) */
     int ke = scale_exp(m);
     float inv = ldexpf(1.0f, -ke);
-    int64_t rows_o = tr ? K : N;
-    for (int i = threadIdx.x; i < 128 * 128; i += QT) {
-        /* consecutive threads write consecutive reduction steps of one out row */
-        int oo = i / 128, rr = i % 128;
-        int64_t o = (tr ? c0 : n0) + oo, r = (tr ? n0 : c0) + rr;
-        if (o >= rows_o || r >= kp)
-            continue;
-        out[o * kp + r] = e4m3_code(bf2f(tr ? t[rr][oo] : t[oo][rr]), inv); /* padding: 0 */
+    if (!tr) {
+        for (int i = threadIdx.x; i < 128 * 16; i += QT) {
+            int oo = i / 16, rr = (i % 16) * 8;
+            int64_t o = n0 + oo;
+            if (o >= N)
+                continue;
+            float v[8];
+            unpack8(*reinterpret_cast<const uint4 *>(&t[oo][rr]), v);
+            *reinterpret_cast<uint2 *>(out + o * kp + c0 + rr) = codes8(v, inv); /* padding: 0 */
+        }
+    } else {
+        for (int i = threadIdx.x; i < 128 * 8; i += QT) {
+            int oo = i % 128, rr = (i / 128) * 16;
+            int64_t o = c0 + oo;
+            if (o >= K)
+                continue;
+            float v[8], u[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                v[j] = bf2f(t[rr + j][oo]), u[j] = bf2f(t[rr + 8 + j][oo]);
+            uint2 a = codes8(v, inv), b = codes8(u, inv);
+            *reinterpret_cast<uint4 *>(out + o * kp + n0 + rr) = make_uint4(a.x, a.y, b.x, b.y);
+        }
     }
     if (threadIdx.x == 0) {
         int64_t ob = tr ? blockIdx.x : blockIdx.y, rb = tr ? blockIdx.y : blockIdx.x;
@@ -185,6 +264,7 @@ typedef struct fp8_cache {
     fp8_plan p[NPLANS];
     int n;
     signed char verdict[3][2][2][2][2];
+    df_cuda_fp8_kept kept[DF_CUDA_FP8_KEPT];
 } fp8_cache;
 
 signed char *verdict_of(fp8_cache *fc, const fp8_plan *p)
@@ -276,10 +356,10 @@ int plan_build(df_cuda_state *s, fp8_plan *p)
 typedef struct fp8_ws {
     uint8_t *qa, *qb;
     float *sa, *sb;
-    size_t nsa, bytes;
+    size_t nsa, bytes, bytes_a; /* bytes: in all; bytes_a: A's part */
 } fp8_ws;
 
-fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base)
+fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base, char *base_a)
 {
     /* A: m rows, B: n rows, kp codes each; scales: A per its mode, B per 1 x 128 */
     int64_t kb = kp / 128, l4 = rup(kb, 4);
@@ -289,12 +369,21 @@ fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base
     fp8_ws w;
     uintptr_t b0 = (uintptr_t)base; /* base NULL: the sizes only */
     size_t nsa_r = (size_t)rup((int64_t)nsa, 256);
-    w.qa = (uint8_t *)b0;
-    w.sa = (float *)(b0 + na);
+    w.bytes_a = na + nsa_r;
+    if (base_a) { /* A's codes and scales apart (a kept weight's), B's at base */
+        w.qa = (uint8_t *)base_a;
+        w.sa = (float *)(base_a + na);
+        b0 -= w.bytes_a;
+    } else {
+        w.qa = (uint8_t *)b0;
+        w.sa = (float *)(b0 + na);
+    }
     w.qb = (uint8_t *)(b0 + na + nsa_r);
     w.sb = (float *)(b0 + na + nsa_r + nb);
     w.nsa = nsa;
     w.bytes = na + nb + (size_t)rup((int64_t)nsa, 256) + (size_t)rup((int64_t)nsb, 256);
+    if (base_a)
+        w.bytes -= w.bytes_a;
     return w;
 }
 
@@ -311,21 +400,23 @@ int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_ten
         return df_cuda_check_launch("fp8 gemm scales");
     const uint16_t *A = (const uint16_t *)a->data, *B = (const uint16_t *)b->data;
     int64_t lda = a->stride[0], ldb = b->stride[0];
+    /* 16-byte loads where the rows start 16-byte aligned */
+    int va = lda % 8 == 0 && ((uintptr_t)A & 15) == 0, vb = ldb % 8 == 0 && ((uintptr_t)B & 15) == 0;
     if (kind == DF_GEMM_BWD_W) { /* A = x^T [K, M], B = dy^T [N, M]: a = dy [M, N], b = x [M, K] */
         int64_t M = a->shape[0];
-        q8_vec<<<dim3((unsigned)kb, (unsigned)((m + 31) / 32)), QT, 0, st>>>(B, ldb, M, m, 1, w->qa,
-                                                                            kp, w->sa, m);
-        q8_vec<<<dim3((unsigned)kb, (unsigned)((n + 31) / 32)), QT, 0, st>>>(A, lda, M, n, 1, w->qb,
-                                                                            kp, w->sb, n);
+        q8_col<<<dim3((unsigned)kb, (unsigned)((m + 63) / 64)), QT, 0, st>>>(B, ldb, M, m, w->qa, kp,
+                                                                            w->sa, vb);
+        q8_col<<<dim3((unsigned)kb, (unsigned)((n + 63) / 64)), QT, 0, st>>>(A, lda, M, n, w->qb, kp,
+                                                                            w->sb, va);
     } else { /* FWD: A = w [N, K] (tr 0), B = x; BWD_X: A = w^T [K, N] (tr 1), B = dy */
         int64_t N = b->shape[0], K = b->shape[1];
         int tr = kind == DF_GEMM_BWD_X;
         dim3 g((unsigned)((K + 127) / 128), (unsigned)((N + 127) / 128));
         if (!weight_ready)
-            q8_blk<<<g, QT, 0, st>>>(B, ldb, N, K, tr, w->qa, kp, w->sa, l4);
-        q8_vec<<<dim3((unsigned)kb, (unsigned)((n + 31) / 32)), QT, 0, st>>>(A, lda, a->shape[0],
-                                                                            a->shape[1], 0, w->qb,
-                                                                            kp, w->sb, n);
+            q8_blk<<<g, QT, 0, st>>>(B, ldb, N, K, tr, w->qa, kp, w->sa, l4, vb);
+        int64_t blocks = n * kb;
+        q8_row<<<(unsigned)((blocks + QT / 16 - 1) / (QT / 16)), QT, 0, st>>>(
+            A, lda, a->shape[0], a->shape[1], w->qb, kp, w->sb, n, va);
     }
     return df_cuda_check_launch("fp8 gemm rounding");
 }
@@ -489,6 +580,9 @@ extern "C" void df_cuda_fp8_gemm_close(df_cuda_state *s)
         return;
     for (int i = 0; i < fc->n; i++)
         plan_drop(&fc->p[i]);
+    for (int i = 0; i < DF_CUDA_FP8_KEPT; i++)
+        if (fc->kept[i].buf)
+            (void)cudaFree(fc->kept[i].buf);
     free(fc);
     s->fp8 = NULL;
 }
@@ -503,15 +597,57 @@ extern "C" int df_cuda_fp8_gemm_possible(df_backend *be)
 }
 
 extern "C" size_t df_cuda_matmul_fp8_ws_bytes(df_gemm_kind kind, const df_tensor *a,
-                                              const df_tensor *c)
+                                              const df_tensor *c, int without_a)
 {
     int64_t red = kind == DF_GEMM_BWD_W ? a->shape[0] : a->shape[1];
-    return ws_layout(kind, c->shape[1], c->shape[0], rup(red, 128), NULL).bytes;
+    fp8_ws w = ws_layout(kind, c->shape[1], c->shape[0], rup(red, 128), NULL, NULL);
+    return without_a ? w.bytes - w.bytes_a : w.bytes;
+}
+
+extern "C" void df_cuda_fp8_kept_forget(df_backend *be)
+{
+    fp8_cache *fc = (fp8_cache *)((df_cuda_state *)be->impl)->fp8;
+    for (int i = 0; fc && i < DF_CUDA_FP8_KEPT; i++)
+        fc->kept[i].w = NULL, fc->kept[i].ready = 0;
+}
+
+extern "C" df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_gemm_kind kind,
+                                                  const df_tensor *w)
+{
+    df_cuda_state *s = (df_cuda_state *)be->impl;
+    if (slot < 0 || slot >= DF_CUDA_FP8_KEPT || kind == DF_GEMM_BWD_W)
+        return NULL;
+    if (!s->fp8 && !(s->fp8 = calloc(1, sizeof(fp8_cache))))
+        return NULL;
+    df_cuda_fp8_kept *k = &((fp8_cache *)s->fp8)->kept[slot];
+    if (k->w == w->data && k->kind == (int)kind && k->rows == w->shape[0] &&
+        k->cols == w->shape[1] && k->ld == w->stride[0] && k->buf)
+        return k;
+    /* A of FWD: w [N, K], m = N, reduction K; of BWD_X: w^T, m = K, reduction N */
+    int64_t m = kind == DF_GEMM_FWD ? w->shape[0] : w->shape[1];
+    int64_t red = kind == DF_GEMM_FWD ? w->shape[1] : w->shape[0];
+    size_t bytes = ws_layout(kind, m, 1, rup(red, 128), NULL, NULL).bytes_a;
+    if (k->buf && k->bytes < bytes) {
+        (void)cudaFree(k->buf);
+        k->buf = NULL;
+    }
+    if (!k->buf) {
+        if (cudaMalloc(&k->buf, bytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            k->buf = NULL;
+            k->w = NULL;
+            return NULL;
+        }
+        k->bytes = bytes;
+    }
+    k->w = w->data, k->kind = (int)kind, k->rows = w->shape[0], k->cols = w->shape[1];
+    k->ld = w->stride[0], k->ready = 0;
+    return k;
 }
 
 extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                                           const df_tensor *b, df_tensor *c, int accumulate,
-                                          void *ws, size_t ws_bytes, int weight_ready)
+                                          void *ws, size_t ws_bytes, void *wa, int weight_ready)
 {
     int fresh = 0;
     fp8_plan *p = plan_of(be, kind, a, b, c, accumulate, &fresh);
@@ -519,7 +655,9 @@ extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, con
         g_fallback++;
         return 0;
     }
-    fp8_ws w = ws_layout(kind, p->m, p->n, p->kp, (char *)ws);
+    if (kind == DF_GEMM_BWD_W)
+        wa = NULL;
+    fp8_ws w = ws_layout(kind, p->m, p->n, p->kp, (char *)ws, (char *)wa);
     if (!ws || w.bytes > ws_bytes) {
         g_fallback++;
         return 0;
@@ -548,9 +686,9 @@ extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const 
 {
     if (!df_cuda_fp8_gemm_possible(be))
         return 0; /* (before the scratch: it would grow for nothing) */
-    size_t bytes = df_cuda_matmul_fp8_ws_bytes(kind, a, c);
+    size_t bytes = df_cuda_matmul_fp8_ws_bytes(kind, a, c, 0);
     void *ws = df_cuda_scratch(be, bytes);
     if (!ws)
         return -ENOMEM;
-    return df_cuda_matmul_fp8_fast_ws(be, kind, a, b, c, accumulate, ws, bytes, 0);
+    return df_cuda_matmul_fp8_fast_ws(be, kind, a, b, c, accumulate, ws, bytes, NULL, 0);
 }

@@ -508,6 +508,17 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
      * either GEMM) and a chunk's rows' */
     const int fast8 = fp8 && df_cuda_fp8_gemm_possible(be);
     const size_t hp8 = round_up((size_t)H, 128), vp8 = round_up((size_t)V, 128);
+    const uint16_t *hd = (const uint16_t *)h->data, *wd = (const uint16_t *)head->data;
+    df_tensor head_v = df_tensor_2d((void *)wd, DF_DTYPE_BF16, V, H);
+    head_v.stride[0] = ldw;
+    /* a frozen head's codes kept across calls (DF_CE_FP8_HEAD_FROZEN), else
+     * made at each call's first chunk in the scratch */
+    df_cuda_fp8_kept *k1 = NULL, *k2 = NULL;
+    if (fast8 && (flags & DF_CE_FP8_HEAD_FROZEN)) {
+        k1 = df_cuda_fp8_kept_get(be, 0, DF_GEMM_FWD, &head_v);
+        k2 = want_dh ? df_cuda_fp8_kept_get(be, 1, DF_GEMM_BWD_X, &head_v) : NULL;
+    }
+    const int kept = k1 && (k2 || !want_dh);
 
     /* Row strides padded to 32 bytes (fp32 logits) / 16 bytes (lo) so every
      * row start keeps cuBLASLt's fast aligned paths whatever V is. */
@@ -519,7 +530,7 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     /* lent memory (df_backend_lend_scratch) of at least 512 MiB of chunk
      * buffers: chunks sized to it, so the backend's scratch need not grow */
     size_t fixed = round_up(WS_BYTES + (size_t)(N + 1) * 8, 256) + 1024 +
-                   (fast8 ? 2 * hp8 * vp8 + ((size_t)2 << 20) : 0),
+                   (fast8 && !kept ? 2 * hp8 * vp8 + ((size_t)2 << 20) : 0),
            lent = df_cuda_scratch_lent(be);
     if (!g_chunk_bytes && lent >= fixed + ((size_t)512 << 20) && lent - fixed < cap)
         cap = lent - fixed;
@@ -542,14 +553,11 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
      * first chunk and kept for the others */
     size_t o_q8 = round_up(o_d32 + (want_dh ? (size_t)rows_c * H * 4 : 0), 256), n_q8 = 0, n_q8a = 0;
     /* the views the FP8 GEMMs see, at the largest chunk */
-    const uint16_t *hd = (const uint16_t *)h->data, *wd = (const uint16_t *)head->data;
-    df_tensor head_v = df_tensor_2d((void *)wd, DF_DTYPE_BF16, V, H);
-    head_v.stride[0] = ldw;
     if (fast8) {
         df_tensor hv = df_tensor_2d((void *)hd, DF_DTYPE_BF16, rows, H), zv = df_tensor_2d(NULL, DF_DTYPE_F32, rows_c, V);
         df_tensor gv = df_tensor_2d(NULL, DF_DTYPE_BF16, rows, V), dv = df_tensor_2d(NULL, DF_DTYPE_F32, rows_c, H);
-        n_q8a = round_up(df_cuda_matmul_fp8_ws_bytes(DF_GEMM_FWD, &hv, &zv), 256);
-        n_q8 = n_q8a + (want_dh ? df_cuda_matmul_fp8_ws_bytes(DF_GEMM_BWD_X, &gv, &dv) : 0);
+        n_q8a = round_up(df_cuda_matmul_fp8_ws_bytes(DF_GEMM_FWD, &hv, &zv, kept), 256);
+        n_q8 = n_q8a + (want_dh ? df_cuda_matmul_fp8_ws_bytes(DF_GEMM_BWD_X, &gv, &dv, kept) : 0);
     }
     size_t total = o_q8 + n_q8;
     char *sc = (char *)df_cuda_scratch(be, total);
@@ -574,8 +582,10 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
             df_tensor zv = df_tensor_2d(z, DF_DTYPE_F32, (nr + 3) / 4 * 4, V);
             hv.stride[0] = ldh, zv.stride[0] = ldz;
             done = df_cuda_matmul_fp8_fast_ws(be, DF_GEMM_FWD, &hv, &head_v, &zv, 0, q8, n_q8a,
-                                              head8_1);
+                                              kept ? k1->buf : NULL, kept ? k1->ready : head8_1);
             head8_1 = done == 1;
+            if (kept)
+                k1->ready = done == 1;
         }
         rc = done < 0 ? done
              : done  ? 0
@@ -589,22 +599,26 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
             break;
         if (!want_dh)
             continue;
-        if (fp8) { /* hi: [nr, V] bf16, row stride 2 ldz */
-            df_tensor g = df_tensor_2d(z, DF_DTYPE_BF16, nr, V);
-            g.stride[0] = 2 * ldz;
-            if ((rc = df_cuda_fp8_qdq(be, &g, &g, 1, 128)))
-                break;
-        }
         /* GEMM 2, dh32^T (H x nr) = head^T G^T, hi (ld 2*ldz bf16) then (precise) + lo,
-         * as df_cuda_matmul_bwd_x with fp32 out */
+         * as df_cuda_matmul_bwd_x with fp32 out. FP8: the tensor cores' codes are G
+         * rounded (hi: [nr, V] bf16, row stride 2 ldz); the BF16 path rounds it first. */
         done = 0;
         if (q8) {
             df_tensor gv = df_tensor_2d(z, DF_DTYPE_BF16, nr, V);
             df_tensor dv = df_tensor_2d(d32, DF_DTYPE_F32, (nr + 3) / 4 * 4, H);
             gv.stride[0] = 2 * ldz;
             done = df_cuda_matmul_fp8_fast_ws(be, DF_GEMM_BWD_X, &gv, &head_v, &dv, 0, q8b,
-                                              n_q8 - n_q8a, head8_2);
+                                              n_q8 - n_q8a, kept ? k2->buf : NULL,
+                                              kept ? k2->ready : head8_2);
             head8_2 = done == 1;
+            if (kept)
+                k2->ready = done == 1;
+        }
+        if (fp8 && !done) {
+            df_tensor g = df_tensor_2d(z, DF_DTYPE_BF16, nr, V);
+            g.stride[0] = 2 * ldz;
+            if ((rc = df_cuda_fp8_qdq(be, &g, &g, 1, 128)))
+                break;
         }
         rc = done < 0 ? done
              : done  ? 0
