@@ -19,8 +19,8 @@
  *    rounds the fp32 G: blocks may differ by a tie or a scale step) and
  *    moves away from the flags-0 dh by E4M3's ~1e-2.
  * `--bench`: the GEMMs of the Qwen3.6-27B drafter step, each kind: the BF16
- *  GEMM, the FP8 op, and its parts on the tensor cores (the activations'
- *  rounding alone; the whole call with the weight's codes made or kept),
+ *  GEMM, the FP8 op, the BF16 path's rounding of the activations (df_op_fp8_qdq),
+ *  and the tensor cores' whole call with the weight's codes made or kept;
  *  medians of 9 host-timed calls (a sync each). */
 #include <errno.h>
 #include <math.h>
@@ -307,7 +307,7 @@ static void bench_gemm(const char *name, df_gemm_kind kind, int64_t M, int64_t N
     double flop = 2.0 * (double)M * (double)N * (double)K;
     double t16 = time_ms(run_bf16, &k), t8 = time_ms(run_op8, &k), tr = time_ms(run_round_a, &k);
     printf("bench %-10s kind %d M=%lld N=%lld K=%lld: bf16 %.3f ms (%.0f TFLOP/s), fp8 op %.3f ms "
-           "(%.0f), activations' rounding %.3f ms",
+           "(%.0f), df_op_fp8_qdq of a %.3f ms",
            name, (int)kind, (long long)M, (long long)N, (long long)K, t16, flop / t16 * 1e-9, t8,
            flop / t8 * 1e-9, tr);
     k.ws_bytes = df_cuda_matmul_fp8_ws_bytes(kind, &k.a, &k.c, 0);
