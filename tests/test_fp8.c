@@ -409,7 +409,20 @@ static void test_lmhead_fp8(void)
     CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l0, &t0, am0, ce0, 0), 0);
     CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8, DF_CE_FP8_GRAD), 0);
     CHECK(l0 == l8 && !memcmp(am0, am8, sizeof am0) && !memcmp(ce0, ce8, sizeof ce0));
-    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8, 2), -EINVAL);
+    /* DF_CE_FP8_HEAD_FROZEN only with DF_CE_FP8_GRAD; unknown bits refused */
+    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8,
+                             DF_CE_FP8_HEAD_FROZEN), -EINVAL);
+    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8, 4), -EINVAL);
+    {   /* with it: the same results (the CPU makes no codes to keep) */
+        static float dhf[N * H];
+        df_tensor tf = df_tensor_2d(dhf, DF_DTYPE_F32, N, H);
+        double lf = 0, l8b = 0;
+        CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8b, &t8, NULL, NULL,
+                                 DF_CE_FP8_GRAD), 0);
+        CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &lf, &tf, NULL, NULL,
+                                 DF_CE_FP8_GRAD | DF_CE_FP8_HEAD_FROZEN), 0);
+        CHECK(lf == l8b && !memcmp(dhf, dh8, sizeof dhf));
+    }
     int bad = 0;
     double moved = 0, scale = 0;
     for (int i = 0; i < N; i++) {
