@@ -6,6 +6,8 @@
 # tree with each FILE replaced by REPLACEMENT (paths from the repo root; REPLACEMENT e.g. an
 # untracked copy of a branch's file), so a kernel change is measured against main in one call
 # without a switch in the code; AB_ENV then applies to the B side too (may be empty).
+# AB_ENV_A: the A side's environment (default none), e.g. with AB_SRC and
+# AB_ENV_A=DFLASH_PORTABLE=1 AB_ENV=DFLASH_PORTABLE=1 a portable-path kernel change against main's.
 # Parts:
 #   test   every GPU test (ctest -R ^test_gpu_) under AB_ENV
 #   attn   tools/bench_dflash_attn with and without AB_ENV: times, and the hash of the default
@@ -14,13 +16,16 @@
 #          per configuration the medians over the runs, the change and in how many run pairs
 #          B was faster (scripts/ab_attnx.py). The attention moves 2-5% from process to
 #          process, more than most kernel changes: one run per side can mislead
+#   fp8    tests/test_gpu_fp8 --bench on both sides (the FP8 GEMMs and their rounding)
 #   train  scripts/bench-train.sh (1 GPU, no SpecForge) with and without AB_ENV: the median
 #          and step-by-step times, and whether the losses are identical step by step;
 #          AB_GPUS=N: also on N GPUs (bench-train's GPUS), compared the same way
-# Prints a short table last; logs in LOGDIR. Exit status: 1 when a part failed.
+# Prints a short table last; logs in LOGDIR, and all of them in LOGDIR/00-logs.tgz (first in
+# name order: a device call that brings back only some files brings back that one). Exit status:
+# 1 when a part failed.
 set -u
 B=${1:?build dir}; LOG=${2:?log dir}; shift 2
-AB_SRC=${AB_SRC:-}
+AB_SRC=${AB_SRC:-}; AB_ENV_A=${AB_ENV_A:-}
 if [ -z "$AB_SRC" ]; then AB_ENV=${AB_ENV:?AB_ENV, e.g. DFLASH_ATTN_BWD=mma4 (or AB_SRC)}; else AB_ENV=${AB_ENV:-}; fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$LOG"
@@ -55,7 +60,7 @@ for part in "$@"; do
     fi
     ;;
   attn)
-    timeout 200 "$B/tools/bench_dflash_attn" >"$LOG/attn-a.log" 2>&1 || status=1
+    env $AB_ENV_A timeout 200 "$B/tools/bench_dflash_attn" >"$LOG/attn-a.log" 2>&1 || status=1
     env $AB_ENV timeout 200 "$BB/tools/bench_dflash_attn" >"$LOG/attn-b.log" 2>&1 || status=1
     for side in a b; do
       echo "-- bench_dflash_attn, $([ $side = a ] && echo default || echo "$WHAT")"
@@ -69,16 +74,25 @@ for part in "$@"; do
   attnx)
     n=${AB_RUNS:-5}
     for r in $(seq 1 "$n"); do
-      timeout 200 "$B/tools/bench_dflash_attn" >"$LOG/attnx-a-$r.log" 2>&1 || status=1
+      env $AB_ENV_A timeout 200 "$B/tools/bench_dflash_attn" >"$LOG/attnx-a-$r.log" 2>&1 || status=1
       env $AB_ENV timeout 200 "$BB/tools/bench_dflash_attn" >"$LOG/attnx-b-$r.log" 2>&1 || status=1
     done
     echo "-- bench_dflash_attn, $n runs each, A = default, B = $WHAT"
     python3 "$ROOT/scripts/ab_attnx.py" "$LOG" "$n" || status=1
     rows+=("attention, $n interleaved runs per side, default vs $WHAT: see the table above")
     ;;
+  fp8)
+    env $AB_ENV_A timeout 120 "$B/tests/test_gpu_fp8" --bench >"$LOG/fp8-a.log" 2>&1 || status=1
+    env $AB_ENV timeout 120 "$BB/tests/test_gpu_fp8" --bench >"$LOG/fp8-b.log" 2>&1 || status=1
+    for side in a b; do
+      echo "-- test_gpu_fp8 --bench, $([ $side = a ] && echo "default${AB_ENV_A:+ ($AB_ENV_A)}" || echo "$WHAT")"
+      grep -E "^bench" "$LOG/fp8-$side.log" | cut -c1-250
+    done
+    rows+=("FP8 GEMMs, default vs $WHAT: see the tables above")
+    ;;
   train)
     for side in a b; do
-      if [ $side = a ]; then e="" b=$B; else e=$AB_ENV b=$BB; fi
+      if [ $side = a ]; then e=$AB_ENV_A b=$B; else e=$AB_ENV b=$BB; fi
       env $e DISK=0 RECOMPUTE=0 OVERLAP=0 PROFILE=0 GPUS=${AB_GPUS:-1} SPECFORGE_SRC=/nonexistent timeout 240 \
         "$ROOT/scripts/bench-train.sh" "$b" "$LOG/train-$side" >"$LOG/train-$side.log" 2>&1 || status=1
     done
@@ -104,6 +118,7 @@ PY
   *) echo "ab.sh: unknown part $part"; status=1 ;;
   esac
 done
-echo "== ab.sh ($WHAT)"
+echo "== ab.sh ($WHAT${AB_ENV_A:+; A side: $AB_ENV_A})"
 for r in "${rows[@]}"; do echo "$r"; done
+(cd "$LOG" && tar czf 00-logs.tgz --exclude=00-logs.tgz . 2>/dev/null)
 exit $status
