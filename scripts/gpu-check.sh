@@ -206,4 +206,7 @@ if [ -f "$LOG/bench-storage.log" ]; then
   echo "-- bench-storage (tail)"
   tail -9 "$LOG/bench-storage.log"
 fi
+# every log in one file, first in name order (a device call that brings back only some files
+# brings back that one); model weights left out
+(cd "$LOG" && tar czf 00-logs.tgz --exclude=00-logs.tgz --exclude='*.safetensors' . 2>/dev/null)
 exit $status
