@@ -62,13 +62,35 @@ for x in r: x['dw'] = x.get('data_wait_max', x.get('data_wait', 0))
 w=sum(1 for x in r if x['dw']>0.01)  # a median of 0 can hide some waiting steps
 print('%.1f %.0f %.0f %.3f %.1f %.4f %.2f %d/%d' % (1e3*f('step_s'), f('tokens_per_s'), f('tflops'), f('mfu'), peak, f('dw'), above, w, len(r)))
 "; }
+# the GPU's power and SM clock beside a timed run (nvidia-smi every 200 ms; PW=0 skips):
+# pw_start NAME before it, pw_stop after; pw_sum NAME: medians over the samples drawing more than
+# half the run's peak power (the steps, not the start-up), and how often the power cap held the clock
+PWQ=clocks_event_reasons.sw_power_cap # (older drivers: clocks_throttle_reasons)
+nvidia-smi --query-gpu=$PWQ --format=csv,noheader >/dev/null 2>&1 || PWQ=clocks_throttle_reasons.sw_power_cap
+pw_start() { [ "${PW:-1}" = 1 ] || return 0; nvidia-smi --query-gpu=power.draw,clocks.sm,power.limit,$PWQ \
+  --format=csv,noheader,nounits -lms 200 >"$LOG/power-$1.csv" 2>/dev/null & PWPID=$!; }
+pw_stop() { [ -n "${PWPID:-}" ] && kill "$PWPID" 2>/dev/null; wait "$PWPID" 2>/dev/null; PWPID=; }
+pw_sum() { [ -s "$LOG/power-$1.csv" ] && python3 -c "
+import statistics
+r=[]
+for l in open('$LOG/power-$1.csv'):
+    f=[x.strip() for x in l.split(',')]
+    try: r.append((float(f[0]), float(f[1]), float(f[2]), f[3] if len(f) > 3 else '?'))
+    except (ValueError, IndexError): pass
+if not r: raise SystemExit
+hi=max(x[0] for x in r); b=[x for x in r if x[0] > hi/2]
+cap=sum(1 for x in b if x[3].lower().startswith('active'))
+print('%.0f W (limit %.0f, max %.0f), SM %.0f MHz (min %.0f), power-capped in %d of %d samples' % (statistics.median(x[0] for x in b),
+  b[0][2], hi, statistics.median(x[1] for x in b), min(x[1] for x in b), cap, len(b)))" || echo "no samples"; }
 oursf="not run"; oursna="not run"; ours="FAILED"; ours2="not run"; ours2d="not run"; oursrc="not run"; oursov="not run"; oursrm="not run"
 # the disk's own read rate (O_DIRECT, one cache shard), for the data-wait figures
 disk=$(f=$(ls -S "$W"/cache/*.dfc 2>/dev/null | head -1); [ -n "$f" ] && dd if="$f" of=/dev/null bs=16M iflag=direct 2>&1 | tail -1 | sed 's/.*, //')
 if [ $status = 0 ]; then
+  pw_start bf16
   if "$B/dflash" train "${TA[@]}" --out "$W/run1" --device cuda --steps "$STEPS" >"$LOG/train-1gpu.log" 2>&1; then
-    cp "$W/run1/log.jsonl" "$LOG/train-1gpu.jsonl"; ours=$(med "$W/run1/log.jsonl")
+    pw_stop; cp "$W/run1/log.jsonl" "$LOG/train-1gpu.jsonl"; ours=$(med "$W/run1/log.jsonl")
   else status=1; fi
+  pw_stop
   if [ "${RECOMPUTE:-1}" = 1 ]; then # more memory: every activation kept (the default recomputes)
     if "$B/dflash" train "${TA[@]}" --out "$W/runrc" --device cuda --steps "$STEPS" --no-recompute \
          >"$LOG/train-1gpu-recompute.log" 2>&1; then
@@ -88,10 +110,12 @@ if [ $status = 0 ]; then
     else oursrm="FAILED"; status=1; fi
   fi
   if [ "${FP8:-0}" = 1 ]; then # the GEMMs' operands rounded to E4M3 (docs/FP8.md)
+    pw_start fp8
     if "$B/dflash" train "${TA[@]}" --out "$W/runf" --device cuda --steps "$STEPS" --fp8 \
          >"$LOG/train-1gpu-fp8.log" 2>&1; then
-      cp "$W/runf/log.jsonl" "$LOG/train-1gpu-fp8.jsonl"; oursf=$(med "$W/runf/log.jsonl")
+      pw_stop; cp "$W/runf/log.jsonl" "$LOG/train-1gpu-fp8.jsonl"; oursf=$(med "$W/runf/log.jsonl")
     else oursf="FAILED"; status=1; fi
+    pw_stop
   fi
   if [ "${NOALIAS:-0}" = 1 ]; then # activations apart from the gradients
     if "$B/dflash" train "${TA[@]}" --out "$W/runna" --device cuda --steps "$STEPS" --no-grad-alias \
@@ -145,11 +169,13 @@ echo "  (above-persistent = peak - the CUDA context and handles before the train
 import json
 r=[json.loads(l) for l in open('$LOG/train-1gpu.jsonl') if '\"loss\"' in l]
 print('  1 GPU per step, ms (step/wait/build/read): ' + ' '.join('%.0f/%.0f/%.0f/%.0f' % (1e3*x['step_s'], 1e3*x['step_s']*x['data_wait'], 1e3*x.get('feed_build_s',0), 1e3*x.get('feed_read_s',0)) for x in r))"
+echo "  power / clock, bf16 run: $(pw_sum bf16)"
 echo "ours, 1 GPU, --no-recompute (same fields):                     $oursrc"
 echo "ours, 1 GPU, --no-overlap-optimizer (same fields):             $oursov"
 echo "ours, 1 GPU, --recompute-mlp (same fields):                    $oursrm"
 echo "ours, 1 GPU, --no-grad-alias (same fields):                   $oursna"
 echo "ours, 1 GPU, --fp8 (same fields):                              $oursf"
+[ -f "$LOG/power-fp8.csv" ] && echo "  power / clock, fp8 run: $(pw_sum fp8)"
 # the two runs see the same rows in the same order: their losses step by step
 [ -f "$LOG/train-1gpu-fp8.jsonl" ] && [ -f "$LOG/train-1gpu.jsonl" ] && python3 -c "
 import json
