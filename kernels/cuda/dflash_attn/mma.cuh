@@ -19,7 +19,9 @@ namespace df_dflash {
 // next tile's load overlaps this tile's math); every mma operand fetched by
 // ldmatrix (V, K and dO as the k-major B operand through .trans: no
 // transposed stores); forward tiles of 64 keys; per-element masks skipped on
-// tiles every row sees whole; softmax in the exp2 domain. dK/dV: the valid
+// tiles every row sees whole; softmax in the exp2 domain. dK/dV
+// (dkv_mma2_kernel): 8 warps per 64-key tile, 4 key groups x 2 row halves,
+// the halves added at the end. The valid
 // blocks that see a context tile are dealt round-robin (in ascending order)
 // to NSPL CTAs; each sums its share in a fixed order into fp32 partials, and
 // a last kernel adds the NSPL partials in split order (deterministic;
@@ -34,7 +36,7 @@ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
 }
 
 constexpr int MW = 4;        // warps per CTA
-constexpr int TKM = MW * 16; // keys per dK/dV tile of dkv_mma2_kernel (16 per warp)
+constexpr int TKM = MW * 16; // keys per dK/dV tile of dkv_mma2_kernel (16 per key group)
 
 // acc[n][*] += A (16 x 16 k) * X^T where X is row-major [n rows][k] in shared
 // memory (ld KP): rows n0 .. n0 + 8 NT - 1, k columns k0 .. k0 + 15.

@@ -53,34 +53,46 @@ __host__ __device__ inline size_t dsd_slot(const Params &p, int b, int g, int ch
     return (((size_t)b * p.nch + ch) * p.nkv + g) * (size_t)(dsd_maxt(p.S, p.W) + 1) + t;
 }
 
-template <int D, int NST = 2>
+// dK/dV smem: K, V of the tile; three row-tile buffers that Q and dO take in
+// turn (item i: Q in buffer 2i % 3, dO in (2i + 1) % 3); per item parity the
+// rows' lse * log2e, Di, query offsets and lows. After the item loop the
+// first 64 KiB hold the upper row half's dK / dV partial sums.
+constexpr int DKV_BUF = 3;
+template <int D>
 constexpr size_t dkv3_smem()
 {
-    return (size_t)(2 * TKM + 2 * NST * RQ) * (D + 8) * 2 + (size_t)NST * RQ * 16;
+    return (size_t)(2 * TKM + DKV_BUF * RQ) * (D + 8) * 2 + (size_t)2 * RQ * 16;
 }
+static_assert(dkv3_smem<128>() <= 99 * 1024, "the 99 KiB parts (sm_86 / sm_89 / sm_120)");
+static_assert((size_t)2 * TKM * 128 * 4 <= dkv3_smem<128>(), "room for the upper half's partial sums");
 
 struct ItemIter {
     int b, ch, k;
 };
 
-// NST: the item stages (Q, dO, lse, Di of one row chunk). 2: the next item
-// loads while this one is computed; 1 (D 128 on the 99 KiB parts, sm_86 /
-// sm_89 / sm_120, where two need 104 KiB): after it.
+// 8 warps: warp w the keys 16 (w % 4) .. + 15 of the tile and the item rows
+// 32 (w / 4) .. + 31, so a 99 KiB part (one such CTA per SM) runs 8 warps.
+// The row halves' dK / dV are added at the end (upper half through shared
+// memory into the lower, a fixed order). Loads overlap the math: Q of item
+// i + 1 is issued at the start of item i, its dO once item i's dK product no
+// longer reads Q of item i (its buffer), so dO loads under item i's dV product
+// and item i + 1's S^T product.
 // dsd (may be NULL): the dS^T store of the one-stage backward (dsd_bytes):
 // each item's bf16 dS^T tile, as the dK products use it, into its slot for
 // dq_dsd_kernel.
-template <int D, int NST = 2>
-__global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part, int bid0, uint16_t *dsd)
+constexpr int DKV_W = 2 * MW; // warps per dK/dV CTA
+template <int D>
+__global__ void __launch_bounds__(DKV_W * 32, 1) dkv_mma2_kernel(Params p, float *part, int bid0, uint16_t *dsd)
 {
-    static_assert(NST == 1 || NST == 2, "item stages");
-    constexpr int NTHR = MW * 32, KP = D + 8, KS = D / 16, NTD = D / 8, V8 = D / 8;
+    static_assert(RQ == 64 && TKM == 64, "4 key groups x 2 row halves of 32");
+    constexpr int NTHR = DKV_W * 32, KP = D + 8, KS = D / 16, NTD = D / 8, V8 = D / 8;
     extern __shared__ float4 smem4[];
-    uint16_t *Ks = reinterpret_cast<uint16_t *>(smem4), *Vs = Ks + TKM * KP, *Qb = Vs + TKM * KP;
-    // stage st: Q at Qb + st * 2 RQ KP, dO after it
-    float *Lb = reinterpret_cast<float *>(Qb + 2 * NST * RQ * KP); // [NST][RQ] lse*log2e, then [NST][RQ] Di
-    float *Db = Lb + NST * RQ;
-    int *Qob = reinterpret_cast<int *>(Db + NST * RQ), *Lob = Qob + NST * RQ;
+    uint16_t *Ks = reinterpret_cast<uint16_t *>(smem4), *Vs = Ks + TKM * KP, *Bf = Vs + TKM * KP;
+    float *Lb = reinterpret_cast<float *>(Bf + DKV_BUF * RQ * KP); // [2][RQ] lse*log2e, then [2][RQ] Di
+    float *Db = Lb + 2 * RQ;
+    int *Qob = reinterpret_cast<int *>(Db + 2 * RQ), *Lob = Qob + 2 * RQ;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
+    int kg = warp % MW, rh = warp / MW; // key group, row half
     long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
     int nct = (p.S + TKM - 1) / TKM, ntb = (p.bs + TKM - 1) / TKM;
     int bid = blockIdx.x + bid0; // bid0 > 0: only the block tiles (MMA4's block-key pass)
@@ -96,14 +108,16 @@ __global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part
     int base = isctx ? tile * TKM : ((tile - nct) % ntb) * TKM;
     int end = isctx ? p.S : p.bs;
     long long rbase = isctx ? base : (long long)bb * p.bs + base;
-    int kw = warp * 16;
+    int kw = kg * 16, rw = rh * 32;
+    int rows_ok = p.bs * p.group; // rows of a block's kv head (chunk ch: RQ ch ..)
     float ak[NTD][4], av[NTD][4];
 #pragma unroll
     for (int nd = 0; nd < NTD; nd++)
 #pragma unroll
         for (int e = 0; e < 4; e++)
             ak[nd][e] = 0.0f, av[nd][e] = 0.0f;
-    if (isctx || p.valid[bb]) {
+    bool any = isctx || p.valid[bb];
+    if (any) {
         const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
         for (int e = threadIdx.x; e < TKM * V8; e += NTHR) {
             int key = e / V8, c = (e % V8) * 8;
@@ -112,7 +126,6 @@ __global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part
             cp16(Ks + key * KP + c, ksrc + off, ok);
             cp16(Vs + key * KP + c, vsrc + off, ok);
         }
-        cp_commit();
         int b1 = isctx ? p.nb : bb + 1;
         int kend = base + TKM < end ? base + TKM : end;
         // next item at or after (b, ch) with item counter k (uniform across the CTA)
@@ -141,76 +154,82 @@ __global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part
                 it.b++, it.ch = 0;
             return next(it);
         };
-        auto issue = [&](ItemIter it, int st) {
-            uint16_t *Qd = Qb + st * 2 * RQ * KP, *Dd = Qd + RQ * KP;
+        // an item's Q (dq 0) or dO (dq 1) rows into buffer buf; with Q, its
+        // rows' lse, Di, query offsets and lows into parity slot par
+        auto issue = [&](ItemIter it, int dq, int buf, int par) {
+            uint16_t *Xd = Bf + buf * RQ * KP;
+            const uint16_t *src = dq ? p.dout : p.q;
             for (int e = threadIdx.x; e < RQ * V8; e += NTHR) {
                 int r = e / V8, c = (e % V8) * 8;
                 RowId id = row_id(p, it.b, g, it.ch, r);
-                long long off = id.ok ? id.grow * ldq + id.h * D + c : 0;
-                cp16(Qd + r * KP + c, p.q + off, id.ok);
-                cp16(Dd + r * KP + c, p.dout + off, id.ok);
+                cp16(Xd + r * KP + c, src + (id.ok ? id.grow * ldq + id.h * D + c : 0), id.ok);
             }
+            if (dq)
+                return;
             int anc = p.anchor[it.b], ds = p.doc_start[it.b];
             for (int r = threadIdx.x; r < RQ; r += NTHR) {
                 RowId id = row_id(p, it.b, g, it.ch, r);
                 long long li = (long long)id.grow * p.nq + id.h;
-                Lb[st * RQ + r] = id.ok ? p.lse_in[li] * LOG2E : -INFINITY;
-                Db[st * RQ + r] = id.ok ? p.Di[li] : 0.0f;
-                Qob[st * RQ + r] = id.qo;
-                Lob[st * RQ + r] = ctx_lo(anc, ds, p.W, id.qo);
+                Lb[par * RQ + r] = id.ok ? p.lse_in[li] * LOG2E : -INFINITY;
+                Db[par * RQ + r] = id.ok ? p.Di[li] : 0.0f;
+                Qob[par * RQ + r] = id.qo;
+                Lob[par * RQ + r] = ctx_lo(anc, ds, p.W, id.qo);
             }
         };
         ItemIter cur = next(ItemIter{isctx ? 0 : bb, 0, 0});
-        if (cur.b < b1)
-            issue(cur, 0);
+        if (cur.b < b1) {
+            issue(cur, 0, 0, 0);
+            cp_commit(); // K / V and Q of item 0
+            issue(cur, 1, 1, 0);
+        }
         cp_commit();
         const float sl = p.scale * LOG2E;
-        int st = 0;
-        while (cur.b < b1) {
+        for (int i = 0; cur.b < b1; i++) {
             ItemIter nx = advance(cur);
-            if (NST == 2) {
-                if (nx.b < b1)
-                    issue(nx, st ^ 1);
-                cp_commit();
-                cp_wait<1>();
-            } else {
-                cp_wait<0>();
-            }
-            __syncthreads();
-            const uint16_t *Qs = Qb + st * 2 * RQ * KP, *dOs = Qs + RQ * KP;
-            const float *Ls = Lb + st * RQ, *Ds = Db + st * RQ;
-            const int *Qo = Qob + st * RQ, *Lo = Lob + st * RQ;
+            int par = i & 1, bq = (2 * i) % DKV_BUF, bo = (2 * i + 1) % DKV_BUF;
+            cp_wait<1>(); // Q of item i (dO of item i may still be in flight)
+            __syncthreads(); // ... visible to all; item i - 1 done: its dO buffer is free
+            if (nx.b < b1)
+                issue(nx, 0, (2 * i + 2) % DKV_BUF, par ^ 1);
+            cp_commit();
+            const uint16_t *Qs = Bf + bq * RQ * KP, *dOs = Bf + bo * RQ * KP;
+            const float *Ls = Lb + par * RQ, *Ds = Db + par * RQ;
+            const int *Qo = Qob + par * RQ, *Lo = Lob + par * RQ;
             int anc = p.anchor[cur.b];
             int kend_b = isctx ? anc : end;
-            uint16_t *dslot = NULL; // this item's dS^T tile (dsd), [64 keys][64 rows]
-            if (dsd) {
-                int t = isctx ? tile - ctx_lo(anc, p.doc_start[cur.b], p.W, 0) / TKM : dsd_maxt(p.S, p.W);
-                dslot = dsd + dsd_slot(p, cur.b, g, cur.ch, t) * (size_t)(TKM * RQ);
-            }
             int lohi = ctx_lo(anc, p.doc_start[cur.b], p.W, p.bs - 1);
-            bool full = isctx && (cur.ch + 1) * RQ <= p.bs * p.group && base >= lohi &&
-                        base + TKM <= anc;
-            for (int h2 = 0; h2 < (base + kw < kend ? RQ / 32 : 0); h2++) {
-                float s[4][4], dp[4][4];
+            bool full = isctx && (cur.ch + 1) * RQ <= rows_ok && base >= lohi && base + TKM <= anc;
+            bool mine = base + kw < kend_b && cur.ch * RQ + rw < rows_ok; // keys and rows to do
+            float s[4][4], dp[4][4];
 #pragma unroll
-                for (int nt = 0; nt < 4; nt++)
+            for (int nt = 0; nt < 4; nt++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++)
-                        s[nt][e] = 0.0f, dp[nt][e] = 0.0f;
+                for (int e = 0; e < 4; e++)
+                    s[nt][e] = 0.0f, dp[nt][e] = 0.0f;
+            if (mine) {
 #pragma unroll
                 for (int ks = 0; ks < KS; ks++) {
-                    uint32_t ka[4], va[4];
+                    uint32_t ka[4];
                     ldsm_a<KP>(ka, Ks, kw, ks * 16, lane);
+                    mma_rows<4, KP>(s, ka, Qs, rw, ks * 16, lane);
+                }
+            }
+            cp_wait<1>(); // dO of item i (Q of item i + 1 may still be in flight)
+            __syncthreads();
+            uint32_t pa[2][4], sa[2][4];
+            if (mine) {
+#pragma unroll
+                for (int ks = 0; ks < KS; ks++) {
+                    uint32_t va[4];
                     ldsm_a<KP>(va, Vs, kw, ks * 16, lane);
-                    mma_rows<4, KP>(s, ka, Qs, h2 * 32, ks * 16, lane);
-                    mma_rows<4, KP>(dp, va, dOs, h2 * 32, ks * 16, lane);
+                    mma_rows<4, KP>(dp, va, dOs, rw, ks * 16, lane);
                 }
                 if (full) {
 #pragma unroll
                     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
-                            int r = h2 * 32 + nt * 8 + 2 * t4 + (e & 1);
+                            int r = rw + nt * 8 + 2 * t4 + (e & 1);
                             float P = exp2f(s[nt][e] * sl - Ls[r]);
                             dp[nt][e] = P * (dp[nt][e] - Ds[r]);
                             s[nt][e] = P;
@@ -221,47 +240,77 @@ __global__ void __launch_bounds__(MW * 32) dkv_mma2_kernel(Params p, float *part
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
                             int key = base + kw + gid + (e >> 1) * 8;
-                            int r = h2 * 32 + nt * 8 + 2 * t4 + (e & 1);
+                            int r = rw + nt * 8 + 2 * t4 + (e & 1);
                             float Lr = Ls[r];
-                            bool vis = Lr != -INFINITY &&
-                                       visible(isctx, key, kend_b, Lo[r], Qo[r], p.W);
+                            bool vis = Lr != -INFINITY && visible(isctx, key, kend_b, Lo[r], Qo[r], p.W);
                             float P = vis ? exp2f(s[nt][e] * sl - Lr) : 0.0f;
                             dp[nt][e] = vis ? P * (dp[nt][e] - Ds[r]) : 0.0f;
                             s[nt][e] = P;
                         }
                 }
+                uint16_t *dslot = NULL; // this item's dS^T tile (dsd), [64 keys][64 rows]
+                if (dsd) {
+                    int t = isctx ? tile - ctx_lo(anc, p.doc_start[cur.b], p.W, 0) / TKM : dsd_maxt(p.S, p.W);
+                    dslot = dsd + dsd_slot(p, cur.b, g, cur.ch, t) * (size_t)(TKM * RQ);
+                }
 #pragma unroll
                 for (int kk = 0; kk < 2; kk++) {
-                    uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]),
-                                      pack_bf2(s[2 * kk][2], s[2 * kk][3]),
-                                      pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                      pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-                    uint32_t sa[4] = {pack_bf2(dp[2 * kk][0], dp[2 * kk][1]),
-                                      pack_bf2(dp[2 * kk][2], dp[2 * kk][3]),
-                                      pack_bf2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]),
-                                      pack_bf2(dp[2 * kk + 1][2], dp[2 * kk + 1][3])};
-                    int r0 = h2 * 32 + kk * 16;
-                    if (dslot) { // sa[j]: key kw + gid (+ 8 for j odd), rows r0 + 8 (j / 2) + 2 t4 (+ 1)
+                    pa[kk][0] = pack_bf2(s[2 * kk][0], s[2 * kk][1]);
+                    pa[kk][1] = pack_bf2(s[2 * kk][2], s[2 * kk][3]);
+                    pa[kk][2] = pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    pa[kk][3] = pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                    sa[kk][0] = pack_bf2(dp[2 * kk][0], dp[2 * kk][1]);
+                    sa[kk][1] = pack_bf2(dp[2 * kk][2], dp[2 * kk][3]);
+                    sa[kk][2] = pack_bf2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+                    sa[kk][3] = pack_bf2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+                    int r0 = rw + kk * 16;
+                    if (dslot) { // sa[kk][j]: key kw + gid (+ 8 for j odd), rows r0 + 8 (j / 2) + 2 t4 (+ 1)
                         uint16_t *d0 = dslot + (size_t)(kw + gid) * RQ + r0 + 2 * t4;
-                        *reinterpret_cast<uint32_t *>(d0) = sa[0];
-                        *reinterpret_cast<uint32_t *>(d0 + 8 * RQ) = sa[1];
-                        *reinterpret_cast<uint32_t *>(d0 + 8) = sa[2];
-                        *reinterpret_cast<uint32_t *>(d0 + 8 * RQ + 8) = sa[3];
+                        *reinterpret_cast<uint32_t *>(d0) = sa[kk][0];
+                        *reinterpret_cast<uint32_t *>(d0 + 8 * RQ) = sa[kk][1];
+                        *reinterpret_cast<uint32_t *>(d0 + 8) = sa[kk][2];
+                        *reinterpret_cast<uint32_t *>(d0 + 8 * RQ + 8) = sa[kk][3];
                     }
-                    mma_cols<NTD, KP>(av, pa, dOs, r0, lane);
-                    mma_cols<NTD, KP>(ak, sa, Qs, r0, lane);
+                    mma_cols<NTD, KP>(ak, sa[kk], Qs, r0, lane);
                 }
             }
-            __syncthreads(); // stage st is refilled by the next iteration's issue (NST 1: below)
-            if (NST == 1) {
-                if (nx.b < b1)
-                    issue(nx, 0);
-                cp_commit();
+            __syncthreads(); // Q of item i read by all: its buffer takes dO of item i + 1
+            if (nx.b < b1)
+                issue(nx, 1, (2 * i + 3) % DKV_BUF, 0);
+            cp_commit();
+            if (mine) {
+#pragma unroll
+                for (int kk = 0; kk < 2; kk++)
+                    mma_cols<NTD, KP>(av, pa[kk], dOs, rw + kk * 16, lane);
             }
-            cur = nx, st ^= NST - 1;
+            cur = nx;
         }
         cp_wait<0>();
+        __syncthreads(); // every buffer read
+        // the upper row half's sums to the lower: [kg][nd][e][lane] fp32, dK then dV
+        float *red = reinterpret_cast<float *>(smem4);
+        if (rh == 1) {
+#pragma unroll
+            for (int nd = 0; nd < NTD; nd++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    red[((kg * NTD + nd) * 4 + e) * 32 + lane] = ak[nd][e];
+                    red[((MW + kg) * NTD * 4 + nd * 4 + e) * 32 + lane] = av[nd][e];
+                }
+        }
+        __syncthreads();
+        if (rh == 0) {
+#pragma unroll
+            for (int nd = 0; nd < NTD; nd++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    ak[nd][e] += red[((kg * NTD + nd) * 4 + e) * 32 + lane];
+                    av[nd][e] += red[((MW + kg) * NTD * 4 + nd * 4 + e) * 32 + lane];
+                }
+        }
     }
+    if (rh == 1)
+        return;
 #pragma unroll
     for (int ri = 0; ri < 2; ri++) {
         int key = kw + gid + 8 * ri;
@@ -441,15 +490,8 @@ int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, uint16_t *dsd
     long long nct = (p.S + TKM - 1) / TKM, ctas = nct * p.nkv * NSPL +
                                               (long long)p.nb * ((p.bs + TKM - 1) / TKM) * p.nkv;
     if (ctas > 0) {
-        int dev;
-        CU(cudaGetDevice(&dev));
-        if ((size_t)df_cuda_smem_optin(dev) >= dkv3_smem<D>()) {
-            SMEM(dkv_mma2_kernel<D>, dkv3_smem<D>());
-            dkv_mma2_kernel<D><<<(unsigned)ctas, MW * 32, dkv3_smem<D>(), st>>>(p, part, 0, dsd);
-        } else {
-            SMEM((dkv_mma2_kernel<D, 1>), (dkv3_smem<D, 1>()));
-            dkv_mma2_kernel<D, 1><<<(unsigned)ctas, MW * 32, dkv3_smem<D, 1>(), st>>>(p, part, 0, dsd);
-        }
+        SMEM(dkv_mma2_kernel<D>, dkv3_smem<D>());
+        dkv_mma2_kernel<D><<<(unsigned)ctas, DKV_W * 32, dkv3_smem<D>(), st>>>(p, part, 0, dsd);
         CU(cudaGetLastError());
     }
     REC(ev, 4, st); // context and block keys in one kernel
@@ -565,7 +607,7 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
               nbt = (long long)p.nb * ((p.bs + TKM - 1) / TKM) * p.nkv;
     if (nbt > 0 && !fold_on) {
         SMEM(dkv_mma2_kernel<D>, dkv3_smem<D>());
-        dkv_mma2_kernel<D><<<(unsigned)nbt, MW * 32, dkv3_smem<D>(), st>>>(p, part, (int)ctx2, nullptr);
+        dkv_mma2_kernel<D><<<(unsigned)nbt, DKV_W * 32, dkv3_smem<D>(), st>>>(p, part, (int)ctx2, nullptr);
         CU(cudaGetLastError());
     }
     REC(ev, 5, st);
