@@ -154,17 +154,17 @@ __global__ void __launch_bounds__(DKV_W * 32, 1) dkv_mma2_kernel(Params p, float
                 it.b++, it.ch = 0;
             return next(it);
         };
-        // an item's Q (dq 0) or dO (dq 1) rows into buffer buf; with Q, its
+        // an item's Q (is_do 0) or dO (is_do 1) rows into buffer buf; with Q, its
         // rows' lse, Di, query offsets and lows into parity slot par
-        auto issue = [&](ItemIter it, int dq, int buf, int par) {
+        auto issue = [&](ItemIter it, int is_do, int buf, int par) {
             uint16_t *Xd = Bf + buf * RQ * KP;
-            const uint16_t *src = dq ? p.dout : p.q;
+            const uint16_t *src = is_do ? p.dout : p.q;
             for (int e = threadIdx.x; e < RQ * V8; e += NTHR) {
                 int r = e / V8, c = (e % V8) * 8;
                 RowId id = row_id(p, it.b, g, it.ch, r);
                 cp16(Xd + r * KP + c, src + (id.ok ? id.grow * ldq + id.h * D + c : 0), id.ok);
             }
-            if (dq)
+            if (is_do)
                 return;
             int anc = p.anchor[it.b], ds = p.doc_start[it.b];
             for (int r = threadIdx.x; r < RQ; r += NTHR) {
