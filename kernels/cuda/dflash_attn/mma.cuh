@@ -115,9 +115,9 @@ int dq_order_run(const Params &p, cudaStream_t st, int *order);
 // dkv4_kernel's dynamic shared memory at head dim D (64 or 128).
 size_t dkv4_smem_bytes(int D);
 // The per-tile lists of the valid blocks whose context span meets each of
-// the nct tiles of TK4 keys (cnt[t], lst[t * nb ..], ascending) and the
+// the nct tiles of tk keys (cnt[t], lst[t * nb ..], ascending) and the
 // tiles by descending count (order); pdl: as programmatic dependents. 0 or -EIO.
-int tile_lists_launch(const Params &p, cudaStream_t st, int nct, int *cnt, int *lst, int *order, bool pdl);
+int tile_lists_launch(const Params &p, cudaStream_t st, int nct, int tk, int *cnt, int *lst, int *order, bool pdl);
 // The context dK/dV pass on dkv4_kernel into the NSPL fp32 partials. 0, -ENOTSUP (shared memory) or -EIO.
 int dkv4_launch(const Params &p, int D, cudaStream_t st, float *part, const int *cnt, const int *lst,
                 const int *order, int nct);

@@ -30,10 +30,12 @@ __global__ void __launch_bounds__(NT) di_kernel(Params p)
 }
 
 // dK/dV, pipelined: CTA (split s, kv head g, key tile of TKM keys); context
-// tiles first (NSPL CTAs each), then block tiles (one CTA each). Work items =
-// (visible block, row chunk) in ascending order; context split s takes items
-// k with k % NSPL == s. Q/dO rows and their lse/Di/qo/lo of the next item are
-// loaded (cp.async) while this item is computed.
+// tiles first (NSPL CTAs each, the tiles with the most items first: order),
+// then block tiles (one CTA each). Work items = (visible block, row chunk)
+// in ascending order: a context tile's from its list (cnt, lst:
+// tile_list_kernel at TKM keys), item k = (lst[k / nch], k % nch); split s
+// takes the items k with k % NSPL == s. Q/dO rows and their lse/Di/qo/lo of
+// the next item are loaded (cp.async) while this item is computed.
 // The one-stage backward's dS^T store (dsd): per (block, kv head, row chunk)
 // maxt + 1 slots of [TKM keys][RQ rows] bf16: the context tiles of the
 // block's span (slot t: key tile lo0 / TKM + t), then its block-key tile
@@ -66,8 +68,9 @@ constexpr size_t dkv3_smem()
 static_assert(dkv3_smem<128>() <= 99 * 1024, "the 99 KiB parts (sm_86 / sm_89 / sm_120)");
 static_assert((size_t)2 * TKM * 128 * 4 <= dkv3_smem<128>(), "room for the upper half's partial sums");
 
+// An item: (block b, row chunk ch); b >= nb: none.
 struct ItemIter {
-    int b, ch, k;
+    int b, ch;
 };
 
 // 8 warps: warp w the keys 16 (w % 4) .. + 15 of the tile and the item rows
@@ -82,7 +85,8 @@ struct ItemIter {
 // dq_dsd_kernel.
 constexpr int DKV_W = 2 * MW; // warps per dK/dV CTA
 template <int D>
-__global__ void __launch_bounds__(DKV_W * 32, 1) dkv_mma2_kernel(Params p, float *part, int bid0, uint16_t *dsd)
+__global__ void __launch_bounds__(DKV_W * 32, 1) dkv_mma2_kernel(Params p, float *part, int bid0, uint16_t *dsd,
+                                                                  const int *cnt, const int *lst, const int *order)
 {
     static_assert(RQ == 64 && TKM == 64, "4 key groups x 2 row halves of 32");
     constexpr int NTHR = DKV_W * 32, KP = D + 8, KS = D / 16, NTD = D / 8, V8 = D / 8;
@@ -99,7 +103,7 @@ __global__ void __launch_bounds__(DKV_W * 32, 1) dkv_mma2_kernel(Params p, float
     bool isctx = bid < nct * p.nkv * NSPL;
     int split, g, tile;
     if (isctx) {
-        split = bid % NSPL, g = (bid / NSPL) % p.nkv, tile = bid / (NSPL * p.nkv);
+        split = bid % NSPL, g = (bid / NSPL) % p.nkv, tile = order[bid / (NSPL * p.nkv)];
     } else {
         int r = bid - nct * p.nkv * NSPL;
         split = 0, g = r % p.nkv, tile = nct + r / p.nkv;
@@ -126,33 +130,13 @@ __global__ void __launch_bounds__(DKV_W * 32, 1) dkv_mma2_kernel(Params p, float
             cp16(Ks + key * KP + c, ksrc + off, ok);
             cp16(Vs + key * KP + c, vsrc + off, ok);
         }
-        int b1 = isctx ? p.nb : bb + 1;
-        int kend = base + TKM < end ? base + TKM : end;
-        // next item at or after (b, ch) with item counter k (uniform across the CTA)
-        auto next = [&](ItemIter it) -> ItemIter {
-            for (;;) {
-                if (it.b >= b1)
-                    return it;
-                bool vb = p.valid[it.b];
-                if (vb && isctx) {
-                    int anc = p.anchor[it.b], lo0 = ctx_lo(anc, p.doc_start[it.b], p.W, 0);
-                    vb = !(anc <= base || lo0 >= kend || lo0 >= anc);
-                }
-                if (vb) {
-                    bool mine = !isctx || it.k % NSPL == split;
-                    it.k++;
-                    if (mine)
-                        return it;
-                    if (++it.ch < p.nch)
-                        continue;
-                }
-                it.b++, it.ch = 0;
-            }
-        };
-        auto advance = [&](ItemIter it) -> ItemIter {
-            if (++it.ch >= p.nch)
-                it.b++, it.ch = 0;
-            return next(it);
+        // this CTA's items: k = split, split + NSPL, .. < nit
+        const int nit = isctx ? cnt[tile] * p.nch : p.nch, kstep = isctx ? NSPL : 1;
+        const int *tl = isctx ? lst + (size_t)tile * p.nb : nullptr;
+        auto item = [&](int k) -> ItemIter {
+            if (k >= nit)
+                return ItemIter{p.nb, 0};
+            return isctx ? ItemIter{tl[k / p.nch], k % p.nch} : ItemIter{bb, k};
         };
         // an item's Q (is_do 0) or dO (is_do 1) rows into buffer buf; with Q, its
         // rows' lse, Di, query offsets and lows into parity slot par
@@ -176,20 +160,22 @@ __global__ void __launch_bounds__(DKV_W * 32, 1) dkv_mma2_kernel(Params p, float
                 Lob[par * RQ + r] = ctx_lo(anc, ds, p.W, id.qo);
             }
         };
-        ItemIter cur = next(ItemIter{isctx ? 0 : bb, 0, 0});
-        if (cur.b < b1) {
+        int k = isctx ? split : 0;
+        ItemIter cur = item(k);
+        if (cur.b < p.nb) {
             issue(cur, 0, 0, 0);
             cp_commit(); // K / V and Q of item 0
             issue(cur, 1, 1, 0);
         }
         cp_commit();
         const float sl = p.scale * LOG2E;
-        for (int i = 0; cur.b < b1; i++) {
-            ItemIter nx = advance(cur);
+        for (int i = 0; cur.b < p.nb; i++) {
+            k += kstep;
+            ItemIter nx = item(k);
             int par = i & 1, bq = (2 * i) % DKV_BUF, bo = (2 * i + 1) % DKV_BUF;
             cp_wait<1>(); // Q of item i (dO of item i may still be in flight)
             __syncthreads(); // ... visible to all; item i - 1 done: its dO buffer is free
-            if (nx.b < b1)
+            if (nx.b < p.nb)
                 issue(nx, 0, (2 * i + 2) % DKV_BUF, par ^ 1);
             cp_commit();
             const uint16_t *Qs = Bf + bq * RQ * KP, *dOs = Bf + bo * RQ * KP;
@@ -275,7 +261,7 @@ __global__ void __launch_bounds__(DKV_W * 32, 1) dkv_mma2_kernel(Params p, float
                 }
             }
             __syncthreads(); // Q of item i read by all: its buffer takes dO of item i + 1
-            if (nx.b < b1)
+            if (nx.b < p.nb)
                 issue(nx, 1, (2 * i + 3) % DKV_BUF, 0);
             cp_commit();
             if (mine) {
@@ -348,9 +334,30 @@ __global__ void __launch_bounds__(DKV_W * 32, 1) dkv_mma2_kernel(Params p, float
 // in key order in 32-key steps (deterministic). A stage: 32 keys of the
 // dS^T slot [32][RQ + 8] and their K rows [32][D + 8], cp.async, three
 // stages (40 KiB at D 128: two CTAs per SM on the 100 KiB parts).
+// FOLD (one row chunk per block, p.nch == 1): the block keys' part is
+// computed here, first, instead of by dkv_mma2_kernel's block-tile CTAs
+// (one 8-warp CTA per (block, kv head) with a 64-key tile for 16 keys):
+// the item's Q, dO, lse, Di and the block's K / V rows (bs rounded up to
+// 16: nkb) into shared memory, S and dP per warp on rows 16 w .. + 15,
+// P^T and dS^T (bf16) into [key][row] tiles, then dQ's block part from
+// dS^T and K_b, and dK_b = scale dS^T Q, dV_b = P^T dO over the chunk's 64
+// rows (warp w: head-dim columns (D / 4) w ..), written once; then the
+// context steps reuse the same shared memory (fold_smem).
 constexpr int DQS_KEYS = 32, DQS_ST = 3;
 template <int D> constexpr size_t dq_dsd_smem() { return (size_t)DQS_ST * DQS_KEYS * ((RQ + 8) + (D + 8)) * 2; }
-template <int D>
+// FOLD's block part: Q, dO [RQ][D + 8]; K_b, V_b [nkb][D + 8]; P^T, dS^T
+// [nkb][RQ + 8]; lse * log2e and Di [RQ] (fp32)
+__host__ __device__ constexpr size_t fold_blk_smem(int D, int nkb)
+{
+    return ((size_t)2 * RQ * (D + 8) + (size_t)2 * nkb * (D + 8) + (size_t)2 * nkb * (RQ + 8)) * 2 +
+           (size_t)2 * RQ * 4;
+}
+template <int D> size_t fold_smem(int bs)
+{
+    size_t a = dq_dsd_smem<D>(), b = fold_blk_smem(D, (bs + 15) / 16 * 16);
+    return a > b ? a : b;
+}
+template <int D, bool FOLD>
 __global__ void __launch_bounds__(MW * 32) dq_dsd_kernel(Params p, const uint16_t *dsd)
 {
     static_assert(MW == 4 && RQ == 64, "2 x 2 warps over 64 rows");
@@ -368,12 +375,138 @@ __global__ void __launch_bounds__(MW * 32) dq_dsd_kernel(Params p, const uint16_
 #pragma unroll
         for (int nd = 0; nd < NTH; nd++)
             acc[mi][nd][0] = acc[mi][nd][1] = acc[mi][nd][2] = acc[mi][nd][3] = 0.0f;
+    // acc += dS (this warp's rows, nkk x 16 keys) K (those keys, this warp's columns)
+    // from dS^T [key][row] (pitch TP) and K [key][col] (pitch KP) in shared memory
+    auto dq_steps = [&](const uint16_t *Ts, const uint16_t *Ks, int nkk) {
+        for (int kk = 0; kk < nkk; kk++) {
+            // A = dS (rows wr + 16 mi.., keys 16 kk..) from dS^T [key][row]: ldmatrix .trans;
+            // matrices (rows lo, keys lo), (rows hi, keys lo), (rows lo, keys hi), (rows hi, keys hi)
+            uint32_t a[2][4];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+                ldsm4t(a[mi], Ts + (kk * 16 + (lane >> 4) * 8 + (lane & 7)) * TP + wr + mi * 16 + ((lane >> 3) & 1) * 8);
+#pragma unroll
+            for (int nd = 0; nd < NTH; nd += 2) { // B = K (keys 16 kk.., columns wc + 8 nd..)
+                uint32_t r[4];
+                ldsm4t(r, Ks + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KP + wc + (nd + (lane >> 4)) * 8);
+#pragma unroll
+                for (int mi = 0; mi < 2; mi++) {
+                    mma16816(acc[mi][nd], a[mi], r[0], r[1]);
+                    mma16816(acc[mi][nd + 1], a[mi], r[2], r[3]);
+                }
+            }
+        }
+    };
+    if (FOLD && !p.valid[b]) { // the block keys' dK / dV of a padding block: 0
+        for (int e = threadIdx.x; e < p.bs * V8; e += NTHR) {
+            long long off = ((long long)b * p.bs + e / V8) * ldk + (long long)g * D + (e % V8) * 8;
+            *reinterpret_cast<uint4 *>(p.dkb + off) = make_uint4(0, 0, 0, 0);
+            *reinterpret_cast<uint4 *>(p.dvb + off) = make_uint4(0, 0, 0, 0);
+        }
+    }
     if (p.valid[b]) {
         int anc = p.anchor[b], lo0 = ctx_lo(anc, p.doc_start[b], p.W, 0);
         int t0 = lo0 / TKM, maxt = dsd_maxt(p.S, p.W);
-        // 32-key steps: the context tiles' up to the anchor, then the block tile's up to bs
+        if (FOLD) {
+            const int nkb = (p.bs + 15) / 16 * 16;
+            uint16_t *Qs = sm, *dOs = Qs + RQ * KP, *Kb = dOs + RQ * KP, *Vb = Kb + nkb * KP;
+            uint16_t *Pt = Vb + nkb * KP, *St = Pt + nkb * TP;
+            float *Ls = reinterpret_cast<float *>(St + nkb * TP), *Ds = Ls + RQ;
+            for (int e = threadIdx.x; e < RQ * V8; e += NTHR) {
+                int r = e / V8, c = (e % V8) * 8;
+                RowId id = row_id(p, b, g, 0, r);
+                long long off = id.ok ? id.grow * ldq + id.h * D + c : 0;
+                cp16(Qs + r * KP + c, p.q + off, id.ok);
+                cp16(dOs + r * KP + c, p.dout + off, id.ok);
+            }
+            for (int e = threadIdx.x; e < nkb * V8; e += NTHR) {
+                int key = e / V8, c = (e % V8) * 8;
+                bool ok = key < p.bs;
+                long long off = ok ? ((long long)b * p.bs + key) * ldk + (long long)g * D + c : 0;
+                cp16(Kb + key * KP + c, p.kb + off, ok);
+                cp16(Vb + key * KP + c, p.vb + off, ok);
+            }
+            cp_commit();
+            for (int r = threadIdx.x; r < RQ; r += NTHR) {
+                RowId id = row_id(p, b, g, 0, r);
+                long long li = (long long)id.grow * p.nq + id.h;
+                Ls[r] = id.ok ? p.lse_in[li] * LOG2E : -INFINITY;
+                Ds[r] = id.ok ? p.Di[li] : 0.0f;
+            }
+            cp_wait<0>();
+            __syncthreads();
+            // S, dP on rows 16 warp .. + 15, 16 keys at a time; P^T, dS^T to shared memory
+            const float sl = p.scale * LOG2E;
+            const int r0 = warp * 16;
+            for (int kt = 0; kt < nkb / 16; kt++) {
+                float s[2][4], dp[2][4];
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[nt][e] = 0.0f, dp[nt][e] = 0.0f;
+#pragma unroll
+                for (int ks = 0; ks < D / 16; ks++) {
+                    uint32_t a[4];
+                    ldsm_a<KP>(a, Qs, r0, ks * 16, lane);
+                    mma_rows<2, KP>(s, a, Kb, kt * 16, ks * 16, lane);
+                    ldsm_a<KP>(a, dOs, r0, ks * 16, lane);
+                    mma_rows<2, KP>(dp, a, Vb, kt * 16, ks * 16, lane);
+                }
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int r = r0 + gid + 8 * (e >> 1), key = kt * 16 + nt * 8 + 2 * t4 + (e & 1);
+                        float Lr = Ls[r];
+                        // (rows past the chunk's: lse -inf; their qo is 0)
+                        bool vis = Lr != -INFINITY && visible(false, key, p.bs, 0, r / p.group, p.W);
+                        float P = vis ? exp2f(s[nt][e] * sl - Lr) : 0.0f;
+                        float dS = vis ? P * (dp[nt][e] - Ds[r]) : 0.0f;
+                        Pt[key * TP + r] = f2bf(P);
+                        St[key * TP + r] = f2bf(dS);
+                    }
+            }
+            __syncthreads();
+            dq_steps(St, Kb, nkb / 16);
+            // dK_b, dV_b: keys 16 mt .. + 15 x columns (D / 4) warp .., over the 64 rows
+            constexpr int NTQ = D / 32;
+            const int cq = warp * (D / 4);
+            for (int mt = 0; mt < nkb / 16; mt++) {
+                float dk[NTQ][4], dv[NTQ][4];
+#pragma unroll
+                for (int nd = 0; nd < NTQ; nd++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        dk[nd][e] = 0.0f, dv[nd][e] = 0.0f;
+#pragma unroll
+                for (int kr = 0; kr < RQ / 16; kr++) {
+                    uint32_t a[4];
+                    ldsm_a<TP>(a, St, mt * 16, kr * 16, lane);
+                    mma_cols<NTQ, KP>(dk, a, Qs + cq, kr * 16, lane);
+                    ldsm_a<TP>(a, Pt, mt * 16, kr * 16, lane);
+                    mma_cols<NTQ, KP>(dv, a, dOs + cq, kr * 16, lane);
+                }
+#pragma unroll
+                for (int ri = 0; ri < 2; ri++) {
+                    int key = mt * 16 + gid + 8 * ri;
+                    if (key >= p.bs)
+                        continue;
+                    long long off = ((long long)b * p.bs + key) * ldk + (long long)g * D + cq;
+#pragma unroll
+                    for (int nd = 0; nd < NTQ; nd++) {
+                        *reinterpret_cast<uint32_t *>(p.dkb + off + nd * 8 + 2 * t4) =
+                            pack_bf2(dk[nd][2 * ri] * p.scale, dk[nd][2 * ri + 1] * p.scale);
+                        *reinterpret_cast<uint32_t *>(p.dvb + off + nd * 8 + 2 * t4) =
+                            pack_bf2(dv[nd][2 * ri], dv[nd][2 * ri + 1]);
+                    }
+                }
+            }
+            __syncthreads(); // the block part's shared memory is the context steps' stages
+        }
+        // 32-key steps: the context tiles' up to the anchor, then (without FOLD) the block tile's up to bs
         int nhc = anc > lo0 ? (anc - t0 * TKM + DQS_KEYS - 1) / DQS_KEYS : 0;
-        int nh = nhc + (p.bs + DQS_KEYS - 1) / DQS_KEYS;
+        int nh = nhc + (FOLD ? 0 : (p.bs + DQS_KEYS - 1) / DQS_KEYS);
         auto issue = [&](int h, int st) {
             uint16_t *Ts = sm + st * STG, *Ks = Ts + DQS_KEYS * TP;
             bool isctx = h < nhc;
@@ -405,26 +538,7 @@ __global__ void __launch_bounds__(MW * 32) dq_dsd_kernel(Params p, const uint16_
                 issue(h + DQS_ST - 1, (h + DQS_ST - 1) % DQS_ST);
             cp_commit();
             const uint16_t *Ts = sm + (h % DQS_ST) * STG, *Ks = Ts + DQS_KEYS * TP;
-#pragma unroll
-            for (int kk = 0; kk < DQS_KEYS / 16; kk++) {
-                // A = dS (rows wr + 16 mi.., keys 16 kk..) from dS^T [key][row]: ldmatrix .trans;
-                // matrices (rows lo, keys lo), (rows hi, keys lo), (rows lo, keys hi), (rows hi, keys hi)
-                uint32_t a[2][4];
-#pragma unroll
-                for (int mi = 0; mi < 2; mi++)
-                    ldsm4t(a[mi], Ts + (kk * 16 + (lane >> 4) * 8 + (lane & 7)) * TP + wr + mi * 16 +
-                                      ((lane >> 3) & 1) * 8);
-#pragma unroll
-                for (int nd = 0; nd < NTH; nd += 2) { // B = K (keys 16 kk.., columns wc + 8 nd..)
-                    uint32_t r[4];
-                    ldsm4t(r, Ks + (kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KP + wc + (nd + (lane >> 4)) * 8);
-#pragma unroll
-                    for (int mi = 0; mi < 2; mi++) {
-                        mma16816(acc[mi][nd], a[mi], r[0], r[1]);
-                        mma16816(acc[mi][nd + 1], a[mi], r[2], r[3]);
-                    }
-                }
-            }
+            dq_steps(Ts, Ks, DQS_KEYS / 16);
         }
         cp_wait<0>();
     }
@@ -463,12 +577,15 @@ __global__ void __launch_bounds__(NT) dkv_reduce_kernel(const float *part, size_
 }
 
 // MMA4's backward where dkv4_kernel does not fit the device's shared memory
-// (sm_80's 163 KiB, sm_86/89/120's 99 KiB): Di, then dkv_mma2_kernel for the
-// context and the block keys alike, the split reduction; the dQ either from
-// the dS^T that pass stores (dsd, block_size <= TKM: dq_dsd_kernel, one
-// product instead of three) or, where dsd is NULL, dq_mma2_kernel before it.
+// (sm_80's 163 KiB, sm_86/89/120's 99 KiB): Di, the per-tile item lists of
+// the 64-key context tiles, then dkv_mma2_kernel for the context and the
+// block keys alike, the split reduction; the dQ either from the dS^T that
+// pass stores (dsd, block_size <= TKM: dq_dsd_kernel, one product instead of
+// three; with one row chunk per block it also computes the block keys' dK /
+// dV, which dkv_mma2_kernel then leaves out) or, where dsd is NULL,
+// dq_mma2_kernel before it.
 template <int D>
-int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, uint16_t *dsd, cudaEvent_t *ev)
+int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, int *lists, uint16_t *dsd, cudaEvent_t *ev)
 {
     REC(ev, 0, st);
     long long rows = (long long)p.nb * p.bs;
@@ -486,18 +603,33 @@ int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, uint16_t *dsd
         REC(ev, 1, st);
     }
     REC(ev, 2, st);
-    REC(ev, 3, st);
+    // FOLD: one row chunk per block: the block keys' dK / dV in the dQ kernel
+    const bool fold = dsd && p.nch == 1;
     long long nct = (p.S + TKM - 1) / TKM, ctas = nct * p.nkv * NSPL +
-                                              (long long)p.nb * ((p.bs + TKM - 1) / TKM) * p.nkv;
+                                              (fold ? 0 : (long long)p.nb * ((p.bs + TKM - 1) / TKM) * p.nkv);
+    int *cnt = lists, *order = cnt + nct, *lst = order + nct;
+    if (nct > 0) {
+        int rc = tile_lists_launch(p, st, (int)nct, TKM, cnt, lst, order, false);
+        if (rc)
+            return rc;
+    }
+    REC(ev, 3, st);
     if (ctas > 0) {
         SMEM(dkv_mma2_kernel<D>, dkv3_smem<D>());
-        dkv_mma2_kernel<D><<<(unsigned)ctas, DKV_W * 32, dkv3_smem<D>(), st>>>(p, part, 0, dsd);
+        dkv_mma2_kernel<D><<<(unsigned)ctas, DKV_W * 32, dkv3_smem<D>(), st>>>(p, part, 0, dsd, cnt, lst, order);
         CU(cudaGetLastError());
     }
-    REC(ev, 4, st); // context and block keys in one kernel
+    REC(ev, 4, st); // context (and without FOLD block) keys in one kernel
     if (dsd && rows > 0) { // (its pass event: [5], as WG3's dQ from its stored dS)
-        SMEM(dq_dsd_kernel<D>, dq_dsd_smem<D>());
-        dq_dsd_kernel<D><<<(unsigned)((long long)p.nb * p.nkv * p.nch), MW * 32, dq_dsd_smem<D>(), st>>>(p, dsd);
+        unsigned grid = (unsigned)((long long)p.nb * p.nkv * p.nch);
+        if (fold) {
+            size_t sm = fold_smem<D>(p.bs);
+            SMEM((dq_dsd_kernel<D, true>), sm);
+            dq_dsd_kernel<D, true><<<grid, MW * 32, sm, st>>>(p, dsd);
+        } else {
+            SMEM((dq_dsd_kernel<D, false>), dq_dsd_smem<D>());
+            dq_dsd_kernel<D, false><<<grid, MW * 32, dq_dsd_smem<D>(), st>>>(p, dsd);
+        }
         CU(cudaGetLastError());
     }
     REC(ev, 5, st);
@@ -534,7 +666,7 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     CU(cudaGetDevice(&dev));
     smax = df_cuda_smem_optin(dev);
     if ((size_t)smax < dkv4_smem_bytes(D))
-        return bwd_mma2_launch<D>(p, st, part, dsd, ev);
+        return bwd_mma2_launch<D>(p, st, part, lists, dsd, ev);
     REC(ev, 0, st);
     long long rows = (long long)p.nb * p.bs;
     // the wgmma dQ pass's K / V tensor maps (TMA); none: dq_mma2_kernel
@@ -577,7 +709,7 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
     if (nct > 0) {
         int *cnt = lists, *order = cnt + nct, *lst = order + nct;
         // (WG3: programmatic dependents)
-        int rc = tile_lists_launch(p, st, nct, cnt, lst, order, dsb && dsb->pdl);
+        int rc = tile_lists_launch(p, st, nct, TK4, cnt, lst, order, dsb && dsb->pdl);
         if (rc)
             return rc;
         REC(ev, 3, st);
@@ -607,7 +739,8 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
               nbt = (long long)p.nb * ((p.bs + TKM - 1) / TKM) * p.nkv;
     if (nbt > 0 && !fold_on) {
         SMEM(dkv_mma2_kernel<D>, dkv3_smem<D>());
-        dkv_mma2_kernel<D><<<(unsigned)nbt, DKV_W * 32, dkv3_smem<D>(), st>>>(p, part, (int)ctx2, nullptr);
+        dkv_mma2_kernel<D><<<(unsigned)nbt, DKV_W * 32, dkv3_smem<D>(), st>>>(p, part, (int)ctx2, nullptr, nullptr,
+                                                                             nullptr, nullptr);
         CU(cudaGetLastError());
     }
     REC(ev, 5, st);
@@ -650,10 +783,12 @@ size_t part_bytes(const df_cuda_dflash_args *a)
     return (n + 255) / 256 * 256;
 }
 
-// Bytes of the context tile lists (cnt, order, lst: ints), after the partials.
+// Bytes of the context tile lists (cnt, order, lst: ints), after the partials:
+// for tiles of TKM keys (bwd_mma2_launch's), room for TK4's too.
 size_t list_bytes(const df_cuda_dflash_args *a)
 {
-    size_t nct = ((size_t)a->S + TK4 - 1) / TK4;
+    static_assert(TKM <= TK4, "the lists sized for the smaller tiles");
+    size_t nct = ((size_t)a->S + TKM - 1) / TKM;
     return (nct * (2 + (size_t)a->n_blocks) * sizeof(int) + 255) / 256 * 256;
 }
 

@@ -298,10 +298,9 @@ namespace df_dflash {
 
 size_t dkv4_smem_bytes(int D) { return D == 64 ? dkv4_smem<64>() : dkv4_smem<128>(); }
 
-int tile_lists_launch(const Params &p, cudaStream_t st, int nct, int *cnt, int *lst, int *order, bool pdl)
+int tile_lists_launch(const Params &p, cudaStream_t st, int nct, int tk, int *cnt, int *lst, int *order, bool pdl)
 {
     Params pa = p;
-    int tk = TK4;
     void *la[4] = {&pa, &tk, &cnt, &lst};
     CU(launch_pdl((const void *)tile_list_kernel, dim3((unsigned)nct), dim3(NT), 0, st, pdl, la));
     void *oa[3] = {&cnt, &nct, &order};
