@@ -13,7 +13,8 @@ namespace df_dflash {
 // MMA4's forward, dQ and block-key dK/dV (and WG2's kernels where sm_90a is
 // not there). The CUDA-core kernels' work split and determinism (every output
 // element summed in a fixed order by one thread, written once, no atomics),
-// 4 warps x 16 rows per row chunk. Operands are bf16 (P and dS rounded to
+// 16 rows per warp, 4 warps per 64-row chunk (the forward: two blocks' chunks
+// per CTA, sharing the context tiles). Operands are bf16 (P and dS rounded to
 // bf16 before their products, as the naive bf16 math does); fp32 accumulate.
 // K/V (and in dK/dV the Q/dO rows) staged by cp.async in two buffers (the
 // next tile's load overlaps this tile's math); every mma operand fetched by
@@ -21,11 +22,11 @@ namespace df_dflash {
 // transposed stores); forward tiles of 64 keys; per-element masks skipped on
 // tiles every row sees whole; softmax in the exp2 domain. dK/dV
 // (dkv_mma2_kernel): 8 warps per 64-key tile, 4 key groups x 2 row halves,
-// the halves added at the end. The valid
-// blocks that see a context tile are dealt round-robin (in ascending order)
-// to NSPL CTAs; each sums its share in a fixed order into fp32 partials, and
-// a last kernel adds the NSPL partials in split order (deterministic;
-// balances the late tiles seen by many blocks).
+// the halves added at the end. The valid blocks that see a context tile
+// (its list) are dealt round-robin (in ascending order) to NSPL CTAs; each
+// sums its share in a fixed order into fp32 partials, and a last kernel adds
+// the NSPL partials in split order (deterministic; balances the late tiles
+// seen by many blocks).
 __device__ __forceinline__ uint32_t ld32(const uint16_t *p)
 {
     return *reinterpret_cast<const uint32_t *>(p);

@@ -7,34 +7,74 @@
 namespace {
 using namespace df_dflash;
 
+// The forward: CTA = (pair of blocks 2 j, 2 j + 1, kv head g, row chunk ch),
+// 8 warps: warps 4 i .. 4 i + 3 the 64 rows of block 2 j + i (16 rows each,
+// Q in registers). Adjacent blocks (anchors ascending) see nearly the same
+// context, so the pair shares every context K / V tile of the union of
+// their spans (half the tile loads per product, 8 warps per SM where one
+// CTA fits), then each block's own block-key tile; a warp skips the tiles
+// its block does not see. KT: 64-key tiles, two stages (cp.async).
+constexpr int FW = 2 * MW; // warps per forward CTA
 template <int D>
-__global__ void __launch_bounds__(MW * 32) fwd_mma2_kernel(Params p)
+__global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
 {
-    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, NTK = TKF / 8;
+    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, NTK = TKF / 8, V8 = D / 8;
     extern __shared__ float4 smem4[];
     uint16_t *sm = reinterpret_cast<uint16_t *>(smem4);
-    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
-        b = blockIdx.x / (p.nch * p.nkv);
+    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv, pb = blockIdx.x / (p.nch * p.nkv);
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
-    long long ldq = (long long)p.nq * D;
-    if (!p.valid[b]) {
-        for (int i = 0; i < 16; i++) {
-            RowId id = row_id(p, b, g, ch, warp * 16 + i);
-            if (!id.ok)
-                continue;
-            for (int k = lane; k < D; k += 32)
-                p.o[id.grow * ldq + id.h * D + k] = 0;
-            if (lane == 0)
-                p.lse[(long long)id.grow * p.nq + id.h] = -INFINITY;
+    int wi = warp / MW, wr = (warp % MW) * 16; // this warp's block of the pair, its rows in the chunk
+    int b = 2 * pb + wi;
+    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    // the pair: valid flags, anchors and the union of their context spans [ulo, uhi)
+    int bq[2] = {2 * pb, 2 * pb + 1};
+    bool vq[2];
+    int ancq[2], loq[2];
+    int ulo = INT_MAX, uhi = 0;
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        vq[i] = bq[i] < p.nb && p.valid[bq[i]];
+        ancq[i] = vq[i] ? p.anchor[bq[i]] : 0;
+        loq[i] = vq[i] ? ctx_lo(ancq[i], p.doc_start[bq[i]], p.W, 0) : 0;
+        if (vq[i] && ancq[i] > loq[i]) {
+            ulo = min(ulo, loq[i]);
+            uhi = max(uhi, ancq[i]);
         }
-        return;
     }
-    int anc = p.anchor[b], ds = p.doc_start[b];
-    int lo0 = ctx_lo(anc, ds, p.W, 0), lohi = ctx_lo(anc, ds, p.W, p.bs - 1);
-    int ntc = (anc - lo0 + TKF - 1) / TKF, ntb = (p.bs + TKF - 1) / TKF, nt = ntc + ntb;
-    issue_kv<D, TKF>(p, b, g, anc, lo0, ntc, 0, sm, sm + TKF * KP, MW * 32);
+    int ntc = uhi > ulo ? (uhi - ulo + TKF - 1) / TKF : 0, ntb = (p.bs + TKF - 1) / TKF;
+    int nt = ntc + (vq[0] ? ntb : 0) + (vq[1] ? ntb : 0); // block tiles: the valid blocks', in pair order
+    // tile t: a context tile of the union, or block tile (t - ntc) % ntb of the (t - ntc) / ntb-th valid block
+    auto tile_of = [&](int t, int &base, int &end, int &tb) -> bool {
+        if (t < ntc) {
+            base = ulo + t * TKF, end = uhi, tb = -1;
+            return true;
+        }
+        int k = (t - ntc) / ntb, j = vq[0] ? k : k + 1;
+        base = ((t - ntc) % ntb) * TKF, end = p.bs, tb = 2 * pb + j;
+        return false;
+    };
+    auto issue = [&](int t, uint16_t *Kd) {
+        uint16_t *Vd = Kd + TKF * KP;
+        int base, end, tb;
+        bool isctx = tile_of(t, base, end, tb);
+        const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
+        long long rbase = isctx ? base : (long long)tb * p.bs + base;
+        for (int e = threadIdx.x; e < TKF * V8; e += FW * 32) {
+            int key = e / V8, c = (e % V8) * 8;
+            bool ok = base + key < end;
+            long long off = ok ? (rbase + key) * ldk + (long long)g * D + c : 0;
+            cp16(Kd + key * KP + c, ksrc + off, ok);
+            cp16(Vd + key * KP + c, vsrc + off, ok);
+        }
+    };
+    if (nt > 0)
+        issue(0, sm);
     cp_commit();
-    RowId rid[2] = {row_id(p, b, g, ch, warp * 16 + gid), row_id(p, b, g, ch, warp * 16 + gid + 8)};
+    const bool mine = b < p.nb; // (the last pair of an odd count has one block)
+    const bool val = mine && (wi ? vq[1] : vq[0]);
+    int anc = wi ? ancq[1] : ancq[0], lo0 = wi ? loq[1] : loq[0], ds = val ? p.doc_start[b] : 0;
+    int lohi = val ? ctx_lo(anc, ds, p.W, p.bs - 1) : 0;
+    RowId rid[2] = {row_id(p, mine ? b : 0, g, ch, wr + gid), row_id(p, mine ? b : 0, g, ch, wr + gid + 8)};
     int rlo[2] = {ctx_lo(anc, ds, p.W, rid[0].qo), ctx_lo(anc, ds, p.W, rid[1].qo)};
     uint32_t qa[KS][4];
 #pragma unroll
@@ -43,7 +83,7 @@ __global__ void __launch_bounds__(MW * 32) fwd_mma2_kernel(Params p)
         for (int e = 0; e < 4; e++) {
             const RowId &id = rid[e & 1];
             int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
-            qa[ks][e] = id.ok ? ld32(p.q + id.grow * ldq + id.h * D + col) : 0u;
+            qa[ks][e] = val && id.ok ? ld32(p.q + id.grow * ldq + id.h * D + col) : 0u;
         }
     float o[NTD][4];
 #pragma unroll
@@ -52,79 +92,84 @@ __global__ void __launch_bounds__(MW * 32) fwd_mma2_kernel(Params p)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const float sl = p.scale * LOG2E;
     for (int t = 0; t < nt; t++) {
-        if (t + 1 < nt) {
-            uint16_t *Kd = sm + ((t + 1) & 1) * 2 * TKF * KP;
-            issue_kv<D, TKF>(p, b, g, anc, lo0, ntc, t + 1, Kd, Kd + TKF * KP, MW * 32);
-        }
+        if (t + 1 < nt)
+            issue(t + 1, sm + ((t + 1) & 1) * 2 * TKF * KP);
         cp_commit();
         cp_wait<1>();
         __syncthreads();
         const uint16_t *Ks = sm + (t & 1) * 2 * TKF * KP, *Vs = Ks + TKF * KP;
-        bool isctx = t < ntc;
-        int base = isctx ? lo0 + t * TKF : (t - ntc) * TKF;
-        int end = isctx ? anc : p.bs;
-        bool full = isctx && base >= lohi && base + TKF <= anc;
-        float s[NTK][4];
-#pragma unroll
-        for (int n = 0; n < NTK; n++)
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++)
-            mma_rows<NTK, KP>(s, qa[ks], Ks, 0, ks * 16, lane);
-        float mx[2] = {-INFINITY, -INFINITY};
-        if (full) {
+        int base, end, tb;
+        bool isctx = tile_of(t, base, end, tb);
+        // this warp's tile: a context tile that meets its block's span, or its block's own tile
+        bool use = val && (isctx ? base < anc && base + TKF > lo0 : tb == b);
+        if (use) {
+            if (isctx)
+                end = anc;
+            bool full = isctx && base >= lohi && base + TKF <= anc;
+            float s[NTK][4];
 #pragma unroll
             for (int n = 0; n < NTK; n++)
+                s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    s[n][e] *= sl;
-                    mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
-                }
-        } else {
+            for (int ks = 0; ks < KS; ks++)
+                mma_rows<NTK, KP>(s, qa[ks], Ks, 0, ks * 16, lane);
+            float mx[2] = {-INFINITY, -INFINITY};
+            if (full) {
 #pragma unroll
-            for (int n = 0; n < NTK; n++)
+                for (int n = 0; n < NTK; n++)
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int ri = e >> 1, key = base + n * 8 + 2 * t4 + (e & 1);
-                    bool vis = rid[ri].ok && visible(isctx, key, end, rlo[ri], rid[ri].qo, p.W);
-                    s[n][e] = vis ? s[n][e] * sl : -INFINITY;
-                    mx[ri] = fmaxf(mx[ri], s[n][e]);
-                }
-        }
-        float al[2];
+                    for (int e = 0; e < 4; e++) {
+                        s[n][e] *= sl;
+                        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
+                    }
+            } else {
 #pragma unroll
-        for (int ri = 0; ri < 2; ri++) {
-            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
-            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
-            float mn = fmaxf(m[ri], mx[ri]);
-            al[ri] = mn == -INFINITY ? 1.0f : exp2f(m[ri] - mn);
-            m[ri] = mn;
-        }
-        float ps[2] = {0.0f, 0.0f};
+                for (int n = 0; n < NTK; n++)
 #pragma unroll
-        for (int n = 0; n < NTK; n++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int ri = e >> 1;
-                float pr = s[n][e] == -INFINITY ? 0.0f : exp2f(s[n][e] - m[ri]);
-                s[n][e] = pr;
-                ps[ri] += pr;
+                    for (int e = 0; e < 4; e++) {
+                        int ri = e >> 1, key = base + n * 8 + 2 * t4 + (e & 1);
+                        bool vis = rid[ri].ok && visible(isctx, key, end, rlo[ri], rid[ri].qo, p.W);
+                        s[n][e] = vis ? s[n][e] * sl : -INFINITY;
+                        mx[ri] = fmaxf(mx[ri], s[n][e]);
+                    }
             }
-        l[0] = l[0] * al[0] + ps[0];
-        l[1] = l[1] * al[1] + ps[1];
+            float al[2];
 #pragma unroll
-        for (int nd = 0; nd < NTD; nd++)
-            o[nd][0] *= al[0], o[nd][1] *= al[0], o[nd][2] *= al[1], o[nd][3] *= al[1];
+            for (int ri = 0; ri < 2; ri++) {
+                mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
+                mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
+                float mn = fmaxf(m[ri], mx[ri]);
+                al[ri] = mn == -INFINITY ? 1.0f : exp2f(m[ri] - mn);
+                m[ri] = mn;
+            }
+            float ps[2] = {0.0f, 0.0f};
 #pragma unroll
-        for (int kk = 0; kk < TKF / 16; kk++) {
-            uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
-                              pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                              pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-            mma_cols<NTD, KP>(o, pa, Vs, kk * 16, lane);
+            for (int n = 0; n < NTK; n++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    int ri = e >> 1;
+                    float pr = s[n][e] == -INFINITY ? 0.0f : exp2f(s[n][e] - m[ri]);
+                    s[n][e] = pr;
+                    ps[ri] += pr;
+                }
+            l[0] = l[0] * al[0] + ps[0];
+            l[1] = l[1] * al[1] + ps[1];
+#pragma unroll
+            for (int nd = 0; nd < NTD; nd++)
+                o[nd][0] *= al[0], o[nd][1] *= al[0], o[nd][2] *= al[1], o[nd][3] *= al[1];
+#pragma unroll
+            for (int kk = 0; kk < TKF / 16; kk++) {
+                uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
+                                  pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                                  pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+                mma_cols<NTD, KP>(o, pa, Vs, kk * 16, lane);
+            }
         }
         __syncthreads(); // this stage is refilled at t + 2
     }
     cp_wait<0>();
+    if (!mine)
+        return;
 #pragma unroll
     for (int ri = 0; ri < 2; ri++) {
         l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
@@ -135,7 +180,7 @@ __global__ void __launch_bounds__(MW * 32) fwd_mma2_kernel(Params p)
         const RowId &id = rid[ri];
         if (!id.ok)
             continue;
-        bool any = l[ri] > 0.0f;
+        bool any = val && l[ri] > 0.0f; // (an invalid block's rows: 0 and lse -inf)
         float inv = any ? 1.0f / l[ri] : 0.0f;
         uint16_t *orow = p.o + id.grow * ldq + id.h * D;
 #pragma unroll
@@ -347,11 +392,11 @@ int dq_mma2_launch(const Params &p, cudaStream_t st, const int *dq_order)
 template <int D>
 int fwd_mma_launch(const Params &p, cudaStream_t st)
 {
-    long long n = (long long)p.nb * p.nkv * p.nch;
+    long long n = (long long)(p.nb + 1) / 2 * p.nkv * p.nch; // (pairs of blocks)
     if (n == 0)
         return 0;
     SMEM(fwd_mma2_kernel<D>, fwd3_smem<D>());
-    fwd_mma2_kernel<D><<<(unsigned)n, MW * 32, fwd3_smem<D>(), st>>>(p);
+    fwd_mma2_kernel<D><<<(unsigned)n, FW * 32, fwd3_smem<D>(), st>>>(p);
     CU(cudaGetLastError());
     return 0;
 }
