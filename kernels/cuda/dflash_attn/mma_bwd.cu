@@ -143,9 +143,21 @@ __global__ void __launch_bounds__(DKV_W * 32, 1) dkv_mma2_kernel(Params p, float
         auto issue = [&](ItemIter it, int is_do, int buf, int par) {
             uint16_t *Xd = Bf + buf * RQ * KP;
             const uint16_t *src = is_do ? p.dout : p.q;
-            for (int e = threadIdx.x; e < RQ * V8; e += NTHR) {
-                int r = e / V8, c = (e % V8) * 8;
-                RowId id = row_id(p, it.b, g, it.ch, r);
+            // this thread's rows r0 + RS j, column c: one division, the rest steps
+            // where RS is a multiple of the group (a row's head repeats every group rows)
+            constexpr int RS = NTHR / V8;
+            static_assert(RQ % RS == 0, "whole row steps");
+            const int c = (threadIdx.x % V8) * 8, r0 = threadIdx.x / V8;
+            const int rr0 = it.ch * RQ + r0, q0 = rr0 / p.group, h = g * p.group + rr0 % p.group;
+            const bool stepq = RS % p.group == 0;
+#pragma unroll
+            for (int j = 0; j < RQ / RS; j++) {
+                int r = r0 + RS * j;
+                RowId id;
+                if (stepq)
+                    id.ok = rr0 + RS * j < rows_ok, id.grow = it.b * p.bs + q0 + j * (RS / p.group), id.h = h;
+                else
+                    id = row_id(p, it.b, g, it.ch, r);
                 cp16(Xd + r * KP + c, src + (id.ok ? id.grow * ldq + id.h * D + c : 0), id.ok);
             }
             if (is_do)
