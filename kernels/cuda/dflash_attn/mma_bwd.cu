@@ -31,16 +31,17 @@ __global__ void __launch_bounds__(NT) di_kernel(Params p)
 
 // dK/dV, pipelined: CTA (split s, kv head g, key tile of TKM keys); context
 // tiles first (NSPL CTAs each, the tiles with the most items first: order),
-// then block tiles (one CTA each). Work items = (visible block, row chunk)
-// in ascending order: a context tile's from its list (cnt, lst:
-// tile_list_kernel at TKM keys), item k = (lst[k / nch], k % nch); split s
-// takes the items k with k % NSPL == s. Q/dO rows and their lse/Di/qo/lo of
+// then block tiles (one CTA each; none where dq_dsd_kernel's FOLD has them).
+// Work items = (visible block, row chunk) in ascending order: a context
+// tile's from its list (cnt, lst: tile_list_kernel at TKM keys), item k =
+// (lst[k / nch], k % nch); split s takes the items k with k % NSPL == s. Q/dO rows and their lse/Di/qo/lo of
 // the next item are loaded (cp.async) while this item is computed.
 // The one-stage backward's dS^T store (dsd): per (block, kv head, row chunk)
 // maxt + 1 slots of [TKM keys][RQ rows] bf16: the context tiles of the
 // block's span (slot t: key tile lo0 / TKM + t), then its block-key tile
-// (slot maxt; block_size <= TKM). Keys a slot's CTA does not reach (past S,
-// past the block's keys) are left unwritten; dq_dsd_kernel zero-fills them.
+// (slot maxt; block_size <= TKM; unused where dq_dsd_kernel computes the block
+// keys itself, FOLD). Keys a slot's CTA does not reach (past S, past the
+// block's keys) are left unwritten; dq_dsd_kernel zero-fills them.
 __host__ __device__ inline int dsd_maxt(int S, int W)
 {
     int m = (S + TKM - 1) / TKM; // a span [lo0, anc) within [0, S)

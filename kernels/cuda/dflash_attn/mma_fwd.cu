@@ -13,7 +13,7 @@ using namespace df_dflash;
 // context, so the pair shares every context K / V tile of the union of
 // their spans (half the tile loads per product, 8 warps per SM where one
 // CTA fits), then each block's own block-key tile; a warp skips the tiles
-// its block does not see. KT: 64-key tiles, two stages (cp.async).
+// its block does not see. Tiles of TKF = 64 keys, two stages (cp.async).
 constexpr int FW = 2 * MW; // warps per forward CTA
 template <int D>
 __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
