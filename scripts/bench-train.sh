@@ -183,7 +183,13 @@ ld=lambda f: {x['step']: x['loss'] for x in map(json.loads, open(f)) if 'loss' i
 b, f = ld('$LOG/train-1gpu.jsonl'), ld('$LOG/train-1gpu-fp8.jsonl')
 s = sorted(set(b) & set(f))
 print('  loss bf16 / fp8 by step: ' + ' '.join('%d:%.4f/%.4f' % (k, b[k], f[k]) for k in s))
-if s: print('  fp8 - bf16 loss: mean %+.4f over %d steps, last %+.4f' % (sum(f[k] - b[k] for k in s) / len(s), len(s), f[s[-1]] - b[s[-1]]))"
+if s: print('  fp8 - bf16 loss: mean %+.4f over %d steps, last %+.4f' % (sum(f[k] - b[k] for k in s) / len(s), len(s), f[s[-1]] - b[s[-1]]))
+w = max(1, len(s) // 12)  # a long run: the curves as means over 12 windows of steps
+if len(s) >= 48:
+    print('  loss by window of %d steps (first step: bf16 mean / fp8 mean / fp8 - bf16):' % w)
+    for i in range(0, len(s) - w + 1, w):
+        ks = s[i:i + w]; mb = sum(b[k] for k in ks) / w; mf = sum(f[k] for k in ks) / w
+        print('    %5d: %.4f / %.4f / %+.4f' % (ks[0], mb, mf, mf - mb))"
 echo "ours, $GPUS GPUs (same fields; tok/s is the total):            $ours2"
 echo "ours, $GPUS GPUs, cache read from the disk (O_DIRECT):           $ours2d"
 echo "disk read rate (dd O_DIRECT, one cache shard): ${disk:-?}"

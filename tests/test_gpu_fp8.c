@@ -110,6 +110,83 @@ static void check_qdq(int64_t R, int64_t C, int64_t br, int64_t bc, int f32, int
         df_backend_free(g, dy);
 }
 
+/* The E4M3 codes and scales the tensor cores get (df_cuda_fp8_round_codes,
+ * gemm_fp8.cu's rounding kernels), bitwise against the CPU rule: per block
+ * the scale df_fp8_pow2_scale(amax) and each value's df_e4m3_from_f32(v /
+ * scale) (NaN and Inf: the NaN code); padding codes 0. x [R, C] bf16 with a
+ * row stride of C + 8 (16-byte loads only where that is a multiple of 8). */
+static void check_codes(int mode, int64_t R, int64_t C, int nonfinite)
+{
+    df_backend *g = gh_gpu;
+    int64_t ld = C + 8, n = R * ld;
+    uint16_t *xb = gh_xmalloc((size_t)n * 2);
+    for (int64_t i = 0; i < n; i++)
+        xb[i] = gh_f2bf(draw(i, ld));
+    if (nonfinite) {
+        xb[(R / 2) * ld + C / 3] = 0x7fc0;  /* NaN */
+        xb[(R - 1) * ld + C - 1] = 0xff80;  /* -Inf */
+        xb[(R - 1) * ld + C / 2] = 0x7f80;  /* +Inf */
+    }
+    int tr = mode == 1 || mode == 3;
+    int64_t rows = tr ? C : R, red = tr ? R : C, kp = (red + 127) / 128 * 128, kb = kp / 128;
+    int64_t n_out = mode == 0 ? (R + 3) / 4 * 4 : rows, l4 = (kb + 3) / 4 * 4;
+    int64_t nsc = mode < 2 ? kb * n_out : ((rows + 127) / 128) * l4;
+    void *dx = gh_dev_copy(g, xb, (size_t)n * 2);
+    uint8_t *dq = df_backend_alloc(g, (size_t)(n_out * kp));
+    float *ds = df_backend_alloc(g, (size_t)nsc * 4);
+    CHECK(dq && ds);
+    uint8_t *pq = gh_xmalloc((size_t)(n_out * kp));
+    float *ps = gh_xmalloc((size_t)nsc * 4);
+    memset(pq, 0xa5, (size_t)(n_out * kp)); /* every code must be written */
+    memset(ps, 0, (size_t)nsc * 4);
+    CHECK_EQ(df_backend_upload(g, dq, pq, (size_t)(n_out * kp)), 0);
+    CHECK_EQ(df_backend_upload(g, ds, ps, (size_t)nsc * 4), 0);
+    df_tensor tx = df_tensor_2d(dx, DF_DTYPE_BF16, R, C);
+    tx.stride[0] = ld;
+    CHECK_EQ(df_cuda_fp8_round_codes(g, mode, &tx, dq, kp, ds, n_out), 0);
+    CHECK_EQ(df_backend_download(g, pq, dq, (size_t)(n_out * kp)), 0);
+    CHECK_EQ(df_backend_download(g, ps, ds, (size_t)nsc * 4), 0);
+    /* out element (o, k): x[o][k] (modes 0, 2) or x[k][o] (1, 3) */
+#define XV(o, k) gh_bf2f(tr ? xb[(k) * ld + (o)] : xb[(o) * ld + (k)])
+    int64_t bad = 0, bads = 0, first = -1;
+    for (int64_t o = 0; o < n_out; o++)
+        for (int64_t b = 0; b < kb; b++) {
+            int64_t blo = mode < 2 ? o : o / 128 * 128, bhi = mode < 2 ? o + 1 : blo + 128;
+            float amax = 0.0f;
+            for (int64_t oo = blo; oo < bhi && oo < rows; oo++)
+                for (int64_t k = b * 128; k < b * 128 + 128 && k < red; k++) {
+                    float a = fabsf(XV(oo, k));
+                    amax = a > amax || a != a ? a : amax;
+                }
+            float sc = df_fp8_pow2_scale(amax);
+            float got_s = mode < 2 ? ps[b * n_out + o] : ps[(o / 128) * l4 + b];
+            if (o < rows && memcmp(&got_s, &sc, 4))
+                bads++;
+            for (int64_t k = b * 128; k < b * 128 + 128; k++) {
+                uint8_t want = 0;
+                if (o < rows && k < red) {
+                    float v = XV(o, k);
+                    want = isfinite(v) ? df_e4m3_from_f32(v / sc) : (uint8_t)(signbit(v) ? 0xff : 0x7f);
+                }
+                if (pq[o * kp + k] != want) {
+                    if (first < 0)
+                        first = o * kp + k;
+                    bad++;
+                }
+            }
+        }
+#undef XV
+    printf("fp8 codes mode %d %lldx%lld%s: %lld codes, %lld scales differ\n", mode, (long long)R,
+           (long long)C, nonfinite ? " non-finite" : "", (long long)bad, (long long)bads);
+    if (bad)
+        fprintf(stderr, "  first at out row %lld, k %lld: got 0x%02x\n", (long long)(first / kp),
+                (long long)(first % kp), pq[first]);
+    CHECK_EQ(bad, 0);
+    CHECK_EQ(bads, 0);
+    free(xb), free(pq), free(ps);
+    df_backend_free(g, dx), df_backend_free(g, dq), df_backend_free(g, ds);
+}
+
 static void check_lmhead(int64_t N, int64_t V, int64_t H)
 {
     df_backend *g = gh_gpu, *c = gh_cpu;
@@ -289,6 +366,40 @@ static int run_round_a(void *p)
                                     : df_op_fp8_qdq(gh_gpu, &k->a, &k->q, 1, 128);
 }
 
+typedef struct codes_case {
+    int mode;
+    df_tensor x;
+    uint8_t *q;
+    float *sc;
+    int64_t kp, n_out;
+} codes_case;
+static int run_codes(void *p)
+{
+    codes_case *k = p;
+    return df_cuda_fp8_round_codes(gh_gpu, k->mode, &k->x, k->q, k->kp, k->sc, k->n_out);
+}
+
+/* a rounding kernel alone: x [R, C] (row stride ld) to codes and scales, and the rate of its
+ * bytes (2 read + 1 written per value) */
+static void bench_codes(const char *name, int mode, int64_t R, int64_t C, int64_t ld)
+{
+    df_backend *g = gh_gpu;
+    int tr = mode == 1 || mode == 3;
+    int64_t red = tr ? R : C, kp = (red + 127) / 128 * 128, rows = tr ? C : R;
+    codes_case k = {.mode = mode, .kp = kp, .n_out = mode == 0 ? (R + 3) / 4 * 4 : rows};
+    void *gx = df_backend_alloc(g, (size_t)(R * ld) * 2);
+    k.q = df_backend_alloc(g, (size_t)(k.n_out * kp));
+    k.sc = df_backend_alloc(g, (size_t)((k.n_out + 127) / 128 * 128 * (kp / 128 + 3)) * 4);
+    CHECK(gx && k.q && k.sc);
+    CHECK_EQ(df_backend_fill_uniform(g, gx, DF_DTYPE_BF16, R * ld, 3, -2.0f, 2.0f), 0);
+    k.x = df_tensor_2d(gx, DF_DTYPE_BF16, R, C);
+    k.x.stride[0] = ld;
+    double t = time_ms(run_codes, &k);
+    printf("bench rounding %-22s mode %d %lldx%lld (ld %lld): %.3f ms, %.0f GB/s\n", name, mode,
+           (long long)R, (long long)C, (long long)ld, t, 3.0 * (double)R * (double)C / t * 1e-6);
+    df_backend_free(g, gx), df_backend_free(g, k.q), df_backend_free(g, k.sc);
+}
+
 /* M rows of activations, the weight N x K (as check_matmul) */
 static void bench_gemm(const char *name, df_gemm_kind kind, int64_t M, int64_t N, int64_t K)
 {
@@ -334,6 +445,14 @@ int main(int argc, char **argv)
     if (rc)
         return rc;
     if (argc > 1 && !strcmp(argv[1], "--bench")) { /* the 27B drafter step's GEMMs */
+        bench_codes("activations (mlp up)", 0, 8192, 5120, 5120);
+        bench_codes("activations (mlp down)", 0, 8192, 17408, 17408);
+        bench_codes("lm head gradient", 0, 768, 248320, 2 * 248320);
+        bench_codes("dw operand (mlp down)", 1, 8192, 17408, 17408);
+        bench_codes("dw operand (q proj)", 1, 8192, 5120, 5120);
+        bench_codes("weight (mlp up)", 2, 17408, 5120, 5120);
+        bench_codes("weight^T (mlp up)", 3, 17408, 5120, 5120);
+        bench_codes("weight^T (mlp down)", 3, 5120, 17408, 17408);
         for (int kind = 0; kind < 3; kind++) {
             bench_gemm("mlp up", (df_gemm_kind)kind, 8192, 17408, 5120);
             bench_gemm("mlp down", (df_gemm_kind)kind, 8192, 5120, 17408);
@@ -355,6 +474,13 @@ int main(int argc, char **argv)
     check_qdq(8192, 5120, 1, 128, 0, 0, 0);   /* the drafter's activations */
     check_qdq(5120, 17408, 128, 128, 0, 0, 0); /* a weight */
     check_qdq(4096, 5120, 128, 1, 0, 1, 0);   /* an operand reduced over rows */
+    /* the tensor cores' codes: each rounding kernel, edges and non-finite blocks */
+    for (int mode = 0; mode < 4; mode++) {
+        check_codes(mode, 37, 300, 0);
+        check_codes(mode, 300, 37, 0);
+        check_codes(mode, 259, 390, 1);
+        check_codes(mode, 1024, 1536, 0);
+    }
     /* the BF16 path everywhere, then (sm_90) the E4M3 tensor cores where they agree */
     for (int fast = 0; fast < 2; fast++) {
         df_knob_set(DF_KNOB_FP8_GEMM, fast ? "1" : "0");

@@ -134,6 +134,7 @@ void *df_cuda_scratch(df_backend *be, size_t bytes)
         return NULL;
     }
     s->scratch_cap = cap;
+    df_log(DF_LOG_DEBUG, "cuda: scratch grows to %.1f MiB", (double)cap / (1 << 20));
     return s->scratch;
 }
 
@@ -171,6 +172,7 @@ static void cu_prof_begin(df_backend *be, const char *name)
     if (p->n == DF_CUDA_PROF_EVENTS)
         prof_flush(s);
     p->name[p->n] = name;
+    p->op = name;
     (void)cudaEventRecord(p->ev[2 * p->n], s->stream);
 }
 
@@ -180,6 +182,29 @@ static void cu_prof_end(df_backend *be)
     df_cuda_prof *p = s->prof;
     (void)cudaEventRecord(p->ev[2 * p->n + 1], s->stream);
     p->n++;
+}
+
+void df_cuda_prof_split(df_backend *be, const char *part)
+{
+    df_cuda_state *s = st_of(be);
+    df_cuda_prof *p = s->prof;
+    if (!be->prof || !p || !p->op)
+        return;
+    const char *op = p->op, *name = op;
+    char buf[96];
+    if (part) {
+        snprintf(buf, sizeof buf, "%s: %s", op, part);
+        int k = 0;
+        while (k < p->n_parts && strcmp(p->parts[k], buf))
+            k++;
+        if (k == p->n_parts && k < DF_CUDA_PROF_NAMES && (p->parts[k] = strdup(buf)))
+            p->n_parts++;
+        if (k < p->n_parts)
+            name = p->parts[k];
+    }
+    cu_prof_end(be);
+    cu_prof_begin(be, name);
+    p->op = op;
 }
 
 static void cu_prof_reset(df_backend *be)
@@ -207,13 +232,15 @@ static void prof_report(df_cuda_state *s)
                 best = k;
         if (best < 0)
             break;
-        df_log(DF_LOG_INFO, "  %-14s %9.1f ms %5.1f%% %8llu calls %8.3f ms/call", p->names[best],
+        df_log(DF_LOG_INFO, "  %-24s %9.1f ms %5.1f%% %8llu calls %8.3f ms/call", p->names[best],
                p->ms[best], tot > 0 ? 100 * p->ms[best] / tot : 0.0,
                (unsigned long long)p->calls[best], p->ms[best] / (double)p->calls[best]);
         p->calls[best] = 0;
     }
     for (int i = 0; i < 2 * DF_CUDA_PROF_EVENTS; i++)
         (void)cudaEventDestroy(p->ev[i]);
+    for (int i = 0; i < p->n_parts; i++)
+        free(p->parts[i]);
     free(p);
     s->prof = NULL;
 }

@@ -39,6 +39,10 @@ const int32_t *df_cuda_stage_i32(df_backend *be, const int32_t *host, int64_t n)
  * every op: valid until the next df_cuda_scratch call (ops on one stream
  * run in order, so an op may use it for its own launches). NULL on failure. */
 void *df_cuda_scratch(df_backend *be, size_t bytes);
+/* Op profiling (DFLASH_PROFILE=1; nothing otherwise): ends the current
+ * op's bracket and opens one named "<op>: <part>" (part NULL: the op's own
+ * name again), so the profile splits an op's time into its parts. */
+void df_cuda_prof_split(df_backend *be, const char *part);
 /* The bytes df_backend_lend_scratch lends now (0: none). */
 size_t df_cuda_scratch_lent(df_backend *be);
 

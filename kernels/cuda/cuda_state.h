@@ -49,6 +49,9 @@ typedef struct df_cuda_prof {
     double ms[DF_CUDA_PROF_NAMES];
     uint64_t calls[DF_CUDA_PROF_NAMES];
     int n_names;
+    const char *op; /* the op now bracketed (df_cuda_prof_split's parts are named after it) */
+    char *parts[DF_CUDA_PROF_NAMES]; /* "op: part" names made by df_cuda_prof_split, owned */
+    int n_parts;
 } df_cuda_prof;
 
 typedef struct df_cuda_state {

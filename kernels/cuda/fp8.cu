@@ -161,14 +161,17 @@ extern "C" int df_cuda_matmul_fp8_bf16(df_backend *be, df_gemm_kind kind, const 
         return -ENOMEM;
     df_tensor ra = df_tensor_2d(s, DF_DTYPE_BF16, a->shape[0], a->shape[1]);
     df_tensor rb = df_tensor_2d(s + ob, DF_DTYPE_BF16, b->shape[0], b->shape[1]);
+    df_cuda_prof_split(be, "bf16 path round");
     int rc = df_cuda_fp8_qdq(be, a, &ra, bw ? 128 : 1, bw ? 1 : 128);
     if (!rc)
         rc = df_cuda_fp8_qdq(be, b, &rb, 128, bw ? 1 : 128);
-    if (rc)
-        return rc;
-    return kind == DF_GEMM_FWD     ? df_cuda_matmul(be, &ra, &rb, c, accumulate)
-           : kind == DF_GEMM_BWD_X ? df_cuda_matmul_bwd_x(be, &ra, &rb, c, accumulate)
-                                   : df_cuda_matmul_bwd_w(be, &ra, &rb, c, accumulate);
+    df_cuda_prof_split(be, "bf16 path gemm");
+    if (!rc)
+        rc = kind == DF_GEMM_FWD     ? df_cuda_matmul(be, &ra, &rb, c, accumulate)
+             : kind == DF_GEMM_BWD_X ? df_cuda_matmul_bwd_x(be, &ra, &rb, c, accumulate)
+                                     : df_cuda_matmul_bwd_w(be, &ra, &rb, c, accumulate);
+    df_cuda_prof_split(be, NULL);
+    return rc;
 }
 
 /* df_op_matmul_fp8: the E4M3 tensor cores where they are there and agreed

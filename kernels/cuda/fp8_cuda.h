@@ -68,6 +68,21 @@ df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_gemm_kind ki
  * teardown or when a buffer grows, not inside a step). */
 void df_cuda_fp8_kept_forget(df_backend *be);
 
+/* The rounding kernels of df_cuda_matmul_fp8_fast alone (for tests): the
+ * E4M3 codes and FP32 power-of-two scales of x [R, C] (bf16, row stride
+ * x->stride[0]), both in device memory, scales zeroed by the caller, by mode:
+ *   0: 1 x 128 blocks along x's rows: codes [n_out >= R, kp >= C] (rows
+ *      past R and columns past C zero), sc[kb * n_out + o], kb = kp / 128;
+ *   1: 1 x 128 blocks along x's columns (x^T): codes [C, kp >= R],
+ *      sc[kb * C + o]; n_out = C;
+ *   2: 128 x 128 blocks of x: codes [R, kp >= C], sc[rb * L4 + cb];
+ *      n_out = R;
+ *   3: 128 x 128 blocks of x^T: codes [C, kp >= R], sc[cb * L4 + rb]; n_out = C;
+ * (rb, cb: x's row and column block; L4 = kp / 128 rounded up to 4). kp a
+ * multiple of 128. Returns 0, -EINVAL, or -EIO (a launch failed). */
+int df_cuda_fp8_round_codes(df_backend *be, int mode, const df_tensor *x, uint8_t *codes,
+                            int64_t kp, float *sc, int64_t n_out);
+
 /* Calls df_cuda_matmul_fp8_fast took / left to the BF16 path, process-wide. */
 void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback);
 

@@ -64,17 +64,33 @@ __device__ __forceinline__ uint4 load8_raw(const uint16_t *__restrict__ p, int v
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-/* the same as floats */
-__device__ __forceinline__ void load8(const uint16_t *__restrict__ p, int vec, int64_t lim,
-                                      float v[8])
+/* Two codes (lo in bits 0-7, hi in 8-15) of finite values already divided
+ * by their block's scale (exact: a power of two): on sm_89 and later the
+ * hardware's conversion (round to nearest even, saturating at 448: the
+ * e4m3.cuh rule for finite values, the same bits), elsewhere that rule. */
+__device__ __forceinline__ uint32_t codes2(float lo, float hi)
 {
-    unpack8(load8_raw(p, vec, lim), v);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    uint16_t r;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+    return r;
+#else
+    return (uint32_t)e4m3_code(lo, 1.0f) | (uint32_t)e4m3_code(hi, 1.0f) << 8;
+#endif
 }
 
-/* 8 codes of v at inverse scale inv, little-endian in one word pair */
-__device__ __forceinline__ uint2 codes8(const float v[8], float inv)
+/* 8 codes of v at inverse scale inv, little-endian in one word pair. A
+ * block whose amax is not finite (NaN or Inf in it) takes e4m3_code, which
+ * codes every non-finite value as NaN; the conversion above would saturate
+ * an Inf. */
+__device__ __forceinline__ uint2 codes8(const float v[8], float inv, bool finite)
 {
     uint2 w = {0u, 0u};
+    if (finite) {
+        w.x = codes2(v[0] * inv, v[1] * inv) | codes2(v[2] * inv, v[3] * inv) << 16;
+        w.y = codes2(v[4] * inv, v[5] * inv) | codes2(v[6] * inv, v[7] * inv) << 16;
+        return w;
+    }
 #pragma unroll
     for (int j = 0; j < 4; j++) {
         w.x |= (uint32_t)e4m3_code(v[j], inv) << (8 * j);
@@ -83,86 +99,132 @@ __device__ __forceinline__ uint2 codes8(const float v[8], float inv)
     return w;
 }
 
+/* 4 codes of v (the same rules) in one word */
+__device__ __forceinline__ uint32_t codes4(const float v[4], float inv, bool finite)
+{
+    if (finite)
+        return codes2(v[0] * inv, v[1] * inv) | codes2(v[2] * inv, v[3] * inv) << 16;
+    uint32_t w = 0;
+#pragma unroll
+    for (int q = 0; q < 4; q++)
+        w |= (uint32_t)e4m3_code(v[q], inv) << (8 * q);
+    return w;
+}
+
+/* Rounding kernels. They are bound by memory: each thread issues all its
+ * loads (RU or more 16-byte pieces) before it uses any, and block indices
+ * are 32-bit (the host keeps every grid's blocks below 2^31). */
+constexpr int RU = 4; /* q8_row: blocks per 16-thread group */
+
 /* 1 x 128 blocks along the rows of x [R, C] (bf16, ld ldx): out [n_out, kp]
  * codes, sc[kb * n_out + o]. Sixteen threads per block, eight values each
  * (one 16-byte load where x's rows are 16-byte aligned), the amax over the
- * sixteen by shuffles; consecutive blocks along a row, so a warp reads 512
- * contiguous bytes. Rows from R up to n_out get zero codes (cuBLASLt's row
- * counts are multiples of 4); the reduction past C up to kp too. */
+ * sixteen by shuffles; a CTA takes RU x 16 consecutive blocks, a warp's
+ * loads 512 contiguous bytes each. Rows from R up to n_out get zero codes
+ * (cuBLASLt's row counts are multiples of 4); the reduction past C up to
+ * kp too. */
 __global__ void __launch_bounds__(QT) q8_row(const uint16_t *__restrict__ x, int64_t ldx,
                                              int64_t R, int64_t C, uint8_t *__restrict__ out,
                                              int64_t kp, float *__restrict__ sc, int64_t n_out,
                                              int vec)
 {
-    int64_t kb = kp / 128, blk = (int64_t)blockIdx.x * (QT / 16) + threadIdx.x / 16;
-    int sub = threadIdx.x & 15;
-    int live = blk < n_out * kb;
-    int64_t o = live ? blk / kb : 0, b = live ? blk - o * kb : 0, k = b * 128 + sub * 8;
-    float v[8];
-    load8(x + o * ldx + k, vec, live && o < R ? C - k : 0, v);
-    float m = 0.0f;
+    const unsigned kb = (unsigned)(kp / 128), nblk = (unsigned)(n_out * kb);
+    const int sub = threadIdx.x & 15;
+    uint4 raw[RU];
+    unsigned o[RU], b[RU];
 #pragma unroll
-    for (int j = 0; j < 8; j++)
-        m = amax_step(m, v[j]);
+    for (int u = 0; u < RU; u++) {
+        unsigned blk = (blockIdx.x * RU + u) * (QT / 16) + threadIdx.x / 16;
+        bool live = blk < nblk;
+        o[u] = live ? blk / kb : 0;
+        b[u] = live ? blk - o[u] * kb : 0;
+        int64_t k = (int64_t)b[u] * 128 + sub * 8;
+        raw[u] = load8_raw(x + o[u] * ldx + k, vec, live && o[u] < R ? C - k : 0);
+        o[u] = live ? o[u] : ~0u;
+    }
 #pragma unroll
-    for (int d = 8; d > 0; d >>= 1)
-        m = amax_step(m, __shfl_xor_sync(0xffffffffu, m, d));
-    if (!live)
-        return;
-    int e = scale_exp(m);
-    *reinterpret_cast<uint2 *>(out + o * kp + k) = codes8(v, ldexpf(1.0f, -e));
-    if (sub == 0)
-        sc[b * n_out + o] = ldexpf(1.0f, e);
+    for (int u = 0; u < RU; u++) {
+        float v[8], m = 0.0f;
+        unpack8(raw[u], v);
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            m = amax_step(m, v[j]);
+#pragma unroll
+        for (int d = 8; d > 0; d >>= 1)
+            m = amax_step(m, __shfl_xor_sync(0xffffffffu, m, d));
+        if (o[u] == ~0u)
+            continue;
+        int e = scale_exp(m);
+        *reinterpret_cast<uint2 *>(out + (int64_t)o[u] * kp + b[u] * 128 + sub * 8) =
+            codes8(v, ldexpf(1.0f, -e), isfinite(m));
+        if (sub == 0)
+            sc[(int64_t)b[u] * n_out + o[u]] = ldexpf(1.0f, e);
+    }
 }
 
 /* 1 x 128 blocks along the columns of x [R, C]: out [C, kp] = x^T codes
- * (reduction R), sc[kb * C + o]. A CTA: 128 reduction steps x 64 out rows,
- * read as 16-byte rows of 8 columns into shared memory (transposed), then
- * a warp finishes 8 out rows: amax, scale, 4 codes per lane. */
+ * (reduction R), sc[kb * C + o]. A CTA: 128 reduction steps x 64 out rows.
+ * Each thread loads two pairs of reduction steps x 8 columns (4 x 16 bytes,
+ * all issued first) and stores each column's pair as one word of the
+ * transposed tile (a row of 64 words + 3: two-way bank conflicts at most);
+ * then a warp finishes 8 out rows: 4 values per lane (one 8-byte read),
+ * the amax, the scale, 4 codes per lane in one store. */
+constexpr int CT_W = 67; /* words per row of q8_col's tile */
 __global__ void __launch_bounds__(QT) q8_col(const uint16_t *__restrict__ x, int64_t ldx,
                                              int64_t R, int64_t C, uint8_t *__restrict__ out,
                                              int64_t kp, float *__restrict__ sc, int vec)
 {
-    __shared__ float t[64][129];
-    int64_t o0 = (int64_t)blockIdx.y * 64, k0 = (int64_t)blockIdx.x * 128;
-    for (int i = threadIdx.x; i < 128 * 8; i += QT) {
-        int kk = i / 8, oc = (i % 8) * 8;
-        int64_t k = k0 + kk, o = o0 + oc;
-        float v[8];
-        load8(x + k * ldx + o, vec, k < R ? C - o : 0, v);
+    __shared__ __align__(16) uint32_t t[64 * CT_W + 1];
+    const int64_t o0 = (int64_t)blockIdx.y * 64, k0 = (int64_t)blockIdx.x * 128;
+    uint4 r[2][2];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            t[oc + j][kk] = v[j];
+    for (int it = 0; it < 2; it++) {
+        int c = threadIdx.x + it * QT, pr = c / 8, oc = (c % 8) * 8;
+        int64_t k = k0 + 2 * pr, o = o0 + oc;
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            r[it][h] = load8_raw(x + (k + h) * ldx + o, vec, k + h < R ? C - o : 0);
+    }
+#pragma unroll
+    for (int it = 0; it < 2; it++) {
+        int c = threadIdx.x + it * QT, pr = c / 8, oc = (c % 8) * 8;
+        uint32_t a[4] = {r[it][0].x, r[it][0].y, r[it][0].z, r[it][0].w};
+        uint32_t bb[4] = {r[it][1].x, r[it][1].y, r[it][1].z, r[it][1].w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) { /* columns 2j, 2j + 1: (step 2 pr, step 2 pr + 1) pairs */
+            t[(oc + 2 * j) * CT_W + pr] = (a[j] & 0xffffu) | (bb[j] << 16);
+            t[(oc + 2 * j + 1) * CT_W + pr] = (a[j] >> 16) | (bb[j] & 0xffff0000u);
+        }
     }
     __syncthreads();
-    int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     for (int j = 0; j < 8; j++) {
         int oo = warp * 8 + j;
         int64_t o = o0 + oo;
-        float v[4], m = 0.0f;
+        uint32_t w0 = t[oo * CT_W + 2 * lane], w1 = t[oo * CT_W + 2 * lane + 1];
+        float v[4] = {__uint_as_float(w0 << 16), __uint_as_float(w0 & 0xffff0000u),
+                      __uint_as_float(w1 << 16), __uint_as_float(w1 & 0xffff0000u)};
+        float m = 0.0f;
 #pragma unroll
         for (int q = 0; q < 4; q++)
-            m = amax_step(m, v[q] = t[oo][lane * 4 + q]);
+            m = amax_step(m, v[q]);
         m = warp_amax(m);
         if (o >= C)
             continue;
         int e = scale_exp(m);
-        float inv = ldexpf(1.0f, -e);
-        uint32_t w = 0;
-#pragma unroll
-        for (int q = 0; q < 4; q++)
-            w |= (uint32_t)e4m3_code(v[q], inv) << (8 * q);
-        *reinterpret_cast<uint32_t *>(out + o * kp + k0 + lane * 4) = w;
+        *reinterpret_cast<uint32_t *>(out + o * kp + k0 + lane * 4) =
+            codes4(v, ldexpf(1.0f, -e), isfinite(m));
         if (lane == 0)
             sc[(k0 / 128) * C + o] = ldexpf(1.0f, e);
     }
 }
 
 /* 128 x 128 blocks of w [N, K] (bf16, ld ldw): tr 0: out [N, kp] = w
- * (reduction K), tr 1: out [K, kp] = w^T (reduction N). A CTA per block:
- * 16-byte loads into shared memory, the block's amax, then each thread
- * writes 8 (tr 0) or 16 (tr 1) codes of one out row in one store; tr 1
- * reads a column of the tile with consecutive threads on consecutive
+ * (reduction K), tr 1: out [K, kp] = w^T (reduction N). A CTA per block;
+ * each thread loads 8 of its 16-byte pieces (all issued first), the block's
+ * amax; tr 0 writes the codes of its own pieces from registers; tr 1 goes
+ * through the shared tile and writes 16 codes of one out row per store,
+ * reading a column of the tile with consecutive threads on consecutive
  * columns (no bank conflicts). */
 __global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int64_t ldw,
                                              int64_t N, int64_t K, int tr, uint8_t *__restrict__ out,
@@ -170,31 +232,42 @@ __global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int
 {
     __shared__ __align__(16) uint16_t t[128][136];
     __shared__ float wm[QT / 32];
-    int64_t n0 = (int64_t)blockIdx.y * 128, c0 = (int64_t)blockIdx.x * 128;
-    float m = 0.0f;
-    for (int i = threadIdx.x; i < 128 * 16; i += QT) {
-        int nn = i / 16, kc = (i % 16) * 8;
-        int64_t n = n0 + nn, k = c0 + kc;
-        uint4 u = load8_raw(w + n * ldw + k, vec, n < N ? K - k : 0);
-        float v[8];
-        unpack8(u, v);
+    const int64_t n0 = (int64_t)blockIdx.y * 128, c0 = (int64_t)blockIdx.x * 128;
+    constexpr int P = 128 * 16 / QT; /* pieces per thread */
+    uint4 u[P];
 #pragma unroll
-        for (int j = 0; j < 8; j++)
-            m = amax_step(m, v[j]);
-        *reinterpret_cast<uint4 *>(&t[nn][kc]) = u;
+    for (int j = 0; j < P; j++) {
+        int i = threadIdx.x + j * QT, nn = i / 16, kc = (i % 16) * 8;
+        int64_t n = n0 + nn, k = c0 + kc;
+        u[j] = load8_raw(w + n * ldw + k, vec, n < N ? K - k : 0);
+    }
+    float m = 0.0f;
+#pragma unroll
+    for (int j = 0; j < P; j++) {
+        float v[8];
+        unpack8(u[j], v);
+#pragma unroll
+        for (int q = 0; q < 8; q++)
+            m = amax_step(m, v[q]);
+        if (tr) {
+            int i = threadIdx.x + j * QT;
+            *reinterpret_cast<uint4 *>(&t[i / 16][(i % 16) * 8]) = u[j];
+        }
     }
     m = block_amax<QT>(m, wm); /* (its barrier also orders the tile's writes) */
-    int ke = scale_exp(m);
-    float inv = ldexpf(1.0f, -ke);
+    const int ke = scale_exp(m);
+    const float inv = ldexpf(1.0f, -ke);
+    const bool fin = isfinite(m);
     if (!tr) {
-        for (int i = threadIdx.x; i < 128 * 16; i += QT) {
-            int oo = i / 16, rr = (i % 16) * 8;
+#pragma unroll
+        for (int j = 0; j < P; j++) {
+            int i = threadIdx.x + j * QT, oo = i / 16, rr = (i % 16) * 8;
             int64_t o = n0 + oo;
             if (o >= N)
                 continue;
             float v[8];
-            unpack8(*reinterpret_cast<const uint4 *>(&t[oo][rr]), v);
-            *reinterpret_cast<uint2 *>(out + o * kp + c0 + rr) = codes8(v, inv); /* padding: 0 */
+            unpack8(u[j], v);
+            *reinterpret_cast<uint2 *>(out + o * kp + c0 + rr) = codes8(v, inv, fin); /* padding: 0 */
         }
     } else {
         for (int i = threadIdx.x; i < 128 * 8; i += QT) {
@@ -202,11 +275,11 @@ __global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int
             int64_t o = c0 + oo;
             if (o >= K)
                 continue;
-            float v[8], u[8];
+            float v[8], x[8];
 #pragma unroll
             for (int j = 0; j < 8; j++)
-                v[j] = bf2f(t[rr + j][oo]), u[j] = bf2f(t[rr + 8 + j][oo]);
-            uint2 a = codes8(v, inv), b = codes8(u, inv);
+                v[j] = bf2f(t[rr + j][oo]), x[j] = bf2f(t[rr + 8 + j][oo]);
+            uint2 a = codes8(v, inv, fin), b = codes8(x, inv, fin);
             *reinterpret_cast<uint4 *>(out + o * kp + n0 + rr) = make_uint4(a.x, a.y, b.x, b.y);
         }
     }
@@ -414,8 +487,8 @@ int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_ten
         dim3 g((unsigned)((K + 127) / 128), (unsigned)((N + 127) / 128));
         if (!weight_ready)
             q8_blk<<<g, QT, 0, st>>>(B, ldb, N, K, tr, w->qa, kp, w->sa, l4, vb);
-        int64_t blocks = n * kb;
-        q8_row<<<(unsigned)((blocks + QT / 16 - 1) / (QT / 16)), QT, 0, st>>>(
+        int64_t per = RU * (QT / 16); /* blocks per CTA */
+        q8_row<<<(unsigned)((n * kb + per - 1) / per), QT, 0, st>>>(
             A, lda, a->shape[0], a->shape[1], w->qb, kp, w->sb, n, va);
     }
     return df_cuda_check_launch("fp8 gemm rounding");
@@ -524,6 +597,9 @@ fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const d
     key.kp = rup(red, 128);
     key.ldc = c->stride[0];
     if (key.m < 1 || key.n < 1 || red < 1 || key.ldc % 8 || ((uintptr_t)c->data & 15))
+        return NULL;
+    /* the rounding kernels' grids: 32-bit block indices, y dimensions below 2^16 */
+    if (key.m > 65535 * 64 || key.n > 65535 * 64 || key.n * (key.kp / 128) >= ((int64_t)1 << 31))
         return NULL;
     if (kind != DF_GEMM_BWD_W && (a->shape[0] > key.n || key.n - a->shape[0] > 3))
         return NULL; /* c's rows: a's, or a's rounded up to 4 */
@@ -662,21 +738,56 @@ extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, con
         g_fallback++;
         return 0;
     }
+    static const char *const part[3][2] = {{"fp8 round fwd", "fp8 gemm fwd"},
+                                           {"fp8 round bwd_x", "fp8 gemm bwd_x"},
+                                           {"fp8 round bwd_w", "fp8 gemm bwd_w"}};
+    df_cuda_prof_split(be, part[kind][0]);
     int rc = quantize(be, kind, a, b, p->m, p->n, p->kp, &w, weight_ready);
-    if (rc)
-        return rc;
-    if (fresh) { /* its class's first call: checked against the BF16 path on these operands */
+    if (!rc && fresh) { /* its class's first call: checked against the BF16 path on these operands */
+        df_cuda_prof_split(be, "fp8 check");
         p->state = check_plan(be, (df_cuda_state *)be->impl, p, kind, a, b, c, &w) ? 1 : -1;
         *verdict_of((fp8_cache *)((df_cuda_state *)be->impl)->fp8, p) = (signed char)p->state;
     }
+    if (!rc && p->state >= 0) {
+        df_cuda_prof_split(be, part[kind][1]);
+        rc = run_plan(be, (df_cuda_state *)be->impl, p, &w, c->data, accumulate);
+    }
+    df_cuda_prof_split(be, NULL);
+    if (rc)
+        return rc;
     if (p->state < 0) {
         g_fallback++;
         return 0;
     }
-    if ((rc = run_plan(be, (df_cuda_state *)be->impl, p, &w, c->data, accumulate)))
-        return rc;
     g_fast++;
     return 1;
+}
+
+extern "C" int df_cuda_fp8_round_codes(df_backend *be, int mode, const df_tensor *x, uint8_t *codes,
+                                       int64_t kp, float *sc, int64_t n_out)
+{
+    const int64_t R = x->shape[0], C = x->shape[1], ld = x->stride[0];
+    const uint16_t *X = (const uint16_t *)x->data;
+    if (x->dtype != DF_DTYPE_BF16 || R < 1 || C < 1 || kp % 128 || mode < 0 || mode > 3)
+        return -EINVAL;
+    int vec = ld % 8 == 0 && ((uintptr_t)X & 15) == 0;
+    cudaStream_t st = df_cuda_stream(be);
+    int64_t red = mode == 1 || mode == 3 ? R : C, rows = mode == 1 || mode == 3 ? C : R;
+    if (kp < red || (mode == 0 && n_out < R) || (mode != 0 && n_out != rows) ||
+        rows > 65535 * 64 || n_out * (kp / 128) >= ((int64_t)1 << 31))
+        return -EINVAL;
+    if (mode == 0) {
+        int64_t per = RU * (QT / 16);
+        q8_row<<<(unsigned)((n_out * (kp / 128) + per - 1) / per), QT, 0, st>>>(X, ld, R, C, codes,
+                                                                                kp, sc, n_out, vec);
+    } else if (mode == 1) {
+        q8_col<<<dim3((unsigned)(kp / 128), (unsigned)((C + 63) / 64)), QT, 0, st>>>(X, ld, R, C, codes,
+                                                                                   kp, sc, vec);
+    } else {
+        q8_blk<<<dim3((unsigned)((C + 127) / 128), (unsigned)((R + 127) / 128)), QT, 0, st>>>(
+            X, ld, R, C, mode == 3, codes, kp, sc, rup(kp / 128, 4), vec);
+    }
+    return df_cuda_check_launch("fp8 rounding codes");
 }
 
 /* 1 when the tensor cores took the call (c written), 0 when the caller runs

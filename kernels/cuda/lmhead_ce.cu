@@ -587,11 +587,13 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
             if (kept)
                 k1->ready = done == 1;
         }
+        df_cuda_prof_split(be, "gemm 1");
         rc = done < 0 ? done
              : done  ? 0
                      : lt_gemm(st, ws, 1, 0, V, nr, H, wd, ldw, hd + r0 * ldh, ldh, z, ldz, 1, 0);
         if (rc)
             break;
+        df_cuda_prof_split(be, "rows");
         ce_row_kernel<<<(unsigned)nr, RT, 0, st>>>(z, ldz, V, r0, label, weight, (double)denom,
                                                    want_dh, want_lo ? lo : NULL, ldlo, argmax,
                                                    ce, row_loss);
@@ -615,11 +617,13 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
                 k2->ready = done == 1;
         }
         if (fp8 && !done) {
+            df_cuda_prof_split(be, "round");
             df_tensor g = df_tensor_2d(z, DF_DTYPE_BF16, nr, V);
             g.stride[0] = 2 * ldz;
             if ((rc = df_cuda_fp8_qdq(be, &g, &g, 1, 128)))
                 break;
         }
+        df_cuda_prof_split(be, "gemm 2");
         rc = done < 0 ? done
              : done  ? 0
                      : lt_gemm(st, ws, 0, 0, H, nr, V, wd, ldw, z, 2 * ldz, d32, H, 1, 0);
@@ -628,11 +632,13 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         if (rc)
             break;
         if (H > 0) {
+            df_cuda_prof_split(be, "dh");
             dh_store_kernel<<<(unsigned)nr, 256, 0, st>>>(d32, H, V, r0, label, weight,
                                                           (uint16_t *)dh->data, dh->stride[0]);
             rc = df_cuda_check_launch("lmhead_ce dh");
         }
     }
+    df_cuda_prof_split(be, NULL);
     if (!rc && loss_sum) {
         double *dsum = row_loss + N;
         double hsum = 0.0;
