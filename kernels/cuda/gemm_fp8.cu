@@ -111,6 +111,18 @@ __device__ __forceinline__ uint32_t codes4(const float v[4], float inv, bool fin
     return w;
 }
 
+/* The largest magnitude of 8 packed bf16, as a float: on the bits, two
+ * halves per instruction (a NaN's magnitude bits are above +Inf's, +Inf's
+ * above every finite value's, so a block with a NaN gets a NaN amax and one
+ * with an Inf and no NaN gets +Inf, as amax_step gives) */
+__device__ __forceinline__ uint32_t amax8_bits(uint4 u)
+{
+    uint32_t m = __vmaxu2(__vmaxu2(u.x & 0x7fff7fffu, u.y & 0x7fff7fffu),
+                          __vmaxu2(u.z & 0x7fff7fffu, u.w & 0x7fff7fffu));
+    return max(m & 0xffffu, m >> 16);
+}
+__device__ __forceinline__ float bits_f(uint32_t b) { return __uint_as_float(b << 16); }
+
 /* Rounding kernels. They are bound by memory: each thread issues all its
  * loads (RU or more 16-byte pieces) before it uses any, and block indices
  * are 32-bit (the host keeps every grid's blocks below 2^31). */
@@ -144,16 +156,14 @@ __global__ void __launch_bounds__(QT) q8_row(const uint16_t *__restrict__ x, int
     }
 #pragma unroll
     for (int u = 0; u < RU; u++) {
-        float v[8], m = 0.0f;
-        unpack8(raw[u], v);
-#pragma unroll
-        for (int j = 0; j < 8; j++)
-            m = amax_step(m, v[j]);
+        uint32_t mb = amax8_bits(raw[u]);
 #pragma unroll
         for (int d = 8; d > 0; d >>= 1)
-            m = amax_step(m, __shfl_xor_sync(0xffffffffu, m, d));
+            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, d));
         if (o[u] == ~0u)
             continue;
+        float v[8], m = bits_f(mb);
+        unpack8(raw[u], v);
         int e = scale_exp(m);
         *reinterpret_cast<uint2 *>(out + (int64_t)o[u] * kp + b[u] * 128 + sub * 8) =
             codes8(v, ldexpf(1.0f, -e), isfinite(m));
@@ -202,15 +212,16 @@ __global__ void __launch_bounds__(QT) q8_col(const uint16_t *__restrict__ x, int
         int oo = warp * 8 + j;
         int64_t o = o0 + oo;
         uint32_t w0 = t[oo * CT_W + 2 * lane], w1 = t[oo * CT_W + 2 * lane + 1];
-        float v[4] = {__uint_as_float(w0 << 16), __uint_as_float(w0 & 0xffff0000u),
-                      __uint_as_float(w1 << 16), __uint_as_float(w1 & 0xffff0000u)};
-        float m = 0.0f;
+        uint32_t mb = __vmaxu2(w0 & 0x7fff7fffu, w1 & 0x7fff7fffu);
+        mb = max(mb & 0xffffu, mb >> 16);
 #pragma unroll
-        for (int q = 0; q < 4; q++)
-            m = amax_step(m, v[q]);
-        m = warp_amax(m);
+        for (int d = 16; d > 0; d >>= 1)
+            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, d));
         if (o >= C)
             continue;
+        float m = bits_f(mb);
+        float v[4] = {__uint_as_float(w0 << 16), __uint_as_float(w0 & 0xffff0000u),
+                      __uint_as_float(w1 << 16), __uint_as_float(w1 & 0xffff0000u)};
         int e = scale_exp(m);
         *reinterpret_cast<uint32_t *>(out + o * kp + k0 + lane * 4) =
             codes4(v, ldexpf(1.0f, -e), isfinite(m));
@@ -226,8 +237,9 @@ __global__ void __launch_bounds__(QT) q8_col(const uint16_t *__restrict__ x, int
  * through the shared tile and writes 16 codes of one out row per store,
  * reading a column of the tile with consecutive threads on consecutive
  * columns (no bank conflicts). */
+template <bool tr>
 __global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int64_t ldw,
-                                             int64_t N, int64_t K, int tr, uint8_t *__restrict__ out,
+                                             int64_t N, int64_t K, uint8_t *__restrict__ out,
                                              int64_t kp, float *__restrict__ sc, int64_t l4, int vec)
 {
     __shared__ __align__(16) uint16_t t[128][136];
@@ -241,26 +253,22 @@ __global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int
         int64_t n = n0 + nn, k = c0 + kc;
         u[j] = load8_raw(w + n * ldw + k, vec, n < N ? K - k : 0);
     }
-    float m = 0.0f;
+    uint32_t mb = 0;
 #pragma unroll
     for (int j = 0; j < P; j++) {
-        float v[8];
-        unpack8(u[j], v);
-#pragma unroll
-        for (int q = 0; q < 8; q++)
-            m = amax_step(m, v[q]);
-        if (tr) {
+        mb = max(mb, amax8_bits(u[j]));
+        if (tr) { /* (u[j] is dead after this: the registers go back) */
             int i = threadIdx.x + j * QT;
             *reinterpret_cast<uint4 *>(&t[i / 16][(i % 16) * 8]) = u[j];
         }
     }
-    m = block_amax<QT>(m, wm); /* (its barrier also orders the tile's writes) */
+    const float m = block_amax<QT>(bits_f(mb), wm); /* (its barrier also orders the tile's writes) */
     const int ke = scale_exp(m);
     const float inv = ldexpf(1.0f, -ke);
     const bool fin = isfinite(m);
     if (!tr) {
 #pragma unroll
-        for (int j = 0; j < P; j++) {
+        for (int j = 0; j < P; j++) { /* codes of the pieces this thread loaded */
             int i = threadIdx.x + j * QT, oo = i / 16, rr = (i % 16) * 8;
             int64_t o = n0 + oo;
             if (o >= N)
@@ -485,8 +493,10 @@ int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_ten
         int64_t N = b->shape[0], K = b->shape[1];
         int tr = kind == DF_GEMM_BWD_X;
         dim3 g((unsigned)((K + 127) / 128), (unsigned)((N + 127) / 128));
-        if (!weight_ready)
-            q8_blk<<<g, QT, 0, st>>>(B, ldb, N, K, tr, w->qa, kp, w->sa, l4, vb);
+        if (!weight_ready && tr)
+            q8_blk<true><<<g, QT, 0, st>>>(B, ldb, N, K, w->qa, kp, w->sa, l4, vb);
+        else if (!weight_ready)
+            q8_blk<false><<<g, QT, 0, st>>>(B, ldb, N, K, w->qa, kp, w->sa, l4, vb);
         int64_t per = RU * (QT / 16); /* blocks per CTA */
         q8_row<<<(unsigned)((n * kb + per - 1) / per), QT, 0, st>>>(
             A, lda, a->shape[0], a->shape[1], w->qb, kp, w->sb, n, va);
@@ -784,8 +794,11 @@ extern "C" int df_cuda_fp8_round_codes(df_backend *be, int mode, const df_tensor
         q8_col<<<dim3((unsigned)(kp / 128), (unsigned)((C + 63) / 64)), QT, 0, st>>>(X, ld, R, C, codes,
                                                                                    kp, sc, vec);
     } else {
-        q8_blk<<<dim3((unsigned)((C + 127) / 128), (unsigned)((R + 127) / 128)), QT, 0, st>>>(
-            X, ld, R, C, mode == 3, codes, kp, sc, rup(kp / 128, 4), vec);
+        dim3 g((unsigned)((C + 127) / 128), (unsigned)((R + 127) / 128));
+        if (mode == 3)
+            q8_blk<true><<<g, QT, 0, st>>>(X, ld, R, C, codes, kp, sc, rup(kp / 128, 4), vec);
+        else
+            q8_blk<false><<<g, QT, 0, st>>>(X, ld, R, C, codes, kp, sc, rup(kp / 128, 4), vec);
     }
     return df_cuda_check_launch("fp8 rounding codes");
 }
