@@ -680,6 +680,16 @@ extern "C" int df_cuda_dflash_attn_bwd(df_backend *be, const df_tensor *q, const
     a.dvc = (uint16_t *)dvc->data;
     a.dkb = (uint16_t *)dkb->data;
     a.dvb = (uint16_t *)dvb->data;
+    /* WG3's stored dS sized to the spans as they are (the host has the blocks) */
+    int32_t *off = (int32_t *)malloc((size_t)(blk->n_blocks > 0 ? blk->n_blocks : 1) * sizeof(int32_t));
+    if (!off)
+        return -ENOMEM;
+    a.ds_tiles = df_cuda_dflash_ds_offsets(blk->anchor, blk->doc_start, blk->valid, blk->n_blocks,
+                                           a.window, off);
+    a.ds_off = blk->n_blocks > 0 ? df_cuda_stage_i32(be, off, blk->n_blocks) : NULL;
+    free(off);
+    if (blk->n_blocks > 0 && !a.ds_off)
+        return -EIO;
     /* The workspace from the shared scratch (it only grows): planned memory,
      * no allocation inside the step; the LM head's chunks use the same bytes
      * at another time of the step. */

@@ -98,6 +98,14 @@ typedef struct df_cuda_dflash_args {
      * another) records its event right after the previous one. SIMT records
      * none. */
     cudaEvent_t *pass_events;
+    /* backward, WG3 only (others ignore them): where each block's stored dS
+     * begins, in 128-key tiles (device int32 [n_blocks], from
+     * df_cuda_dflash_ds_offsets on the host copies of anchor, doc_start and
+     * valid), and ds_tiles, its return value. The workspace then holds each
+     * block's span as it is rather than every span at its widest (~half at
+     * one document per row). NULL: the widest. */
+    const int32_t *ds_off;
+    int64_t ds_tiles;
 } df_cuda_dflash_args;
 
 /* The values never change (logs and bench results print them); the gaps are
@@ -109,6 +117,12 @@ enum { DF_CUDA_DFLASH_BWD_EVENTS = 7 };
 int df_cuda_dflash_fwd(const df_cuda_dflash_args *a, cudaStream_t stream);
 int df_cuda_dflash_bwd(const df_cuda_dflash_args *a, cudaStream_t stream);
 size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *a);
+/* df_cuda_dflash_args.ds_off from host arrays: off[b] = the 128-key
+ * context tiles that the spans of the blocks before b meet (a valid block
+ * b's span is [doc_start, anchor) on a full layer, its widest row's on a
+ * sliding one: window > 0), for n_blocks blocks; returns the total. */
+int64_t df_cuda_dflash_ds_offsets(const int32_t *anchor, const int32_t *doc_start,
+                                  const uint8_t *valid, int n_blocks, int window, int32_t *off);
 /* The backward that args.impl == 0 runs, process-wide (tests, benchmarks):
  * one of the DF_CUDA_DFLASH_IMPL_* values, or 0 for the environment's
  * DFLASH_ATTN_BWD / the built-in default again. Returns 0, or -EINVAL for

@@ -93,7 +93,8 @@ static inline cudaError_t func_smem_once(const void *fn, size_t smem, bool carve
 // after the others, where used: Params and every other kernel's arguments
 // do not hold it): the context dS^T tiles the context dK/dV pass stores (ds,
 // DS_TILE_BYTES per (block b, 128-key tile t of its span, kv head g), slot
-// (b maxt + t - lo0 / 128) nkv + g; maxt = dqs_max_tiles: the most tiles a
+// (b maxt + t - lo0 / 128) nkv + g, or with off (args.ds_off, the spans as
+// they are) (off[b] + t - lo0 / 128) nkv + g; maxt = dqs_max_tiles: the most tiles a
 // span can meet), and the block tiles' (dsb, DS_BLK_BYTES per (block, kv
 // head), written by the block pass, blk_wg_kernel).
 // ctr: one int, the dQ kernel's item counter (dqs_kernel), zeroed by the
@@ -106,6 +107,7 @@ struct DsBuf {
     uint16_t *ds, *dsb;
     int *ctr;
     const float *part;
+    const int *off; // (may be NULL) block b's first tile slot, in place of b maxt (args.ds_off)
     int maxt, pdl;
 };
 

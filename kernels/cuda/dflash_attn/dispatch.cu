@@ -118,6 +118,26 @@ extern "C" size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *
     return n ? n : 4;
 }
 
+extern "C" int64_t df_cuda_dflash_ds_offsets(const int32_t *anchor, const int32_t *doc_start,
+                                             const uint8_t *valid, int n_blocks, int window, int32_t *off)
+{
+    // the tiles t of a span [lo0, anchor) (lo0 = ctx_lo(.., 0), the widest row's bound) that
+    // WG3's stores use: lo0 / 128 .. (anchor - 1) / 128
+    constexpr int T = df_dflash::WG_TILE_KEYS;
+    int64_t t = 0;
+    for (int b = 0; b < n_blocks; b++) {
+        off[b] = (int32_t)t;
+        if (!valid[b])
+            continue;
+        int anc = anchor[b], lo = doc_start[b];
+        if (window > 0 && anc - (window - 1) > lo)
+            lo = anc - (window - 1);
+        if (lo < anc)
+            t += (anc - 1) / T - lo / T + 1;
+    }
+    return t;
+}
+
 namespace {
 int g_bwd_impl; // df_cuda_dflash_set_bwd_impl; 0: none
 
@@ -209,6 +229,7 @@ extern "C" int df_cuda_dflash_bwd(const df_cuda_dflash_args *a, cudaStream_t st)
         dsb.dsb = (uint16_t *)((char *)dsb.ctr + 256);
         dsb.ds = (uint16_t *)((char *)dsb.dsb + dsb_bytes(a));
         dsb.maxt = df_dflash::dqs_max_tiles(a->S, a->window);
+        dsb.off = a->ds_off;
         dsb.part = NULL; // (bwd_mma4_launch sets it)
         dsb.pdl = df_knob_int(DF_KNOB_ATTN_PDL) != 0; // WG3's later kernels as programmatic dependents
         cudaEvent_t *ev = a->pass_events;

@@ -806,7 +806,8 @@ size_t list_bytes(const df_cuda_dflash_args *a)
 }
 
 // WG3's dQ item counter (256 bytes) and stored dS (dflash_attn/wg_dqs.cu), after the dQ item order: the
-// block tiles' dS^T, the context tiles' (room for every span at its widest);
+// block tiles' dS^T, the context tiles' (room for every span at its widest,
+// or for the spans as they are: args.ds_off);
 // 0 for the other implementations
 size_t dsb_bytes(const df_cuda_dflash_args *a)
 {
@@ -817,8 +818,10 @@ size_t wg3_bytes(const df_cuda_dflash_args *a)
     int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
     if (impl != DF_CUDA_DFLASH_IMPL_WG3)
         return 0;
-    return 256 + dsb_bytes(a) + (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) * (size_t)(a->nkv > 0 ? a->nkv : 0) *
-                              (size_t)df_dflash::dqs_max_tiles(a->S, a->window) * df_dflash::DS_TILE_BYTES;
+    size_t tiles = a->ds_off ? (size_t)(a->ds_tiles > 0 ? a->ds_tiles : 0)
+                             : (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) *
+                                   (size_t)df_dflash::dqs_max_tiles(a->S, a->window);
+    return 256 + dsb_bytes(a) + (size_t)(a->nkv > 0 ? a->nkv : 0) * tiles * df_dflash::DS_TILE_BYTES;
 }
 
 // Bytes of the one-stage backward's dS^T store (bwd_mma2_launch's dsd), after

@@ -255,7 +255,7 @@ __global__ void __launch_bounds__(WNT, 1)
                 info[2] = ctx_lo(anc, ds, p.W, p.bs - 1); // narrowest row's
                 info[3] = ds;
                 if constexpr (DS) // WG3: the item's stored dS^T slot for this tile (see DsBuf)
-                    info[4] = (b * dsb.maxt + tile - info[1] / WG_TILE_KEYS) * p.nkv + g;
+                    info[4] = ((dsb.off ? dsb.off[b] : b * dsb.maxt) + tile - info[1] / WG_TILE_KEYS) * p.nkv + g;
                 mbar_expect_tx(bar, 2 * L::QS + 2 * CHUNK_ROWS * 4);
 #pragma unroll
                 for (int cb = 0; cb < L::NH; cb++) {
@@ -633,7 +633,7 @@ int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const in
     // every item load by TMA (the TQ instantiation) where qd_maps makes its maps
     QdMaps qm;
     qd_maps(p, D, km, &qm);
-    const DsBuf none = {NULL, NULL, NULL, NULL, 0, 0}, ds = dsb ? *dsb : none;
+    const DsBuf none = {NULL, NULL, NULL, NULL, NULL, 0, 0}, ds = dsb ? *dsb : none;
     if (dsb && !qm.on) { // WG3's stored dS^T exists only in TQ (the caller checks dkv_wg_tq)
         fprintf(stderr, "dflash_attn: dkv_wg_kernel<%d>: stored dS without TMA item loads (%s:%d)\n", D,
                 __FILE__, __LINE__);

@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(DqsLayout<D>::NT, 1) dqs_kernel(Params p, cons
                 vm |= v << w;
                 const bool has = v && lo0 < anc;
                 q0[w] = has ? lo0 / HALF : INT_MAX, q1[w] = has ? (anc - 1) / HALF : -1;
-                slot0[w] = b * dsb.maxt - lo0 / WG_TILE_KEYS;
+                slot0[w] = (v ? (dsb.off ? dsb.off[b] : b * dsb.maxt) : 0) - lo0 / WG_TILE_KEYS;
                 qa = min(qa, q0[w]), qb = max(qb, q1[w]);
             }
             for (int q = qa; q <= qb; q++) { // the union's live halves
