@@ -1,6 +1,6 @@
 // dflash_attn/attn_internal.cuh - what the drafter attention's dispatcher
 // (dispatch.cu), its CUDA-core reference (simt.cu) and its mma.sync kernels
-// (mma_fwd.cu, mma_bwd.cu) share: the launch macros, small device helpers, the workspace's
+// (mma_fwd.cu, mma_bwd.cu, mma_dqs.cu) share: the launch macros, small device helpers, the workspace's
 // parts and each file's entry points. Internal: not part of the
 // dflash_attn.h contract.
 #ifndef DF_DFLASH_ATTN_INTERNAL_CUH

@@ -53,7 +53,7 @@
 // is dkv_mma2_kernel for every key tile storing dS^T, then dQ from it
 // (mma_bwd.cu, bwd_mma2_launch).
 // The files: this one (the choice, the workspace, the knobs, the entry
-// points), simt.cu, mma_fwd.cu / mma_bwd.cu, wg_fwd.cu / wg_dq.cu / wg_dkv.cu / wg_blk.cu / wg_dqs.cu
+// points), simt.cu, mma_fwd.cu / mma_bwd.cu / mma_dqs.cu, wg_fwd.cu / wg_dq.cu / wg_dkv.cu / wg_blk.cu / wg_dqs.cu
 // (Hopper); what they share: attn_internal.cuh, common.cuh.
 #include "attn_internal.cuh"
 #include "knobs.h"

@@ -1,6 +1,7 @@
 // dflash_attn/mma.cuh - what the mma.sync kernels of mma_fwd.cu (the forward,
-// the dQ pass) and mma_bwd.cu (the dK/dV passes) share: fragment loads, the
-// m16n8k16 products over shared tiles, the K / V tile loads, the tile sizes.
+// the dQ pass), mma_bwd.cu (the dK/dV passes) and mma_dqs.cu (dQ from the
+// stored dS^T) share: fragment loads, the m16n8k16 products over shared
+// tiles, the K / V tile loads, the tile sizes, the dS^T store's slots.
 // Internal.
 #ifndef DF_DFLASH_ATTN_MMA_CUH
 #define DF_DFLASH_ATTN_MMA_CUH
@@ -105,6 +106,30 @@ constexpr int TKF = 64, TKQ = 32, NSPL = 2; // NSPL: dflash_attn/common.cuh's WG
 constexpr int TK4 = 128; // keys per context tile of dkv4_kernel (and of the wgmma pass's lists)
 template <int D> constexpr size_t fwd3_smem() { return (size_t)2 * 2 * TKF * (D + 8) * 2; }
 template <int D> constexpr size_t dq3_smem() { return (size_t)2 * 2 * TKQ * (D + 8) * 2; }
+
+// ---- mma_bwd.cu, mma_dqs.cu ----
+// The one-stage backward's dS^T store (dsd): per (block, kv head, row chunk)
+// maxt + 1 slots of [TKM keys][RQ rows] bf16: the context tiles of the
+// block's span (slot t: key tile lo0 / TKM + t), then its block-key tile
+// (slot maxt; block_size <= TKM; unused where dq_dsd_kernel computes the block
+// keys itself, FOLD). Keys a slot's CTA does not reach (past S, past the
+// block's keys) are left unwritten; dq_dsd_kernel zero-fills them.
+__host__ __device__ inline int dsd_maxt(int S, int W)
+{
+    int m = (S + TKM - 1) / TKM; // a span [lo0, anc) within [0, S)
+    if (W > 0) {                 // at most W - 1 keys
+        int w = (W + TKM - 1) / TKM + 1;
+        m = w < m ? w : m;
+    }
+    return m > 0 ? m : 0;
+}
+__host__ __device__ inline size_t dsd_slot(const Params &p, int b, int g, int ch, int t)
+{
+    return (((size_t)b * p.nch + ch) * p.nkv + g) * (size_t)(dsd_maxt(p.S, p.W) + 1) + t;
+}
+// dQ from the stored dS^T (dq_dsd_kernel; fold: with the block keys' dK / dV,
+// one row chunk per block). 0, -ENOTSUP (shared memory) or -EIO.
+int dq_dsd_launch(const Params &p, int D, cudaStream_t st, const uint16_t *dsd, bool fold);
 
 // ---- mma_fwd.cu ----
 // The dQ pass on dq_mma2_kernel, its CTAs in order's order (LPT) where given.
