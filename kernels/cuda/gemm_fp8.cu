@@ -609,7 +609,8 @@ fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const d
     if (key.m < 1 || key.n < 1 || red < 1 || key.ldc % 8 || ((uintptr_t)c->data & 15))
         return NULL;
     /* the rounding kernels' grids: 32-bit block indices, y dimensions below 2^16 */
-    if (key.m > 65535 * 64 || key.n > 65535 * 64 || key.n * (key.kp / 128) >= ((int64_t)1 << 31))
+    if (key.m > 65535 * 64 || key.n > 65535 * 64 || key.kp > (int64_t)65535 * 128 ||
+        key.n * (key.kp / 128) >= ((int64_t)1 << 31))
         return NULL;
     if (kind != DF_GEMM_BWD_W && (a->shape[0] > key.n || key.n - a->shape[0] > 3))
         return NULL; /* c's rows: a's, or a's rounded up to 4 */
@@ -784,7 +785,7 @@ extern "C" int df_cuda_fp8_round_codes(df_backend *be, int mode, const df_tensor
     cudaStream_t st = df_cuda_stream(be);
     int64_t red = mode == 1 || mode == 3 ? R : C, rows = mode == 1 || mode == 3 ? C : R;
     if (kp < red || (mode == 0 && n_out < R) || (mode != 0 && n_out != rows) ||
-        rows > 65535 * 64 || n_out * (kp / 128) >= ((int64_t)1 << 31))
+        rows > 65535 * 64 || kp > (int64_t)65535 * 128 || n_out * (kp / 128) >= ((int64_t)1 << 31))
         return -EINVAL;
     if (mode == 0) {
         int64_t per = RU * (QT / 16);
