@@ -75,7 +75,8 @@ typedef struct df_cuda_dflash_args {
      * <= 16, the group a power of two >= 4 and the device is Hopper; WG2F
      * exactly elsewhere. Its workspace holds the dS of every block's widest
      * span: 16 KiB per (block, kv head, 128 context keys), ~2 GiB at the 27B
-     * shape's full layers. dq is not bitwise WG2F's (its dS comes from the
+     * shape's full layers; with ds_off (below), the spans as they are (~1.3
+     * GiB there at one document per row). dq is not bitwise WG2F's (its dS comes from the
      * dK/dV pass's S^T); dkc, dvc, dkb, dvb were, on the H200, in every
      * bench configuration. Its forward is WG2's). The other values (2, 3, 4, 6, 7: the
      * retired mma, mma2, mma3, mma5 and wg) are rejected with -EINVAL. Like
