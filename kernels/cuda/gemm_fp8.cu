@@ -177,7 +177,8 @@ __global__ void __launch_bounds__(QT) q8_row(const uint16_t *__restrict__ x, int
  * Each thread loads two pairs of reduction steps x 8 columns (4 x 16 bytes,
  * all issued first) and stores each column's pair as one word of the
  * transposed tile (a row of 64 words + 3: two-way bank conflicts at most);
- * then a warp finishes 8 out rows: 4 values per lane (one 8-byte read),
+ * then a warp finishes 8 out rows: 4 values per lane (two words: the rows
+ * of 67 words are not 8-byte aligned),
  * the amax, the scale, 4 codes per lane in one store. */
 constexpr int CT_W = 67; /* words per row of q8_col's tile */
 __global__ void __launch_bounds__(QT) q8_col(const uint16_t *__restrict__ x, int64_t ldx,
