@@ -6,6 +6,8 @@
 # tree with each FILE replaced by REPLACEMENT (paths from the repo root; REPLACEMENT e.g. an
 # untracked copy of a branch's file), so a kernel change is measured against main in one call
 # without a switch in the code; AB_ENV then applies to the B side too (may be empty).
+# AB_PATCH=FILE (a patch, e.g. docs/attic/*.patch) does the same with the patch applied to the
+# copy (git apply; after AB_SRC's replacements, if any).
 # AB_ENV_A: the A side's environment (default none), e.g. with AB_SRC and
 # AB_ENV_A=DFLASH_PORTABLE=1 AB_ENV=DFLASH_PORTABLE=1 a portable-path kernel change against main's.
 # Parts:
@@ -25,14 +27,14 @@
 # 1 when a part failed.
 set -u
 B=${1:?build dir}; LOG=${2:?log dir}; shift 2
-AB_SRC=${AB_SRC:-}; AB_ENV_A=${AB_ENV_A:-}
-if [ -z "$AB_SRC" ]; then AB_ENV=${AB_ENV:?AB_ENV, e.g. DFLASH_ATTN_BWD=mma4 (or AB_SRC)}; else AB_ENV=${AB_ENV:-}; fi
+AB_SRC=${AB_SRC:-}; AB_PATCH=${AB_PATCH:-}; AB_ENV_A=${AB_ENV_A:-}
+if [ -z "$AB_SRC$AB_PATCH" ]; then AB_ENV=${AB_ENV:?AB_ENV, e.g. DFLASH_ATTN_BWD=mma4 (or AB_SRC, AB_PATCH)}; else AB_ENV=${AB_ENV:-}; fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$LOG"
 status=0; rows=()
 BB=$B # the B side's build
 WHAT=$AB_ENV
-if [ -n "$AB_SRC" ]; then
+if [ -n "$AB_SRC$AB_PATCH" ]; then
   S2=/tmp/ab-src BB=/tmp/ab-build
   rm -rf "$S2" "$BB" && mkdir -p "$S2"
   (cd "$ROOT" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$S2") || exit 1
@@ -41,12 +43,15 @@ if [ -n "$AB_SRC" ]; then
     [ -f "$ROOT/$f" ] && [ -f "$ROOT/$r" ] || { echo "ab.sh: AB_SRC $fr: want FILE=REPLACEMENT, both files"; exit 2; }
     cp "$ROOT/$r" "$S2/$f"
   done
+  if [ -n "$AB_PATCH" ] && ! (cd "$S2" && git apply "$ROOT/$AB_PATCH"); then
+    echo "ab.sh: AB_PATCH $AB_PATCH does not apply"; exit 2
+  fi
   archs=$(sed -n 's/^DFLASH_CUDA_ARCHS:[A-Z]*=//p' "$B/CMakeCache.txt")
   if ! { cmake -S "$S2" -B "$BB" -DCMAKE_BUILD_TYPE=Release -DDFLASH_CUDA_ARCHS="$archs" &&
          cmake --build "$BB" -j "$(nproc)"; } >"$LOG/ab-build.log" 2>&1; then
     echo "ab.sh: the B build failed (ab-build.log)"; exit 1
   fi
-  WHAT="${AB_SRC}${AB_ENV:+ + $AB_ENV}"
+  WHAT="${AB_SRC}${AB_PATCH:+${AB_SRC:+ + }$AB_PATCH}${AB_ENV:+ + $AB_ENV}"
 fi
 for part in "$@"; do
   case $part in
