@@ -562,8 +562,43 @@ static void run_cfg(const cfg *c, df_backend *be)
     free(anc), free(dst), free(val);
 }
 
+/* df_cuda_dflash_ds_offsets (host code: runs without a GPU too) against a
+ * count of the 128-key tiles each valid block's widest row's span meets, on
+ * random blocks (padding, windows, empty spans). Returns the mismatches. */
+static int check_ds_offsets(void)
+{
+    uint64_t r = 29;
+    int bad = 0;
+    for (int it = 0; it < 2000; it++) {
+        int nb = 1 + (int)(test_rand(&r) % 300), S = 1 + (int)(test_rand(&r) % 5000);
+        int W = test_rand(&r) % 3 ? 0 : 1 + (int)(test_rand(&r) % 2000);
+        int32_t *anc = gh_xmalloc((size_t)nb * 4), *ds = gh_xmalloc((size_t)nb * 4),
+                *off = gh_xmalloc((size_t)nb * 4);
+        uint8_t *val = gh_xmalloc((size_t)nb);
+        for (int b = 0; b < nb; b++) {
+            anc[b] = (int)(test_rand(&r) % (uint64_t)(S + 1));
+            ds[b] = (int)(test_rand(&r) % (uint64_t)(anc[b] + 1));
+            val[b] = test_rand(&r) % 7 != 0;
+        }
+        int64_t total = df_cuda_dflash_ds_offsets(anc, ds, val, nb, W, off), t = 0;
+        for (int b = 0; b < nb; b++) {
+            bad += off[b] != t;
+            int lo, hi;
+            if (val[b] && (ctx_range(anc[b], ds[b], W, 0, &lo, &hi), lo < hi))
+                for (int k = 0; k < S; k += 128)
+                    t += k < hi && k + 128 > lo;
+        }
+        bad += total != t;
+        free(anc), free(ds), free(off), free(val);
+    }
+    printf("df_cuda_dflash_ds_offsets: %d mismatches in 2000 random block sets\n", bad);
+    return bad;
+}
+
 int main(void)
 {
+    if (check_ds_offsets())
+        return 1;
     if (gh_skip_without_gpu())
         return 77;
     df_err e;
