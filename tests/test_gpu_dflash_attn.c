@@ -471,32 +471,72 @@ static void run_cfg(const cfg *c, df_backend *be)
             }
         }
         /* WG3 (run1 holds its gradients) with its stored dS at the spans as they are
-         * (args.ds_off): a smaller workspace, the same bits */
+         * (args.ds_off): a smaller workspace, the same bits; then in block ranges of
+         * about a third of the tiles each (args.ds_ranges) */
         {
             int32_t *off = gh_xmalloc((size_t)nb * 4 + 4);
-            int32_t *doff;
+            int32_t *doff, bounds[DF_CUDA_DFLASH_DS_MAX_RANGES + 1];
             a.ds_tiles = df_cuda_dflash_ds_offsets(anc, dst, val, nb, W, off);
             CUDA_OK(cudaMalloc((void **)&doff, (size_t)nb * 4 + 4));
             CUDA_OK(cudaMemcpy(doff, off, (size_t)nb * 4, cudaMemcpyHostToDevice));
             a.ds_off = doff;
             a.impl = DF_CUDA_DFLASH_IMPL_WG3;
-            size_t wsc = df_cuda_dflash_bwd_workspace_bytes(&a);
-            CHECK(wsc <= wsb);
-            uint16_t *dst_ = run2;
-            for (int t = 1; t < 6; t++)
-                CUDA_OK(cudaMemset(outs[t].dev, 0xff, outs[t].n * 2));
-            CUDA_OK(cudaMemset(dws, 0xff, wsb));
-            CHECK_EQ(df_cuda_dflash_bwd(&a, 0), 0);
-            CUDA_OK(cudaDeviceSynchronize());
-            for (int t = 1; t < 6; t++) {
-                CUDA_OK(cudaMemcpy(dst_, outs[t].dev, outs[t].n * 2, cudaMemcpyDeviceToHost));
-                dst_ += outs[t].n;
+            for (int ranged = 0; ranged < 2; ranged++) {
+                if (ranged) {
+                    size_t rb = (size_t)(a.ds_tiles + 2) / 3 * (size_t)nkv * (16 << 10);
+                    a.ds_ranges = df_cuda_dflash_ds_ranges(off, nb, a.ds_tiles, nkv, rb, bounds,
+                                                           &a.ds_range_tiles);
+                    a.ds_bounds = bounds;
+                }
+                size_t wsc = df_cuda_dflash_bwd_workspace_bytes(&a);
+                CHECK(wsc <= wsb);
+                uint16_t *dst_ = run2;
+                for (int t = 1; t < 6; t++)
+                    CUDA_OK(cudaMemset(outs[t].dev, 0xff, outs[t].n * 2));
+                CUDA_OK(cudaMemset(dws, 0xff, wsb));
+                CHECK_EQ(df_cuda_dflash_bwd(&a, 0), 0);
+                CUDA_OK(cudaDeviceSynchronize());
+                for (int t = 1; t < 6; t++) {
+                    CUDA_OK(cudaMemcpy(dst_, outs[t].dev, outs[t].n * 2, cudaMemcpyDeviceToHost));
+                    dst_ += outs[t].n;
+                }
+                if (!ranged) {
+                    int same = !memcmp(run1, run2, ng * 2);
+                    printf(" | wg3 spans as they are: workspace %.2f of the widest's, ==wg3 %s",
+                           (double)wsc / (double)wsb, same ? "yes" : "NO(FAIL)");
+                    ok = ok && same;
+                    continue;
+                }
+                /* in ranges: dQ (whole per block) the same bits; dK, dV summed per range
+                 * (fp32 rounding apart from one pass): against the CPU reference, and
+                 * deterministic */
+                int same_dq = !memcmp(run1, run2, nQ * 2);
+                printf(" | wg3 in %d block ranges: workspace %.2f, dq==wg3 %s, dk/dv==wg3 %s",
+                       a.ds_ranges, (double)wsc / (double)wsb, same_dq ? "yes" : "NO(FAIL)",
+                       !memcmp(run1 + nQ, run2 + nQ, (ng - nQ) * 2) ? "yes" : "no");
+                ok = ok && same_dq;
+                const uint16_t *src_ = run2;
+                for (int t = 1; t < 6; t++) {
+                    for (int64_t i = 0; i < outs[t].n; i++)
+                        outs[t].g[i] = gh_bf2f(src_[i]);
+                    src_ += outs[t].n;
+                    ok = out_ok(outs[t].nm, outs[t].ref, outs[t].g, outs[t].nv, outs[t].n,
+                                outs[t].z, outs[t].cols, 0) && ok;
+                }
+                CHECK_EQ(df_cuda_dflash_bwd(&a, 0), 0);
+                CUDA_OK(cudaDeviceSynchronize());
+                src_ = run2;
+                int det = 1;
+                for (int t = 1; t < 6 && det; t++) {
+                    CUDA_OK(cudaMemcpy(hb, outs[t].dev, outs[t].n * 2, cudaMemcpyDeviceToHost));
+                    det = !memcmp(hb, src_, outs[t].n * 2);
+                    src_ += outs[t].n;
+                }
+                printf(" det %s", det ? "yes" : "NO(FAIL)");
+                ok = ok && det;
             }
-            int same = !memcmp(run1, run2, ng * 2);
-            printf(" | wg3 spans as they are: workspace %.2f of the widest's, ==wg3 %s",
-                   (double)wsc / (double)wsb, same ? "yes" : "NO(FAIL)");
-            ok = ok && same;
             a.ds_off = NULL, a.ds_tiles = 0, a.impl = 0;
+            a.ds_ranges = 0, a.ds_bounds = NULL, a.ds_range_tiles = 0;
             CUDA_OK(cudaFree(doff));
             free(off);
         }
@@ -589,9 +629,32 @@ static int check_ds_offsets(void)
                     t += k < hi && k + 128 > lo;
         }
         bad += total != t;
+        /* the block ranges of these offsets: consecutive, covering, max_tiles
+         * their largest, and within the budget unless one block alone exceeds
+         * it, where the greedy cut needs no more than the ranges allowed (two
+         * consecutive ranges hold more than the budget) */
+        int nkv = 1 + (int)(test_rand(&r) % 8);
+        size_t rb = (size_t)(1 + test_rand(&r) % 64) * (size_t)nkv * (16 << 10);
+        int32_t bnd[DF_CUDA_DFLASH_DS_MAX_RANGES + 1];
+        int64_t most = -1;
+        int nr = df_cuda_dflash_ds_ranges(off, nb, total, nkv, rb, bnd, &most);
+        int64_t cap = (int64_t)(rb / ((size_t)nkv * (16 << 10))), seen = 0;
+        bad += nr < 1 || nr > DF_CUDA_DFLASH_DS_MAX_RANGES || bnd[0] != 0 || bnd[nr] != nb;
+        const int fits = cap > 0 && 2 * total / cap + 2 <= DF_CUDA_DFLASH_DS_MAX_RANGES;
+        for (int k = 0; k < nr && !(nr < 1 || nr > DF_CUDA_DFLASH_DS_MAX_RANGES); k++) {
+            bad += bnd[k + 1] <= bnd[k] && nb > 0;
+            int64_t t0 = off[bnd[k]], t1 = bnd[k + 1] < nb ? off[bnd[k + 1]] : total;
+            int nonempty = 0;
+            for (int b = bnd[k]; b < bnd[k + 1]; b++)
+                nonempty += (b + 1 < nb ? off[b + 1] : total) > off[b];
+            bad += fits && t1 - t0 > cap && nonempty > 1;
+            seen = t1 - t0 > seen ? t1 - t0 : seen;
+        }
+        bad += most != seen;
         free(anc), free(ds), free(off), free(val);
     }
-    printf("df_cuda_dflash_ds_offsets: %d mismatches in 2000 random block sets\n", bad);
+    printf("df_cuda_dflash_ds_offsets and _ds_ranges: %d mismatches in 2000 random block sets\n",
+           bad);
     return bad;
 }
 

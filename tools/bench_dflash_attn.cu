@@ -43,8 +43,10 @@
 // --anchors-out F writes the 3docs shape and anchors as JSON for
 // scripts/bench_flex_dflash.py (the same mask under torch flex_attention);
 // --anchors-1doc-out F the same for the 1doc layout.
+// --ds-range-mib N: WG3's stored dS in block ranges of at most N MiB (the
+// trainer's, with the memory the drafter lends it; default one range).
 // Usage: bench_dflash_attn [repeats] [--anchors-out F.json]
-//        [--anchors-1doc-out F.json] [--json-out F.json]
+//        [--anchors-1doc-out F.json] [--json-out F.json] [--ds-range-mib N]
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdint.h>
@@ -164,6 +166,7 @@ static int write_anchors(const char *path, const Layout &L, int S, int NB, int B
 int main(int argc, char **argv)
 {
     int reps = 20;
+    int ds_range_mib = 0;
     const char *anchors_out = NULL, *anchors1_out = NULL, *json_out = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--anchors-out") && i + 1 < argc)
@@ -172,11 +175,13 @@ int main(int argc, char **argv)
             anchors1_out = argv[++i];
         else if (!strcmp(argv[i], "--json-out") && i + 1 < argc)
             json_out = argv[++i];
+        else if (!strcmp(argv[i], "--ds-range-mib") && i + 1 < argc)
+            ds_range_mib = atoi(argv[++i]);
         else if (atoi(argv[i]) > 0)
             reps = atoi(argv[i]);
         else
             return fprintf(stderr, "usage: bench_dflash_attn [repeats] [--anchors-out F.json] "
-                                   "[--anchors-1doc-out F.json] [--json-out F.json]\n"), 2;
+                                   "[--anchors-1doc-out F.json] [--json-out F.json] [--ds-range-mib N]\n"), 2;
     }
     const int S = 4096, NB = 512, BS = 16, NQ = 32, NKV = 8, D = 128, ROWS = NB * BS;
     // the 3docs anchors and the tensors draw from the generator as before the
@@ -211,6 +216,8 @@ int main(int argc, char **argv)
     CU(cudaMalloc(&danc, NB * 4));
     CU(cudaMalloc(&ddst, NB * 4));
     CU(cudaMalloc(&dval, NB));
+    int32_t *doff;
+    CU(cudaMalloc(&doff, NB * 4 + 4));
     df_cuda_dflash_args a;
     memset(&a, 0, sizeof a);
     a.S = S, a.n_blocks = NB, a.block_size = BS, a.nq = NQ, a.nkv = NKV, a.head_dim = D;
@@ -251,6 +258,24 @@ int main(int argc, char **argv)
             json += "], \"layers_1doc\": [";
         for (int li = 0; li < 2; li++) {
             a.window = Ws[li];
+            // WG3's stored dS at the spans as they are, in block ranges of at most
+            // --ds-range-mib (0: one range; the trainer's range at the 27B shape: ~460)
+            std::vector<int32_t> off(NB);
+            int32_t bnd[DF_CUDA_DFLASH_DS_MAX_RANGES + 1];
+            a.ds_tiles = df_cuda_dflash_ds_offsets(L.anc.data(), L.dst.data(), L.val.data(), NB, a.window,
+                                                   off.data());
+            a.ds_ranges = ds_range_mib > 0 ? df_cuda_dflash_ds_ranges(off.data(), NB, a.ds_tiles, NKV,
+                                                                      (size_t)ds_range_mib << 20, bnd,
+                                                                      &a.ds_range_tiles)
+                                           : 1;
+            if (ds_range_mib <= 0)
+                a.ds_range_tiles = a.ds_tiles;
+            a.ds_bounds = bnd;
+            CU(cudaMemcpy(doff, off.data(), NB * 4, cudaMemcpyHostToDevice));
+            a.ds_off = doff;
+            printf("  wg3 stored dS: %lld tiles (%.0f MiB), %d block range(s) of at most %lld tiles\n",
+                   (long long)a.ds_tiles, (double)a.ds_tiles * NKV * 16 / 1024, a.ds_ranges,
+                   (long long)a.ds_range_tiles);
             double pairs = 0;
             for (int b = 0; b < NB; b++) {
                 if (!L.val[b])

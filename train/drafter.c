@@ -264,6 +264,41 @@ static int layer_saved(const df_drafter *d, layer_act *A, int64_t N, int64_t S, 
     return k;
 }
 
+/* The longest contiguous run of a layer's MLP activations g, u, m (n
+ * elements each; adjacent where carve put them one after the other, 256-byte
+ * padding between hosted ones included). From the MLP's input gradients on
+ * they are dead until the layer's next forward (a hosting gradient range is
+ * cleared before its layer's backward writes it): the attention backward
+ * borrows them for its workspace (df_backend_lend_scratch). */
+static void *mlp_dead(const df_drafter *d, const layer_act *A, int64_t n, size_t *bytes)
+{
+    uint8_t *r[3] = {(uint8_t *)A->g, (uint8_t *)A->u, (uint8_t *)A->m};
+    const size_t each = (size_t)n * d->aes;
+    for (int i = 0; i < 3; i++) /* by address */
+        for (int j = i + 1; j < 3; j++)
+            if ((uintptr_t)r[j] < (uintptr_t)r[i]) {
+                uint8_t *t = r[i];
+                r[i] = r[j], r[j] = t;
+            }
+    uint8_t *best = NULL, *lo = NULL;
+    size_t most = 0, len = 0;
+    for (int i = 0; i < 3; i++) {
+        if (!r[i])
+            continue;
+        uintptr_t end = (uintptr_t)lo + len;
+        if (lo && (uintptr_t)r[i] >= end && (uintptr_t)r[i] - end < 256)
+            len = (size_t)((uintptr_t)r[i] - (uintptr_t)lo) + each;
+        else if (lo && r[i] == lo) /* the same buffer twice (shared sets) */
+            continue;
+        else
+            lo = r[i], len = each;
+        if (len > most)
+            best = lo, most = len;
+    }
+    *bytes = most;
+    return best;
+}
+
 /* Lays the workspace out for N queries and S context tokens from base (the
  * arena; NULL: only counts) and returns the arena elements it takes. Layer
  * l >= 1's saved activations go, largest first, into the gradient range of
@@ -763,8 +798,13 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         CK(drafter_mm_bw(d, &dx, &o, &gwo, 1));
         df_dflash_blocks blk = r->blocks;
         blk.window = I->window;
-        CK(df_op_dflash_attn_bwd(be, &q, &kc, &vc, &kb, &vb, &blk, (int)nq, (int)nkv, (int)D,
-                                 scale, &o, &lse, &dout, &dq, &dkc, &dvc, &dkb, &dvb));
+        size_t dead_bytes = 0;
+        void *dead = mlp_dead(d, A, N * F, &dead_bytes);
+        df_backend_lend_scratch(be, dead, dead_bytes);
+        rc = df_op_dflash_attn_bwd(be, &q, &kc, &vc, &kb, &vb, &blk, (int)nq, (int)nkv, (int)D,
+                                   scale, &o, &lse, &dout, &dq, &dkc, &dvc, &dkb, &dvb);
+        df_backend_lend_scratch(be, NULL, 0);
+        CK(rc);
         CK(df_op_rope_bwd(be, &dq, r->block_pos, (int)nq, (int)D, (int)D, c->rope_theta));
         CK(df_op_rope_bwd(be, &dkb, r->block_pos, (int)nkv, (int)D, (int)D, c->rope_theta));
         CK(df_op_rope_bwd(be, &dkc, r->ctx_pos, (int)nkv, (int)D, (int)D, c->rope_theta));

@@ -680,19 +680,42 @@ extern "C" int df_cuda_dflash_attn_bwd(df_backend *be, const df_tensor *q, const
     a.dvc = (uint16_t *)dvc->data;
     a.dkb = (uint16_t *)dkb->data;
     a.dvb = (uint16_t *)dvb->data;
-    /* WG3's stored dS sized to the spans as they are (the host has the blocks) */
+    /* WG3's stored dS sized to the spans as they are (the host has the blocks),
+     * in as few block ranges as fit memory lent for it (df_backend_lend_scratch:
+     * the drafter lends its dead MLP activations), else ranges of at most
+     * DF_CUDA_DFLASH_DS_RANGE_BYTES in the shared scratch */
     int32_t *off = (int32_t *)malloc((size_t)(blk->n_blocks > 0 ? blk->n_blocks : 1) * sizeof(int32_t));
+    int32_t bounds[DF_CUDA_DFLASH_DS_MAX_RANGES + 1];
     if (!off)
         return -ENOMEM;
-    a.ds_tiles = df_cuda_dflash_ds_offsets(blk->anchor, blk->doc_start, blk->valid, blk->n_blocks,
-                                           a.window, off);
+    const int64_t tiles = df_cuda_dflash_ds_offsets(blk->anchor, blk->doc_start, blk->valid,
+                                                    blk->n_blocks, a.window, off);
     a.ds_off = blk->n_blocks > 0 ? df_cuda_stage_i32(be, off, blk->n_blocks) : NULL;
-    free(off);
-    if (blk->n_blocks > 0 && !a.ds_off)
+    if (blk->n_blocks > 0 && !a.ds_off) {
+        free(off);
         return -EIO;
-    /* The workspace from the shared scratch (it only grows): planned memory,
-     * no allocation inside the step; the LM head's chunks use the same bytes
-     * at another time of the step. */
+    }
+    const size_t rest = df_cuda_dflash_bwd_workspace_bytes(&a); /* all but the store (no tiles yet) */
+    const size_t lent = df_cuda_scratch_lent(be);
+    const size_t min_range = (size_t)64 << 20; /* less lent than this: the scratch instead */
+    a.ds_tiles = tiles;
+    a.ds_ranges = df_cuda_dflash_ds_ranges(off, blk->n_blocks, tiles, nkv,
+                                           lent >= rest + min_range ? lent - rest : 0, bounds,
+                                           &a.ds_range_tiles);
+    a.ds_bounds = bounds;
+    free(off);
+    {
+        static int logged_ranges = -1, logged_lent = -1; /* when they change */
+        const int in_lent = lent >= rest + min_range;
+        if (a.ds_ranges != logged_ranges || in_lent != logged_lent)
+            df_log(DF_LOG_DEBUG, "cuda: dflash bwd: stored dS %.1f MiB in %d block range(s), %s",
+                   (double)tiles * nkv * (16 << 10) / (1 << 20), a.ds_ranges,
+                   in_lent ? "in lent memory" : "in the scratch");
+        logged_ranges = a.ds_ranges, logged_lent = in_lent;
+    }
+    /* The workspace from the lent bytes where it fits, else the shared scratch
+     * (it only grows): planned memory, no allocation inside the step; the LM
+     * head's chunks use the same bytes at another time of the step. */
     if (!(a.workspace = df_cuda_scratch(be, df_cuda_dflash_bwd_workspace_bytes(&a))))
         return -ENOMEM;
     return df_cuda_dflash_bwd(&a, st_of(be)->stream);

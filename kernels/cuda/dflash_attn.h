@@ -107,6 +107,16 @@ typedef struct df_cuda_dflash_args {
      * one document per row). NULL: the widest. */
     const int32_t *ds_off;
     int64_t ds_tiles;
+    /* With ds_off, WG3's context dK/dV and dQ passes may run once per range
+     * of blocks, so that the store holds one range's tiles at a time:
+     * ds_ranges ranges, ds_bounds (host memory, ds_ranges + 1 block indices,
+     * read during df_cuda_dflash_bwd) and ds_range_tiles (the most tiles of a
+     * range), from df_cuda_dflash_ds_ranges. dQ the same bits as one range; dK, dV
+     * summed per range (within fp32 rounding of one range).
+     * 0: one range. */
+    int ds_ranges;
+    const int32_t *ds_bounds;
+    int64_t ds_range_tiles;
 } df_cuda_dflash_args;
 
 /* The values never change (logs and bench results print them); the gaps are
@@ -124,6 +134,16 @@ size_t df_cuda_dflash_bwd_workspace_bytes(const df_cuda_dflash_args *a);
  * sliding one: window > 0), for n_blocks blocks; returns the total. */
 int64_t df_cuda_dflash_ds_offsets(const int32_t *anchor, const int32_t *doc_start,
                                   const uint8_t *valid, int n_blocks, int window, int32_t *off);
+/* The block ranges of args.ds_ranges: consecutive blocks whose stored dS
+ * (nkv x 16 KiB per tile) fits range_bytes (0: DF_CUDA_DFLASH_DS_RANGE_BYTES;
+ * a block larger than that alone), at most DF_CUDA_DFLASH_DS_MAX_RANGES
+ * (the ranges grow to stay within it). off, total: df_cuda_dflash_ds_offsets'.
+ * bounds: DF_CUDA_DFLASH_DS_MAX_RANGES + 1 ints; *max_tiles: the most tiles
+ * of a range. Returns the number of ranges (1: the store as one). */
+enum { DF_CUDA_DFLASH_DS_MAX_RANGES = 64 };
+#define DF_CUDA_DFLASH_DS_RANGE_BYTES ((size_t)320 << 20)
+int df_cuda_dflash_ds_ranges(const int32_t *off, int n_blocks, int64_t total, int nkv,
+                             size_t range_bytes, int32_t *bounds, int64_t *max_tiles);
 /* The backward that args.impl == 0 runs, process-wide (tests, benchmarks):
  * one of the DF_CUDA_DFLASH_IMPL_* values, or 0 for the environment's
  * DFLASH_ATTN_BWD / the built-in default again. Returns 0, or -EINVAL for

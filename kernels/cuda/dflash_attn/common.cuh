@@ -94,12 +94,14 @@ static inline cudaError_t func_smem_once(const void *fn, size_t smem, bool carve
 // do not hold it): the context dS^T tiles the context dK/dV pass stores (ds,
 // DS_TILE_BYTES per (block b, 128-key tile t of its span, kv head g), slot
 // (b maxt + t - lo0 / 128) nkv + g, or with off (args.ds_off, the spans as
-// they are) (off[b] + t - lo0 / 128) nkv + g; maxt = dqs_max_tiles: the most tiles a
-// span can meet), and the block tiles' (dsb, DS_BLK_BYTES per (block, kv
-// head), written by the block pass, blk_wg_kernel).
-// ctr: one int, the dQ kernel's item counter (dqs_kernel), zeroed by the
-// block pass. pdl (host side): WG3's kernels after the first are launched as
-// programmatic dependents (launch_pdl).
+// they are) (off[b] - off[b0] + t - lo0 / 128) nkv + g (b0: the block
+// range's first, below); maxt = dqs_max_tiles: the most tiles a span can
+// meet), and the block tiles' (dsb, DS_BLK_BYTES per (block, kv head),
+// written by the block pass, blk_wg_kernel).
+// ctr: the dQ kernel's item counters (dqs_kernel; one per block range, up to
+// DS_MAX_RANGES in the 256 bytes), zeroed by the block pass. pdl (host side):
+// WG3's kernels after the first are launched as programmatic dependents
+// (launch_pdl).
 // part (may be NULL): the context dK/dV pass's fp32 split partials, which
 // dqs_kernel's reducer warps then sum into dkc / dvc in place of
 // dkv_reduce_kernel (the same sums, the same bits).
@@ -109,6 +111,17 @@ struct DsBuf {
     const float *part;
     const int *off; // (may be NULL) block b's first tile slot, in place of b maxt (args.ds_off)
     int maxt, pdl;
+    // Block ranges (args.ds_ranges; off set): the context dK/dV pass and the
+    // dQ pass run once per range of blocks [b0, b1), the store holding that
+    // range's tiles only (slots from off[b] - off[b0]). The
+    // dK/dV pass's CTAs take the items of their tile's list that fall in the
+    // range and add their sums to the fp32 partials of the previous range
+    // (first: none), dK unscaled until the last range (dK, dV within fp32
+    // rounding of one range; dQ the same bits); ctr is the range's own dQ counter.
+    int b0, b1, first, last;
+    // host: the ranges' bounds (nranges + 1 block indices; NULL: one range)
+    const int *bounds;
+    int nranges;
 };
 
 // impl WG3's stored dS^T: one context tile's is 128 keys x 64 rows of bf16,
@@ -116,6 +129,7 @@ struct DsBuf {
 // MN-major A layout; keys 64 h .. 64 h + 63 in half h, written by warpgroup
 // h of the context dK/dV pass); a block tile's the same for 16 keys.
 constexpr int DS_TILE_BYTES = 128 * 64 * 2, DS_BLK_BYTES = 16 * 64 * 2;
+constexpr int DS_MAX_RANGES = 64; // block ranges of the stored dS (DsBuf), one counter each
 
 // Context keys visible to row qo of a valid block: [lo, anchor).
 __device__ __forceinline__ int ctx_lo(int anc, int ds, int W, int qo)

@@ -138,6 +138,38 @@ extern "C" int64_t df_cuda_dflash_ds_offsets(const int32_t *anchor, const int32_
     return t;
 }
 
+extern "C" int df_cuda_dflash_ds_ranges(const int32_t *off, int n_blocks, int64_t total, int nkv,
+                                        size_t range_bytes, int32_t *bounds, int64_t *max_tiles)
+{
+    static_assert(DF_CUDA_DFLASH_DS_MAX_RANGES == df_dflash::DS_MAX_RANGES, "one counter per range");
+    const size_t rb = range_bytes ? range_bytes : DF_CUDA_DFLASH_DS_RANGE_BYTES;
+    int64_t cap = (int64_t)(rb / ((size_t)(nkv > 0 ? nkv : 1) * df_dflash::DS_TILE_BYTES));
+    if (cap * DF_CUDA_DFLASH_DS_MAX_RANGES < total) // at most the counters' ranges
+        cap = (total + DF_CUDA_DFLASH_DS_MAX_RANGES - 1) / DF_CUDA_DFLASH_DS_MAX_RANGES;
+    for (;;) {
+        int nr = 0;
+        int64_t cur = 0, most = 0;
+        bounds[0] = 0;
+        for (int b = 0; b < n_blocks; b++) {
+            int64_t t = (b + 1 < n_blocks ? off[b + 1] : total) - off[b];
+            if (cur > 0 && cur + t > cap) {
+                if (++nr == DF_CUDA_DFLASH_DS_MAX_RANGES)
+                    break;
+                bounds[nr] = b;
+                cur = 0;
+            }
+            cur += t;
+            most = cur > most ? cur : most;
+        }
+        if (nr < DF_CUDA_DFLASH_DS_MAX_RANGES) {
+            bounds[++nr] = n_blocks;
+            *max_tiles = most;
+            return nr;
+        }
+        cap += cap / 8 + 1; // (a greedy cut can need a few more ranges than total / cap)
+    }
+}
+
 namespace {
 int g_bwd_impl; // df_cuda_dflash_set_bwd_impl; 0: none
 
@@ -230,6 +262,10 @@ extern "C" int df_cuda_dflash_bwd(const df_cuda_dflash_args *a, cudaStream_t st)
         dsb.ds = (uint16_t *)((char *)dsb.dsb + dsb_bytes(a));
         dsb.maxt = df_dflash::dqs_max_tiles(a->S, a->window);
         dsb.off = a->ds_off;
+        dsb.b0 = 0, dsb.b1 = a->n_blocks, dsb.first = dsb.last = 1;
+        const bool ranged = a->ds_off && a->ds_ranges > 1 && a->ds_bounds;
+        dsb.bounds = ranged ? a->ds_bounds : NULL;
+        dsb.nranges = ranged ? a->ds_ranges : 1;
         dsb.part = NULL; // (bwd_mma4_launch sets it)
         dsb.pdl = df_knob_int(DF_KNOB_ATTN_PDL) != 0; // WG3's later kernels as programmatic dependents
         cudaEvent_t *ev = a->pass_events;

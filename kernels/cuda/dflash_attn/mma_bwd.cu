@@ -399,6 +399,18 @@ int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, int *lists, u
     return 0;
 }
 
+// WG3's stored dS for block range r of s's (s.bounds; NULL: one range)
+inline df_dflash::DsBuf ds_range(const df_dflash::DsBuf &s, int r, int nb)
+{
+    df_dflash::DsBuf d = s;
+    d.b0 = s.bounds ? s.bounds[r] : 0;
+    d.b1 = s.bounds ? s.bounds[r + 1] : nb;
+    d.first = r == 0;
+    d.last = r == s.nranges - 1;
+    d.ctr = s.ctr + r;
+    return d;
+}
+
 // MMA4 (wg2 false): Di, dQ (dq_mma2_kernel), the tile lists and their LPT
 // order, the context dK/dV (dkv4_kernel), the block-key dK/dV
 // (dkv_mma2_kernel, block tiles only), the split reduction. WG2 (wg2): the
@@ -411,7 +423,9 @@ int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, int *lists, u
 // Di (for the context dK/dV pass, the only later reader; bitwise
 // di_kernel's) and the block-key dK/dV, and di_kernel and the block tiles'
 // dkv_mma2_kernel are not launched (their pass events are recorded right
-// after the previous ones); elsewhere WG2's launches.
+// after the previous ones); elsewhere WG2's launches. WG3 with block ranges
+// runs the context dK/dV and dQ passes in turn per range (pass events [4]
+// and [5] then both after the last).
 template <int D>
 int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, int *dq_order,
                     bool wg2, bool fold, cudaEvent_t *ev, const df_dflash::DsBuf *dsb0, uint16_t *dsd)
@@ -439,6 +453,8 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
                         df_dflash::dkv_wg_tq(p, D, &maps) && df_dflash::dqs_usable(D) &&
                         df_dflash::blk_wg_usable(D);
     const df_dflash::DsBuf *dsb = wg3_on ? dsb0 : NULL;
+    const int nr = wg3_on ? dsb->nranges : 1; // WG3's block ranges (DsBuf)
+    bool dqs_done = false;
     if (rows > 0) {
         if (!fold_on) { // (fold_on: the dQ pass computes Di)
             long long w = rows * p.nq;
@@ -470,7 +486,18 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         if (rc)
             return rc;
         REC(ev, 3, st);
-        if (wg2 && df_dflash::dkv_wg_usable(p, D)) {
+        if (wg3_on && nr > 1) { // WG3's block ranges: the dK/dV and dQ passes per range
+            for (int r = 0; r < nr && !rc; r++) {
+                df_dflash::DsBuf d = ds_range(*dsb, r, p.nb);
+                rc = df_dflash::dkv_wg_launch(p, D, st, part, cnt, lst, order, nct, &maps, &d);
+                d.part = d.last ? part : NULL; // the split reduction once every range's partials are in
+                if (!rc)
+                    rc = df_dflash::dqs_launch(p, D, st, maps, d);
+            }
+            if (rc)
+                return rc;
+            dqs_done = true;
+        } else if (wg2 && df_dflash::dkv_wg_usable(p, D)) {
             rc = df_dflash::dkv_wg_launch(p, D, st, part, cnt, lst, order, nct,
                                               wgdq_on ? &maps : nullptr, dsb);
             if (rc)
@@ -482,10 +509,11 @@ int bwd_mma4_launch(const Params &p, cudaStream_t st, float *part, int *lists, i
         REC(ev, 3, st);
     }
     REC(ev, 4, st);
-    // WG3's dQ (its pass event: [5]); its kernel also does the split reduction
-    if (wg3_on) {
-        df_dflash::DsBuf d = *dsb;
-        d.part = part;
+    // WG3's dQ (its pass event: [5]; with block ranges, done above); its kernel
+    // also does the split reduction
+    for (int r = 0; wg3_on && !dqs_done && r < nr; r++) {
+        df_dflash::DsBuf d = ds_range(*dsb, r, p.nb);
+        d.part = d.last ? part : NULL;
         int rc = df_dflash::dqs_launch(p, D, st, maps, d);
         if (rc)
             return rc;
@@ -562,7 +590,9 @@ size_t wg3_bytes(const df_cuda_dflash_args *a)
     int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
     if (impl != DF_CUDA_DFLASH_IMPL_WG3)
         return 0;
-    size_t tiles = a->ds_off ? (size_t)(a->ds_tiles > 0 ? a->ds_tiles : 0)
+    const bool ranged = a->ds_off && a->ds_ranges > 1 && a->ds_bounds;
+    int64_t t = ranged ? a->ds_range_tiles : a->ds_tiles;
+    size_t tiles = a->ds_off ? (size_t)(t > 0 ? t : 0)
                              : (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) *
                                    (size_t)df_dflash::dqs_max_tiles(a->S, a->window);
     return 256 + dsb_bytes(a) + (size_t)(a->nkv > 0 ? a->nkv : 0) * tiles * df_dflash::DS_TILE_BYTES;

@@ -46,8 +46,8 @@ __global__ void __launch_bounds__(QNT, 4)
     const bool valid = p.valid[b];
     const uint32_t bar = sb + L::BAR;
     pdl_trigger(); // WG3's next kernels may launch (they wait for this one's end)
-    if (blockIdx.x == 0 && tid == 0)
-        *ctr = 0; // the dQ kernel's item counter (DsBuf.ctr)
+    if (blockIdx.x == 0 && tid < DS_MAX_RANGES)
+        ctr[tid] = 0; // the dQ kernel's item counters (DsBuf.ctr, one per block range)
     if (valid && tid == 0) {
         mbar_init(bar, 1);
         mbar_fence_init();

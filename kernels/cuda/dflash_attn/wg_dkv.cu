@@ -18,7 +18,12 @@
 //   dV  += P^T dO,  dK += dS^T Q                    (P^T, dS^T rounded to bf16)
 // and dK is scaled once at the end. Each split writes fp32 partials that
 // MMA4's dkv_reduce_kernel sums in split order (deterministic, no atomics:
-// each output element is accumulated by one thread in item order).
+// each output element is accumulated by one thread in item order). WG3 in
+// block ranges (DsBuf): the pass runs once per range, each CTA taking the
+// items of its list in the range (the same item indices, hence splits) and
+// adding its sums to the partials the previous range stored (dK unscaled
+// until the last range): one pass's products, summed per range (dK, dV within
+// fp32 rounding of one pass; dQ, per block, the same bits).
 //
 // CTA: 2 warpgroups (256 threads), warpgroup w owns keys 64 w .. 64 w + 63 of
 // the tile (wgmma M = 64) and keeps dV, dK for them in registers (2 x 64 x D
@@ -200,6 +205,41 @@ __global__ void __launch_bounds__(WNT, 1)
     const int bid = blockIdx.x;
     const int split = bid % WG_NSPL, g = (bid / WG_NSPL) % p.nkv, tile = order[bid / (WG_NSPL * p.nkv)];
     const int base = tile * WG_TILE_KEYS, kend = base + WG_TILE_KEYS < p.S ? base + WG_TILE_KEYS : p.S;
+    const int *tl = lst + (size_t)tile * p.nb;
+    // this CTA's items: k = k1st, k1st + WG_NSPL, .. < kn (k % WG_NSPL == split); WG3's block range
+    // [b0, b1) (DsBuf): the items of the tile's list (ascending blocks) whose block is in it
+    int k1st = split, kn = cnt[tile] * p.nch;
+    bool from0 = true, scaled = true; // the partials start at 0; dK scaled when stored
+    int off0 = 0;                     // the block range's first slot of the stored dS
+    if constexpr (DS) {
+        if (dsb.b0 > 0 || dsb.b1 < p.nb) {
+            int lo = 0, hi = cnt[tile]; // first list index with block >= b0, then >= b1
+            for (int n = hi; n > 0;) {
+                int h = n / 2;
+                if (tl[lo + h] < dsb.b0)
+                    lo += h + 1, n -= h + 1;
+                else
+                    n = h;
+            }
+            int lo1 = lo;
+            for (int n = hi - lo; n > 0;) {
+                int h = n / 2;
+                if (tl[lo1 + h] < dsb.b1)
+                    lo1 += h + 1, n -= h + 1;
+                else
+                    n = h;
+            }
+            const int klo = lo * p.nch;
+            kn = lo1 * p.nch;
+            k1st = klo + ((split - klo % WG_NSPL) % WG_NSPL + WG_NSPL) % WG_NSPL;
+        }
+        off0 = dsb.off ? dsb.off[dsb.b0] : 0;
+        from0 = dsb.first != 0;
+        scaled = dsb.last != 0;
+        if (!from0 && !scaled && k1st >= kn)
+            return; // nothing of this range: the partials stay as the previous range left them
+                    // (the last range still scales dK)
+    }
     const int k0 = base + WKEYS * wg;    // this warpgroup's first key
     const int kw = k0 + 16 * warp + gid; // this thread's keys: kw, kw + 8
     for (int e = tid; e < WG_TILE_KEYS * V8; e += WNT) {
@@ -224,8 +264,7 @@ __global__ void __launch_bounds__(WNT, 1)
         }
         __syncthreads(); // the inits, before anyone waits on them
     }
-    const int nitems = cnt[tile] * p.nch;
-    const int *tl = lst + (size_t)tile * p.nb;
+    const int nitems = kn;
     // Item loads. Thread tid copies 16-byte chunk c = tid % V8 of rows
     // r0 + RSTEP it of Q and dO; row r of chunk ch is (query qo, head hh) with
     // ch 64 + r = qo group + hh: one division per item, then steps of RSTEP rows.
@@ -255,7 +294,7 @@ __global__ void __launch_bounds__(WNT, 1)
                 info[2] = ctx_lo(anc, ds, p.W, p.bs - 1); // narrowest row's
                 info[3] = ds;
                 if constexpr (DS) // WG3: the item's stored dS^T slot for this tile (see DsBuf)
-                    info[4] = ((dsb.off ? dsb.off[b] : b * dsb.maxt) + tile - info[1] / WG_TILE_KEYS) * p.nkv + g;
+                    info[4] = ((dsb.off ? dsb.off[b] - off0 : b * dsb.maxt) + tile - info[1] / WG_TILE_KEYS) * p.nkv + g;
                 mbar_expect_tx(bar, 2 * L::QS + 2 * CHUNK_ROWS * 4);
 #pragma unroll
                 for (int cb = 0; cb < L::NH; cb++) {
@@ -302,7 +341,7 @@ __global__ void __launch_bounds__(WNT, 1)
     };
     // block of the i-th item of this split (0 past the end: a valid index)
     auto blk = [&](int i) -> int {
-        int k = split + WG_NSPL * i;
+        int k = k1st + WG_NSPL * i;
         return k < nitems ? tl[k / p.nch] : 0;
     };
     float dv[NA], dk[NA];
@@ -314,12 +353,12 @@ __global__ void __launch_bounds__(WNT, 1)
     // in the item loop waits.
     {
         int b = blk(0);
-        if (split < nitems)
-            issue(split, 0, b, p.anchor[b], p.doc_start[b], -1);
+        if (k1st < nitems)
+            issue(k1st, 0, b, p.anchor[b], p.doc_start[b], -1);
         cp_commit();
         b = blk(1);
-        if (split + WG_NSPL < nitems)
-            issue(split + WG_NSPL, 1, b, p.anchor[b], p.doc_start[b], -1);
+        if (k1st + WG_NSPL < nitems)
+            issue(k1st + WG_NSPL, 1, b, p.anchor[b], p.doc_start[b], -1);
         cp_commit();
     }
     if constexpr (TQ) { // the K / V tile (everyone's cp.async), before the loop
@@ -334,7 +373,7 @@ __global__ void __launch_bounds__(WNT, 1)
     const float sl = p.scale * WLOG2E;
     const uint64_t dK0 = wg_desc(sb + wg * (WKEYS * 128), KM_LBO, SBO), dV0 = dK0 + (L::KV >> 4);
     int st = 0, st2 = 2; // stages of item i and of item i + 2
-    for (int i = 0, k = split; k < nitems; i++, k += WG_NSPL) {
+    for (int i = 0, k = k1st; k < nitems; i++, k += WG_NSPL) {
         if constexpr (TQ) {
             // item i landed (the n-th fill of stage i % 3 is item 3 n + i % 3)
             mbar_wait(bar0 + 8 * st, (uint32_t)(i / WST) & 1u);
@@ -535,9 +574,13 @@ __global__ void __launch_bounds__(WNT, 1)
     reg_fence(dk);
     cp_wait<0>();
     // fp32 partials of this split: thread element 4 j + 2 h + e is key kw + 8 h,
-    // head dim 8 j + 2 t4 + e
-    size_t n = (size_t)p.S * ldk;
+    // head dim 8 j + 2 t4 + e. A later block range (WG3, DsBuf) adds the partials the
+    // previous range stored here (loaded now, not into the accumulators before the loop:
+    // registers defined there by loads make ptxas serialize every wgmma); dK is scaled
+    // once, by the last range
+    const size_t n = (size_t)p.S * ldk;
     float *pk = part + (size_t)split * 2 * n, *pv = pk + n;
+    const float dks = scaled ? p.scale : 1.0f;
 #pragma unroll
     for (int h = 0; h < 2; h++) {
         int key = kw + 8 * h;
@@ -546,10 +589,15 @@ __global__ void __launch_bounds__(WNT, 1)
         size_t off = (size_t)key * ldk + (size_t)g * D + 2 * t4;
 #pragma unroll
         for (int j = 0; j < D / 8; j++) {
-            *reinterpret_cast<float2 *>(pk + off + 8 * j) =
-                make_float2(dk[4 * j + 2 * h] * p.scale, dk[4 * j + 2 * h + 1] * p.scale);
-            *reinterpret_cast<float2 *>(pv + off + 8 * j) =
-                make_float2(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+            float2 vk = make_float2(dk[4 * j + 2 * h], dk[4 * j + 2 * h + 1]);
+            float2 vv = make_float2(dv[4 * j + 2 * h], dv[4 * j + 2 * h + 1]);
+            if (!from0) {
+                const float2 ok = *reinterpret_cast<const float2 *>(pk + off + 8 * j);
+                const float2 ov = *reinterpret_cast<const float2 *>(pv + off + 8 * j);
+                vk = make_float2(ok.x + vk.x, ok.y + vk.y), vv = make_float2(ov.x + vv.x, ov.y + vv.y);
+            }
+            *reinterpret_cast<float2 *>(pk + off + 8 * j) = make_float2(vk.x * dks, vk.y * dks);
+            *reinterpret_cast<float2 *>(pv + off + 8 * j) = vv;
         }
     }
 #else
@@ -633,7 +681,9 @@ int dkv_wg_launch(const Params &p, int D, cudaStream_t st, float *part, const in
     // every item load by TMA (the TQ instantiation) where qd_maps makes its maps
     QdMaps qm;
     qd_maps(p, D, km, &qm);
-    const DsBuf none = {NULL, NULL, NULL, NULL, NULL, 0, 0}, ds = dsb ? *dsb : none;
+    DsBuf none = {};
+    none.b1 = p.nb, none.first = none.last = 1;
+    const DsBuf ds = dsb ? *dsb : none;
     if (dsb && !qm.on) { // WG3's stored dS^T exists only in TQ (the caller checks dkv_wg_tq)
         fprintf(stderr, "dflash_attn: dkv_wg_kernel<%d>: stored dS without TMA item loads (%s:%d)\n", D,
                 __FILE__, __LINE__);

@@ -116,7 +116,7 @@ __global__ void __launch_bounds__(DqsLayout<D>::NT, 1) dqs_kernel(Params p, cons
     int *meta = reinterpret_cast<int *>(gs_smem + (sb - s0) + L::META);
     const int tid = threadIdx.x, lane = tid & 31;
     const uint32_t full0 = sb + L::BAR_OFF, empty0 = full0 + 8 * QST;
-    const int nitems = (p.nb + QB - 1) / QB * p.nkv;
+    const int nitems = (dsb.b1 - dsb.b0 + QB - 1) / QB * p.nkv; // (this block range's)
     if (tid == 0) {
         for (int i = 0; i < QST; i++) {
             mbar_init(full0 + 8 * i, 1);
@@ -166,6 +166,7 @@ __global__ void __launch_bounds__(DqsLayout<D>::NT, 1) dqs_kernel(Params p, cons
         if (lane != 0)
             return;
         int j = 0; // steps issued
+        const int off0 = dsb.off ? dsb.off[dsb.b0] : 0; // the block range's first slot
         // stage of step j, once its previous fill (step j - QST) is released
         auto take = [&]() -> int {
             const int s = j % QST;
@@ -180,19 +181,19 @@ __global__ void __launch_bounds__(DqsLayout<D>::NT, 1) dqs_kernel(Params p, cons
                 mbar_arrive(full0 + 8 * s);
                 return;
             }
-            const int g = item % p.nkv, pb = p.nb - 1 - QB * (item / p.nkv);
+            const int g = item % p.nkv, pb = dsb.b1 - 1 - QB * (item / p.nkv);
             int q0[QB], q1[QB], slot0[QB], vm = 0, qa = INT_MAX, qb = -1;
 #pragma unroll
             for (int w = 0; w < QB; w++) {
                 const int b = pb - w;
-                const bool v = b >= 0 && p.valid[b];
+                const bool v = b >= dsb.b0 && p.valid[b];
                 int anc = 0, lo0 = 0;
                 if (v)
                     anc = p.anchor[b], lo0 = ctx_lo(anc, p.doc_start[b], p.W, 0);
                 vm |= v << w;
                 const bool has = v && lo0 < anc;
                 q0[w] = has ? lo0 / HALF : INT_MAX, q1[w] = has ? (anc - 1) / HALF : -1;
-                slot0[w] = (v ? (dsb.off ? dsb.off[b] : b * dsb.maxt) : 0) - lo0 / WG_TILE_KEYS;
+                slot0[w] = (v ? (dsb.off ? dsb.off[b] - off0 : b * dsb.maxt) : 0) - lo0 / WG_TILE_KEYS;
                 qa = min(qa, q0[w]), qb = max(qb, q1[w]);
             }
             for (int q = qa; q <= qb; q++) { // the union's live halves
@@ -272,8 +273,8 @@ __global__ void __launch_bounds__(DqsLayout<D>::NT, 1) dqs_kernel(Params p, cons
             mbar_arrive(empty0 + 8 * s);
         if (q == -1) { // the item's end: block pb - wg's dQ
             reg_fence(acc);
-            const int g = item % p.nkv, b = p.nb - 1 - QB * (item / p.nkv) - wg;
-            if (b >= 0) {
+            const int g = item % p.nkv, b = dsb.b1 - 1 - QB * (item / p.nkv) - wg;
+            if (b >= dsb.b0) {
                 const RowId rid[2] = {row_id(p, b, g, 0, 16 * warp + gid), row_id(p, b, g, 0, 16 * warp + gid + 8)};
                 store_dq<D>(p, rid, acc, t4, (m >> wg & 1) != 0); // (a padding block: 0)
             }
@@ -308,7 +309,7 @@ int dqs_max_tiles(int S, int window)
 int dqs_launch(const Params &p, int D, cudaStream_t st, const KvMaps &maps, const DsBuf &dsb)
 {
     // one CTA per SM (the SM count asked once per device), at most one per item
-    const unsigned nitems = (unsigned)((long long)(p.nb + QB - 1) / QB * p.nkv);
+    const unsigned nitems = (unsigned)((long long)(dsb.b1 - dsb.b0 + QB - 1) / QB * p.nkv);
     if (nitems == 0)
         return 0;
     static int nsm[64];
