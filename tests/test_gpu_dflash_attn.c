@@ -127,6 +127,47 @@ static int out_ok(const char *nm, const float *ref, const float *g, const float 
     return 1;
 }
 
+/* One output of the attention: name, device bf16, host fp32 copy, the CPU
+ * reference, the naive reference, elements, zero-row mask, columns. */
+typedef struct grad_out {
+    const char *nm;
+    uint16_t *dev;
+    float *g, *ref, *nv;
+    int64_t n;
+    const uint8_t *z;
+    int64_t cols;
+} grad_out;
+
+/* The backward of a with every gradient (outs[1..5]) and the workspace
+ * poisoned first; the gradients' bf16 bits into dst, one after the other. */
+static void bwd_into(const df_cuda_dflash_args *a, const grad_out *outs, void *ws, size_t ws_bytes,
+                     uint16_t *dst)
+{
+    for (int t = 1; t < 6; t++)
+        CUDA_OK(cudaMemset(outs[t].dev, 0xff, outs[t].n * 2));
+    CUDA_OK(cudaMemset(ws, 0xff, ws_bytes));
+    CHECK_EQ(df_cuda_dflash_bwd(a, 0), 0);
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int t = 1; t < 6; t++) {
+        CUDA_OK(cudaMemcpy(dst, outs[t].dev, outs[t].n * 2, cudaMemcpyDeviceToHost));
+        dst += outs[t].n;
+    }
+}
+
+/* The gradients in src (bwd_into's order) against the CPU reference. */
+static int grads_ok(grad_out *outs, const uint16_t *src)
+{
+    int ok = 1;
+    for (int t = 1; t < 6; t++) {
+        for (int64_t i = 0; i < outs[t].n; i++)
+            outs[t].g[i] = gh_bf2f(src[i]);
+        src += outs[t].n;
+        ok = out_ok(outs[t].nm, outs[t].ref, outs[t].g, outs[t].nv, outs[t].n, outs[t].z,
+                    outs[t].cols, 0) && ok;
+    }
+    return ok;
+}
+
 static void run_cfg(const cfg *c, df_backend *be)
 {
     int S = c->S, nb = c->nb, bs = c->bs, W = c->W, nq = c->nq, nkv = c->nkv, D = c->D;
@@ -356,14 +397,7 @@ static void run_cfg(const cfg *c, df_backend *be)
     float *go = gh_xmalloc(nQ * 4), *gl = gh_xmalloc((int64_t)rows * nq * 4);
     float *gdq = gh_xmalloc(nQ * 4), *gdkc = gh_xmalloc(nC * 4), *gdvc = gh_xmalloc(nC * 4),
           *gdkb = gh_xmalloc(nB * 4), *gdvb = gh_xmalloc(nB * 4);
-    struct {
-        const char *nm;
-        uint16_t *dev;
-        float *g, *ref, *nv;
-        int64_t n;
-        const uint8_t *z;
-        int64_t cols;
-    } outs[6] = {{"out", dout_, go, ro, no, nQ, zq, (int64_t)nq * D},
+    grad_out outs[6] = {{"out", dout_, go, ro, no, nQ, zq, (int64_t)nq * D},
                  {"dq", dgq, gdq, rdq, ndq, nQ, zq, (int64_t)nq * D},
                  {"dkc", dgkc, gdkc, rdkc, ndkc, nC, zc, (int64_t)nkv * D},
                  {"dvc", dgvc, gdvc, rdvc, ndvc, nC, zc, (int64_t)nkv * D},
@@ -432,18 +466,8 @@ static void run_cfg(const cfg *c, df_backend *be)
                 CHECK_EQ(df_cuda_dflash_bwd_impl(), want);
             a.impl = 0;
             printf(" | impl0=%s:", impl_name(df_cuda_dflash_bwd_impl()));
-            for (int rep = 0; rep < 2; rep++) {
-                uint16_t *dst_ = rep ? run2 : run1;
-                for (int t = 1; t < 6; t++)
-                    CUDA_OK(cudaMemset(outs[t].dev, 0xff, outs[t].n * 2));
-                CUDA_OK(cudaMemset(dws, 0xff, wsb));
-                CHECK_EQ(df_cuda_dflash_bwd(&a, 0), 0);
-                CUDA_OK(cudaDeviceSynchronize());
-                for (int t = 1; t < 6; t++) {
-                    CUDA_OK(cudaMemcpy(dst_, outs[t].dev, outs[t].n * 2, cudaMemcpyDeviceToHost));
-                    dst_ += outs[t].n;
-                }
-            }
+            for (int rep = 0; rep < 2; rep++)
+                bwd_into(&a, outs, dws, wsb, rep ? run2 : run1);
             int det = !memcmp(run1, run2, ng * 2);
             printf(" det %s", det ? "yes" : "NO(FAIL)");
             ok = ok && det;
@@ -461,14 +485,7 @@ static void run_cfg(const cfg *c, df_backend *be)
                        !memcmp(runw2, run1, n1 * 2) ? "yes" : "no",
                        !memcmp(runw2 + n1, run1 + n1, (ng - n1) * 2) ? "yes" : "no");
             }
-            const uint16_t *src_ = run1;
-            for (int t = 1; t < 6; t++) {
-                for (int64_t i = 0; i < outs[t].n; i++)
-                    outs[t].g[i] = gh_bf2f(src_[i]);
-                src_ += outs[t].n;
-                ok = out_ok(outs[t].nm, outs[t].ref, outs[t].g, outs[t].nv, outs[t].n,
-                            outs[t].z, outs[t].cols, 0) && ok;
-            }
+            ok = grads_ok(outs, run1) && ok;
         }
         /* WG3 (run1 holds its gradients) with its stored dS at the spans as they are
          * (args.ds_off): a smaller workspace, the same bits; then in block ranges of
@@ -490,16 +507,7 @@ static void run_cfg(const cfg *c, df_backend *be)
                 }
                 size_t wsc = df_cuda_dflash_bwd_workspace_bytes(&a);
                 CHECK(wsc <= wsb);
-                uint16_t *dst_ = run2;
-                for (int t = 1; t < 6; t++)
-                    CUDA_OK(cudaMemset(outs[t].dev, 0xff, outs[t].n * 2));
-                CUDA_OK(cudaMemset(dws, 0xff, wsb));
-                CHECK_EQ(df_cuda_dflash_bwd(&a, 0), 0);
-                CUDA_OK(cudaDeviceSynchronize());
-                for (int t = 1; t < 6; t++) {
-                    CUDA_OK(cudaMemcpy(dst_, outs[t].dev, outs[t].n * 2, cudaMemcpyDeviceToHost));
-                    dst_ += outs[t].n;
-                }
+                bwd_into(&a, outs, dws, wsb, run2);
                 if (!ranged) {
                     int same = !memcmp(run1, run2, ng * 2);
                     printf(" | wg3 spans as they are: workspace %.2f of the widest's, ==wg3 %s",
@@ -514,24 +522,9 @@ static void run_cfg(const cfg *c, df_backend *be)
                 printf(" | wg3 in %d block ranges: workspace %.2f, dq==wg3 %s, dk/dv==wg3 %s",
                        a.ds_ranges, (double)wsc / (double)wsb, same_dq ? "yes" : "NO(FAIL)",
                        !memcmp(run1 + nQ, run2 + nQ, (ng - nQ) * 2) ? "yes" : "no");
-                ok = ok && same_dq;
-                const uint16_t *src_ = run2;
-                for (int t = 1; t < 6; t++) {
-                    for (int64_t i = 0; i < outs[t].n; i++)
-                        outs[t].g[i] = gh_bf2f(src_[i]);
-                    src_ += outs[t].n;
-                    ok = out_ok(outs[t].nm, outs[t].ref, outs[t].g, outs[t].nv, outs[t].n,
-                                outs[t].z, outs[t].cols, 0) && ok;
-                }
-                CHECK_EQ(df_cuda_dflash_bwd(&a, 0), 0);
-                CUDA_OK(cudaDeviceSynchronize());
-                src_ = run2;
-                int det = 1;
-                for (int t = 1; t < 6 && det; t++) {
-                    CUDA_OK(cudaMemcpy(hb, outs[t].dev, outs[t].n * 2, cudaMemcpyDeviceToHost));
-                    det = !memcmp(hb, src_, outs[t].n * 2);
-                    src_ += outs[t].n;
-                }
+                ok = grads_ok(outs, run2) && ok && same_dq;
+                bwd_into(&a, outs, dws, wsb, run0); /* (mma4's bits there are done with) */
+                int det = !memcmp(run0, run2, ng * 2);
                 printf(" det %s", det ? "yes" : "NO(FAIL)");
                 ok = ok && det;
             }
