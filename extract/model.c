@@ -96,6 +96,15 @@ static int own_host(df_model *m, void *p, df_err *e)
     return 0;
 }
 
+/* -ENOMEM for a weight that does not fit the device, saying how much is in use. */
+static int no_room(df_model *m, const char *name, const char *what, size_t bytes, df_err *e)
+{
+    int64_t used = df_backend_mem_used(m->be);
+    return df_errf(e, -ENOMEM, "%s%s: cannot allocate %zu bytes on %s (%.1f GiB in use): the "
+                   "model's weights do not fit this device's memory", name, what, bytes,
+                   df_backend_name(m->be), used >= 0 ? (double)used / (1 << 30) : 0.0);
+}
+
 /* Puts a host weight where the backend's ops can read it: the CPU reads
  * the mapping itself; other backends get a BF16 copy in their memory. */
 static int place(df_model *m, const char *name, df_tensor *t, df_err *e)
@@ -105,8 +114,7 @@ static int place(df_model *m, const char *name, df_tensor *t, df_err *e)
     int64_t n = df_tensor_numel(t);
     uint16_t *dev = df_backend_alloc(m->be, (size_t)n * 2);
     if (!dev)
-        return df_errf(e, -ENOMEM, "%s: cannot allocate %lld bytes on %s", name,
-                       (long long)n * 2, df_backend_name(m->be));
+        return no_room(m, name, "", (size_t)n * 2, e);
     int rc = own(m, dev, e);
     if (rc)
         return rc;
@@ -142,8 +150,7 @@ static int random_weight(df_model *m, const char *name, int64_t n, float lo, flo
     *dt = df_backend_host_addressable(m->be) ? DF_DTYPE_F32 : DF_DTYPE_BF16;
     *p = df_backend_alloc(m->be, (size_t)n * df_dtype_size(*dt));
     if (!*p)
-        return df_errf(e, -ENOMEM, "%s: cannot allocate %lld elements on %s", name, (long long)n,
-                       df_backend_name(m->be));
+        return no_room(m, name, "", (size_t)n * df_dtype_size(*dt), e);
     int rc = own(m, *p, e);
     if (rc)
         return rc;
@@ -256,8 +263,7 @@ static int fused_weight(df_model *m, int li, const part *pt, int np, int64_t col
         size_t es = df_dtype_size(dt);
         uint8_t *p = df_backend_alloc(m->be, (size_t)(prows * cols) * es);
         if (!p)
-            return df_errf(e, -ENOMEM, "%s (fused): cannot allocate %lld elements on %s", first,
-                           (long long)(prows * cols), df_backend_name(m->be));
+            return no_room(m, first, " (fused)", (size_t)(prows * cols) * es, e);
         int rc = own(m, p, e);
         if (!rc && prows > rows)
             rc = df_backend_zero(m->be, p + (size_t)(rows * cols) * es,
@@ -506,8 +512,12 @@ static int reserve(df_model *m, int64_t T, df_err *e)
         *bufs[i] = df_backend_alloc(m->be, (size_t)(T * (widths[i] ? widths[i] : 1)) * es);
         if (!*bufs[i]) {
             m->cap = 0;
-            return df_errf(e, -ENOMEM, "out of memory for %lld tokens of activations",
-                           (long long)T);
+            int64_t used = df_backend_mem_used(m->be);
+            return df_errf(e, -ENOMEM, "out of memory on %s for %lld tokens of activations "
+                           "(%.1f GiB in use, the weights included): pass a smaller "
+                           "--batch-tokens (a batch holds at least its longest document)",
+                           df_backend_name(m->be), (long long)T,
+                           used >= 0 ? (double)used / (1 << 30) : 0.0);
         }
     }
     free(m->pos);

@@ -451,8 +451,11 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
     }
     if (!ok) {
         d->cap_N = d->cap_S = 0;
+        int64_t used = df_backend_mem_used(d->be);
         return df_errf(e, -ENOMEM, "out of memory on %s for a row of %lld queries, %lld context "
-                       "tokens", df_backend_name(d->be), (long long)N, (long long)S);
+                       "tokens (%.1f GiB in use): pass a smaller --max-anchors or --max-tokens",
+                       df_backend_name(d->be), (long long)N, (long long)S,
+                       used >= 0 ? (double)used / (1 << 30) : 0.0);
     }
     carve(d, N, S, d->arena);
     d->cap_N = N;
