@@ -17,7 +17,8 @@
 # SHAPES (default "q35-4096 q35-8192 q3-4096"), DISK (cache folder, default /tmp/dflash-bench-x).
 # EXTRACT_ARGS: more options for ours (e.g. --basis FILE: a projected cache, z = P x on the GPU).
 # RUNS (default "1 all"): "1" the per-shape runs on one GPU (and HF's), "all" the 27B shape on
-# every GPU.
+# every GPU. OOM_TOKENS=N: also one N-token document of the 27B shape at --batch-tokens N, too
+# large for the device: its exit status and error line.
 set -uo pipefail
 B=${1:?build dir}
 LOG=${2:?log dir}
@@ -157,6 +158,16 @@ if [ "${PROFILE:-0}" = 1 ]; then # where the GPU time goes: the backend's per-op
     grep -A30 "cuda profile" "$LOG/prof-$name.log" | sed 's/^dflash info: //' | head -20
   done
   rm -rf "$DISK/prof"
+fi
+if [ -n "${OOM_TOKENS:-}" ]; then # a batch that cannot fit: a clean error, not a crash
+  python3 -c "import json, random; r = random.Random(1); print(json.dumps({'input_ids':
+    [r.randrange(248320) for _ in range($OOM_TOKENS)]}))" >"$LOG/q35-oom.jsonl"
+  rm -rf "$DISK/oom"
+  "$B/dflash" extract --random-weights "$LOG/q35/config.json" --data "$LOG/q35-oom.jsonl" \
+    --out "$DISK/oom" --layers 1,16,31,46,61 --batch-tokens "$OOM_TOKENS" --gpus 1 >"$LOG/oom.log" 2>&1
+  rc=$?
+  row "one $OOM_TOKENS-token document" "exit $rc: $(grep -v '^\s*$' "$LOG/oom.log" | tail -1 | cut -c1-300)"
+  rm -rf "$DISK/oom"
 fi
 if [ "$NGPU" -ge 2 ] && case " $RUNS " in *" all "*) true;; *) false;; esac; then
   r=$(ours q35 4096 "$NGPU") || r="FAILED"
