@@ -553,9 +553,21 @@ static df_tensor heads_view(const df_tensor *t, int64_t heads, int64_t D)
     do {                                                                       \
         int rc_ = (call);                                                      \
         if (rc_)                                                               \
-            return df_errf(e, rc_, "layer %d: %s failed: %s", li, #call,       \
-                           df_strerror(rc_));                                  \
+            return op_failed(m, li, #call, rc_, e);                            \
     } while (0)
+
+/* A layer's op failed: its error, and where the device ran out of memory,
+ * how much is in use and what to pass instead. */
+static int op_failed(df_model *m, int li, const char *call, int rc, df_err *e)
+{
+    if (rc != -ENOMEM)
+        return df_errf(e, rc, "layer %d: %s failed: %s", li, call, df_strerror(rc));
+    int64_t used = df_backend_mem_used(m->be);
+    return df_errf(e, rc, "layer %d: %s: out of memory on %s for a batch of %lld tokens (%.1f GiB "
+                   "in use): pass a smaller --batch-tokens (a batch holds at least its longest "
+                   "document)", li, call, df_backend_name(m->be), (long long)m->cap,
+                   used >= 0 ? (double)used / (1 << 30) : 0.0);
+}
 
 static int attention_block(df_model *m, int li, const int32_t *cu, int n_seq, int64_t T, df_err *e)
 {

@@ -854,7 +854,7 @@ extern "C" int df_cuda_attention_flash(df_backend *be, const df_tensor *q, const
     if (need) {
         char *sc = (char *)df_cuda_scratch(be, need);
         if (!sc)
-            return -EIO;
+            return -ENOMEM;
         struct {
             bool on;
             const df_tensor *t;

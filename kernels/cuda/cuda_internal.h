@@ -37,7 +37,8 @@ const int32_t *df_cuda_stage_i32(df_backend *be, const int32_t *host, int64_t n)
 
 /* Device scratch of at least bytes, owned by the backend and reused by
  * every op: valid until the next df_cuda_scratch call (ops on one stream
- * run in order, so an op may use it for its own launches). NULL on failure. */
+ * run in order, so an op may use it for its own launches). NULL on failure
+ * (the op then returns -ENOMEM). */
 void *df_cuda_scratch(df_backend *be, size_t bytes);
 /* Op profiling (DFLASH_PROFILE=1; nothing otherwise): ends the current
  * op's bracket and opens one named "<op>: <part>" (part NULL: the op's own

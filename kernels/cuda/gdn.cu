@@ -758,7 +758,7 @@ int df_cuda_gdn_chunked(df_backend *be, const df_tensor *q, const df_tensor *k, 
     const size_t n_ch = (size_t)n_chunks * (size_t)hv;
     float *scr = (float *)df_cuda_scratch(be, sizeof(float) * per_ch * n_ch);
     if (!scr)
-        return -EIO;
+        return -ENOMEM;
 
     prep_args pa;
     memset(&pa, 0, sizeof pa);

@@ -248,7 +248,7 @@ double df_cuda_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n)
     const int64_t np = cdiv(n, SQ_CHUNK);
     double *scr = (double *)df_cuda_scratch(be, (size_t)(np + 1) * sizeof(double));
     if (!scr)
-        return (double)-EIO;
+        return (double)-ENOMEM;
     cudaStream_t st = df_cuda_stream(be);
     int64_t blocks = np < ((int64_t)1 << 20) ? np : ((int64_t)1 << 20);
     if (dtype == DF_DTYPE_BF16) /* a quad of bf16: one 8-byte load */

@@ -696,7 +696,7 @@ int df_cuda_rmsnorm_bwd(df_backend *be, const df_tensor *x, const df_tensor *w, 
     const size_t stats_bytes = onepass ? 0 : (size_t)R * sizeof(float2);
     char *scr = (char *)df_cuda_scratch(be, part_bytes + stats_bytes);
     if (!scr)
-        return -EIO;
+        return -ENOMEM;
     p.partial = (float *)scr;
     p.stats = onepass ? nullptr : (float2 *)(scr + part_bytes);
 
