@@ -698,21 +698,21 @@ extern "C" int df_cuda_dflash_attn_bwd(df_backend *be, const df_tensor *q, const
     const size_t rest = df_cuda_dflash_bwd_workspace_bytes(&a); /* all but the store (no tiles yet) */
     const size_t lent = df_cuda_scratch_lent(be);
     const size_t min_range = (size_t)64 << 20; /* less lent than this: the scratch instead */
+    const int in_lent = lent >= rest + min_range;
     a.ds_tiles = tiles;
-    a.ds_ranges = df_cuda_dflash_ds_ranges(off, blk->n_blocks, tiles, nkv,
-                                           lent >= rest + min_range ? lent - rest : 0, bounds,
-                                           &a.ds_range_tiles);
-    a.ds_bounds = bounds;
-    free(off);
-    {
-        static int logged_ranges = -1, logged_lent = -1; /* when they change */
-        const int in_lent = lent >= rest + min_range;
-        if (a.ds_ranges != logged_ranges || in_lent != logged_lent)
+    if (df_cuda_dflash_bwd_impl() == DF_CUDA_DFLASH_IMPL_WG3) { /* (the only one with ranges) */
+        a.ds_ranges = df_cuda_dflash_ds_ranges(off, blk->n_blocks, tiles, nkv,
+                                               in_lent ? lent - rest : 0, bounds, &a.ds_range_tiles);
+        a.ds_bounds = bounds;
+        static int most = 0; /* logged: the first call and each new largest count */
+        if (a.ds_ranges > most) {
+            most = a.ds_ranges;
             df_log(DF_LOG_DEBUG, "cuda: dflash bwd: stored dS %.1f MiB in %d block range(s), %s",
                    (double)tiles * nkv * (16 << 10) / (1 << 20), a.ds_ranges,
                    in_lent ? "in lent memory" : "in the scratch");
-        logged_ranges = a.ds_ranges, logged_lent = in_lent;
+        }
     }
+    free(off);
     /* The workspace from the lent bytes where it fits, else the shared scratch
      * (it only grows): planned memory, no allocation inside the step; the LM
      * head's chunks use the same bytes at another time of the step. */
