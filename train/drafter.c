@@ -286,10 +286,10 @@ static void *mlp_dead(const df_drafter *d, const layer_act *A, int64_t n, size_t
         if (!r[i])
             continue;
         uintptr_t end = (uintptr_t)lo + len;
-        if (lo && (uintptr_t)r[i] >= end && (uintptr_t)r[i] - end < 256)
-            len = (size_t)((uintptr_t)r[i] - (uintptr_t)lo) + each;
-        else if (lo && r[i] == lo) /* the same buffer twice (shared sets) */
+        if (lo && (uintptr_t)r[i] < end) /* in the run already (a buffer shared twice) */
             continue;
+        if (lo && (uintptr_t)r[i] - end < 256)
+            len = (size_t)((uintptr_t)r[i] - (uintptr_t)lo) + each;
         else
             lo = r[i], len = each;
         if (len > most)
