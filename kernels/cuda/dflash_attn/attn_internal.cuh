@@ -111,6 +111,11 @@ size_t order_bytes(const df_cuda_dflash_args *a);
 size_t dsb_bytes(const df_cuda_dflash_args *a);
 size_t wg3_bytes(const df_cuda_dflash_args *a);
 size_t dsd_bytes(const df_cuda_dflash_args *a);
+// whether WG3's stored dS runs in block ranges (args.ds_ranges with ds_off and ds_bounds)
+inline bool ds_ranged(const df_cuda_dflash_args *a)
+{
+    return a->ds_off && a->ds_ranges > 1 && a->ds_bounds;
+}
 
 } // namespace df_dflash
 

@@ -263,9 +263,8 @@ extern "C" int df_cuda_dflash_bwd(const df_cuda_dflash_args *a, cudaStream_t st)
         dsb.maxt = df_dflash::dqs_max_tiles(a->S, a->window);
         dsb.off = a->ds_off;
         dsb.b0 = 0, dsb.b1 = a->n_blocks, dsb.first = dsb.last = 1;
-        const bool ranged = a->ds_off && a->ds_ranges > 1 && a->ds_bounds;
-        dsb.bounds = ranged ? a->ds_bounds : NULL;
-        dsb.nranges = ranged ? a->ds_ranges : 1;
+        dsb.bounds = ds_ranged(a) ? a->ds_bounds : NULL;
+        dsb.nranges = ds_ranged(a) ? a->ds_ranges : 1;
         dsb.part = NULL; // (bwd_mma4_launch sets it)
         dsb.pdl = df_knob_int(DF_KNOB_ATTN_PDL) != 0; // WG3's later kernels as programmatic dependents
         cudaEvent_t *ev = a->pass_events;

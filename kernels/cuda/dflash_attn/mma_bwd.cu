@@ -590,8 +590,7 @@ size_t wg3_bytes(const df_cuda_dflash_args *a)
     int impl = a->impl ? a->impl : df_cuda_dflash_bwd_impl();
     if (impl != DF_CUDA_DFLASH_IMPL_WG3)
         return 0;
-    const bool ranged = a->ds_off && a->ds_ranges > 1 && a->ds_bounds;
-    int64_t t = ranged ? a->ds_range_tiles : a->ds_tiles;
+    int64_t t = ds_ranged(a) ? a->ds_range_tiles : a->ds_tiles;
     size_t tiles = a->ds_off ? (size_t)(t > 0 ? t : 0)
                              : (size_t)(a->n_blocks > 0 ? a->n_blocks : 0) *
                                    (size_t)df_dflash::dqs_max_tiles(a->S, a->window);

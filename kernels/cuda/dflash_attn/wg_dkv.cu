@@ -174,6 +174,18 @@ __device__ __forceinline__ void bulk_store(void *dst, uint32_t src, uint32_t byt
 // this thread's bulk copies have read their shared sources / are complete
 __device__ __forceinline__ void bulk_wait_read() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// The first index in [lo, hi) of the ascending list l whose entry is >= key (hi if none).
+__device__ __forceinline__ int first_at_least(const int *l, int lo, int hi, int key)
+{
+    for (int n = hi - lo; n > 0;) {
+        int h = n / 2;
+        if (l[lo + h] < key)
+            lo += h + 1, n -= h + 1;
+        else
+            n = h;
+    }
+    return lo;
+}
 
 // DS (impl WG3, TQ only): also store each item's dS^T (dsb.ds), staged in
 // 16 KiB more shared memory (WgLayout::SMEM_DS) and written by one bulk copy
@@ -181,6 +193,7 @@ __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wa
 // does not carry it (DS: ~253 registers at D 128, no spill). Direct 4-byte
 // stores from the fragments, instead of the staging, were tried and were
 // slower (docs/log/).
+
 template <int D, bool TQ, bool DS = false>
 __global__ void __launch_bounds__(WNT, 1)
     dkv_wg_kernel(Params p, float *part, const int *cnt, const int *lst, const int *order,
@@ -213,22 +226,8 @@ __global__ void __launch_bounds__(WNT, 1)
     int off0 = 0;                     // the block range's first slot of the stored dS
     if constexpr (DS) {
         if (dsb.b0 > 0 || dsb.b1 < p.nb) {
-            int lo = 0, hi = cnt[tile]; // first list index with block >= b0, then >= b1
-            for (int n = hi; n > 0;) {
-                int h = n / 2;
-                if (tl[lo + h] < dsb.b0)
-                    lo += h + 1, n -= h + 1;
-                else
-                    n = h;
-            }
-            int lo1 = lo;
-            for (int n = hi - lo; n > 0;) {
-                int h = n / 2;
-                if (tl[lo1 + h] < dsb.b1)
-                    lo1 += h + 1, n -= h + 1;
-                else
-                    n = h;
-            }
+            const int lo = first_at_least(tl, 0, cnt[tile], dsb.b0);
+            const int lo1 = first_at_least(tl, lo, cnt[tile], dsb.b1);
             const int klo = lo * p.nch;
             kn = lo1 * p.nch;
             k1st = klo + ((split - klo % WG_NSPL) % WG_NSPL + WG_NSPL) % WG_NSPL;
