@@ -7,7 +7,8 @@
 # STAGES (default "test attn ops train extract"); FLEX: the attn stage's flex runs (default
 # "default portable mma2"); OPS: the ops stage's test binaries:
 #   test    the GPU tests with DFLASH_PORTABLE=1 (the default's run in gpu-check.sh)
-#   attn    tools/bench_dflash_attn, default and portable, and torch.compile(flex_attention)
+#   attn    tools/bench_mma_peak (mma.sync's ceiling on this GPU), tools/bench_dflash_attn,
+#           default and portable, and torch.compile(flex_attention)
 #           on both anchor layouts (scripts/bench_flex_dflash.py), as compiled for the GPU and
 #           with Triton's Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, like the portable path)
 #   ops     the target's prefill attention and GDN benchmarks, default and portable
@@ -30,6 +31,7 @@ st_test() {
 }
 st_attn() {
   t attn start
+  "$B/tools/bench_mma_peak" >"$LOG/mma-peak.log" 2>&1 || status=1 # the portable path's ceiling
   "$B/tools/bench_dflash_attn" --anchors-out "$LOG/anchors.json" --anchors-1doc-out "$LOG/anchors-1doc.json" \
     --json-out "$LOG/attn-default.json" >"$LOG/attn-default.log" 2>&1 || status=1
   t attn default done

@@ -1,0 +1,133 @@
+// bench_mma_peak - the ceiling of the portable attention's instruction: mma.sync
+// m16n8k16 bf16 -> fp32 (what sm_80 .. sm_120 run), measured on this GPU.
+// Every warp issues independent mma.syncs on register operands (no memory
+// traffic), 8 accumulators per warp so no mma waits on the previous one;
+// grid: CTAS_PER_SM x SMs CTAs of WARPS warps. Also the same with one
+// ldmatrix.x4 per two mmas from shared memory (the portable kernels' ratio
+// in their inner products): how much of the ceiling is left once operands
+// come from shared memory. Prints TFLOP/s (median of 9) per configuration
+// and the SM clock the driver reports during the run (nvidia-smi next to it
+// tells the power cap's effect). Never run by tests.
+// Usage: bench_mma_peak [iterations]
+#include <cuda_runtime.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <vector>
+
+#define CK(x)                                                                                         \
+    do {                                                                                              \
+        cudaError_t e_ = (x);                                                                         \
+        if (e_ != cudaSuccess) {                                                                      \
+            fprintf(stderr, "bench_mma_peak: %s: %s\n", #x, cudaGetErrorString(e_));                  \
+            return 1;                                                                                 \
+        }                                                                                             \
+    } while (0)
+
+__device__ __forceinline__ void mma(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1)
+{
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+                 "{%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// LDSM: 0 = register operands only; 1 = one ldmatrix.x4 (B operands of two
+// mmas) per two mmas, from a 16 KiB shared tile, conflict-free addresses.
+template <int LDSM>
+__global__ void mma_kernel(int iters, float *sink)
+{
+    __shared__ __align__(16) uint16_t tile[64 * 128];
+    int lane = threadIdx.x & 31;
+    for (int i = threadIdx.x; i < 64 * 128; i += blockDim.x)
+        tile[i] = (uint16_t)(0x3f80 + (i & 7)); // bf16 ~1.0: no denormals, no overflow over the run
+    __syncthreads();
+    uint32_t a[4], b[8][2];
+    for (int j = 0; j < 4; j++)
+        a[j] = 0x3c003c00u; // bf16 pairs 2^-7: the sums stay small over the run
+    for (int j = 0; j < 8; j++)
+        b[j][0] = b[j][1] = 0x3c003c00u;
+    float c[8][4] = {};
+    // lane's row of the 8 x 8 matrices: 16-byte rows, pitch 272 bytes (conflict-free)
+    uint32_t base = (uint32_t)__cvta_generic_to_shared(tile) + (uint32_t)((lane & 15) * 272 + (lane >> 4) * 16);
+    for (int it = 0; it < iters; it++) {
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+            if (LDSM) {
+                uint32_t r[4];
+                asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                             : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                             : "r"(base + (uint32_t)(((it + j) & 3) * 32)));
+                mma(c[j], a, r[0], r[1]);
+                mma(c[j + 1], a, r[2], r[3]);
+            } else {
+                mma(c[j], a, b[j][0], b[j][1]);
+                mma(c[j + 1], a, b[j + 1][0], b[j + 1][1]);
+            }
+        }
+    }
+    float s = 0.0f;
+    for (int j = 0; j < 8; j++)
+        s += c[j][0] + c[j][1] + c[j][2] + c[j][3];
+    if (s == 1234.5f) // never: keeps the products live
+        sink[threadIdx.x] = s;
+}
+
+int main(int argc, char **argv)
+{
+    int iters = argc > 1 ? atoi(argv[1]) : 4096;
+    if (iters <= 0) {
+        fprintf(stderr, "usage: bench_mma_peak [iterations > 0]\n");
+        return 2;
+    }
+    int dev = 0, sms = 0, major = 0, minor = 0, clk_khz = 0;
+    CK(cudaGetDevice(&dev));
+    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    CK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, dev));
+    cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, dev));
+    printf("bench_mma_peak: %s (sm_%d%d, %d SMs, max clock %d MHz), %d iterations\n", prop.name, major, minor,
+           sms, clk_khz / 1000, iters);
+    float *sink;
+    CK(cudaMalloc(&sink, 1024 * sizeof(float)));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    const int warps_list[] = {4, 8, 16};
+    const int ctas_list[] = {1, 2};
+    printf("%-24s %6s %6s %10s %10s\n", "operands", "warps", "CTA/SM", "TFLOP/s", "per SM clk");
+    for (int ldsm = 0; ldsm < 2; ldsm++)
+        for (int wi = 0; wi < 3; wi++)
+            for (int ci = 0; ci < 2; ci++) {
+                int warps = warps_list[wi], cps = ctas_list[ci];
+                dim3 grid((unsigned)(sms * cps)), block((unsigned)(warps * 32));
+                std::vector<float> ms;
+                for (int r = 0; r < 10; r++) {
+                    CK(cudaEventRecord(e0));
+                    if (ldsm)
+                        mma_kernel<1><<<grid, block>>>(iters, sink);
+                    else
+                        mma_kernel<0><<<grid, block>>>(iters, sink);
+                    CK(cudaEventRecord(e1));
+                    CK(cudaEventSynchronize(e1));
+                    CK(cudaGetLastError());
+                    float t;
+                    CK(cudaEventElapsedTime(&t, e0, e1));
+                    if (r > 0) // the first: warm-up
+                        ms.push_back(t);
+                }
+                std::sort(ms.begin(), ms.end());
+                double med = ms[ms.size() / 2];
+                double flop = 2.0 * 16 * 8 * 16 * 8 * (double)iters * warps * grid.x;
+                // FLOP per SM per clock at the max clock (the ceiling in the unit ncu reports)
+                double fpc = flop / sms / (med * 1e-3) / (clk_khz * 1e3);
+                printf("%-24s %6d %6d %10.1f %10.0f\n", ldsm ? "ldmatrix.x4 per 2 mma" : "registers", warps, cps,
+                       flop / (med * 1e-3) / 1e12, fpc);
+            }
+    cudaFree(sink);
+    return 0;
+}
