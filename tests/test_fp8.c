@@ -5,6 +5,7 @@
  * The rule is checked against brute force written here: the nearest of all
  * 253 finite E4M3 values (ties to the even code), and the block scale as the
  * smallest power of two that makes the block fit 448, found by a loop. */
+#include "cuda/fp8_mx.h"
 #include "e4m3.h"
 #include "test.h"
 #include "train_ops.h"
@@ -462,8 +463,42 @@ static void test_lmhead_fp8(void)
     df_backend_close(be);
 }
 
+/* The MXFP8 scale layout (cuda/fp8_mx.h) as its contract states it: tiles of
+ * 128 rows x 4 blocks, 512 bytes each, in row order, K tiles first; row r % 32
+ * at 16 bytes, (r % 128) / 32 at 4, the block at 1 (so a 128-block's four
+ * 32-blocks are one aligned word); and a bijection onto the padded tensor. */
+static void test_mx_layout(void)
+{
+    static const int64_t mx_shapes[][2] = {{128, 4}, {256, 8}, {384, 160}, {128, 544}};
+    for (size_t s = 0; s < sizeof mx_shapes / sizeof mx_shapes[0]; s++) {
+        int64_t rp = mx_shapes[s][0], nj = mx_shapes[s][1], n = rp * nj;
+        unsigned char *seen = calloc((size_t)n, 1);
+        CHECK(seen != NULL);
+        int64_t bad = 0;
+        for (int64_t r = 0; r < rp; r++)
+            for (int64_t j = 0; j < nj; j++) {
+                int64_t o = df_fp8_mx_offset(r, j, nj);
+                if (o < 0 || o >= n || seen[o]++)
+                    bad++;
+                int64_t want = ((r / 128) * (nj / 4) + j / 4) * 512;
+                if (o - want != (r % 32) * 16 + ((r % 128) / 32) * 4 + j % 4)
+                    bad++;
+                if (j % 4 == 0 && o % 4)
+                    bad++;
+            }
+        CHECK_EQ(bad, 0);
+        free(seen);
+    }
+    CHECK_EQ(df_fp8_mx_offset(31, 0, 8), 31 * 16);
+    CHECK_EQ(df_fp8_mx_offset(32, 0, 8), 4);
+    CHECK_EQ(df_fp8_mx_offset(0, 4, 8), 512);
+    CHECK_EQ(df_fp8_mx_offset(128, 0, 8), 1024);
+    CHECK_EQ(df_fp8_mx_offset(127, 3, 8), 31 * 16 + 12 + 3);
+}
+
 int main(void)
 {
+    test_mx_layout();
     test_code();
     test_scale();
     test_qdq_ref();

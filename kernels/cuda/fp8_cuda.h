@@ -11,21 +11,23 @@ extern "C" {
 
 #include "backend_internal.h"
 #include "cuda_state.h"
+#include "fp8_mx.h"
 
 /* The BF16 GEMM on the rounded operands (BF16 copies): FP8's numerics on
  * any GPU. Same contract as df_op_matmul_fp8. */
 int df_cuda_matmul_fp8_bf16(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                             const df_tensor *b, df_tensor *c, int accumulate);
 
-/* cuBLASLt's block-scaled E4M3 GEMM (sm_90, BF16 operands, DFLASH_FP8_GEMM
- * on): 1 when it computed c, 0 when the caller is to run the BF16 path (not
- * sm_90, a shape cuBLASLt refuses or whose first call's check against the
+/* cuBLASLt's block-scaled E4M3 GEMM (sm_90; MXFP8 on compute capability 10
+ * and later, below; BF16 operands, DFLASH_FP8_GEMM on): 1 when it computed
+ * c, 0 when the caller is to run the BF16 path (an older GPU, a shape
+ * cuBLASLt refuses or whose first call's check against the
  * BF16 path failed, an unaligned c), or a negative error. */
 int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                             const df_tensor *b, df_tensor *c, int accumulate);
 
 /* Whether df_cuda_matmul_fp8_fast may take calls here (DFLASH_FP8_GEMM on,
- * an sm_90 device): a caller sets a workspace aside only then. */
+ * compute capability 9.0 or 10 and later): a caller sets a workspace aside only then. */
 int df_cuda_fp8_gemm_possible(df_backend *be);
 
 /* The same with the codes and scales in ws (ws_bytes, from
@@ -83,6 +85,15 @@ void df_cuda_fp8_kept_forget(df_backend *be);
 int df_cuda_fp8_round_codes(df_backend *be, int mode, const df_tensor *x, uint8_t *codes,
                             int64_t kp, float *sc, int64_t n_out);
 
+/* The conversion alone (for tests): the FP32 power-of-two scales sc of an
+ * operand of rows rows and kp / 128 blocks per row (device memory) to its
+ * E8M0 bytes in out (device, df_fp8_mx_offset's layout, rows rounded up to
+ * 128, kp / 32 per row). blk 0: 1 x 128 scales sc[kb * n_sc + r] (rows from
+ * n_sc on get 1.0); blk 1: 128 x 128 scales sc[(r / 128) * L4 + kb], L4 =
+ * kp / 128 rounded up to 4 (mode 2 / 3 of df_cuda_fp8_round_codes). 0,
+ * -EINVAL or -EIO. */
+int df_cuda_fp8_mx_scales(df_backend *be, const float *sc, int blk, int64_t n_sc, int64_t rows,
+                          int64_t kp, uint8_t *out);
 /* Calls df_cuda_matmul_fp8_fast took / left to the BF16 path, process-wide. */
 void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback);
 

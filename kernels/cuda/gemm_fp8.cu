@@ -25,7 +25,13 @@
  * within 2^-7 of the largest is the class used; else (or where cuBLASLt
  * refuses a shape) the BF16 path, said once in the log. Plans are per shape
  * (the heuristic's choice); rows of varied lengths bring new shapes, not new
- * checks. DFLASH_FP8_GEMM=0 keeps every shape on the BF16 path. */
+ * checks. DFLASH_FP8_GEMM=0 keeps every shape on the BF16 path.
+ *
+ * Compute capability 10 and later (B200, RTX PRO 6000 Blackwell) take the
+ * same codes as MXFP8: each 128-block's power-of-two scale becomes the E8M0
+ * byte of its four 32-blocks (mx_scales, fp8_cuda.h's layout), so the
+ * product is the same one; the same first-call check decides, and a device
+ * whose cuBLASLt has no such plan stays on the BF16 path. */
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <math.h>
@@ -328,7 +334,7 @@ __global__ void cmp_kernel(const T *a, int64_t lda, const T *b, int64_t ldb, int
 
 /* one plan: the key, the descriptors, the algorithm and the check's verdict */
 typedef struct fp8_plan {
-    int kind, c_f32, accumulate;
+    int kind, c_f32, accumulate, mx; /* mx: MXFP8 scales (mx_of) */
     int64_t m, n, kp, ldc;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
@@ -358,6 +364,17 @@ int64_t g_fast, g_fallback;
 
 int64_t rup(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
+/* 1 where cuBLASLt takes the scales as MXFP8: compute capability 10 and later */
+int mx_of(int device)
+{
+    int major = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return major >= 10;
+}
+
 int lt_ok(cublasStatus_t st, const char *what, const fp8_plan *p)
 {
     if (st == CUBLAS_STATUS_SUCCESS)
@@ -386,9 +403,10 @@ int plan_build(df_cuda_state *s, fp8_plan *p)
     cublasLtHandle_t lt = (cublasLtHandle_t)s->lt;
     cudaDataType_t ct = p->c_f32 ? CUDA_R_32F : CUDA_R_16BF;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-    int32_t mode_a = p->kind == DF_GEMM_BWD_W ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
-                                             : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-    int32_t mode_b = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    int32_t mode_a = p->mx                     ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0
+                     : p->kind == DF_GEMM_BWD_W ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                                : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    int32_t mode_b = p->mx ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     int8_t fast = 0;
     int ok = lt_ok(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc", p) &&
              lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
@@ -434,39 +452,72 @@ int plan_build(df_cuda_state *s, fp8_plan *p)
 
 /* Where the operands' codes and scales go in a workspace, and its size: A's
  * codes and scales first (their place depends on m and kp only, so a caller
- * may keep a weight's codes there across calls that differ in n), then B's. */
+ * may keep a weight's codes there across calls that differ in n), then B's.
+ * mx: each operand's MXFP8 scales after its FP32 ones (rows rounded up to
+ * 128, kp / 32 bytes each). */
 typedef struct fp8_ws {
-    uint8_t *qa, *qb;
+    uint8_t *qa, *qb, *mxa, *mxb; /* mxa, mxb: NULL without mx */
     float *sa, *sb;
     size_t nsa, bytes, bytes_a; /* bytes: in all; bytes_a: A's part */
 } fp8_ws;
 
-fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base, char *base_a)
+fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base, char *base_a, int mx)
 {
     /* A: m rows, B: n rows, kp codes each; scales: A per its mode, B per 1 x 128 */
     int64_t kb = kp / 128, l4 = rup(kb, 4);
     size_t na = (size_t)rup(m * kp, 256), nb = (size_t)rup(n * kp, 256);
     size_t nsa = (size_t)(kind == DF_GEMM_BWD_W ? kb * m : rup(m, 128) / 128 * l4) * 4;
     size_t nsb = (size_t)(kb * n) * 4;
+    size_t nsa_r = (size_t)rup((int64_t)nsa, 256), nsb_r = (size_t)rup((int64_t)nsb, 256);
+    size_t nxa = mx ? (size_t)rup(rup(m, 128) * (kp / 32), 256) : 0;
+    size_t nxb = mx ? (size_t)rup(rup(n, 128) * (kp / 32), 256) : 0;
     fp8_ws w;
     uintptr_t b0 = (uintptr_t)base; /* base NULL: the sizes only */
-    size_t nsa_r = (size_t)rup((int64_t)nsa, 256);
-    w.bytes_a = na + nsa_r;
+    w.bytes_a = na + nsa_r + nxa;
     if (base_a) { /* A's codes and scales apart (a kept weight's), B's at base */
         w.qa = (uint8_t *)base_a;
-        w.sa = (float *)(base_a + na);
         b0 -= w.bytes_a;
     } else {
         w.qa = (uint8_t *)b0;
-        w.sa = (float *)(b0 + na);
     }
-    w.qb = (uint8_t *)(b0 + na + nsa_r);
-    w.sb = (float *)(b0 + na + nsa_r + nb);
+    w.sa = (float *)(w.qa + na);
+    w.mxa = mx ? w.qa + na + nsa_r : NULL;
+    w.qb = (uint8_t *)(b0 + w.bytes_a);
+    w.sb = (float *)(w.qb + nb);
+    w.mxb = mx ? w.qb + nb + nsb_r : NULL;
     w.nsa = nsa;
-    w.bytes = na + nb + (size_t)rup((int64_t)nsa, 256) + (size_t)rup((int64_t)nsb, 256);
+    w.bytes = w.bytes_a + nb + nsb_r + nxb;
     if (base_a)
         w.bytes -= w.bytes_a;
     return w;
+}
+
+/* The E8M0 bytes of an operand's power-of-two FP32 scales in fp8_cuda.h's
+ * MXFP8 layout (df_cuda_fp8_mx_scales says which scales): a thread per
+ * (row, 128-block), rows fastest (the 1 x 128 scales' reads contiguous); the
+ * four 32-blocks of a 128-block are adjacent there: one word. Rows from n_sc
+ * on (up to the 128 the layout rounds to) get 1.0 (byte 127). */
+__global__ void __launch_bounds__(QT) mx_scales(const float *__restrict__ sc, int blk, int64_t n_sc,
+                                                int64_t l4, int64_t rows_pad, int64_t kb,
+                                                uint8_t *__restrict__ out)
+{
+    int64_t i = (int64_t)blockIdx.x * QT + threadIdx.x;
+    if (i >= rows_pad * kb)
+        return;
+    int64_t b = i / rows_pad, r = i - b * rows_pad;
+    float v = blk ? sc[(r / 128) * l4 + b] : r < n_sc ? sc[b * n_sc + r] : 1.0f;
+    uint32_t e = (__float_as_uint(v) >> 23) & 0xffu; /* 2^(e - 127): the scale, exactly */
+    *reinterpret_cast<uint32_t *>(out + df_fp8_mx_offset(r, 4 * b, 4 * kb)) = e * 0x01010101u;
+}
+
+int mx_scales_run(cudaStream_t st, const float *sc, int blk, int64_t n_sc, int64_t rows, int64_t kp,
+                  uint8_t *out)
+{
+    int64_t kb = kp / 128, rows_pad = rup(rows, 128), total = rows_pad * kb;
+    if (total == 0)
+        return 0;
+    mx_scales<<<(unsigned)((total + QT - 1) / QT), QT, 0, st>>>(sc, blk, n_sc, rup(kb, 4), rows_pad, kb, out);
+    return df_cuda_check_launch("fp8 mxfp8 scales");
 }
 
 /* the operands' codes and scales into w; weight_ready: the weight's (A of
@@ -502,13 +553,18 @@ int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_ten
         q8_row<<<(unsigned)((n * kb + per - 1) / per), QT, 0, st>>>(
             A, lda, a->shape[0], a->shape[1], w->qb, kp, w->sb, n, va);
     }
-    return df_cuda_check_launch("fp8 gemm rounding");
+    int rc = df_cuda_check_launch("fp8 gemm rounding");
+    if (!rc && w->mxa && !weight_ready) /* A: 128 x 128 scales, or 1 x 128 (BWD_W) */
+        rc = mx_scales_run(st, w->sa, kind != DF_GEMM_BWD_W, m, m, kp, w->mxa);
+    if (!rc && w->mxb)
+        rc = mx_scales_run(st, w->sb, 0, n, n, kp, w->mxb);
+    return rc;
 }
 
 int run_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, const fp8_ws *w, void *c, int beta1)
 {
     float alpha = 1.0f, beta = beta1 ? 1.0f : 0.0f;
-    const float *sa = w->sa, *sb = w->sb;
+    const void *sa = p->mx ? (const void *)w->mxa : w->sa, *sb = p->mx ? (const void *)w->mxb : w->sb;
     if (!lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa,
                                               sizeof sa), "A scale", p) ||
         !lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb,
@@ -607,6 +663,7 @@ fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const d
     key.n = c->shape[0];
     key.kp = rup(red, 128);
     key.ldc = c->stride[0];
+    key.mx = mx_of(s->device);
     if (key.m < 1 || key.n < 1 || red < 1 || key.ldc % 8 || ((uintptr_t)c->data & 15))
         return NULL;
     /* the rounding kernels' grids: 32-bit block indices, y dimensions below 2^16 */
@@ -681,14 +738,17 @@ extern "C" int df_cuda_fp8_gemm_possible(df_backend *be)
     int major = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s->device) != cudaSuccess)
         (void)cudaGetLastError();
-    return df_knob_int(DF_KNOB_FP8_GEMM) && major == 9;
+    return df_knob_int(DF_KNOB_FP8_GEMM) && major >= 9;
 }
 
 extern "C" size_t df_cuda_matmul_fp8_ws_bytes(df_gemm_kind kind, const df_tensor *a,
                                               const df_tensor *c, int without_a)
 {
     int64_t red = kind == DF_GEMM_BWD_W ? a->shape[0] : a->shape[1];
-    fp8_ws w = ws_layout(kind, c->shape[1], c->shape[0], rup(red, 128), NULL, NULL);
+    int dev = 0; /* (the backend's device is the current one in its ops) */
+    if (cudaGetDevice(&dev) != cudaSuccess)
+        (void)cudaGetLastError();
+    fp8_ws w = ws_layout(kind, c->shape[1], c->shape[0], rup(red, 128), NULL, NULL, mx_of(dev));
     return without_a ? w.bytes - w.bytes_a : w.bytes;
 }
 
@@ -714,7 +774,7 @@ extern "C" df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_g
     /* A of FWD: w [N, K], m = N, reduction K; of BWD_X: w^T, m = K, reduction N */
     int64_t m = kind == DF_GEMM_FWD ? w->shape[0] : w->shape[1];
     int64_t red = kind == DF_GEMM_FWD ? w->shape[1] : w->shape[0];
-    size_t bytes = ws_layout(kind, m, 1, rup(red, 128), NULL, NULL).bytes_a;
+    size_t bytes = ws_layout(kind, m, 1, rup(red, 128), NULL, NULL, mx_of(s->device)).bytes_a;
     if (k->buf && k->bytes < bytes) {
         (void)cudaFree(k->buf);
         k->buf = NULL;
@@ -745,7 +805,7 @@ extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, con
     }
     if (kind == DF_GEMM_BWD_W)
         wa = NULL;
-    fp8_ws w = ws_layout(kind, p->m, p->n, p->kp, (char *)ws, (char *)wa);
+    fp8_ws w = ws_layout(kind, p->m, p->n, p->kp, (char *)ws, (char *)wa, p->mx);
     if (!ws || w.bytes > ws_bytes) {
         g_fallback++;
         return 0;
@@ -803,6 +863,15 @@ extern "C" int df_cuda_fp8_round_codes(df_backend *be, int mode, const df_tensor
             q8_blk<false><<<g, QT, 0, st>>>(X, ld, R, C, codes, kp, sc, rup(kp / 128, 4), vec);
     }
     return df_cuda_check_launch("fp8 rounding codes");
+}
+
+extern "C" int df_cuda_fp8_mx_scales(df_backend *be, const float *sc, int blk, int64_t n_sc,
+                                     int64_t rows, int64_t kp, uint8_t *out)
+{
+    if (!sc || !out || rows < 1 || kp < 128 || kp % 128 || (!blk && n_sc < 1) || (blk && n_sc != rows) ||
+        rup(rows, 128) / QT * (kp / 128) >= ((int64_t)1 << 31))
+        return -EINVAL;
+    return mx_scales_run(df_cuda_stream(be), sc, blk, n_sc, rows, kp, out);
 }
 
 /* 1 when the tensor cores took the call (c written), 0 when the caller runs
