@@ -7,7 +7,11 @@
 #  - ncu (hardware counters; --clock-control none keeps the clocks alone) on the attention
 #    kernels of the default implementation (forward, dQ, context dK/dV), the first launch of each.
 # Env: PARTS (default "gemm ncu"); KERNELS (default "fwd_wg_kernel dq_wg_kernel dkv_wg_kernel",
-# regexes of the kernel names ncu profiles; e.g. with DFLASH_ATTN_BWD=mma4, "dkv4_kernel").
+# regexes of the kernel names ncu profiles; e.g. with DFLASH_ATTN_BWD=mma4, "dkv4_kernel"; with
+# DFLASH_PORTABLE=1, "dkv_mma2_kernel dq_dsd_kernel fwd_mma2_kernel"). SASS=1: each kernel's
+# full-set report kept (LOGDIR/ncu-K.ncu-rep) with its per-instruction page (executed
+# instructions, stall samples per SASS line: LOGDIR/ncu-K-sass.csv.gz) and its details page, to
+# read without the GPU.
 set -u
 B=${1:?build dir}; LOG=${2:?log dir}
 PARTS=${PARTS:-gemm ncu}
@@ -32,6 +36,13 @@ if has ncu; then
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
         --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis --section LaunchStats \
         "$B/tools/bench_dflash_attn" 1 >>"$LOG/ncu-attn.log" 2>&1 || status=1
+      if [ "${SASS:-0}" = 1 ]; then
+        timeout 150 "$NCU" --clock-control none -k "regex:$k" -c 1 --set full --import-source no \
+          -o "$LOG/ncu-$k" "$B/tools/bench_dflash_attn" 1 >"$LOG/ncu-$k.log" 2>&1 || status=1
+        "$NCU" --import "$LOG/ncu-$k.ncu-rep" --page source --print-source sass --csv 2>&1 |
+          gzip >"$LOG/ncu-$k-sass.csv.gz"
+        "$NCU" --import "$LOG/ncu-$k.ncu-rep" --page details >"$LOG/ncu-$k-details.txt" 2>&1
+      fi
     done
     grep -E "^  [a-zA-Z_].*\(|Duration|Compute \(SM\) Throughput|Memory Throughput   |Achieved Occupancy|Eligible Warps|Issued Warp|No Eligible|Registers Per|L2 Cache Throughput|DRAM Throughput|Executed Ipc A|Stall" "$LOG/ncu-attn.log" | head -80
   else
