@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cmds.h"
+#include "mapguard.h"
 
 #include "version.h"
 
@@ -41,6 +42,8 @@ int main(int argc, char **argv)
         printf("dflash %s\n", DFLASH_VERSION);
         return 0;
     }
+    /* an input file truncated under a run: a message naming it, not "Bus error" */
+    (void)df_mapguard_install();
     for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
         if (!strcmp(argv[1], cmds[i].name))
             return cmds[i].fn(argc - 1, argv + 1);

@@ -20,6 +20,7 @@
 #include "jsonl.h"
 #include "le.h"
 #include "log.h"
+#include "mapguard.h"
 #include "sha256.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -624,6 +625,7 @@ int df_corpus_open(const char *path, const df_corpus_opts *o, df_corpus **out, d
                                out);
         c->map = m;
         c->map_len = len;
+        (void)df_mapguard_add(m, len, path); /* a clear error if the file shrinks under us */
         rc = dtok_load(c, m, len, o, e);
     } else {
         close(fd);
@@ -641,8 +643,10 @@ void df_corpus_close(df_corpus *c)
 {
     if (!c)
         return;
-    if (c->map)
+    if (c->map) {
+        df_mapguard_remove(c->map);
         munmap(c->map, c->map_len);
+    }
     free(c->copy);
     free(c->j_ids);
     free(c->j_mask);

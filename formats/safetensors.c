@@ -18,6 +18,7 @@
 #include "fsutil.h"
 #include "le.h"
 #include "log.h"
+#include "mapguard.h"
 #include "safetensors_internal.h"
 
 
@@ -348,6 +349,7 @@ static int map_file(st_file *f, df_err *e)
         return df_errf(e, -err, "%s: mmap of %zu bytes failed: %s", f->path, f->size, strerror(err));
     f->base = p;
     f->mapped = 1;
+    (void)df_mapguard_add(p, f->size, f->path); /* a clear error if the file shrinks under us */
     return 0;
 }
 
@@ -372,8 +374,10 @@ void df_st_close(df_st *st)
         free((char *)st->t[i].name);
     free(st->t);
     for (size_t i = 0; i < st->nfiles; i++) {
-        if (st->files[i].mapped)
+        if (st->files[i].mapped) {
+            df_mapguard_remove(st->files[i].base);
             munmap((void *)st->files[i].base, st->files[i].size);
+        }
         free(st->files[i].path);
     }
     free(st->files);
