@@ -29,7 +29,7 @@
  *
  * Compute capability 10 and later (B200, RTX PRO 6000 Blackwell) take the
  * same codes as MXFP8: each 128-block's power-of-two scale becomes the E8M0
- * byte of its four 32-blocks (mx_scales, fp8_cuda.h's layout), so the
+ * byte of its four 32-blocks (mx_scales, fp8_mx.h's layout), so the
  * product is the same one; the same first-call check decides, and a device
  * whose cuBLASLt has no such plan stays on the BF16 path. */
 #include <cuda_runtime.h>
@@ -492,7 +492,7 @@ fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base
     return w;
 }
 
-/* The E8M0 bytes of an operand's power-of-two FP32 scales in fp8_cuda.h's
+/* The E8M0 bytes of an operand's power-of-two FP32 scales in fp8_mx.h's
  * MXFP8 layout (df_cuda_fp8_mx_scales says which scales): a thread per
  * (row, 128-block), rows fastest (the 1 x 128 scales' reads contiguous); the
  * four 32-blocks of a 128-block are adjacent there: one word. Rows from n_sc
