@@ -10,7 +10,8 @@
 #   attn    tools/bench_mma_peak (mma.sync's ceiling on this GPU), tools/bench_dflash_attn,
 #           default and portable, and torch.compile(flex_attention)
 #           on both anchor layouts (scripts/bench_flex_dflash.py), as compiled for the GPU and
-#           with Triton's Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, like the portable path)
+#           with Triton's Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, like the portable path);
+#           then the table of them all (scripts/portable_table.py: LOGDIR/table.md)
 #   ops     the target's prefill attention and GDN benchmarks, default and portable
 #   train   scripts/bench-train.sh (27B drafter shape; SpecForge once), default and portable
 #   extract scripts/bench-extract.sh (27B shape, 4096-token documents or XSHAPES; HF once unless
@@ -46,6 +47,10 @@ st_attn() {
       python3 '$ROOT/scripts/bench_flex_dflash.py' --anchors '$LOG/anchors-1doc.json' --ours '$LOG/attn-$j.json' \
         --ours-key layers_1doc --title '1doc $v'" >"$LOG/flex-$v.log" 2>&1 || status=1
   done
+  # issue 30's table: both layouts, the kernels against both flex builds and the goal, and the
+  # portable backward against mma.sync's ceiling
+  python3 "$ROOT/scripts/portable_table.py" "$LOG" >"$LOG/table.md" 2>&1 || status=1
+  cat "$LOG/table.md"
   t attn end
 }
 st_ops() {

@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""portable_table.py LOGDIR - issue 30's table from one bench-portable.sh attn stage: the drafter
+attention's forward and backward (ms) per layout and layer with the default kernels, the portable
+ones (DFLASH_PORTABLE=1), torch.compile(flex_attention) as compiled for the GPU (Triton's wgmma on
+Hopper) and with Triton's Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, what an sm_120 GPU runs);
+the portable path against both flex builds and against the goal (1.5x flex as compiled); and,
+where mma-peak.log is there (tools/bench_mma_peak), the portable backward's TFLOP/s as a share of
+mma.sync's ceiling on the same GPU.
+
+Reads LOGDIR/attn-default.json, attn-portable.json (bench_dflash_attn --json-out), flex-*.log
+(scripts/bench_flex_dflash.py: one JSON line per layout, 3docs first) and mma-peak.log. Missing
+parts print as "-". Prints markdown.
+"""
+import json
+import os
+import re
+import sys
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def flex_runs(path):
+    """the flex_attention JSON lines of a log, in order (3docs, then 1doc)"""
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if line.startswith("{") and '"flex_attention"' in line:
+                    try:
+                        out.append(json.loads(line))
+                    except ValueError:
+                        pass
+    except OSError:
+        pass
+    return out
+
+
+def rows_of(doc, key):
+    return {r["layer"]: r for r in doc.get(key, [])} if doc else {}
+
+
+def mma_ceiling(path):
+    """the largest TFLOP/s of each operand kind in bench_mma_peak's table"""
+    best = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                m = re.match(r"^(registers|ldmatrix\.x4 per 2 mma)\s+(\d+)\s+(\d+)\s+([\d.]+)", line)
+                if m:
+                    best[m.group(1)] = max(best.get(m.group(1), 0.0), float(m.group(4)))
+    except OSError:
+        pass
+    return best
+
+
+def ms(r, k):
+    return "%.3f" % r[k] if r and r.get(k) is not None else "-"
+
+
+def ratio(a, b, k):
+    if not a or not b or not a.get(k) or not b.get(k):
+        return "-"
+    return "%.2f" % (a[k] / b[k])
+
+
+def main():
+    if len(sys.argv) != 2:
+        sys.stderr.write("usage: portable_table.py LOGDIR\n")
+        return 2
+    d = sys.argv[1]
+    ours = {v: load_json(os.path.join(d, "attn-%s.json" % v)) for v in ("default", "portable")}
+    flex = {}
+    for v, files in (("wgmma", ("flex-portable.log", "flex-default.log")), ("mma", ("flex-mma2.log",))):
+        for fn in files:
+            runs = flex_runs(os.path.join(d, fn))
+            if runs:
+                flex[v] = runs
+                break
+    ceil = mma_ceiling(os.path.join(d, "mma-peak.log"))
+    gpu = next((r[0].get("gpu") for r in flex.values() if r), None)
+    print("drafter attention, ms (fwd / bwd)%s" % (", " + gpu if gpu else ""))
+    print()
+    print("| layout | layer | default | portable | flex (wgmma) | flex (mma.sync) | portable / flex wgmma "
+          "(fwd, bwd) | portable / flex mma.sync (fwd, bwd) | goal: portable <= (fwd, bwd) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    share = []
+    for li, (layout, key) in enumerate((("3docs", "layers"), ("1doc", "layers_1doc"))):
+        od, op = rows_of(ours["default"], key), rows_of(ours["portable"], key)
+        fw = {r["layer"]: r for r in flex["wgmma"][li]["layers"]} if len(flex.get("wgmma", [])) > li else {}
+        fm = {r["layer"]: r for r in flex["mma"][li]["layers"]} if len(flex.get("mma", [])) > li else {}
+        for layer in ("full", "sliding"):
+            if layer not in od and layer not in op and layer not in fw:
+                continue
+            a, b, c, e = od.get(layer), op.get(layer), fw.get(layer), fm.get(layer)
+            goal = "%.3f, %.3f" % (c["fwd_ms"] / 1.5, c["bwd_ms"] / 1.5) if c else "-"
+            print("| %s | %s | %s / %s | %s / %s | %s / %s | %s / %s | %s, %s | %s, %s | %s |" % (
+                layout, layer, ms(a, "fwd_ms"), ms(a, "bwd_ms"), ms(b, "fwd_ms"), ms(b, "bwd_ms"),
+                ms(c, "fwd_ms"), ms(c, "bwd_ms"), ms(e, "fwd_ms"), ms(e, "bwd_ms"),
+                ratio(b, c, "fwd_ms"), ratio(b, c, "bwd_ms"), ratio(b, e, "fwd_ms"), ratio(b, e, "bwd_ms"),
+                goal))
+            if b and c and b.get("bwd_ms") and c.get("fwd_tflops"):
+                bwd_flop = 2.5 * c["fwd_tflops"] * 1e12 * c["fwd_ms"] * 1e-3  # (flex's count of pairs)
+                tf = bwd_flop / (b["bwd_ms"] * 1e-3) / 1e12
+                gl = bwd_flop / (c["bwd_ms"] / 1.5 * 1e-3) / 1e12
+                share.append((layout, layer, tf, gl))
+    if ceil and share:
+        print()
+        print("mma.sync's ceiling here (tools/bench_mma_peak): %s TFLOP/s" %
+              ", ".join("%s %.1f" % (k, v) for k, v in sorted(ceil.items())))
+        ref = ceil.get("ldmatrix.x4 per 2 mma") or max(ceil.values())
+        for layout, layer, tf, gl in share:
+            print("- %s %s: the portable backward %.1f TFLOP/s (%.0f%% of the ldmatrix ceiling); the goal "
+                  "needs %.1f (%.0f%%)" % (layout, layer, tf, 100 * tf / ref, gl, 100 * gl / ref))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
