@@ -47,14 +47,16 @@ def rows_of(doc, key):
 
 
 def mma_ceiling(path):
-    """the largest TFLOP/s of each operand kind in bench_mma_peak's table"""
+    """the largest TFLOP/s of each (kind, operands) in bench_mma_peak's table"""
     best = {}
     try:
         with open(path) as f:
             for line in f:
-                m = re.match(r"^(registers|ldmatrix\.x4 per 2 mma)\s+(\d+)\s+(\d+)\s+([\d.]+)", line)
+                m = re.match(r"^(\S+ -> \S+)\s+(registers|ldmatrix\.x4 per 2 mma)\s+(\d+)\s+(\d+)\s+([\d.]+)",
+                             line)
                 if m:
-                    best[m.group(1)] = max(best.get(m.group(1), 0.0), float(m.group(4)))
+                    k = m.group(1) + ", " + m.group(2)
+                    best[k] = max(best.get(k, 0.0), float(m.group(5)))
     except OSError:
         pass
     return best
@@ -113,10 +115,12 @@ def main():
     if ceil and share:
         print()
         print("mma.sync's ceiling here (tools/bench_mma_peak): %s TFLOP/s" %
-              ", ".join("%s %.1f" % (k, v) for k, v in sorted(ceil.items())))
-        ref = ceil.get("ldmatrix.x4 per 2 mma") or max(ceil.values())
+              "; ".join("%s: %.1f" % (k, v) for k, v in sorted(ceil.items())))
+        ref = ceil.get("bf16 -> f32, ldmatrix.x4 per 2 mma") or ceil.get("bf16 -> f32, registers")
+        if not ref:
+            return 0
         for layout, layer, tf, gl in share:
-            print("- %s %s: the portable backward %.1f TFLOP/s (%.0f%% of the ldmatrix ceiling); the goal "
+            print("- %s %s: the portable backward %.1f TFLOP/s (%.0f%% of bf16's ldmatrix ceiling); the goal "
                   "needs %.1f (%.0f%%)" % (layout, layer, tf, 100 * tf / ref, gl, 100 * gl / ref))
     return 0
 
