@@ -47,7 +47,7 @@ static const df_knob_info TABLE[DF_KNOB_COUNT] = {
                             "more GEMM; 0 rounds it to one bf16 as bf16 autograd does"},
     [DF_KNOB_FP8_GEMM] = {"DFLASH_FP8_GEMM", DF_KNOB_FLAG, DF_KNOB_BENCH, "1", "0,1", 0, 0, 0,
                           "1: FP8 training's GEMMs on E4M3 tensor cores where cuBLASLt has them "
-                          "(sm_90; each shape checked once against 0); 0: the BF16 GEMM on the "
+                          "(sm_90; MXFP8 on 10+; each shape checked once against 0); 0: the BF16 GEMM on the "
                           "rounded operands"},
     [DF_KNOB_RMSNORM_BWD] = {"DFLASH_RMSNORM_BWD", DF_KNOB_CHOICE, DF_KNOB_BENCH, "onepass",
                              "onepass,twopass", 0, 0, 0,
