@@ -364,16 +364,20 @@ int64_t g_fast, g_fallback;
 
 int64_t rup(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
-/* 1 where cuBLASLt takes the scales as MXFP8: compute capability 10 and later */
-int mx_of(int device)
+/* the device's compute capability major (0 where it cannot be asked: the
+ * error is cleared) */
+int cc_major(int device)
 {
     int major = 0;
     if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
     }
-    return major >= 10;
+    return major;
 }
+
+/* 1 where cuBLASLt takes the scales as MXFP8: compute capability 10 and later */
+int mx_of(int device) { return cc_major(device) >= 10; }
 
 int lt_ok(cublasStatus_t st, const char *what, const fp8_plan *p)
 {
@@ -734,11 +738,7 @@ extern "C" void df_cuda_fp8_gemm_close(df_cuda_state *s)
 
 extern "C" int df_cuda_fp8_gemm_possible(df_backend *be)
 {
-    df_cuda_state *s = (df_cuda_state *)be->impl;
-    int major = 0;
-    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, s->device) != cudaSuccess)
-        (void)cudaGetLastError();
-    return df_knob_int(DF_KNOB_FP8_GEMM) && major >= 9;
+    return df_knob_int(DF_KNOB_FP8_GEMM) && cc_major(((df_cuda_state *)be->impl)->device) >= 9;
 }
 
 extern "C" size_t df_cuda_matmul_fp8_ws_bytes(df_gemm_kind kind, const df_tensor *a,
