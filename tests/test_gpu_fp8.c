@@ -11,7 +11,8 @@
  *    bound (the rounded operands are the same bits): the BF16 path
  *    (DFLASH_FP8_GEMM=0), then the E4M3 tensor cores (gemm_fp8.cu), which on
  *    sm_90 must take the aligned shapes (each checked against the BF16 path
- *    at its first call).
+ *    at its first call): our kernel (gemm_fp8_wg.cu) for the kinds with a
+ *    128 x 128-scaled weight, then (DFLASH_FP8_WG=0) cuBLASLt's.
  *  - the MXFP8 scales of compute capability 10+ (df_cuda_fp8_mx_scales) bitwise
  *    against the layout function (fp8_mx.h), on any GPU.
  *  - df_op_lmhead_ce with DF_CE_FP8_GRAD on rounded h and head (its
@@ -22,8 +23,9 @@
  *    moves away from the flags-0 dh by E4M3's ~1e-2.
  * `--bench`: the GEMMs of the Qwen3.6-27B drafter step, each kind: the BF16
  *  GEMM, the FP8 op, the BF16 path's rounding of the activations (df_op_fp8_qdq),
- *  and the tensor cores' whole call with the weight's codes made or kept;
- *  medians of 9 host-timed calls (a sync each). */
+ *  and the tensor cores' whole call with the weight's codes made or kept, on
+ *  our kernel (kinds 0 / 1) and on cuBLASLt's; medians of 9 host-timed calls
+ *  (a sync each). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -460,15 +462,23 @@ static void bench_gemm(const char *name, df_gemm_kind kind, int64_t M, int64_t N
     k.ws_bytes = df_cuda_matmul_fp8_ws_bytes(kind, &k.a, &k.c, 0);
     k.ws = df_backend_alloc(g, k.ws_bytes);
     CHECK(k.ws != NULL);
-    if (df_cuda_fp8_gemm_possible(g)) {
+    /* kinds 0 / 1: our kernel (gemm_fp8_wg.cu, where it takes the shape), then cuBLASLt's */
+    for (int wg = kind != DF_GEMM_BWD_W; wg >= 0 && df_cuda_fp8_gemm_possible(g); wg--) {
+        df_knob_set(DF_KNOB_FP8_WG, wg ? "1" : "0");
+        k.weight_ready = 0;
+        int64_t own0 = 0, own1 = 0, x0, x1;
+        df_cuda_fp8_gemm_counts(&x0, &x1, &own0);
         double tf = time_ms(run_fast, &k);
-        printf(", tensor cores: whole call %.3f ms (%.0f)", tf, flop / tf * 1e-9);
+        df_cuda_fp8_gemm_counts(&x0, &x1, &own1);
+        printf("\n  tensor cores (%s): whole call %.3f ms (%.0f)", own1 > own0 ? "ours" : "cuBLASLt", tf,
+               flop / tf * 1e-9);
         if (kind != DF_GEMM_BWD_W) {
             k.weight_ready = 1;
             double tw = time_ms(run_fast, &k);
             printf(", weight's codes kept %.3f ms (%.0f)", tw, flop / tw * 1e-9);
         }
     }
+    df_knob_set(DF_KNOB_FP8_WG, "1");
     printf("\n");
     void *bufs[] = {ga, gb, gc, gq, k.ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -522,34 +532,45 @@ int main(int argc, char **argv)
     check_mx(0, 260, 257, 128);
     check_mx(1, 300, 300, 640);
     check_mx(1, 5120, 5120, 17408);
-    /* the BF16 path everywhere, then (sm_90) the E4M3 tensor cores where they agree */
-    for (int fast = 0; fast < 2; fast++) {
-        df_knob_set(DF_KNOB_FP8_GEMM, fast ? "1" : "0");
+    /* the BF16 path everywhere, then (sm_90) the E4M3 tensor cores where they agree: our own
+     * kernel for the kinds with a 128 x 128-scaled weight (gemm_fp8_wg.cu), then cuBLASLt's
+     * for every kind. Shapes: edges everywhere; C's columns a multiple of 128 (our kernel's)
+     * with rows that are not (its row tiles' edge), and not a multiple of 4 (padded rows) */
+    int64_t nown = 0;
+    for (int pass = 0; pass < 3; pass++) {
+        df_knob_set(DF_KNOB_FP8_GEMM, pass ? "1" : "0");
+        df_knob_set(DF_KNOB_FP8_WG, pass == 1 ? "1" : "0");
         for (int kind = 0; kind < 3; kind++) {
+            int64_t cols = kind == DF_GEMM_FWD ? 384 : 256; /* m: N of FWD, K of BWD_X */
             check_matmul((df_gemm_kind)kind, 37, 150, 300, 0);
             check_matmul((df_gemm_kind)kind, 37, 150, 300, 1);
+            check_matmul((df_gemm_kind)kind, 299, kind == DF_GEMM_FWD ? cols : 640, cols, 0);
+            check_matmul((df_gemm_kind)kind, 130, kind == DF_GEMM_FWD ? cols : 1280, cols, 1);
             check_matmul((df_gemm_kind)kind, 1024, 768, 512, kind == DF_GEMM_BWD_W);
             check_matmul((df_gemm_kind)kind, 4096, 1024, 5120, 1);
         }
+        if (pass == 1)
+            df_cuda_fp8_gemm_counts(&(int64_t){0}, &(int64_t){0}, &nown);
     }
+    df_knob_set(DF_KNOB_FP8_WG, "1");
     int64_t nfast = 0, nslow = 0;
-    df_cuda_fp8_gemm_counts(&nfast, &nslow);
+    df_cuda_fp8_gemm_counts(&nfast, &nslow, NULL);
     df_cuda_device_info info;
     int sm90 = df_cuda_device_info_get(0, &info) == 0 && info.sm_major == 9;
-    printf("fp8 gemm: %lld calls on E4M3 tensor cores, %lld on the BF16 path after a check%s\n",
-           (long long)nfast, (long long)nslow,
+    printf("fp8 gemm: %lld calls on E4M3 tensor cores (%lld on our kernel), %lld on the BF16 path "
+           "after a check%s\n", (long long)nfast, (long long)nown, (long long)nslow,
            sm90 ? "" : info.sm_major >= 10 ? " (MXFP8: not asserted, never run on such a GPU here)"
                                           : " (before sm_90: none expected)");
     /* on sm_90 the aligned shapes must have passed their check (DFLASH_LOG=info says why not) */
     if (sm90)
-        CHECK(nfast >= 6);
+        CHECK(nfast >= 6 && nown >= 6);
     check_lmhead(300, 5000, 256);
     /* rows not a multiple of 4 (cuBLASLt's row counts): the GEMMs' rows rounded up, on the
      * tensor cores still (chunks of 74 rows too) */
-    df_cuda_fp8_gemm_counts(&nfast, &nslow);
+    df_cuda_fp8_gemm_counts(&nfast, &nslow, NULL);
     check_lmhead(299, 5000, 256);
     int64_t nfast2 = 0, nslow2 = 0;
-    df_cuda_fp8_gemm_counts(&nfast2, &nslow2);
+    df_cuda_fp8_gemm_counts(&nfast2, &nslow2, NULL);
     printf("lmhead_ce with 299 rows: %lld calls on E4M3 tensor cores, %lld on the BF16 path\n",
            (long long)(nfast2 - nfast), (long long)(nslow2 - nslow));
     if (sm90)

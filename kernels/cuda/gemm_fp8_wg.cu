@@ -1,0 +1,202 @@
+/* gemm_fp8_wg.cu - the FP8 GEMM of df_op_matmul_fp8 whose weight operand is
+ * scaled per 128 x 128 block (DF_GEMM_FWD, DF_GEMM_BWD_X), on Hopper's
+ * E4M3 wgmma (sm_90a), from the codes and scales gemm_fp8.cu's rounding
+ * writes:
+ *   C [n, m] (+)= X W^T     X [n, kp] codes, sx[kb * n + row] (1 x 128)
+ *                           W [m, kp] codes, sw[(col / 128) * l4 + kb] (128 x 128)
+ * C row-major (ldc), bf16 or fp32, m a multiple of 128.
+ *
+ * Why our own: cuBLASLt's block-scaled E4M3 GEMM ran these shapes at
+ * 0.65-1.27k TFLOP/s on an H100 (docs/FP8.md). The scheme is the DeepSeek-V3
+ * recipe's: the tensor cores sum each 128-long k block of code products, and
+ * the CUDA cores add that partial sum, times its row's and its block's scale
+ * (both powers of two: exact), into fp32 accumulators. So the products are
+ * those of the BF16 GEMM on the rounded operands up to the order of the sums,
+ * what gemm_fp8.cu's first-call check verifies.
+ *
+ * A CTA computes a 128 x 128 tile of C: warpgroup 0's first thread issues
+ * the TMA copies (X's and W's 128 x 128-code blocks, 16 KiB each, in the
+ * 128-byte swizzle) into STAGES slots; warpgroups 1 and 2 take 64 rows each
+ * (m64n128k32 wgmmas, four per k block), and each releases a slot as soon
+ * as its wgmmas on it retired, so the copies run STAGES - 1 blocks ahead.
+ * Tiles go in groups of GR row tiles, column tiles outer within a group:
+ * the CTAs of a wave share their W tiles and a band of X (L2 reuse). */
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <stdint.h>
+
+#include "fp8_cuda.h"
+#include "ptx_async.cuh"
+#include "tma.cuh"
+#include "tma_map.h"
+#include "wgmma.cuh"
+
+namespace {
+
+constexpr int BM = 128, BN = 128, BK = 128; /* tile rows, columns; codes per k block */
+constexpr int STAGES = 6;
+constexpr int THREADS = 384;      /* the producer's warpgroup + two consumers */
+constexpr int TILE = BM * BK;     /* bytes of one operand's block (BM == BN) */
+constexpr int BAR_OFF = STAGES * 2 * TILE;
+constexpr int SMEM = BAR_OFF + STAGES * 2 * 8 + 1024; /* + the 1024-byte alignment's slack */
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <typename CT> __device__ __forceinline__ void store2(CT *p, float a, float b, int beta1);
+template <> __device__ __forceinline__ void store2<float>(float *p, float a, float b, int beta1)
+{
+    float2 v = make_float2(a, b);
+    if (beta1) {
+        float2 o = *reinterpret_cast<const float2 *>(p);
+        v.x += o.x, v.y += o.y;
+    }
+    *reinterpret_cast<float2 *>(p) = v;
+}
+template <> __device__ __forceinline__ void store2<uint16_t>(uint16_t *p, float a, float b, int beta1)
+{
+    if (beta1) {
+        __nv_bfloat162 o = *reinterpret_cast<const __nv_bfloat162 *>(p);
+        a += __low2float(o), b += __high2float(o);
+    }
+    *reinterpret_cast<__nv_bfloat162 *>(p) = __floats2bfloat162_rn(a, b);
+}
+#endif
+
+template <typename CT>
+__global__ void __launch_bounds__(THREADS, 1)
+    fp8_wg_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
+                  const float *__restrict__ sx, const float *__restrict__ sw, CT *__restrict__ c, int64_t ldc,
+                  int n, int col_tiles, int nkb, int l4, int beta1)
+{
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    extern __shared__ uint8_t smem_raw[];
+    uint8_t *sm = (uint8_t *)(((uintptr_t)smem_raw + 1023) & ~(uintptr_t)1023);
+    const uint32_t s0 = smem_u32(sm), full0 = s0 + BAR_OFF, empty0 = full0 + STAGES * 8;
+
+    /* the tile: groups of GR row tiles, within a group column tiles outer */
+    constexpr int GR = 16;
+    const int row_tiles = (n + BM - 1) / BM, per_group = GR * col_tiles;
+    const int g = (int)blockIdx.x / per_group, within = (int)blockIdx.x - g * per_group;
+    const int rows_g = min(GR, row_tiles - g * GR);
+    const int rt = g * GR + within % rows_g, ct = within / rows_g;
+
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(full0 + 8 * s, 1);
+            mbar_init(empty0 + 8 * s, 2 * 128); /* every consumer thread */
+        }
+        mbar_fence_init();
+    }
+    __syncthreads(); /* the inits, before anyone waits */
+
+    const int wg = threadIdx.x / 128;
+    if (wg == 0) { /* the producer: one thread */
+        if (threadIdx.x == 0)
+            for (int kb = 0; kb < nkb; kb++) {
+                const int s = kb % STAGES;
+                if (kb >= STAGES) /* the slot's previous block released (fill kb / STAGES - 1) */
+                    mbar_wait(empty0 + 8 * s, (uint32_t)((kb / STAGES - 1) & 1));
+                mbar_expect_tx(full0 + 8 * s, 2 * TILE);
+                tma_load_2d(s0 + s * 2 * TILE, &map_x, kb * BK, rt * BM, full0 + 8 * s);
+                tma_load_2d(s0 + s * 2 * TILE + TILE, &map_w, kb * BK, ct * BN, full0 + 8 * s);
+            }
+        return;
+    }
+
+    /* a consumer: rows cw * 64 .. + 63 of the tile; the m64n128 accumulator
+     * layout: element j * 4 + e of thread (warp, lane) is row warp * 16 +
+     * lane / 4 + 8 * (e / 2), column j * 8 + (lane % 4) * 2 + e % 2 */
+    const int cw = wg - 1, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
+    const int r_lo = rt * BM + cw * 64 + warp * 16 + lane / 4, r_hi = r_lo + 8;
+    const float *swt = sw + (int64_t)ct * l4;
+    float acc[64], part[64];
+#pragma unroll
+    for (int i = 0; i < 64; i++)
+        acc[i] = 0.0f, part[i] = 0.0f;
+    reg_fence(part); /* (wgmma's registers defined once, before the loop) */
+    for (int kb = 0; kb < nkb; kb++) {
+        const int s = kb % STAGES;
+        /* the scales first: their loads land while the wgmmas run */
+        const float f_w = __ldg(swt + kb);
+        const float f_lo = r_lo < n ? __ldg(sx + (int64_t)kb * n + r_lo) : 0.0f;
+        const float f_hi = r_hi < n ? __ldg(sx + (int64_t)kb * n + r_hi) : 0.0f;
+        mbar_wait(full0 + 8 * s, (uint32_t)((kb / STAGES) & 1));
+        const uint32_t xa = s0 + s * 2 * TILE + cw * 64 * BK, wa = s0 + s * 2 * TILE + TILE;
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < BK / 32; kk++) /* 32 codes = 32 bytes along the swizzled rows */
+            wgmma_e4m3_n128(part, wg_desc(xa + kk * 32, 16, 1024), wg_desc(wa + kk * 32, 16, 1024), kk);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(part);
+        mbar_arrive(empty0 + 8 * s);
+        const float g_lo = f_lo * f_w, g_hi = f_hi * f_w;
+#pragma unroll
+        for (int j = 0; j < 16; j++) {
+            acc[j * 4 + 0] = fmaf(part[j * 4 + 0], g_lo, acc[j * 4 + 0]);
+            acc[j * 4 + 1] = fmaf(part[j * 4 + 1], g_lo, acc[j * 4 + 1]);
+            acc[j * 4 + 2] = fmaf(part[j * 4 + 2], g_hi, acc[j * 4 + 2]);
+            acc[j * 4 + 3] = fmaf(part[j * 4 + 3], g_hi, acc[j * 4 + 3]);
+        }
+    }
+    /* rows up to n (X's rows past a's are zero codes: products of zero rows,
+     * as cuBLASLt writes them) */
+    const int64_t col = (int64_t)ct * BN + (lane % 4) * 2;
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+        if (r_lo < n)
+            store2<CT>(c + (int64_t)r_lo * ldc + col + j * 8, acc[j * 4 + 0], acc[j * 4 + 1], beta1);
+        if (r_hi < n)
+            store2<CT>(c + (int64_t)r_hi * ldc + col + j * 8, acc[j * 4 + 2], acc[j * 4 + 3], beta1);
+    }
+#endif
+}
+
+/* a [rows, kp] code matrix as a map of 128 x 128-code boxes in the 128-byte swizzle */
+int codes_map(CUtensorMap *map, const uint8_t *q, int64_t rows, int64_t kp)
+{
+    const uint64_t dims[2] = {(uint64_t)kp, (uint64_t)rows}, strides[1] = {(uint64_t)kp};
+    const uint32_t box[2] = {BK, BM};
+    return df_cuda_tma_map(map, CU_TENSOR_MAP_DATA_TYPE_UINT8, CU_TENSOR_MAP_SWIZZLE_128B, q, 2, dims,
+                           strides, box);
+}
+
+} // namespace
+
+extern "C" int df_cuda_fp8_wg_usable(int64_t m, int64_t ldc, int c_f32)
+{
+    static signed char known[2][64];
+    const void *fn = c_f32 ? (const void *)fp8_wg_kernel<float> : (const void *)fp8_wg_kernel<uint16_t>;
+    return m % BN == 0 && ldc % 2 == 0 && wg_kernel_runs(fn, SMEM, known[c_f32 != 0]);
+}
+
+extern "C" int df_cuda_fp8_wg_run(cudaStream_t st, const uint8_t *qx, const float *sx, int64_t n,
+                                  const uint8_t *qw, const float *sw, int64_t m, int64_t kp, void *c,
+                                  int c_f32, int64_t ldc, int beta1)
+{
+    if (n < 1 || m < 1 || m % BN || kp < BK || kp % BK || kp > INT32_MAX || n > INT32_MAX)
+        return -EINVAL;
+    const int64_t col_tiles = m / BN, row_tiles = (n + BM - 1) / BM, tiles = col_tiles * row_tiles;
+    if (tiles >= ((int64_t)1 << 31))
+        return -EINVAL;
+    CUtensorMap mx, mw;
+    int rc = codes_map(&mx, qx, n, kp);
+    if (!rc)
+        rc = codes_map(&mw, qw, m, kp);
+    if (rc)
+        return rc;
+    const int nkb = (int)(kp / BK), l4 = (nkb + 3) / 4 * 4;
+    const void *fn = c_f32 ? (const void *)fp8_wg_kernel<float> : (const void *)fp8_wg_kernel<uint16_t>;
+    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -EIO;
+    }
+    if (c_f32)
+        fp8_wg_kernel<float><<<(unsigned)tiles, THREADS, SMEM, st>>>(mx, mw, sx, sw, (float *)c, ldc, (int)n,
+                                                                     (int)col_tiles, nkb, l4, beta1);
+    else
+        fp8_wg_kernel<uint16_t><<<(unsigned)tiles, THREADS, SMEM, st>>>(mx, mw, sx, sw, (uint16_t *)c, ldc,
+                                                                        (int)n, (int)col_tiles, nkb, l4, beta1);
+    cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? 0 : -EIO;
+}
