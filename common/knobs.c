@@ -50,9 +50,9 @@ static const df_knob_info TABLE[DF_KNOB_COUNT] = {
                           "(sm_90; MXFP8 on 10+; each shape checked once against 0); 0: the BF16 GEMM on the "
                           "rounded operands"},
     [DF_KNOB_FP8_WG] = {"DFLASH_FP8_WG", DF_KNOB_FLAG, DF_KNOB_BENCH, "1", "0,1", 0, 0, 0,
-                        "1: the FP8 GEMMs whose weight is scaled per 128 x 128 (forward, input "
-                        "gradient, the LM head) on our own sm_90a kernel, checked once per class "
-                        "like cuBLASLt's; 0: cuBLASLt's for them too"},
+                        "1: FP8 training's E4M3 GEMMs on our own sm_90a kernel where the output's "
+                        "columns are a multiple of 128 (each class checked once, as cuBLASLt's); "
+                        "0: cuBLASLt's everywhere"},
     [DF_KNOB_RMSNORM_BWD] = {"DFLASH_RMSNORM_BWD", DF_KNOB_CHOICE, DF_KNOB_BENCH, "onepass",
                              "onepass,twopass", 0, 0, 0,
                              "RMSNorm's CUDA backward: the one-pass kernel where it fits, or three "

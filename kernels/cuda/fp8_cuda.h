@@ -94,20 +94,20 @@ int df_cuda_fp8_round_codes(df_backend *be, int mode, const df_tensor *x, uint8_
  * -EINVAL or -EIO. */
 int df_cuda_fp8_mx_scales(df_backend *be, const float *sc, int blk, int64_t n_sc, int64_t rows,
                           int64_t kp, uint8_t *out);
-/* Our own sm_90a E4M3 GEMM (gemm_fp8_wg.cu) for the kinds whose weight is
- * scaled per 128 x 128 block (DF_GEMM_FWD, DF_GEMM_BWD_X), on the codes and
- * scales of df_cuda_matmul_fp8_fast's workspace: C [n, m] (+= where beta1)
- * X W^T, X [n, kp] codes with sx[kb * n + row], W [m, kp] codes with
- * sw[(row / 128) * L4 + kb] (L4: kp / 128 rounded up to 4), C row-major
- * (ldc elements; fp32 where c_f32, else bf16), every element of C's n rows
- * written. _usable: whether it runs here for m columns and that C (m and
- * ldc fit its tiles; compute capability 9.0 with its sm_90a code; not
- * DFLASH_PORTABLE). _run: 0, -EINVAL (shapes), -EOPNOTSUPP (no TMA map for
- * these addresses: the caller takes cuBLASLt) or -EIO (a launch failed). */
-int df_cuda_fp8_wg_usable(int64_t m, int64_t ldc, int c_f32);
+/* Our own sm_90a E4M3 GEMM (gemm_fp8_wg.cu), on the codes and scales of
+ * df_cuda_matmul_fp8_fast's workspace: C [n, m] (+= where beta1) X W^T, X
+ * [n, kp] codes with sx[kb * n + row], W [m, kp] codes with, cols 0 (the
+ * weight of DF_GEMM_FWD / _BWD_X), sw[(row / 128) * L4 + kb] (L4: kp / 128
+ * rounded up to 4), cols 1 (x^T of DF_GEMM_BWD_W), sw[kb * m + row]; C
+ * row-major (ldc elements; fp32 where c_f32, else bf16), every element of
+ * C's n rows written. _usable: whether it runs here for m columns and that C
+ * (m and ldc fit its tiles; compute capability 9.0 with its sm_90a code;
+ * not DFLASH_PORTABLE). _run: 0, -EINVAL (shapes), -EOPNOTSUPP (no TMA map
+ * for these addresses) or -EIO (a launch failed). */
+int df_cuda_fp8_wg_usable(int64_t m, int64_t ldc, int c_f32, int cols);
 int df_cuda_fp8_wg_run(cudaStream_t st, const uint8_t *qx, const float *sx, int64_t n,
-                       const uint8_t *qw, const float *sw, int64_t m, int64_t kp, void *c, int c_f32,
-                       int64_t ldc, int beta1);
+                       const uint8_t *qw, const float *sw, int cols, int64_t m, int64_t kp, void *c,
+                       int c_f32, int64_t ldc, int beta1);
 
 /* Calls df_cuda_matmul_fp8_fast took / left to the BF16 path, process-wide;
  * own (may be NULL): of those it took, the ones on gemm_fp8_wg.cu's kernel. */

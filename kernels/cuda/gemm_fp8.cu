@@ -569,9 +569,9 @@ int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_ten
 
 int run_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, const fp8_ws *w, void *c, int beta1)
 {
-    if (p->own) /* A: the weight (128 x 128 scales), B: the activation rows */
-        return df_cuda_fp8_wg_run(df_cuda_stream(be), w->qb, w->sb, p->n, w->qa, w->sa, p->m, p->kp, c,
-                                  p->c_f32, p->ldc, beta1);
+    if (p->own) /* A: the weight (128 x 128 scales) or x^T (BWD_W: 1 x 128), B: rows of C */
+        return df_cuda_fp8_wg_run(df_cuda_stream(be), w->qb, w->sb, p->n, w->qa, w->sa,
+                                  p->kind == DF_GEMM_BWD_W, p->m, p->kp, c, p->c_f32, p->ldc, beta1);
     float alpha = 1.0f, beta = beta1 ? 1.0f : 0.0f;
     const void *sa = p->mx ? (const void *)w->mxa : w->sa, *sb = p->mx ? (const void *)w->mxb : w->sb;
     if (!lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa,
@@ -673,8 +673,8 @@ fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const d
     key.kp = rup(red, 128);
     key.ldc = c->stride[0];
     key.mx = mx_of(s->device);
-    key.want = kind != DF_GEMM_BWD_W && !key.mx && df_knob_int(DF_KNOB_FP8_WG) &&
-               df_cuda_fp8_wg_usable(key.m, key.ldc, key.c_f32);
+    key.want = !key.mx && df_knob_int(DF_KNOB_FP8_WG) &&
+               df_cuda_fp8_wg_usable(key.m, key.ldc, key.c_f32, kind == DF_GEMM_BWD_W);
     if (key.m < 1 || key.n < 1 || red < 1 || key.ldc % 8 || ((uintptr_t)c->data & 15))
         return NULL;
     /* the rounding kernels' grids: 32-bit block indices, y dimensions below 2^16 */

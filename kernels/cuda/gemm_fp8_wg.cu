@@ -1,26 +1,28 @@
-/* gemm_fp8_wg.cu - the FP8 GEMM of df_op_matmul_fp8 whose weight operand is
- * scaled per 128 x 128 block (DF_GEMM_FWD, DF_GEMM_BWD_X), on Hopper's
- * E4M3 wgmma (sm_90a), from the codes and scales gemm_fp8.cu's rounding
- * writes:
+/* gemm_fp8_wg.cu - the FP8 GEMM of df_op_matmul_fp8 on Hopper's E4M3 wgmma
+ * (sm_90a), from the codes and scales gemm_fp8.cu's rounding writes:
  *   C [n, m] (+)= X W^T     X [n, kp] codes, sx[kb * n + row] (1 x 128)
- *                           W [m, kp] codes, sw[(col / 128) * l4 + kb] (128 x 128)
+ *                           W [m, kp] codes, scaled per 128 x 128 block
+ *                           (the weight of DF_GEMM_FWD / _BWD_X) or per
+ *                           1 x 128 (x^T of DF_GEMM_BWD_W: COLS)
  * C row-major (ldc), bf16 or fp32, m a multiple of 128.
  *
  * Why our own: cuBLASLt's block-scaled E4M3 GEMM ran these shapes at
- * 0.65-1.27k TFLOP/s on an H100 (docs/FP8.md). The scheme is the DeepSeek-V3
- * recipe's: the tensor cores sum each 128-long k block of code products, and
- * the CUDA cores add that partial sum, times its row's and its block's scale
- * (both powers of two: exact), into fp32 accumulators. So the products are
- * those of the BF16 GEMM on the rounded operands up to the order of the sums,
- * what gemm_fp8.cu's first-call check verifies.
+ * 0.65-1.27k TFLOP/s on an H100, its dw GEMMs at or below BF16's rate
+ * (docs/FP8.md). The scheme is the DeepSeek-V3 recipe's: the tensor cores
+ * sum each 128-long k block of code products, and the CUDA cores add that
+ * partial sum, times its row's and its column's scales (powers of two:
+ * exact), into fp32 accumulators. So the products are those of the BF16
+ * GEMM on the rounded operands up to the order of the sums, what
+ * gemm_fp8.cu's first-call check verifies.
  *
  * A CTA computes a 128 x 128 tile of C: warpgroup 0's first thread issues
  * the TMA copies (X's and W's 128 x 128-code blocks, 16 KiB each, in the
- * 128-byte swizzle) into STAGES slots; warpgroups 1 and 2 take 64 rows each
- * (m64n128k32 wgmmas, four per k block), and each releases a slot as soon
- * as its wgmmas on it retired, so the copies run STAGES - 1 blocks ahead.
- * Tiles go in groups of GR row tiles, column tiles outer within a group:
- * the CTAs of a wave share their W tiles and a band of X (L2 reuse). */
+ * 128-byte swizzle; COLS: W's 128 scales too) into STAGES slots; warpgroups
+ * 1 and 2 take 64 rows each (m64n128k32 wgmmas, four per k block), and each
+ * releases a slot as soon as it is done with it, so the copies run up to
+ * STAGES - 1 blocks ahead. Tiles go in groups of GR row tiles, column tiles
+ * outer within a group: the CTAs of a wave share their W tiles and a band
+ * of X (L2 reuse). */
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
@@ -38,7 +40,8 @@ constexpr int BM = 128, BN = 128, BK = 128; /* tile rows, columns; codes per k b
 constexpr int STAGES = 6;
 constexpr int THREADS = 384;      /* the producer's warpgroup + two consumers */
 constexpr int TILE = BM * BK;     /* bytes of one operand's block (BM == BN) */
-constexpr int BAR_OFF = STAGES * 2 * TILE;
+constexpr int SC_OFF = STAGES * 2 * TILE;   /* per stage: W's BN column scales (COLS) */
+constexpr int BAR_OFF = SC_OFF + STAGES * BN * 4;
 constexpr int SMEM = BAR_OFF + STAGES * 2 * 8 + 1024; /* + the 1024-byte alignment's slack */
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -62,11 +65,14 @@ template <> __device__ __forceinline__ void store2<uint16_t>(uint16_t *p, float 
 }
 #endif
 
-template <typename CT>
+/* COLS 0: W's scales per 128 x 128 block, sw[(row / 128) * lds + kb]; COLS 1:
+ * per row and k block (1 x 128, the dw GEMMs' x^T), sw[kb * lds + row], staged
+ * through shared memory with the codes */
+template <typename CT, bool COLS>
 __global__ void __launch_bounds__(THREADS, 1)
     fp8_wg_kernel(const __grid_constant__ CUtensorMap map_x, const __grid_constant__ CUtensorMap map_w,
-                  const float *__restrict__ sx, const float *__restrict__ sw, CT *__restrict__ c, int64_t ldc,
-                  int n, int col_tiles, int nkb, int l4, int beta1)
+                  const float *__restrict__ sx, const float *__restrict__ sw, int64_t lds, CT *__restrict__ c,
+                  int64_t ldc, int n, int col_tiles, int nkb, int beta1)
 {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ uint8_t smem_raw[];
@@ -96,9 +102,11 @@ __global__ void __launch_bounds__(THREADS, 1)
                 const int s = kb % STAGES;
                 if (kb >= STAGES) /* the slot's previous block released (fill kb / STAGES - 1) */
                     mbar_wait(empty0 + 8 * s, (uint32_t)((kb / STAGES - 1) & 1));
-                mbar_expect_tx(full0 + 8 * s, 2 * TILE);
+                mbar_expect_tx(full0 + 8 * s, 2 * TILE + (COLS ? BN * 4 : 0));
                 tma_load_2d(s0 + s * 2 * TILE, &map_x, kb * BK, rt * BM, full0 + 8 * s);
                 tma_load_2d(s0 + s * 2 * TILE + TILE, &map_w, kb * BK, ct * BN, full0 + 8 * s);
+                if (COLS)
+                    bulk_load(s0 + SC_OFF + s * BN * 4, sw + kb * lds + (int64_t)ct * BN, BN * 4, full0 + 8 * s);
             }
         return;
     }
@@ -108,7 +116,8 @@ __global__ void __launch_bounds__(THREADS, 1)
      * lane / 4 + 8 * (e / 2), column j * 8 + (lane % 4) * 2 + e % 2 */
     const int cw = wg - 1, t = threadIdx.x % 128, warp = t / 32, lane = t % 32;
     const int r_lo = rt * BM + cw * 64 + warp * 16 + lane / 4, r_hi = r_lo + 8;
-    const float *swt = sw + (int64_t)ct * l4;
+    const float *swt = sw + (int64_t)ct * lds; /* (COLS 0) */
+    const float *scs = (const float *)(sm + SC_OFF) + (lane % 4) * 2; /* (COLS 1) */
     float acc[64], part[64];
 #pragma unroll
     for (int i = 0; i < 64; i++)
@@ -117,7 +126,7 @@ __global__ void __launch_bounds__(THREADS, 1)
     for (int kb = 0; kb < nkb; kb++) {
         const int s = kb % STAGES;
         /* the scales first: their loads land while the wgmmas run */
-        const float f_w = __ldg(swt + kb);
+        const float f_w = COLS ? 1.0f : __ldg(swt + kb);
         const float f_lo = r_lo < n ? __ldg(sx + (int64_t)kb * n + r_lo) : 0.0f;
         const float f_hi = r_hi < n ? __ldg(sx + (int64_t)kb * n + r_hi) : 0.0f;
         mbar_wait(full0 + 8 * s, (uint32_t)((kb / STAGES) & 1));
@@ -129,14 +138,26 @@ __global__ void __launch_bounds__(THREADS, 1)
         wg_commit();
         wg_wait<0>();
         reg_fence(part);
-        mbar_arrive(empty0 + 8 * s);
-        const float g_lo = f_lo * f_w, g_hi = f_hi * f_w;
+        if (COLS) { /* each column's scale from the slot, before the slot goes back */
 #pragma unroll
-        for (int j = 0; j < 16; j++) {
-            acc[j * 4 + 0] = fmaf(part[j * 4 + 0], g_lo, acc[j * 4 + 0]);
-            acc[j * 4 + 1] = fmaf(part[j * 4 + 1], g_lo, acc[j * 4 + 1]);
-            acc[j * 4 + 2] = fmaf(part[j * 4 + 2], g_hi, acc[j * 4 + 2]);
-            acc[j * 4 + 3] = fmaf(part[j * 4 + 3], g_hi, acc[j * 4 + 3]);
+            for (int j = 0; j < 16; j++) {
+                const float2 w2 = *reinterpret_cast<const float2 *>(scs + s * BN + j * 8);
+                acc[j * 4 + 0] = fmaf(part[j * 4 + 0], f_lo * w2.x, acc[j * 4 + 0]);
+                acc[j * 4 + 1] = fmaf(part[j * 4 + 1], f_lo * w2.y, acc[j * 4 + 1]);
+                acc[j * 4 + 2] = fmaf(part[j * 4 + 2], f_hi * w2.x, acc[j * 4 + 2]);
+                acc[j * 4 + 3] = fmaf(part[j * 4 + 3], f_hi * w2.y, acc[j * 4 + 3]);
+            }
+            mbar_arrive(empty0 + 8 * s);
+        } else {
+            mbar_arrive(empty0 + 8 * s);
+            const float g_lo = f_lo * f_w, g_hi = f_hi * f_w;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                acc[j * 4 + 0] = fmaf(part[j * 4 + 0], g_lo, acc[j * 4 + 0]);
+                acc[j * 4 + 1] = fmaf(part[j * 4 + 1], g_lo, acc[j * 4 + 1]);
+                acc[j * 4 + 2] = fmaf(part[j * 4 + 2], g_hi, acc[j * 4 + 2]);
+                acc[j * 4 + 3] = fmaf(part[j * 4 + 3], g_hi, acc[j * 4 + 3]);
+            }
         }
     }
     /* rows up to n (X's rows past a's are zero codes: products of zero rows,
@@ -163,16 +184,23 @@ int codes_map(CUtensorMap *map, const uint8_t *q, int64_t rows, int64_t kp)
 
 } // namespace
 
-extern "C" int df_cuda_fp8_wg_usable(int64_t m, int64_t ldc, int c_f32)
+/* the instantiation for C's dtype and W's scales */
+const void *kernel_of(int c_f32, int cols)
 {
-    static signed char known[2][64];
-    const void *fn = c_f32 ? (const void *)fp8_wg_kernel<float> : (const void *)fp8_wg_kernel<uint16_t>;
-    return m % BN == 0 && ldc % 2 == 0 && wg_kernel_runs(fn, SMEM, known[c_f32 != 0]);
+    return c_f32 ? (cols ? (const void *)fp8_wg_kernel<float, true> : (const void *)fp8_wg_kernel<float, false>)
+                 : (cols ? (const void *)fp8_wg_kernel<uint16_t, true> : (const void *)fp8_wg_kernel<uint16_t, false>);
+}
+
+extern "C" int df_cuda_fp8_wg_usable(int64_t m, int64_t ldc, int c_f32, int cols)
+{
+    static signed char known[4][64];
+    return m % BN == 0 && ldc % 2 == 0 &&
+           wg_kernel_runs(kernel_of(c_f32, cols), SMEM, known[(c_f32 != 0) * 2 + (cols != 0)]);
 }
 
 extern "C" int df_cuda_fp8_wg_run(cudaStream_t st, const uint8_t *qx, const float *sx, int64_t n,
-                                  const uint8_t *qw, const float *sw, int64_t m, int64_t kp, void *c,
-                                  int c_f32, int64_t ldc, int beta1)
+                                  const uint8_t *qw, const float *sw, int cols, int64_t m, int64_t kp,
+                                  void *c, int c_f32, int64_t ldc, int beta1)
 {
     if (n < 1 || m < 1 || m % BN || kp < BK || kp % BK || kp > INT32_MAX || n > INT32_MAX)
         return -EINVAL;
@@ -185,18 +213,18 @@ extern "C" int df_cuda_fp8_wg_run(cudaStream_t st, const uint8_t *qx, const floa
         rc = codes_map(&mw, qw, m, kp);
     if (rc)
         return rc;
-    const int nkb = (int)(kp / BK), l4 = (nkb + 3) / 4 * 4;
-    const void *fn = c_f32 ? (const void *)fp8_wg_kernel<float> : (const void *)fp8_wg_kernel<uint16_t>;
+    const int nkb = (int)(kp / BK);
+    const int64_t lds = cols ? m : (nkb + 3) / 4 * 4; /* 128 x 128: the k blocks rounded up to 4 */
+    const void *fn = kernel_of(c_f32, cols);
     if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM) != cudaSuccess) {
         (void)cudaGetLastError();
         return -EIO;
     }
-    if (c_f32)
-        fp8_wg_kernel<float><<<(unsigned)tiles, THREADS, SMEM, st>>>(mx, mw, sx, sw, (float *)c, ldc, (int)n,
-                                                                     (int)col_tiles, nkb, l4, beta1);
-    else
-        fp8_wg_kernel<uint16_t><<<(unsigned)tiles, THREADS, SMEM, st>>>(mx, mw, sx, sw, (uint16_t *)c, ldc,
-                                                                        (int)n, (int)col_tiles, nkb, l4, beta1);
-    cudaError_t e = cudaGetLastError();
-    return e == cudaSuccess ? 0 : -EIO;
+    int ni = (int)n, nct = (int)col_tiles;
+    void *args[] = {&mx, &mw, &sx, &sw, (void *)&lds, &c, &ldc, &ni, &nct, (void *)&nkb, &beta1};
+    if (cudaLaunchKernel(fn, dim3((unsigned)tiles), dim3(THREADS), args, SMEM, st) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return -EIO;
+    }
+    return 0;
 }
