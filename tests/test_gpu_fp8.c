@@ -552,7 +552,7 @@ int main(int argc, char **argv)
         if (pass == 1)
             df_cuda_fp8_gemm_counts(&(int64_t){0}, &(int64_t){0}, &nown);
     }
-    df_knob_set(DF_KNOB_FP8_WG, "1");
+    df_knob_set(DF_KNOB_FP8_WG, "1"); /* the LM head's GEMMs below on our kernel too */
     int64_t nfast = 0, nslow = 0;
     df_cuda_fp8_gemm_counts(&nfast, &nslow, NULL);
     df_cuda_device_info info;
