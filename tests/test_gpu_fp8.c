@@ -12,7 +12,8 @@
  *    (DFLASH_FP8_GEMM=0), then the E4M3 tensor cores (gemm_fp8.cu), which on
  *    sm_90 must take the aligned shapes (each checked against the BF16 path
  *    at its first call): our kernel (gemm_fp8_wg.cu) where C's columns are
- *    a multiple of 128, then (DFLASH_FP8_WG=0) cuBLASLt's.
+ *    a multiple of 128, alone and in 2-CTA clusters, then (DFLASH_FP8_WG=0)
+ *    cuBLASLt's.
  *  - the MXFP8 scales of compute capability 10+ (df_cuda_fp8_mx_scales) bitwise
  *    against the layout function (fp8_mx.h), on any GPU.
  *  - df_op_lmhead_ce with DF_CE_FP8_GRAD on rounded h and head (its
@@ -24,8 +25,8 @@
  * `--bench`: the GEMMs of the Qwen3.6-27B drafter step, each kind: the BF16
  *  GEMM, the FP8 op, the BF16 path's rounding of the activations (df_op_fp8_qdq),
  *  and the tensor cores' whole call with the weight's codes made or kept, on
- *  our kernel and on cuBLASLt's; medians of 9 host-timed calls (a sync
- *  each). */
+ *  our kernel (alone, in 2-CTA clusters) and on cuBLASLt's; medians of 9
+ *  host-timed calls (a sync each). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -462,16 +463,18 @@ static void bench_gemm(const char *name, df_gemm_kind kind, int64_t M, int64_t N
     k.ws_bytes = df_cuda_matmul_fp8_ws_bytes(kind, &k.a, &k.c, 0);
     k.ws = df_backend_alloc(g, k.ws_bytes);
     CHECK(k.ws != NULL);
-    /* our kernel (gemm_fp8_wg.cu, where it takes the shape), then cuBLASLt's */
-    for (int wg = 1; wg >= 0 && df_cuda_fp8_gemm_possible(g); wg--) {
-        df_knob_set(DF_KNOB_FP8_WG, wg ? "1" : "0");
+    /* our kernel (gemm_fp8_wg.cu, where it takes the shape) in 2-CTA clusters and alone, then
+     * cuBLASLt's */
+    for (int wg = 2; wg >= 0 && df_cuda_fp8_gemm_possible(g); wg--) {
+        static const char *const wg_text[3] = {"0", "1", "2"};
+        df_knob_set(DF_KNOB_FP8_WG, wg_text[wg]);
         k.weight_ready = 0;
         int64_t own0 = 0, own1 = 0, x0, x1;
         df_cuda_fp8_gemm_counts(&x0, &x1, &own0);
         double tf = time_ms(run_fast, &k);
         df_cuda_fp8_gemm_counts(&x0, &x1, &own1);
-        printf("\n  tensor cores (%s): whole call %.3f ms (%.0f)", own1 > own0 ? "ours" : "cuBLASLt", tf,
-               flop / tf * 1e-9);
+        printf("\n  tensor cores (%s): whole call %.3f ms (%.0f)",
+               own1 > own0 ? (wg == 2 ? "ours, 2-CTA clusters" : "ours") : "cuBLASLt", tf, flop / tf * 1e-9);
         if (kind != DF_GEMM_BWD_W) {
             k.weight_ready = 1;
             double tw = time_ms(run_fast, &k);
@@ -533,13 +536,15 @@ int main(int argc, char **argv)
     check_mx(1, 300, 300, 640);
     check_mx(1, 5120, 5120, 17408);
     /* the BF16 path everywhere, then (sm_90) the E4M3 tensor cores where they agree: our own
-     * kernel (gemm_fp8_wg.cu) where C's columns are a multiple of 128, then cuBLASLt's. Shapes:
+     * kernel (gemm_fp8_wg.cu) where C's columns are a multiple of 128, alone and in 2-CTA
+     * clusters, then cuBLASLt's. Shapes:
      * edges everywhere; C's columns a multiple of 128 (our kernel's) with rows that are not
      * (its row tiles' edge), and not a multiple of 4 (padded rows) */
     int64_t nown = 0;
-    for (int pass = 0; pass < 3; pass++) {
+    static const char *const wg_of[4] = {"0", "1", "2", "0"};
+    for (int pass = 0; pass < 4; pass++) {
         df_knob_set(DF_KNOB_FP8_GEMM, pass ? "1" : "0");
-        df_knob_set(DF_KNOB_FP8_WG, pass == 1 ? "1" : "0");
+        df_knob_set(DF_KNOB_FP8_WG, wg_of[pass]);
         for (int kind = 0; kind < 3; kind++) {
             int64_t cols = kind == DF_GEMM_FWD ? 384 : 256; /* m: N of FWD, K of BWD_X */
             check_matmul((df_gemm_kind)kind, 37, 150, 300, 0);
@@ -549,7 +554,7 @@ int main(int argc, char **argv)
             check_matmul((df_gemm_kind)kind, 1024, 768, 512, kind == DF_GEMM_BWD_W);
             check_matmul((df_gemm_kind)kind, 4096, 1024, 5120, 1);
         }
-        if (pass == 1)
+        if (pass == 2)
             df_cuda_fp8_gemm_counts(&(int64_t){0}, &(int64_t){0}, &nown);
     }
     df_knob_set(DF_KNOB_FP8_WG, "1"); /* the LM head's GEMMs below on our kernel too */
@@ -563,7 +568,7 @@ int main(int argc, char **argv)
                                           : " (before sm_90: none expected)");
     /* on sm_90 the aligned shapes must have passed their check (DFLASH_LOG=info says why not) */
     if (sm90)
-        CHECK(nfast >= 6 && nown >= 9);
+        CHECK(nfast >= 6 && nown >= 18);
     check_lmhead(300, 5000, 256);
     /* rows not a multiple of 4 (cuBLASLt's row counts): the GEMMs' rows rounded up, on the
      * tensor cores still (chunks of 74 rows too) */

@@ -100,14 +100,15 @@ int df_cuda_fp8_mx_scales(df_backend *be, const float *sc, int blk, int64_t n_sc
  * weight of DF_GEMM_FWD / _BWD_X), sw[(row / 128) * L4 + kb] (L4: kp / 128
  * rounded up to 4), cols 1 (x^T of DF_GEMM_BWD_W), sw[kb * m + row]; C
  * row-major (ldc elements; fp32 where c_f32, else bf16), every element of
- * C's n rows written. _usable: whether it runs here for m columns and that C
- * (m and ldc fit its tiles; compute capability 9.0 with its sm_90a code;
- * not DFLASH_PORTABLE). _run: 0, -EINVAL (shapes), -EOPNOTSUPP (no TMA map
- * for these addresses) or -EIO (a launch failed). */
-int df_cuda_fp8_wg_usable(int64_t m, int64_t ldc, int c_f32, int cols);
+ * C's n rows written. mc: 1, or 2 for CTAs in clusters of two that share
+ * the W tile (TMA multicast). _usable: whether it runs here for m columns and
+ * that C (m and ldc fit its tiles; compute capability 9.0 with its sm_90a
+ * code; not DFLASH_PORTABLE). _run: 0, -EINVAL (shapes), -EOPNOTSUPP (no TMA
+ * map for these addresses) or -EIO (a launch failed). */
+int df_cuda_fp8_wg_usable(int64_t m, int64_t ldc, int c_f32, int cols, int mc);
 int df_cuda_fp8_wg_run(cudaStream_t st, const uint8_t *qx, const float *sx, int64_t n,
                        const uint8_t *qw, const float *sw, int cols, int64_t m, int64_t kp, void *c,
-                       int c_f32, int64_t ldc, int beta1);
+                       int c_f32, int64_t ldc, int beta1, int mc);
 
 /* Calls df_cuda_matmul_fp8_fast took / left to the BF16 path, process-wide;
  * own (may be NULL): of those it took, the ones on gemm_fp8_wg.cu's kernel. */

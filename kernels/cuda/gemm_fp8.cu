@@ -336,7 +336,8 @@ __global__ void cmp_kernel(const T *a, int64_t lda, const T *b, int64_t ldb, int
 typedef struct fp8_plan {
     int kind, c_f32, accumulate, mx; /* mx: MXFP8 scales (mx_of) */
     int want, own, lt; /* want: gemm_fp8_wg.cu's kernel may take the shape (DFLASH_FP8_WG, the
-                        * device, kind, m); own: it runs it; lt: cuBLASLt's plan is there */
+                        * device, kind, m; 2: in 2-CTA clusters); own: it runs it (0, 1, 2);
+                        * lt: cuBLASLt's plan is there */
     int64_t m, n, kp, ldc;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
@@ -353,7 +354,7 @@ constexpr int NPLANS = 64;
 typedef struct fp8_cache {
     fp8_plan p[NPLANS];
     int n;
-    signed char verdict[2][3][2][2][2][2];
+    signed char verdict[3][3][2][2][2][2];
     df_cuda_fp8_kept kept[DF_CUDA_FP8_KEPT];
 } fp8_cache;
 
@@ -571,7 +572,8 @@ int run_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, const fp8_ws *w, voi
 {
     if (p->own) /* A: the weight (128 x 128 scales) or x^T (BWD_W: 1 x 128), B: rows of C */
         return df_cuda_fp8_wg_run(df_cuda_stream(be), w->qb, w->sb, p->n, w->qa, w->sa,
-                                  p->kind == DF_GEMM_BWD_W, p->m, p->kp, c, p->c_f32, p->ldc, beta1);
+                                  p->kind == DF_GEMM_BWD_W, p->m, p->kp, c, p->c_f32, p->ldc, beta1,
+                                  p->own);
     float alpha = 1.0f, beta = beta1 ? 1.0f : 0.0f;
     const void *sa = p->mx ? (const void *)w->mxa : w->sa, *sb = p->mx ? (const void *)w->mxb : w->sb;
     if (!lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa,
@@ -673,8 +675,10 @@ fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const d
     key.kp = rup(red, 128);
     key.ldc = c->stride[0];
     key.mx = mx_of(s->device);
-    key.want = !key.mx && df_knob_int(DF_KNOB_FP8_WG) &&
-               df_cuda_fp8_wg_usable(key.m, key.ldc, key.c_f32, kind == DF_GEMM_BWD_W);
+    int wg = df_knob_int(DF_KNOB_FP8_WG);
+    key.want = !key.mx && wg && df_cuda_fp8_wg_usable(key.m, key.ldc, key.c_f32, kind == DF_GEMM_BWD_W, wg)
+                   ? wg
+                   : 0;
     if (key.m < 1 || key.n < 1 || red < 1 || key.ldc % 8 || ((uintptr_t)c->data & 15))
         return NULL;
     /* the rounding kernels' grids: 32-bit block indices, y dimensions below 2^16 */
@@ -847,7 +851,7 @@ extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, con
         return 0;
     }
     g_fast++;
-    g_own += p->own;
+    g_own += p->own != 0;
     return 1;
 }
 

@@ -71,6 +71,40 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *map, int c
                  : "memory");
 }
 
+// The same box written to the same offsets of every CTA of the cluster in
+// mask (bit r: rank r), each completing bytes on its own mbarrier at bar's
+// offset: the 2-CTA clusters that share an operand's tile
+__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const void *map, int c0, int c1, uint32_t bar,
+                                               uint16_t mask)
+{
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
+                 "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
+                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
+                 : "memory");
+}
+// this CTA's rank in its cluster
+__device__ __forceinline__ uint32_t cluster_rank()
+{
+    uint32_t r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+    return r;
+}
+// one arrival on the mbarrier at bar's offset in the shared memory of the
+// cluster's CTA of rank (release at cluster scope)
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
+{
+    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
+                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
+                 "r"(rank)
+                 : "memory");
+}
+// every thread of the cluster (its shared memory and mbarriers in use or
+// ready across CTAs on either side)
+__device__ __forceinline__ void cluster_sync()
+{
+    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
+}
+
 // bytes (a multiple of 16) from global src to shared dst (both 16-byte
 // aligned), a plain bulk copy (no tensor map); completes bytes on mbarrier bar
 __device__ __forceinline__ void bulk_load(uint32_t dst, const void *src, uint32_t bytes, uint32_t bar)
