@@ -116,7 +116,7 @@ static void check_qdq(int64_t R, int64_t C, int64_t br, int64_t bc, int f32, int
 }
 
 /* The E4M3 codes and scales the tensor cores get (df_cuda_fp8_round_codes,
- * gemm_fp8.cu's rounding kernels), bitwise against the CPU rule: per block
+ * fp8_codes.cu's rounding kernels), bitwise against the CPU rule: per block
  * the scale df_fp8_pow2_scale(amax) and each value's df_e4m3_from_f32(v /
  * scale) (NaN and Inf: the NaN code); padding codes 0. x [R, C] bf16 with a
  * row stride of C + 8 (16-byte loads only where that is a multiple of 8). */

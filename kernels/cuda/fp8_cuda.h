@@ -85,6 +85,15 @@ void df_cuda_fp8_kept_forget(df_backend *be);
 int df_cuda_fp8_round_codes(df_backend *be, int mode, const df_tensor *x, uint8_t *codes,
                             int64_t kp, float *sc, int64_t n_out);
 
+/* The launches behind the two above and the GEMMs' operands (fp8_codes.cu),
+ * on stream st, arguments as df_cuda_fp8_round_codes / df_cuda_fp8_mx_scales
+ * check them (x [R, C] bf16 with row stride ld; vec: 16-byte loads, where x
+ * and ld allow). 0 or -EIO. */
+int df_cuda_fp8_codes_run(cudaStream_t st, int mode, const uint16_t *x, int64_t ld, int64_t R, int64_t C,
+                          uint8_t *codes, int64_t kp, float *sc, int64_t n_out, int vec);
+int df_cuda_fp8_mx_run(cudaStream_t st, const float *sc, int blk, int64_t n_sc, int64_t rows, int64_t kp,
+                       uint8_t *out);
+
 /* The conversion alone (for tests): the FP32 power-of-two scales sc of an
  * operand of rows rows and kp / 128 blocks per row (device memory) to its
  * E8M0 bytes in out (device, df_fp8_mx_offset's layout, rows rounded up to

@@ -1,7 +1,8 @@
-/* gemm_fp8.cu - df_op_matmul_fp8 on E4M3 tensor cores (sm_90, cuBLASLt's
- * block-scaled FP8 GEMM), behind the rounding kernels' numerics (fp8.cu).
+/* gemm_fp8.cu - df_op_matmul_fp8 on E4M3 tensor cores (sm_90: cuBLASLt's
+ * block-scaled FP8 GEMM, or gemm_fp8_wg.cu's under DFLASH_FP8_WG), behind the
+ * rounding kernels' numerics (fp8.cu): the plans, their check, the workspace.
  *
- * The operands are written as E4M3 codes with FP32 scales, both K-major (the
+ * The operands are written (fp8_codes.cu) as E4M3 codes with FP32 scales, both K-major (the
  * "TN" layout FP8 GEMMs take), the reduction padded with zero codes to a
  * multiple of 128:
  *   y = x w^T      A = w [N, K]   (128 x 128 blocks)   B = x [M, K]    (1 x 128)
@@ -29,9 +30,10 @@
  *
  * Compute capability 10 and later (B200, RTX PRO 6000 Blackwell) take the
  * same codes as MXFP8: each 128-block's power-of-two scale becomes the E8M0
- * byte of its four 32-blocks (mx_scales, fp8_mx.h's layout), so the
- * product is the same one; the same first-call check decides, and a device
- * whose cuBLASLt has no such plan stays on the BF16 path. */
+ * byte of its four 32-blocks (fp8_codes.cu's mx_scales, fp8_mx.h's
+ * layout), so the product is the same one; the same first-call check
+ * decides, and a device whose cuBLASLt has no such plan stays on the BF16
+ * path. */
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <math.h>
@@ -44,7 +46,6 @@
 #include "bf16.cuh"
 #include "cuda_internal.h"
 #include "cuda_state.h"
-#include "e4m3.cuh"
 #include "fp8_cuda.h"
 #include "knobs.h"
 
@@ -54,255 +55,6 @@ extern "C" {
 
 namespace {
 
-constexpr int QT = 256; /* threads of the rounding kernels */
-
-/* 8 bf16 at p, raw: one 16-byte load where vec (p 16-byte aligned) and all
- * 8 are in range, else the ones below lim (the rest 0) */
-__device__ __forceinline__ uint4 load8_raw(const uint16_t *__restrict__ p, int vec, int64_t lim)
-{
-    if (vec && lim >= 8)
-        return *reinterpret_cast<const uint4 *>(p);
-    uint32_t w[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        w[j] = (2 * j < lim ? (uint32_t)p[2 * j] : 0u) |
-               (2 * j + 1 < lim ? (uint32_t)p[2 * j + 1] << 16 : 0u);
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
-/* Two codes (lo in bits 0-7, hi in 8-15) of finite values already divided
- * by their block's scale (exact: a power of two): on sm_89 and later the
- * hardware's conversion (round to nearest even, saturating at 448: the
- * e4m3.cuh rule for finite values, the same bits), elsewhere that rule. */
-__device__ __forceinline__ uint32_t codes2(float lo, float hi)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    uint16_t r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    return (uint32_t)e4m3_code(lo, 1.0f) | (uint32_t)e4m3_code(hi, 1.0f) << 8;
-#endif
-}
-
-/* 8 codes of v at inverse scale inv, little-endian in one word pair. A
- * block whose amax is not finite (NaN or Inf in it) takes e4m3_code, which
- * codes every non-finite value as NaN; the conversion above would saturate
- * an Inf. */
-__device__ __forceinline__ uint2 codes8(const float v[8], float inv, bool finite)
-{
-    uint2 w = {0u, 0u};
-    if (finite) {
-        w.x = codes2(v[0] * inv, v[1] * inv) | codes2(v[2] * inv, v[3] * inv) << 16;
-        w.y = codes2(v[4] * inv, v[5] * inv) | codes2(v[6] * inv, v[7] * inv) << 16;
-        return w;
-    }
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        w.x |= (uint32_t)e4m3_code(v[j], inv) << (8 * j);
-        w.y |= (uint32_t)e4m3_code(v[j + 4], inv) << (8 * j);
-    }
-    return w;
-}
-
-/* 4 codes of v (the same rules) in one word */
-__device__ __forceinline__ uint32_t codes4(const float v[4], float inv, bool finite)
-{
-    if (finite)
-        return codes2(v[0] * inv, v[1] * inv) | codes2(v[2] * inv, v[3] * inv) << 16;
-    uint32_t w = 0;
-#pragma unroll
-    for (int q = 0; q < 4; q++)
-        w |= (uint32_t)e4m3_code(v[q], inv) << (8 * q);
-    return w;
-}
-
-/* The largest magnitude of 8 packed bf16, as a float: on the bits, two
- * halves per instruction (a NaN's magnitude bits are above +Inf's, +Inf's
- * above every finite value's, so a block with a NaN gets a NaN amax and one
- * with an Inf and no NaN gets +Inf, as amax_step gives) */
-__device__ __forceinline__ uint32_t amax8_bits(uint4 u)
-{
-    uint32_t m = __vmaxu2(__vmaxu2(u.x & 0x7fff7fffu, u.y & 0x7fff7fffu),
-                          __vmaxu2(u.z & 0x7fff7fffu, u.w & 0x7fff7fffu));
-    return max(m & 0xffffu, m >> 16);
-}
-__device__ __forceinline__ float bits_f(uint32_t b) { return __uint_as_float(b << 16); }
-
-/* Rounding kernels. They are bound by memory: each thread issues all its
- * loads (RU or more 16-byte pieces) before it uses any, and block indices
- * are 32-bit (the host keeps every grid's blocks below 2^31). */
-constexpr int RU = 4; /* q8_row: blocks per 16-thread group */
-
-/* 1 x 128 blocks along the rows of x [R, C] (bf16, ld ldx): out [n_out, kp]
- * codes, sc[kb * n_out + o]. Sixteen threads per block, eight values each
- * (one 16-byte load where x's rows are 16-byte aligned), the amax over the
- * sixteen by shuffles; a CTA takes RU x 16 consecutive blocks, a warp's
- * loads 512 contiguous bytes each. Rows from R up to n_out get zero codes
- * (cuBLASLt's row counts are multiples of 4); the reduction past C up to
- * kp too. */
-__global__ void __launch_bounds__(QT) q8_row(const uint16_t *__restrict__ x, int64_t ldx,
-                                             int64_t R, int64_t C, uint8_t *__restrict__ out,
-                                             int64_t kp, float *__restrict__ sc, int64_t n_out,
-                                             int vec)
-{
-    const unsigned kb = (unsigned)(kp / 128), nblk = (unsigned)(n_out * kb);
-    const int sub = threadIdx.x & 15;
-    uint4 raw[RU];
-    unsigned o[RU], b[RU];
-#pragma unroll
-    for (int u = 0; u < RU; u++) {
-        unsigned blk = (blockIdx.x * RU + u) * (QT / 16) + threadIdx.x / 16;
-        bool live = blk < nblk;
-        o[u] = live ? blk / kb : 0;
-        b[u] = live ? blk - o[u] * kb : 0;
-        int64_t k = (int64_t)b[u] * 128 + sub * 8;
-        raw[u] = load8_raw(x + o[u] * ldx + k, vec, live && o[u] < R ? C - k : 0);
-        o[u] = live ? o[u] : ~0u;
-    }
-#pragma unroll
-    for (int u = 0; u < RU; u++) {
-        uint32_t mb = amax8_bits(raw[u]);
-#pragma unroll
-        for (int d = 8; d > 0; d >>= 1)
-            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, d));
-        if (o[u] == ~0u)
-            continue;
-        float v[8], m = bits_f(mb);
-        unpack8(raw[u], v);
-        int e = scale_exp(m);
-        *reinterpret_cast<uint2 *>(out + (int64_t)o[u] * kp + b[u] * 128 + sub * 8) =
-            codes8(v, ldexpf(1.0f, -e), isfinite(m));
-        if (sub == 0)
-            sc[(int64_t)b[u] * n_out + o[u]] = ldexpf(1.0f, e);
-    }
-}
-
-/* 1 x 128 blocks along the columns of x [R, C]: out [C, kp] = x^T codes
- * (reduction R), sc[kb * C + o]. A CTA: 128 reduction steps x 64 out rows.
- * Each thread loads two pairs of reduction steps x 8 columns (4 x 16 bytes,
- * all issued first) and stores each column's pair as one word of the
- * transposed tile (a row of 64 words + 3: two-way bank conflicts at most);
- * then a warp finishes 8 out rows: 4 values per lane (two words: the rows
- * of 67 words are not 8-byte aligned),
- * the amax, the scale, 4 codes per lane in one store. */
-constexpr int CT_W = 67; /* words per row of q8_col's tile */
-__global__ void __launch_bounds__(QT) q8_col(const uint16_t *__restrict__ x, int64_t ldx,
-                                             int64_t R, int64_t C, uint8_t *__restrict__ out,
-                                             int64_t kp, float *__restrict__ sc, int vec)
-{
-    __shared__ __align__(16) uint32_t t[64 * CT_W + 1];
-    const int64_t o0 = (int64_t)blockIdx.y * 64, k0 = (int64_t)blockIdx.x * 128;
-    uint4 r[2][2];
-#pragma unroll
-    for (int it = 0; it < 2; it++) {
-        int c = threadIdx.x + it * QT, pr = c / 8, oc = (c % 8) * 8;
-        int64_t k = k0 + 2 * pr, o = o0 + oc;
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            r[it][h] = load8_raw(x + (k + h) * ldx + o, vec, k + h < R ? C - o : 0);
-    }
-#pragma unroll
-    for (int it = 0; it < 2; it++) {
-        int c = threadIdx.x + it * QT, pr = c / 8, oc = (c % 8) * 8;
-        uint32_t a[4] = {r[it][0].x, r[it][0].y, r[it][0].z, r[it][0].w};
-        uint32_t bb[4] = {r[it][1].x, r[it][1].y, r[it][1].z, r[it][1].w};
-#pragma unroll
-        for (int j = 0; j < 4; j++) { /* columns 2j, 2j + 1: (step 2 pr, step 2 pr + 1) pairs */
-            t[(oc + 2 * j) * CT_W + pr] = (a[j] & 0xffffu) | (bb[j] << 16);
-            t[(oc + 2 * j + 1) * CT_W + pr] = (a[j] >> 16) | (bb[j] & 0xffff0000u);
-        }
-    }
-    __syncthreads();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int j = 0; j < 8; j++) {
-        int oo = warp * 8 + j;
-        int64_t o = o0 + oo;
-        uint32_t w0 = t[oo * CT_W + 2 * lane], w1 = t[oo * CT_W + 2 * lane + 1];
-        uint32_t mb = __vmaxu2(w0 & 0x7fff7fffu, w1 & 0x7fff7fffu);
-        mb = max(mb & 0xffffu, mb >> 16);
-#pragma unroll
-        for (int d = 16; d > 0; d >>= 1)
-            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, d));
-        if (o >= C)
-            continue;
-        float m = bits_f(mb);
-        float v[4] = {__uint_as_float(w0 << 16), __uint_as_float(w0 & 0xffff0000u),
-                      __uint_as_float(w1 << 16), __uint_as_float(w1 & 0xffff0000u)};
-        int e = scale_exp(m);
-        *reinterpret_cast<uint32_t *>(out + o * kp + k0 + lane * 4) =
-            codes4(v, ldexpf(1.0f, -e), isfinite(m));
-        if (lane == 0)
-            sc[(k0 / 128) * C + o] = ldexpf(1.0f, e);
-    }
-}
-
-/* 128 x 128 blocks of w [N, K] (bf16, ld ldw): tr 0: out [N, kp] = w
- * (reduction K), tr 1: out [K, kp] = w^T (reduction N). A CTA per block;
- * each thread loads 8 of its 16-byte pieces (all issued first), the block's
- * amax; tr 0 writes the codes of its own pieces from registers; tr 1 goes
- * through the shared tile and writes 16 codes of one out row per store,
- * reading a column of the tile with consecutive threads on consecutive
- * columns (no bank conflicts). */
-template <bool tr>
-__global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int64_t ldw,
-                                             int64_t N, int64_t K, uint8_t *__restrict__ out,
-                                             int64_t kp, float *__restrict__ sc, int64_t l4, int vec)
-{
-    __shared__ __align__(16) uint16_t t[128][136];
-    __shared__ float wm[QT / 32];
-    const int64_t n0 = (int64_t)blockIdx.y * 128, c0 = (int64_t)blockIdx.x * 128;
-    constexpr int P = 128 * 16 / QT; /* pieces per thread */
-    uint4 u[P];
-#pragma unroll
-    for (int j = 0; j < P; j++) {
-        int i = threadIdx.x + j * QT, nn = i / 16, kc = (i % 16) * 8;
-        int64_t n = n0 + nn, k = c0 + kc;
-        u[j] = load8_raw(w + n * ldw + k, vec, n < N ? K - k : 0);
-    }
-    uint32_t mb = 0;
-#pragma unroll
-    for (int j = 0; j < P; j++) {
-        mb = max(mb, amax8_bits(u[j]));
-        if (tr) { /* (u[j] is dead after this: the registers go back) */
-            int i = threadIdx.x + j * QT;
-            *reinterpret_cast<uint4 *>(&t[i / 16][(i % 16) * 8]) = u[j];
-        }
-    }
-    const float m = block_amax<QT>(bits_f(mb), wm); /* (its barrier also orders the tile's writes) */
-    const int ke = scale_exp(m);
-    const float inv = ldexpf(1.0f, -ke);
-    const bool fin = isfinite(m);
-    if (!tr) {
-#pragma unroll
-        for (int j = 0; j < P; j++) { /* codes of the pieces this thread loaded */
-            int i = threadIdx.x + j * QT, oo = i / 16, rr = (i % 16) * 8;
-            int64_t o = n0 + oo;
-            if (o >= N)
-                continue;
-            float v[8];
-            unpack8(u[j], v);
-            *reinterpret_cast<uint2 *>(out + o * kp + c0 + rr) = codes8(v, inv, fin); /* padding: 0 */
-        }
-    } else {
-        for (int i = threadIdx.x; i < 128 * 8; i += QT) {
-            int oo = i % 128, rr = (i / 128) * 16;
-            int64_t o = c0 + oo;
-            if (o >= K)
-                continue;
-            float v[8], x[8];
-#pragma unroll
-            for (int j = 0; j < 8; j++)
-                v[j] = bf2f(t[rr + j][oo]), x[j] = bf2f(t[rr + 8 + j][oo]);
-            uint2 a = codes8(v, inv, fin), b = codes8(x, inv, fin);
-            *reinterpret_cast<uint4 *>(out + o * kp + n0 + rr) = make_uint4(a.x, a.y, b.x, b.y);
-        }
-    }
-    if (threadIdx.x == 0) {
-        int64_t ob = tr ? blockIdx.x : blockIdx.y, rb = tr ? blockIdx.y : blockIdx.x;
-        sc[ob * l4 + rb] = ldexpf(1.0f, ke);
-    }
-}
 
 /* max |a - b| and max |b| over an m x n column-major pair (ld lda, ldb) into
  * r[0], r[1] (as float bits: non-negative floats order as integers) */
@@ -499,40 +251,11 @@ fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base
     return w;
 }
 
-/* The E8M0 bytes of an operand's power-of-two FP32 scales in fp8_mx.h's
- * MXFP8 layout (df_cuda_fp8_mx_scales says which scales): a thread per
- * (row, 128-block), rows fastest (the 1 x 128 scales' reads contiguous); the
- * four 32-blocks of a 128-block are adjacent there: one word. Rows from n_sc
- * on (up to the 128 the layout rounds to) get 1.0 (byte 127). */
-__global__ void __launch_bounds__(QT) mx_scales(const float *__restrict__ sc, int blk, int64_t n_sc,
-                                                int64_t l4, int64_t rows_pad, int64_t kb,
-                                                uint8_t *__restrict__ out)
-{
-    int64_t i = (int64_t)blockIdx.x * QT + threadIdx.x;
-    if (i >= rows_pad * kb)
-        return;
-    int64_t b = i / rows_pad, r = i - b * rows_pad;
-    float v = blk ? sc[(r / 128) * l4 + b] : r < n_sc ? sc[b * n_sc + r] : 1.0f;
-    uint32_t e = (__float_as_uint(v) >> 23) & 0xffu; /* 2^(e - 127): the scale, exactly */
-    *reinterpret_cast<uint32_t *>(out + df_fp8_mx_offset(r, 4 * b, 4 * kb)) = e * 0x01010101u;
-}
-
-int mx_scales_run(cudaStream_t st, const float *sc, int blk, int64_t n_sc, int64_t rows, int64_t kp,
-                  uint8_t *out)
-{
-    int64_t kb = kp / 128, rows_pad = rup(rows, 128), total = rows_pad * kb;
-    if (total == 0)
-        return 0;
-    mx_scales<<<(unsigned)((total + QT - 1) / QT), QT, 0, st>>>(sc, blk, n_sc, rup(kb, 4), rows_pad, kb, out);
-    return df_cuda_check_launch("fp8 mxfp8 scales");
-}
-
 /* the operands' codes and scales into w; weight_ready: the weight's (A of
  * DF_GEMM_FWD / _BWD_X) are there already, from an earlier call */
 int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
              int64_t m, int64_t n, int64_t kp, const fp8_ws *w, int weight_ready)
 {
-    int64_t kb = kp / 128, l4 = rup(kb, 4);
     cudaStream_t st = df_cuda_stream(be);
     if (kind == DF_GEMM_BWD_W)
         weight_ready = 0;
@@ -542,29 +265,23 @@ int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_ten
     int64_t lda = a->stride[0], ldb = b->stride[0];
     /* 16-byte loads where the rows start 16-byte aligned */
     int va = lda % 8 == 0 && ((uintptr_t)A & 15) == 0, vb = ldb % 8 == 0 && ((uintptr_t)B & 15) == 0;
+    int rc = 0;
     if (kind == DF_GEMM_BWD_W) { /* A = x^T [K, M], B = dy^T [N, M]: a = dy [M, N], b = x [M, K] */
         int64_t M = a->shape[0];
-        q8_col<<<dim3((unsigned)kb, (unsigned)((m + 63) / 64)), QT, 0, st>>>(B, ldb, M, m, w->qa, kp,
-                                                                            w->sa, vb);
-        q8_col<<<dim3((unsigned)kb, (unsigned)((n + 63) / 64)), QT, 0, st>>>(A, lda, M, n, w->qb, kp,
-                                                                            w->sb, va);
-    } else { /* FWD: A = w [N, K] (tr 0), B = x; BWD_X: A = w^T [K, N] (tr 1), B = dy */
-        int64_t N = b->shape[0], K = b->shape[1];
-        int tr = kind == DF_GEMM_BWD_X;
-        dim3 g((unsigned)((K + 127) / 128), (unsigned)((N + 127) / 128));
-        if (!weight_ready && tr)
-            q8_blk<true><<<g, QT, 0, st>>>(B, ldb, N, K, w->qa, kp, w->sa, l4, vb);
-        else if (!weight_ready)
-            q8_blk<false><<<g, QT, 0, st>>>(B, ldb, N, K, w->qa, kp, w->sa, l4, vb);
-        int64_t per = RU * (QT / 16); /* blocks per CTA */
-        q8_row<<<(unsigned)((n * kb + per - 1) / per), QT, 0, st>>>(
-            A, lda, a->shape[0], a->shape[1], w->qb, kp, w->sb, n, va);
+        rc = df_cuda_fp8_codes_run(st, 1, B, ldb, M, m, w->qa, kp, w->sa, m, vb);
+        if (!rc)
+            rc = df_cuda_fp8_codes_run(st, 1, A, lda, M, n, w->qb, kp, w->sb, n, va);
+    } else { /* FWD: A = w [N, K] (mode 2), B = x; BWD_X: A = w^T [K, N] (mode 3), B = dy */
+        if (!weight_ready)
+            rc = df_cuda_fp8_codes_run(st, kind == DF_GEMM_BWD_X ? 3 : 2, B, ldb, b->shape[0], b->shape[1],
+                                       w->qa, kp, w->sa, m, vb);
+        if (!rc)
+            rc = df_cuda_fp8_codes_run(st, 0, A, lda, a->shape[0], a->shape[1], w->qb, kp, w->sb, n, va);
     }
-    int rc = df_cuda_check_launch("fp8 gemm rounding");
     if (!rc && w->mxa && !weight_ready) /* A: 128 x 128 scales, or 1 x 128 (BWD_W) */
-        rc = mx_scales_run(st, w->sa, kind != DF_GEMM_BWD_W, m, m, kp, w->mxa);
+        rc = df_cuda_fp8_mx_run(st, w->sa, kind != DF_GEMM_BWD_W, m, m, kp, w->mxa);
     if (!rc && w->mxb)
-        rc = mx_scales_run(st, w->sb, 0, n, n, kp, w->mxb);
+        rc = df_cuda_fp8_mx_run(st, w->sb, 0, n, n, kp, w->mxb);
     return rc;
 }
 
@@ -853,45 +570,6 @@ extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, con
     g_fast++;
     g_own += p->own != 0;
     return 1;
-}
-
-extern "C" int df_cuda_fp8_round_codes(df_backend *be, int mode, const df_tensor *x, uint8_t *codes,
-                                       int64_t kp, float *sc, int64_t n_out)
-{
-    const int64_t R = x->shape[0], C = x->shape[1], ld = x->stride[0];
-    const uint16_t *X = (const uint16_t *)x->data;
-    if (x->dtype != DF_DTYPE_BF16 || R < 1 || C < 1 || kp % 128 || mode < 0 || mode > 3)
-        return -EINVAL;
-    int vec = ld % 8 == 0 && ((uintptr_t)X & 15) == 0;
-    cudaStream_t st = df_cuda_stream(be);
-    int64_t red = mode == 1 || mode == 3 ? R : C, rows = mode == 1 || mode == 3 ? C : R;
-    if (kp < red || (mode == 0 && n_out < R) || (mode != 0 && n_out != rows) ||
-        rows > 65535 * 64 || kp > (int64_t)65535 * 128 || n_out * (kp / 128) >= ((int64_t)1 << 31))
-        return -EINVAL;
-    if (mode == 0) {
-        int64_t per = RU * (QT / 16);
-        q8_row<<<(unsigned)((n_out * (kp / 128) + per - 1) / per), QT, 0, st>>>(X, ld, R, C, codes,
-                                                                                kp, sc, n_out, vec);
-    } else if (mode == 1) {
-        q8_col<<<dim3((unsigned)(kp / 128), (unsigned)((C + 63) / 64)), QT, 0, st>>>(X, ld, R, C, codes,
-                                                                                   kp, sc, vec);
-    } else {
-        dim3 g((unsigned)((C + 127) / 128), (unsigned)((R + 127) / 128));
-        if (mode == 3)
-            q8_blk<true><<<g, QT, 0, st>>>(X, ld, R, C, codes, kp, sc, rup(kp / 128, 4), vec);
-        else
-            q8_blk<false><<<g, QT, 0, st>>>(X, ld, R, C, codes, kp, sc, rup(kp / 128, 4), vec);
-    }
-    return df_cuda_check_launch("fp8 rounding codes");
-}
-
-extern "C" int df_cuda_fp8_mx_scales(df_backend *be, const float *sc, int blk, int64_t n_sc,
-                                     int64_t rows, int64_t kp, uint8_t *out)
-{
-    if (!sc || !out || rows < 1 || kp < 128 || kp % 128 || (!blk && n_sc < 1) || (blk && n_sc != rows) ||
-        rup(rows, 128) / QT * (kp / 128) >= ((int64_t)1 << 31))
-        return -EINVAL;
-    return mx_scales_run(df_cuda_stream(be), sc, blk, n_sc, rows, kp, out);
 }
 
 /* 1 when the tensor cores took the call (c written), 0 when the caller runs

@@ -1,5 +1,5 @@
 /* gemm_fp8_wg.cu - the FP8 GEMM of df_op_matmul_fp8 on Hopper's E4M3 wgmma
- * (sm_90a), from the codes and scales gemm_fp8.cu's rounding writes:
+ * (sm_90a), from the codes and scales fp8_codes.cu writes:
  *   C [n, m] (+)= X W^T     X [n, kp] codes, sx[kb * n + row] (1 x 128)
  *                           W [m, kp] codes, scaled per 128 x 128 block
  *                           (the weight of DF_GEMM_FWD / _BWD_X) or per
@@ -230,6 +230,8 @@ template <typename CT> static const void *kernel_ct(int cols, int mc)
     return cols ? (mc == 2 ? (const void *)fp8_wg_kernel<CT, true, 2> : (const void *)fp8_wg_kernel<CT, true, 1>)
                 : (mc == 2 ? (const void *)fp8_wg_kernel<CT, false, 2> : (const void *)fp8_wg_kernel<CT, false, 1>);
 }
+/* the instantiation's index, 0 .. 7 (the per-device caches below) */
+static int variant_of(int c_f32, int cols, int mc) { return (c_f32 != 0) * 4 + (cols != 0) * 2 + (mc == 2); }
 static const void *kernel_of(int c_f32, int cols, int mc)
 {
     return c_f32 ? kernel_ct<float>(cols, mc) : kernel_ct<uint16_t>(cols, mc);
@@ -240,7 +242,7 @@ extern "C" int df_cuda_fp8_wg_usable(int64_t m, int64_t ldc, int c_f32, int cols
     static signed char known[8][64];
     return (mc == 1 || mc == 2) && m % BN == 0 && ldc % 2 == 0 &&
            wg_kernel_runs(kernel_of(c_f32, cols, mc), SMEM,
-                          known[(c_f32 != 0) * 4 + (cols != 0) * 2 + (mc == 2)]);
+                          known[variant_of(c_f32, cols, mc)]);
 }
 
 extern "C" int df_cuda_fp8_wg_run(cudaStream_t st, const uint8_t *qx, const float *sx, int64_t n,
@@ -263,9 +265,19 @@ extern "C" int df_cuda_fp8_wg_run(cudaStream_t st, const uint8_t *qx, const floa
     const int nkb = (int)(kp / BK);
     const int64_t lds = cols ? m : (nkb + 3) / 4 * 4; /* 128 x 128: the k blocks rounded up to 4 */
     const void *fn = kernel_of(c_f32, cols, mc);
-    if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM) != cudaSuccess) {
+    static signed char smem_set[8][64]; /* per instantiation and device: set once */
+    int dev = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess || dev < 0 || dev >= 64) {
         (void)cudaGetLastError();
         return -EIO;
+    }
+    signed char *set = &smem_set[variant_of(c_f32, cols, mc)][dev];
+    if (!*set) {
+        if (cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, SMEM) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return -EIO;
+        }
+        *set = 1;
     }
     int ni = (int)n, nct = (int)col_tiles;
     void *args[] = {&mx, &mw, &sx, &sw, (void *)&lds, &c, &ldc, &ni, &nct, (void *)&nkb, &beta1};
