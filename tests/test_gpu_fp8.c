@@ -357,6 +357,88 @@ static void check_matmul(df_gemm_kind kind, int64_t M, int64_t N, int64_t K, int
     df_backend_free(g, ga), df_backend_free(g, gb), df_backend_free(g, gc);
 }
 
+/* gemm_fp8_wg.cu's kernel called directly (sm_90 only), fp32 C against a
+ * double-precision sum of the decoded codes times their scales: per k block
+ * the products are exact, but Hopper's E4M3 wgmma keeps only about 14 bits
+ * of its running sum (DeepSeek-V3's report: why the kernel promotes per
+ * block), so the bound is 2^-11 of sum |term| per element; a wrong tile,
+ * swizzle, scale or phase is off by O(1) of it. A mismatch is located: the
+ * first ones, and which rows and columns within the 128 x 128 tiles fail. A
+ * hang is the caller's timeout. */
+static void check_wg_direct(int64_t n, int64_t m, int64_t kp, int cols, int mc, int beta1)
+{
+    df_backend *g = gh_gpu;
+    const int64_t nkb = kp / 128, l4 = (nkb + 3) / 4 * 4;
+    const int64_t nsw = cols ? nkb * m : (m / 128) * l4;
+    uint8_t *qx = gh_xmalloc((size_t)(n * kp)), *qw = gh_xmalloc((size_t)(m * kp));
+    float *sx = gh_xmalloc((size_t)(nkb * n) * 4), *sw = gh_xmalloc((size_t)nsw * 4);
+    float *c0 = gh_xmalloc((size_t)(n * m) * 4), *got = gh_xmalloc((size_t)(n * m) * 4);
+    for (int64_t i = 0; i < n * kp; i++) /* any code but the NaNs (0x7f, 0xff) */
+        qx[i] = (uint8_t)(test_rand(&rng) % 255), qx[i] = qx[i] == 0x7f ? 0x7e : qx[i];
+    for (int64_t i = 0; i < m * kp; i++)
+        qw[i] = (uint8_t)(test_rand(&rng) % 255), qw[i] = qw[i] == 0x7f ? 0x7e : qw[i];
+    for (int64_t i = 0; i < nkb * n; i++)
+        sx[i] = ldexpf(1.0f, (int)(test_rand(&rng) % 9) - 14);
+    for (int64_t i = 0; i < nsw; i++)
+        sw[i] = ldexpf(1.0f, (int)(test_rand(&rng) % 9) - 4);
+    for (int64_t i = 0; i < n * m; i++)
+        c0[i] = beta1 ? test_randn(&rng) : NAN;
+    void *gx = gh_dev_copy(g, qx, (size_t)(n * kp)), *gw = gh_dev_copy(g, qw, (size_t)(m * kp));
+    void *gsx = gh_dev_copy(g, sx, (size_t)(nkb * n) * 4), *gsw = gh_dev_copy(g, sw, (size_t)nsw * 4);
+    void *gc = gh_dev_copy(g, c0, (size_t)(n * m) * 4);
+    CHECK_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_EQ(df_cuda_fp8_wg_run(0, gx, gsx, n, gw, gsw, cols, m, kp, gc, 1, m, beta1, mc), 0);
+    CHECK_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    CHECK_EQ(df_backend_download(g, got, gc, (size_t)(n * m) * 4), 0);
+    float lut[256];
+    for (int i = 0; i < 256; i++)
+        lut[i] = df_e4m3_to_f32((uint8_t)i);
+    int64_t bad = 0, bad_r[128] = {0}, bad_c[128] = {0}, zeros = 0;
+    double worst = 0.0;
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t col = 0; col < m; col++) {
+            double ref = beta1 ? c0[r * m + col] : 0.0, mag = fabs(ref);
+            for (int64_t kb = 0; kb < nkb; kb++) {
+                double part = 0.0, pmag = 0.0;
+                for (int64_t k = kb * 128; k < kb * 128 + 128; k++) {
+                    double t = (double)lut[qx[r * kp + k]] * lut[qw[col * kp + k]];
+                    part += t, pmag += fabs(t);
+                }
+                double f = (double)sx[kb * n + r] * (cols ? sw[kb * m + col] : sw[(col / 128) * l4 + kb]);
+                ref += part * f, mag += pmag * f;
+            }
+            double e = fabs((double)got[r * m + col] - ref), tol = ldexp(mag, -11) + 1e-30;
+            if (!(e <= tol)) {
+                if (bad < 4)
+                    fprintf(stderr, "  wg C[%lld][%lld]: got %.9g, want %.9g (sum |terms| %.3g)\n",
+                            (long long)r, (long long)col, got[r * m + col], ref, mag);
+                bad++, bad_r[r % 128]++, bad_c[col % 128]++;
+                zeros += got[r * m + col] == 0.0f;
+                worst = fmax(worst, isnan(e) ? INFINITY : e / tol);
+            }
+        }
+    printf("fp8 wg kernel n=%lld m=%lld kp=%lld cols=%d mc=%d beta1=%d: %lld of %lld differ%s\n",
+           (long long)n, (long long)m, (long long)kp, cols, mc, beta1, (long long)bad,
+           (long long)(n * m), bad ? "" : " (ok)");
+    if (bad) {
+        fprintf(stderr, "  worst %.3g x the bound; %lld of them 0; failing rows within a tile:", worst,
+                (long long)zeros);
+        for (int i = 0; i < 128; i++)
+            if (bad_r[i])
+                fprintf(stderr, " %d", i);
+        fprintf(stderr, "\n  failing columns within a tile:");
+        for (int i = 0; i < 128; i++)
+            if (bad_c[i])
+                fprintf(stderr, " %d", i);
+        fprintf(stderr, "\n");
+    }
+    CHECK(bad == 0);
+    free(qx), free(qw), free(sx), free(sw), free(c0), free(got);
+    void *bufs[] = {gx, gw, gsx, gsw, gc};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
+        df_backend_free(g, bufs[i]);
+}
+
 static double time_ms(int (*f)(void *), void *arg)
 {
     double t[9];
@@ -540,6 +622,18 @@ int main(int argc, char **argv)
      * clusters, then cuBLASLt's. Shapes:
      * edges everywhere; C's columns a multiple of 128 (our kernel's) with rows that are not
      * (its row tiles' edge), and not a multiple of 4 (padded rows) */
+    /* our kernel alone first (sm_90): the tile's edges, several k blocks (a slot's reuse past
+     * STAGES), both scale layouts, both cluster sizes */
+    df_cuda_device_info info;
+    int sm90 = df_cuda_device_info_get(0, &info) == 0 && info.sm_major == 9;
+    if (sm90 && df_cuda_fp8_wg_usable(128, 128, 1, 0, 1)) {
+        for (int mc = 1; mc <= 2; mc++)
+            for (int cols = 0; cols < 2; cols++) {
+                check_wg_direct(128, 128, 128, cols, mc, 0);
+                check_wg_direct(300, 256, 1024, cols, mc, cols);
+                check_wg_direct(37, 384, 896, cols, mc, 1);
+            }
+    }
     int64_t nown = 0;
     static const char *const wg_of[4] = {"0", "1", "2", "0"};
     for (int pass = 0; pass < 4; pass++) {
@@ -560,8 +654,6 @@ int main(int argc, char **argv)
     df_knob_set(DF_KNOB_FP8_WG, "1"); /* the LM head's GEMMs below on our kernel too */
     int64_t nfast = 0, nslow = 0;
     df_cuda_fp8_gemm_counts(&nfast, &nslow, NULL);
-    df_cuda_device_info info;
-    int sm90 = df_cuda_device_info_get(0, &info) == 0 && info.sm_major == 9;
     printf("fp8 gemm: %lld calls on E4M3 tensor cores (%lld on our kernel), %lld on the BF16 path "
            "after a check%s\n", (long long)nfast, (long long)nown, (long long)nslow,
            sm90 ? "" : info.sm_major >= 10 ? " (MXFP8: not asserted, never run on such a GPU here)"
