@@ -8,6 +8,9 @@
 # without a switch in the code; AB_ENV then applies to the B side too (may be empty).
 # AB_PATCH=FILE (a patch, e.g. docs/attic/*.patch) does the same with the patch applied to the
 # copy (git apply; after AB_SRC's replacements, if any).
+# AB_BUILD_B=DIR: the B side is that build directory as it is (e.g. binaries built off the GPU
+# machine from a patched tree and sent along: DIR/dflash, DIR/tools/*, DIR/tests/*); the B build
+# is skipped. The test part needs a CMake build (ctest) on both sides.
 # AB_ENV_A: the A side's environment (default none), e.g. with AB_SRC and
 # AB_ENV_A=DFLASH_PORTABLE=1 AB_ENV=DFLASH_PORTABLE=1 a portable-path kernel change against main's.
 # Parts:
@@ -27,14 +30,17 @@
 # 1 when a part failed.
 set -u
 B=${1:?build dir}; LOG=${2:?log dir}; shift 2
-AB_SRC=${AB_SRC:-}; AB_PATCH=${AB_PATCH:-}; AB_ENV_A=${AB_ENV_A:-}
-if [ -z "$AB_SRC$AB_PATCH" ]; then AB_ENV=${AB_ENV:?AB_ENV, e.g. DFLASH_ATTN_BWD=mma4 (or AB_SRC, AB_PATCH)}; else AB_ENV=${AB_ENV:-}; fi
+AB_SRC=${AB_SRC:-}; AB_PATCH=${AB_PATCH:-}; AB_ENV_A=${AB_ENV_A:-}; AB_BUILD_B=${AB_BUILD_B:-}
+if [ -z "$AB_SRC$AB_PATCH$AB_BUILD_B" ]; then AB_ENV=${AB_ENV:?AB_ENV, e.g. DFLASH_ATTN_BWD=mma4 (or AB_SRC, AB_PATCH)}; else AB_ENV=${AB_ENV:-}; fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 mkdir -p "$LOG"
 status=0; rows=()
 BB=$B # the B side's build
 WHAT=$AB_ENV
-if [ -n "$AB_SRC$AB_PATCH" ]; then
+if [ -n "$AB_BUILD_B" ]; then
+  [ -d "$AB_BUILD_B" ] || { echo "ab.sh: AB_BUILD_B $AB_BUILD_B: no such directory"; exit 2; }
+  BB=$AB_BUILD_B WHAT="build $AB_BUILD_B${AB_ENV:+ + $AB_ENV}"
+elif [ -n "$AB_SRC$AB_PATCH" ]; then
   S2=/tmp/ab-src BB=/tmp/ab-build
   rm -rf "$S2" "$BB" && mkdir -p "$S2"
   (cd "$ROOT" && git ls-files -co --exclude-standard -z | xargs -0 cp --parents -t "$S2") || exit 1
