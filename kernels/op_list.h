@@ -62,7 +62,7 @@
     X(int, fp8_qdq, (df_backend * be, const df_tensor *x, df_tensor *y, int64_t block_rows,         \
                      int64_t block_cols))                                                           \
     X(int, matmul_fp8, (df_backend * be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b, \
-                        df_tensor *c, int accumulate))                                              \
+                        df_tensor *c, unsigned flags))                                              \
     X(int, dflash_attn, (df_backend * be, const df_tensor *q, const df_tensor *kc,                  \
                          const df_tensor *vc, const df_tensor *kb, const df_tensor *vb,             \
                          const df_dflash_blocks *blk, int nq, int nkv, int head_dim, float scale,   \

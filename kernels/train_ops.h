@@ -167,17 +167,30 @@ double df_op_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n);
  * (df_op_matmul_bwd_x), dw = dy^T x (df_op_matmul_bwd_w). */
 typedef enum df_gemm_kind { DF_GEMM_FWD = 0, DF_GEMM_BWD_X = 1, DF_GEMM_BWD_W = 2 } df_gemm_kind;
 
-/* c (+)= the product the BF16 op of kind computes (a, b, c, accumulate as
- * its x/dy, w/x, y/dx/dw, accumulate; the same checks), with both operands
+/* c (+)= the product the BF16 op of kind computes (a, b, c as its x/dy,
+ * w/x, y/dx/dw; the same checks), with both operands
  * first rounded to E4M3 as df_op_fp8_qdq does, in the blocks of the recipe:
  * along each GEMM's reduction, so an activation or gradient takes 1 x 128
  * blocks (x of DF_GEMM_FWD, dy of DF_GEMM_BWD_X) or 128 x 1 blocks (both
  * operands of DF_GEMM_BWD_W, which reduces over rows), a weight 128 x 128.
  * A backend computes the BF16 op on the rounded operands (they are exact
  * BF16 values; FP32 accumulation), or FP8 tensor-core GEMMs that give the
- * same products up to the order of the sums. */
+ * same products up to the order of the sums.
+ * flags: DF_FP8_ACCUMULATE (c +=; else c =), and hints that change no bit of
+ * the result (a backend may ignore them; DF_GEMM_BWD_X ignores them): x is
+ * the operand a of DF_GEMM_FWD, b of DF_GEMM_BWD_W, the one that several
+ * projections of one input share (q, k and v of one x).
+ *   DF_FP8_HOLD_X: keep x's rounding for the calls that follow;
+ *   DF_FP8_SAME_X: x is the tensor of the last DF_FP8_HOLD_X call (same
+ *     memory, same view), unchanged since, in a call of the same kind: its
+ *     kept rounding may be used instead of rounding x again. A call whose x
+ *     does not match what was kept rounds x (and keeps that).
+ * Other bits: -EINVAL. */
+#define DF_FP8_ACCUMULATE 1u
+#define DF_FP8_HOLD_X 2u
+#define DF_FP8_SAME_X 4u
 int df_op_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
-                     df_tensor *c, int accumulate);
+                     df_tensor *c, unsigned flags);
 
 /* ---- FP8 (E4M3) rounding ----
  * y = x rounded to E4M3 in blocks of block_rows x block_cols elements (edge

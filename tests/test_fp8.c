@@ -343,7 +343,9 @@ static void test_matmul(void)
             df_tensor ta = df_tensor_2d(a, DF_DTYPE_F32, ar, ac), tb = df_tensor_2d(b, DF_DTYPE_F32, br, bc);
             df_tensor tc = df_tensor_2d(c, DF_DTYPE_F32, cr, cc);
             ta.stride[0] = la, tb.stride[0] = lb, tc.stride[0] = lc;
-            CHECK_EQ(df_op_matmul_fp8(be, (df_gemm_kind)kind, &ta, &tb, &tc, acc), 0);
+            /* the hints change nothing (here: the same x is never held; the CPU ignores them) */
+            unsigned hint = (kind + acc) % 3 == 0 ? 0 : (kind + acc) % 3 == 1 ? DF_FP8_HOLD_X : DF_FP8_SAME_X;
+            CHECK_EQ(df_op_matmul_fp8(be, (df_gemm_kind)kind, &ta, &tb, &tc, (acc ? DF_FP8_ACCUMULATE : 0) | hint), 0);
             int64_t bad = 0;
             for (int64_t i = 0; i < cr; i++)
                 for (int64_t j = 0; j < lc; j++) {
@@ -377,6 +379,7 @@ static void test_matmul(void)
     CHECK_EQ(df_op_matmul_fp8(be, (df_gemm_kind)3, &tx, &tw, &ty, 0), -EINVAL);
     CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_FWD, &tx, &tw, &t47, 0), -EINVAL);
     CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_BWD_W, &tx, &tw, &tx, 0), -EINVAL); /* c is a */
+    CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_FWD, &tx, &tw, &ty, 8), -EINVAL);   /* an unknown flag */
     int same = 1;
     for (int i = 0; i < 64; i++)
         same &= y[i] == -2.0f && x[i] == 1.0f;

@@ -357,6 +357,59 @@ static void check_matmul(df_gemm_kind kind, int64_t M, int64_t N, int64_t K, int
     df_backend_free(g, ga), df_backend_free(g, gb), df_backend_free(g, gc);
 }
 
+/* DF_FP8_HOLD_X / _SAME_X: two projections of one x (FWD: x w1^T, x w2^T;
+ * BWD_W: dy1^T x, dy2^T x) with the hints give the bits they give without,
+ * and a SAME_X call on another x rounds that x (its own result). On the
+ * tensor cores (sm_90) the second call used the kept codes. */
+static int64_t check_hold(df_gemm_kind kind, int64_t rows, int64_t k, int64_t n1, int64_t n2)
+{
+    df_backend *g = gh_gpu;
+    int bw = kind == DF_GEMM_BWD_W;
+    /* FWD: x [rows, k], w_i [n_i, k], y_i [rows, n_i]; BWD_W: dy_i [rows, n_i], x [rows, k], dw_i [n_i, k] */
+    float *x = gh_rand_bf16(GH_N01, &rng, rows * k, 1.0f), *x2 = gh_rand_bf16(GH_N01, &rng, rows * k, 2.0f);
+    float *o1 = gh_rand_bf16(GH_N01, &rng, n1 * (bw ? rows : k), 0.05f);
+    float *o2 = gh_rand_bf16(GH_N01, &rng, n2 * (bw ? rows : k), 0.05f);
+    void *gx = gh_dev_bf16(g, x, rows * k), *gx2 = gh_dev_bf16(g, x2, rows * k);
+    void *go1 = gh_dev_bf16(g, o1, n1 * (bw ? rows : k)), *go2 = gh_dev_bf16(g, o2, n2 * (bw ? rows : k));
+    df_tensor X = df_tensor_2d(gx, DF_DTYPE_BF16, rows, k), X2 = df_tensor_2d(gx2, DF_DTYPE_BF16, rows, k);
+    df_tensor O1 = bw ? df_tensor_2d(go1, DF_DTYPE_BF16, rows, n1) : df_tensor_2d(go1, DF_DTYPE_BF16, n1, k);
+    df_tensor O2 = bw ? df_tensor_2d(go2, DF_DTYPE_BF16, rows, n2) : df_tensor_2d(go2, DF_DTYPE_BF16, n2, k);
+    int64_t c1r = bw ? n1 : rows, c1c = bw ? k : n1, c2r = bw ? n2 : rows, c2c = bw ? k : n2;
+    /* [0]: no hints, [1]: hints; C1 = op(x, o1), C2 = op(x, o2), C3 = op(x2, o2) */
+    float *got[2][3];
+    int64_t reused0 = df_cuda_fp8_x_reused();
+    for (int h = 0; h < 2; h++) {
+        void *gc[3] = {gh_dev_poisoned(g, c1r * c1c, DF_DTYPE_BF16), gh_dev_poisoned(g, c2r * c2c, DF_DTYPE_BF16),
+                       gh_dev_poisoned(g, c2r * c2c, DF_DTYPE_BF16)};
+        df_tensor C1 = df_tensor_2d(gc[0], DF_DTYPE_BF16, c1r, c1c), C2 = df_tensor_2d(gc[1], DF_DTYPE_BF16, c2r, c2c);
+        df_tensor C3 = df_tensor_2d(gc[2], DF_DTYPE_BF16, c2r, c2c);
+        const df_tensor *xs[3] = {&X, &X, &X2}, *os[3] = {&O1, &O2, &O2};
+        df_tensor *cs[3] = {&C1, &C2, &C3};
+        const unsigned hint[3] = {DF_FP8_HOLD_X, DF_FP8_SAME_X, DF_FP8_SAME_X};
+        for (int i = 0; i < 3; i++)
+            CHECK_EQ(df_op_matmul_fp8(g, kind, bw ? os[i] : xs[i], bw ? xs[i] : os[i], cs[i], h ? hint[i] : 0), 0);
+        for (int i = 0; i < 3; i++) {
+            got[h][i] = gh_download_bf16(g, gc[i], i ? c2r * c2c : c1r * c1c);
+            df_backend_free(g, gc[i]);
+        }
+    }
+    int64_t diff = 0;
+    for (int i = 0; i < 3; i++)
+        for (int64_t j = 0; j < (i ? c2r * c2c : c1r * c1c); j++)
+            diff += memcmp(&got[0][i][j], &got[1][i][j], 4) != 0;
+    int64_t reused = df_cuda_fp8_x_reused() - reused0;
+    printf("matmul_fp8 kind %d hints HOLD_X / SAME_X (rows %lld, k %lld): %lld elements differ from "
+           "the calls without; x's codes reused %lld times\n", (int)kind, (long long)rows, (long long)k,
+           (long long)diff, (long long)reused);
+    CHECK_EQ(diff, 0);
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 3; i++)
+            free(got[h][i]);
+    free(x), free(x2), free(o1), free(o2);
+    df_backend_free(g, gx), df_backend_free(g, gx2), df_backend_free(g, go1), df_backend_free(g, go2);
+    return reused;
+}
+
 /* gemm_fp8_wg.cu's kernel called directly (sm_90 only), fp32 C against a
  * double-precision sum of the decoded codes times their scales: per k block
  * the products are exact, but Hopper's E4M3 wgmma keeps only about 14 bits
@@ -652,6 +705,12 @@ int main(int argc, char **argv)
             df_cuda_fp8_gemm_counts(&(int64_t){0}, &(int64_t){0}, &nown);
     }
     df_knob_set(DF_KNOB_FP8_WG, "1"); /* the LM head's GEMMs below on our kernel too */
+    /* the hints: on the BF16 path (ignored), then on the tensor cores (x rounded once) */
+    df_knob_set(DF_KNOB_FP8_GEMM, "0");
+    CHECK_EQ(check_hold(DF_GEMM_FWD, 300, 512, 384, 256), 0);
+    df_knob_set(DF_KNOB_FP8_GEMM, "1");
+    int64_t held_fwd = check_hold(DF_GEMM_FWD, 1024, 640, 384, 256);
+    int64_t held_bw = check_hold(DF_GEMM_BWD_W, 1024, 640, 384, 256);
     int64_t nfast = 0, nslow = 0;
     df_cuda_fp8_gemm_counts(&nfast, &nslow, NULL);
     printf("fp8 gemm: %lld calls on E4M3 tensor cores (%lld on our kernel), %lld on the BF16 path "
@@ -660,7 +719,7 @@ int main(int argc, char **argv)
                                           : " (before sm_90: none expected)");
     /* on sm_90 the aligned shapes must have passed their check (DFLASH_LOG=info says why not) */
     if (sm90)
-        CHECK(nfast >= 6 && nown >= 18);
+        CHECK(nfast >= 6 && nown >= 18 && held_fwd == 1 && held_bw == 1);
     check_lmhead(300, 5000, 256);
     /* rows not a multiple of 4 (cuBLASLt's row counts): the GEMMs' rows rounded up, on the
      * tensor cores still (chunks of 74 rows too) */

@@ -629,11 +629,12 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor win = PW(d, W, I->in_norm), wq = PW(d, W, I->wq), wk = PW(d, W, I->wk),
                   wv = PW(d, W, I->wv), wo = PW(d, W, I->wo);
         CK(df_op_rmsnorm(be, &xin, &win, eps, 0, &a));
-        CK(drafter_mm(d, &a, &wq, &qraw, 0));
-        CK(drafter_mm(d, &a, &wk, &kbraw, 0));
-        CK(drafter_mm(d, &a, &wv, &vb, 0));
-        CK(drafter_mm(d, &cn, &wk, &kcraw, 0));
-        CK(drafter_mm(d, &cn, &wv, &vc, 0));
+        /* (FP8: a's rounding once for q, k and v; cn's once for k and v) */
+        CK(drafter_mm(d, &a, &wq, &qraw, DF_FP8_HOLD_X));
+        CK(drafter_mm(d, &a, &wk, &kbraw, DF_FP8_SAME_X));
+        CK(drafter_mm(d, &a, &wv, &vb, DF_FP8_SAME_X));
+        CK(drafter_mm(d, &cn, &wk, &kcraw, DF_FP8_HOLD_X));
+        CK(drafter_mm(d, &cn, &wv, &vc, DF_FP8_SAME_X));
         if ((rc = qk_norm_rope(d, W, I, A, r, N, S, e)))
             return rc; /* its message names the op */
         df_dflash_blocks blk = r->blocks;
@@ -647,8 +648,8 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor wpn = PW(d, W, I->post_norm), wg = PW(d, W, I->gate), wu = PW(d, W, I->up),
                   wd = PW(d, W, I->down);
         CK(df_op_rmsnorm(be, &xmid, &wpn, eps, 0, &b));
-        CK(drafter_mm(d, &b, &wg, &g, 0));
-        CK(drafter_mm(d, &b, &wu, &u, 0));
+        CK(drafter_mm(d, &b, &wg, &g, DF_FP8_HOLD_X));
+        CK(drafter_mm(d, &b, &wu, &u, DF_FP8_SAME_X));
         CK(df_op_swiglu(be, &g, &u, &mm));
         /* the layer output: xmid + m Wd^T, into the next layer's xin (or xfin) */
         void *next = l + 1 < L ? d->act[l + 1].xin : d->xfin;
@@ -769,8 +770,8 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
             CK(df_op_rmsnorm(be, &xmid, &wpn, eps, 0, &b));
             if (d->recompute > 1) { /* the MLP's input projections again */
                 df_tensor wg = PW(d, W, I->gate), wu = PW(d, W, I->up);
-                CK(drafter_mm(d, &b, &wg, &g, 0));
-                CK(drafter_mm(d, &b, &wu, &u, 0));
+                CK(drafter_mm(d, &b, &wg, &g, DF_FP8_HOLD_X));
+                CK(drafter_mm(d, &b, &wu, &u, DF_FP8_SAME_X));
             }
             CK(df_op_swiglu(be, &g, &u, &mm));
         }
@@ -788,8 +789,8 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         CK(df_op_swiglu_bwd(be, &g, &u, &dm, &dg, &du));
         CK(drafter_mm_bx(d, &dg, &wg, &db, 0));
         CK(drafter_mm_bx(d, &du, &wu, &db, 1));
-        CK(drafter_mm_bw(d, &dg, &b, &gwg, 1));
-        CK(drafter_mm_bw(d, &du, &b, &gwu, 1));
+        CK(drafter_mm_bw(d, &dg, &b, &gwg, DF_FP8_ACCUMULATE | DF_FP8_HOLD_X));
+        CK(drafter_mm_bw(d, &du, &b, &gwu, DF_FP8_ACCUMULATE | DF_FP8_SAME_X));
         /* dx now holds d(xmid) through the residual; add the norm's path */
         CK(df_op_rmsnorm_bwd(be, &xmid, &wpn, eps, 0, &db, &dx, 1, &gwpn));
         /* attention: xmid = xin + o Wo^T */
@@ -832,13 +833,13 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         CK(drafter_mm_bx(d, &dqr, &wq, &da, 0));
         CK(drafter_mm_bx(d, &dkbr, &wk, &da, 1));
         CK(drafter_mm_bx(d, &dvb, &wv, &da, 1));
-        CK(drafter_mm_bw(d, &dqr, &a, &gwq, 1));
-        CK(drafter_mm_bw(d, &dkbr, &a, &gwk, 1));
-        CK(drafter_mm_bw(d, &dvb, &a, &gwv, 1));
+        CK(drafter_mm_bw(d, &dqr, &a, &gwq, DF_FP8_ACCUMULATE | DF_FP8_HOLD_X));
+        CK(drafter_mm_bw(d, &dkbr, &a, &gwk, DF_FP8_ACCUMULATE | DF_FP8_SAME_X));
+        CK(drafter_mm_bw(d, &dvb, &a, &gwv, DF_FP8_ACCUMULATE | DF_FP8_SAME_X));
         CK(drafter_mm_bx(d, &dkcr, &wk, &dcn, 1));
         CK(drafter_mm_bx(d, &dvc, &wv, &dcn, 1));
-        CK(drafter_mm_bw(d, &dkcr, &cn, &gwk, 1));
-        CK(drafter_mm_bw(d, &dvc, &cn, &gwv, 1));
+        CK(drafter_mm_bw(d, &dkcr, &cn, &gwk, DF_FP8_ACCUMULATE | DF_FP8_HOLD_X));
+        CK(drafter_mm_bw(d, &dvc, &cn, &gwv, DF_FP8_ACCUMULATE | DF_FP8_SAME_X));
         df_tensor win = PW(d, W, I->in_norm), gwin = PG(d, G, I->in_norm);
         /* dx: d(xmid) flows to d(xin) through the residual, plus the norm's path */
         CK(df_op_rmsnorm_bwd(be, &xin, &win, eps, 0, &da, &dx, 1, &gwin));

@@ -11,22 +11,22 @@
 
 #include <errno.h>
 
-int drafter_mm(df_drafter *d, const df_tensor *x, const df_tensor *w, df_tensor *y, int acc)
+int drafter_mm(df_drafter *d, const df_tensor *x, const df_tensor *w, df_tensor *y, unsigned flags)
 {
-    return d->q8 ? df_op_matmul_fp8(d->be, DF_GEMM_FWD, x, w, y, acc)
-                 : df_op_matmul(d->be, x, w, y, acc);
+    return d->q8 ? df_op_matmul_fp8(d->be, DF_GEMM_FWD, x, w, y, flags)
+                 : df_op_matmul(d->be, x, w, y, flags & DF_FP8_ACCUMULATE);
 }
 
-int drafter_mm_bx(df_drafter *d, const df_tensor *dy, const df_tensor *w, df_tensor *dx, int acc)
+int drafter_mm_bx(df_drafter *d, const df_tensor *dy, const df_tensor *w, df_tensor *dx, unsigned flags)
 {
-    return d->q8 ? df_op_matmul_fp8(d->be, DF_GEMM_BWD_X, dy, w, dx, acc)
-                 : df_op_matmul_bwd_x(d->be, dy, w, dx, acc);
+    return d->q8 ? df_op_matmul_fp8(d->be, DF_GEMM_BWD_X, dy, w, dx, flags)
+                 : df_op_matmul_bwd_x(d->be, dy, w, dx, flags & DF_FP8_ACCUMULATE);
 }
 
-int drafter_mm_bw(df_drafter *d, const df_tensor *dy, const df_tensor *x, df_tensor *dw, int acc)
+int drafter_mm_bw(df_drafter *d, const df_tensor *dy, const df_tensor *x, df_tensor *dw, unsigned flags)
 {
-    return d->q8 ? df_op_matmul_fp8(d->be, DF_GEMM_BWD_W, dy, x, dw, acc)
-                 : df_op_matmul_bwd_w(d->be, dy, x, dw, acc);
+    return d->q8 ? df_op_matmul_fp8(d->be, DF_GEMM_BWD_W, dy, x, dw, flags)
+                 : df_op_matmul_bwd_w(d->be, dy, x, dw, flags & DF_FP8_ACCUMULATE);
 }
 
 void drafter_fp8_free(df_drafter *d)

@@ -87,11 +87,11 @@ static int rounded_copy(df_backend *be, const df_tensor *t, int64_t br, int64_t 
 }
 
 /* The BF16 op on operands rounded per the recipe (train_ops.h): the
- * reference of every backend's FP8 GEMM. */
+ * reference of every backend's FP8 GEMM (the hint flags are not used). */
 int df_cpu_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
-                      df_tensor *c, int accumulate)
+                      df_tensor *c, unsigned flags)
 {
-    int bw = kind == DF_GEMM_BWD_W;
+    int bw = kind == DF_GEMM_BWD_W, accumulate = (flags & DF_FP8_ACCUMULATE) != 0;
     float *pa = NULL, *pb = NULL;
     df_tensor ra, rb;
     int rc = rounded_copy(be, a, bw ? 128 : 1, bw ? 1 : 128, &pa, &ra);

@@ -177,8 +177,9 @@ extern "C" int df_cuda_matmul_fp8_bf16(df_backend *be, df_gemm_kind kind, const 
 /* df_op_matmul_fp8: the E4M3 tensor cores where they are there and agreed
  * with the BF16 path on the shape (gemm_fp8.cu), else the BF16 path. */
 extern "C" int df_cuda_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a,
-                                  const df_tensor *b, df_tensor *c, int accumulate)
+                                  const df_tensor *b, df_tensor *c, unsigned flags)
 {
-    int rc = df_cuda_matmul_fp8_fast(be, kind, a, b, c, accumulate);
-    return rc ? (rc < 0 ? rc : 0) : df_cuda_matmul_fp8_bf16(be, kind, a, b, c, accumulate);
+    int rc = df_cuda_matmul_fp8_fast(be, kind, a, b, c, flags);
+    return rc ? (rc < 0 ? rc : 0)
+              : df_cuda_matmul_fp8_bf16(be, kind, a, b, c, (flags & DF_FP8_ACCUMULATE) != 0);
 }

@@ -18,13 +18,16 @@ extern "C" {
 int df_cuda_matmul_fp8_bf16(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                             const df_tensor *b, df_tensor *c, int accumulate);
 
-/* cuBLASLt's block-scaled E4M3 GEMM (sm_90; MXFP8 on compute capability 10
- * and later, below; BF16 operands, DFLASH_FP8_GEMM on): 1 when it computed
- * c, 0 when the caller is to run the BF16 path (an older GPU, a shape
- * cuBLASLt refuses or whose first call's check against the
- * BF16 path failed, an unaligned c), or a negative error. */
+/* The E4M3 tensor cores (sm_90: gemm_fp8_wg.cu's kernel or cuBLASLt's
+ * block-scaled GEMM; MXFP8 on compute capability 10 and later, below; BF16
+ * operands, DFLASH_FP8_GEMM on): 1 when they computed c, 0 when the caller
+ * is to run the BF16 path (an older GPU, a shape refused or whose first
+ * call's check against the BF16 path failed, an unaligned c), or a negative
+ * error. flags: df_op_matmul_fp8's; x's codes under DF_FP8_HOLD_X in a
+ * region of their own until the backend closes (a GEMM that the tensor
+ * cores did not take keeps nothing). */
 int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const df_tensor *a,
-                            const df_tensor *b, df_tensor *c, int accumulate);
+                            const df_tensor *b, df_tensor *c, unsigned flags);
 
 /* Whether df_cuda_matmul_fp8_fast may take calls here (DFLASH_FP8_GEMM on,
  * compute capability 9.0 or 10 and later): a caller sets a workspace aside only then. */
@@ -65,9 +68,10 @@ typedef struct df_cuda_fp8_kept {
 } df_cuda_fp8_kept;
 df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_gemm_kind kind,
                                        const df_tensor *w);
-/* Marks every slot as not ready (df_backend_free calls it: a weight's memory
- * freed and handed out again must not find its old codes; frees come at
- * teardown or when a buffer grows, not inside a step). */
+/* Marks every slot, and the codes held under DF_FP8_HOLD_X, as not ready
+ * (df_backend_free calls it: memory freed and handed out again must not find
+ * its old codes; frees come at teardown or when a buffer grows, not inside a
+ * step). */
 void df_cuda_fp8_kept_forget(df_backend *be);
 
 /* The rounding kernels of df_cuda_matmul_fp8_fast alone (for tests): the
@@ -122,6 +126,8 @@ int df_cuda_fp8_wg_run(cudaStream_t st, const uint8_t *qx, const float *sx, int6
 /* Calls df_cuda_matmul_fp8_fast took / left to the BF16 path, process-wide;
  * own (may be NULL): of those it took, the ones on gemm_fp8_wg.cu's kernel. */
 void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback, int64_t *own);
+/* Calls that used x's kept codes (DF_FP8_SAME_X) instead of rounding x, process-wide. */
+int64_t df_cuda_fp8_x_reused(void);
 
 /* Frees the backend's FP8 plans (df_cuda_gemm_close). */
 void df_cuda_fp8_gemm_close(df_cuda_state *s);

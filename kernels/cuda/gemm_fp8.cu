@@ -103,11 +103,22 @@ constexpr int NPLANS = 64;
  * check's verdict per class of plans: which kernel, kind, C's dtype,
  * accumulate, and whether m and n are multiples of 128 (what a layout
  * mistake could depend on); 0 unknown, 1 agreed, -1 not */
+/* x's codes kept under DF_FP8_HOLD_X: whose they are (kind, x's memory and
+ * view, the code matrix's rows and padded reduction) and the region */
+typedef struct fp8_held {
+    const void *x;
+    int64_t rows, cols, ld, n, kp;
+    int kind, mx, ready;
+    void *buf;
+    size_t bytes;
+} fp8_held;
+
 typedef struct fp8_cache {
     fp8_plan p[NPLANS];
     int n;
     signed char verdict[3][3][2][2][2][2];
     df_cuda_fp8_kept kept[DF_CUDA_FP8_KEPT];
+    fp8_held held;
 } fp8_cache;
 
 signed char *verdict_of(fp8_cache *fc, const fp8_plan *p)
@@ -116,6 +127,7 @@ signed char *verdict_of(fp8_cache *fc, const fp8_plan *p)
 }
 
 int64_t g_fast, g_fallback, g_own; /* g_own: of g_fast, those on gemm_fp8_wg.cu's kernel */
+int64_t g_x_reused;                 /* calls that used x's kept codes */
 
 int64_t rup(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
@@ -209,18 +221,20 @@ int plan_build(df_cuda_state *s, fp8_plan *p)
     return ok;
 }
 
-/* Where the operands' codes and scales go in a workspace, and its size: A's
- * codes and scales first (their place depends on m and kp only, so a caller
- * may keep a weight's codes there across calls that differ in n), then B's.
- * mx: each operand's MXFP8 scales after its FP32 ones (rows rounded up to
- * 128, kp / 32 bytes each). */
+/* Where the operands' codes and scales go, and the workspace's size: A's
+ * codes and scales (at base_a when given: a kept weight's, or x^T of
+ * DF_GEMM_BWD_W held; else first in the workspace), then B's (at base_b
+ * when given: x of DF_GEMM_FWD held). Each part's size depends on its own
+ * rows and kp only. mx: each operand's MXFP8 scales after its FP32 ones
+ * (rows rounded up to 128, kp / 32 bytes each). */
 typedef struct fp8_ws {
     uint8_t *qa, *qb, *mxa, *mxb; /* mxa, mxb: NULL without mx */
     float *sa, *sb;
-    size_t nsa, bytes, bytes_a; /* bytes: in all; bytes_a: A's part */
+    size_t nsa, bytes, bytes_a, bytes_b; /* bytes: the workspace's; bytes_a, _b: each part's */
 } fp8_ws;
 
-fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base, char *base_a, int mx)
+fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base, char *base_a,
+                 char *base_b, int mx)
 {
     /* A: m rows, B: n rows, kp codes each; scales: A per its mode, B per 1 x 128 */
     int64_t kb = kp / 128, l4 = rup(kb, 4);
@@ -231,35 +245,29 @@ fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base
     size_t nxa = mx ? (size_t)rup(rup(m, 128) * (kp / 32), 256) : 0;
     size_t nxb = mx ? (size_t)rup(rup(n, 128) * (kp / 32), 256) : 0;
     fp8_ws w;
-    uintptr_t b0 = (uintptr_t)base; /* base NULL: the sizes only */
-    w.bytes_a = na + nsa_r + nxa;
-    if (base_a) { /* A's codes and scales apart (a kept weight's), B's at base */
-        w.qa = (uint8_t *)base_a;
-        b0 -= w.bytes_a;
-    } else {
-        w.qa = (uint8_t *)b0;
-    }
+    uintptr_t at = (uintptr_t)base; /* base NULL: the sizes (and the parts apart) only */
+    w.bytes_a = na + nsa_r + nxa, w.bytes_b = nb + nsb_r + nxb;
+    w.qa = base_a ? (uint8_t *)base_a : (uint8_t *)at;
+    at += base_a ? 0 : w.bytes_a;
+    w.qb = base_b ? (uint8_t *)base_b : (uint8_t *)at;
+    at += base_b ? 0 : w.bytes_b;
+    w.bytes = (size_t)(at - (uintptr_t)base);
     w.sa = (float *)(w.qa + na);
     w.mxa = mx ? w.qa + na + nsa_r : NULL;
-    w.qb = (uint8_t *)(b0 + w.bytes_a);
     w.sb = (float *)(w.qb + nb);
     w.mxb = mx ? w.qb + nb + nsb_r : NULL;
     w.nsa = nsa;
-    w.bytes = w.bytes_a + nb + nsb_r + nxb;
-    if (base_a)
-        w.bytes -= w.bytes_a;
     return w;
 }
 
-/* the operands' codes and scales into w; weight_ready: the weight's (A of
- * DF_GEMM_FWD / _BWD_X) are there already, from an earlier call */
+/* the operands' codes and scales into w; a_ready, b_ready: A's (the weight
+ * of DF_GEMM_FWD / _BWD_X, x^T of DF_GEMM_BWD_W) or B's (x of DF_GEMM_FWD)
+ * are there already, from an earlier call */
 int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
-             int64_t m, int64_t n, int64_t kp, const fp8_ws *w, int weight_ready)
+             int64_t m, int64_t n, int64_t kp, const fp8_ws *w, int a_ready, int b_ready)
 {
     cudaStream_t st = df_cuda_stream(be);
-    if (kind == DF_GEMM_BWD_W)
-        weight_ready = 0;
-    if (!weight_ready && cudaMemsetAsync(w->sa, 0, w->nsa, st) != cudaSuccess)
+    if (!a_ready && cudaMemsetAsync(w->sa, 0, w->nsa, st) != cudaSuccess)
         return df_cuda_check_launch("fp8 gemm scales");
     const uint16_t *A = (const uint16_t *)a->data, *B = (const uint16_t *)b->data;
     int64_t lda = a->stride[0], ldb = b->stride[0];
@@ -268,19 +276,20 @@ int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_ten
     int rc = 0;
     if (kind == DF_GEMM_BWD_W) { /* A = x^T [K, M], B = dy^T [N, M]: a = dy [M, N], b = x [M, K] */
         int64_t M = a->shape[0];
-        rc = df_cuda_fp8_codes_run(st, 1, B, ldb, M, m, w->qa, kp, w->sa, m, vb);
-        if (!rc)
+        if (!a_ready)
+            rc = df_cuda_fp8_codes_run(st, 1, B, ldb, M, m, w->qa, kp, w->sa, m, vb);
+        if (!rc && !b_ready)
             rc = df_cuda_fp8_codes_run(st, 1, A, lda, M, n, w->qb, kp, w->sb, n, va);
     } else { /* FWD: A = w [N, K] (mode 2), B = x; BWD_X: A = w^T [K, N] (mode 3), B = dy */
-        if (!weight_ready)
+        if (!a_ready)
             rc = df_cuda_fp8_codes_run(st, kind == DF_GEMM_BWD_X ? 3 : 2, B, ldb, b->shape[0], b->shape[1],
                                        w->qa, kp, w->sa, m, vb);
-        if (!rc)
+        if (!rc && !b_ready)
             rc = df_cuda_fp8_codes_run(st, 0, A, lda, a->shape[0], a->shape[1], w->qb, kp, w->sb, n, va);
     }
-    if (!rc && w->mxa && !weight_ready) /* A: 128 x 128 scales, or 1 x 128 (BWD_W) */
+    if (!rc && w->mxa && !a_ready) /* A: 128 x 128 scales, or 1 x 128 (BWD_W) */
         rc = df_cuda_fp8_mx_run(st, w->sa, kind != DF_GEMM_BWD_W, m, m, kp, w->mxa);
-    if (!rc && w->mxb)
+    if (!rc && w->mxb && !b_ready)
         rc = df_cuda_fp8_mx_run(st, w->sb, 0, n, n, kp, w->mxb);
     return rc;
 }
@@ -449,6 +458,8 @@ verdict:
 
 } // namespace
 
+extern "C" int64_t df_cuda_fp8_x_reused(void) { return g_x_reused; }
+
 extern "C" void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback, int64_t *own)
 {
     *fast = g_fast, *fallback = g_fallback;
@@ -466,6 +477,8 @@ extern "C" void df_cuda_fp8_gemm_close(df_cuda_state *s)
     for (int i = 0; i < DF_CUDA_FP8_KEPT; i++)
         if (fc->kept[i].buf)
             (void)cudaFree(fc->kept[i].buf);
+    if (fc->held.buf)
+        (void)cudaFree(fc->held.buf);
     free(fc);
     s->fp8 = NULL;
 }
@@ -482,7 +495,7 @@ extern "C" size_t df_cuda_matmul_fp8_ws_bytes(df_gemm_kind kind, const df_tensor
     int dev = 0; /* (the backend's device is the current one in its ops) */
     if (cudaGetDevice(&dev) != cudaSuccess)
         (void)cudaGetLastError();
-    fp8_ws w = ws_layout(kind, c->shape[1], c->shape[0], rup(red, 128), NULL, NULL, mx_of(dev));
+    fp8_ws w = ws_layout(kind, c->shape[1], c->shape[0], rup(red, 128), NULL, NULL, NULL, mx_of(dev));
     return without_a ? w.bytes - w.bytes_a : w.bytes;
 }
 
@@ -491,6 +504,8 @@ extern "C" void df_cuda_fp8_kept_forget(df_backend *be)
     fp8_cache *fc = (fp8_cache *)((df_cuda_state *)be->impl)->fp8;
     for (int i = 0; fc && i < DF_CUDA_FP8_KEPT; i++)
         fc->kept[i].w = NULL, fc->kept[i].ready = 0;
+    if (fc)
+        fc->held.x = NULL, fc->held.ready = 0;
 }
 
 extern "C" df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_gemm_kind kind,
@@ -508,7 +523,7 @@ extern "C" df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_g
     /* A of FWD: w [N, K], m = N, reduction K; of BWD_X: w^T, m = K, reduction N */
     int64_t m = kind == DF_GEMM_FWD ? w->shape[0] : w->shape[1];
     int64_t red = kind == DF_GEMM_FWD ? w->shape[1] : w->shape[0];
-    size_t bytes = ws_layout(kind, m, 1, rup(red, 128), NULL, NULL, mx_of(s->device)).bytes_a;
+    size_t bytes = ws_layout(kind, m, 1, rup(red, 128), NULL, NULL, NULL, mx_of(s->device)).bytes_a;
     if (k->buf && k->bytes < bytes) {
         (void)cudaFree(k->buf);
         k->buf = NULL;
@@ -527,9 +542,11 @@ extern "C" df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_g
     return k;
 }
 
-extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, const df_tensor *a,
-                                          const df_tensor *b, df_tensor *c, int accumulate,
-                                          void *ws, size_t ws_bytes, void *wa, int weight_ready)
+/* one call on the tensor cores: wa / a_ready, wb / b_ready as ws_layout's
+ * base_a / base_b and quantize's (NULL: in ws) */
+static int fast_call(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
+                     df_tensor *c, int accumulate, void *ws, size_t ws_bytes, void *wa, int a_ready,
+                     void *wb, int b_ready)
 {
     int fresh = 0;
     fp8_plan *p = plan_of(be, kind, a, b, c, accumulate, &fresh);
@@ -537,9 +554,7 @@ extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, con
         g_fallback++;
         return 0;
     }
-    if (kind == DF_GEMM_BWD_W)
-        wa = NULL;
-    fp8_ws w = ws_layout(kind, p->m, p->n, p->kp, (char *)ws, (char *)wa, p->mx);
+    fp8_ws w = ws_layout(kind, p->m, p->n, p->kp, (char *)ws, (char *)wa, (char *)wb, p->mx);
     if (!ws || w.bytes > ws_bytes) {
         g_fallback++;
         return 0;
@@ -548,7 +563,7 @@ extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, con
                                            {"fp8 round bwd_x", "fp8 gemm bwd_x"},
                                            {"fp8 round bwd_w", "fp8 gemm bwd_w"}};
     df_cuda_prof_split(be, part[kind][0]);
-    int rc = quantize(be, kind, a, b, p->m, p->n, p->kp, &w, weight_ready);
+    int rc = quantize(be, kind, a, b, p->m, p->n, p->kp, &w, a_ready, b_ready);
     if (!rc && fresh) { /* its class's first call: checked against the BF16 path on these operands */
         df_cuda_prof_split(be, "fp8 check");
         p->state = check_plan(be, (df_cuda_state *)be->impl, p, kind, a, b, c, &w) ? 1 : -1;
@@ -572,16 +587,77 @@ extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, con
     return 1;
 }
 
+extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, const df_tensor *a,
+                                          const df_tensor *b, df_tensor *c, int accumulate,
+                                          void *ws, size_t ws_bytes, void *wa, int weight_ready)
+{
+    if (kind == DF_GEMM_BWD_W)
+        wa = NULL, weight_ready = 0;
+    return fast_call(be, kind, a, b, c, accumulate, ws, ws_bytes, wa, weight_ready, NULL, 0);
+}
+
+/* The held region for x of this call (DF_FP8_HOLD_X / _SAME_X): *ready when
+ * it holds x's codes already (SAME_X, everything matching); else it is
+ * claimed for x (grown as needed; *ready 0). NULL: no memory (the call
+ * rounds x in the scratch). */
+static fp8_held *held_for(df_backend *be, df_gemm_kind kind, const df_tensor *x, const df_tensor *c,
+                          unsigned flags, int *ready)
+{
+    df_cuda_state *s = (df_cuda_state *)be->impl;
+    *ready = 0;
+    if (!s->fp8 && !(s->fp8 = calloc(1, sizeof(fp8_cache))))
+        return NULL;
+    fp8_held *h = &((fp8_cache *)s->fp8)->held;
+    int bw = kind == DF_GEMM_BWD_W, mx = mx_of(s->device);
+    /* x's part: B of FWD (c's rows, x's columns padded), A of BWD_W (c's columns, x's rows padded) */
+    int64_t n = bw ? c->shape[1] : c->shape[0], kp = rup(bw ? x->shape[0] : x->shape[1], 128);
+    if ((flags & DF_FP8_SAME_X) && h->ready && h->kind == (int)kind && h->x == x->data &&
+        h->rows == x->shape[0] && h->cols == x->shape[1] && h->ld == x->stride[0] && h->n == n &&
+        h->kp == kp && h->mx == mx) {
+        *ready = 1;
+        return h;
+    }
+    fp8_ws w = ws_layout(kind, bw ? n : 1, bw ? 1 : n, kp, NULL, NULL, NULL, mx);
+    size_t bytes = bw ? w.bytes_a : w.bytes_b;
+    h->ready = 0;
+    if (h->buf && h->bytes < bytes) {
+        (void)cudaFree(h->buf);
+        h->buf = NULL;
+    }
+    if (!h->buf) {
+        if (cudaMalloc(&h->buf, bytes) != cudaSuccess) {
+            (void)cudaGetLastError();
+            h->buf = NULL;
+            return NULL;
+        }
+        h->bytes = bytes;
+    }
+    h->x = x->data, h->kind = (int)kind, h->rows = x->shape[0], h->cols = x->shape[1];
+    h->ld = x->stride[0], h->n = n, h->kp = kp, h->mx = mx;
+    return h;
+}
+
 /* 1 when the tensor cores took the call (c written), 0 when the caller runs
- * the BF16 path, or a negative error. The codes go to the backend scratch. */
+ * the BF16 path, or a negative error. The codes go to the backend scratch,
+ * x's to the held region under DF_FP8_HOLD_X / _SAME_X. */
 extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const df_tensor *a,
-                                       const df_tensor *b, df_tensor *c, int accumulate)
+                                       const df_tensor *b, df_tensor *c, unsigned flags)
 {
     if (!df_cuda_fp8_gemm_possible(be))
         return 0; /* (before the scratch: it would grow for nothing) */
+    int acc = (flags & DF_FP8_ACCUMULATE) != 0, bw = kind == DF_GEMM_BWD_W, x_ready = 0;
+    fp8_held *h = kind != DF_GEMM_BWD_X && (flags & (DF_FP8_HOLD_X | DF_FP8_SAME_X))
+                      ? held_for(be, kind, bw ? b : a, c, flags, &x_ready)
+                      : NULL;
     size_t bytes = df_cuda_matmul_fp8_ws_bytes(kind, a, c, 0);
     void *ws = df_cuda_scratch(be, bytes);
     if (!ws)
         return -ENOMEM;
-    return df_cuda_matmul_fp8_fast_ws(be, kind, a, b, c, accumulate, ws, bytes, NULL, 0);
+    void *wx = h ? h->buf : NULL;
+    int rc = fast_call(be, kind, a, b, c, acc, ws, bytes, bw ? wx : NULL, bw && x_ready,
+                       bw ? NULL : wx, !bw && x_ready);
+    if (h) /* x's codes are there only when the call rounded (or used) them */
+        h->ready = rc == 1;
+    g_x_reused += rc == 1 && x_ready;
+    return rc;
 }
