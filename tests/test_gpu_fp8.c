@@ -414,8 +414,9 @@ static int64_t check_hold(df_gemm_kind kind, int64_t rows, int64_t k, int64_t n1
  * double-precision sum of the decoded codes times their scales: per k block
  * the products are exact, but Hopper's E4M3 wgmma keeps only about 14 bits
  * of its running sum (DeepSeek-V3's report: why the kernel promotes per
- * block), so the bound is 2^-11 of sum |term| per element; a wrong tile,
- * swizzle, scale or phase is off by O(1) of it. A mismatch is located: the
+ * block; on an H100 the worst element was 1.7 x 2^-11 of sum |term|), so
+ * the bound is 2^-9 of sum |term| per element; a wrong tile, swizzle,
+ * scale or phase is off by O(1) of it. A mismatch is located: the
  * first ones, and which rows and columns within the 128 x 128 tiles fail. A
  * hang is the caller's timeout. */
 static void check_wg_direct(int64_t n, int64_t m, int64_t kp, int cols, int mc, int beta1)
@@ -460,7 +461,7 @@ static void check_wg_direct(int64_t n, int64_t m, int64_t kp, int cols, int mc, 
                 double f = (double)sx[kb * n + r] * (cols ? sw[kb * m + col] : sw[(col / 128) * l4 + kb]);
                 ref += part * f, mag += pmag * f;
             }
-            double e = fabs((double)got[r * m + col] - ref), tol = ldexp(mag, -11) + 1e-30;
+            double e = fabs((double)got[r * m + col] - ref), tol = ldexp(mag, -9) + 1e-30;
             if (!(e <= tol)) {
                 if (bad < 4)
                     fprintf(stderr, "  wg C[%lld][%lld]: got %.9g, want %.9g (sum |terms| %.3g)\n",
