@@ -49,11 +49,6 @@ static const df_knob_info TABLE[DF_KNOB_COUNT] = {
                           "1: FP8 training's GEMMs on E4M3 tensor cores where cuBLASLt has them "
                           "(sm_90; MXFP8 on 10+; each shape checked once against 0); 0: the BF16 GEMM on the "
                           "rounded operands"},
-    [DF_KNOB_FP8_WG] = {"DFLASH_FP8_WG", DF_KNOB_INT, DF_KNOB_BENCH, "0", "0..2", 0, 2, 0,
-                        "1: FP8 training's E4M3 GEMMs on our own sm_90a kernel where the output's "
-                        "columns are a multiple of 128 (each class checked once, as cuBLASLt's; "
-                        "off by default until it has run on a GPU); 2: the same in 2-CTA clusters "
-                        "sharing the weight's tile; 0: cuBLASLt's everywhere"},
     [DF_KNOB_RMSNORM_BWD] = {"DFLASH_RMSNORM_BWD", DF_KNOB_CHOICE, DF_KNOB_BENCH, "onepass",
                              "onepass,twopass", 0, 0, 0,
                              "RMSNorm's CUDA backward: the one-pass kernel where it fits, or three "

@@ -11,9 +11,7 @@
  *    bound (the rounded operands are the same bits): the BF16 path
  *    (DFLASH_FP8_GEMM=0), then the E4M3 tensor cores (gemm_fp8.cu), which on
  *    sm_90 must take the aligned shapes (each checked against the BF16 path
- *    at its first call): our kernel (gemm_fp8_wg.cu) where C's columns are
- *    a multiple of 128, alone and in 2-CTA clusters, then (DFLASH_FP8_WG=0)
- *    cuBLASLt's.
+ *    at its first call); and the DF_FP8_HOLD_X / _SAME_X hints, bitwise.
  *  - the MXFP8 scales of compute capability 10+ (df_cuda_fp8_mx_scales) bitwise
  *    against the layout function (fp8_mx.h), on any GPU.
  *  - df_op_lmhead_ce with DF_CE_FP8_GRAD on rounded h and head (its
@@ -24,8 +22,7 @@
  *    moves away from the flags-0 dh by E4M3's ~1e-2.
  * `--bench`: the GEMMs of the Qwen3.6-27B drafter step, each kind: the BF16
  *  GEMM, the FP8 op, the BF16 path's rounding of the activations (df_op_fp8_qdq),
- *  and the tensor cores' whole call with the weight's codes made or kept, on
- *  our kernel (alone, in 2-CTA clusters) and on cuBLASLt's; medians of 9
+ *  and the tensor cores' whole call with the weight's codes made or kept; medians of 9
  *  host-timed calls (a sync each). */
 #include <errno.h>
 #include <math.h>
@@ -410,89 +407,6 @@ static int64_t check_hold(df_gemm_kind kind, int64_t rows, int64_t k, int64_t n1
     return reused;
 }
 
-/* gemm_fp8_wg.cu's kernel called directly (sm_90 only), fp32 C against a
- * double-precision sum of the decoded codes times their scales: per k block
- * the products are exact, but Hopper's E4M3 wgmma keeps only about 14 bits
- * of its running sum (DeepSeek-V3's report: why the kernel promotes per
- * block; on an H100 the worst element was 1.7 x 2^-11 of sum |term|), so
- * the bound is 2^-9 of sum |term| per element; a wrong tile, swizzle,
- * scale or phase is off by O(1) of it. A mismatch is located: the
- * first ones, and which rows and columns within the 128 x 128 tiles fail. A
- * hang is the caller's timeout. */
-static void check_wg_direct(int64_t n, int64_t m, int64_t kp, int cols, int mc, int beta1)
-{
-    df_backend *g = gh_gpu;
-    const int64_t nkb = kp / 128, l4 = (nkb + 3) / 4 * 4;
-    const int64_t nsw = cols ? nkb * m : (m / 128) * l4;
-    uint8_t *qx = gh_xmalloc((size_t)(n * kp)), *qw = gh_xmalloc((size_t)(m * kp));
-    float *sx = gh_xmalloc((size_t)(nkb * n) * 4), *sw = gh_xmalloc((size_t)nsw * 4);
-    float *c0 = gh_xmalloc((size_t)(n * m) * 4), *got = gh_xmalloc((size_t)(n * m) * 4);
-    for (int64_t i = 0; i < n * kp; i++) /* any code but the NaNs (0x7f, 0xff) */
-        qx[i] = (uint8_t)(test_rand(&rng) % 255), qx[i] = qx[i] == 0x7f ? 0x7e : qx[i];
-    for (int64_t i = 0; i < m * kp; i++)
-        qw[i] = (uint8_t)(test_rand(&rng) % 255), qw[i] = qw[i] == 0x7f ? 0x7e : qw[i];
-    for (int64_t i = 0; i < nkb * n; i++)
-        sx[i] = ldexpf(1.0f, (int)(test_rand(&rng) % 9) - 14);
-    for (int64_t i = 0; i < nsw; i++)
-        sw[i] = ldexpf(1.0f, (int)(test_rand(&rng) % 9) - 4);
-    for (int64_t i = 0; i < n * m; i++)
-        c0[i] = beta1 ? test_randn(&rng) : NAN;
-    void *gx = gh_dev_copy(g, qx, (size_t)(n * kp)), *gw = gh_dev_copy(g, qw, (size_t)(m * kp));
-    void *gsx = gh_dev_copy(g, sx, (size_t)(nkb * n) * 4), *gsw = gh_dev_copy(g, sw, (size_t)nsw * 4);
-    void *gc = gh_dev_copy(g, c0, (size_t)(n * m) * 4);
-    CHECK_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    CHECK_EQ(df_cuda_fp8_wg_run(0, gx, gsx, n, gw, gsw, cols, m, kp, gc, 1, m, beta1, mc), 0);
-    CHECK_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    CHECK_EQ(df_backend_download(g, got, gc, (size_t)(n * m) * 4), 0);
-    float lut[256];
-    for (int i = 0; i < 256; i++)
-        lut[i] = df_e4m3_to_f32((uint8_t)i);
-    int64_t bad = 0, bad_r[128] = {0}, bad_c[128] = {0}, zeros = 0;
-    double worst = 0.0;
-    for (int64_t r = 0; r < n; r++)
-        for (int64_t col = 0; col < m; col++) {
-            double ref = beta1 ? c0[r * m + col] : 0.0, mag = fabs(ref);
-            for (int64_t kb = 0; kb < nkb; kb++) {
-                double part = 0.0, pmag = 0.0;
-                for (int64_t k = kb * 128; k < kb * 128 + 128; k++) {
-                    double t = (double)lut[qx[r * kp + k]] * lut[qw[col * kp + k]];
-                    part += t, pmag += fabs(t);
-                }
-                double f = (double)sx[kb * n + r] * (cols ? sw[kb * m + col] : sw[(col / 128) * l4 + kb]);
-                ref += part * f, mag += pmag * f;
-            }
-            double e = fabs((double)got[r * m + col] - ref), tol = ldexp(mag, -9) + 1e-30;
-            if (!(e <= tol)) {
-                if (bad < 4)
-                    fprintf(stderr, "  wg C[%lld][%lld]: got %.9g, want %.9g (sum |terms| %.3g)\n",
-                            (long long)r, (long long)col, got[r * m + col], ref, mag);
-                bad++, bad_r[r % 128]++, bad_c[col % 128]++;
-                zeros += got[r * m + col] == 0.0f;
-                worst = fmax(worst, isnan(e) ? INFINITY : e / tol);
-            }
-        }
-    printf("fp8 wg kernel n=%lld m=%lld kp=%lld cols=%d mc=%d beta1=%d: %lld of %lld differ%s\n",
-           (long long)n, (long long)m, (long long)kp, cols, mc, beta1, (long long)bad,
-           (long long)(n * m), bad ? "" : " (ok)");
-    if (bad) {
-        fprintf(stderr, "  worst %.3g x the bound; %lld of them 0; failing rows within a tile:", worst,
-                (long long)zeros);
-        for (int i = 0; i < 128; i++)
-            if (bad_r[i])
-                fprintf(stderr, " %d", i);
-        fprintf(stderr, "\n  failing columns within a tile:");
-        for (int i = 0; i < 128; i++)
-            if (bad_c[i])
-                fprintf(stderr, " %d", i);
-        fprintf(stderr, "\n");
-    }
-    CHECK(bad == 0);
-    free(qx), free(qw), free(sx), free(sw), free(c0), free(got);
-    void *bufs[] = {gx, gw, gsx, gsw, gc};
-    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
-        df_backend_free(g, bufs[i]);
-}
-
 static double time_ms(int (*f)(void *), void *arg)
 {
     double t[9];
@@ -599,25 +513,16 @@ static void bench_gemm(const char *name, df_gemm_kind kind, int64_t M, int64_t N
     k.ws_bytes = df_cuda_matmul_fp8_ws_bytes(kind, &k.a, &k.c, 0);
     k.ws = df_backend_alloc(g, k.ws_bytes);
     CHECK(k.ws != NULL);
-    /* our kernel (gemm_fp8_wg.cu, where it takes the shape) in 2-CTA clusters and alone, then
-     * cuBLASLt's */
-    for (int wg = 2; wg >= 0 && df_cuda_fp8_gemm_possible(g); wg--) {
-        static const char *const wg_text[3] = {"0", "1", "2"};
-        df_knob_set(DF_KNOB_FP8_WG, wg_text[wg]);
+    if (df_cuda_fp8_gemm_possible(g)) {
         k.weight_ready = 0;
-        int64_t own0 = 0, own1 = 0, x0, x1;
-        df_cuda_fp8_gemm_counts(&x0, &x1, &own0);
         double tf = time_ms(run_fast, &k);
-        df_cuda_fp8_gemm_counts(&x0, &x1, &own1);
-        printf("\n  tensor cores (%s): whole call %.3f ms (%.0f)",
-               own1 > own0 ? (wg == 2 ? "ours, 2-CTA clusters" : "ours") : "cuBLASLt", tf, flop / tf * 1e-9);
+        printf(", tensor cores: whole call %.3f ms (%.0f)", tf, flop / tf * 1e-9);
         if (kind != DF_GEMM_BWD_W) {
             k.weight_ready = 1;
             double tw = time_ms(run_fast, &k);
             printf(", weight's codes kept %.3f ms (%.0f)", tw, flop / tw * 1e-9);
         }
     }
-    df_knob_set(DF_KNOB_FP8_WG, "1");
     printf("\n");
     void *bufs[] = {ga, gb, gc, gq, k.ws};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++)
@@ -671,28 +576,13 @@ int main(int argc, char **argv)
     check_mx(0, 260, 257, 128);
     check_mx(1, 300, 300, 640);
     check_mx(1, 5120, 5120, 17408);
-    /* the BF16 path everywhere, then (sm_90) the E4M3 tensor cores where they agree: our own
-     * kernel (gemm_fp8_wg.cu) where C's columns are a multiple of 128, alone and in 2-CTA
-     * clusters, then cuBLASLt's. Shapes:
-     * edges everywhere; C's columns a multiple of 128 (our kernel's) with rows that are not
-     * (its row tiles' edge), and not a multiple of 4 (padded rows) */
-    /* our kernel alone first (sm_90): the tile's edges, several k blocks (a slot's reuse past
-     * STAGES), both scale layouts, both cluster sizes */
+    /* the BF16 path everywhere, then (sm_90) the E4M3 tensor cores where they agree. Shapes:
+     * edges everywhere; C's columns a multiple of 128 with rows that are not, and not a
+     * multiple of 4 (padded rows) */
     df_cuda_device_info info;
     int sm90 = df_cuda_device_info_get(0, &info) == 0 && info.sm_major == 9;
-    if (sm90 && df_cuda_fp8_wg_usable(128, 128, 1, 0, 1)) {
-        for (int mc = 1; mc <= 2; mc++)
-            for (int cols = 0; cols < 2; cols++) {
-                check_wg_direct(128, 128, 128, cols, mc, 0);
-                check_wg_direct(300, 256, 1024, cols, mc, cols);
-                check_wg_direct(37, 384, 896, cols, mc, 1);
-            }
-    }
-    int64_t nown = 0;
-    static const char *const wg_of[4] = {"0", "1", "2", "0"};
-    for (int pass = 0; pass < 4; pass++) {
+    for (int pass = 0; pass < 2; pass++) {
         df_knob_set(DF_KNOB_FP8_GEMM, pass ? "1" : "0");
-        df_knob_set(DF_KNOB_FP8_WG, wg_of[pass]);
         for (int kind = 0; kind < 3; kind++) {
             int64_t cols = kind == DF_GEMM_FWD ? 384 : 256; /* m: N of FWD, K of BWD_X */
             check_matmul((df_gemm_kind)kind, 37, 150, 300, 0);
@@ -702,10 +592,7 @@ int main(int argc, char **argv)
             check_matmul((df_gemm_kind)kind, 1024, 768, 512, kind == DF_GEMM_BWD_W);
             check_matmul((df_gemm_kind)kind, 4096, 1024, 5120, 1);
         }
-        if (pass == 2)
-            df_cuda_fp8_gemm_counts(&(int64_t){0}, &(int64_t){0}, &nown);
     }
-    df_knob_set(DF_KNOB_FP8_WG, "1"); /* the LM head's GEMMs below on our kernel too */
     /* the hints: on the BF16 path (ignored), then on the tensor cores (x rounded once) */
     df_knob_set(DF_KNOB_FP8_GEMM, "0");
     CHECK_EQ(check_hold(DF_GEMM_FWD, 300, 512, 384, 256), 0);
@@ -713,21 +600,21 @@ int main(int argc, char **argv)
     int64_t held_fwd = check_hold(DF_GEMM_FWD, 1024, 640, 384, 256);
     int64_t held_bw = check_hold(DF_GEMM_BWD_W, 1024, 640, 384, 256);
     int64_t nfast = 0, nslow = 0;
-    df_cuda_fp8_gemm_counts(&nfast, &nslow, NULL);
-    printf("fp8 gemm: %lld calls on E4M3 tensor cores (%lld on our kernel), %lld on the BF16 path "
-           "after a check%s\n", (long long)nfast, (long long)nown, (long long)nslow,
+    df_cuda_fp8_gemm_counts(&nfast, &nslow);
+    printf("fp8 gemm: %lld calls on E4M3 tensor cores, %lld on the BF16 path after a check%s\n",
+           (long long)nfast, (long long)nslow,
            sm90 ? "" : info.sm_major >= 10 ? " (MXFP8: not asserted, never run on such a GPU here)"
                                           : " (before sm_90: none expected)");
     /* on sm_90 the aligned shapes must have passed their check (DFLASH_LOG=info says why not) */
     if (sm90)
-        CHECK(nfast >= 6 && nown >= 18 && held_fwd == 1 && held_bw == 1);
+        CHECK(nfast >= 18 && held_fwd == 1 && held_bw == 1);
     check_lmhead(300, 5000, 256);
     /* rows not a multiple of 4 (cuBLASLt's row counts): the GEMMs' rows rounded up, on the
      * tensor cores still (chunks of 74 rows too) */
-    df_cuda_fp8_gemm_counts(&nfast, &nslow, NULL);
+    df_cuda_fp8_gemm_counts(&nfast, &nslow);
     check_lmhead(299, 5000, 256);
     int64_t nfast2 = 0, nslow2 = 0;
-    df_cuda_fp8_gemm_counts(&nfast2, &nslow2, NULL);
+    df_cuda_fp8_gemm_counts(&nfast2, &nslow2);
     printf("lmhead_ce with 299 rows: %lld calls on E4M3 tensor cores, %lld on the BF16 path\n",
            (long long)(nfast2 - nfast), (long long)(nslow2 - nslow));
     if (sm90)

@@ -1,5 +1,5 @@
 /* fp8_codes.cu - the E4M3 codes and FP32 power-of-two scales that the FP8
- * GEMMs take (gemm_fp8.cu, gemm_fp8_wg.cu), written from BF16 operands with
+ * GEMMs take (gemm_fp8.cu), written from BF16 operands with
  * the rounding rule of fp8.cu and the CPU reference (bitwise the same), and
  * their MXFP8 (E8M0) scales for compute capability 10+. fp8_cuda.h has the
  * modes and layouts. */

@@ -18,8 +18,7 @@ extern "C" {
 int df_cuda_matmul_fp8_bf16(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                             const df_tensor *b, df_tensor *c, int accumulate);
 
-/* The E4M3 tensor cores (sm_90: gemm_fp8_wg.cu's kernel or cuBLASLt's
- * block-scaled GEMM; MXFP8 on compute capability 10 and later, below; BF16
+/* The E4M3 tensor cores (sm_90: cuBLASLt's block-scaled GEMM; MXFP8 on compute capability 10 and later, below; BF16
  * operands, DFLASH_FP8_GEMM on): 1 when they computed c, 0 when the caller
  * is to run the BF16 path (an older GPU, a shape refused or whose first
  * call's check against the BF16 path failed, an unaligned c), or a negative
@@ -107,25 +106,8 @@ int df_cuda_fp8_mx_run(cudaStream_t st, const float *sc, int blk, int64_t n_sc, 
  * -EINVAL or -EIO. */
 int df_cuda_fp8_mx_scales(df_backend *be, const float *sc, int blk, int64_t n_sc, int64_t rows,
                           int64_t kp, uint8_t *out);
-/* Our own sm_90a E4M3 GEMM (gemm_fp8_wg.cu), on the codes and scales of
- * df_cuda_matmul_fp8_fast's workspace: C [n, m] (+= where beta1) X W^T, X
- * [n, kp] codes with sx[kb * n + row], W [m, kp] codes with, cols 0 (the
- * weight of DF_GEMM_FWD / _BWD_X), sw[(row / 128) * L4 + kb] (L4: kp / 128
- * rounded up to 4), cols 1 (x^T of DF_GEMM_BWD_W), sw[kb * m + row]; C
- * row-major (ldc elements; fp32 where c_f32, else bf16), every element of
- * C's n rows written. mc: 1, or 2 for CTAs in clusters of two that share
- * the W tile (TMA multicast). _usable: whether it runs here for m columns and
- * that C (m and ldc fit its tiles; compute capability 9.0 with its sm_90a
- * code; not DFLASH_PORTABLE). _run: 0, -EINVAL (shapes), -EOPNOTSUPP (no TMA
- * map for these addresses) or -EIO (a launch failed). */
-int df_cuda_fp8_wg_usable(int64_t m, int64_t ldc, int c_f32, int cols, int mc);
-int df_cuda_fp8_wg_run(cudaStream_t st, const uint8_t *qx, const float *sx, int64_t n,
-                       const uint8_t *qw, const float *sw, int cols, int64_t m, int64_t kp, void *c,
-                       int c_f32, int64_t ldc, int beta1, int mc);
-
-/* Calls df_cuda_matmul_fp8_fast took / left to the BF16 path, process-wide;
- * own (may be NULL): of those it took, the ones on gemm_fp8_wg.cu's kernel. */
-void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback, int64_t *own);
+/* Calls df_cuda_matmul_fp8_fast took / left to the BF16 path, process-wide. */
+void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback);
 /* Calls that used x's kept codes (DF_FP8_SAME_X) instead of rounding x, process-wide. */
 int64_t df_cuda_fp8_x_reused(void);
 

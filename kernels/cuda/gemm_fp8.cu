@@ -1,6 +1,5 @@
 /* gemm_fp8.cu - df_op_matmul_fp8 on E4M3 tensor cores (sm_90: cuBLASLt's
- * block-scaled FP8 GEMM, or gemm_fp8_wg.cu's under DFLASH_FP8_WG), behind the
- * rounding kernels' numerics (fp8.cu): the plans, their check, the workspace.
+ * block-scaled FP8 GEMM), behind the rounding kernels' numerics (fp8.cu): the plans, their check, the workspace.
  *
  * The operands are written (fp8_codes.cu) as E4M3 codes with FP32 scales, both K-major (the
  * "TN" layout FP8 GEMMs take), the reduction padded with zero codes to a
@@ -87,9 +86,6 @@ __global__ void cmp_kernel(const T *a, int64_t lda, const T *b, int64_t ldb, int
 /* one plan: the key, the descriptors, the algorithm and the check's verdict */
 typedef struct fp8_plan {
     int kind, c_f32, accumulate, mx; /* mx: MXFP8 scales (mx_of) */
-    int want, own, lt; /* want: gemm_fp8_wg.cu's kernel may take the shape (DFLASH_FP8_WG, the
-                        * device, kind, m; 2: in 2-CTA clusters); own: it runs it (0, 1, 2);
-                        * lt: cuBLASLt's plan is there */
     int64_t m, n, kp, ldc;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
@@ -100,7 +96,7 @@ typedef struct fp8_plan {
 constexpr int NPLANS = 64;
 
 /* the backend's plans (df_cuda_state.fp8, made at first use), and the
- * check's verdict per class of plans: which kernel, kind, C's dtype,
+ * check's verdict per class of plans: kind, C's dtype,
  * accumulate, and whether m and n are multiples of 128 (what a layout
  * mistake could depend on); 0 unknown, 1 agreed, -1 not */
 /* x's codes kept under DF_FP8_HOLD_X: whose they are (kind, x's memory and
@@ -116,18 +112,18 @@ typedef struct fp8_held {
 typedef struct fp8_cache {
     fp8_plan p[NPLANS];
     int n;
-    signed char verdict[3][3][2][2][2][2];
+    signed char verdict[3][2][2][2][2];
     df_cuda_fp8_kept kept[DF_CUDA_FP8_KEPT];
     fp8_held held;
 } fp8_cache;
 
 signed char *verdict_of(fp8_cache *fc, const fp8_plan *p)
 {
-    return &fc->verdict[p->own][p->kind][p->c_f32][p->accumulate][p->m % 128 == 0][p->n % 128 == 0];
+    return &fc->verdict[p->kind][p->c_f32][p->accumulate][p->m % 128 == 0][p->n % 128 == 0];
 }
 
-int64_t g_fast, g_fallback, g_own; /* g_own: of g_fast, those on gemm_fp8_wg.cu's kernel */
-int64_t g_x_reused;                 /* calls that used x's kept codes */
+int64_t g_fast, g_fallback;
+int64_t g_x_reused; /* calls that used x's kept codes */
 
 int64_t rup(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
@@ -296,10 +292,6 @@ int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_ten
 
 int run_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, const fp8_ws *w, void *c, int beta1)
 {
-    if (p->own) /* A: the weight (128 x 128 scales) or x^T (BWD_W: 1 x 128), B: rows of C */
-        return df_cuda_fp8_wg_run(df_cuda_stream(be), w->qb, w->sb, p->n, w->qa, w->sa,
-                                  p->kind == DF_GEMM_BWD_W, p->m, p->kp, c, p->c_f32, p->ldc, beta1,
-                                  p->own);
     float alpha = 1.0f, beta = beta1 ? 1.0f : 0.0f;
     const void *sa = p->mx ? (const void *)w->mxa : w->sa, *sb = p->mx ? (const void *)w->mxb : w->sb;
     if (!lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa,
@@ -368,10 +360,10 @@ int check_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, df_gemm_kind kind,
             memcpy(&mx, &r[1], 4);
             agree = err <= ldexpf(mx, -7);
             df_log(agree ? DF_LOG_INFO : DF_LOG_WARN,
-                   "cuda: fp8 gemm kind %d m=%lld n=%lld k=%lld: E4M3 tensor cores (%s) vs the BF16 "
-                   "GEMM on the rounded operands: max diff %.3g of max %.3g: %s", (int)kind,
-                   (long long)p->m, (long long)p->n, (long long)p->kp, p->own ? "ours" : "cuBLASLt",
-                   err, mx, agree ? "using them" : p->own && p->lt ? "cuBLASLt's next" : "this shape stays on the BF16 GEMM");
+                   "cuda: fp8 gemm kind %d m=%lld n=%lld k=%lld: E4M3 tensor cores vs the BF16 GEMM "
+                   "on the rounded operands: max diff %.3g of max %.3g: %s", (int)kind,
+                   (long long)p->m, (long long)p->n, (long long)p->kp, err, mx,
+                   agree ? "using them" : "this shape stays on the BF16 GEMM");
         }
     }
     (void)cudaFreeAsync(buf, st);
@@ -401,10 +393,6 @@ fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const d
     key.kp = rup(red, 128);
     key.ldc = c->stride[0];
     key.mx = mx_of(s->device);
-    int wg = df_knob_int(DF_KNOB_FP8_WG);
-    key.want = !key.mx && wg && df_cuda_fp8_wg_usable(key.m, key.ldc, key.c_f32, kind == DF_GEMM_BWD_W, wg)
-                   ? wg
-                   : 0;
     if (key.m < 1 || key.n < 1 || red < 1 || key.ldc % 8 || ((uintptr_t)c->data & 15))
         return NULL;
     /* the rounding kernels' grids: 32-bit block indices, y dimensions below 2^16 */
@@ -420,7 +408,7 @@ fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const d
     for (int i = 0; i < fc->n && !p; i++) {
         fp8_plan *q = &fc->p[i];
         if (q->kind == key.kind && q->c_f32 == key.c_f32 && q->accumulate == key.accumulate &&
-            q->m == key.m && q->n == key.n && q->kp == key.kp && q->ldc == key.ldc && q->want == key.want)
+            q->m == key.m && q->n == key.n && q->kp == key.kp && q->ldc == key.ldc)
             p = q;
     }
     if (p)
@@ -432,11 +420,8 @@ fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const d
     }
     p = &fc->p[fc->n++];
     *p = key;
-    p->own = p->want;
-    p->lt = plan_build(s, p);
-    if (!p->lt)
+    if (!plan_build(s, p)) {
         plan_drop(p);
-    if (!p->lt && !p->own) {
         p->state = -1;
         df_log(DF_LOG_INFO, "cuda: fp8 gemm kind %d m=%lld n=%lld k=%lld: cuBLASLt has no "
                "block-scaled E4M3 plan; the BF16 GEMM on the rounded operands", (int)kind,
@@ -448,8 +433,6 @@ verdict:
      * has passed its check is trusted, one of a class that failed is not;
      * a plan whose class is unknown yet is checked at this call */
     if (p->state == 0) {
-        if (p->own && p->lt && *verdict_of(fc, p) < 0)
-            p->own = 0; /* ours disagreed in this class: cuBLASLt's */
         p->state = *verdict_of(fc, p);
         *fresh = p->state == 0;
     }
@@ -460,11 +443,9 @@ verdict:
 
 extern "C" int64_t df_cuda_fp8_x_reused(void) { return g_x_reused; }
 
-extern "C" void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback, int64_t *own)
+extern "C" void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback)
 {
     *fast = g_fast, *fallback = g_fallback;
-    if (own)
-        *own = g_own;
 }
 
 extern "C" void df_cuda_fp8_gemm_close(df_cuda_state *s)
@@ -568,8 +549,6 @@ static int fast_call(df_backend *be, df_gemm_kind kind, const df_tensor *a, cons
         df_cuda_prof_split(be, "fp8 check");
         p->state = check_plan(be, (df_cuda_state *)be->impl, p, kind, a, b, c, &w) ? 1 : -1;
         *verdict_of((fp8_cache *)((df_cuda_state *)be->impl)->fp8, p) = (signed char)p->state;
-        if (p->state < 0 && p->own && p->lt)
-            p->own = 0, p->state = 0; /* cuBLASLt's plan, checked at the shape's next call */
     }
     if (!rc && p->state > 0) {
         df_cuda_prof_split(be, part[kind][1]);
@@ -583,7 +562,6 @@ static int fast_call(df_backend *be, df_gemm_kind kind, const df_tensor *a, cons
         return 0;
     }
     g_fast++;
-    g_own += p->own != 0;
     return 1;
 }
 

@@ -1,7 +1,6 @@
 /* tma.cuh - the Hopper (sm_90a) mbarrier and bulk-copy wrappers that the
  * TMA-fed kernels share: the drafter attention's wgmma kernels
- * (dflash_attn/wg.cuh's includers) and the FP8 GEMM (gemm_fp8_wg.cu). The
- * tensor maps come from tma_map.h. Internal (anonymous namespace: each
+ * (dflash_attn/wg.cuh's includers). The tensor maps come from tma_map.h. Internal (anonymous namespace: each
  * includer gets its own copies); the bodies exist only where the target is
  * sm_90a, and their callers are built there alone. */
 #ifndef DF_CUDA_TMA_CUH
@@ -69,40 +68,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void *map, int c
                  "[%0], [%1, {%2, %3, %4}], [%5];\n" ::"r"(dst),
                  "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
                  : "memory");
-}
-
-// The same box written to the same offsets of every CTA of the cluster in
-// mask (bit r: rank r), each completing bytes on its own mbarrier at bar's
-// offset: the 2-CTA clusters that share an operand's tile
-__device__ __forceinline__ void tma_load_2d_mc(uint32_t dst, const void *map, int c0, int c1, uint32_t bar,
-                                               uint16_t mask)
-{
-    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster "
-                 "[%0], [%1, {%2, %3}], [%4], %5;\n" ::"r"(dst),
-                 "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(bar), "h"(mask)
-                 : "memory");
-}
-// this CTA's rank in its cluster
-__device__ __forceinline__ uint32_t cluster_rank()
-{
-    uint32_t r;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
-    return r;
-}
-// one arrival on the mbarrier at bar's offset in the shared memory of the
-// cluster's CTA of rank (release at cluster scope)
-__device__ __forceinline__ void mbar_arrive_cluster(uint32_t bar, uint32_t rank)
-{
-    asm volatile("{\n.reg .b32 ra;\nmapa.shared::cluster.u32 ra, %0, %1;\n"
-                 "mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n}\n" ::"r"(bar),
-                 "r"(rank)
-                 : "memory");
-}
-// every thread of the cluster (its shared memory and mbarriers in use or
-// ready across CTAs on either side)
-__device__ __forceinline__ void cluster_sync()
-{
-    asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;\n" ::: "memory");
 }
 
 // bytes (a multiple of 16) from global src to shared dst (both 16-byte
