@@ -137,6 +137,13 @@ int dq_mma2_run(const Params &p, int D, cudaStream_t st, const int *order);
 // order: the dQ items longest-first (dq_order_kernel; one CTA).
 int dq_order_run(const Params &p, cudaStream_t st, int *order);
 
+// ---- mma_dkvr.cu ----
+// The context dK/dV pass of the 99 KiB parts on dkvr_kernel (64-key tiles of
+// tile_lists_launch's lists at TKM, their LPT order; the NSPL fp32 partials;
+// dsd: the dS^T store, or NULL). 0, -ENOTSUP (shared memory) or -EIO.
+int dkvr_launch(const Params &p, int D, cudaStream_t st, float *part, uint16_t *dsd, const int *cnt,
+                const int *lst, const int *order, int nct);
+
 // ---- mma_dkv4.cu ----
 // dkv4_kernel's dynamic shared memory at head dim D (64 or 128).
 size_t dkv4_smem_bytes(int D);

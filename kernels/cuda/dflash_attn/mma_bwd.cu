@@ -378,12 +378,21 @@ int bwd_mma2_launch(const Params &p, cudaStream_t st, float *part, int *lists, u
             return rc;
     }
     REC(ev, 3, st);
-    if (ctas > 0) {
+    // the context tiles on dkvr_kernel (mma_dkvr.cu), the block tiles (without FOLD) on
+    // dkv_mma2_kernel, its CTA ids offset past the context CTAs
+    const long long cctas = nct * p.nkv * NSPL;
+    if (cctas > 0) {
+        int rc = dkvr_launch(p, D, st, part, dsd, cnt, lst, order, (int)nct);
+        if (rc)
+            return rc;
+    }
+    if (ctas > cctas) {
         SMEM(dkv_mma2_kernel<D>, dkv3_smem<D>());
-        dkv_mma2_kernel<D><<<(unsigned)ctas, DKV_W * 32, dkv3_smem<D>(), st>>>(p, part, 0, dsd, cnt, lst, order);
+        dkv_mma2_kernel<D><<<(unsigned)(ctas - cctas), DKV_W * 32, dkv3_smem<D>(), st>>>(p, part, (int)cctas, dsd,
+                                                                                      cnt, lst, order);
         CU(cudaGetLastError());
     }
-    REC(ev, 4, st); // context (and without FOLD block) keys in one kernel
+    REC(ev, 4, st); // context (and without FOLD block) keys
     if (dsd && rows > 0) { // (its pass event: [5], as WG3's dQ from its stored dS)
         int rc = dq_dsd_launch(p, D, st, dsd, fold);
         if (rc)
