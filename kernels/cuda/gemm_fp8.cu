@@ -489,6 +489,25 @@ extern "C" void df_cuda_fp8_kept_forget(df_backend *be)
         fc->held.x = NULL, fc->held.ready = 0;
 }
 
+/* a device region of at least bytes: *buf kept when it is large enough,
+ * else replaced (cudaFree, cudaMalloc: sizes converge, so this is rare). 0,
+ * or -1 with *buf NULL (no memory; no CUDA error left behind). */
+static int region_fit(void **buf, size_t *have, size_t bytes)
+{
+    if (*buf && *have >= bytes)
+        return 0;
+    if (*buf)
+        (void)cudaFree(*buf);
+    *buf = NULL, *have = 0;
+    if (cudaMalloc(buf, bytes) != cudaSuccess) {
+        (void)cudaGetLastError();
+        *buf = NULL;
+        return -1;
+    }
+    *have = bytes;
+    return 0;
+}
+
 extern "C" df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_gemm_kind kind,
                                                   const df_tensor *w)
 {
@@ -505,18 +524,9 @@ extern "C" df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_g
     int64_t m = kind == DF_GEMM_FWD ? w->shape[0] : w->shape[1];
     int64_t red = kind == DF_GEMM_FWD ? w->shape[1] : w->shape[0];
     size_t bytes = ws_layout(kind, m, 1, rup(red, 128), NULL, NULL, NULL, mx_of(s->device)).bytes_a;
-    if (k->buf && k->bytes < bytes) {
-        (void)cudaFree(k->buf);
-        k->buf = NULL;
-    }
-    if (!k->buf) {
-        if (cudaMalloc(&k->buf, bytes) != cudaSuccess) {
-            (void)cudaGetLastError();
-            k->buf = NULL;
-            k->w = NULL;
-            return NULL;
-        }
-        k->bytes = bytes;
+    if (region_fit(&k->buf, &k->bytes, bytes)) {
+        k->w = NULL;
+        return NULL;
     }
     k->w = w->data, k->kind = (int)kind, k->rows = w->shape[0], k->cols = w->shape[1];
     k->ld = w->stride[0], k->ready = 0;
@@ -598,17 +608,9 @@ static fp8_held *held_for(df_backend *be, df_gemm_kind kind, const df_tensor *x,
     fp8_ws w = ws_layout(kind, bw ? n : 1, bw ? 1 : n, kp, NULL, NULL, NULL, mx);
     size_t bytes = bw ? w.bytes_a : w.bytes_b;
     h->ready = 0;
-    if (h->buf && h->bytes < bytes) {
-        (void)cudaFree(h->buf);
-        h->buf = NULL;
-    }
-    if (!h->buf) {
-        if (cudaMalloc(&h->buf, bytes) != cudaSuccess) {
-            (void)cudaGetLastError();
-            h->buf = NULL;
-            return NULL;
-        }
-        h->bytes = bytes;
+    if (region_fit(&h->buf, &h->bytes, bytes)) {
+        h->x = NULL;
+        return NULL;
     }
     h->x = x->data, h->kind = (int)kind, h->rows = x->shape[0], h->cols = x->shape[1];
     h->ld = x->stride[0], h->n = n, h->kp = kp, h->mx = mx;
