@@ -19,7 +19,9 @@
  *    (the E4M3 tensor cores on sm_90); dh is within 2e-2
  *    relative L2 of the CPU's (the GPU rounds G to bf16 before E4M3, the CPU
  *    rounds the fp32 G: blocks may differ by a tie or a scale step) and
- *    moves away from the flags-0 dh by E4M3's ~1e-2.
+ *    moves away from the flags-0 dh by E4M3's ~1e-2; G's codes written by the
+ *    row kernel (once GEMM 2's class has passed its check) are bitwise those
+ *    rounded by GEMM 2, in one chunk and in several, padded rows included.
  * `--bench`: the GEMMs of the Qwen3.6-27B drafter step, each kind: the BF16
  *  GEMM, the FP8 op, the BF16 path's rounding of the activations (df_op_fp8_qdq),
  *  and the tensor cores' whole call with the weight's codes made or kept; medians of 9
@@ -223,7 +225,7 @@ static void check_mx(int blk, int64_t rows, int64_t n_sc, int64_t kp)
     df_backend_free(g, ds), df_backend_free(g, dout);
 }
 
-static void check_lmhead(int64_t N, int64_t V, int64_t H)
+static void check_lmhead(int64_t N, int64_t V, int64_t H, int sm90)
 {
     df_backend *g = gh_gpu, *c = gh_cpu;
     float *h = gh_rand_bf16(GH_N01, &rng, N * H, 1.0f), *w = gh_rand_bf16(GH_N01, &rng, V * H, 0.05f);
@@ -274,7 +276,10 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H)
     }
     double rel = sqrt(e2 / r2), moved = sqrt(m2 / r2);
     /* a frozen head (DF_CE_FP8_HEAD_FROZEN): its codes made at the first call and kept for the
-     * second, the same bits as made per call; kept again after a free (forgotten, remade) */
+     * second, the same bits as made per call; kept again after a free (forgotten, remade).
+     * From the second call on (GEMM 2's class checked at the first), the row kernel writes
+     * G's codes itself: the same bits as G rounded by GEMM 2 at the first. */
+    int64_t fused0 = df_cuda_lmhead_ce_fp8_fused();
     for (int call = 0; call < 3; call++) {
         if (call == 2)
             df_backend_free(g, df_backend_alloc(g, 256));
@@ -289,6 +294,10 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H)
         free(df);
         df_backend_free(g, gdf);
     }
+    int64_t fused = df_cuda_lmhead_ce_fp8_fused() - fused0;
+    printf("  G's codes from the row kernel: %lld of 3 calls\n", (long long)fused);
+    if (sm90)
+        CHECK_EQ(fused, 3);
     /* in chunks of ~N/4 rows (the head's codes made at the first, kept for the others):
      * the same within the sums' order */
     df_cuda_lmhead_ce_set_chunk_bytes((size_t)(N / 4) * (size_t)((V + 8) * 4 + H * 4 + 2 * (V + H)));
@@ -297,8 +306,22 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H)
     double lc = 0;
     CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &lc, &Gc, NULL, NULL,
                              DF_CE_FP8_GRAD), 0);
+    /* the same chunks with G written as bf16 and rounded by GEMM 2: the same bits */
+    void *gdo = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16);
+    df_tensor Go = df_tensor_2d(gdo, DF_DTYPE_BF16, N, H);
+    double lo = 0;
+    df_cuda_lmhead_ce_set_fp8_codes(0);
+    fused0 = df_cuda_lmhead_ce_fp8_fused();
+    CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &lo, &Go, NULL, NULL,
+                             DF_CE_FP8_GRAD), 0);
+    CHECK_EQ(df_cuda_lmhead_ce_fp8_fused(), fused0);
+    df_cuda_lmhead_ce_set_fp8_codes(1);
     df_cuda_lmhead_ce_set_chunk_bytes(0);
-    float *dc = gh_download_bf16(g, gdc, N * H);
+    float *dc = gh_download_bf16(g, gdc, N * H), *dco = gh_download_bf16(g, gdo, N * H);
+    CHECK(lo == lc);
+    CHECK(memcmp(dc, dco, (size_t)(N * H) * sizeof(float)) == 0);
+    free(dco);
+    df_backend_free(g, gdo);
     double ec = 0;
     for (int64_t i = 0; i < N * H; i++)
         ec += (dc[i] - d8[i]) * (double)(dc[i] - d8[i]);
@@ -452,7 +475,7 @@ static int run_fast(void *p)
 {
     bench_case *k = p;
     int rc = df_cuda_matmul_fp8_fast_ws(gh_gpu, k->kind, &k->a, &k->b, &k->c, 0, k->ws,
-                                        k->ws_bytes, NULL, k->weight_ready);
+                                        k->ws_bytes, NULL, k->weight_ready, 0);
     return rc == 1 ? 0 : rc == 0 ? -ENOTSUP : rc;
 }
 static int run_round_a(void *p)
@@ -615,11 +638,11 @@ int main(int argc, char **argv)
     /* on sm_90 the aligned shapes must have passed their check (DFLASH_LOG=info says why not) */
     if (sm90)
         CHECK(nfast >= 18 && held_fwd == 1 && held_bw == 1);
-    check_lmhead(300, 5000, 256);
+    check_lmhead(300, 5000, 256, sm90);
     /* rows not a multiple of 4 (cuBLASLt's row counts): the GEMMs' rows rounded up, on the
      * tensor cores still (chunks of 74 rows too) */
     df_cuda_fp8_gemm_counts(&nfast, &nslow);
-    check_lmhead(299, 5000, 256);
+    check_lmhead(299, 5000, 256, sm90);
     int64_t nfast2 = 0, nslow2 = 0;
     df_cuda_fp8_gemm_counts(&nfast2, &nslow2);
     printf("lmhead_ce with 299 rows: %lld calls on E4M3 tensor cores, %lld on the BF16 path\n",

@@ -26,7 +26,14 @@
  * power limit holds): does some candidate sustain more TFLOP/s at 700 W than the
  * first choice (fewer bytes through shared memory and L2 per FLOP can mean
  * less power per FLOP), and is it bitwise the first choice? Prints the
- * candidate's tile, stages, cluster shape and split-K. */
+ * candidate's tile, stages, cluster shape and split-K.
+ *
+ * --fp8: the same shapes as `dflash train --fp8` runs them (gemm_fp8.cu):
+ * E4M3 codes, both operands K-major ("TN"), cuBLASLt's block scales (the
+ * weight per 128 x 128 and the other operand per 1 x 128; both per 1 x 128
+ * for bwd_w), FP32 accumulation without fast accumulation. Is the first
+ * heuristic choice the fastest FP8 kernel, above all for bwd_w, whose FP8
+ * rate trails the forward's? */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -98,9 +105,19 @@ static void algo_desc(const cublasLtMatmulAlgo_t *a, char *buf, size_t n)
 
 int main(int argc, char **argv)
 {
-    int sustained = argc > 1 && !strcmp(argv[1], "--sustained");
+    int sustained = 0, fp8 = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--sustained"))
+            sustained = 1;
+        else if (!strcmp(argv[i], "--fp8"))
+            fp8 = 1;
+        else {
+            fprintf(stderr, "usage: bench_gemm_algos [--sustained] [--fp8]\n");
+            return 2;
+        }
+    }
     const int64_t H = 5120, QD = 4096, KD = 1024, F = 17408, N = 8192, S = 4096, KH = 5 * 5120,
-                  V = 248320, R = 854;
+                  V = 248320, R = fp8 ? 700 : 854;
     const int L = 5;
     shape sh[] = {
         /* forward: y = x w^T, m = out, n = tokens, k = in */
@@ -126,9 +143,16 @@ int main(int argc, char **argv)
         {"bwd_w o", 0, 1, QD, H, N, 0, 1, L},
         {"bwd_w gate/up", 0, 1, H, F, N, 0, 1, 2 * L},
         {"bwd_w down", 0, 1, F, H, N, 0, 1, L},
-        /* the LM head per chunk of R rows (9 chunks of 854 at 7680 scored rows) */
-        {"lmhead logits", 1, 0, V, R, H, 1, 0, 9},
-        {"lmhead dh", 0, 0, H, R, V, 1, 0, 9},
+        /* the LM head per chunk of R rows (9 chunks of 854 at 7680 scored rows; with --fp8
+         * the codes take memory too: 11 of 700) */
+        {"lmhead logits", 1, 0, V, R, H, 1, 0, fp8 ? 11 : 9},
+        {"lmhead dh", 0, 0, H, R, V, 1, 0, fp8 ? 11 : 9},
+        /* the same in chunks whose rows are a multiple of 128 or 256 (not in the step's
+         * total): what padding each chunk to the tiles costs */
+        {"lmhead logits/128", 1, 0, V, R / 128 * 128, H, 1, 0, 0},
+        {"lmhead dh/128", 0, 0, H, R / 128 * 128, V, 1, 0, 0},
+        {"lmhead logits/256", 1, 0, V, R / 256 * 256, H, 1, 0, 0},
+        {"lmhead dh/256", 0, 0, H, R / 256 * 256, V, 1, 0, 0},
     };
     const int ns = (int)(sizeof sh / sizeof sh[0]);
     cublasLtHandle_t lt;
@@ -150,6 +174,36 @@ int main(int argc, char **argv)
     fill_bf16(h, maxb, 2);
     CK(cudaMemcpy(B, h, maxb * 2, cudaMemcpyHostToDevice));
     free(h);
+    float *SA = NULL, *SB = NULL; /* --fp8: every block's scale 1 (codes from the bf16 bits) */
+    if (fp8) {
+        size_t ns_max = 0;
+        for (int i = 0; i < ns; i++) {
+            size_t kb = (size_t)(sh[i].k + 127) / 128, l4 = (kb + 3) / 4 * 4;
+            size_t a = kb * (size_t)sh[i].m, a2 = (size_t)(sh[i].m + 127) / 128 * l4,
+                   b = kb * (size_t)sh[i].n;
+            a = a > a2 ? a : a2;
+            ns_max = a > ns_max ? a : ns_max;
+            ns_max = b > ns_max ? b : ns_max;
+        }
+        float *one = malloc(ns_max * 4);
+        for (size_t i = 0; i < ns_max; i++)
+            one[i] = 1.0f / 64;
+        CK(cudaMalloc((void **)&SA, ns_max * 4));
+        CK(cudaMalloc((void **)&SB, ns_max * 4));
+        CK(cudaMemcpy(SA, one, ns_max * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(SB, one, ns_max * 4, cudaMemcpyHostToDevice));
+        free(one);
+        /* the codes: the bf16 buffers' bytes with the NaN codes (x111 1111) cleared */
+        uint8_t *cb = malloc(maxa > maxb ? maxa * 2 : maxb * 2);
+        for (int w = 0; w < 2; w++) {
+            size_t n = (w ? maxb : maxa) * 2;
+            CK(cudaMemcpy(cb, w ? B : A, n, cudaMemcpyDeviceToHost));
+            for (size_t i = 0; i < n; i++)
+                cb[i] = (cb[i] & 0x7f) == 0x7f ? (uint8_t)(cb[i] & 0xf0) : cb[i];
+            CK(cudaMemcpy(w ? B : A, cb, n, cudaMemcpyHostToDevice));
+        }
+        free(cb);
+    }
     uint8_t *out0 = malloc(maxc * 2), *out1 = malloc(maxc * 2);
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
@@ -158,8 +212,9 @@ int main(int argc, char **argv)
     CK(cudaEventCreate(&e1));
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
-    printf("bench_gemm_algos on %s: per shape, cuBLASLt's first heuristic choice vs the fastest "
-           "of up to %d candidates (median of %d runs each)\n", prop.name, NALGO, REPS);
+    printf("bench_gemm_algos on %s%s: per shape, cuBLASLt's first heuristic choice vs the fastest "
+           "of up to %d candidates (median of %d runs each)\n", prop.name,
+           fp8 ? ", E4M3 with block scales" : "", NALGO, REPS);
     printf("%-16s %6s %6s %6s %3s  %9s %7s  %9s %7s %3s  %9s %3s\n", "shape", "m", "n", "k", "x",
            "first ms", "TF/s", "best= ms", "TF/s", "#", "best ms", "#");
     double t_first = 0, t_eq = 0, t_best = 0;
@@ -178,10 +233,28 @@ int main(int argc, char **argv)
         uint64_t ar = p->ta ? p->k : p->m, ac = p->ta ? p->m : p->k;
         uint64_t br = p->tb ? p->n : p->k, bc = p->tb ? p->k : p->n;
         LK(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+        if (fp8) { /* TN, K-major codes, the reduction padded to 128 (gemm_fp8.cu's plan) */
+            uint64_t kp = (uint64_t)(p->k + 127) / 128 * 128;
+            int bw = p->ta == 0 && p->tb == 1;
+            int32_t ma = bw ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                            : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                    mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+            int8_t fast = 0;
+            const void *sa = SA, *sb = SB;
+            ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+            LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &ma, sizeof ma));
+            LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mb, sizeof mb));
+            LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
+            LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, sizeof sa));
+            LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, sizeof sb));
+            LK(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, kp, (uint64_t)p->m, (int64_t)kp));
+            LK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, kp, (uint64_t)p->n, (int64_t)kp));
+        } else {
+            LK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ar, ac, (int64_t)ar));
+            LK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, br, bc, (int64_t)br));
+        }
         LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
         LK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-        LK(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, ar, ac, (int64_t)ar));
-        LK(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, br, bc, (int64_t)br));
         LK(cublasLtMatrixLayoutCreate(&lc, p->c_f32 ? CUDA_R_32F : CUDA_R_16BF, (uint64_t)p->m,
                                       (uint64_t)p->n, p->m));
         cublasLtMatmulPreference_t pref;
@@ -189,7 +262,7 @@ int main(int argc, char **argv)
         uint64_t wsb = ws_bytes;
         LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                 &wsb, sizeof wsb));
-        if (!p->c_f32) {
+        if (!p->c_f32 && !fp8) {
             uint32_t mask = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
             LK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
                                                     &mask, sizeof mask));
@@ -344,7 +417,7 @@ int main(int argc, char **argv)
         cublasLtMatrixLayoutDestroy(lcs[i]);
         cublasLtMatmulDescDestroy(ops[i]);
     }
-    cudaFree(A), cudaFree(B), cudaFree(C), cudaFree(ws);
+    cudaFree(A), cudaFree(B), cudaFree(C), cudaFree(ws), cudaFree(SA), cudaFree(SB);
     free(out0), free(out1);
     return 0;
 }

@@ -33,65 +33,6 @@ __device__ __forceinline__ uint4 load8_raw(const uint16_t *__restrict__ p, int v
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
-/* Two codes (lo in bits 0-7, hi in 8-15) of finite values already divided
- * by their block's scale (exact: a power of two): on sm_89 and later the
- * hardware's conversion (round to nearest even, saturating at 448: the
- * e4m3.cuh rule for finite values, the same bits), elsewhere that rule. */
-__device__ __forceinline__ uint32_t codes2(float lo, float hi)
-{
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    uint16_t r;
-    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
-    return r;
-#else
-    return (uint32_t)e4m3_code(lo, 1.0f) | (uint32_t)e4m3_code(hi, 1.0f) << 8;
-#endif
-}
-
-/* 8 codes of v at inverse scale inv, little-endian in one word pair. A
- * block whose amax is not finite (NaN or Inf in it) takes e4m3_code, which
- * codes every non-finite value as NaN; the conversion above would saturate
- * an Inf. */
-__device__ __forceinline__ uint2 codes8(const float v[8], float inv, bool finite)
-{
-    uint2 w = {0u, 0u};
-    if (finite) {
-        w.x = codes2(v[0] * inv, v[1] * inv) | codes2(v[2] * inv, v[3] * inv) << 16;
-        w.y = codes2(v[4] * inv, v[5] * inv) | codes2(v[6] * inv, v[7] * inv) << 16;
-        return w;
-    }
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        w.x |= (uint32_t)e4m3_code(v[j], inv) << (8 * j);
-        w.y |= (uint32_t)e4m3_code(v[j + 4], inv) << (8 * j);
-    }
-    return w;
-}
-
-/* 4 codes of v (the same rules) in one word */
-__device__ __forceinline__ uint32_t codes4(const float v[4], float inv, bool finite)
-{
-    if (finite)
-        return codes2(v[0] * inv, v[1] * inv) | codes2(v[2] * inv, v[3] * inv) << 16;
-    uint32_t w = 0;
-#pragma unroll
-    for (int q = 0; q < 4; q++)
-        w |= (uint32_t)e4m3_code(v[q], inv) << (8 * q);
-    return w;
-}
-
-/* The largest magnitude of 8 packed bf16, as a float: on the bits, two
- * halves per instruction (a NaN's magnitude bits are above +Inf's, +Inf's
- * above every finite value's, so a block with a NaN gets a NaN amax and one
- * with an Inf and no NaN gets +Inf, as amax_step gives) */
-__device__ __forceinline__ uint32_t amax8_bits(uint4 u)
-{
-    uint32_t m = __vmaxu2(__vmaxu2(u.x & 0x7fff7fffu, u.y & 0x7fff7fffu),
-                          __vmaxu2(u.z & 0x7fff7fffu, u.w & 0x7fff7fffu));
-    return max(m & 0xffffu, m >> 16);
-}
-__device__ __forceinline__ float bits_f(uint32_t b) { return __uint_as_float(b << 16); }
-
 /* Rounding kernels. They are bound by memory: each thread issues all its
  * loads (RU or more 16-byte pieces) before it uses any, and block indices
  * are 32-bit (the host keeps every grid's blocks below 2^31). */

@@ -39,7 +39,9 @@ int df_cuda_fp8_gemm_possible(df_backend *be);
  * region, and ws holds the rest (df_cuda_matmul_fp8_ws_bytes without_a).
  * weight_ready: b's codes are there already, from a call with the same b,
  * the same region and a c of as many columns: only a is rounded. Pass 0
- * unless an earlier call on that region returned 1.
+ * unless an earlier call on that region returned 1. rows_ready
+ * (DF_GEMM_FWD / _BWD_X): a's codes and scales are there already, written
+ * by the caller where df_cuda_fp8_rows_slot said (a's data is not read).
  * cuBLASLt takes only row counts that are multiples of 4: for DF_GEMM_FWD /
  * _BWD_X, c may have up to 3 rows more than a (a's rows rounded up to 4),
  * those rows written as products of zero rows; the BF16 path (return 0)
@@ -48,7 +50,25 @@ size_t df_cuda_matmul_fp8_ws_bytes(df_gemm_kind kind, const df_tensor *a, const 
                                    int without_a);
 int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                                const df_tensor *b, df_tensor *c, int accumulate, void *ws,
-                               size_t ws_bytes, void *wa, int weight_ready);
+                               size_t ws_bytes, void *wa, int weight_ready, int rows_ready);
+
+/* For a caller that writes a's codes itself where it computes a (the LM
+ * head's softmax gradient, dy of DF_GEMM_BWD_X): with the same arguments as
+ * the df_cuda_matmul_fp8_fast_ws call to come, where a's codes and scales go
+ * in ws, as df_cuda_fp8_round_codes' mode 0 writes them: codes [n, kp] (a's
+ * rows, then zero rows up to n = c's rows; zero codes past a's columns up to
+ * kp) and sc[kb * n + o], the scale of row o's block kb (1 for a zero
+ * block). 1: the call will take them (rows_ready 1); 0: not known yet (its
+ * class's first call checks against a's BF16 values), MXFP8, or not this
+ * path: pass a as BF16 (rows_ready 0). */
+typedef struct df_cuda_fp8_rows {
+    uint8_t *codes;
+    float *scales;
+    int64_t kp, n;
+} df_cuda_fp8_rows;
+int df_cuda_fp8_rows_slot(df_backend *be, df_gemm_kind kind, const df_tensor *a,
+                          const df_tensor *b, const df_tensor *c, int accumulate, void *ws,
+                          size_t ws_bytes, void *wa, df_cuda_fp8_rows *out);
 
 /* A frozen weight's E4M3 codes kept on the device across calls (the LM
  * head's: 1 byte per element and orientation, until the backend closes):

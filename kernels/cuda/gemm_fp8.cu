@@ -577,11 +577,34 @@ static int fast_call(df_backend *be, df_gemm_kind kind, const df_tensor *a, cons
 
 extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                                           const df_tensor *b, df_tensor *c, int accumulate,
-                                          void *ws, size_t ws_bytes, void *wa, int weight_ready)
+                                          void *ws, size_t ws_bytes, void *wa, int weight_ready,
+                                          int rows_ready)
 {
     if (kind == DF_GEMM_BWD_W)
-        wa = NULL, weight_ready = 0;
-    return fast_call(be, kind, a, b, c, accumulate, ws, ws_bytes, wa, weight_ready, NULL, 0);
+        wa = NULL, weight_ready = 0, rows_ready = 0;
+    return fast_call(be, kind, a, b, c, accumulate, ws, ws_bytes, wa, weight_ready, NULL,
+                     rows_ready);
+}
+
+extern "C" int df_cuda_fp8_rows_slot(df_backend *be, df_gemm_kind kind, const df_tensor *a,
+                                     const df_tensor *b, const df_tensor *c, int accumulate,
+                                     void *ws, size_t ws_bytes, void *wa, df_cuda_fp8_rows *out)
+{
+    memset(out, 0, sizeof *out);
+    if (kind == DF_GEMM_BWD_W || !ws)
+        return 0;
+    int fresh = 0;
+    fp8_plan *p = plan_of(be, kind, a, b, c, accumulate, &fresh);
+    /* only a plan whose class has passed its check (fast_call then takes the
+     * call: nothing falls back to a BF16 operand that was never written),
+     * and FP32 scales (MXFP8's E8M0 bytes are made from them in quantize) */
+    if (!p || fresh || p->state <= 0 || p->mx)
+        return 0;
+    fp8_ws w = ws_layout(kind, p->m, p->n, p->kp, (char *)ws, (char *)wa, NULL, 0);
+    if (w.bytes > ws_bytes)
+        return 0;
+    out->codes = w.qb, out->scales = w.sb, out->kp = p->kp, out->n = p->n;
+    return 1;
 }
 
 /* The held region for x of this call (DF_FP8_HOLD_X / _SAME_X): *ready when

@@ -26,7 +26,10 @@
  * FP8 training (DF_CE_FP8_GRAD): hi is rounded to E4M3 (df_cuda_fp8_qdq,
  * 1 x 128 blocks) before GEMM 2; the reference rounds the fp32 G instead, so
  * a block may differ where bf16 rounding moved a value across a tie or the
- * block's largest value across a power of two.
+ * block's largest value across a power of two. On the E4M3 tensor cores,
+ * once GEMM 2's class has passed its check, step 2 writes hi's codes and
+ * block scales straight into GEMM 2's operand (ce_codes_pass; the same bits
+ * as rounding hi afterwards): no bf16 G is written, nor read back to round.
  *
  * In place: a row's G (hi, bf16) is written over the first half of the
  * row's own fp32 logits. The block walks the row in tiles in increasing
@@ -57,6 +60,7 @@
 
 #include "bf16.cuh"
 #include "cuda_internal.h"
+#include "e4m3.cuh"
 #include "knobs.h"
 #include "fp8_cuda.h"
 #include "lmhead_cuda.h"
@@ -77,6 +81,8 @@ constexpr int PLAN_CAP = 32;
 constexpr int MAX_DEV = 64;
 
 size_t g_chunk_bytes = 0; /* test hook; 0 = DFLASH_CE_CHUNK_MIB's */
+int g_fp8_codes = 1;      /* test hook: G's codes written by the row kernel */
+int64_t g_fp8_fused = 0;  /* chunks whose G went to GEMM 2 as codes only, process-wide */
 int g_precise = -1;       /* hi + lo gradient; -1 = not yet read from DFLASH_CE_PRECISE */
 
 /* A row is active (contributes loss and gradient) as on the CPU, plus the
@@ -99,11 +105,68 @@ __device__ __forceinline__ void merge(float &m, int &i, double &s, float m2, int
     s = a + b;
 }
 
+/* Pass 2 to E4M3 codes: row r's G as ce_row_kernel's pass 2 computes it,
+ * rounded to bf16, then per 1 x 128 block to codes at the block's
+ * power-of-two scale, the bits fp8_codes.cu's mode 0 writes from that bf16
+ * G: codes[r * kp + v] (zero past V up to kp), sc[kb * n_out + r]. Each
+ * thread takes 8 consecutive logits per tile, so a block's 128 are 16
+ * threads' and its amax three shuffles away. act 0: G = 0 (zero codes,
+ * scale 1). */
+__device__ void ce_codes_pass(const float *__restrict__ zr, int64_t V, int act, float mx,
+                              float scf, double sc, double c, int64_t lab,
+                              uint8_t *__restrict__ codes, float *__restrict__ csc, int64_t kp,
+                              int64_t n_out, int64_t r)
+{
+    const int t = threadIdx.x;
+    for (int64_t b = 0; b < kp; b += (int64_t)RT * 8) {
+        const int64_t v0 = b + (int64_t)t * 8;
+        float x[8];
+        if (act && v0 + 8 <= V) { /* 32-byte aligned: ldz is a multiple of 8 */
+            float4 p0 = *reinterpret_cast<const float4 *>(zr + v0);
+            float4 p1 = *reinterpret_cast<const float4 *>(zr + v0 + 4);
+            x[0] = p0.x, x[1] = p0.y, x[2] = p0.z, x[3] = p0.w;
+            x[4] = p1.x, x[5] = p1.y, x[6] = p1.z, x[7] = p1.w;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                x[j] = act && v0 + j < V ? zr[v0 + j] : 0.0f;
+        }
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+            uint16_t g2[2];
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                int64_t v = v0 + j + q;
+                float p = expf(x[j + q] - mx);
+                float g = v == lab ? (float)((double)p * sc - c) : p * scf;
+                g2[q] = act && v < V ? f2bf(g) : (uint16_t)0;
+            }
+            w[j / 2] = (uint32_t)g2[0] | (uint32_t)g2[1] << 16;
+        }
+        uint4 u = make_uint4(w[0], w[1], w[2], w[3]);
+        uint32_t mb = amax8_bits(u);
+#pragma unroll
+        for (int d = 8; d > 0; d >>= 1)
+            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, d));
+        if (v0 >= kp)
+            continue;
+        float v[8], m = bits_f(mb);
+        unpack8(u, v);
+        int e = scale_exp(m);
+        *reinterpret_cast<uint2 *>(codes + r * kp + v0) = codes8(v, ldexpf(1.0f, -e), isfinite(m));
+        if ((t & 15) == 0)
+            csc[(v0 / 128) * n_out + r] = ldexpf(1.0f, e);
+    }
+}
+
 /* One block per row of the chunk. z: the chunk's logits [rows, ldz] fp32;
  * global row = row0 + blockIdx.x for label/weight/argmax/ce/row_loss. With
  * want_dh, z's row becomes hi (bf16, first V entries of the row seen as
  * uint16_t) and, unless lo is NULL, lo[blockIdx.x * ldlo + v] gets the low
- * halves. */
+ * halves. With codes (want_dh, FP8 on the tensor cores): G's E4M3 codes
+ * instead (ce_codes_pass), and blocks from nrows up to n_out (the GEMM's
+ * rows, a multiple of 4) give zero rows. */
 __global__ void __launch_bounds__(RT) ce_row_kernel(float *__restrict__ z, int64_t ldz, int64_t V,
                                                     int64_t row0,
                                                     const int32_t *__restrict__ label,
@@ -112,8 +175,15 @@ __global__ void __launch_bounds__(RT) ce_row_kernel(float *__restrict__ z, int64
                                                     uint16_t *__restrict__ lo, int64_t ldlo,
                                                     int32_t *__restrict__ argmax,
                                                     float *__restrict__ ce,
-                                                    double *__restrict__ row_loss)
+                                                    double *__restrict__ row_loss,
+                                                    int64_t nrows, uint8_t *__restrict__ codes,
+                                                    float *__restrict__ csc, int64_t kp,
+                                                    int64_t n_out)
 {
+    if (codes && (int64_t)blockIdx.x >= nrows) { /* a padding row of GEMM 2's operand */
+        ce_codes_pass(NULL, V, 0, 0.0f, 0.0f, 0.0, 0.0, -1, codes, csc, kp, n_out, blockIdx.x);
+        return;
+    }
     __shared__ float sh_m[NW];
     __shared__ int sh_i[NW];
     __shared__ double sh_s[NW];
@@ -203,6 +273,10 @@ __global__ void __launch_bounds__(RT) ce_row_kernel(float *__restrict__ z, int64
     __syncthreads(); /* also: every pass-1 read of the row is done */
     if (!want_dh)
         return;
+    if (codes) {
+        ce_codes_pass(zr, V, sh_act, sh_mx, sh_scf, sh_sc, sh_c, sh_lab, codes, csc, kp, n_out, r);
+        return;
+    }
 
     uint16_t *hi = (uint16_t *)zr;
     uint16_t *lor = lo ? lo + r * ldlo : NULL; /* NULL: plain bf16 G, no low halves */
@@ -461,6 +535,10 @@ int64_t ld_of(const df_tensor *t)
 
 } /* namespace */
 
+extern "C" void df_cuda_lmhead_ce_set_fp8_codes(int on) { g_fp8_codes = on; }
+
+extern "C" int64_t df_cuda_lmhead_ce_fp8_fused(void) { return g_fp8_fused; }
+
 extern "C" void df_cuda_lmhead_ce_set_chunk_bytes(size_t bytes)
 {
     g_chunk_bytes = bytes;
@@ -539,7 +617,13 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         rows = 1;
     if (rows > N)
         rows = N;
-    rows = (N + (N + rows - 1) / rows - 1) / ((N + rows - 1) / rows); /* chunks of equal size */
+    /* Several chunks: each a multiple of 256 rows where one holds that many (the GEMMs
+     * run whole tiles of rows: 11 chunks of 700 rows would run 11 x 768), the last one
+     * what is left; else chunks of equal size. */
+    if (rows < N && rows >= 256)
+        rows = rows / 256 * 256;
+    else
+        rows = (N + (N + rows - 1) / rows - 1) / ((N + rows - 1) / rows);
     /* the FP8 GEMMs write rows rounded up to 4 (cuBLASLt's row counts) */
     const int64_t rows_c = fast8 ? (rows + 3) / 4 * 4 : rows;
 
@@ -582,7 +666,7 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
             df_tensor zv = df_tensor_2d(z, DF_DTYPE_F32, (nr + 3) / 4 * 4, V);
             hv.stride[0] = ldh, zv.stride[0] = ldz;
             done = df_cuda_matmul_fp8_fast_ws(be, DF_GEMM_FWD, &hv, &head_v, &zv, 0, q8, n_q8a,
-                                              kept ? k1->buf : NULL, kept ? k1->ready : head8_1);
+                                              kept ? k1->buf : NULL, kept ? k1->ready : head8_1, 0);
             head8_1 = done == 1;
             if (kept)
                 k1->ready = done == 1;
@@ -593,10 +677,18 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
                      : lt_gemm(st, ws, 1, 0, V, nr, H, wd, ldw, hd + r0 * ldh, ldh, z, ldz, 1, 0);
         if (rc)
             break;
+        /* FP8 on the tensor cores, GEMM 2's class checked: G goes to it as codes only */
+        df_tensor gv = df_tensor_2d(z, DF_DTYPE_BF16, nr, V);
+        df_tensor dv = df_tensor_2d(d32, DF_DTYPE_F32, (nr + 3) / 4 * 4, H);
+        gv.stride[0] = 2 * ldz;
+        df_cuda_fp8_rows g8 = {NULL, NULL, 0, 0};
+        const int fused = q8 && want_dh && g_fp8_codes &&
+                          df_cuda_fp8_rows_slot(be, DF_GEMM_BWD_X, &gv, &head_v, &dv, 0, q8b,
+                                                n_q8 - n_q8a, kept ? k2->buf : NULL, &g8) == 1;
         df_cuda_prof_split(be, "rows");
-        ce_row_kernel<<<(unsigned)nr, RT, 0, st>>>(z, ldz, V, r0, label, weight, (double)denom,
-                                                   want_dh, want_lo ? lo : NULL, ldlo, argmax,
-                                                   ce, row_loss);
+        ce_row_kernel<<<(unsigned)(fused ? g8.n : nr), RT, 0, st>>>(
+            z, ldz, V, r0, label, weight, (double)denom, want_dh, want_lo ? lo : NULL, ldlo,
+            argmax, ce, row_loss, nr, g8.codes, g8.scales, g8.kp, g8.n);
         if ((rc = df_cuda_check_launch("lmhead_ce rows")))
             break;
         if (!want_dh)
@@ -606,16 +698,20 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
          * rounded (hi: [nr, V] bf16, row stride 2 ldz); the BF16 path rounds it first. */
         done = 0;
         if (q8) {
-            df_tensor gv = df_tensor_2d(z, DF_DTYPE_BF16, nr, V);
-            df_tensor dv = df_tensor_2d(d32, DF_DTYPE_F32, (nr + 3) / 4 * 4, H);
-            gv.stride[0] = 2 * ldz;
             done = df_cuda_matmul_fp8_fast_ws(be, DF_GEMM_BWD_X, &gv, &head_v, &dv, 0, q8b,
                                               n_q8 - n_q8a, kept ? k2->buf : NULL,
-                                              kept ? k2->ready : head8_2);
+                                              kept ? k2->ready : head8_2, fused);
             head8_2 = done == 1;
             if (kept)
                 k2->ready = done == 1;
         }
+        if (fused && done != 1) { /* G exists as codes only: nothing else can take it */
+            df_log(DF_LOG_ERROR, "cuda: lmhead_ce: the FP8 GEMM refused the gradient's codes "
+                   "it had accepted");
+            rc = done < 0 ? done : -EIO;
+            break;
+        }
+        g_fp8_fused += fused;
         if (fp8 && !done) {
             df_cuda_prof_split(be, "round");
             df_tensor g = df_tensor_2d(z, DF_DTYPE_BF16, nr, V);

@@ -35,6 +35,14 @@ extern "C" {
  * default (1 GiB). Process-wide; meant for tests that force many chunks. */
 void df_cuda_lmhead_ce_set_chunk_bytes(size_t bytes);
 
+/* Test hooks of DF_CE_FP8_GRAD on the E4M3 tensor cores: 0 makes the row
+ * kernel write G as bf16 and GEMM 2 round it (as at a class's first chunk);
+ * 1 (default) lets the row kernel write G's codes straight into GEMM 2's
+ * operand once that class has passed its check (the same bits).
+ * df_cuda_lmhead_ce_fp8_fused: the chunks that did, process-wide. */
+void df_cuda_lmhead_ce_set_fp8_codes(int on);
+int64_t df_cuda_lmhead_ce_fp8_fused(void);
+
 /* The gradient's precision, process-wide: 0 (default, unless the environment
  * has DFLASH_CE_PRECISE=1) rounds G = (softmax - onehot) w / denom to one
  * bf16 before the dh GEMM, as bf16 autograd does; 1 carries it as hi + lo
