@@ -617,10 +617,10 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         rows = 1;
     if (rows > N)
         rows = N;
-    /* Several chunks: each a multiple of 256 rows where one holds that many (the GEMMs
-     * run whole tiles of rows: 11 chunks of 700 rows would run 11 x 768), the last one
-     * what is left; else chunks of equal size. */
-    if (rows < N && rows >= 256)
+    /* Several chunks on the E4M3 tensor cores: each a multiple of 256 rows where one holds
+     * that many, the last one what is left (cuBLASLt's FP8 GEMMs pay for whole tiles of
+     * rows; docs/FP8.md). Elsewhere chunks of equal size (the BF16 GEMMs gained nothing). */
+    if (fast8 && rows < N && rows >= 256)
         rows = rows / 256 * 256;
     else
         rows = (N + (N + rows - 1) / rows - 1) / ((N + rows - 1) / rows);
