@@ -102,6 +102,55 @@ __device__ __forceinline__ void issue_kv(const Params &p, int b, int g, int anc,
     }
 }
 
+// The Q rows (and with dout, the dO rows) of item (b, ch) of kv head g into RQ-row staging
+// buffers (cp.async, zero fill for the padding rows), as the backward's row passes stage
+// them: each thread a 16-byte column c of rows r0 + RS j, one division for the first row
+// and steps after it where RS is a multiple of the group (a row's head repeats every
+// group rows).
+template <int D, int RQ, int NTHR>
+__device__ __forceinline__ void issue_rows(const Params &p, int b, int g, int ch,
+                                           const uint16_t *src, uint16_t *dst,
+                                           const uint16_t *src2, uint16_t *dst2)
+{
+    constexpr int KP = D + 8, V8 = D / 8, RS = NTHR / V8;
+    static_assert(RQ % RS == 0, "whole row steps");
+    const long long ldq = (long long)p.nq * D;
+    const int rows_ok = p.bs * p.group;
+    const int c = (threadIdx.x % V8) * 8, r0 = threadIdx.x / V8;
+    const int rr0 = ch * RQ + r0, q0 = rr0 / p.group, h = g * p.group + rr0 % p.group;
+    const bool stepq = RS % p.group == 0;
+#pragma unroll
+    for (int j = 0; j < RQ / RS; j++) {
+        int r = r0 + RS * j;
+        RowId id;
+        if (stepq)
+            id.ok = rr0 + RS * j < rows_ok, id.grow = b * p.bs + q0 + j * (RS / p.group), id.h = h;
+        else
+            id = row_id(p, b, g, ch, r);
+        long long off = id.ok ? id.grow * ldq + id.h * D + c : 0;
+        cp16(dst + r * KP + c, src + off, id.ok);
+        if (src2)
+            cp16(dst2 + r * KP + c, src2 + off, id.ok);
+    }
+}
+
+// The statistics of item (b, ch)'s rows into slot s of RQ-entry arrays: lse * log2e
+// (-inf for a padding row), Di (0), query offsets and context lows.
+template <int RQ, int NTHR>
+__device__ __forceinline__ void stage_row_stats(const Params &p, int b, int g, int ch, int s,
+                                                float *Lb, float *Db, int *Qob, int *Lob)
+{
+    const int anc = p.anchor[b], ds = p.doc_start[b];
+    for (int r = threadIdx.x; r < RQ; r += NTHR) {
+        RowId id = row_id(p, b, g, ch, r);
+        long long li = (long long)id.grow * p.nq + id.h;
+        Lb[s * RQ + r] = id.ok ? p.lse_in[li] * LOG2E : -INFINITY;
+        Db[s * RQ + r] = id.ok ? p.Di[li] : 0.0f;
+        Qob[s * RQ + r] = id.qo;
+        Lob[s * RQ + r] = ctx_lo(anc, ds, p.W, id.qo);
+    }
+}
+
 constexpr int TKF = 64, TKQ = 32, NSPL = 2; // NSPL: dflash_attn/common.cuh's WG_NSPL says why 2
 constexpr int TK4 = 128; // keys per context tile of dkv4_kernel (and of the wgmma pass's lists)
 template <int D> constexpr size_t fwd3_smem() { return (size_t)2 * 2 * TKF * (D + 8) * 2; }

@@ -81,7 +81,7 @@ __global__ void __launch_bounds__(DKV_W * 32, 1) dkv_mma2_kernel(Params p, float
     int *Qob = reinterpret_cast<int *>(Db + 2 * RQ), *Lob = Qob + 2 * RQ;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
     int kg = warp % MW, rh = warp / MW; // key group, row half
-    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    long long ldk = (long long)p.nkv * D;
     int nct = (p.S + TKM - 1) / TKM, ntb = (p.bs + TKM - 1) / TKM;
     int bid = blockIdx.x + bid0; // bid0 > 0: only the block tiles (MMA4's block-key pass)
     bool isctx = bid < nct * p.nkv * NSPL;
@@ -125,36 +125,10 @@ __global__ void __launch_bounds__(DKV_W * 32, 1) dkv_mma2_kernel(Params p, float
         // an item's Q (is_do 0) or dO (is_do 1) rows into buffer buf; with Q, its
         // rows' lse, Di, query offsets and lows into parity slot par
         auto issue = [&](ItemIter it, int is_do, int buf, int par) {
-            uint16_t *Xd = Bf + buf * RQ * KP;
-            const uint16_t *src = is_do ? p.dout : p.q;
-            // this thread's rows r0 + RS j, column c: one division, the rest steps
-            // where RS is a multiple of the group (a row's head repeats every group rows)
-            constexpr int RS = NTHR / V8;
-            static_assert(RQ % RS == 0, "whole row steps");
-            const int c = (threadIdx.x % V8) * 8, r0 = threadIdx.x / V8;
-            const int rr0 = it.ch * RQ + r0, q0 = rr0 / p.group, h = g * p.group + rr0 % p.group;
-            const bool stepq = RS % p.group == 0;
-#pragma unroll
-            for (int j = 0; j < RQ / RS; j++) {
-                int r = r0 + RS * j;
-                RowId id;
-                if (stepq)
-                    id.ok = rr0 + RS * j < rows_ok, id.grow = it.b * p.bs + q0 + j * (RS / p.group), id.h = h;
-                else
-                    id = row_id(p, it.b, g, it.ch, r);
-                cp16(Xd + r * KP + c, src + (id.ok ? id.grow * ldq + id.h * D + c : 0), id.ok);
-            }
-            if (is_do)
-                return;
-            int anc = p.anchor[it.b], ds = p.doc_start[it.b];
-            for (int r = threadIdx.x; r < RQ; r += NTHR) {
-                RowId id = row_id(p, it.b, g, it.ch, r);
-                long long li = (long long)id.grow * p.nq + id.h;
-                Lb[par * RQ + r] = id.ok ? p.lse_in[li] * LOG2E : -INFINITY;
-                Db[par * RQ + r] = id.ok ? p.Di[li] : 0.0f;
-                Qob[par * RQ + r] = id.qo;
-                Lob[par * RQ + r] = ctx_lo(anc, ds, p.W, id.qo);
-            }
+            issue_rows<D, RQ, NTHR>(p, it.b, g, it.ch, is_do ? p.dout : p.q, Bf + buf * RQ * KP,
+                                    NULL, NULL);
+            if (!is_do)
+                stage_row_stats<RQ, NTHR>(p, it.b, g, it.ch, par, Lb, Db, Qob, Lob);
         };
         int k = isctx ? split : 0;
         ItemIter cur = item(k);

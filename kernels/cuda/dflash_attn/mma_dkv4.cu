@@ -152,15 +152,7 @@ __global__ void __launch_bounds__(NW4 * 32, 1)
             cp16(Qd + r * KP + c, p.q + off, id.ok);
             cp16(Dd + r * KP + c, p.dout + off, id.ok);
         }
-        int anc = p.anchor[b], ds = p.doc_start[b];
-        for (int r = threadIdx.x; r < RQ; r += NTHR) {
-            RowId id = row_id(p, b, g, ch, r);
-            long long li = (long long)id.grow * p.nq + id.h;
-            Lb[st * RQ + r] = id.ok ? p.lse_in[li] * LOG2E : -INFINITY;
-            Db[st * RQ + r] = id.ok ? p.Di[li] : 0.0f;
-            Qob[st * RQ + r] = id.qo;
-            Lob[st * RQ + r] = ctx_lo(anc, ds, p.W, id.qo);
-        }
+        stage_row_stats<RQ, NTHR>(p, b, g, ch, st, Lb, Db, Qob, Lob);
     };
     if (split < nitems)
         issue(split, 0);

@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(NWR * 32, 1)
     int *Ib = Lob + 2 * RQ; // [2][4]: the item's block, anchor, document start, chunk
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
     const int kg = warp & 3, hf = warp >> 2;
-    const long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    const long long ldk = (long long)p.nkv * D;
     const int bid = blockIdx.x;
     const int split = bid % NSPL, g = (bid / NSPL) % p.nkv, tile = order[bid / (NSPL * p.nkv)];
     const int base = tile * TKM, kend = base + TKM < p.S ? base + TKM : p.S;
@@ -74,34 +74,11 @@ __global__ void __launch_bounds__(NWR * 32, 1)
     auto issue = [&](int k, int par) {
         int b = tl[k / p.nch], ch = k % p.nch;
         uint16_t *Qd = Rb + 2 * par * RQ * KP, *Dd = Qd + RQ * KP;
-        constexpr int RS = NTHR / V8; // rows per step; a row's head repeats every group rows
-        static_assert(RQ % RS == 0, "whole row steps");
-        const int c = (threadIdx.x % V8) * 8, r0 = threadIdx.x / V8;
-        const int rr0 = ch * RQ + r0, q0 = rr0 / p.group, h = g * p.group + rr0 % p.group;
-        const bool stepq = RS % p.group == 0;
-#pragma unroll
-        for (int j = 0; j < RQ / RS; j++) {
-            int r = r0 + RS * j;
-            RowId id;
-            if (stepq)
-                id.ok = rr0 + RS * j < rows_ok, id.grow = b * p.bs + q0 + j * (RS / p.group), id.h = h;
-            else
-                id = row_id(p, b, g, ch, r);
-            long long off = id.ok ? id.grow * ldq + id.h * D + c : 0;
-            cp16(Qd + r * KP + c, p.q + off, id.ok);
-            cp16(Dd + r * KP + c, p.dout + off, id.ok);
-        }
-        int anc = p.anchor[b], ds = p.doc_start[b];
-        for (int r = threadIdx.x; r < RQ; r += NTHR) {
-            RowId id = row_id(p, b, g, ch, r);
-            long long li = (long long)id.grow * p.nq + id.h;
-            Lb[par * RQ + r] = id.ok ? p.lse_in[li] * LOG2E : -INFINITY;
-            Db[par * RQ + r] = id.ok ? p.Di[li] : 0.0f;
-            Qob[par * RQ + r] = id.qo;
-            Lob[par * RQ + r] = ctx_lo(anc, ds, p.W, id.qo);
-        }
+        issue_rows<D, RQ, NTHR>(p, b, g, ch, p.q, Qd, p.dout, Dd);
+        stage_row_stats<RQ, NTHR>(p, b, g, ch, par, Lb, Db, Qob, Lob);
         if (threadIdx.x == 0) // (read after the barrier: no dependent global loads at an item's start)
-            Ib[4 * par] = b, Ib[4 * par + 1] = anc, Ib[4 * par + 2] = ds, Ib[4 * par + 3] = ch;
+            Ib[4 * par] = b, Ib[4 * par + 1] = p.anchor[b], Ib[4 * par + 2] = p.doc_start[b],
+            Ib[4 * par + 3] = ch;
     };
 
     // K / V of the tile, staged in the parity-1 row buffers, into this warp's
