@@ -72,7 +72,7 @@ __global__ void __launch_bounds__(NWR * 32, 1)
     // an item's Q and dO rows into the buffers of parity par, with its rows'
     // lse, Di, query offsets and lows
     auto issue = [&](int k, int par) {
-        int b = tl[k / p.nch], ch = k % p.nch;
+        int b = p.nch == 1 ? tl[k] : tl[k / p.nch], ch = p.nch == 1 ? 0 : k % p.nch; // (no division at the 27B shape)
         uint16_t *Qd = Rb + 2 * par * RQ * KP, *Dd = Qd + RQ * KP;
         issue_rows<D, RQ, NTHR>(p, b, g, ch, p.q, Qd, p.dout, Dd);
         stage_row_stats<RQ, NTHR>(p, b, g, ch, par, Lb, Db, Qob, Lob);

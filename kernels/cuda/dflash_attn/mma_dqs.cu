@@ -94,13 +94,7 @@ __global__ void __launch_bounds__(MW * 32) dq_dsd_kernel(Params p, const uint16_
             uint16_t *Qs = sm, *dOs = Qs + RQ * KP, *Kb = dOs + RQ * KP, *Vb = Kb + nkb * KP;
             uint16_t *Pt = Vb + nkb * KP, *St = Pt + nkb * TP;
             float *Ls = reinterpret_cast<float *>(St + nkb * TP), *Ds = Ls + RQ;
-            for (int e = threadIdx.x; e < RQ * V8; e += NTHR) {
-                int r = e / V8, c = (e % V8) * 8;
-                RowId id = row_id(p, b, g, 0, r);
-                long long off = id.ok ? id.grow * ldq + id.h * D + c : 0;
-                cp16(Qs + r * KP + c, p.q + off, id.ok);
-                cp16(dOs + r * KP + c, p.dout + off, id.ok);
-            }
+            issue_rows<D, RQ, NTHR>(p, b, g, 0, p.q, Qs, p.dout, dOs);
             for (int e = threadIdx.x; e < nkb * V8; e += NTHR) {
                 int key = e / V8, c = (e % V8) * 8;
                 bool ok = key < p.bs;
@@ -189,22 +183,32 @@ __global__ void __launch_bounds__(MW * 32) dq_dsd_kernel(Params p, const uint16_
         // 32-key steps: the context tiles' up to the anchor, then (without FOLD) the block tile's up to bs
         int nhc = anc > lo0 ? (anc - t0 * TKM + DQS_KEYS - 1) / DQS_KEYS : 0;
         int nh = nhc + (FOLD ? 0 : (p.bs + DQS_KEYS - 1) / DQS_KEYS);
+        // Each thread's 16-byte pieces of a step are the same in every step (only the step's
+        // base moves): dS^T rows (keys) kd + DR i at column cd, K rows kq + KR i at column cq.
+        constexpr int DR = NTHR / R8, KR = NTHR / V8; // rows per pass of the pieces
+        static_assert(NTHR % R8 == 0 && NTHR % V8 == 0 && DQS_KEYS % DR == 0 && DQS_KEYS % KR == 0,
+                      "whole passes of pieces");
+        const int kd = threadIdx.x / R8, cd = (threadIdx.x % R8) * 8;
+        const int kq = threadIdx.x / V8, cq = (threadIdx.x % V8) * 8;
+        const size_t slot0 = dsd_slot(p, b, g, ch, 0);
         auto issue = [&](int h, int st) {
             uint16_t *Ts = sm + st * STG, *Ks = Ts + DQS_KEYS * TP;
-            bool isctx = h < nhc;
-            int t = isctx ? h / (TKM / DQS_KEYS) : maxt;
-            int k0 = isctx ? (h % (TKM / DQS_KEYS)) * DQS_KEYS : (h - nhc) * DQS_KEYS; // in the slot
-            int base = (isctx ? (t0 + t) * TKM : 0) + k0, end = isctx ? anc : p.bs;
-            const uint16_t *dsrc = dsd + dsd_slot(p, b, g, ch, t) * (size_t)(TKM * RQ) + (size_t)k0 * RQ;
-            const uint16_t *ksrc = isctx ? p.kc : p.kb;
-            long long rbase = isctx ? base : (long long)b * p.bs + base;
-            for (int e = threadIdx.x; e < DQS_KEYS * (R8 + V8); e += NTHR) {
-                int key = e / (R8 + V8), c = (e % (R8 + V8)) * 8;
-                bool ok = base + key < end;
-                if (c < RQ)
-                    cp16(Ts + key * TP + c, dsrc + (ok ? key * RQ + c : 0), ok);
-                else
-                    cp16(Ks + key * KP + c - RQ, ksrc + (ok ? (rbase + key) * ldk + (long long)g * D + c - RQ : 0), ok);
+            const bool isctx = h < nhc;
+            const int t = isctx ? h / (TKM / DQS_KEYS) : maxt;
+            const int k0 = isctx ? (h % (TKM / DQS_KEYS)) * DQS_KEYS : (h - nhc) * DQS_KEYS; // in the slot
+            const int base = (isctx ? (t0 + t) * TKM : 0) + k0, end = isctx ? anc : p.bs;
+            const uint16_t *dsrc = dsd + (slot0 + t) * (size_t)(TKM * RQ) + (size_t)(k0 + kd) * RQ + cd;
+            const uint16_t *ksrc = (isctx ? p.kc + (long long)base * ldk : p.kb + ((long long)b * p.bs + base) * ldk) +
+                                   (long long)kq * ldk + (long long)g * D + cq;
+#pragma unroll
+            for (int i = 0; i < DQS_KEYS / DR; i++) {
+                bool ok = base + kd + DR * i < end;
+                cp16(Ts + (kd + DR * i) * TP + cd, ok ? dsrc + DR * i * RQ : dsd, ok);
+            }
+#pragma unroll
+            for (int i = 0; i < DQS_KEYS / KR; i++) {
+                bool ok = base + kq + KR * i < end;
+                cp16(Ks + (kq + KR * i) * KP + cq, ok ? ksrc + KR * i * ldk : p.kc, ok);
             }
         };
 #pragma unroll

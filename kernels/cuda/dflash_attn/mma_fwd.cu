@@ -53,18 +53,21 @@ __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
         base = ((t - ntc) % ntb) * TKF, end = p.bs, tb = 2 * pb + j;
         return false;
     };
+    // each thread's 16-byte pieces of a tile: keys kr + KR i, columns kc (the same in every tile)
+    constexpr int KR = FW * 32 / V8;
+    static_assert((FW * 32) % V8 == 0 && TKF % KR == 0, "whole passes of pieces");
+    const int kr = threadIdx.x / V8, kc = (threadIdx.x % V8) * 8;
     auto issue = [&](int t, uint16_t *Kd) {
         uint16_t *Vd = Kd + TKF * KP;
         int base, end, tb;
         bool isctx = tile_of(t, base, end, tb);
-        const uint16_t *ksrc = isctx ? p.kc : p.kb, *vsrc = isctx ? p.vc : p.vb;
-        long long rbase = isctx ? base : (long long)tb * p.bs + base;
-        for (int e = threadIdx.x; e < TKF * V8; e += FW * 32) {
-            int key = e / V8, c = (e % V8) * 8;
-            bool ok = base + key < end;
-            long long off = ok ? (rbase + key) * ldk + (long long)g * D + c : 0;
-            cp16(Kd + key * KP + c, ksrc + off, ok);
-            cp16(Vd + key * KP + c, vsrc + off, ok);
+        long long off = ((isctx ? base : (long long)tb * p.bs + base) + kr) * ldk + (long long)g * D + kc;
+        const uint16_t *ksrc = (isctx ? p.kc : p.kb) + off, *vsrc = (isctx ? p.vc : p.vb) + off;
+#pragma unroll
+        for (int i = 0; i < TKF / KR; i++) {
+            bool ok = base + kr + KR * i < end;
+            cp16(Kd + (kr + KR * i) * KP + kc, ok ? ksrc + KR * i * ldk : p.kc, ok);
+            cp16(Vd + (kr + KR * i) * KP + kc, ok ? vsrc + KR * i * ldk : p.vc, ok);
         }
     };
     if (nt > 0)
@@ -133,7 +136,8 @@ __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
                         mx[ri] = fmaxf(mx[ri], s[n][e]);
                     }
             }
-            float al[2];
+            // mz: the row's max, or 0 while it sees no key (then every s is -inf: exp2 gives 0)
+            float al[2], mz[2];
 #pragma unroll
             for (int ri = 0; ri < 2; ri++) {
                 mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
@@ -141,6 +145,7 @@ __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
                 float mn = fmaxf(m[ri], mx[ri]);
                 al[ri] = mn == -INFINITY ? 1.0f : exp2f(m[ri] - mn);
                 m[ri] = mn;
+                mz[ri] = mn == -INFINITY ? 0.0f : mn;
             }
             float ps[2] = {0.0f, 0.0f};
 #pragma unroll
@@ -148,15 +153,17 @@ __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int ri = e >> 1;
-                    float pr = s[n][e] == -INFINITY ? 0.0f : exp2f(s[n][e] - m[ri]);
+                    float pr = exp2f(s[n][e] - mz[ri]);
                     s[n][e] = pr;
                     ps[ri] += pr;
                 }
             l[0] = l[0] * al[0] + ps[0];
             l[1] = l[1] * al[1] + ps[1];
+            // (a max that did not move scales by 1: skipped where no row of the warp moved)
+            if (__any_sync(0xffffffffu, al[0] != 1.0f || al[1] != 1.0f))
 #pragma unroll
-            for (int nd = 0; nd < NTD; nd++)
-                o[nd][0] *= al[0], o[nd][1] *= al[0], o[nd][2] *= al[1], o[nd][3] *= al[1];
+                for (int nd = 0; nd < NTD; nd++)
+                    o[nd][0] *= al[0], o[nd][1] *= al[0], o[nd][2] *= al[1], o[nd][3] *= al[1];
 #pragma unroll
             for (int kk = 0; kk < TKF / 16; kk++) {
                 uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
