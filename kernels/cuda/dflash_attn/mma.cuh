@@ -151,6 +151,82 @@ __device__ __forceinline__ void stage_row_stats(const Params &p, int b, int g, i
     }
 }
 
+// issue_rows with the row arithmetic done once per thread, where RQ is a multiple of the group
+// (every chunk then starts at a head-0 row): row r of chunk ch is query ch RQ / group + r / group,
+// head g group + r % group, so each of a thread's rows r0 + RS j sits at a fixed offset from the
+// chunk's first (query, head) of kv head g. init: 0 where the group does not divide RQ (then
+// issue_rows). off[j]: that offset plus the column.
+template <int D, int RQ, int NTHR> struct RowPieces {
+    static constexpr int V8 = D / 8, RS = NTHR / V8, NJ = RQ / RS;
+    static_assert(NTHR % V8 == 0 && RQ % RS == 0, "whole row steps");
+    int off[NJ];
+    __device__ __forceinline__ bool init(const Params &p)
+    {
+        if (RQ % p.group)
+            return false;
+        const long long ldq = (long long)p.nq * D;
+        const int c = (threadIdx.x % V8) * 8, r0 = threadIdx.x / V8;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            int r = r0 + RS * j;
+            off[j] = (int)((r / p.group) * ldq + (r % p.group) * D + c);
+        }
+        return true;
+    }
+    // item (b, ch)'s rows of src into dst (and of src2 into dst2), as issue_rows
+    __device__ __forceinline__ void issue(const Params &p, int b, int g, int ch, const uint16_t *src,
+                                          uint16_t *dst, const uint16_t *src2, uint16_t *dst2) const
+    {
+        constexpr int KP = D + 8;
+        const long long at = (long long)(b * p.bs + ch * (RQ / p.group)) * p.nq * D + (long long)g * p.group * D;
+        const int c = (threadIdx.x % V8) * 8, r0 = threadIdx.x / V8, left = p.bs * p.group - ch * RQ;
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            int r = r0 + RS * j;
+            bool ok = r < left;
+            cp16(dst + r * KP + c, ok ? src + at + off[j] : src, ok);
+            cp16(dst2 + r * KP + c, ok ? src2 + at + off[j] : src2, ok);
+        }
+    }
+};
+
+// stage_row_stats in two halves: the global loads (thread r < RQ: row r of item (b, ch)) into
+// registers when the item's rows are issued, the slots written once the math in between is
+// done, so the loads' latency passes under it. store also writes the item's block, anchor,
+// document start and chunk to Ib[4 s ..] (thread 0).
+struct RowStats {
+    float lse, di;
+    int qo, anc, ds, b, ch;
+    bool ok;
+};
+template <int RQ, int NTHR>
+__device__ __forceinline__ RowStats load_row_stats(const Params &p, int b, int g, int ch)
+{
+    static_assert(NTHR >= RQ, "one row per thread");
+    RowStats s;
+    s.b = b, s.ch = ch, s.anc = p.anchor[b], s.ds = p.doc_start[b];
+    RowId id = row_id(p, b, g, ch, threadIdx.x < RQ ? threadIdx.x : 0);
+    long long li = (long long)id.grow * p.nq + id.h;
+    s.ok = id.ok && threadIdx.x < RQ, s.qo = id.qo;
+    s.lse = s.ok ? p.lse_in[li] : 0.0f;
+    s.di = s.ok ? p.Di[li] : 0.0f;
+    return s;
+}
+template <int RQ>
+__device__ __forceinline__ void store_row_stats(const Params &p, const RowStats &s, int sl, float *Lb,
+                                                float *Db, int *Qob, int *Lob, int *Ib)
+{
+    const int r = threadIdx.x;
+    if (r < RQ) {
+        Lb[sl * RQ + r] = s.ok ? s.lse * LOG2E : -INFINITY;
+        Db[sl * RQ + r] = s.ok ? s.di : 0.0f;
+        Qob[sl * RQ + r] = s.qo;
+        Lob[sl * RQ + r] = ctx_lo(s.anc, s.ds, p.W, s.qo);
+    }
+    if (r == 0)
+        Ib[4 * sl] = s.b, Ib[4 * sl + 1] = s.anc, Ib[4 * sl + 2] = s.ds, Ib[4 * sl + 3] = s.ch;
+}
+
 constexpr int TKF = 64, TKQ = 32, NSPL = 2; // NSPL: dflash_attn/common.cuh's WG_NSPL says why 2
 constexpr int TK4 = 128; // keys per context tile of dkv4_kernel (and of the wgmma pass's lists)
 template <int D> constexpr size_t fwd3_smem() { return (size_t)2 * 2 * TKF * (D + 8) * 2; }

@@ -22,7 +22,11 @@
 //  - the keys 16 kg .. + 15 are written and read by the warp pair (kg, 0),
 //    (kg, 1) only: the S -> A hand-off is a 64-thread named barrier;
 //  - four row buffers (Q and dO of this item and of the next): one CTA
-//    barrier per item, the next item's rows loading under this item's math.
+//    barrier per item, the next item's rows loading under this item's math,
+//    its rows' statistics loaded into registers before the math and written
+//    after it, the block after it read from the list an item ahead (no
+//    global load waits between two items); each thread's row pieces at
+//    fixed offsets (RowPieces) where the group divides the chunk.
 // Shared memory: 4 x 64 x (D + 8) bf16 rows, 2 x 64 x 72 bf16 P^T / dS^T,
 // 2 x 64 x 16 bytes of row data, each item's block data: 88 KiB at D 128.
 #include "mma.cuh"
@@ -69,16 +73,20 @@ __global__ void __launch_bounds__(NWR * 32, 1)
     const int nit = cnt[tile] * p.nch;
     const int *tl = lst + (size_t)tile * p.nb;
 
-    // an item's Q and dO rows into the buffers of parity par, with its rows'
-    // lse, Di, query offsets and lows
-    auto issue = [&](int k, int par) {
-        int b = p.nch == 1 ? tl[k] : tl[k / p.nch], ch = p.nch == 1 ? 0 : k % p.nch; // (no division at the 27B shape)
+    // an item's block: list entry k / nch (no division at one chunk per block, the 27B shape)
+    auto blk = [&](int k) { return p.nch == 1 ? tl[k] : tl[k / p.nch]; };
+    // item k (block b) into the buffers of parity par: its Q and dO rows (cp.async), its rows'
+    // lse, Di, query offsets and lows into registers (store_row_stats writes them)
+    RowPieces<D, RQ, NTHR> rp;
+    const bool fast_rows = rp.init(p);
+    auto issue = [&](int k, int b, int par) {
+        const int ch = p.nch == 1 ? 0 : k % p.nch;
         uint16_t *Qd = Rb + 2 * par * RQ * KP, *Dd = Qd + RQ * KP;
-        issue_rows<D, RQ, NTHR>(p, b, g, ch, p.q, Qd, p.dout, Dd);
-        stage_row_stats<RQ, NTHR>(p, b, g, ch, par, Lb, Db, Qob, Lob);
-        if (threadIdx.x == 0) // (read after the barrier: no dependent global loads at an item's start)
-            Ib[4 * par] = b, Ib[4 * par + 1] = p.anchor[b], Ib[4 * par + 2] = p.doc_start[b],
-            Ib[4 * par + 3] = ch;
+        if (fast_rows)
+            rp.issue(p, b, g, ch, p.q, Qd, p.dout, Dd);
+        else
+            issue_rows<D, RQ, NTHR>(p, b, g, ch, p.q, Qd, p.dout, Dd);
+        return load_row_stats<RQ, NTHR>(p, b, g, ch);
     };
 
     // K / V of the tile, staged in the parity-1 row buffers, into this warp's
@@ -94,7 +102,7 @@ __global__ void __launch_bounds__(NWR * 32, 1)
             cp16(Vs + key * KP + c, p.vc + off, ok);
         }
         if (split < nit)
-            issue(split, 0);
+            store_row_stats<RQ>(p, issue(split, blk(split), 0), 0, Lb, Db, Qob, Lob, Ib);
         cp_commit();
         cp_wait<0>();
         __syncthreads();
@@ -112,15 +120,8 @@ __global__ void __launch_bounds__(NWR * 32, 1)
         for (int e = 0; e < 4; e++)
             ak[nd][e] = 0.0f, av[nd][e] = 0.0f;
     const float sl = p.scale * LOG2E;
-    int par = 0;
-    for (int k = split; k < nit; k += NSPL, par ^= 1) {
-        if (k != split) {
-            cp_wait<0>();    // item k landed (this thread's copies)
-            __syncthreads(); // ... everyone's; every warp is done with item k - NSPL (its buffers, P^T, dS^T)
-        }
-        if (k + NSPL < nit)
-            issue(k + NSPL, par ^ 1); // under this item's math
-        cp_commit();
+    // item k's math on the buffers of parity par
+    auto item = [&](int par) {
         const uint16_t *Qs = Rb + 2 * par * RQ * KP, *dOs = Qs + RQ * KP;
         const float *Ls = Lb + par * RQ, *Ds = Db + par * RQ;
         const int *Qo = Qob + par * RQ, *Lo = Lob + par * RQ;
@@ -134,7 +135,7 @@ __global__ void __launch_bounds__(NWR * 32, 1)
         // the store, which dq_dsd_kernel reads from the tile's start), or
         // visible to every row (no per-element mask)
         if (k0 >= anc)
-            continue;
+            return;
         if (k0 + 16 <= lo0) {
             if (dslot)
 #pragma unroll
@@ -143,7 +144,7 @@ __global__ void __launch_bounds__(NWR * 32, 1)
                     for (int hi = 0; hi < 2; hi++)
                         *reinterpret_cast<uint32_t *>(dslot + (size_t)(16 * kg + gid + 8 * hi) * RQ + 32 * hf +
                                                       nt * 8 + 2 * t4) = 0u;
-            continue;
+            return;
         }
         const bool full = (ch + 1) * RQ <= rows_ok && k0 >= lohi && k0 + 16 <= anc;
         // S phase: keys k0 .. + 15 x rows 32 hf .. + 31 (4 n tiles)
@@ -204,6 +205,23 @@ __global__ void __launch_bounds__(NWR * 32, 1)
                 mma_cols<NH, KP>(ak, sa, Qc, 16 * kk, lane);
             }
         }
+    };
+    int par = 0, bn = split + NSPL < nit ? blk(split + NSPL) : 0; // bn: item k + NSPL's block
+    for (int k = split; k < nit; k += NSPL, par ^= 1) {
+        if (k != split) {
+            cp_wait<0>();    // item k landed (this thread's copies)
+            __syncthreads(); // ... everyone's; every warp is done with item k - NSPL (its buffers, P^T, dS^T)
+        }
+        const bool more = k + NSPL < nit;
+        RowStats rs;
+        if (more) // under this item's math: item k + NSPL's rows, its statistics' loads, the block after it
+            rs = issue(k + NSPL, bn, par ^ 1);
+        cp_commit();
+        if (k + 2 * NSPL < nit)
+            bn = blk(k + 2 * NSPL);
+        item(par);
+        if (more)
+            store_row_stats<RQ>(p, rs, par ^ 1, Lb, Db, Qob, Lob, Ib);
     }
     cp_wait<0>();
     // the fp32 partials: keys k0 + gid (+ 8), dims hf D/2 + 8 nd + 2 t4 (+ 1)

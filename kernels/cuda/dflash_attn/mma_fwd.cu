@@ -13,7 +13,8 @@ using namespace df_dflash;
 // context, so the pair shares every context K / V tile of the union of
 // their spans (half the tile loads per product, 8 warps per SM where one
 // CTA fits), then each block's own block-key tile; a warp skips the tiles
-// its block does not see. Tiles of TKF = 64 keys, two stages (cp.async).
+// its block does not see. Tiles of TKF = 64 keys, two stages (cp.async), one
+// barrier per tile.
 constexpr int FW = 2 * MW; // warps per forward CTA
 template <int D>
 __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
@@ -95,11 +96,11 @@ __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
     const float sl = p.scale * LOG2E;
     for (int t = 0; t < nt; t++) {
+        cp_wait<0>();
+        __syncthreads(); // tile t landed for all; every warp is done with tile t - 1, whose stage t + 1 takes
         if (t + 1 < nt)
             issue(t + 1, sm + ((t + 1) & 1) * 2 * TKF * KP);
         cp_commit();
-        cp_wait<1>();
-        __syncthreads();
         const uint16_t *Ks = sm + (t & 1) * 2 * TKF * KP, *Vs = Ks + TKF * KP;
         int base, end, tb;
         bool isctx = tile_of(t, base, end, tb);
@@ -172,7 +173,6 @@ __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
                 mma_cols<NTD, KP>(o, pa, Vs, kk * 16, lane);
             }
         }
-        __syncthreads(); // this stage is refilled at t + 2
     }
     cp_wait<0>();
     if (!mine)
