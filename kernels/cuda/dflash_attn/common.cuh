@@ -141,6 +141,16 @@ __device__ __forceinline__ int ctx_lo(int anc, int ds, int W, int qo)
 }
 
 // Row r of chunk ch of block b, kv head g: (global row, head) or valid = false.
+// 2^x in one MUFU op, every kernel's softmax exponential (flush-to-zero: the P
+// that matter are far from denormal; 2^-inf = 0 is how masked elements become
+// 0 without a branch). exp2f would add a range check and two scalings.
+__device__ __forceinline__ float ex2(float x)
+{
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 struct RowId {
     int grow, h, qo;
     bool ok;

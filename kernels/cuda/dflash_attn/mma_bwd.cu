@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(DKV_W * 32, 1) dkv_mma2_kernel(Params p, float
 #pragma unroll
                         for (int e = 0; e < 4; e++) {
                             int r = rw + nt * 8 + 2 * t4 + (e & 1);
-                            float P = exp2f(s[nt][e] * sl - Ls[r]);
+                            float P = ex2(s[nt][e] * sl - Ls[r]);
                             dp[nt][e] = P * (dp[nt][e] - Ds[r]);
                             s[nt][e] = P;
                         }
@@ -199,7 +199,7 @@ __global__ void __launch_bounds__(DKV_W * 32, 1) dkv_mma2_kernel(Params p, float
                             int r = rw + nt * 8 + 2 * t4 + (e & 1);
                             float Lr = Ls[r];
                             bool vis = Lr != -INFINITY && visible(isctx, key, kend_b, Lo[r], Qo[r], p.W);
-                            float P = vis ? exp2f(s[nt][e] * sl - Lr) : 0.0f;
+                            float P = vis ? ex2(s[nt][e] * sl - Lr) : 0.0f;
                             dp[nt][e] = vis ? P * (dp[nt][e] - Ds[r]) : 0.0f;
                             s[nt][e] = P;
                         }

@@ -208,12 +208,12 @@ __global__ void __launch_bounds__(NW4 * 32, 1)
                         int r = 32 * hw + nt * 8 + 2 * t4 + (e & 1);
                         float Lr = Ls[r], P;
                         if (full) {
-                            P = exp2f(s[m][nt][e] * sl - Lr);
+                            P = ex2(s[m][nt][e] * sl - Lr);
                             dp[m][nt][e] = P * (dp[m][nt][e] - Ds[r]);
                         } else {
                             int key = k0 + 16 * m + gid + (e >> 1) * 8;
                             bool vis = Lr != -INFINITY && visible(true, key, anc, Lo[r], Qo[r], p.W);
-                            P = vis ? exp2f(s[m][nt][e] * sl - Lr) : 0.0f;
+                            P = vis ? ex2(s[m][nt][e] * sl - Lr) : 0.0f;
                             dp[m][nt][e] = vis ? P * (dp[m][nt][e] - Ds[r]) : 0.0f;
                         }
                         s[m][nt][e] = P;

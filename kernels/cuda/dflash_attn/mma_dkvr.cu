@@ -167,12 +167,12 @@ __global__ void __launch_bounds__(NWR * 32, 1)
                     int r = 32 * hf + nt * 8 + 2 * t4 + (e & 1);
                     float Lr = Ls[r], P;
                     if (full) {
-                        P = exp2f(s[nt][e] * sl - Lr);
+                        P = ex2(s[nt][e] * sl - Lr);
                         dp[nt][e] = P * (dp[nt][e] - Ds[r]);
                     } else {
                         int key = k0 + gid + (e >> 1) * 8;
                         bool vis = Lr != -INFINITY && visible(true, key, anc, Lo[r], Qo[r], p.W);
-                        P = vis ? exp2f(s[nt][e] * sl - Lr) : 0.0f;
+                        P = vis ? ex2(s[nt][e] * sl - Lr) : 0.0f;
                         dp[nt][e] = vis ? P * (dp[nt][e] - Ds[r]) : 0.0f;
                     }
                     s[nt][e] = P;

@@ -137,7 +137,7 @@ __global__ void __launch_bounds__(MW * 32) dq_dsd_kernel(Params p, const uint16_
                         float Lr = Ls[r];
                         // (rows past the chunk's: lse -inf; their qo is 0)
                         bool vis = Lr != -INFINITY && visible(false, key, p.bs, 0, r / p.group, p.W);
-                        float P = vis ? exp2f(s[nt][e] * sl - Lr) : 0.0f;
+                        float P = vis ? ex2(s[nt][e] * sl - Lr) : 0.0f;
                         float dS = vis ? P * (dp[nt][e] - Ds[r]) : 0.0f;
                         Pt[key * TP + r] = f2bf(P);
                         St[key * TP + r] = f2bf(dS);

@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
                 mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
                 mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
                 float mn = fmaxf(m[ri], mx[ri]);
-                al[ri] = mn == -INFINITY ? 1.0f : exp2f(m[ri] - mn);
+                al[ri] = mn == -INFINITY ? 1.0f : ex2(m[ri] - mn);
                 m[ri] = mn;
                 mz[ri] = mn == -INFINITY ? 0.0f : mn;
             }
@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int ri = e >> 1;
-                    float pr = exp2f(s[n][e] - mz[ri]);
+                    float pr = ex2(s[n][e] - mz[ri]);
                     s[n][e] = pr;
                     ps[ri] += pr;
                 }
@@ -291,7 +291,7 @@ __global__ void __launch_bounds__(MW * 32) dq_mma2_kernel(Params p, const int *o
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int ri = e >> 1;
-                    float P = exp2f(s[n][e] * sl - L[ri]);
+                    float P = ex2(s[n][e] * sl - L[ri]);
                     s[n][e] = P * (dp[n][e] - Dr[ri]);
                 }
         } else {
@@ -301,7 +301,7 @@ __global__ void __launch_bounds__(MW * 32) dq_mma2_kernel(Params p, const int *o
                 for (int e = 0; e < 4; e++) {
                     int ri = e >> 1, key = base + n * 8 + 2 * t4 + (e & 1);
                     bool vis = rok[ri] && visible(isctx, key, end, rlo[ri], rid[ri].qo, p.W);
-                    float P = vis ? exp2f(s[n][e] * sl - L[ri]) : 0.0f;
+                    float P = vis ? ex2(s[n][e] * sl - L[ri]) : 0.0f;
                     s[n][e] = vis ? P * (dp[n][e] - Dr[ri]) : 0.0f;
                 }
         }

@@ -221,15 +221,6 @@ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
     return *reinterpret_cast<uint32_t *>(&v);
 }
 
-// 2^x in one MUFU op (flush-to-zero: the P that matter are far from denormal;
-// 2^-inf = 0 is how masked elements become 0 without a branch)
-__device__ __forceinline__ float ex2(float x)
-{
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 #endif // DF_WG_BODY
 
 } // namespace
