@@ -57,9 +57,12 @@ static void usage(FILE *f)
             "  --recompute-mlp       also the MLP's gate/up projections (two more GEMMs per\n"
             "                        layer; same results, ~0.5 GB less per layer at 8192 rows)\n"
             "  --grad-f32            GPU: gradients in F32 (default BF16, half the memory)\n"
-            "  --fp8                 FP8 training: the GEMMs' operands rounded to E4M3 with\n"
-            "                        block scales (docs/FP8.md); evaluation and the export\n"
-            "                        stay BF16\n"
+            "  --fp8, --no-fp8       FP8 training on or off: the GEMMs' operands rounded to\n"
+            "                        E4M3 with block scales (docs/FP8.md); evaluation and the\n"
+            "                        export stay BF16. Default: on where FP8 tensor cores are\n"
+            "                        verified (compute capability 9.0) and the drafter is wide\n"
+            "                        enough for them to pay (hidden >= %d), else off; the\n"
+            "                        choice is printed and recorded in the run's settings\n"
             "  --no-grad-alias       keep activations out of the gradient array (default, with\n"
             "                        one row per step: layers' saved activations live in the\n"
             "                        gradients of the layer below until its backward; same\n"
@@ -110,7 +113,8 @@ static void usage(FILE *f)
             "                        A resume needs RUN's checkpoints on every node\n"
             "  A run resumes with the number of ranks it was started with.\n"
             "  --log-every N --ckpt-every N --keep-last N --threads N --quiet\n"
-            "  --no-ckpt             no checkpoint at all, not even the last (benchmarks)\n");
+            "  --no-ckpt             no checkpoint at all, not even the last (benchmarks)\n",
+            DF_FP8_AUTO_MIN_HIDDEN);
 }
 
 /* The largest value of --rows-per-step, --max-anchors, --eval-rows: far beyond any
@@ -159,7 +163,7 @@ int cmd_train(int argc, char **argv)
     /* flags of which a pair asks for opposite things (--no-ckpt over a --ckpt-every
      * is not one: it turns checkpoints off whatever their interval) */
     enum { SEEN_RECOMPUTE = 1, SEEN_NO_RECOMPUTE = 2, SEEN_RECOMPUTE_MLP = 4, SEEN_OVERLAP = 8,
-           SEEN_NO_OVERLAP = 16 };
+           SEEN_NO_OVERLAP = 16, SEEN_FP8 = 32, SEEN_NO_FP8 = 64 };
     unsigned seen = 0;
     const char *gpus = NULL;
     char idbuf[128];
@@ -197,7 +201,13 @@ int cmd_train(int argc, char **argv)
             continue;
         }
         if (!strcmp(a, "--fp8")) {
+            seen |= SEEN_FP8;
             o.fp8 = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-fp8")) {
+            seen |= SEEN_NO_FP8;
+            o.fp8 = 0;
             continue;
         }
         if (!strcmp(a, "--no-ckpt")) {
@@ -360,7 +370,8 @@ int cmd_train(int argc, char **argv)
         const char *na, *nb;
     } clash[] = {{SEEN_RECOMPUTE, SEEN_NO_RECOMPUTE, "--recompute", "--no-recompute"},
                  {SEEN_RECOMPUTE_MLP, SEEN_NO_RECOMPUTE, "--recompute-mlp", "--no-recompute"},
-                 {SEEN_OVERLAP, SEEN_NO_OVERLAP, "--overlap-optimizer", "--no-overlap-optimizer"}};
+                 {SEEN_OVERLAP, SEEN_NO_OVERLAP, "--overlap-optimizer", "--no-overlap-optimizer"},
+                 {SEEN_FP8, SEEN_NO_FP8, "--fp8", "--no-fp8"}};
     for (size_t k = 0; k < sizeof clash / sizeof clash[0]; k++)
         if ((seen & clash[k].a) && (seen & clash[k].b)) {
             fprintf(stderr, "dflash train: %s and %s ask for opposite things: give one\n", clash[k].na,

@@ -24,3 +24,9 @@ int df_backend_cuda_device(df_backend *be)
     (void)be;
     return -1;
 }
+
+int df_backend_fp8_tensor_cores(df_backend *be)
+{
+    (void)be;
+    return 0;
+}

@@ -166,6 +166,11 @@ int df_backend_cuda_device_count(void);
  * backend. */
 void *df_backend_cuda_stream(df_backend *be);
 int df_backend_cuda_device(df_backend *be);
+/* 1 where df_op_matmul_fp8 runs on FP8 tensor cores of a kind of GPU it has been verified on
+ * (compute capability 9.0: cuBLASLt's block-scaled E4M3 GEMM; DFLASH_FP8_GEMM on), 0 elsewhere
+ * (other backends and GPUs take the BF16 GEMM on rounded operands: FP8's numerics, not its
+ * speed). What `dflash train`'s --fp8 auto decides on. */
+int df_backend_fp8_tensor_cores(df_backend *be);
 
 /* ---- dense ops ---- */
 

@@ -49,6 +49,8 @@ TA0=(--cache "$W/cache" --random-target "$W/config.json" --layers 5
     --intermediate 17408 --block-size 16 --max-tokens 4096 --max-anchors 512 --mask-token 248070
     --log-every 1 --no-ckpt)
 TA=("${TA0[@]}" --buffered-io)
+# (every run says its numerics: BF16 with --no-fp8, FP8 with --fp8; the default, --fp8 auto,
+# would take FP8 on Hopper at this width)
 # median step time (s) of the log's steps after the first 3 (warm-up: plans, allocation)
 med() { python3 -c "
 import json,statistics,sys
@@ -87,24 +89,24 @@ oursf="not run"; oursna="not run"; ours="FAILED"; ours2="not run"; ours2d="not r
 disk=$(f=$(ls -S "$W"/cache/*.dfc 2>/dev/null | head -1); [ -n "$f" ] && dd if="$f" of=/dev/null bs=16M iflag=direct 2>&1 | tail -1 | sed 's/.*, //')
 if [ $status = 0 ]; then
   pw_start bf16
-  if "$B/dflash" train "${TA[@]}" --out "$W/run1" --device cuda --steps "$STEPS" >"$LOG/train-1gpu.log" 2>&1; then
+  if "$B/dflash" train "${TA[@]}" --no-fp8 --out "$W/run1" --device cuda --steps "$STEPS" >"$LOG/train-1gpu.log" 2>&1; then
     pw_stop; cp "$W/run1/log.jsonl" "$LOG/train-1gpu.jsonl"; ours=$(med "$W/run1/log.jsonl")
   else status=1; fi
   pw_stop
   if [ "${RECOMPUTE:-1}" = 1 ]; then # more memory: every activation kept (the default recomputes)
-    if "$B/dflash" train "${TA[@]}" --out "$W/runrc" --device cuda --steps "$STEPS" --no-recompute \
+    if "$B/dflash" train "${TA[@]}" --no-fp8 --out "$W/runrc" --device cuda --steps "$STEPS" --no-recompute \
          >"$LOG/train-1gpu-recompute.log" 2>&1; then
       cp "$W/runrc/log.jsonl" "$LOG/train-1gpu-recompute.jsonl"; oursrc=$(med "$W/runrc/log.jsonl")
     else oursrc="FAILED"; status=1; fi
   fi
   if [ "${OVERLAP:-1}" = 1 ]; then # the optimizer after the backward, not overlapping the next forward
-    if "$B/dflash" train "${TA[@]}" --out "$W/runov" --device cuda --steps "$STEPS" --no-overlap-optimizer \
+    if "$B/dflash" train "${TA[@]}" --no-fp8 --out "$W/runov" --device cuda --steps "$STEPS" --no-overlap-optimizer \
          >"$LOG/train-1gpu-no-overlap.log" 2>&1; then
       cp "$W/runov/log.jsonl" "$LOG/train-1gpu-no-overlap.jsonl"; oursov=$(med "$W/runov/log.jsonl")
     else oursov="FAILED"; status=1; fi
   fi
   if [ "${RECOMPUTE_MLP:-0}" = 1 ]; then # least memory: the MLP's gate/up GEMMs recomputed too
-    if "$B/dflash" train "${TA[@]}" --out "$W/runrm" --device cuda --steps "$STEPS" --recompute-mlp \
+    if "$B/dflash" train "${TA[@]}" --no-fp8 --out "$W/runrm" --device cuda --steps "$STEPS" --recompute-mlp \
          >"$LOG/train-1gpu-recompute-mlp.log" 2>&1; then
       cp "$W/runrm/log.jsonl" "$LOG/train-1gpu-recompute-mlp.jsonl"; oursrm=$(med "$W/runrm/log.jsonl")
     else oursrm="FAILED"; status=1; fi
@@ -118,31 +120,31 @@ if [ $status = 0 ]; then
     pw_stop
   fi
   if [ "${NOALIAS:-0}" = 1 ]; then # activations apart from the gradients
-    if "$B/dflash" train "${TA[@]}" --out "$W/runna" --device cuda --steps "$STEPS" --no-grad-alias \
+    if "$B/dflash" train "${TA[@]}" --no-fp8 --out "$W/runna" --device cuda --steps "$STEPS" --no-grad-alias \
          >"$LOG/train-1gpu-no-alias.log" 2>&1; then
       cp "$W/runna/log.jsonl" "$LOG/train-1gpu-no-alias.jsonl"; oursna=$(med "$W/runna/log.jsonl")
     else oursna="FAILED"; status=1; fi
   fi
   if [ "${PROFILE:-1}" = 1 ]; then
-    DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --out "$W/runp" --device cuda --steps 4 \
+    DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --no-fp8 --out "$W/runp" --device cuda --steps 4 \
       >"$LOG/train-profile.log" 2>&1 || status=1
     if [ "${FP8:-0}" = 1 ]; then # the fp8 step's ops: the rounding passes against the GEMMs they feed
       DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --out "$W/runpf" --device cuda --steps 4 --fp8 \
         >"$LOG/train-profile-fp8.log" 2>&1 || status=1
     fi
     if [ "${PROFILE_GPUS:-1}" -gt 1 ]; then # the same on several GPUs: each rank logs its own
-      DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --out "$W/runpn" --device cuda \
+      DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --no-fp8 --out "$W/runpn" --device cuda \
         --gpus "$PROFILE_GPUS" --steps 4 >"$LOG/train-profile-${PROFILE_GPUS}gpu.log" 2>&1 || status=1
     fi
   fi
   if [ "$GPUS" -ge 2 ]; then
     # not disk-bound: the cache read through the page cache (warm), as the 1-GPU run
-    if "$B/dflash" train "${TA[@]}" --out "$W/run2" --device cuda --gpus "$GPUS" --steps "$STEPS" \
+    if "$B/dflash" train "${TA[@]}" --no-fp8 --out "$W/run2" --device cuda --gpus "$GPUS" --steps "$STEPS" \
          >"$LOG/train-${GPUS}gpu.log" 2>&1; then
       cp "$W/run2/log.jsonl" "$LOG/train-${GPUS}gpu.jsonl"; ours2=$(med "$W/run2/log.jsonl")
     else ours2="FAILED"; status=1; fi
     # from the disk (O_DIRECT, the default): what the disk allows (DISK=1)
-    if [ "${DISK:-1}" = 1 ] && "$B/dflash" train "${TA0[@]}" --out "$W/run2d" --device cuda --gpus "$GPUS" --steps "$STEPS" \
+    if [ "${DISK:-1}" = 1 ] && "$B/dflash" train "${TA0[@]}" --no-fp8 --out "$W/run2d" --device cuda --gpus "$GPUS" --steps "$STEPS" \
          >"$LOG/train-${GPUS}gpu-disk.log" 2>&1; then
       cp "$W/run2d/log.jsonl" "$LOG/train-${GPUS}gpu-disk.jsonl"; ours2d=$(med "$W/run2d/log.jsonl")
     elif [ "${DISK:-1}" = 1 ]; then ours2d="FAILED"; status=1; fi

@@ -173,12 +173,14 @@ read -r LTOK LSTORED LRAW <<<"$(tokens_of "$W/c-lossless")"
 RUNS=$OUTD/runs.tsv
 printf 'variant\tseed\tsteps\teval_loss\teval_tau_hat\teval_tau_walk\tseconds\trun\n' >"$RUNS"
 train_one() { # train_one NAME SEED
-  local name=$1 seed=$2 run=$W/run-$1-s$2 t0; t0=$(now)
+  local name=$1 seed=$2 run=$W/run-$1-s$2 t0 fp8=--no-fp8; t0=$(now)
+  # BF16 unless the variant says (train's default, --fp8 auto, depends on the GPU and the width)
+  case "${EXTRA[$name]} ${TRAIN_ARGS:-}" in *-fp8*) fp8= ;; esac
   rm -rf "$run"
   "$D" train --device "$DEVICE" --cache "${TRAIN[$name]}" --eval-cache "${EVAL[$name]}" --target "$MODEL" \
     --out "$run" --steps "$STEPS" $DRAFTER_ARGS --seed "$seed" --log-every 100 --eval-every "$EVAL_EVERY" \
     --eval-rows "$EVAL_ROWS" --ckpt-every "$STEPS" --keep-last 1 --buffered-io --quiet \
-    ${EXTRA[$name]} ${TRAIN_ARGS:-} >"$LOGS/train-$name-s$seed.log" 2>&1
+    $fp8 ${EXTRA[$name]} ${TRAIN_ARGS:-} >"$LOGS/train-$name-s$seed.log" 2>&1
   local rc=$? secs; secs=$(awk -v a="$t0" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }')
   cp "$run/log.jsonl" "$LOGS/log-$name-s$seed.jsonl" 2>/dev/null # the loss curve comes back with the logs
   python3 - "$run/log.jsonl" "$name" "$seed" "$secs" "$run" "$rc" >>"$RUNS" <<'PY'

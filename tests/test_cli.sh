@@ -174,8 +174,12 @@ run 0 "" "$D" train $TF --out "$W/runF" --fp8
 run 0 "" "$D" train $TF --out "$W/runFr" --fp8 --stop-after 6
 run 0 "" "$D" train $TF --out "$W/runFr" --fp8
 cmp -s "$W/runF/export/model.safetensors" "$W/runFr/export/model.safetensors" || fail "--fp8 resume differs"
-run 0 "" "$D" train $TF --out "$W/runF0"
+# (the default, --fp8 auto, is off on the CPU: said, recorded, and the weights --no-fp8's)
+run 0 "--fp8 auto: off \(no verified FP8 tensor cores here" "$D" train ${TF/--quiet/} --out "$W/runF0"
+grep -q '"--fp8":.false' "$W"/runF0/ckpt-*/hparams.json || fail "--fp8 auto's choice not recorded"
 cmp -s "$W/runF/export/model.safetensors" "$W/runF0/export/model.safetensors" && fail "--fp8 changed nothing"
+run 0 "" "$D" train $TF --out "$W/runF0n" --no-fp8
+cmp -s "$W/runF0/export/model.safetensors" "$W/runF0n/export/model.safetensors" || fail "--fp8 auto on the CPU differs from --no-fp8"
 run 1 "--fp8 false \(now true\)" "$D" train $TF --out "$W/runF0" --fp8
 # --no-ckpt: no checkpoint written, the export still holds the trained weights
 run 0 "" "$D" train $TA --out "$W/runNc" --no-ckpt

@@ -141,6 +141,7 @@ run 2 "SLURM_PROCID 2 out of range for SLURM_NTASKS 2" env -u RANK -u WORLD_SIZE
 run 2 "--recompute and --no-recompute ask for opposite things" "$D" train $TA --steps 2 --out "$W/bad" --recompute --no-recompute
 run 2 "--recompute-mlp and --no-recompute" "$D" train $TA --steps 2 --out "$W/bad" --no-recompute --recompute-mlp
 run 2 "--overlap-optimizer and --no-overlap-optimizer" "$D" train $TA --steps 2 --out "$W/bad" --overlap-optimizer --no-overlap-optimizer
+run 2 "--fp8 and --no-fp8" "$D" train $TA --steps 2 --out "$W/bad" --fp8 --no-fp8
 run 2 "--target and --random-target: give one" "$D" train $TA --steps 2 --out "$W/bad" --random-target "$TM/config.json"
 run 2 "--device cpu with --gpus: give one" "$D" train $TA --steps 2 --out "$W/bad" --gpus 2
 

@@ -54,6 +54,7 @@ void df_train_opts_defaults(df_train_opts *o)
     /* the cheap activations recomputed: ~2 GiB less at the 27B drafter shape
      * for ~0.2% of the step time (H200), the same bits */
     o->recompute = 1;
+    o->fp8 = -1; /* auto: where FP8 tensor cores are verified and the drafter wide enough */
     /* AdamW bucket by bucket on a side stream, overlapping the next forward:
      * the same bits, ~1.4% less time per step at the 27B drafter shape
      * (docs/log/) */
@@ -188,7 +189,8 @@ static int save_ckpt(const df_train_opts *o, df_comm *comm, int world, int lead,
 }
 /* One run's state, from its opening to its close (run_close frees what is there). */
 typedef struct run {
-    const df_train_opts *o;
+    const df_train_opts *o; /* &opts: the caller's, with --fp8 auto resolved (run_open_model) */
+    df_train_opts opts;
     int nrows, world, rank, lead; /* lead: rank 0 writes the log, checkpoints and the export */
     df_cache *cache;
     const df_cache_params *cp;
@@ -330,6 +332,26 @@ static int run_open_inputs(run *r, df_err *e)
     return 0;
 }
 
+/* --fp8 auto: on where every rank's backend has verified FP8 tensor cores and the drafter is
+ * at least DF_FP8_AUTO_MIN_HIDDEN wide (the ranks agree: one numerics for the whole run). The
+ * choice goes into r->opts, hence the run's settings: a resume must make the same one. */
+static int fp8_resolve(run *r, df_err *e)
+{
+    if (r->opts.fp8 >= 0)
+        return 0;
+    int hw = df_backend_fp8_tensor_cores(r->be), wide = r->c.hidden_size >= DF_FP8_AUTO_MIN_HIDDEN;
+    double n = hw && wide;
+    int rc;
+    if (r->world > 1 && (rc = df_comm_allreduce_host_f64(r->comm, &n, 1, e)))
+        return rc;
+    r->opts.fp8 = n == r->world;
+    if (r->lead && !r->opts.quiet)
+        printf("--fp8 auto: %s (%s; hidden %d %s %d)\n", r->opts.fp8 ? "on" : "off",
+               hw ? "FP8 tensor cores verified here" : "no verified FP8 tensor cores here",
+               r->c.hidden_size, wide ? ">=" : "<", DF_FP8_AUTO_MIN_HIDDEN);
+    return 0;
+}
+
 /* The backend, the ranks' communicator, the frozen head on the backend, the
  * drafter, the schedule, RUN's lock and the start (fresh, resumed or
  * --init-from), the same step on every rank. */
@@ -364,6 +386,8 @@ static int run_open_model(run *r, df_err *e)
     if ((rc = df_drafter_open(c, r->be, &r->embed, &r->head, &r->d, e)))
         return rc;
     df_drafter_set_recompute(r->d, o->recompute);
+    if ((rc = fp8_resolve(r, e)))
+        return rc;
     if (o->fp8 && (rc = df_drafter_set_fp8(r->d, 1, e)))
         return rc;
     r->ps = df_drafter_params(r->d);
@@ -678,7 +702,8 @@ int df_train_run(const df_train_opts *o, df_err *e)
     run *r = calloc(1, sizeof *r);
     if (!r)
         return df_errf(e, -ENOMEM, "out of memory");
-    r->o = o;
+    r->opts = *o;
+    r->o = o = &r->opts;
     r->world = world, r->rank = rank, r->lead = rank == 0;
     r->nrows = o->rows_per_step > 0 ? o->rows_per_step : 1;
     r->lock_fd = -1;

@@ -26,6 +26,10 @@
 #include "hfconfig.h"
 #include "ops.h"
 
+/* --fp8 auto's narrowest drafter: below it the rounding passes cost more than the FP8 GEMMs
+ * save (docs/FP8.md, "When it pays") */
+#define DF_FP8_AUTO_MIN_HIDDEN 2048
+
 typedef struct df_train_opts {
     const char *cache_dir, *target_dir, *run_dir;
     const char *random_target;  /* benchmarks: a config.json whose embedding and head are drawn
@@ -66,7 +70,11 @@ typedef struct df_train_opts {
     int recompute;              /* 0: keep every activation; 1 (default): recompute the cheap
                                    ones in the backward (less memory, same results); 2: the
                                    MLP's gate/up GEMMs too */
-    int fp8;                    /* FP8 training (drafter.h, df_drafter_set_fp8) */
+    int fp8;                    /* FP8 training (drafter.h, df_drafter_set_fp8): 1 on, 0 off,
+                                   -1 (default) auto: on where the backend has verified FP8
+                                   tensor cores (df_backend_fp8_tensor_cores) and the drafter's
+                                   hidden size is at least DF_FP8_AUTO_MIN_HIDDEN; the run
+                                   records what it chose */
     int grad_f32;               /* GPU: keep gradients in F32 (default BF16: half the memory
                                    and the reduce-scatter traffic); the CPU always uses F32 */
     int buffered_io;            /* read the cache through the page cache (no O_DIRECT): a cache

@@ -469,6 +469,13 @@ extern "C" int df_cuda_fp8_gemm_possible(df_backend *be)
     return df_knob_int(DF_KNOB_FP8_GEMM) && cc_major(((df_cuda_state *)be->impl)->device) >= 9;
 }
 
+/* (compute capability 10+ takes MXFP8, which has never run on such a GPU: not verified) */
+extern "C" int df_backend_fp8_tensor_cores(df_backend *be)
+{
+    return be && be->kind == DF_BACKEND_CUDA && df_knob_int(DF_KNOB_FP8_GEMM) &&
+           cc_major(((df_cuda_state *)be->impl)->device) == 9;
+}
+
 extern "C" size_t df_cuda_matmul_fp8_ws_bytes(df_gemm_kind kind, const df_tensor *a,
                                               const df_tensor *c, int without_a)
 {
