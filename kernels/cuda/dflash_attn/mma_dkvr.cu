@@ -177,8 +177,7 @@ __global__ void __launch_bounds__(NWR * 32, 1)
                     }
                     s[nt][e] = P;
                 }
-            // bf16 P^T, dS^T -> [key][row] (rows 2 t4, 2 t4 + 1 packed); dS^T
-            // also to the store
+            // bf16 P^T, dS^T -> [key][row] (rows 2 t4, 2 t4 + 1 packed)
 #pragma unroll
             for (int nt = 0; nt < 4; nt++)
 #pragma unroll
@@ -188,11 +187,18 @@ __global__ void __launch_bounds__(NWR * 32, 1)
                     uint32_t dv = pack_bf2(dp[nt][2 * hi], dp[nt][2 * hi + 1]);
                     *reinterpret_cast<uint32_t *>(Pt + key * PTR + row) = pv;
                     *reinterpret_cast<uint32_t *>(dSt + key * PTR + row) = dv;
-                    if (dslot)
-                        *reinterpret_cast<uint32_t *>(dslot + (size_t)key * RQ + row) = dv;
                 }
         }
         bar_pair_r(1 + kg); // the pair's P^T / dS^T rows are complete
+        // the pair's 16 dS^T rows to the store in whole 16-byte pieces (each key's 64 rows are
+        // 128 contiguous bytes there): two per thread of the pair
+        if (dslot)
+#pragma unroll
+            for (int j = 0; j < 2; j++) {
+                int c = 32 * hf + lane + 64 * j, key = 16 * kg + c / (RQ / 8), col = (c % (RQ / 8)) * 8;
+                *reinterpret_cast<uint4 *>(dslot + (size_t)key * RQ + col) =
+                    *reinterpret_cast<const uint4 *>(dSt + key * PTR + col);
+            }
         // A phase: keys k0 .. + 15 x head dims hf D/2 .. + D/2 - 1, over the RQ rows
         {
             const uint16_t *dOc = dOs + hf * (D / 2), *Qc = Qs + hf * (D / 2);
