@@ -40,9 +40,10 @@ st_attn() {
   t attn portable done
   # flex as compiled for this GPU (Triton's wgmma on Hopper) against both; then with Triton's
   # Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, as on the GPUs the portable path is for)
-  # small: mma.sync with tiles that fit a 99 KiB part (what the portable path is held to): the
-  # options torch's flex_attention picks for head dim 128 on sm_86 / sm_89 (its backward: 64 x 64
-  # tiles, 4 warps, 2 stages); on the H100 Triton would otherwise size them to 227 KiB
+  # small: mma.sync with tiles small enough for a 99 KiB part (what the portable path is held
+  # to): 64 x 64, 4 warps, 2 stages, our choice (torch's own tables pick larger ones for head dim
+  # 128 from sm_80 on; what it does on a 99 KiB sm_120 is not known here); on the H100 Triton
+  # may otherwise use up to 227 KiB
   KO_SMALL='{"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}'
   for v in ${FLEX:-default portable mma2 small}; do
     j=$v; { [ $v = mma2 ] || [ $v = small ]; } && j=portable

@@ -3,8 +3,8 @@
 attention's forward and backward (ms) per layout and layer with the default kernels, the portable
 ones (DFLASH_PORTABLE=1), torch.compile(flex_attention) as compiled for the GPU (Triton's wgmma on
 Hopper), with Triton's Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, what an sm_120 GPU runs) and,
-where flex-small.log is there, mma.sync with the tiles of a 99 KiB part (bench-portable.sh's
-"small": on Hopper Triton otherwise sizes them to its 227 KiB, which the portable path may not use);
+where flex-small.log is there, mma.sync with tiles small enough for a 99 KiB part (bench-portable.sh's
+"small"; on Hopper Triton may otherwise use up to 227 KiB, which the portable path may not);
 the portable path against both flex builds and against the goal (1.5x flex as compiled); and,
 where mma-peak.log is there (tools/bench_mma_peak), the portable backward's TFLOP/s as a share of
 mma.sync's ceiling on the same GPU.
