@@ -15,12 +15,13 @@
 //    Q / dO from shared memory;
 //  - S phase: warp w = (kg = w % 4: keys 16 kg .. + 15, hf = w / 4: rows
 //    32 hf .. + 31) computes S^T, dP^T, P^T and dS^T and writes the bf16
-//    P^T / dS^T to shared [key][row] tiles (and dS^T to the store);
+//    P^T / dS^T to shared [key][row] tiles;
 //  - A phase: the same warp accumulates dV += P^T dO and dK += dS^T Q for
 //    its 16 keys x head-dim half hf over all 64 rows: 64 fp32 accumulators
 //    per thread, no row halves to add at the end;
 //  - the keys 16 kg .. + 15 are written and read by the warp pair (kg, 0),
-//    (kg, 1) only: the S -> A hand-off is a 64-thread named barrier;
+//    (kg, 1) only: the S -> A hand-off is a 64-thread named barrier, after
+//    which the pair copies its 16 dS^T rows to the store in 16-byte pieces;
 //  - four row buffers (Q and dO of this item and of the next): one CTA
 //    barrier per item, the next item's rows loading under this item's math,
 //    its rows' statistics loaded into registers before the math and written
