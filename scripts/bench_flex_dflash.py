@@ -65,7 +65,11 @@ def main():
                     help="the rows of --ours with the same anchors: layers (3docs) or layers_1doc")
     ap.add_argument("--title", default="", help="a name for the layout, printed above the table")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--kernel-options", default="",
+                    help="JSON passed as flex_attention's kernel_options (tile sizes, warps, stages), "
+                         "e.g. the tiles a 99 KiB GPU gets; recorded in the JSON line")
     args = ap.parse_args()
+    kopt = json.loads(args.kernel_options) if args.kernel_options else None
     a = json.load(open(args.anchors))
     S, NB, BS, NQ, NKV, D = (a[k] for k in ("S", "n_blocks", "block_size", "nq", "nkv", "head_dim"))
     dev = "cuda"
@@ -100,10 +104,10 @@ def main():
 
         def fwd():
             with torch.no_grad():
-                flex(q, k, v, block_mask=bm, scale=scale, enable_gqa=True)
+                flex(q, k, v, block_mask=bm, scale=scale, enable_gqa=True, kernel_options=kopt)
 
         def fwdbwd():
-            o = flex(qg, kg, vg, block_mask=bm, scale=scale, enable_gqa=True)
+            o = flex(qg, kg, vg, block_mask=bm, scale=scale, enable_gqa=True, kernel_options=kopt)
             o.backward(do)
 
         tf = median_ms(fwd, args.reps)
@@ -126,7 +130,7 @@ def main():
                     "peak_fwdbwd_mib": round(peak / 2**20, 1),
                     "transient_fwdbwd_mib": round((peak - base) / 2**20, 1)})
     print(json.dumps({"bench": "flex_attention", "torch": torch.__version__,
-                      "gpu": torch.cuda.get_device_name(), "layers": res}))
+                      "gpu": torch.cuda.get_device_name(), "kernel_options": kopt, "layers": res}))
     if args.ours:
         oj = json.load(open(args.ours))
         ours = {l["layer"]: l for l in oj[args.ours_key]}

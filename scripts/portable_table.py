@@ -2,12 +2,15 @@
 """portable_table.py LOGDIR - issue 30's table from one bench-portable.sh attn stage: the drafter
 attention's forward and backward (ms) per layout and layer with the default kernels, the portable
 ones (DFLASH_PORTABLE=1), torch.compile(flex_attention) as compiled for the GPU (Triton's wgmma on
-Hopper) and with Triton's Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, what an sm_120 GPU runs);
+Hopper), with Triton's Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, what an sm_120 GPU runs) and,
+where flex-small.log is there, mma.sync with tiles small enough for a 99 KiB part (bench-portable.sh's
+"small"; on Hopper Triton may otherwise use up to 227 KiB, which the portable path may not);
 the portable path against both flex builds and against the goal (1.5x flex as compiled); and,
 where mma-peak.log is there (tools/bench_mma_peak), the portable backward's TFLOP/s as a share of
 mma.sync's ceiling on the same GPU.
 
 Reads LOGDIR/attn-default.json, attn-portable.json (bench_dflash_attn --json-out), flex-*.log
+(default / portable, mma2, small)
 (scripts/bench_flex_dflash.py: one JSON line per layout, 3docs first) and mma-peak.log. Missing
 parts print as "-". Prints markdown.
 """
@@ -79,7 +82,8 @@ def main():
     d = sys.argv[1]
     ours = {v: load_json(os.path.join(d, "attn-%s.json" % v)) for v in ("default", "portable")}
     flex = {}
-    for v, files in (("wgmma", ("flex-portable.log", "flex-default.log")), ("mma", ("flex-mma2.log",))):
+    for v, files in (("wgmma", ("flex-portable.log", "flex-default.log")), ("mma", ("flex-mma2.log",)),
+                     ("small", ("flex-small.log",))):
         for fn in files:
             runs = flex_runs(os.path.join(d, fn))
             if runs:
@@ -89,24 +93,26 @@ def main():
     gpu = next((r[0].get("gpu") for r in flex.values() if r), None)
     print("drafter attention, ms (fwd / bwd)%s" % (", " + gpu if gpu else ""))
     print()
-    print("| layout | layer | default | portable | flex (wgmma) | flex (mma.sync) | portable / flex wgmma "
-          "(fwd, bwd) | portable / flex mma.sync (fwd, bwd) | goal: portable <= (fwd, bwd) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| layout | layer | default | portable | flex (wgmma) | flex (mma.sync) | flex (mma.sync, 99 KiB "
+          "tiles) | portable / flex wgmma (fwd, bwd) | portable / flex mma.sync (fwd, bwd) | portable / "
+          "flex 99 KiB tiles (fwd, bwd) | goal: portable <= (fwd, bwd) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     share = []
     for li, (layout, key) in enumerate((("3docs", "layers"), ("1doc", "layers_1doc"))):
         od, op = rows_of(ours["default"], key), rows_of(ours["portable"], key)
         fw = {r["layer"]: r for r in flex["wgmma"][li]["layers"]} if len(flex.get("wgmma", [])) > li else {}
         fm = {r["layer"]: r for r in flex["mma"][li]["layers"]} if len(flex.get("mma", [])) > li else {}
+        fs = {r["layer"]: r for r in flex["small"][li]["layers"]} if len(flex.get("small", [])) > li else {}
         for layer in ("full", "sliding"):
             if layer not in od and layer not in op and layer not in fw:
                 continue
-            a, b, c, e = od.get(layer), op.get(layer), fw.get(layer), fm.get(layer)
+            a, b, c, e, f = od.get(layer), op.get(layer), fw.get(layer), fm.get(layer), fs.get(layer)
             goal = "%.3f, %.3f" % (c["fwd_ms"] / 1.5, c["bwd_ms"] / 1.5) if c else "-"
-            print("| %s | %s | %s / %s | %s / %s | %s / %s | %s / %s | %s, %s | %s, %s | %s |" % (
+            print("| %s | %s | %s / %s | %s / %s | %s / %s | %s / %s | %s / %s | %s, %s | %s, %s | %s, %s | %s |" % (
                 layout, layer, ms(a, "fwd_ms"), ms(a, "bwd_ms"), ms(b, "fwd_ms"), ms(b, "bwd_ms"),
-                ms(c, "fwd_ms"), ms(c, "bwd_ms"), ms(e, "fwd_ms"), ms(e, "bwd_ms"),
-                ratio(b, c, "fwd_ms"), ratio(b, c, "bwd_ms"), ratio(b, e, "fwd_ms"), ratio(b, e, "bwd_ms"),
-                goal))
+                ms(c, "fwd_ms"), ms(c, "bwd_ms"), ms(e, "fwd_ms"), ms(e, "bwd_ms"), ms(f, "fwd_ms"),
+                ms(f, "bwd_ms"), ratio(b, c, "fwd_ms"), ratio(b, c, "bwd_ms"), ratio(b, e, "fwd_ms"),
+                ratio(b, e, "bwd_ms"), ratio(b, f, "fwd_ms"), ratio(b, f, "bwd_ms"), goal))
             if b and c and b.get("bwd_ms") and c.get("fwd_tflops"):
                 bwd_flop = 2.5 * c["fwd_tflops"] * 1e12 * c["fwd_ms"] * 1e-3  # (flex's count of pairs)
                 tf = bwd_flop / (b["bwd_ms"] * 1e-3) / 1e12
