@@ -105,6 +105,16 @@ __device__ __forceinline__ void merge(float &m, int &i, double &s, float m2, int
     s = a + b;
 }
 
+/* A row's softmax gradient at logit v, as the CPU computes it: p = expf(z -
+ * mx); G = p * (float)(c/s) (scf); the label's entry in double,
+ * (float)(p * c/s - c). */
+__device__ __forceinline__ float ce_grad(float z, float mx, float scf, double sc, double c,
+                                         bool is_label)
+{
+    float p = expf(z - mx);
+    return is_label ? (float)((double)p * sc - c) : p * scf;
+}
+
 /* Pass 2 to E4M3 codes: row r's G as ce_row_kernel's pass 2 computes it,
  * rounded to bf16, then per 1 x 128 block to codes at the block's
  * power-of-two scale, the bits fp8_codes.cu's mode 0 writes from that bf16
@@ -138,8 +148,7 @@ __device__ void ce_codes_pass(const float *__restrict__ zr, int64_t V, int act, 
 #pragma unroll
             for (int q = 0; q < 2; q++) {
                 int64_t v = v0 + j + q;
-                float p = expf(x[j + q] - mx);
-                float g = v == lab ? (float)((double)p * sc - c) : p * scf;
+                float g = ce_grad(x[j + q], mx, scf, sc, c, v == lab);
                 g2[q] = act && v < V ? f2bf(g) : (uint16_t)0;
             }
             w[j / 2] = (uint32_t)g2[0] | (uint32_t)g2[1] << 16;
@@ -292,8 +301,7 @@ __global__ void __launch_bounds__(RT) ce_row_kernel(float *__restrict__ z, int64
     const double sc = sh_sc, c = sh_c;
     const int64_t lab = sh_lab;
     /* Pass 2 (see the file comment for why the tile order makes in place
-     * safe). G as the CPU: p = expf(z - mx); G = p * (float)(c/s); the
-     * label's entry in double, (float)(p * c/s - c). */
+     * safe): G by ce_grad. */
     for (int64_t b = 0; b < V; b += TILE) {
         float x[RU];
         uint16_t gh[RU];
@@ -305,8 +313,7 @@ __global__ void __launch_bounds__(RT) ce_row_kernel(float *__restrict__ z, int64
 #pragma unroll
         for (int k = 0; k < RU; k++) {
             int64_t v = b + t + (int64_t)k * RT;
-            float p = expf(x[k] - mx);
-            float g = v == lab ? (float)((double)p * sc - c) : p * scf;
+            float g = ce_grad(x[k], mx, scf, sc, c, v == lab);
             gh[k] = f2bf(g);
             /* g - hi is exact in fp32; its bf16 rounding leaves ~2^-17 |g| */
             if (lo && v < V)

@@ -134,23 +134,6 @@ __device__ __forceinline__ void issue_rows(const Params &p, int b, int g, int ch
     }
 }
 
-// The statistics of item (b, ch)'s rows into slot s of RQ-entry arrays: lse * log2e
-// (-inf for a padding row), Di (0), query offsets and context lows.
-template <int RQ, int NTHR>
-__device__ __forceinline__ void stage_row_stats(const Params &p, int b, int g, int ch, int s,
-                                                float *Lb, float *Db, int *Qob, int *Lob)
-{
-    const int anc = p.anchor[b], ds = p.doc_start[b];
-    for (int r = threadIdx.x; r < RQ; r += NTHR) {
-        RowId id = row_id(p, b, g, ch, r);
-        long long li = (long long)id.grow * p.nq + id.h;
-        Lb[s * RQ + r] = id.ok ? p.lse_in[li] * LOG2E : -INFINITY;
-        Db[s * RQ + r] = id.ok ? p.Di[li] : 0.0f;
-        Qob[s * RQ + r] = id.qo;
-        Lob[s * RQ + r] = ctx_lo(anc, ds, p.W, id.qo);
-    }
-}
-
 // issue_rows with the row arithmetic done once per thread, where RQ is a multiple of the group
 // (every chunk then starts at a head-0 row): row r of chunk ch is query ch RQ / group + r / group,
 // head g group + r % group, so each of a thread's rows r0 + RS j sits at a fixed offset from the
@@ -190,10 +173,11 @@ template <int D, int RQ, int NTHR> struct RowPieces {
     }
 };
 
-// stage_row_stats in two halves: the global loads (thread r < RQ: row r of item (b, ch)) into
-// registers when the item's rows are issued, the slots written once the math in between is
-// done, so the loads' latency passes under it. store also writes the item's block, anchor,
-// document start and chunk to Ib[4 s ..] (thread 0).
+// The statistics of item (b, ch)'s rows into slot s of RQ-entry arrays: lse * log2e (-inf for a
+// padding row), Di (0), query offsets and context lows. In two halves: the global loads (thread
+// r < RQ: row r) into registers, then the slots, so a pass can issue the loads before a stretch
+// of math and write the slots after it (stage_row_stats: both at once). store also writes the
+// item's block, anchor, document start and chunk to Ib[4 s ..] (thread 0; Ib NULL: not).
 struct RowStats {
     float lse, di;
     int qo, anc, ds, b, ch;
@@ -223,8 +207,14 @@ __device__ __forceinline__ void store_row_stats(const Params &p, const RowStats 
         Qob[sl * RQ + r] = s.qo;
         Lob[sl * RQ + r] = ctx_lo(s.anc, s.ds, p.W, s.qo);
     }
-    if (r == 0)
+    if (r == 0 && Ib)
         Ib[4 * sl] = s.b, Ib[4 * sl + 1] = s.anc, Ib[4 * sl + 2] = s.ds, Ib[4 * sl + 3] = s.ch;
+}
+template <int RQ, int NTHR>
+__device__ __forceinline__ void stage_row_stats(const Params &p, int b, int g, int ch, int s,
+                                                float *Lb, float *Db, int *Qob, int *Lob)
+{
+    store_row_stats<RQ>(p, load_row_stats<RQ, NTHR>(p, b, g, ch), s, Lb, Db, Qob, Lob, NULL);
 }
 
 constexpr int TKF = 64, TKQ = 32, NSPL = 2; // NSPL: dflash_attn/common.cuh's WG_NSPL says why 2

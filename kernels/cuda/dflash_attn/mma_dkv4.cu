@@ -119,7 +119,7 @@ __global__ void __launch_bounds__(NW4 * 32, 1)
     int *Qob = reinterpret_cast<int *>(Db + 2 * RQ), *Lob = Qob + 2 * RQ;
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
     int kq = warp >> 1, hw = warp & 1; // keys 32 kq..; S phase: rows 32 hw..; A phase: D half hw
-    long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
+    long long ldk = (long long)p.nkv * D;
     int bid = blockIdx.x;
     int split = bid % NSPL, g = (bid / NSPL) % p.nkv, tile = order[bid / (NSPL * p.nkv)];
     int base = tile * TK4, kend = base + TK4 < p.S ? base + TK4 : p.S;
@@ -145,13 +145,7 @@ __global__ void __launch_bounds__(NW4 * 32, 1)
     auto issue = [&](int k, int st) {
         int b = tl[k / p.nch], ch = k % p.nch;
         uint16_t *Qd = Qb + st * 2 * RQ * KP, *Dd = Qd + RQ * KP;
-        for (int e = threadIdx.x; e < RQ * V8; e += NTHR) {
-            int r = e / V8, c = (e % V8) * 8;
-            RowId id = row_id(p, b, g, ch, r);
-            long long off = id.ok ? id.grow * ldq + id.h * D + c : 0;
-            cp16(Qd + r * KP + c, p.q + off, id.ok);
-            cp16(Dd + r * KP + c, p.dout + off, id.ok);
-        }
+        issue_rows<D, RQ, NTHR>(p, b, g, ch, p.q, Qd, p.dout, Dd);
         stage_row_stats<RQ, NTHR>(p, b, g, ch, st, Lb, Db, Qob, Lob);
     };
     if (split < nitems)
