@@ -24,7 +24,8 @@
 #   fp8    tests/test_gpu_fp8 --bench on both sides (the FP8 GEMMs and their rounding)
 #   train  scripts/bench-train.sh (1 GPU, no SpecForge) with and without AB_ENV: the median
 #          and step-by-step times, and whether the losses are identical step by step;
-#          AB_GPUS=N: also on N GPUs (bench-train's GPUS), compared the same way
+#          AB_GPUS=N: also on N GPUs (bench-train's GPUS), compared the same way; FP8=1 in
+#          the environment: also bench-train's --fp8 run, compared the same way
 # Prints a short table last; logs in LOGDIR, and all of them in LOGDIR/00-logs.tgz (first in
 # name order: a device call that brings back only some files brings back that one). Exit status:
 # 1 when a part failed.
@@ -113,7 +114,7 @@ log = sys.argv[1]
 import glob, os
 def rows(side, name):
     return [json.loads(l) for l in open(f"{log}/train-{side}/{name}") if '"loss"' in l]
-for name in sorted(os.path.basename(f) for f in glob.glob(f"{log}/train-a/train-*gpu.jsonl")):
+for name in sorted(os.path.basename(f) for f in glob.glob(f"{log}/train-a/train-*gpu*.jsonl")):
     a, b = rows("a", name), rows("b", name)
     print(f"-- {name}\nstep  default ms  switched ms   loss equal")
     for i, (x, y) in enumerate(zip(a, b)):

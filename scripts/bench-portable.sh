@@ -41,10 +41,10 @@ st_attn() {
   # flex as compiled for this GPU (Triton's wgmma on Hopper) against both; then with Triton's
   # Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, as on the GPUs the portable path is for)
   # small: mma.sync with tiles small enough for a 99 KiB part (what the portable path is held
-  # to): 64 x 64, 4 warps, 2 stages, our choice (torch's own tables pick larger ones for head dim
+  # to): forward 64 x 64, backward 32 x 64 (dK/dV) and 64 x 32 (dQ), 4 warps, 2 stages, our choice (torch's own tables pick larger ones for head dim
   # 128 from sm_80 on; what it does on a 99 KiB sm_120 is not known here); on the H100 Triton
   # may otherwise use up to 227 KiB
-  KO_SMALL='{"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 2}'
+  KO_SMALL='{"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32, "num_warps": 4, "num_stages": 2}'
   for v in ${FLEX:-default portable mma2 small}; do
     j=$v; { [ $v = mma2 ] || [ $v = small ]; } && j=portable
     ko=; [ $v = small ] && ko=$KO_SMALL
