@@ -132,10 +132,18 @@ int df_op_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *k
  * another order). DF_CE_FP8_HEAD_FROZEN (with DF_CE_FP8_GRAD): head is the
  * same tensor, unchanged, at every call with this flag (the drafter's frozen
  * LM head): a backend may make its E4M3 codes once and keep them (the CUDA
- * backend: one byte per element and GEMM, until it closes). Other bits:
- * -EINVAL. */
+ * backend: one byte per element and GEMM, until it closes).
+ * DF_CE_FP8_ROUND_HEAD (with DF_CE_FP8_GRAD): head is passed as it is, not
+ * rounded; the results are those of this call with head rounded first
+ * (df_op_fp8_qdq, 128 x 128) and without this flag. The backend rounds it
+ * for the call only: the CUDA backend makes its E4M3 codes straight from it
+ * (with DF_CE_FP8_HEAD_FROZEN, kept as above), and a rounded BF16 copy only
+ * where its BF16 GEMMs take a chunk over (a class the E4M3 plan refused),
+ * freed at the call's end. So a caller with E4M3 tensor cores keeps no
+ * rounded copy of a large head. Other bits: -EINVAL. */
 #define DF_CE_FP8_GRAD 1u
 #define DF_CE_FP8_HEAD_FROZEN 2u
+#define DF_CE_FP8_ROUND_HEAD 4u
 int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
                     const int32_t *label, const float *weight, float denom, double *loss_sum,
                     df_tensor *dh, int32_t *argmax, float *ce, unsigned flags);

@@ -416,7 +416,24 @@ static void test_lmhead_fp8(void)
     /* DF_CE_FP8_HEAD_FROZEN only with DF_CE_FP8_GRAD; unknown bits refused */
     CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8,
                              DF_CE_FP8_HEAD_FROZEN), -EINVAL);
-    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8, 4), -EINVAL);
+    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8,
+                             DF_CE_FP8_ROUND_HEAD), -EINVAL);
+    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8, 8), -EINVAL);
+    {   /* DF_CE_FP8_ROUND_HEAD on the head as it is: the results of its rounded copy */
+        static float hr[V * H], dha[N * H], dhb[N * H], cea[N], ceb[N];
+        int32_t ama[N], amb[N];
+        memcpy(hr, head, sizeof hr);
+        CHECK_EQ(df_fp8_qdq_f32(hr, V, H, H, 128, 128), 0);
+        CHECK(memcmp(hr, head, sizeof hr) != 0);
+        df_tensor tr = df_tensor_2d(hr, DF_DTYPE_F32, V, H);
+        df_tensor ta = df_tensor_2d(dha, DF_DTYPE_F32, N, H), tb = df_tensor_2d(dhb, DF_DTYPE_F32, N, H);
+        double la = 0, lb = 0;
+        CHECK_EQ(df_op_lmhead_ce(be, &th, &tr, label, w, 7.0f, &la, &ta, ama, cea, DF_CE_FP8_GRAD), 0);
+        CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &lb, &tb, amb, ceb,
+                                 DF_CE_FP8_GRAD | DF_CE_FP8_ROUND_HEAD | DF_CE_FP8_HEAD_FROZEN), 0);
+        CHECK(la == lb && !memcmp(dha, dhb, sizeof dha) && !memcmp(ama, amb, sizeof ama) &&
+              !memcmp(cea, ceb, sizeof cea));
+    }
     {   /* with it: the same results (the CPU makes no codes to keep) */
         static float dhf[N * H];
         df_tensor tf = df_tensor_2d(dhf, DF_DTYPE_F32, N, H);

@@ -229,6 +229,8 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H, int sm90)
 {
     df_backend *g = gh_gpu, *c = gh_cpu;
     float *h = gh_rand_bf16(GH_N01, &rng, N * H, 1.0f), *w = gh_rand_bf16(GH_N01, &rng, V * H, 0.05f);
+    float *wu = gh_xmalloc((size_t)(V * H) * 4); /* the head as it was (DF_CE_FP8_ROUND_HEAD) */
+    memcpy(wu, w, (size_t)(V * H) * 4);
     /* on the E4M3 grid, as DF_CE_FP8_GRAD's caller passes them */
     CHECK_EQ(df_fp8_qdq_f32(h, N, H, H, 1, 128), 0);
     CHECK_EQ(df_fp8_qdq_f32(w, V, H, H, 128, 128), 0);
@@ -298,6 +300,42 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H, int sm90)
     printf("  G's codes from the row kernel: %lld of 3 calls\n", (long long)fused);
     if (sm90)
         CHECK_EQ(fused, 3);
+    /* DF_CE_FP8_ROUND_HEAD on the head as it was: its codes made from it, kept or not, the same
+     * bits as the rounded head's; with the E4M3 GEMMs off, the BF16 GEMMs on the call's rounded
+     * copy: the same bits as on the rounded head */
+    void *gwu = gh_dev_bf16(g, wu, V * H);
+    df_tensor Gwu = df_tensor_2d(gwu, DF_DTYPE_BF16, V, H);
+    for (int v = 0; v < 3; v++) {
+        unsigned f = DF_CE_FP8_GRAD | DF_CE_FP8_ROUND_HEAD | (v == 1 ? DF_CE_FP8_HEAD_FROZEN : 0);
+        double lw = l8, lu = 0;
+        float *dw = d8;
+        if (v == 2) { /* the reference: the rounded head on the BF16 path */
+            df_knob_set(DF_KNOB_FP8_GEMM, "0");
+            void *gdw = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16);
+            df_tensor Gdw = df_tensor_2d(gdw, DF_DTYPE_BF16, N, H);
+            lw = 0;
+            CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &lw, &Gdw, NULL, NULL,
+                                     DF_CE_FP8_GRAD), 0);
+            dw = gh_download_bf16(g, gdw, N * H);
+            df_backend_free(g, gdw);
+        }
+        void *gdu = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16);
+        df_tensor Gdu = df_tensor_2d(gdu, DF_DTYPE_BF16, N, H);
+        CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gwu, glab, NULL, (float)N, &lu, &Gdu, NULL, NULL, f), 0);
+        float *du = gh_download_bf16(g, gdu, N * H);
+        printf("  DF_CE_FP8_ROUND_HEAD%s: loss %.9g vs %.9g on the rounded head\n",
+               v == 1 ? " | DF_CE_FP8_HEAD_FROZEN" : v == 2 ? " (E4M3 GEMMs off)" : "", lu, lw);
+        CHECK(lu == lw);
+        CHECK(memcmp(du, dw, (size_t)(N * H) * sizeof(float)) == 0);
+        if (v == 2) {
+            df_knob_set(DF_KNOB_FP8_GEMM, "1");
+            free(dw);
+        }
+        free(du);
+        df_backend_free(g, gdu);
+    }
+    df_backend_free(g, gwu);
+    free(wu);
     /* in chunks of ~N/4 rows (the head's codes made at the first, kept for the others):
      * the same within the sums' order */
     df_cuda_lmhead_ce_set_chunk_bytes((size_t)(N / 4) * (size_t)((V + 8) * 4 + H * 4 + 2 * (V + H)));

@@ -686,9 +686,12 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
     /* the LM head's chunk buffers in the arena's front, dead here (carve) */
     size_t lend = (size_t)d->lend_n * d->aes;
     /* FP8: h rounded in place (nothing reads it after the head), the head's
-     * rounded copy, the softmax gradient rounded */
-    const df_tensor *head = d->q8 ? &d->head8 : &d->head;
-    unsigned ce_flags = d->q8 ? DF_CE_FP8_GRAD | DF_CE_FP8_HEAD_FROZEN : 0;
+     * rounded copy (or the op rounds it: no copy), the softmax gradient rounded */
+    const int q8_copy = d->q8 && d->head8.data;
+    const df_tensor *head = q8_copy ? &d->head8 : &d->head;
+    unsigned ce_flags = !d->q8   ? 0
+                        : q8_copy ? DF_CE_FP8_GRAD | DF_CE_FP8_HEAD_FROZEN
+                                  : DF_CE_FP8_GRAD | DF_CE_FP8_HEAD_FROZEN | DF_CE_FP8_ROUND_HEAD;
     if (na == N) {
         if (d->q8)
             CK(df_op_fp8_qdq(be, &h, &h, 1, 128));

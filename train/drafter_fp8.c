@@ -3,7 +3,8 @@
  * rounded to E4M3 with power-of-two block scales (docs/FP8.md; the recipe of
  * DeepSeek-V3's FP8 training: activations and gradients along the
  * reduction, 1 x 128 or 128 x 1, weights 128 x 128), and the LM head's
- * (h per 1 x 128, the frozen head rounded once per 128 x 128, the softmax
+ * (h per 1 x 128, the frozen head per 128 x 128 - rounded once here, or by
+ * the op itself where the backend has E4M3 tensor cores - the softmax
  * gradient per 1 x 128: DF_CE_FP8_GRAD). FP32 accumulation, BF16 results;
  * attention, norms, the optimizer and the master weights as in BF16
  * training. */
@@ -44,6 +45,13 @@ int df_drafter_set_fp8(df_drafter *d, int on, df_err *e)
     }
     if (d->fp8)
         return 0;
+    /* With E4M3 tensor cores the LM head + CE makes the head's codes from the
+     * head itself (DF_CE_FP8_ROUND_HEAD): no rounded copy kept (2.5 GB at the
+     * Qwen3.6-27B shape). Elsewhere its BF16 GEMMs take the copy every step. */
+    if (df_backend_fp8_tensor_cores(d->be)) {
+        d->fp8 = 1;
+        return 0;
+    }
     /* the head, rounded once: BF16 stays BF16, other dtypes go to F32 */
     const df_tensor *h = &d->head;
     df_dtype hdt = h->dtype == DF_DTYPE_BF16 ? DF_DTYPE_BF16 : DF_DTYPE_F32;

@@ -66,7 +66,8 @@ struct df_drafter {
     int64_t *alo, *ahi;
     int64_t lend_n;    /* arena elements from its start free during the LM head (lent to it) */
     /* FP8 training (df_drafter_set_fp8): on, and on for the current row step
-     * (steps with gradients); the LM head rounded once */
+     * (steps with gradients); the LM head rounded once (data NULL where the
+     * backend has E4M3 tensor cores: the op rounds it, DF_CE_FP8_ROUND_HEAD) */
     int fp8, q8;
     df_tensor head8;
 };

@@ -15,6 +15,7 @@
  *   G_v = p_v * (f32)(c / s), G[label] = p_label * (c / s) - c  (c = w / denom,
  *   the label entry in double: p_label near 1 must not cancel in f32)
  *   with DF_CE_FP8_GRAD, G rounded to E4M3 (df_fp8_qdq_f32, 1 x 128 blocks)
+ *   (DF_CE_FP8_ROUND_HEAD: GEMMs 1 and 2 take a copy of head rounded first)
  *   dh = G @ head: fp32 sums over v in order within segments of CE_VSEG,
  *   the segment sums added in order
  * Ignored rows (label < 0 or weight 0) contribute nothing, get ce = 0 and
@@ -195,9 +196,25 @@ int df_cpu_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
     int64_t per_thread = (N + be->nthreads - 1) / be->nthreads;
     if (chunk > per_thread)
         chunk = per_thread;
+    /* DF_CE_FP8_ROUND_HEAD: the head rounded (128 x 128) into a copy of this call's */
+    df_tensor hr = *head;
+    hr.data = NULL;
+    if (flags & DF_CE_FP8_ROUND_HEAD) {
+        hr.stride[0] = head->shape[1];
+        if (!(hr.data = malloc((size_t)(V * head->shape[1]) * df_dtype_size(head->dtype))))
+            return -ENOMEM;
+        int rc = df_cpu_fp8_qdq(be, head, &hr, 128, 128);
+        if (rc) {
+            free(hr.data);
+            return rc;
+        }
+        head = &hr;
+    }
     double *row_loss = malloc((size_t)N * sizeof(double));
-    if (!row_loss)
+    if (!row_loss) {
+        free(hr.data);
         return -ENOMEM;
+    }
     ce_ctx c = {h, head, label, weight, (double)denom, dh, argmax, ce, row_loss, chunk,
                 df_gemm_pick_kernel(), flags};
     int rc = df_pool_for(be->pool, (size_t)((N + chunk - 1) / chunk), ce_task, &c);
@@ -208,5 +225,6 @@ int df_cpu_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
         *loss_sum += s;
     }
     free(row_loss);
+    free(hr.data);
     return rc;
 }

@@ -571,6 +571,26 @@ static int precise_mode(void)
     return g_precise;
 }
 
+/* DF_CE_FP8_ROUND_HEAD where a BF16 GEMM must take a chunk: the head rounded
+ * (128 x 128) into a stream-ordered copy for the rest of the call */
+static int head_rounded(df_backend *be, const df_tensor *head, uint16_t **out)
+{
+    const int64_t V = head->shape[0], H = head->shape[1];
+    const size_t bytes = (size_t)(V * H) * 2;
+    if (cudaMallocAsync((void **)out, bytes, df_cuda_stream(be)) != cudaSuccess) {
+        (void)cudaGetLastError();
+        *out = NULL;
+        df_log(DF_LOG_ERROR, "cuda: lmhead_ce: no memory for the LM head's rounded copy "
+               "(%.1f MiB), which the BF16 GEMMs need where the E4M3 ones refuse a chunk",
+               (double)bytes / (1 << 20));
+        return -ENOMEM;
+    }
+    df_log(DF_LOG_INFO, "cuda: lmhead_ce: the BF16 GEMMs take a chunk over: the head rounded "
+           "for this call (%.1f MiB)", (double)bytes / (1 << 20));
+    df_tensor r = df_tensor_2d(*out, DF_DTYPE_BF16, V, H);
+    return df_cuda_fp8_qdq(be, head, &r, 128, 128);
+}
+
 extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
                                  const int32_t *label, const float *weight, float denom,
                                  double *loss_sum, df_tensor *dh, int32_t *argmax, float *ce,
@@ -596,6 +616,12 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     const uint16_t *hd = (const uint16_t *)h->data, *wd = (const uint16_t *)head->data;
     df_tensor head_v = df_tensor_2d((void *)wd, DF_DTYPE_BF16, V, H);
     head_v.stride[0] = ldw;
+    /* the head the BF16 GEMMs take (on the E4M3 path, chunks of a class the
+     * FP8 plan refused): DF_CE_FP8_ROUND_HEAD's rounded copy is made at the
+     * first such chunk (head_rounded), freed at the end */
+    const uint16_t *wb = (flags & DF_CE_FP8_ROUND_HEAD) ? NULL : wd;
+    int64_t ldb = ldw;
+    uint16_t *w_tmp = NULL;
     /* a frozen head's codes kept across calls (DF_CE_FP8_HEAD_FROZEN), else
      * made at each call's first chunk in the scratch */
     df_cuda_fp8_kept *k1 = NULL, *k2 = NULL;
@@ -679,9 +705,12 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
                 k1->ready = done == 1;
         }
         df_cuda_prof_split(be, "gemm 1");
-        rc = done < 0 ? done
-             : done  ? 0
-                     : lt_gemm(st, ws, 1, 0, V, nr, H, wd, ldw, hd + r0 * ldh, ldh, z, ldz, 1, 0);
+        if (!done && !wb && !(rc = head_rounded(be, &head_v, &w_tmp)))
+            wb = w_tmp, ldb = H;
+        rc = rc        ? rc
+             : done < 0 ? done
+             : done     ? 0
+                        : lt_gemm(st, ws, 1, 0, V, nr, H, wb, ldb, hd + r0 * ldh, ldh, z, ldz, 1, 0);
         if (rc)
             break;
         /* FP8 on the tensor cores, GEMM 2's class checked: G goes to it as codes only */
@@ -727,9 +756,12 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
                 break;
         }
         df_cuda_prof_split(be, "gemm 2");
-        rc = done < 0 ? done
-             : done  ? 0
-                     : lt_gemm(st, ws, 0, 0, H, nr, V, wd, ldw, z, 2 * ldz, d32, H, 1, 0);
+        if (!done && !wb && !(rc = head_rounded(be, &head_v, &w_tmp)))
+            wb = w_tmp, ldb = H;
+        rc = rc        ? rc
+             : done < 0 ? done
+             : done     ? 0
+                        : lt_gemm(st, ws, 0, 0, H, nr, V, wb, ldb, z, 2 * ldz, d32, H, 1, 0);
         if (!rc && want_lo)
             rc = lt_gemm(st, ws, 0, 0, H, nr, V, wd, ldw, lo, ldlo, d32, H, 1, 1);
         if (rc)
@@ -742,6 +774,8 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         }
     }
     df_cuda_prof_split(be, NULL);
+    if (w_tmp)
+        (void)cudaFreeAsync(w_tmp, st);
     if (!rc && loss_sum) {
         double *dsum = row_loss + N;
         double hsum = 0.0;
