@@ -5,7 +5,7 @@
 # sm_86 / sm_89 / sm_120: what an RTX PRO 6000 Blackwell or an L40S chooses), next to the
 # PyTorch baselines (flex_attention, SpecForge, HF) where their scripts are there.
 # STAGES (default "test attn ops train extract"); FLEX: the attn stage's flex runs (default
-# "default portable mma2"); OPS: the ops stage's test binaries:
+# "default portable mma2 sm120f sm120b"); OPS: the ops stage's test binaries:
 #   test    the GPU tests with DFLASH_PORTABLE=1 (the default's run in gpu-check.sh)
 #   attn    tools/bench_mma_peak (mma.sync's ceiling on this GPU), tools/bench_dflash_attn,
 #           default and portable, and torch.compile(flex_attention)
@@ -40,15 +40,22 @@ st_attn() {
   t attn portable done
   # flex as compiled for this GPU (Triton's wgmma on Hopper) against both; then with Triton's
   # Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, as on the GPUs the portable path is for)
-  # small: mma.sync with tiles small enough for a 99 KiB part (what the portable path is held
-  # to): forward 64 x 64, backward 32 x 64 (dK/dV) and 64 x 32 (dQ), 4 warps, 2 stages, our choice (torch's own tables pick larger ones for head dim
-  # 128 from sm_80 on; what it does on a 99 KiB sm_120 is not known here); on the H100 Triton
-  # may otherwise use up to 227 KiB
-  KO_SMALL='{"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_M1": 32, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 32, "num_warps": 4, "num_stages": 2}'
-  for v in ${FLEX:-default portable mma2 small}; do
-    j=$v; { [ $v = mma2 ] || [ $v = small ]; } && j=portable
-    ko=; [ $v = small ] && ko=$KO_SMALL
-    env $({ [ $v = mma2 ] || [ $v = small ]; } && echo DISABLE_MMA_V3=1) KO="$ko" bash -c "
+  # sm120f / sm120b: mma.sync with the tiles torch's own heuristics pick for compute capability
+  # 12 at head dim 128 in BF16 (CUDAConfigHeuristic in torch's sources, a recent main: forward
+  # 128 x 64, 8 warps, 2 stages; backward 64 x 64 both ways, 4 warps, 1 stage), which fit an
+  # sm_120's 99 KiB; on the H100 Triton otherwise takes Hopper's tiles and up to 227 KiB. One
+  # kernel_options dict sets both passes' warps and stages, so the forward's figure comes from
+  # sm120f and the backward's from sm120b (portable_table.py)
+  KO_sm120f='{"BLOCK_M": 128, "BLOCK_N": 64, "num_warps": 8, "num_stages": 2}'
+  KO_sm120b='{"BLOCK_M1": 64, "BLOCK_N1": 64, "BLOCK_M2": 64, "BLOCK_N2": 64, "num_warps": 4, "num_stages": 1}'
+  for v in ${FLEX:-default portable mma2 sm120f sm120b}; do
+    j=$v mma3=; ko=
+    case $v in
+      mma2) j=portable mma3=1 ;;
+      sm120f) j=portable mma3=1 ko=$KO_sm120f ;;
+      sm120b) j=portable mma3=1 ko=$KO_sm120b ;;
+    esac
+    env ${mma3:+DISABLE_MMA_V3=1} KO="$ko" bash -c "
       python3 '$ROOT/scripts/bench_flex_dflash.py' --anchors '$LOG/anchors.json' --ours '$LOG/attn-$j.json' --title '3docs $v' \
         \${KO:+--kernel-options \"\$KO\"} &&
       python3 '$ROOT/scripts/bench_flex_dflash.py' --anchors '$LOG/anchors-1doc.json' --ours '$LOG/attn-$j.json' \

@@ -3,14 +3,15 @@
 attention's forward and backward (ms) per layout and layer with the default kernels, the portable
 ones (DFLASH_PORTABLE=1), torch.compile(flex_attention) as compiled for the GPU (Triton's wgmma on
 Hopper), with Triton's Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, what an sm_120 GPU runs) and,
-where flex-small.log is there, mma.sync with tiles small enough for a 99 KiB part (bench-portable.sh's
-"small"; on Hopper Triton may otherwise use up to 227 KiB, which the portable path may not);
+where flex-sm120f.log / flex-sm120b.log are there, mma.sync with the tiles torch picks for an
+sm_120 (bench-portable.sh's sm120f for the forward, sm120b for the backward; on Hopper Triton
+otherwise takes Hopper's tiles and up to 227 KiB, which the portable path may not use);
 the portable path against both flex builds and against the goal (1.5x flex as compiled); and,
 where mma-peak.log is there (tools/bench_mma_peak), the portable backward's TFLOP/s as a share of
 mma.sync's ceiling on the same GPU.
 
 Reads LOGDIR/attn-default.json, attn-portable.json (bench_dflash_attn --json-out), flex-*.log
-(default / portable, mma2, small)
+(default / portable, mma2, sm120f, sm120b)
 (scripts/bench_flex_dflash.py: one JSON line per layout, 3docs first) and mma-peak.log. Missing
 parts print as "-". Prints markdown.
 """
@@ -83,7 +84,7 @@ def main():
     ours = {v: load_json(os.path.join(d, "attn-%s.json" % v)) for v in ("default", "portable")}
     flex = {}
     for v, files in (("wgmma", ("flex-portable.log", "flex-default.log")), ("mma", ("flex-mma2.log",)),
-                     ("small", ("flex-small.log",))):
+                     ("sm120f", ("flex-sm120f.log",)), ("sm120b", ("flex-sm120b.log",))):
         for fn in files:
             runs = flex_runs(os.path.join(d, fn))
             if runs:
@@ -93,16 +94,20 @@ def main():
     gpu = next((r[0].get("gpu") for r in flex.values() if r), None)
     print("drafter attention, ms (fwd / bwd)%s" % (", " + gpu if gpu else ""))
     print()
-    print("| layout | layer | default | portable | flex (wgmma) | flex (mma.sync) | flex (mma.sync, 99 KiB "
+    print("| layout | layer | default | portable | flex (wgmma) | flex (mma.sync) | flex (mma.sync, sm_120 "
           "tiles) | portable / flex wgmma (fwd, bwd) | portable / flex mma.sync (fwd, bwd) | portable / "
-          "flex 99 KiB tiles (fwd, bwd) | goal: portable <= (fwd, bwd) |")
+          "flex sm_120 tiles (fwd, bwd) | goal: portable <= (fwd, bwd) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     share = []
     for li, (layout, key) in enumerate((("3docs", "layers"), ("1doc", "layers_1doc"))):
         od, op = rows_of(ours["default"], key), rows_of(ours["portable"], key)
         fw = {r["layer"]: r for r in flex["wgmma"][li]["layers"]} if len(flex.get("wgmma", [])) > li else {}
         fm = {r["layer"]: r for r in flex["mma"][li]["layers"]} if len(flex.get("mma", [])) > li else {}
-        fs = {r["layer"]: r for r in flex["small"][li]["layers"]} if len(flex.get("small", [])) > li else {}
+        f1 = {r["layer"]: r for r in flex["sm120f"][li]["layers"]} if len(flex.get("sm120f", [])) > li else {}
+        f2 = {r["layer"]: r for r in flex["sm120b"][li]["layers"]} if len(flex.get("sm120b", [])) > li else {}
+        # the sm_120 tiles: the forward from sm120f's run, the backward from sm120b's
+        fs = {k: {"fwd_ms": f1.get(k, {}).get("fwd_ms"), "bwd_ms": f2.get(k, {}).get("bwd_ms")}
+              for k in set(f1) | set(f2)}
         for layer in ("full", "sliding"):
             if layer not in od and layer not in op and layer not in fw:
                 continue
