@@ -8,7 +8,7 @@
  *     stepping over the whole previous one (no self-overlap);
  *   - q, out, dout, dq [n_blocks*bs, nq*D]; kc, vc, dkc, dvc [S, nkv*D];
  *     kb, vb, dkb, dvb [n_blocks*bs, nkv*D]; lse [n_blocks*bs, nq];
- *   - nq, nkv, head_dim >= 1, nq % nkv == 0, scale finite;
+ *   - nq, nkv, head_dim >= 1, nq % nkv == 0, scale finite and > 0;
  *   - n_blocks >= 0, block_size >= 1, window >= 0, and for every valid block
  *     0 <= doc_start <= anchor < S (padding blocks' anchor/doc_start are not
  *     read: any value goes);
@@ -54,7 +54,7 @@ static int outputs_apart(const df_tensor *const *o, int no, const df_tensor *con
 static int blocks_ok(const df_dflash_blocks *blk, int nq, int nkv, int head_dim, float scale,
                      int64_t S)
 {
-    if (!blk || nq < 1 || nkv < 1 || head_dim < 1 || nq % nkv || !isfinite(scale))
+    if (!blk || nq < 1 || nkv < 1 || head_dim < 1 || nq % nkv || !isfinite(scale) || !(scale > 0.0f))
         return 0;
     if (blk->n_blocks < 0 || blk->block_size < 1 || blk->window < 0)
         return 0;

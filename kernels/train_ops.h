@@ -82,7 +82,8 @@ int df_op_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up,
  * lse = -inf, and get zero gradients — never NaN. GQA: query head h uses kv
  * head h / (nq/nkv). Softmax in fp32; lse [n_blocks*bs, nq] F32 (natural
  * log of sum_j exp(scale * q.k_j)) is saved for the backward pass.
- * Checked (-EINVAL, nothing written): block_size >= 1, window >= 0, and for
+ * Checked (-EINVAL, nothing written): scale finite and > 0 (the kernels take
+ * the max of q.k before scaling), block_size >= 1, window >= 0, and for
  * every valid block (valid[b] != 0) 0 <= doc_start <= anchor < S; a padding
  * block's anchor and doc_start are never read. Outputs (out, lse; dq, dkc,
  * dvc, dkb, dvb) must not overlap any input or each other. */

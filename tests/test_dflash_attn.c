@@ -919,6 +919,8 @@ static void test_bad_args(void)
     CHECK_EQ(FWD(&bk, 0, 0, D, sc, &U.o, &U.l), -EINVAL);
     CHECK_EQ(FWD(&bk, nq, nkv, D, NAN, &U.o, &U.l), -EINVAL);
     CHECK_EQ(FWD(&bk, nq, nkv, D, INFINITY, &U.o, &U.l), -EINVAL);
+    CHECK_EQ(FWD(&bk, nq, nkv, D, 0.0f, &U.o, &U.l), -EINVAL); /* scale > 0 */
+    CHECK_EQ(FWD(&bk, nq, nkv, D, -sc, &U.o, &U.l), -EINVAL);
     CHECK_EQ(df_op_dflash_attn(NULL, q, kc, vc, kb, vb, &bk, nq, nkv, D, sc, &U.o, &U.l),
              -EINVAL);
     df_tensor lbad = view(&U.lse, 0, nq + 1); /* lse [rows, nq + 1] */

@@ -32,7 +32,7 @@ extern "C" {
 typedef struct df_cuda_dflash_args {
     int S, n_blocks, block_size, window; /* window 0: full layer */
     int nq, nkv, head_dim;
-    float scale;
+    float scale; /* finite and > 0 (-EINVAL otherwise) */
     const int32_t *anchor, *doc_start;
     const uint8_t *valid;
     const uint16_t *q, *kc, *vc, *kb, *vb; /* inputs (bf16) */

@@ -83,7 +83,7 @@ int check_args(const df_cuda_dflash_args *a, bool bwd)
 {
     if (!a || a->S < 0 || a->n_blocks < 0 || a->block_size < 1 || a->window < 0 || a->nq < 1 ||
         a->nkv < 1 || a->nq % a->nkv || (a->head_dim != 64 && a->head_dim != 128) ||
-        !(a->scale == a->scale) || !impl_known(a->impl))
+        !(a->scale > 0.0f) || isinf(a->scale) || !impl_known(a->impl))
         return -EINVAL;
     if (!a->anchor || !a->doc_start || !a->valid || !a->q || !a->kc || !a->vc || !a->kb ||
         !a->vb || !a->out || !a->lse)

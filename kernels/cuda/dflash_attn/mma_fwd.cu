@@ -22,7 +22,10 @@ __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
     constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, NTK = TKF / 8, V8 = D / 8;
     extern __shared__ float4 smem4[];
     uint16_t *sm = reinterpret_cast<uint16_t *>(smem4);
-    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv, pb = blockIdx.x / (p.nch * p.nkv);
+    // pairs in reverse: a row's anchors ascend, so its longest spans go first and the
+    // launch's last CTAs are short ones (no long CTA left alone at the end)
+    int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
+        pb = (p.nb + 1) / 2 - 1 - (int)(blockIdx.x / (p.nch * p.nkv));
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
     int wi = warp / MW, wr = (warp % MW) * 16; // this warp's block of the pair, its rows in the chunk
     int b = 2 * pb + wi;
@@ -117,15 +120,15 @@ __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
 #pragma unroll
             for (int ks = 0; ks < KS; ks++)
                 mma_rows<NTK, KP>(s, qa[ks], Ks, 0, ks * 16, lane);
+            // s stays unscaled here: its max times sl is the max of s * sl (sl > 0, rounding
+            // is monotone), and each exponent below is one FFMA, s * sl - max
             float mx[2] = {-INFINITY, -INFINITY};
             if (full) {
 #pragma unroll
                 for (int n = 0; n < NTK; n++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        s[n][e] *= sl;
+                    for (int e = 0; e < 4; e++)
                         mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
-                    }
             } else {
 #pragma unroll
                 for (int n = 0; n < NTK; n++)
@@ -133,7 +136,7 @@ __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
                     for (int e = 0; e < 4; e++) {
                         int ri = e >> 1, key = base + n * 8 + 2 * t4 + (e & 1);
                         bool vis = rid[ri].ok && visible(isctx, key, end, rlo[ri], rid[ri].qo, p.W);
-                        s[n][e] = vis ? s[n][e] * sl : -INFINITY;
+                        s[n][e] = vis ? s[n][e] : -INFINITY;
                         mx[ri] = fmaxf(mx[ri], s[n][e]);
                     }
             }
@@ -143,7 +146,7 @@ __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
             for (int ri = 0; ri < 2; ri++) {
                 mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
                 mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
-                float mn = fmaxf(m[ri], mx[ri]);
+                float mn = fmaxf(m[ri], mx[ri] * sl);
                 al[ri] = mn == -INFINITY ? 1.0f : ex2(m[ri] - mn);
                 m[ri] = mn;
                 mz[ri] = mn == -INFINITY ? 0.0f : mn;
@@ -154,7 +157,7 @@ __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     int ri = e >> 1;
-                    float pr = ex2(s[n][e] - mz[ri]);
+                    float pr = ex2(fmaf(s[n][e], sl, -mz[ri]));
                     s[n][e] = pr;
                     ps[ri] += pr;
                 }
