@@ -148,6 +148,7 @@ constexpr int WKEYS = 64; // keys per warpgroup (wgmma M)
 // One CTA per (LPT rank, kv head, split): context keys only (see the top).
 // TQ: every item load by TMA (qm) and no CTA barrier in the item loop (see
 // the top); else the cp.async loads and a barrier per item.
+#if DF_WG_BODY // (helpers of the sm_90a bodies only)
 // WG3's dS^T staging: 4 bytes v at shared address base + ro + ((c ^ x) << 4),
 // the 128-byte swizzle's chunk c of a row with row & 7 == x. The offset is
 // computed in the asm, at the store: computed by the compiler, the 16
@@ -186,6 +187,7 @@ __device__ __forceinline__ int first_at_least(const int *l, int lo, int hi, int 
     }
     return lo;
 }
+#endif // DF_WG_BODY
 
 // DS (impl WG3, TQ only): also store each item's dS^T (dsb.ds), staged in
 // 16 KiB more shared memory (WgLayout::SMEM_DS) and written by one bulk copy

@@ -70,7 +70,7 @@ namespace df_dflash {
 namespace {
 
 constexpr int QTK = 64;  // keys per tile (S, dP: n 64; dQ: 4 k steps of 16)
-constexpr int QST = 2;   // K / V stages (tile t + 1 loads during tile t)
+[[maybe_unused]] constexpr int QST = 2; // K / V stages (tile t + 1 loads during tile t)
 
 // Shared memory, bytes from a 1024-aligned base: NPR = 3 page pairs of 2 x
 // QS bytes (a chunk's Q and dO, or a tile's K and V: QS == KV), pair q at q
