@@ -81,7 +81,7 @@ st_train() {
   t train start
   DISK=0 RECOMPUTE=0 OVERLAP=0 GPUS=1 "$ROOT/scripts/bench-train.sh" "$B" "$LOG/train-default" >"$LOG/train-default.log" 2>&1 || status=1
   t train default done
-  DFLASH_PORTABLE=1 DISK=0 RECOMPUTE=0 OVERLAP=0 GPUS=1 BENCH_DIR=/nonexistent SPECFORGE_SRC=/nonexistent \
+  DFLASH_PORTABLE=1 DISK=0 RECOMPUTE=0 OVERLAP=0 PROFILE=0 GPUS=1 BENCH_DIR=/nonexistent SPECFORGE_SRC=/nonexistent \
     "$ROOT/scripts/bench-train.sh" "$B" "$LOG/train-portable" >"$LOG/train-portable.log" 2>&1 || status=1
   t train end
 }

@@ -12,7 +12,7 @@
 # RECOMPUTE_MLP=1 adds one with --recompute-mlp; NOALIAS=1 one with --no-grad-alias; FP8=1 one with
 # --fp8 (FP8 training, docs/FP8.md; its loss printed against the BF16 run's, step by step); STEPS (timed run, default 14), SAMPLES (4096-token documents in the cache, default 12),
 # GPUS (also run on this many GPUs, one process each; default: 2 when two are visible),
-# PROFILE=1 (a short extra run with DFLASH_PROFILE=1: GPU time per op; PROFILE_GPUS=N also on N GPUs),
+# PROFILE (default 1: a short extra run with DFLASH_PROFILE=1, GPU time per op; 0 skips it; PROFILE_GPUS=N also on N GPUs),
 # SPECFORGE_SRC (default .anchors_src; skipped when absent), BENCH_DIR (the folder of
 # bench_dflash_torch.py, the PyTorch baseline, which is not part of this repository; default
 # .device/bench; skipped with a note naming BENCH_DIR when absent), WORK (default /tmp/dflash-trainbench).
