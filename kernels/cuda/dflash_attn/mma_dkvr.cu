@@ -80,9 +80,32 @@ __global__ void __launch_bounds__(NWR * 32, 1)
     // lse, Di, query offsets and lows into registers (store_row_stats writes them)
     RowPieces<D, RQ, NTHR> rp;
     const bool fast_rows = rp.init(p);
+    // block size 16 and group 4 (the Qwen3 drafters' shape: one chunk per block, every row
+    // valid): thread t copies query t / 16's pieces (t % 16) + 16 j of its 4 D / 8, so one
+    // 64-bit address per item and compile-time strides; its statistics without divisions
+    const bool q16 = p.bs == 16 && p.group == 4 && p.nch == 1;
+    static_assert(RQ == 64 && NTHR == 256 && 128 % D == 0, "16 queries x 4 heads; 16 threads a query");
+    const int q16o = ((threadIdx.x & 15) * 8 / D + 4 * (threadIdx.x >> 4)) * KP + (threadIdx.x & 15) * 8 % D;
     auto issue = [&](int k, int b, int par) {
-        const int ch = p.nch == 1 ? 0 : k % p.nch;
         uint16_t *Qd = Rb + 2 * par * RQ * KP, *Dd = Qd + RQ * KP;
+        if (q16) {
+            const long long at = ((long long)(b * 16 + (threadIdx.x >> 4)) * p.nq + g * 4) * D + (threadIdx.x & 15) * 8;
+            const uint16_t *qs = p.q + at, *ds = p.dout + at;
+#pragma unroll
+            for (int j = 0; j < D / 32; j++) {
+                cp16(Qd + q16o + j * (128 / D) * KP, qs + 128 * j);
+                cp16(Dd + q16o + j * (128 / D) * KP, ds + 128 * j);
+            }
+            RowStats s;
+            const int r = threadIdx.x < RQ ? threadIdx.x : 0;
+            const long long li = (long long)(b * 16 + (r >> 2)) * p.nq + g * 4 + (r & 3);
+            s.b = b, s.ch = 0, s.anc = p.anchor[b], s.ds = p.doc_start[b];
+            s.ok = threadIdx.x < RQ, s.qo = r >> 2;
+            s.lse = s.ok ? p.lse_in[li] : 0.0f;
+            s.di = s.ok ? p.Di[li] : 0.0f;
+            return s;
+        }
+        const int ch = p.nch == 1 ? 0 : k % p.nch;
         if (fast_rows)
             rp.issue(p, b, g, ch, p.q, Qd, p.dout, Dd);
         else
@@ -161,23 +184,35 @@ __global__ void __launch_bounds__(NWR * 32, 1)
                 mma_rows<4, KP>(s, ka[ks], Qs, 32 * hf, 16 * ks, lane);
                 mma_rows<4, KP>(dp, va[ks], dOs, 32 * hf, 16 * ks, lane);
             }
+            // P and dS: two straight-line copies (one branch per item, not one per element);
+            // rows 2 t4, 2 t4 + 1 of each n tile's statistics as one 8-byte load
+            if (full) {
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++)
+                for (int nt = 0; nt < 4; nt++) {
+                    const int r = 32 * hf + nt * 8 + 2 * t4;
+                    const float2 L2 = *reinterpret_cast<const float2 *>(Ls + r);
+                    const float2 D2 = *reinterpret_cast<const float2 *>(Ds + r);
 #pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    int r = 32 * hf + nt * 8 + 2 * t4 + (e & 1);
-                    float Lr = Ls[r], P;
-                    if (full) {
-                        P = ex2(s[nt][e] * sl - Lr);
-                        dp[nt][e] = P * (dp[nt][e] - Ds[r]);
-                    } else {
+                    for (int e = 0; e < 4; e++) {
+                        float P = ex2(s[nt][e] * sl - (e & 1 ? L2.y : L2.x));
+                        dp[nt][e] = P * (dp[nt][e] - (e & 1 ? D2.y : D2.x));
+                        s[nt][e] = P;
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        int r = 32 * hf + nt * 8 + 2 * t4 + (e & 1);
+                        float Lr = Ls[r];
                         int key = k0 + gid + (e >> 1) * 8;
                         bool vis = Lr != -INFINITY && visible(true, key, anc, Lo[r], Qo[r], p.W);
-                        P = vis ? ex2(s[nt][e] * sl - Lr) : 0.0f;
+                        float P = vis ? ex2(s[nt][e] * sl - Lr) : 0.0f;
                         dp[nt][e] = vis ? P * (dp[nt][e] - Ds[r]) : 0.0f;
+                        s[nt][e] = P;
                     }
-                    s[nt][e] = P;
-                }
+            }
             // bf16 P^T, dS^T -> [key][row] (rows 2 t4, 2 t4 + 1 packed)
 #pragma unroll
             for (int nt = 0; nt < 4; nt++)
