@@ -173,6 +173,40 @@ template <int D, int RQ, int NTHR> struct RowPieces {
     }
 };
 
+// An item's rows at block size 16 and group 4 with one chunk per block (the Qwen3 drafters'
+// shape: RQ = 64 rows, every one valid). Query q's 4 heads of kv head g are 4 D contiguous
+// elements; thread t copies its 16-byte pieces (t % TPQ) + TPQ j of query t / TPQ: one 64-bit
+// address per item, the pieces at compile-time offsets, no zero-fill. row(r): row r's index into
+// the lse / Di arrays ([token][head]), no division.
+template <int D, int NTHR> struct Q16Rows {
+    static constexpr int TPQ = NTHR / 16, W = TPQ * 8, NJ = 4 * D / W; // threads a query, elements a pass
+    static_assert(NTHR % 16 == 0 && (D % W == 0 || W % D == 0), "whole passes");
+    int so; // this thread's first piece in a [RQ][D + 8] buffer
+    __device__ __forceinline__ static bool on(const Params &p) { return p.bs == 16 && p.group == 4 && p.nch == 1; }
+    __device__ __forceinline__ void init()
+    {
+        const int e0 = (threadIdx.x % TPQ) * 8;
+        so = (4 * (int)(threadIdx.x / TPQ) + e0 / D) * (D + 8) + e0 % D;
+    }
+    __device__ __forceinline__ void issue(const Params &p, int b, int g, const uint16_t *src, uint16_t *dst,
+                                          const uint16_t *src2, uint16_t *dst2) const
+    {
+        const long long at = ((long long)(b * 16 + (int)(threadIdx.x / TPQ)) * p.nq + g * 4) * D + (threadIdx.x % TPQ) * 8;
+        const uint16_t *s1 = src + at, *s2 = src2 + at;
+        const uint32_t d1 = smem_u32(dst + so), d2 = smem_u32(dst2 + so);
+#pragma unroll
+        for (int j = 0; j < NJ; j++) {
+            const int o = 2 * ((W * j / D) * (D + 8) + W * j % D); // bytes (e0 + W j stays in one head row)
+            cp16(d1 + o, s1 + W * j);
+            cp16(d2 + o, s2 + W * j);
+        }
+    }
+    __device__ __forceinline__ static long long row(const Params &p, int b, int g, int r)
+    {
+        return (long long)(b * 16 + (r >> 2)) * p.nq + g * 4 + (r & 3);
+    }
+};
+
 // The statistics of item (b, ch)'s rows into slot s of RQ-entry arrays: lse * log2e (-inf for a
 // padding row), Di (0), query offsets and context lows. In two halves: the global loads (thread
 // r < RQ: row r) into registers, then the slots, so a pass can issue the loads before a stretch

@@ -80,25 +80,17 @@ __global__ void __launch_bounds__(NWR * 32, 1)
     // lse, Di, query offsets and lows into registers (store_row_stats writes them)
     RowPieces<D, RQ, NTHR> rp;
     const bool fast_rows = rp.init(p);
-    // block size 16 and group 4 (the Qwen3 drafters' shape: one chunk per block, every row
-    // valid): thread t copies query t / 16's pieces (t % 16) + 16 j of its 4 D / 8, so one
-    // 64-bit address per item and compile-time strides; its statistics without divisions
-    const bool q16 = p.bs == 16 && p.group == 4 && p.nch == 1;
-    static_assert(RQ == 64 && NTHR == 256 && 128 % D == 0, "16 queries x 4 heads; 16 threads a query");
-    const int q16o = ((threadIdx.x & 15) * 8 / D + 4 * (threadIdx.x >> 4)) * KP + (threadIdx.x & 15) * 8 % D;
+    // block size 16 and group 4: the rows from one address per item, the statistics without divisions
+    const bool q16 = Q16Rows<D, NTHR>::on(p);
+    Q16Rows<D, NTHR> qr;
+    qr.init();
     auto issue = [&](int k, int b, int par) {
         uint16_t *Qd = Rb + 2 * par * RQ * KP, *Dd = Qd + RQ * KP;
         if (q16) {
-            const long long at = ((long long)(b * 16 + (threadIdx.x >> 4)) * p.nq + g * 4) * D + (threadIdx.x & 15) * 8;
-            const uint16_t *qs = p.q + at, *ds = p.dout + at;
-#pragma unroll
-            for (int j = 0; j < D / 32; j++) {
-                cp16(Qd + q16o + j * (128 / D) * KP, qs + 128 * j);
-                cp16(Dd + q16o + j * (128 / D) * KP, ds + 128 * j);
-            }
+            qr.issue(p, b, g, p.q, Qd, p.dout, Dd);
             RowStats s;
             const int r = threadIdx.x < RQ ? threadIdx.x : 0;
-            const long long li = (long long)(b * 16 + (r >> 2)) * p.nq + g * 4 + (r & 3);
+            const long long li = Q16Rows<D, NTHR>::row(p, b, g, r);
             s.b = b, s.ch = 0, s.anc = p.anchor[b], s.ds = p.doc_start[b];
             s.ok = threadIdx.x < RQ, s.qo = r >> 2;
             s.lse = s.ok ? p.lse_in[li] : 0.0f;

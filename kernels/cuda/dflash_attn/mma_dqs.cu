@@ -94,7 +94,14 @@ __global__ void __launch_bounds__(MW * 32) dq_dsd_kernel(Params p, const uint16_
             uint16_t *Qs = sm, *dOs = Qs + RQ * KP, *Kb = dOs + RQ * KP, *Vb = Kb + nkb * KP;
             uint16_t *Pt = Vb + nkb * KP, *St = Pt + nkb * TP;
             float *Ls = reinterpret_cast<float *>(St + nkb * TP), *Ds = Ls + RQ;
-            issue_rows<D, RQ, NTHR>(p, b, g, 0, p.q, Qs, p.dout, dOs);
+            const bool q16 = Q16Rows<D, NTHR>::on(p); // (block size 16, group 4: no divisions)
+            if (q16) {
+                Q16Rows<D, NTHR> qr;
+                qr.init();
+                qr.issue(p, b, g, p.q, Qs, p.dout, dOs);
+            } else {
+                issue_rows<D, RQ, NTHR>(p, b, g, 0, p.q, Qs, p.dout, dOs);
+            }
             for (int e = threadIdx.x; e < nkb * V8; e += NTHR) {
                 int key = e / V8, c = (e % V8) * 8;
                 bool ok = key < p.bs;
@@ -104,8 +111,14 @@ __global__ void __launch_bounds__(MW * 32) dq_dsd_kernel(Params p, const uint16_
             }
             cp_commit();
             for (int r = threadIdx.x; r < RQ; r += NTHR) {
-                RowId id = row_id(p, b, g, 0, r);
-                long long li = (long long)id.grow * p.nq + id.h;
+                RowId id;
+                long long li;
+                if (q16) {
+                    id.ok = true, li = Q16Rows<D, NTHR>::row(p, b, g, r);
+                } else {
+                    id = row_id(p, b, g, 0, r);
+                    li = (long long)id.grow * p.nq + id.h;
+                }
                 Ls[r] = id.ok ? p.lse_in[li] * LOG2E : -INFINITY;
                 Ds[r] = id.ok ? p.Di[li] : 0.0f;
             }
@@ -114,6 +127,7 @@ __global__ void __launch_bounds__(MW * 32) dq_dsd_kernel(Params p, const uint16_
             // S, dP on rows 16 warp .. + 15, 16 keys at a time; P^T, dS^T to shared memory
             const float sl = p.scale * LOG2E;
             const int r0 = warp * 16;
+            const int qo2[2] = {(r0 + gid) / p.group, (r0 + gid + 8) / p.group}; // this thread's rows' queries
             for (int kt = 0; kt < nkb / 16; kt++) {
                 float s[2][4], dp[2][4];
 #pragma unroll
@@ -136,7 +150,7 @@ __global__ void __launch_bounds__(MW * 32) dq_dsd_kernel(Params p, const uint16_
                         int r = r0 + gid + 8 * (e >> 1), key = kt * 16 + nt * 8 + 2 * t4 + (e & 1);
                         float Lr = Ls[r];
                         // (rows past the chunk's: lse -inf; their qo is 0)
-                        bool vis = Lr != -INFINITY && visible(false, key, p.bs, 0, r / p.group, p.W);
+                        bool vis = Lr != -INFINITY && visible(false, key, p.bs, 0, qo2[e >> 1], p.W);
                         float P = vis ? ex2(s[nt][e] * sl - Lr) : 0.0f;
                         float dS = vis ? P * (dp[nt][e] - Ds[r]) : 0.0f;
                         Pt[key * TP + r] = f2bf(P);
