@@ -80,6 +80,44 @@ __device__ __forceinline__ void ldsm_a(uint32_t a[4], const uint16_t *X, int r0,
     ldsm4(a, X + (r0 + (lane & 7) + ((lane >> 3) & 1) * 8) * KP + k0 + (lane >> 4) * 8);
 }
 
+// P = 2^(S sl - lse) and dS = P (dP - Di), in place in S^T / dP^T, for a warp's 16 keys
+// (key0 + gid, + 8) x 32 rows (r0 + 8 nt + 2 t4, + 1; r0 even): with every key visible to
+// every row (full: no masks; each n tile's two rows' statistics as one 8-byte load), or masked
+// per element (visible(isctx, key, kend, Lo[r], Qo[r], W); a row without lse sees nothing).
+// Two straight-line copies: one branch per call, not one per element.
+__device__ __forceinline__ void p_ds_tile(float (*s)[4], float (*dp)[4], bool full, const float *Ls,
+                                          const float *Ds, const int *Lo, const int *Qo, int r0, int key0,
+                                          bool isctx, int kend, int W, float sl, int lane)
+{
+    const int gid = lane >> 2, t4 = lane & 3;
+    if (full) {
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++) {
+            const int r = r0 + nt * 8 + 2 * t4;
+            const float2 L2 = *reinterpret_cast<const float2 *>(Ls + r);
+            const float2 D2 = *reinterpret_cast<const float2 *>(Ds + r);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float P = ex2(s[nt][e] * sl - (e & 1 ? L2.y : L2.x));
+                dp[nt][e] = P * (dp[nt][e] - (e & 1 ? D2.y : D2.x));
+                s[nt][e] = P;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int r = r0 + nt * 8 + 2 * t4 + (e & 1), key = key0 + gid + (e >> 1) * 8;
+                float Lr = Ls[r];
+                bool vis = Lr != -INFINITY && visible(isctx, key, kend, Lo[r], Qo[r], W);
+                float P = vis ? ex2(s[nt][e] * sl - Lr) : 0.0f;
+                dp[nt][e] = vis ? P * (dp[nt][e] - Ds[r]) : 0.0f;
+                s[nt][e] = P;
+            }
+    }
+}
+
 // K/V tile t of a (block, head) key loop into stage buffers (cp.async, zero
 // fill past the end).
 template <int D, int TKX>

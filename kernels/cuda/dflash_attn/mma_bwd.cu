@@ -180,30 +180,7 @@ __global__ void __launch_bounds__(DKV_W * 32, 1) dkv_mma2_kernel(Params p, float
                     ldsm_a<KP>(va, Vs, kw, ks * 16, lane);
                     mma_rows<4, KP>(dp, va, dOs, rw, ks * 16, lane);
                 }
-                if (full) {
-#pragma unroll
-                    for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            int r = rw + nt * 8 + 2 * t4 + (e & 1);
-                            float P = ex2(s[nt][e] * sl - Ls[r]);
-                            dp[nt][e] = P * (dp[nt][e] - Ds[r]);
-                            s[nt][e] = P;
-                        }
-                } else {
-#pragma unroll
-                    for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            int key = base + kw + gid + (e >> 1) * 8;
-                            int r = rw + nt * 8 + 2 * t4 + (e & 1);
-                            float Lr = Ls[r];
-                            bool vis = Lr != -INFINITY && visible(isctx, key, kend_b, Lo[r], Qo[r], p.W);
-                            float P = vis ? ex2(s[nt][e] * sl - Lr) : 0.0f;
-                            dp[nt][e] = vis ? P * (dp[nt][e] - Ds[r]) : 0.0f;
-                            s[nt][e] = P;
-                        }
-                }
+                p_ds_tile(s, dp, full, Ls, Ds, Lo, Qo, rw, base + kw, isctx, kend_b, p.W, sl, lane);
                 uint16_t *dslot = NULL; // this item's dS^T tile (dsd), [64 keys][64 rows]
                 if (dsd) {
                     int t = isctx ? tile - ctx_lo(anc, p.doc_start[cur.b], p.W, 0) / TKM : dsd_maxt(p.S, p.W);

@@ -176,35 +176,7 @@ __global__ void __launch_bounds__(NWR * 32, 1)
                 mma_rows<4, KP>(s, ka[ks], Qs, 32 * hf, 16 * ks, lane);
                 mma_rows<4, KP>(dp, va[ks], dOs, 32 * hf, 16 * ks, lane);
             }
-            // P and dS: two straight-line copies (one branch per item, not one per element);
-            // rows 2 t4, 2 t4 + 1 of each n tile's statistics as one 8-byte load
-            if (full) {
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++) {
-                    const int r = 32 * hf + nt * 8 + 2 * t4;
-                    const float2 L2 = *reinterpret_cast<const float2 *>(Ls + r);
-                    const float2 D2 = *reinterpret_cast<const float2 *>(Ds + r);
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        float P = ex2(s[nt][e] * sl - (e & 1 ? L2.y : L2.x));
-                        dp[nt][e] = P * (dp[nt][e] - (e & 1 ? D2.y : D2.x));
-                        s[nt][e] = P;
-                    }
-                }
-            } else {
-#pragma unroll
-                for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int r = 32 * hf + nt * 8 + 2 * t4 + (e & 1);
-                        float Lr = Ls[r];
-                        int key = k0 + gid + (e >> 1) * 8;
-                        bool vis = Lr != -INFINITY && visible(true, key, anc, Lo[r], Qo[r], p.W);
-                        float P = vis ? ex2(s[nt][e] * sl - Lr) : 0.0f;
-                        dp[nt][e] = vis ? P * (dp[nt][e] - Ds[r]) : 0.0f;
-                        s[nt][e] = P;
-                    }
-            }
+            p_ds_tile(s, dp, full, Ls, Ds, Lo, Qo, 32 * hf, k0, true, anc, p.W, sl, lane);
             // bf16 P^T, dS^T -> [key][row] (rows 2 t4, 2 t4 + 1 packed)
 #pragma unroll
             for (int nt = 0; nt < 4; nt++)
