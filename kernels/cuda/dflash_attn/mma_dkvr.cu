@@ -26,8 +26,11 @@
 //    barrier per item, the next item's rows loading under this item's math,
 //    its rows' statistics loaded into registers before the math and written
 //    after it, the block after it read from the list an item ahead (no
-//    global load waits between two items); each thread's row pieces at
-//    fixed offsets (RowPieces) where the group divides the chunk.
+//    global load waits between two items); each thread's row pieces from
+//    one address per item at compile-time offsets at block size 16 and group
+//    4 (Q16Rows), at fixed offsets (RowPieces) elsewhere where the group
+//    divides the chunk;
+//  - P and dS straight-line, full or masked chosen once per item (p_ds_tile).
 // Shared memory: 4 x 64 x (D + 8) bf16 rows, 2 x 64 x 72 bf16 P^T / dS^T,
 // 2 x 64 x 16 bytes of row data, each item's block data: 88 KiB at D 128.
 #include "mma.cuh"
