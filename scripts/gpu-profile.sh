@@ -11,7 +11,8 @@
 # DFLASH_PORTABLE=1, "dkv_mma2_kernel dq_dsd_kernel fwd_mma2_kernel"). SASS=1: each kernel's
 # full-set report kept (LOGDIR/ncu-K.ncu-rep) with its per-instruction page (executed
 # instructions, stall samples per SASS line: LOGDIR/ncu-K-sass.csv.gz) and its details page, to
-# read without the GPU.
+# read without the GPU (scripts/ncu_sass.py summarizes the first). With DFLASH_PORTABLE=1 the
+# context dK/dV pass is "dkvr_kernel".
 set -u
 B=${1:?build dir}; LOG=${2:?log dir}
 PARTS=${PARTS:-gemm ncu}
