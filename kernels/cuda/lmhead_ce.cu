@@ -571,10 +571,15 @@ static int precise_mode(void)
     return g_precise;
 }
 
-/* DF_CE_FP8_ROUND_HEAD where a BF16 GEMM must take a chunk: the head rounded
- * (128 x 128) into a stream-ordered copy for the rest of the call */
-static int head_rounded(df_backend *be, const df_tensor *head, uint16_t **out)
+/* DF_CE_FP8_ROUND_HEAD where a BF16 GEMM must take a chunk: unless the BF16
+ * GEMMs' head wb is there already, the head rounded (128 x 128) into a
+ * stream-ordered copy *out (the caller frees it), which becomes wb (row
+ * stride ldb) for the rest of the call */
+static int head_rounded(df_backend *be, const df_tensor *head, const uint16_t **wb, int64_t *ldb,
+                        uint16_t **out)
 {
+    if (*wb)
+        return 0;
     const int64_t V = head->shape[0], H = head->shape[1];
     const size_t bytes = (size_t)(V * H) * 2;
     if (cudaMallocAsync((void **)out, bytes, df_cuda_stream(be)) != cudaSuccess) {
@@ -588,7 +593,10 @@ static int head_rounded(df_backend *be, const df_tensor *head, uint16_t **out)
     df_log(DF_LOG_INFO, "cuda: lmhead_ce: the BF16 GEMMs take a chunk over: the head rounded "
            "for this call (%.1f MiB)", (double)bytes / (1 << 20));
     df_tensor r = df_tensor_2d(*out, DF_DTYPE_BF16, V, H);
-    return df_cuda_fp8_qdq(be, head, &r, 128, 128);
+    int rc = df_cuda_fp8_qdq(be, head, &r, 128, 128);
+    if (!rc)
+        *wb = *out, *ldb = H;
+    return rc;
 }
 
 extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
@@ -705,8 +713,8 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
                 k1->ready = done == 1;
         }
         df_cuda_prof_split(be, "gemm 1");
-        if (!done && !wb && !(rc = head_rounded(be, &head_v, &w_tmp)))
-            wb = w_tmp, ldb = H;
+        if (!done)
+            rc = head_rounded(be, &head_v, &wb, &ldb, &w_tmp);
         rc = rc        ? rc
              : done < 0 ? done
              : done     ? 0
@@ -756,8 +764,8 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
                 break;
         }
         df_cuda_prof_split(be, "gemm 2");
-        if (!done && !wb && !(rc = head_rounded(be, &head_v, &w_tmp)))
-            wb = w_tmp, ldb = H;
+        if (!done)
+            rc = head_rounded(be, &head_v, &wb, &ldb, &w_tmp);
         rc = rc        ? rc
              : done < 0 ? done
              : done     ? 0
