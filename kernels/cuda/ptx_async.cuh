@@ -36,10 +36,6 @@ __device__ __forceinline__ void cp16(uint32_t dst, const void *src)
 {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src));
 }
-__device__ __forceinline__ void cp16(void *dst, const void *src)
-{
-    cp16(smem_u32(dst), src);
-}
 // 4-byte async copy (through L1: .ca; .cg takes 16 bytes only)
 __device__ __forceinline__ void cp4(uint32_t dst, const void *src, bool ok)
 {
