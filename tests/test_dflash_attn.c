@@ -1,6 +1,6 @@
 /* test_dflash_attn.c - the DFlash drafter attention (train_ops.h), forward
- * and backward, on the CPU reference backend, against references written
- * here in double precision (independent of kernels/cpu):
+ * and backward, on the CPU reference backend, against references in double
+ * precision (dflash_ref.c, independent of kernels/cpu):
  *   - a naive forward that builds the whole boolean mask [rows x (S + rows)]
  *     from the rules in docs/DRAFTER.md and does a dense softmax;
  *   - an analytic backward on the same mask;
@@ -25,6 +25,7 @@
  *
  * DFLASH_ATTN_BENCH=1 also times forward and backward at S=1024, 32 blocks
  * x 16, nq=8, nkv=2, D=64 on 1 thread. */
+#include "dflash_ref.h"
 #include "ops.h"
 #include "test.h"
 #include "train_ops.h"
@@ -36,7 +37,6 @@
 #include <string.h>
 #include <time.h>
 
-static uint64_t rng = 1234;
 static df_backend *bes[2]; /* 1 and 3 threads */
 
 static const uint32_t POISON = 0x7fc0dead;
@@ -52,318 +52,6 @@ static int is_poison(float f)
     uint32_t u;
     memcpy(&u, &f, 4);
     return u == POISON;
-}
-
-static void *xmalloc(size_t n)
-{
-    void *p = calloc(n ? n : 1, 1);
-    if (!p) {
-        fprintf(stderr, "out of memory\n");
-        exit(2);
-    }
-    return p;
-}
-
-static double *dbuf(int64_t n)
-{
-    return xmalloc((size_t)n * sizeof(double));
-}
-
-/* An f32 buffer [rows, ld] and a view of columns [c0, c0 + cols). */
-typedef struct mat {
-    float *p;
-    int64_t rows, ld;
-} mat;
-
-static mat mat_new(int64_t rows, int64_t ld)
-{
-    mat m = {xmalloc((size_t)(rows * ld) * sizeof(float)), rows, ld};
-    return m;
-}
-
-static df_tensor view(const mat *m, int64_t c0, int64_t cols)
-{
-    df_tensor full = df_tensor_2d(m->p, DF_DTYPE_F32, m->rows, m->ld);
-    return df_tensor_cols(&full, c0, cols);
-}
-
-static void fill(mat *m, float scale)
-{
-    for (int64_t i = 0; i < m->rows * m->ld; i++)
-        m->p[i] = test_randn(&rng) * scale;
-}
-
-static float get(const df_tensor *t, int64_t r, int64_t c)
-{
-    return *(const float *)df_tensor_at(t, r, c);
-}
-
-/* ---- a problem: shapes, block table, inputs ---- */
-
-typedef struct prob {
-    int S, nb, bs, nq, nkv, D, W;
-    int64_t rows;
-    int32_t anchor[64], doc[64];
-    uint8_t valid[64];
-    df_dflash_blocks blk;
-    float scale;
-    mat qm, kcv, kbv;            /* kc|vc and kb|vb: column halves of one buffer */
-    df_tensor q, kc, vc, kb, vb; /* views */
-} prob;
-
-typedef struct blkdef {
-    int anchor, doc, valid;
-} blkdef;
-
-static void prob_init(prob *P, int S, int bs, int nq, int nkv, int D, int W, const blkdef *bd,
-                      int nb, float qscale)
-{
-    memset(P, 0, sizeof *P);
-    P->S = S, P->nb = nb, P->bs = bs, P->nq = nq, P->nkv = nkv, P->D = D, P->W = W;
-    P->rows = (int64_t)nb * bs;
-    for (int b = 0; b < nb; b++) {
-        P->anchor[b] = bd[b].anchor;
-        P->doc[b] = bd[b].doc;
-        P->valid[b] = (uint8_t)bd[b].valid;
-    }
-    P->blk.n_blocks = nb;
-    P->blk.block_size = bs;
-    P->blk.anchor = P->anchor;
-    P->blk.doc_start = P->doc;
-    P->blk.valid = P->valid;
-    P->blk.window = W;
-    P->scale = 1.0f / sqrtf((float)D);
-    int64_t kvc = (int64_t)nkv * D;
-    P->qm = mat_new(P->rows, (int64_t)nq * D + 2);
-    P->kcv = mat_new(S, 2 * kvc + 1);
-    P->kbv = mat_new(P->rows, 2 * kvc + 3);
-    fill(&P->qm, qscale);
-    fill(&P->kcv, qscale);
-    fill(&P->kbv, qscale);
-    P->q = view(&P->qm, 0, (int64_t)nq * D);
-    P->kc = view(&P->kcv, 0, kvc);
-    P->vc = view(&P->kcv, kvc, kvc);
-    P->kb = view(&P->kbv, 1, kvc);
-    P->vb = view(&P->kbv, 1 + kvc, kvc);
-}
-
-static void prob_free(prob *P)
-{
-    free(P->qm.p);
-    free(P->kcv.p);
-    free(P->kbv.p);
-}
-
-/* Visibility, straight from docs/DRAFTER.md: key index < S is context position j;
- * key S + r is block row r (block r / bs, offset r % bs). */
-static int visible(const prob *P, int64_t row, int64_t key)
-{
-    int b = (int)(row / P->bs), qo = (int)(row % P->bs);
-    if (!P->valid[b])
-        return 0;
-    int64_t p = P->anchor[b];
-    if (key < P->S) {
-        int64_t j = key;
-        if (j < P->doc[b] || j >= p)
-            return 0;
-        return P->W == 0 || j >= p + qo - (P->W - 1);
-    }
-    int64_t r = key - P->S;
-    int b2 = (int)(r / P->bs), ko = (int)(r % P->bs);
-    return b2 == b && (P->W == 0 || ko <= qo);
-}
-
-/* Inputs as contiguous doubles (exact copies of the fp32 values). */
-typedef struct dinp {
-    double *x[5]; /* q, kc, vc, kb, vb */
-    int64_t rows[5], cols[5];
-} dinp;
-
-static void dinp_init(dinp *X, const prob *P)
-{
-    const df_tensor *t[5] = {&P->q, &P->kc, &P->vc, &P->kb, &P->vb};
-    for (int i = 0; i < 5; i++) {
-        X->rows[i] = t[i]->shape[0];
-        X->cols[i] = t[i]->shape[1];
-        X->x[i] = dbuf(X->rows[i] * X->cols[i]);
-        for (int64_t r = 0; r < X->rows[i]; r++)
-            for (int64_t c = 0; c < X->cols[i]; c++)
-                X->x[i][r * X->cols[i] + c] = get(t[i], r, c);
-    }
-}
-
-static void dinp_free(dinp *X)
-{
-    for (int i = 0; i < 5; i++)
-        free(X->x[i]);
-}
-
-/* Key row `key` (context or block) of kv head g: k or v (which = 0 / 1). */
-static const double *key_row(const prob *P, const dinp *X, int64_t key, int g, int which)
-{
-    int64_t kvc = (int64_t)P->nkv * P->D;
-    if (key < P->S)
-        return X->x[1 + which] + key * kvc + (int64_t)g * P->D;
-    return X->x[3 + which] + (key - P->S) * kvc + (int64_t)g * P->D;
-}
-
-typedef struct fref {
-    double *out, *lse, *mag; /* out/mag [rows * nq*D], lse [rows * nq] */
-    int *nvis;               /* [rows * nq] keys visible */
-    double smax;             /* max over rows/keys of scale * sum|q k| */
-} fref;
-
-/* Dense masked softmax in double. */
-static void ref_forward(const prob *P, const dinp *X, fref *F)
-{
-    int D = P->D, group = P->nq / P->nkv;
-    int64_t K = P->S + P->rows, qc = (int64_t)P->nq * D;
-    double *s = dbuf(K);
-    F->smax = 0;
-    for (int64_t i = 0; i < P->rows; i++)
-        for (int h = 0; h < P->nq; h++) {
-            int g = h / group;
-            const double *qi = X->x[0] + i * qc + (int64_t)h * D;
-            double mx = -INFINITY;
-            int n = 0;
-            for (int64_t j = 0; j < K; j++) {
-                if (!visible(P, i, j))
-                    continue;
-                const double *kj = key_row(P, X, j, g, 0);
-                double d = 0, a = 0;
-                for (int e = 0; e < D; e++) {
-                    d += qi[e] * kj[e];
-                    a += fabs(qi[e] * kj[e]);
-                }
-                s[j] = d * P->scale;
-                mx = fmax(mx, s[j]);
-                F->smax = fmax(F->smax, a * P->scale);
-                n++;
-            }
-            double *o = F->out + i * qc + (int64_t)h * D, *m = F->mag + i * qc + (int64_t)h * D;
-            for (int e = 0; e < D; e++)
-                o[e] = m[e] = 0;
-            F->nvis[i * P->nq + h] = n;
-            if (n == 0) {
-                F->lse[i * P->nq + h] = -INFINITY;
-                continue;
-            }
-            double sum = 0;
-            for (int64_t j = 0; j < K; j++)
-                if (visible(P, i, j))
-                    sum += exp(s[j] - mx);
-            for (int64_t j = 0; j < K; j++) {
-                if (!visible(P, i, j))
-                    continue;
-                double p = exp(s[j] - mx) / sum;
-                const double *vj = key_row(P, X, j, g, 1);
-                for (int e = 0; e < D; e++) {
-                    o[e] += p * vj[e];
-                    m[e] += p * fabs(vj[e]);
-                }
-            }
-            F->lse[i * P->nq + h] = mx + log(sum);
-        }
-    free(s);
-}
-
-static void fref_alloc(fref *F, const prob *P)
-{
-    F->out = dbuf(P->rows * P->nq * P->D);
-    F->mag = dbuf(P->rows * P->nq * P->D);
-    F->lse = dbuf(P->rows * P->nq);
-    F->nvis = xmalloc((size_t)(P->rows * P->nq) * sizeof(int));
-}
-
-static void fref_free(fref *F)
-{
-    free(F->out);
-    free(F->mag);
-    free(F->lse);
-    free(F->nvis);
-}
-
-/* Gradients of L = sum(out * R) wrt the five inputs, and their magnitudes. */
-typedef struct gref {
-    double *g[5], *m[5];
-} gref;
-
-static void gref_alloc(gref *G, const dinp *X)
-{
-    for (int i = 0; i < 5; i++) {
-        G->g[i] = dbuf(X->rows[i] * X->cols[i]);
-        G->m[i] = dbuf(X->rows[i] * X->cols[i]);
-    }
-}
-
-static void gref_free(gref *G)
-{
-    for (int i = 0; i < 5; i++) {
-        free(G->g[i]);
-        free(G->m[i]);
-    }
-}
-
-/* Analytic backward in double on the full mask; R = dout (double copy). */
-static void ref_backward(const prob *P, const dinp *X, const double *R, gref *G)
-{
-    int D = P->D, group = P->nq / P->nkv;
-    int64_t K = P->S + P->rows, qc = (int64_t)P->nq * D, kvc = (int64_t)P->nkv * D;
-    fref F;
-    fref_alloc(&F, P);
-    ref_forward(P, X, &F);
-    for (int i = 0; i < 5; i++) {
-        memset(G->g[i], 0, (size_t)(X->rows[i] * X->cols[i]) * sizeof(double));
-        memset(G->m[i], 0, (size_t)(X->rows[i] * X->cols[i]) * sizeof(double));
-    }
-    for (int64_t i = 0; i < P->rows; i++)
-        for (int h = 0; h < P->nq; h++) {
-            int g = h / group;
-            double L = F.lse[i * P->nq + h];
-            if (L == -INFINITY)
-                continue;
-            const double *qi = X->x[0] + i * qc + (int64_t)h * D, *dO = R + i * qc + (int64_t)h * D;
-            const double *O = F.out + i * qc + (int64_t)h * D;
-            double Di = 0, Dabs = 0;
-            for (int e = 0; e < D; e++) {
-                Di += dO[e] * O[e];
-                Dabs += fabs(dO[e] * O[e]);
-            }
-            for (int64_t j = 0; j < K; j++) {
-                if (!visible(P, i, j))
-                    continue;
-                const double *kj = key_row(P, X, j, g, 0), *vj = key_row(P, X, j, g, 1);
-                double s = 0, dP = 0, dPabs = 0;
-                for (int e = 0; e < D; e++) {
-                    s += qi[e] * kj[e];
-                    dP += dO[e] * vj[e];
-                    dPabs += fabs(dO[e] * vj[e]);
-                }
-                double Pij = exp(s * P->scale - L), dS = Pij * (dP - Di);
-                double mS = Pij * (dPabs + Dabs);
-                int ki = j < P->S ? 1 : 3;
-                int64_t kr = j < P->S ? j : j - P->S, ko = kr * kvc + (int64_t)g * D;
-                int64_t qo = i * qc + (int64_t)h * D;
-                for (int e = 0; e < D; e++) {
-                    G->g[0][qo + e] += P->scale * dS * kj[e];
-                    G->m[0][qo + e] += P->scale * mS * fabs(kj[e]);
-                    G->g[ki][ko + e] += P->scale * dS * qi[e];
-                    G->m[ki][ko + e] += P->scale * mS * fabs(qi[e]);
-                    G->g[ki + 1][ko + e] += Pij * dO[e];
-                    G->m[ki + 1][ko + e] += Pij * fabs(dO[e]);
-                }
-            }
-        }
-    fref_free(&F);
-}
-
-static double loss_of(const prob *P, const dinp *X, const double *R, fref *F)
-{
-    ref_forward(P, X, F);
-    double L = 0;
-    for (int64_t i = 0; i < P->rows * P->nq * P->D; i++)
-        L += F->out[i] * R[i];
-    return L;
 }
 
 /* ---- comparisons ---- */
@@ -421,18 +109,18 @@ typedef struct run {
 static void run_alloc(run *U, const prob *P)
 {
     int64_t qc = (int64_t)P->nq * P->D, kvc = (int64_t)P->nkv * P->D;
-    U->out = mat_new(P->rows, qc + 1);
-    U->lse = mat_new(P->rows, P->nq + 2);
-    U->dq = mat_new(P->rows, qc + 3);
-    U->dkcv = mat_new(P->S, 2 * kvc); /* dkc | dvc: adjacent column views */
-    U->dkbv = mat_new(P->rows, 2 * kvc + 2);
-    U->o = view(&U->out, 0, qc);
-    U->l = view(&U->lse, 1, P->nq);
-    U->gq = view(&U->dq, 0, qc);
-    U->gkc = view(&U->dkcv, 0, kvc);
-    U->gvc = view(&U->dkcv, kvc, kvc);
-    U->gkb = view(&U->dkbv, 2, kvc);
-    U->gvb = view(&U->dkbv, 2 + kvc, kvc);
+    U->out = dref_mat(P->rows, qc + 1);
+    U->lse = dref_mat(P->rows, P->nq + 2);
+    U->dq = dref_mat(P->rows, qc + 3);
+    U->dkcv = dref_mat(P->S, 2 * kvc); /* dkc | dvc: adjacent column views */
+    U->dkbv = dref_mat(P->rows, 2 * kvc + 2);
+    U->o = dref_view(&U->out, 0, qc);
+    U->l = dref_view(&U->lse, 1, P->nq);
+    U->gq = dref_view(&U->dq, 0, qc);
+    U->gkc = dref_view(&U->dkcv, 0, kvc);
+    U->gvc = dref_view(&U->dkcv, kvc, kvc);
+    U->gkb = dref_view(&U->dkbv, 2, kvc);
+    U->gvb = dref_view(&U->dkbv, 2 + kvc, kvc);
     mat *all[5] = {&U->out, &U->lse, &U->dq, &U->dkcv, &U->dkbv};
     for (int i = 0; i < 5; i++)
         poison(all[i]->p, all[i]->rows * all[i]->ld);
@@ -491,12 +179,12 @@ static void check_forward(const prob *P, const run *U, const fref *F, cmp *c)
         for (int h = 0; h < P->nq; h++) {
             for (int e = 0; e < P->D; e++) {
                 int64_t k = i * qc + (int64_t)h * P->D + e;
-                cmp_one(c, "out", k, get(&U->o, i, (int64_t)h * P->D + e), F->out[k],
+                cmp_one(c, "out", k, dref_get(&U->o, i, (int64_t)h * P->D + e), F->out[k],
                         F->mag[k] * t);
             }
             double L = F->lse[i * P->nq + h];
             double tl = L == -INFINITY ? 0 : t + 4 * 6e-8 * F->nvis[i * P->nq + h];
-            cmp_one(c, "lse", i * P->nq + h, get(&U->l, i, h), L, tl);
+            cmp_one(c, "lse", i * P->nq + h, dref_get(&U->l, i, h), L, tl);
         }
 }
 
@@ -518,7 +206,7 @@ static void check_grads(const prob *P, const run *U, const dinp *X, double *cons
             for (int64_t col = 0; col < X->cols[i]; col++) {
                 int64_t k = r * X->cols[i] + col;
                 double m = G->m[i][k];
-                cmp_one(c, gname[i], k, get(grad_view(U, i), r, col), want[i][k],
+                cmp_one(c, gname[i], k, dref_get(grad_view(U, i), r, col), want[i][k],
                         m > 0 ? m * t + slack : 0);
             }
     (void)P;
@@ -529,21 +217,21 @@ static void check_grads(const prob *P, const run *U, const dinp *X, double *cons
 static void check_config(const prob *P, int fd, const char *what)
 {
     int64_t qc = (int64_t)P->nq * P->D;
-    mat Rm = mat_new(P->rows, qc + 1);
-    fill(&Rm, 1.0f);
-    df_tensor R = view(&Rm, 1, qc);
-    double *Rd = dbuf(P->rows * qc);
+    mat Rm = dref_mat(P->rows, qc + 1);
+    dref_fill(&Rm, 1.0f);
+    df_tensor R = dref_view(&Rm, 1, qc);
+    double *Rd = dref_dbuf(P->rows * qc);
     for (int64_t i = 0; i < P->rows; i++)
         for (int64_t c = 0; c < qc; c++)
-            Rd[i * qc + c] = get(&R, i, c);
+            Rd[i * qc + c] = dref_get(&R, i, c);
 
     run U[2];
     run_both(P, &R, U, what);
     dinp X;
-    dinp_init(&X, P);
+    dref_dinp_init(&X, P);
     fref F;
-    fref_alloc(&F, P);
-    ref_forward(P, &X, &F);
+    dref_fref_alloc(&F, P);
+    dref_forward(P, &X, &F);
     cmp cf = {what, 0, 0};
     check_forward(P, &U[0], &F, &cf);
     /* Padding blocks: exactly 0 and -inf (the tolerance there is 0 already;
@@ -553,18 +241,18 @@ static void check_config(const prob *P, int fd, const char *what)
             for (int qo = 0; qo < P->bs; qo++) {
                 int64_t r = (int64_t)b * P->bs + qo;
                 for (int h = 0; h < P->nq; h++)
-                    CHECK(get(&U[0].l, r, h) == -INFINITY);
+                    CHECK(dref_get(&U[0].l, r, h) == -INFINITY);
                 for (int64_t c = 0; c < qc; c++) {
-                    CHECK(get(&U[0].o, r, c) == 0.0f);
-                    CHECK(get(&U[0].gq, r, c) == 0.0f);
+                    CHECK(dref_get(&U[0].o, r, c) == 0.0f);
+                    CHECK(dref_get(&U[0].gq, r, c) == 0.0f);
                 }
                 for (int64_t c = 0; c < (int64_t)P->nkv * P->D; c++)
-                    CHECK(get(&U[0].gkb, r, c) == 0.0f && get(&U[0].gvb, r, c) == 0.0f);
+                    CHECK(dref_get(&U[0].gkb, r, c) == 0.0f && dref_get(&U[0].gvb, r, c) == 0.0f);
             }
 
     gref G;
-    gref_alloc(&G, &X);
-    ref_backward(P, &X, Rd, &G);
+    dref_gref_alloc(&G, &X);
+    dref_backward(P, &X, Rd, &G);
     cmp cb = {what, 0, 0};
     double t = tolf(P, &F);
     check_grads(P, &U[0], &X, G.g, &G, t, 0, &cb);
@@ -577,17 +265,17 @@ static void check_config(const prob *P, int fd, const char *what)
          * them to 1e-7 * (M + 1): it is exact up to double rounding. */
         double *fdg[5];
         fref Ft;
-        fref_alloc(&Ft, P);
+        dref_fref_alloc(&Ft, P);
         const double h = 1e-5;
         for (int i = 0; i < 5; i++) {
             int64_t n = X.rows[i] * X.cols[i];
-            fdg[i] = dbuf(n);
+            fdg[i] = dref_dbuf(n);
             for (int64_t k = 0; k < n; k++) {
                 double keep = X.x[i][k];
                 X.x[i][k] = keep + h;
-                double Lp = loss_of(P, &X, Rd, &Ft);
+                double Lp = dref_loss(P, &X, Rd, &Ft);
                 X.x[i][k] = keep - h;
-                double Lm = loss_of(P, &X, Rd, &Ft);
+                double Lm = dref_loss(P, &X, Rd, &Ft);
                 X.x[i][k] = keep;
                 fdg[i][k] = (Lp - Lm) / (2 * h);
                 double dev = fabs(G.g[i][k] - fdg[i][k]);
@@ -613,21 +301,21 @@ static void check_config(const prob *P, int fd, const char *what)
                 for (int64_t col = 0; col < X.cols[i]; col++) {
                     int64_t k = r * X.cols[i] + col;
                     if (G.m[i][k] > 0)
-                        cmp_one(&cd, gname[i], k, get(grad_view(&U[0], i), r, col), fdg[i][k],
+                        cmp_one(&cd, gname[i], k, dref_get(grad_view(&U[0], i), r, col), fdg[i][k],
                                 G.m[i][k] * t + 1e-7);
                 }
         worst_fd = cd.worst;
         for (int i = 0; i < 5; i++)
             free(fdg[i]);
-        fref_free(&Ft);
+        dref_fref_free(&Ft);
     }
     printf("%-44s fwd err/tol %.3f  bwd err/tol %.3f", what, cf.worst, cb.worst);
     if (fd)
         printf("  vs fd %.3f (ref-fd max %.1e)", worst_fd, worst_ref_fd);
     printf("\n");
-    gref_free(&G);
-    fref_free(&F);
-    dinp_free(&X);
+    dref_gref_free(&G);
+    dref_fref_free(&F);
+    dref_dinp_free(&X);
     run_free(&U[0]);
     run_free(&U[1]);
     free(Rm.p);
@@ -659,36 +347,36 @@ static void test_configs(void)
     for (int gi = 0; gi < 3; gi++)
         for (int wi = 0; wi < 3; wi++) {
             int W = (int[]){0, 2, 3}[wi];
-            prob_init(&P, 12, 3, gqa[gi][0], gqa[gi][1], 4, W, tiny_blocks, 5, 1.0f);
+            dref_prob_init(&P, 12, 3, gqa[gi][0], gqa[gi][1], 4, W, tiny_blocks, 5, 1.0f);
             snprintf(what, sizeof what, "tiny nq=%d nkv=%d D=4 bs=3 W=%d", P.nq, P.nkv, W);
             check_config(&P, 1, what);
-            prob_free(&P);
+            dref_prob_free(&P);
         }
     int nmed = (int)(sizeof med_blocks / sizeof med_blocks[0]);
     for (int gi = 0; gi < 3; gi++)
         for (int wi = 0; wi < 4; wi++) {
             int W = (int[]){0, 5, 30, 1}[wi];
-            prob_init(&P, 200, 8, gqa[gi][0], gqa[gi][1], 16, W, med_blocks, nmed, 1.0f);
+            dref_prob_init(&P, 200, 8, gqa[gi][0], gqa[gi][1], 16, W, med_blocks, nmed, 1.0f);
             snprintf(what, sizeof what, "medium nq=%d nkv=%d D=16 bs=8 W=%d", P.nq, P.nkv, W);
             check_config(&P, 0, what);
-            prob_free(&P);
+            dref_prob_free(&P);
         }
     /* Bigger heads, GQA 4, sharp softmax (scores ~ +-30), a window wider than S. */
     for (int wi = 0; wi < 2; wi++) {
         int W = (int[]){0, 2048}[wi];
-        prob_init(&P, 200, 16, 8, 2, 64, W, med_blocks, nmed, 2.0f);
+        dref_prob_init(&P, 200, 16, 8, 2, 64, W, med_blocks, nmed, 2.0f);
         snprintf(what, sizeof what, "sharp nq=8 nkv=2 D=64 bs=16 W=%d", W);
         check_config(&P, 0, what);
-        prob_free(&P);
+        dref_prob_free(&P);
     }
     /* A few FD checks at a medium-ish size with odd D and bs 1. */
     static const blkdef small[] = {{3, 0, 1}, {6, 4, 1}, {6, 6, 1}, {1, 0, 1}};
-    prob_init(&P, 8, 1, 3, 1, 5, 0, small, 4, 1.0f);
+    dref_prob_init(&P, 8, 1, 3, 1, 5, 0, small, 4, 1.0f);
     check_config(&P, 1, "small nq=3 nkv=1 D=5 bs=1 W=0");
-    prob_free(&P);
-    prob_init(&P, 8, 4, 2, 1, 3, 2, small, 4, 1.5f);
+    dref_prob_free(&P);
+    dref_prob_init(&P, 8, 4, 2, 1, 3, 2, small, 4, 1.5f);
     check_config(&P, 1, "small nq=2 nkv=1 D=3 bs=4 W=2");
-    prob_free(&P);
+    dref_prob_free(&P);
 }
 
 /* ---- the public bugs, named ---- */
@@ -700,10 +388,10 @@ static float *block_out(const prob *P, int b)
     run_alloc(&U, P);
     CHECK_EQ(fwd(bes[1], P, &U), 0);
     int64_t qc = (int64_t)P->nq * P->D;
-    float *o = xmalloc((size_t)(P->bs * qc) * sizeof(float));
+    float *o = dref_xmalloc((size_t)(P->bs * qc) * sizeof(float));
     for (int qo = 0; qo < P->bs; qo++)
         for (int64_t c = 0; c < qc; c++)
-            o[qo * qc + c] = get(&U.o, (int64_t)b * P->bs + qo, c);
+            o[qo * qc + c] = dref_get(&U.o, (int64_t)b * P->bs + qo, c);
     run_free(&U);
     return o;
 }
@@ -727,7 +415,7 @@ static void test_bug_anchor_strict(void)
     int nmed = (int)(sizeof med_blocks / sizeof med_blocks[0]);
     for (int W = 0; W <= 5; W += 5) {
         prob P;
-        prob_init(&P, 200, 8, 4, 2, 16, W, med_blocks, nmed, 1.0f);
+        dref_prob_init(&P, 200, 8, 4, 2, 16, W, med_blocks, nmed, 1.0f);
         const int b = 2; /* anchor 17 in doc [0, 40) */
         int64_t p = P.anchor[b];
         float *base = block_out(&P, b);
@@ -744,7 +432,7 @@ static void test_bug_anchor_strict(void)
         CHECK(!rows_equal(&P, base, after, 0));
         free(after);
         free(base);
-        prob_free(&P);
+        dref_prob_free(&P);
     }
 }
 
@@ -754,7 +442,7 @@ static void test_bug_block_mask(void)
     int nmed = (int)(sizeof med_blocks / sizeof med_blocks[0]);
     for (int W = 0; W <= 5; W += 5) {
         prob P;
-        prob_init(&P, 200, 8, 4, 2, 16, W, med_blocks, nmed, 1.0f);
+        dref_prob_init(&P, 200, 8, 4, 2, 16, W, med_blocks, nmed, 1.0f);
         const int b = 5;
         float *base = block_out(&P, b);
         int64_t last = (int64_t)b * P.bs + P.bs - 1;
@@ -779,7 +467,7 @@ static void test_bug_block_mask(void)
         free(o4);
         free(o4b);
         free(base);
-        prob_free(&P);
+        dref_prob_free(&P);
     }
 }
 
@@ -789,7 +477,7 @@ static void test_bug_cross_document(void)
     int nmed = (int)(sizeof med_blocks / sizeof med_blocks[0]);
     for (int W = 0; W <= 30; W += 30) {
         prob P;
-        prob_init(&P, 200, 8, 4, 2, 16, W, med_blocks, nmed, 1.0f);
+        dref_prob_init(&P, 200, 8, 4, 2, 16, W, med_blocks, nmed, 1.0f);
         /* blocks 4, 5, 6 live in doc [41, 120); 0, 1, 2 in [0, 40); 3 in [40, 41) */
         int in_doc[] = {5, 6}, other[] = {0, 1, 2, 3, 8, 9, 10, 4};
         float *base[8], *after;
@@ -816,7 +504,7 @@ static void test_bug_cross_document(void)
             free(after);
             free(own[i]);
         }
-        prob_free(&P);
+        dref_prob_free(&P);
     }
 }
 
@@ -839,7 +527,7 @@ static int all_untouched(const run *U)
 static void test_bad_args(void)
 {
     prob P;
-    prob_init(&P, 12, 3, 4, 2, 4, 0, tiny_blocks, 5, 1.0f);
+    dref_prob_init(&P, 12, 3, 4, 2, 4, 0, tiny_blocks, 5, 1.0f);
     run U, V; /* V: a valid forward's out/lse, the backward's inputs */
     run_alloc(&V, &P);
     CHECK_EQ(fwd(bes[0], &P, &V), 0);
@@ -923,7 +611,7 @@ static void test_bad_args(void)
     CHECK_EQ(FWD(&bk, nq, nkv, D, -sc, &U.o, &U.l), -EINVAL);
     CHECK_EQ(df_op_dflash_attn(NULL, q, kc, vc, kb, vb, &bk, nq, nkv, D, sc, &U.o, &U.l),
              -EINVAL);
-    df_tensor lbad = view(&U.lse, 0, nq + 1); /* lse [rows, nq + 1] */
+    df_tensor lbad = dref_view(&U.lse, 0, nq + 1); /* lse [rows, nq + 1] */
     CHECK_EQ(FWD(&bk, nq, nkv, D, sc, &U.o, &lbad), -EINVAL);
     df_tensor obad = U.o;
     obad.dtype = DF_DTYPE_BF16;
@@ -938,10 +626,10 @@ static void test_bad_args(void)
              -EINVAL); /* vc with the wrong number of rows */
     CHECK(all_untouched(&U));
     /* Outputs overlapping inputs or each other: refused, inputs untouched. */
-    float *keepq = xmalloc((size_t)(P.qm.rows * P.qm.ld) * sizeof(float));
+    float *keepq = dref_xmalloc((size_t)(P.qm.rows * P.qm.ld) * sizeof(float));
     memcpy(keepq, P.qm.p, (size_t)(P.qm.rows * P.qm.ld) * sizeof(float));
     CHECK_EQ(FWD(&bk, nq, nkv, D, sc, (df_tensor *)q, &U.l), -EINVAL);
-    df_tensor l_in_o = view(&U.out, 0, nq); /* lse inside out */
+    df_tensor l_in_o = dref_view(&U.out, 0, nq); /* lse inside out */
     CHECK_EQ(FWD(&bk, nq, nkv, D, sc, &U.o, &l_in_o), -EINVAL);
     CHECK(all_untouched(&U));
     CHECK_EQ(BWD(&bk, (df_tensor *)q, &U.gkc, &U.gvc, &U.gkb, &U.gvb), -EINVAL); /* dq = q */
@@ -949,11 +637,11 @@ static void test_bad_args(void)
                                    &U.o, &U.o, &U.gkc, &U.gvc, &U.gkb, &U.gvb),
              -EINVAL); /* dq = dout */
     CHECK_EQ(BWD(&bk, &U.gq, &U.gkc, &U.gkc, &U.gkb, &U.gvb), -EINVAL); /* dkc = dvc */
-    df_tensor half = view(&U.dkcv, 2, 8);                               /* dvc over dkc */
+    df_tensor half = dref_view(&U.dkcv, 2, 8);                               /* dvc over dkc */
     CHECK_EQ(BWD(&bk, &U.gq, &U.gkc, &half, &U.gkb, &U.gvb), -EINVAL);
-    df_tensor dkb_on_dq = view(&U.dq, 0, 8);
+    df_tensor dkb_on_dq = dref_view(&U.dq, 0, 8);
     CHECK_EQ(BWD(&bk, &U.gq, &U.gkc, &U.gvc, &dkb_on_dq, &U.gvb), -EINVAL);
-    df_tensor dlse_bad = view(&V.lse, 1, nq - 1);
+    df_tensor dlse_bad = dref_view(&V.lse, 1, nq - 1);
     CHECK_EQ(df_op_dflash_attn_bwd(be, q, kc, vc, kb, vb, &bk, nq, nkv, D, sc, &V.o, &dlse_bad,
                                    &dout, &U.gq, &U.gkc, &U.gvc, &U.gkb, &U.gvb),
              -EINVAL);
@@ -981,18 +669,18 @@ static void test_bad_args(void)
     RESET();
     memset(val, 0, sizeof val);
     CHECK_EQ(df_op_dflash_attn(be, q, &kc0, &vc0, kb, vb, &bk, nq, nkv, D, sc, &U.o, &U.l), 0);
-    CHECK(get(&U.o, 0, 0) == 0.0f && get(&U.l, P.rows - 1, nq - 1) == -INFINITY);
+    CHECK(dref_get(&U.o, 0, 0) == 0.0f && dref_get(&U.l, P.rows - 1, nq - 1) == -INFINITY);
     CHECK_EQ(df_op_dflash_attn_bwd(be, q, &kc0, &vc0, kb, vb, &bk, nq, nkv, D, sc, &U.o, &U.l,
                                    &dout, &U.gq, &gkc0, &gvc0, &U.gkb, &U.gvb),
              0);
-    CHECK(get(&U.gq, P.rows - 1, nq * D - 1) == 0.0f && get(&U.gvb, 0, 0) == 0.0f);
+    CHECK(dref_get(&U.gq, P.rows - 1, nq * D - 1) == 0.0f && dref_get(&U.gvb, 0, 0) == 0.0f);
 #undef FWD
 #undef BWD
 #undef RESET
 #undef BOTH_EINVAL
     run_free(&U);
     run_free(&V);
-    prob_free(&P);
+    dref_prob_free(&P);
 }
 
 /* ---- timing ---- */
@@ -1020,19 +708,19 @@ static void bench(void)
         int d = b * 3 / NB;
         int len = ds[d + 1] - ds[d];
         bd[b].doc = ds[d];
-        bd[b].anchor = ds[d] + (int)(test_rand(&rng) % (uint64_t)len);
+        bd[b].anchor = ds[d] + (int)(test_rand(&dref_rng) % (uint64_t)len);
         bd[b].valid = 1;
     }
     df_backend *be1 = bes[0];
     for (int wi = 0; wi < 2; wi++) {
         int W = wi ? 256 : 0;
         prob P;
-        prob_init(&P, 1024, BS, 8, 2, 64, W, bd, NB, 1.0f);
+        dref_prob_init(&P, 1024, BS, 8, 2, 64, W, bd, NB, 1.0f);
         run U;
         run_alloc(&U, &P);
-        mat Rm = mat_new(P.rows, 8 * 64);
-        fill(&Rm, 1.0f);
-        df_tensor R = view(&Rm, 0, 8 * 64);
+        mat Rm = dref_mat(P.rows, 8 * 64);
+        dref_fill(&Rm, 1.0f);
+        df_tensor R = dref_view(&Rm, 0, 8 * 64);
         enum { REP = 7 };
         double tf[REP], tb[REP];
         for (int r = 0; r < REP; r++) {
@@ -1060,7 +748,7 @@ static void bench(void)
                W, tf[REP / 2] * 1e3, fl / tf[REP / 2] * 1e-9, tb[REP / 2] * 1e3);
         free(Rm.p);
         run_free(&U);
-        prob_free(&P);
+        dref_prob_free(&P);
     }
 }
 
