@@ -3,7 +3,7 @@
 // GQA, head_dim 64 / 128 / 256, optional sigmoid output gate (Qwen3.5).
 //
 // FlashAttention-2 forward on tensor cores (mma.sync m16n8k16 bf16 -> fp32,
-// sm_80+), the machinery of dflash_attn/mma_fwd.cu's fwd_mma2_kernel:
+// sm_80+), the machinery of dflash_attn/mma_fwd.cu's fwd_r32_kernel:
 //  - one CTA per (work item, query head); a work item is BM query rows of ONE
 //    sequence (tiles never cross a bound). The list is built on the host from
 //    cu_seqlens (which is a host pointer), sorted heaviest first (the longest

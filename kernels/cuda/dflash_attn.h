@@ -49,7 +49,7 @@ typedef struct df_cuda_dflash_args {
      * DF_CUDA_DFLASH_IMPL_SIMT (CUDA cores, fp32 FMA: the plain reference on
      * the GPU) or DF_CUDA_DFLASH_IMPL_MMA4 (tensor cores, mma.sync bf16, P
      * and dS rounded to bf16 before their products, sm_80+: a cp.async-
-     * pipelined, ldmatrix-fed forward (fwd_mma2_kernel), Di, dQ and
+     * pipelined, ldmatrix-fed forward (fwd_r32_kernel), Di, dQ and
      * block-key dK/dV; the context dK/dV with 128-key tiles, 8 warps, P and
      * dS through shared memory, per-tile block lists, heaviest tiles first)
      * or DF_CUDA_DFLASH_IMPL_WG2 (Hopper warpgroup MMA, wgmma, in each pass

@@ -245,7 +245,7 @@ int kv_maps_make(const Params &p, int D, KvMaps *m);
 // its WG2F instantiation) / the wgmma forward (fwd_wg_usable) for head dim
 // D: compute capability 9.0, the kernel built for sm_90a, enough opt-in
 // shared memory. false: the caller runs MMA4's kernel (dq_mma2_kernel /
-// fwd_mma2_kernel).
+// fwd_r32_kernel).
 bool dq_wg_usable(int D, bool fold);
 bool fwd_wg_usable(int D);
 // The dQ pass: items (block, kv head, row chunk), p.nb * p.nkv * p.nch of

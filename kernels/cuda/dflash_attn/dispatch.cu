@@ -35,14 +35,14 @@
 //      dk = scale dS^T Q, summed in fp32 in a fixed order, written once.
 // Padding blocks: out 0, lse -inf, dq/dkb/dvb 0; rows with nothing visible
 // likewise (never NaN).
-// mma4 (described before its kernels in mma.cuh): the forward (fwd_mma2_kernel),
+// mma4 (described before its kernels in mma.cuh): the forward (fwd_r32_kernel),
 // Di, dQ (dq_mma2_kernel) and the block-key dK/dV (dkv_mma2_kernel) in
 // cp.async-pipelined mma.sync kernels; the context dK/dV with 128-key tiles
 // over per-tile block lists (dkv4_kernel); the split reduction. wg2 (its
 // forward the default on compute capability 9.0) is mma4 with its forward
 // (dflash_attn/wg_fwd.cu), its dQ pass (dflash_attn/wg_dq.cu, blocks last to
 // first) and its context dK/dV pass (dflash_attn/wg_dkv.cu) on wgmma; where
-// sm_90a is not there, fwd_mma2_kernel, dq_mma2_kernel in longest-first order
+// sm_90a is not there, fwd_r32_kernel, dq_mma2_kernel in longest-first order
 // (dq_order_kernel) and dkv4_kernel. wg2f (the
 // backward's default on compute capability 9.0) is wg2 with Di and the
 // block-key dK/dV computed inside the wgmma dQ pass where one row chunk holds
@@ -62,7 +62,7 @@ namespace {
 using namespace df_dflash;
 
 // Which forward runs when args.impl == 0: WG2's on compute capability 9.0,
-// MMA4's (fwd_mma2_kernel) elsewhere.
+// MMA4's (fwd_r32_kernel) elsewhere.
 #define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD DF_CUDA_DFLASH_IMPL_MMA4
 #define DF_CUDA_DFLASH_IMPL_DEFAULT_FWD_SM90 DF_CUDA_DFLASH_IMPL_WG2
 // Which backward runs when args.impl == 0: WG3 on compute capability 9.0

@@ -14,13 +14,13 @@ namespace df_dflash {
 // MMA4's forward, dQ and block-key dK/dV (and WG2's kernels where sm_90a is
 // not there). The CUDA-core kernels' work split and determinism (every output
 // element summed in a fixed order by one thread, written once, no atomics),
-// 16 rows per warp, 4 warps per 64-row chunk (the forward: two blocks' chunks
-// per CTA, sharing the context tiles). Operands are bf16 (P and dS rounded to
+// 16 rows per warp, 4 warps per 64-row chunk (the forward: 32 rows per warp,
+// two blocks' chunks per CTA sharing the context tiles). Operands are bf16 (P and dS rounded to
 // bf16 before their products, as the naive bf16 math does); fp32 accumulate.
 // K/V (and in dK/dV the Q/dO rows) staged by cp.async in two buffers (the
 // next tile's load overlaps this tile's math); every mma operand fetched by
 // ldmatrix (V, K and dO as the k-major B operand through .trans: no
-// transposed stores); forward tiles of 64 keys; per-element masks skipped on
+// transposed stores); forward tiles of 32 keys; per-element masks skipped on
 // tiles every row sees whole; softmax in the exp2 domain. dK/dV
 // (dkv_mma2_kernel): 8 warps per 64-key tile, 4 key groups x 2 row halves,
 // the halves added at the end. The valid blocks that see a context tile
@@ -70,6 +70,37 @@ __device__ __forceinline__ void mma_cols(float (*acc)[4], const uint32_t a[4], c
         ldsm4t(r, X + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KP + (nd + (lane >> 4)) * 8);
         mma16816(acc[nd], a, r[0], r[1]);
         mma16816(acc[nd + 1], a, r[2], r[3]);
+    }
+}
+
+// mma_rows and mma_cols for two 16-row A operands (a warp's 32 rows): each B fragment
+// loaded from shared memory feeds both (0.25 ldmatrix.x4 per mma, not 0.5).
+template <int NTL, int KP>
+__device__ __forceinline__ void mma_rows2(float (*acc0)[4], float (*acc1)[4], const uint32_t a0[4],
+                                          const uint32_t a1[4], const uint16_t *X, int n0, int k0, int lane)
+{
+#pragma unroll
+    for (int nt = 0; nt < NTL; nt += 2) {
+        uint32_t r[4];
+        ldsm4(r, X + (n0 + nt * 8 + (lane & 7) + (lane >> 4) * 8) * KP + k0 + ((lane >> 3) & 1) * 8);
+        mma16816(acc0[nt], a0, r[0], r[1]);
+        mma16816(acc1[nt], a1, r[0], r[1]);
+        mma16816(acc0[nt + 1], a0, r[2], r[3]);
+        mma16816(acc1[nt + 1], a1, r[2], r[3]);
+    }
+}
+template <int NTD, int KP>
+__device__ __forceinline__ void mma_cols2(float (*acc0)[4], float (*acc1)[4], const uint32_t a0[4],
+                                          const uint32_t a1[4], const uint16_t *X, int k0, int lane)
+{
+#pragma unroll
+    for (int nd = 0; nd < NTD; nd += 2) {
+        uint32_t r[4];
+        ldsm4t(r, X + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KP + (nd + (lane >> 4)) * 8);
+        mma16816(acc0[nd], a0, r[0], r[1]);
+        mma16816(acc1[nd], a1, r[0], r[1]);
+        mma16816(acc0[nd + 1], a0, r[2], r[3]);
+        mma16816(acc1[nd + 1], a1, r[2], r[3]);
     }
 }
 
@@ -289,9 +320,10 @@ __device__ __forceinline__ void stage_row_stats(const Params &p, int b, int g, i
     store_row_stats<RQ>(p, load_row_stats<RQ, NTHR>(p, b, g, ch), s, Lb, Db, Qob, Lob, NULL);
 }
 
-constexpr int TKF = 64, TKQ = 32, NSPL = 2; // NSPL: dflash_attn/common.cuh's WG_NSPL says why 2
+constexpr int TKQ = 32, NSPL = 2; // NSPL: dflash_attn/common.cuh's WG_NSPL says why 2
 constexpr int TK4 = 128; // keys per context tile of dkv4_kernel (and of the wgmma pass's lists)
-template <int D> constexpr size_t fwd3_smem() { return (size_t)2 * 2 * TKF * (D + 8) * 2; }
+constexpr int TKR = 32; // keys per tile of the forward with 32 rows per warp (fwd_r32_kernel)
+template <int D> constexpr size_t fwdr_smem() { return (size_t)2 * 2 * TKR * (D + 8) * 2 + 2 * CHUNK_ROWS * 8; }
 template <int D> constexpr size_t dq3_smem() { return (size_t)2 * 2 * TKQ * (D + 8) * 2; }
 
 // ---- mma_bwd.cu, mma_dqs.cu ----

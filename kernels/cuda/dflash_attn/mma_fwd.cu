@@ -1,5 +1,5 @@
 // dflash_attn/mma_fwd.cu - impl MMA4's row-chunk passes on mma.sync tensor
-// cores (sm_80+): the forward (fwd_mma2_kernel) and the dQ pass that
+// cores (sm_80+): the forward (fwd_r32_kernel) and the dQ pass that
 // recomputes S and dP (dq_mma2_kernel), with its longest-first order (also
 // the Hopper implementations' fallback where their wgmma kernels do not run).
 #include "mma.cuh"
@@ -8,26 +8,30 @@ namespace {
 using namespace df_dflash;
 
 // The forward: CTA = (pair of blocks 2 j, 2 j + 1, kv head g, row chunk ch),
-// 8 warps: warps 4 i .. 4 i + 3 the 64 rows of block 2 j + i (16 rows each,
-// Q in registers). Adjacent blocks (anchors ascending) see nearly the same
-// context, so the pair shares every context K / V tile of the union of
-// their spans (half the tile loads per product, 8 warps per SM where one
-// CTA fits), then each block's own block-key tile; a warp skips the tiles
-// its block does not see. Tiles of TKF = 64 keys, two stages (cp.async), one
-// barrier per tile.
-constexpr int FW = 2 * MW; // warps per forward CTA
+// 4 warps: warps 2 i, 2 i + 1 the 64 rows of block 2 j + i, 32 rows each as
+// two m16 tiles with Q in registers, so each K / V fragment loaded from
+// shared memory feeds two mmas (0.25 ldmatrix.x4 per mma; 16 rows per warp
+// take 0.5, which bounds the H100's mma.sync rate). Adjacent blocks (anchors
+// ascending) see nearly the same context, so the pair shares every context
+// K / V tile of the union of their spans, then each block's own block-key
+// tile; a warp skips the tiles its block does not see. Tiles of TKR = 32
+// keys, two stages (cp.async), one barrier per tile: 34.8 KiB at D 128, two
+// CTAs (8 warps) per SM within 99 KiB. The rows' key ranges wait in shared
+// memory for the tiles that need masks (registers hold Q, O and S).
+constexpr int FWR = 4; // warps per forward CTA
 template <int D>
-__global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
+__global__ void __launch_bounds__(FWR * 32, 2) fwd_r32_kernel(Params p)
 {
-    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, NTK = TKF / 8, V8 = D / 8;
+    constexpr int KP = D + 8, KS = D / 16, NTD = D / 8, NTK = TKR / 8, V8 = D / 8;
     extern __shared__ float4 smem4[];
     uint16_t *sm = reinterpret_cast<uint16_t *>(smem4);
+    int2 *rinfo = reinterpret_cast<int2 *>(sm + 2 * 2 * TKR * KP); // per row: (ctx lo, qo), qo -1: no row
     // pairs in reverse: a row's anchors ascend, so its longest spans go first and the
     // launch's last CTAs are short ones (no long CTA left alone at the end)
     int ch = blockIdx.x % p.nch, g = (blockIdx.x / p.nch) % p.nkv,
         pb = (p.nb + 1) / 2 - 1 - (int)(blockIdx.x / (p.nch * p.nkv));
     int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane >> 2, t4 = lane & 3;
-    int wi = warp / MW, wr = (warp % MW) * 16; // this warp's block of the pair, its rows in the chunk
+    int wi = warp >> 1, wr = (warp & 1) * 32; // this warp's block of the pair, its rows in the chunk
     int b = 2 * pb + wi;
     long long ldq = (long long)p.nq * D, ldk = (long long)p.nkv * D;
     // the pair: valid flags, anchors and the union of their context spans [ulo, uhi)
@@ -45,30 +49,30 @@ __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
             uhi = max(uhi, ancq[i]);
         }
     }
-    int ntc = uhi > ulo ? (uhi - ulo + TKF - 1) / TKF : 0, ntb = (p.bs + TKF - 1) / TKF;
+    int ntc = uhi > ulo ? (uhi - ulo + TKR - 1) / TKR : 0, ntb = (p.bs + TKR - 1) / TKR;
     int nt = ntc + (vq[0] ? ntb : 0) + (vq[1] ? ntb : 0); // block tiles: the valid blocks', in pair order
     // tile t: a context tile of the union, or block tile (t - ntc) % ntb of the (t - ntc) / ntb-th valid block
     auto tile_of = [&](int t, int &base, int &end, int &tb) -> bool {
         if (t < ntc) {
-            base = ulo + t * TKF, end = uhi, tb = -1;
+            base = ulo + t * TKR, end = uhi, tb = -1;
             return true;
         }
         int k = (t - ntc) / ntb, j = vq[0] ? k : k + 1;
-        base = ((t - ntc) % ntb) * TKF, end = p.bs, tb = 2 * pb + j;
+        base = ((t - ntc) % ntb) * TKR, end = p.bs, tb = 2 * pb + j;
         return false;
     };
     // each thread's 16-byte pieces of a tile: keys kr + KR i, columns kc (the same in every tile)
-    constexpr int KR = FW * 32 / V8;
-    static_assert((FW * 32) % V8 == 0 && TKF % KR == 0, "whole passes of pieces");
+    constexpr int KR = FWR * 32 / V8;
+    static_assert((FWR * 32) % V8 == 0 && TKR % KR == 0, "whole passes of pieces");
     const int kr = threadIdx.x / V8, kc = (threadIdx.x % V8) * 8;
     auto issue = [&](int t, uint16_t *Kd) {
-        uint16_t *Vd = Kd + TKF * KP;
+        uint16_t *Vd = Kd + TKR * KP;
         int base, end, tb;
         bool isctx = tile_of(t, base, end, tb);
         long long off = ((isctx ? base : (long long)tb * p.bs + base) + kr) * ldk + (long long)g * D + kc;
         const uint16_t *ksrc = (isctx ? p.kc : p.kb) + off, *vsrc = (isctx ? p.vc : p.vb) + off;
 #pragma unroll
-        for (int i = 0; i < TKF / KR; i++) {
+        for (int i = 0; i < TKR / KR; i++) {
             bool ok = base + kr + KR * i < end;
             cp16(Kd + (kr + KR * i) * KP + kc, ok ? ksrc + KR * i * ldk : p.kc, ok);
             cp16(Vd + (kr + KR * i) * KP + kc, ok ? vsrc + KR * i * ldk : p.vc, ok);
@@ -81,122 +85,156 @@ __global__ void __launch_bounds__(FW * 32, 1) fwd_mma2_kernel(Params p)
     const bool val = mine && (wi ? vq[1] : vq[0]);
     int anc = wi ? ancq[1] : ancq[0], lo0 = wi ? loq[1] : loq[0], ds = val ? p.doc_start[b] : 0;
     int lohi = val ? ctx_lo(anc, ds, p.W, p.bs - 1) : 0;
-    RowId rid[2] = {row_id(p, mine ? b : 0, g, ch, wr + gid), row_id(p, mine ? b : 0, g, ch, wr + gid + 8)};
-    int rlo[2] = {ctx_lo(anc, ds, p.W, rid[0].qo), ctx_lo(anc, ds, p.W, rid[1].qo)};
-    uint32_t qa[KS][4];
+    // this thread's rows: ri = 2 mt + h is row wr + 16 mt + 8 h + gid of the block's chunk
+    int2 *ri4 = rinfo + wi * CHUNK_ROWS + wr + gid;
+    if (t4 == 0)
 #pragma unroll
-    for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const RowId &id = rid[e & 1];
-            int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
-            qa[ks][e] = val && id.ok ? ld32(p.q + id.grow * ldq + id.h * D + col) : 0u;
+        for (int ri = 0; ri < 4; ri++) {
+            RowId id = row_id(p, mine ? b : 0, g, ch, wr + 8 * ri + gid);
+            ri4[8 * ri] = make_int2(ctx_lo(anc, ds, p.W, id.qo), val && id.ok ? id.qo : -1);
         }
-    float o[NTD][4];
+    uint32_t qa[2][KS][4];
 #pragma unroll
-    for (int nd = 0; nd < NTD; nd++)
-        o[nd][0] = o[nd][1] = o[nd][2] = o[nd][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    for (int mt = 0; mt < 2; mt++) {
+        RowId rid[2] = {row_id(p, mine ? b : 0, g, ch, wr + 16 * mt + gid),
+                        row_id(p, mine ? b : 0, g, ch, wr + 16 * mt + gid + 8)};
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const RowId &id = rid[e & 1];
+                int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
+                qa[mt][ks][e] = val && id.ok ? ld32(p.q + id.grow * ldq + id.h * D + col) : 0u;
+            }
+    }
+    float o[2][NTD][4];
+#pragma unroll
+    for (int mt = 0; mt < 2; mt++)
+#pragma unroll
+        for (int nd = 0; nd < NTD; nd++)
+            o[mt][nd][0] = o[mt][nd][1] = o[mt][nd][2] = o[mt][nd][3] = 0.0f;
+    float m[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY}, l[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     const float sl = p.scale * LOG2E;
     for (int t = 0; t < nt; t++) {
         cp_wait<0>();
         __syncthreads(); // tile t landed for all; every warp is done with tile t - 1, whose stage t + 1 takes
         if (t + 1 < nt)
-            issue(t + 1, sm + ((t + 1) & 1) * 2 * TKF * KP);
+            issue(t + 1, sm + ((t + 1) & 1) * 2 * TKR * KP);
         cp_commit();
-        const uint16_t *Ks = sm + (t & 1) * 2 * TKF * KP, *Vs = Ks + TKF * KP;
+        const uint16_t *Ks = sm + (t & 1) * 2 * TKR * KP, *Vs = Ks + TKR * KP;
         int base, end, tb;
         bool isctx = tile_of(t, base, end, tb);
         // this warp's tile: a context tile that meets its block's span, or its block's own tile
-        bool use = val && (isctx ? base < anc && base + TKF > lo0 : tb == b);
-        if (use) {
-            if (isctx)
-                end = anc;
-            bool full = isctx && base >= lohi && base + TKF <= anc;
-            float s[NTK][4];
+        bool use = val && (isctx ? base < anc && base + TKR > lo0 : tb == b);
+        if (!use)
+            continue;
+        if (isctx)
+            end = anc;
+        bool full = isctx && base >= lohi && base + TKR <= anc;
+        float s[2][NTK][4];
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
 #pragma unroll
             for (int n = 0; n < NTK; n++)
-                s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+                s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0.0f;
 #pragma unroll
-            for (int ks = 0; ks < KS; ks++)
-                mma_rows<NTK, KP>(s, qa[ks], Ks, 0, ks * 16, lane);
-            // s stays unscaled here: its max times sl is the max of s * sl (sl > 0, rounding
-            // is monotone), and each exponent below is one FFMA, s * sl - max
-            float mx[2] = {-INFINITY, -INFINITY};
-            if (full) {
+        for (int ks = 0; ks < KS; ks++)
+            mma_rows2<NTK, KP>(s[0], s[1], qa[0][ks], qa[1][ks], Ks, 0, ks * 16, lane);
+        // s stays unscaled here: its max times sl is the max of s * sl (sl > 0, rounding
+        // is monotone), and each exponent below is one FFMA, s * sl - max
+        float mx[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
+        if (full) {
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int n = 0; n < NTK; n++)
 #pragma unroll
                     for (int e = 0; e < 4; e++)
-                        mx[e >> 1] = fmaxf(mx[e >> 1], s[n][e]);
-            } else {
+                        mx[2 * mt + (e >> 1)] = fmaxf(mx[2 * mt + (e >> 1)], s[mt][n][e]);
+        } else {
+#pragma unroll
+            for (int ri = 0; ri < 4; ri++) {
+                const int2 r = ri4[8 * ri];
 #pragma unroll
                 for (int n = 0; n < NTK; n++)
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        int ri = e >> 1, key = base + n * 8 + 2 * t4 + (e & 1);
-                        bool vis = rid[ri].ok && visible(isctx, key, end, rlo[ri], rid[ri].qo, p.W);
-                        s[n][e] = vis ? s[n][e] : -INFINITY;
-                        mx[ri] = fmaxf(mx[ri], s[n][e]);
+                    for (int e = 2 * (ri & 1); e < 2 * (ri & 1) + 2; e++) {
+                        int key = base + n * 8 + 2 * t4 + (e & 1);
+                        bool vis = r.y >= 0 && visible(isctx, key, end, r.x, r.y, p.W);
+                        float &x = s[ri >> 1][n][e];
+                        x = vis ? x : -INFINITY;
+                        mx[ri] = fmaxf(mx[ri], x);
                     }
             }
-            // mz: the row's max, or 0 while it sees no key (then every s is -inf: exp2 gives 0)
-            float al[2], mz[2];
+        }
+        // mz: the row's max, or 0 while it sees no key (then every s is -inf: exp2 gives 0)
+        float al[4], mz[4];
 #pragma unroll
-            for (int ri = 0; ri < 2; ri++) {
-                mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
-                mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
-                float mn = fmaxf(m[ri], mx[ri] * sl);
-                al[ri] = mn == -INFINITY ? 1.0f : ex2(m[ri] - mn);
-                m[ri] = mn;
-                mz[ri] = mn == -INFINITY ? 0.0f : mn;
-            }
-            float ps[2] = {0.0f, 0.0f};
+        for (int ri = 0; ri < 4; ri++) {
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
+            mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
+            float mn = fmaxf(m[ri], mx[ri] * sl);
+            al[ri] = mn == -INFINITY ? 1.0f : ex2(m[ri] - mn);
+            m[ri] = mn;
+            mz[ri] = mn == -INFINITY ? 0.0f : mn;
+        }
+        float ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int mt = 0; mt < 2; mt++)
 #pragma unroll
             for (int n = 0; n < NTK; n++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    int ri = e >> 1;
-                    float pr = ex2(fmaf(s[n][e], sl, -mz[ri]));
-                    s[n][e] = pr;
+                    int ri = 2 * mt + (e >> 1);
+                    float pr = ex2(fmaf(s[mt][n][e], sl, -mz[ri]));
+                    s[mt][n][e] = pr;
                     ps[ri] += pr;
                 }
-            l[0] = l[0] * al[0] + ps[0];
-            l[1] = l[1] * al[1] + ps[1];
-            // (a max that did not move scales by 1: skipped where no row of the warp moved)
-            if (__any_sync(0xffffffffu, al[0] != 1.0f || al[1] != 1.0f))
+#pragma unroll
+        for (int ri = 0; ri < 4; ri++)
+            l[ri] = l[ri] * al[ri] + ps[ri];
+        // (a max that did not move scales by 1: skipped where no row of the warp moved)
+        if (__any_sync(0xffffffffu, al[0] != 1.0f || al[1] != 1.0f || al[2] != 1.0f || al[3] != 1.0f))
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++)
 #pragma unroll
                 for (int nd = 0; nd < NTD; nd++)
-                    o[nd][0] *= al[0], o[nd][1] *= al[0], o[nd][2] *= al[1], o[nd][3] *= al[1];
+                    o[mt][nd][0] *= al[2 * mt], o[mt][nd][1] *= al[2 * mt], o[mt][nd][2] *= al[2 * mt + 1],
+                        o[mt][nd][3] *= al[2 * mt + 1];
 #pragma unroll
-            for (int kk = 0; kk < TKF / 16; kk++) {
-                uint32_t pa[4] = {pack_bf2(s[2 * kk][0], s[2 * kk][1]), pack_bf2(s[2 * kk][2], s[2 * kk][3]),
-                                  pack_bf2(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                                  pack_bf2(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-                mma_cols<NTD, KP>(o, pa, Vs, kk * 16, lane);
+        for (int kk = 0; kk < TKR / 16; kk++) {
+            uint32_t pa[2][4];
+#pragma unroll
+            for (int mt = 0; mt < 2; mt++) {
+                pa[mt][0] = pack_bf2(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                pa[mt][1] = pack_bf2(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                pa[mt][2] = pack_bf2(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                pa[mt][3] = pack_bf2(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
             }
+            mma_cols2<NTD, KP>(o[0], o[1], pa[0], pa[1], Vs, kk * 16, lane);
         }
     }
     cp_wait<0>();
     if (!mine)
         return;
 #pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
+    for (int ri = 0; ri < 4; ri++) {
         l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 1);
         l[ri] += __shfl_xor_sync(0xffffffffu, l[ri], 2);
     }
 #pragma unroll
-    for (int ri = 0; ri < 2; ri++) {
-        const RowId &id = rid[ri];
+    for (int ri = 0; ri < 4; ri++) {
+        RowId id = row_id(p, b, g, ch, wr + 8 * ri + gid);
         if (!id.ok)
             continue;
         bool any = val && l[ri] > 0.0f; // (an invalid block's rows: 0 and lse -inf)
         float inv = any ? 1.0f / l[ri] : 0.0f;
         uint16_t *orow = p.o + id.grow * ldq + id.h * D;
+        const int mt = ri >> 1, h = ri & 1;
 #pragma unroll
         for (int nd = 0; nd < NTD; nd++)
             *reinterpret_cast<uint32_t *>(orow + nd * 8 + 2 * t4) =
-                pack_bf2(o[nd][2 * ri] * inv, o[nd][2 * ri + 1] * inv);
+                pack_bf2(o[mt][nd][2 * h] * inv, o[mt][nd][2 * h + 1] * inv);
         if (t4 == 0)
             p.lse[(long long)id.grow * p.nq + id.h] = any ? m[ri] * LN2 + logf(l[ri]) : -INFINITY;
     }
@@ -405,8 +443,8 @@ int fwd_mma_launch(const Params &p, cudaStream_t st)
     long long n = (long long)(p.nb + 1) / 2 * p.nkv * p.nch; // (pairs of blocks)
     if (n == 0)
         return 0;
-    SMEM(fwd_mma2_kernel<D>, fwd3_smem<D>());
-    fwd_mma2_kernel<D><<<(unsigned)n, FW * 32, fwd3_smem<D>(), st>>>(p);
+    SMEM(fwd_r32_kernel<D>, fwdr_smem<D>());
+    fwd_r32_kernel<D><<<(unsigned)n, FWR * 32, fwdr_smem<D>(), st>>>(p);
     CU(cudaGetLastError());
     return 0;
 }

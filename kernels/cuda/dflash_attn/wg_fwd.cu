@@ -1,7 +1,6 @@
 // dflash_attn/wg_fwd.cu - the forward of impls DF_CUDA_DFLASH_IMPL_WG2 and
 // _WG2F (dflash_attn.h) on Hopper warpgroup MMA (wgmma.mma_async, sm_90a):
-// out and lse, the contract of MMA4's fwd_mma2_kernel (dflash_attn/mma_fwd.cu), whose
-// work split it keeps.
+// out and lse, the contract of MMA4's fwd_r32_kernel (dflash_attn/mma_fwd.cu).
 //
 // One CTA per (block b, kv head g, row chunk): the chunk's 64 rows (16
 // queries x `group` heads of one block and kv head) share one anchor and
@@ -63,7 +62,7 @@
 // No "wgmma serialization" warning.
 // The grid runs the blocks last to first (see the kernel).
 // Portability: body in sm_90a code only; fwd_wg_usable() false elsewhere
-// (the forward then runs fwd_mma2_kernel); the non-sm_90a body traps.
+// (the forward then runs fwd_r32_kernel); the non-sm_90a body traps.
 // Tried and slower than this kernel (docs/log/): S of tile t + 1 issued
 // before the softmax of tile t (FlashAttention-3's intra-warpgroup overlap),
 // a persistent grid, a producer warpgroup feeding two consumers that share
