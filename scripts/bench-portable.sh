@@ -8,7 +8,8 @@
 # "default portable mma2 sm120f sm120b"); OPS: the ops stage's test binaries:
 #   test    the GPU tests with DFLASH_PORTABLE=1 (the default's run in gpu-check.sh)
 #   attn    tools/bench_mma_peak (mma.sync's ceiling on this GPU), tools/bench_dflash_attn,
-#           default and portable, and torch.compile(flex_attention)
+#           default and portable, FlashAttention-2 on dense analogs (scripts/bench_sdpa_fa2.py)
+#           and torch.compile(flex_attention)
 #           on both anchor layouts (scripts/bench_flex_dflash.py), as compiled for the GPU and
 #           with Triton's Hopper MMA off (DISABLE_MMA_V3=1: mma.sync, like the portable path);
 #           then the table of them all (scripts/portable_table.py: LOGDIR/table.md)
@@ -61,6 +62,9 @@ st_attn() {
       python3 '$ROOT/scripts/bench_flex_dflash.py' --anchors '$LOG/anchors-1doc.json' --ours '$LOG/attn-$j.json' \
         --ours-key layers_1doc --title '1doc $v' \${KO:+--kernel-options \"\$KO\"}" >"$LOG/flex-$v.log" 2>&1 || status=1
   done
+  # FlashAttention-2 (PyTorch's, on mma.sync) on the layouts' dense analogs: 3 documents of ~1365
+  # tokens per row as 12 x 1365 causal, one 4096-token document as 4 x 4096 causal
+  python3 "$ROOT/scripts/bench_sdpa_fa2.py" --shapes 12x1365c,4x4096c >"$LOG/fa2.log" 2>&1 || status=1
   # issue 30's table: both layouts, the kernels against both flex builds and the goal, and the
   # portable backward against mma.sync's ceiling
   python3 "$ROOT/scripts/portable_table.py" "$LOG" >"$LOG/table.md" 2>&1 || status=1

@@ -8,7 +8,10 @@ sm_120 (bench-portable.sh's sm120f for the forward, sm120b for the backward; on 
 otherwise takes Hopper's tiles and up to 227 KiB, which the portable path may not use);
 the portable path against both flex builds and against the goal (1.5x flex as compiled); and,
 where mma-peak.log is there (tools/bench_mma_peak), the portable backward's TFLOP/s as a share of
-mma.sync's ceiling on the same GPU.
+mma.sync's ceiling on the same GPU; and where fa2.log is there (scripts/bench_sdpa_fa2.py), the
+portable path's TFLOP/s and the goal's against FlashAttention-2's on each layout's dense analog
+(12 x 1365 causal for 3 documents, 4 x 4096 causal for 1): what an FA2-class mma.sync kernel
+reaches on this GPU.
 
 Reads LOGDIR/attn-default.json, attn-portable.json (bench_dflash_attn --json-out), flex-*.log
 (default / portable, mma2, sm120f, sm120b)
@@ -66,6 +69,18 @@ def mma_ceiling(path):
     return best
 
 
+def fa2_rates(path):
+    """{(batch, len): row} of bench_sdpa_fa2.py's JSON line"""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("{") and '"sdpa_fa2"' in line:
+                    return {(r["batch"], r["len"]): r for r in json.loads(line)["sdpa_fa2"] if r["causal"]}
+    except (OSError, ValueError, KeyError):
+        pass
+    return {}
+
+
 def ms(r, k):
     return "%.3f" % r[k] if r and r.get(k) is not None else "-"
 
@@ -91,6 +106,7 @@ def main():
                 flex[v] = runs
                 break
     ceil = mma_ceiling(os.path.join(d, "mma-peak.log"))
+    fa2 = fa2_rates(os.path.join(d, "fa2.log"))
     gpu = next((r[0].get("gpu") for r in flex.values() if r), None)
     print("drafter attention, ms (fwd / bwd)%s" % (", " + gpu if gpu else ""))
     print()
@@ -99,6 +115,7 @@ def main():
           "flex sm_120 tiles (fwd, bwd) | goal: portable <= (fwd, bwd) |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     share = []
+    fa2_rows = {}
     for li, (layout, key) in enumerate((("3docs", "layers"), ("1doc", "layers_1doc"))):
         od, op = rows_of(ours["default"], key), rows_of(ours["portable"], key)
         fw = {r["layer"]: r for r in flex["wgmma"][li]["layers"]} if len(flex.get("wgmma", [])) > li else {}
@@ -123,6 +140,25 @@ def main():
                 tf = bwd_flop / (b["bwd_ms"] * 1e-3) / 1e12
                 gl = bwd_flop / (c["bwd_ms"] / 1.5 * 1e-3) / 1e12
                 share.append((layout, layer, tf, gl))
+            if b and c and layer == "full" and (layout, "full") not in fa2_rows:
+                fa2_rows[(layout, "full")] = (b, c)
+    analog = {"3docs": (12, 1365), "1doc": (4, 4096)}
+    if fa2 and fa2_rows:
+        print()
+        print("TFLOP/s (fwd / bwd) against FlashAttention-2 (PyTorch's, mma.sync) on each layout's dense "
+              "analog:")
+        for (layout, layer), (b, c) in fa2_rows.items():
+            r = fa2.get(analog[layout])
+            if not r:
+                continue
+            ffl = c["fwd_tflops"] * c["fwd_ms"]  # flex's count of visible pairs, as FLOP / 1e9
+            gf, gb = ffl / (c["fwd_ms"] / 1.5), 2.5 * ffl / (c["bwd_ms"] / 1.5)
+            pf, pb = ffl / b["fwd_ms"], 2.5 * ffl / b["bwd_ms"]
+            print("- %s %s: FA2 at %dx%d causal %.1f / %.1f; the portable path %.1f / %.1f (%.2fx / %.2fx "
+                  "FA2); the goal needs %.1f / %.1f (%.2fx / %.2fx FA2)" % (
+                      layout, layer, r["batch"], r["len"], r["fwd_tflops"], r["bwd_tflops"], pf, pb,
+                      pf / r["fwd_tflops"], pb / r["bwd_tflops"], gf, gb, gf / r["fwd_tflops"],
+                      gb / r["bwd_tflops"]))
     if ceil and share:
         print()
         print("mma.sync's ceiling here (tools/bench_mma_peak): %s TFLOP/s" %
