@@ -19,6 +19,7 @@ using namespace df_dflash;
 // CTAs (8 warps) per SM within 99 KiB. The rows' key ranges wait in shared
 // memory for the tiles that need masks (registers hold Q, O and S).
 constexpr int FWR = 4; // warps per forward CTA
+constexpr float RESCALE_SLACK = 8.0f; // log2 of the largest P before a rescale (see below)
 template <int D>
 __global__ void __launch_bounds__(FWR * 32, 2) fwd_r32_kernel(Params p)
 {
@@ -167,16 +168,20 @@ __global__ void __launch_bounds__(FWR * 32, 2) fwd_r32_kernel(Params p)
                     }
             }
         }
-        // mz: the row's max, or 0 while it sees no key (then every s is -inf: exp2 gives 0)
+        // m: the row's exponent offset, moved only where the tile's max passes it by more than
+        // RESCALE_SLACK (then to that max): P stays below 2^RESCALE_SLACK, and O and l are
+        // rescaled only when some row of the warp moves (rarely after the first tiles; a rescale
+        // is one FMUL per mma). mz: m, or 0 while the row sees no key (every s is -inf: exp2 gives 0)
         float al[4], mz[4];
 #pragma unroll
         for (int ri = 0; ri < 4; ri++) {
             mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 1));
             mx[ri] = fmaxf(mx[ri], __shfl_xor_sync(0xffffffffu, mx[ri], 2));
-            float mn = fmaxf(m[ri], mx[ri] * sl);
-            al[ri] = mn == -INFINITY ? 1.0f : ex2(m[ri] - mn);
-            m[ri] = mn;
-            mz[ri] = mn == -INFINITY ? 0.0f : mn;
+            float mnew = mx[ri] * sl;
+            bool up = mnew > m[ri] + RESCALE_SLACK; // (false for a row that sees no key here)
+            al[ri] = up && m[ri] != -INFINITY ? ex2(m[ri] - mnew) : 1.0f;
+            m[ri] = up ? mnew : m[ri];
+            mz[ri] = m[ri] == -INFINITY ? 0.0f : m[ri];
         }
         float ps[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
@@ -193,7 +198,6 @@ __global__ void __launch_bounds__(FWR * 32, 2) fwd_r32_kernel(Params p)
 #pragma unroll
         for (int ri = 0; ri < 4; ri++)
             l[ri] = l[ri] * al[ri] + ps[ri];
-        // (a max that did not move scales by 1: skipped where no row of the warp moved)
         if (__any_sync(0xffffffffu, al[0] != 1.0f || al[1] != 1.0f || al[2] != 1.0f || al[3] != 1.0f))
 #pragma unroll
             for (int mt = 0; mt < 2; mt++)
