@@ -104,6 +104,28 @@ __device__ __forceinline__ void mma_cols2(float (*acc0)[4], float (*acc1)[4], co
     }
 }
 
+// The A fragments (16 rows x D, as D / 16 k steps) of a warp's rows rid[0] (this thread's gid)
+// and rid[1] (gid + 8), read straight from global memory: src (and with TWO, src2 into a2 at
+// the same offsets) rows of nq D values, head id.h; zero where ok is false or the row is not
+// there.
+template <int D, bool TWO>
+__device__ __forceinline__ void ld_a_rows(uint32_t (*a)[4], const uint16_t *src, uint32_t (*a2)[4],
+                                          const uint16_t *src2, const RowId *rid, bool ok, long long ldq,
+                                          int t4)
+{
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const RowId &id = rid[e & 1];
+            int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
+            long long off = id.grow * ldq + id.h * D + col;
+            a[ks][e] = ok && id.ok ? ld32(src + off) : 0u;
+            if (TWO)
+                a2[ks][e] = ok && id.ok ? ld32(src2 + off) : 0u;
+        }
+}
+
 // A fragment (16 rows x 16 k) of a row-major [rows][k] shared matrix.
 template <int KP>
 __device__ __forceinline__ void ldsm_a(uint32_t a[4], const uint16_t *X, int r0, int k0, int lane)

@@ -99,14 +99,7 @@ __global__ void __launch_bounds__(FWR * 32, 2) fwd_r32_kernel(Params p)
     for (int mt = 0; mt < 2; mt++) {
         RowId rid[2] = {row_id(p, mine ? b : 0, g, ch, wr + 16 * mt + gid),
                         row_id(p, mine ? b : 0, g, ch, wr + 16 * mt + gid + 8)};
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const RowId &id = rid[e & 1];
-                int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
-                qa[mt][ks][e] = val && id.ok ? ld32(p.q + id.grow * ldq + id.h * D + col) : 0u;
-            }
+        ld_a_rows<D, false>(qa[mt], p.q, NULL, NULL, rid, val, ldq, t4);
     }
     float o[2][NTD][4];
 #pragma unroll
@@ -291,16 +284,7 @@ __global__ void __launch_bounds__(MW * 32) dq_mma2_kernel(Params p, const int *o
     }
     allok = __syncthreads_and(rok[0] && rok[1]);
     uint32_t qa[KS][4], da[KS][4];
-#pragma unroll
-    for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) {
-            const RowId &id = rid[e & 1];
-            int col = ks * 16 + 2 * t4 + (e >> 1) * 8;
-            long long off = id.grow * ldq + id.h * D + col;
-            qa[ks][e] = id.ok ? ld32(p.q + off) : 0u;
-            da[ks][e] = id.ok ? ld32(p.dout + off) : 0u;
-        }
+    ld_a_rows<D, true>(qa, p.q, da, p.dout, rid, true, ldq, t4);
     float acc[NTD][4];
 #pragma unroll
     for (int nd = 0; nd < NTD; nd++)
