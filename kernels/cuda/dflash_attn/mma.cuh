@@ -40,6 +40,23 @@ __device__ __forceinline__ uint32_t pack_bf2(float lo, float hi)
 constexpr int MW = 4;        // warps per CTA
 constexpr int TKM = MW * 16; // keys per dK/dV tile of dkv_mma2_kernel (16 per key group)
 
+// Two B fragments of a row-major [n rows][k] shared matrix (pitch KP), ldmatrix: rows n .. n + 7
+// (r[0], r[1]) and n + 8 .. n + 15 (r[2], r[3]), k columns k0 .. k0 + 15.
+template <int KP>
+__device__ __forceinline__ void ldsm_b_rows(uint32_t r[4], const uint16_t *X, int n, int k0, int lane)
+{
+    // matrices: (n, k lo), (n, k hi), (n + 8, k lo), (n + 8, k hi)
+    ldsm4(r, X + (n + (lane & 7) + (lane >> 4) * 8) * KP + k0 + ((lane >> 3) & 1) * 8);
+}
+// Two B fragments of a row-major [k rows][n] shared matrix (pitch KP), ldmatrix .trans: k rows
+// k0 .. k0 + 15, n8 tiles nd (r[0], r[1]) and nd + 1 (r[2], r[3]).
+template <int KP>
+__device__ __forceinline__ void ldsm_b_cols(uint32_t r[4], const uint16_t *X, int k0, int nd, int lane)
+{
+    // matrices: (k lo, nd), (k hi, nd), (k lo, nd + 1), (k hi, nd + 1)
+    ldsm4t(r, X + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KP + (nd + (lane >> 4)) * 8);
+}
+
 // acc[n][*] += A (16 x 16 k) * X^T where X is row-major [n rows][k] in shared
 // memory (ld KP): rows n0 .. n0 + 8 NT - 1, k columns k0 .. k0 + 15.
 // (B fragment of "col" layout = rows of X: ldmatrix without .trans.)
@@ -51,8 +68,7 @@ __device__ __forceinline__ void mma_rows(float (*acc)[4], const uint32_t a[4], c
 #pragma unroll
     for (int nt = 0; nt < NTL; nt += 2) {
         uint32_t r[4];
-        // matrices: (nt, k lo), (nt, k hi), (nt + 1, k lo), (nt + 1, k hi)
-        ldsm4(r, X + (n0 + nt * 8 + (lane & 7) + (lane >> 4) * 8) * KP + k0 + ((lane >> 3) & 1) * 8);
+        ldsm_b_rows<KP>(r, X, n0 + nt * 8, k0, lane);
         mma16816(acc[nt], a, r[0], r[1]);
         mma16816(acc[nt + 1], a, r[2], r[3]);
     }
@@ -66,8 +82,7 @@ __device__ __forceinline__ void mma_cols(float (*acc)[4], const uint32_t a[4], c
 #pragma unroll
     for (int nd = 0; nd < NTD; nd += 2) {
         uint32_t r[4];
-        // matrices: (k lo, nd), (k hi, nd), (k lo, nd + 1), (k hi, nd + 1)
-        ldsm4t(r, X + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KP + (nd + (lane >> 4)) * 8);
+        ldsm_b_cols<KP>(r, X, k0, nd, lane);
         mma16816(acc[nd], a, r[0], r[1]);
         mma16816(acc[nd + 1], a, r[2], r[3]);
     }
@@ -82,7 +97,7 @@ __device__ __forceinline__ void mma_rows2(float (*acc0)[4], float (*acc1)[4], co
 #pragma unroll
     for (int nt = 0; nt < NTL; nt += 2) {
         uint32_t r[4];
-        ldsm4(r, X + (n0 + nt * 8 + (lane & 7) + (lane >> 4) * 8) * KP + k0 + ((lane >> 3) & 1) * 8);
+        ldsm_b_rows<KP>(r, X, n0 + nt * 8, k0, lane);
         mma16816(acc0[nt], a0, r[0], r[1]);
         mma16816(acc1[nt], a1, r[0], r[1]);
         mma16816(acc0[nt + 1], a0, r[2], r[3]);
@@ -96,7 +111,7 @@ __device__ __forceinline__ void mma_cols2(float (*acc0)[4], float (*acc1)[4], co
 #pragma unroll
     for (int nd = 0; nd < NTD; nd += 2) {
         uint32_t r[4];
-        ldsm4t(r, X + (k0 + ((lane >> 3) & 1) * 8 + (lane & 7)) * KP + (nd + (lane >> 4)) * 8);
+        ldsm_b_cols<KP>(r, X, k0, nd, lane);
         mma16816(acc0[nd], a0, r[0], r[1]);
         mma16816(acc1[nd], a1, r[0], r[1]);
         mma16816(acc0[nd + 1], a0, r[2], r[3]);
