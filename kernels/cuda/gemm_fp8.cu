@@ -263,7 +263,8 @@ int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_ten
              int64_t m, int64_t n, int64_t kp, const fp8_ws *w, int a_ready, int b_ready)
 {
     cudaStream_t st = df_cuda_stream(be);
-    /* (DFLASH_PROFILE: each operand's rounding a part of its own) */
+    /* (DFLASH_PROFILE: each operand's rounding a part of its own; MXFP8's scale bytes, below,
+     * count with the last) */
     static const char *const part[3][2] = {{"fp8 round fwd w", "fp8 round fwd x"},
                                            {"fp8 round bwd_x w", "fp8 round bwd_x dy"},
                                            {"fp8 round bwd_w x", "fp8 round bwd_w dy"}};
