@@ -33,7 +33,9 @@
  * weight per 128 x 128 and the other operand per 1 x 128; both per 1 x 128
  * for bwd_w), FP32 accumulation without fast accumulation. Is the first
  * heuristic choice the fastest FP8 kernel, above all for bwd_w, whose FP8
- * rate trails the forward's? */
+ * rate trails the forward's?
+ * --bwdw-blk a|b: bwd_w with 128 x 128 blocks on A (x^T) or B (dy^T) instead of 1 x 128 on
+ * both (another numerics: what cuBLASLt's 1D x 1D kernel costs against its 2D x 1D one). */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
@@ -105,14 +107,17 @@ static void algo_desc(const cublasLtMatmulAlgo_t *a, char *buf, size_t n)
 
 int main(int argc, char **argv)
 {
-    int sustained = 0, fp8 = 0;
+    int sustained = 0, fp8 = 0, bwdw_blk = 0; /* 'a' or 'b': that bwd_w operand per 128 x 128 */
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--sustained"))
             sustained = 1;
         else if (!strcmp(argv[i], "--fp8"))
             fp8 = 1;
+        else if (!strcmp(argv[i], "--bwdw-blk") && i + 1 < argc &&
+                 (!strcmp(argv[i + 1], "a") || !strcmp(argv[i + 1], "b")))
+            bwdw_blk = argv[++i][0];
         else {
-            fprintf(stderr, "usage: bench_gemm_algos [--sustained] [--fp8]\n");
+            fprintf(stderr, "usage: bench_gemm_algos [--sustained] [--fp8 [--bwdw-blk a|b]]\n");
             return 2;
         }
     }
@@ -181,7 +186,9 @@ int main(int argc, char **argv)
             size_t kb = (size_t)(sh[i].k + 127) / 128, l4 = (kb + 3) / 4 * 4;
             size_t a = kb * (size_t)sh[i].m, a2 = (size_t)(sh[i].m + 127) / 128 * l4,
                    b = kb * (size_t)sh[i].n;
+            size_t b2 = (size_t)(sh[i].n + 127) / 128 * l4;
             a = a > a2 ? a : a2;
+            b = b > b2 ? b : b2;
             ns_max = a > ns_max ? a : ns_max;
             ns_max = b > ns_max ? b : ns_max;
         }
@@ -212,6 +219,8 @@ int main(int argc, char **argv)
     CK(cudaEventCreate(&e1));
     struct cudaDeviceProp prop;
     CK(cudaGetDeviceProperties(&prop, 0));
+    if (bwdw_blk)
+        printf("bwd_w: %s per 128 x 128, the other per 1 x 128\n", bwdw_blk == 'a' ? "A (x^T)" : "B (dy^T)");
     printf("bench_gemm_algos on %s%s: per shape, cuBLASLt's first heuristic choice vs the fastest "
            "of up to %d candidates (median of %d runs each)\n", prop.name,
            fp8 ? ", E4M3 with block scales" : "", NALGO, REPS);
@@ -236,9 +245,10 @@ int main(int argc, char **argv)
         if (fp8) { /* TN, K-major codes, the reduction padded to 128 (gemm_fp8.cu's plan) */
             uint64_t kp = (uint64_t)(p->k + 127) / 128 * 128;
             int bw = p->ta == 0 && p->tb == 1;
-            int32_t ma = bw ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
-                            : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
-                    mb = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+            int32_t ma = bw && bwdw_blk != 'a' ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
+                                               : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                    mb = bw && bwdw_blk == 'b' ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                               : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
             int8_t fast = 0;
             const void *sa = SA, *sb = SB;
             ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
