@@ -194,19 +194,10 @@ typedef enum df_gemm_kind { DF_GEMM_FWD = 0, DF_GEMM_BWD_X = 1, DF_GEMM_BWD_W = 
  *     memory, same view), unchanged since, in a call of the same kind: its
  *     kept rounding may be used instead of rounding x again. A call whose x
  *     does not match what was kept rounds x (and keeps that).
- * and for the gradient dy (a of DF_GEMM_BWD_X and of DF_GEMM_BWD_W), whose
- * two GEMMs round it along its rows and along its columns:
- *   DF_FP8_HOLD_DY: round dy both ways now (one read) and keep the other
- *     kind's rounding;
- *   DF_FP8_SAME_DY: dy is the tensor of the last DF_FP8_HOLD_DY call, unchanged
- *     since, in a call of the other kind (of DF_GEMM_BWD_X and _BWD_W): the
- *     kept rounding may be used. A call whose dy does not match rounds dy.
  * Other bits: -EINVAL. */
 #define DF_FP8_ACCUMULATE 1u
 #define DF_FP8_HOLD_X 2u
 #define DF_FP8_SAME_X 4u
-#define DF_FP8_HOLD_DY 8u
-#define DF_FP8_SAME_DY 16u
 int df_op_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
                      df_tensor *c, unsigned flags);
 

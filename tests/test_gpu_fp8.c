@@ -11,9 +11,7 @@
  *    bound (the rounded operands are the same bits): the BF16 path
  *    (DFLASH_FP8_GEMM=0), then the E4M3 tensor cores (gemm_fp8.cu), which on
  *    sm_90 must take the aligned shapes (each checked against the BF16 path
- *    at its first call); and the DF_FP8_HOLD_X / _SAME_X and _HOLD_DY /
- *    _SAME_DY hints, bitwise (the kernel that writes both of a gradient's
- *    layouts bitwise the two that write one each).
+ *    at its first call); and the DF_FP8_HOLD_X / _SAME_X hints, bitwise.
  *  - the MXFP8 scales of compute capability 10+ (df_cuda_fp8_mx_scales) bitwise
  *    against the layout function (fp8_mx.h), on any GPU.
  *  - df_op_lmhead_ce with DF_CE_FP8_GRAD on rounded h and head (its
@@ -191,72 +189,6 @@ static void check_codes(int mode, int64_t R, int64_t C, int nonfinite)
     CHECK_EQ(bads, 0);
     free(xb), free(pq), free(ps);
     df_backend_free(g, dx), df_backend_free(g, dq), df_backend_free(g, ds);
-}
-
-/* Both layouts of a gradient from one read (df_cuda_fp8_round_codes_dual): bitwise the codes
- * and scales of mode 0 (rows padded to n0) and mode 1 (check_codes proves those against the
- * CPU); every output byte poisoned first. */
-static void check_codes_dual(int64_t R, int64_t C, int nonfinite)
-{
-    df_backend *g = gh_gpu;
-    int64_t ld = C + 8, n = R * ld, n0 = (R + 3) / 4 * 4;
-    int64_t kp0 = (C + 127) / 128 * 128, kp1 = (R + 127) / 128 * 128;
-    size_t nc0 = (size_t)(n0 * kp0), nc1 = (size_t)(C * kp1);
-    size_t ns0 = (size_t)(kp0 / 128 * n0), ns1 = (size_t)(kp1 / 128 * C);
-    uint16_t *xb = gh_xmalloc((size_t)n * 2);
-    for (int64_t i = 0; i < n; i++)
-        xb[i] = gh_f2bf(draw(i + 7, ld));
-    if (nonfinite) {
-        xb[(R / 2) * ld + C / 3] = 0x7fc0;
-        xb[(R - 1) * ld + C - 1] = 0xff80;
-    }
-    void *dx = gh_dev_copy(g, xb, (size_t)n * 2);
-    df_tensor tx = df_tensor_2d(dx, DF_DTYPE_BF16, R, C);
-    tx.stride[0] = ld;
-    /* [0]: the two kernels, [1]: the dual one */
-    uint8_t *q0[2], *q1[2];
-    float *s0[2], *s1[2];
-    for (int v = 0; v < 2; v++) {
-        uint8_t *dq0 = df_backend_alloc(g, nc0), *dq1 = df_backend_alloc(g, nc1);
-        float *ds0 = df_backend_alloc(g, ns0 * 4), *ds1 = df_backend_alloc(g, ns1 * 4);
-        CHECK(dq0 && dq1 && ds0 && ds1);
-        q0[v] = gh_xmalloc(nc0), q1[v] = gh_xmalloc(nc1);
-        s0[v] = gh_xmalloc(ns0 * 4), s1[v] = gh_xmalloc(ns1 * 4);
-        memset(q0[v], 0xa5, nc0), memset(q1[v], 0x5a, nc1);
-        memset(s0[v], 0xa5, ns0 * 4), memset(s1[v], 0x5a, ns1 * 4);
-        CHECK_EQ(df_backend_upload(g, dq0, q0[v], nc0), 0);
-        CHECK_EQ(df_backend_upload(g, dq1, q1[v], nc1), 0);
-        CHECK_EQ(df_backend_upload(g, ds0, s0[v], ns0 * 4), 0);
-        CHECK_EQ(df_backend_upload(g, ds1, s1[v], ns1 * 4), 0);
-        if (v) {
-            CHECK_EQ(df_cuda_fp8_round_codes_dual(g, &tx, dq0, kp0, ds0, n0, dq1, kp1, ds1), 0);
-        } else {
-            CHECK_EQ(df_cuda_fp8_round_codes(g, 0, &tx, dq0, kp0, ds0, n0), 0);
-            CHECK_EQ(df_cuda_fp8_round_codes(g, 1, &tx, dq1, kp1, ds1, C), 0);
-        }
-        CHECK_EQ(df_backend_download(g, q0[v], dq0, nc0), 0);
-        CHECK_EQ(df_backend_download(g, q1[v], dq1, nc1), 0);
-        CHECK_EQ(df_backend_download(g, s0[v], ds0, ns0 * 4), 0);
-        CHECK_EQ(df_backend_download(g, s1[v], ds1, ns1 * 4), 0);
-        df_backend_free(g, dq0), df_backend_free(g, dq1), df_backend_free(g, ds0), df_backend_free(g, ds1);
-    }
-    int64_t bad = 0;
-    for (size_t i = 0; i < nc0; i++)
-        bad += q0[0][i] != q0[1][i];
-    for (size_t i = 0; i < nc1; i++)
-        bad += q1[0][i] != q1[1][i];
-    bad += memcmp(s0[0], s0[1], ns0 * 4) != 0;
-    bad += memcmp(s1[0], s1[1], ns1 * 4) != 0;
-    printf("fp8 codes both layouts %lldx%lld%s: %lld bytes differ from modes 0 and 1\n", (long long)R,
-           (long long)C, nonfinite ? " non-finite" : "", (long long)bad);
-    CHECK_EQ(bad, 0);
-    /* the contract's bounds: rows past the row part's reduction, kp not a multiple of 128 */
-    CHECK_EQ(df_cuda_fp8_round_codes_dual(g, &tx, NULL, kp0, NULL, kp1 + 4, NULL, kp1, NULL), -EINVAL);
-    CHECK_EQ(df_cuda_fp8_round_codes_dual(g, &tx, NULL, kp0 + 1, NULL, n0, NULL, kp1, NULL), -EINVAL);
-    for (int v = 0; v < 2; v++)
-        free(q0[v]), free(q1[v]), free(s0[v]), free(s1[v]);
-    free(xb);
-    df_backend_free(g, dx);
 }
 
 /* The MXFP8 scales of compute capability 10+ (df_cuda_fp8_mx_scales), bitwise
@@ -543,58 +475,6 @@ static int64_t check_hold(df_gemm_kind kind, int64_t rows, int64_t k, int64_t n1
     return reused;
 }
 
-/* DF_FP8_HOLD_DY / _SAME_DY: a gradient's two GEMMs (dx = dy w, dw = dy^T x), in either order,
- * with the hints give the bits they give without; a SAME_DY call on another dy rounds that dy
- * (its own result). On the tensor cores (sm_90) the second call of each pair used the kept
- * codes: returns how many did. */
-static int64_t check_hold_dy(int64_t rows, int64_t n, int64_t k)
-{
-    df_backend *g = gh_gpu;
-    /* dy [rows, n], w [n, k], x [rows, k]: dx [rows, k], dw [n, k] */
-    float *dy = gh_rand_bf16(GH_N01, &rng, rows * n, 1.0f), *dy2 = gh_rand_bf16(GH_N01, &rng, rows * n, 3.0f);
-    float *w = gh_rand_bf16(GH_N01, &rng, n * k, 0.05f), *x = gh_rand_bf16(GH_N01, &rng, rows * k, 1.0f);
-    void *gdy = gh_dev_bf16(g, dy, rows * n), *gdy2 = gh_dev_bf16(g, dy2, rows * n);
-    void *gw = gh_dev_bf16(g, w, n * k), *gx = gh_dev_bf16(g, x, rows * k);
-    df_tensor DY = df_tensor_2d(gdy, DF_DTYPE_BF16, rows, n), DY2 = df_tensor_2d(gdy2, DF_DTYPE_BF16, rows, n);
-    df_tensor W = df_tensor_2d(gw, DF_DTYPE_BF16, n, k), X = df_tensor_2d(gx, DF_DTYPE_BF16, rows, k);
-    /* calls: BWD_X(dy) HOLD, BWD_W(dy) SAME, BWD_W(dy) HOLD, BWD_X(dy) SAME, BWD_X(dy2) SAME */
-    const df_gemm_kind kinds[5] = {DF_GEMM_BWD_X, DF_GEMM_BWD_W, DF_GEMM_BWD_W, DF_GEMM_BWD_X, DF_GEMM_BWD_X};
-    const unsigned hint[5] = {DF_FP8_HOLD_DY, DF_FP8_SAME_DY, DF_FP8_HOLD_DY, DF_FP8_SAME_DY, DF_FP8_SAME_DY};
-    const df_tensor *dys[5] = {&DY, &DY, &DY, &DY, &DY2};
-    float *got[2][5];
-    int64_t reused0 = df_cuda_fp8_dy_reused();
-    for (int h = 0; h < 2; h++) {
-        /* (the outputs freed after the five calls: a free forgets every kept rounding) */
-        void *gc[5];
-        for (int i = 0; i < 5; i++) {
-            int bw = kinds[i] == DF_GEMM_BWD_W;
-            int64_t cr = bw ? n : rows;
-            gc[i] = gh_dev_poisoned(g, cr * k, DF_DTYPE_BF16);
-            df_tensor Cc = df_tensor_2d(gc[i], DF_DTYPE_BF16, cr, k);
-            CHECK_EQ(df_op_matmul_fp8(g, kinds[i], dys[i], bw ? &X : &W, &Cc, h ? hint[i] : 0), 0);
-        }
-        for (int i = 0; i < 5; i++) {
-            got[h][i] = gh_download_bf16(g, gc[i], (kinds[i] == DF_GEMM_BWD_W ? n : rows) * k);
-            df_backend_free(g, gc[i]);
-        }
-    }
-    int64_t diff = 0;
-    for (int i = 0; i < 5; i++)
-        for (int64_t j = 0; j < (kinds[i] == DF_GEMM_BWD_W ? n : rows) * k; j++)
-            diff += memcmp(&got[0][i][j], &got[1][i][j], 4) != 0;
-    int64_t reused = df_cuda_fp8_dy_reused() - reused0;
-    printf("matmul_fp8 hints HOLD_DY / SAME_DY (dy %lldx%lld, k %lld): %lld elements differ from the "
-           "calls without; dy's codes reused %lld times\n", (long long)rows, (long long)n, (long long)k,
-           (long long)diff, (long long)reused);
-    CHECK_EQ(diff, 0);
-    for (int h = 0; h < 2; h++)
-        for (int i = 0; i < 5; i++)
-            free(got[h][i]);
-    free(dy), free(dy2), free(w), free(x);
-    df_backend_free(g, gdy), df_backend_free(g, gdy2), df_backend_free(g, gw), df_backend_free(g, gx);
-    return reused;
-}
-
 static double time_ms(int (*f)(void *), void *arg)
 {
     double t[9];
@@ -759,10 +639,6 @@ int main(int argc, char **argv)
         check_codes(mode, 259, 390, 1);
         check_codes(mode, 1024, 1536, 0);
     }
-    check_codes_dual(37, 300, 0);
-    check_codes_dual(300, 37, 0);
-    check_codes_dual(259, 390, 1);
-    check_codes_dual(1024, 1536, 0);
     /* MXFP8's scales (compute capability 10+): 1 x 128 and 128 x 128, rows not a multiple of 128 */
     check_mx(0, 300, 300, 640);
     check_mx(0, 260, 257, 128);
@@ -788,11 +664,9 @@ int main(int argc, char **argv)
     /* the hints: on the BF16 path (ignored), then on the tensor cores (x rounded once) */
     df_knob_set(DF_KNOB_FP8_GEMM, "0");
     CHECK_EQ(check_hold(DF_GEMM_FWD, 300, 512, 384, 256), 0);
-    CHECK_EQ(check_hold_dy(300, 384, 512), 0);
     df_knob_set(DF_KNOB_FP8_GEMM, "1");
     int64_t held_fwd = check_hold(DF_GEMM_FWD, 1024, 640, 384, 256);
     int64_t held_bw = check_hold(DF_GEMM_BWD_W, 1024, 640, 384, 256);
-    int64_t held_dy = check_hold_dy(1024, 384, 640);
     int64_t nfast = 0, nslow = 0;
     df_cuda_fp8_gemm_counts(&nfast, &nslow);
     printf("fp8 gemm: %lld calls on E4M3 tensor cores, %lld on the BF16 path after a check%s\n",
@@ -801,7 +675,7 @@ int main(int argc, char **argv)
                                           : " (before sm_90: none expected)");
     /* on sm_90 the aligned shapes must have passed their check (DFLASH_LOG=info says why not) */
     if (sm90)
-        CHECK(nfast >= 18 && held_fwd == 1 && held_bw == 1 && held_dy == 2);
+        CHECK(nfast >= 18 && held_fwd == 1 && held_bw == 1);
     check_lmhead(300, 5000, 256, sm90);
     /* rows not a multiple of 4 (cuBLASLt's row counts): the GEMMs' rows rounded up, on the
      * tensor cores still (chunks of 74 rows too) */

@@ -7,8 +7,7 @@
  * Per (mode, tensor): the median of 15 timed launches (CUDA events) after a warm-up; GB/s
  * counts the BF16 read, the codes and the scales written; "copy" is cudaMemcpyAsync of the
  * BF16 bytes (read + write counted). The step's total weighs each tensor by how often a step
- * rounds it in that mode (drafter.c's calls). Then each gradient's two layouts from one read
- * (q8_dual, DF_FP8_HOLD_DY) against the two kernels. */
+ * rounds it in that mode (drafter.c's calls). */
 #include <cuda_runtime.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -72,10 +71,10 @@ int main(void)
     uint16_t *x, *y, *h = malloc(maxe * 2);
     uint8_t *codes;
     float *sc;
-    size_t sc_max = maxe / 32 + 4096;
+    size_t sc_max = maxe / 64 + 4096;
     CK(cudaMalloc((void **)&x, maxe * 2));
     CK(cudaMalloc((void **)&y, maxe * 2));
-    CK(cudaMalloc((void **)&codes, 2 * maxe + (1 << 20))); /* (both layouts at once: twice) */
+    CK(cudaMalloc((void **)&codes, maxe + (1 << 20)));
     CK(cudaMalloc((void **)&sc, sc_max * 4));
     uint64_t s = 88172645463325252ull;
     for (size_t i = 0; i < maxe; i++) { /* bf16 of magnitudes 2^-8 .. 2^8, both signs */
@@ -139,39 +138,6 @@ int main(void)
             step_copy_us[mode] += t->per_step[mode] * 1e3 * copy_ms * (double)(bytes + wbytes) / (2.0 * (double)bytes);
         }
     }
-    /* the gradients' two layouts from one read (DF_FP8_HOLD_DY) against modes 0 + 1 */
-    cudaEvent_t e2;
-    CK(cudaEventCreate(&e2));
-    double dual_us = 0, two_us = 0;
-    for (int i = 0; i < nt; i++) {
-        const tensor *t = &ts[i];
-        if (t->name[0] != 'd' || !t->per_step[0] || t->per_step[0] != t->per_step[1])
-            continue;
-        int64_t n0 = rup(t->r, 4), kp0 = rup(t->c, 128), kp1 = rup(t->r, 128);
-        uint8_t *c1 = codes + n0 * kp0;
-        float *s1 = sc + kp0 / 128 * n0, td[REPS], t2[REPS];
-        for (int r = -1; r < REPS; r++) {
-            CK(cudaEventRecord(e0, st));
-            if (df_cuda_fp8_codes_dual_run(st, x, t->c, t->r, t->c, codes, kp0, sc, n0, c1, kp1, s1, 1))
-                return 1;
-            CK(cudaEventRecord(e1, st));
-            if (df_cuda_fp8_codes_run(st, 0, x, t->c, t->r, t->c, codes, kp0, sc, n0, 1) ||
-                df_cuda_fp8_codes_run(st, 1, x, t->c, t->r, t->c, c1, kp1, s1, t->c, 1))
-                return 1;
-            CK(cudaEventRecord(e2, st));
-            CK(cudaEventSynchronize(e2));
-            if (r >= 0) {
-                CK(cudaEventElapsedTime(&td[r], e0, e1));
-                CK(cudaEventElapsedTime(&t2[r], e1, e2));
-            }
-        }
-        qsort(td, REPS, sizeof td[0], cmp_f);
-        qsort(t2, REPS, sizeof t2[0], cmp_f);
-        printf("%-20s both  %9.1f us (modes 0 + 1: %.1f us)\n", t->name, 1e3 * td[REPS / 2], 1e3 * t2[REPS / 2]);
-        dual_us += t->per_step[0] * 1e3 * td[REPS / 2], two_us += t->per_step[0] * 1e3 * t2[REPS / 2];
-    }
-    printf("one step, the gradients both ways: %.2f ms in one pass each, %.2f ms in two\n", dual_us / 1e3,
-           two_us / 1e3);
     static const char *const what[4] = {"rows (fwd x, bwd_x dy)", "columns (bwd_w x, dy)",
                                         "128x128 (fwd w)", "128x128^T (bwd_x w)"};
     double tot = 0, tot_c = 0;

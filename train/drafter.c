@@ -787,15 +787,13 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor wg = PW(d, W, I->gate), gwg = PG(d, G, I->gate);
         df_tensor wu = PW(d, W, I->up), gwu = PG(d, G, I->up);
         df_tensor wpn = PW(d, W, I->post_norm), gwpn = PG(d, G, I->post_norm);
-        /* (FP8: each gradient rounded once for both its GEMMs, which follow each other;
-         * b's rounding once for both weight gradients) */
-        CK(drafter_mm_bw(d, &dx, &mm, &gwd, DF_FP8_ACCUMULATE | DF_FP8_HOLD_DY));
-        CK(drafter_mm_bx(d, &dx, &wd, &dm, DF_FP8_SAME_DY));
+        CK(drafter_mm_bw(d, &dx, &mm, &gwd, 1));
+        CK(drafter_mm_bx(d, &dx, &wd, &dm, 0));
         CK(df_op_swiglu_bwd(be, &g, &u, &dm, &dg, &du));
-        CK(drafter_mm_bx(d, &dg, &wg, &db, DF_FP8_HOLD_DY));
-        CK(drafter_mm_bw(d, &dg, &b, &gwg, DF_FP8_ACCUMULATE | DF_FP8_HOLD_X | DF_FP8_SAME_DY));
-        CK(drafter_mm_bx(d, &du, &wu, &db, DF_FP8_ACCUMULATE | DF_FP8_HOLD_DY));
-        CK(drafter_mm_bw(d, &du, &b, &gwu, DF_FP8_ACCUMULATE | DF_FP8_SAME_X | DF_FP8_SAME_DY));
+        CK(drafter_mm_bx(d, &dg, &wg, &db, 0));
+        CK(drafter_mm_bx(d, &du, &wu, &db, 1));
+        CK(drafter_mm_bw(d, &dg, &b, &gwg, DF_FP8_ACCUMULATE | DF_FP8_HOLD_X));
+        CK(drafter_mm_bw(d, &du, &b, &gwu, DF_FP8_ACCUMULATE | DF_FP8_SAME_X));
         /* dx now holds d(xmid) through the residual; add the norm's path */
         CK(df_op_rmsnorm_bwd(be, &xmid, &wpn, eps, 0, &db, &dx, 1, &gwpn));
         /* attention: xmid = xin + o Wo^T */
@@ -803,8 +801,8 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor dkb = M(d->dkb, N, KD), dvb = M(d->dvb, N, KD);
         df_tensor dkc = M(d->dkc, S, KD), dvc = M(d->dvc, S, KD);
         df_tensor wo = PW(d, W, I->wo), gwo = PG(d, G, I->wo);
-        CK(drafter_mm_bx(d, &dx, &wo, &dout, DF_FP8_HOLD_DY));
-        CK(drafter_mm_bw(d, &dx, &o, &gwo, DF_FP8_ACCUMULATE | DF_FP8_SAME_DY));
+        CK(drafter_mm_bx(d, &dx, &wo, &dout, 0));
+        CK(drafter_mm_bw(d, &dx, &o, &gwo, 1));
         df_dflash_blocks blk = r->blocks;
         blk.window = I->window;
         size_t dead_bytes = 0;
@@ -835,17 +833,16 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor wk = PW(d, W, I->wk), gwk = PG(d, G, I->wk);
         df_tensor wv = PW(d, W, I->wv), gwv = PG(d, G, I->wv);
         df_tensor da = M(d->da, N, H);
-        const unsigned acc = DF_FP8_ACCUMULATE, hold = DF_FP8_HOLD_DY, same = DF_FP8_SAME_DY;
-        CK(drafter_mm_bx(d, &dqr, &wq, &da, hold));
-        CK(drafter_mm_bw(d, &dqr, &a, &gwq, acc | DF_FP8_HOLD_X | same));
-        CK(drafter_mm_bx(d, &dkbr, &wk, &da, acc | hold));
-        CK(drafter_mm_bw(d, &dkbr, &a, &gwk, acc | DF_FP8_SAME_X | same));
-        CK(drafter_mm_bx(d, &dvb, &wv, &da, acc | hold));
-        CK(drafter_mm_bw(d, &dvb, &a, &gwv, acc | DF_FP8_SAME_X | same));
-        CK(drafter_mm_bx(d, &dkcr, &wk, &dcn, acc | hold));
-        CK(drafter_mm_bw(d, &dkcr, &cn, &gwk, acc | DF_FP8_HOLD_X | same));
-        CK(drafter_mm_bx(d, &dvc, &wv, &dcn, acc | hold));
-        CK(drafter_mm_bw(d, &dvc, &cn, &gwv, acc | DF_FP8_SAME_X | same));
+        CK(drafter_mm_bx(d, &dqr, &wq, &da, 0));
+        CK(drafter_mm_bx(d, &dkbr, &wk, &da, 1));
+        CK(drafter_mm_bx(d, &dvb, &wv, &da, 1));
+        CK(drafter_mm_bw(d, &dqr, &a, &gwq, DF_FP8_ACCUMULATE | DF_FP8_HOLD_X));
+        CK(drafter_mm_bw(d, &dkbr, &a, &gwk, DF_FP8_ACCUMULATE | DF_FP8_SAME_X));
+        CK(drafter_mm_bw(d, &dvb, &a, &gwv, DF_FP8_ACCUMULATE | DF_FP8_SAME_X));
+        CK(drafter_mm_bx(d, &dkcr, &wk, &dcn, 1));
+        CK(drafter_mm_bx(d, &dvc, &wv, &dcn, 1));
+        CK(drafter_mm_bw(d, &dkcr, &cn, &gwk, DF_FP8_ACCUMULATE | DF_FP8_HOLD_X));
+        CK(drafter_mm_bw(d, &dvc, &cn, &gwv, DF_FP8_ACCUMULATE | DF_FP8_SAME_X));
         df_tensor win = PW(d, W, I->in_norm), gwin = PG(d, G, I->in_norm);
         /* dx: d(xmid) flows to d(xin) through the residual, plus the norm's path */
         CK(df_op_rmsnorm_bwd(be, &xin, &win, eps, 0, &da, &dx, 1, &gwin));

@@ -92,9 +92,8 @@ static inline df_tensor param_t(const df_drafter *d, const void *flat, df_dtype 
 /* The GEMMs of a row step: y (+)= x w^T, dx (+)= dy w, dw (+)= dy^T x, as
  * df_op_matmul / _bwd_x / _bwd_w, or df_op_matmul_fp8 when FP8 is on for
  * the step (d->q8). flags: df_op_matmul_fp8's (DF_FP8_ACCUMULATE, and the
- * DF_FP8_HOLD_X / _SAME_X hints of projections that share x and the
- * DF_FP8_HOLD_DY / _SAME_DY of a gradient's two GEMMs, which BF16 steps
- * drop). */
+ * DF_FP8_HOLD_X / _SAME_X hints of projections that share x, which BF16
+ * steps drop). */
 int drafter_mm(df_drafter *d, const df_tensor *x, const df_tensor *w, df_tensor *y, unsigned flags);
 int drafter_mm_bx(df_drafter *d, const df_tensor *dy, const df_tensor *w, df_tensor *dx, unsigned flags);
 int drafter_mm_bw(df_drafter *d, const df_tensor *dy, const df_tensor *x, df_tensor *dw, unsigned flags);

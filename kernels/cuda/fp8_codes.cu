@@ -141,87 +141,6 @@ __global__ void __launch_bounds__(QT) q8_col(const uint16_t *__restrict__ x, int
     }
 }
 
-/* Both layouts of a gradient at once (dy of DF_GEMM_BWD_X and of DF_GEMM_BWD_W): x [R, C]
- * read once, q8_row's codes and scales (out0 [n0, kp0], sc0[kb * n0 + o]; rows R .. n0 and
- * columns C .. kp0 zero codes, scale 1) and q8_col's (out1 [C, kp1], sc1[kb * C + o]; the
- * reduction past R zero codes), the same bits as those two. A CTA: 128 rows x 128 columns.
- * Each thread loads four (row pair, 8 columns) pieces (8 x 16 bytes, all issued first); a row's
- * 128 columns lie in 16 consecutive lanes: their amax by shuffles, the row codes from
- * registers. The pieces go to a transposed tile as q8_col's (a column's row pairs as words),
- * the pair index XORed with the column's 8-group so that the 16 lanes of a row pair store to
- * distinct banks; then a warp finishes 16 columns as q8_col does. */
-constexpr int DT_W = 64; /* words per column of q8_dual's tile (128 rows as pairs) */
-__global__ void __launch_bounds__(QT, 4) q8_dual(const uint16_t *__restrict__ x, int64_t ldx, int64_t R,
-                                              int64_t C, uint8_t *__restrict__ out0, int64_t kp0,
-                                              float *__restrict__ sc0, int64_t n0,
-                                              uint8_t *__restrict__ out1, int64_t kp1,
-                                              float *__restrict__ sc1, int vec)
-{
-    __shared__ __align__(16) uint32_t t[128 * DT_W];
-    const int64_t r0 = (int64_t)blockIdx.x * 128, c0 = (int64_t)blockIdx.y * 128;
-    const int sub = threadIdx.x & 15;
-    uint4 r[4][2];
-#pragma unroll
-    for (int it = 0; it < 4; it++) {
-        int c = threadIdx.x + it * QT, pr = c / 16, oc = sub * 8;
-        int64_t k = r0 + 2 * pr, o = c0 + oc;
-#pragma unroll
-        for (int h = 0; h < 2; h++)
-            r[it][h] = load8_raw(x + (k + h) * ldx + o, vec, k + h < R ? C - o : 0);
-    }
-#pragma unroll
-    for (int it = 0; it < 4; it++) {
-        int c = threadIdx.x + it * QT, pr = c / 16, oc = sub * 8;
-        /* the rows' codes (1 x 128 along the columns) */
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            uint32_t mb = amax8_bits(r[it][h]);
-#pragma unroll
-            for (int d = 8; d > 0; d >>= 1)
-                mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, d));
-            int64_t o = r0 + 2 * pr + h;
-            if (o >= n0)
-                continue;
-            float v[8], m = bits_f(mb);
-            unpack8(r[it][h], v);
-            int e = scale_exp(m);
-            *reinterpret_cast<uint2 *>(out0 + o * kp0 + c0 + oc) = codes8(v, ldexpf(1.0f, -e), isfinite(m));
-            if (sub == 0)
-                sc0[(c0 / 128) * n0 + o] = ldexpf(1.0f, e);
-        }
-        /* the tile, transposed: column oc + 2j (+1) gets the pair (row 2 pr, row 2 pr + 1) */
-        uint32_t a[4] = {r[it][0].x, r[it][0].y, r[it][0].z, r[it][0].w};
-        uint32_t bb[4] = {r[it][1].x, r[it][1].y, r[it][1].z, r[it][1].w};
-        const int sw = pr ^ sub; /* (the column's 8-group is sub) */
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            t[(oc + 2 * j) * DT_W + sw] = (a[j] & 0xffffu) | (bb[j] << 16);
-            t[(oc + 2 * j + 1) * DT_W + sw] = (a[j] >> 16) | (bb[j] & 0xffff0000u);
-        }
-    }
-    __syncthreads();
-    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-    for (int j = 0; j < 16; j++) {
-        int oo = warp * 16 + j, g = oo / 8;
-        int64_t o = c0 + oo;
-        uint32_t w0 = t[oo * DT_W + ((2 * lane) ^ g)], w1 = t[oo * DT_W + ((2 * lane + 1) ^ g)];
-        uint32_t mb = __vmaxu2(w0 & 0x7fff7fffu, w1 & 0x7fff7fffu);
-        mb = max(mb & 0xffffu, mb >> 16);
-#pragma unroll
-        for (int d = 16; d > 0; d >>= 1)
-            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, d));
-        if (o >= C)
-            continue;
-        float m = bits_f(mb);
-        float v[4] = {__uint_as_float(w0 << 16), __uint_as_float(w0 & 0xffff0000u),
-                      __uint_as_float(w1 << 16), __uint_as_float(w1 & 0xffff0000u)};
-        int e = scale_exp(m);
-        *reinterpret_cast<uint32_t *>(out1 + o * kp1 + r0 + lane * 4) = codes4(v, ldexpf(1.0f, -e), isfinite(m));
-        if (lane == 0)
-            sc1[(r0 / 128) * C + o] = ldexpf(1.0f, e);
-    }
-}
-
 /* 128 x 128 blocks of w [N, K] (bf16, ld ldw): tr 0: out [N, kp] = w
  * (reduction K), tr 1: out [K, kp] = w^T (reduction N). A CTA per block;
  * each thread loads 8 of its 16-byte pieces (all issued first), the block's
@@ -337,29 +256,6 @@ extern "C" int df_cuda_fp8_codes_run(cudaStream_t st, int mode, const uint16_t *
             q8_blk<false><<<g, QT, 0, st>>>(x, ld, R, C, codes, kp, sc, rup(kp / 128, 4), vec);
     }
     return df_cuda_check_launch("fp8 rounding codes");
-}
-
-extern "C" int df_cuda_fp8_codes_dual_run(cudaStream_t st, const uint16_t *x, int64_t ld, int64_t R, int64_t C,
-                                          uint8_t *codes0, int64_t kp0, float *sc0, int64_t n0,
-                                          uint8_t *codes1, int64_t kp1, float *sc1, int vec)
-{
-    q8_dual<<<dim3((unsigned)(kp1 / 128), (unsigned)(kp0 / 128)), QT, 0, st>>>(x, ld, R, C, codes0, kp0, sc0, n0,
-                                                                               codes1, kp1, sc1, vec);
-    return df_cuda_check_launch("fp8 rounding codes (both layouts)");
-}
-
-extern "C" int df_cuda_fp8_round_codes_dual(df_backend *be, const df_tensor *x, uint8_t *codes0, int64_t kp0,
-                                            float *sc0, int64_t n0, uint8_t *codes1, int64_t kp1, float *sc1)
-{
-    const int64_t R = x->shape[0], C = x->shape[1], ld = x->stride[0];
-    const uint16_t *X = (const uint16_t *)x->data;
-    if (x->dtype != DF_DTYPE_BF16 || R < 1 || C < 1 || kp0 % 128 || kp1 % 128 || kp0 < C || kp1 < R ||
-        n0 < R || n0 > kp1 || kp1 / 128 > 0x7fffffff || kp0 / 128 > 65535 ||
-        n0 * (kp0 / 128) >= ((int64_t)1 << 31) || C * (kp1 / 128) >= ((int64_t)1 << 31))
-        return -EINVAL;
-    int vec = ld % 8 == 0 && ((uintptr_t)X & 15) == 0;
-    return df_cuda_fp8_codes_dual_run(df_cuda_stream(be), X, ld, R, C, codes0, kp0, sc0, n0, codes1, kp1, sc1,
-                                      vec);
 }
 
 extern "C" int df_cuda_fp8_round_codes(df_backend *be, int mode, const df_tensor *x, uint8_t *codes,

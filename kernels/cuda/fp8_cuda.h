@@ -24,8 +24,7 @@ int df_cuda_matmul_fp8_bf16(df_backend *be, df_gemm_kind kind, const df_tensor *
  * call's check against the BF16 path failed, an unaligned c), or a negative
  * error. flags: df_op_matmul_fp8's; x's codes under DF_FP8_HOLD_X in a
  * region of their own until the backend closes (a GEMM that the tensor
- * cores did not take keeps nothing); dy's both ways under DF_FP8_HOLD_DY in
- * another (kept whatever path the call takes: they are dy's codes). */
+ * cores did not take keeps nothing). */
 int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                             const df_tensor *b, df_tensor *c, unsigned flags);
 
@@ -109,22 +108,12 @@ void df_cuda_fp8_kept_forget(df_backend *be);
 int df_cuda_fp8_round_codes(df_backend *be, int mode, const df_tensor *x, uint8_t *codes,
                             int64_t kp, float *sc, int64_t n_out);
 
-/* Both layouts of a gradient dy [R, C] (bf16, row stride x->stride[0]) from one read: mode 0's
- * codes and scales (codes0 [n0, kp0], sc0[kb * n0 + o]; R <= n0 <= kp1) and mode 1's (codes1
- * [C, kp1], sc1[kb * C + o]), the same bits as the two calls. For tests, and the launch for
- * gemm_fp8.cu's DF_FP8_HOLD_DY. 0, -EINVAL or -EIO. */
-int df_cuda_fp8_round_codes_dual(df_backend *be, const df_tensor *x, uint8_t *codes0, int64_t kp0, float *sc0,
-                                 int64_t n0, uint8_t *codes1, int64_t kp1, float *sc1);
-
 /* The launches behind the two above and the GEMMs' operands (fp8_codes.cu),
  * on stream st, arguments as df_cuda_fp8_round_codes / df_cuda_fp8_mx_scales
  * check them (x [R, C] bf16 with row stride ld; vec: 16-byte loads, where x
  * and ld allow). 0 or -EIO. */
 int df_cuda_fp8_codes_run(cudaStream_t st, int mode, const uint16_t *x, int64_t ld, int64_t R, int64_t C,
                           uint8_t *codes, int64_t kp, float *sc, int64_t n_out, int vec);
-int df_cuda_fp8_codes_dual_run(cudaStream_t st, const uint16_t *x, int64_t ld, int64_t R, int64_t C,
-                               uint8_t *codes0, int64_t kp0, float *sc0, int64_t n0, uint8_t *codes1,
-                               int64_t kp1, float *sc1, int vec);
 int df_cuda_fp8_mx_run(cudaStream_t st, const float *sc, int blk, int64_t n_sc, int64_t rows, int64_t kp,
                        uint8_t *out);
 
@@ -141,8 +130,6 @@ int df_cuda_fp8_mx_scales(df_backend *be, const float *sc, int blk, int64_t n_sc
 void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback);
 /* Calls that used x's kept codes (DF_FP8_SAME_X) instead of rounding x, process-wide. */
 int64_t df_cuda_fp8_x_reused(void);
-/* Calls that used dy's codes kept by a DF_FP8_HOLD_DY call (DF_FP8_SAME_DY), process-wide. */
-int64_t df_cuda_fp8_dy_reused(void);
 
 /* Frees the backend's FP8 plans (df_cuda_gemm_close). */
 void df_cuda_fp8_gemm_close(df_cuda_state *s);

@@ -109,25 +109,12 @@ typedef struct fp8_held {
     size_t bytes;
 } fp8_held;
 
-/* dy's codes both ways under DF_FP8_HOLD_DY: whose they are (dy's memory and view) and, per
- * kind (0: BWD_X, rows; 1: BWD_W, columns), the code matrix's rows and padded reduction and
- * where that part starts in the region */
-typedef struct fp8_held_dy {
-    const void *dy;
-    int64_t rows, cols, ld, n[2], kp[2];
-    size_t off[2];
-    int mx, ready;
-    void *buf;
-    size_t bytes;
-} fp8_held_dy;
-
 typedef struct fp8_cache {
     fp8_plan p[NPLANS];
     int n;
     signed char verdict[3][2][2][2][2];
     df_cuda_fp8_kept kept[DF_CUDA_FP8_KEPT];
     fp8_held held;
-    fp8_held_dy held_dy;
 } fp8_cache;
 
 signed char *verdict_of(fp8_cache *fc, const fp8_plan *p)
@@ -137,7 +124,6 @@ signed char *verdict_of(fp8_cache *fc, const fp8_plan *p)
 
 int64_t g_fast, g_fallback;
 int64_t g_x_reused; /* calls that used x's kept codes */
-int64_t g_dy_reused; /* calls that used dy's codes kept under DF_FP8_HOLD_DY */
 
 int64_t rup(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
@@ -468,8 +454,6 @@ verdict:
 
 extern "C" int64_t df_cuda_fp8_x_reused(void) { return g_x_reused; }
 
-extern "C" int64_t df_cuda_fp8_dy_reused(void) { return g_dy_reused; }
-
 extern "C" void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback)
 {
     *fast = g_fast, *fallback = g_fallback;
@@ -487,8 +471,6 @@ extern "C" void df_cuda_fp8_gemm_close(df_cuda_state *s)
             (void)cudaFree(fc->kept[i].buf);
     if (fc->held.buf)
         (void)cudaFree(fc->held.buf);
-    if (fc->held_dy.buf)
-        (void)cudaFree(fc->held_dy.buf);
     free(fc);
     s->fp8 = NULL;
 }
@@ -522,7 +504,7 @@ extern "C" void df_cuda_fp8_kept_forget(df_backend *be)
     for (int i = 0; fc && i < DF_CUDA_FP8_KEPT; i++)
         fc->kept[i].w = NULL, fc->kept[i].ready = 0;
     if (fc)
-        fc->held.x = NULL, fc->held.ready = 0, fc->held_dy.dy = NULL, fc->held_dy.ready = 0;
+        fc->held.x = NULL, fc->held.ready = 0;
 }
 
 /* a device region of at least bytes: *buf kept when it is large enough,
@@ -673,66 +655,6 @@ static fp8_held *held_for(df_backend *be, df_gemm_kind kind, const df_tensor *x,
     return h;
 }
 
-/* dy's codes for this call (BWD_X: its rows, BWD_W: its columns; operand B) from the held
- * region: under DF_FP8_SAME_DY when the region holds this dy's, under DF_FP8_HOLD_DY after
- * rounding dy both ways into it (the other kind's part is for the call to come). *part: that
- * part (B's codes and scales as ws_layout puts them at base_b), or NULL: the call rounds dy
- * itself (no match, no memory, a shape the dual kernel does not take). 0 or a launch's error. */
-static int held_dy_for(df_backend *be, df_gemm_kind kind, const df_tensor *dy, const df_tensor *c,
-                       unsigned flags, void **part)
-{
-    df_cuda_state *s = (df_cuda_state *)be->impl;
-    *part = NULL;
-    if (!s->fp8 && !(s->fp8 = calloc(1, sizeof(fp8_cache))))
-        return 0;
-    fp8_held_dy *h = &((fp8_cache *)s->fp8)->held_dy;
-    const int k = kind == DF_GEMM_BWD_W, mx = mx_of(s->device);
-    const int64_t R = dy->shape[0], C = dy->shape[1];
-    /* this call's B: BWD_X dy [R, C] (c's rows, reduction C), BWD_W dy^T (C rows, reduction R) */
-    const int64_t n = c->shape[0], kp = rup(k ? R : C, 128);
-    if (h->ready && h->dy == dy->data && h->rows == R && h->cols == C && h->ld == dy->stride[0] &&
-        h->mx == mx && h->n[k] == n && h->kp[k] == kp && (flags & DF_FP8_SAME_DY)) {
-        *part = (char *)h->buf + h->off[k];
-        return 0;
-    }
-    if (!(flags & DF_FP8_HOLD_DY))
-        return 0;
-    /* the rows' part: BWD_X's c has dy's rows (the drafter's), or this call's when it is BWD_X */
-    const int64_t n0 = k ? R : n, kp0 = rup(C, 128), kp1 = rup(R, 128);
-    const uint16_t *X = (const uint16_t *)dy->data;
-    h->ready = 0;
-    if (n0 < R || n0 > kp1 || kp0 / 128 > 65535 || n0 * (kp0 / 128) >= ((int64_t)1 << 31) ||
-        C * (kp1 / 128) >= ((int64_t)1 << 31))
-        return 0;
-    fp8_ws w0 = ws_layout(DF_GEMM_BWD_X, 1, n0, kp0, NULL, NULL, NULL, mx);
-    fp8_ws w1 = ws_layout(DF_GEMM_BWD_W, 1, C, kp1, NULL, NULL, NULL, mx);
-    if (region_fit(&h->buf, &h->bytes, w0.bytes_b + w1.bytes_b)) {
-        h->dy = NULL;
-        return 0;
-    }
-    char *b0 = (char *)h->buf, *b1 = b0 + w0.bytes_b;
-    w0 = ws_layout(DF_GEMM_BWD_X, 1, n0, kp0, NULL, NULL, b0, mx);
-    w1 = ws_layout(DF_GEMM_BWD_W, 1, C, kp1, NULL, NULL, b1, mx);
-    cudaStream_t st = df_cuda_stream(be);
-    df_cuda_prof_split(be, "fp8 round dy both");
-    int vec = dy->stride[0] % 8 == 0 && ((uintptr_t)X & 15) == 0;
-    int rc = df_cuda_fp8_codes_dual_run(st, X, dy->stride[0], R, C, w0.qb, kp0, w0.sb, n0, w1.qb, kp1, w1.sb, vec);
-    if (!rc && mx)
-        rc = df_cuda_fp8_mx_run(st, w0.sb, 0, n0, n0, kp0, w0.mxb);
-    if (!rc && mx)
-        rc = df_cuda_fp8_mx_run(st, w1.sb, 0, C, C, kp1, w1.mxb);
-    df_cuda_prof_split(be, NULL);
-    if (rc)
-        return rc;
-    h->dy = dy->data, h->rows = R, h->cols = C, h->ld = dy->stride[0], h->mx = mx;
-    h->n[0] = n0, h->kp[0] = kp0, h->off[0] = 0;
-    h->n[1] = C, h->kp[1] = kp1, h->off[1] = (size_t)(b1 - b0);
-    h->ready = 1;
-    if (h->n[k] == n && h->kp[k] == kp)
-        *part = (char *)h->buf + h->off[k];
-    return 0;
-}
-
 /* 1 when the tensor cores took the call (c written), 0 when the caller runs
  * the BF16 path, or a negative error. The codes go to the backend scratch,
  * x's to the held region under DF_FP8_HOLD_X / _SAME_X. */
@@ -745,22 +667,15 @@ extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const 
     fp8_held *h = kind != DF_GEMM_BWD_X && (flags & (DF_FP8_HOLD_X | DF_FP8_SAME_X))
                       ? held_for(be, kind, bw ? b : a, c, flags, &x_ready)
                       : NULL;
-    void *wdy = NULL;
-    if (kind != DF_GEMM_FWD && (flags & (DF_FP8_HOLD_DY | DF_FP8_SAME_DY))) {
-        int rd = held_dy_for(be, kind, a, c, flags, &wdy);
-        if (rd)
-            return rd;
-    }
     size_t bytes = df_cuda_matmul_fp8_ws_bytes(kind, a, c, 0);
     void *ws = df_cuda_scratch(be, bytes);
     if (!ws)
         return -ENOMEM;
     void *wx = h ? h->buf : NULL;
     int rc = fast_call(be, kind, a, b, c, acc, ws, bytes, bw ? wx : NULL, bw && x_ready,
-                       kind == DF_GEMM_FWD ? wx : wdy, kind == DF_GEMM_FWD ? x_ready : wdy != NULL);
+                       bw ? NULL : wx, !bw && x_ready);
     if (h) /* x's codes are there only when the call rounded (or used) them */
         h->ready = rc == 1;
     g_x_reused += rc == 1 && x_ready;
-    g_dy_reused += rc == 1 && wdy && !(flags & DF_FP8_HOLD_DY);
     return rc;
 }
