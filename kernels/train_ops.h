@@ -194,10 +194,15 @@ typedef enum df_gemm_kind { DF_GEMM_FWD = 0, DF_GEMM_BWD_X = 1, DF_GEMM_BWD_W = 
  *     memory, same view), unchanged since, in a call of the same kind: its
  *     kept rounding may be used instead of rounding x again. A call whose x
  *     does not match what was kept rounds x (and keeps that).
+ * and one that changes the numerics:
+ *   DF_FP8_DY_BLOCKS (DF_GEMM_BWD_W only, else -EINVAL): dy rounded in
+ *     128 x 128 blocks instead of 128 x 1 (one scale per 128 rows x 128
+ *     columns; on sm_90 cuBLASLt's 2D x 1D kernel, ~1.25x its 1D x 1D one).
  * Other bits: -EINVAL. */
 #define DF_FP8_ACCUMULATE 1u
 #define DF_FP8_HOLD_X 2u
 #define DF_FP8_SAME_X 4u
+#define DF_FP8_DY_BLOCKS 8u
 int df_op_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
                      df_tensor *c, unsigned flags);
 

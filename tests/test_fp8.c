@@ -318,8 +318,11 @@ static void test_matmul(void)
     if (!be)
         return;
     enum { M = 37, N = 150, K = 300, PAD = 3 };
-    for (int kind = 0; kind < 3; kind++)
+    for (int kind = 0; kind < 4; kind++) /* 3: BWD_W with DF_FP8_DY_BLOCKS */
         for (int acc = 0; acc < 2; acc++) {
+            const int dyb = kind == 3;
+            if (dyb)
+                kind = DF_GEMM_BWD_W;
             /* shapes: FWD a [M,K] b [N,K] c [M,N]; BWD_X a [M,N] b [N,K] c [M,K];
              * BWD_W a [M,N] b [M,K] c [N,K] */
             int64_t ar = M, ac = kind == DF_GEMM_FWD ? K : N;
@@ -338,14 +341,15 @@ static void test_matmul(void)
             for (int64_t i = 0; i < cr * lc; i++)
                 c[i] = c0[i] = test_randn(&st);
             int bw = kind == DF_GEMM_BWD_W;
-            brute_qdq(a, ar, ac, la, bw ? 128 : 1, bw ? 1 : 128, qa);
+            brute_qdq(a, ar, ac, la, bw ? 128 : 1, !bw ? 128 : dyb ? 128 : 1, qa);
             brute_qdq(b, br, bc, lb, 128, bw ? 1 : 128, qb);
             df_tensor ta = df_tensor_2d(a, DF_DTYPE_F32, ar, ac), tb = df_tensor_2d(b, DF_DTYPE_F32, br, bc);
             df_tensor tc = df_tensor_2d(c, DF_DTYPE_F32, cr, cc);
             ta.stride[0] = la, tb.stride[0] = lb, tc.stride[0] = lc;
             /* the hints change nothing (here: the same x is never held; the CPU ignores them) */
             unsigned hint = (kind + acc) % 3 == 0 ? 0 : (kind + acc) % 3 == 1 ? DF_FP8_HOLD_X : DF_FP8_SAME_X;
-            CHECK_EQ(df_op_matmul_fp8(be, (df_gemm_kind)kind, &ta, &tb, &tc, (acc ? DF_FP8_ACCUMULATE : 0) | hint), 0);
+            CHECK_EQ(df_op_matmul_fp8(be, (df_gemm_kind)kind, &ta, &tb, &tc,
+                                      (acc ? DF_FP8_ACCUMULATE : 0) | hint | (dyb ? DF_FP8_DY_BLOCKS : 0)), 0);
             int64_t bad = 0;
             for (int64_t i = 0; i < cr; i++)
                 for (int64_t j = 0; j < lc; j++) {
@@ -366,9 +370,12 @@ static void test_matmul(void)
                     bad += !(fabs(c[i * lc + j] - sum) <= 1e-5 * mag + 1e-30);
                 }
             if (bad)
-                fprintf(stderr, "matmul_fp8 kind %d acc %d: %lld bad\n", kind, acc, (long long)bad);
+                fprintf(stderr, "matmul_fp8 kind %d acc %d dy blocks %d: %lld bad\n", kind, acc, dyb,
+                        (long long)bad);
             CHECK_EQ(bad, 0);
             free(a), free(b), free(c), free(c0), free(qa), free(qb);
+            if (dyb)
+                kind = 3;
         }
     /* bad arguments */
     float x[64], w[64], y[64];
@@ -379,7 +386,9 @@ static void test_matmul(void)
     CHECK_EQ(df_op_matmul_fp8(be, (df_gemm_kind)3, &tx, &tw, &ty, 0), -EINVAL);
     CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_FWD, &tx, &tw, &t47, 0), -EINVAL);
     CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_BWD_W, &tx, &tw, &tx, 0), -EINVAL); /* c is a */
-    CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_FWD, &tx, &tw, &ty, 8), -EINVAL);   /* an unknown flag */
+    CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_FWD, &tx, &tw, &ty, 16), -EINVAL);  /* an unknown flag */
+    CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_FWD, &tx, &tw, &ty, DF_FP8_DY_BLOCKS), -EINVAL); /* BWD_W's only */
+    CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_BWD_X, &tx, &tw, &ty, DF_FP8_DY_BLOCKS), -EINVAL);
     int same = 1;
     for (int i = 0; i < 64; i++)
         same &= y[i] == -2.0f && x[i] == 1.0f;

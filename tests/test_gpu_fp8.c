@@ -387,9 +387,10 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H, int sm90)
  * new sum, the second rounding train_ops.h allows there (cuBLAS's epilogue
  * on the H200 rounds the sum before adding the old value at some shapes).
  * BWD_W into a BF16 dw. */
-static void check_matmul(df_gemm_kind kind, int64_t M, int64_t N, int64_t K, int acc)
+static void check_matmul(df_gemm_kind kind, int64_t M, int64_t N, int64_t K, unsigned flags)
 {
     df_backend *g = gh_gpu, *c = gh_cpu;
+    const int acc = (flags & DF_FP8_ACCUMULATE) != 0;
     int64_t ar = M, ac = kind == DF_GEMM_FWD ? K : N;
     int64_t br = kind == DF_GEMM_BWD_W ? M : N, bc = K;
     int64_t cr = kind == DF_GEMM_BWD_W ? N : M, cc = kind == DF_GEMM_FWD ? N : K;
@@ -399,12 +400,12 @@ static void check_matmul(df_gemm_kind kind, int64_t M, int64_t N, int64_t K, int
     memcpy(ref, c0, (size_t)(cr * cc) * 4);
     df_tensor ta = df_tensor_2d(a, DF_DTYPE_F32, ar, ac), tb = df_tensor_2d(b, DF_DTYPE_F32, br, bc);
     df_tensor tr = df_tensor_2d(ref, DF_DTYPE_F32, cr, cc);
-    CHECK_EQ(df_op_matmul_fp8(c, kind, &ta, &tb, &tr, acc), 0);
+    CHECK_EQ(df_op_matmul_fp8(c, kind, &ta, &tb, &tr, flags), 0);
     void *ga = gh_dev_bf16(g, a, ar * ac), *gb = gh_dev_bf16(g, b, br * bc);
     void *gc = acc ? gh_dev_bf16(g, c0, cr * cc) : gh_dev_poisoned(g, cr * cc, DF_DTYPE_BF16);
     df_tensor Ga = df_tensor_2d(ga, DF_DTYPE_BF16, ar, ac), Gb = df_tensor_2d(gb, DF_DTYPE_BF16, br, bc);
     df_tensor Gc = df_tensor_2d(gc, DF_DTYPE_BF16, cr, cc);
-    CHECK_EQ(df_op_matmul_fp8(g, kind, &Ga, &Gb, &Gc, acc), 0);
+    CHECK_EQ(df_op_matmul_fp8(g, kind, &Ga, &Gb, &Gc, flags), 0);
     float *got = gh_download_bf16(g, gc, cr * cc);
     gh_diff d;
     gh_diff_f32(&d, got, ref, cr * cc, NULL);
@@ -413,8 +414,9 @@ static void check_matmul(df_gemm_kind kind, int64_t M, int64_t N, int64_t K, int
         sum_max = fmax(sum_max, fabs((double)ref[i] - c0[i]));
     double tol = gh_naive_bound(&d) + (acc ? 0.5 * test_bf16_ulp(sum_max) : 0.0);
     int ok = gh_diff_ok(&d, tol);
-    printf("matmul_fp8 kind %d M=%lld N=%lld K=%lld acc=%d: err %.3e naive %.3e %s\n", (int)kind,
-           (long long)M, (long long)N, (long long)K, acc, d.err, d.naive, ok ? "ok" : "FAIL");
+    printf("matmul_fp8 kind %d M=%lld N=%lld K=%lld acc=%d%s: err %.3e naive %.3e %s\n", (int)kind,
+           (long long)M, (long long)N, (long long)K, acc, flags & DF_FP8_DY_BLOCKS ? " dy blocks" : "",
+           d.err, d.naive, ok ? "ok" : "FAIL");
     if (!ok)
         gh_diff_report("matmul_fp8", &d, tol);
     CHECK(ok);
@@ -660,6 +662,18 @@ int main(int argc, char **argv)
             check_matmul((df_gemm_kind)kind, 1024, 768, 512, kind == DF_GEMM_BWD_W);
             check_matmul((df_gemm_kind)kind, 4096, 1024, 5120, 1);
         }
+        /* bwd_w with dy per 128 x 128 (DF_FP8_DY_BLOCKS): edges, dy's columns (B's rows) not a
+         * multiple of 128, the 27B shapes' proportions */
+        int64_t f0 = 0, s0 = 0, f1 = 0, s1 = 0;
+        df_cuda_fp8_gemm_counts(&f0, &s0);
+        check_matmul(DF_GEMM_BWD_W, 37, 150, 300, DF_FP8_DY_BLOCKS);
+        check_matmul(DF_GEMM_BWD_W, 299, 640, 256, DF_FP8_DY_BLOCKS | DF_FP8_ACCUMULATE);
+        check_matmul(DF_GEMM_BWD_W, 1024, 768, 512, DF_FP8_DY_BLOCKS | DF_FP8_ACCUMULATE);
+        check_matmul(DF_GEMM_BWD_W, 4096, 1024, 5120, DF_FP8_DY_BLOCKS | DF_FP8_ACCUMULATE);
+        df_cuda_fp8_gemm_counts(&f1, &s1);
+        printf("bwd_w with dy blocks: %lld calls on E4M3 tensor cores\n", (long long)(f1 - f0));
+        if (pass && sm90)
+            CHECK(f1 - f0 >= 3);
     }
     /* the hints: on the BF16 path (ignored), then on the tensor cores (x rounded once) */
     df_knob_set(DF_KNOB_FP8_GEMM, "0");

@@ -26,9 +26,13 @@ int drafter_mm_bx(df_drafter *d, const df_tensor *dy, const df_tensor *w, df_ten
 
 int drafter_mm_bw(df_drafter *d, const df_tensor *dy, const df_tensor *x, df_tensor *dw, unsigned flags)
 {
+    if (d->fp8_dy_blocks)
+        flags |= DF_FP8_DY_BLOCKS;
     return d->q8 ? df_op_matmul_fp8(d->be, DF_GEMM_BWD_W, dy, x, dw, flags)
                  : df_op_matmul_bwd_w(d->be, dy, x, dw, flags & DF_FP8_ACCUMULATE);
 }
+
+void df_drafter_set_fp8_dy_blocks(df_drafter *d, int on) { d->fp8_dy_blocks = on != 0; }
 
 void drafter_fp8_free(df_drafter *d)
 {

@@ -83,6 +83,7 @@ char *df_run_settings_json(const char *base, const df_train_opts *o, const df_dr
              /* GPU gradients in F32 or BF16: other rounding (the CPU always uses F32) */
              cJSON_AddBoolToObject(s, "--grad-f32", o->grad_f32) &&
              cJSON_AddBoolToObject(s, "--fp8", o->fp8 > 0) &&
+             cJSON_AddBoolToObject(s, "--fp8-dy-blocks", o->fp8 > 0 && o->fp8_dy_blocks) &&
              cJSON_AddBoolToObject(s, "DFLASH_TEST_REPLICATE_DATA", o->replicate_data);
     char *txt = ok ? cJSON_Print(r) : NULL;
     cJSON_Delete(r);

@@ -87,14 +87,15 @@ static int rounded_copy(df_backend *be, const df_tensor *t, int64_t br, int64_t 
 }
 
 /* The BF16 op on operands rounded per the recipe (train_ops.h): the
- * reference of every backend's FP8 GEMM (the hint flags are not used). */
+ * reference of every backend's FP8 GEMM (the hint flags are not used;
+ * DF_FP8_DY_BLOCKS is). */
 int df_cpu_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
                       df_tensor *c, unsigned flags)
 {
     int bw = kind == DF_GEMM_BWD_W, accumulate = (flags & DF_FP8_ACCUMULATE) != 0;
     float *pa = NULL, *pb = NULL;
     df_tensor ra, rb;
-    int rc = rounded_copy(be, a, bw ? 128 : 1, bw ? 1 : 128, &pa, &ra);
+    int rc = rounded_copy(be, a, bw ? 128 : 1, !bw ? 128 : (flags & DF_FP8_DY_BLOCKS) ? 128 : 1, &pa, &ra);
     if (!rc)
         rc = rounded_copy(be, b, 128, bw ? 1 : 128, &pb, &rb);
     if (!rc)

@@ -16,7 +16,7 @@ extern "C" {
 /* The BF16 GEMM on the rounded operands (BF16 copies): FP8's numerics on
  * any GPU. Same contract as df_op_matmul_fp8. */
 int df_cuda_matmul_fp8_bf16(df_backend *be, df_gemm_kind kind, const df_tensor *a,
-                            const df_tensor *b, df_tensor *c, int accumulate);
+                            const df_tensor *b, df_tensor *c, unsigned flags);
 
 /* The E4M3 tensor cores (sm_90: cuBLASLt's block-scaled GEMM; MXFP8 on compute capability 10 and later, below; BF16
  * operands, DFLASH_FP8_GEMM on): 1 when they computed c, 0 when the caller

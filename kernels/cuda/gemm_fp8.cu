@@ -6,7 +6,8 @@
  * multiple of 128:
  *   y = x w^T      A = w [N, K]   (128 x 128 blocks)   B = x [M, K]    (1 x 128)
  *   dx = dy w      A = w^T [K, N] (128 x 128)          B = dy [M, N]   (1 x 128)
- *   dw = dy^T x    A = x^T [K, M] (1 x 128 along M)    B = dy^T [N, M] (1 x 128 along M)
+ *   dw = dy^T x    A = x^T [K, M] (1 x 128 along M)    B = dy^T [N, M] (1 x 128 along M,
+ *                                                      or 128 x 128 under DF_FP8_DY_BLOCKS)
  * in cuBLAS's column-major terms D (m x n) = op_T(A) B with m the output's
  * columns, n its rows, as gemm.cu does for BF16. The codes and scales are
  * those of df_op_fp8_qdq's rounding (code x scale is the rounded value), so
@@ -86,6 +87,7 @@ __global__ void cmp_kernel(const T *a, int64_t lda, const T *b, int64_t ldb, int
 /* one plan: the key, the descriptors, the algorithm and the check's verdict */
 typedef struct fp8_plan {
     int kind, c_f32, accumulate, mx; /* mx: MXFP8 scales (mx_of) */
+    int dyblk;                       /* BWD_W's B (dy^T) per 128 x 128 (DF_FP8_DY_BLOCKS) */
     int64_t m, n, kp, ldc;
     cublasLtMatmulDesc_t op;
     cublasLtMatrixLayout_t a, b, c;
@@ -112,14 +114,14 @@ typedef struct fp8_held {
 typedef struct fp8_cache {
     fp8_plan p[NPLANS];
     int n;
-    signed char verdict[3][2][2][2][2];
+    signed char verdict[3][2][2][2][2][2];
     df_cuda_fp8_kept kept[DF_CUDA_FP8_KEPT];
     fp8_held held;
 } fp8_cache;
 
 signed char *verdict_of(fp8_cache *fc, const fp8_plan *p)
 {
-    return &fc->verdict[p->kind][p->c_f32][p->accumulate][p->m % 128 == 0][p->n % 128 == 0];
+    return &fc->verdict[p->kind][p->c_f32][p->accumulate][p->m % 128 == 0][p->n % 128 == 0][p->dyblk];
 }
 
 int64_t g_fast, g_fallback;
@@ -173,7 +175,9 @@ int plan_build(df_cuda_state *s, fp8_plan *p)
     int32_t mode_a = p->mx                     ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0
                      : p->kind == DF_GEMM_BWD_W ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
                                                 : CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
-    int32_t mode_b = p->mx ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    int32_t mode_b = p->mx      ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0
+                     : p->dyblk ? CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F
+                                : CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
     int8_t fast = 0;
     int ok = lt_ok(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc", p) &&
              lt_ok(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta),
@@ -226,7 +230,7 @@ int plan_build(df_cuda_state *s, fp8_plan *p)
 typedef struct fp8_ws {
     uint8_t *qa, *qb, *mxa, *mxb; /* mxa, mxb: NULL without mx */
     float *sa, *sb;
-    size_t nsa, bytes, bytes_a, bytes_b; /* bytes: the workspace's; bytes_a, _b: each part's */
+    size_t nsa, nsb, bytes, bytes_a, bytes_b; /* bytes: the workspace's; bytes_a, _b: each part's */
 } fp8_ws;
 
 fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base, char *base_a,
@@ -236,7 +240,9 @@ fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base
     int64_t kb = kp / 128, l4 = rup(kb, 4);
     size_t na = (size_t)rup(m * kp, 256), nb = (size_t)rup(n * kp, 256);
     size_t nsa = (size_t)(kind == DF_GEMM_BWD_W ? kb * m : rup(m, 128) / 128 * l4) * 4;
-    size_t nsb = (size_t)(kb * n) * 4;
+    /* (BWD_W: room for either of B's layouts, 1 x 128 or 128 x 128) */
+    size_t nsb = (size_t)(kb * n), nsb2 = (size_t)(rup(n, 128) / 128 * l4);
+    nsb = (kind == DF_GEMM_BWD_W && nsb2 > nsb ? nsb2 : nsb) * 4;
     size_t nsa_r = (size_t)rup((int64_t)nsa, 256), nsb_r = (size_t)rup((int64_t)nsb, 256);
     size_t nxa = mx ? (size_t)rup(rup(m, 128) * (kp / 32), 256) : 0;
     size_t nxb = mx ? (size_t)rup(rup(n, 128) * (kp / 32), 256) : 0;
@@ -253,6 +259,7 @@ fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base
     w.sb = (float *)(w.qb + nb);
     w.mxb = mx ? w.qb + nb + nsb_r : NULL;
     w.nsa = nsa;
+    w.nsb = nsb;
     return w;
 }
 
@@ -260,7 +267,7 @@ fp8_ws ws_layout(df_gemm_kind kind, int64_t m, int64_t n, int64_t kp, char *base
  * of DF_GEMM_FWD / _BWD_X, x^T of DF_GEMM_BWD_W) or B's (x of DF_GEMM_FWD)
  * are there already, from an earlier call */
 int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
-             int64_t m, int64_t n, int64_t kp, const fp8_ws *w, int a_ready, int b_ready)
+             int64_t m, int64_t n, int64_t kp, const fp8_ws *w, int a_ready, int b_ready, int dyblk)
 {
     cudaStream_t st = df_cuda_stream(be);
     /* (DFLASH_PROFILE: each operand's rounding a part of its own; MXFP8's scale bytes, below,
@@ -281,9 +288,11 @@ int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_ten
         int64_t M = a->shape[0];
         if (!a_ready)
             rc = df_cuda_fp8_codes_run(st, 1, B, ldb, M, m, w->qa, kp, w->sa, m, vb);
-        if (!rc && !b_ready) {
+        if (!rc && !b_ready) { /* dy^T: 128 x 1 blocks of dy (mode 1), or 128 x 128 (mode 3) */
             df_cuda_prof_split(be, part[kind][1]);
-            rc = df_cuda_fp8_codes_run(st, 1, A, lda, M, n, w->qb, kp, w->sb, n, va);
+            if (dyblk && cudaMemsetAsync(w->sb, 0, w->nsb, st) != cudaSuccess)
+                return df_cuda_check_launch("fp8 gemm scales");
+            rc = df_cuda_fp8_codes_run(st, dyblk ? 3 : 1, A, lda, M, n, w->qb, kp, w->sb, n, va);
         }
     } else { /* FWD: A = w [N, K] (mode 2), B = x; BWD_X: A = w^T [K, N] (mode 3), B = dy */
         if (!a_ready)
@@ -297,7 +306,7 @@ int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_ten
     if (!rc && w->mxa && !a_ready) /* A: 128 x 128 scales, or 1 x 128 (BWD_W) */
         rc = df_cuda_fp8_mx_run(st, w->sa, kind != DF_GEMM_BWD_W, m, m, kp, w->mxa);
     if (!rc && w->mxb && !b_ready)
-        rc = df_cuda_fp8_mx_run(st, w->sb, 0, n, n, kp, w->mxb);
+        rc = df_cuda_fp8_mx_run(st, w->sb, dyblk, n, n, kp, w->mxb);
     return rc;
 }
 
@@ -344,7 +353,7 @@ int check_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, df_gemm_kind kind,
     int64_t nr = bw ? p->n : a->shape[0];
     df_tensor te = df_tensor_2d(t_emu, c->dtype, nr, c->shape[1]);
     te.stride[0] = p->ldc;
-    int rc = df_cuda_fp8_qdq(be, a, &ra, bw ? 128 : 1, bw ? 1 : 128);
+    int rc = df_cuda_fp8_qdq(be, a, &ra, bw ? 128 : 1, !bw ? 128 : p->dyblk ? 128 : 1);
     if (!rc)
         rc = df_cuda_fp8_qdq(be, b, &rb, 128, bw ? 1 : 128);
     if (!rc)
@@ -385,7 +394,7 @@ int check_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, df_gemm_kind kind,
 /* The plan of a call (built and checked at its first call), or NULL: not
  * this path (device, dtypes, alignment, or a plan that was refused). */
 fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
-                  const df_tensor *c, int accumulate, int *fresh)
+                  const df_tensor *c, int accumulate, int dyblk, int *fresh)
 {
     df_cuda_state *s = (df_cuda_state *)be->impl;
     *fresh = 0;
@@ -404,6 +413,7 @@ fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const d
     key.kp = rup(red, 128);
     key.ldc = c->stride[0];
     key.mx = mx_of(s->device);
+    key.dyblk = kind == DF_GEMM_BWD_W && dyblk;
     if (key.m < 1 || key.n < 1 || red < 1 || key.ldc % 8 || ((uintptr_t)c->data & 15))
         return NULL;
     /* the rounding kernels' grids: 32-bit block indices, y dimensions below 2^16 */
@@ -419,7 +429,8 @@ fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const d
     for (int i = 0; i < fc->n && !p; i++) {
         fp8_plan *q = &fc->p[i];
         if (q->kind == key.kind && q->c_f32 == key.c_f32 && q->accumulate == key.accumulate &&
-            q->m == key.m && q->n == key.n && q->kp == key.kp && q->ldc == key.ldc)
+            q->m == key.m && q->n == key.n && q->kp == key.kp && q->ldc == key.ldc &&
+            q->dyblk == key.dyblk)
             p = q;
     }
     if (p)
@@ -554,11 +565,11 @@ extern "C" df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_g
 /* one call on the tensor cores: wa / a_ready, wb / b_ready as ws_layout's
  * base_a / base_b and quantize's (NULL: in ws) */
 static int fast_call(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
-                     df_tensor *c, int accumulate, void *ws, size_t ws_bytes, void *wa, int a_ready,
-                     void *wb, int b_ready)
+                     df_tensor *c, int accumulate, int dyblk, void *ws, size_t ws_bytes, void *wa,
+                     int a_ready, void *wb, int b_ready)
 {
     int fresh = 0;
-    fp8_plan *p = plan_of(be, kind, a, b, c, accumulate, &fresh);
+    fp8_plan *p = plan_of(be, kind, a, b, c, accumulate, dyblk, &fresh);
     if (!p) {
         g_fallback++;
         return 0;
@@ -569,7 +580,7 @@ static int fast_call(df_backend *be, df_gemm_kind kind, const df_tensor *a, cons
         return 0;
     }
     static const char *const part[3] = {"fp8 gemm fwd", "fp8 gemm bwd_x", "fp8 gemm bwd_w"};
-    int rc = quantize(be, kind, a, b, p->m, p->n, p->kp, &w, a_ready, b_ready);
+    int rc = quantize(be, kind, a, b, p->m, p->n, p->kp, &w, a_ready, b_ready, p->dyblk);
     if (!rc && fresh) { /* its class's first call: checked against the BF16 path on these operands */
         df_cuda_prof_split(be, "fp8 check");
         p->state = check_plan(be, (df_cuda_state *)be->impl, p, kind, a, b, c, &w) ? 1 : -1;
@@ -597,7 +608,7 @@ extern "C" int df_cuda_matmul_fp8_fast_ws(df_backend *be, df_gemm_kind kind, con
 {
     if (kind == DF_GEMM_BWD_W)
         wa = NULL, weight_ready = 0, rows_ready = 0;
-    return fast_call(be, kind, a, b, c, accumulate, ws, ws_bytes, wa, weight_ready, NULL,
+    return fast_call(be, kind, a, b, c, accumulate, 0, ws, ws_bytes, wa, weight_ready, NULL,
                      rows_ready);
 }
 
@@ -609,7 +620,7 @@ extern "C" int df_cuda_fp8_rows_slot(df_backend *be, df_gemm_kind kind, const df
     if (kind == DF_GEMM_BWD_W || !ws)
         return 0;
     int fresh = 0;
-    fp8_plan *p = plan_of(be, kind, a, b, c, accumulate, &fresh);
+    fp8_plan *p = plan_of(be, kind, a, b, c, accumulate, 0, &fresh);
     /* only a plan whose class has passed its check (fast_call then takes the
      * call: nothing falls back to a BF16 operand that was never written),
      * and FP32 scales (MXFP8's E8M0 bytes are made from them in quantize) */
@@ -672,8 +683,8 @@ extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const 
     if (!ws)
         return -ENOMEM;
     void *wx = h ? h->buf : NULL;
-    int rc = fast_call(be, kind, a, b, c, acc, ws, bytes, bw ? wx : NULL, bw && x_ready,
-                       bw ? NULL : wx, !bw && x_ready);
+    int rc = fast_call(be, kind, a, b, c, acc, (flags & DF_FP8_DY_BLOCKS) != 0, ws, bytes,
+                       bw ? wx : NULL, bw && x_ready, bw ? NULL : wx, !bw && x_ready);
     if (h) /* x's codes are there only when the call rounded (or used) them */
         h->ready = rc == 1;
     g_x_reused += rc == 1 && x_ready;
