@@ -205,6 +205,16 @@ typedef enum df_gemm_kind { DF_GEMM_FWD = 0, DF_GEMM_BWD_X = 1, DF_GEMM_BWD_W = 
 #define DF_FP8_DY_BLOCKS 8u
 int df_op_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
                      df_tensor *c, unsigned flags);
+/* The recipe above as block rows x block columns of the operand as passed: operand 0 (a: x of
+ * DF_GEMM_FWD, dy of the backward kinds) or 1 (b: the weight, x of DF_GEMM_BWD_W); flags as
+ * df_op_matmul_fp8's (DF_FP8_DY_BLOCKS counts). Every backend's rounding takes it from here. */
+static inline void df_fp8_operand_blocks(df_gemm_kind kind, int operand, unsigned flags, int64_t *br,
+                                         int64_t *bc)
+{
+    int bw = kind == DF_GEMM_BWD_W;
+    *br = operand == 0 && !bw ? 1 : 128;
+    *bc = operand == 0 ? (!bw || (flags & DF_FP8_DY_BLOCKS) ? 128 : 1) : (bw ? 1 : 128);
+}
 
 /* ---- FP8 (E4M3) rounding ----
  * y = x rounded to E4M3 in blocks of block_rows x block_cols elements (edge

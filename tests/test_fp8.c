@@ -318,11 +318,9 @@ static void test_matmul(void)
     if (!be)
         return;
     enum { M = 37, N = 150, K = 300, PAD = 3 };
-    for (int kind = 0; kind < 4; kind++) /* 3: BWD_W with DF_FP8_DY_BLOCKS */
+    for (int t = 0; t < 4; t++) /* the three kinds, then BWD_W with DF_FP8_DY_BLOCKS */
         for (int acc = 0; acc < 2; acc++) {
-            const int dyb = kind == 3;
-            if (dyb)
-                kind = DF_GEMM_BWD_W;
+            const int kind = t < 3 ? t : DF_GEMM_BWD_W, dyb = t == 3;
             /* shapes: FWD a [M,K] b [N,K] c [M,N]; BWD_X a [M,N] b [N,K] c [M,K];
              * BWD_W a [M,N] b [M,K] c [N,K] */
             int64_t ar = M, ac = kind == DF_GEMM_FWD ? K : N;
@@ -374,8 +372,6 @@ static void test_matmul(void)
                         (long long)bad);
             CHECK_EQ(bad, 0);
             free(a), free(b), free(c), free(c0), free(qa), free(qb);
-            if (dyb)
-                kind = 3;
         }
     /* bad arguments */
     float x[64], w[64], y[64];

@@ -92,12 +92,15 @@ static int rounded_copy(df_backend *be, const df_tensor *t, int64_t br, int64_t 
 int df_cpu_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
                       df_tensor *c, unsigned flags)
 {
-    int bw = kind == DF_GEMM_BWD_W, accumulate = (flags & DF_FP8_ACCUMULATE) != 0;
+    int accumulate = (flags & DF_FP8_ACCUMULATE) != 0;
     float *pa = NULL, *pb = NULL;
     df_tensor ra, rb;
-    int rc = rounded_copy(be, a, bw ? 128 : 1, !bw ? 128 : (flags & DF_FP8_DY_BLOCKS) ? 128 : 1, &pa, &ra);
+    int64_t abr, abc, bbr, bbc;
+    df_fp8_operand_blocks(kind, 0, flags, &abr, &abc);
+    df_fp8_operand_blocks(kind, 1, flags, &bbr, &bbc);
+    int rc = rounded_copy(be, a, abr, abc, &pa, &ra);
     if (!rc)
-        rc = rounded_copy(be, b, 128, bw ? 1 : 128, &pb, &rb);
+        rc = rounded_copy(be, b, bbr, bbc, &pb, &rb);
     if (!rc)
         rc = kind == DF_GEMM_FWD     ? df_cpu_matmul(be, &ra, &rb, c, accumulate)
              : kind == DF_GEMM_BWD_X ? df_cpu_matmul_bwd_x(be, &ra, &rb, c, accumulate)

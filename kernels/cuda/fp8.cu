@@ -153,7 +153,10 @@ extern "C" int df_cuda_fp8_qdq(df_backend *be, const df_tensor *x, df_tensor *y,
 extern "C" int df_cuda_matmul_fp8_bf16(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                                        const df_tensor *b, df_tensor *c, unsigned flags)
 {
-    int bw = kind == DF_GEMM_BWD_W, accumulate = (flags & DF_FP8_ACCUMULATE) != 0;
+    int accumulate = (flags & DF_FP8_ACCUMULATE) != 0;
+    int64_t abr, abc, bbr, bbc;
+    df_fp8_operand_blocks(kind, 0, flags, &abr, &abc);
+    df_fp8_operand_blocks(kind, 1, flags, &bbr, &bbc);
     int64_t na = a->shape[0] * a->shape[1], nb = b->shape[0] * b->shape[1];
     size_t ob = ((size_t)na * 2 + 255) & ~(size_t)255;
     char *s = (char *)df_cuda_scratch(be, ob + (size_t)nb * 2 + 2);
@@ -162,9 +165,9 @@ extern "C" int df_cuda_matmul_fp8_bf16(df_backend *be, df_gemm_kind kind, const 
     df_tensor ra = df_tensor_2d(s, DF_DTYPE_BF16, a->shape[0], a->shape[1]);
     df_tensor rb = df_tensor_2d(s + ob, DF_DTYPE_BF16, b->shape[0], b->shape[1]);
     df_cuda_prof_split(be, "bf16 path round");
-    int rc = df_cuda_fp8_qdq(be, a, &ra, bw ? 128 : 1, !bw ? 128 : (flags & DF_FP8_DY_BLOCKS) ? 128 : 1);
+    int rc = df_cuda_fp8_qdq(be, a, &ra, abr, abc);
     if (!rc)
-        rc = df_cuda_fp8_qdq(be, b, &rb, 128, bw ? 1 : 128);
+        rc = df_cuda_fp8_qdq(be, b, &rb, bbr, bbc);
     df_cuda_prof_split(be, "bf16 path gemm");
     if (!rc)
         rc = kind == DF_GEMM_FWD     ? df_cuda_matmul(be, &ra, &rb, c, accumulate)

@@ -353,9 +353,12 @@ int check_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, df_gemm_kind kind,
     int64_t nr = bw ? p->n : a->shape[0];
     df_tensor te = df_tensor_2d(t_emu, c->dtype, nr, c->shape[1]);
     te.stride[0] = p->ldc;
-    int rc = df_cuda_fp8_qdq(be, a, &ra, bw ? 128 : 1, !bw ? 128 : p->dyblk ? 128 : 1);
+    int64_t abr, abc, bbr, bbc;
+    df_fp8_operand_blocks(kind, 0, p->dyblk ? DF_FP8_DY_BLOCKS : 0, &abr, &abc);
+    df_fp8_operand_blocks(kind, 1, 0, &bbr, &bbc);
+    int rc = df_cuda_fp8_qdq(be, a, &ra, abr, abc);
     if (!rc)
-        rc = df_cuda_fp8_qdq(be, b, &rb, 128, bw ? 1 : 128);
+        rc = df_cuda_fp8_qdq(be, b, &rb, bbr, bbc);
     if (!rc)
         rc = kind == DF_GEMM_FWD     ? df_cuda_matmul(be, &ra, &rb, &te, 0)
              : kind == DF_GEMM_BWD_X ? df_cuda_matmul_bwd_x(be, &ra, &rb, &te, 0)
