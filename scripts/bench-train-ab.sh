@@ -1,26 +1,17 @@
 #!/usr/bin/env bash
-# bench-train-ab.sh A_DIR B_DIR LOG [ROUNDS] [TRAIN_ARGS...]: the 27B-shape fp8 training step (the
-# synthetic cache of bench-train.sh), A and B alternately ROUNDS times (default 2), 12 steps a run:
-# per run the median of steps 4-12, peak memory and median power; B - A of the medians; whether
-# the first runs' losses match step by step (else both, step by step). A_DIR, B_DIR hold a dflash
+# bench-train-ab.sh A_DIR B_DIR LOG [ROUNDS] [TRAIN_ARGS...]: the 27B-shape fp8 training step
+# (scripts/train27b.sh: bench-train.sh's shape and synthetic cache), A and B alternately ROUNDS
+# times (default 2), 12 steps a run: per run the median of steps 4-12, peak memory and median
+# power; B - A of the medians; whether the first runs' losses match step by step (else both,
+# step by step). A_DIR, B_DIR hold a dflash
 # binary each (the same one for an option A/B: B_ARGS="..." goes to the B side only). Run on the
 # GPU machine; a measurement, never run by tests.
 set -u
 A=$1; B=$2; L=$3; R=${4:-2}; shift 4 || shift $#
 W=/tmp/tb; rm -rf $W; mkdir -p $W $L
-python3 -c "
-import json; json.dump(dict(model_type='qwen3_5_text', hidden_size=5120, num_hidden_layers=64,
-  num_attention_heads=24, num_key_value_heads=4, head_dim=256, intermediate_size=17408, vocab_size=248320,
-  rope_theta=1e7, partial_rotary_factor=0.25, linear_num_key_heads=16, linear_num_value_heads=48,
-  linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
-  max_position_embeddings=262144, attn_output_gate=True, hidden_act='silu',
-  layer_types=['linear_attention' if (i + 1) % 4 else 'full_attention' for i in range(64)]),
-  open('$W/config.json', 'w'))"
-$A/dflash cache synth --out $W/cache --samples 12 --hidden 5120 --target-layers 64 --layers 5 --min-tokens 4096 --max-tokens 4096 > $L/synth.log 2>&1
-cat $W/cache/* > /dev/null
-TA=(--cache $W/cache --random-target $W/config.json --layers 5 --layer-types sliding,sliding,sliding,sliding,full
-    --heads 32 --kv-heads 8 --head-dim 128 --intermediate 17408 --block-size 16 --max-tokens 4096 --max-anchors 512
-    --mask-token 248070 --log-every 1 --no-ckpt --buffered-io --device cuda --steps 12 --fp8 "$@")
+source "$(cd "$(dirname "$0")" && pwd)/train27b.sh"
+train27b_setup "$A" "$W" 12 "$L" >/dev/null || { echo "synth FAILED"; exit 1; }
+TA=("${TA27[@]}" --buffered-io --device cuda --steps 12 --fp8 "$@")
 for i in $(seq 1 $R); do for s in a b; do
   D=$A; [ $s = b ] && D=$B
   nvidia-smi --query-gpu=power.draw,clocks.sm --format=csv,noheader,nounits -lms 200 > $L/pw-$s$i.csv 2>/dev/null & P=$!

@@ -29,25 +29,9 @@ status=0
 ngpu=$(nvidia-smi -L 2>/dev/null | wc -l)
 GPUS=${GPUS:-$([ "$ngpu" -ge 2 ] && echo 2 || echo 1)}
 
-python3 -c "
-import json; json.dump(dict(model_type='qwen3_5_text', hidden_size=5120, num_hidden_layers=64,
-  num_attention_heads=24, num_key_value_heads=4, head_dim=256, intermediate_size=17408, vocab_size=248320,
-  rope_theta=1e7, partial_rotary_factor=0.25, linear_num_key_heads=16, linear_num_value_heads=48,
-  linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4, rms_norm_eps=1e-6,
-  max_position_embeddings=262144, attn_output_gate=True, hidden_act='silu',
-  layer_types=['linear_attention' if (i + 1) % 4 else 'full_attention' for i in range(64)]),
-  open('$W/config.json', 'w'))"
-t0=$(date +%s)
-"$B/dflash" cache synth --out "$W/cache" --samples "$SAMPLES" --hidden 5120 --target-layers 64 --layers 5 \
-  --min-tokens 4096 --max-tokens 4096 >"$LOG/synth.log" 2>&1 || { echo "synth FAILED"; status=1; }
-echo "synthetic cache: $SAMPLES x 4096 tokens, $(du -sh "$W/cache" | cut -f1), $(($(date +%s) - t0)) s" | tee -a "$LOG/synth.log"
-# warm the page cache: the benchmark is about compute, not the disk (the log's data_wait says)
-cat "$W"/cache/* >/dev/null 2>&1
-
-TA0=(--cache "$W/cache" --random-target "$W/config.json" --layers 5
-    --layer-types sliding,sliding,sliding,sliding,full --heads 32 --kv-heads 8 --head-dim 128
-    --intermediate 17408 --block-size 16 --max-tokens 4096 --max-anchors 512 --mask-token 248070
-    --log-every 1 --no-ckpt)
+source "$ROOT/scripts/train27b.sh"
+train27b_setup "$B" "$W" "$SAMPLES" "$LOG" || { echo "synth FAILED"; status=1; }
+TA0=("${TA27[@]}")
 TA=("${TA0[@]}" --buffered-io)
 # (every run says its numerics: BF16 with --no-fp8, FP8 with --fp8; the default, --fp8 auto,
 # would take FP8 on Hopper at this width)
