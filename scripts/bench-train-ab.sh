@@ -3,9 +3,8 @@
 # (scripts/train27b.sh: bench-train.sh's shape and synthetic cache), A and B alternately ROUNDS
 # times (default 2), 12 steps a run: per run the median of steps 4-12, peak memory and median
 # power; B - A of the medians; whether the first runs' losses match step by step (else both,
-# step by step). A_DIR, B_DIR hold a dflash
-# binary each (the same one for an option A/B: B_ARGS="..." goes to the B side only). Run on the
-# GPU machine; a measurement, never run by tests.
+# step by step). A_DIR, B_DIR hold a dflash binary each (the same one for an option A/B:
+# B_ARGS="..." goes to the B side only). Run on the GPU machine; a measurement, never run by tests.
 set -u
 A=$1; B=$2; L=$3; R=${4:-2}; shift 4 || shift $#
 W=/tmp/tb; rm -rf $W; mkdir -p $W $L
