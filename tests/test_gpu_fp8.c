@@ -7,8 +7,8 @@
  *    a NaN or an Inf (copied as they are), and the drafter's shapes at the
  *    Qwen3.6-27B drafter size (8192 x 5120 activations, 5120 x 17408 weights,
  *    4096 x 5120 operands reduced over rows).
- *  - df_op_matmul_fp8, every kind (and bwd_w with DF_FP8_DY_BLOCKS), against the CPU's within the BF16 GEMMs'
- *    bound (the rounded operands are the same bits): the BF16 path
+ *  - df_op_matmul_fp8, every kind (and bwd_w with DF_FP8_DY_BLOCKS), against
+ *    the CPU's within the BF16 GEMMs' bound (the rounded operands are the same bits): the BF16 path
  *    (DFLASH_FP8_GEMM=0), then the E4M3 tensor cores (gemm_fp8.cu), which on
  *    sm_90 must take the aligned shapes (each checked against the BF16 path
  *    at its first call); and the DF_FP8_HOLD_X / _SAME_X hints, bitwise.
