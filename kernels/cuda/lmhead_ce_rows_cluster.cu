@@ -34,9 +34,7 @@
 #include "bf16.cuh"
 #include "cuda_internal.h"
 #include "e4m3.cuh"
-#include "device.h"
 #include "lmhead_ce_rows.cuh"
-#include "ptx_async.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -81,166 +79,131 @@ __device__ __forceinline__ void block_triple(float &m, int &am, double &s, float
 }
 #endif
 
-/* Row r of the chunk (or a padding row: nothing) into this thread's shared
- * slots: group j's 8 logits as two 16-byte copies, slots j * 2 and j * 2 + 1
- * of pre[slot * CT + t]. Only this thread reads them back. */
 template <int J>
-__device__ __forceinline__ void prefetch(const ce_rows_args &a, int64_t r, int base, float4 *pre)
-{
-    if (a.codes && r >= a.nrows)
-        return;
-    const float *zr = a.z + r * a.ldz;
-    const int t = threadIdx.x;
-#pragma unroll
-    for (int j = 0; j < J; j++) {
-        const int v0 = base + (j * CT + t) * 8;
-        if (v0 < a.ldz) { /* a group starts below ldz (a multiple of 8): all of it is in the row */
-            cp16(smem_u32(&pre[(2 * j) * CT + t]), zr + v0);
-            cp16(smem_u32(&pre[(2 * j + 1) * CT + t]), zr + v0 + 4);
-        }
-    }
-}
-
-template <int J>
-__global__ void __launch_bounds__(CT, 1) ce_rows_cluster_kernel(const ce_rows_args a, int64_t rows)
+__global__ void __launch_bounds__(CT, 1) ce_rows_cluster_kernel(const ce_rows_args a)
 {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     cg::cluster_group cl = cg::this_cluster();
-    extern __shared__ float4 pre[]; /* [2 J][CT]: the next row's slice, per thread */
     __shared__ float sh_m[CW];
     __shared__ int sh_i[CW];
     __shared__ double sh_s[CW];
-    __shared__ float part_m[2]; /* this block's triple, read by the whole cluster; by parity */
-    __shared__ int part_i[2];
-    __shared__ double part_s[2];
+    __shared__ float part_m; /* this block's triple, read by the whole cluster */
+    __shared__ int part_i;
+    __shared__ double part_s;
     __shared__ float sh_mx, sh_scf;
-    __shared__ double sh_sc;
-    /* the row's inputs, written before any barrier of the iteration: by parity */
-    __shared__ float sh_zl[2], sh_w[2];
-    __shared__ double sh_c[2];
-    __shared__ int sh_act[2], sh_lab[2];
+    __shared__ double sh_sc, sh_c;
+    __shared__ int sh_act, sh_lab;
 
     const int t = threadIdx.x, k = (int)cl.block_rank();
-    const int64_t ncl = gridDim.x / CC, V = a.V;
-    const int base = k * (J * CT * 8); /* V <= 2^18: ints */
-    const int Vi = (int)V;
-    int64_t r = blockIdx.x / CC;
-    prefetch<J>(a, r, base, pre);
-    cp_commit();
-    for (int par = 0; r < rows; r += ncl, par ^= 1) {
-        const int64_t gi = a.row0 + r;
-        const bool real = !a.codes || r < a.nrows; /* else a padding row of GEMM 2's operand */
-        /* 1. the slice from this thread's slots (out of the row: -inf) */
-        cp_wait<0>();
-        float x[J][8];
+    const int64_t r = blockIdx.x / CC, gi = a.row0 + r, V = a.V;
+    const bool real = !a.codes || r < a.nrows; /* else a padding row of GEMM 2's operand */
+    const float *zr = a.z + r * a.ldz;
+    const int64_t base = (int64_t)k * (J * CT * 8);
+
+    /* 1. the slice: all loads issued before any is used */
+    float x[J][8];
 #pragma unroll
-        for (int j = 0; j < J; j++) {
-            const int v0 = base + (j * CT + t) * 8;
-            const float4 p0 = pre[(2 * j) * CT + t], p1 = pre[(2 * j + 1) * CT + t];
-            const float f[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+    for (int j = 0; j < J; j++) {
+        const int64_t v0 = base + ((int64_t)j * CT + t) * 8;
+        if (real && v0 + 8 <= V) { /* 32-byte aligned: ldz is a multiple of 8 */
+            float4 p0 = __ldcs(reinterpret_cast<const float4 *>(zr + v0));
+            float4 p1 = __ldcs(reinterpret_cast<const float4 *>(zr + v0 + 4));
+            x[j][0] = p0.x, x[j][1] = p0.y, x[j][2] = p0.z, x[j][3] = p0.w;
+            x[j][4] = p1.x, x[j][5] = p1.y, x[j][6] = p1.z, x[j][7] = p1.w;
+        } else {
 #pragma unroll
             for (int i = 0; i < 8; i++)
-                x[j][i] = real && v0 + i < Vi ? f[i] : -INFINITY;
+                x[j][i] = real && v0 + i < V ? zr[v0 + i] : -INFINITY;
         }
-        /* the row's inputs and the label's logit, read before any block of
-         * the cluster can write over the row (after the barrier below) */
-        if (t == 0) {
-            int32_t lab = real ? a.label[gi] : -1;
-            float w = real && a.weight ? a.weight[gi] : 1.0f;
-            int act = real && row_active(lab, w, V);
-            sh_act[par] = act;
-            sh_lab[par] = act ? lab : -1;
-            sh_zl[par] = act ? a.z[r * a.ldz + lab] : 0.0f;
-            sh_w[par] = w;
-            sh_c[par] = act ? (double)w / a.denom : 0.0;
-        }
-        float m = -INFINITY;
-        int am = INT_MAX;
+    }
+    /* the label's logit and the row's inputs, read before any block of the
+     * cluster can write over the row (after the barrier below) */
+    float zl = 0.0f;
+    int32_t lab = -1;
+    float w = 1.0f;
+    if (t == 0 && real) {
+        lab = a.label[gi];
+        w = a.weight ? a.weight[gi] : 1.0f;
+        if (k == 0 && row_active(lab, w, V))
+            zl = zr[lab];
+    }
+    float m = -INFINITY;
+    int am = INT_MAX;
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            if (x[j][i] > m) { /* strict: the first index of the max */
+                m = x[j][i];
+                am = (int)(base + ((int64_t)j * CT + t) * 8 + i);
+            }
+    double s = 0.0;
+    if (m > -INFINITY) {
 #pragma unroll
         for (int j = 0; j < J; j++)
 #pragma unroll
-            for (int i = 0; i < 8; i++)
-                if (x[j][i] > m) { /* strict: the first index of the max */
-                    m = x[j][i];
-                    am = base + (j * CT + t) * 8 + i;
-                }
-        /* every value is in registers now: the slots take the next row */
-        if (r + ncl < rows)
-            prefetch<J>(a, r + ncl, base, pre);
-        cp_commit();
-        /* p = exp(z - m) over this thread's max, kept for the gradient; the
-         * sum in fp32 per group of 8 (each p <= 1), in double across groups */
-        const float mt = m; /* this thread's max: its p's reference */
-        double s = 0.0;
-#pragma unroll
-        for (int j = 0; j < J; j++) {
-            float g = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 8; i++) {
-                /* the max itself: exp(0) = 1 exactly (also for +inf) */
-                float p = m == -INFINITY ? 0.0f : x[j][i] == m ? 1.0f : expf(x[j][i] - m);
-                x[j][i] = p;
-                g += p;
-            }
-            s += (double)g;
-        }
-        block_triple(m, am, s, sh_m, sh_i, sh_s);
-        if (t == 0) {
-            part_m[par] = m;
-            part_i[par] = am;
-            part_s[par] = s;
-        }
+            for (int i = 0; i < 8; i++) /* the max itself adds exp(0) = 1 exactly */
+                s += x[j][i] == m ? 1.0 : (double)expf(x[j][i] - m);
+    }
+    block_triple(m, am, s, sh_m, sh_i, sh_s);
+    if (t == 0) {
+        part_m = m;
+        part_i = am;
+        part_s = s;
+    }
 
-        /* 2. the row's triple from the cluster's, in rank order */
-        cl.sync();
-        if (t == 0) {
-            float M = -INFINITY;
-            int I = INT_MAX;
-            double S = 0.0;
-            for (int q = 0; q < CC; q++)
-                merge(M, I, S, *cl.map_shared_rank(&part_m[par], q),
-                      *cl.map_shared_rank(&part_i[par], q), *cl.map_shared_rank(&part_s[par], q));
-            const int act = sh_act[par];
-            if (act) {
-                double sc = sh_c[par] / S;
-                sh_sc = sc;
-                sh_scf = (float)sc;
-            }
-            if (k == 0 && real) {
-                double cev = act ? ((double)M + log(S)) - (double)sh_zl[par] : 0.0;
-                if (a.argmax)
-                    a.argmax[gi] = I == INT_MAX ? 0 : I; /* all -inf/NaN: index 0 as the CPU */
-                if (a.ce)
-                    a.ce[gi] = act ? (float)cev : 0.0f;
-                a.row_loss[gi] = act ? (double)sh_w[par] * cev : 0.0;
-            }
-            sh_mx = M;
+    /* 2. the row's triple from the cluster's, in rank order */
+    cl.sync();
+    if (t == 0) {
+        float M = -INFINITY;
+        int I = INT_MAX;
+        double S = 0.0;
+        for (int q = 0; q < CC; q++)
+            merge(M, I, S, *cl.map_shared_rank(&part_m, q), *cl.map_shared_rank(&part_i, q),
+                  *cl.map_shared_rank(&part_s, q));
+        const int act = real && row_active(lab, w, V);
+        double cev = 0.0;
+        if (act) {
+            cev = ((double)M + log(S)) - (double)zl;
+            double c = (double)w / a.denom, sc = c / S;
+            sh_c = c;
+            sh_sc = sc;
+            sh_scf = (float)sc;
         }
-        __syncthreads();
-        if (!a.want_dh)
-            continue;
-        /* 3. G from the registers: p rescaled to the row's max (within a
-         * few ulp of the CPU's expf(z - max) * c/s); the label's entry by the
-         * CPU's formula */
-        const int act = sh_act[par];
+        if (k == 0 && real) {
+            if (a.argmax)
+                a.argmax[gi] = I == INT_MAX ? 0 : I; /* all -inf/NaN: index 0 as the CPU */
+            if (a.ce)
+                a.ce[gi] = act ? (float)cev : 0.0f;
+            a.row_loss[gi] = act ? (double)w * cev : 0.0;
+        }
+        sh_act = act;
+        sh_lab = act ? lab : -1;
+        sh_mx = M;
+    }
+    cl.barrier_arrive(); /* this block is done with the others' shared memory */
+    __syncthreads();
+    if (a.want_dh) {
+        const int act = sh_act;
         const float mx = sh_mx, scf = sh_scf;
-        const float f = act && mt > -INFINITY ? scf * expf(mt - mx) : 0.0f;
-        const int labv = sh_lab[par];
-        const float gl = act ? ce_grad(sh_zl[par], mx, scf, sh_sc, sh_c[par], true) : 0.0f;
-        uint16_t *hi = (uint16_t *)(a.z + r * a.ldz);
-        uint16_t *lor = a.lo ? a.lo + r * a.ldlo : NULL;
+        const double sc = sh_sc, c = sh_c;
+        const int64_t labv = sh_lab;
+        /* 3. G from the registers */
 #pragma unroll
         for (int j = 0; j < J; j++) {
-            const int v0 = base + (j * CT + t) * 8;
-            const int li = labv - v0; /* the label's place in this group, if in [0, 8) */
-            float g[8];
+            const int64_t v0 = base + ((int64_t)j * CT + t) * 8;
             uint32_t wv[4];
 #pragma unroll
-            for (int i = 0; i < 8; i++)
-                g[i] = !act || v0 + i >= Vi ? 0.0f : i == li ? gl : x[j][i] * f;
+            for (int i = 0; i < 8; i += 2) {
+                uint16_t g2[2];
 #pragma unroll
-            for (int i = 0; i < 8; i += 2)
-                wv[i / 2] = pack2(g[i], g[i + 1]);
+                for (int q = 0; q < 2; q++) {
+                    const int64_t v = v0 + i + q;
+                    g2[q] = act && v < V ? f2bf(ce_grad(x[j][i + q], mx, scf, sc, c, v == labv))
+                                         : (uint16_t)0;
+                }
+                wv[i / 2] = (uint32_t)g2[0] | (uint32_t)g2[1] << 16;
+            }
             const uint4 u = make_uint4(wv[0], wv[1], wv[2], wv[3]);
             if (a.codes) {
                 uint32_t mb = amax8_bits(u);
@@ -249,99 +212,102 @@ __global__ void __launch_bounds__(CT, 1) ce_rows_cluster_kernel(const ce_rows_ar
                     mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, d));
                 if (v0 >= a.kp)
                     continue;
-                float fb[8], mf = bits_f(mb);
-                unpack8(u, fb);
+                float f[8], mf = bits_f(mb);
+                unpack8(u, f);
                 const int e = scale_exp(mf);
                 *reinterpret_cast<uint2 *>(a.codes + r * a.kp + v0) =
-                    codes8(fb, ldexpf(1.0f, -e), isfinite(mf));
+                    codes8(f, ldexpf(1.0f, -e), isfinite(mf));
                 if ((t & 15) == 0)
                     a.csc[(v0 / 128) * a.n_out + r] = ldexpf(1.0f, e);
                 continue;
             }
-            if (v0 + 8 <= Vi) { /* 16-byte aligned */
+            uint16_t *hi = (uint16_t *)(a.z + r * a.ldz);
+            uint16_t *lor = a.lo ? a.lo + r * a.ldlo : NULL;
+            if (v0 + 8 <= V) { /* 16-byte aligned */
                 *reinterpret_cast<uint4 *>(hi + v0) = u;
-                if (lor) { /* g - hi is exact in fp32 */
-                    float l[8];
-                    unpack8(u, l);
+                if (lor) {
+                    uint16_t l8[8];
 #pragma unroll
-                    for (int i = 0; i < 8; i++)
-                        l[i] = g[i] - l[i];
-                    store8(lor + v0, l);
+                    for (int i = 0; i < 8; i++) /* g - hi is exact in fp32 */
+                        l8[i] = act ? f2bf(ce_grad(x[j][i], mx, scf, sc, c, v0 + i == labv) -
+                                           bf2f(i & 1 ? (uint16_t)(wv[i / 2] >> 16)
+                                                      : (uint16_t)wv[i / 2]))
+                                    : (uint16_t)0;
+                    *reinterpret_cast<uint4 *>(lor + v0) =
+                        make_uint4((uint32_t)l8[0] | (uint32_t)l8[1] << 16,
+                                   (uint32_t)l8[2] | (uint32_t)l8[3] << 16,
+                                   (uint32_t)l8[4] | (uint32_t)l8[5] << 16,
+                                   (uint32_t)l8[6] | (uint32_t)l8[7] << 16);
                 }
             } else {
 #pragma unroll
                 for (int i = 0; i < 8; i++) {
-                    if (v0 + i >= Vi)
+                    const int64_t v = v0 + i;
+                    if (v >= V)
                         break;
-                    const uint16_t h = f2bf(g[i]);
-                    hi[v0 + i] = h;
+                    const uint16_t h = i & 1 ? (uint16_t)(wv[i / 2] >> 16) : (uint16_t)wv[i / 2];
+                    hi[v] = h;
                     if (lor)
-                        lor[v0 + i] = f2bf(g[i] - bf2f(h));
+                        lor[v] = act ? f2bf(ce_grad(x[j][i], mx, scf, sc, c, v == labv) - bf2f(h))
+                                     : (uint16_t)0;
                 }
             }
         }
     }
-    cl.sync(); /* the others may still read this block's last triple */
+    cl.barrier_wait();
 #else
     __trap(); /* never launched: usable() refuses code built below 9.0 */
 #endif
 }
 
-constexpr size_t smem_bytes(int j) { return (size_t)2 * j * CT * sizeof(float4); }
-
-template <int J>
-cudaLaunchConfig_t config(int64_t clusters, cudaStream_t st, cudaLaunchAttribute *at)
+template <int J> cudaLaunchConfig_t config(int64_t rows, cudaStream_t st, cudaLaunchAttribute *at)
 {
     cudaLaunchConfig_t cfg = {};
     at[0].id = cudaLaunchAttributeClusterDimension;
     at[0].val.clusterDim.x = CC;
     at[0].val.clusterDim.y = 1;
     at[0].val.clusterDim.z = 1;
-    cfg.gridDim = dim3((unsigned)(clusters * CC));
+    cfg.gridDim = dim3((unsigned)(rows * CC));
     cfg.blockDim = dim3(CT);
-    cfg.dynamicSmemBytes = smem_bytes(J);
     cfg.stream = st;
     cfg.attrs = at;
     cfg.numAttrs = 1;
     return cfg;
 }
 
-/* How many clusters of variant J run at once on the current device (the
- * grid: each loops over rows), 0 where it cannot run: its code built below
- * 9.0 (a build's compute_80 PTX JIT-compiled on a newer GPU has an empty
- * body), its shared memory refused (df_cuda_func_smem: DFLASH_PORTABLE's
- * 99 KiB), no cluster fits (some MIG or MPS limits). Asked once per device
- * and J. */
-template <int J> int clusters_at_once(int dev)
+/* Whether variant J runs on the current device: its code built for 9.0 or
+ * later (a build's compute_80 PTX JIT-compiled on a newer GPU has an empty
+ * body) and one cluster fits (not under some MIG or MPS limits). Asked once
+ * per device and J. */
+template <int J> bool usable(int dev)
 {
     constexpr int MAX_DEV = 64;
-    static int n_of[MAX_DEV]; /* 0 not asked, else 1 + the count */
+    static int ok[MAX_DEV]; /* 0 not asked, 1 yes, 2 no */
     if (dev < 0 || dev >= MAX_DEV)
-        return 0;
-    if (!n_of[dev]) {
+        return false;
+    if (!ok[dev]) {
         cudaFuncAttributes fa;
         cudaLaunchAttribute at[1];
         cudaLaunchConfig_t cfg = config<J>(1, 0, at);
         int n = 0;
-        bool ok = cudaFuncGetAttributes(&fa, ce_rows_cluster_kernel<J>) == cudaSuccess &&
-                  fa.ptxVersion >= 90 && fa.binaryVersion >= 90 &&
-                  df_cuda_func_smem((const void *)ce_rows_cluster_kernel<J>, smem_bytes(J)) == 0 &&
-                  cudaOccupancyMaxActiveClusters(&n, ce_rows_cluster_kernel<J>, &cfg) ==
-                      cudaSuccess;
+        bool yes = cudaFuncGetAttributes(&fa, ce_rows_cluster_kernel<J>) == cudaSuccess &&
+                   fa.ptxVersion >= 90 && fa.binaryVersion >= 90 &&
+                   cudaOccupancyMaxActiveClusters(&n, ce_rows_cluster_kernel<J>, &cfg) ==
+                       cudaSuccess &&
+                   n >= 1;
         (void)cudaGetLastError();
-        n_of[dev] = 1 + (ok && n > 0 ? n : 0);
+        ok[dev] = yes ? 1 : 2;
     }
-    return n_of[dev] - 1;
+    return ok[dev] == 1;
 }
 
 template <int J> int launch(const ce_rows_args *a, int64_t rows, int dev, cudaStream_t st)
 {
-    const int64_t n = clusters_at_once<J>(dev);
-    if (n < 1)
+    if (!usable<J>(dev))
         return 0;
     cudaLaunchAttribute at[1];
-    cudaLaunchConfig_t cfg = config<J>(rows < n ? rows : n, st, at);
-    return df_cuda_fail(cudaLaunchKernelEx(&cfg, ce_rows_cluster_kernel<J>, *a, rows),
+    cudaLaunchConfig_t cfg = config<J>(rows, st, at);
+    return df_cuda_fail(cudaLaunchKernelEx(&cfg, ce_rows_cluster_kernel<J>, *a),
                         "lmhead_ce rows (cluster)")
                ? -EIO
                : 1;
