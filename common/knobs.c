@@ -45,11 +45,6 @@ static const df_knob_info TABLE[DF_KNOB_COUNT] = {
     [DF_KNOB_CE_PRECISE] = {"DFLASH_CE_PRECISE", DF_KNOB_FLAG, DF_KNOB_TEST, "0", "0,1", 0, 0, 0,
                             "1: the CUDA LM head's gradient carried as hi + lo bf16 (~2^-17) at one "
                             "more GEMM; 0 rounds it to one bf16 as bf16 autograd does"},
-    [DF_KNOB_CE_ROWS] = {"DFLASH_CE_ROWS", DF_KNOB_CHOICE, DF_KNOB_BENCH, "cluster", "cluster,block", 0,
-                         0, 0,
-                         "the CUDA LM head's cross-entropy rows: one thread-block cluster per row, "
-                         "which reads it once (compute capability 9.0+, vocabulary <= 262144; where "
-                         "it launches), or one block per row, which reads it twice"},
     [DF_KNOB_FP8_GEMM] = {"DFLASH_FP8_GEMM", DF_KNOB_FLAG, DF_KNOB_BENCH, "1", "0,1", 0, 0, 0,
                           "1: FP8 training's GEMMs on E4M3 tensor cores where cuBLASLt has them "
                           "(sm_90; MXFP8 on 10+; each shape checked once against 0); 0: the BF16 GEMM on the "

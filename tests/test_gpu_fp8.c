@@ -21,8 +21,7 @@
  *    rounds the fp32 G: blocks may differ by a tie or a scale step) and
  *    moves away from the flags-0 dh by E4M3's ~1e-2; G's codes written by the
  *    row kernel (once GEMM 2's class has passed its check) are bitwise those
- *    rounded by GEMM 2, in one chunk and in several, padded rows included;
- *    with both CE row variants (DFLASH_CE_ROWS).
+ *    rounded by GEMM 2, in one chunk and in several, padded rows included.
  * `--bench`: the GEMMs of the Qwen3.6-27B drafter step, each kind: the BF16
  *  GEMM, the FP8 op, the BF16 path's rounding of the activations (df_op_fp8_qdq),
  *  and the tensor cores' whole call with the weight's codes made or kept; medians of 9
@@ -702,16 +701,6 @@ int main(int argc, char **argv)
            (long long)(nfast2 - nfast), (long long)(nslow2 - nslow));
     if (sm90)
         CHECK(nfast2 - nfast >= 4 && nslow2 == nslow);
-    /* the same with the CE rows one block per row (lmhead_ce_rows.cuh; the cluster variant
-     * took them above where it runs) */
-    CHECK_EQ(df_knob_set(DF_KNOB_CE_ROWS, "block"), 0);
-    int64_t k0 = df_cuda_lmhead_ce_cluster_chunks();
-    check_lmhead(300, 5000, 256, sm90);
-    CHECK_EQ(df_cuda_lmhead_ce_cluster_chunks(), k0);
-    CHECK_EQ(df_knob_set(DF_KNOB_CE_ROWS, NULL), 0);
-    printf("lmhead_ce: %lld chunks' rows on the cluster variant in all\n", (long long)k0);
-    if (sm90)
-        CHECK(k0 >= 4);
     gh_close();
     return test_main_end();
 }

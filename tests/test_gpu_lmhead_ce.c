@@ -27,9 +27,7 @@
  * Also: a second GPU run is bitwise identical (determinism); a multi-chunk
  * case (V=50000, N=300, chunk buffers capped at 16 MiB: 55-row chunks, and
  * 83 rows without dh); V not a multiple of 8 (padded logit rows); weight
- * NULL; loss only (dh, argmax, ce NULL). All of it for both CE row variants
- * (DFLASH_CE_ROWS: the cluster one must run on compute capability 9.0+),
- * with V up to the cluster variant's largest and one past it. */
+ * NULL; loss only (dh, argmax, ce NULL). */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -39,7 +37,6 @@
 #include "cuda/device.h"
 #include "cuda/lmhead_cuda.h"
 #include "gpu_harness.h"
-#include "knobs.h"
 #include "ops.h"
 #include "train_ops.h"
 
@@ -366,9 +363,7 @@ static void bench(df_backend *g)
     CHECK_EQ(df_backend_fill_uniform(g, dw_, DF_DTYPE_BF16, V * H, 2, -0.03f, 0.03f), 0);
     df_tensor th = df_tensor_2d(dh_, DF_DTYPE_BF16, N, H), tw = df_tensor_2d(dw_, DF_DTYPE_BF16, V, H);
     df_tensor tdh = df_tensor_2d(ddh, DF_DTYPE_BF16, N, H);
-    for (int v = 0; v < 6; v++) { /* per row variant: loss only; + dh (bf16 G); + dh (hi + lo G) */
-        const int mode = v % 3;
-        CHECK_EQ(df_knob_set(DF_KNOB_CE_ROWS, v < 3 ? "cluster" : "block"), 0);
+    for (int mode = 0; mode < 3; mode++) { /* loss only; + dh (bf16 G); + dh (hi + lo G) */
         df_cuda_lmhead_ce_set_precise(mode == 2);
         double loss = 0, best = 1e30;
         for (int it = 0; it < 4; it++) { /* the first is a warm-up (plans, scratch) */
@@ -382,14 +377,12 @@ static void bench(df_backend *g)
             if (it > 0 && t < best)
                 best = t;
         }
-        printf("bench N=%lld V=%lld H=%lld %s, %s rows: %.2f ms (best of 3; GEMM flops %.1f "
-               "TFLOP)\n",
+        printf("bench N=%lld V=%lld H=%lld %s: %.2f ms (best of 3; GEMM flops %.1f TFLOP)\n",
                (long long)N, (long long)V, (long long)H,
                mode == 0 ? "loss only" : mode == 1 ? "loss + dh, bf16 G" : "loss + dh, hi+lo G",
-               v < 3 ? "cluster" : "block", best, (1.0 + mode) * 2.0 * N * V * H / 1e12);
+               best, (1.0 + mode) * 2.0 * N * V * H / 1e12);
     }
     df_cuda_lmhead_ce_set_precise(0);
-    CHECK_EQ(df_knob_set(DF_KNOB_CE_ROWS, NULL), 0);
     free(lab);
     df_backend_free(g, dh_), df_backend_free(g, dw_), df_backend_free(g, ddh);
     df_backend_free(g, dam), df_backend_free(g, dce), df_backend_free(g, dlab);
@@ -402,35 +395,12 @@ int main(int argc, char **argv)
     if (rc)
         return rc;
     df_backend *g = gh_gpu, *c = gh_cpu;
-    df_cuda_device_info info;
-    CHECK_EQ(df_cuda_device_info_get(0, &info), 0);
-    /* both row variants (lmhead_ce_rows.cuh): the cluster one must run from compute
-     * capability 9.0 on, over 1 to 8 register groups per thread */
-    for (int block = 0; block < 2; block++) {
-        CHECK_EQ(df_knob_set(DF_KNOB_CE_ROWS, block ? "block" : "cluster"), 0);
-        int64_t k0 = df_cuda_lmhead_ce_cluster_chunks();
-        printf("CE rows: the %s variant\n", block ? "block" : "cluster");
-        for (int precise = 0; precise < 2; precise++) {
-            check_case(g, c, 37, 1000, 64, 1, 0, precise);
-            check_case(g, c, 37, 1000, 64, 0, 0, precise);
-            check_case(g, c, 29, 1001, 72, 1, 0, precise); /* V % 8 != 0: padded logit rows */
-            check_case(g, c, 300, 50000, 64, 1, (size_t)16 << 20, precise); /* chunks + a tail */
-        }
-        /* the largest vocabularies the cluster variant takes: Qwen3.6's, and 2^18 - 1 */
-        check_case(g, c, 9, 248320, 64, 1, 0, 0);
-        check_case(g, c, 5, 262143, 48, 1, 0, 1);
-        int64_t k1 = df_cuda_lmhead_ce_cluster_chunks();
-        printf("CE rows: %lld chunks on the cluster variant\n", (long long)(k1 - k0));
-        if (block)
-            CHECK_EQ(k1, k0);
-        else if (info.sm_major >= 9)
-            CHECK(k1 - k0 >= 20);
+    for (int precise = 0; precise < 2; precise++) {
+        check_case(g, c, 37, 1000, 64, 1, 0, precise);
+        check_case(g, c, 37, 1000, 64, 0, 0, precise);
+        check_case(g, c, 29, 1001, 72, 1, 0, precise); /* V % 8 != 0: padded logit rows */
+        check_case(g, c, 300, 50000, 64, 1, (size_t)16 << 20, precise); /* chunks + a tail */
     }
-    /* past 2^18 the block variant takes the rows whatever the knob says */
-    CHECK_EQ(df_knob_set(DF_KNOB_CE_ROWS, "cluster"), 0);
-    int64_t k0 = df_cuda_lmhead_ce_cluster_chunks();
-    check_case(g, c, 3, 262145, 32, 1, 0, 0);
-    CHECK_EQ(df_cuda_lmhead_ce_cluster_chunks(), k0);
     df_cuda_lmhead_ce_set_precise(0);
     check_lend(g);
     if (do_bench)

@@ -6,9 +6,9 @@
  * in chunks sized so the chunk's buffers stay under a bound (1 GiB); per
  * chunk
  *   1. Z = h_chunk @ head^T, fp32 out of cuBLASLt (bf16 in, fp32 accumulate)
- *   2. per row (lmhead_ce_rows.cuh: one cluster of blocks per row where it
- *      runs, else one block): max, argmax (lowest index of the max), sum of
- *      exp(z - max) in double, CE, w * CE into a per-row double; with dh,
+ *   2. one block per row: max, argmax (lowest index of the max), sum of
+ *      exp(z - max) in double (online: one read of the row), CE, w * CE into
+ *      a per-row double; with dh, a second read of the row turns it into
  *      G = (softmax - onehot) * w / denom with the CPU's formulas, split as
  *      G = hi + lo (two bf16: hi written in place over Z, lo to a buffer)
  *   3. dh32 = hi @ head, dh32 += lo @ head (fp32 out), then dh = bf16(dh32)
@@ -31,6 +31,13 @@
  * block scales straight into GEMM 2's operand (ce_codes_pass; the same bits
  * as rounding hi afterwards): no bf16 G is written, nor read back to round.
  *
+ * In place: a row's G (hi, bf16) is written over the first half of the
+ * row's own fp32 logits. The block walks the row in tiles in increasing
+ * order; every thread reads its tile's logits and computes from them before
+ * a __syncthreads, then writes hi for that tile. Writes of tile t land in
+ * logits [t*TILE/2, (t+1)*TILE/2), all read before that barrier; later
+ * tiles read only beyond (t+1)*TILE. Rows never share memory.
+ *
  * Determinism: each row is one block with a fixed thread-to-element map and
  * fixed shuffle/shared reduction trees; the loss is summed over rows by one
  * block in a fixed order, independent of the chunking; cuBLASLt is bitwise
@@ -43,6 +50,7 @@
  * The workspace is carved out of the backend scratch. */
 #include <cuda_runtime.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -52,9 +60,9 @@
 
 #include "bf16.cuh"
 #include "cuda_internal.h"
+#include "e4m3.cuh"
 #include "knobs.h"
 #include "fp8_cuda.h"
-#include "lmhead_ce_rows.cuh"
 #include "lmhead_cuda.h"
 
 extern "C" {
@@ -63,6 +71,10 @@ extern "C" {
 
 namespace {
 
+constexpr int RT = 512;              /* threads per row block */
+constexpr int RU = 8;                /* logits per thread per tile (loads in flight) */
+constexpr int TILE = RT * RU;        /* logits per tile */
+constexpr int NW = RT / 32;          /* warps per row block */
 constexpr int LT = 1024;             /* threads of the loss-sum block */
 constexpr size_t WS_BYTES = (size_t)32 << 20;           /* cuBLASLt workspace */
 constexpr int PLAN_CAP = 32;
@@ -71,8 +83,251 @@ constexpr int MAX_DEV = 64;
 size_t g_chunk_bytes = 0; /* test hook; 0 = DFLASH_CE_CHUNK_MIB's */
 int g_fp8_codes = 1;      /* test hook: G's codes written by the row kernel */
 int64_t g_fp8_fused = 0;  /* chunks whose G went to GEMM 2 as codes only, process-wide */
-int64_t g_cluster_chunks = 0; /* chunks whose rows ran on the cluster variant, process-wide */
 int g_precise = -1;       /* hi + lo gradient; -1 = not yet read from DFLASH_CE_PRECISE */
+
+/* A row is active (contributes loss and gradient) as on the CPU, plus the
+ * device-only rule: a label >= V is ignored, never read. !(w > 0) also
+ * ignores a NaN weight, as the CPU's `weight > 0` test does. */
+__device__ __forceinline__ int row_active(int32_t lab, float w, int64_t V)
+{
+    return lab >= 0 && (int64_t)lab < V && w > 0.0f;
+}
+
+/* Merges (max m, argmax i, sum s of exp(z - m)) with another such triple.
+ * Commutative; on equal maxima the lower index wins (the CPU's first max). */
+__device__ __forceinline__ void merge(float &m, int &i, double &s, float m2, int i2, double s2)
+{
+    float M = fmaxf(m, m2);
+    double a = s != 0.0 ? s * exp((double)m - (double)M) : 0.0;
+    double b = s2 != 0.0 ? s2 * exp((double)m2 - (double)M) : 0.0;
+    i = m2 > m ? i2 : (m > m2 ? i : min(i, i2));
+    m = M;
+    s = a + b;
+}
+
+/* A row's softmax gradient at logit v, as the CPU computes it: p = expf(z -
+ * mx); G = p * (float)(c/s) (scf); the label's entry in double,
+ * (float)(p * c/s - c). */
+__device__ __forceinline__ float ce_grad(float z, float mx, float scf, double sc, double c,
+                                         bool is_label)
+{
+    float p = expf(z - mx);
+    return is_label ? (float)((double)p * sc - c) : p * scf;
+}
+
+/* Pass 2 to E4M3 codes: row r's G as ce_row_kernel's pass 2 computes it,
+ * rounded to bf16, then per 1 x 128 block to codes at the block's
+ * power-of-two scale, the bits fp8_codes.cu's mode 0 writes from that bf16
+ * G: codes[r * kp + v] (zero past V up to kp), sc[kb * n_out + r]. Each
+ * thread takes 8 consecutive logits per tile, so a block's 128 are 16
+ * threads' and its amax three shuffles away. act 0: G = 0 (zero codes,
+ * scale 1). */
+__device__ void ce_codes_pass(const float *__restrict__ zr, int64_t V, int act, float mx,
+                              float scf, double sc, double c, int64_t lab,
+                              uint8_t *__restrict__ codes, float *__restrict__ csc, int64_t kp,
+                              int64_t n_out, int64_t r)
+{
+    const int t = threadIdx.x;
+    for (int64_t b = 0; b < kp; b += (int64_t)RT * 8) {
+        const int64_t v0 = b + (int64_t)t * 8;
+        float x[8];
+        if (act && v0 + 8 <= V) { /* 32-byte aligned: ldz is a multiple of 8 */
+            float4 p0 = *reinterpret_cast<const float4 *>(zr + v0);
+            float4 p1 = *reinterpret_cast<const float4 *>(zr + v0 + 4);
+            x[0] = p0.x, x[1] = p0.y, x[2] = p0.z, x[3] = p0.w;
+            x[4] = p1.x, x[5] = p1.y, x[6] = p1.z, x[7] = p1.w;
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                x[j] = act && v0 + j < V ? zr[v0 + j] : 0.0f;
+        }
+        uint32_t w[4];
+#pragma unroll
+        for (int j = 0; j < 8; j += 2) {
+            uint16_t g2[2];
+#pragma unroll
+            for (int q = 0; q < 2; q++) {
+                int64_t v = v0 + j + q;
+                float g = ce_grad(x[j + q], mx, scf, sc, c, v == lab);
+                g2[q] = act && v < V ? f2bf(g) : (uint16_t)0;
+            }
+            w[j / 2] = (uint32_t)g2[0] | (uint32_t)g2[1] << 16;
+        }
+        uint4 u = make_uint4(w[0], w[1], w[2], w[3]);
+        uint32_t mb = amax8_bits(u);
+#pragma unroll
+        for (int d = 8; d > 0; d >>= 1)
+            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, d));
+        if (v0 >= kp)
+            continue;
+        float v[8], m = bits_f(mb);
+        unpack8(u, v);
+        int e = scale_exp(m);
+        *reinterpret_cast<uint2 *>(codes + r * kp + v0) = codes8(v, ldexpf(1.0f, -e), isfinite(m));
+        if ((t & 15) == 0)
+            csc[(v0 / 128) * n_out + r] = ldexpf(1.0f, e);
+    }
+}
+
+/* One block per row of the chunk. z: the chunk's logits [rows, ldz] fp32;
+ * global row = row0 + blockIdx.x for label/weight/argmax/ce/row_loss. With
+ * want_dh, z's row becomes hi (bf16, first V entries of the row seen as
+ * uint16_t) and, unless lo is NULL, lo[blockIdx.x * ldlo + v] gets the low
+ * halves. With codes (want_dh, FP8 on the tensor cores): G's E4M3 codes
+ * instead (ce_codes_pass), and blocks from nrows up to n_out (the GEMM's
+ * rows, a multiple of 4) give zero rows. */
+__global__ void __launch_bounds__(RT) ce_row_kernel(float *__restrict__ z, int64_t ldz, int64_t V,
+                                                    int64_t row0,
+                                                    const int32_t *__restrict__ label,
+                                                    const float *__restrict__ weight,
+                                                    double denom, int want_dh,
+                                                    uint16_t *__restrict__ lo, int64_t ldlo,
+                                                    int32_t *__restrict__ argmax,
+                                                    float *__restrict__ ce,
+                                                    double *__restrict__ row_loss,
+                                                    int64_t nrows, uint8_t *__restrict__ codes,
+                                                    float *__restrict__ csc, int64_t kp,
+                                                    int64_t n_out)
+{
+    if (codes && (int64_t)blockIdx.x >= nrows) { /* a padding row of GEMM 2's operand */
+        ce_codes_pass(NULL, V, 0, 0.0f, 0.0f, 0.0, 0.0, -1, codes, csc, kp, n_out, blockIdx.x);
+        return;
+    }
+    __shared__ float sh_m[NW];
+    __shared__ int sh_i[NW];
+    __shared__ double sh_s[NW];
+    __shared__ float sh_mx, sh_scf;
+    __shared__ double sh_sc, sh_c;
+    __shared__ int sh_act, sh_lab;
+
+    const int t = threadIdx.x;
+    const int64_t r = blockIdx.x, gi = row0 + r;
+    float *zr = z + r * ldz;
+
+    /* Pass 1: this thread's logits in increasing index order (so a strict
+     * > keeps its first max), an online sum rescaled on each new max. */
+    float m = -INFINITY;
+    int am = INT_MAX;
+    double s = 0.0;
+    for (int64_t b = 0; b < V; b += TILE) {
+        float x[RU];
+#pragma unroll
+        for (int k = 0; k < RU; k++) {
+            int64_t v = b + t + (int64_t)k * RT;
+            x[k] = v < V ? zr[v] : -INFINITY;
+        }
+#pragma unroll
+        for (int k = 0; k < RU; k++) {
+            int64_t v = b + t + (int64_t)k * RT;
+            if (v >= V)
+                break;
+            if (x[k] > m) {
+                /* new max: p of the max itself is exp(0) = 1 exactly */
+                s = s * exp((double)m - (double)x[k]) + 1.0;
+                m = x[k];
+                am = (int)v;
+            } else if (m > -INFINITY) {
+                s += (double)expf(x[k] - m);
+            }
+        }
+    }
+    /* Fixed trees: shuffles within each warp, then warp 0 over the warps. */
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_down_sync(0xffffffffu, m, o);
+        int i2 = __shfl_down_sync(0xffffffffu, am, o);
+        double s2 = __shfl_down_sync(0xffffffffu, s, o);
+        merge(m, am, s, m2, i2, s2);
+    }
+    if ((t & 31) == 0) {
+        sh_m[t >> 5] = m;
+        sh_i[t >> 5] = am;
+        sh_s[t >> 5] = s;
+    }
+    __syncthreads();
+    if (t < 32) {
+        m = t < NW ? sh_m[t] : -INFINITY;
+        am = t < NW ? sh_i[t] : INT_MAX;
+        s = t < NW ? sh_s[t] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float m2 = __shfl_down_sync(0xffffffffu, m, o);
+            int i2 = __shfl_down_sync(0xffffffffu, am, o);
+            double s2 = __shfl_down_sync(0xffffffffu, s, o);
+            merge(m, am, s, m2, i2, s2);
+        }
+    }
+    if (t == 0) {
+        int32_t lab = label[gi];
+        float w = weight ? weight[gi] : 1.0f;
+        int act = row_active(lab, w, V);
+        if (argmax)
+            argmax[gi] = am == INT_MAX ? 0 : am; /* all -inf/NaN: index 0 as the CPU */
+        double cev = 0.0;
+        if (act) {
+            float zl = zr[lab]; /* read before pass 2 overwrites the row */
+            cev = ((double)m + log(s)) - (double)zl;
+            double c = (double)w / denom, sc = c / s;
+            sh_c = c;
+            sh_sc = sc;
+            sh_scf = (float)sc;
+        }
+        if (ce)
+            ce[gi] = act ? (float)cev : 0.0f;
+        row_loss[gi] = act ? (double)w * cev : 0.0;
+        sh_act = act;
+        sh_lab = act ? lab : -1;
+        sh_mx = m;
+    }
+    __syncthreads(); /* also: every pass-1 read of the row is done */
+    if (!want_dh)
+        return;
+    if (codes) {
+        ce_codes_pass(zr, V, sh_act, sh_mx, sh_scf, sh_sc, sh_c, sh_lab, codes, csc, kp, n_out, r);
+        return;
+    }
+
+    uint16_t *hi = (uint16_t *)zr;
+    uint16_t *lor = lo ? lo + r * ldlo : NULL; /* NULL: plain bf16 G, no low halves */
+    if (!sh_act) { /* ignored row: G = 0 (nothing is read any more) */
+        for (int64_t v = t; v < V; v += RT) {
+            hi[v] = 0;
+            if (lor)
+                lor[v] = 0;
+        }
+        return;
+    }
+    const float mx = sh_mx, scf = sh_scf;
+    const double sc = sh_sc, c = sh_c;
+    const int64_t lab = sh_lab;
+    /* Pass 2 (see the file comment for why the tile order makes in place
+     * safe): G by ce_grad. */
+    for (int64_t b = 0; b < V; b += TILE) {
+        float x[RU];
+        uint16_t gh[RU];
+#pragma unroll
+        for (int k = 0; k < RU; k++) {
+            int64_t v = b + t + (int64_t)k * RT;
+            x[k] = v < V ? zr[v] : 0.0f;
+        }
+#pragma unroll
+        for (int k = 0; k < RU; k++) {
+            int64_t v = b + t + (int64_t)k * RT;
+            float g = ce_grad(x[k], mx, scf, sc, c, v == lab);
+            gh[k] = f2bf(g);
+            /* g - hi is exact in fp32; its bf16 rounding leaves ~2^-17 |g| */
+            if (lo && v < V)
+                lor[v] = f2bf(g - bf2f(gh[k]));
+        }
+        __syncthreads(); /* the tile's reads (consumed above) precede any write */
+#pragma unroll
+        for (int k = 0; k < RU; k++) {
+            int64_t v = b + t + (int64_t)k * RT;
+            if (v < V)
+                hi[v] = gh[k];
+        }
+    }
+}
 
 /* dh[row0 + r] = bf16(d32[r]) for active rows, 0 for ignored ones. */
 __global__ void __launch_bounds__(256) dh_store_kernel(const float *__restrict__ d32, int64_t H,
@@ -291,8 +546,6 @@ extern "C" void df_cuda_lmhead_ce_set_fp8_codes(int on) { g_fp8_codes = on; }
 
 extern "C" int64_t df_cuda_lmhead_ce_fp8_fused(void) { return g_fp8_fused; }
 
-extern "C" int64_t df_cuda_lmhead_ce_cluster_chunks(void) { return g_cluster_chunks; }
-
 extern "C" void df_cuda_lmhead_ce_set_chunk_bytes(size_t bytes)
 {
     g_chunk_bytes = bytes;
@@ -477,14 +730,10 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
                           df_cuda_fp8_rows_slot(be, DF_GEMM_BWD_X, &gv, &head_v, &dv, 0, q8b,
                                                 n_q8 - n_q8a, kept ? k2->buf : NULL, &g8) == 1;
         df_cuda_prof_split(be, "rows");
-        const ce_rows_args ra = {z,      ldz,        V,       r0,       label,    weight,
-                                 (double)denom, want_dh, want_lo ? lo : NULL, ldlo, argmax,
-                                 ce,     row_loss,   nr,      g8.codes, g8.scales, g8.kp, g8.n};
-        /* DFLASH_CE_ROWS: 0 the cluster variant where it launches, 1 the block one */
-        rc = df_knob_int(DF_KNOB_CE_ROWS) == 0 ? ce_rows_cluster(&ra, st) : 0;
-        g_cluster_chunks += rc == 1;
-        rc = rc == 0 ? ce_rows_block(&ra, st) : rc == 1 ? 0 : rc;
-        if (rc)
+        ce_row_kernel<<<(unsigned)(fused ? g8.n : nr), RT, 0, st>>>(
+            z, ldz, V, r0, label, weight, (double)denom, want_dh, want_lo ? lo : NULL, ldlo,
+            argmax, ce, row_loss, nr, g8.codes, g8.scales, g8.kp, g8.n);
+        if ((rc = df_cuda_check_launch("lmhead_ce rows")))
             break;
         if (!want_dh)
             continue;

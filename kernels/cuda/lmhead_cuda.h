@@ -43,10 +43,6 @@ void df_cuda_lmhead_ce_set_chunk_bytes(size_t bytes);
 void df_cuda_lmhead_ce_set_fp8_codes(int on);
 int64_t df_cuda_lmhead_ce_fp8_fused(void);
 
-/* The chunks whose CE rows ran on the cluster variant (lmhead_ce_rows.cuh;
- * DFLASH_CE_ROWS, settable in tests with df_knob_set), process-wide. */
-int64_t df_cuda_lmhead_ce_cluster_chunks(void);
-
 /* The gradient's precision, process-wide: 0 (default, unless the environment
  * has DFLASH_CE_PRECISE=1) rounds G = (softmax - onehot) w / denom to one
  * bf16 before the dh GEMM, as bf16 autograd does; 1 carries it as hi + lo
