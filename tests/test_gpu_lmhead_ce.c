@@ -27,7 +27,7 @@
  * Also: a second GPU run is bitwise identical (determinism); a multi-chunk
  * case (V=50000, N=300, chunk buffers capped at 16 MiB: 55-row chunks, and
  * 83 rows without dh); V not a multiple of 8 (padded logit rows); weight
- * NULL; loss only (dh, argmax, ce NULL). */
+ * NULL; loss only (dh, argmax, ce NULL); vocabularies of 248320 and 2^18 - 1. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -401,6 +401,8 @@ int main(int argc, char **argv)
         check_case(g, c, 29, 1001, 72, 1, 0, precise); /* V % 8 != 0: padded logit rows */
         check_case(g, c, 300, 50000, 64, 1, (size_t)16 << 20, precise); /* chunks + a tail */
     }
+    check_case(g, c, 9, 248320, 64, 1, 0, 0); /* Qwen3.6's vocabulary */
+    check_case(g, c, 5, 262143, 48, 1, 0, 1); /* 2^18 - 1: V % 8 != 0 at that size */
     df_cuda_lmhead_ce_set_precise(0);
     check_lend(g);
     if (do_bench)
