@@ -61,15 +61,7 @@
 
 #include "cuda/device.h"
 #include "cuda/dflash_attn.h"
-
-#define CU(x)                                                                                     \
-    do {                                                                                          \
-        cudaError_t e_ = (x);                                                                     \
-        if (e_ != cudaSuccess) {                                                                  \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_)); \
-            exit(1);                                                                              \
-        }                                                                                         \
-    } while (0)
+#include "cuda_check.h"
 
 static uint64_t rs = 12345;
 static uint64_t rnd()
@@ -90,8 +82,8 @@ static uint16_t *dev_rand(size_t n)
         h[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
     }
     uint16_t *d;
-    CU(cudaMalloc(&d, n * 2));
-    CU(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
+    CUDA_CK(cudaMalloc(&d, n * 2));
+    CUDA_CK(cudaMemcpy(d, h.data(), n * 2, cudaMemcpyHostToDevice));
     return d;
 }
 
@@ -190,7 +182,7 @@ int main(int argc, char **argv)
     lays[0] = make_layout("3docs", {1500, 2800, 4096}, S, NB);
     size_t nQ = (size_t)ROWS * NQ * D, nC = (size_t)S * NKV * D, nB = (size_t)ROWS * NKV * D;
     size_t free0, total;
-    CU(cudaMemGetInfo(&free0, &total));
+    CUDA_CK(cudaMemGetInfo(&free0, &total));
     uint16_t *q = dev_rand(nQ), *kc = dev_rand(nC), *vc = dev_rand(nC), *kb = dev_rand(nB),
              *vb = dev_rand(nB), *dout = dev_rand(nQ);
     lays[1] = make_layout("1doc", {4096}, S, NB);
@@ -206,18 +198,18 @@ int main(int argc, char **argv)
     float *lse;
     int32_t *danc, *ddst;
     uint8_t *dval;
-    CU(cudaMalloc(&out, nQ * 2));
-    CU(cudaMalloc(&dq, nQ * 2));
-    CU(cudaMalloc(&dkc, nC * 2));
-    CU(cudaMalloc(&dvc, nC * 2));
-    CU(cudaMalloc(&dkb, nB * 2));
-    CU(cudaMalloc(&dvb, nB * 2));
-    CU(cudaMalloc(&lse, (size_t)ROWS * NQ * 4));
-    CU(cudaMalloc(&danc, NB * 4));
-    CU(cudaMalloc(&ddst, NB * 4));
-    CU(cudaMalloc(&dval, NB));
+    CUDA_CK(cudaMalloc(&out, nQ * 2));
+    CUDA_CK(cudaMalloc(&dq, nQ * 2));
+    CUDA_CK(cudaMalloc(&dkc, nC * 2));
+    CUDA_CK(cudaMalloc(&dvc, nC * 2));
+    CUDA_CK(cudaMalloc(&dkb, nB * 2));
+    CUDA_CK(cudaMalloc(&dvb, nB * 2));
+    CUDA_CK(cudaMalloc(&lse, (size_t)ROWS * NQ * 4));
+    CUDA_CK(cudaMalloc(&danc, NB * 4));
+    CUDA_CK(cudaMalloc(&ddst, NB * 4));
+    CUDA_CK(cudaMalloc(&dval, NB));
     int32_t *doff;
-    CU(cudaMalloc(&doff, NB * 4 + 4));
+    CUDA_CK(cudaMalloc(&doff, NB * 4 + 4));
     df_cuda_dflash_args a;
     memset(&a, 0, sizeof a);
     a.S = S, a.n_blocks = NB, a.block_size = BS, a.nq = NQ, a.nkv = NKV, a.head_dim = D;
@@ -231,14 +223,14 @@ int main(int argc, char **argv)
     a.impl = DF_CUDA_DFLASH_IMPL_WG3;
     size_t wsb3 = df_cuda_dflash_bwd_workspace_bytes(&a), wsb = wsb3 > wsb_def ? wsb3 : wsb_def;
     a.impl = 0;
-    CU(cudaMalloc(&a.workspace, wsb));
+    CUDA_CK(cudaMalloc(&a.workspace, wsb));
     size_t free1;
-    CU(cudaMemGetInfo(&free1, &total));
+    CUDA_CK(cudaMemGetInfo(&free1, &total));
     cudaEvent_t e0, e1, pev[DF_CUDA_DFLASH_BWD_EVENTS];
-    CU(cudaEventCreate(&e0));
-    CU(cudaEventCreate(&e1));
+    CUDA_CK(cudaEventCreate(&e0));
+    CUDA_CK(cudaEventCreate(&e1));
     for (int i = 0; i < DF_CUDA_DFLASH_BWD_EVENTS; i++)
-        CU(cudaEventCreate(&pev[i]));
+        CUDA_CK(cudaEventCreate(&pev[i]));
     const int Ws[2] = {0, 2048};
     const int dflt = df_cuda_dflash_bwd_impl();
     int rc_all = 0;
@@ -251,9 +243,9 @@ int main(int argc, char **argv)
         // the slow / old versions on the 3docs layout only; not under DFLASH_PORTABLE=1, whose
         // 99 KiB of shared memory the CUDA-core backward at D 128 exceeds
         bool all_impls = lk == 0 && !df_cuda_portable_forced();
-        CU(cudaMemcpy(danc, L.anc.data(), NB * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(ddst, L.dst.data(), NB * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(dval, L.val.data(), NB, cudaMemcpyHostToDevice));
+        CUDA_CK(cudaMemcpy(danc, L.anc.data(), NB * 4, cudaMemcpyHostToDevice));
+        CUDA_CK(cudaMemcpy(ddst, L.dst.data(), NB * 4, cudaMemcpyHostToDevice));
+        CUDA_CK(cudaMemcpy(dval, L.val.data(), NB, cudaMemcpyHostToDevice));
         if (lk == 1)
             json += "], \"layers_1doc\": [";
         for (int li = 0; li < 2; li++) {
@@ -271,7 +263,7 @@ int main(int argc, char **argv)
             if (ds_range_mib <= 0)
                 a.ds_range_tiles = a.ds_tiles;
             a.ds_bounds = bnd;
-            CU(cudaMemcpy(doff, off.data(), NB * 4, cudaMemcpyHostToDevice));
+            CUDA_CK(cudaMemcpy(doff, off.data(), NB * 4, cudaMemcpyHostToDevice));
             a.ds_off = doff;
             printf("  wg3 stored dS: %lld tiles (%.0f MiB), %d block range(s) of at most %lld tiles\n",
                    (long long)a.ds_tiles, (double)a.ds_tiles * NKV * 16 / 1024, a.ds_ranges,
@@ -299,14 +291,14 @@ int main(int argc, char **argv)
                 a.impl = impl;
                 const int warm = calls > 1 ? 1 : 3, n = calls > 1 ? 5 : reps;
                 for (int it = 0; it < warm + n; it++) {
-                    CU(cudaEventRecord(e0));
+                    CUDA_CK(cudaEventRecord(e0));
                     for (int c = 0; c < calls; c++)
                         if (bwd ? df_cuda_dflash_bwd(&a, 0) : df_cuda_dflash_fwd(&a, 0))
                             exit(1);
-                    CU(cudaEventRecord(e1));
-                    CU(cudaEventSynchronize(e1));
+                    CUDA_CK(cudaEventRecord(e1));
+                    CUDA_CK(cudaEventSynchronize(e1));
                     float ms;
-                    CU(cudaEventElapsedTime(&ms, e0, e1));
+                    CUDA_CK(cudaEventElapsedTime(&ms, e0, e1));
                     if (it >= warm)
                         tm.push_back(ms / calls);
                 }
@@ -323,10 +315,10 @@ int main(int argc, char **argv)
                 for (int it = 0; it < 3 + reps; it++) {
                     if (df_cuda_dflash_bwd(&a, 0))
                         exit(1);
-                    CU(cudaEventSynchronize(pev[DF_CUDA_DFLASH_BWD_EVENTS - 1]));
+                    CUDA_CK(cudaEventSynchronize(pev[DF_CUDA_DFLASH_BWD_EVENTS - 1]));
                     for (int k = 0; k + 1 < DF_CUDA_DFLASH_BWD_EVENTS && it >= 3; k++) {
                         float ms;
-                        CU(cudaEventElapsedTime(&ms, pev[k], pev[k + 1]));
+                        CUDA_CK(cudaEventElapsedTime(&ms, pev[k], pev[k + 1]));
                         tm[k].push_back(ms);
                     }
                 }
@@ -344,21 +336,21 @@ int main(int argc, char **argv)
             auto grads = [&](std::vector<uint16_t> *h) {
                 for (int k = 0; k < 5; k++) {
                     h[k].resize(gn[k]);
-                    CU(cudaMemcpy(h[k].data(), gdev[k], gn[k] * 2, cudaMemcpyDeviceToHost));
+                    CUDA_CK(cudaMemcpy(h[k].data(), gdev[k], gn[k] * 2, cudaMemcpyDeviceToHost));
                 }
             };
             // (workspace NaN-poisoned first: no pass can reuse another run's scratch)
             auto deterministic = [&](int impl) -> int {
                 a.impl = impl;
-                CU(cudaMemset(a.workspace, 0xff, wsb));
+                CUDA_CK(cudaMemset(a.workspace, 0xff, wsb));
                 if (df_cuda_dflash_bwd(&a, 0))
                     exit(1);
-                CU(cudaDeviceSynchronize());
+                CUDA_CK(cudaDeviceSynchronize());
                 grads(g2);
-                CU(cudaMemset(a.workspace, 0xff, wsb));
+                CUDA_CK(cudaMemset(a.workspace, 0xff, wsb));
                 if (df_cuda_dflash_bwd(&a, 0))
                     exit(1);
-                CU(cudaDeviceSynchronize());
+                CUDA_CK(cudaDeviceSynchronize());
                 grads(gr);
                 int same = 1;
                 for (int k = 0; k < 5; k++)
@@ -435,8 +427,8 @@ int main(int argc, char **argv)
             // forward's out/lse): time, and out / lse vs the default's
             std::vector<uint16_t> od(nQ), ow(nQ);
             std::vector<float> ld((size_t)ROWS * NQ), lw((size_t)ROWS * NQ);
-            CU(cudaMemcpy(od.data(), out, nQ * 2, cudaMemcpyDeviceToHost));
-            CU(cudaMemcpy(ld.data(), lse, ld.size() * 4, cudaMemcpyDeviceToHost));
+            CUDA_CK(cudaMemcpy(od.data(), out, nQ * 2, cudaMemcpyDeviceToHost));
+            CUDA_CK(cudaMemcpy(ld.data(), lse, ld.size() * 4, cudaMemcpyDeviceToHost));
             { // FNV-1a of the default forward's bits: runs with and without an
               // environment switch or a changed source (scripts/ab.sh) compare them
                 uint64_t ho = 1469598103934665603ull, hl = ho;
@@ -461,8 +453,8 @@ int main(int argc, char **argv)
             }
             float fw2min;
             double fw2 = time_ms(false, DF_CUDA_DFLASH_IMPL_WG2, &fw2min);
-            CU(cudaMemcpy(ow.data(), out, nQ * 2, cudaMemcpyDeviceToHost));
-            CU(cudaMemcpy(lw.data(), lse, lw.size() * 4, cudaMemcpyDeviceToHost));
+            CUDA_CK(cudaMemcpy(ow.data(), out, nQ * 2, cudaMemcpyDeviceToHost));
+            CUDA_CK(cudaMemcpy(lw.data(), lse, lw.size() * 4, cudaMemcpyDeviceToHost));
             // (last: a sustained load lowers the clocks for what follows it)
             double mfq = time_ms(false, 0, NULL, 20), mbq = time_ms(true, 0, NULL, 20);
             usleep(300000); // (and some rest before the next row's runs)
@@ -598,7 +590,7 @@ int main(int argc, char **argv)
             return fprintf(stderr, "cannot write %s\n", json_out), 1;
     }
     size_t free2;
-    CU(cudaMemGetInfo(&free2, &total));
+    CUDA_CK(cudaMemGetInfo(&free2, &total));
     printf("memory: tensors + workspace %.1f MiB (workspace %.2f MiB: the default backward's %.2f, "
            "wg3's %.2f); device use grew %.1f MiB by the end (cudaMemGetInfo)\n",
            (free0 - free1) / 1048576.0, wsb / 1048576.0, wsb_def / 1048576.0, wsb3 / 1048576.0,

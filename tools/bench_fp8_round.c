@@ -14,17 +14,10 @@
 #include <stdlib.h>
 
 #include "cuda/fp8_cuda.h"
+#include "cuda_check.h"
 
 #define REPS 15
 
-#define CK(x)                                                                             \
-    do {                                                                                  \
-        cudaError_t err_ = (x);                                                           \
-        if (err_ != cudaSuccess) {                                                        \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
-            return 1;                                                                     \
-        }                                                                                 \
-    } while (0)
 
 typedef struct tensor {
     const char *name;
@@ -72,24 +65,24 @@ int main(void)
     uint8_t *codes;
     float *sc;
     size_t sc_max = maxe / 64 + 4096;
-    CK(cudaMalloc((void **)&x, maxe * 2));
-    CK(cudaMalloc((void **)&y, maxe * 2));
-    CK(cudaMalloc((void **)&codes, maxe + (1 << 20)));
-    CK(cudaMalloc((void **)&sc, sc_max * 4));
+    CUDA_CK(cudaMalloc((void **)&x, maxe * 2));
+    CUDA_CK(cudaMalloc((void **)&y, maxe * 2));
+    CUDA_CK(cudaMalloc((void **)&codes, maxe + (1 << 20)));
+    CUDA_CK(cudaMalloc((void **)&sc, sc_max * 4));
     uint64_t s = 88172645463325252ull;
     for (size_t i = 0; i < maxe; i++) { /* bf16 of magnitudes 2^-8 .. 2^8, both signs */
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         h[i] = (uint16_t)(((s >> 20) & 0x8000u) | (0x3b80u + (uint16_t)((s >> 32) % 0x800u)) | (s & 0x7fu));
     }
-    CK(cudaMemcpy(x, h, maxe * 2, cudaMemcpyHostToDevice));
+    CUDA_CK(cudaMemcpy(x, h, maxe * 2, cudaMemcpyHostToDevice));
     free(h);
     cudaStream_t st;
-    CK(cudaStreamCreate(&st));
+    CUDA_CK(cudaStreamCreate(&st));
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    CUDA_CK(cudaEventCreate(&e0));
+    CUDA_CK(cudaEventCreate(&e1));
     struct cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_CK(cudaGetDeviceProperties(&prop, 0));
     printf("bench_fp8_round on %s: median of %d launches per (mode, tensor)\n", prop.name, REPS);
     printf("%-20s %4s  %9s %7s  %9s %7s  %5s\n", "tensor", "mode", "us", "GB/s", "copy us", "GB/s",
            "x copy");
@@ -99,12 +92,12 @@ int main(void)
         size_t bytes = (size_t)(t->r * t->c) * 2;
         float tc[REPS];
         for (int r = -1; r < REPS; r++) {
-            CK(cudaEventRecord(e0, st));
-            CK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, st));
-            CK(cudaEventRecord(e1, st));
-            CK(cudaEventSynchronize(e1));
+            CUDA_CK(cudaEventRecord(e0, st));
+            CUDA_CK(cudaMemcpyAsync(y, x, bytes, cudaMemcpyDeviceToDevice, st));
+            CUDA_CK(cudaEventRecord(e1, st));
+            CUDA_CK(cudaEventSynchronize(e1));
             if (r >= 0)
-                CK(cudaEventElapsedTime(&tc[r], e0, e1));
+                CUDA_CK(cudaEventElapsedTime(&tc[r], e0, e1));
         }
         qsort(tc, REPS, sizeof tc[0], cmp_f);
         float copy_ms = tc[REPS / 2];
@@ -118,15 +111,15 @@ int main(void)
             size_t wbytes = (size_t)(n_out * kp) + nsc * 4;
             float tk[REPS];
             for (int r = -1; r < REPS; r++) {
-                CK(cudaEventRecord(e0, st));
+                CUDA_CK(cudaEventRecord(e0, st));
                 if (df_cuda_fp8_codes_run(st, mode, x, t->c, t->r, t->c, codes, kp, sc, n_out, 1)) {
                     fprintf(stderr, "launch failed: %s mode %d\n", t->name, mode);
                     return 1;
                 }
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
+                CUDA_CK(cudaEventRecord(e1, st));
+                CUDA_CK(cudaEventSynchronize(e1));
                 if (r >= 0)
-                    CK(cudaEventElapsedTime(&tk[r], e0, e1));
+                    CUDA_CK(cudaEventElapsedTime(&tk[r], e0, e1));
             }
             qsort(tk, REPS, sizeof tk[0], cmp_f);
             float ms = tk[REPS / 2];

@@ -43,17 +43,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_check.h"
+
 #define NALGO 16
 #define REPS 9
 
-#define CK(x)                                                                         \
-    do {                                                                              \
-        cudaError_t err_ = (x);                                                       \
-        if (err_ != cudaSuccess) {                                                    \
-            fprintf(stderr, "%s:%d: %s\n", __FILE__, __LINE__, cudaGetErrorString(err_)); \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
 #define LK(x)                                                                         \
     do {                                                                              \
         cublasStatus_t st_ = (x);                                                     \
@@ -169,15 +163,15 @@ int main(int argc, char **argv)
         maxa = a > maxa ? a : maxa, maxb = b > maxb ? b : maxb, maxc = c > maxc ? c : maxc;
     }
     void *A, *B, *C, *ws;
-    CK(cudaMalloc(&A, maxa * 2));
-    CK(cudaMalloc(&B, maxb * 2));
-    CK(cudaMalloc(&C, maxc * 2));
-    CK(cudaMalloc(&ws, ws_bytes));
+    CUDA_CK(cudaMalloc(&A, maxa * 2));
+    CUDA_CK(cudaMalloc(&B, maxb * 2));
+    CUDA_CK(cudaMalloc(&C, maxc * 2));
+    CUDA_CK(cudaMalloc(&ws, ws_bytes));
     uint16_t *h = malloc((maxa > maxb ? maxa : maxb) * 2);
     fill_bf16(h, maxa, 1);
-    CK(cudaMemcpy(A, h, maxa * 2, cudaMemcpyHostToDevice));
+    CUDA_CK(cudaMemcpy(A, h, maxa * 2, cudaMemcpyHostToDevice));
     fill_bf16(h, maxb, 2);
-    CK(cudaMemcpy(B, h, maxb * 2, cudaMemcpyHostToDevice));
+    CUDA_CK(cudaMemcpy(B, h, maxb * 2, cudaMemcpyHostToDevice));
     free(h);
     float *SA = NULL, *SB = NULL; /* --fp8: every block's scale 1 (codes from the bf16 bits) */
     if (fp8) {
@@ -195,30 +189,30 @@ int main(int argc, char **argv)
         float *one = malloc(ns_max * 4);
         for (size_t i = 0; i < ns_max; i++)
             one[i] = 1.0f / 64;
-        CK(cudaMalloc((void **)&SA, ns_max * 4));
-        CK(cudaMalloc((void **)&SB, ns_max * 4));
-        CK(cudaMemcpy(SA, one, ns_max * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(SB, one, ns_max * 4, cudaMemcpyHostToDevice));
+        CUDA_CK(cudaMalloc((void **)&SA, ns_max * 4));
+        CUDA_CK(cudaMalloc((void **)&SB, ns_max * 4));
+        CUDA_CK(cudaMemcpy(SA, one, ns_max * 4, cudaMemcpyHostToDevice));
+        CUDA_CK(cudaMemcpy(SB, one, ns_max * 4, cudaMemcpyHostToDevice));
         free(one);
         /* the codes: the bf16 buffers' bytes with the NaN codes (x111 1111) cleared */
         uint8_t *cb = malloc(maxa > maxb ? maxa * 2 : maxb * 2);
         for (int w = 0; w < 2; w++) {
             size_t n = (w ? maxb : maxa) * 2;
-            CK(cudaMemcpy(cb, w ? B : A, n, cudaMemcpyDeviceToHost));
+            CUDA_CK(cudaMemcpy(cb, w ? B : A, n, cudaMemcpyDeviceToHost));
             for (size_t i = 0; i < n; i++)
                 cb[i] = (cb[i] & 0x7f) == 0x7f ? (uint8_t)(cb[i] & 0xf0) : cb[i];
-            CK(cudaMemcpy(w ? B : A, cb, n, cudaMemcpyHostToDevice));
+            CUDA_CK(cudaMemcpy(w ? B : A, cb, n, cudaMemcpyHostToDevice));
         }
         free(cb);
     }
     uint8_t *out0 = malloc(maxc * 2), *out1 = malloc(maxc * 2);
     cudaStream_t st;
-    CK(cudaStreamCreate(&st));
+    CUDA_CK(cudaStreamCreate(&st));
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    CUDA_CK(cudaEventCreate(&e0));
+    CUDA_CK(cudaEventCreate(&e1));
     struct cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, 0));
+    CUDA_CK(cudaGetDeviceProperties(&prop, 0));
     if (bwdw_blk)
         printf("bwd_w: %s per 128 x 128, the other per 1 x 128\n", bwdw_blk == 'a' ? "A (x^T)" : "B (dy^T)");
     printf("bench_gemm_algos on %s%s: per shape, cuBLASLt's first heuristic choice vs the fastest "
@@ -296,22 +290,22 @@ int main(int argc, char **argv)
         int i_eq = -1, i_best = -1;
         for (int a = 0; a < found; a++) {
             /* the bits: C from the same start (a 0.19-ish pattern) for each candidate */
-            CK(cudaMemsetAsync(C, 0x3e, cbytes, st));
+            CUDA_CK(cudaMemsetAsync(C, 0x3e, cbytes, st));
             cublasStatus_t s1 = cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc,
                                                &res[a].algo, ws, ws_bytes, st);
             if (s1 != CUBLAS_STATUS_SUCCESS)
                 continue;
-            CK(cudaStreamSynchronize(st));
-            CK(cudaMemcpy(a == 0 ? out0 : out1, C, cbytes, cudaMemcpyDeviceToHost));
+            CUDA_CK(cudaStreamSynchronize(st));
+            CUDA_CK(cudaMemcpy(a == 0 ? out0 : out1, C, cbytes, cudaMemcpyDeviceToHost));
             int same = a == 0 || !memcmp(out0, out1, cbytes);
             float t[REPS];
             for (int r = 0; r < REPS; r++) {
-                CK(cudaEventRecord(e0, st));
+                CUDA_CK(cudaEventRecord(e0, st));
                 LK(cublasLtMatmul(lt, op, &alpha, A, la, B, lb, &beta, C, lc, C, lc, &res[a].algo,
                                   ws, ws_bytes, st));
-                CK(cudaEventRecord(e1, st));
-                CK(cudaEventSynchronize(e1));
-                CK(cudaEventElapsedTime(&t[r], e0, e1));
+                CUDA_CK(cudaEventRecord(e1, st));
+                CUDA_CK(cudaEventSynchronize(e1));
+                CUDA_CK(cudaEventElapsedTime(&t[r], e0, e1));
             }
             qsort(t, REPS, sizeof t[0], cmp_f);
             float ms = t[REPS / 2];
@@ -345,13 +339,13 @@ int main(int argc, char **argv)
     if (have[gi]) {
         float beta = 0.0f, ms;
         const int reps = 2000;
-        CK(cudaEventRecord(e0, st));
+        CUDA_CK(cudaEventRecord(e0, st));
         for (int r = 0; r < reps; r++)
             LK(cublasLtMatmul(lt, ops[gi], &alpha, A, las[gi], B, lbs[gi], &beta, C, lcs[gi], C,
                               lcs[gi], &algo[gi], ws, ws_bytes, st));
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&ms, e0, e1));
+        CUDA_CK(cudaEventRecord(e1, st));
+        CUDA_CK(cudaEventSynchronize(e1));
+        CUDA_CK(cudaEventElapsedTime(&ms, e0, e1));
         double flop = 2.0 * (double)sh[gi].m * (double)sh[gi].n * (double)sh[gi].k * reps;
         printf("sustained: %s x %d back to back: %.3f ms each, %.0f TFLOP/s (%.1f s)\n",
                sh[gi].name, reps, ms / reps, flop / ms / 1e9, ms / 1e3);
@@ -360,7 +354,7 @@ int main(int argc, char **argv)
         const int iters = 20;
         double flop = 0;
         float ms;
-        CK(cudaEventRecord(e0, st));
+        CUDA_CK(cudaEventRecord(e0, st));
         for (int it = 0; it < iters; it++)
             for (int i = 0; i < ns; i++) {
                 if (!have[i])
@@ -373,9 +367,9 @@ int main(int argc, char **argv)
                         flop += 2.0 * (double)sh[i].m * (double)sh[i].n * (double)sh[i].k;
                 }
             }
-        CK(cudaEventRecord(e1, st));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&ms, e0, e1));
+        CUDA_CK(cudaEventRecord(e1, st));
+        CUDA_CK(cudaEventSynchronize(e1));
+        CUDA_CK(cudaEventElapsedTime(&ms, e0, e1));
         printf("sustained: the step's GEMM mix (%.1f TFLOP) x %d back to back: %.1f ms per step, "
                "%.0f TFLOP/s\n", flop / 1e12, iters, ms / iters, flop * iters / ms / 1e9);
     }
@@ -400,13 +394,13 @@ int main(int argc, char **argv)
                 float ms = 0;
                 for (int pass = 0; pass < 2; pass++) { /* 0: warm-up to the held clock */
                     int reps = (int)((pass ? 600.0f : 400.0f) / iso_ms[i][a]) + 1;
-                    CK(cudaEventRecord(e0, st));
+                    CUDA_CK(cudaEventRecord(e0, st));
                     for (int r = 0; r < reps; r++)
                         LK(cublasLtMatmul(lt, ops[i], &alpha, A, las[i], B, lbs[i], &beta, C,
                                           lcs[i], C, lcs[i], &cand[i][a].algo, ws, ws_bytes, st));
-                    CK(cudaEventRecord(e1, st));
-                    CK(cudaEventSynchronize(e1));
-                    CK(cudaEventElapsedTime(&ms, e0, e1));
+                    CUDA_CK(cudaEventRecord(e1, st));
+                    CUDA_CK(cudaEventSynchronize(e1));
+                    CUDA_CK(cudaEventElapsedTime(&ms, e0, e1));
                 }
                 int reps = (int)(600.0f / iso_ms[i][a]) + 1;
                 double tf = flop * reps / ms / 1e9;

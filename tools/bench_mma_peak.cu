@@ -19,14 +19,7 @@
 #include <algorithm>
 #include <vector>
 
-#define CK(x)                                                                                         \
-    do {                                                                                              \
-        cudaError_t e_ = (x);                                                                         \
-        if (e_ != cudaSuccess) {                                                                      \
-            fprintf(stderr, "bench_mma_peak: %s: %s\n", #x, cudaGetErrorString(e_));                  \
-            return 1;                                                                                 \
-        }                                                                                             \
-    } while (0)
+#include "cuda_check.h"
 
 // The mma of kind K on accumulator set j: 0 bf16 -> f32 (m16n8k16), 1 f16 ->
 // f16 (m16n8k16: consumer GPUs may run f32 accumulation at half this rate),
@@ -110,20 +103,20 @@ int main(int argc, char **argv)
         return 2;
     }
     int dev = 0, sms = 0, major = 0, minor = 0, clk_khz = 0;
-    CK(cudaGetDevice(&dev));
-    CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-    CK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
-    CK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, dev));
+    CUDA_CK(cudaGetDevice(&dev));
+    CUDA_CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    CUDA_CK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    CUDA_CK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    CUDA_CK(cudaDeviceGetAttribute(&clk_khz, cudaDevAttrClockRate, dev));
     cudaDeviceProp prop;
-    CK(cudaGetDeviceProperties(&prop, dev));
+    CUDA_CK(cudaGetDeviceProperties(&prop, dev));
     printf("bench_mma_peak: %s (sm_%d%d, %d SMs, max clock %d MHz), %d iterations\n", prop.name, major, minor,
            sms, clk_khz / 1000, iters);
     float *sink;
-    CK(cudaMalloc(&sink, 1024 * sizeof(float)));
+    CUDA_CK(cudaMalloc(&sink, 1024 * sizeof(float)));
     cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
+    CUDA_CK(cudaEventCreate(&e0));
+    CUDA_CK(cudaEventCreate(&e1));
     const int warps_list[] = {4, 8, 16};
     const int ctas_list[] = {1, 2};
     static const char *const kinds[3] = {"bf16 -> f32", "f16 -> f16", "e4m3 -> f32"};
@@ -142,13 +135,13 @@ int main(int argc, char **argv)
                     dim3 grid((unsigned)(sms * cps)), block((unsigned)(warps * 32));
                     std::vector<float> ms;
                     for (int r = 0; r < 10; r++) {
-                        CK(cudaEventRecord(e0));
+                        CUDA_CK(cudaEventRecord(e0));
                         fns[kind][ldsm](grid, block, iters, sink);
-                        CK(cudaEventRecord(e1));
-                        CK(cudaEventSynchronize(e1));
-                        CK(cudaGetLastError());
+                        CUDA_CK(cudaEventRecord(e1));
+                        CUDA_CK(cudaEventSynchronize(e1));
+                        CUDA_CK(cudaGetLastError());
                         float t;
-                        CK(cudaEventElapsedTime(&t, e0, e1));
+                        CUDA_CK(cudaEventElapsedTime(&t, e0, e1));
                         if (r > 0) // the first: warm-up
                             ms.push_back(t);
                     }
