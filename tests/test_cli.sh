@@ -181,6 +181,24 @@ cmp -s "$W/runF/export/model.safetensors" "$W/runF0/export/model.safetensors" &&
 run 0 "" "$D" train $TF --out "$W/runF0n" --no-fp8
 cmp -s "$W/runF0/export/model.safetensors" "$W/runF0n/export/model.safetensors" || fail "--fp8 auto on the CPU differs from --no-fp8"
 run 1 "--fp8 false \(now true\)" "$D" train $TF --out "$W/runF0" --fp8
+# FP8's weight gradients take dy per 128 x 128 by default: --no-fp8-dy-blocks (128 x 1) trains
+# other weights, is recorded, and a run resumes only with the same choice
+run 0 "" "$D" train $TF --out "$W/runFd" --fp8 --no-fp8-dy-blocks
+grep -q '"--fp8-dy-blocks":.false' "$W"/runFd/ckpt-*/hparams.json || fail "--no-fp8-dy-blocks not recorded"
+cmp -s "$W/runF/export/model.safetensors" "$W/runFd/export/model.safetensors" && fail "--no-fp8-dy-blocks changed nothing"
+run 0 "" "$D" train $TF --out "$W/runFdb" --fp8-dy-blocks
+cmp -s "$W/runF/export/model.safetensors" "$W/runFdb/export/model.safetensors" || fail "--fp8-dy-blocks is not --fp8's default"
+run 1 "--fp8-dy-blocks false \(now true\)" "$D" train $TF --out "$W/runFd" --fp8
+run 2 "ask for opposite things" "$D" train $TF --out "$W/runFx" --fp8-dy-blocks --no-fp8-dy-blocks
+# a run recorded before the setting existed rounded dy per 128 x 1: resumed as such, not switched
+for c in "$W"/runFd/ckpt-*; do # (the manifest and COMPLETE hash what they name: kept true)
+  sed -i '/"--fp8-dy-blocks"/d' "$c/hparams.json"
+  sed -i -e "s/\"hparams_sha256\":.*/\"hparams_sha256\":\t\"$(sha256sum <"$c/hparams.json" | cut -c1-64)\",/" \
+    -e "s/\"hparams_bytes\":.*/\"hparams_bytes\":\t$(stat -c %s "$c/hparams.json"),/" "$c/manifest.json"
+  sed -i "s/^manifest.json sha256 .*/manifest.json sha256 $(sha256sum <"$c/manifest.json" | cut -c1-64)/" "$c/COMPLETE"
+done
+run 1 "--fp8-dy-blocks false \(now true\)" "$D" train $TF --out "$W/runFd" --fp8
+run 0 "" "$D" train $TF --out "$W/runFd" --fp8 --no-fp8-dy-blocks
 # --no-ckpt: no checkpoint written, the export still holds the trained weights
 run 0 "" "$D" train $TA --out "$W/runNc" --no-ckpt
 ls "$W/runNc" | grep -q ckpt && fail "--no-ckpt wrote a checkpoint"

@@ -122,12 +122,23 @@ int df_run_settings_check(const char *ckpt_dir, const char *had, const char *now
     char diffs[400] = "";
     int n = 0;
     const cJSON *wv;
+    /* settings added with a new default: runs recorded before them ran the old one */
+    static const struct {
+        const char *key, *was;
+    } absent[] = {{"--fp8-dy-blocks", "false"}};
     cJSON_ArrayForEach(wv, ws) {
         const cJSON *hv = cJSON_GetObjectItemCaseSensitive(hs, wv->string);
-        if (!hv) /* a setting recorded only by newer versions: nothing to compare with */
-            continue;
         char a[160], b[160];
-        shown(hv, a, sizeof a);
+        const char *was = NULL;
+        for (size_t k = 0; k < sizeof absent / sizeof absent[0] && !hv; k++)
+            if (!strcmp(wv->string, absent[k].key))
+                was = absent[k].was;
+        if (!hv && !was) /* a setting recorded only by newer versions: nothing to compare with */
+            continue;
+        if (hv)
+            shown(hv, a, sizeof a);
+        else
+            snprintf(a, sizeof a, "%s", was);
         shown(wv, b, sizeof b);
         if (!strcmp(a, b))
             continue;

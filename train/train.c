@@ -55,6 +55,9 @@ void df_train_opts_defaults(df_train_opts *o)
      * for ~0.2% of the step time (H200), the same bits */
     o->recompute = 1;
     o->fp8 = -1; /* auto: where FP8 tensor cores are verified and the drafter wide enough */
+    /* with FP8, bwd_w's dy per 128 x 128: cuBLASLt's faster kernel on sm_90, the drafter's
+     * quality within the seed-to-seed spread (docs/FP8.md) */
+    o->fp8_dy_blocks = 1;
     /* AdamW bucket by bucket on a side stream, overlapping the next forward:
      * the same bits, ~1.4% less time per step at the 27B drafter shape
      * (docs/log/) */
