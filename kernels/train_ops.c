@@ -153,9 +153,11 @@ int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
 
 /* ---- optimizer ---- */
 
-int df_op_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_dtype, float *m,
-                float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,
-                int64_t step, float grad_scale, uint16_t *out_bf16)
+/* df_op_adamw's checks; the moments of mes bytes each */
+static int adamw_check(df_backend *be, const float *master, const void *grad, df_dtype grad_dtype,
+                       const void *m, const void *v, size_t mes, int64_t n, float lr, float beta1,
+                       float beta2, float eps, float wd, int64_t step, float grad_scale,
+                       const uint16_t *out_bf16)
 {
     if (!be || n < 0 || n > ((int64_t)1 << 56) || step < 1)
         return -EINVAL;
@@ -171,15 +173,39 @@ int df_op_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_d
     /* No two arrays may share memory (not even the same pointer: grad
      * aliasing m or master would change the arithmetic). grad spans n
      * elements of its own dtype. */
-    df_rowspan s[5] = {df_span_raw(master, n, 4), df_span_raw(m, n, 4), df_span_raw(v, n, 4),
-                    df_span_raw(out_bf16, n, 2),
-                    df_span_raw(grad, n, df_dtype_size(grad_dtype))};
+    df_rowspan s[5] = {df_span_raw(master, n, 4), df_span_raw(m, n, mes),
+                       df_span_raw(v, n, mes), df_span_raw(out_bf16, n, 2),
+                       df_span_raw(grad, n, df_dtype_size(grad_dtype))};
     for (int i = 0; i < 4; i++)
         for (int j = i + 1; j < 5; j++)
             if (df_spans_overlap(s[i], s[j]))
                 return -EINVAL;
-    return DF_DISPATCH(be, adamw, master, grad, grad_dtype, m, v, n, lr, beta1, beta2, eps, wd,
-                       step, grad_scale, out_bf16);
+    return 0;
+}
+
+int df_op_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_dtype, float *m,
+                float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,
+                int64_t step, float grad_scale, uint16_t *out_bf16)
+{
+    int rc = adamw_check(be, master, grad, grad_dtype, m, v, 4, n, lr, beta1, beta2, eps, wd,
+                         step, grad_scale, out_bf16);
+    return rc ? rc
+              : DF_DISPATCH(be, adamw, master, grad, grad_dtype, m, v, n, lr, beta1, beta2, eps,
+                            wd, step, grad_scale, out_bf16);
+}
+
+int df_op_adamw_m16(df_backend *be, float *master, const void *grad, df_dtype grad_dtype,
+                    uint16_t *m, uint16_t *v, int64_t n, float lr, float beta1, float beta2,
+                    float eps, float wd, int64_t step, float grad_scale, uint64_t key,
+                    int64_t index0, uint16_t *out_bf16)
+{
+    int rc = adamw_check(be, master, grad, grad_dtype, m, v, 2, n, lr, beta1, beta2, eps, wd,
+                         step, grad_scale, out_bf16);
+    if (!rc && (index0 < 0 || index0 > ((int64_t)1 << 62) - n))
+        rc = -EINVAL;
+    return rc ? rc
+              : DF_DISPATCH(be, adamw_m16, master, grad, grad_dtype, m, v, n, lr, beta1, beta2,
+                            eps, wd, step, grad_scale, key, index0, out_bf16);
 }
 
 double df_op_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n)

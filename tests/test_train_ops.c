@@ -30,6 +30,7 @@
  * the LM-head CE on 1 and 2 threads. */
 #include "knobs.h"
 #include "train_ops.h"
+#include "bf16_sr.h"
 #include "test.h"
 
 #include <math.h>
@@ -1629,8 +1630,120 @@ static void check_adamw_bf16_grad(int64_t n, float lr, float wd, float gs, int w
         free(p[c]), free(m[c]), free(v[c]), free(o[c]);
 }
 
+/* AdamW with BF16 moments (df_op_adamw_m16):
+ *  - p and out bitwise those of df_op_adamw given the widened moments (the update takes the
+ *    fp32 moments before their rounding), and the stored moments bitwise the stochastic
+ *    rounding of that call's fp32 m / v with df_sr_bits(key, index0 + i);
+ *  - the same bits on 1 and 3 threads, and in one call or in two with index0 offsets;
+ *  - unbiased: v with b2 = 0.999 under a constant gradient, where round-to-nearest stalls
+ *    (its step is 0.1% of v, under half of bf16's 0.78% spacing), tracks the fp32 EMA. */
+static void check_adamw_m16(int64_t n, int bf16_grad)
+{
+    const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, lr = 1e-3f, wd = 0.01f, gs = 0.5f;
+    const uint64_t key = 0x5eed0001ull;
+    const int64_t i0 = 12345;
+    float *p = fbuf(n), *pr = fbuf(n), *pt = fbuf(n), *g = fbuf(n), *mr = fbuf(n), *vr = fbuf(n);
+    uint16_t *gb = xmalloc((size_t)n * 2), *m16 = xmalloc((size_t)n * 2),
+             *v16 = xmalloc((size_t)n * 2), *mt = xmalloc((size_t)n * 2),
+             *vt = xmalloc((size_t)n * 2), *o = xmalloc((size_t)n * 2), *orf = xmalloc((size_t)n * 2),
+             *ot = xmalloc((size_t)n * 2);
+    fill(p, n, 1.0f);
+    memcpy(pt, p, (size_t)n * 4);
+    memset(m16, 0, (size_t)n * 2), memset(v16, 0, (size_t)n * 2);
+    memset(mt, 0, (size_t)n * 2), memset(vt, 0, (size_t)n * 2);
+    int64_t bad_m = 0, bad_p = 0, bad_t = 0;
+    for (int s = 1; s <= 4; s++) {
+        fill(g, n, 0.1f);
+        for (int64_t i = 0; i < n; i++)
+            gb[i] = df_f32_to_bf16(g[i]), g[i] = bf16_grad ? df_bf16_to_f32(gb[i]) : g[i];
+        const void *gp = bf16_grad ? (const void *)gb : g;
+        df_dtype gdt = bf16_grad ? DF_DTYPE_BF16 : DF_DTYPE_F32;
+        /* the reference: the F32 op on the widened moments */
+        memcpy(pr, p, (size_t)n * 4);
+        for (int64_t i = 0; i < n; i++)
+            mr[i] = df_bf16_to_f32(m16[i]), vr[i] = df_bf16_to_f32(v16[i]);
+        CHECK_EQ(df_op_adamw(bes[0], pr, gp, gdt, mr, vr, n, lr, b1, b2, eps, wd, s, gs, orf), 0);
+        CHECK_EQ(df_op_adamw_m16(bes[0], p, gp, gdt, m16, v16, n, lr, b1, b2, eps, wd, s, gs,
+                                 key + (uint64_t)s, i0, o),
+                 0);
+        for (int64_t i = 0; i < n; i++) {
+            uint32_t um, uv;
+            memcpy(&um, &mr[i], 4), memcpy(&uv, &vr[i], 4);
+            uint64_t r = df_sr_bits(key + (uint64_t)s, (uint64_t)(i0 + i));
+            bad_m += m16[i] != df_bf16_sr(um, (uint32_t)r) || v16[i] != df_bf16_sr(uv, (uint32_t)(r >> 16));
+        }
+        bad_p += !bitwise_equal(p, pr, (size_t)n * 4) || !bitwise_equal(o, orf, (size_t)n * 2);
+        /* 3 threads, in two calls split at n / 3 */
+        int64_t h = n / 3;
+        CHECK_EQ(df_op_adamw_m16(bes[1], pt, gp, gdt, mt, vt, h, lr, b1, b2, eps, wd, s, gs,
+                                 key + (uint64_t)s, i0, ot),
+                 0);
+        CHECK_EQ(df_op_adamw_m16(bes[1], pt + h, bf16_grad ? (const void *)(gb + h) : g + h, gdt,
+                                 mt + h, vt + h, n - h, lr, b1, b2, eps, wd, s, gs,
+                                 key + (uint64_t)s, i0 + h, ot + h),
+                 0);
+        bad_t += !bitwise_equal(pt, p, (size_t)n * 4) || !bitwise_equal(mt, m16, (size_t)n * 2) ||
+                 !bitwise_equal(vt, v16, (size_t)n * 2) || !bitwise_equal(ot, o, (size_t)n * 2);
+    }
+    if (bad_m || bad_p || bad_t)
+        fprintf(stderr, "adamw_m16 n=%lld: %lld moments off the rounding rule, %lld steps' p/out "
+                        "off the F32 op's, %lld split / threaded runs differ\n",
+                (long long)n, (long long)bad_m, (long long)bad_p, (long long)bad_t);
+    CHECK(bad_m == 0 && bad_p == 0 && bad_t == 0);
+    free(p), free(pr), free(pt), free(g), free(mr), free(vr);
+    free(gb), free(m16), free(v16), free(mt), free(vt), free(o), free(orf), free(ot);
+}
+
+static void check_adamw_m16_unbiased(void)
+{
+    /* v from 1, gradient 0 after a first step: v decays by b2 = 0.999 per step (0.1%).
+     * 4096 elements x 400 steps: the mean of v (SR) within 0.2% of the fp32 EMA's,
+     * and round-to-nearest would have kept it at its first value. */
+    enum { N = 4096, STEPS = 400 };
+    static float p[N], g[N];
+    static uint16_t m[N], v[N];
+    for (int i = 0; i < N; i++)
+        p[i] = 1.0f, g[i] = 0.0f, m[i] = 0, v[i] = 0x3f80; /* v = 1 */
+    double ref = 1.0;
+    for (int s = 1; s <= STEPS; s++) {
+        CHECK_EQ(df_op_adamw_m16(bes[1], p, g, DF_DTYPE_F32, m, v, N, 0.0f, 0.9f, 0.999f, 1e-8f,
+                                 0.0f, s, 1.0f, 77u + (uint64_t)s * 0x10001ull, 0, NULL),
+                 0);
+        ref *= 0.999;
+    }
+    double mean = 0;
+    for (int i = 0; i < N; i++)
+        mean += df_bf16_to_f32(v[i]);
+    mean /= N;
+    printf("adamw_m16: v after %d decays of 0.1%%: mean %.5f, fp32 EMA %.5f (RNE would keep 1)\n",
+           STEPS, mean, ref);
+    CHECK(fabs(mean / ref - 1) < 2e-3);
+    /* NaN and Inf moments stay what they are (a quiet NaN; Inf) */
+    uint32_t inf = 0x7f800000u, nan = 0x7fa00000u;
+    CHECK(df_bf16_sr(inf, 0xffffu) == 0x7f80 && df_bf16_sr(inf | 0x80000000u, 0xffffu) == 0xff80);
+    CHECK((df_bf16_sr(nan, 0xffffu) & 0x7fc0) == 0x7fc0);
+    CHECK(df_bf16_sr(0x3f800000u, 0xffffu) == 0x3f80);       /* exact values stay */
+    CHECK(df_bf16_sr(0x3f808000u, 0x7fffu) == 0x3f80);       /* half way: by the bits */
+    CHECK(df_bf16_sr(0x3f808000u, 0x8000u) == 0x3f81);
+}
+
 static void test_adamw(void)
 {
+    check_adamw_m16(100003, 1);
+    check_adamw_m16(4099, 0);
+    check_adamw_m16(3, 1);
+    check_adamw_m16_unbiased();
+    {   /* index0 < 0 and moments overlapping: refused, nothing written */
+        float p1[4] = {1, 2, 3, 4}, g1[4] = {1, 1, 1, 1};
+        uint16_t mv[8] = {0};
+        CHECK_EQ(df_op_adamw_m16(bes[0], p1, g1, DF_DTYPE_F32, mv, mv + 4, 4, 1e-3f, 0.9f, 0.999f,
+                                 1e-8f, 0.0f, 1, 1.0f, 1, -1, NULL),
+                 -EINVAL);
+        CHECK_EQ(df_op_adamw_m16(bes[0], p1, g1, DF_DTYPE_F32, mv, mv + 2, 4, 1e-3f, 0.9f, 0.999f,
+                                 1e-8f, 0.0f, 1, 1.0f, 1, 0, NULL),
+                 -EINVAL);
+        CHECK(p1[0] == 1 && mv[0] == 0 && mv[4] == 0);
+    }
     CHECK(is_bf16_rne(1.0f, 0x3f80) && !is_bf16_rne(1.0f, 0x3f81));
     CHECK(is_bf16_rne(1.00390625f, 0x3f80)); /* exactly halfway: to even */
     CHECK(is_bf16_rne(1.01171875f, 0x3f82)); /* halfway, odd below: up */

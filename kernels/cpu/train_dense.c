@@ -12,6 +12,8 @@
  * kernels/train_ops.c. */
 #include "train_internal.h"
 
+#include "bf16_sr.h"
+
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -289,28 +291,48 @@ int df_cpu_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up
  *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
  *   p = p - lr * (m / bc1 / (sqrt(v / bc2) + eps) + wd p)
  * bc1 = 1 - b1^t, bc2 = 1 - b2^t and 1 - b1, 1 - b2 computed in double, then
- * rounded to f32 once. out_bf16 = RNE(p). */
+ * rounded to f32 once. out_bf16 = RNE(p). BF16 moments (adamw_m16): read
+ * widened exactly, stored rounded stochastically (bf16_sr.h) with the bits of
+ * df_sr_bits(key, index0 + i): m with the low 16, v with the next 16. */
 
 typedef struct adam_ctx {
-    float *p, *m, *v;
+    float *p, *m, *v;       /* m, v: F32 moments, or NULL */
+    uint16_t *m16, *v16;    /* BF16 moments, or NULL */
     const float *g;     /* F32 grad, or NULL */
     const uint16_t *gb; /* BF16 grad, or NULL */
     uint16_t *out;
     float b1, b2, omb1, omb2, bc1, bc2, lr, eps, wd, gs;
+    uint64_t key;
+    int64_t i0;
 } adam_ctx;
+
+static inline uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
 
 static int adam_piece(void *vp, int64_t piece, int64_t i0, int64_t i1)
 {
     const adam_ctx *c = vp;
     for (int64_t i = i0; i < i1; i++) {
         float g = (c->gb ? df_bf16_to_f32(c->gb[i]) : c->g[i]) * c->gs;
-        float m = c->b1 * c->m[i] + c->omb1 * g;
-        float v = c->b2 * c->v[i] + c->omb2 * (g * g);
+        float m0 = c->m16 ? df_bf16_to_f32(c->m16[i]) : c->m[i];
+        float v0 = c->v16 ? df_bf16_to_f32(c->v16[i]) : c->v[i];
+        float m = c->b1 * m0 + c->omb1 * g;
+        float v = c->b2 * v0 + c->omb2 * (g * g);
         float p = c->p[i];
         float upd = (m / c->bc1) / (sqrtf(v / c->bc2) + c->eps) + c->wd * p;
         p = p - c->lr * upd;
-        c->m[i] = m;
-        c->v[i] = v;
+        if (c->m16) {
+            uint64_t r = df_sr_bits(c->key, (uint64_t)(c->i0 + i));
+            c->m16[i] = df_bf16_sr(f32_bits(m), (uint32_t)r);
+            c->v16[i] = df_bf16_sr(f32_bits(v), (uint32_t)(r >> 16));
+        } else {
+            c->m[i] = m;
+            c->v[i] = v;
+        }
         c->p[i] = p;
         if (c->out)
             c->out[i] = df_f32_to_bf16(p);
@@ -323,11 +345,26 @@ int df_cpu_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_
                  int64_t step, float grad_scale, uint16_t *out_bf16)
 {
     const int bf = grad_dtype == DF_DTYPE_BF16;
-    adam_ctx c = {master, m, v, bf ? NULL : (const float *)grad,
+    adam_ctx c = {master, m, v, NULL, NULL, bf ? NULL : (const float *)grad,
                   bf ? (const uint16_t *)grad : NULL, out_bf16, beta1, beta2,
                   (float)(1.0 - (double)beta1), (float)(1.0 - (double)beta2),
                   (float)(1.0 - pow((double)beta1, (double)step)),
-                  (float)(1.0 - pow((double)beta2, (double)step)), lr, eps, wd, grad_scale};
+                  (float)(1.0 - pow((double)beta2, (double)step)), lr, eps, wd, grad_scale, 0, 0};
+    return par_range(be, n, (int64_t)1 << 15, adam_piece, &c);
+}
+
+int df_cpu_adamw_m16(df_backend *be, float *master, const void *grad, df_dtype grad_dtype,
+                     uint16_t *m, uint16_t *v, int64_t n, float lr, float beta1, float beta2,
+                     float eps, float wd, int64_t step, float grad_scale, uint64_t key,
+                     int64_t index0, uint16_t *out_bf16)
+{
+    const int bf = grad_dtype == DF_DTYPE_BF16;
+    adam_ctx c = {master, NULL, NULL, m, v, bf ? NULL : (const float *)grad,
+                  bf ? (const uint16_t *)grad : NULL, out_bf16, beta1, beta2,
+                  (float)(1.0 - (double)beta1), (float)(1.0 - (double)beta2),
+                  (float)(1.0 - pow((double)beta1, (double)step)),
+                  (float)(1.0 - pow((double)beta2, (double)step)), lr, eps, wd, grad_scale, key,
+                  index0};
     return par_range(be, n, (int64_t)1 << 15, adam_piece, &c);
 }
 
