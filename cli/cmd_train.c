@@ -57,6 +57,10 @@ static void usage(FILE *f)
             "  --recompute-mlp       also the MLP's gate/up projections (two more GEMMs per\n"
             "                        layer; same results, ~0.5 GB less per layer at 8192 rows)\n"
             "  --grad-f32            GPU: gradients in F32 (default BF16, half the memory)\n"
+            "  --adam-bf16           AdamW's moments in BF16, stochastically rounded: 4 bytes\n"
+            "                        less per parameter of memory and of the optimizer's\n"
+            "                        traffic; other numerics (not yet judged by the quality\n"
+            "                        gate)\n"
             "  --fp8, --no-fp8       FP8 training on or off: the GEMMs' operands rounded to\n"
             "                        E4M3 with block scales (docs/FP8.md); evaluation and the\n"
             "                        export stay BF16. Default: on where FP8 tensor cores are\n"
@@ -204,6 +208,10 @@ int cmd_train(int argc, char **argv)
         }
         if (!strcmp(a, "--grad-f32")) {
             o.grad_f32 = 1;
+            continue;
+        }
+        if (!strcmp(a, "--adam-bf16")) {
+            o.adam_bf16 = 1;
             continue;
         }
         if (!strcmp(a, "--fp8")) {

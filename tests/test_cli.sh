@@ -190,6 +190,15 @@ run 0 "" "$D" train $TF --out "$W/runFdb" --fp8-dy-blocks
 cmp -s "$W/runF/export/model.safetensors" "$W/runFdb/export/model.safetensors" || fail "--fp8-dy-blocks is not --fp8's default"
 run 1 "--fp8-dy-blocks false \(now true\)" "$D" train $TF --out "$W/runFd" --fp8
 run 2 "ask for opposite things" "$D" train $TF --out "$W/runFx" --fp8-dy-blocks --no-fp8-dy-blocks
+# --adam-bf16 (AdamW's moments in BF16, stochastically rounded): other weights, recorded, an
+# exact resume (the checkpoint holds the moments widened to F32), and no switching on resume
+run 0 "fp32 master \+ bf16 moments" "$D" train ${TF/--quiet/} --out "$W/runAb" --adam-bf16
+grep -q '"--adam-bf16":.true' "$W"/runAb/ckpt-*/hparams.json || fail "--adam-bf16 not recorded"
+cmp -s "$W/runF0/export/model.safetensors" "$W/runAb/export/model.safetensors" && fail "--adam-bf16 changed nothing"
+run 0 "" "$D" train $TF --out "$W/runAbr" --adam-bf16 --stop-after 6
+run 0 "" "$D" train $TF --out "$W/runAbr" --adam-bf16
+cmp -s "$W/runAb/export/model.safetensors" "$W/runAbr/export/model.safetensors" || fail "--adam-bf16 resume differs"
+run 1 "--adam-bf16 true \(now false\)" "$D" train $TF --out "$W/runAb"
 # a run recorded before the setting existed rounded dy per 128 x 1: resumed as such, not switched
 for c in "$W"/runFd/ckpt-*; do # (the manifest and COMPLETE hash what they name: kept true)
   sed -i '/"--fp8-dy-blocks"/d' "$c/hparams.json"

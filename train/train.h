@@ -77,6 +77,8 @@ typedef struct df_train_opts {
                                    records what it chose */
     int fp8_dy_blocks;          /* with fp8: the weight gradients' dy per 128 x 128
                                    (df_drafter_set_fp8_dy_blocks); default 1, 0: 128 x 1 */
+    int adam_bf16;              /* AdamW's moments in BF16, stochastically rounded
+                                   (df_op_adamw_m16): half their memory and traffic; default 0 */
     int grad_f32;               /* GPU: keep gradients in F32 (default BF16: half the memory
                                    and the reduce-scatter traffic); the CPU always uses F32 */
     int buffered_io;            /* read the cache through the page cache (no O_DIRECT): a cache

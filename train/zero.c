@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16_sr.h"
 #include "log.h"
 #include "train_ops.h"
 
@@ -17,6 +18,8 @@ void dev_state_free(df_backend *be, dev_state *s)
         df_backend_free(be, s->master);
         df_backend_free(be, s->m);
         df_backend_free(be, s->v);
+        df_backend_free(be, s->m16);
+        df_backend_free(be, s->v16);
         df_backend_free(be, s->grad);
         df_backend_free(be, s->w);
     }
@@ -73,8 +76,8 @@ static void ds_take_shard(const dev_state *s, const float *full, float *dst)
  * full weights the drafter reads. grad: the host gradient array of one CPU
  * rank. */
 int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad,
-                   int64_t n, const df_params *ps, int L, int grad_f32, dev_state *s,
-                   df_err *e)
+                   int64_t n, const df_params *ps, int L, int grad_f32, int adam_bf16,
+                   uint64_t seed, dev_state *s, df_err *e)
 {
     memset(s, 0, sizeof *s);
     s->comm = comm;
@@ -85,7 +88,8 @@ int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad
     int rc = ds_buckets(s, ps, L, e);
     if (rc)
         return rc;
-    if (df_backend_host_addressable(be) && s->world == 1) {
+    s->sr_seed = seed;
+    if (df_backend_host_addressable(be) && s->world == 1 && !adam_bf16) {
         s->master = ck->master;
         s->m = ck->adam_m;
         s->v = ck->adam_v;
@@ -103,22 +107,29 @@ int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad
     s->wdt = df_backend_act_dtype(be);
     s->gdt = s->wdt == DF_DTYPE_BF16 && !grad_f32 ? DF_DTYPE_BF16 : DF_DTYPE_F32;
     s->ges = df_dtype_size(s->gdt);
-    size_t sb = (size_t)s->nshard * 4;
+    size_t sb = (size_t)s->nshard * 4, mb = (size_t)s->nshard * (adam_bf16 ? 2 : 4);
     s->master = df_backend_alloc(be, sb);
-    s->m = df_backend_alloc(be, sb);
-    s->v = df_backend_alloc(be, sb);
+    void *mom[2] = {df_backend_alloc(be, mb), df_backend_alloc(be, mb)};
+    if (adam_bf16)
+        s->m16 = mom[0], s->v16 = mom[1];
+    else
+        s->m = mom[0], s->v = mom[1];
     s->grad = df_backend_alloc(be, (size_t)s->np * s->ges);
     s->w = df_backend_alloc(be, (size_t)s->np * df_dtype_size(s->wdt));
     float *tmp = malloc(sb ? sb : 4);
-    if (!s->master || !s->m || !s->v || !s->grad || !s->w || !tmp) {
+    if (!s->master || !mom[0] || !mom[1] || !s->grad || !s->w || !tmp) {
         free(tmp);
         return df_errf(e, -ENOMEM, "out of memory on %s for %lld parameters' optimizer state",
                        df_backend_name(be), (long long)n);
     }
-    float *src[3] = {ck->master, ck->adam_m, ck->adam_v}, *dst[3] = {s->master, s->m, s->v};
+    float *src[3] = {ck->master, ck->adam_m, ck->adam_v};
+    void *dst[3] = {s->master, mom[0], mom[1]};
     for (int i = 0; i < 3 && !rc; i++) {
         ds_take_shard(s, src[i], tmp);
-        rc = df_backend_upload(be, dst[i], tmp, sb);
+        if (i && adam_bf16) /* the moments to BF16 in place (exact for a BF16 run's) */
+            for (int64_t j = 0; j < s->nshard; j++)
+                ((uint16_t *)tmp)[j] = df_f32_to_bf16(tmp[j]);
+        rc = df_backend_upload(be, dst[i], tmp, i ? mb : sb);
     }
     free(tmp);
     /* the full weights: the master through the gradient buffer (F32 pieces of
@@ -205,6 +216,26 @@ int ds_fwd_hook(void *ctx, int part)
     return df_backend_wait_mark(s->be, s->part_mark[part + 1]);
 }
 
+/* AdamW on this rank's slice of bucket k (cnt[k] > 0): the bf16 weights the drafter reads
+ * written by the optimizer (GPU), or the fp32 master copied there (ranks on the CPU). BF16
+ * moments round with bits keyed by (seed, step) and the elements' global index, so the run
+ * is the same whatever the number of ranks. */
+static int ds_adam_bucket(df_backend *be, dev_state *s, int k, float lr, int64_t t, float gscale)
+{
+    size_t es = df_dtype_size(s->wdt);
+    int64_t g = s->b[k] + (int64_t)s->rank * s->cnt[k], o = s->soff[k];
+    void *w16 = s->sharded && s->wdt == DF_DTYPE_BF16 ? (uint8_t *)s->w + g * es : NULL;
+    int rc = s->m16 ? df_op_adamw_m16(be, s->master + o, ds_gslice(s, k), s->gdt, s->m16 + o,
+                                      s->v16 + o, s->cnt[k], lr, 0.9f, 0.999f, 1e-8f, 0.0f, t,
+                                      gscale, df_sr_bits(s->sr_seed, (uint64_t)t), g, w16)
+                    : df_op_adamw(be, s->master + o, ds_gslice(s, k), s->gdt, s->m + o,
+                                  s->v + o, s->cnt[k], lr, 0.9f, 0.999f, 1e-8f, 0.0f, t, gscale,
+                                  w16);
+    if (!rc && s->sharded && s->wdt == DF_DTYPE_F32)
+        rc = df_backend_copy(be, (float *)s->w + g, s->master + o, (size_t)s->cnt[k] * 4);
+    return rc;
+}
+
 /* AdamW on this rank's shard, bucket by bucket, then the full weights
  * completed by an all-gather per bucket. With overlap, on the side stream:
  * per bucket AdamW, its all-gather (joined into the side stream), the
@@ -218,14 +249,8 @@ int dev_state_adamw(df_backend *be, dev_state *s, float lr, int64_t t, float gsc
         if (rc)
             return df_errf(e, rc, "the optimizer's side stream on %s", df_backend_name(be));
         for (int k = 0; k < s->nb && !rc; k++) {
-            int64_t g = s->b[k] + (int64_t)s->rank * s->cnt[k], o = s->soff[k];
-            void *w16 = s->sharded && s->wdt == DF_DTYPE_BF16 ? (uint8_t *)s->w + g * es : NULL;
             if (s->cnt[k])
-                rc = df_op_adamw(be, s->master + o, ds_gslice(s, k), s->gdt, s->m + o,
-                                 s->v + o, s->cnt[k], lr, 0.9f, 0.999f, 1e-8f, 0.0f, t, gscale,
-                                 w16);
-            if (!rc && s->cnt[k] && s->sharded && s->wdt == DF_DTYPE_F32)
-                rc = df_backend_copy(be, (float *)s->w + g, s->master + o, (size_t)s->cnt[k] * 4);
+                rc = ds_adam_bucket(be, s, k, lr, t, gscale);
             if (rc) {
                 df_errf(e, rc, "the optimizer failed on %s", df_backend_name(be));
                 break;
@@ -248,13 +273,7 @@ int dev_state_adamw(df_backend *be, dev_state *s, float lr, int64_t t, float gsc
     for (int k = 0; k < s->nb; k++) {
         if (!s->cnt[k])
             continue;
-        int64_t g = s->b[k] + (int64_t)s->rank * s->cnt[k], o = s->soff[k];
-        /* the bf16 weights the drafter reads, written by the optimizer (GPU) */
-        void *w16 = s->sharded && s->wdt == DF_DTYPE_BF16 ? (uint8_t *)s->w + g * es : NULL;
-        int rc = df_op_adamw(be, s->master + o, ds_gslice(s, k), s->gdt, s->m + o, s->v + o,
-                             s->cnt[k], lr, 0.9f, 0.999f, 1e-8f, 0.0f, t, gscale, w16);
-        if (!rc && s->sharded && s->wdt == DF_DTYPE_F32) /* ranks on the CPU: fp32 weights */
-            rc = df_backend_copy(be, (float *)s->w + g, s->master + o, (size_t)s->cnt[k] * 4);
+        int rc = ds_adam_bucket(be, s, k, lr, t, gscale);
         if (rc)
             return df_errf(e, rc, "the optimizer failed on %s", df_backend_name(be));
     }
@@ -271,6 +290,17 @@ int dev_state_adamw(df_backend *be, dev_state *s, float lr, int64_t t, float gsc
     return 0;
 }
 
+/* n bf16 at the start of x's memory widened into x[0..n) (from the last, so none is
+ * overwritten before it is read: element j's bf16 sits below its F32) */
+static void widen_bf16(float *x, int64_t n)
+{
+    for (int64_t j = n - 1; j >= 0; j--) {
+        uint16_t h;
+        memcpy(&h, (const uint8_t *)x + 2 * j, 2);
+        x[j] = df_bf16_to_f32(h);
+    }
+}
+
 /* Brings master and moments back into the checkpoint's [n] host arrays on
  * every rank (a collective: all ranks call it at the same steps). With one
  * rank the shard is the whole array; else each bucket's slices are gathered
@@ -280,7 +310,8 @@ int dev_state_fetch(df_backend *be, dev_state *s, df_ckpt_state *ck, df_err *e)
 {
     if (!s->sharded)
         return 0;
-    float *src[3] = {s->master, s->m, s->v}, *dst[3] = {ck->master, ck->adam_m, ck->adam_v};
+    void *src[3] = {s->master, s->m16 ? (void *)s->m16 : s->m, s->m16 ? (void *)s->v16 : s->v};
+    float *dst[3] = {ck->master, ck->adam_m, ck->adam_v};
     int64_t big = 0;
     for (int k = 0; k < s->nb; k++)
         if (s->b[k + 1] - s->b[k] > big)
@@ -294,17 +325,23 @@ int dev_state_fetch(df_backend *be, dev_state *s, df_ckpt_state *ck, df_err *e)
     }
     int rc = 0;
     for (int i = 0; i < 3 && !rc; i++) {
+        size_t es = i && s->m16 ? 2 : 4; /* BF16 moments: downloaded, then widened in place */
         if (s->world == 1) {
-            rc = df_backend_download(be, dst[i], src[i], (size_t)s->n * 4);
+            rc = df_backend_download(be, dst[i], src[i], (size_t)s->n * es);
+            if (!rc && es == 2)
+                widen_bf16(dst[i], s->n);
             continue;
         }
         for (int k = 0; k < s->nb && !rc; k++) {
             int64_t keep = (s->b[k + 1] < s->n ? s->b[k + 1] : s->n) - s->b[k];
-            rc = df_comm_all_gather(s->comm, src[i] + s->soff[k], tmp, (size_t)s->cnt[k] * 4, e);
+            rc = df_comm_all_gather(s->comm, (uint8_t *)src[i] + (size_t)s->soff[k] * es, tmp,
+                                    (size_t)s->cnt[k] * es, e);
             if (!rc)
                 rc = df_comm_wait(s->comm, e);
             if (!rc && keep > 0)
-                rc = df_backend_download(be, dst[i] + s->b[k], tmp, (size_t)keep * 4);
+                rc = df_backend_download(be, dst[i] + s->b[k], tmp, (size_t)keep * es);
+            if (!rc && keep > 0 && es == 2)
+                widen_bf16(dst[i] + s->b[k], keep);
         }
     }
     df_backend_free(be, own);

@@ -31,8 +31,11 @@
  * gradient array (ds_gslice), where AdamW reads them; a separate shard of
  * reduced gradients would cost np / world more (1.6 GiB at 2 ranks, 27B).
  *
- * One rank on the CPU: no copies, master/m/v are the checkpoint's host
- * arrays and the drafter reads the fp32 master. Otherwise every array is
+ * One rank on the CPU with F32 moments: no copies, master/m/v are the
+ * checkpoint's host arrays and the drafter reads the fp32 master. BF16
+ * moments (df_op_adamw_m16) live on the backend on every rank and widen
+ * exactly into the checkpoint's F32 arrays (a checkpoint holds F32 moments
+ * either way). Otherwise every array is
  * backend memory: the gradient full size (np) and the shards np/world; the
  * weights the drafter reads are bf16 on a GPU (the optimizer's output), F32
  * on the CPU (ranks > 1: the all-gathered master). Gradients are BF16 on a
@@ -49,7 +52,9 @@ typedef struct dev_state {
     int64_t n, np, nshard;     /* parameters, padded, per rank */
     int nb;                    /* buckets */
     int64_t b[DS_MAX_BUCKETS + 1], cnt[DS_MAX_BUCKETS], soff[DS_MAX_BUCKETS];
-    float *master, *m, *v;     /* [nshard] (or the checkpoint's [n]) */
+    float *master, *m, *v;     /* [nshard] (or the checkpoint's [n]); m, v NULL with m16 */
+    uint16_t *m16, *v16;       /* [nshard] the moments in BF16 (--adam-bf16), else NULL */
+    uint64_t sr_seed;          /* m16: the run's seed, for the moments' stochastic rounding */
     void *grad;                /* [np] this rank's gradients (gdt), its slices reduced in
                                   place; scratch for checkpoints */
     df_dtype gdt;
@@ -74,8 +79,8 @@ typedef struct dev_state {
 
 void dev_state_free(df_backend *be, dev_state *s);
 int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad,
-                   int64_t n, const df_params *ps, int L, int grad_f32, dev_state *s,
-                   df_err *e);
+                   int64_t n, const df_params *ps, int L, int grad_f32, int adam_bf16,
+                   uint64_t seed, dev_state *s, df_err *e);
 int ds_zero(df_backend *be, const dev_state *s, int64_t lo, int64_t hi);
 int ds_grad_hook(void *ctx, int layer);
 void ds_part_marks(dev_state *s, const df_params *ps, int L);
