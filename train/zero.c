@@ -218,8 +218,8 @@ int ds_fwd_hook(void *ctx, int part)
 
 /* AdamW on this rank's slice of bucket k (cnt[k] > 0): the bf16 weights the drafter reads
  * written by the optimizer (GPU), or the fp32 master copied there (ranks on the CPU). BF16
- * moments round with bits keyed by (seed, step) and the elements' global index, so the run
- * is the same whatever the number of ranks. */
+ * moments round with bits keyed by (seed, step) and the elements' global index: their
+ * rounding does not depend on how the parameters are split into buckets and shards. */
 static int ds_adam_bucket(df_backend *be, dev_state *s, int k, float lr, int64_t t, float gscale)
 {
     size_t es = df_dtype_size(s->wdt);
