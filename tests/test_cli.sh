@@ -479,6 +479,10 @@ cmp -s "$W/runS1/export/model.safetensors" "$W/runS2/export/model.safetensors" |
 run 0 "" "$D" train ${TA2/--steps 40/--steps 12} --out "$W/runS1f" --fp8
 DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp8 ${TA2/--steps 40/--steps 12} --out "$W/runS2f" --fp8
 cmp -s "$W/runS1f/export/model.safetensors" "$W/runS2f/export/model.safetensors" || fail "--fp8: 2 ranks on the same rows differ from 1 rank"
+# and with BF16 moments: their stochastic rounding keyed by the global index, not the shard
+run 0 "" "$D" train ${TA2/--steps 40/--steps 12} --out "$W/runS1a" --adam-bf16
+DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp9 ${TA2/--steps 40/--steps 12} --out "$W/runS2a" --adam-bf16
+cmp -s "$W/runS1a/export/model.safetensors" "$W/runS2a/export/model.safetensors" || fail "--adam-bf16: 2 ranks on the same rows differ from 1 rank"
 # the same with the optimizer after the backward (the default: on the side stream, all-gathers
 # joined there, per-bucket zeroing)
 ranks2 dp5 $TA2 --out "$W/runOv2" --no-overlap-optimizer --no-grad-alias
