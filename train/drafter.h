@@ -138,7 +138,8 @@ void df_drafter_set_recompute(df_drafter *d, int level);
  * scratch buffers. Returns 0, or -ENOMEM / another error with e set. */
 int df_drafter_set_fp8(df_drafter *d, int on, df_err *e);
 /* With FP8 on: the weight gradients' GEMMs round dy per 128 x 128 block instead of 128 x 1
- * (DF_FP8_DY_BLOCKS: cuBLASLt's faster kernel on sm_90; other numerics). Default off. */
+ * (DF_FP8_DY_BLOCKS: cuBLASLt's faster kernel on sm_90; other numerics). Off for a drafter
+ * as opened; the trainer turns it on (df_train_opts.fp8_dy_blocks, docs/FP8.md). */
 void df_drafter_set_fp8_dy_blocks(df_drafter *d, int on);
 
 /* Memory for nothing: the gradient array grad (the one every
