@@ -123,7 +123,8 @@ int df_run_settings_check(const char *ckpt_dir, const char *had, const char *now
     char diffs[400] = "";
     int n = 0;
     const cJSON *wv;
-    /* settings added with a new default: runs recorded before them ran the old one */
+    /* settings whose value is known for runs recorded before them (what those runs did): a
+     * resume that asks for another is refused like any change */
     static const struct {
         const char *key, *was;
     } absent[] = {{"--fp8-dy-blocks", "false"}, {"--adam-bf16", "false"}};
