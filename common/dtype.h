@@ -71,6 +71,18 @@ static inline uint16_t df_f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* n BF16 values stored at the start of x's memory widened in place into
+ * x[0..n): from the last element down, so each BF16 (at bytes [2j, 2j+2),
+ * inside or below its own F32) is read before anything overwrites it. */
+static inline void df_bf16_widen_inplace(float *x, int64_t n)
+{
+    for (int64_t j = n - 1; j >= 0; j--) {
+        uint16_t h;
+        memcpy(&h, (const unsigned char *)x + 2 * j, 2);
+        x[j] = df_bf16_to_f32(h);
+    }
+}
+
 /* f16 bits <-> f32 (exact one way; RNE the other), without F16C. */
 static inline float df_f16_to_f32(uint16_t h)
 {

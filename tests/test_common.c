@@ -1,5 +1,6 @@
 /* test_common - CRC32C (known vectors, hardware = software, streaming),
- * the thread pool (every index once, first error wins), atomic file writes. */
+ * BF16 / F16 conversions (BF16 widened in place), the thread pool (every
+ * index once, first error wins), atomic file writes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,18 @@ int main(void)
     CHECK(df_bf16_to_f32(df_f32_to_bf16(3.140625f)) == 3.140625f);
     CHECK_EQ(df_f32_to_bf16(1.00390625f), 0x3f80);   /* tie -> even */
     CHECK_EQ(df_f32_to_bf16(1.01171875f), 0x3f82);   /* tie -> even (up) */
+
+    /* BF16 widened in place: each element equals its BF16's value, at odd and even n. */
+    for (int64_t n = 1; n <= 9; n++) {
+        float x[9];
+        uint16_t h[9];
+        for (int64_t j = 0; j < n; j++)
+            h[j] = (uint16_t)(0x3f80 + 37 * j + (j & 1 ? 0x8000 : 0)); /* 1.0, then +-others */
+        memcpy(x, h, (size_t)n * 2);
+        df_bf16_widen_inplace(x, n);
+        for (int64_t j = 0; j < n; j++)
+            CHECK(x[j] == df_bf16_to_f32(h[j]));
+    }
 
     /* f16: every finite/inf half survives f16 -> f32 -> f16; NaN stays NaN;
      * values are the IEEE ones (spot checks, incl. subnormals). */

@@ -166,13 +166,8 @@ int best_update(best_state *bs, df_best *r, const df_train_opts *o, df_backend *
         if ((rc = df_backend_download(be, ck_master, ds->w, (size_t)ds->n * wes)))
             return df_errf(e, rc, "best export: copying the weights from %s failed",
                            df_backend_name(be));
-        if (ds->wdt == DF_DTYPE_BF16) { /* widened in place, from the end: element i's f32
-                                         * bytes [4i, 4i+4) cover bf16 elements 2i, 2i+1 >= i,
-                                         * already read */
-            const uint16_t *h = (const uint16_t *)(void *)ck_master;
-            for (int64_t i = ds->n - 1; i >= 0; i--)
-                ck_master[i] = df_bf16_to_f32(h[i]);
-        }
+        if (ds->wdt == DF_DTYPE_BF16)
+            df_bf16_widen_inplace(ck_master, ds->n);
         w = ck_master;
     }
     df_best nb = *r;

@@ -290,17 +290,6 @@ int dev_state_adamw(df_backend *be, dev_state *s, float lr, int64_t t, float gsc
     return 0;
 }
 
-/* n bf16 at the start of x's memory widened into x[0..n) (from the last, so none is
- * overwritten before it is read: element j's bf16 sits below its F32) */
-static void widen_bf16(float *x, int64_t n)
-{
-    for (int64_t j = n - 1; j >= 0; j--) {
-        uint16_t h;
-        memcpy(&h, (const uint8_t *)x + 2 * j, 2);
-        x[j] = df_bf16_to_f32(h);
-    }
-}
-
 /* Brings master and moments back into the checkpoint's [n] host arrays on
  * every rank (a collective: all ranks call it at the same steps). With one
  * rank the shard is the whole array; else each bucket's slices are gathered
@@ -329,7 +318,7 @@ int dev_state_fetch(df_backend *be, dev_state *s, df_ckpt_state *ck, df_err *e)
         if (s->world == 1) {
             rc = df_backend_download(be, dst[i], src[i], (size_t)s->n * es);
             if (!rc && es == 2)
-                widen_bf16(dst[i], s->n);
+                df_bf16_widen_inplace(dst[i], s->n);
             continue;
         }
         for (int k = 0; k < s->nb && !rc; k++) {
@@ -341,7 +330,7 @@ int dev_state_fetch(df_backend *be, dev_state *s, df_ckpt_state *ck, df_err *e)
             if (!rc && keep > 0)
                 rc = df_backend_download(be, dst[i] + s->b[k], tmp, (size_t)keep * es);
             if (!rc && keep > 0 && es == 2)
-                widen_bf16(dst[i] + s->b[k], keep);
+                df_bf16_widen_inplace(dst[i] + s->b[k], keep);
         }
     }
     df_backend_free(be, own);
