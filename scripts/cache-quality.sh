@@ -300,7 +300,8 @@ elif [ "${REAL_TAU:-0}" != 0 ]; then
   if [ ${#args[@]} -gt 0 ]; then
     timeout "${REAL_TAU_TIMEOUT:-900}" python3 -u "$ROOT/scripts/specforge_tau.py" --target "$MODEL" --eval-corpus "$W/eval.jsonl" "${args[@]}" \
       --prompts "${SF_PROMPTS:-64}" --json-out "$SFJ" >"$LOGS/real-tau.log" 2>&1 ||
-      echo "cache-quality: specforge_tau.py failed (see $LOGS/real-tau.log)" >&2
+      { echo "cache-quality: specforge_tau.py failed (status $?; $LOGS/real-tau.log ends:)" >&2
+        tail -n 15 "$LOGS/real-tau.log" >&2; }
   fi
   note "real tau done"
   print_table
