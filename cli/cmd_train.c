@@ -61,6 +61,8 @@ static void usage(FILE *f)
             "                        less per parameter of memory and of the optimizer's\n"
             "                        traffic, ~2%% faster at the 27B shape; the drafter ~1%%\n"
             "                        worse in eval loss and tau_walk (docs/DESIGN.md)\n"
+            "  --adam-m-bf16         the first moment alone in BF16 (v stays F32): 2 bytes less\n"
+            "                        per parameter; not yet judged by the quality gate\n"
             "  --fp8, --no-fp8       FP8 training on or off: the GEMMs' operands rounded to\n"
             "                        E4M3 with block scales (docs/FP8.md); evaluation and the\n"
             "                        export stay BF16. Default: on where FP8 tensor cores are\n"
@@ -212,6 +214,10 @@ int cmd_train(int argc, char **argv)
         }
         if (!strcmp(a, "--adam-bf16")) {
             o.adam_bf16 = 1;
+            continue;
+        }
+        if (!strcmp(a, "--adam-m-bf16")) {
+            o.adam_m_bf16 = 1;
             continue;
         }
         if (!strcmp(a, "--fp8")) {

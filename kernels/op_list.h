@@ -58,10 +58,11 @@
     X(int, adamw, (df_backend * be, float *master, const void *grad, df_dtype grad_dtype, float *m, \
                    float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,    \
                    int64_t step, float grad_scale, uint16_t *out_bf16))                             \
+    /* v: v_dtype elements, BF16 or F32 (checked) */                                               \
     X(int, adamw_m16, (df_backend * be, float *master, const void *grad, df_dtype grad_dtype,       \
-                       uint16_t *m, uint16_t *v, int64_t n, float lr, float beta1, float beta2,     \
-                       float eps, float wd, int64_t step, float grad_scale, uint64_t key,           \
-                       int64_t index0, uint16_t *out_bf16))                                         \
+                       uint16_t *m, void *v, df_dtype v_dtype, int64_t n, float lr, float beta1,    \
+                       float beta2, float eps, float wd, int64_t step, float grad_scale,            \
+                       uint64_t key, int64_t index0, uint16_t *out_bf16))                           \
     X(double, sumsq, (df_backend * be, const void *x, df_dtype dtype, int64_t n))                   \
     X(int, fp8_qdq, (df_backend * be, const df_tensor *x, df_tensor *y, int64_t block_rows,         \
                      int64_t block_cols))                                                           \

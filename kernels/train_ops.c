@@ -153,9 +153,10 @@ int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
 
 /* ---- optimizer ---- */
 
-/* df_op_adamw's checks; the moments of mes bytes each */
+/* df_op_adamw's checks; m of mes bytes each, v of ves */
 static int adamw_check(df_backend *be, const float *master, const void *grad, df_dtype grad_dtype,
-                       const void *m, const void *v, size_t mes, int64_t n, float lr, float beta1,
+                       const void *m, const void *v, size_t mes, size_t ves, int64_t n, float lr,
+                       float beta1,
                        float beta2, float eps, float wd, int64_t step, float grad_scale,
                        const uint16_t *out_bf16)
 {
@@ -174,7 +175,7 @@ static int adamw_check(df_backend *be, const float *master, const void *grad, df
      * aliasing m or master would change the arithmetic). grad spans n
      * elements of its own dtype. */
     df_rowspan s[5] = {df_span_raw(master, n, 4), df_span_raw(m, n, mes),
-                       df_span_raw(v, n, mes), df_span_raw(out_bf16, n, 2),
+                       df_span_raw(v, n, ves), df_span_raw(out_bf16, n, 2),
                        df_span_raw(grad, n, df_dtype_size(grad_dtype))};
     for (int i = 0; i < 4; i++)
         for (int j = i + 1; j < 5; j++)
@@ -187,7 +188,7 @@ int df_op_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_d
                 float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,
                 int64_t step, float grad_scale, uint16_t *out_bf16)
 {
-    int rc = adamw_check(be, master, grad, grad_dtype, m, v, 4, n, lr, beta1, beta2, eps, wd,
+    int rc = adamw_check(be, master, grad, grad_dtype, m, v, 4, 4, n, lr, beta1, beta2, eps, wd,
                          step, grad_scale, out_bf16);
     return rc ? rc
               : DF_DISPATCH(be, adamw, master, grad, grad_dtype, m, v, n, lr, beta1, beta2, eps,
@@ -195,17 +196,19 @@ int df_op_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_d
 }
 
 int df_op_adamw_m16(df_backend *be, float *master, const void *grad, df_dtype grad_dtype,
-                    uint16_t *m, uint16_t *v, int64_t n, float lr, float beta1, float beta2,
-                    float eps, float wd, int64_t step, float grad_scale, uint64_t key,
-                    int64_t index0, uint16_t *out_bf16)
+                    uint16_t *m, void *v, df_dtype v_dtype, int64_t n, float lr, float beta1,
+                    float beta2, float eps, float wd, int64_t step, float grad_scale,
+                    uint64_t key, int64_t index0, uint16_t *out_bf16)
 {
-    int rc = adamw_check(be, master, grad, grad_dtype, m, v, 2, n, lr, beta1, beta2, eps, wd,
-                         step, grad_scale, out_bf16);
+    if (v_dtype != DF_DTYPE_BF16 && v_dtype != DF_DTYPE_F32)
+        return -EINVAL;
+    int rc = adamw_check(be, master, grad, grad_dtype, m, v, 2, df_dtype_size(v_dtype), n, lr,
+                         beta1, beta2, eps, wd, step, grad_scale, out_bf16);
     if (!rc && (index0 < 0 || index0 > ((int64_t)1 << 62) - n))
         rc = -EINVAL;
     return rc ? rc
-              : DF_DISPATCH(be, adamw_m16, master, grad, grad_dtype, m, v, n, lr, beta1, beta2,
-                            eps, wd, step, grad_scale, key, index0, out_bf16);
+              : DF_DISPATCH(be, adamw_m16, master, grad, grad_dtype, m, v, v_dtype, n, lr, beta1,
+                            beta2, eps, wd, step, grad_scale, key, index0, out_bf16);
 }
 
 double df_op_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n)

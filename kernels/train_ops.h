@@ -163,19 +163,23 @@ int df_op_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_d
                 float *v, int64_t n, float lr, float beta1, float beta2, float eps, float wd,
                 int64_t step, float grad_scale, uint16_t *out_bf16);
 
-/* AdamW as df_op_adamw, with the moments m and v stored in BF16 (half their
- * memory and traffic): each is computed in fp32 as there, from its stored
- * value widened exactly, and stored stochastically rounded (common/bf16_sr.h)
- * so that v's small steps (1 - beta2 of it per step) survive on average where
+/* AdamW as df_op_adamw, with the first moment m stored in BF16, and the
+ * second v in BF16 too (v_dtype DF_DTYPE_BF16) or in F32 (DF_DTYPE_F32, as
+ * df_op_adamw keeps it): half their memory and traffic. A BF16 moment is
+ * computed in fp32 as there, from its stored value widened exactly, and
+ * stored stochastically rounded (common/bf16_sr.h) so that small steps (v
+ * moves by 1 - beta2 of itself per step) survive on average where
  * round-to-nearest would drop them; the update uses the fp32 moments before
  * that rounding. Element i's random bits: df_sr_bits(key, index0 + i), the
- * low 16 for m, the next 16 for v: the same bits on every backend and however
- * the parameters are split into calls (index0: element 0's index in the whole
- * array). The same checks as df_op_adamw (m, v span n bf16), index0 >= 0. */
+ * low 16 for m, the next 16 for a BF16 v: the same bits on every backend and
+ * however the parameters are split into calls (index0: element 0's index in
+ * the whole array), and m's bits do not depend on v_dtype. The same checks as
+ * df_op_adamw (m spans n bf16, v n of v_dtype; another v_dtype: -EINVAL),
+ * index0 >= 0. */
 int df_op_adamw_m16(df_backend *be, float *master, const void *grad, df_dtype grad_dtype,
-                    uint16_t *m, uint16_t *v, int64_t n, float lr, float beta1, float beta2,
-                    float eps, float wd, int64_t step, float grad_scale, uint64_t key,
-                    int64_t index0, uint16_t *out_bf16);
+                    uint16_t *m, void *v, df_dtype v_dtype, int64_t n, float lr, float beta1,
+                    float beta2, float eps, float wd, int64_t step, float grad_scale,
+                    uint64_t key, int64_t index0, uint16_t *out_bf16);
 
 /* Sum of squares of n elements of x (for the global gradient norm), in
  * double: dtype DF_DTYPE_F32 or DF_DTYPE_BF16, each element widened exactly

@@ -199,6 +199,15 @@ run 0 "" "$D" train $TF --out "$W/runAbr" --adam-bf16 --stop-after 6
 run 0 "" "$D" train $TF --out "$W/runAbr" --adam-bf16
 cmp -s "$W/runAb/export/model.safetensors" "$W/runAbr/export/model.safetensors" || fail "--adam-bf16 resume differs"
 run 1 "--adam-bf16 true \(now false\)" "$D" train $TF --out "$W/runAb"
+# --adam-m-bf16 (m alone in BF16, v F32): said, recorded, weights of their own, an exact resume
+run 0 "fp32 master \+ bf16 m / fp32 v moments" "$D" train ${TF/--quiet/} --out "$W/runAm" --adam-m-bf16
+grep -q '"--adam-m-bf16":.true' "$W"/runAm/ckpt-*/hparams.json || fail "--adam-m-bf16 not recorded"
+cmp -s "$W/runF0/export/model.safetensors" "$W/runAm/export/model.safetensors" && fail "--adam-m-bf16 changed nothing"
+cmp -s "$W/runAb/export/model.safetensors" "$W/runAm/export/model.safetensors" && fail "--adam-m-bf16 is --adam-bf16"
+run 0 "" "$D" train $TF --out "$W/runAmr" --adam-m-bf16 --stop-after 6
+run 0 "" "$D" train $TF --out "$W/runAmr" --adam-m-bf16
+cmp -s "$W/runAm/export/model.safetensors" "$W/runAmr/export/model.safetensors" || fail "--adam-m-bf16 resume differs"
+run 1 "--adam-m-bf16 true \(now false\)" "$D" train $TF --out "$W/runAm"
 # a run recorded before the setting existed rounded dy per 128 x 1: resumed as such, not switched
 for c in "$W"/runFd/ckpt-*; do # (the manifest and COMPLETE hash what they name: kept true)
   sed -i '/"--fp8-dy-blocks"/d' "$c/hparams.json"
@@ -483,6 +492,12 @@ cmp -s "$W/runS1f/export/model.safetensors" "$W/runS2f/export/model.safetensors"
 run 0 "" "$D" train ${TA2/--steps 40/--steps 12} --out "$W/runS1a" --adam-bf16
 DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp9 ${TA2/--steps 40/--steps 12} --out "$W/runS2a" --adam-bf16
 cmp -s "$W/runS1a/export/model.safetensors" "$W/runS2a/export/model.safetensors" || fail "--adam-bf16: 2 ranks on the same rows differ from 1 rank"
+# and with m alone in BF16 (the checkpoint gathers one BF16 and one F32 moment), resumed
+T12="${TA2/--steps 40/--steps 12}"; T12=${T12/--ckpt-every 20/--ckpt-every 4}
+run 0 "" "$D" train $T12 --out "$W/runS1m" --adam-m-bf16
+DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp10 $T12 --out "$W/runS2m" --adam-m-bf16 --stop-after 6
+DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp11 $T12 --out "$W/runS2m" --adam-m-bf16
+cmp -s "$W/runS1m/export/model.safetensors" "$W/runS2m/export/model.safetensors" || fail "--adam-m-bf16: 2 ranks on the same rows, resumed, differ from 1 rank"
 # the same with the optimizer after the backward (the default: on the side stream, all-gathers
 # joined there, per-bucket zeroing)
 ranks2 dp5 $TA2 --out "$W/runOv2" --no-overlap-optimizer --no-grad-alias

@@ -631,66 +631,74 @@ static void adamw_case(int64_t n, int with_out, int off, int64_t step, float gs,
         df_backend_free(gh_gpu, dg16);
 }
 
-/* BF16 moments (adamw_m16): the GPU's p, m, v and out bitwise the CPU's (the same fp32
- * arithmetic in the same order, the same stochastic rounding bits); off 1: the scalar path.
- * Two steps, so the second reads moments the first stored. */
-static void adamw_m16_case(int64_t n, int off, int gbf)
+/* BF16 moments (adamw_m16; v32: v in F32): the GPU's p, m, v and out bitwise the CPU's (the
+ * same fp32 arithmetic in the same order, the same stochastic rounding bits); off 1: the
+ * scalar path. Two steps, so the second reads moments the first stored. */
+static void adamw_m16_case(int64_t n, int off, int gbf, int v32)
 {
+    const size_t ves = v32 ? 4 : 2;
+    const df_dtype vdt = v32 ? DF_DTYPE_F32 : DF_DTYPE_BF16;
     uint64_t r = 0xada16u + (uint64_t)n;
     const float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.1f, gs = 0.37f;
     const uint64_t key = 0xfeedf00dull;
     const int64_t i0 = 1000000007;
     float *p = gh_xmalloc((size_t)n * 4), *g = gh_xmalloc((size_t)n * 4);
     uint16_t *g16 = gh_xmalloc((size_t)n * 2), *m = gh_xmalloc((size_t)n * 2),
-             *v = gh_xmalloc((size_t)n * 2), *o = gh_xmalloc((size_t)n * 2);
+             *o = gh_xmalloc((size_t)n * 2);
+    uint8_t *v = gh_xmalloc((size_t)n * ves);
     for (int64_t i = 0; i < n; i++) {
         p[i] = gh_draw(GH_N01_NZ, &r, 0.05f);
         g[i] = gh_draw(GH_N01_NZ, &r, 0.01f);
         g16[i] = gh_f2bf(g[i]);
         m[i] = gh_f2bf(gh_draw(GH_N01_NZ, &r, 0.003f));
-        v[i] = gh_f2bf(fabsf(gh_draw(GH_N01_NZ, &r, 1e-4f)) * 1e-2f);
+        float vi = fabsf(gh_draw(GH_N01_NZ, &r, 1e-4f)) * 1e-2f;
+        if (v32)
+            memcpy(v + (size_t)i * 4, &vi, 4);
+        else
+            ((uint16_t *)v)[i] = gh_f2bf(vi);
     }
     float *dp = df_backend_alloc(gh_gpu, (size_t)(n + off) * 4),
           *dg = df_backend_alloc(gh_gpu, (size_t)(n + off) * 4);
     uint16_t *dm = df_backend_alloc(gh_gpu, (size_t)(n + off) * 2),
-             *dv = df_backend_alloc(gh_gpu, (size_t)(n + off) * 2),
              *do_ = df_backend_alloc(gh_gpu, (size_t)(n + off) * 2),
              *dg16 = df_backend_alloc(gh_gpu, (size_t)(n + off) * 2);
+    uint8_t *dv = df_backend_alloc(gh_gpu, (size_t)(n + off) * ves);
     CHECK(dp && dg && dm && dv && do_ && dg16);
     CHECK_EQ(df_backend_upload(gh_gpu, dp + off, p, (size_t)n * 4), 0);
     CHECK_EQ(df_backend_upload(gh_gpu, dg + off, g, (size_t)n * 4), 0);
     CHECK_EQ(df_backend_upload(gh_gpu, dg16 + off, g16, (size_t)n * 2), 0);
     CHECK_EQ(df_backend_upload(gh_gpu, dm + off, m, (size_t)n * 2), 0);
-    CHECK_EQ(df_backend_upload(gh_gpu, dv + off, v, (size_t)n * 2), 0);
+    CHECK_EQ(df_backend_upload(gh_gpu, dv + off * ves, v, (size_t)n * ves), 0);
     for (int s = 1; s <= 2; s++) {
         CHECK_EQ(df_cuda_adamw_m16(gh_gpu, dp + off, gbf ? (const void *)(dg16 + off) : dg + off,
-                                   gbf ? DF_DTYPE_BF16 : DF_DTYPE_F32, dm + off, dv + off, n, lr,
-                                   b1, b2, eps, wd, s, gs, key + s, i0, do_ + off),
+                                   gbf ? DF_DTYPE_BF16 : DF_DTYPE_F32, dm + off, dv + off * ves,
+                                   vdt, n, lr, b1, b2, eps, wd, s, gs, key + s, i0, do_ + off),
                  0);
         CHECK_EQ(df_op_adamw_m16(gh_cpu, p, gbf ? (const void *)g16 : g,
-                                 gbf ? DF_DTYPE_BF16 : DF_DTYPE_F32, m, v, n, lr, b1, b2, eps, wd,
-                                 s, gs, key + s, i0, o),
+                                 gbf ? DF_DTYPE_BF16 : DF_DTYPE_F32, m, v, vdt, n, lr, b1, b2, eps,
+                                 wd, s, gs, key + s, i0, o),
                  0);
     }
     CHECK(sync_ok());
     float *gp = gh_xmalloc((size_t)n * 4);
-    uint16_t *gm = gh_xmalloc((size_t)n * 2), *gv = gh_xmalloc((size_t)n * 2),
-             *go = gh_xmalloc((size_t)n * 2);
+    uint16_t *gm = gh_xmalloc((size_t)n * 2), *go = gh_xmalloc((size_t)n * 2);
+    uint8_t *gv = gh_xmalloc((size_t)n * ves);
     CHECK_EQ(df_backend_download(gh_gpu, gp, dp + off, (size_t)n * 4), 0);
     CHECK_EQ(df_backend_download(gh_gpu, gm, dm + off, (size_t)n * 2), 0);
-    CHECK_EQ(df_backend_download(gh_gpu, gv, dv + off, (size_t)n * 2), 0);
+    CHECK_EQ(df_backend_download(gh_gpu, gv, dv + off * ves, (size_t)n * ves), 0);
     CHECK_EQ(df_backend_download(gh_gpu, go, do_ + off, (size_t)n * 2), 0);
     int64_t dpn = 0, dmn = 0, don = 0, moved = 0;
     for (int64_t i = 0; i < n; i++) {
         dpn += memcmp(&gp[i], &p[i], 4) != 0;
-        dmn += gm[i] != m[i] || gv[i] != v[i];
+        dmn += gm[i] != m[i] || memcmp(gv + i * ves, v + i * ves, ves) != 0;
         don += go[i] != o[i];
         moved += gm[i] != 0;
     }
     int ok = dpn == 0 && dmn == 0 && don == 0 && moved > n / 2;
-    printf("  adamw_m16 n=%-8lld %-9s grad %s, 2 steps: p differ %lld, m/v differ %lld, out "
-           "differ %lld (of %lld)  %s\n",
-           (long long)n, off ? "unaligned" : "aligned", gbf ? "BF16" : "F32", (long long)dpn,
+    printf("  adamw_m16 n=%-8lld %-9s grad %s v %s, 2 steps: p differ %lld, m/v differ %lld, "
+           "out differ %lld (of %lld)  %s\n",
+           (long long)n, off ? "unaligned" : "aligned", gbf ? "BF16" : "F32", v32 ? "F32" : "BF16",
+           (long long)dpn,
            (long long)dmn, (long long)don, (long long)n, ok ? "ok" : "FAIL");
     CHECK(ok);
     df_backend_free(gh_gpu, dp), df_backend_free(gh_gpu, dg), df_backend_free(gh_gpu, dm);
@@ -700,10 +708,13 @@ static void adamw_m16_case(int64_t n, int off, int gbf)
 
 static void test_adamw(void)
 {
-    printf("adamw_m16 (BF16 moments, stochastically rounded: bitwise the CPU's)\n");
-    adamw_m16_case(1000003, 0, 1);
-    adamw_m16_case(1000003, 1, 0);
-    adamw_m16_case(7, 0, 1);
+    printf("adamw_m16 (BF16 moments, stochastically rounded, v BF16 or F32: bitwise the CPU's)\n");
+    adamw_m16_case(1000003, 0, 1, 0);
+    adamw_m16_case(1000003, 1, 0, 0);
+    adamw_m16_case(7, 0, 1, 0);
+    adamw_m16_case(1000003, 0, 1, 1); /* m alone in BF16 */
+    adamw_m16_case(1000003, 1, 0, 1);
+    adamw_m16_case(7, 0, 1, 1);
     printf("adamw (F32 master/m/v: 1e-6 x sum|terms|; out_bf16 == RNE(master); BF16 grads: "
            "== the F32-grad run bitwise)\n");
     adamw_case(1, 0, 0, 1, 0.37f, 0);

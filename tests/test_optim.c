@@ -114,28 +114,35 @@ static void check_adamw_bf16_grad(int64_t n, float lr, float wd, float gs, int w
         free(p[c]), free(m[c]), free(v[c]), free(o[c]);
 }
 
-/* AdamW with BF16 moments (df_op_adamw_m16):
+/* AdamW with BF16 moments (df_op_adamw_m16), v in BF16 or (v32) in F32:
  *  - p and out bitwise those of df_op_adamw given the widened moments (the update takes the
  *    fp32 moments before their rounding), and the stored moments bitwise the stochastic
- *    rounding of that call's fp32 m / v with df_sr_bits(key, index0 + i);
+ *    rounding of that call's fp32 m / v with df_sr_bits(key, index0 + i) (an F32 v: bitwise
+ *    df_op_adamw's v);
  *  - the same bits on 1 and 3 threads, and in one call or in two with index0 offsets;
+ *  - m's bits do not depend on v's dtype (a twin run with the other one);
  *  - unbiased: v with b2 = 0.999 under a constant gradient, where round-to-nearest stalls
  *    (its step is 0.1% of v, under half of bf16's 0.78% spacing), tracks the fp32 EMA. */
-static void check_adamw_m16(int64_t n, int bf16_grad)
+static void check_adamw_m16(int64_t n, int bf16_grad, int v32)
 {
     const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, lr = 1e-3f, wd = 0.01f, gs = 0.5f;
     const uint64_t key = 0x5eed0001ull;
     const int64_t i0 = 12345;
-    float *p = fbuf(n), *pr = fbuf(n), *pt = fbuf(n), *g = fbuf(n), *mr = fbuf(n), *vr = fbuf(n);
+    const df_dtype vdt = v32 ? DF_DTYPE_F32 : DF_DTYPE_BF16;
+    const size_t ves = v32 ? 4 : 2;
+    float *p = fbuf(n), *pr = fbuf(n), *pt = fbuf(n), *pw = fbuf(n), *g = fbuf(n), *mr = fbuf(n),
+          *vr = fbuf(n);
     uint16_t *gb = xmalloc((size_t)n * 2), *m16 = xmalloc((size_t)n * 2),
-             *v16 = xmalloc((size_t)n * 2), *mt = xmalloc((size_t)n * 2),
-             *vt = xmalloc((size_t)n * 2), *o = xmalloc((size_t)n * 2), *orf = xmalloc((size_t)n * 2),
-             *ot = xmalloc((size_t)n * 2);
+             *mt = xmalloc((size_t)n * 2), *mw = xmalloc((size_t)n * 2),
+             *o = xmalloc((size_t)n * 2), *orf = xmalloc((size_t)n * 2), *ot = xmalloc((size_t)n * 2);
+    /* v in its dtype (v, vt), and the twin's v in the other dtype (vw) */
+    void *v = xmalloc((size_t)n * ves), *vt = xmalloc((size_t)n * ves),
+         *vw = xmalloc((size_t)n * (6 - ves));
     fill(p, n, 1.0f);
-    memcpy(pt, p, (size_t)n * 4);
-    memset(m16, 0, (size_t)n * 2), memset(v16, 0, (size_t)n * 2);
-    memset(mt, 0, (size_t)n * 2), memset(vt, 0, (size_t)n * 2);
-    int64_t bad_m = 0, bad_p = 0, bad_t = 0;
+    memcpy(pt, p, (size_t)n * 4), memcpy(pw, p, (size_t)n * 4);
+    memset(m16, 0, (size_t)n * 2), memset(mt, 0, (size_t)n * 2), memset(mw, 0, (size_t)n * 2);
+    memset(v, 0, (size_t)n * ves), memset(vt, 0, (size_t)n * ves), memset(vw, 0, (size_t)n * (6 - ves));
+    int64_t bad_m = 0, bad_p = 0, bad_t = 0, bad_w = 0;
     for (int s = 1; s <= 4; s++) {
         fill(g, n, 0.1f);
         for (int64_t i = 0; i < n; i++)
@@ -145,37 +152,48 @@ static void check_adamw_m16(int64_t n, int bf16_grad)
         /* the reference: the F32 op on the widened moments */
         memcpy(pr, p, (size_t)n * 4);
         for (int64_t i = 0; i < n; i++)
-            mr[i] = df_bf16_to_f32(m16[i]), vr[i] = df_bf16_to_f32(v16[i]);
+            mr[i] = df_bf16_to_f32(m16[i]),
+            vr[i] = v32 ? ((float *)v)[i] : df_bf16_to_f32(((uint16_t *)v)[i]);
         CHECK_EQ(df_op_adamw(bes[0], pr, gp, gdt, mr, vr, n, lr, b1, b2, eps, wd, s, gs, orf), 0);
-        CHECK_EQ(df_op_adamw_m16(bes[0], p, gp, gdt, m16, v16, n, lr, b1, b2, eps, wd, s, gs,
+        CHECK_EQ(df_op_adamw_m16(bes[0], p, gp, gdt, m16, v, vdt, n, lr, b1, b2, eps, wd, s, gs,
                                  key + (uint64_t)s, i0, o),
                  0);
         for (int64_t i = 0; i < n; i++) {
             uint32_t um, uv;
             memcpy(&um, &mr[i], 4), memcpy(&uv, &vr[i], 4);
             uint64_t r = df_sr_bits(key + (uint64_t)s, (uint64_t)(i0 + i));
-            bad_m += m16[i] != df_bf16_sr(um, (uint32_t)r) || v16[i] != df_bf16_sr(uv, (uint32_t)(r >> 16));
+            bad_m += m16[i] != df_bf16_sr(um, (uint32_t)r) ||
+                     (v32 ? memcmp(&((float *)v)[i], &vr[i], 4) != 0
+                          : ((uint16_t *)v)[i] != df_bf16_sr(uv, (uint32_t)(r >> 16)));
         }
         bad_p += !bitwise_equal(p, pr, (size_t)n * 4) || !bitwise_equal(o, orf, (size_t)n * 2);
         /* 3 threads, in two calls split at n / 3 */
         int64_t h = n / 3;
-        CHECK_EQ(df_op_adamw_m16(bes[1], pt, gp, gdt, mt, vt, h, lr, b1, b2, eps, wd, s, gs,
+        CHECK_EQ(df_op_adamw_m16(bes[1], pt, gp, gdt, mt, vt, vdt, h, lr, b1, b2, eps, wd, s, gs,
                                  key + (uint64_t)s, i0, ot),
                  0);
         CHECK_EQ(df_op_adamw_m16(bes[1], pt + h, bf16_grad ? (const void *)(gb + h) : g + h, gdt,
-                                 mt + h, vt + h, n - h, lr, b1, b2, eps, wd, s, gs,
-                                 key + (uint64_t)s, i0 + h, ot + h),
+                                 mt + h, (char *)vt + (size_t)h * ves, vdt, n - h, lr, b1, b2, eps,
+                                 wd, s, gs, key + (uint64_t)s, i0 + h, ot + h),
                  0);
         bad_t += !bitwise_equal(pt, p, (size_t)n * 4) || !bitwise_equal(mt, m16, (size_t)n * 2) ||
-                 !bitwise_equal(vt, v16, (size_t)n * 2) || !bitwise_equal(ot, o, (size_t)n * 2);
+                 !bitwise_equal(vt, v, (size_t)n * ves) || !bitwise_equal(ot, o, (size_t)n * 2);
+        /* the twin, v in the other dtype: the same m */
+        CHECK_EQ(df_op_adamw_m16(bes[0], pw, gp, gdt, mw, vw, v32 ? DF_DTYPE_BF16 : DF_DTYPE_F32,
+                                 n, lr, b1, b2, eps, wd, s, gs, key + (uint64_t)s, i0, NULL),
+                 0);
+        bad_w += !bitwise_equal(mw, m16, (size_t)n * 2);
     }
-    if (bad_m || bad_p || bad_t)
-        fprintf(stderr, "adamw_m16 n=%lld: %lld moments off the rounding rule, %lld steps' p/out "
-                        "off the F32 op's, %lld split / threaded runs differ\n",
-                (long long)n, (long long)bad_m, (long long)bad_p, (long long)bad_t);
-    CHECK(bad_m == 0 && bad_p == 0 && bad_t == 0);
-    free(p), free(pr), free(pt), free(g), free(mr), free(vr);
-    free(gb), free(m16), free(v16), free(mt), free(vt), free(o), free(orf), free(ot);
+    if (bad_m || bad_p || bad_t || bad_w)
+        fprintf(stderr, "adamw_m16 n=%lld v %s: %lld moments off the rounding rule, %lld steps' "
+                        "p/out off the F32 op's, %lld split / threaded runs differ, %lld steps' m "
+                        "depend on v's dtype\n",
+                (long long)n, v32 ? "F32" : "BF16", (long long)bad_m, (long long)bad_p,
+                (long long)bad_t, (long long)bad_w);
+    CHECK(bad_m == 0 && bad_p == 0 && bad_t == 0 && bad_w == 0);
+    free(p), free(pr), free(pt), free(pw), free(g), free(mr), free(vr);
+    free(gb), free(m16), free(mt), free(mw), free(o), free(orf), free(ot), free(v), free(vt),
+        free(vw);
 }
 
 static void check_adamw_m16_unbiased(void)
@@ -190,8 +208,9 @@ static void check_adamw_m16_unbiased(void)
         p[i] = 1.0f, g[i] = 0.0f, m[i] = 0, v[i] = 0x3f80; /* v = 1 */
     double ref = 1.0;
     for (int s = 1; s <= STEPS; s++) {
-        CHECK_EQ(df_op_adamw_m16(bes[1], p, g, DF_DTYPE_F32, m, v, N, 0.0f, 0.9f, 0.999f, 1e-8f,
-                                 0.0f, s, 1.0f, 77u + (uint64_t)s * 0x10001ull, 0, NULL),
+        CHECK_EQ(df_op_adamw_m16(bes[1], p, g, DF_DTYPE_F32, m, v, DF_DTYPE_BF16, N, 0.0f, 0.9f,
+                                 0.999f, 1e-8f, 0.0f, s, 1.0f, 77u + (uint64_t)s * 0x10001ull, 0,
+                                 NULL),
                  0);
         ref *= 0.999;
     }
@@ -213,18 +232,28 @@ static void check_adamw_m16_unbiased(void)
 
 static void test_adamw(void)
 {
-    check_adamw_m16(100003, 1);
-    check_adamw_m16(4099, 0);
-    check_adamw_m16(3, 1);
+    check_adamw_m16(100003, 1, 0);
+    check_adamw_m16(4099, 0, 0);
+    check_adamw_m16(3, 1, 0);
+    check_adamw_m16(100003, 1, 1);
+    check_adamw_m16(4099, 0, 1);
+    check_adamw_m16(3, 0, 1);
     check_adamw_m16_unbiased();
     {   /* index0 < 0 and moments overlapping: refused, nothing written */
         float p1[4] = {1, 2, 3, 4}, g1[4] = {1, 1, 1, 1};
         uint16_t mv[8] = {0};
-        CHECK_EQ(df_op_adamw_m16(bes[0], p1, g1, DF_DTYPE_F32, mv, mv + 4, 4, 1e-3f, 0.9f, 0.999f,
-                                 1e-8f, 0.0f, 1, 1.0f, 1, -1, NULL),
+        CHECK_EQ(df_op_adamw_m16(bes[0], p1, g1, DF_DTYPE_F32, mv, mv + 4, DF_DTYPE_BF16, 4, 1e-3f,
+                                 0.9f, 0.999f, 1e-8f, 0.0f, 1, 1.0f, 1, -1, NULL),
                  -EINVAL);
-        CHECK_EQ(df_op_adamw_m16(bes[0], p1, g1, DF_DTYPE_F32, mv, mv + 2, 4, 1e-3f, 0.9f, 0.999f,
-                                 1e-8f, 0.0f, 1, 1.0f, 1, 0, NULL),
+        CHECK_EQ(df_op_adamw_m16(bes[0], p1, g1, DF_DTYPE_F32, mv, mv + 2, DF_DTYPE_BF16, 4, 1e-3f,
+                                 0.9f, 0.999f, 1e-8f, 0.0f, 1, 1.0f, 1, 0, NULL),
+                 -EINVAL);
+        /* an F32 v spans twice the bytes: mv + 4 would overlap m's 4 bf16 + v's 8 bytes */
+        CHECK_EQ(df_op_adamw_m16(bes[0], p1, g1, DF_DTYPE_F32, mv + 4, mv, DF_DTYPE_F32, 4, 1e-3f,
+                                 0.9f, 0.999f, 1e-8f, 0.0f, 1, 1.0f, 1, 0, NULL),
+                 -EINVAL);
+        CHECK_EQ(df_op_adamw_m16(bes[0], p1, g1, DF_DTYPE_F32, mv, mv + 4, DF_DTYPE_F16, 4, 1e-3f,
+                                 0.9f, 0.999f, 1e-8f, 0.0f, 1, 1.0f, 1, 0, NULL),
                  -EINVAL);
         CHECK(p1[0] == 1 && mv[0] == 0 && mv[4] == 0);
     }

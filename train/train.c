@@ -446,7 +446,7 @@ static int run_open_steps(run *r, df_err *e)
     if (!r->grad || !r->figs || !r->ckpt_rs || !r->ckpt_dps)
         return df_errf(e, -ENOMEM, "out of memory");
     if ((rc = dev_state_open(r->be, r->comm, &r->ck, r->grad, r->total, r->ps, c->num_hidden_layers,
-                             o->grad_f32, o->adam_bf16, o->seed, &r->ds, e)) ||
+                             o->grad_f32, df_train_moments16(o), o->seed, &r->ds, e)) ||
         (rc = train_wire_grads(o, r->d, r->ps, c->num_hidden_layers, r->nrows, &r->ds, e)))
         return rc;
     {
@@ -454,15 +454,17 @@ static int run_open_steps(run *r, df_err *e)
         double eh = 2.0 * (double)r->tc.vocab_size * r->tc.hidden_size *
                     (double)df_dtype_size(r->embed.dtype) * gib;
         double wb = r->ds.sharded ? P * gib * (double)df_dtype_size(r->ds.wdt) : 0;
-        double opt = (o->adam_bf16 ? 8 : 12) * P * gib / r->world; /* master + moments */
+        const int m16 = df_train_moments16(o);
+        /* master + moments, bytes per parameter */
+        double opt = (4 + (m16 ? 2 : 4) + (m16 == 2 ? 2 : 4)) * P * gib / r->world;
         r->persistent_gib = wb + opt + eh;
         if (!o->quiet && r->lead)
             printf("drafter: %" PRId64 " parameters on %s x %d rank(s); persistent state per "
                    "rank %.2f GiB (weights %.2f, fp32 master + %s moments %.2f, frozen "
                    "embedding + head %.2f); gradients (%s) %.2f GiB\n",
                    r->total, df_backend_name(r->be), r->world, r->persistent_gib, wb,
-                   o->adam_bf16 ? "bf16" : "fp32", opt, eh, df_dtype_name(r->ds.gdt),
-                   (double)r->ds.ges * P * gib);
+                   m16 == 2 ? "bf16" : m16 ? "bf16 m / fp32 v" : "fp32", opt, eh,
+                   df_dtype_name(r->ds.gdt), (double)r->ds.ges * P * gib);
     }
     const df_cache_params *cp = r->cp;
     r->bc = (df_batch_config){.max_tokens = o->max_tokens, .max_anchors = o->max_anchors,

@@ -79,6 +79,8 @@ typedef struct df_train_opts {
                                    (df_drafter_set_fp8_dy_blocks); default 1, 0: 128 x 1 */
     int adam_bf16;              /* AdamW's moments in BF16, stochastically rounded
                                    (df_op_adamw_m16): half their memory and traffic; default 0 */
+    int adam_m_bf16;            /* the first moment alone in BF16 (v F32); default 0; implied
+                                   by adam_bf16 */
     int grad_f32;               /* GPU: keep gradients in F32 (default BF16: half the memory
                                    and the reduce-scatter traffic); the CPU always uses F32 */
     int buffered_io;            /* read the cache through the page cache (no O_DIRECT): a cache
@@ -121,6 +123,12 @@ typedef struct df_train_opts {
 } df_train_opts;
 
 void df_train_opts_defaults(df_train_opts *o);
+
+/* AdamW's moments the options ask for: 0 both F32, 1 m in BF16, 2 both BF16 */
+static inline int df_train_moments16(const df_train_opts *o)
+{
+    return o->adam_bf16 ? 2 : o->adam_m_bf16 ? 1 : 0;
+}
 
 int df_train_run(const df_train_opts *o, df_err *e);
 

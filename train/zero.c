@@ -76,7 +76,7 @@ static void ds_take_shard(const dev_state *s, const float *full, float *dst)
  * full weights the drafter reads. grad: the host gradient array of one CPU
  * rank. */
 int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad,
-                   int64_t n, const df_params *ps, int L, int grad_f32, int adam_bf16,
+                   int64_t n, const df_params *ps, int L, int grad_f32, int moments16,
                    uint64_t seed, dev_state *s, df_err *e)
 {
     memset(s, 0, sizeof *s);
@@ -89,7 +89,7 @@ int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad
     if (rc)
         return rc;
     s->sr_seed = seed;
-    if (df_backend_host_addressable(be) && s->world == 1 && !adam_bf16) {
+    if (df_backend_host_addressable(be) && s->world == 1 && !moments16) {
         s->master = ck->master;
         s->m = ck->adam_m;
         s->v = ck->adam_v;
@@ -107,13 +107,20 @@ int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad
     s->wdt = df_backend_act_dtype(be);
     s->gdt = s->wdt == DF_DTYPE_BF16 && !grad_f32 ? DF_DTYPE_BF16 : DF_DTYPE_F32;
     s->ges = df_dtype_size(s->gdt);
-    size_t sb = (size_t)s->nshard * 4, mb = (size_t)s->nshard * (adam_bf16 ? 2 : 4);
+    /* each array's element size: master F32, m BF16 with moments16, v with moments16 == 2 */
+    const size_t es[3] = {4, moments16 ? 2 : 4, moments16 == 2 ? 2 : 4};
+    size_t sb = (size_t)s->nshard * 4;
     s->master = df_backend_alloc(be, sb);
-    void *mom[2] = {df_backend_alloc(be, mb), df_backend_alloc(be, mb)};
-    if (adam_bf16)
-        s->m16 = mom[0], s->v16 = mom[1];
+    void *mom[2] = {df_backend_alloc(be, (size_t)s->nshard * es[1]),
+                    df_backend_alloc(be, (size_t)s->nshard * es[2])};
+    if (moments16)
+        s->m16 = mom[0];
     else
-        s->m = mom[0], s->v = mom[1];
+        s->m = mom[0];
+    if (moments16 == 2)
+        s->v16 = mom[1];
+    else
+        s->v = mom[1];
     s->grad = df_backend_alloc(be, (size_t)s->np * s->ges);
     s->w = df_backend_alloc(be, (size_t)s->np * df_dtype_size(s->wdt));
     float *tmp = malloc(sb ? sb : 4);
@@ -126,10 +133,10 @@ int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad
     void *dst[3] = {s->master, mom[0], mom[1]};
     for (int i = 0; i < 3 && !rc; i++) {
         ds_take_shard(s, src[i], tmp);
-        if (i && adam_bf16) /* the moments to BF16 in place (exact for a BF16 run's) */
+        if (es[i] == 2) /* a BF16 moment in place (exact for a BF16 run's) */
             for (int64_t j = 0; j < s->nshard; j++)
                 ((uint16_t *)tmp)[j] = df_f32_to_bf16(tmp[j]);
-        rc = df_backend_upload(be, dst[i], tmp, i ? mb : sb);
+        rc = df_backend_upload(be, dst[i], tmp, (size_t)s->nshard * es[i]);
     }
     free(tmp);
     /* the full weights: the master through the gradient buffer (F32 pieces of
@@ -225,9 +232,11 @@ static int ds_adam_bucket(df_backend *be, dev_state *s, int k, float lr, int64_t
     size_t es = df_dtype_size(s->wdt);
     int64_t g = s->b[k] + (int64_t)s->rank * s->cnt[k], o = s->soff[k];
     void *w16 = s->sharded && s->wdt == DF_DTYPE_BF16 ? (uint8_t *)s->w + g * es : NULL;
-    int rc = s->m16 ? df_op_adamw_m16(be, s->master + o, ds_gslice(s, k), s->gdt, s->m16 + o,
-                                      s->v16 + o, s->cnt[k], lr, 0.9f, 0.999f, 1e-8f, 0.0f, t,
-                                      gscale, df_sr_bits(s->sr_seed, (uint64_t)t), g, w16)
+    void *v = s->v16 ? (void *)(s->v16 + o) : (void *)(s->v + o);
+    int rc = s->m16 ? df_op_adamw_m16(be, s->master + o, ds_gslice(s, k), s->gdt, s->m16 + o, v,
+                                      s->v16 ? DF_DTYPE_BF16 : DF_DTYPE_F32, s->cnt[k], lr, 0.9f,
+                                      0.999f, 1e-8f, 0.0f, t, gscale,
+                                      df_sr_bits(s->sr_seed, (uint64_t)t), g, w16)
                     : df_op_adamw(be, s->master + o, ds_gslice(s, k), s->gdt, s->m + o,
                                   s->v + o, s->cnt[k], lr, 0.9f, 0.999f, 1e-8f, 0.0f, t, gscale,
                                   w16);
@@ -299,7 +308,7 @@ int dev_state_fetch(df_backend *be, dev_state *s, df_ckpt_state *ck, df_err *e)
 {
     if (!s->sharded)
         return 0;
-    void *src[3] = {s->master, s->m16 ? (void *)s->m16 : s->m, s->m16 ? (void *)s->v16 : s->v};
+    void *src[3] = {s->master, s->m16 ? (void *)s->m16 : s->m, s->v16 ? (void *)s->v16 : s->v};
     float *dst[3] = {ck->master, ck->adam_m, ck->adam_v};
     int64_t big = 0;
     for (int k = 0; k < s->nb; k++)
@@ -314,7 +323,8 @@ int dev_state_fetch(df_backend *be, dev_state *s, df_ckpt_state *ck, df_err *e)
     }
     int rc = 0;
     for (int i = 0; i < 3 && !rc; i++) {
-        size_t es = i && s->m16 ? 2 : 4; /* BF16 moments: downloaded, then widened in place */
+        /* BF16 moments: downloaded, then widened in place */
+        size_t es = (i == 1 && s->m16) || (i == 2 && s->v16) ? 2 : 4;
         if (s->world == 1) {
             rc = df_backend_download(be, dst[i], src[i], (size_t)s->n * es);
             if (!rc && es == 2)

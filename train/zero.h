@@ -52,8 +52,9 @@ typedef struct dev_state {
     int64_t n, np, nshard;     /* parameters, padded, per rank */
     int nb;                    /* buckets */
     int64_t b[DS_MAX_BUCKETS + 1], cnt[DS_MAX_BUCKETS], soff[DS_MAX_BUCKETS];
-    float *master, *m, *v;     /* [nshard] (or the checkpoint's [n]); m, v NULL with m16 */
-    uint16_t *m16, *v16;       /* [nshard] the moments in BF16 (--adam-bf16), else NULL */
+    float *master, *m, *v;     /* [nshard] (or the checkpoint's [n]); m NULL with m16, v with v16 */
+    uint16_t *m16, *v16;       /* [nshard] m in BF16 (--adam-m-bf16, --adam-bf16), v too
+                                  (--adam-bf16); else NULL */
     uint64_t sr_seed;          /* m16: the run's seed, for the moments' stochastic rounding */
     void *grad;                /* [np] this rank's gradients (gdt), its slices reduced in
                                   place; scratch for checkpoints */
@@ -78,8 +79,9 @@ typedef struct dev_state {
 } dev_state;
 
 void dev_state_free(df_backend *be, dev_state *s);
+/* moments16: 0 AdamW's moments F32, 1 m in BF16, 2 m and v in BF16 */
 int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad,
-                   int64_t n, const df_params *ps, int L, int grad_f32, int adam_bf16,
+                   int64_t n, const df_params *ps, int L, int grad_f32, int moments16,
                    uint64_t seed, dev_state *s, df_err *e);
 int ds_zero(df_backend *be, const dev_state *s, int64_t lo, int64_t hi);
 int ds_grad_hook(void *ctx, int layer);

@@ -291,9 +291,10 @@ int df_cpu_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up
  *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
  *   p = p - lr * (m / bc1 / (sqrt(v / bc2) + eps) + wd p)
  * bc1 = 1 - b1^t, bc2 = 1 - b2^t and 1 - b1, 1 - b2 computed in double, then
- * rounded to f32 once. out_bf16 = RNE(p). BF16 moments (adamw_m16): read
- * widened exactly, stored rounded stochastically (bf16_sr.h) with the bits of
- * df_sr_bits(key, index0 + i): m with the low 16, v with the next 16. */
+ * rounded to f32 once. out_bf16 = RNE(p). BF16 moments (adamw_m16: m, and v
+ * unless it is F32): read widened exactly, stored rounded stochastically
+ * (bf16_sr.h) with the bits of df_sr_bits(key, index0 + i): m with the low
+ * 16, v with the next 16. */
 
 typedef struct adam_ctx {
     float *p, *m, *v;       /* m, v: F32 moments, or NULL */
@@ -325,14 +326,15 @@ static int adam_piece(void *vp, int64_t piece, int64_t i0, int64_t i1)
         float p = c->p[i];
         float upd = (m / c->bc1) / (sqrtf(v / c->bc2) + c->eps) + c->wd * p;
         p = p - c->lr * upd;
-        if (c->m16) {
-            uint64_t r = df_sr_bits(c->key, (uint64_t)(c->i0 + i));
+        uint64_t r = c->m16 ? df_sr_bits(c->key, (uint64_t)(c->i0 + i)) : 0;
+        if (c->m16)
             c->m16[i] = df_bf16_sr(f32_bits(m), (uint32_t)r);
-            c->v16[i] = df_bf16_sr(f32_bits(v), (uint32_t)(r >> 16));
-        } else {
+        else
             c->m[i] = m;
+        if (c->v16)
+            c->v16[i] = df_bf16_sr(f32_bits(v), (uint32_t)(r >> 16));
+        else
             c->v[i] = v;
-        }
         c->p[i] = p;
         if (c->out)
             c->out[i] = df_f32_to_bf16(p);
@@ -354,12 +356,13 @@ int df_cpu_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_
 }
 
 int df_cpu_adamw_m16(df_backend *be, float *master, const void *grad, df_dtype grad_dtype,
-                     uint16_t *m, uint16_t *v, int64_t n, float lr, float beta1, float beta2,
-                     float eps, float wd, int64_t step, float grad_scale, uint64_t key,
-                     int64_t index0, uint16_t *out_bf16)
+                     uint16_t *m, void *v, df_dtype v_dtype, int64_t n, float lr, float beta1,
+                     float beta2, float eps, float wd, int64_t step, float grad_scale,
+                     uint64_t key, int64_t index0, uint16_t *out_bf16)
 {
-    const int bf = grad_dtype == DF_DTYPE_BF16;
-    adam_ctx c = {master, NULL, NULL, m, v, bf ? NULL : (const float *)grad,
+    const int bf = grad_dtype == DF_DTYPE_BF16, v16 = v_dtype == DF_DTYPE_BF16;
+    adam_ctx c = {master, NULL, v16 ? NULL : (float *)v, m, v16 ? (uint16_t *)v : NULL,
+                  bf ? NULL : (const float *)grad,
                   bf ? (const uint16_t *)grad : NULL, out_bf16, beta1, beta2,
                   (float)(1.0 - (double)beta1), (float)(1.0 - (double)beta2),
                   (float)(1.0 - pow((double)beta1, (double)step)),

@@ -33,8 +33,8 @@ __host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b)
 /* G: the gradient's element type, float (F32) or uint16_t (BF16). */
 template <typename G>
 struct AdamArgs {
-    float *p, *m, *v;     /* m, v: F32 moments (adamw) */
-    uint16_t *m16, *v16;  /* BF16 moments (adamw_m16) */
+    float *p, *m, *v;     /* m, v: F32 moments (adamw; v of adamw_m16 with an F32 v) */
+    uint16_t *m16, *v16;  /* BF16 moments (adamw_m16; v16 NULL with an F32 v) */
     const G *g;
     uint16_t *out;
     int64_t n;
@@ -77,15 +77,16 @@ __device__ __forceinline__ float4 grad_quad(const uint16_t *g, int64_t q)
                        __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
 }
 
-/* BF16 moments: a stored pair (m, v) of element i from its fp32 values,
+/* BF16 moments: element i's stored m (and v, V16) from their fp32 values,
  * rounded stochastically with df_sr_bits(key, i0 + i) (the CPU's rule) */
-template <typename G>
+template <bool V16, typename G>
 __device__ __forceinline__ void store_m16(const AdamArgs<G> &a, int64_t i, float m, float v,
                                           uint16_t *mo, uint16_t *vo)
 {
     uint64_t r = df_sr_bits(a.key, (uint64_t)(a.i0 + i));
     *mo = df_bf16_sr(__float_as_uint(m), (uint32_t)r);
-    *vo = df_bf16_sr(__float_as_uint(v), (uint32_t)(r >> 16));
+    if (V16)
+        *vo = df_bf16_sr(__float_as_uint(v), (uint32_t)(r >> 16));
 }
 
 /* 4 moments from their storage: a float4, or 4 bf16 in a uint2 */
@@ -104,8 +105,8 @@ __device__ __forceinline__ float4 moment_quad(const AdamArgs<G> &a, const float 
  * BF16 m, v and out 8-byte aligned, grad 4 elements' worth aligned), the
  * last n%4 elements by the first threads. The grad dtype changes only how g
  * is loaded: the arithmetic, hence the bits, are those of an F32 grad of the
- * same values. M16: the moments in BF16 (adamw_m16). */
-template <bool VEC4, bool M16, typename G>
+ * same values. M16: m in BF16 (adamw_m16); V16: v too (M16 only). */
+template <bool VEC4, bool M16, bool V16, typename G>
 __global__ void __launch_bounds__(NT) adamw_kernel(AdamArgs<G> a)
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -117,40 +118,42 @@ __global__ void __launch_bounds__(NT) adamw_kernel(AdamArgs<G> a)
             float4 p = reinterpret_cast<const float4 *>(a.p)[q];
             float4 g = grad_quad(a.g, q);
             float4 m = moment_quad<M16>(a, a.m, a.m16, q);
-            float4 v = moment_quad<M16>(a, a.v, a.v16, q);
+            float4 v = moment_quad<V16>(a, a.v, a.v16, q);
             p.x = adam_one(a, g.x, &m.x, &v.x, p.x);
             p.y = adam_one(a, g.y, &m.y, &v.y, p.y);
             p.z = adam_one(a, g.z, &m.z, &v.z, p.z);
             p.w = adam_one(a, g.w, &m.w, &v.w, p.w);
             reinterpret_cast<float4 *>(a.p)[q] = p;
             if (M16) {
-                uint16_t mo[4], vo[4];
-                store_m16(a, 4 * q, m.x, v.x, &mo[0], &vo[0]);
-                store_m16(a, 4 * q + 1, m.y, v.y, &mo[1], &vo[1]);
-                store_m16(a, 4 * q + 2, m.z, v.z, &mo[2], &vo[2]);
-                store_m16(a, 4 * q + 3, m.w, v.w, &mo[3], &vo[3]);
+                uint16_t mo[4], vo[4] = {0, 0, 0, 0};
+                store_m16<V16>(a, 4 * q, m.x, v.x, &mo[0], &vo[0]);
+                store_m16<V16>(a, 4 * q + 1, m.y, v.y, &mo[1], &vo[1]);
+                store_m16<V16>(a, 4 * q + 2, m.z, v.z, &mo[2], &vo[2]);
+                store_m16<V16>(a, 4 * q + 3, m.w, v.w, &mo[3], &vo[3]);
                 reinterpret_cast<uint2 *>(a.m16)[q] =
                     make_uint2(mo[0] | (uint32_t)mo[1] << 16, mo[2] | (uint32_t)mo[3] << 16);
-                reinterpret_cast<uint2 *>(a.v16)[q] =
-                    make_uint2(vo[0] | (uint32_t)vo[1] << 16, vo[2] | (uint32_t)vo[3] << 16);
+                if (V16)
+                    reinterpret_cast<uint2 *>(a.v16)[q] =
+                        make_uint2(vo[0] | (uint32_t)vo[1] << 16, vo[2] | (uint32_t)vo[3] << 16);
             } else {
                 reinterpret_cast<float4 *>(a.m)[q] = m;
-                reinterpret_cast<float4 *>(a.v)[q] = v;
             }
+            if (!V16)
+                reinterpret_cast<float4 *>(a.v)[q] = v;
             if (a.out)
                 reinterpret_cast<uint2 *>(a.out)[q] = make_uint2(pack2(p.x, p.y), pack2(p.z, p.w));
         }
         done = nq * 4;
     }
     for (int64_t i = done + tid; i < a.n; i += nthr) {
-        float m = M16 ? bf2f(a.m16[i]) : a.m[i], v = M16 ? bf2f(a.v16[i]) : a.v[i];
+        float m = M16 ? bf2f(a.m16[i]) : a.m[i], v = V16 ? bf2f(a.v16[i]) : a.v[i];
         float p = adam_one(a, grad_at(a.g, i), &m, &v, a.p[i]);
-        if (M16) {
-            store_m16(a, i, m, v, &a.m16[i], &a.v16[i]);
-        } else {
+        if (M16)
+            store_m16<V16>(a, i, m, v, &a.m16[i], V16 ? &a.v16[i] : NULL);
+        else
             a.m[i] = m;
+        if (!V16)
             a.v[i] = v;
-        }
         a.p[i] = p;
         if (a.out)
             a.out[i] = f2bf(p);
@@ -233,7 +236,7 @@ __global__ void __launch_bounds__(NT)
 
 /* ---- host side ---- */
 
-/* m, v: F32 moments, or m16, v16: BF16 ones (key, i0 their rounding's bits) */
+/* m, v: F32 moments, or m16 and v16 / v: BF16 ones (key, i0 their rounding's bits) */
 template <typename G>
 static int adamw_launch(df_backend *be, float *master, const G *grad, float *m, float *v,
                         uint16_t *m16, uint16_t *v16, int64_t n, float lr, float beta1,
@@ -272,14 +275,15 @@ static int adamw_launch(df_backend *be, float *master, const G *grad, float *m, 
     if (blocks > ((int64_t)1 << 20))
         blocks = (int64_t)1 << 20;
     cudaStream_t st = df_cuda_stream(be);
-    if (m16 && vec)
-        adamw_kernel<true, true, G><<<(unsigned)blocks, NT, 0, st>>>(a);
+    if (m16 && v16)
+        vec ? adamw_kernel<true, true, true, G><<<(unsigned)blocks, NT, 0, st>>>(a)
+            : adamw_kernel<false, true, true, G><<<(unsigned)blocks, NT, 0, st>>>(a);
     else if (m16)
-        adamw_kernel<false, true, G><<<(unsigned)blocks, NT, 0, st>>>(a);
-    else if (vec)
-        adamw_kernel<true, false, G><<<(unsigned)blocks, NT, 0, st>>>(a);
+        vec ? adamw_kernel<true, true, false, G><<<(unsigned)blocks, NT, 0, st>>>(a)
+            : adamw_kernel<false, true, false, G><<<(unsigned)blocks, NT, 0, st>>>(a);
     else
-        adamw_kernel<false, false, G><<<(unsigned)blocks, NT, 0, st>>>(a);
+        vec ? adamw_kernel<true, false, false, G><<<(unsigned)blocks, NT, 0, st>>>(a)
+            : adamw_kernel<false, false, false, G><<<(unsigned)blocks, NT, 0, st>>>(a);
     return df_cuda_check_launch("adamw kernel");
 }
 
@@ -297,16 +301,18 @@ int df_cuda_adamw(df_backend *be, float *master, const void *grad, df_dtype grad
 }
 
 int df_cuda_adamw_m16(df_backend *be, float *master, const void *grad, df_dtype grad_dtype,
-                      uint16_t *m, uint16_t *v, int64_t n, float lr, float beta1, float beta2,
-                      float eps, float wd, int64_t step, float grad_scale, uint64_t key,
-                      int64_t index0, uint16_t *out_bf16)
+                      uint16_t *m, void *v, df_dtype v_dtype, int64_t n, float lr, float beta1,
+                      float beta2, float eps, float wd, int64_t step, float grad_scale,
+                      uint64_t key, int64_t index0, uint16_t *out_bf16)
 {
     if (n == 0)
         return 0;
+    float *v32 = v_dtype == DF_DTYPE_F32 ? (float *)v : NULL;
+    uint16_t *v16 = v32 ? NULL : (uint16_t *)v;
     if (grad_dtype == DF_DTYPE_BF16)
-        return adamw_launch(be, master, (const uint16_t *)grad, NULL, NULL, m, v, n, lr, beta1,
+        return adamw_launch(be, master, (const uint16_t *)grad, NULL, v32, m, v16, n, lr, beta1,
                             beta2, eps, wd, step, grad_scale, key, index0, out_bf16);
-    return adamw_launch(be, master, (const float *)grad, NULL, NULL, m, v, n, lr, beta1, beta2,
+    return adamw_launch(be, master, (const float *)grad, NULL, v32, m, v16, n, lr, beta1, beta2,
                         eps, wd, step, grad_scale, key, index0, out_bf16);
 }
 
