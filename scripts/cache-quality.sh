@@ -11,11 +11,13 @@
 #   3. train the same drafter on every variant with every seed (PAR runs at a time on the GPU),
 #      each scored on its eval cache (eval loss, tau_hat, tau_walk over EVAL_ROWS rows: rows and
 #      anchors do not depend on the seed);
-#   4. optionally (REAL_TAU=1) decode with the first seed's export of each variant through SpecForge's
-#      spec_generate (scripts/specforge_tau.py): the real acceptance length;
+#   4. optionally (REAL_TAU=1) decode with the first seed's export of each variant (REAL_TAU_SEEDS=all:
+#      every seed's) through SpecForge's spec_generate (scripts/specforge_tau.py): the real
+#      acceptance length;
 #   5. print a table: bytes/token (of raw BF16, and at the Qwen3.6-27B shape), eval figures as mean
-#      and spread over seeds, and each variant's paired difference to lossless (same seed, same data
-#      order, only the cache differs): mean and spread of (variant - lossless) tau_walk.
+#      and spread over seeds, and each variant's paired differences to lossless (same seed, same data
+#      order, only the cache or the training option differs): mean and spread of (variant -
+#      lossless) eval loss, tau_walk and, where both were decoded, real tau.
 #
 # VARIANTS (space-separated NAME=SPEC; "lossless" is always run first):
 #   codec:C            train on a cache extracted with --codec C
@@ -38,7 +40,7 @@
 #   .device/qwen3-code-8m if it exists, else an error naming MODEL), CORPUS [corpus30k],
 #   SEEDS ["1 2 3"], STEPS [4000], LR [3e-3], WARMUP [0.04], LAYER_TYPES [full,full], EVAL_ROWS [256],
 #   EVAL_EVERY [STEPS/4], PAR [4], REAL_TAU [0] (1: every variant's first-seed export; or a list of
-#   variant names), SF_PROMPTS [64], REAL_TAU_TIMEOUT [900] (seconds), DEADLINE [none] (seconds after the start past which the real-tau
+#   variant names), REAL_TAU_SEEDS [first] (all: every seed's export), SF_PROMPTS [64], REAL_TAU_TIMEOUT [900] (seconds), DEADLINE [none] (seconds after the start past which the real-tau
 #   stage is skipped), TRAIN_ARGS [] (more train options),
 #   EXTRACT_ARGS [] (more extract options, e.g. --layers 0,1,2,3,4: five feature layers as at 27B; use a
 #   fresh work folder per value), DEVICE [cuda], LIMIT [all] (records of each corpus: for a quick check of the script on a CPU).
@@ -56,6 +58,7 @@ if [ -z "$MODEL" ]; then
   [ -f "$ROOT/.device/qwen3-code-8m/config.json" ] && MODEL=$ROOT/.device/qwen3-code-8m
 fi
 [ -n "$MODEL" ] || die "MODEL is not set (and no .device/qwen3-code-8m): set MODEL to the qwen3-code-8m folder"
+case ${REAL_TAU_SEEDS:-first} in first | all) ;; *) die "REAL_TAU_SEEDS=$REAL_TAU_SEEDS: first or all";; esac
 CORPUS=${CORPUS:-corpus30k}
 [ -f "$MODEL/config.json" ] && [ -f "$MODEL/$CORPUS/train.jsonl.xz" ] || die "MODEL=$MODEL: no $CORPUS/train.jsonl.xz"
 SEEDS=${SEEDS:-1 2 3}; STEPS=${STEPS:-4000}; LR=${LR:-3e-3}; WARMUP=${WARMUP:-0.04}
@@ -253,10 +256,12 @@ for line in open(sizes_p).read().splitlines():
     per_value = float(s) / (float(raw) / 2)       # stored bytes per stored BF16 value
     rank = float(raw) / float(t) / 2               # stored values per token
     at27[n] = per_value * 5120 * rank / hidden if kind == "fcbasis" else sizes[n] / raw_per_tok * RAW27B
-real = {}
+real = {}  # variant -> {seed: real tau}; the decoded drafters are named NAME@SEED
 if os.path.exists(sfj):
     try:
-        real = {k: v["tau"] for k, v in json.load(open(sfj))["drafters"].items()}
+        for k, v in json.load(open(sfj))["drafters"].items():
+            n, _, sd = k.rpartition("@")
+            real.setdefault(n, {})[sd] = v["tau"]
     except Exception:
         pass
 def ms(xs):
@@ -265,18 +270,24 @@ def ms(xs):
     if len(xs) == 1: return "%.3f" % xs[0]
     return "%.3f ± %.3f" % (st.mean(xs), st.stdev(xs))
 base = runs.get("lossless", {})
-lines = ["| variant | bytes/token (of raw BF16) | at 27B shape | eval loss | eval tau_hat | eval tau_walk | per seed tau_walk | paired d tau_walk vs lossless | real tau |",
-         "|---|---|---|---|---|---|---|---|---|"]
+lines = ["| variant | bytes/token (of raw BF16) | at 27B shape | eval loss | eval tau_hat | eval tau_walk | per seed tau_walk | paired d eval loss vs lossless | paired d tau_walk vs lossless | real tau | per seed real tau | paired d real tau vs lossless |",
+         "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+rbase = real.get("lossless", {})
 for n in order:
     r = runs[n]
     ok = [v for v in r.values() if v]
     ratio = sizes.get(n, float("nan")) / raw_per_tok
-    d = [r[s][2] - base[s][2] for s in r if r[s] and base.get(s)] if n != "lossless" else []
-    lines.append("| %s | %.0f B (%.4f) | %.2f KB | %s | %s | %s | %s | %s | %s |" % (
+    paired = lambda i: [r[s][i] - base[s][i] for s in r if r[s] and base.get(s)] if n != "lossless" else []
+    dl, dw = paired(0), paired(2)
+    rt = real.get(n, {})
+    dr = [rt[s] - rbase[s] for s in rt if s in rbase] if n != "lossless" else []
+    lines.append("| %s | %.0f B (%.4f) | %.2f KB | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
         n, sizes.get(n, float("nan")), ratio, at27.get(n, float("nan")) / 1000, ms([v[0] for v in ok]),
         ms([v[1] for v in ok]), ms([v[2] for v in ok]),
         " ".join("%s:%s" % (s, "%.3f" % r[s][2] if r[s] else "FAIL") for s in sorted(r, key=int)),
-        ms(d) if d else "-", "%.3f" % real[n] if n in real else "-"))
+        ms(dl) if dl else "-", ms(dw) if dw else "-", ms(list(rt.values())) if rt else "-",
+        " ".join("%s:%.3f" % (s, rt[s]) for s in sorted(rt, key=int)) if rt else "-",
+        ms(dr) if dr else "-"))
 txt = "\n".join(lines) + "\n"
 open(out, "w").write(txt)
 print(txt)
@@ -293,9 +304,12 @@ elif [ "${REAL_TAU:-0}" != 0 ]; then
   args=()
   for name in "${NAMES[@]}"; do
     [[ $want == *" $name "* ]] || continue
-    first=$(awk '{print $1; exit}' <<<"${VSEEDS[$name]}")
-    x=$W/run-$name-s$first/export
-    [ -f "$x/model.safetensors" ] && args+=(--drafter "$name=$x")
+    seeds=$(awk '{print $1; exit}' <<<"${VSEEDS[$name]}")
+    [ "${REAL_TAU_SEEDS:-first}" = all ] && seeds=${VSEEDS[$name]}
+    for seed in $seeds; do
+      x=$W/run-$name-s$seed/export
+      [ -f "$x/model.safetensors" ] && args+=(--drafter "$name@$seed=$x")
+    done
   done
   if [ ${#args[@]} -gt 0 ]; then
     timeout "${REAL_TAU_TIMEOUT:-900}" python3 -u "$ROOT/scripts/specforge_tau.py" --target "$MODEL" --eval-corpus "$W/eval.jsonl" "${args[@]}" \
