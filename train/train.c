@@ -454,16 +454,16 @@ static int run_open_steps(run *r, df_err *e)
         double eh = 2.0 * (double)r->tc.vocab_size * r->tc.hidden_size *
                     (double)df_dtype_size(r->embed.dtype) * gib;
         double wb = r->ds.sharded ? P * gib * (double)df_dtype_size(r->ds.wdt) : 0;
-        const int m16 = df_train_moments16(o);
+        const int m16 = r->ds.m16 != NULL, v16 = r->ds.v16 != NULL;
         /* master + moments, bytes per parameter */
-        double opt = (4 + (m16 ? 2 : 4) + (m16 == 2 ? 2 : 4)) * P * gib / r->world;
+        double opt = (4 + (m16 ? 2 : 4) + (v16 ? 2 : 4)) * P * gib / r->world;
         r->persistent_gib = wb + opt + eh;
         if (!o->quiet && r->lead)
             printf("drafter: %" PRId64 " parameters on %s x %d rank(s); persistent state per "
                    "rank %.2f GiB (weights %.2f, fp32 master + %s moments %.2f, frozen "
                    "embedding + head %.2f); gradients (%s) %.2f GiB\n",
                    r->total, df_backend_name(r->be), r->world, r->persistent_gib, wb,
-                   m16 == 2 ? "bf16" : m16 ? "bf16 m / fp32 v" : "fp32", opt, eh,
+                   v16 ? "bf16" : m16 ? "bf16 m / fp32 v" : "fp32", opt, eh,
                    df_dtype_name(r->ds.gdt), (double)r->ds.ges * P * gib);
     }
     const df_cache_params *cp = r->cp;

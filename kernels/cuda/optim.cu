@@ -236,6 +236,16 @@ __global__ void __launch_bounds__(NT)
 
 /* ---- host side ---- */
 
+/* the kernel for the moments' dtypes, vectorised or not */
+template <bool M16, bool V16, typename G>
+static void adamw_start(const AdamArgs<G> &a, int vec, unsigned blocks, cudaStream_t st)
+{
+    if (vec)
+        adamw_kernel<true, M16, V16, G><<<blocks, NT, 0, st>>>(a);
+    else
+        adamw_kernel<false, M16, V16, G><<<blocks, NT, 0, st>>>(a);
+}
+
 /* m, v: F32 moments, or m16 and v16 / v: BF16 ones (key, i0 their rounding's bits) */
 template <typename G>
 static int adamw_launch(df_backend *be, float *master, const G *grad, float *m, float *v,
@@ -276,14 +286,11 @@ static int adamw_launch(df_backend *be, float *master, const G *grad, float *m, 
         blocks = (int64_t)1 << 20;
     cudaStream_t st = df_cuda_stream(be);
     if (m16 && v16)
-        vec ? adamw_kernel<true, true, true, G><<<(unsigned)blocks, NT, 0, st>>>(a)
-            : adamw_kernel<false, true, true, G><<<(unsigned)blocks, NT, 0, st>>>(a);
+        adamw_start<true, true>(a, vec, (unsigned)blocks, st);
     else if (m16)
-        vec ? adamw_kernel<true, true, false, G><<<(unsigned)blocks, NT, 0, st>>>(a)
-            : adamw_kernel<false, true, false, G><<<(unsigned)blocks, NT, 0, st>>>(a);
+        adamw_start<true, false>(a, vec, (unsigned)blocks, st);
     else
-        vec ? adamw_kernel<true, false, false, G><<<(unsigned)blocks, NT, 0, st>>>(a)
-            : adamw_kernel<false, false, false, G><<<(unsigned)blocks, NT, 0, st>>>(a);
+        adamw_start<false, false>(a, vec, (unsigned)blocks, st);
     return df_cuda_check_launch("adamw kernel");
 }
 
