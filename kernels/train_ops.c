@@ -156,9 +156,8 @@ int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
 /* df_op_adamw's checks; m of mes bytes each, v of ves */
 static int adamw_check(df_backend *be, const float *master, const void *grad, df_dtype grad_dtype,
                        const void *m, const void *v, size_t mes, size_t ves, int64_t n, float lr,
-                       float beta1,
-                       float beta2, float eps, float wd, int64_t step, float grad_scale,
-                       const uint16_t *out_bf16)
+                       float beta1, float beta2, float eps, float wd, int64_t step,
+                       float grad_scale, const uint16_t *out_bf16)
 {
     if (!be || n < 0 || n > ((int64_t)1 << 56) || step < 1)
         return -EINVAL;
