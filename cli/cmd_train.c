@@ -63,6 +63,9 @@ static void usage(FILE *f)
             "                        worse in eval loss and tau_walk (docs/DESIGN.md)\n"
             "  --adam-m-bf16         the first moment alone in BF16 (v stays F32): 2 bytes less\n"
             "                        per parameter; not yet judged by the quality gate\n"
+            "  --bf16-logits         the training steps' LM-head logits rounded to BF16, as\n"
+            "                        PyTorch's BF16 head leaves them (SpecForge): half their\n"
+            "                        bytes on the GPU; not yet judged by the quality gate\n"
             "  --fp8, --no-fp8       FP8 training on or off: the GEMMs' operands rounded to\n"
             "                        E4M3 with block scales (docs/FP8.md); evaluation and the\n"
             "                        export stay BF16. Default: on where FP8 tensor cores are\n"
@@ -214,6 +217,10 @@ int cmd_train(int argc, char **argv)
         }
         if (!strcmp(a, "--adam-bf16")) {
             o.adam_bf16 = 1;
+            continue;
+        }
+        if (!strcmp(a, "--bf16-logits")) {
+            o.bf16_logits = 1;
             continue;
         }
         if (!strcmp(a, "--adam-m-bf16")) {

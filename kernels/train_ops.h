@@ -141,10 +141,17 @@ int df_op_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *k
  * (with DF_CE_FP8_HEAD_FROZEN, kept as above), and a rounded BF16 copy only
  * where its BF16 GEMMs take a chunk over (a class the E4M3 plan refused),
  * freed at the call's end. So a caller with E4M3 tensor cores keeps no
- * rounded copy of a large head. Other bits: -EINVAL. */
+ * rounded copy of a large head.
+ * DF_CE_BF16_LOGITS (with or without the others): each logit is rounded to
+ * BF16 (to nearest even) before anything reads it, as a BF16 LM head in
+ * PyTorch leaves them (SpecForge's training): loss, ce, argmax and G are
+ * those of the rounded logits. A backend may then store the logits as BF16
+ * (the CUDA backend: half the bytes of F32 logits written and read twice).
+ * Other bits: -EINVAL. */
 #define DF_CE_FP8_GRAD 1u
 #define DF_CE_FP8_HEAD_FROZEN 2u
 #define DF_CE_FP8_ROUND_HEAD 4u
+#define DF_CE_BF16_LOGITS 8u
 int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
                     const int32_t *label, const float *weight, float denom, double *loss_sum,
                     df_tensor *dh, int32_t *argmax, float *ce, unsigned flags);

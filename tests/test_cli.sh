@@ -208,6 +208,12 @@ run 0 "" "$D" train $TF --out "$W/runAmr" --adam-m-bf16 --stop-after 6
 run 0 "" "$D" train $TF --out "$W/runAmr" --adam-m-bf16
 cmp -s "$W/runAm/export/model.safetensors" "$W/runAmr/export/model.safetensors" || fail "--adam-m-bf16 resume differs"
 run 1 "--adam-m-bf16 true \(now false\)" "$D" train $TF --out "$W/runAm"
+# --bf16-logits (the training steps' logits rounded to BF16): recorded, weights of their own, the
+# switch refused on resume
+run 0 "" "$D" train $TF --out "$W/runBl" --bf16-logits
+grep -q '"--bf16-logits":.true' "$W"/runBl/ckpt-*/hparams.json || fail "--bf16-logits not recorded"
+cmp -s "$W/runF0/export/model.safetensors" "$W/runBl/export/model.safetensors" && fail "--bf16-logits changed nothing"
+run 1 "--bf16-logits true \(now false\)" "$D" train $TF --out "$W/runBl"
 # a run recorded before the setting existed rounded dy per 128 x 1: resumed as such, not switched
 for c in "$W"/runFd/ckpt-*; do # (the manifest and COMPLETE hash what they name: kept true)
   sed -i '/"--fp8-dy-blocks"/d' "$c/hparams.json"

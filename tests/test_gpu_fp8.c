@@ -21,7 +21,8 @@
  *    rounds the fp32 G: blocks may differ by a tie or a scale step) and
  *    moves away from the flags-0 dh by E4M3's ~1e-2; G's codes written by the
  *    row kernel (once GEMM 2's class has passed its check) are bitwise those
- *    rounded by GEMM 2, in one chunk and in several, padded rows included.
+ *    rounded by GEMM 2, in one chunk and in several, padded rows included;
+ *    with DF_CE_BF16_LOGITS too (and without FP8): the CPU's with that flag.
  * `--bench`: the GEMMs of the Qwen3.6-27B drafter step, each kind: the BF16
  *  GEMM, the FP8 op, the BF16 path's rounding of the activations (df_op_fp8_qdq),
  *  and the tensor cores' whole call with the weight's codes made or kept; medians of 9
@@ -368,6 +369,40 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H, int sm90)
     CHECK(sqrt(ec / r2) < 1e-2);
     free(dc);
     df_backend_free(g, gdc);
+    /* DF_CE_BF16_LOGITS (GEMM 1 writes bf16 logits), with FP8's G and alone: the CPU's with the
+     * same flags up to the order of the sums; the row kernel's codes bitwise G written in place
+     * over the bf16 logits and rounded by GEMM 2 */
+    for (int f8 = 1; f8 >= 0; f8--) {
+        unsigned fl = DF_CE_BF16_LOGITS | (f8 ? DF_CE_FP8_GRAD : 0);
+        float *dcb = gh_xmalloc((size_t)(N * H) * 4);
+        df_tensor tdb = df_tensor_2d(dcb, DF_DTYPE_F32, N, H);
+        double lcb = 0, lg[2] = {0, 0};
+        CHECK_EQ(df_op_lmhead_ce(c, &th, &tw, lab, NULL, (float)N, &lcb, &tdb, NULL, NULL, fl), 0);
+        float *dg[2];
+        for (int codes = 1; codes >= 0; codes--) {
+            df_cuda_lmhead_ce_set_fp8_codes(codes);
+            void *gdb = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16);
+            df_tensor Gdb = df_tensor_2d(gdb, DF_DTYPE_BF16, N, H);
+            CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &lg[codes], &Gdb, NULL,
+                                     NULL, fl), 0);
+            dg[codes] = gh_download_bf16(g, gdb, N * H);
+            df_backend_free(g, gdb);
+        }
+        df_cuda_lmhead_ce_set_fp8_codes(1);
+        double eb = 0, rb = 0;
+        for (int64_t i = 0; i < N * H; i++) {
+            eb += (dg[1][i] - dcb[i]) * (double)(dg[1][i] - dcb[i]);
+            rb += (double)dcb[i] * dcb[i];
+        }
+        printf("  DF_CE_BF16_LOGITS%s: loss %.9g (cpu %.9g, fp32 logits %.9g), dh rel L2 vs cpu "
+               "%.3e\n", f8 ? " | DF_CE_FP8_GRAD" : "", lg[1], lcb, f8 ? l8 : l0, sqrt(eb / rb));
+        CHECK(fabs(lg[1] - lcb) <= 1e-5 * fabs(lcb));
+        CHECK(lg[1] != (f8 ? l8 : l0));
+        CHECK(sqrt(eb / rb) < (f8 ? 2e-2 : 1e-2));
+        CHECK(lg[0] == lg[1]);
+        CHECK(memcmp(dg[0], dg[1], (size_t)(N * H) * sizeof(float)) == 0);
+        free(dg[0]), free(dg[1]), free(dcb);
+    }
     printf("lmhead_ce fp8 grad N=%lld V=%lld H=%lld: loss %.9g (flags 0: %.9g, cpu %.9g), dh rel L2 "
            "vs cpu %.3e, moved from flags 0 %.3e\n",
            (long long)N, (long long)V, (long long)H, l8, l0, lref, rel, moved);

@@ -241,8 +241,99 @@ static void check_lmhead(int64_t N, int64_t H, int64_t V, df_dtype wt, int use_w
     wmat_free(&head);
 }
 
+/* DF_CE_BF16_LOGITS: on data whose fp32 logits are exact (multiples of 2^-8 below 2^5: h
+ * integers / 256, head integers, H = 16), the results are the double reference's on those
+ * logits rounded to bf16 (8 significant bits), which moves most of them; the flag matters
+ * (flags 0 gives another loss); with DF_CE_FP8_GRAD too; 1 and 3 threads bitwise. */
+static void check_bf16_logits(void)
+{
+    const int64_t N = 40, H = 16, V = 300;
+    const char *what = "lmhead_ce DF_CE_BF16_LOGITS";
+    mat h = mat_new(N, H, H);
+    wmat head = wmat_new(DF_DTYPE_BF16, V, H, H, 1.0f);
+    for (int64_t i = 0; i < N * H; i++)
+        h.p[i] = ldexpf((float)((int)(test_rand(&rng) % 129) - 64), -8);
+    for (int64_t i = 0; i < V * H; i++) {
+        float f = (float)((int)(test_rand(&rng) % 17) - 8);
+        wput(head.p, DF_DTYPE_BF16, i, f, &head.val[i]);
+    }
+    int32_t label[40];
+    for (int64_t i = 0; i < N; i++)
+        label[i] = i % 9 == 2 ? -1 : (int32_t)(test_rand(&rng) % (uint64_t)V);
+    const double denom = 6.0;
+    /* the reference: exact logits, rounded to bf16, then as ce_reference in double */
+    double loss_ref = 0, *dh_ref = dbuf(N * H), *z = dbuf(V);
+    double *ce_want = dbuf(N);
+    int64_t moved = 0;
+    for (int64_t i = 0; i < N; i++) {
+        double mx = -INFINITY;
+        for (int64_t v = 0; v < V; v++) {
+            double s = 0;
+            for (int64_t k = 0; k < H; k++)
+                s += (double)*mat_at(&h, i, k) * head.val[v * H + k];
+            z[v] = df_bf16_to_f32(df_f32_to_bf16((float)s));
+            moved += z[v] != s;
+            mx = z[v] > mx ? z[v] : mx;
+        }
+        if (label[i] < 0)
+            continue;
+        double se = 0;
+        for (int64_t v = 0; v < V; v++)
+            se += exp(z[v] - mx);
+        double lse = mx + log(se);
+        ce_want[i] = lse - z[label[i]];
+        loss_ref += ce_want[i];
+        for (int64_t v = 0; v < V; v++) {
+            double g = (exp(z[v] - lse) - (v == label[i])) / denom;
+            for (int64_t k = 0; k < H; k++)
+                dh_ref[i * H + k] += g * head.val[v * H + k];
+        }
+    }
+    CHECK(moved > N * V / 4);
+    for (int fp8 = 0; fp8 < 2; fp8++) {
+        unsigned flags = DF_CE_BF16_LOGITS | (fp8 ? DF_CE_FP8_GRAD : 0);
+        mat dh[2] = {mat_new(N, H, H), mat_new(N, H, H)};
+        float ce[2][40], ce0[40];
+        double loss[2] = {0, 0}, loss0 = 0;
+        for (int b = 0; b < 2; b++)
+            CHECK_EQ(df_op_lmhead_ce(bes[b], &h.t, &head.t, label, NULL, (float)denom, &loss[b],
+                                     &dh[b].t, NULL, ce[b], flags),
+                     0);
+        CHECK(bitwise_equal(dh[0].p, dh[1].p, N * H * 4) && bitwise_equal(ce[0], ce[1], N * 4) &&
+              bitwise_equal(loss, loss + 1, 8));
+        CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, NULL, (float)denom, &loss0, NULL,
+                                 NULL, ce0, flags & ~DF_CE_BF16_LOGITS),
+                 0);
+        double ce_moved = 0; /* the flag's effect, per row: ~2^-7 of the logits */
+        for (int64_t i = 0; i < N; i++)
+            ce_moved = fmax(ce_moved, fabs(ce0[i] - (label[i] < 0 ? 0.0 : ce_want[i])));
+        printf("%s%s: loss %.9g (reference %.9g; without the flag %.9g, a row's CE by up to "
+               "%.2e)\n", what, fp8 ? " | DF_CE_FP8_GRAD" : "", loss[0], loss_ref, loss0, ce_moved);
+        CHECK(ce_moved > 1e-3);
+        expect_close(what, loss[0], loss_ref, 1e-5 * fabs(loss_ref), -1);
+        double dmax = 0, e2 = 0, r2 = 0;
+        for (int64_t i = 0; i < N * H; i++) {
+            dmax = fabs(dh_ref[i]) > dmax ? fabs(dh_ref[i]) : dmax;
+            e2 += (dh[0].p[i] - dh_ref[i]) * (dh[0].p[i] - dh_ref[i]);
+            r2 += dh_ref[i] * dh_ref[i];
+        }
+        for (int64_t i = 0; i < N; i++)
+            expect_close(what, ce[0][i], label[i] < 0 ? 0.0 : ce_want[i], 1e-5 * (1 + ce_want[i]), i);
+        if (!fp8) /* fp32 sums over V: relative ~1e-6 */
+            for (int64_t i = 0; i < N * H; i++)
+                expect_close(what, dh[0].p[i], dh_ref[i], 1e-5 * dmax, i);
+        printf("  dh rel L2 vs the reference %.3e\n", sqrt(e2 / r2));
+        if (fp8) /* G in E4M3: its ~2^-5 rms relative rounding */
+            CHECK(sqrt(e2 / r2) < 5e-2 && sqrt(e2 / r2) > 1e-3);
+        free(dh[0].p), free(dh[1].p);
+    }
+    free(h.p), free(dh_ref), free(z), free(ce_want);
+    wmat_free(&head);
+}
+
 static void test_lmhead_ce(void)
 {
+    check_bf16_logits();
     for (int d = 0; d < 3; d++)
         fd_lmhead(DTS[d]);
     /* chunks of up to 64 rows (fewer with more threads): 130 rows is 64 + 64

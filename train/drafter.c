@@ -692,6 +692,8 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
     unsigned ce_flags = !d->q8   ? 0
                         : q8_copy ? DF_CE_FP8_GRAD | DF_CE_FP8_HEAD_FROZEN
                                   : DF_CE_FP8_GRAD | DF_CE_FP8_HEAD_FROZEN | DF_CE_FP8_ROUND_HEAD;
+    if (d->bf16_logits && G)
+        ce_flags |= DF_CE_BF16_LOGITS;
     if (na == N) {
         if (d->q8)
             CK(df_op_fp8_qdq(be, &h, &h, 1, 128));

@@ -141,6 +141,11 @@ int df_drafter_set_fp8(df_drafter *d, int on, df_err *e);
  * (DF_FP8_DY_BLOCKS: cuBLASLt's faster kernel on sm_90; other numerics). Off for a drafter
  * as opened; the trainer turns it on (df_train_opts.fp8_dy_blocks, docs/FP8.md). */
 void df_drafter_set_fp8_dy_blocks(df_drafter *d, int on);
+/* Row steps with gradients round the LM head's logits to BF16 (DF_CE_BF16_LOGITS: as a BF16
+ * LM head in PyTorch leaves them; the CUDA backend stores them so, half the bytes); other
+ * numerics. Steps without gradients (evaluation) keep F32 logits. Off for a drafter as
+ * opened; the trainer sets it (df_train_opts.bf16_logits). */
+void df_drafter_set_bf16_logits(df_drafter *d, int on);
 
 /* Memory for nothing: the gradient array grad (the one every
  * df_drafter_row_step with gradients then gets, in df_drafter_grad_dtype)

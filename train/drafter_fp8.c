@@ -34,6 +34,8 @@ int drafter_mm_bw(df_drafter *d, const df_tensor *dy, const df_tensor *x, df_ten
 
 void df_drafter_set_fp8_dy_blocks(df_drafter *d, int on) { d->fp8_dy_blocks = on != 0; }
 
+void df_drafter_set_bf16_logits(df_drafter *d, int on) { d->bf16_logits = on != 0; }
+
 void drafter_fp8_free(df_drafter *d)
 {
     df_backend_free(d->be, d->head8.data);

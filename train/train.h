@@ -81,6 +81,8 @@ typedef struct df_train_opts {
                                    (df_op_adamw_m16): half their memory and traffic; default 0 */
     int adam_m_bf16;            /* the first moment alone in BF16 (v F32); default 0; implied
                                    by adam_bf16 */
+    int bf16_logits;            /* training steps' LM-head logits rounded to BF16
+                                   (df_drafter_set_bf16_logits): half their bytes; default 0 */
     int grad_f32;               /* GPU: keep gradients in F32 (default BF16: half the memory
                                    and the reduce-scatter traffic); the CPU always uses F32 */
     int buffered_io;            /* read the cache through the page cache (no O_DIRECT): a cache

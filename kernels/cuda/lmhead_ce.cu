@@ -31,8 +31,12 @@
  * block scales straight into GEMM 2's operand (ce_codes_pass; the same bits
  * as rounding hi afterwards): no bf16 G is written, nor read back to round.
  *
+ * DF_CE_BF16_LOGITS: GEMM 1 writes bf16 logits (the GEMM rounds them once,
+ * as the CPU rounds its fp32 ones), so the rows read half the bytes; pass 1
+ * reads two per 4-byte load. Everything after reads them as floats.
+ *
  * In place: a row's G (hi, bf16) is written over the first half of the
- * row's own fp32 logits. The block walks the row in tiles in increasing
+ * row's own fp32 logits (over the logits themselves where they are bf16). The block walks the row in tiles in increasing
  * order; every thread reads its tile's logits and computes from them before
  * a __syncthreads, then writes hi for that tile. Writes of tile t land in
  * logits [t*TILE/2, (t+1)*TILE/2), all read before that barrier; later
@@ -105,6 +109,44 @@ __device__ __forceinline__ void merge(float &m, int &i, double &s, float m2, int
     s = a + b;
 }
 
+/* A logit, widened (the row's logits are fp32, or bf16 under DF_CE_BF16_LOGITS) */
+__device__ __forceinline__ float zld(const float *p) { return *p; }
+__device__ __forceinline__ float zld(const uint16_t *p) { return bf2f(*p); }
+
+/* 8 consecutive logits from a 16-byte aligned (bf16) or 32-byte aligned (fp32) address */
+__device__ __forceinline__ void zld8(const float *p, float x[8])
+{
+    float4 p0 = *reinterpret_cast<const float4 *>(p);
+    float4 p1 = *reinterpret_cast<const float4 *>(p + 4);
+    x[0] = p0.x, x[1] = p0.y, x[2] = p0.z, x[3] = p0.w;
+    x[4] = p1.x, x[5] = p1.y, x[6] = p1.z, x[7] = p1.w;
+}
+__device__ __forceinline__ void zld8(const uint16_t *p, float x[8])
+{
+    unpack8(*reinterpret_cast<const uint4 *>(p), x);
+}
+
+/* Pass 1's unit: the logits v, v + 1, ... a thread loads at once, one
+ * 4-byte word (one fp32, two bf16; v even there), -inf past V */
+template <typename T> struct zword {
+    static constexpr int E = 4 / (int)sizeof(T);
+};
+__device__ __forceinline__ void zld_word(const float *zr, int64_t v, int64_t V, float *x)
+{
+    x[0] = v < V ? zr[v] : -INFINITY;
+}
+__device__ __forceinline__ void zld_word(const uint16_t *zr, int64_t v, int64_t V, float *x)
+{
+    if (v + 2 <= V) { /* 4-byte aligned: rows start 16-byte aligned */
+        uint32_t u = *reinterpret_cast<const uint32_t *>(zr + v);
+        x[0] = __uint_as_float(u << 16);
+        x[1] = __uint_as_float(u & 0xffff0000u);
+    } else {
+        x[0] = v < V ? bf2f(zr[v]) : -INFINITY;
+        x[1] = -INFINITY;
+    }
+}
+
 /* A row's softmax gradient at logit v, as the CPU computes it: p = expf(z -
  * mx); G = p * (float)(c/s) (scf); the label's entry in double,
  * (float)(p * c/s - c). */
@@ -122,7 +164,8 @@ __device__ __forceinline__ float ce_grad(float z, float mx, float scf, double sc
  * thread takes 8 consecutive logits per tile, so a block's 128 are 16
  * threads' and its amax three shuffles away. act 0: G = 0 (zero codes,
  * scale 1). */
-__device__ void ce_codes_pass(const float *__restrict__ zr, int64_t V, int act, float mx,
+template <typename T>
+__device__ void ce_codes_pass(const T *__restrict__ zr, int64_t V, int act, float mx,
                               float scf, double sc, double c, int64_t lab,
                               uint8_t *__restrict__ codes, float *__restrict__ csc, int64_t kp,
                               int64_t n_out, int64_t r)
@@ -131,15 +174,12 @@ __device__ void ce_codes_pass(const float *__restrict__ zr, int64_t V, int act, 
     for (int64_t b = 0; b < kp; b += (int64_t)RT * 8) {
         const int64_t v0 = b + (int64_t)t * 8;
         float x[8];
-        if (act && v0 + 8 <= V) { /* 32-byte aligned: ldz is a multiple of 8 */
-            float4 p0 = *reinterpret_cast<const float4 *>(zr + v0);
-            float4 p1 = *reinterpret_cast<const float4 *>(zr + v0 + 4);
-            x[0] = p0.x, x[1] = p0.y, x[2] = p0.z, x[3] = p0.w;
-            x[4] = p1.x, x[5] = p1.y, x[6] = p1.z, x[7] = p1.w;
+        if (act && v0 + 8 <= V) { /* aligned: ldz is a multiple of 8 */
+            zld8(zr + v0, x);
         } else {
 #pragma unroll
             for (int j = 0; j < 8; j++)
-                x[j] = act && v0 + j < V ? zr[v0 + j] : 0.0f;
+                x[j] = act && v0 + j < V ? zld(zr + v0 + j) : 0.0f;
         }
         uint32_t w[4];
 #pragma unroll
@@ -169,14 +209,15 @@ __device__ void ce_codes_pass(const float *__restrict__ zr, int64_t V, int act, 
     }
 }
 
-/* One block per row of the chunk. z: the chunk's logits [rows, ldz] fp32;
+/* One block per row of the chunk. z: the chunk's logits [rows, ldz] (T: fp32, or bf16);
  * global row = row0 + blockIdx.x for label/weight/argmax/ce/row_loss. With
  * want_dh, z's row becomes hi (bf16, first V entries of the row seen as
  * uint16_t) and, unless lo is NULL, lo[blockIdx.x * ldlo + v] gets the low
  * halves. With codes (want_dh, FP8 on the tensor cores): G's E4M3 codes
  * instead (ce_codes_pass), and blocks from nrows up to n_out (the GEMM's
  * rows, a multiple of 4) give zero rows. */
-__global__ void __launch_bounds__(RT) ce_row_kernel(float *__restrict__ z, int64_t ldz, int64_t V,
+template <typename T>
+__global__ void __launch_bounds__(RT) ce_row_kernel(T *__restrict__ z, int64_t ldz, int64_t V,
                                                     int64_t row0,
                                                     const int32_t *__restrict__ label,
                                                     const float *__restrict__ weight,
@@ -190,7 +231,8 @@ __global__ void __launch_bounds__(RT) ce_row_kernel(float *__restrict__ z, int64
                                                     int64_t n_out)
 {
     if (codes && (int64_t)blockIdx.x >= nrows) { /* a padding row of GEMM 2's operand */
-        ce_codes_pass(NULL, V, 0, 0.0f, 0.0f, 0.0, 0.0, -1, codes, csc, kp, n_out, blockIdx.x);
+        ce_codes_pass((const T *)NULL, V, 0, 0.0f, 0.0f, 0.0, 0.0, -1, codes, csc, kp, n_out,
+                      blockIdx.x);
         return;
     }
     __shared__ float sh_m[NW];
@@ -202,23 +244,23 @@ __global__ void __launch_bounds__(RT) ce_row_kernel(float *__restrict__ z, int64
 
     const int t = threadIdx.x;
     const int64_t r = blockIdx.x, gi = row0 + r;
-    float *zr = z + r * ldz;
+    T *zr = z + r * ldz;
 
     /* Pass 1: this thread's logits in increasing index order (so a strict
-     * > keeps its first max), an online sum rescaled on each new max. */
+     * > keeps its first max), an online sum rescaled on each new max; E
+     * consecutive logits per load (a 4-byte word). */
+    constexpr int E = zword<T>::E;
     float m = -INFINITY;
     int am = INT_MAX;
     double s = 0.0;
-    for (int64_t b = 0; b < V; b += TILE) {
-        float x[RU];
+    for (int64_t b = 0; b < V; b += (int64_t)TILE * E) {
+        float x[RU * E];
 #pragma unroll
-        for (int k = 0; k < RU; k++) {
-            int64_t v = b + t + (int64_t)k * RT;
-            x[k] = v < V ? zr[v] : -INFINITY;
-        }
+        for (int k = 0; k < RU; k++)
+            zld_word(zr, b + ((int64_t)t + (int64_t)k * RT) * E, V, x + E * k);
 #pragma unroll
-        for (int k = 0; k < RU; k++) {
-            int64_t v = b + t + (int64_t)k * RT;
+        for (int k = 0; k < RU * E; k++) {
+            int64_t v = b + ((int64_t)t + (int64_t)(k / E) * RT) * E + k % E;
             if (v >= V)
                 break;
             if (x[k] > m) {
@@ -265,7 +307,7 @@ __global__ void __launch_bounds__(RT) ce_row_kernel(float *__restrict__ z, int64
             argmax[gi] = am == INT_MAX ? 0 : am; /* all -inf/NaN: index 0 as the CPU */
         double cev = 0.0;
         if (act) {
-            float zl = zr[lab]; /* read before pass 2 overwrites the row */
+            float zl = zld(zr + lab); /* read before pass 2 overwrites the row */
             cev = ((double)m + log(s)) - (double)zl;
             double c = (double)w / denom, sc = c / s;
             sh_c = c;
@@ -308,7 +350,7 @@ __global__ void __launch_bounds__(RT) ce_row_kernel(float *__restrict__ z, int64
 #pragma unroll
         for (int k = 0; k < RU; k++) {
             int64_t v = b + t + (int64_t)k * RT;
-            x[k] = v < V ? zr[v] : 0.0f;
+            x[k] = v < V ? zld(zr + v) : 0.0f;
         }
 #pragma unroll
         for (int k = 0; k < RU; k++) {
@@ -615,6 +657,9 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     cudaStream_t st = df_cuda_stream(be);
     /* FP8 (DF_CE_FP8_GRAD): G is rounded to E4M3 in place (hi), so no lo */
     const int fp8 = (flags & DF_CE_FP8_GRAD) != 0;
+    /* DF_CE_BF16_LOGITS: GEMM 1 writes them as bf16 (zes bytes a logit) */
+    const int bl = (flags & DF_CE_BF16_LOGITS) != 0;
+    const size_t zes = bl ? 2 : 4;
     const int want_dh = dh != NULL, want_lo = want_dh && !fp8 && precise_mode();
     /* FP8 on E4M3 tensor cores (gemm_fp8.cu): both GEMMs' codes in a region
      * of their own at the end of the scratch layout: the head's (V x H, for
@@ -639,11 +684,11 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     }
     const int kept = k1 && (k2 || !want_dh);
 
-    /* Row strides padded to 32 bytes (fp32 logits) / 16 bytes (lo) so every
-     * row start keeps cuBLASLt's fast aligned paths whatever V is. */
+    /* Row strides padded to 8 logits (32 bytes fp32, 16 bf16) and 16 bytes (lo)
+     * so every row start keeps cuBLASLt's fast aligned paths whatever V is. */
     const int64_t ldz = (int64_t)round_up((size_t)V, 8);
     const int64_t ldlo = ldz;
-    size_t per_row = (size_t)ldz * 4 + (want_lo ? (size_t)ldlo * 2 : 0) +
+    size_t per_row = (size_t)ldz * zes + (want_lo ? (size_t)ldlo * 2 : 0) +
                      (want_dh ? (size_t)H * 4 : 0) + (fast8 ? hp8 + vp8 : 0);
     size_t cap = g_chunk_bytes ? g_chunk_bytes : chunk_bytes_default();
     /* lent memory (df_backend_lend_scratch) of at least 512 MiB of chunk
@@ -671,7 +716,7 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     /* Scratch: [ws][row_loss N + 1 doubles][logits rows x ldz][lo][dh32]. */
     size_t o_loss = WS_BYTES;
     size_t o_z = round_up(o_loss + (size_t)(N + 1) * 8, 256);
-    size_t o_lo = round_up(o_z + (size_t)rows_c * ldz * 4, 256);
+    size_t o_lo = round_up(o_z + (size_t)rows_c * ldz * zes, 256);
     size_t o_d32 = round_up(o_lo + (want_lo ? (size_t)rows * ldlo * 2 : 0), 256);
     /* FP8: GEMM 1's workspace (the head's codes, a chunk's h), then GEMM 2's
      * (the head^T's codes, a chunk's G): the head's codes are made at the
@@ -679,7 +724,8 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     size_t o_q8 = round_up(o_d32 + (want_dh ? (size_t)rows_c * H * 4 : 0), 256), n_q8 = 0, n_q8a = 0;
     /* the views the FP8 GEMMs see, at the largest chunk */
     if (fast8) {
-        df_tensor hv = df_tensor_2d((void *)hd, DF_DTYPE_BF16, rows, H), zv = df_tensor_2d(NULL, DF_DTYPE_F32, rows_c, V);
+        df_tensor hv = df_tensor_2d((void *)hd, DF_DTYPE_BF16, rows, H);
+        df_tensor zv = df_tensor_2d(NULL, bl ? DF_DTYPE_BF16 : DF_DTYPE_F32, rows_c, V);
         df_tensor gv = df_tensor_2d(NULL, DF_DTYPE_BF16, rows, V), dv = df_tensor_2d(NULL, DF_DTYPE_F32, rows_c, H);
         n_q8a = round_up(df_cuda_matmul_fp8_ws_bytes(DF_GEMM_FWD, &hv, &zv, kept), 256);
         n_q8 = n_q8a + (want_dh ? df_cuda_matmul_fp8_ws_bytes(DF_GEMM_BWD_X, &gv, &dv, kept) : 0);
@@ -690,7 +736,9 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         return -ENOMEM;
     void *ws = sc;
     double *row_loss = (double *)(sc + o_loss);
-    float *z = (float *)(sc + o_z);
+    void *z = sc + o_z;
+    /* G (bf16) in place over the logits: its row stride, in bf16 */
+    const int64_t ldg = bl ? ldz : 2 * ldz;
     uint16_t *lo = (uint16_t *)(sc + o_lo);
     float *d32 = (float *)(sc + o_d32);
     void *q8 = n_q8 ? sc + o_q8 : NULL, *q8b = n_q8 ? sc + o_q8 + n_q8a : NULL;
@@ -700,11 +748,12 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     for (int64_t r0 = 0; r0 < N && !rc; r0 += rows) {
         int64_t nr = N - r0 < rows ? N - r0 : rows;
         /* GEMM 1, Z^T (V x nr, ld ldz) = op_T(head) h_chunk^T: as df_cuda_matmul, fp32 out
-         * (FP8: on E4M3 tensor cores where they are there, else as in BF16) */
+         * (bf16: DF_CE_BF16_LOGITS) (FP8: on E4M3 tensor cores where they are there, else as
+         * in BF16) */
         int done = 0;
         if (q8) {
             df_tensor hv = df_tensor_2d((void *)(hd + r0 * ldh), DF_DTYPE_BF16, nr, H);
-            df_tensor zv = df_tensor_2d(z, DF_DTYPE_F32, (nr + 3) / 4 * 4, V);
+            df_tensor zv = df_tensor_2d(z, bl ? DF_DTYPE_BF16 : DF_DTYPE_F32, (nr + 3) / 4 * 4, V);
             hv.stride[0] = ldh, zv.stride[0] = ldz;
             done = df_cuda_matmul_fp8_fast_ws(be, DF_GEMM_FWD, &hv, &head_v, &zv, 0, q8, n_q8a,
                                               kept ? k1->buf : NULL, kept ? k1->ready : head8_1, 0);
@@ -718,28 +767,37 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         rc = rc        ? rc
              : done < 0 ? done
              : done     ? 0
-                        : lt_gemm(st, ws, 1, 0, V, nr, H, wb, ldb, hd + r0 * ldh, ldh, z, ldz, 1, 0);
+                        : lt_gemm(st, ws, 1, 0, V, nr, H, wb, ldb, hd + r0 * ldh, ldh, z, ldz,
+                                  !bl, 0);
         if (rc)
             break;
         /* FP8 on the tensor cores, GEMM 2's class checked: G goes to it as codes only */
         df_tensor gv = df_tensor_2d(z, DF_DTYPE_BF16, nr, V);
         df_tensor dv = df_tensor_2d(d32, DF_DTYPE_F32, (nr + 3) / 4 * 4, H);
-        gv.stride[0] = 2 * ldz;
+        gv.stride[0] = ldg;
         df_cuda_fp8_rows g8 = {NULL, NULL, 0, 0};
         const int fused = q8 && want_dh && g_fp8_codes &&
                           df_cuda_fp8_rows_slot(be, DF_GEMM_BWD_X, &gv, &head_v, &dv, 0, q8b,
                                                 n_q8 - n_q8a, kept ? k2->buf : NULL, &g8) == 1;
         df_cuda_prof_split(be, "rows");
-        ce_row_kernel<<<(unsigned)(fused ? g8.n : nr), RT, 0, st>>>(
-            z, ldz, V, r0, label, weight, (double)denom, want_dh, want_lo ? lo : NULL, ldlo,
-            argmax, ce, row_loss, nr, g8.codes, g8.scales, g8.kp, g8.n);
+        const unsigned nb = (unsigned)(fused ? g8.n : nr);
+        if (bl)
+            ce_row_kernel<uint16_t><<<nb, RT, 0, st>>>(
+                (uint16_t *)z, ldz, V, r0, label, weight, (double)denom, want_dh,
+                want_lo ? lo : NULL, ldlo, argmax, ce, row_loss, nr, g8.codes, g8.scales, g8.kp,
+                g8.n);
+        else
+            ce_row_kernel<float><<<nb, RT, 0, st>>>(
+                (float *)z, ldz, V, r0, label, weight, (double)denom, want_dh,
+                want_lo ? lo : NULL, ldlo, argmax, ce, row_loss, nr, g8.codes, g8.scales, g8.kp,
+                g8.n);
         if ((rc = df_cuda_check_launch("lmhead_ce rows")))
             break;
         if (!want_dh)
             continue;
-        /* GEMM 2, dh32^T (H x nr) = head^T G^T, hi (ld 2*ldz bf16) then (precise) + lo,
+        /* GEMM 2, dh32^T (H x nr) = head^T G^T, hi (ld ldg bf16) then (precise) + lo,
          * as df_cuda_matmul_bwd_x with fp32 out. FP8: the tensor cores' codes are G
-         * rounded (hi: [nr, V] bf16, row stride 2 ldz); the BF16 path rounds it first. */
+         * rounded (hi: [nr, V] bf16, row stride ldg); the BF16 path rounds it first. */
         done = 0;
         if (q8) {
             done = df_cuda_matmul_fp8_fast_ws(be, DF_GEMM_BWD_X, &gv, &head_v, &dv, 0, q8b,
@@ -759,7 +817,7 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         if (fp8 && !done) {
             df_cuda_prof_split(be, "round");
             df_tensor g = df_tensor_2d(z, DF_DTYPE_BF16, nr, V);
-            g.stride[0] = 2 * ldz;
+            g.stride[0] = ldg;
             if ((rc = df_cuda_fp8_qdq(be, &g, &g, 1, 128)))
                 break;
         }
@@ -769,7 +827,7 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         rc = rc        ? rc
              : done < 0 ? done
              : done     ? 0
-                        : lt_gemm(st, ws, 0, 0, H, nr, V, wb, ldb, z, 2 * ldz, d32, H, 1, 0);
+                        : lt_gemm(st, ws, 0, 0, H, nr, V, wb, ldb, z, ldg, d32, H, 1, 0);
         if (!rc && want_lo)
             rc = lt_gemm(st, ws, 0, 0, H, nr, V, wd, ldw, lo, ldlo, d32, H, 1, 1);
         if (rc)
