@@ -36,11 +36,12 @@
  * reads two per 4-byte load. Everything after reads them as floats.
  *
  * In place: a row's G (hi, bf16) is written over the first half of the
- * row's own fp32 logits (over the logits themselves where they are bf16). The block walks the row in tiles in increasing
- * order; every thread reads its tile's logits and computes from them before
- * a __syncthreads, then writes hi for that tile. Writes of tile t land in
- * logits [t*TILE/2, (t+1)*TILE/2), all read before that barrier; later
- * tiles read only beyond (t+1)*TILE. Rows never share memory.
+ * row's own fp32 logits (over the logits themselves where they are bf16).
+ * The block walks the row in tiles in increasing order; every thread reads
+ * its tile's logits and computes from them before a __syncthreads, then
+ * writes hi for that tile. Writes of tile t land in logits [t*TILE/2,
+ * (t+1)*TILE/2) (bf16: [t*TILE, (t+1)*TILE)), all read before that barrier;
+ * later tiles read only beyond (t+1)*TILE. Rows never share memory.
  *
  * Determinism: each row is one block with a fixed thread-to-element map and
  * fixed shuffle/shared reduction trees; the loss is summed over rows by one
@@ -113,24 +114,16 @@ __device__ __forceinline__ void merge(float &m, int &i, double &s, float m2, int
 __device__ __forceinline__ float zld(const float *p) { return *p; }
 __device__ __forceinline__ float zld(const uint16_t *p) { return bf2f(*p); }
 
-/* 8 consecutive logits from a 16-byte aligned (bf16) or 32-byte aligned (fp32) address */
-__device__ __forceinline__ void zld8(const float *p, float x[8])
+/* 8 consecutive fp32 logits from a 32-byte aligned address (bf16.cuh's load8 reads bf16 ones) */
+__device__ __forceinline__ void load8(const float *p, float *x)
 {
     float4 p0 = *reinterpret_cast<const float4 *>(p);
     float4 p1 = *reinterpret_cast<const float4 *>(p + 4);
     x[0] = p0.x, x[1] = p0.y, x[2] = p0.z, x[3] = p0.w;
     x[4] = p1.x, x[5] = p1.y, x[6] = p1.z, x[7] = p1.w;
 }
-__device__ __forceinline__ void zld8(const uint16_t *p, float x[8])
-{
-    unpack8(*reinterpret_cast<const uint4 *>(p), x);
-}
-
 /* Pass 1's unit: the logits v, v + 1, ... a thread loads at once, one
  * 4-byte word (one fp32, two bf16; v even there), -inf past V */
-template <typename T> struct zword {
-    static constexpr int E = 4 / (int)sizeof(T);
-};
 __device__ __forceinline__ void zld_word(const float *zr, int64_t v, int64_t V, float *x)
 {
     x[0] = v < V ? zr[v] : -INFINITY;
@@ -175,7 +168,7 @@ __device__ void ce_codes_pass(const T *__restrict__ zr, int64_t V, int act, floa
         const int64_t v0 = b + (int64_t)t * 8;
         float x[8];
         if (act && v0 + 8 <= V) { /* aligned: ldz is a multiple of 8 */
-            zld8(zr + v0, x);
+            load8(zr + v0, x);
         } else {
 #pragma unroll
             for (int j = 0; j < 8; j++)
@@ -249,7 +242,7 @@ __global__ void __launch_bounds__(RT) ce_row_kernel(T *__restrict__ z, int64_t l
     /* Pass 1: this thread's logits in increasing index order (so a strict
      * > keeps its first max), an online sum rescaled on each new max; E
      * consecutive logits per load (a 4-byte word). */
-    constexpr int E = zword<T>::E;
+    constexpr int E = 4 / (int)sizeof(T);
     float m = -INFINITY;
     int am = INT_MAX;
     double s = 0.0;
