@@ -297,6 +297,12 @@ def main(argv=None):
             acc[a] = n
         return acc
 
+    def save():  # after every drafter: a run cut short (a timeout) keeps the ones it finished
+        if args.json_out:
+            tmp = Path(args.json_out + ".tmp")
+            tmp.write_text(json.dumps(result) + "\n")
+            tmp.replace(args.json_out)
+
     handle = target.register_forward_hook(verify_hook, with_kwargs=True)
     status = 0
     try:
@@ -322,6 +328,8 @@ def main(argv=None):
             r = dict(tau=round(tau, 4), verifications=len(accepted), prompts=len(prompts),
                      new_tokens=total, match_corpus=round(same / max(1, total), 4),
                      seconds=round(time.perf_counter() - t0, 1), sliding_as_full=sliding)
+            result["drafters"][name] = r  # (the teacher-forced figures below join it)
+            save()
             # The same decoded text, teacher-forced at every position (hook off: these target
             # forwards are not verifications): the mean over evenly spread anchors (what
             # tau_hat estimates), its harmonic mean, and a walk that jumps from each anchor past
@@ -344,6 +352,7 @@ def main(argv=None):
                          tf_tau_walk=round(walk_tok / max(1, walk_n), 4),
                          tf_seconds=round(time.perf_counter() - t1, 1))
             result["drafters"][name] = r
+            save()
             print(f"[specforge_tau] {name}: tau {r['tau']:.3f} over {r['verifications']} verifications "
                   f"({r['prompts']} prompts, {r['new_tokens']} tokens; the corpus's greedy completion "
                   f"matched {100 * r['match_corpus']:.1f}%)"
@@ -361,10 +370,8 @@ def main(argv=None):
         status = 1
     finally:
         handle.remove()
-    js = json.dumps(result)
-    if args.json_out:
-        Path(args.json_out).write_text(js + "\n")
-    print(js)
+    save()
+    print(json.dumps(result))
     return status
 
 
