@@ -30,7 +30,7 @@
 
 namespace {
 
-constexpr int ST = 512;              /* threads per CTA */
+constexpr int ST = 1024;             /* threads per CTA: 32 warps, one CTA per SM */
 constexpr int SP = 128 * 16 / ST;    /* 8-element pieces of a 128 x 128 tile per thread */
 constexpr int TW = 136;              /* the shared tile's row, in bf16 (16-byte aligned rows) */
 
