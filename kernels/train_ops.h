@@ -220,6 +220,11 @@ typedef enum df_gemm_kind { DF_GEMM_FWD = 0, DF_GEMM_BWD_X = 1, DF_GEMM_BWD_W = 
  *     kept rounding may be used instead of rounding x again. A call whose x
  *     does not match what was kept rounds x (and keeps that).
  * and one that changes the numerics:
+ *   DF_FP8_SAME_DY (DF_GEMM_BWD_X / _BWD_W only, else -EINVAL): dy is
+ *     dgate or dup of the last df_op_swiglu_bwd_fp8 call (same memory, same
+ *     view), unchanged since: the codes that call may have kept for this
+ *     kind (and this DF_FP8_DY_BLOCKS) may be used instead of rounding dy;
+ * and one that changes the numerics:
  *   DF_FP8_DY_BLOCKS (DF_GEMM_BWD_W only, else -EINVAL): dy rounded in
  *     128 x 128 blocks instead of 128 x 1 (one scale per 128 rows x 128
  *     columns; on sm_90 cuBLASLt's 2D x 1D kernel, ~1.25x its 1D x 1D one).
@@ -228,8 +233,20 @@ typedef enum df_gemm_kind { DF_GEMM_FWD = 0, DF_GEMM_BWD_X = 1, DF_GEMM_BWD_W = 
 #define DF_FP8_HOLD_X 2u
 #define DF_FP8_SAME_X 4u
 #define DF_FP8_DY_BLOCKS 8u
+#define DF_FP8_SAME_DY 16u
 int df_op_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
                      df_tensor *c, unsigned flags);
+
+/* df_op_swiglu_bwd (the same arguments, checks and bits), with a hint that
+ * changes no bit: dgate and dup are about to be dy of df_op_matmul_fp8
+ * calls of kind DF_GEMM_BWD_X and DF_GEMM_BWD_W with DF_FP8_SAME_DY, the
+ * latter with flags' DF_FP8_DY_BLOCKS as they pass it. A backend with E4M3
+ * tensor cores may write the two gradients' codes in those calls' layouts
+ * here, where it computes them, and spare the calls their rounding (the
+ * CUDA backend on sm_90 does so for 2-D dgate / dup under DF_FP8_DY_BLOCKS;
+ * DF_CUDA_FP8_DY: docs/FP8.md). Other flags bits: -EINVAL. */
+int df_op_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up,
+                         const df_tensor *dout, df_tensor *dgate, df_tensor *dup, unsigned flags);
 /* The recipe above as block rows x block columns of the operand as passed: operand 0 (a: x of
  * DF_GEMM_FWD, dy of the backward kinds) or 1 (b: the weight, x of DF_GEMM_BWD_W); flags as
  * df_op_matmul_fp8's (DF_FP8_DY_BLOCKS counts). Every backend's rounding takes it from here. */

@@ -804,11 +804,13 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor wpn = PW(d, W, I->post_norm), gwpn = PG(d, G, I->post_norm);
         CK(drafter_mm_bw(d, &dx, &mm, &gwd, acc1));
         CK(drafter_mm_bx(d, &dx, &wd, &dm, 0));
-        CK(df_op_swiglu_bwd(be, &g, &u, &dm, &dg, &du));
-        CK(drafter_mm_bx(d, &dg, &wg, &db, 0));
-        CK(drafter_mm_bx(d, &du, &wu, &db, 1));
-        CK(drafter_mm_bw(d, &dg, &b, &gwg, acc1 | DF_FP8_HOLD_X));
-        CK(drafter_mm_bw(d, &du, &b, &gwu, acc1 | DF_FP8_SAME_X));
+        /* with FP8, dg and du are only the dy of the four GEMMs below: their codes may be
+         * written where they are computed (DF_FP8_SAME_DY) */
+        CK(drafter_swiglu_bwd(d, &g, &u, &dm, &dg, &du));
+        CK(drafter_mm_bx(d, &dg, &wg, &db, DF_FP8_SAME_DY));
+        CK(drafter_mm_bx(d, &du, &wu, &db, DF_FP8_ACCUMULATE | DF_FP8_SAME_DY));
+        CK(drafter_mm_bw(d, &dg, &b, &gwg, acc1 | DF_FP8_HOLD_X | DF_FP8_SAME_DY));
+        CK(drafter_mm_bw(d, &du, &b, &gwu, acc1 | DF_FP8_SAME_X | DF_FP8_SAME_DY));
         /* dx now holds d(xmid) through the residual; add the norm's path */
         CK(grad_clear(d, &gwpn, gw));
         CK(df_op_rmsnorm_bwd(be, &xmid, &wpn, eps, 0, &db, &dx, 1, &gwpn));

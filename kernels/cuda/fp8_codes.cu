@@ -19,20 +19,6 @@ int64_t rup(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 constexpr int QT = 256; /* threads of the rounding kernels */
 
-/* 8 bf16 at p, raw: one 16-byte load where vec (p 16-byte aligned) and all
- * 8 are in range, else the ones below lim (the rest 0) */
-__device__ __forceinline__ uint4 load8_raw(const uint16_t *__restrict__ p, int vec, int64_t lim)
-{
-    if (vec && lim >= 8)
-        return *reinterpret_cast<const uint4 *>(p);
-    uint32_t w[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        w[j] = (2 * j < lim ? (uint32_t)p[2 * j] : 0u) |
-               (2 * j + 1 < lim ? (uint32_t)p[2 * j + 1] << 16 : 0u);
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
 /* Rounding kernels. They are bound by memory: each thread issues all its
  * loads (RU or more 16-byte pieces) before it uses any, and block indices
  * are 32-bit (the host keeps every grid's blocks below 2^31). */

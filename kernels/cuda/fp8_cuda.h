@@ -87,6 +87,28 @@ typedef struct df_cuda_fp8_kept {
 } df_cuda_fp8_kept;
 df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_gemm_kind kind,
                                        const df_tensor *w);
+/* dy's codes written by the op that computes dy (df_op_swiglu_bwd_fp8) for
+ * the DF_GEMM_BWD_X / _BWD_W calls that follow with DF_FP8_SAME_DY: a
+ * region per slot (0 .. DF_CUDA_FP8_DY - 1), grown as needed, until the
+ * backend closes. Claim slot for dy [R, C] (bf16, 2-D) as the dy operand of
+ * kind: 1 with out filled, the region now dy's but not ready; 0 where the
+ * codes would not be used (no E4M3 tensor cores, MXFP8, BWD_W without
+ * dyblk (128 x 1 blocks), no memory). The layouts (df_cuda_fp8_round_codes'
+ * modes, with x = dy):
+ *   BWD_X: mode 0 with n_out = R: codes [R, kp = C rounded up to 128],
+ *          sc[kb * R + o]; a GEMM whose c has more rows than dy rounds dy;
+ *   BWD_W: mode 3: codes [C, kp = R rounded up to 128] (dy^T, zero codes
+ *          past R), sc[cb * L4 + rb], the scales zeroed by the caller first
+ *          (out->n = C rows; L4 = kp / 128 rounded up to 4).
+ * Then df_cuda_fp8_dy_ready with ok 1 once the kernel writing them is
+ * enqueued on the backend's stream (0: it failed; the slot stays unused). */
+#define DF_CUDA_FP8_DY 4
+int df_cuda_fp8_dy_claim(df_backend *be, int slot, df_gemm_kind kind, const df_tensor *dy,
+                         int dyblk, df_cuda_fp8_rows *out);
+void df_cuda_fp8_dy_ready(df_backend *be, int slot, int ok);
+/* Calls that used dy's codes from its producer (DF_FP8_SAME_DY), process-wide. */
+int64_t df_cuda_fp8_dy_reused(void);
+
 /* Marks every slot, and the codes held under DF_FP8_HOLD_X, as not ready
  * (df_backend_free calls it: memory freed and handed out again must not find
  * its old codes; frees come at teardown or when a buffer grows, not inside a

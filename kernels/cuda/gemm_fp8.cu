@@ -101,12 +101,14 @@ constexpr int NPLANS = 64;
  * check's verdict per class of plans: kind, C's dtype,
  * accumulate, and whether m and n are multiples of 128 (what a layout
  * mistake could depend on); 0 unknown, 1 agreed, -1 not */
-/* x's codes kept under DF_FP8_HOLD_X: whose they are (kind, x's memory and
- * view, the code matrix's rows and padded reduction) and the region */
+/* x's codes kept under DF_FP8_HOLD_X, or dy's written by the op that computes
+ * it (df_cuda_fp8_dy_claim): whose they are (kind, the tensor's memory and
+ * view, the code matrix's rows and padded reduction, dy's block shape) and
+ * the region */
 typedef struct fp8_held {
     const void *x;
     int64_t rows, cols, ld, n, kp;
-    int kind, mx, ready;
+    int kind, mx, blk, ready;
     void *buf;
     size_t bytes;
 } fp8_held;
@@ -117,6 +119,7 @@ typedef struct fp8_cache {
     signed char verdict[3][2][2][2][2][2];
     df_cuda_fp8_kept kept[DF_CUDA_FP8_KEPT];
     fp8_held held;
+    fp8_held dy[DF_CUDA_FP8_DY];
 } fp8_cache;
 
 signed char *verdict_of(fp8_cache *fc, const fp8_plan *p)
@@ -125,7 +128,8 @@ signed char *verdict_of(fp8_cache *fc, const fp8_plan *p)
 }
 
 int64_t g_fast, g_fallback;
-int64_t g_x_reused; /* calls that used x's kept codes */
+int64_t g_x_reused;  /* calls that used x's kept codes */
+int64_t g_dy_reused; /* calls that used dy's codes written by its producer */
 
 int64_t rup(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
@@ -468,6 +472,8 @@ verdict:
 
 extern "C" int64_t df_cuda_fp8_x_reused(void) { return g_x_reused; }
 
+extern "C" int64_t df_cuda_fp8_dy_reused(void) { return g_dy_reused; }
+
 extern "C" void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback)
 {
     *fast = g_fast, *fallback = g_fallback;
@@ -485,6 +491,9 @@ extern "C" void df_cuda_fp8_gemm_close(df_cuda_state *s)
             (void)cudaFree(fc->kept[i].buf);
     if (fc->held.buf)
         (void)cudaFree(fc->held.buf);
+    for (int i = 0; i < DF_CUDA_FP8_DY; i++)
+        if (fc->dy[i].buf)
+            (void)cudaFree(fc->dy[i].buf);
     free(fc);
     s->fp8 = NULL;
 }
@@ -519,6 +528,8 @@ extern "C" void df_cuda_fp8_kept_forget(df_backend *be)
         fc->kept[i].w = NULL, fc->kept[i].ready = 0;
     if (fc)
         fc->held.x = NULL, fc->held.ready = 0;
+    for (int i = 0; fc && i < DF_CUDA_FP8_DY; i++)
+        fc->dy[i].x = NULL, fc->dy[i].ready = 0;
 }
 
 /* a device region of at least bytes: *buf kept when it is large enough,
@@ -669,9 +680,72 @@ static fp8_held *held_for(df_backend *be, df_gemm_kind kind, const df_tensor *x,
     return h;
 }
 
+/* dy [R, C] as the dy operand of kind: the code matrix's rows (BWD_X: dy's
+ * rows, the GEMM's n when c has as many; BWD_W: dy's columns) and padded
+ * reduction */
+static void dy_geometry(df_gemm_kind kind, const df_tensor *dy, int64_t *n, int64_t *kp)
+{
+    int bw = kind == DF_GEMM_BWD_W;
+    *n = bw ? dy->shape[1] : dy->shape[0];
+    *kp = rup(bw ? dy->shape[0] : dy->shape[1], 128);
+}
+
+extern "C" int df_cuda_fp8_dy_claim(df_backend *be, int slot, df_gemm_kind kind,
+                                    const df_tensor *dy, int dyblk, df_cuda_fp8_rows *out)
+{
+    df_cuda_state *s = (df_cuda_state *)be->impl;
+    memset(out, 0, sizeof *out);
+    if (slot < 0 || slot >= DF_CUDA_FP8_DY || kind == DF_GEMM_FWD ||
+        (kind == DF_GEMM_BWD_W && !dyblk) || !df_cuda_fp8_gemm_possible(be) ||
+        mx_of(s->device) || dy->dtype != DF_DTYPE_BF16 || dy->ndim != 2 || dy->shape[0] < 1 ||
+        dy->shape[1] < 1)
+        return 0;
+    if (!s->fp8 && !(s->fp8 = calloc(1, sizeof(fp8_cache))))
+        return 0;
+    fp8_held *h = &((fp8_cache *)s->fp8)->dy[slot];
+    int64_t n, kp;
+    dy_geometry(kind, dy, &n, &kp);
+    fp8_ws w = ws_layout(kind, 1, n, kp, NULL, NULL, NULL, 0);
+    h->ready = 0, h->x = NULL;
+    if (region_fit(&h->buf, &h->bytes, w.bytes_b))
+        return 0;
+    h->x = dy->data, h->kind = (int)kind, h->rows = dy->shape[0], h->cols = dy->shape[1];
+    h->ld = dy->stride[0], h->n = n, h->kp = kp, h->mx = 0, h->blk = kind == DF_GEMM_BWD_W;
+    w = ws_layout(kind, 1, n, kp, NULL, NULL, (char *)h->buf, 0);
+    out->codes = w.qb, out->scales = w.sb, out->kp = kp, out->n = n;
+    return 1;
+}
+
+extern "C" void df_cuda_fp8_dy_ready(df_backend *be, int slot, int ok)
+{
+    fp8_cache *fc = (fp8_cache *)((df_cuda_state *)be->impl)->fp8;
+    if (fc && slot >= 0 && slot < DF_CUDA_FP8_DY && fc->dy[slot].x)
+        fc->dy[slot].ready = ok != 0;
+}
+
+/* The ready region holding dy's codes for this call (DF_FP8_SAME_DY), or NULL. */
+static fp8_held *dy_held_of(df_backend *be, df_gemm_kind kind, const df_tensor *dy,
+                            const df_tensor *c, int dyblk)
+{
+    df_cuda_state *s = (df_cuda_state *)be->impl;
+    fp8_cache *fc = (fp8_cache *)s->fp8;
+    int64_t n, kp;
+    dy_geometry(kind, dy, &n, &kp);
+    int blk = kind == DF_GEMM_BWD_W && dyblk;
+    for (int i = 0; fc && i < DF_CUDA_FP8_DY; i++) {
+        fp8_held *h = &fc->dy[i];
+        if (h->ready && h->kind == (int)kind && h->x == dy->data && h->rows == dy->shape[0] &&
+            h->cols == dy->shape[1] && h->ld == dy->stride[0] && h->n == n && h->kp == kp &&
+            h->blk == blk && h->mx == mx_of(s->device) && c->shape[0] == n)
+            return h;
+    }
+    return NULL;
+}
+
 /* 1 when the tensor cores took the call (c written), 0 when the caller runs
  * the BF16 path, or a negative error. The codes go to the backend scratch,
- * x's to the held region under DF_FP8_HOLD_X / _SAME_X. */
+ * x's to the held region under DF_FP8_HOLD_X / _SAME_X; dy's come from its
+ * producer's region under DF_FP8_SAME_DY where it wrote them. */
 extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                                        const df_tensor *b, df_tensor *c, unsigned flags)
 {
@@ -681,15 +755,22 @@ extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const 
     fp8_held *h = kind != DF_GEMM_BWD_X && (flags & (DF_FP8_HOLD_X | DF_FP8_SAME_X))
                       ? held_for(be, kind, bw ? b : a, c, flags, &x_ready)
                       : NULL;
+    int dyblk = (flags & DF_FP8_DY_BLOCKS) != 0;
+    fp8_held *dh = kind != DF_GEMM_FWD && (flags & DF_FP8_SAME_DY)
+                       ? dy_held_of(be, kind, a, c, dyblk)
+                       : NULL;
     size_t bytes = df_cuda_matmul_fp8_ws_bytes(kind, a, c, 0);
     void *ws = df_cuda_scratch(be, bytes);
     if (!ws)
         return -ENOMEM;
     void *wx = h ? h->buf : NULL;
-    int rc = fast_call(be, kind, a, b, c, acc, (flags & DF_FP8_DY_BLOCKS) != 0, ws, bytes,
-                       bw ? wx : NULL, bw && x_ready, bw ? NULL : wx, !bw && x_ready);
+    /* B: x of FWD (held), dy of the backward kinds (its producer's) */
+    void *wb = dh ? dh->buf : bw ? NULL : wx;
+    int rc = fast_call(be, kind, a, b, c, acc, dyblk, ws, bytes, bw ? wx : NULL, bw && x_ready, wb,
+                       dh ? 1 : !bw && x_ready);
     if (h) /* x's codes are there only when the call rounded (or used) them */
         h->ready = rc == 1;
     g_x_reused += rc == 1 && x_ready;
+    g_dy_reused += rc == 1 && dh;
     return rc;
 }

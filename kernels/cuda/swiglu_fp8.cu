@@ -1,0 +1,219 @@
+/* swiglu_fp8.cu - df_op_swiglu_bwd_fp8 on CUDA: SwiGLU's backward that also
+ * writes the E4M3 codes of dgate and dup for the gate and up projections'
+ * backward GEMMs (DF_FP8_SAME_DY), where it computes them.
+ *
+ * Unfused, each of the two gradients is written in BF16 and read twice more
+ * by the GEMMs' rounding (1 x 128 blocks along its columns for
+ * DF_GEMM_BWD_X, 128 x 128 blocks of its transpose for DF_GEMM_BWD_W). Here
+ * a CTA computes a 128 x 128 tile of both, writes their BF16 values as
+ * df_cuda_swiglu_bwd does (the same formula: swiglu.cuh) and, from those
+ * BF16 values, the codes and scales of both layouts with the rounding of
+ * fp8_codes.cu's q8_row and q8_blk<true> (e4m3.cuh): the same bytes those
+ * kernels write from the BF16 gradients, so the GEMMs' products are the same
+ * bits. Rows past dy's (up to the reduction padded to 128) are zero codes.
+ *
+ * Where the codes would not be used (no E4M3 tensor cores, MXFP8, not 2-D,
+ * 128 x 1 blocks for BWD_W, DFLASH_FP8_DY=0, no memory for the regions) it
+ * is df_cuda_swiglu_bwd. */
+#include <cuda_runtime.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "bf16.cuh"
+#include "cuda_internal.h"
+#include "e4m3.cuh"
+#include "fp8_cuda.h"
+#include "knobs.h"
+#include "swiglu.cuh"
+#include "train_cuda.h"
+
+namespace {
+
+constexpr int ST = 1024;             /* threads per CTA: 32 warps, one CTA per SM */
+constexpr int SP = 128 * 16 / ST;    /* 8-element pieces of a 128 x 128 tile per thread */
+constexpr int TW = 136;              /* the shared tile's row, in bf16 (16-byte aligned rows) */
+
+struct SwqOut { /* one gradient's codes: BWD_X's rows, BWD_W's transpose */
+    uint8_t *xc, *wc;
+    float *xs, *ws;
+};
+
+struct SwqArgs {
+    const uint16_t *g, *u, *d;
+    uint16_t *dg, *du;
+    int64_t ldg, ldu, ldd, lddg, lddu; /* row strides */
+    int64_t R, C;                     /* dy's shape */
+    int64_t kpx, kpw, l4;             /* BWD_X's padded reduction (C), BWD_W's (R), its scales' row */
+    SwqOut o[2];                      /* dgate, dup */
+    int vec;                          /* every row 16-byte aligned */
+};
+
+/* 8 bf16 of row r, columns c.. (r past R: zeros); the raw words */
+__device__ __forceinline__ uint4 ld_piece(const uint16_t *p, int64_t ld, int64_t r, int64_t c,
+                                          const SwqArgs &a)
+{
+    return load8_raw(p + r * ld + c, a.vec, r < a.R ? a.C - c : 0);
+}
+
+/* 8 bf16 (raw words) to row r, columns c.. (within R x C) */
+__device__ __forceinline__ void st_piece(uint16_t *p, int64_t ld, int64_t r, int64_t c, uint4 v,
+                                         const SwqArgs &a)
+{
+    if (r >= a.R)
+        return;
+    if (a.vec && c + 8 <= a.C) {
+        *reinterpret_cast<uint4 *>(p + r * ld + c) = v;
+        return;
+    }
+    uint32_t w[4] = {v.x, v.y, v.z, v.w};
+    for (int j = 0; j < 8 && c + j < a.C; j++)
+        p[r * ld + c + j] = (uint16_t)(w[j / 2] >> (16 * (j & 1)));
+}
+
+/* One gradient's codes from its BF16 tile (this thread's pieces v, and the
+ * whole tile in t once the barrier in block_amax has passed): BWD_X's 1 x
+ * 128 row blocks from the pieces (16 threads a row), BWD_W's 128 x 128
+ * block of the transpose from t. */
+__device__ __forceinline__ void tile_codes(const uint4 v[SP], uint16_t (*t)[TW], float *wm,
+                                           const SwqOut &o, const SwqArgs &a, int64_t r0,
+                                           int64_t c0)
+{
+    const int sub = threadIdx.x & 15;
+    uint32_t tb = 0;
+#pragma unroll
+    for (int j = 0; j < SP; j++) {
+        int i = threadIdx.x + j * ST;
+        *reinterpret_cast<uint4 *>(&t[i / 16][(i % 16) * 8]) = v[j];
+        uint32_t mb = amax8_bits(v[j]);
+        tb = max(tb, mb);
+#pragma unroll
+        for (int s = 8; s > 0; s >>= 1)
+            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, s));
+        int64_t r = r0 + i / 16;
+        if (r >= a.R)
+            continue;
+        float f[8], m = bits_f(mb);
+        unpack8(v[j], f);
+        int e = scale_exp(m);
+        *reinterpret_cast<uint2 *>(o.xc + r * a.kpx + c0 + sub * 8) =
+            codes8(f, ldexpf(1.0f, -e), isfinite(m));
+        if (sub == 0)
+            o.xs[(c0 / 128) * a.R + r] = ldexpf(1.0f, e);
+    }
+    const float m = block_amax<ST>(bits_f(tb), wm); /* (its barrier also orders t's writes) */
+    const int ke = scale_exp(m);
+    const float inv = ldexpf(1.0f, -ke);
+    const bool fin = isfinite(m);
+    for (int i = threadIdx.x; i < 128 * 8; i += ST) { /* dy^T's row c0 + oo, 16 of its codes */
+        int oo = i % 128, rr = (i / 128) * 16;
+        int64_t oc = c0 + oo;
+        if (oc >= a.C)
+            continue;
+        float x0[8], x1[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            x0[j] = bf2f(t[rr + j][oo]), x1[j] = bf2f(t[rr + 8 + j][oo]);
+        uint2 p = codes8(x0, inv, fin), q = codes8(x1, inv, fin);
+        *reinterpret_cast<uint4 *>(o.wc + oc * a.kpw + r0 + rr) = make_uint4(p.x, p.y, q.x, q.y);
+    }
+    if (threadIdx.x == 0)
+        o.ws[(c0 / 128) * a.l4 + r0 / 128] = ldexpf(1.0f, ke);
+}
+
+/* A CTA per 128 x 128 tile of dy (blockIdx.x: columns, .y: rows). Each
+ * thread loads its pieces of gate, up and dout (all issued first), writes
+ * its pieces of dgate and dup (in place is fine: the same thread read those
+ * elements first), then each gradient's codes in turn through one shared
+ * tile. */
+__global__ void __launch_bounds__(ST) swiglu_bwd_q8_kernel(SwqArgs a)
+{
+    __shared__ __align__(16) uint16_t t[128][TW];
+    __shared__ float wm[ST / 32];
+    const int64_t r0 = (int64_t)blockIdx.y * 128, c0 = (int64_t)blockIdx.x * 128;
+    uint4 gv[SP], uv[SP], dv[SP];
+#pragma unroll
+    for (int j = 0; j < SP; j++) {
+        int i = threadIdx.x + j * ST;
+        int64_t r = r0 + i / 16, c = c0 + (i % 16) * 8;
+        gv[j] = ld_piece(a.g, a.ldg, r, c, a);
+        uv[j] = ld_piece(a.u, a.ldu, r, c, a);
+        dv[j] = ld_piece(a.d, a.ldd, r, c, a);
+    }
+#pragma unroll
+    for (int j = 0; j < SP; j++) {
+        float g[8], u[8], d[8];
+        unpack8(gv[j], g);
+        unpack8(uv[j], u);
+        unpack8(dv[j], d);
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            swiglu_bwd_f(g[k], u[k], d[k], &g[k], &u[k]);
+        /* outside R x C the inputs are zeros and so are these: the padding's codes */
+        gv[j] = make_uint4(pack2(g[0], g[1]), pack2(g[2], g[3]), pack2(g[4], g[5]), pack2(g[6], g[7]));
+        uv[j] = make_uint4(pack2(u[0], u[1]), pack2(u[2], u[3]), pack2(u[4], u[5]), pack2(u[6], u[7]));
+        int i = threadIdx.x + j * ST;
+        int64_t r = r0 + i / 16, c = c0 + (i % 16) * 8;
+        st_piece(a.dg, a.lddg, r, c, gv[j], a);
+        st_piece(a.du, a.lddu, r, c, uv[j], a);
+    }
+    tile_codes(gv, t, wm, a.o[0], a, r0, c0);
+    __syncthreads(); /* t and wm are the next gradient's */
+    tile_codes(uv, t, wm, a.o[1], a, r0, c0);
+}
+
+} // namespace
+
+extern "C" int df_cuda_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up,
+                                      const df_tensor *dout, df_tensor *dgate, df_tensor *dup,
+                                      unsigned flags)
+{
+    const df_tensor *t[5] = {gate, up, dout, dgate, dup};
+    int ok = df_knob_int(DF_KNOB_FP8_DY) && (flags & DF_FP8_DY_BLOCKS) && dgate->ndim == 2 &&
+             dgate->dtype == DF_DTYPE_BF16 && df_tensor_numel(dgate) > 0;
+    for (int i = 0; i < 5 && ok; i++)
+        ok = t[i]->dtype == DF_DTYPE_BF16 && t[i]->stride[1] == 1;
+    const int64_t R = ok ? dgate->shape[0] : 0, C = ok ? dgate->shape[1] : 0;
+    /* the grid: columns in x, rows in y (below 2^16) */
+    ok = ok && (R + 127) / 128 <= 65535 && (C + 127) / 128 <= ((int64_t)1 << 31) - 1;
+    df_cuda_fp8_rows xr[2], wr[2];
+    for (int k = 0; k < 2 && ok; k++) { /* slots: dgate BWD_X, BWD_W, then dup's */
+        df_tensor *y = k ? dup : dgate;
+        ok = df_cuda_fp8_dy_claim(be, 2 * k, DF_GEMM_BWD_X, y, 1, &xr[k]) &&
+             df_cuda_fp8_dy_claim(be, 2 * k + 1, DF_GEMM_BWD_W, y, 1, &wr[k]);
+    }
+    if (!ok) {
+        for (int s = 0; s < DF_CUDA_FP8_DY; s++)
+            df_cuda_fp8_dy_ready(be, s, 0);
+        return df_cuda_swiglu_bwd(be, gate, up, dout, dgate, dup);
+    }
+    SwqArgs a;
+    a.g = (const uint16_t *)gate->data, a.u = (const uint16_t *)up->data;
+    a.d = (const uint16_t *)dout->data;
+    a.dg = (uint16_t *)dgate->data, a.du = (uint16_t *)dup->data;
+    a.ldg = gate->stride[0], a.ldu = up->stride[0], a.ldd = dout->stride[0];
+    a.lddg = dgate->stride[0], a.lddu = dup->stride[0];
+    a.R = R, a.C = C;
+    a.kpx = xr[0].kp, a.kpw = wr[0].kp, a.l4 = (wr[0].kp / 128 + 3) / 4 * 4;
+    a.vec = 1;
+    for (int i = 0; i < 5; i++)
+        a.vec &= t[i]->stride[0] % 8 == 0 && ((uintptr_t)t[i]->data & 15) == 0;
+    cudaStream_t st = df_cuda_stream(be);
+    int rc = 0;
+    for (int k = 0; k < 2 && !rc; k++) {
+        a.o[k].xc = xr[k].codes, a.o[k].xs = xr[k].scales;
+        a.o[k].wc = wr[k].codes, a.o[k].ws = wr[k].scales;
+        /* BWD_W's scales: zero where no tile writes (the rows of L4's padding) */
+        if (cudaMemsetAsync(wr[k].scales, 0,
+                            (size_t)((C + 127) / 128 * a.l4) * sizeof(float), st) != cudaSuccess)
+            rc = df_cuda_check_launch("swiglu_bwd fp8 scales");
+    }
+    if (!rc) {
+        swiglu_bwd_q8_kernel<<<dim3((unsigned)((C + 127) / 128), (unsigned)((R + 127) / 128)), ST,
+                               0, st>>>(a);
+        rc = df_cuda_check_launch("swiglu_bwd fp8 kernel");
+    }
+    for (int s = 0; s < DF_CUDA_FP8_DY; s++)
+        df_cuda_fp8_dy_ready(be, s, rc == 0);
+    return rc;
+}
