@@ -52,19 +52,12 @@ __global__ void __launch_bounds__(QT) q8_row(const uint16_t *__restrict__ x, int
     }
 #pragma unroll
     for (int u = 0; u < RU; u++) {
-        uint32_t mb = amax8_bits(raw[u]);
-#pragma unroll
-        for (int d = 8; d > 0; d >>= 1)
-            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, d));
+        uint32_t mb = amax16_bits(raw[u]);
         if (o[u] == ~0u)
             continue;
-        float v[8], m = bits_f(mb);
-        unpack8(raw[u], v);
-        int e = scale_exp(m);
-        *reinterpret_cast<uint2 *>(out + (int64_t)o[u] * kp + b[u] * 128 + sub * 8) =
-            codes8(v, ldexpf(1.0f, -e), isfinite(m));
+        float s = codes8_store(raw[u], mb, out + (int64_t)o[u] * kp + b[u] * 128 + sub * 8);
         if (sub == 0)
-            sc[(int64_t)b[u] * n_out + o[u]] = ldexpf(1.0f, e);
+            sc[(int64_t)b[u] * n_out + o[u]] = s;
     }
 }
 

@@ -85,21 +85,14 @@ __device__ __forceinline__ void tile_codes(const uint4 v[SP], uint16_t (*t)[TW],
     for (int j = 0; j < SP; j++) {
         int i = threadIdx.x + j * ST;
         *reinterpret_cast<uint4 *>(&t[i / 16][(i % 16) * 8]) = v[j];
-        uint32_t mb = amax8_bits(v[j]);
-        tb = max(tb, mb);
-#pragma unroll
-        for (int s = 8; s > 0; s >>= 1)
-            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, s));
+        tb = max(tb, amax8_bits(v[j]));
+        uint32_t mb = amax16_bits(v[j]);
         int64_t r = r0 + i / 16;
         if (r >= a.R)
             continue;
-        float f[8], m = bits_f(mb);
-        unpack8(v[j], f);
-        int e = scale_exp(m);
-        *reinterpret_cast<uint2 *>(o.xc + r * a.kpx + c0 + sub * 8) =
-            codes8(f, ldexpf(1.0f, -e), isfinite(m));
+        float s = codes8_store(v[j], mb, o.xc + r * a.kpx + c0 + sub * 8);
         if (sub == 0)
-            o.xs[(c0 / 128) * a.R + r] = ldexpf(1.0f, e);
+            o.xs[(c0 / 128) * a.R + r] = s;
     }
     const float m = block_amax<ST>(bits_f(tb), wm); /* (its barrier also orders t's writes) */
     const int ke = scale_exp(m);
