@@ -561,8 +561,19 @@ static void test_swiglu_bwd(void)
     t = d.t, t.dtype = DF_DTYPE_BF16;
     CHECK_EQ(df_op_swiglu_bwd(bes[0], &a.t, &b.t, &t, &o1, &o2), -EINVAL);
     CHECK_EQ(df_op_swiglu_bwd(bes[0], &a.t, &b.t, NULL, &o1, &o2), -EINVAL);
+    /* df_op_swiglu_fp8: df_op_swiglu's bits (its hint is for E4M3 tensor cores); flags checked */
+    {
+        mat y0 = mat_new(4, 8, 8), y1 = mat_new(4, 8, 8);
+        CHECK_EQ(df_op_swiglu(bes[0], &a.t, &b.t, &y0.t), 0);
+        CHECK_EQ(df_op_swiglu_fp8(bes[1], &a.t, &b.t, &y1.t, DF_FP8_X_FWD | DF_FP8_X_BWD_W), 0);
+        CHECK(bitwise_equal(y0.p, y1.p, 32 * 4));
+        CHECK_EQ(df_op_swiglu_fp8(bes[0], &a.t, &b.t, &y1.t, 0), -EINVAL);
+        CHECK_EQ(df_op_swiglu_fp8(bes[0], &a.t, &b.t, &y1.t, DF_FP8_MADE), -EINVAL);
+        CHECK_EQ(df_op_swiglu_fp8(NULL, &a.t, &b.t, &y1.t, DF_FP8_X_FWD), -EINVAL);
+        free(y0.p), free(y1.p);
+    }
     CHECK_EQ(df_op_swiglu_bwd_fp8(bes[0], &a.t, &b.t, &d.t, &o1, &o1, DF_FP8_DY_BLOCKS), -EINVAL);
-    CHECK_EQ(df_op_swiglu_bwd_fp8(bes[0], &a.t, &b.t, &d.t, &o1, &o2, DF_FP8_SAME_DY), -EINVAL);
+    CHECK_EQ(df_op_swiglu_bwd_fp8(bes[0], &a.t, &b.t, &d.t, &o1, &o2, DF_FP8_MADE), -EINVAL);
     CHECK_EQ(df_op_swiglu_bwd_fp8(NULL, &a.t, &b.t, &d.t, &o1, &o2, 0), -EINVAL);
     CHECK(all_poison(o.p, 64));
     /* an output partly over an input */

@@ -657,12 +657,12 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         CK(df_op_rmsnorm(be, &xmid, &wpn, eps, 0, &b));
         CK(drafter_mm(d, &b, &wg, &g, DF_FP8_HOLD_X));
         CK(drafter_mm(d, &b, &wu, &u, DF_FP8_SAME_X));
-        CK(df_op_swiglu(be, &g, &u, &mm));
+        CK(drafter_swiglu(d, &g, &u, &mm, DF_FP8_X_FWD)); /* with FP8, also Wd's x codes */
         /* the layer output: xmid + m Wd^T, into the next layer's xin (or xfin) */
         void *next = l + 1 < L ? d->act[l + 1].xin : d->xfin;
         CK(df_backend_copy(be, next, A->xmid, (size_t)(N * H) * d->aes));
         df_tensor xo = M(next, N, H);
-        CK(drafter_mm(d, &mm, &wd, &xo, 1));
+        CK(drafter_mm(d, &mm, &wd, &xo, DF_FP8_ACCUMULATE | DF_FP8_MADE));
     }
     df_tensor xfin = M(d->xfin, N, H), h = M(d->h, N, H), wn = PW(d, W, d->norm);
     if (d->fhook)
@@ -791,7 +791,7 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
                 CK(drafter_mm(d, &b, &wg, &g, DF_FP8_HOLD_X));
                 CK(drafter_mm(d, &b, &wu, &u, DF_FP8_SAME_X));
             }
-            CK(df_op_swiglu(be, &g, &u, &mm));
+            CK(drafter_swiglu(d, &g, &u, &mm, DF_FP8_X_BWD_W)); /* Wd's gradient's x codes */
         }
         /* MLP: x_out = xmid + m Wd^T */
         /* In place, to need no [N, F] scratch: dm overwrites m once Wd's
@@ -802,15 +802,15 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor wg = PW(d, W, I->gate), gwg = PG(d, G, I->gate);
         df_tensor wu = PW(d, W, I->up), gwu = PG(d, G, I->up);
         df_tensor wpn = PW(d, W, I->post_norm), gwpn = PG(d, G, I->post_norm);
-        CK(drafter_mm_bw(d, &dx, &mm, &gwd, acc1));
+        CK(drafter_mm_bw(d, &dx, &mm, &gwd, acc1 | DF_FP8_MADE));
         CK(drafter_mm_bx(d, &dx, &wd, &dm, 0));
         /* with FP8, dg and du are only the dy of the four GEMMs below: their codes may be
-         * written where they are computed (DF_FP8_SAME_DY) */
+         * written where they are computed (DF_FP8_MADE) */
         CK(drafter_swiglu_bwd(d, &g, &u, &dm, &dg, &du));
-        CK(drafter_mm_bx(d, &dg, &wg, &db, DF_FP8_SAME_DY));
-        CK(drafter_mm_bx(d, &du, &wu, &db, DF_FP8_ACCUMULATE | DF_FP8_SAME_DY));
-        CK(drafter_mm_bw(d, &dg, &b, &gwg, acc1 | DF_FP8_HOLD_X | DF_FP8_SAME_DY));
-        CK(drafter_mm_bw(d, &du, &b, &gwu, acc1 | DF_FP8_SAME_X | DF_FP8_SAME_DY));
+        CK(drafter_mm_bx(d, &dg, &wg, &db, DF_FP8_MADE));
+        CK(drafter_mm_bx(d, &du, &wu, &db, DF_FP8_ACCUMULATE | DF_FP8_MADE));
+        CK(drafter_mm_bw(d, &dg, &b, &gwg, acc1 | DF_FP8_HOLD_X | DF_FP8_MADE));
+        CK(drafter_mm_bw(d, &du, &b, &gwu, acc1 | DF_FP8_SAME_X | DF_FP8_MADE));
         /* dx now holds d(xmid) through the residual; add the norm's path */
         CK(grad_clear(d, &gwpn, gw));
         CK(df_op_rmsnorm_bwd(be, &xmid, &wpn, eps, 0, &db, &dx, 1, &gwpn));

@@ -32,6 +32,11 @@ int drafter_mm_bw(df_drafter *d, const df_tensor *dy, const df_tensor *x, df_ten
                  : df_op_matmul_bwd_w(d->be, dy, x, dw, flags & DF_FP8_ACCUMULATE);
 }
 
+int drafter_swiglu(df_drafter *d, const df_tensor *g, const df_tensor *u, df_tensor *out, unsigned flags)
+{
+    return d->q8 ? df_op_swiglu_fp8(d->be, g, u, out, flags) : df_op_swiglu(d->be, g, u, out);
+}
+
 int drafter_swiglu_bwd(df_drafter *d, const df_tensor *g, const df_tensor *u, const df_tensor *dout,
                        df_tensor *dg, df_tensor *du)
 {
