@@ -101,10 +101,10 @@ constexpr int NPLANS = 64;
  * check's verdict per class of plans: kind, C's dtype,
  * accumulate, and whether m and n are multiples of 128 (what a layout
  * mistake could depend on); 0 unknown, 1 agreed, -1 not */
-/* x's codes kept under DF_FP8_HOLD_X, or dy's written by the op that computes
- * it (df_cuda_fp8_made_claim): whose they are (kind, the tensor's memory and
- * view, the code matrix's rows and padded reduction, dy's block shape) and
- * the region */
+/* x's codes kept under DF_FP8_HOLD_X, or an operand's written by the op that
+ * computes it (df_cuda_fp8_made_claim): whose they are (kind, the operand (a
+ * or b), the tensor's memory and view, the code matrix's rows and padded
+ * reduction, dy's block shape) and the region */
 typedef struct fp8_held {
     const void *x;
     int64_t rows, cols, ld, n, kp;
@@ -129,7 +129,7 @@ signed char *verdict_of(fp8_cache *fc, const fp8_plan *p)
 
 int64_t g_fast, g_fallback;
 int64_t g_x_reused;  /* calls that used x's kept codes */
-int64_t g_made_reused; /* calls that used dy's codes written by its producer */
+int64_t g_made_reused; /* operands whose codes came from their producer */
 
 int64_t rup(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
