@@ -49,6 +49,10 @@ static const df_knob_info TABLE[DF_KNOB_COUNT] = {
                           "1: FP8 training's GEMMs on E4M3 tensor cores where cuBLASLt has them "
                           "(sm_90; MXFP8 on 10+; each shape checked once against 0); 0: the BF16 GEMM on the "
                           "rounded operands"},
+    [DF_KNOB_FP8_SWIGLU] = {"DFLASH_FP8_SWIGLU", DF_KNOB_FLAG, DF_KNOB_BENCH, "1", "0,1", 0, 0, 0,
+                            "1: with E4M3 tensor cores, SwiGLU writes the codes of the GEMM "
+                            "operands it computes (the down projection's x, the gate and up "
+                            "projections' dy); 0: the GEMMs round them (the same bits)"},
     [DF_KNOB_RMSNORM_BWD] = {"DFLASH_RMSNORM_BWD", DF_KNOB_CHOICE, DF_KNOB_BENCH, "onepass",
                              "onepass,twopass", 0, 0, 0,
                              "RMSNorm's CUDA backward: the one-pass kernel where it fits, or three "

@@ -499,6 +499,15 @@ int df_op_swiglu(df_backend *be, const df_tensor *gate, const df_tensor *up, df_
     return DISPATCH(be, swiglu, gate, up, out);
 }
 
+int df_op_swiglu_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out,
+                     unsigned flags)
+{
+    if (!be || !flags || (flags & ~(DF_FP8_X_FWD | DF_FP8_X_BWD_W)) ||
+        !check_elementwise(be, gate, up, out))
+        return -EINVAL;
+    return DISPATCH(be, swiglu_fp8, gate, up, out, flags);
+}
+
 int df_op_sigmoid(df_backend *be, const df_tensor *x, df_tensor *out)
 {
     if (!be || !check_elementwise(be, x, NULL, out))

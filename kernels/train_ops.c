@@ -93,18 +93,34 @@ int df_op_rope_bwd(df_backend *be, df_tensor *dx, const int32_t *pos, int heads,
     return DF_DISPATCH(be, rope_bwd, dx, pos, heads, head_dim, rot_dim, theta);
 }
 
+static int swiglu_bwd_args_ok(const df_tensor *gate, const df_tensor *up, const df_tensor *dout,
+                              const df_tensor *dgate, const df_tensor *dup, unsigned act)
+{
+    const df_tensor *in[3] = {gate, up, dout};
+    if (!check_tensor(dgate, 1, 4, act, 1) || !check_tensor(dup, 1, 4, act, 1) ||
+        !df_same_shape(dgate, dup) || df_overlaps(dgate, dup))
+        return 0;
+    for (int i = 0; i < 3; i++)
+        if (!check_tensor(in[i], 1, 4, act, 0) || !df_same_shape(in[i], dgate) ||
+            !df_alias_ok(dgate, in[i], 1) || !df_alias_ok(dup, in[i], 1))
+            return 0;
+    return 1;
+}
+
 int df_op_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up,
                      const df_tensor *dout, df_tensor *dgate, df_tensor *dup)
 {
-    const df_tensor *in[3] = {gate, up, dout};
-    if (!be || !check_tensor(dgate, 1, 4, ACT(be), 1) || !check_tensor(dup, 1, 4, ACT(be), 1) ||
-        !df_same_shape(dgate, dup) || df_overlaps(dgate, dup))
+    if (!be || !swiglu_bwd_args_ok(gate, up, dout, dgate, dup, ACT(be)))
         return -EINVAL;
-    for (int i = 0; i < 3; i++)
-        if (!check_tensor(in[i], 1, 4, ACT(be), 0) || !df_same_shape(in[i], dgate) ||
-            !df_alias_ok(dgate, in[i], 1) || !df_alias_ok(dup, in[i], 1))
-            return -EINVAL;
     return DF_DISPATCH(be, swiglu_bwd, gate, up, dout, dgate, dup);
+}
+
+int df_op_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up,
+                         const df_tensor *dout, df_tensor *dgate, df_tensor *dup, unsigned flags)
+{
+    if (!be || (flags & ~DF_FP8_DY_BLOCKS) || !swiglu_bwd_args_ok(gate, up, dout, dgate, dup, ACT(be)))
+        return -EINVAL;
+    return DF_DISPATCH(be, swiglu_bwd_fp8, gate, up, dout, dgate, dup, flags);
 }
 
 /* ---- LM head + CE ---- */
@@ -242,8 +258,11 @@ int df_op_fp8_qdq(df_backend *be, const df_tensor *x, df_tensor *y, int64_t bloc
 int df_op_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
                      df_tensor *c, unsigned flags)
 {
-    if (!be || (flags & ~(DF_FP8_ACCUMULATE | DF_FP8_HOLD_X | DF_FP8_SAME_X | DF_FP8_DY_BLOCKS)) ||
+    if (!be ||
+        (flags & ~(DF_FP8_ACCUMULATE | DF_FP8_HOLD_X | DF_FP8_SAME_X | DF_FP8_DY_BLOCKS |
+                   DF_FP8_MADE)) ||
         ((flags & DF_FP8_DY_BLOCKS) && kind != DF_GEMM_BWD_W) ||
+
         !df_gemm_args_ok((int)kind, a, b, c, ACT(be), WT(be), MAX_SPAN))
         return -EINVAL;
     return DF_DISPATCH(be, matmul_fp8, kind, a, b, c, flags);

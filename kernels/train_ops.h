@@ -211,7 +211,7 @@ typedef enum df_gemm_kind { DF_GEMM_FWD = 0, DF_GEMM_BWD_X = 1, DF_GEMM_BWD_W = 
  * BF16 values; FP32 accumulation), or FP8 tensor-core GEMMs that give the
  * same products up to the order of the sums.
  * flags: DF_FP8_ACCUMULATE (c +=; else c =), and hints that change no bit of
- * the result (a backend may ignore them; DF_GEMM_BWD_X ignores them): x is
+ * the result (a backend may ignore them; DF_GEMM_BWD_X ignores the first two): x is
  * the operand a of DF_GEMM_FWD, b of DF_GEMM_BWD_W, the one that several
  * projections of one input share (q, k and v of one x).
  *   DF_FP8_HOLD_X: keep x's rounding for the calls that follow;
@@ -219,6 +219,11 @@ typedef enum df_gemm_kind { DF_GEMM_FWD = 0, DF_GEMM_BWD_X = 1, DF_GEMM_BWD_W = 
  *     memory, same view), unchanged since, in a call of the same kind: its
  *     kept rounding may be used instead of rounding x again. A call whose x
  *     does not match what was kept rounds x (and keeps that).
+ *   DF_FP8_MADE: an operand was written by an op that may have kept its
+ *     codes for this call: dy (DF_GEMM_BWD_X / _BWD_W, df_op_swiglu_bwd_fp8;
+ *     and this DF_FP8_DY_BLOCKS) or x (DF_GEMM_FWD / _BWD_W,
+ *     df_op_swiglu_fp8), unchanged since (same memory, same view): those
+ *     codes may be used instead of rounding it;
  * and one that changes the numerics:
  *   DF_FP8_DY_BLOCKS (DF_GEMM_BWD_W only, else -EINVAL): dy rounded in
  *     128 x 128 blocks instead of 128 x 1 (one scale per 128 rows x 128
@@ -228,8 +233,33 @@ typedef enum df_gemm_kind { DF_GEMM_FWD = 0, DF_GEMM_BWD_X = 1, DF_GEMM_BWD_W = 
 #define DF_FP8_HOLD_X 2u
 #define DF_FP8_SAME_X 4u
 #define DF_FP8_DY_BLOCKS 8u
+#define DF_FP8_MADE 16u
 int df_op_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_tensor *b,
                      df_tensor *c, unsigned flags);
+
+/* df_op_swiglu (ops.h: the same arguments, checks and bits), with a hint
+ * that changes no bit: out is about to be x of df_op_matmul_fp8 calls with
+ * DF_FP8_MADE, of kind DF_GEMM_FWD (flags DF_FP8_X_FWD) and / or
+ * DF_GEMM_BWD_W (DF_FP8_X_BWD_W; the down projection's x, its forward and,
+ * recomputed, its weight gradient). A backend with E4M3 tensor cores may
+ * write out's codes in those calls' layouts here and spare them their
+ * rounding (the CUDA backend on sm_90, for a 2-D out; DFLASH_FP8_SWIGLU).
+ * Other flags bits, or none of the two: -EINVAL. */
+#define DF_FP8_X_FWD 32u
+#define DF_FP8_X_BWD_W 64u
+int df_op_swiglu_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out,
+                     unsigned flags);
+
+/* df_op_swiglu_bwd (the same arguments, checks and bits), with a hint that
+ * changes no bit: dgate and dup are about to be dy of df_op_matmul_fp8
+ * calls of kind DF_GEMM_BWD_X and DF_GEMM_BWD_W with DF_FP8_MADE, the
+ * latter with flags' DF_FP8_DY_BLOCKS as they pass it. A backend with E4M3
+ * tensor cores may write the two gradients' codes in those calls' layouts
+ * here, where it computes them, and spare the calls their rounding (the
+ * CUDA backend on sm_90 does so for 2-D dgate / dup under DF_FP8_DY_BLOCKS;
+ * DF_CUDA_FP8_MADE: docs/FP8.md). Other flags bits: -EINVAL. */
+int df_op_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up,
+                         const df_tensor *dout, df_tensor *dgate, df_tensor *dup, unsigned flags);
 /* The recipe above as block rows x block columns of the operand as passed: operand 0 (a: x of
  * DF_GEMM_FWD, dy of the backward kinds) or 1 (b: the weight, x of DF_GEMM_BWD_W); flags as
  * df_op_matmul_fp8's (DF_FP8_DY_BLOCKS counts). Every backend's rounding takes it from here. */

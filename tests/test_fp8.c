@@ -346,6 +346,7 @@ static void test_matmul(void)
             ta.stride[0] = la, tb.stride[0] = lb, tc.stride[0] = lc;
             /* the hints change nothing (here: the same x is never held; the CPU ignores them) */
             unsigned hint = (kind + acc) % 3 == 0 ? 0 : (kind + acc) % 3 == 1 ? DF_FP8_HOLD_X : DF_FP8_SAME_X;
+            hint |= acc ? DF_FP8_MADE : 0;
             CHECK_EQ(df_op_matmul_fp8(be, (df_gemm_kind)kind, &ta, &tb, &tc,
                                       (acc ? DF_FP8_ACCUMULATE : 0) | hint | (dyb ? DF_FP8_DY_BLOCKS : 0)), 0);
             int64_t bad = 0;
@@ -382,7 +383,7 @@ static void test_matmul(void)
     CHECK_EQ(df_op_matmul_fp8(be, (df_gemm_kind)3, &tx, &tw, &ty, 0), -EINVAL);
     CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_FWD, &tx, &tw, &t47, 0), -EINVAL);
     CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_BWD_W, &tx, &tw, &tx, 0), -EINVAL); /* c is a */
-    CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_FWD, &tx, &tw, &ty, 16), -EINVAL);  /* an unknown flag */
+    CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_FWD, &tx, &tw, &ty, 32), -EINVAL);  /* an unknown flag */
     CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_FWD, &tx, &tw, &ty, DF_FP8_DY_BLOCKS), -EINVAL); /* BWD_W's only */
     CHECK_EQ(df_op_matmul_fp8(be, DF_GEMM_BWD_X, &tx, &tw, &ty, DF_FP8_DY_BLOCKS), -EINVAL);
     int same = 1;

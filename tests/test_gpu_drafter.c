@@ -298,6 +298,33 @@ int main(void)
         for (int64_t i = 0; i < P; i++)
             ggpu[i] = df_bf16_to_f32(g16h[i]);
         grads_check("BF16", ps, ggpu, gcpu, g64, g16);
+        /* grad_write (a step's first row): written over junk, the same bits as added to zeros;
+         * with FP8 too (its weight-gradient GEMMs then run without accumulation) */
+        uint16_t *gz = malloc((size_t)P * 2), *gj = malloc((size_t)P * 2);
+        CHECK(gz && gj);
+        for (int f8 = 0; f8 < 2 && gz && gj; f8++) {
+            CHECK_OK(df_drafter_set_fp8(dgpu, f8, &e), &e);
+            df_drafter_row rw = r;
+            df_drafter_metrics mz = {0}, mj = {0};
+            CHECK_OK(df_backend_zero(gpu, dg16, (size_t)P * 2), &e);
+            CHECK_OK(df_drafter_row_step(dgpu, dw, &r, denom, dg16, &mz, &e), &e);
+            CHECK_OK(df_backend_sync(gpu), &e);
+            CHECK_OK(df_backend_download(gpu, gz, dg16, (size_t)P * 2), &e);
+            CHECK_EQ(df_backend_fill_uniform(gpu, dg16, DF_DTYPE_BF16, P, 7 + f8, -3.0f, 3.0f), 0);
+            rw.grad_write = 1;
+            CHECK_OK(df_drafter_row_step(dgpu, dw, &rw, denom, dg16, &mj, &e), &e);
+            CHECK_OK(df_backend_sync(gpu), &e);
+            CHECK_OK(df_backend_download(gpu, gj, dg16, (size_t)P * 2), &e);
+            int64_t diff = 0;
+            for (int64_t i = 0; i < P; i++)
+                diff += gz[i] != gj[i];
+            printf("grad_write%s: %lld of %lld gradients differ from those added to zeros\n",
+                   f8 ? " (fp8)" : "", (long long)diff, (long long)P);
+            CHECK(mz.loss_sum == mj.loss_sum);
+            CHECK_EQ(diff, 0);
+        }
+        CHECK_OK(df_drafter_set_fp8(dgpu, 0, &e), &e);
+        free(gz), free(gj);
     }
     df_backend_free(gpu, dg16);
     free(g16h);

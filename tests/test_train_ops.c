@@ -510,21 +510,25 @@ static void check_swiglu_bwd(int64_t T, int64_t F, int in_place)
         for (int i = 0; i < 6; i++)
             *mat_at(&gu, 0, i) = ext[i];
     }
-    mat dgu[2] = {mat_new(T, 2 * F, 2 * F + 1), mat_new(T, 2 * F, 2 * F + 1)};
-    for (int b = 0; b < 2; b++) {
+    /* [2]: df_op_swiglu_bwd_fp8, whose hint changes no bit */
+    mat dgu[3] = {mat_new(T, 2 * F, 2 * F + 1), mat_new(T, 2 * F, 2 * F + 1),
+                  mat_new(T, 2 * F, 2 * F + 1)};
+    for (int b = 0; b < 3; b++) {
         df_tensor g = df_tensor_cols(&gu.t, 0, F), u = df_tensor_cols(&gu.t, F, F);
         if (in_place)
             mat_set_from(&dgu[b], &gu);
         else
             poison(dgu[b].p, T * dgu[b].ld);
         df_tensor dg = df_tensor_cols(&dgu[b].t, 0, F), du = df_tensor_cols(&dgu[b].t, F, F);
-        if (in_place) /* dgate = gate's view, dup = up's view */
-            CHECK_EQ(df_op_swiglu_bwd(bes[b], &dg, &du, &dout.t, &dg, &du), 0);
+        const df_tensor *gi = in_place ? &dg : &g, *ui = in_place ? &du : &u; /* in place: dgate = gate's view */
+        if (b < 2)
+            CHECK_EQ(df_op_swiglu_bwd(bes[b], gi, ui, &dout.t, &dg, &du), 0);
         else
-            CHECK_EQ(df_op_swiglu_bwd(bes[b], &g, &u, &dout.t, &dg, &du), 0);
+            CHECK_EQ(df_op_swiglu_bwd_fp8(bes[1], gi, ui, &dout.t, &dg, &du, DF_FP8_DY_BLOCKS), 0);
         CHECK(pad_intact(&dgu[b]));
     }
     CHECK(bitwise_equal(dgu[0].p, dgu[1].p, T * dgu[0].ld * 4));
+    CHECK(bitwise_equal(dgu[0].p, dgu[2].p, T * dgu[0].ld * 4));
     for (int64_t t = 0; t < T; t++)
         for (int64_t i = 0; i < F; i++) {
             double g = *mat_at(&gu, t, i), u = *mat_at(&gu, t, F + i), d = *mat_at(&dout, t, i);
@@ -534,7 +538,7 @@ static void check_swiglu_bwd(int64_t T, int64_t F, int in_place)
             expect_close(what, *mat_at(&dgu[0], t, i), rg, tg, t * F + i);
             expect_close(what, *mat_at(&dgu[0], t, F + i), ru, 1e-5 * fabs(ru) + 1e-30, t * F + i);
         }
-    free(gu.p), free(dout.p), free(dgu[0].p), free(dgu[1].p);
+    free(gu.p), free(dout.p), free(dgu[0].p), free(dgu[1].p), free(dgu[2].p);
 }
 
 static void test_swiglu_bwd(void)
@@ -557,6 +561,20 @@ static void test_swiglu_bwd(void)
     t = d.t, t.dtype = DF_DTYPE_BF16;
     CHECK_EQ(df_op_swiglu_bwd(bes[0], &a.t, &b.t, &t, &o1, &o2), -EINVAL);
     CHECK_EQ(df_op_swiglu_bwd(bes[0], &a.t, &b.t, NULL, &o1, &o2), -EINVAL);
+    /* df_op_swiglu_fp8: df_op_swiglu's bits (its hint is for E4M3 tensor cores); flags checked */
+    {
+        mat y0 = mat_new(4, 8, 8), y1 = mat_new(4, 8, 8);
+        CHECK_EQ(df_op_swiglu(bes[0], &a.t, &b.t, &y0.t), 0);
+        CHECK_EQ(df_op_swiglu_fp8(bes[1], &a.t, &b.t, &y1.t, DF_FP8_X_FWD | DF_FP8_X_BWD_W), 0);
+        CHECK(bitwise_equal(y0.p, y1.p, 32 * 4));
+        CHECK_EQ(df_op_swiglu_fp8(bes[0], &a.t, &b.t, &y1.t, 0), -EINVAL);
+        CHECK_EQ(df_op_swiglu_fp8(bes[0], &a.t, &b.t, &y1.t, DF_FP8_MADE), -EINVAL);
+        CHECK_EQ(df_op_swiglu_fp8(NULL, &a.t, &b.t, &y1.t, DF_FP8_X_FWD), -EINVAL);
+        free(y0.p), free(y1.p);
+    }
+    CHECK_EQ(df_op_swiglu_bwd_fp8(bes[0], &a.t, &b.t, &d.t, &o1, &o1, DF_FP8_DY_BLOCKS), -EINVAL);
+    CHECK_EQ(df_op_swiglu_bwd_fp8(bes[0], &a.t, &b.t, &d.t, &o1, &o2, DF_FP8_MADE), -EINVAL);
+    CHECK_EQ(df_op_swiglu_bwd_fp8(NULL, &a.t, &b.t, &d.t, &o1, &o2, 0), -EINVAL);
     CHECK(all_poison(o.p, 64));
     /* an output partly over an input */
     float ac[32];

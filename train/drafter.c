@@ -463,6 +463,13 @@ static int reserve(df_drafter *d, int64_t N, int64_t S, df_err *e)
     return 0;
 }
 
+/* A norm's dw, zeroed (on) before its first sum: the step's first row writes the gradients */
+static int grad_clear(df_drafter *d, const df_tensor *dw, int on)
+{
+    return on ? df_backend_zero(d->be, dw->data, (size_t)df_tensor_numel(dw) * df_dtype_size(dw->dtype))
+              : 0;
+}
+
 #define CK(call)                                                                          \
     do {                                                                                  \
         int rc_ = (call);                                                                 \
@@ -650,12 +657,12 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         CK(df_op_rmsnorm(be, &xmid, &wpn, eps, 0, &b));
         CK(drafter_mm(d, &b, &wg, &g, DF_FP8_HOLD_X));
         CK(drafter_mm(d, &b, &wu, &u, DF_FP8_SAME_X));
-        CK(df_op_swiglu(be, &g, &u, &mm));
+        CK(drafter_swiglu(d, &g, &u, &mm, DF_FP8_X_FWD)); /* with FP8, also Wd's x codes */
         /* the layer output: xmid + m Wd^T, into the next layer's xin (or xfin) */
         void *next = l + 1 < L ? d->act[l + 1].xin : d->xfin;
         CK(df_backend_copy(be, next, A->xmid, (size_t)(N * H) * d->aes));
         df_tensor xo = M(next, N, H);
-        CK(drafter_mm(d, &mm, &wd, &xo, 1));
+        CK(drafter_mm(d, &mm, &wd, &xo, DF_FP8_ACCUMULATE | DF_FP8_MADE));
     }
     df_tensor xfin = M(d->xfin, N, H), h = M(d->h, N, H), wn = PW(d, W, d->norm);
     if (d->fhook)
@@ -748,7 +755,12 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
     if (d->galias && G != d->galias)
         return df_errf(e, -EINVAL, "drafter: the gradients go to another array than the one "
                                    "hosting activations (df_drafter_set_grad_alias)");
+    /* the step's first row writes the gradients (r->grad_write): each weight's first GEMM
+     * without accumulation, each norm's dw cleared before its first sum; the rest add */
+    const int gw = r->grad_write != 0;
+    const unsigned acc1 = gw ? 0 : DF_FP8_ACCUMULATE;
     df_tensor dx = M(d->dx, N, H), gwn = PG(d, G, d->norm);
+    CK(grad_clear(d, &gwn, gw));
     CK(df_op_rmsnorm_bwd(be, &xfin, &wn, eps, 0, &dh, &dx, 0, &gwn));
     df_tensor dcn = M(d->dcn, S, H);
     CK(df_backend_zero(be, d->dcn, (size_t)(S * H) * d->aes));
@@ -761,8 +773,9 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor kc = M(A->kc, S, KD), vc = M(A->vc, S, KD);
         df_tensor lse = df_tensor_2d(A->lse, DF_DTYPE_F32, N, nq);
         df_tensor b = M(A->b, N, H), g = M(A->g, N, F), u = M(A->u, N, F), mm = M(A->m, N, F);
-        /* layer l+1's activations, dead now, lay in layer l's gradients: clear them for the sums */
-        if (d->galias && l + 1 < L && d->ahi[l + 1] > d->alo[l + 1]) {
+        /* layer l+1's activations, dead now, lay in layer l's gradients: clear them for the
+         * sums (written, not summed, under grad_write) */
+        if (!gw && d->galias && l + 1 < L && d->ahi[l + 1] > d->alo[l + 1]) {
             size_t ges = df_dtype_size(d->gdt);
             CK(df_backend_zero(be, (uint8_t *)G + (size_t)d->alo[l + 1] * ges,
                                (size_t)(d->ahi[l + 1] - d->alo[l + 1]) * ges));
@@ -778,7 +791,7 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
                 CK(drafter_mm(d, &b, &wg, &g, DF_FP8_HOLD_X));
                 CK(drafter_mm(d, &b, &wu, &u, DF_FP8_SAME_X));
             }
-            CK(df_op_swiglu(be, &g, &u, &mm));
+            CK(drafter_swiglu(d, &g, &u, &mm, DF_FP8_X_BWD_W)); /* Wd's gradient's x codes */
         }
         /* MLP: x_out = xmid + m Wd^T */
         /* In place, to need no [N, F] scratch: dm overwrites m once Wd's
@@ -789,14 +802,17 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor wg = PW(d, W, I->gate), gwg = PG(d, G, I->gate);
         df_tensor wu = PW(d, W, I->up), gwu = PG(d, G, I->up);
         df_tensor wpn = PW(d, W, I->post_norm), gwpn = PG(d, G, I->post_norm);
-        CK(drafter_mm_bw(d, &dx, &mm, &gwd, 1));
+        CK(drafter_mm_bw(d, &dx, &mm, &gwd, acc1 | DF_FP8_MADE));
         CK(drafter_mm_bx(d, &dx, &wd, &dm, 0));
-        CK(df_op_swiglu_bwd(be, &g, &u, &dm, &dg, &du));
-        CK(drafter_mm_bx(d, &dg, &wg, &db, 0));
-        CK(drafter_mm_bx(d, &du, &wu, &db, 1));
-        CK(drafter_mm_bw(d, &dg, &b, &gwg, DF_FP8_ACCUMULATE | DF_FP8_HOLD_X));
-        CK(drafter_mm_bw(d, &du, &b, &gwu, DF_FP8_ACCUMULATE | DF_FP8_SAME_X));
+        /* with FP8, dg and du are only the dy of the four GEMMs below: their codes may be
+         * written where they are computed (DF_FP8_MADE) */
+        CK(drafter_swiglu_bwd(d, &g, &u, &dm, &dg, &du));
+        CK(drafter_mm_bx(d, &dg, &wg, &db, DF_FP8_MADE));
+        CK(drafter_mm_bx(d, &du, &wu, &db, DF_FP8_ACCUMULATE | DF_FP8_MADE));
+        CK(drafter_mm_bw(d, &dg, &b, &gwg, acc1 | DF_FP8_HOLD_X | DF_FP8_MADE));
+        CK(drafter_mm_bw(d, &du, &b, &gwu, acc1 | DF_FP8_SAME_X | DF_FP8_MADE));
         /* dx now holds d(xmid) through the residual; add the norm's path */
+        CK(grad_clear(d, &gwpn, gw));
         CK(df_op_rmsnorm_bwd(be, &xmid, &wpn, eps, 0, &db, &dx, 1, &gwpn));
         /* attention: xmid = xin + o Wo^T */
         df_tensor dout = M(d->dout, N, QD), dq = M(d->dq, N, QD);
@@ -804,7 +820,7 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor dkc = M(d->dkc, S, KD), dvc = M(d->dvc, S, KD);
         df_tensor wo = PW(d, W, I->wo), gwo = PG(d, G, I->wo);
         CK(drafter_mm_bx(d, &dx, &wo, &dout, 0));
-        CK(drafter_mm_bw(d, &dx, &o, &gwo, 1));
+        CK(drafter_mm_bw(d, &dx, &o, &gwo, acc1));
         df_dflash_blocks blk = r->blocks;
         blk.window = I->window;
         size_t dead_bytes = 0;
@@ -827,6 +843,8 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
                   dkbr_h = M(d->dkb2, N * nkv, D);
         df_tensor kcr_h = M(A->kcraw, S * nkv, D), dkc_h = M(d->dkc, S * nkv, D),
                   dkcr_h = M(d->dkc2, S * nkv, D);
+        CK(grad_clear(d, &gwqn, gw));
+        CK(grad_clear(d, &gwkn, gw));
         CK(df_op_rmsnorm_bwd(be, &qr_h, &wqn, eps, 0, &dq_h, &dqr_h, 0, &gwqn));
         CK(df_op_rmsnorm_bwd(be, &kbr_h, &wkn, eps, 0, &dkb_h, &dkbr_h, 0, &gwkn));
         CK(df_op_rmsnorm_bwd(be, &kcr_h, &wkn, eps, 0, &dkc_h, &dkcr_h, 0, &gwkn));
@@ -838,23 +856,25 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         CK(drafter_mm_bx(d, &dqr, &wq, &da, 0));
         CK(drafter_mm_bx(d, &dkbr, &wk, &da, 1));
         CK(drafter_mm_bx(d, &dvb, &wv, &da, 1));
-        CK(drafter_mm_bw(d, &dqr, &a, &gwq, DF_FP8_ACCUMULATE | DF_FP8_HOLD_X));
-        CK(drafter_mm_bw(d, &dkbr, &a, &gwk, DF_FP8_ACCUMULATE | DF_FP8_SAME_X));
-        CK(drafter_mm_bw(d, &dvb, &a, &gwv, DF_FP8_ACCUMULATE | DF_FP8_SAME_X));
+        CK(drafter_mm_bw(d, &dqr, &a, &gwq, acc1 | DF_FP8_HOLD_X));
+        CK(drafter_mm_bw(d, &dkbr, &a, &gwk, acc1 | DF_FP8_SAME_X));
+        CK(drafter_mm_bw(d, &dvb, &a, &gwv, acc1 | DF_FP8_SAME_X));
         CK(drafter_mm_bx(d, &dkcr, &wk, &dcn, 1));
         CK(drafter_mm_bx(d, &dvc, &wv, &dcn, 1));
         CK(drafter_mm_bw(d, &dkcr, &cn, &gwk, DF_FP8_ACCUMULATE | DF_FP8_HOLD_X));
         CK(drafter_mm_bw(d, &dvc, &cn, &gwv, DF_FP8_ACCUMULATE | DF_FP8_SAME_X));
         df_tensor win = PW(d, W, I->in_norm), gwin = PG(d, G, I->in_norm);
         /* dx: d(xmid) flows to d(xin) through the residual, plus the norm's path */
+        CK(grad_clear(d, &gwin, gw));
         CK(df_op_rmsnorm_bwd(be, &xin, &win, eps, 0, &da, &dx, 1, &gwin));
         if (d->hook)
             CK(d->hook(d->hook_ctx, l));
     }
     /* context: C = rmsnorm(F fc^T) */
     df_tensor dc = M(d->dc, S, H), gwhn = PG(d, G, d->hidden_norm), gwfc = PG(d, G, d->fc);
+    CK(grad_clear(d, &gwhn, gw));
     CK(df_op_rmsnorm_bwd(be, &craw, &whn, eps, 0, &dcn, &dc, 0, &gwhn));
-    CK(drafter_mm_bw(d, &dc, &feat, &gwfc, 1));
+    CK(drafter_mm_bw(d, &dc, &feat, &gwfc, acc1));
     if (d->hook)
         CK(d->hook(d->hook_ctx, -1));
     return 0;

@@ -51,6 +51,11 @@ typedef struct df_drafter_row {
      * in order, packed at the front; the caller then adds the counts with
      * df_drafter_row_metrics. */
     int32_t *argmax_out;
+    /* 1: a row step with gradients writes them instead of adding them: every element of the
+     * parameters' ranges of grad is set (the GEMMs' weight gradients without accumulation,
+     * the norms' zeroed before their sums), so grad needs no clearing first, whatever it
+     * held (a step's first row). 0: added (the rows after it). The same results. */
+    int grad_write;
 } df_drafter_row;
 
 /* What one row contributes to the step's metrics (summed over rows). */
@@ -76,7 +81,8 @@ void df_drafter_close(df_drafter *d);
 const df_params *df_drafter_params(const df_drafter *d);
 
 /* Forward + loss (+ backward when grad is not NULL: gradients of
- * sum(w*CE)/denom are ADDED to grad, in df_drafter_grad_dtype). params: the
+ * sum(w*CE)/denom are ADDED to grad, or written there under row->grad_write,
+ * in df_drafter_grad_dtype). params: the
  * flat weights (F32 on the CPU, BF16 on CUDA). */
 int df_drafter_row_step(df_drafter *d, const void *params, const df_drafter_row *row,
                         float denom, void *grad, df_drafter_metrics *m, df_err *e);
@@ -153,7 +159,7 @@ void df_drafter_set_bf16_logits(df_drafter *d, int on);
  * while they fit, go into layer l-1's gradients (below layer 1 also fc's
  * and hidden_norm's): the backward clears that range once layer l's
  * backward, their last reader, is done, before layer l-1's writes its
- * gradients there. The caller's contract: the gradients are consumed (norm,
+ * gradients there (under row->grad_write it writes them without clearing). The caller's contract: the gradients are consumed (norm,
  * optimizer, reduce-scatter) before the next row_step starts, so one row
  * per optimizer step, no accumulation over rows; and a forward-only
  * row_step (evaluation) also writes there. Results are bitwise the same.

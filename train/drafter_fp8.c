@@ -32,6 +32,19 @@ int drafter_mm_bw(df_drafter *d, const df_tensor *dy, const df_tensor *x, df_ten
                  : df_op_matmul_bwd_w(d->be, dy, x, dw, flags & DF_FP8_ACCUMULATE);
 }
 
+int drafter_swiglu(df_drafter *d, const df_tensor *g, const df_tensor *u, df_tensor *out, unsigned flags)
+{
+    return d->q8 ? df_op_swiglu_fp8(d->be, g, u, out, flags) : df_op_swiglu(d->be, g, u, out);
+}
+
+int drafter_swiglu_bwd(df_drafter *d, const df_tensor *g, const df_tensor *u, const df_tensor *dout,
+                       df_tensor *dg, df_tensor *du)
+{
+    return d->q8 ? df_op_swiglu_bwd_fp8(d->be, g, u, dout, dg, du,
+                                        d->fp8_dy_blocks ? DF_FP8_DY_BLOCKS : 0)
+                 : df_op_swiglu_bwd(d->be, g, u, dout, dg, du);
+}
+
 void df_drafter_set_fp8_dy_blocks(df_drafter *d, int on) { d->fp8_dy_blocks = on != 0; }
 
 void df_drafter_set_bf16_logits(df_drafter *d, int on) { d->bf16_logits = on != 0; }

@@ -394,15 +394,6 @@ int train_wire_grads(const df_train_opts *o, df_drafter *d, const df_params *ps,
             df_errf(e, rc, "gradient aliasing");
             return rc;
         }
-        for (int l = 1; l < nl; l++) { /* disjoint; kept ascending */
-            int64_t lo, hi;
-            if (!df_drafter_grad_alias_range(d, l, &lo, &hi))
-                continue;
-            int j = ds->nalias++;
-            for (; j > 0 && ds->alo[j - 1] > lo; j--)
-                ds->alo[j] = ds->alo[j - 1], ds->ahi[j] = ds->ahi[j - 1];
-            ds->alo[j] = lo, ds->ahi[j] = hi;
-        }
     }
     return rc;
 }

@@ -79,10 +79,12 @@ static int gather(df_comm *comm, const void *mine, size_t n, void *all, df_err *
  * one's gradient buckets are reduce-scattered as its backward finishes
  * them), their metrics into m; then the next step's first row's features
  * start up. */
+/* *wrote: whether a row ran its backward (the first one wrote every gradient: grad_write) */
 static int step_rows(df_drafter *d, dev_state *ds, feeder *fd, feed_slot *sl, int64_t step, int nrows,
-                     double denom, int world, df_drafter_metrics *m, df_err *e)
+                     double denom, int world, df_drafter_metrics *m, int *wrote, df_err *e)
 {
     int rc = 0;
+    *wrote = 0;
     /* Forward + backward of every row; on the last, each gradient bucket
      * is reduce-scattered as soon as the backward has finished it. */
     ds->next_bucket = ds->nb - 1;
@@ -100,13 +102,14 @@ static int step_rows(df_drafter *d, dev_state *ds, feeder *fd, feed_slot *sl, in
                              .block_pos = br->block_pos, .labels = br->labels,
                              .weights = br->weights,
                              .pinned = br->features_bf16 != NULL,
-                             .argmax_out = sl->argmax[r]};
+                             .argmax_out = sl->argmax[r], .grad_write = !*wrote};
         int last = 1;
         for (int r2 = r + 1; r2 < nrows; r2++)
             last &= !(df_batch_get_row(sl->rows[r2])->weight_sum > 0);
         df_drafter_set_grad_hook(d, world > 1 && last ? ds_grad_hook : NULL, ds);
         df_drafter_set_fwd_hook(d, ds->overlap ? ds_fwd_hook : NULL, ds);
         rc = df_drafter_row_step(d, ds->w, &dr, (float)denom, ds->grad, m, e);
+        *wrote = 1;
         df_drafter_set_grad_hook(d, NULL, NULL);
         df_drafter_set_fwd_hook(d, NULL, NULL);
         if (rc) {
@@ -531,13 +534,19 @@ static int run_step(run *r, int64_t step, df_err *e)
      * (docs/DRAFTER.md "Labels and loss": the global denominator). */
     if (r->world > 1 && (rc = df_comm_allreduce_host_f64(r->comm, &denom, 1, e)))
         return rc;
-    /* with overlap the optimizer zeroed each bucket after its update; the
-     * ranges hosting activations the backward clears itself */
-    if ((!ds->overlap || step == r->step0) && (rc = ds_zero(r->be, ds, 0, ds->np)))
+    /* The step's first row writes the gradients (df_drafter_row.grad_write), so they are not
+     * cleared between steps. Cleared here: at the first step (the buckets' padding past the
+     * parameters, which no row writes and the reduce-scatter keeps zero) and in a step where
+     * no row ran its backward. */
+    size_t gbytes = (size_t)ds->np * ds->ges;
+    if (step == r->step0 && (rc = df_backend_zero(r->be, ds->grad, gbytes)))
         return df_errf(e, rc, "step %" PRId64 ": clearing gradients failed", step);
     df_drafter_metrics m = {0};
-    if ((rc = step_rows(r->d, ds, &r->fd, sl, step, r->nrows, denom, r->world, &m, e)))
+    int wrote = 0;
+    if ((rc = step_rows(r->d, ds, &r->fd, sl, step, r->nrows, denom, r->world, &m, &wrote, e)))
         return rc;
+    if (!wrote && (rc = df_backend_zero(r->be, ds->grad, gbytes)))
+        return df_errf(e, rc, "step %" PRId64 ": clearing gradients failed", step);
     if (r->world > 1 && (rc = ds_grad_hook(ds, -1))) /* buckets no row reduced (no rows) */
         return rc;
     if (r->world > 1 && (rc = df_comm_wait(r->comm, e)))

@@ -158,23 +158,6 @@ int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad
               : 0;
 }
 
-/* Clears gradients [lo, hi) but for the ranges the drafter clears itself. */
-int ds_zero(df_backend *be, const dev_state *s, int64_t lo, int64_t hi)
-{
-    for (int i = 0; i <= s->nalias && lo < hi; i++) {
-        int64_t end = i < s->nalias && s->alo[i] < hi ? s->alo[i] : hi;
-        if (end > lo) {
-            int rc = df_backend_zero(be, (uint8_t *)s->grad + (size_t)lo * s->ges,
-                                     (size_t)(end - lo) * s->ges);
-            if (rc)
-                return rc;
-        }
-        if (i < s->nalias && s->ahi[i] > lo)
-            lo = s->ahi[i];
-    }
-    return 0;
-}
-
 /* The drafter's grad hook: after layer l's backward, buckets k >= max(l, 1)
  * are final (bucket k holds layer k from its rounded start on, and the head
  * of layer k + 1, done earlier); bucket 0 holds fc and hidden_norm, final
@@ -247,8 +230,8 @@ static int ds_adam_bucket(df_backend *be, dev_state *s, int k, float lr, int64_t
 
 /* AdamW on this rank's shard, bucket by bucket, then the full weights
  * completed by an all-gather per bucket. With overlap, on the side stream:
- * per bucket AdamW, its all-gather (joined into the side stream), the
- * bucket's gradients zeroed for the next step, mark k. */
+ * per bucket AdamW, its all-gather (joined into the side stream), mark k.
+ * (The gradients need no clearing: the next step's first row writes them.) */
 int dev_state_adamw(df_backend *be, dev_state *s, float lr, int64_t t, float gscale,
                     df_err *e)
 {
@@ -271,9 +254,7 @@ int dev_state_adamw(df_backend *be, dev_state *s, float lr, int64_t t, float gsc
                     (rc = df_comm_wait(s->comm, e)))
                     break;
             }
-            int64_t hi = s->b[k + 1] < s->np ? s->b[k + 1] : s->np;
-            if ((rc = ds_zero(be, s, s->b[k], hi)) ||
-                (rc = df_backend_side_mark(be, k)))
+            if ((rc = df_backend_side_mark(be, k)))
                 df_errf(e, rc, "the optimizer's side stream on %s", df_backend_name(be));
         }
         int rc2 = df_backend_side_end(be);
@@ -344,9 +325,9 @@ int dev_state_fetch(df_backend *be, dev_state *s, df_ckpt_state *ck, df_err *e)
         }
     }
     df_backend_free(be, own);
-    /* the gradients are zero between steps when the optimizer overlaps (it
-     * clears each bucket after its update): so they are again after their
-     * buffer served as scratch */
+    /* the buckets' padding past the parameters stays zero between steps (no
+     * row writes it, the reduce-scatter adds zeros there): so it is again
+     * after the buffer served as scratch */
     if (!rc && tmp == s->grad && s->world > 1)
         rc = df_backend_zero(be, s->grad, (size_t)s->np * s->ges);
     return rc ? df_errf(e, rc, "copying the optimizer state from %s failed", df_backend_name(be))

@@ -70,10 +70,6 @@ typedef struct dev_state {
      * weights (marks complete in order) */
     int overlap;
     int part_mark[DF_MAX_LAYERS + 2];
-    /* gradient ranges the drafter's backward clears itself (activations live
-     * there between steps: df_drafter_grad_alias_range), ascending */
-    int nalias;
-    int64_t alo[DF_MAX_LAYERS], ahi[DF_MAX_LAYERS];
     df_backend *be;
     df_err *hook_err;
 } dev_state;
@@ -83,7 +79,6 @@ void dev_state_free(df_backend *be, dev_state *s);
 int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad,
                    int64_t n, const df_params *ps, int L, int grad_f32, int moments16,
                    uint64_t seed, dev_state *s, df_err *e);
-int ds_zero(df_backend *be, const dev_state *s, int64_t lo, int64_t hi);
 int ds_grad_hook(void *ctx, int layer);
 void ds_part_marks(dev_state *s, const df_params *ps, int L);
 int ds_fwd_hook(void *ctx, int part);

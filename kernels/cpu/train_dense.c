@@ -285,6 +285,21 @@ int df_cpu_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up
     return par_range(be, n_rows(dgate), chunk, sw_rows, &c);
 }
 
+/* The hints (codes kept for FP8 GEMMs) are for backends with E4M3 tensor cores: none here. */
+int df_cpu_swiglu_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out,
+                      unsigned flags)
+{
+    (void)flags;
+    return df_cpu_swiglu(be, gate, up, out);
+}
+
+int df_cpu_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up,
+                          const df_tensor *dout, df_tensor *dgate, df_tensor *dup, unsigned flags)
+{
+    (void)flags;
+    return df_cpu_swiglu_bwd(be, gate, up, dout, dgate, dup);
+}
+
 /* ---- AdamW ----
  * Per element in fp32, as a fused GPU kernel would:
  *   g = grad * grad_scale   (a BF16 grad widened exactly first)

@@ -48,6 +48,20 @@ __device__ __forceinline__ void load8(const uint16_t *p, float *f)
     unpack8(*reinterpret_cast<const uint4 *>(p), f);
 }
 
+/* 8 bf16 at p, raw: one 16-byte load where vec (p 16-byte aligned) and all
+ * 8 are in range, else the ones below lim (the rest 0) */
+__device__ __forceinline__ uint4 load8_raw(const uint16_t *__restrict__ p, int vec, int64_t lim)
+{
+    if (vec && lim >= 8)
+        return *reinterpret_cast<const uint4 *>(p);
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+        w[j] = (2 * j < lim ? (uint32_t)p[2 * j] : 0u) |
+               (2 * j + 1 < lim ? (uint32_t)p[2 * j + 1] << 16 : 0u);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
 /* Two floats as bf16, lo in the low half. */
 __device__ __forceinline__ uint32_t pack2(float lo, float hi)
 {

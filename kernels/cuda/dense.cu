@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "bf16.cuh"
+#include "swiglu.cuh"
 #include "cuda_internal.h"
 
 /* Before rows.cuh, which is sized by them. */
@@ -41,12 +42,6 @@ constexpr int MAXT = 3; /* operands sharing one row layout */
 namespace {
 
 enum { NORM_RMS, NORM_RMS_P1, NORM_GATED, NORM_L2 };
-
-/* As the CPU: x / (1 + e^-x), so x -> -inf gives -0, never NaN. */
-__device__ __forceinline__ float silu_f(float x)
-{
-    return x / (1.0f + expf(-x));
-}
 
 __device__ __forceinline__ float sigmoid_f(float x)
 {

@@ -12,6 +12,8 @@
 
 #include <stdint.h>
 
+#include "bf16.cuh"
+
 namespace {
 
 /* max of |values| where a NaN, once seen, stays */
@@ -145,6 +147,26 @@ __device__ __forceinline__ uint32_t amax8_bits(uint4 u)
     return max(m & 0xffffu, m >> 16);
 }
 __device__ __forceinline__ float bits_f(uint32_t b) { return __uint_as_float(b << 16); }
+/* The amax bits of a 1 x 128 block held by 16 consecutive lanes, 8 packed bf16 each (u), in
+ * every lane of the 16. The whole warp calls it (shuffles). */
+__device__ __forceinline__ uint32_t amax16_bits(uint4 u)
+{
+    uint32_t mb = amax8_bits(u);
+#pragma unroll
+    for (int d = 8; d > 0; d >>= 1)
+        mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, d));
+    return mb;
+}
+/* The codes of 8 packed bf16 (u) of a block whose amax bits are mb, stored at out (8-byte
+ * aligned); returns the block's scale. */
+__device__ __forceinline__ float codes8_store(uint4 u, uint32_t mb, uint8_t *out)
+{
+    float v[8], m = bits_f(mb);
+    unpack8(u, v);
+    int e = scale_exp(m);
+    *reinterpret_cast<uint2 *>(out) = codes8(v, ldexpf(1.0f, -e), isfinite(m));
+    return ldexpf(1.0f, e);
+}
 
 } // namespace
 

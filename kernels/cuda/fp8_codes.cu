@@ -19,20 +19,6 @@ int64_t rup(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
 constexpr int QT = 256; /* threads of the rounding kernels */
 
-/* 8 bf16 at p, raw: one 16-byte load where vec (p 16-byte aligned) and all
- * 8 are in range, else the ones below lim (the rest 0) */
-__device__ __forceinline__ uint4 load8_raw(const uint16_t *__restrict__ p, int vec, int64_t lim)
-{
-    if (vec && lim >= 8)
-        return *reinterpret_cast<const uint4 *>(p);
-    uint32_t w[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-        w[j] = (2 * j < lim ? (uint32_t)p[2 * j] : 0u) |
-               (2 * j + 1 < lim ? (uint32_t)p[2 * j + 1] << 16 : 0u);
-    return make_uint4(w[0], w[1], w[2], w[3]);
-}
-
 /* Rounding kernels. They are bound by memory: each thread issues all its
  * loads (RU or more 16-byte pieces) before it uses any, and block indices
  * are 32-bit (the host keeps every grid's blocks below 2^31). */
@@ -66,19 +52,12 @@ __global__ void __launch_bounds__(QT) q8_row(const uint16_t *__restrict__ x, int
     }
 #pragma unroll
     for (int u = 0; u < RU; u++) {
-        uint32_t mb = amax8_bits(raw[u]);
-#pragma unroll
-        for (int d = 8; d > 0; d >>= 1)
-            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, d));
+        uint32_t mb = amax16_bits(raw[u]);
         if (o[u] == ~0u)
             continue;
-        float v[8], m = bits_f(mb);
-        unpack8(raw[u], v);
-        int e = scale_exp(m);
-        *reinterpret_cast<uint2 *>(out + (int64_t)o[u] * kp + b[u] * 128 + sub * 8) =
-            codes8(v, ldexpf(1.0f, -e), isfinite(m));
+        float s = codes8_store(raw[u], mb, out + (int64_t)o[u] * kp + b[u] * 128 + sub * 8);
         if (sub == 0)
-            sc[(int64_t)b[u] * n_out + o[u]] = ldexpf(1.0f, e);
+            sc[(int64_t)b[u] * n_out + o[u]] = s;
     }
 }
 

@@ -87,6 +87,31 @@ typedef struct df_cuda_fp8_kept {
 } df_cuda_fp8_kept;
 df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_gemm_kind kind,
                                        const df_tensor *w);
+/* Operands' codes written by the op that computes them (df_op_swiglu_bwd_fp8: dy of the gate
+ * and up projections; df_op_swiglu_fp8: x of the down projection) for the df_op_matmul_fp8
+ * calls that follow with DF_FP8_MADE: a region per slot (0 .. DF_CUDA_FP8_MADE - 1), grown as
+ * needed, until the backend closes; each serves one call (the first that matches it). Claim slot for t [R, C] (bf16, 2-D) as operand op of kind
+ * (0: a, dy of BWD_X / BWD_W or x of FWD; 1: b, x of BWD_W): 1 with out filled, the region
+ * now t's but not ready; 0 where the codes would not be used (no E4M3 tensor cores, MXFP8,
+ * BWD_W's dy without dyblk (128 x 1 blocks), no memory). The layouts (df_cuda_fp8_round_codes'
+ * modes, with x = t):
+ *   op 0 of FWD / BWD_X: mode 0 with n_out = R: codes [R, kp = C rounded up to 128],
+ *          sc[kb * R + o]; a GEMM whose c has more rows than t rounds t;
+ *   op 0 of BWD_W: mode 3: codes [C, kp = R rounded up to 128] (t^T, zero codes past R),
+ *          sc[cb * L4 + rb], the scales zeroed by the caller first (L4 = kp / 128 rounded
+ *          up to 4);
+ *   op 1 of BWD_W: mode 1: codes [C, kp = R rounded up to 128] (t^T, zero codes past R),
+ *          sc[kb * C + o];
+ * (out->n = the code matrix's rows: R, C, C). Then df_cuda_fp8_made_ready with ok 1 once the
+ * kernel writing them is enqueued on the backend's stream (0: it failed; the slot stays
+ * unused). */
+#define DF_CUDA_FP8_MADE 6
+int df_cuda_fp8_made_claim(df_backend *be, int slot, df_gemm_kind kind, int op, const df_tensor *t,
+                           int dyblk, df_cuda_fp8_rows *out);
+void df_cuda_fp8_made_ready(df_backend *be, int slot, int ok);
+/* Operands whose codes calls took from their producer (DF_FP8_MADE), process-wide. */
+int64_t df_cuda_fp8_made_reused(void);
+
 /* Marks every slot, and the codes held under DF_FP8_HOLD_X, as not ready
  * (df_backend_free calls it: memory freed and handed out again must not find
  * its old codes; frees come at teardown or when a buffer grows, not inside a

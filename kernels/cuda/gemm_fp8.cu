@@ -101,12 +101,14 @@ constexpr int NPLANS = 64;
  * check's verdict per class of plans: kind, C's dtype,
  * accumulate, and whether m and n are multiples of 128 (what a layout
  * mistake could depend on); 0 unknown, 1 agreed, -1 not */
-/* x's codes kept under DF_FP8_HOLD_X: whose they are (kind, x's memory and
- * view, the code matrix's rows and padded reduction) and the region */
+/* x's codes kept under DF_FP8_HOLD_X, or an operand's written by the op that
+ * computes it (df_cuda_fp8_made_claim): whose they are (kind, the operand (a
+ * or b), the tensor's memory and view, the code matrix's rows and padded
+ * reduction, dy's block shape) and the region */
 typedef struct fp8_held {
     const void *x;
     int64_t rows, cols, ld, n, kp;
-    int kind, mx, ready;
+    int kind, mx, blk, op, ready;
     void *buf;
     size_t bytes;
 } fp8_held;
@@ -117,6 +119,7 @@ typedef struct fp8_cache {
     signed char verdict[3][2][2][2][2][2];
     df_cuda_fp8_kept kept[DF_CUDA_FP8_KEPT];
     fp8_held held;
+    fp8_held made[DF_CUDA_FP8_MADE];
 } fp8_cache;
 
 signed char *verdict_of(fp8_cache *fc, const fp8_plan *p)
@@ -125,7 +128,8 @@ signed char *verdict_of(fp8_cache *fc, const fp8_plan *p)
 }
 
 int64_t g_fast, g_fallback;
-int64_t g_x_reused; /* calls that used x's kept codes */
+int64_t g_x_reused;  /* calls that used x's kept codes */
+int64_t g_made_reused; /* operands whose codes came from their producer */
 
 int64_t rup(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
 
@@ -468,6 +472,8 @@ verdict:
 
 extern "C" int64_t df_cuda_fp8_x_reused(void) { return g_x_reused; }
 
+extern "C" int64_t df_cuda_fp8_made_reused(void) { return g_made_reused; }
+
 extern "C" void df_cuda_fp8_gemm_counts(int64_t *fast, int64_t *fallback)
 {
     *fast = g_fast, *fallback = g_fallback;
@@ -485,6 +491,9 @@ extern "C" void df_cuda_fp8_gemm_close(df_cuda_state *s)
             (void)cudaFree(fc->kept[i].buf);
     if (fc->held.buf)
         (void)cudaFree(fc->held.buf);
+    for (int i = 0; i < DF_CUDA_FP8_MADE; i++)
+        if (fc->made[i].buf)
+            (void)cudaFree(fc->made[i].buf);
     free(fc);
     s->fp8 = NULL;
 }
@@ -519,6 +528,8 @@ extern "C" void df_cuda_fp8_kept_forget(df_backend *be)
         fc->kept[i].w = NULL, fc->kept[i].ready = 0;
     if (fc)
         fc->held.x = NULL, fc->held.ready = 0;
+    for (int i = 0; fc && i < DF_CUDA_FP8_MADE; i++)
+        fc->made[i].x = NULL, fc->made[i].ready = 0;
 }
 
 /* a device region of at least bytes: *buf kept when it is large enough,
@@ -669,27 +680,108 @@ static fp8_held *held_for(df_backend *be, df_gemm_kind kind, const df_tensor *x,
     return h;
 }
 
+/* t [R, C] as operand op of kind (0: a, the dy of the backward kinds or FWD's x, the
+ * GEMM's B; 1: b, BWD_W's x, its A): the code matrix's rows (B: the GEMM's n, c's rows when
+ * it has t's; A: its m) and padded reduction */
+static void made_geometry(df_gemm_kind kind, int op, const df_tensor *t, int64_t *n, int64_t *kp)
+{
+    int bw = kind == DF_GEMM_BWD_W;
+    *n = bw ? t->shape[1] : t->shape[0];
+    *kp = rup(bw ? t->shape[0] : t->shape[1], 128);
+    (void)op;
+}
+
+extern "C" int df_cuda_fp8_made_claim(df_backend *be, int slot, df_gemm_kind kind, int op,
+                                      const df_tensor *t, int dyblk, df_cuda_fp8_rows *out)
+{
+    df_cuda_state *s = (df_cuda_state *)be->impl;
+    memset(out, 0, sizeof *out);
+    int bw = kind == DF_GEMM_BWD_W;
+    if (slot < 0 || slot >= DF_CUDA_FP8_MADE || op < 0 || op > 1 || (op == 1 && !bw) ||
+        (bw && op == 0 && !dyblk) || !df_cuda_fp8_gemm_possible(be) || mx_of(s->device) ||
+        t->dtype != DF_DTYPE_BF16 || t->ndim != 2 || t->shape[0] < 1 || t->shape[1] < 1)
+        return 0;
+    if (!s->fp8 && !(s->fp8 = calloc(1, sizeof(fp8_cache))))
+        return 0;
+    fp8_held *h = &((fp8_cache *)s->fp8)->made[slot];
+    int64_t n, kp;
+    made_geometry(kind, op, t, &n, &kp);
+    fp8_ws w = ws_layout(kind, op ? n : 1, op ? 1 : n, kp, NULL, NULL, NULL, 0);
+    h->ready = 0, h->x = NULL;
+    if (region_fit(&h->buf, &h->bytes, op ? w.bytes_a : w.bytes_b))
+        return 0;
+    h->x = t->data, h->kind = (int)kind, h->rows = t->shape[0], h->cols = t->shape[1];
+    h->ld = t->stride[0], h->n = n, h->kp = kp, h->mx = 0, h->blk = bw && op == 0, h->op = op;
+    w = ws_layout(kind, op ? n : 1, op ? 1 : n, kp, op ? (char *)h->buf : NULL,
+                  op ? (char *)h->buf : NULL, op ? NULL : (char *)h->buf, 0);
+    out->codes = op ? w.qa : w.qb, out->scales = op ? w.sa : w.sb, out->kp = kp, out->n = n;
+    return 1;
+}
+
+extern "C" void df_cuda_fp8_made_ready(df_backend *be, int slot, int ok)
+{
+    fp8_cache *fc = (fp8_cache *)((df_cuda_state *)be->impl)->fp8;
+    if (fc && slot >= 0 && slot < DF_CUDA_FP8_MADE && fc->made[slot].x)
+        fc->made[slot].ready = ok != 0;
+}
+
+/* The ready region holding operand op's codes (t) for this call (DF_FP8_MADE), or NULL. */
+static fp8_held *made_held_of(df_backend *be, df_gemm_kind kind, int op, const df_tensor *t,
+                              const df_tensor *c, int dyblk)
+{
+    df_cuda_state *s = (df_cuda_state *)be->impl;
+    fp8_cache *fc = (fp8_cache *)s->fp8;
+    int64_t n, kp;
+    made_geometry(kind, op, t, &n, &kp);
+    int blk = kind == DF_GEMM_BWD_W && op == 0 && dyblk;
+    int64_t cn = op ? c->shape[1] : c->shape[0]; /* A's rows are c's columns, B's its rows */
+    for (int i = 0; fc && i < DF_CUDA_FP8_MADE; i++) {
+        fp8_held *h = &fc->made[i];
+        if (h->ready && h->kind == (int)kind && h->op == op && h->x == t->data &&
+            h->rows == t->shape[0] && h->cols == t->shape[1] && h->ld == t->stride[0] &&
+            h->n == n && h->kp == kp && h->blk == blk && h->mx == mx_of(s->device) && cn == n)
+            return h;
+    }
+    return NULL;
+}
+
 /* 1 when the tensor cores took the call (c written), 0 when the caller runs
  * the BF16 path, or a negative error. The codes go to the backend scratch,
- * x's to the held region under DF_FP8_HOLD_X / _SAME_X. */
+ * x's to the held region under DF_FP8_HOLD_X / _SAME_X; under DF_FP8_MADE an
+ * operand's come from its producer's region where it wrote them (that x then
+ * leaves the held region as it was). */
 extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const df_tensor *a,
                                        const df_tensor *b, df_tensor *c, unsigned flags)
 {
     if (!df_cuda_fp8_gemm_possible(be))
         return 0; /* (before the scratch: it would grow for nothing) */
     int acc = (flags & DF_FP8_ACCUMULATE) != 0, bw = kind == DF_GEMM_BWD_W, x_ready = 0;
-    fp8_held *h = kind != DF_GEMM_BWD_X && (flags & (DF_FP8_HOLD_X | DF_FP8_SAME_X))
+    int dyblk = (flags & DF_FP8_DY_BLOCKS) != 0, made = (flags & DF_FP8_MADE) != 0;
+    /* a: dy of the backward kinds, FWD's x (B); b: BWD_W's x (A) */
+    fp8_held *ma = made ? made_held_of(be, kind, 0, a, c, dyblk) : NULL;
+    fp8_held *mb = made && bw ? made_held_of(be, kind, 1, b, c, dyblk) : NULL;
+    fp8_held *mx = bw ? mb : ma; /* x's, if its producer made them */
+    fp8_held *h = !mx && kind != DF_GEMM_BWD_X && (flags & (DF_FP8_HOLD_X | DF_FP8_SAME_X))
                       ? held_for(be, kind, bw ? b : a, c, flags, &x_ready)
                       : NULL;
     size_t bytes = df_cuda_matmul_fp8_ws_bytes(kind, a, c, 0);
     void *ws = df_cuda_scratch(be, bytes);
     if (!ws)
         return -ENOMEM;
-    void *wx = h ? h->buf : NULL;
-    int rc = fast_call(be, kind, a, b, c, acc, (flags & DF_FP8_DY_BLOCKS) != 0, ws, bytes,
-                       bw ? wx : NULL, bw && x_ready, bw ? NULL : wx, !bw && x_ready);
+    void *wx = mx ? mx->buf : h ? h->buf : NULL;
+    x_ready = mx ? 1 : x_ready;
+    /* A: BWD_W's x (made or held); B: FWD's x (made or held), dy (made) */
+    void *wb = bw ? (ma ? ma->buf : NULL) : wx;
+    int b_ready = bw ? ma != NULL : x_ready;
+    int rc = fast_call(be, kind, a, b, c, acc, dyblk, ws, bytes, bw ? wx : NULL, bw && x_ready, wb,
+                       b_ready);
     if (h) /* x's codes are there only when the call rounded (or used) them */
         h->ready = rc == 1;
-    g_x_reused += rc == 1 && x_ready;
+    g_x_reused += rc == 1 && x_ready && !mx;
+    g_made_reused += rc == 1 ? (ma != NULL) + (mb != NULL) : 0;
+    if (ma) /* a producer's codes serve one call */
+        ma->ready = 0;
+    if (mb)
+        mb->ready = 0;
     return rc;
 }

@@ -187,18 +187,12 @@ __device__ void ce_codes_pass(const T *__restrict__ zr, int64_t V, int act, floa
             w[j / 2] = (uint32_t)g2[0] | (uint32_t)g2[1] << 16;
         }
         uint4 u = make_uint4(w[0], w[1], w[2], w[3]);
-        uint32_t mb = amax8_bits(u);
-#pragma unroll
-        for (int d = 8; d > 0; d >>= 1)
-            mb = max(mb, __shfl_xor_sync(0xffffffffu, mb, d));
+        uint32_t mb = amax16_bits(u);
         if (v0 >= kp)
             continue;
-        float v[8], m = bits_f(mb);
-        unpack8(u, v);
-        int e = scale_exp(m);
-        *reinterpret_cast<uint2 *>(codes + r * kp + v0) = codes8(v, ldexpf(1.0f, -e), isfinite(m));
+        float s = codes8_store(u, mb, codes + r * kp + v0);
         if ((t & 15) == 0)
-            csc[(v0 / 128) * n_out + r] = ldexpf(1.0f, e);
+            csc[(v0 / 128) * n_out + r] = s;
     }
 }
 

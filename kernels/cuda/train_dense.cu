@@ -28,6 +28,7 @@
 #include <string.h>
 
 #include "bf16.cuh"
+#include "swiglu.cuh"
 #include "cuda_internal.h"
 #include "knobs.h"
 #include "train_cuda.h"
@@ -558,16 +559,6 @@ struct SwArgs {
     uint16_t *dg, *du;
     int vec;
 };
-
-/* The CPU's formulas and order: s = sigmoid(g), silu = g / (1 + e^-g);
- * g -> -inf gives s = 0 and a finite bracket, never NaN. */
-__device__ __forceinline__ void swiglu_bwd_f(float g, float u, float d, float *dg, float *du)
-{
-    float e = expf(-g);
-    float s = 1.0f / (1.0f + e), silu = g / (1.0f + e);
-    *dg = d * u * (s * (1.0f + g * (1.0f - s)));
-    *du = d * silu;
-}
 
 /* dgate / dup may be exactly an input's view: each element's three inputs
  * are read by the thread that writes its two outputs, before it writes. */
