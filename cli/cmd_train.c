@@ -61,10 +61,11 @@ static void usage(FILE *f)
             "                        less per parameter of memory and of the optimizer's\n"
             "                        traffic, ~2%% faster at the 27B shape; the drafter ~1%%\n"
             "                        worse in eval loss and tau_walk (docs/DESIGN.md)\n"
-            "  --adam-m-bf16         the first moment alone in BF16 (v stays F32): 2 bytes less\n"
-            "                        per parameter, ~1%% faster at the 27B shape; eval loss\n"
-            "                        and tau_walk within the seed spread, real tau not yet\n"
-            "                        measured (docs/DESIGN.md)\n"
+            "  --no-adam-m-bf16      AdamW's first moment in F32 (default: m in BF16,\n"
+            "                        stochastically rounded, v F32: 2 bytes less per\n"
+            "                        parameter, ~1%% faster at the 27B shape; eval loss,\n"
+            "                        tau_walk and real tau within the seed spread under FP8:\n"
+            "                        docs/DESIGN.md); --adam-m-bf16 asks for the default\n"
             "  --bf16-logits         the training steps' LM-head logits rounded to BF16, as\n"
             "                        PyTorch's BF16 head leaves them (SpecForge): half their\n"
             "                        bytes on the GPU, ~1%% faster at the 27B shape; eval\n"
@@ -181,7 +182,7 @@ int cmd_train(int argc, char **argv)
      * is not one: it turns checkpoints off whatever their interval) */
     enum { SEEN_RECOMPUTE = 1, SEEN_NO_RECOMPUTE = 2, SEEN_RECOMPUTE_MLP = 4, SEEN_OVERLAP = 8,
            SEEN_NO_OVERLAP = 16, SEEN_FP8 = 32, SEEN_NO_FP8 = 64, SEEN_DY_BLOCKS = 128,
-           SEEN_NO_DY_BLOCKS = 256 };
+           SEEN_NO_DY_BLOCKS = 256, SEEN_M16 = 512, SEEN_NO_M16 = 1024 };
     unsigned seen = 0;
     const char *gpus = NULL;
     char idbuf[128];
@@ -227,7 +228,13 @@ int cmd_train(int argc, char **argv)
             continue;
         }
         if (!strcmp(a, "--adam-m-bf16")) {
+            seen |= SEEN_M16;
             o.adam_m_bf16 = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-adam-m-bf16")) {
+            seen |= SEEN_NO_M16;
+            o.adam_m_bf16 = 0;
             continue;
         }
         if (!strcmp(a, "--fp8")) {
@@ -413,13 +420,19 @@ int cmd_train(int argc, char **argv)
                  {SEEN_RECOMPUTE_MLP, SEEN_NO_RECOMPUTE, "--recompute-mlp", "--no-recompute"},
                  {SEEN_OVERLAP, SEEN_NO_OVERLAP, "--overlap-optimizer", "--no-overlap-optimizer"},
                  {SEEN_FP8, SEEN_NO_FP8, "--fp8", "--no-fp8"},
-                 {SEEN_DY_BLOCKS, SEEN_NO_DY_BLOCKS, "--fp8-dy-blocks", "--no-fp8-dy-blocks"}};
+                 {SEEN_DY_BLOCKS, SEEN_NO_DY_BLOCKS, "--fp8-dy-blocks", "--no-fp8-dy-blocks"},
+                 {SEEN_M16, SEEN_NO_M16, "--adam-m-bf16", "--no-adam-m-bf16"}};
     for (size_t k = 0; k < sizeof clash / sizeof clash[0]; k++)
         if ((seen & clash[k].a) && (seen & clash[k].b)) {
             fprintf(stderr, "dflash train: %s and %s ask for opposite things: give one\n", clash[k].na,
                     clash[k].nb);
             return 2;
         }
+    if (o.adam_bf16 && (seen & SEEN_NO_M16)) {
+        fprintf(stderr, "dflash train: --adam-bf16 keeps m in BF16 too: it and --no-adam-m-bf16 ask "
+                        "for opposite things\n");
+        return 2;
+    }
     if (o.target_dir && o.random_target) {
         fprintf(stderr, "dflash train: --target and --random-target: give one\n");
         return 2;

@@ -199,15 +199,24 @@ run 0 "" "$D" train $TF --out "$W/runAbr" --adam-bf16 --stop-after 6
 run 0 "" "$D" train $TF --out "$W/runAbr" --adam-bf16
 cmp -s "$W/runAb/export/model.safetensors" "$W/runAbr/export/model.safetensors" || fail "--adam-bf16 resume differs"
 run 1 "--adam-bf16 true \(now false\)" "$D" train $TF --out "$W/runAb"
-# --adam-m-bf16 (m alone in BF16, v F32): said, recorded, weights of their own, an exact resume
+# m alone in BF16 (v F32) is the default: said, recorded, the same as --adam-m-bf16, an exact
+# resume; --no-adam-m-bf16 (F32 moments) trains other weights, is recorded and is not switched
+# on resume; --adam-bf16 with it is refused
 run 0 "fp32 master \+ bf16 m / fp32 v moments" "$D" train ${TF/--quiet/} --out "$W/runAm" --adam-m-bf16
 grep -q '"--adam-m-bf16":.true' "$W"/runAm/ckpt-*/hparams.json || fail "--adam-m-bf16 not recorded"
-cmp -s "$W/runF0/export/model.safetensors" "$W/runAm/export/model.safetensors" && fail "--adam-m-bf16 changed nothing"
+grep -q '"--adam-m-bf16":.true' "$W"/runF0/ckpt-*/hparams.json || fail "m in BF16 is not the default"
+cmp -s "$W/runF0/export/model.safetensors" "$W/runAm/export/model.safetensors" || fail "--adam-m-bf16 is not the default"
 cmp -s "$W/runAb/export/model.safetensors" "$W/runAm/export/model.safetensors" && fail "--adam-m-bf16 is --adam-bf16"
-run 0 "" "$D" train $TF --out "$W/runAmr" --adam-m-bf16 --stop-after 6
-run 0 "" "$D" train $TF --out "$W/runAmr" --adam-m-bf16
-cmp -s "$W/runAm/export/model.safetensors" "$W/runAmr/export/model.safetensors" || fail "--adam-m-bf16 resume differs"
-run 1 "--adam-m-bf16 true \(now false\)" "$D" train $TF --out "$W/runAm"
+run 0 "" "$D" train $TF --out "$W/runAmr" --stop-after 6
+run 0 "" "$D" train $TF --out "$W/runAmr"
+cmp -s "$W/runAm/export/model.safetensors" "$W/runAmr/export/model.safetensors" || fail "m16 resume differs"
+run 0 "fp32 master \+ fp32 moments" "$D" train ${TF/--quiet/} --out "$W/runA32" --no-adam-m-bf16
+grep -q '"--adam-m-bf16":.false' "$W"/runA32/ckpt-*/hparams.json || fail "--no-adam-m-bf16 not recorded"
+cmp -s "$W/runF0/export/model.safetensors" "$W/runA32/export/model.safetensors" && fail "--no-adam-m-bf16 changed nothing"
+run 1 "--adam-m-bf16 false \(now true\)" "$D" train $TF --out "$W/runA32"
+run 1 "--adam-m-bf16 true \(now false\)" "$D" train $TF --out "$W/runAm" --no-adam-m-bf16
+run 2 "ask for opposite things" "$D" train $TF --out "$W/runAx" --adam-m-bf16 --no-adam-m-bf16
+run 2 "opposite things" "$D" train $TF --out "$W/runAx" --adam-bf16 --no-adam-m-bf16
 # --bf16-logits (the training steps' logits rounded to BF16): recorded, weights of their own, the
 # switch refused on resume
 run 0 "" "$D" train $TF --out "$W/runBl" --bf16-logits
@@ -487,8 +496,8 @@ run 1 "run of 2 rank" "$D" train $TA2 --out "$W/runQ" --steps 50
 # the data-parallel math (denominator over ranks, gradient buckets reduce-scattered from the
 # backward, sharded AdamW, all-gather): two ranks that both read rank 0's rows must give one
 # rank's weights exactly (each rank's gradient is half of it; halves add exactly)
-run 0 "" "$D" train $TA2 --out "$W/runS1"
-DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp4 $TA2 --out "$W/runS2"
+run 0 "" "$D" train $TA2 --out "$W/runS1" --no-adam-m-bf16
+DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp4 $TA2 --out "$W/runS2" --no-adam-m-bf16
 cmp -s "$W/runS1/export/model.safetensors" "$W/runS2/export/model.safetensors" || fail "2 ranks on the same rows differ from 1 rank"
 # the same with FP8 training (each rank rounds its own rows' GEMM operands)
 run 0 "" "$D" train ${TA2/--steps 40/--steps 12} --out "$W/runS1f" --fp8
@@ -498,12 +507,12 @@ cmp -s "$W/runS1f/export/model.safetensors" "$W/runS2f/export/model.safetensors"
 run 0 "" "$D" train ${TA2/--steps 40/--steps 12} --out "$W/runS1a" --adam-bf16
 DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp9 ${TA2/--steps 40/--steps 12} --out "$W/runS2a" --adam-bf16
 cmp -s "$W/runS1a/export/model.safetensors" "$W/runS2a/export/model.safetensors" || fail "--adam-bf16: 2 ranks on the same rows differ from 1 rank"
-# and with m alone in BF16 (the checkpoint gathers one BF16 and one F32 moment), resumed
+# and with m alone in BF16, the default (the checkpoint gathers one BF16 and one F32 moment), resumed
 T12="${TA2/--steps 40/--steps 12}"; T12=${T12/--ckpt-every 20/--ckpt-every 4}
-run 0 "" "$D" train $T12 --out "$W/runS1m" --adam-m-bf16
-DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp10 $T12 --out "$W/runS2m" --adam-m-bf16 --stop-after 6
-DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp11 $T12 --out "$W/runS2m" --adam-m-bf16
-cmp -s "$W/runS1m/export/model.safetensors" "$W/runS2m/export/model.safetensors" || fail "--adam-m-bf16: 2 ranks on the same rows, resumed, differ from 1 rank"
+run 0 "" "$D" train $T12 --out "$W/runS1m"
+DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp10 $T12 --out "$W/runS2m" --stop-after 6
+DFLASH_TEST_REPLICATE_DATA=1 ranks2 dp11 $T12 --out "$W/runS2m"
+cmp -s "$W/runS1m/export/model.safetensors" "$W/runS2m/export/model.safetensors" || fail "m in BF16 (the default): 2 ranks on the same rows, resumed, differ from 1 rank"
 # the same with the optimizer after the backward (the default: on the side stream, all-gathers
 # joined there, per-bucket zeroing)
 ranks2 dp5 $TA2 --out "$W/runOv2" --no-overlap-optimizer --no-grad-alias

@@ -58,6 +58,10 @@ void df_train_opts_defaults(df_train_opts *o)
     /* with FP8, bwd_w's dy per 128 x 128: cuBLASLt's faster kernel on sm_90, the drafter's
      * quality within the seed-to-seed spread (docs/FP8.md) */
     o->fp8_dy_blocks = 1;
+    /* AdamW's m in BF16 (stochastically rounded), v in F32: 2 bytes less per parameter and
+     * ~1.4% less step time at the 27B shape, the drafter within the seed-to-seed spread
+     * (docs/DESIGN.md) */
+    o->adam_m_bf16 = 1;
     /* AdamW bucket by bucket on a side stream, overlapping the next forward:
      * the same bits, ~1.4% less time per step at the 27B drafter shape
      * (docs/log/) */

@@ -79,8 +79,8 @@ typedef struct df_train_opts {
                                    (df_drafter_set_fp8_dy_blocks); default 1, 0: 128 x 1 */
     int adam_bf16;              /* AdamW's moments in BF16, stochastically rounded
                                    (df_op_adamw_m16): half their memory and traffic; default 0 */
-    int adam_m_bf16;            /* the first moment alone in BF16 (v F32); default 0; implied
-                                   by adam_bf16 */
+    int adam_m_bf16;            /* the first moment alone in BF16 (v F32); default 1 (the
+                                   quality gate: docs/DESIGN.md), 0: F32; implied by adam_bf16 */
     int bf16_logits;            /* training steps' LM-head logits rounded to BF16
                                    (df_drafter_set_bf16_logits): half their bytes; default 0 */
     int grad_f32;               /* GPU: keep gradients in F32 (default BF16: half the memory
