@@ -26,6 +26,7 @@
 
 #include "bf16.cuh"
 #include "cuda_internal.h"
+#include "device.h"
 #include "e4m3.cuh"
 #include "fp8_cuda.h"
 #include "knobs.h"
@@ -34,9 +35,13 @@
 
 namespace {
 
-constexpr int ST = 1024;             /* threads per CTA: 32 warps, one CTA per SM */
-constexpr int SP = 128 * 16 / ST;    /* 8-element pieces of a 128 x 128 tile per thread */
-constexpr int TW = 136;              /* the shared tile's row, in bf16 (16-byte aligned rows) */
+/* A CTA of ST threads computes a 128 x 128 tile in NCH chunks of CR rows (16 threads a row,
+ * 8 columns each), the next chunk's loads issued before this one's math; two CTAs per SM, so
+ * one's loads overlap the other's math and barriers. */
+constexpr int ST = 512;
+constexpr int CR = ST / 16;
+constexpr int NCH = 128 / CR;
+constexpr int TW = 136; /* the shared tile's row, in bf16 (16-byte aligned rows) */
 
 struct SwqOut { /* one gradient's codes: BWD_X's rows, BWD_W's transpose */
     uint8_t *xc, *wc;
@@ -77,88 +82,109 @@ __device__ __forceinline__ void st_piece(uint16_t *p, int64_t ld, int64_t r, int
         p[r * ld + c + j] = (uint16_t)(w[j / 2] >> (16 * (j & 1)));
 }
 
-/* One gradient's codes from its BF16 tile (this thread's pieces v, and the
- * whole tile in t once the barrier in block_amax has passed): BWD_X's 1 x
- * 128 row blocks from the pieces (16 threads a row), BWD_W's 128 x 128
- * block of the transpose from t. */
-__device__ __forceinline__ void tile_codes(const uint4 v[SP], uint16_t (*t)[TW], float *wm,
-                                           const SwqOut &o, const SwqArgs &a, int64_t r0,
-                                           int64_t c0)
+/* Row lr of the tile's BF16 values (this thread's 8 of them, v) into the shared tile t and as
+ * 1 x 128 block codes of row r (16 threads a row), at codes + r * kp + c, scale sc[c0 / 128 *
+ * R + r]; the whole warp calls it. */
+__device__ __forceinline__ void row_codes(uint4 v, uint8_t *codes, float *sc, int64_t kp, int64_t R,
+                                          int64_t r, int64_t c, int64_t c0)
 {
-    const int sub = threadIdx.x & 15;
-    uint32_t tb = 0;
+    uint32_t mb = amax16_bits(v);
+    if (r >= R)
+        return;
+    float s = codes8_store(v, mb, codes + r * kp + c);
+    if ((threadIdx.x & 15) == 0)
+        sc[(c0 / 128) * R + r] = s;
+}
+
+/* Rows rr .. rr + 31 of the tile's column oo (t) as 32 codes at inverse scale inv, to out */
+__device__ __forceinline__ void col_codes32(const uint16_t (*t)[TW], int rr, int oo, float inv,
+                                            bool fin, uint8_t *out)
+{
 #pragma unroll
-    for (int j = 0; j < SP; j++) {
-        int i = threadIdx.x + j * ST;
-        *reinterpret_cast<uint4 *>(&t[i / 16][(i % 16) * 8]) = v[j];
-        tb = max(tb, amax8_bits(v[j]));
-        uint32_t mb = amax16_bits(v[j]);
-        int64_t r = r0 + i / 16;
-        if (r >= a.R)
-            continue;
-        float s = codes8_store(v[j], mb, o.xc + r * a.kpx + c0 + sub * 8);
-        if (sub == 0)
-            o.xs[(c0 / 128) * a.R + r] = s;
-    }
-    const float m = block_amax<ST>(bits_f(tb), wm); /* (its barrier also orders t's writes) */
-    const int ke = scale_exp(m);
-    const float inv = ldexpf(1.0f, -ke);
-    const bool fin = isfinite(m);
-    for (int i = threadIdx.x; i < 128 * 8; i += ST) { /* dy^T's row c0 + oo, 16 of its codes */
-        int oo = i % 128, rr = (i / 128) * 16;
-        int64_t oc = c0 + oo;
-        if (oc >= a.C)
-            continue;
+    for (int h = 0; h < 2; h++) {
         float x0[8], x1[8];
 #pragma unroll
         for (int j = 0; j < 8; j++)
-            x0[j] = bf2f(t[rr + j][oo]), x1[j] = bf2f(t[rr + 8 + j][oo]);
+            x0[j] = bf2f(t[rr + 16 * h + j][oo]), x1[j] = bf2f(t[rr + 16 * h + 8 + j][oo]);
         uint2 p = codes8(x0, inv, fin), q = codes8(x1, inv, fin);
-        *reinterpret_cast<uint4 *>(o.wc + oc * a.kpw + r0 + rr) = make_uint4(p.x, p.y, q.x, q.y);
+        *reinterpret_cast<uint4 *>(out + 16 * h) = make_uint4(p.x, p.y, q.x, q.y);
     }
-    if (threadIdx.x == 0)
-        o.ws[(c0 / 128) * a.l4 + r0 / 128] = ldexpf(1.0f, ke);
 }
 
-/* A CTA per 128 x 128 tile of dy (blockIdx.x: columns, .y: rows). Each
- * thread loads its pieces of gate, up and dout (all issued first), writes
- * its pieces of dgate and dup (in place is fine: the same thread read those
- * elements first), then each gradient's codes in turn through one shared
- * tile. */
-__global__ void __launch_bounds__(ST) swiglu_bwd_q8_kernel(SwqArgs a)
+constexpr size_t BWD_SMEM = 2 * 128 * TW * sizeof(uint16_t); /* dgate's and dup's tiles */
+
+/* A CTA per 128 x 128 tile of dy (blockIdx.x: columns, .y: rows). Chunk by chunk, each thread
+ * computes 8 elements of dgate and dup, writes them (in place is fine: the same thread read
+ * those elements first), their BWD_X codes, and keeps them in the shared tiles; then the
+ * tiles' amaxes, and each gradient's BWD_W codes from its tile's columns. */
+__global__ void __launch_bounds__(ST, 2) swiglu_bwd_q8_kernel(SwqArgs a)
 {
-    __shared__ __align__(16) uint16_t t[128][TW];
-    __shared__ float wm[ST / 32];
+    extern __shared__ __align__(16) uint16_t sm[];
+    uint16_t(*tg)[TW] = reinterpret_cast<uint16_t(*)[TW]>(sm);
+    uint16_t(*tu)[TW] = reinterpret_cast<uint16_t(*)[TW]>(sm + 128 * TW);
+    __shared__ uint32_t wm[2][ST / 32];
     const int64_t r0 = (int64_t)blockIdx.y * 128, c0 = (int64_t)blockIdx.x * 128;
-    uint4 gv[SP], uv[SP], dv[SP];
+    const int lr0 = threadIdx.x / 16, sub = threadIdx.x & 15;
+    const int64_t c = c0 + sub * 8;
+    uint4 gv = ld_piece(a.g, a.ldg, r0 + lr0, c, a), uv = ld_piece(a.u, a.ldu, r0 + lr0, c, a),
+          dv = ld_piece(a.d, a.ldd, r0 + lr0, c, a);
+    uint32_t mg = 0, mu = 0;
 #pragma unroll
-    for (int j = 0; j < SP; j++) {
-        int i = threadIdx.x + j * ST;
-        int64_t r = r0 + i / 16, c = c0 + (i % 16) * 8;
-        gv[j] = ld_piece(a.g, a.ldg, r, c, a);
-        uv[j] = ld_piece(a.u, a.ldu, r, c, a);
-        dv[j] = ld_piece(a.d, a.ldd, r, c, a);
-    }
-#pragma unroll
-    for (int j = 0; j < SP; j++) {
+    for (int k = 0; k < NCH; k++) {
+        const int lr = k * CR + lr0;
+        const int64_t r = r0 + lr;
+        uint4 gn = gv, un = uv, dn = dv;
+        if (k + 1 < NCH) {
+            gn = ld_piece(a.g, a.ldg, r + CR, c, a);
+            un = ld_piece(a.u, a.ldu, r + CR, c, a);
+            dn = ld_piece(a.d, a.ldd, r + CR, c, a);
+        }
         float g[8], u[8], d[8];
-        unpack8(gv[j], g);
-        unpack8(uv[j], u);
-        unpack8(dv[j], d);
+        unpack8(gv, g);
+        unpack8(uv, u);
+        unpack8(dv, d);
 #pragma unroll
-        for (int k = 0; k < 8; k++)
-            swiglu_bwd_f(g[k], u[k], d[k], &g[k], &u[k]);
+        for (int j = 0; j < 8; j++)
+            swiglu_bwd_f(g[j], u[j], d[j], &g[j], &u[j]);
         /* outside R x C the inputs are zeros and so are these: the padding's codes */
-        gv[j] = make_uint4(pack2(g[0], g[1]), pack2(g[2], g[3]), pack2(g[4], g[5]), pack2(g[6], g[7]));
-        uv[j] = make_uint4(pack2(u[0], u[1]), pack2(u[2], u[3]), pack2(u[4], u[5]), pack2(u[6], u[7]));
-        int i = threadIdx.x + j * ST;
-        int64_t r = r0 + i / 16, c = c0 + (i % 16) * 8;
-        st_piece(a.dg, a.lddg, r, c, gv[j], a);
-        st_piece(a.du, a.lddu, r, c, uv[j], a);
+        gv = make_uint4(pack2(g[0], g[1]), pack2(g[2], g[3]), pack2(g[4], g[5]), pack2(g[6], g[7]));
+        uv = make_uint4(pack2(u[0], u[1]), pack2(u[2], u[3]), pack2(u[4], u[5]), pack2(u[6], u[7]));
+        st_piece(a.dg, a.lddg, r, c, gv, a);
+        st_piece(a.du, a.lddu, r, c, uv, a);
+        *reinterpret_cast<uint4 *>(&tg[lr][sub * 8]) = gv;
+        *reinterpret_cast<uint4 *>(&tu[lr][sub * 8]) = uv;
+        mg = max(mg, amax8_bits(gv));
+        mu = max(mu, amax8_bits(uv));
+        row_codes(gv, a.o[0].xc, a.o[0].xs, a.kpx, a.R, r, c, c0);
+        row_codes(uv, a.o[1].xc, a.o[1].xs, a.kpx, a.R, r, c, c0);
+        gv = gn, uv = un, dv = dn;
     }
-    tile_codes(gv, t, wm, a.o[0], a, r0, c0);
-    __syncthreads(); /* t and wm are the next gradient's */
-    tile_codes(uv, t, wm, a.o[1], a, r0, c0);
+    /* both tiles' amaxes through one barrier (which also orders the tiles' writes) */
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        mg = max(mg, __shfl_xor_sync(0xffffffffu, mg, o));
+        mu = max(mu, __shfl_xor_sync(0xffffffffu, mu, o));
+    }
+    if ((threadIdx.x & 31) == 0)
+        wm[0][threadIdx.x / 32] = mg, wm[1][threadIdx.x / 32] = mu;
+    __syncthreads();
+    mg = 0, mu = 0;
+#pragma unroll
+    for (int j = 0; j < ST / 32; j++)
+        mg = max(mg, wm[0][j]), mu = max(mu, wm[1][j]);
+    /* dy^T's row c0 + oo: the tile's column oo, rows rr .. rr + 31 */
+    const int oo = threadIdx.x % 128, rr = (threadIdx.x / 128) * 32;
+    const int64_t oc = c0 + oo;
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        const float m = bits_f(q ? mu : mg);
+        const int ke = scale_exp(m);
+        const SwqOut &o = a.o[q];
+        if (oc < a.C)
+            col_codes32(q ? tu : tg, rr, oo, ldexpf(1.0f, -ke), isfinite(m), o.wc + oc * a.kpw + r0 + rr);
+        if (threadIdx.x == 0)
+            o.ws[(c0 / 128) * a.l4 + r0 / 128] = ldexpf(1.0f, ke);
+    }
 }
 
 /* The forward: y = silu(gate) * up, and y's codes as the down projection's x: in 1 x 128 row
@@ -174,72 +200,58 @@ struct SwfArgs {
     int vec;
 };
 
-constexpr int FP = 128 * 16 / ST; /* pieces per thread */
-
 template <bool ROWS, bool COLS>
-__global__ void __launch_bounds__(ST) swiglu_q8_kernel(SwfArgs a)
+__global__ void __launch_bounds__(ST, 2) swiglu_q8_kernel(SwfArgs a)
 {
-    __shared__ __align__(16) uint16_t t[128][TW];
-    __shared__ uint32_t red[8][128];
+    __shared__ __align__(16) uint16_t t[COLS ? 128 : 1][TW];
+    __shared__ uint32_t red[4][128];
     const int64_t r0 = (int64_t)blockIdx.y * 128, c0 = (int64_t)blockIdx.x * 128;
-    const int sub = threadIdx.x & 15;
-    uint4 gv[FP], uv[FP];
+    const int lr0 = threadIdx.x / 16, sub = threadIdx.x & 15;
+    const int64_t c = c0 + sub * 8;
+    uint4 gv = ld_piece(a.g, a.ldg, r0 + lr0, c, a), uv = ld_piece(a.u, a.ldu, r0 + lr0, c, a);
 #pragma unroll
-    for (int j = 0; j < FP; j++) {
-        int i = threadIdx.x + j * ST;
-        int64_t r = r0 + i / 16, c = c0 + (i % 16) * 8;
-        gv[j] = ld_piece(a.g, a.ldg, r, c, a);
-        uv[j] = ld_piece(a.u, a.ldu, r, c, a);
-    }
-#pragma unroll
-    for (int j = 0; j < FP; j++) {
+    for (int k = 0; k < NCH; k++) {
+        const int lr = k * CR + lr0;
+        const int64_t r = r0 + lr;
+        uint4 gn = gv, un = uv;
+        if (k + 1 < NCH) {
+            gn = ld_piece(a.g, a.ldg, r + CR, c, a);
+            un = ld_piece(a.u, a.ldu, r + CR, c, a);
+        }
         float g[8], u[8];
-        unpack8(gv[j], g);
-        unpack8(uv[j], u);
+        unpack8(gv, g);
+        unpack8(uv, u);
         uint4 y = make_uint4(pack2(silu_f(g[0]) * u[0], silu_f(g[1]) * u[1]),
                              pack2(silu_f(g[2]) * u[2], silu_f(g[3]) * u[3]),
                              pack2(silu_f(g[4]) * u[4], silu_f(g[5]) * u[5]),
                              pack2(silu_f(g[6]) * u[6], silu_f(g[7]) * u[7]));
-        int i = threadIdx.x + j * ST;
-        int64_t r = r0 + i / 16, c = c0 + (i % 16) * 8;
         st_piece(a.y, a.ldy, r, c, y, a);
         if (COLS)
-            *reinterpret_cast<uint4 *>(&t[i / 16][(i % 16) * 8]) = y;
-        if (ROWS) {
-            uint32_t mb = amax16_bits(y);
-            if (r < a.R) {
-                float s = codes8_store(y, mb, a.xc + r * a.kpx + c);
-                if (sub == 0)
-                    a.xs[(c0 / 128) * a.R + r] = s;
-            }
-        }
+            *reinterpret_cast<uint4 *>(&t[lr][sub * 8]) = y;
+        if (ROWS)
+            row_codes(y, a.xc, a.xs, a.kpx, a.R, r, c, c0);
+        gv = gn, uv = un;
     }
     if (!COLS)
         return;
     __syncthreads();
-    /* y^T's row c0 + oo: rows rr .. rr + 15 of the tile's column oo, then the column's amax */
-    const int oo = threadIdx.x % 128, rr = (threadIdx.x / 128) * 16;
-    float x0[8], x1[8];
+    /* y^T's row c0 + oo: rows rr .. rr + 31 of the tile's column oo, then the column's amax */
+    const int oo = threadIdx.x % 128, rr = (threadIdx.x / 128) * 32;
     uint32_t mb = 0;
 #pragma unroll
-    for (int j = 0; j < 8; j++) {
-        uint16_t h0 = t[rr + j][oo], h1 = t[rr + 8 + j][oo];
-        mb = max(mb, (uint32_t)max(h0 & 0x7fff, h1 & 0x7fff));
-        x0[j] = bf2f(h0), x1[j] = bf2f(h1);
-    }
-    red[rr / 16][oo] = mb;
+    for (int j = 0; j < 32; j++)
+        mb = max(mb, (uint32_t)(t[rr + j][oo] & 0x7fff));
+    red[rr / 32][oo] = mb;
     __syncthreads();
 #pragma unroll
-    for (int k = 0; k < 8; k++)
+    for (int k = 0; k < 4; k++)
         mb = max(mb, red[k][oo]);
     const int64_t oc = c0 + oo;
     if (oc >= a.C)
         return;
     const float m = bits_f(mb);
     const int e = scale_exp(m);
-    const float inv = ldexpf(1.0f, -e);
-    uint2 p = codes8(x0, inv, isfinite(m)), q = codes8(x1, inv, isfinite(m));
-    *reinterpret_cast<uint4 *>(a.wc + oc * a.kpw + r0 + rr) = make_uint4(p.x, p.y, q.x, q.y);
+    col_codes32(t, rr, oo, ldexpf(1.0f, -e), isfinite(m), a.wc + oc * a.kpw + r0 + rr);
     if (rr == 0)
         a.ws[(r0 / 128) * a.C + oc] = ldexpf(1.0f, e);
 }
@@ -303,6 +315,8 @@ extern "C" int df_cuda_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, con
     const int64_t R = ok ? dgate->shape[0] : 0, C = ok ? dgate->shape[1] : 0;
     /* the grid: columns in x, rows in y (below 2^16) */
     ok = ok && (R + 127) / 128 <= 65535 && (C + 127) / 128 <= ((int64_t)1 << 31) - 1;
+    /* its tiles' shared memory (above the 48 KiB a launch gets unasked) */
+    ok = ok && df_cuda_func_smem((const void *)swiglu_bwd_q8_kernel, BWD_SMEM) == 0;
     df_cuda_fp8_rows xr[2], wr[2];
     for (int k = 0; k < 2 && ok; k++) { /* slots 0-3: dgate BWD_X, BWD_W, then dup's */
         df_tensor *y = k ? dup : dgate;
@@ -337,7 +351,7 @@ extern "C" int df_cuda_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, con
     }
     if (!rc) {
         swiglu_bwd_q8_kernel<<<dim3((unsigned)((C + 127) / 128), (unsigned)((R + 127) / 128)), ST,
-                               0, st>>>(a);
+                               BWD_SMEM, st>>>(a);
         rc = df_cuda_check_launch("swiglu_bwd fp8 kernel");
     }
     for (int s = 0; s < 4; s++)
