@@ -502,7 +502,8 @@ int df_op_swiglu(df_backend *be, const df_tensor *gate, const df_tensor *up, df_
 int df_op_swiglu_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out,
                      unsigned flags)
 {
-    if (!be || !flags || (flags & ~(DF_FP8_X_FWD | DF_FP8_X_BWD_W)) ||
+    if (!be || !(flags & (DF_FP8_X_FWD | DF_FP8_X_BWD_W)) ||
+        (flags & ~(DF_FP8_X_FWD | DF_FP8_X_BWD_W | DF_FP8_ONLY_CODES)) ||
         !check_elementwise(be, gate, up, out))
         return -EINVAL;
     return DISPATCH(be, swiglu_fp8, gate, up, out, flags);

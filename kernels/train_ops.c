@@ -118,7 +118,8 @@ int df_op_swiglu_bwd(df_backend *be, const df_tensor *gate, const df_tensor *up,
 int df_op_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up,
                          const df_tensor *dout, df_tensor *dgate, df_tensor *dup, unsigned flags)
 {
-    if (!be || (flags & ~DF_FP8_DY_BLOCKS) || !swiglu_bwd_args_ok(gate, up, dout, dgate, dup, ACT(be)))
+    if (!be || (flags & ~(DF_FP8_DY_BLOCKS | DF_FP8_ONLY_CODES)) ||
+        !swiglu_bwd_args_ok(gate, up, dout, dgate, dup, ACT(be)))
         return -EINVAL;
     return DF_DISPATCH(be, swiglu_bwd_fp8, gate, up, dout, dgate, dup, flags);
 }

@@ -244,9 +244,15 @@ int df_op_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a, cons
  * recomputed, its weight gradient). A backend with E4M3 tensor cores may
  * write out's codes in those calls' layouts here and spare them their
  * rounding (the CUDA backend on sm_90, for a 2-D out; DFLASH_FP8_SWIGLU).
- * Other flags bits, or none of the two: -EINVAL. */
+ * Other flags bits (but DF_FP8_ONLY_CODES, below), or none of the two: -EINVAL. */
 #define DF_FP8_X_FWD 32u
 #define DF_FP8_X_BWD_W 64u
+/* With either op's hint, DF_FP8_ONLY_CODES: the caller reads the output(s) through nothing but
+ * the hinted calls (no other op, no second call of a kind). Where the backend wrote the codes
+ * of every hinted call, it may then leave the BF16 values unwritten (the CUDA backend does,
+ * DFLASH_FP8_ONLY_CODES); a hinted call that cannot take those codes, or another FP8 GEMM
+ * given the tensor while they wait, fails with -EIO instead of reading them. */
+#define DF_FP8_ONLY_CODES 128u
 int df_op_swiglu_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up, df_tensor *out,
                      unsigned flags);
 
@@ -257,7 +263,8 @@ int df_op_swiglu_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up,
  * tensor cores may write the two gradients' codes in those calls' layouts
  * here, where it computes them, and spare the calls their rounding (the
  * CUDA backend on sm_90 does so for 2-D dgate / dup under DF_FP8_DY_BLOCKS;
- * DF_CUDA_FP8_MADE: docs/FP8.md). Other flags bits: -EINVAL. */
+ * DF_CUDA_FP8_MADE: docs/FP8.md). DF_FP8_ONLY_CODES as for df_op_swiglu_fp8. Other flags
+ * bits: -EINVAL. */
 int df_op_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up,
                          const df_tensor *dout, df_tensor *dgate, df_tensor *dup, unsigned flags);
 /* The recipe above as block rows x block columns of the operand as passed: operand 0 (a: x of

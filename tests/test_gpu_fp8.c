@@ -567,9 +567,9 @@ static void check_swiglu_dy(int64_t R, int64_t F, int64_t H, int inplace, int sm
     df_tensor Gd = df_tensor_2d(gd, DF_DTYPE_BF16, R, F), X = df_tensor_2d(gx, DF_DTYPE_BF16, R, H);
     df_tensor Wg = df_tensor_2d(gwg, DF_DTYPE_BF16, F, H), Wu = df_tensor_2d(gwu, DF_DTYPE_BF16, F, H);
     const int64_t n[5] = {R * F, R * F, R * H, F * H, F * H}; /* dg, du, dx, dwg, dwu */
-    float *got[2][5];
-    int64_t reused0 = df_cuda_fp8_made_reused(), bad_codes = 0, kept = 0;
-    for (int h = 0; h < 2; h++) {
+    float *got[3][5];
+    int64_t reused0 = df_cuda_fp8_made_reused(), bad_codes = 0, kept = 0, stale = -1;
+    for (int h = 0; h < 3; h++) { /* plain, hinted, hinted with DF_FP8_ONLY_CODES */
         void *o[5];
         for (int i = 0; i < 5; i++)
             o[i] = i < 2 && inplace ? gh_dev_bf16(g, i ? uf : gf, R * F) : gh_dev_poisoned(g, n[i], DF_DTYPE_BF16);
@@ -577,16 +577,29 @@ static void check_swiglu_dy(int64_t R, int64_t F, int64_t H, int inplace, int sm
         df_tensor DX = df_tensor_2d(o[2], DF_DTYPE_BF16, R, H);
         df_tensor DWG = df_tensor_2d(o[3], DF_DTYPE_BF16, F, H), DWU = df_tensor_2d(o[4], DF_DTYPE_BF16, F, H);
         const df_tensor *gi = inplace ? &DG : &Gg, *ui = inplace ? &DU : &Gu;
-        unsigned sd = h ? DF_FP8_MADE : 0;
-        if (h)
-            CHECK_EQ(df_op_swiglu_bwd_fp8(g, gi, ui, &Gd, &DG, &DU, DF_FP8_DY_BLOCKS), 0);
-        else
-            CHECK_EQ(df_op_swiglu_bwd(g, gi, ui, &Gd, &DG, &DU), 0);
-        CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_BWD_X, &DG, &Wg, &DX, sd), 0);
-        CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_BWD_X, &DU, &Wu, &DX, DF_FP8_ACCUMULATE | sd), 0);
-        CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_BWD_W, &DG, &X, &DWG, DF_FP8_DY_BLOCKS | DF_FP8_HOLD_X | sd), 0);
-        CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_BWD_W, &DU, &X, &DWU, DF_FP8_DY_BLOCKS | DF_FP8_SAME_X | sd), 0);
-        for (int k = 0; h && k < 2; k++) /* the kept regions as written (a claim keeps the bytes) */
+        unsigned sd = h ? DF_FP8_MADE : 0, only = h == 2 ? DF_FP8_ONLY_CODES : 0;
+        /* DF_FP8_ONLY_CODES twice on the same tensors: the values are left out once every
+         * region's call has taken codes of that geometry on the tensor cores */
+        for (int rep = 0; rep < (only ? 2 : 1); rep++) {
+            for (int i = 0; rep && i < 5; i++)
+                if (i < 2 && inplace)
+                    CHECK_EQ(df_backend_copy(g, o[i], i ? gu : gg, (size_t)(R * F) * 2), 0);
+                else
+                    gh_dev_poison(g, o[i], n[i], DF_DTYPE_BF16);
+            if (h)
+                CHECK_EQ(df_op_swiglu_bwd_fp8(g, gi, ui, &Gd, &DG, &DU, DF_FP8_DY_BLOCKS | only), 0);
+            else
+                CHECK_EQ(df_op_swiglu_bwd(g, gi, ui, &Gd, &DG, &DU), 0);
+            if (rep) { /* a GEMM that would read dgate's values while its codes wait */
+                df_tensor T = df_tensor_2d(o[2], DF_DTYPE_BF16, R, H);
+                stale = df_op_matmul_fp8(g, DF_GEMM_BWD_X, &DG, &Wg, &T, 0);
+            }
+            CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_BWD_X, &DG, &Wg, &DX, sd), 0);
+            CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_BWD_X, &DU, &Wu, &DX, DF_FP8_ACCUMULATE | sd), 0);
+            CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_BWD_W, &DG, &X, &DWG, DF_FP8_DY_BLOCKS | DF_FP8_HOLD_X | sd), 0);
+            CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_BWD_W, &DU, &X, &DWU, DF_FP8_DY_BLOCKS | DF_FP8_SAME_X | sd), 0);
+        }
+        for (int k = 0; h == 1 && k < 2; k++) /* the kept regions as written (a claim keeps the bytes) */
             for (int bw = 0; bw < 2; bw++) {
                 df_cuda_fp8_rows r;
                 df_gemm_kind kind = bw ? DF_GEMM_BWD_W : DF_GEMM_BWD_X;
@@ -601,23 +614,38 @@ static void check_swiglu_dy(int64_t R, int64_t F, int64_t H, int inplace, int sm
             df_backend_free(g, o[i]);
         }
     }
-    int64_t diff[5] = {0};
+    int64_t diff[5] = {0}, diff_only[5] = {0};
     for (int i = 0; i < 5; i++)
-        for (int64_t j = 0; j < n[i]; j++)
+        for (int64_t j = 0; j < n[i]; j++) {
             diff[i] += memcmp(&got[0][i][j], &got[1][i][j], 4) != 0;
+            diff_only[i] += memcmp(&got[0][i][j], &got[2][i][j], 4) != 0;
+        }
     int64_t reused = df_cuda_fp8_made_reused() - reused0;
     printf("swiglu_bwd_fp8 %lldx%lld (H %lld)%s: differ from the unhinted dg %lld, du %lld, dx %lld, "
            "dwg %lld, dwu %lld; kept codes %lld of 4 regions, %lld bytes differ from the rounding "
-           "kernels'; dy's codes reused by %lld calls\n", (long long)R, (long long)F, (long long)H,
+           "kernels'; dy's codes reused by %lld calls; only codes: dx %lld, dwg %lld, dwu %lld differ, "
+           "dg %lld unwritten, a GEMM on dg %d\n", (long long)R, (long long)F, (long long)H,
            inplace ? " in place" : "", (long long)diff[0], (long long)diff[1], (long long)diff[2],
-           (long long)diff[3], (long long)diff[4], (long long)kept, (long long)bad_codes, (long long)reused);
+           (long long)diff[3], (long long)diff[4], (long long)kept, (long long)bad_codes, (long long)reused,
+           (long long)diff_only[2], (long long)diff_only[3], (long long)diff_only[4],
+           (long long)diff_only[0], (int)stale);
     for (int i = 0; i < 5; i++)
         CHECK_EQ(diff[i], 0);
+    for (int i = 2; i < 5; i++)
+        CHECK_EQ(diff_only[i], 0);
     CHECK_EQ(bad_codes, 0);
     CHECK_EQ(kept, sm90 ? 4 : 0);
     if (sm90 && R % 128 == 0 && F % 128 == 0)
-        CHECK_EQ(reused, 4);
-    for (int h = 0; h < 2; h++)
+        CHECK_EQ(reused, 3 * 4);
+    /* dgate's values left out (its poison, or gate's values in place, stay) exactly where a GEMM
+     * that would read them failed: always on sm_90 for aligned shapes, never elsewhere */
+    CHECK((diff_only[0] > 0) == (stale == -EIO));
+    CHECK(stale == 0 || stale == -EIO);
+    if (!sm90)
+        CHECK_EQ(stale, 0);
+    else if (R % 128 == 0 && F % 128 == 0)
+        CHECK_EQ(stale, -EIO);
+    for (int h = 0; h < 3; h++)
         for (int i = 0; i < 5; i++)
             free(got[h][i]);
     free(gf), free(uf), free(df), free(xf), free(wgf), free(wuf);
@@ -640,20 +668,20 @@ static void check_swiglu_x(int64_t R, int64_t F, int64_t H, int sm90)
     df_tensor Gg = df_tensor_2d(gg, DF_DTYPE_BF16, R, F), Gu = df_tensor_2d(gu, DF_DTYPE_BF16, R, F);
     df_tensor Wd = df_tensor_2d(gw, DF_DTYPE_BF16, H, F), DY = df_tensor_2d(gdy, DF_DTYPE_BF16, R, H);
     const int64_t n[4] = {R * F, R * H, H * F, R * H}; /* m, y, dwd, y again (the hint used up) */
-    float *got[2][4];
-    int64_t reused0 = df_cuda_fp8_made_reused(), bad_codes = 0, kept = 0;
-    for (int h = 0; h < 2; h++) {
+    float *got[3][4];
+    int64_t reused0 = df_cuda_fp8_made_reused(), bad_codes = 0, kept = 0, stale = -1;
+    for (int h = 0; h < 3; h++) { /* plain, hinted, hinted with DF_FP8_ONLY_CODES */
         void *o[4];
         for (int i = 0; i < 4; i++)
             o[i] = gh_dev_poisoned(g, n[i], DF_DTYPE_BF16);
         df_tensor Mt = df_tensor_2d(o[0], DF_DTYPE_BF16, R, F), Y = df_tensor_2d(o[1], DF_DTYPE_BF16, R, H);
         df_tensor DW = df_tensor_2d(o[2], DF_DTYPE_BF16, H, F), Y2 = df_tensor_2d(o[3], DF_DTYPE_BF16, R, H);
-        unsigned md = h ? DF_FP8_MADE : 0;
+        unsigned md = h ? DF_FP8_MADE : 0, only = h == 2 ? DF_FP8_ONLY_CODES : 0;
         if (h)
-            CHECK_EQ(df_op_swiglu_fp8(g, &Gg, &Gu, &Mt, DF_FP8_X_FWD | DF_FP8_X_BWD_W), 0);
+            CHECK_EQ(df_op_swiglu_fp8(g, &Gg, &Gu, &Mt, DF_FP8_X_FWD | DF_FP8_X_BWD_W | only), 0);
         else
             CHECK_EQ(df_op_swiglu(g, &Gg, &Gu, &Mt), 0);
-        for (int k = 0; h && k < 2; k++) { /* the kept regions as written (a claim keeps the bytes) */
+        for (int k = 0; h == 1 && k < 2; k++) { /* the kept regions as written (a claim keeps the bytes) */
             df_cuda_fp8_rows r;
             df_gemm_kind kind = k ? DF_GEMM_BWD_W : DF_GEMM_FWD;
             if (df_cuda_fp8_made_claim(g, 4 + k, kind, k, &Mt, 0, &r)) {
@@ -661,33 +689,58 @@ static void check_swiglu_x(int64_t R, int64_t F, int64_t H, int sm90)
                 kept++;
             }
         }
-        if (h) /* the claims above left the slots unready: made again for the GEMMs */
+        if (h == 1) /* the claims above left the slots unready: made again for the GEMMs */
             CHECK_EQ(df_op_swiglu_fp8(g, &Gg, &Gu, &Mt, DF_FP8_X_FWD | DF_FP8_X_BWD_W), 0);
-        CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_FWD, &Mt, &Wd, &Y, md), 0);
-        CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_BWD_W, &DY, &Mt, &DW, DF_FP8_DY_BLOCKS | md), 0);
-        CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_FWD, &Mt, &Wd, &Y2, md), 0);
+        /* DF_FP8_ONLY_CODES twice on the same tensors (the first run proves the regions) */
+        for (int rep = 0; rep < (only ? 2 : 1); rep++) {
+            if (rep) {
+                for (int i = 0; i < 4; i++)
+                    gh_dev_poison(g, o[i], n[i], DF_DTYPE_BF16);
+                CHECK_EQ(df_op_swiglu_fp8(g, &Gg, &Gu, &Mt, DF_FP8_X_FWD | DF_FP8_X_BWD_W | only), 0);
+            }
+            CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_FWD, &Mt, &Wd, &Y, md), 0);
+            if (rep) /* a second FWD while BWD_W's codes wait: it would read m's values */
+                stale = df_op_matmul_fp8(g, DF_GEMM_FWD, &Mt, &Wd, &Y2, md);
+            CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_BWD_W, &DY, &Mt, &DW, DF_FP8_DY_BLOCKS | md), 0);
+            if (!only)
+                CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_FWD, &Mt, &Wd, &Y2, md), 0);
+        }
         for (int i = 0; i < 4; i++) {
             got[h][i] = gh_download_bf16(g, o[i], n[i]);
             df_backend_free(g, o[i]);
         }
     }
-    int64_t diff[4] = {0};
+    int64_t diff[4] = {0}, diff_only[4] = {0};
     for (int i = 0; i < 4; i++)
-        for (int64_t j = 0; j < n[i]; j++)
+        for (int64_t j = 0; j < n[i]; j++) {
             diff[i] += memcmp(&got[0][i][j], &got[1][i][j], 4) != 0;
+            diff_only[i] += memcmp(&got[0][i][j], &got[2][i][j], 4) != 0;
+        }
     int64_t reused = df_cuda_fp8_made_reused() - reused0;
     printf("swiglu_fp8 %lldx%lld (H %lld): differ from the unhinted m %lld, y %lld, dwd %lld, y again %lld; "
            "kept codes %lld of 2 regions, %lld bytes differ from the rounding kernels'; m's codes "
-           "reused by %lld calls\n", (long long)R, (long long)F, (long long)H, (long long)diff[0],
+           "reused by %lld calls; only codes: y %lld, dwd %lld differ, m %lld unwritten, a second "
+           "FWD %d\n", (long long)R, (long long)F, (long long)H, (long long)diff[0],
            (long long)diff[1], (long long)diff[2], (long long)diff[3], (long long)kept,
-           (long long)bad_codes, (long long)reused);
+           (long long)bad_codes, (long long)reused, (long long)diff_only[1], (long long)diff_only[2],
+           (long long)diff_only[0], (int)stale);
     for (int i = 0; i < 4; i++)
         CHECK_EQ(diff[i], 0);
+    CHECK_EQ(diff_only[1], 0);
+    CHECK_EQ(diff_only[2], 0);
     CHECK_EQ(bad_codes, 0);
     CHECK_EQ(kept, sm90 ? 2 : 0);
     if (sm90 && R % 128 == 0 && F % 128 == 0)
-        CHECK_EQ(reused, 2);
-    for (int h = 0; h < 2; h++)
+        CHECK_EQ(reused, 3 * 2);
+    /* m's values left out exactly where the second FWD failed: always on sm_90 for aligned
+     * shapes, never elsewhere */
+    CHECK((diff_only[0] > 0) == (stale == -EIO));
+    CHECK(stale == 0 || stale == -EIO);
+    if (!sm90)
+        CHECK_EQ(stale, 0);
+    else if (R % 128 == 0 && F % 128 == 0)
+        CHECK_EQ(stale, -EIO);
+    for (int h = 0; h < 3; h++)
         for (int i = 0; i < 4; i++)
             free(got[h][i]);
     free(gf), free(uf), free(wf), free(dyf);

@@ -524,7 +524,8 @@ static void check_swiglu_bwd(int64_t T, int64_t F, int in_place)
         if (b < 2)
             CHECK_EQ(df_op_swiglu_bwd(bes[b], gi, ui, &dout.t, &dg, &du), 0);
         else
-            CHECK_EQ(df_op_swiglu_bwd_fp8(bes[1], gi, ui, &dout.t, &dg, &du, DF_FP8_DY_BLOCKS), 0);
+            CHECK_EQ(df_op_swiglu_bwd_fp8(bes[1], gi, ui, &dout.t, &dg, &du,
+                                          DF_FP8_DY_BLOCKS | DF_FP8_ONLY_CODES), 0);
         CHECK(pad_intact(&dgu[b]));
     }
     CHECK(bitwise_equal(dgu[0].p, dgu[1].p, T * dgu[0].ld * 4));
@@ -569,11 +570,17 @@ static void test_swiglu_bwd(void)
         CHECK(bitwise_equal(y0.p, y1.p, 32 * 4));
         CHECK_EQ(df_op_swiglu_fp8(bes[0], &a.t, &b.t, &y1.t, 0), -EINVAL);
         CHECK_EQ(df_op_swiglu_fp8(bes[0], &a.t, &b.t, &y1.t, DF_FP8_MADE), -EINVAL);
+        CHECK_EQ(df_op_swiglu_fp8(bes[0], &a.t, &b.t, &y1.t, DF_FP8_ONLY_CODES), -EINVAL);
+        /* DF_FP8_ONLY_CODES lets a backend leave out the values; the CPU writes them */
+        memset(y1.p, 0, 32 * 4);
+        CHECK_EQ(df_op_swiglu_fp8(bes[1], &a.t, &b.t, &y1.t, DF_FP8_X_BWD_W | DF_FP8_ONLY_CODES), 0);
+        CHECK(bitwise_equal(y0.p, y1.p, 32 * 4));
         CHECK_EQ(df_op_swiglu_fp8(NULL, &a.t, &b.t, &y1.t, DF_FP8_X_FWD), -EINVAL);
         free(y0.p), free(y1.p);
     }
     CHECK_EQ(df_op_swiglu_bwd_fp8(bes[0], &a.t, &b.t, &d.t, &o1, &o1, DF_FP8_DY_BLOCKS), -EINVAL);
     CHECK_EQ(df_op_swiglu_bwd_fp8(bes[0], &a.t, &b.t, &d.t, &o1, &o2, DF_FP8_MADE), -EINVAL);
+    CHECK_EQ(df_op_swiglu_bwd_fp8(bes[0], &a.t, &b.t, &d.t, &o1, &o2, 256u), -EINVAL);
     CHECK_EQ(df_op_swiglu_bwd_fp8(NULL, &a.t, &b.t, &d.t, &o1, &o2, 0), -EINVAL);
     CHECK(all_poison(o.p, 64));
     /* an output partly over an input */

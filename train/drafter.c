@@ -657,7 +657,8 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         CK(df_op_rmsnorm(be, &xmid, &wpn, eps, 0, &b));
         CK(drafter_mm(d, &b, &wg, &g, DF_FP8_HOLD_X));
         CK(drafter_mm(d, &b, &wu, &u, DF_FP8_SAME_X));
-        CK(drafter_swiglu(d, &g, &u, &mm, DF_FP8_X_FWD)); /* with FP8, also Wd's x codes */
+        /* with FP8, also Wd's x codes; m itself is read again only without recompute */
+        CK(drafter_swiglu(d, &g, &u, &mm, DF_FP8_X_FWD | (d->recompute ? DF_FP8_ONLY_CODES : 0)));
         /* the layer output: xmid + m Wd^T, into the next layer's xin (or xfin) */
         void *next = l + 1 < L ? d->act[l + 1].xin : d->xfin;
         CK(df_backend_copy(be, next, A->xmid, (size_t)(N * H) * d->aes));
@@ -791,7 +792,8 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
                 CK(drafter_mm(d, &b, &wg, &g, DF_FP8_HOLD_X));
                 CK(drafter_mm(d, &b, &wu, &u, DF_FP8_SAME_X));
             }
-            CK(drafter_swiglu(d, &g, &u, &mm, DF_FP8_X_BWD_W)); /* Wd's gradient's x codes */
+            /* Wd's gradient's x codes, which are all that reads m */
+            CK(drafter_swiglu(d, &g, &u, &mm, DF_FP8_X_BWD_W | DF_FP8_ONLY_CODES));
         }
         /* MLP: x_out = xmid + m Wd^T */
         /* In place, to need no [N, F] scratch: dm overwrites m once Wd's

@@ -41,7 +41,7 @@ int drafter_swiglu_bwd(df_drafter *d, const df_tensor *g, const df_tensor *u, co
                        df_tensor *dg, df_tensor *du)
 {
     return d->q8 ? df_op_swiglu_bwd_fp8(d->be, g, u, dout, dg, du,
-                                        d->fp8_dy_blocks ? DF_FP8_DY_BLOCKS : 0)
+                                        DF_FP8_ONLY_CODES | (d->fp8_dy_blocks ? DF_FP8_DY_BLOCKS : 0))
                  : df_op_swiglu_bwd(d->be, g, u, dout, dg, du);
 }
 

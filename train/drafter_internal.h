@@ -100,10 +100,12 @@ int drafter_mm(df_drafter *d, const df_tensor *x, const df_tensor *w, df_tensor 
 int drafter_mm_bx(df_drafter *d, const df_tensor *dy, const df_tensor *w, df_tensor *dx, unsigned flags);
 int drafter_mm_bw(df_drafter *d, const df_tensor *dy, const df_tensor *x, df_tensor *dw, unsigned flags);
 /* SwiGLU; with FP8 its hint that out is x of the down projection's GEMMs (df_op_swiglu_fp8:
- * flags DF_FP8_X_FWD / _BWD_W), which then pass DF_FP8_MADE */
+ * flags DF_FP8_X_FWD / _BWD_W, and DF_FP8_ONLY_CODES where nothing else reads it), which then
+ * pass DF_FP8_MADE */
 int drafter_swiglu(df_drafter *d, const df_tensor *g, const df_tensor *u, df_tensor *out, unsigned flags);
 /* SwiGLU's backward; with FP8 its hint that dg and du are the dy of the gate and up projections'
- * backward GEMMs (df_op_swiglu_bwd_fp8), which then pass DF_FP8_MADE */
+ * backward GEMMs and nothing else's (df_op_swiglu_bwd_fp8, DF_FP8_ONLY_CODES), which then pass
+ * DF_FP8_MADE */
 int drafter_swiglu_bwd(df_drafter *d, const df_tensor *g, const df_tensor *u, const df_tensor *dout,
                        df_tensor *dg, df_tensor *du);
 

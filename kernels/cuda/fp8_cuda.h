@@ -103,12 +103,18 @@ df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_gemm_kind ki
  *   op 1 of BWD_W: mode 1: codes [C, kp = R rounded up to 128] (t^T, zero codes past R),
  *          sc[kb * C + o];
  * (out->n = the code matrix's rows: R, C, C). Then df_cuda_fp8_made_ready with ok 1 once the
- * kernel writing them is enqueued on the backend's stream (0: it failed; the slot stays
- * unused). */
+ * kernel writing them is enqueued on the backend's stream, 2 if it also left t's values
+ * unwritten (DF_FP8_ONLY_CODES: a call that cannot take the codes then fails), 0 if it failed
+ * (the slot stays unused). */
 #define DF_CUDA_FP8_MADE 6
 int df_cuda_fp8_made_claim(df_backend *be, int slot, df_gemm_kind kind, int op, const df_tensor *t,
                            int dyblk, df_cuda_fp8_rows *out);
 void df_cuda_fp8_made_ready(df_backend *be, int slot, int ok);
+/* After a claim: whether the slot's last claim had the same geometry (shape, row stride,
+ * kind, operand; not the memory: a model's layers take turns) and its call took the codes on
+ * the tensor cores: a producer may then leave the values out (ok 2 above), the call being as
+ * sure to take them as the last one was. */
+int df_cuda_fp8_made_proven(df_backend *be, int slot);
 /* Operands whose codes calls took from their producer (DF_FP8_MADE), process-wide. */
 int64_t df_cuda_fp8_made_reused(void);
 

@@ -109,6 +109,9 @@ typedef struct fp8_held {
     const void *x;
     int64_t rows, cols, ld, n, kp;
     int kind, mx, blk, op, ready;
+    int only;   /* ready, and the tensor's values were not written (DF_FP8_ONLY_CODES) */
+    int took;   /* the call that took the codes ran on the tensor cores */
+    int proven; /* this claim's geometry is the last one's, and that one's codes were taken */
     void *buf;
     size_t bytes;
 } fp8_held;
@@ -529,7 +532,7 @@ extern "C" void df_cuda_fp8_kept_forget(df_backend *be)
     if (fc)
         fc->held.x = NULL, fc->held.ready = 0;
     for (int i = 0; fc && i < DF_CUDA_FP8_MADE; i++)
-        fc->made[i].x = NULL, fc->made[i].ready = 0;
+        fc->made[i].x = NULL, fc->made[i].ready = 0, fc->made[i].only = 0, fc->made[i].took = 0;
 }
 
 /* a device region of at least bytes: *buf kept when it is large enough,
@@ -707,7 +710,10 @@ extern "C" int df_cuda_fp8_made_claim(df_backend *be, int slot, df_gemm_kind kin
     int64_t n, kp;
     made_geometry(kind, op, t, &n, &kp);
     fp8_ws w = ws_layout(kind, op ? n : 1, op ? 1 : n, kp, NULL, NULL, NULL, 0);
-    h->ready = 0, h->x = NULL;
+    h->proven = h->took && h->x && h->kind == (int)kind && h->rows == t->shape[0] &&
+                h->cols == t->shape[1] && h->ld == t->stride[0] && h->blk == (bw && op == 0) &&
+                h->op == op && h->mx == 0;
+    h->ready = 0, h->only = 0, h->took = 0, h->x = NULL;
     if (region_fit(&h->buf, &h->bytes, op ? w.bytes_a : w.bytes_b))
         return 0;
     h->x = t->data, h->kind = (int)kind, h->rows = t->shape[0], h->cols = t->shape[1];
@@ -718,11 +724,34 @@ extern "C" int df_cuda_fp8_made_claim(df_backend *be, int slot, df_gemm_kind kin
     return 1;
 }
 
+extern "C" int df_cuda_fp8_made_proven(df_backend *be, int slot)
+{
+    fp8_cache *fc = (fp8_cache *)((df_cuda_state *)be->impl)->fp8;
+    return fc && slot >= 0 && slot < DF_CUDA_FP8_MADE && fc->made[slot].x && fc->made[slot].proven;
+}
+
 extern "C" void df_cuda_fp8_made_ready(df_backend *be, int slot, int ok)
 {
     fp8_cache *fc = (fp8_cache *)((df_cuda_state *)be->impl)->fp8;
     if (fc && slot >= 0 && slot < DF_CUDA_FP8_MADE && fc->made[slot].x)
-        fc->made[slot].ready = ok != 0;
+        fc->made[slot].ready = ok != 0, fc->made[slot].only = ok == 2;
+}
+
+static int only_codes_error(const char *what)
+{
+    df_log(DF_LOG_ERROR, "cuda: fp8 gemm: %s (DF_FP8_ONLY_CODES: its BF16 values were not written)",
+           what);
+    return -EIO;
+}
+
+/* Whether a ready region holds the only copy of t's values (DF_FP8_ONLY_CODES): a call that
+ * does not take its codes from a region would read values that were never written. */
+static int only_codes_of(const fp8_cache *fc, const df_tensor *t)
+{
+    for (int i = 0; fc && i < DF_CUDA_FP8_MADE; i++)
+        if (fc->made[i].ready && fc->made[i].only && fc->made[i].x == t->data)
+            return 1;
+    return 0;
 }
 
 /* The ready region holding operand op's codes (t) for this call (DF_FP8_MADE), or NULL. */
@@ -761,6 +790,9 @@ extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const 
     fp8_held *ma = made ? made_held_of(be, kind, 0, a, c, dyblk) : NULL;
     fp8_held *mb = made && bw ? made_held_of(be, kind, 1, b, c, dyblk) : NULL;
     fp8_held *mx = bw ? mb : ma; /* x's, if its producer made them */
+    const fp8_cache *fc = (const fp8_cache *)((df_cuda_state *)be->impl)->fp8;
+    if ((!ma && only_codes_of(fc, a)) || (!mb && only_codes_of(fc, b)))
+        return only_codes_error("an operand whose producer wrote only its codes for other calls");
     fp8_held *h = !mx && kind != DF_GEMM_BWD_X && (flags & (DF_FP8_HOLD_X | DF_FP8_SAME_X))
                       ? held_for(be, kind, bw ? b : a, c, flags, &x_ready)
                       : NULL;
@@ -779,9 +811,13 @@ extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const 
         h->ready = rc == 1;
     g_x_reused += rc == 1 && x_ready && !mx;
     g_made_reused += rc == 1 ? (ma != NULL) + (mb != NULL) : 0;
+    int only = (ma && ma->only) || (mb && mb->only);
     if (ma) /* a producer's codes serve one call */
-        ma->ready = 0;
+        ma->ready = 0, ma->only = 0, ma->took = rc == 1;
     if (mb)
-        mb->ready = 0;
+        mb->ready = 0, mb->only = 0, mb->took = rc == 1;
+    if (rc == 0 && only) /* the BF16 path would read values that were never written */
+        return only_codes_error("the tensor cores refused a call whose operand only its "
+                                "producer's codes hold");
     return rc;
 }

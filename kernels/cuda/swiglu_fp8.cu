@@ -117,6 +117,7 @@ constexpr size_t BWD_SMEM = 2 * 128 * TW * sizeof(uint16_t); /* dgate's and dup'
  * computes 8 elements of dgate and dup, writes them (in place is fine: the same thread read
  * those elements first), their BWD_X codes, and keeps them in the shared tiles; then the
  * tiles' amaxes, and each gradient's BWD_W codes from its tile's columns. */
+template <bool VALS>
 __global__ void __launch_bounds__(ST, 2) swiglu_bwd_q8_kernel(SwqArgs a)
 {
     extern __shared__ __align__(16) uint16_t sm[];
@@ -149,8 +150,10 @@ __global__ void __launch_bounds__(ST, 2) swiglu_bwd_q8_kernel(SwqArgs a)
         /* outside R x C the inputs are zeros and so are these: the padding's codes */
         gv = make_uint4(pack2(g[0], g[1]), pack2(g[2], g[3]), pack2(g[4], g[5]), pack2(g[6], g[7]));
         uv = make_uint4(pack2(u[0], u[1]), pack2(u[2], u[3]), pack2(u[4], u[5]), pack2(u[6], u[7]));
-        st_piece(a.dg, a.lddg, r, c, gv, a);
-        st_piece(a.du, a.lddu, r, c, uv, a);
+        if (VALS) {
+            st_piece(a.dg, a.lddg, r, c, gv, a);
+            st_piece(a.du, a.lddu, r, c, uv, a);
+        }
         *reinterpret_cast<uint4 *>(&tg[lr][sub * 8]) = gv;
         *reinterpret_cast<uint4 *>(&tu[lr][sub * 8]) = uv;
         mg = max(mg, amax8_bits(gv));
@@ -200,7 +203,7 @@ struct SwfArgs {
     int vec;
 };
 
-template <bool ROWS, bool COLS>
+template <bool ROWS, bool COLS, bool VALS>
 __global__ void __launch_bounds__(ST, 2) swiglu_q8_kernel(SwfArgs a)
 {
     __shared__ __align__(16) uint16_t t[COLS ? 128 : 1][TW];
@@ -225,7 +228,8 @@ __global__ void __launch_bounds__(ST, 2) swiglu_q8_kernel(SwfArgs a)
                              pack2(silu_f(g[2]) * u[2], silu_f(g[3]) * u[3]),
                              pack2(silu_f(g[4]) * u[4], silu_f(g[5]) * u[5]),
                              pack2(silu_f(g[6]) * u[6], silu_f(g[7]) * u[7]));
-        st_piece(a.y, a.ldy, r, c, y, a);
+        if (VALS)
+            st_piece(a.y, a.ldy, r, c, y, a);
         if (COLS)
             *reinterpret_cast<uint4 *>(&t[lr][sub * 8]) = y;
         if (ROWS)
@@ -262,7 +266,8 @@ extern "C" int df_cuda_swiglu_fp8(df_backend *be, const df_tensor *gate, const d
                                   df_tensor *out, unsigned flags)
 {
     const df_tensor *t[3] = {gate, up, out};
-    int rows = (flags & DF_FP8_X_FWD) != 0, cols = (flags & DF_FP8_X_BWD_W) != 0;
+    const int want_rows = (flags & DF_FP8_X_FWD) != 0, want_cols = (flags & DF_FP8_X_BWD_W) != 0;
+    int rows = want_rows, cols = want_cols;
     int ok = df_knob_int(DF_KNOB_FP8_SWIGLU) && (rows || cols) && out->ndim == 2 &&
              df_tensor_numel(out) > 0;
     for (int i = 0; i < 3 && ok; i++)
@@ -281,6 +286,11 @@ extern "C" int df_cuda_swiglu_fp8(df_backend *be, const df_tensor *gate, const d
         df_cuda_fp8_made_ready(be, 5, 0);
         return df_cuda_swiglu(be, gate, up, out);
     }
+    /* out's values only where every call that reads it takes codes from here */
+    const bool vals = !((flags & DF_FP8_ONLY_CODES) && df_knob_int(DF_KNOB_FP8_ONLY_CODES) &&
+                        rows == want_rows && cols == want_cols &&
+                        (!rows || df_cuda_fp8_made_proven(be, 4)) &&
+                        (!cols || df_cuda_fp8_made_proven(be, 5)));
     SwfArgs a;
     a.g = (const uint16_t *)gate->data, a.u = (const uint16_t *)up->data, a.y = (uint16_t *)out->data;
     a.ldg = gate->stride[0], a.ldu = up->stride[0], a.ldy = out->stride[0];
@@ -291,15 +301,16 @@ extern "C" int df_cuda_swiglu_fp8(df_backend *be, const df_tensor *gate, const d
         a.vec &= t[i]->stride[0] % 8 == 0 && ((uintptr_t)t[i]->data & 15) == 0;
     dim3 grid((unsigned)((C + 127) / 128), (unsigned)((R + 127) / 128));
     cudaStream_t st = df_cuda_stream(be);
-    if (rows && cols)
-        swiglu_q8_kernel<true, true><<<grid, ST, 0, st>>>(a);
-    else if (rows)
-        swiglu_q8_kernel<true, false><<<grid, ST, 0, st>>>(a);
-    else
-        swiglu_q8_kernel<false, true><<<grid, ST, 0, st>>>(a);
+    void (*const k[2][3])(SwfArgs) = {
+        {swiglu_q8_kernel<true, true, false>, swiglu_q8_kernel<true, false, false>,
+         swiglu_q8_kernel<false, true, false>},
+        {swiglu_q8_kernel<true, true, true>, swiglu_q8_kernel<true, false, true>,
+         swiglu_q8_kernel<false, true, true>}};
+    k[vals][rows && cols ? 0 : rows ? 1 : 2]<<<grid, ST, 0, st>>>(a);
     int rc = df_cuda_check_launch("swiglu fp8 kernel");
-    df_cuda_fp8_made_ready(be, 4, rows && rc == 0);
-    df_cuda_fp8_made_ready(be, 5, cols && rc == 0);
+    const int made = rc ? 0 : vals ? 1 : 2;
+    df_cuda_fp8_made_ready(be, 4, rows ? made : 0);
+    df_cuda_fp8_made_ready(be, 5, cols ? made : 0);
     return rc;
 }
 
@@ -316,7 +327,8 @@ extern "C" int df_cuda_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, con
     /* the grid: columns in x, rows in y (below 2^16) */
     ok = ok && (R + 127) / 128 <= 65535 && (C + 127) / 128 <= ((int64_t)1 << 31) - 1;
     /* its tiles' shared memory (above the 48 KiB a launch gets unasked) */
-    ok = ok && df_cuda_func_smem((const void *)swiglu_bwd_q8_kernel, BWD_SMEM) == 0;
+    ok = ok && df_cuda_func_smem((const void *)swiglu_bwd_q8_kernel<true>, BWD_SMEM) == 0 &&
+         df_cuda_func_smem((const void *)swiglu_bwd_q8_kernel<false>, BWD_SMEM) == 0;
     df_cuda_fp8_rows xr[2], wr[2];
     for (int k = 0; k < 2 && ok; k++) { /* slots 0-3: dgate BWD_X, BWD_W, then dup's */
         df_tensor *y = k ? dup : dgate;
@@ -328,6 +340,11 @@ extern "C" int df_cuda_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, con
             df_cuda_fp8_made_ready(be, s, 0);
         return df_cuda_swiglu_bwd(be, gate, up, dout, dgate, dup);
     }
+    /* the values only where all four calls are proven to take the codes */
+    bool vals = !((flags & DF_FP8_ONLY_CODES) && df_knob_int(DF_KNOB_FP8_ONLY_CODES));
+    for (int s = 0; s < 4 && !vals; s++)
+        vals = !df_cuda_fp8_made_proven(be, s);
+    void (*const kern)(SwqArgs) = vals ? swiglu_bwd_q8_kernel<true> : swiglu_bwd_q8_kernel<false>;
     SwqArgs a;
     a.g = (const uint16_t *)gate->data, a.u = (const uint16_t *)up->data;
     a.d = (const uint16_t *)dout->data;
@@ -350,11 +367,10 @@ extern "C" int df_cuda_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, con
             rc = df_cuda_check_launch("swiglu_bwd fp8 scales");
     }
     if (!rc) {
-        swiglu_bwd_q8_kernel<<<dim3((unsigned)((C + 127) / 128), (unsigned)((R + 127) / 128)), ST,
-                               BWD_SMEM, st>>>(a);
+        kern<<<dim3((unsigned)((C + 127) / 128), (unsigned)((R + 127) / 128)), ST, BWD_SMEM, st>>>(a);
         rc = df_cuda_check_launch("swiglu_bwd fp8 kernel");
     }
     for (int s = 0; s < 4; s++)
-        df_cuda_fp8_made_ready(be, s, rc == 0);
+        df_cuda_fp8_made_ready(be, s, rc ? 0 : vals ? 1 : 2);
     return rc;
 }
