@@ -549,6 +549,37 @@ static int64_t cmp_made_codes(df_gemm_kind kind, int op, const df_tensor *dy, co
     return bad;
 }
 
+/* The k outputs o (n[i] elements) downloaded into got, and freed */
+static void take_outputs(void **o, const int64_t *n, int k, float **got)
+{
+    for (int i = 0; i < k; i++) {
+        got[i] = gh_download_bf16(gh_gpu, o[i], n[i]);
+        df_backend_free(gh_gpu, o[i]);
+    }
+}
+
+/* Elements whose bits differ */
+static int64_t bits_differ(const float *a, const float *b, int64_t n)
+{
+    int64_t d = 0;
+    for (int64_t j = 0; j < n; j++)
+        d += memcmp(&a[j], &b[j], 4) != 0;
+    return d;
+}
+
+/* DF_FP8_ONLY_CODES: an output's values were left out (left: elements unlike the plain run's)
+ * exactly where a call that would read them failed (stale): never without sm_90, always on it
+ * for aligned shapes */
+static void check_left_out(int64_t left, int stale, int sm90, int aligned)
+{
+    CHECK((left > 0) == (stale == -EIO));
+    CHECK(stale == 0 || stale == -EIO);
+    if (!sm90)
+        CHECK_EQ(stale, 0);
+    else if (aligned)
+        CHECK_EQ(stale, -EIO);
+}
+
 /* df_op_swiglu_bwd_fp8 + DF_FP8_MADE, the MLP's backward as the drafter runs it (gate and up
  * [R, F], their weights [F, H], x [R, H]): dgate / dup bitwise df_op_swiglu_bwd's (in place or
  * not), and the four GEMMs (dx = dg wg + du wu; dwg = dg^T x, dwu = du^T x with dy in 128 x 128
@@ -609,17 +640,11 @@ static void check_swiglu_dy(int64_t R, int64_t F, int64_t H, int inplace, int sm
                 }
                 df_cuda_fp8_made_ready(g, 2 * k + bw, 0);
             }
-        for (int i = 0; i < 5; i++) {
-            got[h][i] = gh_download_bf16(g, o[i], n[i]);
-            df_backend_free(g, o[i]);
-        }
+        take_outputs(o, n, 5, got[h]);
     }
-    int64_t diff[5] = {0}, diff_only[5] = {0};
+    int64_t diff[5], diff_only[5];
     for (int i = 0; i < 5; i++)
-        for (int64_t j = 0; j < n[i]; j++) {
-            diff[i] += memcmp(&got[0][i][j], &got[1][i][j], 4) != 0;
-            diff_only[i] += memcmp(&got[0][i][j], &got[2][i][j], 4) != 0;
-        }
+        diff[i] = bits_differ(got[0][i], got[1][i], n[i]), diff_only[i] = bits_differ(got[0][i], got[2][i], n[i]);
     int64_t reused = df_cuda_fp8_made_reused() - reused0;
     printf("swiglu_bwd_fp8 %lldx%lld (H %lld)%s: differ from the unhinted dg %lld, du %lld, dx %lld, "
            "dwg %lld, dwu %lld; kept codes %lld of 4 regions, %lld bytes differ from the rounding "
@@ -637,14 +662,8 @@ static void check_swiglu_dy(int64_t R, int64_t F, int64_t H, int inplace, int sm
     CHECK_EQ(kept, sm90 ? 4 : 0);
     if (sm90 && R % 128 == 0 && F % 128 == 0)
         CHECK_EQ(reused, 3 * 4);
-    /* dgate's values left out (its poison, or gate's values in place, stay) exactly where a GEMM
-     * that would read them failed: always on sm_90 for aligned shapes, never elsewhere */
-    CHECK((diff_only[0] > 0) == (stale == -EIO));
-    CHECK(stale == 0 || stale == -EIO);
-    if (!sm90)
-        CHECK_EQ(stale, 0);
-    else if (R % 128 == 0 && F % 128 == 0)
-        CHECK_EQ(stale, -EIO);
+    /* dgate's values left out: its poison, or gate's values in place, stay */
+    check_left_out(diff_only[0], (int)stale, sm90, R % 128 == 0 && F % 128 == 0);
     for (int h = 0; h < 3; h++)
         for (int i = 0; i < 5; i++)
             free(got[h][i]);
@@ -705,17 +724,11 @@ static void check_swiglu_x(int64_t R, int64_t F, int64_t H, int sm90)
             if (!only)
                 CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_FWD, &Mt, &Wd, &Y2, md), 0);
         }
-        for (int i = 0; i < 4; i++) {
-            got[h][i] = gh_download_bf16(g, o[i], n[i]);
-            df_backend_free(g, o[i]);
-        }
+        take_outputs(o, n, 4, got[h]);
     }
-    int64_t diff[4] = {0}, diff_only[4] = {0};
+    int64_t diff[4], diff_only[4];
     for (int i = 0; i < 4; i++)
-        for (int64_t j = 0; j < n[i]; j++) {
-            diff[i] += memcmp(&got[0][i][j], &got[1][i][j], 4) != 0;
-            diff_only[i] += memcmp(&got[0][i][j], &got[2][i][j], 4) != 0;
-        }
+        diff[i] = bits_differ(got[0][i], got[1][i], n[i]), diff_only[i] = bits_differ(got[0][i], got[2][i], n[i]);
     int64_t reused = df_cuda_fp8_made_reused() - reused0;
     printf("swiglu_fp8 %lldx%lld (H %lld): differ from the unhinted m %lld, y %lld, dwd %lld, y again %lld; "
            "kept codes %lld of 2 regions, %lld bytes differ from the rounding kernels'; m's codes "
@@ -732,14 +745,7 @@ static void check_swiglu_x(int64_t R, int64_t F, int64_t H, int sm90)
     CHECK_EQ(kept, sm90 ? 2 : 0);
     if (sm90 && R % 128 == 0 && F % 128 == 0)
         CHECK_EQ(reused, 3 * 2);
-    /* m's values left out exactly where the second FWD failed: always on sm_90 for aligned
-     * shapes, never elsewhere */
-    CHECK((diff_only[0] > 0) == (stale == -EIO));
-    CHECK(stale == 0 || stale == -EIO);
-    if (!sm90)
-        CHECK_EQ(stale, 0);
-    else if (R % 128 == 0 && F % 128 == 0)
-        CHECK_EQ(stale, -EIO);
+    check_left_out(diff_only[0], (int)stale, sm90, R % 128 == 0 && F % 128 == 0);
     for (int h = 0; h < 3; h++)
         for (int i = 0; i < 4; i++)
             free(got[h][i]);
