@@ -13,7 +13,8 @@
  * df_cuda_swiglu_bwd do (the same formulas: swiglu.cuh) and, from those BF16 values, the
  * codes and scales with the rounding of fp8_codes.cu's kernels (e4m3.cuh): the same bytes
  * those write, so the GEMMs' products are the same bits. Rows past the tensor's (up to the
- * reduction padded to 128) are zero codes.
+ * reduction padded to 128) are zero codes. Under DF_FP8_ONLY_CODES, once every region's call
+ * has taken codes of this geometry (df_cuda_fp8_made_proven), the BF16 values are left out.
  *
  * Where the codes would not be used (no E4M3 tensor cores, MXFP8, not 2-D, 128 x 1 blocks
  * for the backward's BWD_W, DFLASH_FP8_SWIGLU=0, no memory for the regions) they are
@@ -326,25 +327,24 @@ extern "C" int df_cuda_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, con
     const int64_t R = ok ? dgate->shape[0] : 0, C = ok ? dgate->shape[1] : 0;
     /* the grid: columns in x, rows in y (below 2^16) */
     ok = ok && (R + 127) / 128 <= 65535 && (C + 127) / 128 <= ((int64_t)1 << 31) - 1;
-    /* its tiles' shared memory (above the 48 KiB a launch gets unasked) */
-    ok = ok && df_cuda_func_smem((const void *)swiglu_bwd_q8_kernel<true>, BWD_SMEM) == 0 &&
-         df_cuda_func_smem((const void *)swiglu_bwd_q8_kernel<false>, BWD_SMEM) == 0;
     df_cuda_fp8_rows xr[2], wr[2];
     for (int k = 0; k < 2 && ok; k++) { /* slots 0-3: dgate BWD_X, BWD_W, then dup's */
         df_tensor *y = k ? dup : dgate;
         ok = df_cuda_fp8_made_claim(be, 2 * k, DF_GEMM_BWD_X, 0, y, 1, &xr[k]) &&
              df_cuda_fp8_made_claim(be, 2 * k + 1, DF_GEMM_BWD_W, 0, y, 1, &wr[k]);
     }
+    /* the values only where all four calls are proven to take the codes */
+    bool vals = !((flags & DF_FP8_ONLY_CODES) && df_knob_int(DF_KNOB_FP8_ONLY_CODES));
+    for (int s = 0; s < 4 && ok && !vals; s++)
+        vals = !df_cuda_fp8_made_proven(be, s);
+    void (*const kern)(SwqArgs) = vals ? swiglu_bwd_q8_kernel<true> : swiglu_bwd_q8_kernel<false>;
+    /* its tiles' shared memory (above the 48 KiB a launch gets unasked) */
+    ok = ok && df_cuda_func_smem((const void *)kern, BWD_SMEM) == 0;
     if (!ok) {
         for (int s = 0; s < 4; s++)
             df_cuda_fp8_made_ready(be, s, 0);
         return df_cuda_swiglu_bwd(be, gate, up, dout, dgate, dup);
     }
-    /* the values only where all four calls are proven to take the codes */
-    bool vals = !((flags & DF_FP8_ONLY_CODES) && df_knob_int(DF_KNOB_FP8_ONLY_CODES));
-    for (int s = 0; s < 4 && !vals; s++)
-        vals = !df_cuda_fp8_made_proven(be, s);
-    void (*const kern)(SwqArgs) = vals ? swiglu_bwd_q8_kernel<true> : swiglu_bwd_q8_kernel<false>;
     SwqArgs a;
     a.g = (const uint16_t *)gate->data, a.u = (const uint16_t *)up->data;
     a.d = (const uint16_t *)dout->data;
