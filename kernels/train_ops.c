@@ -263,7 +263,6 @@ int df_op_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_tensor *a, cons
         (flags & ~(DF_FP8_ACCUMULATE | DF_FP8_HOLD_X | DF_FP8_SAME_X | DF_FP8_DY_BLOCKS |
                    DF_FP8_MADE)) ||
         ((flags & DF_FP8_DY_BLOCKS) && kind != DF_GEMM_BWD_W) ||
-
         !df_gemm_args_ok((int)kind, a, b, c, ACT(be), WT(be), MAX_SPAN))
         return -EINVAL;
     return DF_DISPATCH(be, matmul_fp8, kind, a, b, c, flags);
