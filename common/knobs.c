@@ -58,6 +58,11 @@ static const df_knob_info TABLE[DF_KNOB_COUNT] = {
                                 "1: where SwiGLU wrote the codes of every GEMM that reads its output "
                                 "and the trainer reads it nowhere else, it leaves out the BF16 values "
                                 "(DF_FP8_ONLY_CODES); 0: it writes them too (the same bits)"},
+    [DF_KNOB_FP8_WEIGHT_CODES] = {"DFLASH_FP8_WEIGHT_CODES", DF_KNOB_FLAG, DF_KNOB_BENCH, "1", "0,1", 0,
+                                  0, 0,
+                                  "1: FP8 training with one GPU keeps the weights' E4M3 codes, both "
+                                  "layouts, written by AdamW with the weights; 0: each GEMM rounds "
+                                  "its weight (the same bits, 2 bytes per parameter less memory)"},
     [DF_KNOB_RMSNORM_BWD] = {"DFLASH_RMSNORM_BWD", DF_KNOB_CHOICE, DF_KNOB_BENCH, "onepass",
                              "onepass,twopass", 0, 0, 0,
                              "RMSNorm's CUDA backward: the one-pass kernel where it fits, or three "

@@ -101,6 +101,55 @@ int main(int argc, char **argv)
                (double)bytes / ms / 1e6, cms, (double)bytes / cms / 1e6, ms / cms,
                ms * (double)step_params / (double)n);
     }
+    /* FP8 training's kept weight codes (df_backend_fp8_keep_weight_codes): one bucket laid out
+     * as a layer of the Qwen3.6-27B drafter (the norms between the matrices), m BF16, the
+     * weights' codes written in both layouts by AdamW, against the same call with nothing kept
+     * (its weights elsewhere) and the step's figure at that rate */
+    {
+        static const int64_t shp[][2] = {{5120, 1}, {4096, 5120}, {1024, 5120}, {1024, 5120},
+                                         {5120, 4096}, {256, 1}, {256, 1}, {5120, 1},
+                                         {17408, 5120}, {17408, 5120}, {5120, 17408}};
+        const int ns = (int)(sizeof shp / sizeof shp[0]);
+        int64_t at = 0;
+        for (int i = 0; i < ns; i++)
+            at += shp[i][0] * shp[i][1];
+        uint16_t *w2 = at <= n ? df_backend_alloc(be, (size_t)at * 2) : NULL;
+        if (!w2 || !df_backend_fp8_tensor_cores(be)) {
+            printf("kept codes: not measured (%s)\n", w2 ? "no E4M3 tensor cores" : "N below a layer");
+        } else {
+            int kept = 0;
+            for (int64_t i = 0, o = 0; i < ns; o += shp[i][0] * shp[i][1], i++) {
+                df_tensor t = df_tensor_2d(w2 + o, DF_DTYPE_BF16, shp[i][0], shp[i][1]);
+                kept += shp[i][1] > 1 && df_backend_fp8_keep_weight_codes(be, &t) == 1;
+            }
+            float t[2][REPS];
+            for (int r = -1; r < REPS; r++)
+                for (int k = 0; k < 2; k++) {
+                    CUDA_CK(cudaEventRecord(e0, st));
+                    int rc = df_op_adamw_m16(be, p, g, DF_DTYPE_BF16, (uint16_t *)m, v, DF_DTYPE_F32,
+                                             at, 1e-4f, 0.9f, 0.999f, 1e-8f, 0.0f, 10 + r, 1.0f, 77,
+                                             0, k ? w2 : w);
+                    if (rc) {
+                        fprintf(stderr, "bench_adamw: kept codes failed: %d\n", rc);
+                        return 1;
+                    }
+                    CUDA_CK(cudaEventRecord(e1, st));
+                    CUDA_CK(cudaEventSynchronize(e1));
+                    if (r >= 0)
+                        CUDA_CK(cudaEventElapsedTime(&t[k][r], e0, e1));
+                }
+            for (int k = 0; k < 2; k++) {
+                qsort(t[k], REPS, sizeof t[k][0], cmp_f);
+                float ms = t[k][REPS / 2];
+                printf("%-22s %6d %9.3f %7.0f %9s %7s %6s %12.2f\n",
+                       k ? "m BF16, codes kept" : "m BF16, a layer", k ? 26 : 24, ms,
+                       (double)at * (k ? 26 : 24) / ms / 1e6, "-", "-", "-",
+                       ms * (double)step_params / (double)at);
+            }
+            printf("(a layer: %lld parameters, %d matrices kept)\n", (long long)at, kept);
+            df_backend_free(be, w2);
+        }
+    }
     df_backend_free(be, p), df_backend_free(be, m), df_backend_free(be, v);
     df_backend_free(be, g), df_backend_free(be, w), df_backend_free(be, cp);
     df_backend_close(be);

@@ -457,6 +457,15 @@ static int run_open_steps(run *r, df_err *e)
                              o->grad_f32, df_train_moments16(o), o->seed, &r->ds, e)) ||
         (rc = train_wire_grads(o, r->d, r->ps, c->num_hidden_layers, r->nrows, &r->ds, e)))
         return rc;
+    if (o->fp8 > 0) {
+        int kept;
+        double kgib;
+        if ((rc = ds_keep_weight_codes(r->be, &r->ds, r->ps, &kept, &kgib, e)))
+            return rc;
+        if (kept && !o->quiet && r->lead)
+            printf("fp8: the E4M3 codes of %d weight matrices kept, written by AdamW (%.2f GiB)\n",
+                   kept, kgib);
+    }
     {
         double gib = 1.0 / (1 << 30), P = (double)r->total;
         double eh = 2.0 * (double)r->tc.vocab_size * r->tc.hidden_size *

@@ -206,6 +206,28 @@ int ds_fwd_hook(void *ctx, int part)
     return df_backend_wait_mark(s->be, s->part_mark[part + 1]);
 }
 
+int ds_keep_weight_codes(df_backend *be, dev_state *s, const df_params *ps, int *kept,
+                         double *gib, df_err *e)
+{
+    *kept = 0, *gib = 0;
+    if (s->world != 1 || !s->sharded || s->wdt != DF_DTYPE_BF16)
+        return 0;
+    for (int i = 0; i < ps->n; i++) {
+        const df_param *p = &ps->p[i];
+        if (p->ndim != 2)
+            continue;
+        df_tensor w = df_tensor_2d((uint16_t *)s->w + p->offset, DF_DTYPE_BF16, p->shape[0],
+                                   p->shape[1]);
+        int rc = df_backend_fp8_keep_weight_codes(be, &w);
+        if (rc < 0)
+            return df_errf(e, rc, "keeping %s's FP8 codes on %s (%.1f MiB)", p->name,
+                           df_backend_name(be), 2.0 * (double)p->numel / (1 << 20));
+        *kept += rc;
+        *gib += rc ? 2.0 * (double)p->numel / (1 << 30) : 0;
+    }
+    return 0;
+}
+
 /* AdamW on this rank's slice of bucket k (cnt[k] > 0): the bf16 weights the drafter reads
  * written by the optimizer (GPU), or the fp32 master copied there (ranks on the CPU). BF16
  * moments round with bits keyed by (seed, step) and the elements' global index: their

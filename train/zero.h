@@ -85,6 +85,12 @@ int ds_fwd_hook(void *ctx, int part);
 void *ds_gslice(const dev_state *s, int k);
 int dev_state_adamw(df_backend *be, dev_state *s, float lr, int64_t t, float gscale,
                     df_err *e);
+/* FP8 training with one rank: asks the backend to keep each weight matrix's E4M3 codes,
+ * written by AdamW with the weights (df_backend_fp8_keep_weight_codes; nothing else writes
+ * s->w between steps); *kept of them, *gib of memory. Other worlds keep none (a rank's AdamW
+ * writes part of a matrix, the all-gather the rest). 0 or a negative error. */
+int ds_keep_weight_codes(df_backend *be, dev_state *s, const df_params *ps, int *kept,
+                         double *gib, df_err *e);
 int dev_state_fetch(df_backend *be, dev_state *s, df_ckpt_state *ck, df_err *e);
 
 #endif

@@ -293,6 +293,7 @@ static void cu_free(df_backend *be, void *p)
      * workspace grows, never inside a step. */
     (void)cu_set(be);
     df_cuda_fp8_kept_forget(be); /* codes kept of a weight that may have lived there */
+    df_cuda_fp8_wcodes_forget(be);
     (void)cudaFree(p);
 }
 
@@ -320,6 +321,7 @@ static int cu_upload(df_backend *be, void *dst, const void *src, size_t bytes)
     df_cuda_state *s = st_of(be);
     if (cu_set(be))
         return -EIO;
+    df_cuda_fp8_wcodes_touch(be, dst, bytes);
     /* Ordered on the stream; from pageable memory the call returns once the
      * source has been staged, from pinned memory we wait for the copy so the
      * caller may reuse src at once either way. */
@@ -356,6 +358,7 @@ static int cu_fill_uniform(df_backend *be, void *p, df_dtype dt, int64_t n, uint
 {
     if (cu_set(be))
         return -EIO;
+    df_cuda_fp8_wcodes_touch(be, p, (size_t)n * df_dtype_size(dt));
     int64_t blocks = (n + 255) / 256;
     fill_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st_of(be)->stream>>>(
         p, dt == DF_DTYPE_F32, n, seed, lo, hi);
@@ -366,6 +369,7 @@ static int cu_copy(df_backend *be, void *dst, const void *src, size_t bytes)
 {
     if (cu_set(be))
         return -EIO;
+    df_cuda_fp8_wcodes_touch(be, dst, bytes);
     return df_cuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
                                         st_of(be)->stream),
                         "copy");
@@ -375,6 +379,7 @@ static int cu_zero(df_backend *be, void *dst, size_t bytes)
 {
     if (cu_set(be))
         return -EIO;
+    df_cuda_fp8_wcodes_touch(be, dst, bytes);
     return df_cuda_fail(cudaMemsetAsync(dst, 0, bytes, st_of(be)->stream), "zero");
 }
 
@@ -398,6 +403,7 @@ static int cu_cast(df_backend *be, void *dst, df_dtype dt, const void *src, df_d
 {
     if (cu_set(be))
         return -EIO;
+    df_cuda_fp8_wcodes_touch(be, dst, (size_t)n * df_dtype_size(dt));
     if (dt == st)
         return cu_copy(be, dst, src, (size_t)n * df_dtype_size(dt));
     int64_t blocks = (n + 255) / 256;
@@ -410,6 +416,7 @@ static int cu_upload_async(df_backend *be, void *dst, const void *src, size_t by
 {
     if (cu_set(be))
         return -EIO;
+    df_cuda_fp8_wcodes_touch(be, dst, bytes);
     return df_cuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_of(be)->stream),
                         "upload (async)");
 }
@@ -421,6 +428,7 @@ static int cu_upload_ahead(df_backend *be, void *dst, const void *src, size_t by
     df_cuda_state *s = st_of(be);
     if (cu_set(be))
         return -EIO;
+    df_cuda_fp8_wcodes_touch(be, dst, bytes);
     if (!s->copy) {
         if (df_cuda_fail(cudaStreamCreateWithFlags(&s->copy, cudaStreamNonBlocking), "copy stream"))
             return -EIO;

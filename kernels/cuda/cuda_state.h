@@ -80,6 +80,7 @@ typedef struct df_cuda_state {
     df_cuda_gemm_plan plans[DF_CUDA_GEMM_CACHE];
     int n_plans, next_evict;
     void *fp8; /* gemm_fp8.cu's plans, made at first use */
+    void *wcodes; /* fp8_wcodes.cu's kept weights' codes */
     df_cuda_prof *prof; /* DFLASH_PROFILE=1 */
 } df_cuda_state;
 

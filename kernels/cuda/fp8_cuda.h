@@ -118,6 +118,44 @@ int df_cuda_fp8_made_proven(df_backend *be, int slot);
 /* Operands whose codes calls took from their producer (DF_FP8_MADE), process-wide. */
 int64_t df_cuda_fp8_made_reused(void);
 
+/* The weights' codes kept by AdamW (fp8_wcodes.cu; df_backend_fp8_keep_weight_codes): for
+ * a kept weight w [rows, cols] (BF16, rows and cols multiples of 128, row stride cols), the
+ * A regions of DF_GEMM_FWD (fwd: codes [rows, cols] of w, then fwd_scales, 128 x 128 blocks,
+ * sc[rb * L4 + cb], L4 = cols / 128 rounded up to 4) and of DF_GEMM_BWD_X (bwx: codes
+ * [cols, rows] of w^T, then bwx_scales, sc[cb * L4' + rb], L4' = rows / 128 rounded up to 4):
+ * df_cuda_fp8_round_codes' modes 2 and 3 on w. ready: they are the codes of w's current
+ * values. */
+typedef struct df_cuda_fp8_wcodes {
+    const void *w;
+    int64_t rows, cols;
+    void *fwd, *bwx;
+    float *fwd_scales, *bwx_scales;
+    size_t fwd_bytes, bwx_bytes;
+    int ready;
+} df_cuda_fp8_wcodes;
+/* Keeps w's codes (not ready until an AdamW writes them): 1, or 0 where they would not be
+ * used or w does not qualify (DFLASH_FP8_WEIGHT_CODES off, no verified E4M3 tensor cores,
+ * a shape not of 128-multiples, another view of a kept weight's memory), -ENOMEM, -EIO. */
+int df_cuda_fp8_wcodes_keep(df_backend *be, const df_tensor *w);
+/* The kept weights overlapping [p, p + bytes), each marked not ready, into out (at most
+ * max, by address); returns how many overlap. AdamW's writer (optim.cu) sets ready again on
+ * those it rewrote whole. */
+int df_cuda_fp8_wcodes_in(df_backend *be, const void *p, size_t bytes,
+                          df_cuda_fp8_wcodes **out, int max);
+/* The ready codes of w (the same memory, shape and stride), or NULL. */
+const df_cuda_fp8_wcodes *df_cuda_fp8_wcodes_of(df_backend *be, const df_tensor *w);
+/* A write into [p, p + bytes) other than AdamW's: the kept weights there are not ready. */
+void df_cuda_fp8_wcodes_touch(df_backend *be, const void *p, size_t bytes);
+/* Every kept weight not ready (a free: the memory may be handed out again). */
+void df_cuda_fp8_wcodes_forget(df_backend *be);
+/* How many weights are kept and their regions' bytes. */
+void df_cuda_fp8_wcodes_count(df_backend *be, int *n, size_t *bytes);
+/* GEMM calls that took a kept weight's codes, process-wide (df_cuda_fp8_wcodes_took counts
+ * one). */
+void df_cuda_fp8_wcodes_took(void);
+int64_t df_cuda_fp8_wcodes_used(void);
+void df_cuda_fp8_wcodes_close(df_cuda_state *s);
+
 /* Marks every slot, and the codes held under DF_FP8_HOLD_X, as not ready
  * (df_backend_free calls it: memory freed and handed out again must not find
  * its old codes; frees come at teardown or when a buffer grows, not inside a

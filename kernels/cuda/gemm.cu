@@ -146,6 +146,7 @@ void df_cuda_gemm_forget_plans(df_backend *be)
 void df_cuda_gemm_close(df_cuda_state *s)
 {
     df_cuda_fp8_gemm_close(s);
+    df_cuda_fp8_wcodes_close(s);
     for (int i = 0; i < s->n_plans; i++)
         plan_free(&s->plans[i]);
     s->n_plans = 0;

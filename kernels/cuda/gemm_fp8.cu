@@ -802,11 +802,16 @@ extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const 
         return -ENOMEM;
     void *wx = mx ? mx->buf : h ? h->buf : NULL;
     x_ready = mx ? 1 : x_ready;
-    /* A: BWD_W's x (made or held); B: FWD's x (made or held), dy (made) */
+    /* A: BWD_W's x (made or held), the weight's codes AdamW wrote (FWD, BWD_X); B: FWD's x
+     * (made or held), dy (made) */
+    const df_cuda_fp8_wcodes *kw = bw ? NULL : df_cuda_fp8_wcodes_of(be, b);
+    void *wa = bw ? wx : kw ? (kind == DF_GEMM_FWD ? kw->fwd : kw->bwx) : NULL;
     void *wb = bw ? (ma ? ma->buf : NULL) : wx;
     int b_ready = bw ? ma != NULL : x_ready;
-    int rc = fast_call(be, kind, a, b, c, acc, dyblk, ws, bytes, bw ? wx : NULL, bw && x_ready, wb,
+    int rc = fast_call(be, kind, a, b, c, acc, dyblk, ws, bytes, wa, bw ? x_ready : kw != NULL, wb,
                        b_ready);
+    if (rc == 1 && kw)
+        df_cuda_fp8_wcodes_took();
     if (h) /* x's codes are there only when the call rounded (or used) them */
         h->ready = rc == 1;
     g_x_reused += rc == 1 && x_ready && !mx;

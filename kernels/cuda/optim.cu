@@ -5,6 +5,16 @@
  * where it is read, so the arithmetic (and the order of every sum) is the
  * F32 one's.
  *
+ * Kept weights' codes (fp8_wcodes.cu). Where AdamW writes the BF16 weights
+ * (out_bf16) over the whole of a weight whose E4M3 codes the FP8 GEMMs keep,
+ * that weight is updated by adamw_tiles instead: a CTA per 128 x 128 block,
+ * each element with adam_one and its own rounding bits as the flat kernel
+ * (the same bits of master, moments and weight), the block's BF16 weights
+ * then in shared memory, whose amax gives the block's scale and which are
+ * written as codes in both layouts (fp8_codes.cu's q8_blk rule: the same
+ * codes as rounding the weights). The rest of the range takes the flat
+ * kernel.
+ *
  * Determinism. The sum of squares never uses atomics: every block writes its
  * own partial in a fixed order, and a second kernel adds the partials in a
  * fixed order, which depends only on n, not on the GPU, the grid cap or the
@@ -17,11 +27,14 @@
 #include "bf16.cuh"
 #include "bf16_sr.h"
 #include "cuda_internal.h"
+#include "e4m3.cuh"
+#include "fp8_cuda.h"
 #include "train_cuda.h"
 
 namespace {
 
 constexpr int NT = 256; /* threads per block */
+constexpr int DF_ADAMW_KEPT_MAX = 256; /* kept weights one AdamW call may update */
 
 __host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b)
 {
@@ -160,6 +173,121 @@ __global__ void __launch_bounds__(NT) adamw_kernel(AdamArgs<G> a)
     }
 }
 
+/* The kept weights one adamw_tiles launch updates: weight j is [N, K] at element off of a's
+ * arrays (off and K multiples of 8, the arrays 16-byte aligned), its 128 x 128 blocks CTAs
+ * tile0 .. tile0 + (N / 128) (K / 128) - 1 (rows of blocks in order, so that consecutive
+ * CTAs read neighbouring parts of the same rows); cf [N, K] and sf[rb * lf + cb] the codes
+ * and scales of w, cb [K, N] and sb[cb * lb + rb] those of w^T. */
+constexpr int TSEG = 16;
+struct TileSeg {
+    int64_t off;
+    uint8_t *cf, *cb;
+    float *sf, *sb;
+    int32_t rt, kt, lf, lb, tile0;
+};
+struct TileSegs {
+    TileSeg s[TSEG];
+    int n;
+};
+
+/* One 128 x 128 block per CTA: AdamW on its elements (adam_one, store_m16: the flat kernel's
+ * bits), the BF16 weights to a.out and to the tile, then the codes and scales of both
+ * layouts as q8_blk writes them. 64 registers: four CTAs per SM. */
+constexpr int TT = 256; /* threads of adamw_tiles */
+template <bool M16, bool V16, typename G>
+__global__ void __launch_bounds__(TT, 4) adamw_tiles(AdamArgs<G> a, const __grid_constant__ TileSegs ts)
+{
+    __shared__ __align__(16) uint16_t t[128][136];
+    __shared__ float wm[TT / 32];
+    int j0 = 0;
+    while (j0 + 1 < ts.n && (int)blockIdx.x >= ts.s[j0 + 1].tile0)
+        j0++;
+    const TileSeg &sg = ts.s[j0];
+    const int tile = (int)blockIdx.x - sg.tile0, rbk = tile / sg.kt, cbk = tile - rbk * sg.kt;
+    const int64_t N = (int64_t)sg.rt * 128, K = (int64_t)sg.kt * 128, off = sg.off;
+    const int64_t r0 = (int64_t)rbk * 128, c0 = (int64_t)cbk * 128;
+    /* AdamW: warp w takes rows w, w + 8, ... of the block, a quad per lane (each load and
+     * store of a warp one contiguous row piece), two rows' loads out before their math */
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    uint32_t mb = 0;
+#pragma unroll 1
+    for (int it = 0; it < 128 / 16; it++) {
+        int64_t e[2];
+        float4 p[2], g[2], m[2], v[2];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            e[u] = off + (r0 + it * 16 + u * 8 + warp) * K + c0 + lane * 4;
+            p[u] = reinterpret_cast<const float4 *>(a.p)[e[u] / 4];
+            g[u] = grad_quad(a.g, e[u] / 4);
+            m[u] = moment_quad<M16>(a, a.m, a.m16, e[u] / 4);
+            v[u] = moment_quad<V16>(a, a.v, a.v16, e[u] / 4);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            const int64_t q = e[u] / 4;
+            float4 pp = p[u], gg = g[u], mm = m[u], vv = v[u];
+            pp.x = adam_one(a, gg.x, &mm.x, &vv.x, pp.x);
+            pp.y = adam_one(a, gg.y, &mm.y, &vv.y, pp.y);
+            pp.z = adam_one(a, gg.z, &mm.z, &vv.z, pp.z);
+            pp.w = adam_one(a, gg.w, &mm.w, &vv.w, pp.w);
+            reinterpret_cast<float4 *>(a.p)[q] = pp;
+            if (M16) {
+                uint16_t mo[4], vo[4] = {0, 0, 0, 0};
+                store_m16<V16>(a, e[u], mm.x, vv.x, &mo[0], &vo[0]);
+                store_m16<V16>(a, e[u] + 1, mm.y, vv.y, &mo[1], &vo[1]);
+                store_m16<V16>(a, e[u] + 2, mm.z, vv.z, &mo[2], &vo[2]);
+                store_m16<V16>(a, e[u] + 3, mm.w, vv.w, &mo[3], &vo[3]);
+                reinterpret_cast<uint2 *>(a.m16)[q] =
+                    make_uint2(mo[0] | (uint32_t)mo[1] << 16, mo[2] | (uint32_t)mo[3] << 16);
+                if (V16)
+                    reinterpret_cast<uint2 *>(a.v16)[q] =
+                        make_uint2(vo[0] | (uint32_t)vo[1] << 16, vo[2] | (uint32_t)vo[3] << 16);
+            } else {
+                reinterpret_cast<float4 *>(a.m)[q] = mm;
+            }
+            if (!V16)
+                reinterpret_cast<float4 *>(a.v)[q] = vv;
+            const uint2 w = make_uint2(pack2(pp.x, pp.y), pack2(pp.z, pp.w));
+            reinterpret_cast<uint2 *>(a.out)[q] = w;
+            *reinterpret_cast<uint2 *>(&t[it * 16 + u * 8 + warp][lane * 4]) = w;
+            const uint32_t h = __vmaxu2(w.x & 0x7fff7fffu, w.y & 0x7fff7fffu);
+            mb = max(mb, max(h & 0xffffu, h >> 16));
+        }
+    }
+    constexpr int P = 128 * 16 / TT; /* 8-code pieces per thread */
+    const float am = block_amax<TT>(bits_f(mb), wm); /* (its barrier also orders the tile) */
+    const int ke = scale_exp(am);
+    const float inv = ldexpf(1.0f, -ke);
+    const bool fin = isfinite(am);
+#pragma unroll 2
+    for (int j = 0; j < P; j++) { /* w's codes: 8 of one row per thread */
+        const int i = threadIdx.x + j * TT, rr = i / 16, kc = (i % 16) * 8;
+        float v[8];
+        unpack8(*reinterpret_cast<const uint4 *>(&t[rr][kc]), v);
+        *reinterpret_cast<uint2 *>(sg.cf + (r0 + rr) * K + c0 + kc) = codes8(v, inv, fin);
+    }
+    for (int i = threadIdx.x; i < 128 * 4; i += TT) { /* w^T's: 32 of one column per thread */
+        const int oo = i % 128, rr = (i / 128) * 32;
+        uint2 c[4];
+#pragma unroll
+        for (int h = 0; h < 4; h++) {
+            float v[8];
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                v[j] = bf2f(t[rr + 8 * h + j][oo]);
+            c[h] = codes8(v, inv, fin);
+        }
+        uint4 *o = reinterpret_cast<uint4 *>(sg.cb + (c0 + oo) * N + r0 + rr);
+        o[0] = make_uint4(c[0].x, c[0].y, c[1].x, c[1].y);
+        o[1] = make_uint4(c[2].x, c[2].y, c[3].x, c[3].y);
+    }
+    if (threadIdx.x == 0) {
+        const float sc = ldexpf(1.0f, ke);
+        sg.sf[rbk * sg.lf + cbk] = sc;
+        sg.sb[cbk * sg.lb + rbk] = sc;
+    }
+}
+
 /* ---- sum of squares ----
  * Pieces of SQ_CHUNK elements, one block each: thread t takes the quads
  * t, t + NT, ... of its piece (16 of them), in double (a float's square is
@@ -246,6 +374,107 @@ static void adamw_start(const AdamArgs<G> &a, int vec, unsigned blocks, cudaStre
         adamw_kernel<false, M16, V16, G><<<blocks, NT, 0, st>>>(a);
 }
 
+/* the flat kernel's grid for n elements: one thread per quad (vec) or element, grid-stride
+ * past 2^20 blocks */
+static unsigned flat_blocks(int64_t n, int vec)
+{
+    int64_t work = vec ? (n / 4 > n % 4 ? n / 4 : n % 4) : n;
+    int64_t blocks = cdiv(work, NT);
+    return (unsigned)(blocks > ((int64_t)1 << 20) ? ((int64_t)1 << 20) : blocks);
+}
+
+/* the flat kernel on a's elements */
+template <typename G>
+static int adamw_flat(const AdamArgs<G> &a, int vec, unsigned blocks, cudaStream_t st)
+{
+    if (a.m16 && a.v16)
+        adamw_start<true, true>(a, vec, blocks, st);
+    else if (a.m16)
+        adamw_start<true, false>(a, vec, blocks, st);
+    else
+        adamw_start<false, false>(a, vec, blocks, st);
+    return df_cuda_check_launch("adamw kernel");
+}
+
+/* a's elements [lo, hi) alone: the pointers moved, i0 with them (the same rounding bits) */
+template <typename G>
+static AdamArgs<G> adamw_part(const AdamArgs<G> &a, int64_t lo, int64_t hi)
+{
+    AdamArgs<G> b = a;
+    b.p += lo;
+    b.m = a.m ? a.m + lo : NULL;
+    b.v = a.v ? a.v + lo : NULL;
+    b.m16 = a.m16 ? a.m16 + lo : NULL;
+    b.v16 = a.v16 ? a.v16 + lo : NULL;
+    b.g = a.g + lo;
+    b.out = a.out + lo;
+    b.i0 = a.i0 + lo;
+    b.n = hi - lo;
+    return b;
+}
+
+/* the tile kernel on the segments of ts */
+template <typename G>
+static int adamw_tiles_start(const AdamArgs<G> &a, const TileSegs &ts, cudaStream_t st)
+{
+    const TileSeg &l = ts.s[ts.n - 1];
+    const unsigned blocks = (unsigned)(l.tile0 + l.rt * l.kt);
+    if (a.m16 && a.v16)
+        adamw_tiles<true, true><<<blocks, TT, 0, st>>>(a, ts);
+    else if (a.m16)
+        adamw_tiles<true, false><<<blocks, TT, 0, st>>>(a, ts);
+    else
+        adamw_tiles<false, false><<<blocks, TT, 0, st>>>(a, ts);
+    return df_cuda_check_launch("adamw tiles kernel");
+}
+
+/* AdamW over a's range holding the kept weights kw (by address, each marked not ready):
+ * each one inside the range whole (and 8-element aligned: the tile kernel's 16-byte
+ * pieces) by the tile kernel, TSEG weights a launch, then ready; the elements between them by
+ * the flat kernel. a's arrays are 16-byte aligned. */
+template <typename G>
+static int adamw_with_codes(const AdamArgs<G> &a, df_cuda_fp8_wcodes *const *kw, int nk,
+                            cudaStream_t st)
+{
+    int64_t done = 0;
+    TileSegs ts;
+    df_cuda_fp8_wcodes *in[TSEG];
+    ts.n = 0;
+    for (int i = 0; i <= nk; i++) {
+        const uintptr_t at = i < nk ? (uintptr_t)kw[i]->w : 0, base = (uintptr_t)a.out;
+        const int64_t numel = i < nk ? kw[i]->rows * kw[i]->cols : 0;
+        const int64_t off = i < nk ? (int64_t)((at - base) / 2) : a.n;
+        if (i < nk && (at < base || (at - base) % 16 || off < done || off + numel > a.n))
+            continue; /* in part, or misaligned: the flat kernel's (and not ready) */
+        int rc = 0;
+        if (off > done) {
+            AdamArgs<G> b = adamw_part(a, done, off);
+            rc = adamw_flat(b, 1, flat_blocks(b.n, 1), st);
+        }
+        if (!rc && ts.n && (i == nk || ts.n == TSEG)) {
+            rc = adamw_tiles_start(a, ts, st);
+            for (int j = 0; j < ts.n && !rc; j++)
+                in[j]->ready = 1;
+            ts.n = 0;
+        }
+        if (rc)
+            return rc;
+        if (i == nk)
+            break;
+        const TileSeg *l = ts.n ? &ts.s[ts.n - 1] : NULL;
+        TileSeg &sg = ts.s[ts.n];
+        sg.off = off;
+        sg.cf = (uint8_t *)kw[i]->fwd, sg.cb = (uint8_t *)kw[i]->bwx;
+        sg.sf = kw[i]->fwd_scales, sg.sb = kw[i]->bwx_scales;
+        sg.rt = (int32_t)(kw[i]->rows / 128), sg.kt = (int32_t)(kw[i]->cols / 128);
+        sg.lf = (sg.kt + 3) / 4 * 4, sg.lb = (sg.rt + 3) / 4 * 4;
+        sg.tile0 = l ? l->tile0 + l->rt * l->kt : 0;
+        in[ts.n++] = kw[i];
+        done = off + numel;
+    }
+    return 0;
+}
+
 /* m, v: F32 moments, or m16 and v16 / v: BF16 ones (key, i0 their rounding's bits) */
 template <typename G>
 static int adamw_launch(df_backend *be, float *master, const G *grad, float *m, float *v,
@@ -279,19 +508,16 @@ static int adamw_launch(df_backend *be, float *master, const G *grad, float *m, 
     const int vec = !(((uintptr_t)master | (uintptr_t)m | (uintptr_t)v) & 15u) &&
                     !(((uintptr_t)m16 | (uintptr_t)v16) & 7u) && !((uintptr_t)grad & quad) &&
                     !((uintptr_t)out_bf16 & 7u);
-    /* one thread per quad (or element), grid-stride past 2^20 blocks */
-    int64_t work = vec ? (n / 4 > n % 4 ? n / 4 : n % 4) : n;
-    int64_t blocks = cdiv(work, NT);
-    if (blocks > ((int64_t)1 << 20))
-        blocks = (int64_t)1 << 20;
     cudaStream_t st = df_cuda_stream(be);
-    if (m16 && v16)
-        adamw_start<true, true>(a, vec, (unsigned)blocks, st);
-    else if (m16)
-        adamw_start<true, false>(a, vec, (unsigned)blocks, st);
-    else
-        adamw_start<false, false>(a, vec, (unsigned)blocks, st);
-    return df_cuda_check_launch("adamw kernel");
+    if (out_bf16) { /* kept weights' codes in the range (now not ready): the tile kernel there */
+        df_cuda_fp8_wcodes *kw[DF_ADAMW_KEPT_MAX];
+        int nk = df_cuda_fp8_wcodes_in(be, out_bf16, (size_t)n * 2, kw, DF_ADAMW_KEPT_MAX);
+        const int al16 = !(((uintptr_t)master | (uintptr_t)m | (uintptr_t)v | (uintptr_t)m16 |
+                            (uintptr_t)v16 | (uintptr_t)grad | (uintptr_t)out_bf16) & 15u);
+        if (nk > 0 && al16)
+            return adamw_with_codes(a, kw, nk < DF_ADAMW_KEPT_MAX ? nk : DF_ADAMW_KEPT_MAX, st);
+    }
+    return adamw_flat(a, vec, flat_blocks(n, vec), st);
 }
 
 int df_cuda_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_dtype, float *m,
