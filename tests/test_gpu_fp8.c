@@ -11,7 +11,9 @@
  *    the CPU's within the BF16 GEMMs' bound (the rounded operands are the same bits): the BF16 path
  *    (DFLASH_FP8_GEMM=0), then the E4M3 tensor cores (gemm_fp8.cu), which on
  *    sm_90 must take the aligned shapes (each checked against the BF16 path
- *    at its first call); and the DF_FP8_HOLD_X / _SAME_X hints, bitwise.
+ *    at its first call); and the DF_FP8_HOLD_X / _SAME_X hints, bitwise. A
+ *    class's first call on an operand with an Inf decides nothing (the BF16
+ *    path runs it, the next call is checked).
  *  - the MXFP8 scales of compute capability 10+ (df_cuda_fp8_mx_scales) bitwise
  *    against the layout function (fp8_mx.h), on any GPU.
  *  - df_op_lmhead_ce with DF_CE_FP8_GRAD on rounded h and head (its
@@ -464,6 +466,56 @@ static void check_matmul(df_gemm_kind kind, int64_t M, int64_t N, int64_t K, uns
  * BWD_W: dy1^T x, dy2^T x) with the hints give the bits they give without,
  * and a SAME_X call on another x rounds that x (its own result). On the
  * tensor cores (sm_90) the second call used the kept codes. */
+/* A class's first call on operands with an Inf decides nothing: it runs on the BF16 path (the
+ * Inf's row non-finite, the others finite), and the class's next call, finite, is checked and
+ * taken by the tensor cores. A backend of its own: its classes are all unknown. */
+static void check_undecided(void)
+{
+    df_err e = {0};
+    df_backend *g = df_backend_cuda_open(0, &e);
+    CHECK(g != NULL);
+    if (!g)
+        return;
+    const int64_t M = 64, N = 256, K = 384;
+    float *x = gh_rand_bf16(GH_N01, &rng, M * K, 1.0f), *w = gh_rand_bf16(GH_N01, &rng, N * K, 0.1f);
+    x[5 * K + 7] = INFINITY;
+    void *dx = gh_dev_bf16(g, x, M * K), *dw = gh_dev_bf16(g, w, N * K);
+    void *dy = gh_dev_poisoned(g, M * N, DF_DTYPE_BF16);
+    df_tensor tx = df_tensor_2d(dx, DF_DTYPE_BF16, M, K), tw = df_tensor_2d(dw, DF_DTYPE_BF16, N, K);
+    df_tensor ty = df_tensor_2d(dy, DF_DTYPE_BF16, M, N);
+    int64_t f0, s0, f1, s1, f2, s2;
+    df_cuda_fp8_gemm_counts(&f0, &s0);
+    CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_FWD, &tx, &tw, &ty, 0), 0);
+    df_cuda_fp8_gemm_counts(&f1, &s1);
+    CHECK_EQ(f1 - f0, 0);
+    CHECK_EQ(s1 - s0, 1);
+    float *y = gh_download_bf16(g, dy, M * N);
+    int64_t bad = 0, inf_row = 0;
+    for (int64_t i = 0; i < M * N; i++)
+        if (i / N == 5)
+            inf_row += !isfinite(y[i]);
+        else
+            bad += !isfinite(y[i]);
+    CHECK_EQ(bad, 0);
+    CHECK_EQ(inf_row, N);
+    free(y);
+    x[5 * K + 7] = 1.0f;
+    void *dx2 = gh_dev_bf16(g, x, M * K);
+    tx.data = dx2;
+    CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_FWD, &tx, &tw, &ty, 0), 0);
+    df_cuda_fp8_gemm_counts(&f2, &s2);
+    CHECK_EQ(f2 - f1, 1);
+    CHECK_EQ(s2 - s1, 0);
+    y = gh_download_bf16(g, dy, M * N);
+    bad = 0;
+    for (int64_t i = 0; i < M * N; i++)
+        bad += !isfinite(y[i]) || y[i] == 0.0f;
+    CHECK(bad < M * N / 100);
+    free(y), free(x), free(w);
+    df_backend_free(g, dx), df_backend_free(g, dx2), df_backend_free(g, dw), df_backend_free(g, dy);
+    df_backend_close(g);
+}
+
 static int64_t check_hold(df_gemm_kind kind, int64_t rows, int64_t k, int64_t n1, int64_t n2)
 {
     df_backend *g = gh_gpu;
@@ -737,6 +789,8 @@ int main(int argc, char **argv)
            (long long)(nfast2 - nfast), (long long)(nslow2 - nslow));
     if (sm90)
         CHECK(nfast2 - nfast >= 4 && nslow2 == nslow);
+    if (sm90)
+        check_undecided();
     gh_close();
     return test_main_end();
 }

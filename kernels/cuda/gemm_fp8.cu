@@ -24,7 +24,9 @@
  * operands: the FP8 product and the BF16 GEMM on the rounded operands
  * (fp8.cu's path) go to temporaries, and only if every element agrees
  * within 2^-7 of the largest is the class used; else (or where cuBLASLt
- * refuses a shape) the BF16 path, said once in the log. Plans are per shape
+ * refuses a shape) the BF16 path, said once in the log. A call whose BF16
+ * product holds Inf or NaN decides nothing: it runs on the BF16 path and the
+ * class's next call is checked. Plans are per shape
  * (the heuristic's choice); rows of varied lengths bring new shapes, not new
  * checks. DFLASH_FP8_GEMM=0 keeps every shape on the BF16 path.
  *
@@ -335,7 +337,9 @@ int run_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, const fp8_ws *w, voi
 /* The check of a new plan, on the call's operands (codes already in w): the
  * FP8 product and the BF16 GEMM on the rounded operands (its own BF16
  * copies: the scratch may be the caller's), both with beta 0 into
- * temporaries in c's layout, compared. 1: they agree. Temporaries are
+ * temporaries in c's layout, compared. 1: they agree; 0: not (or the check
+ * could not run); -1: not decided, the BF16 product has a non-finite value
+ * (operands with Inf or NaN say nothing of the layouts). Temporaries are
  * stream-ordered allocations, freed here. */
 int check_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, df_gemm_kind kind,
                const df_tensor *a, const df_tensor *b, const df_tensor *c, const fp8_ws *w)
@@ -388,12 +392,15 @@ int check_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, df_gemm_kind kind,
             float err, mx;
             memcpy(&err, &r[0], 4);
             memcpy(&mx, &r[1], 4);
-            agree = err <= ldexpf(mx, -7);
+            agree = !isfinite(mx) ? -1 : err <= ldexpf(mx, -7);
             df_log(agree ? DF_LOG_INFO : DF_LOG_WARN,
                    "cuda: fp8 gemm kind %d m=%lld n=%lld k=%lld: E4M3 tensor cores vs the BF16 GEMM "
                    "on the rounded operands: max diff %.3g of max %.3g: %s", (int)kind,
                    (long long)p->m, (long long)p->n, (long long)p->kp, err, mx,
-                   agree ? "using them" : "this shape stays on the BF16 GEMM");
+                   agree > 0   ? "using them"
+                   : agree < 0 ? "not decided (non-finite values): this call on the BF16 GEMM, "
+                                 "the check again at the next"
+                               : "this shape stays on the BF16 GEMM");
         }
     }
     (void)cudaFreeAsync(buf, st);
@@ -600,7 +607,8 @@ static int fast_call(df_backend *be, df_gemm_kind kind, const df_tensor *a, cons
     int rc = quantize(be, kind, a, b, p->m, p->n, p->kp, &w, a_ready, b_ready, p->dyblk);
     if (!rc && fresh) { /* its class's first call: checked against the BF16 path on these operands */
         df_cuda_prof_split(be, "fp8 check");
-        p->state = check_plan(be, (df_cuda_state *)be->impl, p, kind, a, b, c, &w) ? 1 : -1;
+        int v = check_plan(be, (df_cuda_state *)be->impl, p, kind, a, b, c, &w);
+        p->state = v > 0 ? 1 : v == 0 ? -1 : 0; /* (not decided: its class stays unknown) */
         *verdict_of((fp8_cache *)((df_cuda_state *)be->impl)->fp8, p) = (signed char)p->state;
     }
     if (!rc && p->state > 0) {
