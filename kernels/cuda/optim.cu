@@ -114,6 +114,36 @@ __device__ __forceinline__ float4 moment_quad(const AdamArgs<G> &a, const float 
                        __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
 }
 
+/* Quad q (elements 4q .. 4q + 3; p, g, m, v as loaded): adam_one on each, the new master and
+ * moments stored (BF16 moments rounded with the elements' own bits); returns the new master. */
+template <bool M16, bool V16, typename G>
+__device__ __forceinline__ float4 adam_quad(const AdamArgs<G> &a, int64_t q, float4 p, float4 g,
+                                            float4 m, float4 v)
+{
+    p.x = adam_one(a, g.x, &m.x, &v.x, p.x);
+    p.y = adam_one(a, g.y, &m.y, &v.y, p.y);
+    p.z = adam_one(a, g.z, &m.z, &v.z, p.z);
+    p.w = adam_one(a, g.w, &m.w, &v.w, p.w);
+    reinterpret_cast<float4 *>(a.p)[q] = p;
+    if (M16) {
+        uint16_t mo[4], vo[4] = {0, 0, 0, 0};
+        store_m16<V16>(a, 4 * q, m.x, v.x, &mo[0], &vo[0]);
+        store_m16<V16>(a, 4 * q + 1, m.y, v.y, &mo[1], &vo[1]);
+        store_m16<V16>(a, 4 * q + 2, m.z, v.z, &mo[2], &vo[2]);
+        store_m16<V16>(a, 4 * q + 3, m.w, v.w, &mo[3], &vo[3]);
+        reinterpret_cast<uint2 *>(a.m16)[q] =
+            make_uint2(mo[0] | (uint32_t)mo[1] << 16, mo[2] | (uint32_t)mo[3] << 16);
+        if (V16)
+            reinterpret_cast<uint2 *>(a.v16)[q] =
+                make_uint2(vo[0] | (uint32_t)vo[1] << 16, vo[2] | (uint32_t)vo[3] << 16);
+    } else {
+        reinterpret_cast<float4 *>(a.m)[q] = m;
+    }
+    if (!V16)
+        reinterpret_cast<float4 *>(a.v)[q] = v;
+    return p;
+}
+
 /* VEC4: vectors over the n/4 leading quads (p and F32 m, v 16-byte aligned,
  * BF16 m, v and out 8-byte aligned, grad 4 elements' worth aligned), the
  * last n%4 elements by the first threads. The grad dtype changes only how g
@@ -128,31 +158,9 @@ __global__ void __launch_bounds__(NT) adamw_kernel(AdamArgs<G> a)
     if (VEC4) {
         const int64_t nq = a.n / 4;
         for (int64_t q = tid; q < nq; q += nthr) {
-            float4 p = reinterpret_cast<const float4 *>(a.p)[q];
-            float4 g = grad_quad(a.g, q);
-            float4 m = moment_quad<M16>(a, a.m, a.m16, q);
-            float4 v = moment_quad<V16>(a, a.v, a.v16, q);
-            p.x = adam_one(a, g.x, &m.x, &v.x, p.x);
-            p.y = adam_one(a, g.y, &m.y, &v.y, p.y);
-            p.z = adam_one(a, g.z, &m.z, &v.z, p.z);
-            p.w = adam_one(a, g.w, &m.w, &v.w, p.w);
-            reinterpret_cast<float4 *>(a.p)[q] = p;
-            if (M16) {
-                uint16_t mo[4], vo[4] = {0, 0, 0, 0};
-                store_m16<V16>(a, 4 * q, m.x, v.x, &mo[0], &vo[0]);
-                store_m16<V16>(a, 4 * q + 1, m.y, v.y, &mo[1], &vo[1]);
-                store_m16<V16>(a, 4 * q + 2, m.z, v.z, &mo[2], &vo[2]);
-                store_m16<V16>(a, 4 * q + 3, m.w, v.w, &mo[3], &vo[3]);
-                reinterpret_cast<uint2 *>(a.m16)[q] =
-                    make_uint2(mo[0] | (uint32_t)mo[1] << 16, mo[2] | (uint32_t)mo[3] << 16);
-                if (V16)
-                    reinterpret_cast<uint2 *>(a.v16)[q] =
-                        make_uint2(vo[0] | (uint32_t)vo[1] << 16, vo[2] | (uint32_t)vo[3] << 16);
-            } else {
-                reinterpret_cast<float4 *>(a.m)[q] = m;
-            }
-            if (!V16)
-                reinterpret_cast<float4 *>(a.v)[q] = v;
+            const float4 p = adam_quad<M16, V16>(
+                a, q, reinterpret_cast<const float4 *>(a.p)[q], grad_quad(a.g, q),
+                moment_quad<M16>(a, a.m, a.m16, q), moment_quad<V16>(a, a.v, a.v16, q));
             if (a.out)
                 reinterpret_cast<uint2 *>(a.out)[q] = make_uint2(pack2(p.x, p.y), pack2(p.z, p.w));
         }
@@ -225,28 +233,7 @@ __global__ void __launch_bounds__(TT, 4) adamw_tiles(AdamArgs<G> a, const __grid
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             const int64_t q = e[u] / 4;
-            float4 pp = p[u], gg = g[u], mm = m[u], vv = v[u];
-            pp.x = adam_one(a, gg.x, &mm.x, &vv.x, pp.x);
-            pp.y = adam_one(a, gg.y, &mm.y, &vv.y, pp.y);
-            pp.z = adam_one(a, gg.z, &mm.z, &vv.z, pp.z);
-            pp.w = adam_one(a, gg.w, &mm.w, &vv.w, pp.w);
-            reinterpret_cast<float4 *>(a.p)[q] = pp;
-            if (M16) {
-                uint16_t mo[4], vo[4] = {0, 0, 0, 0};
-                store_m16<V16>(a, e[u], mm.x, vv.x, &mo[0], &vo[0]);
-                store_m16<V16>(a, e[u] + 1, mm.y, vv.y, &mo[1], &vo[1]);
-                store_m16<V16>(a, e[u] + 2, mm.z, vv.z, &mo[2], &vo[2]);
-                store_m16<V16>(a, e[u] + 3, mm.w, vv.w, &mo[3], &vo[3]);
-                reinterpret_cast<uint2 *>(a.m16)[q] =
-                    make_uint2(mo[0] | (uint32_t)mo[1] << 16, mo[2] | (uint32_t)mo[3] << 16);
-                if (V16)
-                    reinterpret_cast<uint2 *>(a.v16)[q] =
-                        make_uint2(vo[0] | (uint32_t)vo[1] << 16, vo[2] | (uint32_t)vo[3] << 16);
-            } else {
-                reinterpret_cast<float4 *>(a.m)[q] = mm;
-            }
-            if (!V16)
-                reinterpret_cast<float4 *>(a.v)[q] = vv;
+            const float4 pp = adam_quad<M16, V16>(a, q, p[u], g[u], m[u], v[u]);
             const uint2 w = make_uint2(pack2(pp.x, pp.y), pack2(pp.z, pp.w));
             reinterpret_cast<uint2 *>(a.out)[q] = w;
             *reinterpret_cast<uint2 *>(&t[it * 16 + u * 8 + warp][lane * 4]) = w;
