@@ -173,13 +173,17 @@ int df_backend_cuda_device(df_backend *be);
 int df_backend_fp8_tensor_cores(df_backend *be);
 /* Asks the backend to keep weight w's E4M3 codes for df_op_matmul_fp8 (as DF_GEMM_FWD's and
  * _BWD_X's w), written by df_op_adamw / df_op_adamw_m16 where their out_bf16 covers w whole,
- * so that no GEMM rounds w (the same codes: the same bits). Costs 2 bytes per element. Every
+ * so that no GEMM rounds w (the same codes: the same bits), until
+ * df_backend_fp8_drop_weight_codes or the backend closes. Costs 2 bytes per element. Every
  * other write into w that the backend does (uploads, copies, casts, fills, zeroing, any free)
  * makes the GEMMs round w again until the next such AdamW; a write it does not see (a
  * collective, a kernel of one's own) must not happen to a kept weight. 1: kept; 0: not (a
  * backend or GPU without E4M3 tensor cores, DFLASH_FP8_WEIGHT_CODES=0, a shape not of
  * 128-multiples, a strided view); -ENOMEM. */
 int df_backend_fp8_keep_weight_codes(df_backend *be, const df_tensor *w);
+/* Stops keeping the codes of the weights in [p, p + bytes) and frees them (before that memory
+ * is freed or used for something else; nothing kept there: nothing happens). */
+void df_backend_fp8_drop_weight_codes(df_backend *be, const void *p, size_t bytes);
 
 /* ---- dense ops ---- */
 

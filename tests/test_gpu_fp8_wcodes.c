@@ -10,7 +10,8 @@
  *    GEMMs that round it;
  *  - an upload into a weight, an AdamW whose arrays are not 16-byte aligned and any free make
  *    its codes not ready (the GEMMs round again, the same bits);
- *  - what is not kept: a misaligned or strided view, another view of a kept weight. */
+ *  - what is not kept: a misaligned or strided view, another view of a kept weight;
+ *  - dropping them (df_backend_fp8_drop_weight_codes) frees them, and they can be kept again. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -325,6 +326,14 @@ int main(void)
     df_tensor t = wview(&b, 0);
     CHECK_EQ(df_backend_fp8_keep_weight_codes(gh_gpu, &t), 0);
     df_knob_set(DF_KNOB_FP8_WEIGHT_CODES, "1");
+    /* dropped: nothing kept, and a's weights can be kept again */
+    df_backend_fp8_drop_weight_codes(gh_gpu, a.w, (size_t)n_all * 2);
+    df_cuda_fp8_wcodes_count(gh_gpu, &kept, &kbytes);
+    CHECK_EQ(kept, 0);
+    CHECK_EQ(kbytes, 0);
+    t = wview(&a, 1);
+    CHECK_EQ(df_backend_fp8_keep_weight_codes(gh_gpu, &t), 1);
+    df_backend_fp8_drop_weight_codes(gh_gpu, a.w, (size_t)n_all * 2);
     for (int k = 0; k < 2; k++) {
         df_backend_free(gh_gpu, o[k]->p), df_backend_free(gh_gpu, o[k]->m);
         df_backend_free(gh_gpu, o[k]->v), df_backend_free(gh_gpu, o[k]->g);

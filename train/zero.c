@@ -15,6 +15,8 @@
 void dev_state_free(df_backend *be, dev_state *s)
 {
     if (s->sharded) {
+        if (s->w) /* (the codes ds_keep_weight_codes asked the backend to keep) */
+            df_backend_fp8_drop_weight_codes(be, s->w, (size_t)s->np * df_dtype_size(s->wdt));
         df_backend_free(be, s->master);
         df_backend_free(be, s->m);
         df_backend_free(be, s->v);

@@ -146,6 +146,8 @@ int df_cuda_fp8_wcodes_in(df_backend *be, const void *p, size_t bytes,
 const df_cuda_fp8_wcodes *df_cuda_fp8_wcodes_of(df_backend *be, const df_tensor *w);
 /* A write into [p, p + bytes) other than AdamW's: the kept weights there are not ready. */
 void df_cuda_fp8_wcodes_touch(df_backend *be, const void *p, size_t bytes);
+/* The kept weights overlapping [p, p + bytes) no longer kept, their regions freed. */
+void df_cuda_fp8_wcodes_drop(df_backend *be, const void *p, size_t bytes);
 /* Every kept weight not ready (a free: the memory may be handed out again). */
 void df_cuda_fp8_wcodes_forget(df_backend *be);
 /* How many weights are kept and their regions' bytes. */

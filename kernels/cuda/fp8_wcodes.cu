@@ -149,6 +149,21 @@ extern "C" void df_cuda_fp8_wcodes_forget(df_backend *be)
         ws->e[i].ready = 0;
 }
 
+extern "C" void df_cuda_fp8_wcodes_drop(df_backend *be, const void *p, size_t bytes)
+{
+    wcodes_set *ws = set_of(be);
+    int k = 0;
+    for (int i = 0; ws && i < ws->n; i++) {
+        if (overlaps(&ws->e[i], p, bytes)) {
+            (void)cudaFree(ws->e[i].fwd);
+            continue;
+        }
+        ws->e[k++] = ws->e[i];
+    }
+    if (ws)
+        ws->n = k;
+}
+
 extern "C" void df_cuda_fp8_wcodes_count(df_backend *be, int *n, size_t *bytes)
 {
     wcodes_set *ws = set_of(be);
@@ -178,4 +193,10 @@ extern "C" int df_backend_fp8_keep_weight_codes(df_backend *be, const df_tensor 
     if (!be || be->kind != DF_BACKEND_CUDA)
         return 0;
     return df_cuda_fp8_wcodes_keep(be, w);
+}
+
+extern "C" void df_backend_fp8_drop_weight_codes(df_backend *be, const void *p, size_t bytes)
+{
+    if (be && be->kind == DF_BACKEND_CUDA)
+        df_cuda_fp8_wcodes_drop(be, p, bytes);
 }
