@@ -133,6 +133,10 @@ typedef struct df_cuda_fp8_wcodes {
     size_t fwd_bytes, bwx_bytes;
     int ready;
 } df_cuda_fp8_wcodes;
+/* The region of a weight's codes as A of kind (FWD / BWD_X, FP32 scales): m code rows of kp
+ * (a multiple of 128), then the 128 x 128 scales at *scales_at; its bytes. The layout
+ * df_cuda_matmul_fp8_fast_ws takes in wa. */
+size_t df_cuda_fp8_weight_region(df_gemm_kind kind, int64_t m, int64_t kp, size_t *scales_at);
 /* Keeps w's codes (not ready until an AdamW writes them): 1, or 0 where they would not be
  * used or w does not qualify (DFLASH_FP8_WEIGHT_CODES off, no verified E4M3 tensor cores,
  * a shape not of 128-multiples, another view of a kept weight's memory), -ENOMEM, -EIO. */

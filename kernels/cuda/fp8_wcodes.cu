@@ -29,16 +29,6 @@ typedef struct wcodes_set {
 
 int64_t g_wcodes_used; /* GEMM calls that took a kept weight's codes */
 
-int64_t rup(int64_t x, int64_t a) { return (x + a - 1) / a * a; }
-
-/* the A region of a kind for w [rows, cols]: codes [m, kp], then the 128 x 128 scales,
- * sc[(row block) * L4 + (reduction block)], L4 = kp / 128 rounded up to 4 (gemm_fp8.cu's
- * ws_layout for A with both sizes multiples of 128) */
-size_t region_bytes(int64_t m, int64_t kp)
-{
-    return (size_t)rup(m * kp, 256) + (size_t)rup(m / 128 * rup(kp / 128, 4) * 4, 256);
-}
-
 wcodes_set *set_of(df_backend *be)
 {
     return (wcodes_set *)((df_cuda_state *)be->impl)->wcodes;
@@ -79,8 +69,9 @@ extern "C" int df_cuda_fp8_wcodes_keep(df_backend *be, const df_tensor *w)
     df_cuda_fp8_wcodes *e = &ws->e[ws->n];
     memset(e, 0, sizeof *e);
     int64_t N = w->shape[0], K = w->shape[1];
-    e->fwd_bytes = region_bytes(N, K);
-    e->bwx_bytes = region_bytes(K, N);
+    size_t fsc, bsc; /* the scales' offsets in each region */
+    e->fwd_bytes = df_cuda_fp8_weight_region(DF_GEMM_FWD, N, K, &fsc);
+    e->bwx_bytes = df_cuda_fp8_weight_region(DF_GEMM_BWD_X, K, N, &bsc);
     void *buf = NULL;
     if (cudaSetDevice(s->device) != cudaSuccess) {
         (void)cudaGetLastError();
@@ -96,8 +87,8 @@ extern "C" int df_cuda_fp8_wcodes_keep(df_backend *be, const df_tensor *w)
     }
     e->w = w->data, e->rows = N, e->cols = K;
     e->fwd = buf, e->bwx = (uint8_t *)buf + e->fwd_bytes;
-    e->fwd_scales = (float *)((uint8_t *)e->fwd + rup(N * K, 256));
-    e->bwx_scales = (float *)((uint8_t *)e->bwx + rup(K * N, 256));
+    e->fwd_scales = (float *)((uint8_t *)e->fwd + fsc);
+    e->bwx_scales = (float *)((uint8_t *)e->bwx + bsc);
     e->ready = 0;
     ws->n++;
     return 1;

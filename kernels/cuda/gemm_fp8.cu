@@ -531,6 +531,14 @@ extern "C" size_t df_cuda_matmul_fp8_ws_bytes(df_gemm_kind kind, const df_tensor
     return without_a ? w.bytes - w.bytes_a : w.bytes;
 }
 
+extern "C" size_t df_cuda_fp8_weight_region(df_gemm_kind kind, int64_t m, int64_t kp,
+                                           size_t *scales_at)
+{
+    fp8_ws w = ws_layout(kind, m, 1, kp, NULL, NULL, NULL, 0);
+    *scales_at = (size_t)((uint8_t *)w.sa - w.qa);
+    return w.bytes_a;
+}
+
 extern "C" void df_cuda_fp8_kept_forget(df_backend *be)
 {
     fp8_cache *fc = (fp8_cache *)((df_cuda_state *)be->impl)->fp8;
