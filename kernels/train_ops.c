@@ -237,7 +237,11 @@ double df_op_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n)
         return (double)-EINVAL;
     if (!be->vt->sumsq)
         return (double)-ENOTSUP;
-    return be->vt->sumsq(be, x, dtype, n);
+    /* profiled as the int ops are (DF_DISPATCH), though it returns the sum */
+    df_prof_begin(be, "sumsq");
+    double s = be->vt->sumsq(be, x, dtype, n);
+    df_prof_end(be, 0);
+    return s;
 }
 
 /* ---- FP8 rounding ---- */
