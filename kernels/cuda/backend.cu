@@ -403,9 +403,9 @@ static int cu_cast(df_backend *be, void *dst, df_dtype dt, const void *src, df_d
 {
     if (cu_set(be))
         return -EIO;
-    df_cuda_fp8_wcodes_touch(be, dst, (size_t)n * df_dtype_size(dt));
-    if (dt == st)
+    if (dt == st) /* (cu_copy marks dst) */
         return cu_copy(be, dst, src, (size_t)n * df_dtype_size(dt));
+    df_cuda_fp8_wcodes_touch(be, dst, (size_t)n * df_dtype_size(dt));
     int64_t blocks = (n + 255) / 256;
     cast_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st_of(be)->stream>>>(
         dst, dt == DF_DTYPE_BF16, src, n);
