@@ -81,6 +81,10 @@ static void usage(FILE *f)
             "                        ~3.5%% off the step on Hopper with the drafter's quality\n"
             "                        within the seed-to-seed spread (docs/FP8.md);\n"
             "                        --fp8-dy-blocks: --fp8 with the default\n"
+            "  --fp8-ce-onepass      --fp8 with the LM head's softmax gradient made in one read\n"
+            "                        of the logits: rounded per block against the block's own\n"
+            "                        max, the label's term exact (docs/FP8.md); being judged\n"
+            "                        by the quality gate. --no-fp8-ce-onepass: the default\n"
             "  --no-grad-alias       keep activations out of the gradient array (default, with\n"
             "                        one row per step: layers' saved activations live in the\n"
             "                        gradients of the layer below until its backward; same\n"
@@ -182,7 +186,8 @@ int cmd_train(int argc, char **argv)
      * is not one: it turns checkpoints off whatever their interval) */
     enum { SEEN_RECOMPUTE = 1, SEEN_NO_RECOMPUTE = 2, SEEN_RECOMPUTE_MLP = 4, SEEN_OVERLAP = 8,
            SEEN_NO_OVERLAP = 16, SEEN_FP8 = 32, SEEN_NO_FP8 = 64, SEEN_DY_BLOCKS = 128,
-           SEEN_NO_DY_BLOCKS = 256, SEEN_M16 = 512, SEEN_NO_M16 = 1024 };
+           SEEN_NO_DY_BLOCKS = 256, SEEN_M16 = 512, SEEN_NO_M16 = 1024, SEEN_ONEPASS = 2048,
+           SEEN_NO_ONEPASS = 4096 };
     unsigned seen = 0;
     const char *gpus = NULL;
     char idbuf[128];
@@ -251,6 +256,17 @@ int cmd_train(int argc, char **argv)
         if (!strcmp(a, "--no-fp8-dy-blocks")) {
             seen |= SEEN_NO_DY_BLOCKS;
             o.fp8_dy_blocks = 0;
+            continue;
+        }
+        if (!strcmp(a, "--fp8-ce-onepass")) {
+            seen |= SEEN_FP8 | SEEN_ONEPASS;
+            o.fp8 = 1;
+            o.fp8_ce_onepass = 1;
+            continue;
+        }
+        if (!strcmp(a, "--no-fp8-ce-onepass")) {
+            seen |= SEEN_NO_ONEPASS;
+            o.fp8_ce_onepass = 0;
             continue;
         }
         if (!strcmp(a, "--no-fp8")) {
@@ -421,6 +437,7 @@ int cmd_train(int argc, char **argv)
                  {SEEN_OVERLAP, SEEN_NO_OVERLAP, "--overlap-optimizer", "--no-overlap-optimizer"},
                  {SEEN_FP8, SEEN_NO_FP8, "--fp8", "--no-fp8"},
                  {SEEN_DY_BLOCKS, SEEN_NO_DY_BLOCKS, "--fp8-dy-blocks", "--no-fp8-dy-blocks"},
+                 {SEEN_ONEPASS, SEEN_NO_ONEPASS, "--fp8-ce-onepass", "--no-fp8-ce-onepass"},
                  {SEEN_M16, SEEN_NO_M16, "--adam-m-bf16", "--no-adam-m-bf16"}};
     for (size_t k = 0; k < sizeof clash / sizeof clash[0]; k++)
         if ((seen & clash[k].a) && (seen & clash[k].b)) {

@@ -133,9 +133,11 @@ int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
     if (!be || !check_tensor(h, 2, 2, ACT(be), 0) || !check_tensor(head, 2, 2, WT(be), 0))
         return -EINVAL;
     const unsigned ce_flags =
-        DF_CE_FP8_GRAD | DF_CE_FP8_HEAD_FROZEN | DF_CE_FP8_ROUND_HEAD | DF_CE_BF16_LOGITS;
+        DF_CE_FP8_GRAD | DF_CE_FP8_HEAD_FROZEN | DF_CE_FP8_ROUND_HEAD | DF_CE_BF16_LOGITS |
+        DF_CE_FP8_ONEPASS;
     if ((flags & ~ce_flags) ||
-        ((flags & (DF_CE_FP8_HEAD_FROZEN | DF_CE_FP8_ROUND_HEAD)) && !(flags & DF_CE_FP8_GRAD)))
+        ((flags & (DF_CE_FP8_HEAD_FROZEN | DF_CE_FP8_ROUND_HEAD | DF_CE_FP8_ONEPASS)) &&
+         !(flags & DF_CE_FP8_GRAD)))
         return -EINVAL;
     int64_t N = h->shape[0], V = head->shape[0];
     if (head->shape[1] != h->shape[1] || V < 1 || V > INT32_MAX)

@@ -147,11 +147,27 @@ int df_op_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *k
  * PyTorch leaves them (SpecForge's training): loss, ce, argmax and G are
  * those of the rounded logits. A backend may then store the logits as BF16
  * (the CUDA backend: half the bytes of F32 logits written and read twice).
+ * DF_CE_FP8_ONEPASS (with DF_CE_FP8_GRAD): G is split as Gp - c onehot(label)
+ * (c = weight / denom) and only Gp is rounded to E4M3: per 1 x 128 block
+ * of the row, with mb the block's largest logit, mx the row's and s the
+ * row's sum of expf(z - mx) (the loss's), Gp_v = e4m3(expf(z_v - mb) 256)
+ * times the block scale (f32)(c / s exp(mb - mx) 2^-8) (a block of -inf
+ * logits: 0). Its codes then fill E4M3's range from the top, and need no
+ * row statistics before they are written, so a backend can make them in
+ * one read of the logits. dh = Gp @ head', then per element dh -= (f32)c
+ * head'[label] (each operation rounded in fp32), head' the head the GEMMs
+ * take (rounded, with DF_CE_FP8_ROUND_HEAD). Loss, ce and argmax are
+ * unchanged. A backend that does not write Gp's codes itself for a chunk
+ * of rows may compute that chunk as without this flag (the CUDA backend:
+ * without kept E4M3 codes of the head, i.e. DF_CE_FP8_HEAD_FROZEN on
+ * sm_90's E4M3 tensor cores, at a GEMM class's first call, and for V past
+ * 2^18).
  * Other bits: -EINVAL. */
 #define DF_CE_FP8_GRAD 1u
 #define DF_CE_FP8_HEAD_FROZEN 2u
 #define DF_CE_FP8_ROUND_HEAD 4u
 #define DF_CE_BF16_LOGITS 8u
+#define DF_CE_FP8_ONEPASS 16u
 int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
                     const int32_t *label, const float *weight, float denom, double *loss_sum,
                     df_tensor *dh, int32_t *argmax, float *ce, unsigned flags);

@@ -190,6 +190,17 @@ run 0 "" "$D" train $TF --out "$W/runFdb" --fp8-dy-blocks
 cmp -s "$W/runF/export/model.safetensors" "$W/runFdb/export/model.safetensors" || fail "--fp8-dy-blocks is not --fp8's default"
 run 1 "--fp8-dy-blocks false \(now true\)" "$D" train $TF --out "$W/runFd" --fp8
 run 2 "ask for opposite things" "$D" train $TF --out "$W/runFx" --fp8-dy-blocks --no-fp8-dy-blocks
+# --fp8-ce-onepass (the LM head's softmax gradient in one pass): --fp8 with it, other weights,
+# recorded, an exact resume, the switch refused on resume; with --no-fp8-ce-onepass refused
+run 0 "" "$D" train $TF --out "$W/runFo" --fp8-ce-onepass
+grep -q '"--fp8-ce-onepass":.true' "$W"/runFo/ckpt-*/hparams.json || fail "--fp8-ce-onepass not recorded"
+grep -q '"--fp8-ce-onepass":.false' "$W"/runF/ckpt-*/hparams.json || fail "--fp8 recorded one pass"
+cmp -s "$W/runF/export/model.safetensors" "$W/runFo/export/model.safetensors" && fail "--fp8-ce-onepass changed nothing"
+run 0 "" "$D" train $TF --out "$W/runFor" --fp8-ce-onepass --stop-after 6
+run 0 "" "$D" train $TF --out "$W/runFor" --fp8 --fp8-ce-onepass
+cmp -s "$W/runFo/export/model.safetensors" "$W/runFor/export/model.safetensors" || fail "--fp8-ce-onepass resume differs"
+run 1 "--fp8-ce-onepass true \(now false\)" "$D" train $TF --out "$W/runFo" --fp8
+run 2 "ask for opposite things" "$D" train $TF --out "$W/runFx" --fp8-ce-onepass --no-fp8-ce-onepass
 # --adam-bf16 (AdamW's moments in BF16, stochastically rounded): other weights, recorded, an
 # exact resume (the checkpoint holds the moments widened to F32), and no switching on resume
 run 0 "fp32 master \+ bf16 moments" "$D" train ${TF/--quiet/} --out "$W/runAb" --adam-bf16

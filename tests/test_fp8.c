@@ -424,7 +424,9 @@ static void test_lmhead_fp8(void)
                              DF_CE_FP8_HEAD_FROZEN), -EINVAL);
     CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8,
                              DF_CE_FP8_ROUND_HEAD), -EINVAL);
-    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8, 16), -EINVAL);
+    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8, 32), -EINVAL);
+    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8,
+                             DF_CE_FP8_ONEPASS), -EINVAL);
     {   /* DF_CE_FP8_ROUND_HEAD on the head as it is: the results of its rounded copy */
         static float hr[V * H], dha[N * H], dhb[N * H], cea[N], ceb[N];
         int32_t ama[N], amb[N];
@@ -489,6 +491,87 @@ static void test_lmhead_fp8(void)
     df_backend_close(be);
 }
 
+/* DF_CE_FP8_ONEPASS: loss, ce and argmax are FP8's; dh within the rounding
+ * of Gp (2^-4 of each entry, or its block's subnormal step) of the exact
+ * dh; the one-hot term on the head the GEMMs take (DF_CE_FP8_ROUND_HEAD:
+ * the bits of the pre-rounded head); closer to the exact dh than the
+ * default FP8 gradient, whose label entry is rounded too. */
+static void test_lmhead_fp8_onepass(void)
+{
+    enum { N = 7, H = 40, V = 700 };
+    df_err e = {0};
+    df_backend *be = df_backend_cpu_open(2, &e);
+    CHECK(be != NULL);
+    if (!be)
+        return;
+    static float h[N * H], head[V * H], hr[V * H], dh8[N * H], dh1[N * H], dha[N * H], dhb[N * H];
+    float ce8[N], ce1[N];
+    int32_t label[N] = {3, 699, -1, 128, 127, 0, 650}, am8[N], am1[N];
+    float w[N] = {1, 0.5f, 1, 2, 1, 0.25f, 1};
+    uint64_t st = 9;
+    for (int i = 0; i < N * H; i++)
+        h[i] = test_randn(&st);
+    for (int i = 0; i < V * H; i++)
+        head[i] = 0.3f * test_randn(&st);
+    /* a row whose logits spread widely: blocks far below the max */
+    for (int k = 0; k < H; k++)
+        h[6 * H + k] *= 4.0f;
+    df_tensor th = df_tensor_2d(h, DF_DTYPE_F32, N, H), tw = df_tensor_2d(head, DF_DTYPE_F32, V, H);
+    df_tensor t8 = df_tensor_2d(dh8, DF_DTYPE_F32, N, H), t1 = df_tensor_2d(dh1, DF_DTYPE_F32, N, H);
+    const unsigned op = DF_CE_FP8_GRAD | DF_CE_FP8_ONEPASS;
+    double l8 = 0, l1 = 0;
+    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8, DF_CE_FP8_GRAD), 0);
+    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l1, &t1, am1, ce1, op), 0);
+    CHECK(l8 == l1 && !memcmp(am8, am1, sizeof am8) && !memcmp(ce8, ce1, sizeof ce8));
+    {   /* DF_CE_FP8_ROUND_HEAD: the one-hot term too takes the rounded head */
+        memcpy(hr, head, sizeof hr);
+        CHECK_EQ(df_fp8_qdq_f32(hr, V, H, H, 128, 128), 0);
+        df_tensor tr = df_tensor_2d(hr, DF_DTYPE_F32, V, H);
+        df_tensor ta = df_tensor_2d(dha, DF_DTYPE_F32, N, H), tb = df_tensor_2d(dhb, DF_DTYPE_F32, N, H);
+        double la = 0, lb = 0;
+        CHECK_EQ(df_op_lmhead_ce(be, &th, &tr, label, w, 7.0f, &la, &ta, NULL, NULL, op), 0);
+        CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &lb, &tb, NULL, NULL,
+                                 op | DF_CE_FP8_ROUND_HEAD | DF_CE_FP8_HEAD_FROZEN), 0);
+        CHECK(la == lb && !memcmp(dha, dhb, sizeof dha));
+    }
+    int bad = 0;
+    double err1 = 0, err8 = 0, scale = 0;
+    for (int i = 0; i < N; i++) {
+        double z[V], g[V], mx = -INFINITY, s = 0, c = label[i] < 0 ? 0 : w[i] / 7.0;
+        for (int v = 0; v < V; v++) {
+            z[v] = 0;
+            for (int k = 0; k < H; k++)
+                z[v] += (double)h[i * H + k] * head[v * H + k];
+            mx = z[v] > mx ? z[v] : mx;
+        }
+        for (int v = 0; v < V; v++)
+            s += exp(z[v] - mx);
+        for (int v = 0; v < V; v++)
+            g[v] = c * exp(z[v] - mx) / s; /* Gp: the one-hot term is exact */
+        for (int k = 0; k < H; k++) {
+            double exact = label[i] < 0 ? 0 : -c * head[label[i] * H + k], bound = 0;
+            for (int v = 0; v < V; v++) {
+                double mb = -INFINITY;
+                for (int u = v / 128 * 128; u < V && u < v / 128 * 128 + 128; u++)
+                    mb = z[u] > mb ? z[u] : mb;
+                double step = c / s * exp(mb - mx) * 0x1p-8 * 0x1p-10; /* half the subnormal step */
+                exact += g[v] * head[v * H + k];
+                bound += fabs(head[v * H + k]) * (ldexp(g[v], -4) + step);
+            }
+            bound = bound * 1.01 + 1e-6 * fabs(exact) + 1e-9;
+            bad += !(fabs(dh1[i * H + k] - exact) <= bound);
+            err1 += fabs(dh1[i * H + k] - exact);
+            err8 += fabs(dh8[i * H + k] - exact);
+            scale += fabs(exact);
+        }
+    }
+    CHECK_EQ(bad, 0);
+    printf("lmhead fp8 one pass: mean |dh - exact| / mean |dh| = %.3g (two passes: %.3g)\n",
+           err1 / scale, err8 / scale);
+    CHECK(err1 > 0 && err1 < 0.5 * err8);
+    df_backend_close(be);
+}
+
 /* The MXFP8 scale layout (cuda/fp8_mx.h) as its contract states it: tiles of
  * 128 rows x 4 blocks, 512 bytes each, in row order, K tiles first; row r % 32
  * at 16 bytes, (r % 128) / 32 at 4, the block at 1 (so a 128-block's four
@@ -531,5 +614,6 @@ int main(void)
     test_op();
     test_matmul();
     test_lmhead_fp8();
+    test_lmhead_fp8_onepass();
     return test_main_end();
 }

@@ -24,7 +24,9 @@
  *    moves away from the flags-0 dh by E4M3's ~1e-2; G's codes written by the
  *    row kernel (once GEMM 2's class has passed its check) are bitwise those
  *    rounded by GEMM 2, in one chunk and in several, padded rows included;
- *    with DF_CE_BF16_LOGITS too (and without FP8): the CPU's with that flag.
+ *    with DF_CE_BF16_LOGITS too (and without FP8): the CPU's with that flag;
+ *    with DF_CE_FP8_ONEPASS: one pass on sm_90, within 1e-2 relative L2 of
+ *    the CPU's one pass, and on the unrounded head the same bits.
  * `--bench`: the GEMMs of the Qwen3.6-27B drafter step, each kind: the BF16
  *  GEMM, the FP8 op, the BF16 path's rounding of the activations (df_op_fp8_qdq),
  *  and the tensor cores' whole call with the weight's codes made or kept; medians of 9
@@ -304,6 +306,55 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H, int sm90)
     printf("  G's codes from the row kernel: %lld of 3 calls\n", (long long)fused);
     if (sm90)
         CHECK_EQ(fused, 3);
+    /* DF_CE_FP8_ONEPASS (the head's codes kept, GEMM 2's class checked above): one pass on
+     * the E4M3 tensor cores, the CPU's one pass up to the sums' order, loss and argmax
+     * FP8's; on the head as it was (DF_CE_FP8_ROUND_HEAD) the same bits, so the one-hot
+     * term takes the codes the GEMMs take */
+    {
+        const unsigned fo = DF_CE_FP8_GRAD | DF_CE_FP8_HEAD_FROZEN | DF_CE_FP8_ONEPASS;
+        float *dc1 = gh_xmalloc((size_t)(N * H) * 4);
+        df_tensor tc1 = df_tensor_2d(dc1, DF_DTYPE_F32, N, H);
+        double lc1 = 0, lg1 = 0, lu1 = 0;
+        CHECK_EQ(df_op_lmhead_ce(c, &th, &tw, lab, NULL, (float)N, &lc1, &tc1, NULL, NULL, fo), 0);
+        int64_t one0 = df_cuda_lmhead_ce_onepass_chunks();
+        void *gd1 = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16), *gam1 = gh_dev_poisoned(g, N, DF_DTYPE_I32);
+        df_tensor Gd1 = df_tensor_2d(gd1, DF_DTYPE_BF16, N, H);
+        CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &lg1, &Gd1, gam1, NULL, fo), 0);
+        int64_t one = df_cuda_lmhead_ce_onepass_chunks() - one0;
+        float *d1 = gh_download_bf16(g, gd1, N * H);
+        int32_t *am1 = gh_xmalloc((size_t)N * 4);
+        CHECK_EQ(df_backend_download(g, am1, gam1, (size_t)N * 4), 0);
+        double e1 = 0, r1 = 0, ex = 0;
+        int64_t am_d1 = 0;
+        for (int64_t i = 0; i < N * H; i++) {
+            e1 += (d1[i] - dc1[i]) * (double)(d1[i] - dc1[i]);
+            r1 += (double)dc1[i] * dc1[i];
+            ex += (d1[i] - d8[i]) * (double)(d1[i] - d8[i]);
+        }
+        for (int64_t i = 0; i < N; i++)
+            am_d1 += am1[i] != am8[i];
+        void *gwu1 = gh_dev_bf16(g, wu, V * H), *gdu1 = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16);
+        df_tensor Gwu1 = df_tensor_2d(gwu1, DF_DTYPE_BF16, V, H), Gdu1 = df_tensor_2d(gdu1, DF_DTYPE_BF16, N, H);
+        for (int call = 0; call < 2; call++) /* the first makes the codes of the other head */
+            CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gwu1, glab, NULL, (float)N, &lu1, &Gdu1, NULL, NULL,
+                                     fo | DF_CE_FP8_ROUND_HEAD), 0);
+        float *du1 = gh_download_bf16(g, gdu1, N * H);
+        printf("  DF_CE_FP8_ONEPASS: %lld chunk(s) in one pass; loss %.9g (cpu %.9g, two passes "
+               "%.9g), dh rel L2 vs cpu %.3e, vs two passes %.3e\n", (long long)one, lg1, lc1, l8,
+               sqrt(e1 / r1), sqrt(ex / r2));
+        if (sm90)
+            CHECK(one >= 1);
+        CHECK(fabs(lg1 - lc1) <= 1e-5 * fabs(lc1));
+        CHECK(fabs(lg1 - l8) <= 1e-5 * fabs(l8));
+        CHECK(am_d1 <= N / 100);
+        if (one)
+            CHECK(sqrt(e1 / r1) < 1e-2);
+        CHECK(lu1 == lg1);
+        CHECK(memcmp(du1, d1, (size_t)(N * H) * sizeof(float)) == 0);
+        free(dc1), free(d1), free(am1), free(du1);
+        df_backend_free(g, gd1), df_backend_free(g, gam1), df_backend_free(g, gwu1),
+            df_backend_free(g, gdu1);
+    }
     /* DF_CE_FP8_ROUND_HEAD on the head as it was: its codes made from it, kept or not, the same
      * bits as the rounded head's; with the E4M3 GEMMs off, the BF16 GEMMs on the call's rounded
      * copy: the same bits as on the rounded head */

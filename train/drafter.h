@@ -147,6 +147,12 @@ int df_drafter_set_fp8(df_drafter *d, int on, df_err *e);
  * (DF_FP8_DY_BLOCKS: cuBLASLt's faster kernel on sm_90; other numerics). Off for a drafter
  * as opened; the trainer turns it on (df_train_opts.fp8_dy_blocks, docs/FP8.md). */
 void df_drafter_set_fp8_dy_blocks(df_drafter *d, int on);
+
+/* With FP8: the LM head's softmax gradient split as the softmax part, rounded
+ * per 1 x 128 block against the block's own max in one read of the logits,
+ * and the label's term, exact (DF_CE_FP8_ONEPASS, train_ops.h). Off as
+ * opened; the trainer's --fp8-ce-onepass turns it on (docs/FP8.md). */
+void df_drafter_set_fp8_ce_onepass(df_drafter *d, int on);
 /* Row steps with gradients round the LM head's logits to BF16 (DF_CE_BF16_LOGITS: as a BF16
  * LM head in PyTorch leaves them; the CUDA backend stores them so, half the bytes); other
  * numerics. Steps without gradients (evaluation) keep F32 logits. Off for a drafter as

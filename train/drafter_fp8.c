@@ -47,6 +47,8 @@ int drafter_swiglu_bwd(df_drafter *d, const df_tensor *g, const df_tensor *u, co
 
 void df_drafter_set_fp8_dy_blocks(df_drafter *d, int on) { d->fp8_dy_blocks = on != 0; }
 
+void df_drafter_set_fp8_ce_onepass(df_drafter *d, int on) { d->fp8_ce_onepass = on != 0; }
+
 void df_drafter_set_bf16_logits(df_drafter *d, int on) { d->bf16_logits = on != 0; }
 
 void drafter_fp8_free(df_drafter *d)

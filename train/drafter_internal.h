@@ -70,6 +70,7 @@ struct df_drafter {
      * backend has E4M3 tensor cores: the op rounds it, DF_CE_FP8_ROUND_HEAD) */
     int fp8, q8;
     int fp8_dy_blocks; /* FP8: the weight gradients' dy per 128 x 128 (DF_FP8_DY_BLOCKS) */
+    int fp8_ce_onepass; /* FP8: the LM head's softmax gradient in one pass (DF_CE_FP8_ONEPASS) */
     int bf16_logits;   /* steps with gradients: DF_CE_BF16_LOGITS */
     df_tensor head8;
 };

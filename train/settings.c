@@ -87,6 +87,7 @@ char *df_run_settings_json(const char *base, const df_train_opts *o, const df_dr
              cJSON_AddBoolToObject(s, "--bf16-logits", o->bf16_logits) &&
              cJSON_AddBoolToObject(s, "--fp8", o->fp8 > 0) &&
              cJSON_AddBoolToObject(s, "--fp8-dy-blocks", o->fp8 > 0 && o->fp8_dy_blocks) &&
+             cJSON_AddBoolToObject(s, "--fp8-ce-onepass", o->fp8 > 0 && o->fp8_ce_onepass) &&
              cJSON_AddBoolToObject(s, "DFLASH_TEST_REPLICATE_DATA", o->replicate_data);
     char *txt = ok ? cJSON_Print(r) : NULL;
     cJSON_Delete(r);
@@ -130,7 +131,7 @@ int df_run_settings_check(const char *ckpt_dir, const char *had, const char *now
     static const struct {
         const char *key, *was;
     } absent[] = {{"--fp8-dy-blocks", "false"}, {"--adam-bf16", "false"}, {"--adam-m-bf16", "false"},
-                  {"--bf16-logits", "false"}};
+                  {"--bf16-logits", "false"}, {"--fp8-ce-onepass", "false"}};
     cJSON_ArrayForEach(wv, ws) {
         const cJSON *hv = cJSON_GetObjectItemCaseSensitive(hs, wv->string);
         char a[160], b[160];

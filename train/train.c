@@ -401,6 +401,7 @@ static int run_open_model(run *r, df_err *e)
     if (o->fp8 && (rc = df_drafter_set_fp8(r->d, 1, e)))
         return rc;
     df_drafter_set_fp8_dy_blocks(r->d, o->fp8 && o->fp8_dy_blocks);
+    df_drafter_set_fp8_ce_onepass(r->d, o->fp8 && o->fp8_ce_onepass);
     df_drafter_set_bf16_logits(r->d, o->bf16_logits);
     r->ps = df_drafter_params(r->d);
     r->total = r->ps->total;

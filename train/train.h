@@ -77,6 +77,8 @@ typedef struct df_train_opts {
                                    records what it chose */
     int fp8_dy_blocks;          /* with fp8: the weight gradients' dy per 128 x 128
                                    (df_drafter_set_fp8_dy_blocks); default 1, 0: 128 x 1 */
+    int fp8_ce_onepass;         /* with fp8: the LM head's softmax gradient in one pass
+                                   (df_drafter_set_fp8_ce_onepass); default 0 */
     int adam_bf16;              /* AdamW's moments in BF16, stochastically rounded
                                    (df_op_adamw_m16): half their memory and traffic; default 0 */
     int adam_m_bf16;            /* the first moment alone in BF16 (v F32); default 1 (the

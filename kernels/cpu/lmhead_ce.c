@@ -17,8 +17,12 @@
  *   the label entry in double: p_label near 1 must not cancel in f32)
  *   with DF_CE_FP8_GRAD, G rounded to E4M3 (df_fp8_qdq_f32, 1 x 128 blocks)
  *   (DF_CE_FP8_ROUND_HEAD: GEMMs 1 and 2 take a copy of head rounded first)
+ *   with DF_CE_FP8_ONEPASS instead, per 1 x 128 block b of max mb:
+ *   G_v = e4m3(expf(z_v - mb) * 256) * (f32)(c / s * exp(mb - mx) * 2^-8)
+ *   (the label's entry too), and the one-hot term comes after GEMM 2
  *   dh = G @ head: fp32 sums over v in order within segments of CE_VSEG,
- *   the segment sums added in order
+ *   the segment sums added in order; DF_CE_FP8_ONEPASS: then, per element,
+ *   dh -= (f32)c * head[label] (a product and a difference, each rounded)
  * Ignored rows (label < 0 or weight 0) contribute nothing, get ce = 0 and
  * dh = 0, and skip both GEMMs unless argmax is wanted (GEMM 1 then).
  * loss_sum adds the rows' w * CE (kept per row in double) in row order, so
@@ -59,6 +63,35 @@ static float *h_row(const df_tensor *t, int64_t i)
     return (float *)t->data + i * t->stride[0];
 }
 
+/* head[v][k] as a float (an F32 or BF16 weight) */
+static float head_at(const df_tensor *w, int64_t v, int64_t k)
+{
+    int64_t i = v * w->stride[0] + k;
+    return w->dtype == DF_DTYPE_BF16 ? df_bf16_to_f32(((const uint16_t *)w->data)[i])
+                                     : ((const float *)w->data)[i];
+}
+
+/* DF_CE_FP8_ONEPASS: row z (logits) becomes its softmax part G in place,
+ * per 1 x 128 block against the block's own max mb (train_ops.h); sc = c / s.
+ * A block of -inf logits only gives zeros. */
+static void onepass_row(float *z, int64_t V, float mx, double sc)
+{
+    for (int64_t b0 = 0; b0 < V; b0 += 128) {
+        int64_t b1 = V - b0 < 128 ? V : b0 + 128;
+        float mb = z[b0];
+        for (int64_t v = b0 + 1; v < b1; v++)
+            mb = z[v] > mb ? z[v] : mb;
+        if (mb == -INFINITY) {
+            for (int64_t v = b0; v < b1; v++)
+                z[v] = 0.0f;
+            continue;
+        }
+        float scale = (float)(sc * exp((double)mb - (double)mx) * 0x1p-8);
+        for (int64_t v = b0; v < b1; v++)
+            z[v] = df_e4m3_to_f32(df_e4m3_from_f32(expf(z[v] - mb) * 256.0f)) * scale;
+    }
+}
+
 static int ce_task(void *vp, size_t task)
 {
     const ce_ctx *c = vp;
@@ -85,7 +118,9 @@ static int ce_task(void *vp, size_t task)
         return -ENOMEM;
     const float *arow[CE_ROWS];
     const float *grow[CE_ROWS], *gseg[CE_ROWS];
-    float *drow[CE_ROWS];
+    float *drow[CE_ROWS], coefs[CE_ROWS];
+    int64_t labs[CE_ROWS];
+    const int onepass = (c->flags & DF_CE_FP8_ONEPASS) != 0;
     for (int64_t j = 0; j < n_run; j++)
         arow[j] = h_row(c->h, idx[j]);
 
@@ -133,25 +168,35 @@ static int ce_task(void *vp, size_t task)
         double w = c->weight ? (double)c->weight[i] : 1.0;
         float zl = z[lab];
         double s = 0.0;
-        for (int64_t v = 0; v < V; v++) {
-            float p = expf(z[v] - mx);
-            z[v] = p;
-            s += p;
-        }
+        if (onepass) /* z kept: the blocks' codes are taken from it */
+            for (int64_t v = 0; v < V; v++)
+                s += expf(z[v] - mx);
+        else
+            for (int64_t v = 0; v < V; v++) {
+                float p = expf(z[v] - mx);
+                z[v] = p;
+                s += p;
+            }
         double ce = ((double)mx + log(s)) - (double)zl;
         c->row_loss[i] = w * ce;
         if (c->ce)
             c->ce[i] = (float)ce;
         if (c->dh) {
             double coef = w / c->denom, sc = coef / s;
-            float scf = (float)sc, pl = z[lab];
-            for (int64_t v = 0; v < V; v++)
-                z[v] *= scf;
-            z[lab] = (float)((double)pl * sc - coef);
-            if ((c->flags & DF_CE_FP8_GRAD) && df_fp8_qdq_f32(z, 1, V, V, 1, 128)) {
-                free(buf);
-                return -ENOMEM;
+            if (onepass) {
+                onepass_row(z, V, mx, sc);
+            } else {
+                float scf = (float)sc, pl = z[lab];
+                for (int64_t v = 0; v < V; v++)
+                    z[v] *= scf;
+                z[lab] = (float)((double)pl * sc - coef);
+                if ((c->flags & DF_CE_FP8_GRAD) && df_fp8_qdq_f32(z, 1, V, V, 1, 128)) {
+                    free(buf);
+                    return -ENOMEM;
+                }
             }
+            coefs[n_act] = (float)coef;
+            labs[n_act] = lab;
             grow[n_act] = z;
             drow[n_act] = h_row(c->dh, i);
             n_act++;
@@ -181,6 +226,12 @@ static int ce_task(void *vp, size_t task)
             g.K = vn;
             rc = df_gemm_rows(&g, 0, n_act, H);
         }
+        /* DF_CE_FP8_ONEPASS: the one-hot term, on the head the GEMMs took */
+        for (int64_t j = 0; onepass && rc == 0 && j < n_act; j++)
+            for (int64_t k = 0; k < H; k++) {
+                float t = coefs[j] * head_at(c->head, labs[j], k);
+                drow[j][k] -= t;
+            }
     }
     free(buf);
     return rc;

@@ -86,6 +86,16 @@ __device__ __forceinline__ uint8_t e4m3_code(float v, float inv)
     return (uint8_t)(c | (__float_as_uint(v) >> 24 & 0x80u));
 }
 
+/* The value of an E4M3 code (common/e4m3.h's df_e4m3_to_f32: a NaN for
+ * 0x7f / 0xff) */
+__device__ __forceinline__ float e4m3_value(uint8_t c)
+{
+    uint32_t e = (c >> 3) & 15u, m = c & 7u;
+    float v = e ? __uint_as_float(((e + 120u) << 23) | (m << 20)) : (float)m * 0x1p-9f;
+    v = (c & 0x7fu) == 0x7fu ? __uint_as_float(0x7fc00000u) : v;
+    return (c & 0x80u) ? -v : v;
+}
+
 /* The codes of whole blocks, for the kernels that write the FP8 GEMMs'
  * operands (fp8_codes.cu, and lmhead_ce.cu's softmax gradient): */
 

@@ -69,6 +69,8 @@
 #include "knobs.h"
 #include "fp8_cuda.h"
 #include "lmhead_cuda.h"
+#include "lmhead_onepass.h"
+#include "lmhead_rows.cuh"
 
 extern "C" {
 #include "log.h"
@@ -76,10 +78,6 @@ extern "C" {
 
 namespace {
 
-constexpr int RT = 512;              /* threads per row block */
-constexpr int RU = 8;                /* logits per thread per tile (loads in flight) */
-constexpr int TILE = RT * RU;        /* logits per tile */
-constexpr int NW = RT / 32;          /* warps per row block */
 constexpr int LT = 1024;             /* threads of the loss-sum block */
 constexpr size_t WS_BYTES = (size_t)32 << 20;           /* cuBLASLt workspace */
 constexpr int PLAN_CAP = 32;
@@ -88,40 +86,9 @@ constexpr int MAX_DEV = 64;
 size_t g_chunk_bytes = 0; /* test hook; 0 = DFLASH_CE_CHUNK_MIB's */
 int g_fp8_codes = 1;      /* test hook: G's codes written by the row kernel */
 int64_t g_fp8_fused = 0;  /* chunks whose G went to GEMM 2 as codes only, process-wide */
+int64_t g_onepass = 0;    /* of those, chunks of DF_CE_FP8_ONEPASS's one pass */
 int g_precise = -1;       /* hi + lo gradient; -1 = not yet read from DFLASH_CE_PRECISE */
 
-/* A row is active (contributes loss and gradient) as on the CPU, plus the
- * device-only rule: a label >= V is ignored, never read. !(w > 0) also
- * ignores a NaN weight, as the CPU's `weight > 0` test does. */
-__device__ __forceinline__ int row_active(int32_t lab, float w, int64_t V)
-{
-    return lab >= 0 && (int64_t)lab < V && w > 0.0f;
-}
-
-/* Merges (max m, argmax i, sum s of exp(z - m)) with another such triple.
- * Commutative; on equal maxima the lower index wins (the CPU's first max). */
-__device__ __forceinline__ void merge(float &m, int &i, double &s, float m2, int i2, double s2)
-{
-    float M = fmaxf(m, m2);
-    double a = s != 0.0 ? s * exp((double)m - (double)M) : 0.0;
-    double b = s2 != 0.0 ? s2 * exp((double)m2 - (double)M) : 0.0;
-    i = m2 > m ? i2 : (m > m2 ? i : min(i, i2));
-    m = M;
-    s = a + b;
-}
-
-/* A logit, widened (the row's logits are fp32, or bf16 under DF_CE_BF16_LOGITS) */
-__device__ __forceinline__ float zld(const float *p) { return *p; }
-__device__ __forceinline__ float zld(const uint16_t *p) { return bf2f(*p); }
-
-/* 8 consecutive fp32 logits from a 32-byte aligned address (bf16.cuh's load8 reads bf16 ones) */
-__device__ __forceinline__ void load8(const float *p, float *x)
-{
-    float4 p0 = *reinterpret_cast<const float4 *>(p);
-    float4 p1 = *reinterpret_cast<const float4 *>(p + 4);
-    x[0] = p0.x, x[1] = p0.y, x[2] = p0.z, x[3] = p0.w;
-    x[4] = p1.x, x[5] = p1.y, x[6] = p1.z, x[7] = p1.w;
-}
 /* Pass 1's unit: the logits v, v + 1, ... a thread loads at once, one
  * 4-byte word (one fp32, two bf16; v even there), -inf past V */
 __device__ __forceinline__ void zld_word(const float *zr, int64_t v, int64_t V, float *x)
@@ -260,32 +227,7 @@ __global__ void __launch_bounds__(RT) ce_row_kernel(T *__restrict__ z, int64_t l
             }
         }
     }
-    /* Fixed trees: shuffles within each warp, then warp 0 over the warps. */
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float m2 = __shfl_down_sync(0xffffffffu, m, o);
-        int i2 = __shfl_down_sync(0xffffffffu, am, o);
-        double s2 = __shfl_down_sync(0xffffffffu, s, o);
-        merge(m, am, s, m2, i2, s2);
-    }
-    if ((t & 31) == 0) {
-        sh_m[t >> 5] = m;
-        sh_i[t >> 5] = am;
-        sh_s[t >> 5] = s;
-    }
-    __syncthreads();
-    if (t < 32) {
-        m = t < NW ? sh_m[t] : -INFINITY;
-        am = t < NW ? sh_i[t] : INT_MAX;
-        s = t < NW ? sh_s[t] : 0.0;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float m2 = __shfl_down_sync(0xffffffffu, m, o);
-            int i2 = __shfl_down_sync(0xffffffffu, am, o);
-            double s2 = __shfl_down_sync(0xffffffffu, s, o);
-            merge(m, am, s, m2, i2, s2);
-        }
-    }
+    row_stats_reduce(m, am, s, sh_m, sh_i, sh_s);
     if (t == 0) {
         int32_t lab = label[gi];
         float w = weight ? weight[gi] : 1.0f;
@@ -575,6 +517,8 @@ extern "C" void df_cuda_lmhead_ce_set_fp8_codes(int on) { g_fp8_codes = on; }
 
 extern "C" int64_t df_cuda_lmhead_ce_fp8_fused(void) { return g_fp8_fused; }
 
+extern "C" int64_t df_cuda_lmhead_ce_onepass_chunks(void) { return g_onepass; }
+
 extern "C" void df_cuda_lmhead_ce_set_chunk_bytes(size_t bytes)
 {
     g_chunk_bytes = bytes;
@@ -670,6 +614,10 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         k2 = want_dh ? df_cuda_fp8_kept_get(be, 1, DF_GEMM_BWD_X, &head_v) : NULL;
     }
     const int kept = k1 && (k2 || !want_dh);
+    /* DF_CE_FP8_ONEPASS where this backend can: the one-hot term reads the head's kept
+     * codes; chunks whose G does not go to GEMM 2 as codes run as without it */
+    const int onepass = (flags & DF_CE_FP8_ONEPASS) && kept && want_dh &&
+                        (int64_t)vp8 <= DF_CUDA_CE_ONEPASS_MAXV;
 
     /* Row strides padded to 8 logits (32 bytes fp32, 16 bf16) and 16 bytes (lo)
      * so every row start keeps cuBLASLt's fast aligned paths whatever V is. */
@@ -768,7 +716,12 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
                                                 n_q8 - n_q8a, kept ? k2->buf : NULL, &g8) == 1;
         df_cuda_prof_split(be, "rows");
         const unsigned nb = (unsigned)(fused ? g8.n : nr);
-        if (bl)
+        /* one pass: GEMM 1 took the head's kept codes, which the one-hot term reads */
+        const int one = onepass && fused && k1->ready;
+        if (one)
+            rc = df_cuda_ce_onepass_rows(st, bl, z, ldz, V, r0, label, weight, (double)denom,
+                                         argmax, ce, row_loss, nr, &g8);
+        else if (bl)
             ce_row_kernel<uint16_t><<<nb, RT, 0, st>>>(
                 (uint16_t *)z, ldz, V, r0, label, weight, (double)denom, want_dh,
                 want_lo ? lo : NULL, ldlo, argmax, ce, row_loss, nr, g8.codes, g8.scales, g8.kp,
@@ -778,7 +731,7 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
                 (float *)z, ldz, V, r0, label, weight, (double)denom, want_dh,
                 want_lo ? lo : NULL, ldlo, argmax, ce, row_loss, nr, g8.codes, g8.scales, g8.kp,
                 g8.n);
-        if ((rc = df_cuda_check_launch("lmhead_ce rows")))
+        if (rc || (rc = df_cuda_check_launch("lmhead_ce rows")))
             break;
         if (!want_dh)
             continue;
@@ -801,6 +754,7 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
             break;
         }
         g_fp8_fused += fused;
+        g_onepass += one;
         if (fp8 && !done) {
             df_cuda_prof_split(be, "round");
             df_tensor g = df_tensor_2d(z, DF_DTYPE_BF16, nr, V);
@@ -821,9 +775,14 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
             break;
         if (H > 0) {
             df_cuda_prof_split(be, "dh");
-            dh_store_kernel<<<(unsigned)nr, 256, 0, st>>>(d32, H, V, r0, label, weight,
-                                                          (uint16_t *)dh->data, dh->stride[0]);
-            rc = df_cuda_check_launch("lmhead_ce dh");
+            if (one) {
+                rc = df_cuda_ce_onepass_dh(st, d32, H, V, r0, nr, label, weight, (double)denom,
+                                           k1->buf, (uint16_t *)dh->data, dh->stride[0]);
+            } else {
+                dh_store_kernel<<<(unsigned)nr, 256, 0, st>>>(d32, H, V, r0, label, weight,
+                                                              (uint16_t *)dh->data, dh->stride[0]);
+                rc = df_cuda_check_launch("lmhead_ce dh");
+            }
         }
     }
     df_cuda_prof_split(be, NULL);

@@ -42,6 +42,9 @@ void df_cuda_lmhead_ce_set_chunk_bytes(size_t bytes);
  * df_cuda_lmhead_ce_fp8_fused: the chunks that did, process-wide. */
 void df_cuda_lmhead_ce_set_fp8_codes(int on);
 int64_t df_cuda_lmhead_ce_fp8_fused(void);
+/* Chunks that DF_CE_FP8_ONEPASS computed in one pass (lmhead_onepass.cu),
+ * process-wide; the others ran as without it (train_ops.h allows that). */
+int64_t df_cuda_lmhead_ce_onepass_chunks(void);
 
 /* The gradient's precision, process-wide: 0 (default, unless the environment
  * has DFLASH_CE_PRECISE=1) rounds G = (softmax - onehot) w / denom to one

@@ -1,0 +1,92 @@
+/* lmhead_rows.cuh - what the LM head's row kernels share (lmhead_ce.cu's
+ * two-pass rows, lmhead_onepass.cu's one pass): the row block's shape, the
+ * active-row rule, and the row statistics (max, argmax, sum of exp(z -
+ * max)) merged over the block by fixed trees, so both give the same loss
+ * from the same per-thread partials. Internal (anonymous namespace). */
+#ifndef DF_CUDA_LMHEAD_ROWS_CUH
+#define DF_CUDA_LMHEAD_ROWS_CUH
+
+#include <limits.h>
+#include <math.h>
+#include <stdint.h>
+
+#include "bf16.cuh"
+
+namespace {
+
+constexpr int RT = 512;              /* threads per row block */
+constexpr int RU = 8;                /* logits per thread per tile (loads in flight) */
+constexpr int TILE = RT * RU;        /* logits per tile */
+constexpr int NW = RT / 32;          /* warps per row block */
+
+/* A row is active (contributes loss and gradient) as on the CPU, plus the
+ * device-only rule: a label >= V is ignored, never read. !(w > 0) also
+ * ignores a NaN weight, as the CPU's `weight > 0` test does. */
+__device__ __forceinline__ int row_active(int32_t lab, float w, int64_t V)
+{
+    return lab >= 0 && (int64_t)lab < V && w > 0.0f;
+}
+
+/* Merges (max m, argmax i, sum s of exp(z - m)) with another such triple.
+ * Commutative; on equal maxima the lower index wins (the CPU's first max). */
+__device__ __forceinline__ void merge(float &m, int &i, double &s, float m2, int i2, double s2)
+{
+    float M = fmaxf(m, m2);
+    double a = s != 0.0 ? s * exp((double)m - (double)M) : 0.0;
+    double b = s2 != 0.0 ? s2 * exp((double)m2 - (double)M) : 0.0;
+    i = m2 > m ? i2 : (m > m2 ? i : min(i, i2));
+    m = M;
+    s = a + b;
+}
+
+/* A logit, widened (the row's logits are fp32, or bf16 under DF_CE_BF16_LOGITS) */
+__device__ __forceinline__ float zld(const float *p) { return *p; }
+__device__ __forceinline__ float zld(const uint16_t *p) { return bf2f(*p); }
+
+/* 8 consecutive fp32 logits from a 32-byte aligned address (bf16.cuh's load8 reads bf16 ones) */
+__device__ __forceinline__ void load8(const float *p, float *x)
+{
+    float4 p0 = *reinterpret_cast<const float4 *>(p);
+    float4 p1 = *reinterpret_cast<const float4 *>(p + 4);
+    x[0] = p0.x, x[1] = p0.y, x[2] = p0.z, x[3] = p0.w;
+    x[4] = p1.x, x[5] = p1.y, x[6] = p1.z, x[7] = p1.w;
+}
+
+/* The block's (max, argmax, sum) from each thread's: shuffles within each
+ * warp, then warp 0 over the warps (fixed trees). The result is thread
+ * 0's; sh_*: NW entries of shared memory each. The whole block calls it
+ * (a barrier inside). */
+__device__ __forceinline__ void row_stats_reduce(float &m, int &am, double &s, float *sh_m,
+                                                 int *sh_i, double *sh_s)
+{
+    const int t = threadIdx.x;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float m2 = __shfl_down_sync(0xffffffffu, m, o);
+        int i2 = __shfl_down_sync(0xffffffffu, am, o);
+        double s2 = __shfl_down_sync(0xffffffffu, s, o);
+        merge(m, am, s, m2, i2, s2);
+    }
+    if ((t & 31) == 0) {
+        sh_m[t >> 5] = m;
+        sh_i[t >> 5] = am;
+        sh_s[t >> 5] = s;
+    }
+    __syncthreads();
+    if (t < 32) {
+        m = t < NW ? sh_m[t] : -INFINITY;
+        am = t < NW ? sh_i[t] : INT_MAX;
+        s = t < NW ? sh_s[t] : 0.0;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float m2 = __shfl_down_sync(0xffffffffu, m, o);
+            int i2 = __shfl_down_sync(0xffffffffu, am, o);
+            double s2 = __shfl_down_sync(0xffffffffu, s, o);
+            merge(m, am, s, m2, i2, s2);
+        }
+    }
+}
+
+} // namespace
+
+#endif
