@@ -34,7 +34,8 @@ static const df_knob_info TABLE[DF_KNOB_COUNT] = {
                                "1: the CUDA-core fallbacks of the target's attention and GDN "
                                "everywhere, an oracle for the tuned kernels"},
     [DF_KNOB_PROFILE] = {"DFLASH_PROFILE", DF_KNOB_FLAG, DF_KNOB_BENCH, "0", "0,1", 0, 0, 0,
-                         "1: GPU time per op, logged when the CUDA backend closes"},
+                         "1: GPU time per op, and the gaps between ops on a stream, logged when "
+                         "the CUDA backend closes"},
     [DF_KNOB_GEMM_TUNE] = {"DFLASH_GEMM_TUNE", DF_KNOB_FLAG, DF_KNOB_BENCH, "0", "0,1", 0, 0, 0,
                            "1: time cuBLASLt's candidates on each new big GEMM shape and keep the "
                            "fastest bitwise-equal one; pays only when shapes repeat"},

@@ -52,6 +52,18 @@ typedef struct df_cuda_prof {
     const char *op; /* the op now bracketed (df_cuda_prof_split's parts are named after it) */
     char *parts[DF_CUDA_PROF_NAMES]; /* "op: part" names made by df_cuda_prof_split, owned */
     int n_parts;
+    /* The gaps: the time from the end of a stream's previous bracket to the start of the
+     * next (the stream waiting for the host, for another stream, or busy outside the ops),
+     * summed per name of the op after it. Per stream (the compute and the side stream):
+     * its last bracket's end, carried across flushes in an event of its own. */
+    cudaStream_t strm[DF_CUDA_PROF_EVENTS]; /* each pending bracket's stream */
+    cudaStream_t last_strm[2];
+    cudaEvent_t last_end[2];
+    int slot_used[2], has_last[2];
+    double gap_ms[DF_CUDA_PROF_NAMES];
+    uint64_t gap_n[DF_CUDA_PROF_NAMES];
+    float gap_max;             /* the largest single gap, and the op after it */
+    const char *gap_max_name;
 } df_cuda_prof;
 
 typedef struct df_cuda_state {
