@@ -64,6 +64,11 @@ static const df_knob_info TABLE[DF_KNOB_COUNT] = {
                                   "1: FP8 training with one GPU keeps the weights' E4M3 codes, both "
                                   "layouts, written by AdamW with the weights; 0: each GEMM rounds "
                                   "its weight (the same bits, 2 bytes per parameter less memory)"},
+    [DF_KNOB_FP8_LAZY_BF16] = {"DFLASH_FP8_LAZY_BF16", DF_KNOB_FLAG, DF_KNOB_BENCH, "0", "0,1", 0, 0,
+                               0,
+                               "1: where AdamW writes a kept weight's E4M3 codes it leaves its BF16 "
+                               "values out, written from the master (the same bits) before anything "
+                               "else reads them; 0: AdamW writes both"},
     [DF_KNOB_RMSNORM_BWD] = {"DFLASH_RMSNORM_BWD", DF_KNOB_CHOICE, DF_KNOB_BENCH, "onepass",
                              "onepass,twopass", 0, 0, 0,
                              "RMSNorm's CUDA backward: the one-pass kernel where it fits, or three "

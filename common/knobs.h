@@ -38,6 +38,7 @@ typedef enum df_knob_id {
     DF_KNOB_FP8_SWIGLU,          /* flag, default 1 */
     DF_KNOB_FP8_ONLY_CODES,      /* flag, default 1 */
     DF_KNOB_FP8_WEIGHT_CODES,    /* flag, default 1 */
+    DF_KNOB_FP8_LAZY_BF16,       /* flag, default 0 */
     DF_KNOB_RMSNORM_BWD,         /* choice onepass,twopass (0, 1) */
     DF_KNOB_ATTN_BWD,            /* choice simt,mma4,wg2,wg2f,wg3 (0..4); -1: unset */
     DF_KNOB_ATTN_PDL,            /* flag, default 1 */

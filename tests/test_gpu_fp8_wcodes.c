@@ -11,7 +11,10 @@
  *  - an upload into a weight, an AdamW whose arrays are not 16-byte aligned and any free make
  *    its codes not ready (the GEMMs round again, the same bits);
  *  - what is not kept: a misaligned or strided view, another view of a kept weight;
- *  - dropping them (df_backend_fp8_drop_weight_codes) frees them, and they can be kept again. */
+ *  - dropping them (df_backend_fp8_drop_weight_codes) frees them, and they can be kept again;
+ *  - DFLASH_FP8_LAZY_BF16: AdamW leaves the kept weights' BF16 values out (stale; the GEMMs
+ *    take the codes and leave them so); a download, a copy, the BF16 GEMM or an upload into
+ *    half the weight first writes them from the master: bitwise the eager AdamW's. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -76,6 +79,14 @@ static int ready(const opt_arrays *o, int i)
 {
     df_tensor t = wview(o, i);
     return df_cuda_fp8_wcodes_of(gh_gpu, &t) != NULL;
+}
+
+/* Whether weight i of o is kept with its BF16 values left out (ready and stale) */
+static int stale(const opt_arrays *o, int i)
+{
+    df_tensor t = wview(o, i);
+    const df_cuda_fp8_wcodes *kw = df_cuda_fp8_wcodes_of(gh_gpu, &t);
+    return kw && kw->stale;
 }
 
 /* AdamW over [lo, hi) of o's arrays with the variant's moments and gradient dtypes */
@@ -273,6 +284,73 @@ static void check_variant(opt_arrays *a, opt_arrays *b, int m16, int v16, int g3
     CHECK(!ready(a, 0) && !ready(a, 1) && !ready(a, 2));
 }
 
+/* DFLASH_FP8_LAZY_BF16 (m in BF16, BF16 gradients): a's kept weights stale after each
+ * AdamW, b (nothing kept) written eagerly; every read of a's weights sees b's bits */
+static void check_lazy(opt_arrays *a, opt_arrays *b)
+{
+    df_knob_set(DF_KNOB_FP8_LAZY_BF16, "1");
+    fill(a, b, 1, 0, 0);
+    void *s[6];
+    for (int64_t step = 1; step <= 2; step++) {
+        CHECK_EQ(adam(a, 0, n_split, 1, 0, 0, step), 0);
+        CHECK_EQ(adam(a, n_split, n_all, 1, 0, 0, step), 0);
+        CHECK_EQ(adam(b, 0, n_split, 1, 0, 0, step), 0);
+        CHECK_EQ(adam(b, n_split, n_all, 1, 0, 0, step), 0);
+        CHECK(stale(a, 0) && stale(a, 1) && !ready(a, 2)); /* weight 2: in part, written */
+        check_gemms(a, b, 0, 1, s); /* on the codes: nothing read, still stale */
+        later(s, 6);
+        CHECK(stale(a, 0));
+        same_state(a, b, step == 1 ? "lazy, step 1" : "lazy, step 2"); /* downloads */
+        CHECK(ready(a, 0) && !stale(a, 0) && !stale(a, 1));
+        check_codes(a, 0);
+    }
+    /* an upload into half of a stale weight: the other half the master's values */
+    CHECK_EQ(adam(a, 0, n_all, 1, 0, 0, 3), 0);
+    CHECK_EQ(adam(b, 0, n_all, 1, 0, 0, 3), 0);
+    CHECK(stale(a, 0) && stale(a, 1) && stale(a, 2));
+    const int64_t half = mat_rows[0] / 2 * mat_cols[0];
+    float *nw = gh_rand_bf16(GH_N01, &rng, half, 0.1f);
+    uint16_t *h = gh_xmalloc((size_t)half * 2);
+    for (int64_t j = 0; j < half; j++)
+        h[j] = gh_f2bf(nw[j]);
+    CHECK_EQ(df_backend_upload(gh_gpu, a->w + mat_off[0], h, (size_t)half * 2), 0);
+    CHECK_EQ(df_backend_upload(gh_gpu, b->w + mat_off[0], h, (size_t)half * 2), 0);
+    CHECK(!ready(a, 0) && stale(a, 1));
+    /* a copy out of a stale weight, and the BF16 GEMM on another */
+    const size_t wb1 = (size_t)(mat_rows[1] * mat_cols[1]) * 2;
+    void *c1 = df_backend_alloc(gh_gpu, wb1), *c2 = df_backend_alloc(gh_gpu, wb1);
+    CHECK(c1 && c2);
+    CHECK_EQ(df_backend_copy(gh_gpu, c1, a->w + mat_off[1], wb1), 0);
+    CHECK_EQ(df_backend_copy(gh_gpu, c2, b->w + mat_off[1], wb1), 0);
+    CHECK(!stale(a, 1) && ready(a, 1));
+    CHECK_EQ(bytes_differ(c1, c2, wb1), 0);
+    const int64_t M = 64, N = mat_rows[2], K = mat_cols[2];
+    float *x = gh_rand_bf16(GH_N01, &rng, M * K, 1.0f);
+    void *dx = gh_dev_bf16(gh_gpu, x, M * K);
+    void *y[2] = {gh_dev_poisoned(gh_gpu, M * N, DF_DTYPE_BF16), gh_dev_poisoned(gh_gpu, M * N, DF_DTYPE_BF16)};
+    df_tensor tx = df_tensor_2d(dx, DF_DTYPE_BF16, M, K), w2a = wview(a, 2), w2b = wview(b, 2);
+    df_tensor ty[2] = {df_tensor_2d(y[0], DF_DTYPE_BF16, M, N), df_tensor_2d(y[1], DF_DTYPE_BF16, M, N)};
+    CHECK(stale(a, 2));
+    CHECK_EQ(df_op_matmul(gh_gpu, &tx, &w2a, &ty[0], 0), 0);
+    CHECK(!stale(a, 2));
+    CHECK_EQ(df_op_matmul(gh_gpu, &tx, &w2b, &ty[1], 0), 0);
+    CHECK_EQ(bytes_differ(y[0], y[1], (size_t)(M * N) * 2), 0);
+    same_state(a, b, "lazy: an upload into half a stale weight, a copy, a BF16 GEMM");
+    free(nw), free(h), free(x);
+    void *f[5] = {c1, c2, dx, y[0], y[1]};
+    later(f, 5);
+    /* a free with weights stale: their values written first */
+    CHECK_EQ(adam(a, 0, n_all, 1, 0, 0, 4), 0);
+    CHECK_EQ(adam(b, 0, n_all, 1, 0, 0, 4), 0);
+    CHECK(stale(a, 1));
+    for (int i = 0; i < n_free; i++)
+        df_backend_free(gh_gpu, to_free[i]);
+    n_free = 0;
+    CHECK(!ready(a, 1));
+    same_state(a, b, "lazy: a free");
+    df_knob_set(DF_KNOB_FP8_LAZY_BF16, "0");
+}
+
 int main(void)
 {
     int rc = gh_open(0);
@@ -321,6 +399,7 @@ int main(void)
     check_variant(&a, &b, 1, 1, 0);
     check_variant(&a, &b, 0, 0, 0);
     check_variant(&a, &b, 1, 0, 1);
+    check_lazy(&a, &b);
     /* DFLASH_FP8_WEIGHT_CODES=0: nothing more kept */
     df_knob_set(DF_KNOB_FP8_WEIGHT_CODES, "0");
     df_tensor t = wview(&b, 0);

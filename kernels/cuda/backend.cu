@@ -385,7 +385,8 @@ static int cu_upload(df_backend *be, void *dst, const void *src, size_t bytes)
     df_cuda_state *s = st_of(be);
     if (cu_set(be))
         return -EIO;
-    df_cuda_fp8_wcodes_touch(be, dst, bytes);
+    if (df_cuda_fp8_wcodes_touch(be, dst, bytes))
+        return -EIO;
     /* Ordered on the stream; from pageable memory the call returns once the
      * source has been staged, from pinned memory we wait for the copy so the
      * caller may reuse src at once either way. */
@@ -397,7 +398,7 @@ static int cu_upload(df_backend *be, void *dst, const void *src, size_t bytes)
 static int cu_download(df_backend *be, void *dst, const void *src, size_t bytes)
 {
     df_cuda_state *s = st_of(be);
-    if (cu_set(be))
+    if (cu_set(be) || df_cuda_fp8_wcodes_fresh(be, src, bytes))
         return -EIO;
     int rc = df_cuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s->stream),
                           "download");
@@ -422,7 +423,8 @@ static int cu_fill_uniform(df_backend *be, void *p, df_dtype dt, int64_t n, uint
 {
     if (cu_set(be))
         return -EIO;
-    df_cuda_fp8_wcodes_touch(be, p, (size_t)n * df_dtype_size(dt));
+    if (df_cuda_fp8_wcodes_touch(be, p, (size_t)n * df_dtype_size(dt)))
+        return -EIO;
     int64_t blocks = (n + 255) / 256;
     fill_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st_of(be)->stream>>>(
         p, dt == DF_DTYPE_F32, n, seed, lo, hi);
@@ -433,7 +435,8 @@ static int cu_copy(df_backend *be, void *dst, const void *src, size_t bytes)
 {
     if (cu_set(be))
         return -EIO;
-    df_cuda_fp8_wcodes_touch(be, dst, bytes);
+    if (df_cuda_fp8_wcodes_fresh(be, src, bytes) || df_cuda_fp8_wcodes_touch(be, dst, bytes))
+        return -EIO;
     return df_cuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice,
                                         st_of(be)->stream),
                         "copy");
@@ -443,7 +446,8 @@ static int cu_zero(df_backend *be, void *dst, size_t bytes)
 {
     if (cu_set(be))
         return -EIO;
-    df_cuda_fp8_wcodes_touch(be, dst, bytes);
+    if (df_cuda_fp8_wcodes_touch(be, dst, bytes))
+        return -EIO;
     return df_cuda_fail(cudaMemsetAsync(dst, 0, bytes, st_of(be)->stream), "zero");
 }
 
@@ -469,7 +473,9 @@ static int cu_cast(df_backend *be, void *dst, df_dtype dt, const void *src, df_d
         return -EIO;
     if (dt == st) /* (cu_copy marks dst) */
         return cu_copy(be, dst, src, (size_t)n * df_dtype_size(dt));
-    df_cuda_fp8_wcodes_touch(be, dst, (size_t)n * df_dtype_size(dt));
+    if (df_cuda_fp8_wcodes_fresh(be, src, (size_t)n * df_dtype_size(st)) ||
+        df_cuda_fp8_wcodes_touch(be, dst, (size_t)n * df_dtype_size(dt)))
+        return -EIO;
     int64_t blocks = (n + 255) / 256;
     cast_kernel<<<(unsigned)(blocks < 65536 ? blocks : 65536), 256, 0, st_of(be)->stream>>>(
         dst, dt == DF_DTYPE_BF16, src, n);
@@ -480,7 +486,8 @@ static int cu_upload_async(df_backend *be, void *dst, const void *src, size_t by
 {
     if (cu_set(be))
         return -EIO;
-    df_cuda_fp8_wcodes_touch(be, dst, bytes);
+    if (df_cuda_fp8_wcodes_touch(be, dst, bytes))
+        return -EIO;
     return df_cuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_of(be)->stream),
                         "upload (async)");
 }
@@ -492,7 +499,8 @@ static int cu_upload_ahead(df_backend *be, void *dst, const void *src, size_t by
     df_cuda_state *s = st_of(be);
     if (cu_set(be))
         return -EIO;
-    df_cuda_fp8_wcodes_touch(be, dst, bytes);
+    if (df_cuda_fp8_wcodes_touch(be, dst, bytes))
+        return -EIO;
     if (!s->copy) {
         if (df_cuda_fail(cudaStreamCreateWithFlags(&s->copy, cudaStreamNonBlocking), "copy stream"))
             return -EIO;
@@ -578,7 +586,7 @@ static int cu_upload_join(df_backend *be)
 static int cu_download_async(df_backend *be, void *dst, const void *src, size_t bytes)
 {
     df_cuda_state *s = st_of(be);
-    if (cu_set(be))
+    if (cu_set(be) || df_cuda_fp8_wcodes_fresh(be, src, bytes))
         return -EIO;
     return df_cuda_fail(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s->stream),
                         "download (async)");

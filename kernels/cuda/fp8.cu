@@ -138,6 +138,8 @@ extern "C" int df_cuda_fp8_qdq(df_backend *be, const df_tensor *x, df_tensor *y,
     int64_t rows = x->shape[0], cols = x->shape[1];
     if (rows == 0 || cols == 0)
         return 0;
+    if (df_cuda_fp8_wcodes_fresh_t(be, x)) /* a kept weight's values AdamW left out */
+        return -EIO;
     cudaStream_t st = df_cuda_stream(be);
     if (x->dtype == DF_DTYPE_BF16)
         return launch(st, (const uint16_t *)x->data, x->stride[0], (uint16_t *)y->data,
@@ -183,6 +185,8 @@ extern "C" int df_cuda_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_te
                                   const df_tensor *b, df_tensor *c, unsigned flags)
 {
     int rc = df_cuda_matmul_fp8_fast(be, kind, a, b, c, flags);
+    if (!rc && kind != DF_GEMM_BWD_W && df_cuda_fp8_wcodes_fresh_t(be, b)) /* the weight's values */
+        rc = -EIO;
     return rc ? (rc < 0 ? rc : 0)
               : df_cuda_matmul_fp8_bf16(be, kind, a, b, c, flags);
 }

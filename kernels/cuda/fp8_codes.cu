@@ -247,6 +247,8 @@ extern "C" int df_cuda_fp8_round_codes(df_backend *be, int mode, const df_tensor
     int vec = ld % 8 == 0 && ((uintptr_t)X & 15) == 0;
     cudaStream_t st = df_cuda_stream(be);
     int64_t red = mode == 1 || mode == 3 ? R : C, rows = mode == 1 || mode == 3 ? C : R;
+    if (df_cuda_fp8_wcodes_fresh_t(be, x))
+        return -EIO;
     if (kp < red || (mode == 0 && n_out < R) || (mode != 0 && n_out != rows) ||
         rows > 65535 * 64 || kp > (int64_t)65535 * 128 || n_out * (kp / 128) >= ((int64_t)1 << 31))
         return -EINVAL;

@@ -132,6 +132,11 @@ typedef struct df_cuda_fp8_wcodes {
     float *fwd_scales, *bwx_scales;
     size_t fwd_bytes, bwx_bytes;
     int ready;
+    /* stale (DFLASH_FP8_LAZY_BF16; implies ready): the AdamW that wrote the codes left w's
+     * BF16 values out; they are bf16(master[0 .. rows * cols)), written by
+     * df_cuda_fp8_wcodes_fresh before anything reads or writes part of w */
+    int stale;
+    const float *master;
 } df_cuda_fp8_wcodes;
 /* The region of a weight's codes as A of kind (FWD / BWD_X, FP32 scales): m code rows of kp
  * (a multiple of 128), then the 128 x 128 scales at *scales_at; its bytes. The layout
@@ -143,13 +148,22 @@ size_t df_cuda_fp8_weight_region(df_gemm_kind kind, int64_t m, int64_t kp, size_
 int df_cuda_fp8_wcodes_keep(df_backend *be, const df_tensor *w);
 /* The kept weights overlapping [p, p + bytes), each marked not ready, into out (at most
  * max, by address); returns how many overlap. AdamW's writer (optim.cu) sets ready again on
- * those it rewrote whole. */
+ * those it rewrote whole (and stale where lazy). */
 int df_cuda_fp8_wcodes_in(df_backend *be, const void *p, size_t bytes,
                           df_cuda_fp8_wcodes **out, int max);
 /* The ready codes of w (the same memory, shape and stride), or NULL. */
 const df_cuda_fp8_wcodes *df_cuda_fp8_wcodes_of(df_backend *be, const df_tensor *w);
-/* A write into [p, p + bytes) other than AdamW's: the kept weights there are not ready. */
-void df_cuda_fp8_wcodes_touch(df_backend *be, const void *p, size_t bytes);
+/* A write into [p, p + bytes) other than AdamW's: the kept weights there are not ready
+ * (made fresh first: the write may cover them in part). 0 or -EIO. */
+int df_cuda_fp8_wcodes_touch(df_backend *be, const void *p, size_t bytes);
+/* Before a read of [p, p + bytes): the stale kept weights there get their BF16 values,
+ * written from their masters on the backend's stream (AdamW's rounding: the bits it would
+ * have written). 0 or -EIO (a launch failed). */
+int df_cuda_fp8_wcodes_fresh(df_backend *be, const void *p, size_t bytes);
+/* The same for the memory of a 2-D tensor t (a GEMM's weight operand). */
+int df_cuda_fp8_wcodes_fresh_t(df_backend *be, const df_tensor *t);
+/* Whether AdamW may leave a kept weight's BF16 values out (DFLASH_FP8_LAZY_BF16). */
+int df_cuda_fp8_wcodes_lazy(void);
 /* The kept weights overlapping [p, p + bytes) no longer kept, their regions freed. */
 void df_cuda_fp8_wcodes_drop(df_backend *be, const void *p, size_t bytes);
 /* Every kept weight not ready (a free: the memory may be handed out again). */

@@ -8,19 +8,55 @@
  * set only when the codes were written from the weight's current values;
  * cleared by every other write into the weight this backend sees (uploads,
  * copies, casts, fills, zeroing, a free anywhere, an AdamW that covers the
- * weight only in part). */
+ * weight only in part).
+ *
+ * Lazy BF16 values (DFLASH_FP8_LAZY_BF16): where every use of a kept weight
+ * in a step takes its codes, its BF16 values are read by nobody until an
+ * evaluation, a download or a copy. AdamW's tile kernel then leaves them out
+ * (2 of the ~26 bytes per parameter it moves) and marks the weight stale;
+ * df_cuda_fp8_wcodes_fresh writes them from the master, as AdamW would have
+ * (f2bf of the same float: the same bits), and the backend calls it before
+ * each of its reads of weight memory (the BF16 GEMMs, the FP8 GEMM's BF16
+ * path and first-call check, downloads, copies and casts from it) and
+ * before writes into part of it (touch) or the end of its keeping (drop,
+ * forget). */
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.cuh"
 #include "cuda_internal.h"
 #include "cuda_state.h"
 #include "fp8_cuda.h"
 #include "knobs.h"
 
 namespace {
+
+/* w[i] = bf16(master[i]), 4 a thread-step (n a multiple of 4: rows and cols are of 128) */
+__global__ void __launch_bounds__(256) fresh_kernel(const float4 *__restrict__ master,
+                                                    uint2 *__restrict__ w, int64_t nq)
+{
+    for (int64_t q = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; q < nq;
+         q += (int64_t)gridDim.x * blockDim.x) {
+        const float4 p = master[q];
+        w[q] = make_uint2(pack2(p.x, p.y), pack2(p.z, p.w));
+    }
+}
+
+/* e's BF16 values from its master, on the backend's stream; e no longer stale */
+int make_fresh(df_backend *be, df_cuda_fp8_wcodes *e)
+{
+    if (!e->stale)
+        return 0;
+    const int64_t nq = e->rows * e->cols / 4;
+    const int64_t blocks = (nq + 255) / 256 < 4096 ? (nq + 255) / 256 : 4096;
+    fresh_kernel<<<(unsigned)blocks, 256, 0, df_cuda_stream(be)>>>(
+        (const float4 *)e->master, (uint2 *)e->w, nq);
+    e->stale = 0;
+    return df_cuda_check_launch("fp8 weight values from the master");
+}
 
 typedef struct wcodes_set {
     df_cuda_fp8_wcodes *e;
@@ -125,19 +161,48 @@ extern "C" const df_cuda_fp8_wcodes *df_cuda_fp8_wcodes_of(df_backend *be, const
     return NULL;
 }
 
-extern "C" void df_cuda_fp8_wcodes_touch(df_backend *be, const void *p, size_t bytes)
+extern "C" int df_cuda_fp8_wcodes_touch(df_backend *be, const void *p, size_t bytes)
 {
     wcodes_set *ws = set_of(be);
+    int rc = 0;
     for (int i = 0; ws && i < ws->n; i++)
-        if (overlaps(&ws->e[i], p, bytes))
+        if (overlaps(&ws->e[i], p, bytes)) {
+            int r = make_fresh(be, &ws->e[i]); /* the part not written keeps its values */
+            rc = rc ? rc : r;
             ws->e[i].ready = 0;
+        }
+    return rc;
 }
+
+extern "C" int df_cuda_fp8_wcodes_fresh(df_backend *be, const void *p, size_t bytes)
+{
+    wcodes_set *ws = set_of(be);
+    int rc = 0;
+    for (int i = 0; ws && i < ws->n; i++)
+        if (ws->e[i].stale && overlaps(&ws->e[i], p, bytes)) {
+            int r = make_fresh(be, &ws->e[i]);
+            rc = rc ? rc : r;
+        }
+    return rc;
+}
+
+extern "C" int df_cuda_fp8_wcodes_fresh_t(df_backend *be, const df_tensor *t)
+{
+    if (!set_of(be) || t->shape[0] < 1 || t->shape[1] < 1)
+        return 0;
+    size_t n = (size_t)((t->shape[0] - 1) * t->stride[0] + t->shape[1]);
+    return df_cuda_fp8_wcodes_fresh(be, t->data, n * df_dtype_size(t->dtype));
+}
+
+extern "C" int df_cuda_fp8_wcodes_lazy(void) { return df_knob_int(DF_KNOB_FP8_LAZY_BF16); }
 
 extern "C" void df_cuda_fp8_wcodes_forget(df_backend *be)
 {
     wcodes_set *ws = set_of(be);
-    for (int i = 0; ws && i < ws->n; i++)
+    for (int i = 0; ws && i < ws->n; i++) {
+        (void)make_fresh(be, &ws->e[i]); /* (before the free that called this) */
         ws->e[i].ready = 0;
+    }
 }
 
 extern "C" void df_cuda_fp8_wcodes_drop(df_backend *be, const void *p, size_t bytes)
@@ -146,6 +211,7 @@ extern "C" void df_cuda_fp8_wcodes_drop(df_backend *be, const void *p, size_t by
     int k = 0;
     for (int i = 0; ws && i < ws->n; i++) {
         if (overlaps(&ws->e[i], p, bytes)) {
+            (void)make_fresh(be, &ws->e[i]);
             (void)cudaFree(ws->e[i].fwd);
             continue;
         }

@@ -566,6 +566,8 @@ static int gemm(df_backend *be, int ta, int tb, int64_t m, int64_t n, int64_t k,
 int df_cuda_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_tensor *y,
                    int accumulate)
 {
+    if (df_cuda_fp8_wcodes_fresh_t(be, w)) /* a kept weight's values AdamW left out */
+        return -EIO;
     return gemm(be, 1, 0, w->shape[0], x->shape[0], x->shape[1], w->data, w->stride[0], x->data,
                 x->stride[0], y->data, y->stride[0], y->dtype == DF_DTYPE_F32, accumulate);
 }
@@ -575,6 +577,8 @@ int df_cuda_matmul(df_backend *be, const df_tensor *x, const df_tensor *w, df_te
 int df_cuda_matmul_bwd_x(df_backend *be, const df_tensor *dy, const df_tensor *w, df_tensor *dx,
                          int accumulate)
 {
+    if (df_cuda_fp8_wcodes_fresh_t(be, w))
+        return -EIO;
     return gemm(be, 0, 0, w->shape[1], dy->shape[0], w->shape[0], w->data, w->stride[0],
                 dy->data, dy->stride[0], dx->data, dx->stride[0], dx->dtype == DF_DTYPE_F32,
                 accumulate);

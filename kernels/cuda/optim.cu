@@ -196,6 +196,7 @@ struct TileSeg {
 struct TileSegs {
     TileSeg s[TSEG];
     int n;
+    int lazy; /* DFLASH_FP8_LAZY_BF16: the BF16 weights not written (fp8_wcodes.cu) */
 };
 
 /* One 128 x 128 block per CTA: AdamW on its elements (adam_one, store_m16: the flat kernel's
@@ -235,7 +236,8 @@ __global__ void __launch_bounds__(TT, 4) adamw_tiles(AdamArgs<G> a, const __grid
             const int64_t q = e[u] / 4;
             const float4 pp = adam_quad<M16, V16>(a, q, p[u], g[u], m[u], v[u]);
             const uint2 w = make_uint2(pack2(pp.x, pp.y), pack2(pp.z, pp.w));
-            reinterpret_cast<uint2 *>(a.out)[q] = w;
+            if (!ts.lazy)
+                reinterpret_cast<uint2 *>(a.out)[q] = w;
             *reinterpret_cast<uint2 *>(&t[it * 16 + u * 8 + warp][lane * 4]) = w;
             const uint32_t h = __vmaxu2(w.x & 0x7fff7fffu, w.y & 0x7fff7fffu);
             mb = max(mb, max(h & 0xffffu, h >> 16));
@@ -417,8 +419,11 @@ static int adamw_tiles_start(const AdamArgs<G> &a, const TileSegs &ts, cudaStrea
 
 /* AdamW over a's range holding the kept weights kw (by address, each marked not ready):
  * each one inside the range whole (and 8-element aligned: the tile kernel's 16-byte
- * pieces) by the tile kernel, TSEG weights a launch, then ready; the elements between them by
- * the flat kernel. a's arrays are 16-byte aligned. */
+ * pieces) by the tile kernel, TSEG weights a launch, then ready (and stale where lazy: its
+ * BF16 values left out, bf16 of its master); the elements between them by the flat kernel.
+ * a's arrays are 16-byte aligned. A weight left stale by an earlier step and written here
+ * by the flat kernel (in part, or misaligned) stays marked: the master stays current, so
+ * making it fresh from there is right whatever was written since. */
 template <typename G>
 static int adamw_with_codes(const AdamArgs<G> &a, df_cuda_fp8_wcodes *const *kw, int nk,
                             cudaStream_t st)
@@ -427,6 +432,7 @@ static int adamw_with_codes(const AdamArgs<G> &a, df_cuda_fp8_wcodes *const *kw,
     TileSegs ts;
     df_cuda_fp8_wcodes *in[TSEG];
     ts.n = 0;
+    ts.lazy = df_cuda_fp8_wcodes_lazy();
     for (int i = 0; i <= nk; i++) {
         const uintptr_t at = i < nk ? (uintptr_t)kw[i]->w : 0, base = (uintptr_t)a.out;
         const int64_t numel = i < nk ? kw[i]->rows * kw[i]->cols : 0;
@@ -440,8 +446,11 @@ static int adamw_with_codes(const AdamArgs<G> &a, df_cuda_fp8_wcodes *const *kw,
         }
         if (!rc && ts.n && (i == nk || ts.n == TSEG)) {
             rc = adamw_tiles_start(a, ts, st);
-            for (int j = 0; j < ts.n && !rc; j++)
+            for (int j = 0; j < ts.n && !rc; j++) {
                 in[j]->ready = 1;
+                in[j]->stale = ts.lazy; /* (else the values written whole) */
+                in[j]->master = a.p + ts.s[j].off;
+            }
             ts.n = 0;
         }
         if (rc)
