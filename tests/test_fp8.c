@@ -397,6 +397,23 @@ static void test_matmul(void)
  * flags 0; dh is G rounded per 1 x 128 block times head, G from the
  * documented formulas (double here), within the rounding's bound, and it
  * differs from the unrounded dh by about that much. */
+/* Row h_i's logits against head [V, H] in double into z, their max; *s: the sum of
+ * exp(z - max) */
+static double exact_logits(const float *hi, const float *head, int V, int H, double *z, double *s)
+{
+    double mx = -INFINITY;
+    for (int v = 0; v < V; v++) {
+        z[v] = 0;
+        for (int k = 0; k < H; k++)
+            z[v] += (double)hi[k] * head[v * H + k];
+        mx = z[v] > mx ? z[v] : mx;
+    }
+    *s = 0;
+    for (int v = 0; v < V; v++)
+        *s += exp(z[v] - mx);
+    return mx;
+}
+
 static void test_lmhead_fp8(void)
 {
     enum { N = 6, H = 40, V = 700 };
@@ -455,15 +472,7 @@ static void test_lmhead_fp8(void)
     int bad = 0;
     double moved = 0, scale = 0;
     for (int i = 0; i < N; i++) {
-        double z[V], g[V], mx = -INFINITY, s = 0;
-        for (int v = 0; v < V; v++) {
-            z[v] = 0;
-            for (int k = 0; k < H; k++)
-                z[v] += (double)h[i * H + k] * head[v * H + k];
-            mx = z[v] > mx ? z[v] : mx;
-        }
-        for (int v = 0; v < V; v++)
-            s += exp(z[v] - mx);
+        double z[V], g[V], s, mx = exact_logits(h + i * H, head, V, H, z, &s);
         for (int v = 0; v < V; v++)
             g[v] = label[i] < 0 ? 0 : (exp(z[v] - mx) / s - (v == label[i])) * w[i] / 7.0;
         /* bound per dh element: each G entry moves by <= 2^-4 |G| or the
@@ -537,15 +546,8 @@ static void test_lmhead_fp8_onepass(void)
     int bad = 0;
     double err1 = 0, err8 = 0, scale = 0;
     for (int i = 0; i < N; i++) {
-        double z[V], g[V], mx = -INFINITY, s = 0, c = label[i] < 0 ? 0 : w[i] / 7.0;
-        for (int v = 0; v < V; v++) {
-            z[v] = 0;
-            for (int k = 0; k < H; k++)
-                z[v] += (double)h[i * H + k] * head[v * H + k];
-            mx = z[v] > mx ? z[v] : mx;
-        }
-        for (int v = 0; v < V; v++)
-            s += exp(z[v] - mx);
+        double z[V], g[V], s, mx = exact_logits(h + i * H, head, V, H, z, &s);
+        double c = label[i] < 0 ? 0 : w[i] / 7.0;
         for (int v = 0; v < V; v++)
             g[v] = c * exp(z[v] - mx) / s; /* Gp: the one-hot term is exact */
         for (int k = 0; k < H; k++) {

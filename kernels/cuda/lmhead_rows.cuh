@@ -52,14 +52,9 @@ __device__ __forceinline__ void load8(const float *p, float *x)
     x[4] = p1.x, x[5] = p1.y, x[6] = p1.z, x[7] = p1.w;
 }
 
-/* The block's (max, argmax, sum) from each thread's: shuffles within each
- * warp, then warp 0 over the warps (fixed trees). The result is thread
- * 0's; sh_*: NW entries of shared memory each. The whole block calls it
- * (a barrier inside). */
-__device__ __forceinline__ void row_stats_reduce(float &m, int &am, double &s, float *sh_m,
-                                                 int *sh_i, double *sh_s)
+/* A warp's (max, argmax, sum) merged into lane 0 by a fixed shuffle tree */
+__device__ __forceinline__ void warp_stats(float &m, int &am, double &s)
 {
-    const int t = threadIdx.x;
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         float m2 = __shfl_down_sync(0xffffffffu, m, o);
@@ -67,6 +62,17 @@ __device__ __forceinline__ void row_stats_reduce(float &m, int &am, double &s, f
         double s2 = __shfl_down_sync(0xffffffffu, s, o);
         merge(m, am, s, m2, i2, s2);
     }
+}
+
+/* The block's (max, argmax, sum) from each thread's: each warp's, then warp
+ * 0 over the warps (fixed trees). The result is thread 0's; sh_*: NW
+ * entries of shared memory each. The whole block calls it (a barrier
+ * inside). */
+__device__ __forceinline__ void row_stats_reduce(float &m, int &am, double &s, float *sh_m,
+                                                 int *sh_i, double *sh_s)
+{
+    const int t = threadIdx.x;
+    warp_stats(m, am, s);
     if ((t & 31) == 0) {
         sh_m[t >> 5] = m;
         sh_i[t >> 5] = am;
@@ -77,13 +83,7 @@ __device__ __forceinline__ void row_stats_reduce(float &m, int &am, double &s, f
         m = t < NW ? sh_m[t] : -INFINITY;
         am = t < NW ? sh_i[t] : INT_MAX;
         s = t < NW ? sh_s[t] : 0.0;
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            float m2 = __shfl_down_sync(0xffffffffu, m, o);
-            int i2 = __shfl_down_sync(0xffffffffu, am, o);
-            double s2 = __shfl_down_sync(0xffffffffu, s, o);
-            merge(m, am, s, m2, i2, s2);
-        }
+        warp_stats(m, am, s);
     }
 }
 
