@@ -32,6 +32,19 @@ namespace {
 constexpr int OP_STEP = RT * 8;                    /* logits per step of the block */
 constexpr int OP_MAXB = DF_CUDA_CE_ONEPASS_MAXV / 128; /* block maxima kept per row */
 
+/* A thread's 8 logits from v0 (-inf past V) */
+template <typename T>
+__device__ __forceinline__ void load_step(const T *__restrict__ zr, int64_t v0, int64_t V, float *x)
+{
+    if (v0 + 8 <= V) { /* aligned: ldz is a multiple of 8 */
+        load8(zr + v0, x);
+    } else {
+#pragma unroll
+        for (int j = 0; j < 8; j++)
+            x[j] = v0 + j < V ? zld(zr + v0 + j) : -INFINITY;
+    }
+}
+
 /* Row r of the chunk (logits z, row stride ldz; T fp32 or bf16): loss,
  * ce, argmax as the two-pass kernel; Gp's codes into codes[r * kp + v]
  * and block scales into sc[kb * n_out + r]. Rows from nrows up to n_out
@@ -72,16 +85,18 @@ __global__ void __launch_bounds__(RT)
     float m = -INFINITY;
     int am = INT_MAX;
     double s = 0.0;
+    /* the next step's 8 logits are loaded before this step's math (twice the bytes in
+     * flight: at 2 blocks per SM the loads, not the math, bound the kernel) */
+    float xn[8];
+    load_step(zr, (int64_t)t * 8, V, xn);
     for (int64_t b = 0; b < kp; b += OP_STEP) { /* every thread the same steps: shuffles */
         const int64_t v0 = b + (int64_t)t * 8;
         float x[8];
-        if (v0 + 8 <= V) { /* aligned: ldz is a multiple of 8 */
-            load8(zr + v0, x);
-        } else {
 #pragma unroll
-            for (int j = 0; j < 8; j++)
-                x[j] = v0 + j < V ? zld(zr + v0 + j) : -INFINITY;
-        }
+        for (int j = 0; j < 8; j++)
+            x[j] = xn[j];
+        if (b + OP_STEP < kp)
+            load_step(zr, v0 + OP_STEP, V, xn);
         /* the row's statistics, in increasing index order (the two-pass rule) */
 #pragma unroll
         for (int j = 0; j < 8; j++) {
