@@ -70,6 +70,9 @@ static void usage(FILE *f)
             "                        PyTorch's BF16 head leaves them (SpecForge): half their\n"
             "                        bytes on the GPU, ~1%% faster at the 27B shape; eval\n"
             "                        loss ~1%% worse on every seed (docs/DESIGN.md)\n"
+            "  --f16-logits          the same in FP16: 11 significant bits against BF16's 8;\n"
+            "                        FP16 bytes where the E4M3 tensor cores write the logits\n"
+            "                        (with FP8); being judged by the quality gate\n"
             "  --fp8, --no-fp8       FP8 training on or off: the GEMMs' operands rounded to\n"
             "                        E4M3 with block scales (docs/FP8.md); evaluation and the\n"
             "                        export stay BF16. Default: on where FP8 tensor cores are\n"
@@ -226,6 +229,10 @@ int cmd_train(int argc, char **argv)
         }
         if (!strcmp(a, "--adam-bf16")) {
             o.adam_bf16 = 1;
+            continue;
+        }
+        if (!strcmp(a, "--f16-logits")) {
+            o.f16_logits = 1;
             continue;
         }
         if (!strcmp(a, "--bf16-logits")) {
@@ -445,6 +452,10 @@ int cmd_train(int argc, char **argv)
                     clash[k].nb);
             return 2;
         }
+    if (o.bf16_logits && o.f16_logits) {
+        fprintf(stderr, "dflash train: --bf16-logits and --f16-logits: give one\n");
+        return 2;
+    }
     if (o.adam_bf16 && (seen & SEEN_NO_M16)) {
         fprintf(stderr, "dflash train: --adam-bf16 keeps m in BF16 too: it and --no-adam-m-bf16 ask "
                         "for opposite things\n");

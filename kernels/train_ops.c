@@ -134,8 +134,9 @@ int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
         return -EINVAL;
     const unsigned ce_flags =
         DF_CE_FP8_GRAD | DF_CE_FP8_HEAD_FROZEN | DF_CE_FP8_ROUND_HEAD | DF_CE_BF16_LOGITS |
-        DF_CE_FP8_ONEPASS;
+        DF_CE_FP8_ONEPASS | DF_CE_F16_LOGITS;
     if ((flags & ~ce_flags) ||
+        ((flags & DF_CE_BF16_LOGITS) && (flags & DF_CE_F16_LOGITS)) ||
         ((flags & (DF_CE_FP8_HEAD_FROZEN | DF_CE_FP8_ROUND_HEAD | DF_CE_FP8_ONEPASS)) &&
          !(flags & DF_CE_FP8_GRAD)))
         return -EINVAL;

@@ -147,6 +147,11 @@ int df_op_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *k
  * PyTorch leaves them (SpecForge's training): loss, ce, argmax and G are
  * those of the rounded logits. A backend may then store the logits as BF16
  * (the CUDA backend: half the bytes of F32 logits written and read twice).
+ * DF_CE_F16_LOGITS (with or without the others; not with DF_CE_BF16_LOGITS):
+ * each logit is rounded to FP16 (to nearest even; past 65504 to +-Inf)
+ * instead: 11 significant bits against BF16's 8, at the same 2 bytes. A
+ * backend may store them so where its GEMM writes FP16 (the CUDA backend:
+ * on the E4M3 tensor cores) and elsewhere round them where they are read.
  * DF_CE_FP8_ONEPASS (with DF_CE_FP8_GRAD): G is split as Gp - c onehot(label)
  * (c = weight / denom) and only Gp is rounded to E4M3: per 1 x 128 block
  * of the row, with mb the block's largest logit, mx the row's and s the
@@ -168,6 +173,7 @@ int df_op_dflash_attn_bwd(df_backend *be, const df_tensor *q, const df_tensor *k
 #define DF_CE_FP8_ROUND_HEAD 4u
 #define DF_CE_BF16_LOGITS 8u
 #define DF_CE_FP8_ONEPASS 16u
+#define DF_CE_F16_LOGITS 32u
 int df_op_lmhead_ce(df_backend *be, const df_tensor *h, const df_tensor *head,
                     const int32_t *label, const float *weight, float denom, double *loss_sum,
                     df_tensor *dh, int32_t *argmax, float *ce, unsigned flags);

@@ -234,6 +234,14 @@ run 0 "" "$D" train $TF --out "$W/runBl" --bf16-logits
 grep -q '"--bf16-logits":.true' "$W"/runBl/ckpt-*/hparams.json || fail "--bf16-logits not recorded"
 cmp -s "$W/runF0/export/model.safetensors" "$W/runBl/export/model.safetensors" && fail "--bf16-logits changed nothing"
 run 1 "--bf16-logits true \(now false\)" "$D" train $TF --out "$W/runBl"
+# --f16-logits (the same in FP16): recorded, weights of their own (neither F32's nor BF16's),
+# the switch refused on resume; with --bf16-logits refused
+run 0 "" "$D" train $TF --out "$W/runHl" --f16-logits
+grep -q '"--f16-logits":.true' "$W"/runHl/ckpt-*/hparams.json || fail "--f16-logits not recorded"
+cmp -s "$W/runF0/export/model.safetensors" "$W/runHl/export/model.safetensors" && fail "--f16-logits changed nothing"
+cmp -s "$W/runBl/export/model.safetensors" "$W/runHl/export/model.safetensors" && fail "--f16-logits is --bf16-logits"
+run 1 "--f16-logits true \(now false\)" "$D" train $TF --out "$W/runHl"
+run 2 "give one" "$D" train $TF --out "$W/runHx" --f16-logits --bf16-logits
 # a run recorded before the setting existed rounded dy per 128 x 1: resumed as such, not switched
 for c in "$W"/runFd/ckpt-*; do # (the manifest and COMPLETE hash what they name: kept true)
   sed -i '/"--fp8-dy-blocks"/d' "$c/hparams.json"

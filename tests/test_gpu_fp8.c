@@ -25,8 +25,9 @@
  *    row kernel (once GEMM 2's class has passed its check) are bitwise those
  *    rounded by GEMM 2, in one chunk and in several, padded rows included;
  *    with DF_CE_BF16_LOGITS too (and without FP8): the CPU's with that flag;
- *    with DF_CE_FP8_ONEPASS: one pass on sm_90, within 1e-2 relative L2 of
- *    the CPU's one pass, and on the unrounded head the same bits.
+ *    with DF_CE_F16_LOGITS likewise; with DF_CE_FP8_ONEPASS: one pass on sm_90,
+ *    within 1e-2 relative L2 of the CPU's one pass (also on fp16 logits), and on
+ *    the unrounded head the same bits.
  * `--bench`: the GEMMs of the Qwen3.6-27B drafter step, each kind: the BF16
  *  GEMM, the FP8 op, the BF16 path's rounding of the activations (df_op_fp8_qdq),
  *  and the tensor cores' whole call with the weight's codes made or kept; medians of 9
@@ -351,6 +352,28 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H, int sm90)
             CHECK(sqrt(e1 / r1) < 1e-2);
         CHECK(lu1 == lg1);
         CHECK(memcmp(du1, d1, (size_t)(N * H) * sizeof(float)) == 0);
+        /* with DF_CE_F16_LOGITS: the one pass on fp16 logits, the CPU's with the same flags */
+        double lch = 0, lgh = 0, eh = 0, rh = 0;
+        CHECK_EQ(df_op_lmhead_ce(c, &th, &tw, lab, NULL, (float)N, &lch, &tc1, NULL, NULL,
+                                 fo | DF_CE_F16_LOGITS), 0);
+        one0 = df_cuda_lmhead_ce_onepass_chunks();
+        for (int call = 0; call < 2; call++) /* the first checks GEMM 1's fp16 class */
+            CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &lgh, &Gd1, NULL, NULL,
+                                     fo | DF_CE_F16_LOGITS), 0);
+        int64_t oneh = df_cuda_lmhead_ce_onepass_chunks() - one0;
+        float *dh1 = gh_download_bf16(g, gd1, N * H);
+        for (int64_t i = 0; i < N * H; i++) {
+            eh += (dh1[i] - dc1[i]) * (double)(dh1[i] - dc1[i]);
+            rh += (double)dc1[i] * dc1[i];
+        }
+        lgh /= 2; /* (two calls added to it) */
+        printf("  DF_CE_FP8_ONEPASS | DF_CE_F16_LOGITS: %lld chunk(s) in one pass; loss %.9g (cpu "
+               "%.9g), dh rel L2 vs cpu %.3e\n", (long long)oneh, lgh, lch, sqrt(eh / rh));
+        if (sm90)
+            CHECK(oneh >= 1);
+        CHECK(fabs(lgh - lch) <= 1e-5 * fabs(lch));
+        CHECK(sqrt(eh / rh) < 1e-2);
+        free(dh1);
         free(dc1), free(d1), free(am1), free(du1);
         df_backend_free(g, gd1), df_backend_free(g, gam1), df_backend_free(g, gwu1),
             df_backend_free(g, gdu1);
@@ -423,11 +446,13 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H, int sm90)
     CHECK(sqrt(ec / r2) < 1e-2);
     free(dc);
     df_backend_free(g, gdc);
-    /* DF_CE_BF16_LOGITS (GEMM 1 writes bf16 logits), with FP8's G and alone: the CPU's with the
-     * same flags up to the order of the sums; the row kernel's codes bitwise G written in place
-     * over the bf16 logits and rounded by GEMM 2 */
-    for (int f8 = 1; f8 >= 0; f8--) {
-        unsigned fl = DF_CE_BF16_LOGITS | (f8 ? DF_CE_FP8_GRAD : 0);
+    /* DF_CE_BF16_LOGITS (GEMM 1 writes bf16 logits) and DF_CE_F16_LOGITS (fp16 on the E4M3
+     * tensor cores, else fp32 read as fp16), with FP8's G and alone: the CPU's with the same
+     * flags up to the order of the sums; the row kernel's codes bitwise G written in place
+     * over the logits and rounded by GEMM 2 */
+    for (int hf = 0; hf < 4; hf++) {
+        const int f8 = !(hf & 1), half16 = hf >= 2;
+        unsigned fl = (half16 ? DF_CE_F16_LOGITS : DF_CE_BF16_LOGITS) | (f8 ? DF_CE_FP8_GRAD : 0);
         float *dcb = gh_xmalloc((size_t)(N * H) * 4);
         df_tensor tdb = df_tensor_2d(dcb, DF_DTYPE_F32, N, H);
         double lcb = 0, lg[2] = {0, 0};
@@ -448,8 +473,9 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H, int sm90)
             eb += (dg[1][i] - dcb[i]) * (double)(dg[1][i] - dcb[i]);
             rb += (double)dcb[i] * dcb[i];
         }
-        printf("  DF_CE_BF16_LOGITS%s: loss %.9g (cpu %.9g, fp32 logits %.9g), dh rel L2 vs cpu "
-               "%.3e\n", f8 ? " | DF_CE_FP8_GRAD" : "", lg[1], lcb, f8 ? l8 : l0, sqrt(eb / rb));
+        printf("  %s%s: loss %.9g (cpu %.9g, fp32 logits %.9g), dh rel L2 vs cpu %.3e\n",
+               half16 ? "DF_CE_F16_LOGITS" : "DF_CE_BF16_LOGITS", f8 ? " | DF_CE_FP8_GRAD" : "",
+               lg[1], lcb, f8 ? l8 : l0, sqrt(eb / rb));
         CHECK(fabs(lg[1] - lcb) <= 1e-5 * fabs(lcb));
         CHECK(lg[1] != (f8 ? l8 : l0));
         CHECK(sqrt(eb / rb) < (f8 ? 2e-2 : 1e-2));

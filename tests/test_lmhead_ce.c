@@ -241,18 +241,21 @@ static void check_lmhead(int64_t N, int64_t H, int64_t V, df_dtype wt, int use_w
     wmat_free(&head);
 }
 
-/* DF_CE_BF16_LOGITS: on data whose fp32 logits are exact (multiples of 2^-8 below 2^5: h
- * integers / 256, head integers, H = 16), the results are the double reference's on those
- * logits rounded to bf16 (8 significant bits), which moves most of them; the flag matters
- * (flags 0 gives another loss); with DF_CE_FP8_GRAD too; 1 and 3 threads bitwise. */
-static void check_bf16_logits(void)
+/* DF_CE_BF16_LOGITS (f16 0) or DF_CE_F16_LOGITS (f16 1): on data whose fp32 logits are
+ * exact (h integers / 2^8 or / 2^12, head integers, H = 16: multiples of 2^-8 below 2^5, or
+ * of 2^-12 below 2^5), the results are the double reference's on those logits rounded to
+ * bf16 (8 significant bits) or fp16 (11), which moves most of them; the flag matters (flags
+ * 0 gives another loss); with DF_CE_FP8_GRAD too; 1 and 3 threads bitwise. */
+static void check_half_logits(int f16)
 {
     const int64_t N = 40, H = 16, V = 300;
-    const char *what = "lmhead_ce DF_CE_BF16_LOGITS";
+    const char *what = f16 ? "lmhead_ce DF_CE_F16_LOGITS" : "lmhead_ce DF_CE_BF16_LOGITS";
+    const unsigned flag = f16 ? DF_CE_F16_LOGITS : DF_CE_BF16_LOGITS;
     mat h = mat_new(N, H, H);
     wmat head = wmat_new(DF_DTYPE_BF16, V, H, H, 1.0f);
     for (int64_t i = 0; i < N * H; i++)
-        h.p[i] = ldexpf((float)((int)(test_rand(&rng) % 129) - 64), -8);
+        h.p[i] = f16 ? ldexpf((float)((int)(test_rand(&rng) % 2049) - 1024), -12)
+                     : ldexpf((float)((int)(test_rand(&rng) % 129) - 64), -8);
     for (int64_t i = 0; i < V * H; i++) {
         float f = (float)((int)(test_rand(&rng) % 17) - 8);
         wput(head.p, DF_DTYPE_BF16, i, f, &head.val[i]);
@@ -271,7 +274,8 @@ static void check_bf16_logits(void)
             double s = 0;
             for (int64_t k = 0; k < H; k++)
                 s += (double)*mat_at(&h, i, k) * head.val[v * H + k];
-            z[v] = df_bf16_to_f32(df_f32_to_bf16((float)s));
+            z[v] = f16 ? df_f16_to_f32(df_f32_to_f16((float)s))
+                       : df_bf16_to_f32(df_f32_to_bf16((float)s));
             moved += z[v] != s;
             mx = z[v] > mx ? z[v] : mx;
         }
@@ -291,7 +295,7 @@ static void check_bf16_logits(void)
     }
     CHECK(moved > N * V / 4);
     for (int fp8 = 0; fp8 < 2; fp8++) {
-        unsigned flags = DF_CE_BF16_LOGITS | (fp8 ? DF_CE_FP8_GRAD : 0);
+        unsigned flags = flag | (fp8 ? DF_CE_FP8_GRAD : 0);
         mat dh[2] = {mat_new(N, H, H), mat_new(N, H, H)};
         float ce[2][40], ce0[40];
         double loss[2] = {0, 0}, loss0 = 0;
@@ -302,14 +306,14 @@ static void check_bf16_logits(void)
         CHECK(bitwise_equal(dh[0].p, dh[1].p, N * H * 4) && bitwise_equal(ce[0], ce[1], N * 4) &&
               bitwise_equal(loss, loss + 1, 8));
         CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, NULL, (float)denom, &loss0, NULL,
-                                 NULL, ce0, flags & ~DF_CE_BF16_LOGITS),
+                                 NULL, ce0, flags & ~flag),
                  0);
-        double ce_moved = 0; /* the flag's effect, per row: ~2^-7 of the logits */
+        double ce_moved = 0; /* the flag's effect, per row: ~2^-7 (bf16) or 2^-10 of the logits */
         for (int64_t i = 0; i < N; i++)
             ce_moved = fmax(ce_moved, fabs(ce0[i] - (label[i] < 0 ? 0.0 : ce_want[i])));
         printf("%s%s: loss %.9g (reference %.9g; without the flag %.9g, a row's CE by up to "
                "%.2e)\n", what, fp8 ? " | DF_CE_FP8_GRAD" : "", loss[0], loss_ref, loss0, ce_moved);
-        CHECK(ce_moved > 1e-3);
+        CHECK(ce_moved > (f16 ? 1e-4 : 1e-3));
         expect_close(what, loss[0], loss_ref, 1e-5 * fabs(loss_ref), -1);
         double dmax = 0, e2 = 0, r2 = 0;
         for (int64_t i = 0; i < N * H; i++) {
@@ -333,7 +337,7 @@ static void check_bf16_logits(void)
 
 static void test_lmhead_ce(void)
 {
-    check_bf16_logits();
+    check_half_logits(0);
     for (int d = 0; d < 3; d++)
         fd_lmhead(DTS[d]);
     /* chunks of up to 64 rows (fewer with more threads): 130 rows is 64 + 64
@@ -406,6 +410,9 @@ static void test_lmhead_ce(void)
              -EINVAL);
     CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, 0.0f, &loss, &dh.t, am, ce, 0),
              -EINVAL);
+    CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, 1.0f, &loss, &dh.t, am, ce,
+                             DF_CE_BF16_LOGITS | DF_CE_F16_LOGITS),
+             -EINVAL); /* logits in one format */
     CHECK_EQ(df_op_lmhead_ce(bes[0], &h.t, &head.t, label, weight, INFINITY, &loss, &dh.t, am,
                              ce, 0),
              -EINVAL);
@@ -436,6 +443,7 @@ static void test_lmhead_ce(void)
     CHECK(loss > 0.0);
     free(h.p), free(dh.p);
     wmat_free(&head), wmat_free(&head7);
+    check_half_logits(1); /* (last: the draws before it stay as they were) */
 }
 
 static double now_s(void)

@@ -702,6 +702,8 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
                                   : DF_CE_FP8_GRAD | DF_CE_FP8_HEAD_FROZEN | DF_CE_FP8_ROUND_HEAD;
     if (d->bf16_logits && G)
         ce_flags |= DF_CE_BF16_LOGITS;
+    else if (d->f16_logits && G)
+        ce_flags |= DF_CE_F16_LOGITS;
     if (d->q8 && d->fp8_ce_onepass)
         ce_flags |= DF_CE_FP8_ONEPASS;
     if (na == N) {

@@ -158,6 +158,10 @@ void df_drafter_set_fp8_ce_onepass(df_drafter *d, int on);
  * numerics. Steps without gradients (evaluation) keep F32 logits. Off for a drafter as
  * opened; the trainer sets it (df_train_opts.bf16_logits). */
 void df_drafter_set_bf16_logits(df_drafter *d, int on);
+/* The same in FP16 (DF_CE_F16_LOGITS: 11 significant bits against BF16's 8, the same bytes
+ * where the GEMM writes FP16: the CUDA backend's E4M3 tensor cores). Off as opened; the
+ * trainer sets it (df_train_opts.f16_logits). Not with df_drafter_set_bf16_logits: BF16 wins. */
+void df_drafter_set_f16_logits(df_drafter *d, int on);
 
 /* Memory for nothing: the gradient array grad (the one every
  * df_drafter_row_step with gradients then gets, in df_drafter_grad_dtype)

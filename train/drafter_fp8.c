@@ -51,6 +51,8 @@ void df_drafter_set_fp8_ce_onepass(df_drafter *d, int on) { d->fp8_ce_onepass = 
 
 void df_drafter_set_bf16_logits(df_drafter *d, int on) { d->bf16_logits = on != 0; }
 
+void df_drafter_set_f16_logits(df_drafter *d, int on) { d->f16_logits = on != 0; }
+
 void drafter_fp8_free(df_drafter *d)
 {
     df_backend_free(d->be, d->head8.data);

@@ -72,6 +72,7 @@ struct df_drafter {
     int fp8_dy_blocks; /* FP8: the weight gradients' dy per 128 x 128 (DF_FP8_DY_BLOCKS) */
     int fp8_ce_onepass; /* FP8: the LM head's softmax gradient in one pass (DF_CE_FP8_ONEPASS) */
     int bf16_logits;   /* steps with gradients: DF_CE_BF16_LOGITS */
+    int f16_logits;    /* steps with gradients: DF_CE_F16_LOGITS */
     df_tensor head8;
 };
 

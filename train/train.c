@@ -403,6 +403,7 @@ static int run_open_model(run *r, df_err *e)
     df_drafter_set_fp8_dy_blocks(r->d, o->fp8 && o->fp8_dy_blocks);
     df_drafter_set_fp8_ce_onepass(r->d, o->fp8 && o->fp8_ce_onepass);
     df_drafter_set_bf16_logits(r->d, o->bf16_logits);
+    df_drafter_set_f16_logits(r->d, o->f16_logits);
     r->ps = df_drafter_params(r->d);
     r->total = r->ps->total;
     /* no steps (--init-from ... --steps 0): none to schedule */

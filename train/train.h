@@ -85,6 +85,8 @@ typedef struct df_train_opts {
                                    quality gate: docs/DESIGN.md), 0: F32; implied by adam_bf16 */
     int bf16_logits;            /* training steps' LM-head logits rounded to BF16
                                    (df_drafter_set_bf16_logits): half their bytes; default 0 */
+    int f16_logits;             /* the same in FP16 (df_drafter_set_f16_logits): 11 significant
+                                   bits against BF16's 8; default 0; not with bf16_logits */
     int grad_f32;               /* GPU: keep gradients in F32 (default BF16: half the memory
                                    and the reduce-scatter traffic); the CPU always uses F32 */
     int buffered_io;            /* read the cache through the page cache (no O_DIRECT): a cache

@@ -8,7 +8,7 @@
  * (GEMM 2, G @ head) into dh: [N, V] logits never exist whole and nothing is
  * recomputed. Per row, in this order:
  *   z = logits (fp32 dot products over H, in order, the forward matmul's way;
- *   DF_CE_BF16_LOGITS: each then rounded to bf16)
+ *   DF_CE_BF16_LOGITS: each then rounded to bf16; DF_CE_F16_LOGITS: to fp16)
  *   argmax = the lowest index of the largest z
  *   mx = max z; p_v = expf(z_v - mx) (<= 1: no overflow whatever the scale);
  *   s = sum_v p_v in double, in order; lse = mx + log(s)   (double)
@@ -145,6 +145,9 @@ static int ce_task(void *vp, size_t task)
     if (c->flags & DF_CE_BF16_LOGITS)
         for (int64_t j = 0; j < n_run * V; j++)
             buf[j] = df_bf16_to_f32(df_f32_to_bf16(buf[j]));
+    if (c->flags & DF_CE_F16_LOGITS)
+        for (int64_t j = 0; j < n_run * V; j++)
+            buf[j] = df_f16_to_f32(df_f32_to_f16(buf[j]));
 
     int64_t n_act = 0;
     for (int64_t j = 0; j < n_run; j++) {

@@ -36,6 +36,7 @@
  * layout), so the product is the same one; the same first-call check
  * decides, and a device whose cuBLASLt has no such plan stays on the BF16
  * path. */
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <math.h>
@@ -58,24 +59,22 @@ extern "C" {
 namespace {
 
 
+/* an element of C as a float: F32, BF16 (its bits) or F16 */
+__device__ __forceinline__ float c_at(const float *p) { return *p; }
+__device__ __forceinline__ float c_at(const uint16_t *p) { return bf2f(*p); }
+__device__ __forceinline__ float c_at(const __half *p) { return __half2float(*p); }
+
 /* max |a - b| and max |b| over an m x n column-major pair (ld lda, ldb) into
  * r[0], r[1] (as float bits: non-negative floats order as integers) */
-template <typename T>
-__global__ void cmp_kernel(const T *a, int64_t lda, const T *b, int64_t ldb, int64_t m, int64_t n,
-                           unsigned *r)
+template <typename TA, typename TB>
+__global__ void cmp_kernel(const TA *a, int64_t lda, const TB *b, int64_t ldb, int64_t m,
+                           int64_t n, unsigned *r)
 {
     float e = 0.0f, mx = 0.0f;
     int64_t total = m * n, stride = (int64_t)gridDim.x * blockDim.x;
     for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < total; i += stride) {
         int64_t col = i / m, row = i - col * m;
-        float x, y;
-        if (sizeof(T) == 2) {
-            x = bf2f(((const uint16_t *)a)[col * lda + row]);
-            y = bf2f(((const uint16_t *)b)[col * ldb + row]);
-        } else {
-            x = ((const float *)a)[col * lda + row];
-            y = ((const float *)b)[col * ldb + row];
-        }
+        float x = c_at(a + col * lda + row), y = c_at(b + col * ldb + row);
         float d = fabsf(x - y);
         e = d > e || d != d ? d : e;
         mx = fmaxf(mx, fabsf(y));
@@ -88,7 +87,7 @@ __global__ void cmp_kernel(const T *a, int64_t lda, const T *b, int64_t ldb, int
 
 /* one plan: the key, the descriptors, the algorithm and the check's verdict */
 typedef struct fp8_plan {
-    int kind, c_f32, accumulate, mx; /* mx: MXFP8 scales (mx_of) */
+    int kind, cdt, accumulate, mx; /* cdt: C in BF16 (0), F32 (1), F16 (2); mx: MXFP8 scales */
     int dyblk;                       /* BWD_W's B (dy^T) per 128 x 128 (DF_FP8_DY_BLOCKS) */
     int64_t m, n, kp, ldc;
     cublasLtMatmulDesc_t op;
@@ -121,7 +120,7 @@ typedef struct fp8_held {
 typedef struct fp8_cache {
     fp8_plan p[NPLANS];
     int n;
-    signed char verdict[3][2][2][2][2][2];
+    signed char verdict[3][3][2][2][2][2];
     df_cuda_fp8_kept kept[DF_CUDA_FP8_KEPT];
     fp8_held held;
     fp8_held made[DF_CUDA_FP8_MADE];
@@ -129,7 +128,7 @@ typedef struct fp8_cache {
 
 signed char *verdict_of(fp8_cache *fc, const fp8_plan *p)
 {
-    return &fc->verdict[p->kind][p->c_f32][p->accumulate][p->m % 128 == 0][p->n % 128 == 0][p->dyblk];
+    return &fc->verdict[p->kind][p->cdt][p->accumulate][p->m % 128 == 0][p->n % 128 == 0][p->dyblk];
 }
 
 int64_t g_fast, g_fallback;
@@ -179,7 +178,7 @@ void plan_drop(fp8_plan *p)
 int plan_build(df_cuda_state *s, fp8_plan *p)
 {
     cublasLtHandle_t lt = (cublasLtHandle_t)s->lt;
-    cudaDataType_t ct = p->c_f32 ? CUDA_R_32F : CUDA_R_16BF;
+    cudaDataType_t ct = p->cdt == 1 ? CUDA_R_32F : p->cdt == 2 ? CUDA_R_16F : CUDA_R_16BF;
     cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     int32_t mode_a = p->mx                     ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0
                      : p->kind == DF_GEMM_BWD_W ? CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F
@@ -346,23 +345,26 @@ int check_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, df_gemm_kind kind,
 {
     cudaStream_t st = df_cuda_stream(be);
     int bw = kind == DF_GEMM_BWD_W;
-    size_t es = p->c_f32 ? 4 : 2, bytes = (size_t)rup((p->ldc * (p->n - 1) + p->m) * (int64_t)es, 256);
+    /* the reference in C's dtype, F32 for an F16 C (the BF16 GEMM writes no F16) */
+    size_t es = p->cdt == 1 ? 4 : 2, ee = p->cdt == 0 ? 2 : 4;
+    size_t bytes = (size_t)rup((p->ldc * (p->n - 1) + p->m) * (int64_t)es, 256);
+    size_t bytes_e = (size_t)rup((p->ldc * (p->n - 1) + p->m) * (int64_t)ee, 256);
     size_t ba = (size_t)rup(a->shape[0] * a->shape[1] * 2, 256);
     size_t bb = (size_t)rup(b->shape[0] * b->shape[1] * 2, 256);
     char *buf = NULL;
     unsigned r[2] = {0, 0};
     int agree = 0;
-    if (cudaMallocAsync((void **)&buf, 2 * bytes + ba + bb + 256, st) != cudaSuccess) {
+    if (cudaMallocAsync((void **)&buf, bytes_e + bytes + ba + bb + 256, st) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
     }
-    void *t_emu = buf, *t_fp8 = buf + bytes;
-    unsigned *dr = (unsigned *)(buf + 2 * bytes + ba + bb);
-    df_tensor ra = df_tensor_2d(buf + 2 * bytes, DF_DTYPE_BF16, a->shape[0], a->shape[1]);
-    df_tensor rb = df_tensor_2d(buf + 2 * bytes + ba, DF_DTYPE_BF16, b->shape[0], b->shape[1]);
+    void *t_emu = buf, *t_fp8 = buf + bytes_e;
+    unsigned *dr = (unsigned *)(buf + bytes_e + bytes + ba + bb);
+    df_tensor ra = df_tensor_2d(buf + bytes_e + bytes, DF_DTYPE_BF16, a->shape[0], a->shape[1]);
+    df_tensor rb = df_tensor_2d(buf + bytes_e + bytes + ba, DF_DTYPE_BF16, b->shape[0], b->shape[1]);
     /* the rows a has (c may have up to 3 more: zero rows for cuBLASLt) */
     int64_t nr = bw ? p->n : a->shape[0];
-    df_tensor te = df_tensor_2d(t_emu, c->dtype, nr, c->shape[1]);
+    df_tensor te = df_tensor_2d(t_emu, p->cdt == 0 ? DF_DTYPE_BF16 : DF_DTYPE_F32, nr, c->shape[1]);
     te.stride[0] = p->ldc;
     int64_t abr, abc, bbr, bbc;
     df_fp8_operand_blocks(kind, 0, p->dyblk ? DF_FP8_DY_BLOCKS : 0, &abr, &abc);
@@ -379,14 +381,17 @@ int check_plan(df_backend *be, df_cuda_state *s, fp8_plan *p, df_gemm_kind kind,
     if (!rc && cudaMemsetAsync(dr, 0, 8, st) == cudaSuccess) {
         int64_t total = p->m * nr;
         int blocks = (int)((total + 255) / 256 < 2048 ? (total + 255) / 256 : 2048);
-        if (p->c_f32)
-            cmp_kernel<float><<<blocks, 256, 0, st>>>((const float *)t_fp8, p->ldc,
-                                                       (const float *)t_emu, p->ldc, p->m, nr,
-                                                       dr);
+        if (p->cdt == 1)
+            cmp_kernel<float, float><<<blocks, 256, 0, st>>>((const float *)t_fp8, p->ldc,
+                                                              (const float *)t_emu, p->ldc, p->m,
+                                                              nr, dr);
+        else if (p->cdt == 2)
+            cmp_kernel<__half, float><<<blocks, 256, 0, st>>>((const __half *)t_fp8, p->ldc,
+                                                               (const float *)t_emu, p->ldc, p->m,
+                                                               nr, dr);
         else
-            cmp_kernel<uint16_t><<<blocks, 256, 0, st>>>((const uint16_t *)t_fp8, p->ldc,
-                                                          (const uint16_t *)t_emu, p->ldc, p->m,
-                                                          nr, dr);
+            cmp_kernel<uint16_t, uint16_t><<<blocks, 256, 0, st>>>(
+                (const uint16_t *)t_fp8, p->ldc, (const uint16_t *)t_emu, p->ldc, p->m, nr, dr);
         if (cudaMemcpyAsync(r, dr, 8, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
             cudaStreamSynchronize(st) == cudaSuccess) {
             float err, mx;
@@ -416,14 +421,15 @@ fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const d
     df_cuda_state *s = (df_cuda_state *)be->impl;
     *fresh = 0;
     if (!df_cuda_fp8_gemm_possible(be) || a->dtype != DF_DTYPE_BF16 ||
-        b->dtype != DF_DTYPE_BF16 || (c->dtype != DF_DTYPE_BF16 && c->dtype != DF_DTYPE_F32))
+        b->dtype != DF_DTYPE_BF16 ||
+        (c->dtype != DF_DTYPE_BF16 && c->dtype != DF_DTYPE_F32 && c->dtype != DF_DTYPE_F16))
         return NULL;
     /* cuBLAS terms: m = c's columns, n = c's rows, kp = the reduction padded */
     int64_t red = kind == DF_GEMM_BWD_W ? a->shape[0] : a->shape[1];
     fp8_plan key;
     memset(&key, 0, sizeof key);
     key.kind = (int)kind;
-    key.c_f32 = c->dtype == DF_DTYPE_F32;
+    key.cdt = c->dtype == DF_DTYPE_F32 ? 1 : c->dtype == DF_DTYPE_F16 ? 2 : 0;
     key.accumulate = accumulate != 0;
     key.m = c->shape[1];
     key.n = c->shape[0];
@@ -445,7 +451,7 @@ fp8_plan *plan_of(df_backend *be, df_gemm_kind kind, const df_tensor *a, const d
     fp8_plan *p = NULL;
     for (int i = 0; i < fc->n && !p; i++) {
         fp8_plan *q = &fc->p[i];
-        if (q->kind == key.kind && q->c_f32 == key.c_f32 && q->accumulate == key.accumulate &&
+        if (q->kind == key.kind && q->cdt == key.cdt && q->accumulate == key.accumulate &&
             q->m == key.m && q->n == key.n && q->kp == key.kp && q->ldc == key.ldc &&
             q->dyblk == key.dyblk)
             p = q;

@@ -95,6 +95,20 @@ __device__ __forceinline__ void zld_word(const float *zr, int64_t v, int64_t V, 
 {
     x[0] = v < V ? zr[v] : -INFINITY;
 }
+__device__ __forceinline__ void zld_word(const f32r16 *zr, int64_t v, int64_t V, float *x)
+{
+    x[0] = v < V ? zld(zr + v) : -INFINITY;
+}
+__device__ __forceinline__ void zld_word(const __half *zr, int64_t v, int64_t V, float *x)
+{
+    if (v + 2 <= V) { /* 4-byte aligned: rows start 16-byte aligned */
+        float2 f = __half22float2(*reinterpret_cast<const __half2 *>(zr + v));
+        x[0] = f.x, x[1] = f.y;
+    } else {
+        x[0] = v < V ? zld(zr + v) : -INFINITY;
+        x[1] = -INFINITY;
+    }
+}
 __device__ __forceinline__ void zld_word(const uint16_t *zr, int64_t v, int64_t V, float *x)
 {
     if (v + 2 <= V) { /* 4-byte aligned: rows start 16-byte aligned */
@@ -313,6 +327,30 @@ __global__ void __launch_bounds__(256) dh_store_kernel(const float *__restrict__
     uint16_t *dst = dh + gi * lddh;
     for (int64_t k = threadIdx.x; k < H; k += blockDim.x)
         dst[k] = act ? f2bf(src[k]) : (uint16_t)0;
+}
+
+/* ce_row_kernel on a chunk whose logits are stored as zt says (lmhead_onepass.h's Z_*) */
+void rows_launch(int zt, unsigned nb, cudaStream_t st, void *z, int64_t ldz, int64_t V,
+                 int64_t row0, const int32_t *label, const float *weight, double denom,
+                 int want_dh, uint16_t *lo, int64_t ldlo, int32_t *argmax, float *ce,
+                 double *row_loss, int64_t nrows, const df_cuda_fp8_rows *g8)
+{
+    if (zt == Z_BF16)
+        ce_row_kernel<uint16_t><<<nb, RT, 0, st>>>((uint16_t *)z, ldz, V, row0, label, weight,
+                                                   denom, want_dh, lo, ldlo, argmax, ce, row_loss,
+                                                   nrows, g8->codes, g8->scales, g8->kp, g8->n);
+    else if (zt == Z_F16)
+        ce_row_kernel<__half><<<nb, RT, 0, st>>>((__half *)z, ldz, V, row0, label, weight, denom,
+                                                 want_dh, lo, ldlo, argmax, ce, row_loss, nrows,
+                                                 g8->codes, g8->scales, g8->kp, g8->n);
+    else if (zt == Z_F32R16)
+        ce_row_kernel<f32r16><<<nb, RT, 0, st>>>((f32r16 *)z, ldz, V, row0, label, weight, denom,
+                                                 want_dh, lo, ldlo, argmax, ce, row_loss, nrows,
+                                                 g8->codes, g8->scales, g8->kp, g8->n);
+    else
+        ce_row_kernel<float><<<nb, RT, 0, st>>>((float *)z, ldz, V, row0, label, weight, denom,
+                                                want_dh, lo, ldlo, argmax, ce, row_loss, nrows,
+                                                g8->codes, g8->scales, g8->kp, g8->n);
 }
 
 /* out[0] = sum of x[0..n): thread t sums x[t], x[t + LT], ... in order,
@@ -588,8 +626,10 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     cudaStream_t st = df_cuda_stream(be);
     /* FP8 (DF_CE_FP8_GRAD): G is rounded to E4M3 in place (hi), so no lo */
     const int fp8 = (flags & DF_CE_FP8_GRAD) != 0;
-    /* DF_CE_BF16_LOGITS: GEMM 1 writes them as bf16 (zes bytes a logit) */
-    const int bl = (flags & DF_CE_BF16_LOGITS) != 0;
+    /* DF_CE_BF16_LOGITS: GEMM 1 writes them as bf16 (zes bytes a logit); DF_CE_F16_LOGITS:
+     * as fp16 where the E4M3 tensor cores take GEMM 1, else as fp32 (room for those) read
+     * as their fp16 rounding */
+    const int bl = (flags & DF_CE_BF16_LOGITS) != 0, f16 = (flags & DF_CE_F16_LOGITS) != 0;
     const size_t zes = bl ? 2 : 4;
     const int want_dh = dh != NULL, want_lo = want_dh && !fp8 && precise_mode();
     /* FP8 on E4M3 tensor cores (gemm_fp8.cu): both GEMMs' codes in a region
@@ -653,6 +693,8 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     size_t o_z = round_up(o_loss + (size_t)(N + 1) * 8, 256);
     size_t o_lo = round_up(o_z + (size_t)rows_c * ldz * zes, 256);
     size_t o_d32 = round_up(o_lo + (want_lo ? (size_t)rows * ldlo * 2 : 0), 256);
+    /* the logits' dtype GEMM 1 writes on the E4M3 tensor cores */
+    const df_dtype zdt = bl ? DF_DTYPE_BF16 : f16 ? DF_DTYPE_F16 : DF_DTYPE_F32;
     /* FP8: GEMM 1's workspace (the head's codes, a chunk's h), then GEMM 2's
      * (the head^T's codes, a chunk's G): the head's codes are made at the
      * first chunk and kept for the others */
@@ -660,7 +702,7 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     /* the views the FP8 GEMMs see, at the largest chunk */
     if (fast8) {
         df_tensor hv = df_tensor_2d((void *)hd, DF_DTYPE_BF16, rows, H);
-        df_tensor zv = df_tensor_2d(NULL, bl ? DF_DTYPE_BF16 : DF_DTYPE_F32, rows_c, V);
+        df_tensor zv = df_tensor_2d(NULL, zdt, rows_c, V);
         df_tensor gv = df_tensor_2d(NULL, DF_DTYPE_BF16, rows, V), dv = df_tensor_2d(NULL, DF_DTYPE_F32, rows_c, H);
         n_q8a = round_up(df_cuda_matmul_fp8_ws_bytes(DF_GEMM_FWD, &hv, &zv, kept), 256);
         n_q8 = n_q8a + (want_dh ? df_cuda_matmul_fp8_ws_bytes(DF_GEMM_BWD_X, &gv, &dv, kept) : 0);
@@ -672,8 +714,6 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     void *ws = sc;
     double *row_loss = (double *)(sc + o_loss);
     void *z = sc + o_z;
-    /* G (bf16) in place over the logits: its row stride, in bf16 */
-    const int64_t ldg = bl ? ldz : 2 * ldz;
     uint16_t *lo = (uint16_t *)(sc + o_lo);
     float *d32 = (float *)(sc + o_d32);
     void *q8 = n_q8 ? sc + o_q8 : NULL, *q8b = n_q8 ? sc + o_q8 + n_q8a : NULL;
@@ -688,7 +728,7 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         int done = 0;
         if (q8) {
             df_tensor hv = df_tensor_2d((void *)(hd + r0 * ldh), DF_DTYPE_BF16, nr, H);
-            df_tensor zv = df_tensor_2d(z, bl ? DF_DTYPE_BF16 : DF_DTYPE_F32, (nr + 3) / 4 * 4, V);
+            df_tensor zv = df_tensor_2d(z, zdt, (nr + 3) / 4 * 4, V);
             hv.stride[0] = ldh, zv.stride[0] = ldz;
             done = df_cuda_matmul_fp8_fast_ws(be, DF_GEMM_FWD, &hv, &head_v, &zv, 0, q8, n_q8a,
                                               kept ? k1->buf : NULL, kept ? k1->ready : head8_1, 0);
@@ -706,6 +746,10 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
                                   !bl, 0);
         if (rc)
             break;
+        /* how this chunk's logits are stored; G (bf16) in place over them: its row stride, in
+         * bf16 */
+        const int zt = bl ? Z_BF16 : !f16 ? Z_F32 : done ? Z_F16 : Z_F32R16;
+        const int64_t ldg = zt == Z_BF16 || zt == Z_F16 ? ldz : 2 * ldz;
         /* FP8 on the tensor cores, GEMM 2's class checked: G goes to it as codes only */
         df_tensor gv = df_tensor_2d(z, DF_DTYPE_BF16, nr, V);
         df_tensor dv = df_tensor_2d(d32, DF_DTYPE_F32, (nr + 3) / 4 * 4, H);
@@ -719,18 +763,11 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         /* one pass: GEMM 1 took the head's kept codes, which the one-hot term reads */
         const int one = onepass && fused && k1->ready;
         if (one)
-            rc = df_cuda_ce_onepass_rows(st, bl, z, ldz, V, r0, label, weight, (double)denom,
+            rc = df_cuda_ce_onepass_rows(st, zt, z, ldz, V, r0, label, weight, (double)denom,
                                          argmax, ce, row_loss, nr, &g8);
-        else if (bl)
-            ce_row_kernel<uint16_t><<<nb, RT, 0, st>>>(
-                (uint16_t *)z, ldz, V, r0, label, weight, (double)denom, want_dh,
-                want_lo ? lo : NULL, ldlo, argmax, ce, row_loss, nr, g8.codes, g8.scales, g8.kp,
-                g8.n);
         else
-            ce_row_kernel<float><<<nb, RT, 0, st>>>(
-                (float *)z, ldz, V, r0, label, weight, (double)denom, want_dh,
-                want_lo ? lo : NULL, ldlo, argmax, ce, row_loss, nr, g8.codes, g8.scales, g8.kp,
-                g8.n);
+            rows_launch(zt, nb, st, z, ldz, V, r0, label, weight, (double)denom, want_dh,
+                        want_lo ? lo : NULL, ldlo, argmax, ce, row_loss, nr, &g8);
         if (rc || (rc = df_cuda_check_launch("lmhead_ce rows")))
             break;
         if (!want_dh)

@@ -186,7 +186,7 @@ __global__ void __launch_bounds__(256)
 
 } // namespace
 
-int df_cuda_ce_onepass_rows(cudaStream_t st, int bf16_logits, const void *z, int64_t ldz,
+int df_cuda_ce_onepass_rows(cudaStream_t st, int zt, const void *z, int64_t ldz,
                             int64_t V, int64_t row0, const int32_t *label, const float *weight,
                             double denom, int32_t *argmax, float *ce, double *row_loss,
                             int64_t nrows, const df_cuda_fp8_rows *g8)
@@ -194,14 +194,27 @@ int df_cuda_ce_onepass_rows(cudaStream_t st, int bf16_logits, const void *z, int
     if (g8->kp < V || g8->kp % 128 || g8->kp > DF_CUDA_CE_ONEPASS_MAXV || g8->n < nrows ||
         ldz % 8)
         return -EINVAL;
-    if (bf16_logits)
-        ce_row_onepass_kernel<uint16_t><<<(unsigned)g8->n, RT, 0, st>>>(
-            (const uint16_t *)z, ldz, V, row0, label, weight, denom, argmax, ce, row_loss, nrows,
-            g8->codes, g8->scales, g8->kp, g8->n);
+    const unsigned nb = (unsigned)g8->n;
+    if (zt == Z_BF16)
+        ce_row_onepass_kernel<uint16_t><<<nb, RT, 0, st>>>((const uint16_t *)z, ldz, V, row0,
+                                                           label, weight, denom, argmax, ce,
+                                                           row_loss, nrows, g8->codes,
+                                                           g8->scales, g8->kp, g8->n);
+    else if (zt == Z_F16)
+        ce_row_onepass_kernel<__half><<<nb, RT, 0, st>>>((const __half *)z, ldz, V, row0, label,
+                                                         weight, denom, argmax, ce, row_loss,
+                                                         nrows, g8->codes, g8->scales, g8->kp,
+                                                         g8->n);
+    else if (zt == Z_F32R16)
+        ce_row_onepass_kernel<f32r16><<<nb, RT, 0, st>>>((const f32r16 *)z, ldz, V, row0, label,
+                                                         weight, denom, argmax, ce, row_loss,
+                                                         nrows, g8->codes, g8->scales, g8->kp,
+                                                         g8->n);
     else
-        ce_row_onepass_kernel<float><<<(unsigned)g8->n, RT, 0, st>>>(
-            (const float *)z, ldz, V, row0, label, weight, denom, argmax, ce, row_loss, nrows,
-            g8->codes, g8->scales, g8->kp, g8->n);
+        ce_row_onepass_kernel<float><<<nb, RT, 0, st>>>((const float *)z, ldz, V, row0, label,
+                                                        weight, denom, argmax, ce, row_loss,
+                                                        nrows, g8->codes, g8->scales, g8->kp,
+                                                        g8->n);
     return df_cuda_check_launch("lmhead_ce one-pass rows");
 }
 

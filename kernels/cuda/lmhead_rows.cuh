@@ -6,6 +6,7 @@
 #ifndef DF_CUDA_LMHEAD_ROWS_CUH
 #define DF_CUDA_LMHEAD_ROWS_CUH
 
+#include <cuda_fp16.h>
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
@@ -39,9 +40,19 @@ __device__ __forceinline__ void merge(float &m, int &i, double &s, float m2, int
     s = a + b;
 }
 
-/* A logit, widened (the row's logits are fp32, or bf16 under DF_CE_BF16_LOGITS) */
+/* The logits' storage: fp32 (float), bf16 (uint16_t, DF_CE_BF16_LOGITS), fp16 (__half,
+ * DF_CE_F16_LOGITS where GEMM 1 wrote them so), or fp32 read as their fp16 rounding
+ * (f32r16: DF_CE_F16_LOGITS where GEMM 1 wrote fp32) */
+struct f32r16 {
+    float v;
+};
+__device__ __forceinline__ float r16(float x) { return __half2float(__float2half_rn(x)); }
+
+/* A logit, widened */
 __device__ __forceinline__ float zld(const float *p) { return *p; }
 __device__ __forceinline__ float zld(const uint16_t *p) { return bf2f(*p); }
+__device__ __forceinline__ float zld(const __half *p) { return __half2float(*p); }
+__device__ __forceinline__ float zld(const f32r16 *p) { return r16(p->v); }
 
 /* 8 consecutive fp32 logits from a 32-byte aligned address (bf16.cuh's load8 reads bf16 ones) */
 __device__ __forceinline__ void load8(const float *p, float *x)
@@ -50,6 +61,25 @@ __device__ __forceinline__ void load8(const float *p, float *x)
     float4 p1 = *reinterpret_cast<const float4 *>(p + 4);
     x[0] = p0.x, x[1] = p0.y, x[2] = p0.z, x[3] = p0.w;
     x[4] = p1.x, x[5] = p1.y, x[6] = p1.z, x[7] = p1.w;
+}
+/* 8 consecutive fp16 logits from a 16-byte aligned address */
+__device__ __forceinline__ void load8(const __half *p, float *x)
+{
+    uint4 u = *reinterpret_cast<const uint4 *>(p);
+    const __half2 *h = reinterpret_cast<const __half2 *>(&u);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        float2 f = __half22float2(h[j]);
+        x[2 * j] = f.x, x[2 * j + 1] = f.y;
+    }
+}
+/* 8 consecutive fp32 logits (32-byte aligned) as their fp16 rounding */
+__device__ __forceinline__ void load8(const f32r16 *p, float *x)
+{
+    load8(reinterpret_cast<const float *>(p), x);
+#pragma unroll
+    for (int j = 0; j < 8; j++)
+        x[j] = r16(x[j]);
 }
 
 /* A warp's (max, argmax, sum) merged into lane 0 by a fixed shuffle tree */
