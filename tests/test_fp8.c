@@ -441,7 +441,7 @@ static void test_lmhead_fp8(void)
                              DF_CE_FP8_HEAD_FROZEN), -EINVAL);
     CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8,
                              DF_CE_FP8_ROUND_HEAD), -EINVAL);
-    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8, 32), -EINVAL);
+    CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8, 64), -EINVAL);
     CHECK_EQ(df_op_lmhead_ce(be, &th, &tw, label, w, 7.0f, &l8, &t8, am8, ce8,
                              DF_CE_FP8_ONEPASS), -EINVAL);
     {   /* DF_CE_FP8_ROUND_HEAD on the head as it is: the results of its rounded copy */
