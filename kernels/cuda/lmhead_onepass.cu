@@ -45,7 +45,7 @@ __device__ __forceinline__ void load_step(const T *__restrict__ zr, int64_t v0, 
     }
 }
 
-/* Row r of the chunk (logits z, row stride ldz; T fp32 or bf16): loss,
+/* Row r of the chunk (logits z, row stride ldz; T one of lmhead_rows.cuh's storages): loss,
  * ce, argmax as the two-pass kernel; Gp's codes into codes[r * kp + v]
  * and block scales into sc[kb * n_out + r]. Rows from nrows up to n_out
  * (GEMM 2's rows, a multiple of 4) and ignored rows get zero codes and
@@ -85,8 +85,8 @@ __global__ void __launch_bounds__(RT)
     float m = -INFINITY;
     int am = INT_MAX;
     double s = 0.0;
-    /* the next step's 8 logits are loaded before this step's math (twice the bytes in
-     * flight: at 2 blocks per SM the loads, not the math, bound the kernel) */
+    /* the next step's 8 logits are loaded before this step's math: twice the bytes in
+     * flight (the rows are bound by the loads in flight, not by the math) */
     float xn[8];
     load_step(zr, (int64_t)t * 8, V, xn);
     for (int64_t b = 0; b < kp; b += OP_STEP) { /* every thread the same steps: shuffles */
