@@ -10,7 +10,8 @@
 # (every activation kept; the default recomputes the cheap ones);
 # OVERLAP=0 skips the 1-GPU run with --no-overlap-optimizer (the default overlaps the optimizer);
 # RECOMPUTE_MLP=1 adds one with --recompute-mlp; NOALIAS=1 one with --no-grad-alias; FP8=1 one with
-# --fp8 (FP8 training, docs/FP8.md; its loss printed against the BF16 run's, step by step); STEPS (timed run, default 14), SAMPLES (4096-token documents in the cache, default 12),
+# --fp8 (FP8 training, docs/FP8.md; its loss printed against the BF16 run's, step by step; FP8_ARGS: more
+# options for it and its profiled run); STEPS (timed run, default 14), SAMPLES (4096-token documents in the cache, default 12),
 # GPUS (also run on this many GPUs, one process each; default: 2 when two are visible),
 # PROFILE (default 1: a short extra run with DFLASH_PROFILE=1, GPU time per op; 0 skips it; PROFILE_GPUS=N also on N GPUs),
 # SPECFORGE_SRC (default .anchors_src; skipped when absent), BENCH_DIR (the folder of
@@ -97,7 +98,7 @@ if [ $status = 0 ]; then
   fi
   if [ "${FP8:-0}" = 1 ]; then # the GEMMs' operands rounded to E4M3 (docs/FP8.md)
     pw_start fp8
-    if "$B/dflash" train "${TA[@]}" --out "$W/runf" --device cuda --steps "$STEPS" --fp8 \
+    if "$B/dflash" train "${TA[@]}" --out "$W/runf" --device cuda --steps "$STEPS" --fp8 ${FP8_ARGS:-} \
          >"$LOG/train-1gpu-fp8.log" 2>&1; then
       pw_stop; cp "$W/runf/log.jsonl" "$LOG/train-1gpu-fp8.jsonl"; oursf=$(med "$W/runf/log.jsonl")
     else oursf="FAILED"; status=1; fi
@@ -113,7 +114,7 @@ if [ $status = 0 ]; then
     DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --no-fp8 --out "$W/runp" --device cuda --steps 4 \
       >"$LOG/train-profile.log" 2>&1 || status=1
     if [ "${FP8:-0}" = 1 ]; then # the fp8 step's ops: the rounding passes against the GEMMs they feed
-      DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --out "$W/runpf" --device cuda --steps 4 --fp8 \
+      DFLASH_PROFILE=1 DFLASH_LOG=info "$B/dflash" train "${TA[@]}" --out "$W/runpf" --device cuda --steps 4 --fp8 ${FP8_ARGS:-} \
         >"$LOG/train-profile-fp8.log" 2>&1 || status=1
     fi
     if [ "${PROFILE_GPUS:-1}" -gt 1 ]; then # the same on several GPUs: each rank logs its own
@@ -184,6 +185,10 @@ grep -E "persistent|parameters" "$LOG/train-1gpu.log" | head -2
 if [ -f "$LOG/train-profile.log" ]; then
   echo "-- GPU time per op over the 4-step profiled run (DFLASH_PROFILE=1)"
   grep -A40 "cuda profile" "$LOG/train-profile.log" | head -40
+fi
+if [ -f "$LOG/train-profile-fp8.log" ]; then
+  echo "-- the same for the fp8 step, and the gaps between ops on each stream"
+  grep -A200 "cuda profile" "$LOG/train-profile-fp8.log" | grep -E "profile|ms/call|ms/gap" | head -60
 fi
 if [ -f "$LOG/train-profile-${PROFILE_GPUS:-1}gpu.log" ]; then
   echo "-- the same on $PROFILE_GPUS GPUs (every rank's profile)"
