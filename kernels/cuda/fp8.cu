@@ -185,8 +185,6 @@ extern "C" int df_cuda_matmul_fp8(df_backend *be, df_gemm_kind kind, const df_te
                                   const df_tensor *b, df_tensor *c, unsigned flags)
 {
     int rc = df_cuda_matmul_fp8_fast(be, kind, a, b, c, flags);
-    if (!rc && kind != DF_GEMM_BWD_W && df_cuda_fp8_wcodes_fresh_t(be, b)) /* the weight's values */
-        rc = -EIO;
     return rc ? (rc < 0 ? rc : 0)
               : df_cuda_matmul_fp8_bf16(be, kind, a, b, c, flags);
 }

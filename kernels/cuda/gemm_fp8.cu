@@ -303,7 +303,9 @@ int quantize(df_backend *be, df_gemm_kind kind, const df_tensor *a, const df_ten
             rc = df_cuda_fp8_codes_run(st, dyblk ? 3 : 1, A, lda, M, n, w->qb, kp, w->sb, n, va);
         }
     } else { /* FWD: A = w [N, K] (mode 2), B = x; BWD_X: A = w^T [K, N] (mode 3), B = dy */
-        if (!a_ready)
+        if (!a_ready) /* (the weight's values, where AdamW left them out: fp8_wcodes.cu) */
+            rc = df_cuda_fp8_wcodes_fresh_t(be, b);
+        if (!rc && !a_ready)
             rc = df_cuda_fp8_codes_run(st, kind == DF_GEMM_BWD_X ? 3 : 2, B, ldb, b->shape[0], b->shape[1],
                                        w->qa, kp, w->sa, m, vb);
         if (!rc && !b_ready) {
@@ -619,8 +621,6 @@ static int fast_call(df_backend *be, df_gemm_kind kind, const df_tensor *a, cons
     }
     static const char *const part[3] = {"fp8 gemm fwd", "fp8 gemm bwd_x", "fp8 gemm bwd_w"};
     int rc = quantize(be, kind, a, b, p->m, p->n, p->kp, &w, a_ready, b_ready, p->dyblk);
-    if (!rc && fresh && kind != DF_GEMM_BWD_W) /* the check reads the weight's BF16 values */
-        rc = df_cuda_fp8_wcodes_fresh_t(be, b);
     if (!rc && fresh) { /* its class's first call: checked against the BF16 path on these operands */
         df_cuda_prof_split(be, "fp8 check");
         int v = check_plan(be, (df_cuda_state *)be->impl, p, kind, a, b, c, &w);
@@ -829,8 +829,6 @@ extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const 
     /* A: BWD_W's x (made or held), the weight's codes AdamW wrote (FWD, BWD_X); B: FWD's x
      * (made or held), dy (made) */
     const df_cuda_fp8_wcodes *kw = bw ? NULL : df_cuda_fp8_wcodes_of(be, b);
-    if (!bw && !kw && df_cuda_fp8_wcodes_fresh_t(be, b)) /* b is rounded from its values */
-        return -EIO;
     void *wa = bw ? wx : kw ? (kind == DF_GEMM_FWD ? kw->fwd : kw->bwx) : NULL;
     void *wb = bw ? (ma ? ma->buf : NULL) : wx;
     int b_ready = bw ? ma != NULL : x_ready;
