@@ -138,177 +138,6 @@ void *df_cuda_scratch(df_backend *be, size_t bytes)
     return s->scratch;
 }
 
-/* ---- op profiling (DFLASH_PROFILE=1) ----
- * Each op is bracketed by two events on the stream; at every sync (and when
- * the bracket array fills) elapsed times are summed per op name, and the
- * gaps between a stream's brackets per name of the op after the gap; close
- * logs both tables. Costs a few microseconds per op: a measuring mode. */
-
-/* the stream's slot among the two whose gaps are kept, or -1 */
-static int prof_slot(df_cuda_prof *p, cudaStream_t st)
-{
-    for (int j = 0; j < 2; j++)
-        if (p->last_end[j] && (!p->slot_used[j] || p->last_strm[j] == st)) {
-            p->last_strm[j] = st;
-            p->slot_used[j] = 1;
-            return j;
-        }
-    return -1;
-}
-
-static void prof_flush(df_cuda_state *s)
-{
-    df_cuda_prof *p = s->prof;
-    if (!p || !p->n)
-        return;
-    (void)cudaEventSynchronize(p->ev[2 * p->n - 1]);
-    int last[2] = {-1, -1}; /* each slot's last bracket in this flush */
-    for (int i = 0; i < p->n; i++) {
-        float ms = 0;
-        (void)cudaEventElapsedTime(&ms, p->ev[2 * i], p->ev[2 * i + 1]);
-        int k = 0;
-        while (k < p->n_names && strcmp(p->names[k], p->name[i]))
-            k++;
-        if (k == p->n_names && k < DF_CUDA_PROF_NAMES)
-            p->names[p->n_names++] = p->name[i];
-        if (k < DF_CUDA_PROF_NAMES) {
-            p->ms[k] += ms;
-            p->calls[k]++;
-        }
-        int j = prof_slot(p, p->strm[i]);
-        if (j < 0)
-            continue;
-        float gap = 0;
-        int have = last[j] >= 0 ? cudaEventElapsedTime(&gap, p->ev[2 * last[j] + 1], p->ev[2 * i]) == cudaSuccess
-                   : p->has_last[j] ? cudaEventElapsedTime(&gap, p->last_end[j], p->ev[2 * i]) == cudaSuccess
-                                    : 0;
-        if (!have)
-            (void)cudaGetLastError();
-        if (have && k < DF_CUDA_PROF_NAMES && gap > 0) {
-            p->gap_ms[k] += gap;
-            p->gap_n[k]++;
-            if (gap > p->gap_max)
-                p->gap_max = gap, p->gap_max_name = p->names[k];
-        }
-        last[j] = i;
-    }
-    /* each slot's last end stays valid in its own event (the arrays are recorded anew) */
-    for (int j = 0; j < 2; j++)
-        if (last[j] >= 0) {
-            cudaEvent_t t = p->last_end[j];
-            p->last_end[j] = p->ev[2 * last[j] + 1];
-            p->ev[2 * last[j] + 1] = t;
-            p->has_last[j] = 1;
-        }
-    p->n = 0;
-}
-
-static void cu_prof_begin(df_backend *be, const char *name)
-{
-    df_cuda_state *s = st_of(be);
-    df_cuda_prof *p = s->prof;
-    if (p->n == DF_CUDA_PROF_EVENTS)
-        prof_flush(s);
-    p->name[p->n] = name;
-    p->strm[p->n] = s->stream;
-    p->op = name;
-    (void)cudaEventRecord(p->ev[2 * p->n], s->stream);
-}
-
-static void cu_prof_end(df_backend *be)
-{
-    df_cuda_state *s = st_of(be);
-    df_cuda_prof *p = s->prof;
-    (void)cudaEventRecord(p->ev[2 * p->n + 1], s->stream);
-    p->n++;
-}
-
-void df_cuda_prof_split(df_backend *be, const char *part)
-{
-    df_cuda_state *s = st_of(be);
-    df_cuda_prof *p = s->prof;
-    if (!be->prof || !p || !p->op)
-        return;
-    const char *op = p->op, *name = op;
-    char buf[96];
-    if (part) {
-        snprintf(buf, sizeof buf, "%s: %s", op, part);
-        int k = 0;
-        while (k < p->n_parts && strcmp(p->parts[k], buf))
-            k++;
-        if (k == p->n_parts && k < DF_CUDA_PROF_NAMES && (p->parts[k] = strdup(buf)))
-            p->n_parts++;
-        if (k < p->n_parts)
-            name = p->parts[k];
-    }
-    cu_prof_end(be);
-    cu_prof_begin(be, name);
-    p->op = op;
-}
-
-static void cu_prof_reset(df_backend *be)
-{
-    df_cuda_state *s = st_of(be);
-    if (!s->prof)
-        return;
-    prof_flush(s);
-    memset(s->prof->ms, 0, sizeof s->prof->ms);
-    memset(s->prof->calls, 0, sizeof s->prof->calls);
-    memset(s->prof->gap_ms, 0, sizeof s->prof->gap_ms);
-    memset(s->prof->gap_n, 0, sizeof s->prof->gap_n);
-    s->prof->gap_max = 0, s->prof->gap_max_name = NULL;
-    s->prof->has_last[0] = s->prof->has_last[1] = 0; /* no gap across the reset */
-}
-
-static void prof_report(df_cuda_state *s)
-{
-    df_cuda_prof *p = s->prof;
-    prof_flush(s);
-    double tot = 0;
-    for (int k = 0; k < p->n_names; k++)
-        tot += p->ms[k];
-    df_log(DF_LOG_INFO, "cuda profile (device %d): %.1f ms in ops", s->device, tot);
-    for (int done = 0; done < p->n_names; done++) { /* largest first */
-        int best = -1;
-        for (int k = 0; k < p->n_names; k++)
-            if (p->calls[k] && (best < 0 || p->ms[k] > p->ms[best]))
-                best = k;
-        if (best < 0)
-            break;
-        df_log(DF_LOG_INFO, "  %-24s %9.1f ms %5.1f%% %8llu calls %8.3f ms/call", p->names[best],
-               p->ms[best], tot > 0 ? 100 * p->ms[best] / tot : 0.0,
-               (unsigned long long)p->calls[best], p->ms[best] / (double)p->calls[best]);
-        p->calls[best] = 0;
-    }
-    double gtot = 0;
-    for (int k = 0; k < p->n_names; k++)
-        gtot += p->gap_ms[k];
-    df_log(DF_LOG_INFO, "cuda profile gaps (device %d): %.1f ms between ops on their streams, "
-           "the largest %.3f ms before %s; by the op after:", s->device, gtot, p->gap_max,
-           p->gap_max_name ? p->gap_max_name : "-");
-    for (int done = 0; done < 12; done++) { /* the largest sums */
-        int best = -1;
-        for (int k = 0; k < p->n_names; k++)
-            if (p->gap_n[k] && (best < 0 || p->gap_ms[k] > p->gap_ms[best]))
-                best = k;
-        if (best < 0)
-            break;
-        df_log(DF_LOG_INFO, "  %-24s %9.1f ms %8llu gaps %8.3f ms/gap", p->names[best],
-               p->gap_ms[best], (unsigned long long)p->gap_n[best],
-               p->gap_ms[best] / (double)p->gap_n[best]);
-        p->gap_n[best] = 0;
-    }
-    for (int i = 0; i < 2 * DF_CUDA_PROF_EVENTS; i++)
-        (void)cudaEventDestroy(p->ev[i]);
-    for (int j = 0; j < 2; j++)
-        if (p->last_end[j])
-            (void)cudaEventDestroy(p->last_end[j]);
-    for (int i = 0; i < p->n_parts; i++)
-        free(p->parts[i]);
-    free(p);
-    s->prof = NULL;
-}
-
 /* ---- memory and copies ---- */
 
 static int cu_set(df_backend *be)
@@ -327,7 +156,7 @@ static int cu_sync(df_backend *be)
     if (!rc && s->side) /* and the side stream (whichever of the two is current) */
         rc = df_cuda_fail(cudaStreamSynchronize(s->side_on ? s->main : s->side),
                           "side stream synchronize");
-    prof_flush(s);
+    df_cuda_prof_flush(be);
     return rc;
 }
 
@@ -626,8 +455,7 @@ static void cu_close(df_backend *be)
             (void)cudaEventDestroy(s->ev_fork);
             (void)cudaEventDestroy(s->ev_done);
         }
-        if (s->prof)
-            prof_report(s);
+        df_cuda_prof_close(be);
         for (int i = 0; i < DF_CUDA_STAGE_SLOTS; i++) {
             (void)cudaFree(s->stage[i].dev);
             if (s->stage[i].shadow)
@@ -838,14 +666,14 @@ static const df_backend_vt cuda_vt = {
     /* .host_free = */ cu_host_free,
     /* .fill_uniform = */ cu_fill_uniform,
     /* .mem_used = */ cu_mem_used,
-    /* .prof_begin = */ cu_prof_begin,
-    /* .prof_end = */ cu_prof_end,
+    /* .prof_begin = */ df_cuda_prof_begin,
+    /* .prof_end = */ df_cuda_prof_end,
     // the compute ops, in op_list.h's order
 #define DF_CUDA_OP_ENTRY(ret, name, params) df_cuda_##name,
     DF_OPS(DF_CUDA_OP_ENTRY)
 #undef DF_CUDA_OP_ENTRY
     /* .upload_async = */ cu_upload_async,
-    /* .prof_reset = */ cu_prof_reset,
+    /* .prof_reset = */ df_cuda_prof_reset,
     /* .upload_ahead = */ cu_upload_ahead,
     /* .upload_join = */ cu_upload_join,
     /* .side = */ cu_side,
@@ -895,14 +723,8 @@ extern "C" df_backend *df_backend_cuda_open(int device, df_err *e)
         return NULL;
     }
     log_kernels_once(device);
-    if (df_knob_int(DF_KNOB_PROFILE) && (s->prof = (df_cuda_prof *)calloc(1, sizeof *s->prof))) {
-        for (int i = 0; i < 2 * DF_CUDA_PROF_EVENTS; i++)
-            (void)cudaEventCreate(&s->prof->ev[i]);
-        for (int j = 0; j < 2; j++)
-            if (cudaEventCreate(&s->prof->last_end[j]) != cudaSuccess)
-                s->prof->last_end[j] = NULL, (void)cudaGetLastError();
-        be->prof = 1;
-    }
+    if (df_knob_int(DF_KNOB_PROFILE))
+        df_cuda_prof_open(be);
     return be;
 }
 

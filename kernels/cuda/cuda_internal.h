@@ -40,9 +40,19 @@ const int32_t *df_cuda_stage_i32(df_backend *be, const int32_t *host, int64_t n)
  * run in order, so an op may use it for its own launches). NULL on failure
  * (the op then returns -ENOMEM). */
 void *df_cuda_scratch(df_backend *be, size_t bytes);
-/* Op profiling (DFLASH_PROFILE=1; nothing otherwise): ends the current
- * op's bracket and opens one named "<op>: <part>" (part NULL: the op's own
- * name again), so the profile splits an op's time into its parts. */
+/* Op profiling (prof.cu; DFLASH_PROFILE=1, nothing otherwise): open (at the
+ * backend's open: sets be->prof), an op's bracket (the backend table's
+ * prof_begin / prof_end), the sums taken at a sync (flush), cleared (reset:
+ * after the warm-up step), logged and freed at close (a no-op without a
+ * profile). split ends the current op's bracket and opens one named
+ * "<op>: <part>" (part NULL: the op's own name again), so the profile splits
+ * an op's time into its parts. */
+void df_cuda_prof_open(df_backend *be);
+void df_cuda_prof_begin(df_backend *be, const char *name);
+void df_cuda_prof_end(df_backend *be);
+void df_cuda_prof_flush(df_backend *be);
+void df_cuda_prof_reset(df_backend *be);
+void df_cuda_prof_close(df_backend *be);
 void df_cuda_prof_split(df_backend *be, const char *part);
 /* The bytes df_backend_lend_scratch lends now (0: none). */
 size_t df_cuda_scratch_lent(df_backend *be);
