@@ -66,6 +66,10 @@ static void usage(FILE *f)
             "                        parameter, ~1%% faster at the 27B shape; eval loss,\n"
             "                        tau_walk and real tau within the seed spread under FP8:\n"
             "                        docs/DESIGN.md); --adam-m-bf16 asks for the default\n"
+            "  --adam-v16            v in UF16 (a 16-bit float without sign: 11 significant\n"
+            "                        bits against BF16's 8), stochastically rounded, m in\n"
+            "                        BF16: 2 bytes per parameter less than the default;\n"
+            "                        needs --clip <= 4; being judged by the quality gate\n"
             "  --bf16-logits         the training steps' LM-head logits rounded to BF16, as\n"
             "                        PyTorch's BF16 head leaves them (SpecForge): half their\n"
             "                        bytes on the GPU, ~1%% faster at the 27B shape; eval\n"
@@ -229,6 +233,10 @@ int cmd_train(int argc, char **argv)
         }
         if (!strcmp(a, "--adam-bf16")) {
             o.adam_bf16 = 1;
+            continue;
+        }
+        if (!strcmp(a, "--adam-v16")) {
+            o.adam_v16 = 1;
             continue;
         }
         if (!strcmp(a, "--f16-logits")) {
@@ -454,6 +462,11 @@ int cmd_train(int argc, char **argv)
         }
     if (o.bf16_logits && o.f16_logits) {
         fprintf(stderr, "dflash train: --bf16-logits and --f16-logits: give one\n");
+        return 2;
+    }
+    if (o.adam_v16 && (o.adam_bf16 || (seen & SEEN_NO_M16))) {
+        fprintf(stderr, "dflash train: --adam-v16 keeps m in BF16 and v in UF16: not with %s\n",
+                o.adam_bf16 ? "--adam-bf16" : "--no-adam-m-bf16");
         return 2;
     }
     if (o.adam_bf16 && (seen & SEEN_NO_M16)) {

@@ -15,12 +15,13 @@ typedef enum df_dtype {
     DF_DTYPE_I64 = 5,
     DF_DTYPE_U8 = 6,
     DF_DTYPE_F8_E4M3 = 7,
+    DF_DTYPE_UF16 = 8, /* AdamW's second moment only (common/uf16.h); no file holds it */
 } df_dtype;
 
 static inline size_t df_dtype_size(df_dtype t)
 {
     switch (t) {
-    case DF_DTYPE_BF16: case DF_DTYPE_F16: return 2;
+    case DF_DTYPE_BF16: case DF_DTYPE_F16: case DF_DTYPE_UF16: return 2;
     case DF_DTYPE_F32: case DF_DTYPE_I32: return 4;
     case DF_DTYPE_I64: return 8;
     case DF_DTYPE_U8: case DF_DTYPE_F8_E4M3: return 1;
@@ -39,6 +40,7 @@ static inline const char *df_dtype_name(df_dtype t)
     case DF_DTYPE_I64: return "I64";
     case DF_DTYPE_U8: return "U8";
     case DF_DTYPE_F8_E4M3: return "F8_E4M3";
+    case DF_DTYPE_UF16: return "UF16";
     default: return "invalid";
     }
 }

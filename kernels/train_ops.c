@@ -221,7 +221,7 @@ int df_op_adamw_m16(df_backend *be, float *master, const void *grad, df_dtype gr
                     float beta2, float eps, float wd, int64_t step, float grad_scale,
                     uint64_t key, int64_t index0, uint16_t *out_bf16)
 {
-    if (v_dtype != DF_DTYPE_BF16 && v_dtype != DF_DTYPE_F32)
+    if (v_dtype != DF_DTYPE_BF16 && v_dtype != DF_DTYPE_UF16 && v_dtype != DF_DTYPE_F32)
         return -EINVAL;
     int rc = adamw_check(be, master, grad, grad_dtype, m, v, 2, df_dtype_size(v_dtype), n, lr,
                          beta1, beta2, eps, wd, step, grad_scale, out_bf16);

@@ -193,14 +193,16 @@ int df_op_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_d
                 int64_t step, float grad_scale, uint16_t *out_bf16);
 
 /* AdamW as df_op_adamw, with the first moment m stored in BF16, and the
- * second v in BF16 too (v_dtype DF_DTYPE_BF16) or in F32 (DF_DTYPE_F32, as
- * df_op_adamw keeps it): half their memory and traffic. A BF16 moment is
- * computed in fp32 as there, from its stored value widened exactly, and
- * stored stochastically rounded (common/bf16_sr.h) so that small steps (v
- * moves by 1 - beta2 of itself per step) survive on average where
- * round-to-nearest would drop them; the update uses the fp32 moments before
- * that rounding. Element i's random bits: df_sr_bits(key, index0 + i), the
- * low 16 for m, the next 16 for a BF16 v: the same bits on every backend and
+ * second v in BF16 too (v_dtype DF_DTYPE_BF16), in UF16 (DF_DTYPE_UF16:
+ * common/uf16.h, 11 significant bits for a v >= 0 below 64) or in F32
+ * (DF_DTYPE_F32, as df_op_adamw keeps it): half their memory and traffic. A
+ * 16-bit moment is computed in fp32 as there, from its stored value widened
+ * exactly, and stored stochastically rounded (common/bf16_sr.h, uf16.h) so
+ * that small steps (v moves by 1 - beta2 of itself per step) survive on
+ * average where round-to-nearest would drop them; the update uses the fp32
+ * moments before that rounding. Element i's random bits: df_sr_bits(key,
+ * index0 + i), the low 16 for m, the next 16 for a 16-bit v (UF16 takes
+ * their low 13): the same bits on every backend and
  * however the parameters are split into calls (index0: element 0's index in
  * the whole array), and m's bits do not depend on v_dtype. The same checks as
  * df_op_adamw (m spans n bf16, v n of v_dtype; another v_dtype: -EINVAL),

@@ -228,6 +228,22 @@ run 1 "--adam-m-bf16 false \(now true\)" "$D" train $TF --out "$W/runA32"
 run 1 "--adam-m-bf16 true \(now false\)" "$D" train $TF --out "$W/runAm" --no-adam-m-bf16
 run 2 "ask for opposite things" "$D" train $TF --out "$W/runAx" --adam-m-bf16 --no-adam-m-bf16
 run 2 "opposite things" "$D" train $TF --out "$W/runAx" --adam-bf16 --no-adam-m-bf16
+# --adam-v16 (v in UF16, m in BF16): said, recorded, weights of their own (neither m16's nor
+# --adam-bf16's), an exact resume, no switching on resume; refused with --adam-bf16,
+# --no-adam-m-bf16 and a clip outside (0, 4]
+run 0 "fp32 master \+ bf16 m / uf16 v moments" "$D" train ${TF/--quiet/} --out "$W/runAv" --adam-v16
+grep -q '"--adam-v16":.true' "$W"/runAv/ckpt-*/hparams.json || fail "--adam-v16 not recorded"
+grep -q '"--adam-v16":.false' "$W"/runAm/ckpt-*/hparams.json || fail "m16 recorded --adam-v16"
+cmp -s "$W/runAm/export/model.safetensors" "$W/runAv/export/model.safetensors" && fail "--adam-v16 changed nothing"
+cmp -s "$W/runAb/export/model.safetensors" "$W/runAv/export/model.safetensors" && fail "--adam-v16 is --adam-bf16"
+run 0 "" "$D" train $TF --out "$W/runAvr" --adam-v16 --stop-after 6
+run 0 "" "$D" train $TF --out "$W/runAvr" --adam-v16
+cmp -s "$W/runAv/export/model.safetensors" "$W/runAvr/export/model.safetensors" || fail "--adam-v16 resume differs"
+run 1 "--adam-v16 true \(now false\)" "$D" train $TF --out "$W/runAv"
+run 2 "not with --adam-bf16" "$D" train $TF --out "$W/runAx" --adam-v16 --adam-bf16
+run 2 "not with --no-adam-m-bf16" "$D" train $TF --out "$W/runAx" --adam-v16 --no-adam-m-bf16
+run 1 "needs --clip in \(0, 4\]" "$D" train $TF --out "$W/runAx" --adam-v16 --clip 0
+run 1 "needs --clip in \(0, 4\]" "$D" train $TF --out "$W/runAx" --adam-v16 --clip 5
 # --bf16-logits (the training steps' logits rounded to BF16): recorded, weights of their own, the
 # switch refused on resume
 run 0 "" "$D" train $TF --out "$W/runBl" --bf16-logits

@@ -26,6 +26,7 @@
 #include "knobs.h"
 #include "ops.h"
 #include "train_ops.h"
+#include "uf16.h"
 
 static uint64_t rng = 31;
 
@@ -101,7 +102,7 @@ static int adam(const opt_arrays *o, int64_t lo, int64_t hi, int m16, int v16, i
                            0.999f, 1e-8f, 0.01f, step, 0.5f, o->w + lo);
     void *v = v16 ? (void *)((uint16_t *)o->v + lo) : (void *)(o->v + lo);
     return df_op_adamw_m16(gh_gpu, o->p + lo, g, gdt, (uint16_t *)o->m + lo, v,
-                           v16 ? DF_DTYPE_BF16 : DF_DTYPE_F32, hi - lo, 1e-3f, 0.9f, 0.999f, 1e-8f,
+                           v16 == 2 ? DF_DTYPE_UF16 : v16 ? DF_DTYPE_BF16 : DF_DTYPE_F32, hi - lo, 1e-3f, 0.9f, 0.999f, 1e-8f,
                            0.01f, step, 0.5f, 0x1234567ull + (uint64_t)step, lo, o->w + lo);
 }
 
@@ -117,7 +118,8 @@ static void fill(opt_arrays *a, opt_arrays *b, int m16, int v16, int g32)
         m[i] = gh_draw(GH_N01, &rng, 1e-3f);
         v[i] = 1e-6f * (1.0f + fabsf(gh_draw(GH_N01, &rng, 1.0f)));
         g[i] = gh_rb(gh_draw(GH_N01, &rng, 1e-2f));
-        w[i] = gh_f2bf(p[i]), g16[i] = gh_f2bf(g[i]), m_16[i] = gh_f2bf(m[i]), v_16[i] = gh_f2bf(v[i]);
+        w[i] = gh_f2bf(p[i]), g16[i] = gh_f2bf(g[i]), m_16[i] = gh_f2bf(m[i]);
+        v_16[i] = v16 == 2 ? df_f32_to_uf16(v[i]) : gh_f2bf(v[i]);
     }
     /* a block of large weights, so that blocks' scales differ */
     for (int64_t i = mat_off[0]; i < mat_off[0] + 128 * 384; i += 7)
@@ -227,8 +229,8 @@ static void check_gemms(const opt_arrays *a, const opt_arrays *b, int i, int wan
         scratch[2 + k] = o[k];
 }
 
-/* One variant: moments F32 (m16 0), m BF16 (1), m and v BF16 (m16 1, v16 1); gradients BF16
- * or F32 */
+/* One variant: moments F32 (m16 0), m BF16 (1), m and v BF16 (m16 1, v16 1), m BF16 and v
+ * UF16 (m16 1, v16 2); gradients BF16 or F32 */
 static void check_variant(opt_arrays *a, opt_arrays *b, int m16, int v16, int g32)
 {
     fill(a, b, m16, v16, g32);
@@ -397,6 +399,7 @@ int main(void)
     CHECK_EQ(kept, NMAT);
     check_variant(&a, &b, 1, 0, 0);
     check_variant(&a, &b, 1, 1, 0);
+    check_variant(&a, &b, 1, 2, 0);
     check_variant(&a, &b, 0, 0, 0);
     check_variant(&a, &b, 1, 0, 1);
     check_lazy(&a, &b);

@@ -55,6 +55,7 @@
 #include "gpu_harness.h"
 #include "ops.h"
 #include "train_ops.h"
+#include "uf16.h"
 
 static uint64_t rng = 0x7a11de45e5ull;
 
@@ -631,13 +632,13 @@ static void adamw_case(int64_t n, int with_out, int off, int64_t step, float gs,
         df_backend_free(gh_gpu, dg16);
 }
 
-/* BF16 moments (adamw_m16; v32: v in F32): the GPU's p, m, v and out bitwise the CPU's (the
- * same fp32 arithmetic in the same order, the same stochastic rounding bits); off 1: the
- * scalar path. Two steps, so the second reads moments the first stored. */
-static void adamw_m16_case(int64_t n, int off, int gbf, int v32)
+/* BF16 m (adamw_m16; v in vdt: BF16, UF16 or F32): the GPU's p, m, v and out bitwise the
+ * CPU's (the same fp32 arithmetic in the same order, the same stochastic rounding bits); off
+ * 1: the scalar path. Two steps, so the second reads moments the first stored. */
+static void adamw_m16_case(int64_t n, int off, int gbf, df_dtype vdt)
 {
+    const int v32 = vdt == DF_DTYPE_F32;
     const size_t ves = v32 ? 4 : 2;
-    const df_dtype vdt = v32 ? DF_DTYPE_F32 : DF_DTYPE_BF16;
     uint64_t r = 0xada16u + (uint64_t)n;
     const float lr = 1e-3f, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, wd = 0.1f, gs = 0.37f;
     const uint64_t key = 0xfeedf00dull;
@@ -655,7 +656,7 @@ static void adamw_m16_case(int64_t n, int off, int gbf, int v32)
         if (v32)
             memcpy(v + (size_t)i * 4, &vi, 4);
         else
-            ((uint16_t *)v)[i] = gh_f2bf(vi);
+            ((uint16_t *)v)[i] = vdt == DF_DTYPE_UF16 ? df_f32_to_uf16(vi) : gh_f2bf(vi);
     }
     float *dp = df_backend_alloc(gh_gpu, (size_t)(n + off) * 4),
           *dg = df_backend_alloc(gh_gpu, (size_t)(n + off) * 4);
@@ -697,7 +698,7 @@ static void adamw_m16_case(int64_t n, int off, int gbf, int v32)
     int ok = dpn == 0 && dmn == 0 && don == 0 && moved > n / 2;
     printf("  adamw_m16 n=%-8lld %-9s grad %s v %s, 2 steps: p differ %lld, m/v differ %lld, "
            "out differ %lld (of %lld)  %s\n",
-           (long long)n, off ? "unaligned" : "aligned", gbf ? "BF16" : "F32", v32 ? "F32" : "BF16",
+           (long long)n, off ? "unaligned" : "aligned", gbf ? "BF16" : "F32", df_dtype_name(vdt),
            (long long)dpn,
            (long long)dmn, (long long)don, (long long)n, ok ? "ok" : "FAIL");
     CHECK(ok);
@@ -708,13 +709,16 @@ static void adamw_m16_case(int64_t n, int off, int gbf, int v32)
 
 static void test_adamw(void)
 {
-    printf("adamw_m16 (BF16 moments, stochastically rounded, v BF16 or F32: bitwise the CPU's)\n");
-    adamw_m16_case(1000003, 0, 1, 0);
-    adamw_m16_case(1000003, 1, 0, 0);
-    adamw_m16_case(7, 0, 1, 0);
-    adamw_m16_case(1000003, 0, 1, 1); /* m alone in BF16 */
-    adamw_m16_case(1000003, 1, 0, 1);
-    adamw_m16_case(7, 0, 1, 1);
+    printf("adamw_m16 (BF16 m, stochastically rounded, v BF16, UF16 or F32: bitwise the CPU's)\n");
+    adamw_m16_case(1000003, 0, 1, DF_DTYPE_BF16);
+    adamw_m16_case(1000003, 1, 0, DF_DTYPE_BF16);
+    adamw_m16_case(7, 0, 1, DF_DTYPE_BF16);
+    adamw_m16_case(1000003, 0, 1, DF_DTYPE_UF16);
+    adamw_m16_case(1000003, 1, 0, DF_DTYPE_UF16);
+    adamw_m16_case(7, 0, 1, DF_DTYPE_UF16);
+    adamw_m16_case(1000003, 0, 1, DF_DTYPE_F32); /* m alone in BF16 */
+    adamw_m16_case(1000003, 1, 0, DF_DTYPE_F32);
+    adamw_m16_case(7, 0, 1, DF_DTYPE_F32);
     printf("adamw (F32 master/m/v: 1e-6 x sum|terms|; out_bf16 == RNE(master); BF16 grads: "
            "== the F32-grad run bitwise)\n");
     adamw_case(1, 0, 0, 1, 0.37f, 0);

@@ -4,6 +4,7 @@
  * results; bad arguments return -EINVAL with nothing written. BF16 inputs (gradients) must give
  * the bits F32 inputs of the same values give. */
 #include "bf16_sr.h"
+#include "uf16.h"
 #include "train_test_util.h"
 
 /* ---- AdamW ---- */
@@ -114,7 +115,7 @@ static void check_adamw_bf16_grad(int64_t n, float lr, float wd, float gs, int w
         free(p[c]), free(m[c]), free(v[c]), free(o[c]);
 }
 
-/* AdamW with BF16 moments (df_op_adamw_m16), v in BF16 or (v32) in F32:
+/* AdamW with BF16 moments (df_op_adamw_m16), v in BF16, UF16 or F32:
  *  - p and out bitwise those of df_op_adamw given the widened moments (the update takes the
  *    fp32 moments before their rounding), and the stored moments bitwise the stochastic
  *    rounding of that call's fp32 m / v with df_sr_bits(key, index0 + i) (an F32 v: bitwise
@@ -123,12 +124,22 @@ static void check_adamw_bf16_grad(int64_t n, float lr, float wd, float gs, int w
  *  - m's bits do not depend on v's dtype (a twin run with the other one);
  *  - unbiased: v with b2 = 0.999 under a constant gradient, where round-to-nearest stalls
  *    (its step is 0.1% of v, under half of bf16's 0.78% spacing), tracks the fp32 EMA. */
-static void check_adamw_m16(int64_t n, int bf16_grad, int v32)
+/* a stored 16-bit v widened (UF16 or BF16), and the rule that stores it */
+static float v16_get(df_dtype vdt, uint16_t h)
+{
+    return vdt == DF_DTYPE_UF16 ? df_uf16_to_f32(h) : df_bf16_to_f32(h);
+}
+static uint16_t v16_sr(df_dtype vdt, uint32_t u, uint32_t r)
+{
+    return vdt == DF_DTYPE_UF16 ? df_uf16_sr(u, r) : df_bf16_sr(u, r);
+}
+
+static void check_adamw_m16(int64_t n, int bf16_grad, df_dtype vdt)
 {
     const float b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, lr = 1e-3f, wd = 0.01f, gs = 0.5f;
     const uint64_t key = 0x5eed0001ull;
     const int64_t i0 = 12345;
-    const df_dtype vdt = v32 ? DF_DTYPE_F32 : DF_DTYPE_BF16;
+    const int v32 = vdt == DF_DTYPE_F32;
     const size_t ves = v32 ? 4 : 2;
     float *p = fbuf(n), *pr = fbuf(n), *pt = fbuf(n), *pw = fbuf(n), *g = fbuf(n), *mr = fbuf(n),
           *vr = fbuf(n);
@@ -153,7 +164,7 @@ static void check_adamw_m16(int64_t n, int bf16_grad, int v32)
         memcpy(pr, p, (size_t)n * 4);
         for (int64_t i = 0; i < n; i++)
             mr[i] = df_bf16_to_f32(m16[i]),
-            vr[i] = v32 ? ((float *)v)[i] : df_bf16_to_f32(((uint16_t *)v)[i]);
+            vr[i] = v32 ? ((float *)v)[i] : v16_get(vdt, ((uint16_t *)v)[i]);
         CHECK_EQ(df_op_adamw(bes[0], pr, gp, gdt, mr, vr, n, lr, b1, b2, eps, wd, s, gs, orf), 0);
         CHECK_EQ(df_op_adamw_m16(bes[0], p, gp, gdt, m16, v, vdt, n, lr, b1, b2, eps, wd, s, gs,
                                  key + (uint64_t)s, i0, o),
@@ -164,7 +175,7 @@ static void check_adamw_m16(int64_t n, int bf16_grad, int v32)
             uint64_t r = df_sr_bits(key + (uint64_t)s, (uint64_t)(i0 + i));
             bad_m += m16[i] != df_bf16_sr(um, (uint32_t)r) ||
                      (v32 ? memcmp(&((float *)v)[i], &vr[i], 4) != 0
-                          : ((uint16_t *)v)[i] != df_bf16_sr(uv, (uint32_t)(r >> 16)));
+                          : ((uint16_t *)v)[i] != v16_sr(vdt, uv, (uint32_t)(r >> 16)));
         }
         bad_p += !bitwise_equal(p, pr, (size_t)n * 4) || !bitwise_equal(o, orf, (size_t)n * 2);
         /* 3 threads, in two calls split at n / 3 */
@@ -188,7 +199,7 @@ static void check_adamw_m16(int64_t n, int bf16_grad, int v32)
         fprintf(stderr, "adamw_m16 n=%lld v %s: %lld moments off the rounding rule, %lld steps' "
                         "p/out off the F32 op's, %lld split / threaded runs differ, %lld steps' m "
                         "depend on v's dtype\n",
-                (long long)n, v32 ? "F32" : "BF16", (long long)bad_m, (long long)bad_p,
+                (long long)n, df_dtype_name(vdt), (long long)bad_m, (long long)bad_p,
                 (long long)bad_t, (long long)bad_w);
     CHECK(bad_m == 0 && bad_p == 0 && bad_t == 0 && bad_w == 0);
     free(p), free(pr), free(pt), free(pw), free(g), free(mr), free(vr);
@@ -196,7 +207,66 @@ static void check_adamw_m16(int64_t n, int bf16_grad, int v32)
         free(vw);
 }
 
-static void check_adamw_m16_unbiased(void)
+/* UF16 (common/uf16.h) on its own: every code's value, increasing, coming back exactly from
+ * round-to-nearest and from stochastic rounding with any bits; ties to even; stochastic
+ * rounding exactly unbiased over its 8192 bit patterns (v >= 2^-57) and to 2^-13 of a step
+ * below; the edges (0, negatives, 64 and past, Inf, NaN). */
+static void check_uf16(void)
+{
+    int64_t bad = 0;
+    float prev = -1.0f;
+    for (uint32_t c = 0; c <= 0xffffu; c++) {
+        float f = df_uf16_to_f32((uint16_t)c);
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        bad += !(f > prev) || df_f32_to_uf16(f) != c || df_uf16_sr(u, 0) != c ||
+               df_uf16_sr(u, 0x1fffu) != c;
+        if (c < 0xffffu) { /* the midpoint to the next code: ties to even; either side */
+            double mid = ((double)f + df_uf16_to_f32((uint16_t)(c + 1))) / 2;
+            /* (below 2^-57 the rounding sees 2^-13 of a step: hi that far above) */
+            float fm = (float)mid, lo = nextafterf(fm, 0.0f),
+                  hi = c < 1024 ? fm + 0x1p-80f : nextafterf(fm, 1e30f);
+            bad += (double)fm != mid || df_f32_to_uf16(fm) != (c & 1u ? c + 1 : c) ||
+                   df_f32_to_uf16(lo) != c || df_f32_to_uf16(hi) != c + 1;
+        }
+        prev = f;
+    }
+    CHECK_EQ(bad, 0);
+    CHECK(df_uf16_to_f32(1) == ldexpf(1.0f, -67) && df_uf16_to_f32(1024) == ldexpf(1.0f, -57));
+    CHECK(df_uf16_to_f32(0xffff) == ldexpf(2.0f - ldexpf(1.0f, -10), 5));
+    /* stochastic rounding: the mean over all 8192 bit patterns */
+    uint64_t r64 = 99;
+    int64_t biased = 0;
+    double worst_sub = 0;
+    for (int k = 0; k < 400; k++) {
+        float x = ldexpf(1.0f + (float)(test_rand(&r64) % (1u << 23)) * 0x1p-23f,
+                         (int)(test_rand(&r64) % 66) - 62); /* 2^-62 .. 2^4 */
+        uint32_t u;
+        memcpy(&u, &x, 4);
+        double sum = 0;
+        for (uint32_t r = 0; r < 8192; r++)
+            sum += df_uf16_to_f32(df_uf16_sr(u, r));
+        double err = fabs(sum / 8192 - (double)x);
+        if (x >= ldexpf(1.0f, -57))
+            biased += err != 0;
+        else if (err / ldexp(1.0, -67) > worst_sub)
+            worst_sub = err / ldexp(1.0, -67);
+    }
+    CHECK_EQ(biased, 0);
+    CHECK(worst_sub <= ldexp(1.0, -13));
+    /* edges */
+    const float nan = nanf(""), inf = INFINITY;
+    const float edge[] = {0.0f, -0.0f, -1.0f, -inf, 64.0f, 1e30f, inf, nan, 63.99f};
+    const uint16_t want[] = {0, 0, 0, 0, 0xffff, 0xffff, 0xffff, 0xffff, 0xffff};
+    for (size_t i = 0; i < sizeof edge / sizeof edge[0]; i++) {
+        uint32_t u;
+        memcpy(&u, &edge[i], 4);
+        CHECK_EQ(df_f32_to_uf16(edge[i]), want[i]);
+        CHECK_EQ(df_uf16_sr(u, 0x1234u), want[i]);
+    }
+}
+
+static void check_adamw_m16_unbiased(df_dtype vdt)
 {
     /* v from 1, gradient 0 after a first step: v decays by b2 = 0.999 per step (0.1%).
      * 4096 elements x 400 steps: the mean of v (SR) within 0.2% of the fp32 EMA's,
@@ -204,11 +274,11 @@ static void check_adamw_m16_unbiased(void)
     enum { N = 4096, STEPS = 400 };
     static float p[N], g[N];
     static uint16_t m[N], v[N];
-    for (int i = 0; i < N; i++)
-        p[i] = 1.0f, g[i] = 0.0f, m[i] = 0, v[i] = 0x3f80; /* v = 1 */
+    for (int i = 0; i < N; i++) /* v = 1 */
+        p[i] = 1.0f, g[i] = 0.0f, m[i] = 0, v[i] = vdt == DF_DTYPE_UF16 ? df_f32_to_uf16(1.0f) : 0x3f80;
     double ref = 1.0;
     for (int s = 1; s <= STEPS; s++) {
-        CHECK_EQ(df_op_adamw_m16(bes[1], p, g, DF_DTYPE_F32, m, v, DF_DTYPE_BF16, N, 0.0f, 0.9f,
+        CHECK_EQ(df_op_adamw_m16(bes[1], p, g, DF_DTYPE_F32, m, v, vdt, N, 0.0f, 0.9f,
                                  0.999f, 1e-8f, 0.0f, s, 1.0f, 77u + (uint64_t)s * 0x10001ull, 0,
                                  NULL),
                  0);
@@ -216,11 +286,13 @@ static void check_adamw_m16_unbiased(void)
     }
     double mean = 0;
     for (int i = 0; i < N; i++)
-        mean += df_bf16_to_f32(v[i]);
+        mean += v16_get(vdt, v[i]);
     mean /= N;
-    printf("adamw_m16: v after %d decays of 0.1%%: mean %.5f, fp32 EMA %.5f (RNE would keep 1)\n",
-           STEPS, mean, ref);
+    printf("adamw_m16: %s v after %d decays of 0.1%%: mean %.5f, fp32 EMA %.5f\n",
+           df_dtype_name(vdt), STEPS, mean, ref);
     CHECK(fabs(mean / ref - 1) < 2e-3);
+    if (vdt == DF_DTYPE_UF16)
+        return;
     /* NaN and Inf moments stay what they are (a quiet NaN; Inf) */
     uint32_t inf = 0x7f800000u, nan = 0x7fa00000u;
     CHECK(df_bf16_sr(inf, 0xffffu) == 0x7f80 && df_bf16_sr(inf | 0x80000000u, 0xffffu) == 0xff80);
@@ -232,13 +304,18 @@ static void check_adamw_m16_unbiased(void)
 
 static void test_adamw(void)
 {
-    check_adamw_m16(100003, 1, 0);
-    check_adamw_m16(4099, 0, 0);
-    check_adamw_m16(3, 1, 0);
-    check_adamw_m16(100003, 1, 1);
-    check_adamw_m16(4099, 0, 1);
-    check_adamw_m16(3, 0, 1);
-    check_adamw_m16_unbiased();
+    check_adamw_m16(100003, 1, DF_DTYPE_BF16);
+    check_adamw_m16(4099, 0, DF_DTYPE_BF16);
+    check_adamw_m16(3, 1, DF_DTYPE_BF16);
+    check_adamw_m16(100003, 1, DF_DTYPE_F32);
+    check_adamw_m16(4099, 0, DF_DTYPE_F32);
+    check_adamw_m16(3, 0, DF_DTYPE_F32);
+    check_adamw_m16(100003, 1, DF_DTYPE_UF16);
+    check_adamw_m16(4099, 0, DF_DTYPE_UF16);
+    check_adamw_m16(3, 1, DF_DTYPE_UF16);
+    check_adamw_m16_unbiased(DF_DTYPE_BF16);
+    check_adamw_m16_unbiased(DF_DTYPE_UF16);
+    check_uf16();
     {   /* index0 < 0 and moments overlapping: refused, nothing written */
         float p1[4] = {1, 2, 3, 4}, g1[4] = {1, 1, 1, 1};
         uint16_t mv[8] = {0};

@@ -84,6 +84,7 @@ char *df_run_settings_json(const char *base, const df_train_opts *o, const df_dr
              cJSON_AddBoolToObject(s, "--grad-f32", o->grad_f32) &&
              cJSON_AddBoolToObject(s, "--adam-bf16", o->adam_bf16) &&
              cJSON_AddBoolToObject(s, "--adam-m-bf16", df_train_moments16(o) == 1) &&
+             cJSON_AddBoolToObject(s, "--adam-v16", o->adam_v16) &&
              cJSON_AddBoolToObject(s, "--bf16-logits", o->bf16_logits) &&
              cJSON_AddBoolToObject(s, "--f16-logits", o->f16_logits) &&
              cJSON_AddBoolToObject(s, "--fp8", o->fp8 > 0) &&
@@ -133,7 +134,7 @@ int df_run_settings_check(const char *ckpt_dir, const char *had, const char *now
         const char *key, *was;
     } absent[] = {{"--fp8-dy-blocks", "false"}, {"--adam-bf16", "false"}, {"--adam-m-bf16", "false"},
                   {"--bf16-logits", "false"}, {"--fp8-ce-onepass", "false"},
-                  {"--f16-logits", "false"}};
+                  {"--f16-logits", "false"}, {"--adam-v16", "false"}};
     cJSON_ArrayForEach(wv, ws) {
         const cJSON *hv = cJSON_GetObjectItemCaseSensitive(hs, wv->string);
         char a[160], b[160];

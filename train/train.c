@@ -269,6 +269,13 @@ static int run_check_opts(const df_train_opts *o, int rank, int world, df_err *e
     if (o->target_layers && (o->n_target_layers < 1 || o->n_target_layers > DF_MAX_TARGET_FEATURES))
         return df_errf(e, -EINVAL, "--target-layers: %d layers given, want 1..%d",
                        o->n_target_layers, DF_MAX_TARGET_FEATURES);
+    /* UF16 holds v below 64: a gradient clipped at C <= 4 keeps it below C^2 */
+    if (o->adam_v16 && !(o->clip > 0 && o->clip <= 4))
+        return df_errf(e, -EINVAL, "--adam-v16 needs --clip in (0, 4] (now %g): UF16 holds AdamW's "
+                       "v below 64 only", o->clip);
+    if (o->adam_v16 && (o->adam_bf16 || !o->adam_m_bf16))
+        return df_errf(e, -EINVAL, "--adam-v16 keeps m in BF16 and v in UF16: not with %s",
+                       o->adam_bf16 ? "--adam-bf16" : "--no-adam-m-bf16");
     return 0;
 }
 
@@ -482,7 +489,8 @@ static int run_open_steps(run *r, df_err *e)
                    "rank %.2f GiB (weights %.2f, fp32 master + %s moments %.2f, frozen "
                    "embedding + head %.2f); gradients (%s) %.2f GiB\n",
                    r->total, df_backend_name(r->be), r->world, r->persistent_gib, wb,
-                   v16 ? "bf16" : m16 ? "bf16 m / fp32 v" : "fp32", opt, eh,
+                   !v16 ? (m16 ? "bf16 m / fp32 v" : "fp32")
+                   : r->ds.vdt == DF_DTYPE_UF16 ? "bf16 m / uf16 v" : "bf16", opt, eh,
                    df_dtype_name(r->ds.gdt), (double)r->ds.ges * P * gib);
     }
     const df_cache_params *cp = r->cp;

@@ -83,6 +83,9 @@ typedef struct df_train_opts {
                                    (df_op_adamw_m16): half their memory and traffic; default 0 */
     int adam_m_bf16;            /* the first moment alone in BF16 (v F32); default 1 (the
                                    quality gate: docs/DESIGN.md), 0: F32; implied by adam_bf16 */
+    int adam_v16;               /* with m in BF16, v in UF16 (common/uf16.h: 11 significant
+                                   bits, stochastically rounded); default 0; needs clip in
+                                   (0, 4] (v stays below UF16's 64); not with adam_bf16 */
     int bf16_logits;            /* training steps' LM-head logits rounded to BF16
                                    (df_drafter_set_bf16_logits): half their bytes; default 0 */
     int f16_logits;             /* the same in FP16 (df_drafter_set_f16_logits): 11 significant
@@ -130,10 +133,11 @@ typedef struct df_train_opts {
 
 void df_train_opts_defaults(df_train_opts *o);
 
-/* AdamW's moments the options ask for: 0 both F32, 1 m in BF16, 2 both BF16 */
+/* AdamW's moments the options ask for: 0 both F32, 1 m in BF16, 2 both BF16, 3 m in BF16
+ * and v in UF16 */
 static inline int df_train_moments16(const df_train_opts *o)
 {
-    return o->adam_bf16 ? 2 : o->adam_m_bf16 ? 1 : 0;
+    return o->adam_v16 ? 3 : o->adam_bf16 ? 2 : o->adam_m_bf16 ? 1 : 0;
 }
 
 int df_train_run(const df_train_opts *o, df_err *e);

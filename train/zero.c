@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "bf16_sr.h"
+#include "uf16.h"
 #include "log.h"
 #include "train_ops.h"
 
@@ -91,6 +92,7 @@ int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad
     if (rc)
         return rc;
     s->sr_seed = seed;
+    s->vdt = moments16 == 3 ? DF_DTYPE_UF16 : moments16 == 2 ? DF_DTYPE_BF16 : DF_DTYPE_F32;
     if (df_backend_host_addressable(be) && s->world == 1 && !moments16) {
         s->master = ck->master;
         s->m = ck->adam_m;
@@ -109,8 +111,8 @@ int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad
     s->wdt = df_backend_act_dtype(be);
     s->gdt = s->wdt == DF_DTYPE_BF16 && !grad_f32 ? DF_DTYPE_BF16 : DF_DTYPE_F32;
     s->ges = df_dtype_size(s->gdt);
-    /* each array's element size: master F32, m BF16 with moments16, v with moments16 == 2 */
-    const size_t es[3] = {4, moments16 ? 2 : 4, moments16 == 2 ? 2 : 4};
+    /* each array's element size: master F32, m BF16 with moments16, v 16-bit from 2 on */
+    const size_t es[3] = {4, moments16 ? 2 : 4, moments16 >= 2 ? 2 : 4};
     size_t sb = (size_t)s->nshard * 4;
     s->master = df_backend_alloc(be, sb);
     void *mom[2] = {df_backend_alloc(be, (size_t)s->nshard * es[1]),
@@ -119,7 +121,7 @@ int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad
         s->m16 = mom[0];
     else
         s->m = mom[0];
-    if (moments16 == 2)
+    if (moments16 >= 2)
         s->v16 = mom[1];
     else
         s->v = mom[1];
@@ -135,9 +137,10 @@ int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad
     void *dst[3] = {s->master, mom[0], mom[1]};
     for (int i = 0; i < 3 && !rc; i++) {
         ds_take_shard(s, src[i], tmp);
-        if (es[i] == 2) /* a BF16 moment in place (exact for a BF16 run's) */
+        if (es[i] == 2) /* a 16-bit moment in place (exact for a 16-bit run's) */
             for (int64_t j = 0; j < s->nshard; j++)
-                ((uint16_t *)tmp)[j] = df_f32_to_bf16(tmp[j]);
+                ((uint16_t *)tmp)[j] = i == 2 && s->vdt == DF_DTYPE_UF16 ? df_f32_to_uf16(tmp[j])
+                                                                         : df_f32_to_bf16(tmp[j]);
         rc = df_backend_upload(be, dst[i], tmp, (size_t)s->nshard * es[i]);
     }
     free(tmp);
@@ -241,7 +244,7 @@ static int ds_adam_bucket(df_backend *be, dev_state *s, int k, float lr, int64_t
     void *w16 = s->sharded && s->wdt == DF_DTYPE_BF16 ? (uint8_t *)s->w + g * es : NULL;
     void *v = s->v16 ? (void *)(s->v16 + o) : (void *)(s->v + o);
     int rc = s->m16 ? df_op_adamw_m16(be, s->master + o, ds_gslice(s, k), s->gdt, s->m16 + o, v,
-                                      s->v16 ? DF_DTYPE_BF16 : DF_DTYPE_F32, s->cnt[k], lr, 0.9f,
+                                      s->vdt, s->cnt[k], lr, 0.9f,
                                       0.999f, 1e-8f, 0.0f, t, gscale,
                                       df_sr_bits(s->sr_seed, (uint64_t)t), g, w16)
                     : df_op_adamw(be, s->master + o, ds_gslice(s, k), s->gdt, s->m + o,
@@ -304,6 +307,21 @@ int dev_state_adamw(df_backend *be, dev_state *s, float lr, int64_t t, float gsc
     return 0;
 }
 
+/* n 16-bit values (UF16 with uf, else BF16) at the start of x's memory widened in place into
+ * x[0..n): from the last element down, as df_bf16_widen_inplace */
+static void widen_inplace(float *x, int64_t n, int uf)
+{
+    if (!uf) {
+        df_bf16_widen_inplace(x, n);
+        return;
+    }
+    for (int64_t j = n - 1; j >= 0; j--) {
+        uint16_t h;
+        memcpy(&h, (const uint8_t *)x + 2 * j, 2);
+        x[j] = df_uf16_to_f32(h);
+    }
+}
+
 /* Brings master and moments back into the checkpoint's [n] host arrays on
  * every rank (a collective: all ranks call it at the same steps). With one
  * rank the shard is the whole array; else each bucket's slices are gathered
@@ -328,12 +346,13 @@ int dev_state_fetch(df_backend *be, dev_state *s, df_ckpt_state *ck, df_err *e)
     }
     int rc = 0;
     for (int i = 0; i < 3 && !rc; i++) {
-        /* BF16 moments: downloaded, then widened in place */
+        /* 16-bit moments: downloaded, then widened in place */
         size_t es = (i == 1 && s->m16) || (i == 2 && s->v16) ? 2 : 4;
+        const int uf = i == 2 && s->vdt == DF_DTYPE_UF16;
         if (s->world == 1) {
             rc = df_backend_download(be, dst[i], src[i], (size_t)s->n * es);
             if (!rc && es == 2)
-                df_bf16_widen_inplace(dst[i], s->n);
+                widen_inplace(dst[i], s->n, uf);
             continue;
         }
         for (int k = 0; k < s->nb && !rc; k++) {
@@ -345,7 +364,7 @@ int dev_state_fetch(df_backend *be, dev_state *s, df_ckpt_state *ck, df_err *e)
             if (!rc && keep > 0)
                 rc = df_backend_download(be, dst[i] + s->b[k], tmp, (size_t)keep * es);
             if (!rc && keep > 0 && es == 2)
-                df_bf16_widen_inplace(dst[i] + s->b[k], keep);
+                widen_inplace(dst[i] + s->b[k], keep, uf);
         }
     }
     df_backend_free(be, own);

@@ -53,8 +53,9 @@ typedef struct dev_state {
     int nb;                    /* buckets */
     int64_t b[DS_MAX_BUCKETS + 1], cnt[DS_MAX_BUCKETS], soff[DS_MAX_BUCKETS];
     float *master, *m, *v;     /* [nshard] (or the checkpoint's [n]); m NULL with m16, v with v16 */
-    uint16_t *m16, *v16;       /* [nshard] m in BF16 (--adam-m-bf16, --adam-bf16), v too
-                                  (--adam-bf16); else NULL */
+    uint16_t *m16, *v16;       /* [nshard] m in BF16 (--adam-m-bf16, --adam-bf16, --adam-v16),
+                                  v in BF16 (--adam-bf16) or UF16 (--adam-v16); else NULL */
+    df_dtype vdt;              /* v's: F32, BF16 or UF16 */
     uint64_t sr_seed;          /* m16: the run's seed, for the moments' stochastic rounding */
     void *grad;                /* [np] this rank's gradients (gdt), its slices reduced in
                                   place; scratch for checkpoints */
@@ -75,7 +76,8 @@ typedef struct dev_state {
 } dev_state;
 
 void dev_state_free(df_backend *be, dev_state *s);
-/* moments16: 0 AdamW's moments F32, 1 m in BF16, 2 m and v in BF16 */
+/* moments16: 0 AdamW's moments F32, 1 m in BF16, 2 m and v in BF16, 3 m in BF16 and v in
+ * UF16 */
 int dev_state_open(df_backend *be, df_comm *comm, df_ckpt_state *ck, float *grad,
                    int64_t n, const df_params *ps, int L, int grad_f32, int moments16,
                    uint64_t seed, dev_state *s, df_err *e);

@@ -13,6 +13,7 @@
 #include "train_internal.h"
 
 #include "bf16_sr.h"
+#include "uf16.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -306,14 +307,15 @@ int df_cpu_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, const df_tensor
  *   m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
  *   p = p - lr * (m / bc1 / (sqrt(v / bc2) + eps) + wd p)
  * bc1 = 1 - b1^t, bc2 = 1 - b2^t and 1 - b1, 1 - b2 computed in double, then
- * rounded to f32 once. out_bf16 = RNE(p). BF16 moments (adamw_m16: m, and v
- * unless it is F32): read widened exactly, stored rounded stochastically
- * (bf16_sr.h) with the bits of df_sr_bits(key, index0 + i): m with the low
- * 16, v with the next 16. */
+ * rounded to f32 once. out_bf16 = RNE(p). 16-bit moments (adamw_m16: m in
+ * BF16, v in BF16 or UF16 unless it is F32): read widened exactly, stored
+ * rounded stochastically (bf16_sr.h, uf16.h) with the bits of
+ * df_sr_bits(key, index0 + i): m with the low 16, v with the next 16. */
 
 typedef struct adam_ctx {
     float *p, *m, *v;       /* m, v: F32 moments, or NULL */
-    uint16_t *m16, *v16;    /* BF16 moments, or NULL */
+    uint16_t *m16, *v16;    /* 16-bit moments, or NULL */
+    int vuf;                /* v16 holds UF16 (else BF16) */
     const float *g;     /* F32 grad, or NULL */
     const uint16_t *gb; /* BF16 grad, or NULL */
     uint16_t *out;
@@ -335,7 +337,7 @@ static int adam_piece(void *vp, int64_t piece, int64_t i0, int64_t i1)
     for (int64_t i = i0; i < i1; i++) {
         float g = (c->gb ? df_bf16_to_f32(c->gb[i]) : c->g[i]) * c->gs;
         float m0 = c->m16 ? df_bf16_to_f32(c->m16[i]) : c->m[i];
-        float v0 = c->v16 ? df_bf16_to_f32(c->v16[i]) : c->v[i];
+        float v0 = !c->v16 ? c->v[i] : c->vuf ? df_uf16_to_f32(c->v16[i]) : df_bf16_to_f32(c->v16[i]);
         float m = c->b1 * m0 + c->omb1 * g;
         float v = c->b2 * v0 + c->omb2 * (g * g);
         float p = c->p[i];
@@ -347,7 +349,8 @@ static int adam_piece(void *vp, int64_t piece, int64_t i0, int64_t i1)
         else
             c->m[i] = m;
         if (c->v16)
-            c->v16[i] = df_bf16_sr(f32_bits(v), (uint32_t)(r >> 16));
+            c->v16[i] = c->vuf ? df_uf16_sr(f32_bits(v), (uint32_t)(r >> 16))
+                               : df_bf16_sr(f32_bits(v), (uint32_t)(r >> 16));
         else
             c->v[i] = v;
         c->p[i] = p;
@@ -362,7 +365,7 @@ int df_cpu_adamw(df_backend *be, float *master, const void *grad, df_dtype grad_
                  int64_t step, float grad_scale, uint16_t *out_bf16)
 {
     const int bf = grad_dtype == DF_DTYPE_BF16;
-    adam_ctx c = {master, m, v, NULL, NULL, bf ? NULL : (const float *)grad,
+    adam_ctx c = {master, m, v, NULL, NULL, 0, bf ? NULL : (const float *)grad,
                   bf ? (const uint16_t *)grad : NULL, out_bf16, beta1, beta2,
                   (float)(1.0 - (double)beta1), (float)(1.0 - (double)beta2),
                   (float)(1.0 - pow((double)beta1, (double)step)),
@@ -375,8 +378,9 @@ int df_cpu_adamw_m16(df_backend *be, float *master, const void *grad, df_dtype g
                      float beta2, float eps, float wd, int64_t step, float grad_scale,
                      uint64_t key, int64_t index0, uint16_t *out_bf16)
 {
-    const int bf = grad_dtype == DF_DTYPE_BF16, v16 = v_dtype == DF_DTYPE_BF16;
+    const int bf = grad_dtype == DF_DTYPE_BF16, v16 = v_dtype != DF_DTYPE_F32;
     adam_ctx c = {master, NULL, v16 ? NULL : (float *)v, m, v16 ? (uint16_t *)v : NULL,
+                  v_dtype == DF_DTYPE_UF16,
                   bf ? NULL : (const float *)grad,
                   bf ? (const uint16_t *)grad : NULL, out_bf16, beta1, beta2,
                   (float)(1.0 - (double)beta1), (float)(1.0 - (double)beta2),

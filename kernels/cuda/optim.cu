@@ -26,6 +26,7 @@
 
 #include "bf16.cuh"
 #include "bf16_sr.h"
+#include "uf16.h"
 #include "cuda_internal.h"
 #include "e4m3.cuh"
 #include "fp8_cuda.h"
@@ -47,7 +48,8 @@ __host__ __device__ __forceinline__ int64_t cdiv(int64_t a, int64_t b)
 template <typename G>
 struct AdamArgs {
     float *p, *m, *v;     /* m, v: F32 moments (adamw; v of adamw_m16 with an F32 v) */
-    uint16_t *m16, *v16;  /* BF16 moments (adamw_m16; v16 NULL with an F32 v) */
+    uint16_t *m16, *v16;  /* 16-bit moments (adamw_m16; v16 NULL with an F32 v) */
+    int vuf;              /* v16 holds UF16 (else BF16) */
     const G *g;
     uint16_t *out;
     int64_t n;
@@ -90,33 +92,48 @@ __device__ __forceinline__ float4 grad_quad(const uint16_t *g, int64_t q)
                        __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
 }
 
-/* BF16 moments: element i's stored m (and v, V16) from their fp32 values,
+/* A moment's storage: F32, BF16 or UF16 (v only) */
+enum { MF_F32 = 0, MF_BF16 = 1, MF_UF16 = 2 };
+
+/* 16-bit moments: element i's stored m (and v, VF != MF_F32) from their fp32 values,
  * rounded stochastically with df_sr_bits(key, i0 + i) (the CPU's rule) */
-template <bool V16, typename G>
+template <int VF, typename G>
 __device__ __forceinline__ void store_m16(const AdamArgs<G> &a, int64_t i, float m, float v,
                                           uint16_t *mo, uint16_t *vo)
 {
     uint64_t r = df_sr_bits(a.key, (uint64_t)(a.i0 + i));
     *mo = df_bf16_sr(__float_as_uint(m), (uint32_t)r);
-    if (V16)
+    if (VF == MF_BF16)
         *vo = df_bf16_sr(__float_as_uint(v), (uint32_t)(r >> 16));
+    else if (VF == MF_UF16)
+        *vo = df_uf16_sr(__float_as_uint(v), (uint32_t)(r >> 16));
 }
 
-/* 4 moments from their storage: a float4, or 4 bf16 in a uint2 */
-template <bool M16, typename G>
+/* one stored moment of format F, widened exactly */
+template <int F>
+__device__ __forceinline__ float moment_at(const float *f, const uint16_t *h, int64_t i)
+{
+    return F == MF_F32 ? f[i] : F == MF_BF16 ? bf2f(h[i]) : df_uf16_to_f32(h[i]);
+}
+
+/* 4 moments from their storage: a float4, or 4 16-bit values in a uint2 */
+template <int F, typename G>
 __device__ __forceinline__ float4 moment_quad(const AdamArgs<G> &a, const float *f,
                                               const uint16_t *h, int64_t q)
 {
-    if (!M16)
+    if (F == MF_F32)
         return reinterpret_cast<const float4 *>(f)[q];
     uint2 u = reinterpret_cast<const uint2 *>(h)[q];
+    if (F == MF_UF16)
+        return make_float4(df_uf16_to_f32((uint16_t)u.x), df_uf16_to_f32((uint16_t)(u.x >> 16)),
+                           df_uf16_to_f32((uint16_t)u.y), df_uf16_to_f32((uint16_t)(u.y >> 16)));
     return make_float4(__uint_as_float(u.x << 16), __uint_as_float(u.x & 0xffff0000u),
                        __uint_as_float(u.y << 16), __uint_as_float(u.y & 0xffff0000u));
 }
 
 /* Quad q (elements 4q .. 4q + 3; p, g, m, v as loaded): adam_one on each, the new master and
- * moments stored (BF16 moments rounded with the elements' own bits); returns the new master. */
-template <bool M16, bool V16, typename G>
+ * moments stored (16-bit moments rounded with the elements' own bits); returns the new master. */
+template <bool M16, int VF, typename G>
 __device__ __forceinline__ float4 adam_quad(const AdamArgs<G> &a, int64_t q, float4 p, float4 g,
                                             float4 m, float4 v)
 {
@@ -127,19 +144,19 @@ __device__ __forceinline__ float4 adam_quad(const AdamArgs<G> &a, int64_t q, flo
     reinterpret_cast<float4 *>(a.p)[q] = p;
     if (M16) {
         uint16_t mo[4], vo[4] = {0, 0, 0, 0};
-        store_m16<V16>(a, 4 * q, m.x, v.x, &mo[0], &vo[0]);
-        store_m16<V16>(a, 4 * q + 1, m.y, v.y, &mo[1], &vo[1]);
-        store_m16<V16>(a, 4 * q + 2, m.z, v.z, &mo[2], &vo[2]);
-        store_m16<V16>(a, 4 * q + 3, m.w, v.w, &mo[3], &vo[3]);
+        store_m16<VF>(a, 4 * q, m.x, v.x, &mo[0], &vo[0]);
+        store_m16<VF>(a, 4 * q + 1, m.y, v.y, &mo[1], &vo[1]);
+        store_m16<VF>(a, 4 * q + 2, m.z, v.z, &mo[2], &vo[2]);
+        store_m16<VF>(a, 4 * q + 3, m.w, v.w, &mo[3], &vo[3]);
         reinterpret_cast<uint2 *>(a.m16)[q] =
             make_uint2(mo[0] | (uint32_t)mo[1] << 16, mo[2] | (uint32_t)mo[3] << 16);
-        if (V16)
+        if (VF != MF_F32)
             reinterpret_cast<uint2 *>(a.v16)[q] =
                 make_uint2(vo[0] | (uint32_t)vo[1] << 16, vo[2] | (uint32_t)vo[3] << 16);
     } else {
         reinterpret_cast<float4 *>(a.m)[q] = m;
     }
-    if (!V16)
+    if (VF == MF_F32)
         reinterpret_cast<float4 *>(a.v)[q] = v;
     return p;
 }
@@ -148,8 +165,8 @@ __device__ __forceinline__ float4 adam_quad(const AdamArgs<G> &a, int64_t q, flo
  * BF16 m, v and out 8-byte aligned, grad 4 elements' worth aligned), the
  * last n%4 elements by the first threads. The grad dtype changes only how g
  * is loaded: the arithmetic, hence the bits, are those of an F32 grad of the
- * same values. M16: m in BF16 (adamw_m16); V16: v too (M16 only). */
-template <bool VEC4, bool M16, bool V16, typename G>
+ * same values. M16: m in BF16 (adamw_m16); VF: v's format (16-bit with M16 only). */
+template <bool VEC4, bool M16, int VF, typename G>
 __global__ void __launch_bounds__(NT) adamw_kernel(AdamArgs<G> a)
 {
     const int64_t tid = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -158,22 +175,24 @@ __global__ void __launch_bounds__(NT) adamw_kernel(AdamArgs<G> a)
     if (VEC4) {
         const int64_t nq = a.n / 4;
         for (int64_t q = tid; q < nq; q += nthr) {
-            const float4 p = adam_quad<M16, V16>(
+            const float4 p = adam_quad<M16, VF>(
                 a, q, reinterpret_cast<const float4 *>(a.p)[q], grad_quad(a.g, q),
-                moment_quad<M16>(a, a.m, a.m16, q), moment_quad<V16>(a, a.v, a.v16, q));
+                moment_quad<M16 ? MF_BF16 : MF_F32>(a, a.m, a.m16, q),
+                moment_quad<VF>(a, a.v, a.v16, q));
             if (a.out)
                 reinterpret_cast<uint2 *>(a.out)[q] = make_uint2(pack2(p.x, p.y), pack2(p.z, p.w));
         }
         done = nq * 4;
     }
     for (int64_t i = done + tid; i < a.n; i += nthr) {
-        float m = M16 ? bf2f(a.m16[i]) : a.m[i], v = V16 ? bf2f(a.v16[i]) : a.v[i];
+        float m = moment_at<M16 ? MF_BF16 : MF_F32>(a.m, a.m16, i);
+        float v = moment_at<VF>(a.v, a.v16, i);
         float p = adam_one(a, grad_at(a.g, i), &m, &v, a.p[i]);
         if (M16)
-            store_m16<V16>(a, i, m, v, &a.m16[i], V16 ? &a.v16[i] : NULL);
+            store_m16<VF>(a, i, m, v, &a.m16[i], VF != MF_F32 ? &a.v16[i] : NULL);
         else
             a.m[i] = m;
-        if (!V16)
+        if (VF == MF_F32)
             a.v[i] = v;
         a.p[i] = p;
         if (a.out)
@@ -203,7 +222,7 @@ struct TileSegs {
  * bits), the BF16 weights to a.out and to the tile, then the codes and scales of both
  * layouts as q8_blk writes them. 64 registers: four CTAs per SM. */
 constexpr int TT = 256; /* threads of adamw_tiles */
-template <bool M16, bool V16, typename G>
+template <bool M16, int VF, typename G>
 __global__ void __launch_bounds__(TT, 4) adamw_tiles(AdamArgs<G> a, const __grid_constant__ TileSegs ts)
 {
     __shared__ __align__(16) uint16_t t[128][136];
@@ -228,13 +247,13 @@ __global__ void __launch_bounds__(TT, 4) adamw_tiles(AdamArgs<G> a, const __grid
             e[u] = off + (r0 + it * 16 + u * 8 + warp) * K + c0 + lane * 4;
             p[u] = reinterpret_cast<const float4 *>(a.p)[e[u] / 4];
             g[u] = grad_quad(a.g, e[u] / 4);
-            m[u] = moment_quad<M16>(a, a.m, a.m16, e[u] / 4);
-            v[u] = moment_quad<V16>(a, a.v, a.v16, e[u] / 4);
+            m[u] = moment_quad<M16 ? MF_BF16 : MF_F32>(a, a.m, a.m16, e[u] / 4);
+            v[u] = moment_quad<VF>(a, a.v, a.v16, e[u] / 4);
         }
 #pragma unroll
         for (int u = 0; u < 2; u++) {
             const int64_t q = e[u] / 4;
-            const float4 pp = adam_quad<M16, V16>(a, q, p[u], g[u], m[u], v[u]);
+            const float4 pp = adam_quad<M16, VF>(a, q, p[u], g[u], m[u], v[u]);
             const uint2 w = make_uint2(pack2(pp.x, pp.y), pack2(pp.z, pp.w));
             if (!ts.lazy)
                 reinterpret_cast<uint2 *>(a.out)[q] = w;
@@ -354,13 +373,13 @@ __global__ void __launch_bounds__(NT)
 /* ---- host side ---- */
 
 /* the kernel for the moments' dtypes, vectorised or not */
-template <bool M16, bool V16, typename G>
+template <bool M16, int VF, typename G>
 static void adamw_start(const AdamArgs<G> &a, int vec, unsigned blocks, cudaStream_t st)
 {
     if (vec)
-        adamw_kernel<true, M16, V16, G><<<blocks, NT, 0, st>>>(a);
+        adamw_kernel<true, M16, VF, G><<<blocks, NT, 0, st>>>(a);
     else
-        adamw_kernel<false, M16, V16, G><<<blocks, NT, 0, st>>>(a);
+        adamw_kernel<false, M16, VF, G><<<blocks, NT, 0, st>>>(a);
 }
 
 /* the flat kernel's grid for n elements: one thread per quad (vec) or element, grid-stride
@@ -376,12 +395,14 @@ static unsigned flat_blocks(int64_t n, int vec)
 template <typename G>
 static int adamw_flat(const AdamArgs<G> &a, int vec, unsigned blocks, cudaStream_t st)
 {
-    if (a.m16 && a.v16)
-        adamw_start<true, true>(a, vec, blocks, st);
+    if (a.m16 && a.v16 && a.vuf)
+        adamw_start<true, MF_UF16>(a, vec, blocks, st);
+    else if (a.m16 && a.v16)
+        adamw_start<true, MF_BF16>(a, vec, blocks, st);
     else if (a.m16)
-        adamw_start<true, false>(a, vec, blocks, st);
+        adamw_start<true, MF_F32>(a, vec, blocks, st);
     else
-        adamw_start<false, false>(a, vec, blocks, st);
+        adamw_start<false, MF_F32>(a, vec, blocks, st);
     return df_cuda_check_launch("adamw kernel");
 }
 
@@ -408,12 +429,14 @@ static int adamw_tiles_start(const AdamArgs<G> &a, const TileSegs &ts, cudaStrea
 {
     const TileSeg &l = ts.s[ts.n - 1];
     const unsigned blocks = (unsigned)(l.tile0 + l.rt * l.kt);
-    if (a.m16 && a.v16)
-        adamw_tiles<true, true><<<blocks, TT, 0, st>>>(a, ts);
+    if (a.m16 && a.v16 && a.vuf)
+        adamw_tiles<true, MF_UF16><<<blocks, TT, 0, st>>>(a, ts);
+    else if (a.m16 && a.v16)
+        adamw_tiles<true, MF_BF16><<<blocks, TT, 0, st>>>(a, ts);
     else if (a.m16)
-        adamw_tiles<true, false><<<blocks, TT, 0, st>>>(a, ts);
+        adamw_tiles<true, MF_F32><<<blocks, TT, 0, st>>>(a, ts);
     else
-        adamw_tiles<false, false><<<blocks, TT, 0, st>>>(a, ts);
+        adamw_tiles<false, MF_F32><<<blocks, TT, 0, st>>>(a, ts);
     return df_cuda_check_launch("adamw tiles kernel");
 }
 
@@ -471,10 +494,11 @@ static int adamw_with_codes(const AdamArgs<G> &a, df_cuda_fp8_wcodes *const *kw,
     return 0;
 }
 
-/* m, v: F32 moments, or m16 and v16 / v: BF16 ones (key, i0 their rounding's bits) */
+/* m, v: F32 moments, or m16 and v16 / v: 16-bit ones (v16 UF16 with vuf; key, i0 their
+ * rounding's bits) */
 template <typename G>
 static int adamw_launch(df_backend *be, float *master, const G *grad, float *m, float *v,
-                        uint16_t *m16, uint16_t *v16, int64_t n, float lr, float beta1,
+                        uint16_t *m16, uint16_t *v16, int vuf, int64_t n, float lr, float beta1,
                         float beta2, float eps, float wd, int64_t step, float grad_scale,
                         uint64_t key, int64_t i0, uint16_t *out_bf16)
 {
@@ -485,6 +509,7 @@ static int adamw_launch(df_backend *be, float *master, const G *grad, float *m, 
     a.v = v;
     a.m16 = m16;
     a.v16 = v16;
+    a.vuf = vuf;
     a.key = key;
     a.i0 = i0;
     a.g = grad;
@@ -523,10 +548,10 @@ int df_cuda_adamw(df_backend *be, float *master, const void *grad, df_dtype grad
     if (n == 0)
         return 0;
     if (grad_dtype == DF_DTYPE_BF16)
-        return adamw_launch(be, master, (const uint16_t *)grad, m, v, NULL, NULL, n, lr, beta1,
-                            beta2, eps, wd, step, grad_scale, 0, 0, out_bf16);
-    return adamw_launch(be, master, (const float *)grad, m, v, NULL, NULL, n, lr, beta1, beta2,
-                        eps, wd, step, grad_scale, 0, 0, out_bf16);
+        return adamw_launch(be, master, (const uint16_t *)grad, m, v, NULL, NULL, 0, n, lr,
+                            beta1, beta2, eps, wd, step, grad_scale, 0, 0, out_bf16);
+    return adamw_launch(be, master, (const float *)grad, m, v, NULL, NULL, 0, n, lr, beta1,
+                        beta2, eps, wd, step, grad_scale, 0, 0, out_bf16);
 }
 
 int df_cuda_adamw_m16(df_backend *be, float *master, const void *grad, df_dtype grad_dtype,
@@ -538,11 +563,12 @@ int df_cuda_adamw_m16(df_backend *be, float *master, const void *grad, df_dtype 
         return 0;
     float *v32 = v_dtype == DF_DTYPE_F32 ? (float *)v : NULL;
     uint16_t *v16 = v32 ? NULL : (uint16_t *)v;
+    const int vuf = v_dtype == DF_DTYPE_UF16;
     if (grad_dtype == DF_DTYPE_BF16)
-        return adamw_launch(be, master, (const uint16_t *)grad, NULL, v32, m, v16, n, lr, beta1,
-                            beta2, eps, wd, step, grad_scale, key, index0, out_bf16);
-    return adamw_launch(be, master, (const float *)grad, NULL, v32, m, v16, n, lr, beta1, beta2,
-                        eps, wd, step, grad_scale, key, index0, out_bf16);
+        return adamw_launch(be, master, (const uint16_t *)grad, NULL, v32, m, v16, vuf, n, lr,
+                            beta1, beta2, eps, wd, step, grad_scale, key, index0, out_bf16);
+    return adamw_launch(be, master, (const float *)grad, NULL, v32, m, v16, vuf, n, lr, beta1,
+                        beta2, eps, wd, step, grad_scale, key, index0, out_bf16);
 }
 
 double df_cuda_sumsq(df_backend *be, const void *x, df_dtype dtype, int64_t n)
