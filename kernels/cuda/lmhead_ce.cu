@@ -575,6 +575,13 @@ static size_t chunk_bytes_default(void)
     return (size_t)df_knob_int(DF_KNOB_CE_CHUNK_MIB) << 20;
 }
 
+/* whether the chunks' bound was asked for (the test hook, or DFLASH_CE_CHUNK_MIB set to a
+ * good value): it then holds even past the memory lent */
+static int chunk_bytes_asked(void)
+{
+    return g_chunk_bytes || (df_knob_raw(DF_KNOB_CE_CHUNK_MIB) && !df_knob_bad(DF_KNOB_CE_CHUNK_MIB));
+}
+
 static int precise_mode(void)
 {
     if (g_precise < 0)
@@ -667,11 +674,12 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
                      (want_dh ? (size_t)H * 4 : 0) + (fast8 ? hp8 + vp8 : 0);
     size_t cap = g_chunk_bytes ? g_chunk_bytes : chunk_bytes_default();
     /* lent memory (df_backend_lend_scratch) of at least 512 MiB of chunk
-     * buffers: chunks sized to it, so the backend's scratch need not grow */
+     * buffers: chunks sized to it, so the backend's scratch need not grow (unless a bound
+     * was asked for) */
     size_t fixed = round_up(WS_BYTES + (size_t)(N + 1) * 8, 256) + 1024 +
                    (fast8 && !kept ? 2 * hp8 * vp8 + ((size_t)2 << 20) : 0),
            lent = df_cuda_scratch_lent(be);
-    if (!g_chunk_bytes && lent >= fixed + ((size_t)512 << 20) && lent - fixed < cap)
+    if (!chunk_bytes_asked() && lent >= fixed + ((size_t)512 << 20) && lent - fixed < cap)
         cap = lent - fixed;
     int64_t rows = (int64_t)(cap / per_row);
     if (rows < 1)
