@@ -336,9 +336,11 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H, int sm90)
             am_d1 += am1[i] != am8[i];
         void *gwu1 = gh_dev_bf16(g, wu, V * H), *gdu1 = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16);
         df_tensor Gwu1 = df_tensor_2d(gwu1, DF_DTYPE_BF16, V, H), Gdu1 = df_tensor_2d(gdu1, DF_DTYPE_BF16, N, H);
-        for (int call = 0; call < 2; call++) /* the first makes the codes of the other head */
+        for (int call = 0; call < 2; call++) { /* the first makes the codes of the other head */
+            lu1 = 0; /* (the op adds to it) */
             CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gwu1, glab, NULL, (float)N, &lu1, &Gdu1, NULL, NULL,
                                      fo | DF_CE_FP8_ROUND_HEAD), 0);
+        }
         float *du1 = gh_download_bf16(g, gdu1, N * H);
         printf("  DF_CE_FP8_ONEPASS: %lld chunk(s) in one pass; loss %.9g (cpu %.9g, two passes "
                "%.9g), dh rel L2 vs cpu %.3e, vs two passes %.3e\n", (long long)one, lg1, lc1, l8,
@@ -357,16 +359,17 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H, int sm90)
         CHECK_EQ(df_op_lmhead_ce(c, &th, &tw, lab, NULL, (float)N, &lch, &tc1, NULL, NULL,
                                  fo | DF_CE_F16_LOGITS), 0);
         one0 = df_cuda_lmhead_ce_onepass_chunks();
-        for (int call = 0; call < 2; call++) /* the first checks GEMM 1's fp16 class */
+        for (int call = 0; call < 2; call++) { /* the first checks GEMM 1's fp16 class */
+            lgh = 0; /* (the op adds to it) */
             CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &lgh, &Gd1, NULL, NULL,
                                      fo | DF_CE_F16_LOGITS), 0);
+        }
         int64_t oneh = df_cuda_lmhead_ce_onepass_chunks() - one0;
         float *dh1 = gh_download_bf16(g, gd1, N * H);
         for (int64_t i = 0; i < N * H; i++) {
             eh += (dh1[i] - dc1[i]) * (double)(dh1[i] - dc1[i]);
             rh += (double)dc1[i] * dc1[i];
         }
-        lgh /= 2; /* (two calls added to it) */
         printf("  DF_CE_FP8_ONEPASS | DF_CE_F16_LOGITS: %lld chunk(s) in one pass; loss %.9g (cpu "
                "%.9g), dh rel L2 vs cpu %.3e\n", (long long)oneh, lgh, lch, sqrt(eh / rh));
         if (sm90)
