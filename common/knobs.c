@@ -44,6 +44,10 @@ static const df_knob_info TABLE[DF_KNOB_COUNT] = {
                               "the CUDA LM head + cross-entropy's per-chunk buffers in MiB: larger "
                               "gives the dh GEMM more tiles per wave, at that much more memory; "
                               "when set, also past the memory the trainer lends it"},
+    [DF_KNOB_CE_ONEPASS_BSUM] = {"DFLASH_CE_ONEPASS_BSUM", DF_KNOB_FLAG, DF_KNOB_BENCH, "0", "0,1", 0,
+                                 0, 0,
+                                 "1: --fp8-ce-onepass's row sums from its codes' own exps, block "
+                                 "by block (one expf a logit, no fp64 per logit); being measured"},
     [DF_KNOB_CE_PRECISE] = {"DFLASH_CE_PRECISE", DF_KNOB_FLAG, DF_KNOB_TEST, "0", "0,1", 0, 0, 0,
                             "1: the CUDA LM head's gradient carried as hi + lo bf16 (~2^-17) at one "
                             "more GEMM; 0 rounds it to one bf16 as bf16 autograd does"},

@@ -34,6 +34,7 @@ typedef enum df_knob_id {
     DF_KNOB_GEMM_TUNE,           /* flag */
     DF_KNOB_CE_CHUNK_MIB,        /* int 64..65536, default 1024 */
     DF_KNOB_CE_PRECISE,          /* flag */
+    DF_KNOB_CE_ONEPASS_BSUM,     /* flag, default 0 */
     DF_KNOB_FP8_GEMM,            /* flag, default 1 */
     DF_KNOB_FP8_SWIGLU,          /* flag, default 1 */
     DF_KNOB_FP8_ONLY_CODES,      /* flag, default 1 */

@@ -354,6 +354,34 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H, int sm90)
             CHECK(sqrt(e1 / r1) < 1e-2);
         CHECK(lu1 == lg1);
         CHECK(memcmp(du1, d1, (size_t)(N * H) * sizeof(float)) == 0);
+        /* DFLASH_CE_ONEPASS_BSUM: the row sums from the codes' exps; the same argmax, the loss
+         * and dh within their last bits' rounding of the default kernel's, the CPU's bound */
+        {
+            CHECK_EQ(df_knob_set(DF_KNOB_CE_ONEPASS_BSUM, "1"), 0);
+            double lb = 0;
+            void *gdb = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16), *gamb = gh_dev_poisoned(g, N, DF_DTYPE_I32);
+            df_tensor Gdb = df_tensor_2d(gdb, DF_DTYPE_BF16, N, H);
+            CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &lb, &Gdb, gamb, NULL, fo), 0);
+            CHECK_EQ(df_knob_set(DF_KNOB_CE_ONEPASS_BSUM, NULL), 0);
+            float *db = gh_download_bf16(g, gdb, N * H);
+            int32_t *amb = gh_xmalloc((size_t)N * 4);
+            CHECK_EQ(df_backend_download(g, amb, gamb, (size_t)N * 4), 0);
+            double eb = 0, ebc = 0;
+            for (int64_t i = 0; i < N * H; i++) {
+                eb += (db[i] - d1[i]) * (double)(db[i] - d1[i]);
+                ebc += (db[i] - dc1[i]) * (double)(db[i] - dc1[i]);
+            }
+            printf("  DF_CE_FP8_ONEPASS, DFLASH_CE_ONEPASS_BSUM=1: loss %.9g (default kernel %.9g), "
+                   "dh rel L2 vs the default kernel %.3e, vs cpu %.3e\n", lb, lg1,
+                   sqrt(eb / r1), sqrt(ebc / r1));
+            CHECK(fabs(lb - lg1) <= 1e-6 * fabs(lg1));
+            CHECK(memcmp(amb, am1, (size_t)N * 4) == 0);
+            CHECK(sqrt(eb / r1) < 1e-3);
+            if (one)
+                CHECK(sqrt(ebc / r1) < 1e-2);
+            free(db), free(amb);
+            df_backend_free(g, gdb), df_backend_free(g, gamb);
+        }
         /* with DF_CE_F16_LOGITS: the one pass on fp16 logits, the CPU's with the same flags */
         double lch = 0, lgh = 0, eh = 0, rh = 0;
         CHECK_EQ(df_op_lmhead_ce(c, &th, &tw, lab, NULL, (float)N, &lch, &tc1, NULL, NULL,

@@ -13,16 +13,24 @@
  * ones GEMM 1 took, kept by lmhead_ce.cu: the values GEMM 2 multiplies).
  *
  * One block of RT threads per row; each thread takes 8 consecutive logits
- * a step, so the 16 lanes of a 128-block hold it whole (its max three
+ * a step, so the 16 lanes of a 128-block hold it whole (its max four
  * shuffles away) and write its 128 codes as 16 8-byte stores. The row
  * statistics are merged over the block by lmhead_rows.cuh's trees: the
  * loss and argmax rules are the two-pass kernel's; the sums' order is not
- * (a thread's logits are consecutive here, strided there). */
+ * (a thread's logits are consecutive here, strided there).
+ *
+ * DFLASH_CE_ONEPASS_BSUM (BS): the row's sum from the codes' own exps
+ * instead, exp(z - mb) summed per 128-block in fp32 and the blocks'
+ * sums scaled by exp(mb - mx) in fp64 at the end: one expf a logit and no
+ * fp64 per logit (the default takes a second expf and an fp64 add for
+ * the running sum). Same codes; the sum rounds otherwise (fp32 within a
+ * block), so the loss and the blocks' scales move in their last bits. */
 #include <cuda_runtime.h>
 #include <errno.h>
 #include <stdint.h>
 
 #include "cuda_internal.h"
+#include "knobs.h"
 #include "e4m3.cuh"
 #include "lmhead_onepass.h"
 #include "lmhead_rows.cuh"
@@ -50,7 +58,7 @@ __device__ __forceinline__ void load_step(const T *__restrict__ zr, int64_t v0, 
  * and block scales into sc[kb * n_out + r]. Rows from nrows up to n_out
  * (GEMM 2's rows, a multiple of 4) and ignored rows get zero codes and
  * scale 1. kp (V rounded up to 128) <= DF_CUDA_CE_ONEPASS_MAXV. */
-template <typename T>
+template <typename T, bool BS>
 __global__ void __launch_bounds__(RT)
     ce_row_onepass_kernel(const T *__restrict__ z, int64_t ldz, int64_t V, int64_t row0,
                           const int32_t *__restrict__ label, const float *__restrict__ weight,
@@ -60,6 +68,7 @@ __global__ void __launch_bounds__(RT)
                           int64_t n_out)
 {
     __shared__ float sh_mb[OP_MAXB];
+    __shared__ float sh_sb[BS ? OP_MAXB : 1]; /* BS: the blocks' sums of exp(z - mb) 256 */
     __shared__ float sh_m[NW];
     __shared__ int sh_i[NW];
     __shared__ double sh_s[NW];
@@ -98,16 +107,18 @@ __global__ void __launch_bounds__(RT)
         if (b + OP_STEP < kp)
             load_step(zr, v0 + OP_STEP, V, xn);
         /* the row's statistics, in increasing index order (the two-pass rule) */
+        if (!BS) {
 #pragma unroll
-        for (int j = 0; j < 8; j++) {
-            if (v0 + j >= V)
-                break;
-            if (x[j] > m) {
-                s = s * exp((double)m - (double)x[j]) + 1.0;
-                m = x[j];
-                am = (int)(v0 + j);
-            } else if (m > -INFINITY) {
-                s += (double)expf(x[j] - m);
+            for (int j = 0; j < 8; j++) {
+                if (v0 + j >= V)
+                    break;
+                if (x[j] > m) {
+                    s = s * exp((double)m - (double)x[j]) + 1.0;
+                    m = x[j];
+                    am = (int)(v0 + j);
+                } else if (m > -INFINITY) {
+                    s += (double)expf(x[j] - m);
+                }
             }
         }
         /* the 128-block's max over its 16 lanes */
@@ -118,21 +129,55 @@ __global__ void __launch_bounds__(RT)
 #pragma unroll
         for (int d = 1; d < 16; d <<= 1)
             mb = fmaxf(mb, __shfl_xor_sync(0xffffffffu, mb, d));
-        if (v0 >= kp)
-            continue;
         uint2 cw = make_uint2(0u, 0u);
+        float qs = 0.0f; /* BS: this lane's part of the block's sum (NaN left out) */
         if (act && mb > -INFINITY) {
             float q[8];
 #pragma unroll
             for (int j = 0; j < 8; j++)
                 q[j] = expf(x[j] - mb) * 256.0f; /* -inf past V: 0 */
             cw = codes8(q, 1.0f, true);
+            if (BS)
+#pragma unroll
+                for (int j = 0; j < 8; j++)
+                    qs += q[j] == q[j] ? q[j] : 0.0f;
         }
+        if (BS) { /* the block's sum and its first max over its 16 lanes (every lane: shuffles) */
+            int ib = INT_MAX;
+#pragma unroll
+            for (int j = 7; j >= 0; j--)
+                ib = x[j] == mb ? (int)(v0 + j) : ib;
+#pragma unroll
+            for (int d = 1; d < 16; d <<= 1) {
+                qs += __shfl_xor_sync(0xffffffffu, qs, d);
+                ib = min(ib, __shfl_xor_sync(0xffffffffu, ib, d));
+            }
+            if (mb > m) /* the lanes' blocks in increasing order: the first max stays */
+                m = mb, am = ib;
+        }
+        if (v0 >= kp)
+            continue;
         *reinterpret_cast<uint2 *>(crow + v0) = cw;
-        if ((t & 15) == 0)
+        if ((t & 15) == 0) {
             sh_mb[v0 / 128] = mb;
+            if (BS)
+                sh_sb[v0 / 128] = qs;
+        }
     }
     row_stats_reduce(m, am, s, sh_m, sh_i, sh_s);
+    if (BS) { /* s = sum over the blocks of their sums exp(mb - mx) 2^-8, in a fixed order */
+        if (t == 0)
+            sh_mx = m;
+        __syncthreads();
+        const float mx = sh_mx;
+        double part = 0.0;
+        for (int64_t kb = t; kb < nb; kb += RT)
+            part += sh_sb[kb] != 0.0f ? (double)sh_sb[kb] * exp((double)sh_mb[kb] - (double)mx) : 0.0;
+        float mm = mx;
+        int ai = INT_MAX;
+        row_stats_reduce(mm, ai, part, sh_m, sh_i, sh_s); /* (equal maxima: the sums added) */
+        s = part * 0x1p-8;
+    }
     if (t == 0) {
         if (argmax)
             argmax[gi] = am == INT_MAX ? 0 : am; /* all -inf/NaN: index 0 as the CPU */
@@ -184,6 +229,31 @@ __global__ void __launch_bounds__(256)
         dst[k] = f2bf(__fsub_rn(src[k], __fmul_rn(cf, e4m3_value(wq[k]) * ws[k / 128])));
 }
 
+/* the row kernel for the logits' storage zt, with or without BS */
+template <bool BS>
+void launch_rows(cudaStream_t st, int zt, unsigned nb, const void *z, int64_t ldz, int64_t V,
+                 int64_t row0, const int32_t *label, const float *weight, double denom,
+                 int32_t *argmax, float *ce, double *row_loss, int64_t nrows,
+                 const df_cuda_fp8_rows *g8)
+{
+    if (zt == Z_BF16)
+        ce_row_onepass_kernel<uint16_t, BS><<<nb, RT, 0, st>>>(
+            (const uint16_t *)z, ldz, V, row0, label, weight, denom, argmax, ce, row_loss, nrows,
+            g8->codes, g8->scales, g8->kp, g8->n);
+    else if (zt == Z_F16)
+        ce_row_onepass_kernel<__half, BS><<<nb, RT, 0, st>>>(
+            (const __half *)z, ldz, V, row0, label, weight, denom, argmax, ce, row_loss, nrows,
+            g8->codes, g8->scales, g8->kp, g8->n);
+    else if (zt == Z_F32R16)
+        ce_row_onepass_kernel<f32r16, BS><<<nb, RT, 0, st>>>(
+            (const f32r16 *)z, ldz, V, row0, label, weight, denom, argmax, ce, row_loss, nrows,
+            g8->codes, g8->scales, g8->kp, g8->n);
+    else
+        ce_row_onepass_kernel<float, BS><<<nb, RT, 0, st>>>(
+            (const float *)z, ldz, V, row0, label, weight, denom, argmax, ce, row_loss, nrows,
+            g8->codes, g8->scales, g8->kp, g8->n);
+}
+
 } // namespace
 
 int df_cuda_ce_onepass_rows(cudaStream_t st, int zt, const void *z, int64_t ldz,
@@ -195,26 +265,12 @@ int df_cuda_ce_onepass_rows(cudaStream_t st, int zt, const void *z, int64_t ldz,
         ldz % 8)
         return -EINVAL;
     const unsigned nb = (unsigned)g8->n;
-    if (zt == Z_BF16)
-        ce_row_onepass_kernel<uint16_t><<<nb, RT, 0, st>>>((const uint16_t *)z, ldz, V, row0,
-                                                           label, weight, denom, argmax, ce,
-                                                           row_loss, nrows, g8->codes,
-                                                           g8->scales, g8->kp, g8->n);
-    else if (zt == Z_F16)
-        ce_row_onepass_kernel<__half><<<nb, RT, 0, st>>>((const __half *)z, ldz, V, row0, label,
-                                                         weight, denom, argmax, ce, row_loss,
-                                                         nrows, g8->codes, g8->scales, g8->kp,
-                                                         g8->n);
-    else if (zt == Z_F32R16)
-        ce_row_onepass_kernel<f32r16><<<nb, RT, 0, st>>>((const f32r16 *)z, ldz, V, row0, label,
-                                                         weight, denom, argmax, ce, row_loss,
-                                                         nrows, g8->codes, g8->scales, g8->kp,
-                                                         g8->n);
+    if (df_knob_int(DF_KNOB_CE_ONEPASS_BSUM))
+        launch_rows<true>(st, zt, nb, z, ldz, V, row0, label, weight, denom, argmax, ce, row_loss,
+                          nrows, g8);
     else
-        ce_row_onepass_kernel<float><<<nb, RT, 0, st>>>((const float *)z, ldz, V, row0, label,
-                                                        weight, denom, argmax, ce, row_loss,
-                                                        nrows, g8->codes, g8->scales, g8->kp,
-                                                        g8->n);
+        launch_rows<false>(st, zt, nb, z, ldz, V, row0, label, weight, denom, argmax, ce,
+                           row_loss, nrows, g8);
     return df_cuda_check_launch("lmhead_ce one-pass rows");
 }
 
