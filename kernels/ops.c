@@ -446,8 +446,9 @@ static int check_norm_weight(const df_backend *be, const df_tensor *w, int64_t D
     return check_tensor(w, 1, 1, WT(be), 0) && w->shape[0] == D;
 }
 
-int df_op_rmsnorm(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
-                  int plus_one, df_tensor *y)
+/* df_op_rmsnorm's arguments (and df_op_rmsnorm_fp8's): 0 or -EINVAL */
+static int df_op_rmsnorm_check(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
+                               const df_tensor *y)
 {
     if (!be || !check_tensor(x, 1, 4, ACT(be), 0) || !check_tensor(y, 1, 4, ACT(be), 1) || !df_same_shape(x, y))
         return -EINVAL;
@@ -455,7 +456,24 @@ int df_op_rmsnorm(df_backend *be, const df_tensor *x, const df_tensor *w, float 
         return -EINVAL;
     if (!df_alias_ok(y, x, 1) || !df_alias_ok(y, w, 0))
         return -EINVAL;
-    return DISPATCH(be, rmsnorm, x, w, eps, plus_one, y);
+    return 0;
+}
+
+int df_op_rmsnorm(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
+                  int plus_one, df_tensor *y)
+{
+    int rc = df_op_rmsnorm_check(be, x, w, eps, y);
+    return rc ? rc : DISPATCH(be, rmsnorm, x, w, eps, plus_one, y);
+}
+
+int df_op_rmsnorm_fp8(df_backend *be, const df_tensor *x, const df_tensor *w, float eps, df_tensor *y,
+                      int uses, unsigned flags)
+{
+    if (!be || !(flags & (DF_FP8_X_FWD | DF_FP8_X_BWD_W)) || uses < 1 ||
+        (flags & ~(DF_FP8_X_FWD | DF_FP8_X_BWD_W | DF_FP8_ONLY_CODES)) || !x || x->ndim != 2)
+        return -EINVAL;
+    int rc = df_op_rmsnorm_check(be, x, w, eps, y);
+    return rc ? rc : DISPATCH(be, rmsnorm_fp8, x, w, eps, y, uses, flags);
 }
 
 int df_op_rmsnorm_gated(df_backend *be, const df_tensor *x, const df_tensor *z,

@@ -291,6 +291,15 @@ int df_op_swiglu_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up,
  * bits: -EINVAL. */
 int df_op_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up,
                          const df_tensor *dout, df_tensor *dgate, df_tensor *dup, unsigned flags);
+/* df_op_rmsnorm without plus_one (ops.h: the same checks and bits), with a hint that changes
+ * no bit: y [R, D] (2-D) is about to be x of `uses` df_op_matmul_fp8 calls (>= 1: the
+ * projections that share it) of kind DF_GEMM_FWD (flags DF_FP8_X_FWD) and / or as many of kind
+ * DF_GEMM_BWD_W (DF_FP8_X_BWD_W: y recomputed for the weight gradients), each with DF_FP8_MADE.
+ * A backend with E4M3 tensor cores may write y's codes in those calls' layouts here and spare
+ * them their rounding (the CUDA backend on sm_90, DFLASH_FP8_RMSNORM). DF_FP8_ONLY_CODES as for
+ * df_op_swiglu_fp8. Other flags bits, none of the two, or uses < 1: -EINVAL. */
+int df_op_rmsnorm_fp8(df_backend *be, const df_tensor *x, const df_tensor *w, float eps, df_tensor *y,
+                      int uses, unsigned flags);
 /* The recipe above as block rows x block columns of the operand as passed: operand 0 (a: x of
  * DF_GEMM_FWD, dy of the backward kinds) or 1 (b: the weight, x of DF_GEMM_BWD_W); flags as
  * df_op_matmul_fp8's (DF_FP8_DY_BLOCKS counts). Every backend's rounding takes it from here. */

@@ -20,7 +20,7 @@
  *  GEMM, the FP8 op, the BF16 path's rounding of the activations (df_op_fp8_qdq),
  *  and the tensor cores' whole call with the weight's codes made or kept; medians of 9
  *  host-timed calls (a sync each).
- * SwiGLU writing its GEMM operands' codes (DF_FP8_MADE): test_gpu_fp8_swiglu; the
+ * SwiGLU writing its GEMM operands' codes (DF_FP8_MADE): test_gpu_fp8_made; the
  * LM head + CE under FP8: test_gpu_fp8_lmhead. */
 #include <errno.h>
 #include <math.h>

@@ -635,11 +635,13 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor lse = df_tensor_2d(A->lse, DF_DTYPE_F32, N, nq);
         df_tensor win = PW(d, W, I->in_norm), wq = PW(d, W, I->wq), wk = PW(d, W, I->wk),
                   wv = PW(d, W, I->wv), wo = PW(d, W, I->wo);
-        CK(df_op_rmsnorm(be, &xin, &win, eps, 0, &a));
-        /* (FP8: a's rounding once for q, k and v; cn's once for k and v) */
-        CK(drafter_mm(d, &a, &wq, &qraw, DF_FP8_HOLD_X));
-        CK(drafter_mm(d, &a, &wk, &kbraw, DF_FP8_SAME_X));
-        CK(drafter_mm(d, &a, &wv, &vb, DF_FP8_SAME_X));
+        /* (FP8: a's codes once for q, k and v, where the norm makes them; read by nothing else
+         * where the backward recomputes it. cn's rounding once for k and v) */
+        const unsigned fwd_only = d->recompute ? DF_FP8_ONLY_CODES : 0;
+        CK(drafter_rmsnorm(d, &xin, &win, eps, &a, 3, DF_FP8_X_FWD | fwd_only));
+        CK(drafter_mm(d, &a, &wq, &qraw, DF_FP8_HOLD_X | DF_FP8_MADE));
+        CK(drafter_mm(d, &a, &wk, &kbraw, DF_FP8_SAME_X | DF_FP8_MADE));
+        CK(drafter_mm(d, &a, &wv, &vb, DF_FP8_SAME_X | DF_FP8_MADE));
         CK(drafter_mm(d, &cn, &wk, &kcraw, DF_FP8_HOLD_X));
         CK(drafter_mm(d, &cn, &wv, &vc, DF_FP8_SAME_X));
         if ((rc = qk_norm_rope(d, W, I, A, r, N, S, e)))
@@ -654,9 +656,9 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor b = M(A->b, N, H), g = M(A->g, N, F), u = M(A->u, N, F), mm = M(A->m, N, F);
         df_tensor wpn = PW(d, W, I->post_norm), wg = PW(d, W, I->gate), wu = PW(d, W, I->up),
                   wd = PW(d, W, I->down);
-        CK(df_op_rmsnorm(be, &xmid, &wpn, eps, 0, &b));
-        CK(drafter_mm(d, &b, &wg, &g, DF_FP8_HOLD_X));
-        CK(drafter_mm(d, &b, &wu, &u, DF_FP8_SAME_X));
+        CK(drafter_rmsnorm(d, &xmid, &wpn, eps, &b, 2, DF_FP8_X_FWD | fwd_only));
+        CK(drafter_mm(d, &b, &wg, &g, DF_FP8_HOLD_X | DF_FP8_MADE));
+        CK(drafter_mm(d, &b, &wu, &u, DF_FP8_SAME_X | DF_FP8_MADE));
         /* with FP8, also Wd's x codes; m itself is read again only without recompute */
         CK(drafter_swiglu(d, &g, &u, &mm, DF_FP8_X_FWD | (d->recompute ? DF_FP8_ONLY_CODES : 0)));
         /* the layer output: xmid + m Wd^T, into the next layer's xin (or xfin) */
@@ -785,16 +787,18 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
             CK(df_backend_zero(be, (uint8_t *)G + (size_t)d->alo[l + 1] * ges,
                                (size_t)(d->ahi[l + 1] - d->alo[l + 1]) * ges));
         }
-        if (d->recompute) { /* the forward's ops again, on the layer's saved inputs: same bits */
-            df_tensor win = PW(d, W, I->in_norm), wpn = PW(d, W, I->post_norm);
-            CK(df_op_rmsnorm(be, &xin, &win, eps, 0, &a));
+        if (d->recompute) { /* the forward's ops again, on the layer's saved inputs: same bits
+                             * (a's norm where its weight gradients read it, below) */
+            df_tensor wpn = PW(d, W, I->post_norm);
             if ((rc = qk_norm_rope(d, W, I, A, r, N, S, e)))
-            return rc; /* its message names the op */
-            CK(df_op_rmsnorm(be, &xmid, &wpn, eps, 0, &b));
+                return rc; /* its message names the op */
+            /* (FP8: b's codes for the gate / up weight gradients, and the forward's again) */
+            const unsigned bx = d->recompute > 1 ? DF_FP8_X_FWD : 0;
+            CK(drafter_rmsnorm(d, &xmid, &wpn, eps, &b, 2, DF_FP8_X_BWD_W | bx | DF_FP8_ONLY_CODES));
             if (d->recompute > 1) { /* the MLP's input projections again */
                 df_tensor wg = PW(d, W, I->gate), wu = PW(d, W, I->up);
-                CK(drafter_mm(d, &b, &wg, &g, DF_FP8_HOLD_X));
-                CK(drafter_mm(d, &b, &wu, &u, DF_FP8_SAME_X));
+                CK(drafter_mm(d, &b, &wg, &g, DF_FP8_HOLD_X | DF_FP8_MADE));
+                CK(drafter_mm(d, &b, &wu, &u, DF_FP8_SAME_X | DF_FP8_MADE));
             }
             /* Wd's gradient's x codes, which are all that reads m */
             CK(drafter_swiglu(d, &g, &u, &mm, DF_FP8_X_BWD_W | DF_FP8_ONLY_CODES));
@@ -862,9 +866,13 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         CK(drafter_mm_bx(d, &dqr, &wq, &da, 0));
         CK(drafter_mm_bx(d, &dkbr, &wk, &da, 1));
         CK(drafter_mm_bx(d, &dvb, &wv, &da, 1));
-        CK(drafter_mm_bw(d, &dqr, &a, &gwq, acc1 | DF_FP8_HOLD_X));
-        CK(drafter_mm_bw(d, &dkbr, &a, &gwk, acc1 | DF_FP8_SAME_X));
-        CK(drafter_mm_bw(d, &dvb, &a, &gwv, acc1 | DF_FP8_SAME_X));
+        if (d->recompute) { /* a again, read by these three alone (FP8: their x codes) */
+            df_tensor win = PW(d, W, I->in_norm);
+            CK(drafter_rmsnorm(d, &xin, &win, eps, &a, 3, DF_FP8_X_BWD_W | DF_FP8_ONLY_CODES));
+        }
+        CK(drafter_mm_bw(d, &dqr, &a, &gwq, acc1 | DF_FP8_HOLD_X | DF_FP8_MADE));
+        CK(drafter_mm_bw(d, &dkbr, &a, &gwk, acc1 | DF_FP8_SAME_X | DF_FP8_MADE));
+        CK(drafter_mm_bw(d, &dvb, &a, &gwv, acc1 | DF_FP8_SAME_X | DF_FP8_MADE));
         CK(drafter_mm_bx(d, &dkcr, &wk, &dcn, 1));
         CK(drafter_mm_bx(d, &dvc, &wv, &dcn, 1));
         CK(drafter_mm_bw(d, &dkcr, &cn, &gwk, DF_FP8_ACCUMULATE | DF_FP8_HOLD_X));

@@ -37,6 +37,13 @@ int drafter_swiglu(df_drafter *d, const df_tensor *g, const df_tensor *u, df_ten
     return d->q8 ? df_op_swiglu_fp8(d->be, g, u, out, flags) : df_op_swiglu(d->be, g, u, out);
 }
 
+int drafter_rmsnorm(df_drafter *d, const df_tensor *x, const df_tensor *w, float eps, df_tensor *y,
+                    int uses, unsigned flags)
+{
+    return d->q8 ? df_op_rmsnorm_fp8(d->be, x, w, eps, y, uses, flags)
+                 : df_op_rmsnorm(d->be, x, w, eps, 0, y);
+}
+
 int drafter_swiglu_bwd(df_drafter *d, const df_tensor *g, const df_tensor *u, const df_tensor *dout,
                        df_tensor *dg, df_tensor *du)
 {

@@ -105,6 +105,11 @@ int drafter_mm_bw(df_drafter *d, const df_tensor *dy, const df_tensor *x, df_ten
  * flags DF_FP8_X_FWD / _BWD_W, and DF_FP8_ONLY_CODES where nothing else reads it), which then
  * pass DF_FP8_MADE */
 int drafter_swiglu(df_drafter *d, const df_tensor *g, const df_tensor *u, df_tensor *out, unsigned flags);
+/* RMSNorm (plain) before `uses` projections that share its output; with FP8 its hint that y is
+ * their x in the GEMMs of flags' kinds (df_op_rmsnorm_fp8: DF_FP8_X_FWD / _BWD_W, and
+ * DF_FP8_ONLY_CODES where nothing else reads it), which then pass DF_FP8_MADE */
+int drafter_rmsnorm(df_drafter *d, const df_tensor *x, const df_tensor *w, float eps, df_tensor *y,
+                    int uses, unsigned flags);
 /* SwiGLU's backward; with FP8 its hint that dg and du are the dy of the gate and up projections'
  * backward GEMMs and nothing else's (df_op_swiglu_bwd_fp8, DF_FP8_ONLY_CODES), which then pass
  * DF_FP8_MADE */

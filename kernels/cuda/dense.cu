@@ -33,6 +33,9 @@
 #include "bf16.cuh"
 #include "swiglu.cuh"
 #include "cuda_internal.h"
+#include "e4m3.cuh"
+#include "norm.cuh"
+#include "train_cuda.h"
 
 /* Before rows.cuh, which is sized by them. */
 constexpr int NT = 256; /* threads per block */
@@ -308,7 +311,7 @@ __device__ __forceinline__ float norm_out(int mode, float x, float inv, float w,
 {
     switch (mode) {
     case NORM_RMS:
-        return w * (x * inv);
+        return rms_out(x, inv, w);
     case NORM_RMS_P1:
         return (1.0f + w) * (x * inv);
     case NORM_GATED:
@@ -404,6 +407,13 @@ struct NormVArgs {
     float eps, scale;
     int mode, nvec;
     uint32_t rows;
+    /* the FP8 variant (normv_kernel's Q8; 2-D, plain RMSNorm): y where not NULL; the E4M3
+     * codes of y's 1 x 128 blocks (fp8_codes.cu's mode 0 with n_out = rows, kp = the row's
+     * length: codes [rows, kp], sc[kb * rows + r]) where codes is not NULL; the rows' 1 / rms
+     * into inv where not NULL */
+    uint8_t *codes;
+    float *sc, *inv;
+    int64_t kp;
 };
 
 template <int MODE, int NV, int RPT>
@@ -433,10 +443,52 @@ __device__ __forceinline__ void normv_write(const NormVArgs &p, const uint4 (&xr
     }
 }
 
-template <int MODE, int TPR, int NV, int RPT>
+/* normv_write for the FP8 variant: y's BF16 values as normv_write rounds them, stored where
+ * p.y is set; from those values the codes of each 1 x 128 block (16 lanes of one vector index
+ * i: TPR a multiple of 16, nvec of 16) with fp8_codes.cu's rounding (e4m3.cuh), so they are the
+ * bytes its mode 0 writes from y. Every lane reaches the shuffles (rows past the end and
+ * vectors past nvec compute on zeros and store nothing). */
+template <int NV, int RPT>
+__device__ __forceinline__ void normv_write_q8(const NormVArgs &p, const uint4 (&xr)[RPT][NV],
+                                               const uint4 (&wr)[NV], const int64_t (&yo)[RPT],
+                                               const uint32_t (&rr)[RPT], const bool (&ok)[RPT],
+                                               const float (&inv)[RPT], int lane, int tpr)
+{
+#pragma unroll
+    for (int j = 0; j < RPT; j++) {
+#pragma unroll
+        for (int i = 0; i < NV; i++) {
+            const int v = lane + i * tpr;
+            const bool live = ok[j] && v < p.nvec;
+            float f[VEC], w[VEC];
+            unpack8(xr[j][i], f);
+            unpack8(wr[i], w);
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                f[e] = norm_out(NORM_RMS, f[e], inv[j], w[e], 0.0f, p.scale);
+            const uint4 u = make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]),
+                                       pack2(f[6], f[7]));
+            if (live && p.y)
+                *reinterpret_cast<uint4 *>(p.y + yo[j] + (int64_t)v * VEC) = u;
+            if (p.codes) {
+                const uint32_t mb = amax16_bits(u);
+                if (live) {
+                    float sc = codes8_store(u, mb, p.codes + (int64_t)rr[j] * p.kp + (int64_t)v * VEC);
+                    if ((lane & 15) == 0)
+                        p.sc[(int64_t)(v / 16) * p.rows + rr[j]] = sc;
+                }
+            }
+        }
+        if (p.inv && lane == 0 && ok[j])
+            p.inv[rr[j]] = inv[j];
+    }
+}
+
+template <int MODE, int TPR, int NV, int RPT, bool Q8 = false>
 __global__ void __launch_bounds__(NT, TPR > 32 ? 1 : MODE == NORM_GATED ? NORMV_MINB - 1 : NORMV_MINB)
     normv_kernel(NormVArgs p)
 {
+    static_assert(!Q8 || (MODE == NORM_RMS && TPR % 16 == 0), "the FP8 variant: RMSNorm, 16-lane blocks");
     static_assert(NT % TPR == 0 && (TPR <= 32 || TPR % 32 == 0), "rows of whole groups");
     static_assert(TPR <= 32 || RPT == 1, "block rows: one row per group");
     constexpr int G = NT / TPR; /* row groups per block */
@@ -445,6 +497,7 @@ __global__ void __launch_bounds__(NT, TPR > 32 ? 1 : MODE == NORM_GATED ? NORMV_
     constexpr bool gated = MODE == NORM_GATED, has_w = MODE != NORM_L2;
     uint4 xr[RPT][NV], zr[RPT][NV], wr[NV];
     int64_t yo[RPT];
+    uint32_t rr[RPT];
     bool ok[RPT];
 #pragma unroll
     for (int i = 0; i < NV; i++) {
@@ -457,6 +510,7 @@ __global__ void __launch_bounds__(NT, TPR > 32 ? 1 : MODE == NORM_GATED ? NORMV_
     for (int j = 0; j < RPT; j++) {
         const uint32_t r = blockIdx.x * (uint32_t)(G * RPT) + (uint32_t)(j * G + grp);
         ok[j] = r < p.rows;
+        rr[j] = r;
         int64_t off[MAXT] = {0, 0, 0};
         if (ok[j])
             row_offsets_fast(p.L, p.d1, p.d2, r, off);
@@ -511,7 +565,10 @@ __global__ void __launch_bounds__(NT, TPR > 32 ? 1 : MODE == NORM_GATED ? NORMV_
         /* as norm_kernel: 1 / sqrt(), mean for RMSNorm, sum for l2norm */
         inv[j] = MODE == NORM_L2 ? 1.0f / sqrtf(ss[j] + p.eps)
                                  : 1.0f / sqrtf(ss[j] / (float)p.L.cols + p.eps);
-    normv_write<MODE, NV, RPT>(p, xr, zr, wr, yo, ok, inv, lane, TPR);
+    if constexpr (Q8)
+        normv_write_q8<NV, RPT>(p, xr, wr, yo, rr, ok, inv, lane, TPR);
+    else
+        normv_write<MODE, NV, RPT>(p, xr, zr, wr, yo, ok, inv, lane, TPR);
 }
 
 /* ---- host side ---- */
@@ -626,7 +683,82 @@ void normv_run(const NormVArgs &q, cudaStream_t st)
         }
 }
 
+template <int TPR, int NV, int RPT> void normv_launch_q8(const NormVArgs &q, cudaStream_t st)
+{
+    normv_kernel<NORM_RMS, TPR, NV, RPT, true><<<(unsigned)cdiv(q.rows, NT / TPR * RPT), NT, 0, st>>>(q);
+}
+
+/* normv_run's shapes for the FP8 variant, where their lanes per row are a multiple of 16
+ * (nvec 32 and up): 1, or 0 for a shape it does not take */
+int normv_run_q8(const NormVArgs &q, cudaStream_t st)
+{
+    const int nv = q.nvec;
+    if (nv <= 16 || nv % 16)
+        return 0;
+    if (nv <= 32)
+        normv_launch_q8<16, 2, 2>(q, st);
+    else if (nv <= 64)
+        normv_launch_q8<32, 2, 2>(q, st);
+    else if (nv <= 128)
+        normv_launch_q8<32, 4, 1>(q, st);
+    else
+        switch ((nv + 127) / 128) {
+        case 2:
+            normv_launch_q8<128, 2, 1>(q, st);
+            break;
+        case 3:
+            normv_launch_q8<128, 3, 1>(q, st);
+            break;
+        case 4:
+            normv_launch_q8<128, 4, 1>(q, st);
+            break;
+        case 5:
+            normv_launch_q8<128, 5, 1>(q, st);
+            break;
+        case 6:
+            normv_launch_q8<128, 6, 1>(q, st);
+            break;
+        case 7:
+            normv_launch_q8<128, 7, 1>(q, st);
+            break;
+        default:
+            normv_launch_q8<128, 8, 1>(q, st);
+            break;
+        }
+    return 1;
+}
+
 } /* namespace */
+
+int df_cuda_rmsnorm_q8_rows(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
+                            df_tensor *y, float *inv, uint8_t *codes, float *sc)
+{
+    const int64_t R = x->shape[0], D = x->shape[1];
+    const df_tensor *t[MAXT] = {x, y ? y : x};
+    NormVArgs q;
+    memset(&q, 0, sizeof q);
+    q.L = rows_of(t, 2, 0);
+    q.x = (const uint16_t *)x->data;
+    q.w = (const uint16_t *)w->data;
+    q.y = y ? (uint16_t *)y->data : nullptr;
+    const void *ptrs[3] = {q.x, q.y ? (const void *)q.y : (const void *)q.x, q.w};
+    /* 2-D rows of whole 128-blocks, 16-byte aligned, as normv_run takes them */
+    if (x->ndim != 2 || (y && y->ndim != 2) || D % 128 || D / VEC > 1024 || R >= IDX_LIMIT ||
+        q.L.rows != R || q.L.cols != D || !rows_vec_ok(q.L, ptrs, 3, 2) ||
+        x->dtype != DF_DTYPE_BF16 || w->dtype != DF_DTYPE_BF16)
+        return 0;
+    q.d1 = fast_div(q.L.n1);
+    q.d2 = fast_div(q.L.n2);
+    q.eps = eps;
+    q.scale = 1.0f;
+    q.mode = NORM_RMS;
+    q.nvec = (int)(D / VEC);
+    q.rows = (uint32_t)R;
+    q.codes = codes, q.sc = sc, q.inv = inv, q.kp = D;
+    if (!normv_run_q8(q, df_cuda_stream(be)))
+        return 0;
+    return df_cuda_check_launch("rmsnorm fp8 rows kernel") ? -EIO : 1;
+}
 
 static int norm_rows(df_backend *be, int mode, const df_tensor *x, const df_tensor *z,
                      const df_tensor *w, float eps, float scale, df_tensor *y)

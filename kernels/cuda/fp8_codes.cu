@@ -12,6 +12,7 @@
 #include "cuda_internal.h"
 #include "e4m3.cuh"
 #include "fp8_cuda.h"
+#include "norm.cuh"
 
 namespace {
 
@@ -62,7 +63,10 @@ __global__ void __launch_bounds__(QT) q8_row(const uint16_t *__restrict__ x, int
 }
 
 /* 1 x 128 blocks along the columns of x [R, C]: out [C, kp] = x^T codes
- * (reduction R), sc[kb * C + o]. A CTA: 128 reduction steps x 64 out rows.
+ * (reduction R), sc[kb * C + o]. NORM: of y = rmsnorm(x) instead, each row's
+ * 1 / rms in inv[R] and the weight w [C] (16-byte aligned), y's BF16 values
+ * made as the norm kernels make them (norm.cuh) before anything else reads
+ * them; rows past R stay zero. A CTA: 128 reduction steps x 64 out rows.
  * Each thread loads two pairs of reduction steps x 8 columns (4 x 16 bytes,
  * all issued first) and stores each column's pair as one word of the
  * transposed tile (a row of 64 words + 3: two-way bank conflicts at most);
@@ -70,9 +74,12 @@ __global__ void __launch_bounds__(QT) q8_row(const uint16_t *__restrict__ x, int
  * of 67 words are not 8-byte aligned),
  * the amax, the scale, 4 codes per lane in one store. */
 constexpr int CT_W = 67; /* words per row of q8_col's tile */
+template <bool NORM>
 __global__ void __launch_bounds__(QT) q8_col(const uint16_t *__restrict__ x, int64_t ldx,
                                              int64_t R, int64_t C, uint8_t *__restrict__ out,
-                                             int64_t kp, float *__restrict__ sc, int vec)
+                                             int64_t kp, float *__restrict__ sc, int vec,
+                                             const float *__restrict__ inv,
+                                             const uint16_t *__restrict__ w)
 {
     __shared__ __align__(16) uint32_t t[64 * CT_W + 1];
     const int64_t o0 = (int64_t)blockIdx.y * 64, k0 = (int64_t)blockIdx.x * 128;
@@ -84,6 +91,28 @@ __global__ void __launch_bounds__(QT) q8_col(const uint16_t *__restrict__ x, int
 #pragma unroll
         for (int h = 0; h < 2; h++)
             r[it][h] = load8_raw(x + (k + h) * ldx + o, vec, k + h < R ? C - o : 0);
+    }
+    if (NORM) {
+#pragma unroll
+        for (int it = 0; it < 2; it++) {
+            int c = threadIdx.x + it * QT, pr = c / 8, oc = (c % 8) * 8;
+            int64_t k = k0 + 2 * pr, o = o0 + oc;
+            float wf[8];
+            unpack8(load8_raw(w + o, vec, C - o), wf);
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                if (k + h >= R)
+                    continue;
+                float f[8];
+                const float iv = inv[k + h];
+                unpack8(r[it][h], f);
+#pragma unroll
+                for (int e = 0; e < 8; e++)
+                    f[e] = rms_out(f[e], iv, wf[e]);
+                r[it][h] = make_uint4(pack2(f[0], f[1]), pack2(f[2], f[3]), pack2(f[4], f[5]),
+                                      pack2(f[6], f[7]));
+            }
+        }
     }
 #pragma unroll
     for (int it = 0; it < 2; it++) {
@@ -225,8 +254,8 @@ extern "C" int df_cuda_fp8_codes_run(cudaStream_t st, int mode, const uint16_t *
         q8_row<<<(unsigned)((n_out * (kp / 128) + per - 1) / per), QT, 0, st>>>(x, ld, R, C, codes, kp, sc,
                                                                                 n_out, vec);
     } else if (mode == 1) {
-        q8_col<<<dim3((unsigned)(kp / 128), (unsigned)((C + 63) / 64)), QT, 0, st>>>(x, ld, R, C, codes, kp,
-                                                                                   sc, vec);
+        q8_col<false><<<dim3((unsigned)(kp / 128), (unsigned)((C + 63) / 64)), QT, 0, st>>>(
+            x, ld, R, C, codes, kp, sc, vec, nullptr, nullptr);
     } else {
         dim3 g((unsigned)((C + 127) / 128), (unsigned)((R + 127) / 128));
         if (mode == 3)
@@ -235,6 +264,15 @@ extern "C" int df_cuda_fp8_codes_run(cudaStream_t st, int mode, const uint16_t *
             q8_blk<false><<<g, QT, 0, st>>>(x, ld, R, C, codes, kp, sc, rup(kp / 128, 4), vec);
     }
     return df_cuda_check_launch("fp8 rounding codes");
+}
+
+extern "C" int df_cuda_fp8_codes_norm_run(cudaStream_t st, const uint16_t *x, int64_t ld, int64_t R,
+                                          int64_t C, const float *inv, const uint16_t *w,
+                                          uint8_t *codes, int64_t kp, float *sc, int vec)
+{
+    q8_col<true><<<dim3((unsigned)(kp / 128), (unsigned)((C + 63) / 64)), QT, 0, st>>>(
+        x, ld, R, C, codes, kp, sc, vec && ((uintptr_t)w & 15) == 0, inv, w);
+    return df_cuda_check_launch("fp8 rmsnorm column codes");
 }
 
 extern "C" int df_cuda_fp8_round_codes(df_backend *be, int mode, const df_tensor *x, uint8_t *codes,

@@ -88,9 +88,10 @@ typedef struct df_cuda_fp8_kept {
 df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_gemm_kind kind,
                                        const df_tensor *w);
 /* Operands' codes written by the op that computes them (df_op_swiglu_bwd_fp8: dy of the gate
- * and up projections; df_op_swiglu_fp8: x of the down projection) for the df_op_matmul_fp8
+ * and up projections; df_op_swiglu_fp8: x of the down projection; df_op_rmsnorm_fp8: x of the
+ * projections that read a norm's output) for the df_op_matmul_fp8
  * calls that follow with DF_FP8_MADE: a region per slot (0 .. DF_CUDA_FP8_MADE - 1), grown as
- * needed, until the backend closes; each serves one call (the first that matches it). Claim slot for t [R, C] (bf16, 2-D) as operand op of kind
+ * needed, until the backend closes; each serves one call (the first that matches it; df_cuda_fp8_made_claim_n: several). Claim slot for t [R, C] (bf16, 2-D) as operand op of kind
  * (0: a, dy of BWD_X / BWD_W or x of FWD; 1: b, x of BWD_W): 1 with out filled, the region
  * now t's but not ready; 0 where the codes would not be used (no E4M3 tensor cores, MXFP8,
  * BWD_W's dy without dyblk (128 x 1 blocks), no memory). The layouts (df_cuda_fp8_round_codes'
@@ -106,9 +107,14 @@ df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_gemm_kind ki
  * kernel writing them is enqueued on the backend's stream, 2 if it also left t's values
  * unwritten (DF_FP8_ONLY_CODES: a call that cannot take the codes then fails), 0 if it failed
  * (the slot stays unused). */
-#define DF_CUDA_FP8_MADE 6
+#define DF_CUDA_FP8_MADE 8
 int df_cuda_fp8_made_claim(df_backend *be, int slot, df_gemm_kind kind, int op, const df_tensor *t,
                            int dyblk, df_cuda_fp8_rows *out);
+/* The same for uses calls (>= 1; projections sharing one input: df_op_rmsnorm_fp8's slots 6 (FWD)
+ * and 7 (BWD_W)): the region serves the first uses calls that match it, and counts as taken
+ * (made_proven) when all of them ran on the tensor cores. */
+int df_cuda_fp8_made_claim_n(df_backend *be, int slot, df_gemm_kind kind, int op, const df_tensor *t,
+                             int dyblk, int uses, df_cuda_fp8_rows *out);
 void df_cuda_fp8_made_ready(df_backend *be, int slot, int ok);
 /* After a claim: whether the slot's last claim had the same geometry (shape, row stride,
  * kind, operand; not the memory: a model's layers take turns) and its call took the codes on
@@ -203,6 +209,12 @@ int df_cuda_fp8_round_codes(df_backend *be, int mode, const df_tensor *x, uint8_
  * and ld allow). 0 or -EIO. */
 int df_cuda_fp8_codes_run(cudaStream_t st, int mode, const uint16_t *x, int64_t ld, int64_t R, int64_t C,
                           uint8_t *codes, int64_t kp, float *sc, int64_t n_out, int vec);
+/* Mode 1's codes of y = rmsnorm(x) (plain, weight w [C], each row's 1 / rms in inv [R], device
+ * memory), y's BF16 values made as the norm kernels make them: the bytes mode 1 writes from y.
+ * x as above; vec also needs w 16-byte aligned (checked here). */
+int df_cuda_fp8_codes_norm_run(cudaStream_t st, const uint16_t *x, int64_t ld, int64_t R, int64_t C,
+                               const float *inv, const uint16_t *w, uint8_t *codes, int64_t kp, float *sc,
+                               int vec);
 int df_cuda_fp8_mx_run(cudaStream_t st, const float *sc, int blk, int64_t n_sc, int64_t rows, int64_t kp,
                        uint8_t *out);
 

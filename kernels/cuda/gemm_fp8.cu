@@ -111,7 +111,9 @@ typedef struct fp8_held {
     int64_t rows, cols, ld, n, kp;
     int kind, mx, blk, op, ready;
     int only;   /* ready, and the tensor's values were not written (DF_FP8_ONLY_CODES) */
-    int took;   /* the call that took the codes ran on the tensor cores */
+    int uses;   /* made: the calls it serves yet (ready until they have taken it) */
+    int took_all; /* made: every call so far that took it ran on the tensor cores */
+    int took;   /* the calls that took the codes ran on the tensor cores (made: all of them) */
     int proven; /* this claim's geometry is the last one's, and that one's codes were taken */
     void *buf;
     size_t bytes;
@@ -721,10 +723,17 @@ static void made_geometry(df_gemm_kind kind, int op, const df_tensor *t, int64_t
 extern "C" int df_cuda_fp8_made_claim(df_backend *be, int slot, df_gemm_kind kind, int op,
                                       const df_tensor *t, int dyblk, df_cuda_fp8_rows *out)
 {
+    return df_cuda_fp8_made_claim_n(be, slot, kind, op, t, dyblk, 1, out);
+}
+
+extern "C" int df_cuda_fp8_made_claim_n(df_backend *be, int slot, df_gemm_kind kind, int op,
+                                        const df_tensor *t, int dyblk, int uses,
+                                        df_cuda_fp8_rows *out)
+{
     df_cuda_state *s = (df_cuda_state *)be->impl;
     memset(out, 0, sizeof *out);
     int bw = kind == DF_GEMM_BWD_W;
-    if (slot < 0 || slot >= DF_CUDA_FP8_MADE || op < 0 || op > 1 || (op == 1 && !bw) ||
+    if (slot < 0 || slot >= DF_CUDA_FP8_MADE || op < 0 || op > 1 || (op == 1 && !bw) || uses < 1 ||
         (bw && op == 0 && !dyblk) || !df_cuda_fp8_gemm_possible(be) || mx_of(s->device) ||
         t->dtype != DF_DTYPE_BF16 || t->ndim != 2 || t->shape[0] < 1 || t->shape[1] < 1)
         return 0;
@@ -742,6 +751,7 @@ extern "C" int df_cuda_fp8_made_claim(df_backend *be, int slot, df_gemm_kind kin
         return 0;
     h->x = t->data, h->kind = (int)kind, h->rows = t->shape[0], h->cols = t->shape[1];
     h->ld = t->stride[0], h->n = n, h->kp = kp, h->mx = 0, h->blk = bw && op == 0, h->op = op;
+    h->uses = uses, h->took_all = 1;
     w = ws_layout(kind, op ? n : 1, op ? 1 : n, kp, op ? (char *)h->buf : NULL,
                   op ? (char *)h->buf : NULL, op ? NULL : (char *)h->buf, 0);
     out->codes = op ? w.qa : w.qb, out->scales = op ? w.sa : w.sb, out->kp = kp, out->n = n;
@@ -776,6 +786,16 @@ static int only_codes_of(const fp8_cache *fc, const df_tensor *t)
         if (fc->made[i].ready && fc->made[i].only && fc->made[i].x == t->data)
             return 1;
     return 0;
+}
+
+/* One of a made region's calls took it (took: on the tensor cores): the last one leaves it
+ * unready, its took set for the next claim's proof */
+static void made_used(fp8_held *h, int took)
+{
+    h->took_all &= took;
+    if (--h->uses > 0)
+        return;
+    h->ready = 0, h->only = 0, h->took = h->took_all;
 }
 
 /* The ready region holding operand op's codes (t) for this call (DF_FP8_MADE), or NULL. */
@@ -841,10 +861,10 @@ extern "C" int df_cuda_matmul_fp8_fast(df_backend *be, df_gemm_kind kind, const 
     g_x_reused += rc == 1 && x_ready && !mx;
     g_made_reused += rc == 1 ? (ma != NULL) + (mb != NULL) : 0;
     int only = (ma && ma->only) || (mb && mb->only);
-    if (ma) /* a producer's codes serve one call */
-        ma->ready = 0, ma->only = 0, ma->took = rc == 1;
+    if (ma) /* a producer's codes serve the calls it claimed them for */
+        made_used(ma, rc == 1);
     if (mb)
-        mb->ready = 0, mb->only = 0, mb->took = rc == 1;
+        made_used(mb, rc == 1);
     if (rc == 0 && only) /* the BF16 path would read values that were never written */
         return only_codes_error("the tensor cores refused a call whose operand only its "
                                 "producer's codes hold");

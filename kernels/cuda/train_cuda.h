@@ -34,6 +34,13 @@ extern "C" {
  * (0: back to the default; -EINVAL past TWOPASS): the tests' and benches'
  * hook. df_cuda_rmsnorm_bwd_last_impl(): the path the last call took (0
  * before any). Not thread-safe: process-wide settings. */
+/* RMSNorm (plain) of x [R, D] (2-D, D a multiple of 128, rows 16-byte aligned, w too) for
+ * df_op_rmsnorm_fp8 (dense.cu): y where not NULL (df_cuda_rmsnorm's bits), the E4M3 codes of y's
+ * 1 x 128 blocks where codes is not NULL (fp8_codes.cu's mode 0 with n_out = R and kp = D: codes
+ * [R, D], sc[kb * R + r]; the bytes it writes from y), the rows' 1 / rms into inv [R] where not
+ * NULL (device memory). 1 when enqueued, 0 for a shape it does not take, -EIO. */
+int df_cuda_rmsnorm_q8_rows(df_backend *be, const df_tensor *x, const df_tensor *w, float eps,
+                            df_tensor *y, float *inv, uint8_t *codes, float *sc);
 enum { DF_CUDA_RMSNORM_BWD_ONEPASS = 1, DF_CUDA_RMSNORM_BWD_TWOPASS = 2 };
 int df_cuda_rmsnorm_bwd_set_impl(int impl);
 int df_cuda_rmsnorm_bwd_last_impl(void);

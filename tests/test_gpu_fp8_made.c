@@ -1,6 +1,6 @@
-/* test_gpu_fp8_swiglu - SwiGLU writing the E4M3 codes of the GEMM operands it computes
- * (df_op_swiglu_fp8, df_op_swiglu_bwd_fp8, DF_FP8_MADE, DF_FP8_ONLY_CODES) on the CUDA
- * backend. Skips (77) without a GPU.
+/* test_gpu_fp8_made - ops writing the E4M3 codes of the GEMM operands they compute
+ * (df_op_swiglu_fp8, df_op_swiglu_bwd_fp8, df_op_rmsnorm_fp8, DF_FP8_MADE, DF_FP8_ONLY_CODES)
+ * on the CUDA backend. Skips (77) without a GPU.
  *  - backward (check_swiglu_dy): dgate / dup bitwise df_op_swiglu_bwd's, in place or not, and
  *    the four GEMMs that take them bitwise those without the hints; the codes it kept bitwise
  *    the rounding kernels' (padding and scales included);
@@ -9,6 +9,9 @@
  *    kernels', each region used once;
  *  - DF_FP8_ONLY_CODES: the same GEMM bits with the values left out where every call is
  *    proven to take the codes, and a call that would read them fails with -EIO;
+ *  - RMSNorm (check_rmsnorm_x): y bitwise df_op_rmsnorm's, three forward and three weight
+ *    gradient GEMMs bitwise those without the hint, the kept codes the rounding kernels', each
+ *    region used by its three calls; DF_FP8_ONLY_CODES as above;
  *  - with the E4M3 GEMMs off (DFLASH_FP8_GEMM=0) nothing is kept and the values are written.
  * The codes are kept on sm_90 only (MXFP8 on 10+ rounds in the GEMMs). */
 #include <errno.h>
@@ -263,6 +266,117 @@ static void check_swiglu_x(int64_t R, int64_t F, int64_t H, int sm90)
     df_backend_free(g, gg), df_backend_free(g, gu), df_backend_free(g, gw), df_backend_free(g, gdy);
 }
 
+/* df_op_rmsnorm_fp8 + DF_FP8_MADE, a norm before three projections as the drafter runs it (x
+ * [R, H], weights wi [Oi, H], dyi [R, Oi]; sm90: the codes are to be kept, 0 where they are
+ * not: another GPU, DFLASH_FP8_RMSNORM=0): y bitwise df_op_rmsnorm's; the forward GEMMs
+ * (y wi^T, x held) and the weight gradients (dyi^T y, dy in 128 x 128 blocks) bitwise those
+ * without the hint. Where the codes were kept (sm_90, H a multiple of 128) they are bitwise the
+ * rounding kernels' (modes 0 and 1), and (aligned shapes) the six calls used them. Under
+ * DF_FP8_ONLY_CODES: the same GEMM bits with y left out once proven, and a GEMM that would read
+ * y while its codes wait fails with -EIO. */
+static void check_rmsnorm_x(int64_t R, int64_t H, int sm90)
+{
+    df_backend *g = gh_gpu;
+    const int64_t O[3] = {256, 128, 384};
+    float *xf = gh_rand_bf16(GH_N01, &rng, R * H, 3.0f), *wf = gh_rand_bf16(GH_N01, &rng, H, 1.0f);
+    void *gx = gh_dev_bf16(g, xf, R * H), *gw = gh_dev_bf16(g, wf, H);
+    df_tensor X = df_tensor_2d(gx, DF_DTYPE_BF16, R, H), Wn = df_tensor_1d(gw, DF_DTYPE_BF16, H);
+    df_tensor Wp[3], DY[3];
+    void *gwp[3], *gdy[3];
+    float *hw[3], *hdy[3];
+    for (int i = 0; i < 3; i++) {
+        hw[i] = gh_rand_bf16(GH_N01, &rng, O[i] * H, 0.05f), hdy[i] = gh_rand_bf16(GH_N01, &rng, R * O[i], 0.1f);
+        gwp[i] = gh_dev_bf16(g, hw[i], O[i] * H), gdy[i] = gh_dev_bf16(g, hdy[i], R * O[i]);
+        Wp[i] = df_tensor_2d(gwp[i], DF_DTYPE_BF16, O[i], H), DY[i] = df_tensor_2d(gdy[i], DF_DTYPE_BF16, R, O[i]);
+    }
+    /* outputs: y, the three forwards, the three weight gradients */
+    int64_t n[7] = {R * H};
+    for (int i = 0; i < 3; i++)
+        n[1 + i] = R * O[i], n[4 + i] = O[i] * H;
+    float *got[3][7];
+    const int aligned = sm90 && H % 128 == 0 && R % 128 == 0;
+    int64_t reused0 = df_cuda_fp8_made_reused(), bad_codes = 0, kept = 0, stale = -1;
+    for (int h = 0; h < 3; h++) { /* plain, hinted, hinted with DF_FP8_ONLY_CODES */
+        void *o[7];
+        for (int i = 0; i < 7; i++)
+            o[i] = gh_dev_poisoned(g, n[i], DF_DTYPE_BF16);
+        df_tensor Y = df_tensor_2d(o[0], DF_DTYPE_BF16, R, H), C[3], DW[3];
+        for (int i = 0; i < 3; i++)
+            C[i] = df_tensor_2d(o[1 + i], DF_DTYPE_BF16, R, O[i]),
+            DW[i] = df_tensor_2d(o[4 + i], DF_DTYPE_BF16, O[i], H);
+        unsigned md = h ? DF_FP8_MADE : 0, only = h == 2 ? DF_FP8_ONLY_CODES : 0;
+        if (h == 1 && sm90) { /* the kept regions as written (a claim keeps the bytes) */
+            CHECK_EQ(df_op_rmsnorm_fp8(g, &X, &Wn, 1e-6f, &Y, 3, DF_FP8_X_FWD | DF_FP8_X_BWD_W), 0);
+            for (int k = 0; k < 2; k++) {
+                df_cuda_fp8_rows r;
+                df_gemm_kind kind = k ? DF_GEMM_BWD_W : DF_GEMM_FWD;
+                if (df_cuda_fp8_made_claim(g, 6 + k, kind, k, &Y, 0, &r)) {
+                    bad_codes += cmp_made_codes(kind, k, &Y, &r);
+                    kept++;
+                }
+                df_cuda_fp8_made_ready(g, 6 + k, 0);
+            }
+        }
+        /* DF_FP8_ONLY_CODES twice (the first run proves the regions); the forward's uses and
+         * the weight gradients' in two calls, as the trainer makes them */
+        for (int rep = 0; rep < (only ? 2 : 1); rep++) {
+            if (rep)
+                for (int i = 0; i < 7; i++)
+                    gh_dev_poison(g, o[i], n[i], DF_DTYPE_BF16);
+            if (h)
+                CHECK_EQ(df_op_rmsnorm_fp8(g, &X, &Wn, 1e-6f, &Y, 3, DF_FP8_X_FWD | only), 0);
+            else
+                CHECK_EQ(df_op_rmsnorm(g, &X, &Wn, 1e-6f, 0, &Y), 0);
+            if (rep) { /* a GEMM that would read y's values while its codes wait */
+                df_tensor T = df_tensor_2d(o[1], DF_DTYPE_BF16, R, O[0]);
+                stale = df_op_matmul_fp8(g, DF_GEMM_FWD, &Y, &Wp[0], &T, 0);
+            }
+            for (int i = 0; i < 3; i++)
+                CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_FWD, &Y, &Wp[i], &C[i],
+                                          (i ? DF_FP8_SAME_X : DF_FP8_HOLD_X) | md), 0);
+            if (h)
+                CHECK_EQ(df_op_rmsnorm_fp8(g, &X, &Wn, 1e-6f, &Y, 3, DF_FP8_X_BWD_W | only), 0);
+            for (int i = 0; i < 3; i++)
+                CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_BWD_W, &DY[i], &Y, &DW[i],
+                                          DF_FP8_DY_BLOCKS | (i ? DF_FP8_SAME_X : DF_FP8_HOLD_X) | md), 0);
+        }
+        take_outputs(o, n, 7, got[h]);
+    }
+    int64_t diff[7], diff_only[7];
+    for (int i = 0; i < 7; i++)
+        diff[i] = bits_differ(got[0][i], got[1][i], n[i]), diff_only[i] = bits_differ(got[0][i], got[2][i], n[i]);
+    int64_t reused = df_cuda_fp8_made_reused() - reused0;
+    printf("rmsnorm_fp8 %lldx%lld: differ from the unhinted y %lld, forwards %lld %lld %lld, dw %lld %lld %lld; "
+           "kept codes %lld of 2 regions, %lld bytes differ from the rounding kernels'; y's codes reused "
+           "by %lld calls; only codes: forwards %lld %lld %lld, dw %lld %lld %lld differ, y %lld unwritten, "
+           "a GEMM on y %d\n", (long long)R, (long long)H, (long long)diff[0], (long long)diff[1],
+           (long long)diff[2], (long long)diff[3], (long long)diff[4], (long long)diff[5], (long long)diff[6],
+           (long long)kept, (long long)bad_codes, (long long)reused, (long long)diff_only[1],
+           (long long)diff_only[2], (long long)diff_only[3], (long long)diff_only[4], (long long)diff_only[5],
+           (long long)diff_only[6], (long long)diff_only[0], (int)stale);
+    for (int i = 0; i < 7; i++)
+        CHECK_EQ(diff[i], 0);
+    for (int i = 1; i < 7; i++)
+        CHECK_EQ(diff_only[i], 0);
+    CHECK_EQ(bad_codes, 0);
+    CHECK_EQ(kept, sm90 && H % 128 == 0 ? 2 : 0);
+    /* hinted: 6 calls; only codes: 6 + 6 (the stale call takes nothing) */
+    if (aligned)
+        CHECK_EQ(reused, 6 * 3);
+    if (!sm90 || H % 128) /* (sm90 0: not sm_90, or the knob off) */
+        CHECK_EQ(reused, 0);
+    check_left_out(diff_only[0], (int)stale, sm90 && H % 128 == 0, aligned);
+    for (int h = 0; h < 3; h++)
+        for (int i = 0; i < 7; i++)
+            free(got[h][i]);
+    for (int i = 0; i < 3; i++) {
+        free(hw[i]), free(hdy[i]);
+        df_backend_free(g, gwp[i]), df_backend_free(g, gdy[i]);
+    }
+    free(xf), free(wf);
+    df_backend_free(g, gx), df_backend_free(g, gw);
+}
+
 int main(void)
 {
     int rc = gh_open(0);
@@ -282,6 +396,16 @@ int main(void)
     df_knob_set(DF_KNOB_FP8_GEMM, "1");
     check_swiglu_x(300, 333, 256, sm90);
     check_swiglu_x(1024, 1280, 512, sm90);
+    /* RMSNorm writing its projections' x codes: aligned, rows not of 128 (nor of 4: the forward
+     * GEMMs round y themselves), a width the row kernel does not take (the plain norm) */
+    df_knob_set(DF_KNOB_FP8_RMSNORM, "1");
+    check_rmsnorm_x(1024, 640, sm90);
+    check_rmsnorm_x(1024, 5120, sm90);
+    check_rmsnorm_x(300, 384, sm90);
+    check_rmsnorm_x(37, 256, sm90);
+    check_rmsnorm_x(256, 200, 0);
+    df_knob_set(DF_KNOB_FP8_RMSNORM, "0");
+    check_rmsnorm_x(256, 384, 0);
     gh_close();
     return test_main_end();
 }
