@@ -59,7 +59,7 @@ static const df_knob_info TABLE[DF_KNOB_COUNT] = {
                             "1: with E4M3 tensor cores, SwiGLU writes the codes of the GEMM "
                             "operands it computes (the down projection's x, the gate and up "
                             "projections' dy); 0: the GEMMs round them (the same bits)"},
-    [DF_KNOB_FP8_RMSNORM] = {"DFLASH_FP8_RMSNORM", DF_KNOB_FLAG, DF_KNOB_BENCH, "0", "0,1", 0, 0, 0,
+    [DF_KNOB_FP8_RMSNORM] = {"DFLASH_FP8_RMSNORM", DF_KNOB_FLAG, DF_KNOB_BENCH, "1", "0,1", 0, 0, 0,
                              "1: with E4M3 tensor cores, the RMSNorms before the projections write "
                              "the codes of the GEMMs that read their output (the forward's and, "
                              "recomputed, the weight gradients'); 0: the GEMMs round it (the same bits)"},
