@@ -63,6 +63,10 @@ static const df_knob_info TABLE[DF_KNOB_COUNT] = {
                              "1: with E4M3 tensor cores, the RMSNorms before the projections write "
                              "the codes of the GEMMs that read their output (the forward's and, "
                              "recomputed, the weight gradients'); 0: the GEMMs round it (the same bits)"},
+    [DF_KNOB_FP8_DY_CODES] = {"DFLASH_FP8_DY_CODES", DF_KNOB_FLAG, DF_KNOB_BENCH, "0", "0,1", 0, 0, 0,
+                              "1: with E4M3 tensor cores, a gradient that is dy of both backward GEMMs "
+                              "of a projection is rounded once for both (df_op_fp8_dy_codes); 0: each "
+                              "GEMM rounds it (the same bits)"},
     [DF_KNOB_FP8_ONLY_CODES] = {"DFLASH_FP8_ONLY_CODES", DF_KNOB_FLAG, DF_KNOB_BENCH, "1", "0,1", 0, 0,
                                 0,
                                 "1: where SwiGLU wrote the codes of every GEMM that reads its output "

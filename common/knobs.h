@@ -38,6 +38,7 @@ typedef enum df_knob_id {
     DF_KNOB_FP8_GEMM,            /* flag, default 1 */
     DF_KNOB_FP8_SWIGLU,          /* flag, default 1 */
     DF_KNOB_FP8_RMSNORM,         /* flag, default 1 */
+    DF_KNOB_FP8_DY_CODES,        /* flag, default 0 */
     DF_KNOB_FP8_ONLY_CODES,      /* flag, default 1 */
     DF_KNOB_FP8_WEIGHT_CODES,    /* flag, default 1 */
     DF_KNOB_FP8_LAZY_BF16,       /* flag, default 0 */

@@ -56,6 +56,7 @@
     X(int, swiglu_bwd_fp8, (df_backend * be, const df_tensor *gate, const df_tensor *up,            \
                             const df_tensor *dout, df_tensor *dgate, df_tensor *dup,                \
                             unsigned flags))                                                        \
+    X(int, fp8_dy_codes, (df_backend * be, const df_tensor *dy, unsigned flags))                    \
     X(int, rmsnorm_fp8, (df_backend * be, const df_tensor *x, const df_tensor *w, float eps,        \
                          df_tensor *y, int uses, unsigned flags))                                   \
     X(int, lmhead_ce, (df_backend * be, const df_tensor *h, const df_tensor *head,                  \

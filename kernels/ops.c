@@ -466,6 +466,13 @@ int df_op_rmsnorm(df_backend *be, const df_tensor *x, const df_tensor *w, float 
     return rc ? rc : DISPATCH(be, rmsnorm, x, w, eps, plus_one, y);
 }
 
+int df_op_fp8_dy_codes(df_backend *be, const df_tensor *dy, unsigned flags)
+{
+    if (!be || (flags & ~DF_FP8_DY_BLOCKS) || !check_tensor(dy, 2, 2, ACT(be), 0))
+        return -EINVAL;
+    return DISPATCH(be, fp8_dy_codes, dy, flags);
+}
+
 int df_op_rmsnorm_fp8(df_backend *be, const df_tensor *x, const df_tensor *w, float eps, df_tensor *y,
                       int uses, unsigned flags)
 {

@@ -291,6 +291,13 @@ int df_op_swiglu_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up,
  * bits: -EINVAL. */
 int df_op_swiglu_bwd_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up,
                          const df_tensor *dout, df_tensor *dgate, df_tensor *dup, unsigned flags);
+/* A hint that changes no bit: dy [R, C] (2-D) is about to be dy of one df_op_matmul_fp8 call of
+ * kind DF_GEMM_BWD_X and one of kind DF_GEMM_BWD_W with flags' DF_FP8_DY_BLOCKS as they pass it,
+ * both with DF_FP8_MADE (a projection's backward; either order), unchanged until then. A backend
+ * with E4M3 tensor cores may round it here once for both instead of once in each (the CUDA
+ * backend on sm_90 under DF_FP8_DY_BLOCKS, DFLASH_FP8_DY_CODES); others do nothing. Other flags
+ * bits: -EINVAL. */
+int df_op_fp8_dy_codes(df_backend *be, const df_tensor *dy, unsigned flags);
 /* df_op_rmsnorm without plus_one (ops.h: the same checks and bits), with a hint that changes
  * no bit: y [R, D] (2-D) is about to be x of `uses` df_op_matmul_fp8 calls (>= 1: the
  * projections that share it) of kind DF_GEMM_FWD (flags DF_FP8_X_FWD) and / or as many of kind

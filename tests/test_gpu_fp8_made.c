@@ -1,5 +1,6 @@
 /* test_gpu_fp8_made - ops writing the E4M3 codes of the GEMM operands they compute
- * (df_op_swiglu_fp8, df_op_swiglu_bwd_fp8, df_op_rmsnorm_fp8, DF_FP8_MADE, DF_FP8_ONLY_CODES)
+ * (df_op_swiglu_fp8, df_op_swiglu_bwd_fp8, df_op_rmsnorm_fp8, df_op_fp8_dy_codes, DF_FP8_MADE,
+ * DF_FP8_ONLY_CODES)
  * on the CUDA backend. Skips (77) without a GPU.
  *  - backward (check_swiglu_dy): dgate / dup bitwise df_op_swiglu_bwd's, in place or not, and
  *    the four GEMMs that take them bitwise those without the hints; the codes it kept bitwise
@@ -12,6 +13,8 @@
  *  - RMSNorm (check_rmsnorm_x): y bitwise df_op_rmsnorm's, three forward and three weight
  *    gradient GEMMs bitwise those without the hint, the kept codes the rounding kernels', each
  *    region used by its three calls; DF_FP8_ONLY_CODES as above;
+ *  - a projection's dy rounded once for both backward GEMMs (check_dy_codes): both bitwise those
+ *    without the hint, the kept codes the rounding kernels', each region used once;
  *  - with the E4M3 GEMMs off (DFLASH_FP8_GEMM=0) nothing is kept and the values are written.
  * The codes are kept on sm_90 only (MXFP8 on 10+ rounds in the GEMMs). */
 #include <errno.h>
@@ -377,6 +380,73 @@ static void check_rmsnorm_x(int64_t R, int64_t H, int sm90)
     df_backend_free(g, gx), df_backend_free(g, gw);
 }
 
+/* df_op_fp8_dy_codes + DF_FP8_MADE, a projection's backward as the drafter runs it (dy [R, C],
+ * its weight w [C, H], its input x [R, H]): dx = dy w and dw = dy^T x (dy in 128 x 128 blocks)
+ * bitwise those without the hint, in either order; where the codes were kept (sm_90) they are
+ * bitwise the rounding kernels' (modes 0 and 3, padding and scales included) and (rows of 4)
+ * both calls used them; sm90 0 (another GPU, DFLASH_FP8_DY_CODES=0): nothing is kept. */
+static void check_dy_codes(int64_t R, int64_t C, int64_t H, int sm90)
+{
+    df_backend *g = gh_gpu;
+    float *dyf = gh_rand_bf16(GH_N01, &rng, R * C, 0.1f), *wf = gh_rand_bf16(GH_N01, &rng, C * H, 0.05f);
+    float *xf = gh_rand_bf16(GH_N01, &rng, R * H, 1.0f);
+    void *gdy = gh_dev_bf16(g, dyf, R * C), *gw = gh_dev_bf16(g, wf, C * H), *gx = gh_dev_bf16(g, xf, R * H);
+    df_tensor DY = df_tensor_2d(gdy, DF_DTYPE_BF16, R, C), Wt = df_tensor_2d(gw, DF_DTYPE_BF16, C, H);
+    df_tensor X = df_tensor_2d(gx, DF_DTYPE_BF16, R, H);
+    const int64_t n[2] = {R * H, C * H}; /* dx, dw */
+    float *got[3][2];
+    int64_t reused0 = df_cuda_fp8_made_reused(), bad_codes = 0, kept = 0;
+    for (int h = 0; h < 3; h++) { /* plain; hinted, dx first; hinted, dw first */
+        void *o[2] = {gh_dev_poisoned(g, n[0], DF_DTYPE_BF16), gh_dev_poisoned(g, n[1], DF_DTYPE_BF16)};
+        df_tensor DX = df_tensor_2d(o[0], DF_DTYPE_BF16, R, H), DW = df_tensor_2d(o[1], DF_DTYPE_BF16, C, H);
+        unsigned md = h ? DF_FP8_MADE : 0;
+        if (h == 1 && sm90) { /* the kept regions as written (a claim keeps the bytes) */
+            CHECK_EQ(df_op_fp8_dy_codes(g, &DY, DF_FP8_DY_BLOCKS), 0);
+            for (int k = 0; k < 2; k++) {
+                df_cuda_fp8_rows r;
+                df_gemm_kind kind = k ? DF_GEMM_BWD_W : DF_GEMM_BWD_X;
+                if (df_cuda_fp8_made_claim(g, 8 + k, kind, 0, &DY, 1, &r)) {
+                    bad_codes += cmp_made_codes(kind, 0, &DY, &r);
+                    kept++;
+                }
+                df_cuda_fp8_made_ready(g, 8 + k, 0);
+            }
+        }
+        if (h)
+            CHECK_EQ(df_op_fp8_dy_codes(g, &DY, DF_FP8_DY_BLOCKS), 0);
+        for (int k = 0; k < 2; k++)
+            if ((k == 0) == (h != 2))
+                CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_BWD_X, &DY, &Wt, &DX, md), 0);
+            else
+                CHECK_EQ(df_op_matmul_fp8(g, DF_GEMM_BWD_W, &DY, &X, &DW, DF_FP8_DY_BLOCKS | md), 0);
+        take_outputs(o, n, 2, got[h]);
+    }
+    int64_t reused = df_cuda_fp8_made_reused() - reused0;
+    int64_t diff[2][2];
+    for (int h = 1; h < 3; h++)
+        for (int i = 0; i < 2; i++)
+            diff[h - 1][i] = bits_differ(got[0][i], got[h][i], n[i]);
+    printf("fp8_dy_codes %lldx%lld (H %lld): differ from the unhinted dx %lld, dw %lld (dw first: %lld, %lld); "
+           "kept codes %lld of 2 regions, %lld bytes differ from the rounding kernels'; dy's codes reused "
+           "by %lld calls\n", (long long)R, (long long)C, (long long)H, (long long)diff[0][0],
+           (long long)diff[0][1], (long long)diff[1][0], (long long)diff[1][1], (long long)kept,
+           (long long)bad_codes, (long long)reused);
+    for (int h = 0; h < 2; h++)
+        for (int i = 0; i < 2; i++)
+            CHECK_EQ(diff[h][i], 0);
+    CHECK_EQ(bad_codes, 0);
+    CHECK_EQ(kept, sm90 ? 2 : 0);
+    if (sm90 && R % 4 == 0)
+        CHECK_EQ(reused, 2 * 2);
+    if (!sm90)
+        CHECK_EQ(reused, 0);
+    for (int h = 0; h < 3; h++)
+        for (int i = 0; i < 2; i++)
+            free(got[h][i]);
+    free(dyf), free(wf), free(xf);
+    df_backend_free(g, gdy), df_backend_free(g, gw), df_backend_free(g, gx);
+}
+
 int main(void)
 {
     int rc = gh_open(0);
@@ -406,6 +476,15 @@ int main(void)
     check_rmsnorm_x(256, 200, 0);
     df_knob_set(DF_KNOB_FP8_RMSNORM, "0");
     check_rmsnorm_x(256, 384, 0);
+    /* a projection's dy rounded once for its two backward GEMMs: aligned, edges (rows and
+     * columns not multiples of 128, rows not of 4), off */
+    df_knob_set(DF_KNOB_FP8_DY_CODES, "1");
+    check_dy_codes(1024, 640, 512, sm90);
+    check_dy_codes(8192, 1024, 5120, sm90);
+    check_dy_codes(300, 200, 256, sm90);
+    check_dy_codes(37, 384, 128, sm90);
+    df_knob_set(DF_KNOB_FP8_DY_CODES, "0");
+    check_dy_codes(256, 384, 128, 0);
     gh_close();
     return test_main_end();
 }

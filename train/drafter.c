@@ -812,8 +812,10 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor wg = PW(d, W, I->gate), gwg = PG(d, G, I->gate);
         df_tensor wu = PW(d, W, I->up), gwu = PG(d, G, I->up);
         df_tensor wpn = PW(d, W, I->post_norm), gwpn = PG(d, G, I->post_norm);
+        /* (FP8: dx rounded once for both of Wd's GEMMs; m's codes from SwiGLU) */
+        CK(drafter_dy_codes(d, &dx));
         CK(drafter_mm_bw(d, &dx, &mm, &gwd, acc1 | DF_FP8_MADE));
-        CK(drafter_mm_bx(d, &dx, &wd, &dm, 0));
+        CK(drafter_mm_bx(d, &dx, &wd, &dm, DF_FP8_MADE));
         /* with FP8, dg and du are only the dy of the four GEMMs below: their codes may be
          * written where they are computed (DF_FP8_MADE) */
         CK(drafter_swiglu_bwd(d, &g, &u, &dm, &dg, &du));
@@ -829,8 +831,9 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor dkb = M(d->dkb, N, KD), dvb = M(d->dvb, N, KD);
         df_tensor dkc = M(d->dkc, S, KD), dvc = M(d->dvc, S, KD);
         df_tensor wo = PW(d, W, I->wo), gwo = PG(d, G, I->wo);
-        CK(drafter_mm_bx(d, &dx, &wo, &dout, 0));
-        CK(drafter_mm_bw(d, &dx, &o, &gwo, acc1));
+        CK(drafter_dy_codes(d, &dx));
+        CK(drafter_mm_bx(d, &dx, &wo, &dout, DF_FP8_MADE));
+        CK(drafter_mm_bw(d, &dx, &o, &gwo, acc1 | DF_FP8_MADE));
         df_dflash_blocks blk = r->blocks;
         blk.window = I->window;
         size_t dead_bytes = 0;
@@ -863,20 +866,28 @@ int df_drafter_row_step(df_drafter *d, const void *W, const df_drafter_row *r, f
         df_tensor wk = PW(d, W, I->wk), gwk = PG(d, G, I->wk);
         df_tensor wv = PW(d, W, I->wv), gwv = PG(d, G, I->wv);
         df_tensor da = M(d->da, N, H);
-        CK(drafter_mm_bx(d, &dqr, &wq, &da, 0));
-        CK(drafter_mm_bx(d, &dkbr, &wk, &da, 1));
-        CK(drafter_mm_bx(d, &dvb, &wv, &da, 1));
-        if (d->recompute) { /* a again, read by these three alone (FP8: their x codes) */
+        if (d->recompute) { /* a again, read by the three weight gradients alone (FP8: their x codes) */
             df_tensor win = PW(d, W, I->in_norm);
             CK(drafter_rmsnorm(d, &xin, &win, eps, &a, 3, DF_FP8_X_BWD_W | DF_FP8_ONLY_CODES));
         }
-        CK(drafter_mm_bw(d, &dqr, &a, &gwq, acc1 | DF_FP8_HOLD_X | DF_FP8_MADE));
-        CK(drafter_mm_bw(d, &dkbr, &a, &gwk, acc1 | DF_FP8_SAME_X | DF_FP8_MADE));
-        CK(drafter_mm_bw(d, &dvb, &a, &gwv, acc1 | DF_FP8_SAME_X | DF_FP8_MADE));
-        CK(drafter_mm_bx(d, &dkcr, &wk, &dcn, 1));
-        CK(drafter_mm_bx(d, &dvc, &wv, &dcn, 1));
-        CK(drafter_mm_bw(d, &dkcr, &cn, &gwk, DF_FP8_ACCUMULATE | DF_FP8_HOLD_X));
-        CK(drafter_mm_bw(d, &dvc, &cn, &gwv, DF_FP8_ACCUMULATE | DF_FP8_SAME_X));
+        /* each projection's two GEMMs together (FP8: its dy rounded once for both); da sums
+         * in the order q, k, v */
+        const unsigned acc = DF_FP8_ACCUMULATE, md = DF_FP8_MADE;
+        CK(drafter_dy_codes(d, &dqr));
+        CK(drafter_mm_bx(d, &dqr, &wq, &da, md));
+        CK(drafter_mm_bw(d, &dqr, &a, &gwq, acc1 | DF_FP8_HOLD_X | md));
+        CK(drafter_dy_codes(d, &dkbr));
+        CK(drafter_mm_bx(d, &dkbr, &wk, &da, acc | md));
+        CK(drafter_mm_bw(d, &dkbr, &a, &gwk, acc1 | DF_FP8_SAME_X | md));
+        CK(drafter_dy_codes(d, &dvb));
+        CK(drafter_mm_bx(d, &dvb, &wv, &da, acc | md));
+        CK(drafter_mm_bw(d, &dvb, &a, &gwv, acc1 | DF_FP8_SAME_X | md));
+        CK(drafter_dy_codes(d, &dkcr));
+        CK(drafter_mm_bx(d, &dkcr, &wk, &dcn, acc | md));
+        CK(drafter_mm_bw(d, &dkcr, &cn, &gwk, acc | DF_FP8_HOLD_X | md));
+        CK(drafter_dy_codes(d, &dvc));
+        CK(drafter_mm_bx(d, &dvc, &wv, &dcn, acc | md));
+        CK(drafter_mm_bw(d, &dvc, &cn, &gwv, acc | DF_FP8_SAME_X | md));
         df_tensor win = PW(d, W, I->in_norm), gwin = PG(d, G, I->in_norm);
         /* dx: d(xmid) flows to d(xin) through the residual, plus the norm's path */
         CK(grad_clear(d, &gwin, gw));

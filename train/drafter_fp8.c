@@ -37,6 +37,11 @@ int drafter_swiglu(df_drafter *d, const df_tensor *g, const df_tensor *u, df_ten
     return d->q8 ? df_op_swiglu_fp8(d->be, g, u, out, flags) : df_op_swiglu(d->be, g, u, out);
 }
 
+int drafter_dy_codes(df_drafter *d, const df_tensor *dy)
+{
+    return d->q8 && d->fp8_dy_blocks ? df_op_fp8_dy_codes(d->be, dy, DF_FP8_DY_BLOCKS) : 0;
+}
+
 int drafter_rmsnorm(df_drafter *d, const df_tensor *x, const df_tensor *w, float eps, df_tensor *y,
                     int uses, unsigned flags)
 {

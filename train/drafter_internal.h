@@ -105,6 +105,9 @@ int drafter_mm_bw(df_drafter *d, const df_tensor *dy, const df_tensor *x, df_ten
  * flags DF_FP8_X_FWD / _BWD_W, and DF_FP8_ONLY_CODES where nothing else reads it), which then
  * pass DF_FP8_MADE */
 int drafter_swiglu(df_drafter *d, const df_tensor *g, const df_tensor *u, df_tensor *out, unsigned flags);
+/* With FP8 (in 128 x 128 blocks for the weight gradient), the hint that dy is about to be dy of
+ * one projection's two backward GEMMs (df_op_fp8_dy_codes), which then pass DF_FP8_MADE */
+int drafter_dy_codes(df_drafter *d, const df_tensor *dy);
 /* RMSNorm (plain) before `uses` projections that share its output; with FP8 its hint that y is
  * their x in the GEMMs of flags' kinds (df_op_rmsnorm_fp8: DF_FP8_X_FWD / _BWD_W, and
  * DF_FP8_ONLY_CODES where nothing else reads it), which then pass DF_FP8_MADE */

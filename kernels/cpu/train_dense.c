@@ -294,6 +294,13 @@ int df_cpu_swiglu_fp8(df_backend *be, const df_tensor *gate, const df_tensor *up
     return df_cpu_swiglu(be, gate, up, out);
 }
 
+/* The hint's codes are for backends with E4M3 tensor cores: none here. */
+int df_cpu_fp8_dy_codes(df_backend *be, const df_tensor *dy, unsigned flags)
+{
+    (void)be, (void)dy, (void)flags;
+    return 0;
+}
+
 int df_cpu_rmsnorm_fp8(df_backend *be, const df_tensor *x, const df_tensor *w, float eps, df_tensor *y,
                        int uses, unsigned flags)
 {

@@ -156,11 +156,17 @@ __global__ void __launch_bounds__(QT) q8_col(const uint16_t *__restrict__ x, int
  * through the shared tile and writes 16 codes of one out row per store,
  * reading a column of the tile with consecutive threads on consecutive
  * columns (no bank conflicts). */
-template <bool tr>
+/* ROWS (tr 1): also the 1 x 128 row blocks' codes of the same w, as mode 0 writes them with
+ * n_out = N (rout [N, rkp], rsc[kb * N + n]): a dy that feeds both backward GEMMs, read once
+ * (df_op_fp8_dy_codes). The sixteen threads of a row's pieces are consecutive lanes. */
+template <bool tr, bool ROWS>
 __global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int64_t ldw,
                                              int64_t N, int64_t K, uint8_t *__restrict__ out,
-                                             int64_t kp, float *__restrict__ sc, int64_t l4, int vec)
+                                             int64_t kp, float *__restrict__ sc, int64_t l4, int vec,
+                                             uint8_t *__restrict__ rout, int64_t rkp,
+                                             float *__restrict__ rsc)
 {
+    static_assert(!ROWS || tr, "row codes with the transpose's");
     __shared__ __align__(16) uint16_t t[128][136];
     __shared__ float wm[QT / 32];
     const int64_t n0 = (int64_t)blockIdx.y * 128, c0 = (int64_t)blockIdx.x * 128;
@@ -171,6 +177,19 @@ __global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int
         int i = threadIdx.x + j * QT, nn = i / 16, kc = (i % 16) * 8;
         int64_t n = n0 + nn, k = c0 + kc;
         u[j] = load8_raw(w + n * ldw + k, vec, n < N ? K - k : 0);
+    }
+    if (ROWS) {
+#pragma unroll
+        for (int j = 0; j < P; j++) {
+            const uint32_t rb = amax16_bits(u[j]);
+            int i = threadIdx.x + j * QT;
+            int64_t n = n0 + i / 16;
+            if (n < N) {
+                float s = codes8_store(u[j], rb, rout + n * rkp + c0 + (i % 16) * 8);
+                if ((threadIdx.x & 15) == 0)
+                    rsc[(c0 / 128) * N + n] = s;
+            }
+        }
     }
     uint32_t mb = 0;
 #pragma unroll
@@ -259,11 +278,23 @@ extern "C" int df_cuda_fp8_codes_run(cudaStream_t st, int mode, const uint16_t *
     } else {
         dim3 g((unsigned)((C + 127) / 128), (unsigned)((R + 127) / 128));
         if (mode == 3)
-            q8_blk<true><<<g, QT, 0, st>>>(x, ld, R, C, codes, kp, sc, rup(kp / 128, 4), vec);
+            q8_blk<true, false><<<g, QT, 0, st>>>(x, ld, R, C, codes, kp, sc, rup(kp / 128, 4), vec,
+                                                  nullptr, 0, nullptr);
         else
-            q8_blk<false><<<g, QT, 0, st>>>(x, ld, R, C, codes, kp, sc, rup(kp / 128, 4), vec);
+            q8_blk<false, false><<<g, QT, 0, st>>>(x, ld, R, C, codes, kp, sc, rup(kp / 128, 4), vec,
+                                                   nullptr, 0, nullptr);
     }
     return df_cuda_check_launch("fp8 rounding codes");
+}
+
+extern "C" int df_cuda_fp8_codes_dy_run(cudaStream_t st, const uint16_t *x, int64_t ld, int64_t R,
+                                        int64_t C, uint8_t *xcodes, int64_t kpx, float *xsc,
+                                        uint8_t *wcodes, int64_t kpw, float *wsc, int vec)
+{
+    dim3 g((unsigned)((C + 127) / 128), (unsigned)((R + 127) / 128));
+    q8_blk<true, true><<<g, QT, 0, st>>>(x, ld, R, C, wcodes, kpw, wsc, rup(kpw / 128, 4), vec, xcodes,
+                                         kpx, xsc);
+    return df_cuda_check_launch("fp8 dy codes");
 }
 
 extern "C" int df_cuda_fp8_codes_norm_run(cudaStream_t st, const uint16_t *x, int64_t ld, int64_t R,

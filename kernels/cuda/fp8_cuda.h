@@ -107,11 +107,11 @@ df_cuda_fp8_kept *df_cuda_fp8_kept_get(df_backend *be, int slot, df_gemm_kind ki
  * kernel writing them is enqueued on the backend's stream, 2 if it also left t's values
  * unwritten (DF_FP8_ONLY_CODES: a call that cannot take the codes then fails), 0 if it failed
  * (the slot stays unused). */
-#define DF_CUDA_FP8_MADE 8
+#define DF_CUDA_FP8_MADE 10
 int df_cuda_fp8_made_claim(df_backend *be, int slot, df_gemm_kind kind, int op, const df_tensor *t,
                            int dyblk, df_cuda_fp8_rows *out);
 /* The same for uses calls (>= 1; projections sharing one input: df_op_rmsnorm_fp8's slots 6 (FWD)
- * and 7 (BWD_W)): the region serves the first uses calls that match it, and counts as taken
+ * and 7 (BWD_W); df_op_fp8_dy_codes' 8 (BWD_X) and 9 (BWD_W) serve one each): the region serves the first uses calls that match it, and counts as taken
  * (made_proven) when all of them ran on the tensor cores. */
 int df_cuda_fp8_made_claim_n(df_backend *be, int slot, df_gemm_kind kind, int op, const df_tensor *t,
                              int dyblk, int uses, df_cuda_fp8_rows *out);
@@ -209,6 +209,11 @@ int df_cuda_fp8_round_codes(df_backend *be, int mode, const df_tensor *x, uint8_
  * and ld allow). 0 or -EIO. */
 int df_cuda_fp8_codes_run(cudaStream_t st, int mode, const uint16_t *x, int64_t ld, int64_t R, int64_t C,
                           uint8_t *codes, int64_t kp, float *sc, int64_t n_out, int vec);
+/* Modes 3 (wcodes, kpw >= R, wsc: zeroed by the caller) and 0 (xcodes, kpx >= C, n_out = R) of
+ * x from one read of it (df_op_fp8_dy_codes). */
+int df_cuda_fp8_codes_dy_run(cudaStream_t st, const uint16_t *x, int64_t ld, int64_t R, int64_t C,
+                             uint8_t *xcodes, int64_t kpx, float *xsc, uint8_t *wcodes, int64_t kpw,
+                             float *wsc, int vec);
 /* Mode 1's codes of y = rmsnorm(x) (plain, weight w [C], each row's 1 / rms in inv [R], device
  * memory), y's BF16 values made as the norm kernels make them: the bytes mode 1 writes from y.
  * x as above; vec also needs w 16-byte aligned (checked here). */
