@@ -620,10 +620,17 @@ int ew_run(df_backend *be, const df_tensor *a, const df_tensor *b, df_tensor *ou
     return df_cuda_check_launch("elementwise kernel");
 }
 
-template <int TPR, int NV, int RPT>
+/* Q8: the FP8 variant (plain RMSNorm), for shapes whose lanes per row are a multiple of 16
+ * (normv_run_q8 says which) */
+template <int TPR, int NV, int RPT, bool Q8>
 void normv_launch(const NormVArgs &q, cudaStream_t st)
 {
     const unsigned blocks = (unsigned)cdiv(q.rows, NT / TPR * RPT);
+    if constexpr (Q8) {
+        if constexpr (TPR % 16 == 0)
+            normv_kernel<NORM_RMS, TPR, NV, RPT, true><<<blocks, NT, 0, st>>>(q);
+        return;
+    }
     switch (q.mode) {
     case NORM_RMS:
         normv_kernel<NORM_RMS, TPR, NV, RPT><<<blocks, NT, 0, st>>>(q);
@@ -642,89 +649,54 @@ void normv_launch(const NormVArgs &q, cudaStream_t st)
 
 /* The vector norm kernel's shape for rows of nvec 16-byte vectors (<= 1024):
  * lanes per row x vectors per lane >= nvec, ~2-4 vectors of x per thread. */
-void normv_run(const NormVArgs &q, cudaStream_t st)
+template <bool Q8 = false> void normv_run(const NormVArgs &q, cudaStream_t st)
 {
     const int nv = q.nvec;
     if (nv <= 4)
-        normv_launch<4, 1, 4>(q, st);
+        normv_launch<4, 1, 4, Q8>(q, st);
     else if (nv <= 8)
-        normv_launch<8, 1, 4>(q, st);
+        normv_launch<8, 1, 4, Q8>(q, st);
     else if (nv <= 16) /* D = 128: 8 lanes x 2 vectors, 8 rows per warp */
-        normv_launch<8, 2, 2>(q, st);
+        normv_launch<8, 2, 2, Q8>(q, st);
     else if (nv <= 32) /* D = 256 */
-        normv_launch<16, 2, 2>(q, st);
+        normv_launch<16, 2, 2, Q8>(q, st);
     else if (nv <= 64)
-        normv_launch<32, 2, 2>(q, st);
+        normv_launch<32, 2, 2, Q8>(q, st);
     else if (nv <= 128)
-        normv_launch<32, 4, 1>(q, st);
+        normv_launch<32, 4, 1, Q8>(q, st);
     else /* 128 threads per row, two rows per block; D = 5120: 5 vectors each */
         switch ((nv + 127) / 128) {
         case 2:
-            normv_launch<128, 2, 1>(q, st);
+            normv_launch<128, 2, 1, Q8>(q, st);
             break;
         case 3:
-            normv_launch<128, 3, 1>(q, st);
+            normv_launch<128, 3, 1, Q8>(q, st);
             break;
         case 4:
-            normv_launch<128, 4, 1>(q, st);
+            normv_launch<128, 4, 1, Q8>(q, st);
             break;
         case 5:
-            normv_launch<128, 5, 1>(q, st);
+            normv_launch<128, 5, 1, Q8>(q, st);
             break;
         case 6:
-            normv_launch<128, 6, 1>(q, st);
+            normv_launch<128, 6, 1, Q8>(q, st);
             break;
         case 7:
-            normv_launch<128, 7, 1>(q, st);
+            normv_launch<128, 7, 1, Q8>(q, st);
             break;
         default:
-            normv_launch<128, 8, 1>(q, st);
+            normv_launch<128, 8, 1, Q8>(q, st);
             break;
         }
 }
 
-template <int TPR, int NV, int RPT> void normv_launch_q8(const NormVArgs &q, cudaStream_t st)
-{
-    normv_kernel<NORM_RMS, TPR, NV, RPT, true><<<(unsigned)cdiv(q.rows, NT / TPR * RPT), NT, 0, st>>>(q);
-}
-
-/* normv_run's shapes for the FP8 variant, where their lanes per row are a multiple of 16
- * (nvec 32 and up): 1, or 0 for a shape it does not take */
+/* normv_run's FP8 variant, for the shapes whose lanes per row are a multiple of 16 (nvec 32 and
+ * up, a multiple of 16): 1, or 0 for a shape it does not take */
 int normv_run_q8(const NormVArgs &q, cudaStream_t st)
 {
-    const int nv = q.nvec;
-    if (nv <= 16 || nv % 16)
+    if (q.nvec <= 16 || q.nvec % 16)
         return 0;
-    if (nv <= 32)
-        normv_launch_q8<16, 2, 2>(q, st);
-    else if (nv <= 64)
-        normv_launch_q8<32, 2, 2>(q, st);
-    else if (nv <= 128)
-        normv_launch_q8<32, 4, 1>(q, st);
-    else
-        switch ((nv + 127) / 128) {
-        case 2:
-            normv_launch_q8<128, 2, 1>(q, st);
-            break;
-        case 3:
-            normv_launch_q8<128, 3, 1>(q, st);
-            break;
-        case 4:
-            normv_launch_q8<128, 4, 1>(q, st);
-            break;
-        case 5:
-            normv_launch_q8<128, 5, 1>(q, st);
-            break;
-        case 6:
-            normv_launch_q8<128, 6, 1>(q, st);
-            break;
-        case 7:
-            normv_launch_q8<128, 7, 1>(q, st);
-            break;
-        default:
-            normv_launch_q8<128, 8, 1>(q, st);
-            break;
-        }
+    normv_run<true>(q, st);
     return 1;
 }
 
