@@ -158,7 +158,9 @@ __global__ void __launch_bounds__(QT) q8_col(const uint16_t *__restrict__ x, int
  * columns (no bank conflicts). */
 /* ROWS (tr 1): also the 1 x 128 row blocks' codes of the same w, as mode 0 writes them with
  * n_out = N (rout [N, rkp], rsc[kb * N + n]): a dy that feeds both backward GEMMs, read once
- * (df_op_fp8_dy_codes). The sixteen threads of a row's pieces are consecutive lanes. */
+ * (df_op_fp8_dy_codes). They come from the shared tile after the barrier (the pieces held in
+ * registers until then cost 99 registers, half the CTAs); a row's sixteen pieces are
+ * consecutive lanes. */
 template <bool tr, bool ROWS>
 __global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int64_t ldw,
                                              int64_t N, int64_t K, uint8_t *__restrict__ out,
@@ -178,19 +180,6 @@ __global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int
         int64_t n = n0 + nn, k = c0 + kc;
         u[j] = load8_raw(w + n * ldw + k, vec, n < N ? K - k : 0);
     }
-    if (ROWS) {
-#pragma unroll
-        for (int j = 0; j < P; j++) {
-            const uint32_t rb = amax16_bits(u[j]);
-            int i = threadIdx.x + j * QT;
-            int64_t n = n0 + i / 16;
-            if (n < N) {
-                float s = codes8_store(u[j], rb, rout + n * rkp + c0 + (i % 16) * 8);
-                if ((threadIdx.x & 15) == 0)
-                    rsc[(c0 / 128) * N + n] = s;
-            }
-        }
-    }
     uint32_t mb = 0;
 #pragma unroll
     for (int j = 0; j < P; j++) {
@@ -201,6 +190,19 @@ __global__ void __launch_bounds__(QT) q8_blk(const uint16_t *__restrict__ w, int
         }
     }
     const float m = block_amax<QT>(bits_f(mb), wm); /* (its barrier also orders the tile's writes) */
+    if (ROWS) /* the row codes from the tile, the pieces this thread loaded */
+#pragma unroll 2
+        for (int j = 0; j < P; j++) {
+            int i = threadIdx.x + j * QT;
+            int64_t n = n0 + i / 16;
+            const uint4 v = *reinterpret_cast<const uint4 *>(&t[i / 16][(i % 16) * 8]);
+            const uint32_t rb = amax16_bits(v);
+            if (n < N) {
+                float s = codes8_store(v, rb, rout + n * rkp + c0 + (i % 16) * 8);
+                if ((threadIdx.x & 15) == 0)
+                    rsc[(c0 / 128) * N + n] = s;
+            }
+        }
     const int ke = scale_exp(m);
     const float inv = ldexpf(1.0f, -ke);
     const bool fin = isfinite(m);
