@@ -48,6 +48,10 @@ static const df_knob_info TABLE[DF_KNOB_COUNT] = {
                                  0, 0,
                                  "1: --fp8-ce-onepass's row sums from its codes' own exps, block "
                                  "by block (one expf a logit, no fp64 per logit); being measured"},
+    [DF_KNOB_CE_ROWS_OCC4] = {"DFLASH_CE_ROWS_OCC4", DF_KNOB_FLAG, DF_KNOB_BENCH, "0", "0,1", 0, 0, 0,
+                              "1: the LM head's row kernels held to 32 registers, 4 blocks of 512 "
+                              "threads per SM (a 512-row chunk in one wave on 132 SMs, a few "
+                              "registers spilled); 0: 40 registers, 3 blocks (the same bits)"},
     [DF_KNOB_CE_PRECISE] = {"DFLASH_CE_PRECISE", DF_KNOB_FLAG, DF_KNOB_TEST, "0", "0,1", 0, 0, 0,
                             "1: the CUDA LM head's gradient carried as hi + lo bf16 (~2^-17) at one "
                             "more GEMM; 0 rounds it to one bf16 as bf16 autograd does"},

@@ -35,6 +35,7 @@ typedef enum df_knob_id {
     DF_KNOB_CE_CHUNK_MIB,        /* int 64..65536, default 1024 */
     DF_KNOB_CE_PRECISE,          /* flag */
     DF_KNOB_CE_ONEPASS_BSUM,     /* flag, default 0 */
+    DF_KNOB_CE_ROWS_OCC4,        /* flag, default 0 */
     DF_KNOB_FP8_GEMM,            /* flag, default 1 */
     DF_KNOB_FP8_SWIGLU,          /* flag, default 1 */
     DF_KNOB_FP8_RMSNORM,         /* flag, default 1 */

@@ -11,6 +11,7 @@
  *  - with DF_CE_FP8_ONEPASS: one pass on sm_90, within 1e-2 relative L2 of the CPU's one
  *    pass (also on fp16 logits), and on the unrounded head the same bits; with
  *    DFLASH_CE_ONEPASS_BSUM the default kernel's argmax, its loss and dh to their last bits;
+ *    with DFLASH_CE_ROWS_OCC4 (the row kernels in 32 registers) both kernels' bits;
  *  - rows not a multiple of 4 (cuBLASLt's row counts) still on the tensor cores.
  * The FP8 GEMMs and rounding alone: test_gpu_fp8. */
 #include <errno.h>
@@ -179,6 +180,32 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H, int sm90)
                 CHECK(sqrt(ebc / r1) < 1e-2);
             free(db), free(amb);
             df_backend_free(g, gdb), df_backend_free(g, gamb);
+        }
+        /* DFLASH_CE_ROWS_OCC4: the row kernels held to 32 registers, the same code: the one
+         * pass's and the two passes' loss, dh and argmax bitwise */
+        {
+            CHECK_EQ(df_knob_set(DF_KNOB_CE_ROWS_OCC4, "1"), 0);
+            double lo = 0, lt = 0;
+            void *gdo = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16), *gamo = gh_dev_poisoned(g, N, DF_DTYPE_I32);
+            void *gdt = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16);
+            df_tensor Gdo = df_tensor_2d(gdo, DF_DTYPE_BF16, N, H), Gdt = df_tensor_2d(gdt, DF_DTYPE_BF16, N, H);
+            CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &lo, &Gdo, gamo, NULL, fo), 0);
+            CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &lt, &Gdt, NULL, NULL,
+                                     DF_CE_FP8_GRAD | DF_CE_FP8_HEAD_FROZEN), 0);
+            CHECK_EQ(df_knob_set(DF_KNOB_CE_ROWS_OCC4, NULL), 0);
+            float *dO = gh_download_bf16(g, gdo, N * H), *dT = gh_download_bf16(g, gdt, N * H);
+            int32_t *amo = gh_xmalloc((size_t)N * 4);
+            CHECK_EQ(df_backend_download(g, amo, gamo, (size_t)N * 4), 0);
+            int same1 = lo == lg1 && !memcmp(dO, d1, (size_t)(N * H) * sizeof(float)) &&
+                        !memcmp(amo, am1, (size_t)N * 4);
+            int same2 = lt == l8 && !memcmp(dT, d8, (size_t)(N * H) * sizeof(float));
+            printf("  DFLASH_CE_ROWS_OCC4=1: one pass loss %.9g (default %.9g), two passes %.9g "
+                   "(default %.9g); loss, dh and argmax bitwise the default's: %s, %s\n", lo, lg1,
+                   lt, l8, same1 ? "yes" : "no", same2 ? "yes" : "no");
+            CHECK(same1);
+            CHECK(same2);
+            free(dO), free(dT), free(amo);
+            df_backend_free(g, gdo), df_backend_free(g, gamo), df_backend_free(g, gdt);
         }
         /* with DF_CE_F16_LOGITS: the one pass on fp16 logits, the CPU's with the same flags */
         double lch = 0, lgh = 0, eh = 0, rh = 0;

@@ -184,19 +184,17 @@ __device__ void ce_codes_pass(const T *__restrict__ zr, int64_t V, int act, floa
  * halves. With codes (want_dh, FP8 on the tensor cores): G's E4M3 codes
  * instead (ce_codes_pass), and blocks from nrows up to n_out (the GEMM's
  * rows, a multiple of 4) give zero rows. */
+#define ROW_PARAMS                                                                                 \
+    T *__restrict__ z, int64_t ldz, int64_t V, int64_t row0, const int32_t *__restrict__ label,    \
+        const float *__restrict__ weight, double denom, int want_dh, uint16_t *__restrict__ lo,    \
+        int64_t ldlo, int32_t *__restrict__ argmax, float *__restrict__ ce,                        \
+        double *__restrict__ row_loss, int64_t nrows, uint8_t *__restrict__ codes,                 \
+        float *__restrict__ csc, int64_t kp, int64_t n_out
+#define ROW_ARGS                                                                                   \
+    z, ldz, V, row0, label, weight, denom, want_dh, lo, ldlo, argmax, ce, row_loss, nrows, codes,  \
+        csc, kp, n_out
 template <typename T>
-__global__ void __launch_bounds__(RT) ce_row_kernel(T *__restrict__ z, int64_t ldz, int64_t V,
-                                                    int64_t row0,
-                                                    const int32_t *__restrict__ label,
-                                                    const float *__restrict__ weight,
-                                                    double denom, int want_dh,
-                                                    uint16_t *__restrict__ lo, int64_t ldlo,
-                                                    int32_t *__restrict__ argmax,
-                                                    float *__restrict__ ce,
-                                                    double *__restrict__ row_loss,
-                                                    int64_t nrows, uint8_t *__restrict__ codes,
-                                                    float *__restrict__ csc, int64_t kp,
-                                                    int64_t n_out)
+__device__ __forceinline__ void ce_row(ROW_PARAMS)
 {
     if (codes && (int64_t)blockIdx.x >= nrows) { /* a padding row of GEMM 2's operand */
         ce_codes_pass((const T *)NULL, V, 0, 0.0f, 0.0f, 0.0, 0.0, -1, codes, csc, kp, n_out,
@@ -314,6 +312,17 @@ __global__ void __launch_bounds__(RT) ce_row_kernel(T *__restrict__ z, int64_t l
     }
 }
 
+/* The kernel as the compiler allocates its registers (40: 3 blocks of RT per SM), and held to 32
+ * (DFLASH_CE_ROWS_OCC4: 4 blocks per SM, a few spilled): the same code either way */
+template <typename T> __global__ void __launch_bounds__(RT) ce_row_kernel(ROW_PARAMS)
+{
+    ce_row<T>(ROW_ARGS);
+}
+template <typename T> __global__ void __launch_bounds__(RT, 4) ce_row_kernel4(ROW_PARAMS)
+{
+    ce_row<T>(ROW_ARGS);
+}
+
 /* dh[row0 + r] = bf16(d32[r]) for active rows, 0 for ignored ones. */
 __global__ void __launch_bounds__(256) dh_store_kernel(const float *__restrict__ d32, int64_t H,
                                                        int64_t V, int64_t row0,
@@ -329,28 +338,41 @@ __global__ void __launch_bounds__(256) dh_store_kernel(const float *__restrict__
         dst[k] = act ? f2bf(src[k]) : (uint16_t)0;
 }
 
-/* ce_row_kernel on a chunk whose logits are stored as zt says (lmhead_onepass.h's Z_*) */
+/* ce_row_kernel on a chunk whose logits are stored as zt says (lmhead_onepass.h's Z_*), MINB
+ * blocks per SM (DFLASH_CE_ROWS_OCC4: 4, in 32 registers; else 40 registers, 3) */
+template <int MINB>
+void rows_launch_b(int zt, unsigned nb, cudaStream_t st, void *z, int64_t ldz, int64_t V,
+                   int64_t row0, const int32_t *label, const float *weight, double denom,
+                   int want_dh, uint16_t *lo, int64_t ldlo, int32_t *argmax, float *ce,
+                   double *row_loss, int64_t nrows, const df_cuda_fp8_rows *g8)
+{
+    if (zt == Z_BF16)
+        (MINB == 4 ? ce_row_kernel4<uint16_t> : ce_row_kernel<uint16_t>)<<<nb, RT, 0, st>>>((uint16_t *)z, ldz, V, row0, label, weight,
+                                                         denom, want_dh, lo, ldlo, argmax, ce,
+                                                         row_loss, nrows, g8->codes, g8->scales,
+                                                         g8->kp, g8->n);
+    else if (zt == Z_F16)
+        (MINB == 4 ? ce_row_kernel4<__half> : ce_row_kernel<__half>)<<<nb, RT, 0, st>>>((__half *)z, ldz, V, row0, label, weight, denom,
+                                                       want_dh, lo, ldlo, argmax, ce, row_loss, nrows,
+                                                       g8->codes, g8->scales, g8->kp, g8->n);
+    else if (zt == Z_F32R16)
+        (MINB == 4 ? ce_row_kernel4<f32r16> : ce_row_kernel<f32r16>)<<<nb, RT, 0, st>>>((f32r16 *)z, ldz, V, row0, label, weight, denom,
+                                                       want_dh, lo, ldlo, argmax, ce, row_loss, nrows,
+                                                       g8->codes, g8->scales, g8->kp, g8->n);
+    else
+        (MINB == 4 ? ce_row_kernel4<float> : ce_row_kernel<float>)<<<nb, RT, 0, st>>>((float *)z, ldz, V, row0, label, weight, denom,
+                                                      want_dh, lo, ldlo, argmax, ce, row_loss, nrows,
+                                                      g8->codes, g8->scales, g8->kp, g8->n);
+}
+
 void rows_launch(int zt, unsigned nb, cudaStream_t st, void *z, int64_t ldz, int64_t V,
                  int64_t row0, const int32_t *label, const float *weight, double denom,
                  int want_dh, uint16_t *lo, int64_t ldlo, int32_t *argmax, float *ce,
                  double *row_loss, int64_t nrows, const df_cuda_fp8_rows *g8)
 {
-    if (zt == Z_BF16)
-        ce_row_kernel<uint16_t><<<nb, RT, 0, st>>>((uint16_t *)z, ldz, V, row0, label, weight,
-                                                   denom, want_dh, lo, ldlo, argmax, ce, row_loss,
-                                                   nrows, g8->codes, g8->scales, g8->kp, g8->n);
-    else if (zt == Z_F16)
-        ce_row_kernel<__half><<<nb, RT, 0, st>>>((__half *)z, ldz, V, row0, label, weight, denom,
-                                                 want_dh, lo, ldlo, argmax, ce, row_loss, nrows,
-                                                 g8->codes, g8->scales, g8->kp, g8->n);
-    else if (zt == Z_F32R16)
-        ce_row_kernel<f32r16><<<nb, RT, 0, st>>>((f32r16 *)z, ldz, V, row0, label, weight, denom,
-                                                 want_dh, lo, ldlo, argmax, ce, row_loss, nrows,
-                                                 g8->codes, g8->scales, g8->kp, g8->n);
-    else
-        ce_row_kernel<float><<<nb, RT, 0, st>>>((float *)z, ldz, V, row0, label, weight, denom,
-                                                want_dh, lo, ldlo, argmax, ce, row_loss, nrows,
-                                                g8->codes, g8->scales, g8->kp, g8->n);
+    (df_knob_int(DF_KNOB_CE_ROWS_OCC4) ? rows_launch_b<4> : rows_launch_b<1>)(
+        zt, nb, st, z, ldz, V, row0, label, weight, denom, want_dh, lo, ldlo, argmax, ce, row_loss,
+        nrows, g8);
 }
 
 /* out[0] = sum of x[0..n): thread t sums x[t], x[t + LT], ... in order,

@@ -19,6 +19,10 @@
  * loss and argmax rules are the two-pass kernel's; the sums' order is not
  * (a thread's logits are consecutive here, strided there).
  *
+ * DFLASH_CE_ROWS_OCC4 (MINB 4): 32 registers instead of 40, so 4 blocks of RT threads share an
+ * SM instead of 3 and a 512-row chunk is one wave on 132 SMs instead of 1.3 (a few registers
+ * spill; the same arithmetic, so the same bits).
+ *
  * DFLASH_CE_ONEPASS_BSUM (BS): the row's sum from the codes' own exps
  * instead, exp(z - mb) summed per 128-block in fp32 and the blocks'
  * sums scaled by exp(mb - mx) in fp64 at the end: one expf a logit and no
@@ -58,14 +62,14 @@ __device__ __forceinline__ void load_step(const T *__restrict__ zr, int64_t v0, 
  * and block scales into sc[kb * n_out + r]. Rows from nrows up to n_out
  * (GEMM 2's rows, a multiple of 4) and ignored rows get zero codes and
  * scale 1. kp (V rounded up to 128) <= DF_CUDA_CE_ONEPASS_MAXV. */
+#define ONEPASS_PARAMS                                                                             \
+    const T *__restrict__ z, int64_t ldz, int64_t V, int64_t row0,                                 \
+        const int32_t *__restrict__ label, const float *__restrict__ weight, double denom,         \
+        int32_t *__restrict__ argmax, float *__restrict__ ce, double *__restrict__ row_loss,       \
+        int64_t nrows, uint8_t *__restrict__ codes, float *__restrict__ sc, int64_t kp, int64_t n_out
+#define ONEPASS_ARGS z, ldz, V, row0, label, weight, denom, argmax, ce, row_loss, nrows, codes, sc, kp, n_out
 template <typename T, bool BS>
-__global__ void __launch_bounds__(RT)
-    ce_row_onepass_kernel(const T *__restrict__ z, int64_t ldz, int64_t V, int64_t row0,
-                          const int32_t *__restrict__ label, const float *__restrict__ weight,
-                          double denom, int32_t *__restrict__ argmax, float *__restrict__ ce,
-                          double *__restrict__ row_loss, int64_t nrows,
-                          uint8_t *__restrict__ codes, float *__restrict__ sc, int64_t kp,
-                          int64_t n_out)
+__device__ __forceinline__ void ce_row_onepass(ONEPASS_PARAMS)
 {
     __shared__ float sh_mb[OP_MAXB];
     __shared__ float sh_sb[BS ? OP_MAXB : 1]; /* BS: the blocks' sums of exp(z - mb) 256 */
@@ -200,6 +204,19 @@ __global__ void __launch_bounds__(RT)
     }
 }
 
+/* The kernel as the compiler allocates its registers (40: 3 blocks of RT per SM), and held to 32
+ * (DFLASH_CE_ROWS_OCC4: 4 blocks per SM, a few spilled): the same code either way */
+template <typename T, bool BS>
+__global__ void __launch_bounds__(RT) ce_row_onepass_kernel(ONEPASS_PARAMS)
+{
+    ce_row_onepass<T, BS>(ONEPASS_ARGS);
+}
+template <typename T, bool BS>
+__global__ void __launch_bounds__(RT, 4) ce_row_onepass_kernel4(ONEPASS_PARAMS)
+{
+    ce_row_onepass<T, BS>(ONEPASS_ARGS);
+}
+
 /* dh[row0 + r] = bf16(d32[r] - (f32)c head'[label]) for active rows (the
  * product and the difference each rounded: no contraction), 0 for ignored
  * ones; head' from its E4M3 codes hq [V, hkp] and 128 x 128 scales hs[rb *
@@ -229,27 +246,27 @@ __global__ void __launch_bounds__(256)
         dst[k] = f2bf(__fsub_rn(src[k], __fmul_rn(cf, e4m3_value(wq[k]) * ws[k / 128])));
 }
 
-/* the row kernel for the logits' storage zt, with or without BS */
-template <bool BS>
+/* the row kernel for the logits' storage zt, with or without BS, at 3 (MINB 1) or 4 blocks per SM */
+template <bool BS, int MINB>
 void launch_rows(cudaStream_t st, int zt, unsigned nb, const void *z, int64_t ldz, int64_t V,
                  int64_t row0, const int32_t *label, const float *weight, double denom,
                  int32_t *argmax, float *ce, double *row_loss, int64_t nrows,
                  const df_cuda_fp8_rows *g8)
 {
     if (zt == Z_BF16)
-        ce_row_onepass_kernel<uint16_t, BS><<<nb, RT, 0, st>>>(
+        (MINB == 4 ? ce_row_onepass_kernel4<uint16_t, BS> : ce_row_onepass_kernel<uint16_t, BS>)<<<nb, RT, 0, st>>>(
             (const uint16_t *)z, ldz, V, row0, label, weight, denom, argmax, ce, row_loss, nrows,
             g8->codes, g8->scales, g8->kp, g8->n);
     else if (zt == Z_F16)
-        ce_row_onepass_kernel<__half, BS><<<nb, RT, 0, st>>>(
+        (MINB == 4 ? ce_row_onepass_kernel4<__half, BS> : ce_row_onepass_kernel<__half, BS>)<<<nb, RT, 0, st>>>(
             (const __half *)z, ldz, V, row0, label, weight, denom, argmax, ce, row_loss, nrows,
             g8->codes, g8->scales, g8->kp, g8->n);
     else if (zt == Z_F32R16)
-        ce_row_onepass_kernel<f32r16, BS><<<nb, RT, 0, st>>>(
+        (MINB == 4 ? ce_row_onepass_kernel4<f32r16, BS> : ce_row_onepass_kernel<f32r16, BS>)<<<nb, RT, 0, st>>>(
             (const f32r16 *)z, ldz, V, row0, label, weight, denom, argmax, ce, row_loss, nrows,
             g8->codes, g8->scales, g8->kp, g8->n);
     else
-        ce_row_onepass_kernel<float, BS><<<nb, RT, 0, st>>>(
+        (MINB == 4 ? ce_row_onepass_kernel4<float, BS> : ce_row_onepass_kernel<float, BS>)<<<nb, RT, 0, st>>>(
             (const float *)z, ldz, V, row0, label, weight, denom, argmax, ce, row_loss, nrows,
             g8->codes, g8->scales, g8->kp, g8->n);
 }
@@ -265,12 +282,12 @@ int df_cuda_ce_onepass_rows(cudaStream_t st, int zt, const void *z, int64_t ldz,
         ldz % 8)
         return -EINVAL;
     const unsigned nb = (unsigned)g8->n;
-    if (df_knob_int(DF_KNOB_CE_ONEPASS_BSUM))
-        launch_rows<true>(st, zt, nb, z, ldz, V, row0, label, weight, denom, argmax, ce, row_loss,
-                          nrows, g8);
-    else
-        launch_rows<false>(st, zt, nb, z, ldz, V, row0, label, weight, denom, argmax, ce,
-                           row_loss, nrows, g8);
+    void (*const k[2][2])(cudaStream_t, int, unsigned, const void *, int64_t, int64_t, int64_t,
+                          const int32_t *, const float *, double, int32_t *, float *, double *,
+                          int64_t, const df_cuda_fp8_rows *) = {
+        {launch_rows<false, 1>, launch_rows<false, 4>}, {launch_rows<true, 1>, launch_rows<true, 4>}};
+    k[df_knob_int(DF_KNOB_CE_ONEPASS_BSUM)][df_knob_int(DF_KNOB_CE_ROWS_OCC4)](
+        st, zt, nb, z, ldz, V, row0, label, weight, denom, argmax, ce, row_loss, nrows, g8);
     return df_cuda_check_launch("lmhead_ce one-pass rows");
 }
 
