@@ -93,6 +93,13 @@ static inline df_tensor param_t(const df_drafter *d, const void *flat, df_dtype 
 
 /* ---- drafter_fp8.c (df_drafter_set_fp8) ---- */
 
+/* The workspace for N queries and S context tokens, allocated and carved (drafter_act.c): 0 or a
+ * negative errno with e set. */
+int drafter_reserve(df_drafter *d, int64_t N, int64_t S, df_err *e);
+/* Layer A's MLP activations (n elements each), dead from its backward's start to its next
+ * forward: the longest contiguous run of them (*bytes), or NULL (drafter_act.c). */
+void *drafter_mlp_dead(const df_drafter *d, const layer_act *A, int64_t n, size_t *bytes);
+
 /* The GEMMs of a row step: y (+)= x w^T, dx (+)= dy w, dw (+)= dy^T x, as
  * df_op_matmul / _bwd_x / _bwd_w, or df_op_matmul_fp8 when FP8 is on for
  * the step (d->q8). flags: df_op_matmul_fp8's (DF_FP8_ACCUMULATE, and the
