@@ -12,6 +12,8 @@
  *    pass (also on fp16 logits), and on the unrounded head the same bits; with
  *    DFLASH_CE_ONEPASS_BSUM the default kernel's argmax, its loss and dh to their last bits;
  *    with DFLASH_CE_ROWS_OCC4 (the row kernels in 32 registers) both kernels' bits;
+ *  - DF_CE_F16_LOGITS's room at 2 bytes a logit on the E4M3 path (chunks of twice the rows),
+ *    and half-size chunks where GEMM 1 takes the BF16 path (fp32 logits);
  *  - rows not a multiple of 4 (cuBLASLt's row counts) still on the tensor cores.
  * The FP8 GEMMs and rounding alone: test_gpu_fp8. */
 #include <errno.h>
@@ -338,6 +340,52 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H, int sm90)
         CHECK(lg[0] == lg[1]);
         CHECK(memcmp(dg[0], dg[1], (size_t)(N * H) * sizeof(float)) == 0);
         free(dg[0]), free(dg[1]), free(dcb);
+    }
+    /* DF_CE_F16_LOGITS on the E4M3 tensor cores: the logits' room at 2 bytes a logit, so
+     * bytes for N / 4 rows of it give 4 chunks; with GEMM 1 on the BF16 path (as where its
+     * plan refuses a chunk) each chunk's fp32 logits take half the rows (8 chunks); both the
+     * CPU's with the same flags up to the order of the sums */
+    {
+        const unsigned fl = DF_CE_F16_LOGITS | DF_CE_FP8_GRAD;
+        const int64_t ldz = (V + 7) / 8 * 8, rq = (N + 3) / 4;
+        df_cuda_lmhead_ce_set_chunk_bytes((size_t)rq * (size_t)(ldz * 2 + H * 4 +
+                                                                (H + 127) / 128 * 128 +
+                                                                (V + 127) / 128 * 128));
+        float *dcb = gh_xmalloc((size_t)(N * H) * 4);
+        df_tensor tdb = df_tensor_2d(dcb, DF_DTYPE_F32, N, H);
+        double lcb = 0, lg[2] = {0, 0};
+        int64_t nch[2];
+        CHECK_EQ(df_op_lmhead_ce(c, &th, &tw, lab, NULL, (float)N, &lcb, &tdb, NULL, NULL, fl), 0);
+        for (int b = 0; b < 2; b++) {
+            df_cuda_lmhead_ce_set_gemm1_bf16(b);
+            void *gdb = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16);
+            df_tensor Gdb = df_tensor_2d(gdb, DF_DTYPE_BF16, N, H);
+            CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &lg[b], &Gdb, NULL, NULL,
+                                     fl), 0);
+            nch[b] = df_cuda_lmhead_ce_last_chunks();
+            float *db = gh_download_bf16(g, gdb, N * H);
+            double eb = 0, rb = 0;
+            for (int64_t i = 0; i < N * H; i++) {
+                eb += (db[i] - dcb[i]) * (double)(db[i] - dcb[i]);
+                rb += (double)dcb[i] * dcb[i];
+            }
+            printf("  DF_CE_F16_LOGITS | DF_CE_FP8_GRAD, room for %lld fp16 rows%s: %lld chunks, "
+                   "loss %.9g (cpu %.9g), dh rel L2 vs cpu %.3e\n", (long long)rq,
+                   b ? ", GEMM 1 on the BF16 path" : "", (long long)nch[b], lg[b], lcb,
+                   sqrt(eb / rb));
+            CHECK(fabs(lg[b] - lcb) <= 1e-5 * fabs(lcb));
+            CHECK(sqrt(eb / rb) < 2e-2);
+            free(db);
+            df_backend_free(g, gdb);
+        }
+        df_cuda_lmhead_ce_set_gemm1_bf16(0);
+        df_cuda_lmhead_ce_set_chunk_bytes(0);
+        if (sm90) {
+            const int64_t rc4 = (rq + 3) / 4 * 4; /* the FP8 GEMMs' rows: whole fours */
+            CHECK_EQ(nch[0], (N + rq - 1) / rq);
+            CHECK_EQ(nch[1], (N + rc4 / 2 - 1) / (rc4 / 2));
+        }
+        free(dcb);
     }
     printf("lmhead_ce fp8 grad N=%lld V=%lld H=%lld: loss %.9g (flags 0: %.9g, cpu %.9g), dh rel L2 "
            "vs cpu %.3e, moved from flags 0 %.3e\n",

@@ -87,6 +87,8 @@ size_t g_chunk_bytes = 0; /* test hook; 0 = DFLASH_CE_CHUNK_MIB's */
 int g_fp8_codes = 1;      /* test hook: G's codes written by the row kernel */
 int64_t g_fp8_fused = 0;  /* chunks whose G went to GEMM 2 as codes only, process-wide */
 int64_t g_onepass = 0;    /* of those, chunks of DF_CE_FP8_ONEPASS's one pass */
+int g_gemm1_bf16 = 0;     /* test hook: GEMM 1 on the BF16 path, as where the E4M3 plan refuses */
+int64_t g_chunks = 0;     /* the chunks of the last call */
 int g_precise = -1;       /* hi + lo gradient; -1 = not yet read from DFLASH_CE_PRECISE */
 
 /* Pass 1's unit: the logits v, v + 1, ... a thread loads at once, one
@@ -575,6 +577,10 @@ int64_t ld_of(const df_tensor *t)
 
 extern "C" void df_cuda_lmhead_ce_set_fp8_codes(int on) { g_fp8_codes = on; }
 
+extern "C" void df_cuda_lmhead_ce_set_gemm1_bf16(int on) { g_gemm1_bf16 = on; }
+
+extern "C" int64_t df_cuda_lmhead_ce_last_chunks(void) { return g_chunks; }
+
 extern "C" int64_t df_cuda_lmhead_ce_fp8_fused(void) { return g_fp8_fused; }
 
 extern "C" int64_t df_cuda_lmhead_ce_onepass_chunks(void) { return g_onepass; }
@@ -655,16 +661,18 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     cudaStream_t st = df_cuda_stream(be);
     /* FP8 (DF_CE_FP8_GRAD): G is rounded to E4M3 in place (hi), so no lo */
     const int fp8 = (flags & DF_CE_FP8_GRAD) != 0;
-    /* DF_CE_BF16_LOGITS: GEMM 1 writes them as bf16 (zes bytes a logit); DF_CE_F16_LOGITS:
-     * as fp16 where the E4M3 tensor cores take GEMM 1, else as fp32 (room for those) read
-     * as their fp16 rounding */
-    const int bl = (flags & DF_CE_BF16_LOGITS) != 0, f16 = (flags & DF_CE_F16_LOGITS) != 0;
-    const size_t zes = bl ? 2 : 4;
-    const int want_dh = dh != NULL, want_lo = want_dh && !fp8 && precise_mode();
     /* FP8 on E4M3 tensor cores (gemm_fp8.cu): both GEMMs' codes in a region
      * of their own at the end of the scratch layout: the head's (V x H, for
      * either GEMM) and a chunk's rows' */
     const int fast8 = fp8 && df_cuda_fp8_gemm_possible(be);
+    /* DF_CE_BF16_LOGITS: GEMM 1 writes them as bf16 (zes bytes a logit); DF_CE_F16_LOGITS:
+     * as fp16 where the E4M3 tensor cores take GEMM 1, else as fp32 read as their fp16
+     * rounding. Room for fp16 where the tensor cores may take GEMM 1 (twice the rows in
+     * the same bytes): a chunk whose GEMM 1 they refuse then runs half as many rows */
+    const int bl = (flags & DF_CE_BF16_LOGITS) != 0, f16 = (flags & DF_CE_F16_LOGITS) != 0;
+    const int z16 = bl || (f16 && fast8);
+    const size_t zes = z16 ? 2 : 4;
+    const int want_dh = dh != NULL, want_lo = want_dh && !fp8 && precise_mode();
     const size_t hp8 = round_up((size_t)H, 128), vp8 = round_up((size_t)V, 128);
     const uint16_t *hd = (const uint16_t *)h->data, *wd = (const uint16_t *)head->data;
     df_tensor head_v = df_tensor_2d((void *)wd, DF_DTYPE_BF16, V, H);
@@ -750,13 +758,15 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
     int head8_1 = 0, head8_2 = 0; /* the head's codes in GEMM 1's / GEMM 2's workspace */
 
     int rc = 0;
-    for (int64_t r0 = 0; r0 < N && !rc; r0 += rows) {
-        int64_t nr = N - r0 < rows ? N - r0 : rows;
+    g_chunks = 0;
+    for (int64_t r0 = 0, nr = 0; r0 < N && !rc; r0 += nr) {
+        nr = N - r0 < rows ? N - r0 : rows;
+        g_chunks++;
         /* GEMM 1, Z^T (V x nr, ld ldz) = op_T(head) h_chunk^T: as df_cuda_matmul, fp32 out
          * (bf16: DF_CE_BF16_LOGITS) (FP8: on E4M3 tensor cores where they are there, else as
          * in BF16) */
         int done = 0;
-        if (q8) {
+        if (q8 && !g_gemm1_bf16) {
             df_tensor hv = df_tensor_2d((void *)(hd + r0 * ldh), DF_DTYPE_BF16, nr, H);
             df_tensor zv = df_tensor_2d(z, zdt, (nr + 3) / 4 * 4, V);
             hv.stride[0] = ldh, zv.stride[0] = ldz;
@@ -769,6 +779,10 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         df_cuda_prof_split(be, "gemm 1");
         if (!done)
             rc = head_rounded(be, &head_v, &wb, &ldb, &w_tmp);
+        /* fp16 room, fp32 logits: the rows it holds (rows_c / 2: whole, even); the
+         * chunk's others go to the next */
+        if (!done && z16 && !bl && nr > rows_c / 2)
+            nr = rows_c / 2;
         rc = rc        ? rc
              : done < 0 ? done
              : done     ? 0

@@ -45,6 +45,11 @@ int64_t df_cuda_lmhead_ce_fp8_fused(void);
 /* Chunks that DF_CE_FP8_ONEPASS computed in one pass (lmhead_onepass.cu),
  * process-wide; the others ran as without it (train_ops.h allows that). */
 int64_t df_cuda_lmhead_ce_onepass_chunks(void);
+/* Test hooks of the chunking: 1 puts GEMM 1 on the BF16 path (as where the E4M3
+ * plan refuses a chunk: with DF_CE_F16_LOGITS such a chunk runs half the rows);
+ * df_cuda_lmhead_ce_last_chunks: the chunks of the last call. */
+void df_cuda_lmhead_ce_set_gemm1_bf16(int on);
+int64_t df_cuda_lmhead_ce_last_chunks(void);
 
 /* The gradient's precision, process-wide: 0 (default, unless the environment
  * has DFLASH_CE_PRECISE=1) rounds G = (softmax - onehot) w / denom to one
