@@ -320,7 +320,7 @@ template <typename T> __global__ void __launch_bounds__(RT) ce_row_kernel(ROW_PA
 {
     ce_row<T>(ROW_ARGS);
 }
-template <typename T> __global__ void __launch_bounds__(RT, 4) ce_row_kernel4(ROW_PARAMS)
+template <typename T> __global__ void __launch_bounds__(RT, CE_ROWS_MINB4) ce_row_kernel4(ROW_PARAMS)
 {
     ce_row<T>(ROW_ARGS);
 }

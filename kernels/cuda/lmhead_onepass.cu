@@ -212,7 +212,7 @@ __global__ void __launch_bounds__(RT) ce_row_onepass_kernel(ONEPASS_PARAMS)
     ce_row_onepass<T, BS>(ONEPASS_ARGS);
 }
 template <typename T, bool BS>
-__global__ void __launch_bounds__(RT, 4) ce_row_onepass_kernel4(ONEPASS_PARAMS)
+__global__ void __launch_bounds__(RT, CE_ROWS_MINB4) ce_row_onepass_kernel4(ONEPASS_PARAMS)
 {
     ce_row_onepass<T, BS>(ONEPASS_ARGS);
 }

@@ -19,6 +19,14 @@ constexpr int RT = 512;              /* threads per row block */
 constexpr int RU = 8;                /* logits per thread per tile (loads in flight) */
 constexpr int TILE = RT * RU;        /* logits per tile */
 constexpr int NW = RT / 32;          /* warps per row block */
+/* DFLASH_CE_ROWS_OCC4's blocks per SM: 4 where an SM holds 2048 threads, 3 where it holds
+ * 1536 (sm_86, sm_87, sm_89, sm_120: 4 x RT is past their limit, which ptxas ignores) */
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 870 || \
+                               __CUDA_ARCH__ == 890 || __CUDA_ARCH__ >= 1200)
+#define CE_ROWS_MINB4 3
+#else
+#define CE_ROWS_MINB4 4
+#endif
 
 /* A row is active (contributes loss and gradient) as on the CPU, plus the
  * device-only rule: a label >= V is ignored, never read. !(w > 0) also
