@@ -186,6 +186,9 @@ static int master_from_env(df_train_opts *o)
 
 int cmd_train(int argc, char **argv)
 {
+    /* a line as soon as it is written, into a pipe too (`| tee`): the start's lines (the
+     * parameters, the persistent state) come before the first step, which can be a minute */
+    setvbuf(stdout, NULL, _IOLBF, 0);
     df_train_opts o;
     df_train_opts_defaults(&o);
     int tl[DF_MAX_TARGET_FEATURES], ntl = 0, gpu_given = 0, rank_given = 0, steps_given = 0, draws = 0;
