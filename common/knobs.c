@@ -44,6 +44,12 @@ static const df_knob_info TABLE[DF_KNOB_COUNT] = {
                               "the CUDA LM head + cross-entropy's per-chunk buffers in MiB: larger "
                               "gives the dh GEMM more tiles per wave, at that much more memory; "
                               "when set, also past the memory the trainer lends it"},
+    [DF_KNOB_CE_CHUNK_ROWS] = {"DFLASH_CE_CHUNK_ROWS", DF_KNOB_INT, DF_KNOB_BENCH, "0", "0..65536", 0,
+                               65536, 0,
+                               "the CUDA LM head + cross-entropy's rows per chunk on the E4M3 "
+                               "tensor cores (rounded up to 4), past the memory the trainer "
+                               "lends it; 0: by DFLASH_CE_CHUNK_MIB and that memory (multiples of "
+                               "256); being measured"},
     [DF_KNOB_CE_ONEPASS_BSUM] = {"DFLASH_CE_ONEPASS_BSUM", DF_KNOB_FLAG, DF_KNOB_BENCH, "0", "0,1", 0,
                                  0, 0,
                                  "1: --fp8-ce-onepass's row sums from its codes' own exps, block "

@@ -33,6 +33,7 @@ typedef enum df_knob_id {
     DF_KNOB_PROFILE,             /* flag */
     DF_KNOB_GEMM_TUNE,           /* flag */
     DF_KNOB_CE_CHUNK_MIB,        /* int 64..65536, default 1024 */
+    DF_KNOB_CE_CHUNK_ROWS,       /* int 0..65536, default 0 (by memory) */
     DF_KNOB_CE_PRECISE,          /* flag */
     DF_KNOB_CE_ONEPASS_BSUM,     /* flag, default 0 */
     DF_KNOB_CE_ROWS_OCC4,        /* flag, default 0 */

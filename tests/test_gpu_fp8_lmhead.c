@@ -12,6 +12,7 @@
  *    pass (also on fp16 logits), and on the unrounded head the same bits; with
  *    DFLASH_CE_ONEPASS_BSUM the default kernel's argmax, its loss and dh to their last bits;
  *    with DFLASH_CE_ROWS_OCC4 (the row kernels in 32 registers) both kernels' bits;
+ *  - DFLASH_CE_CHUNK_ROWS's chunks;
  *  - DF_CE_F16_LOGITS's room at 2 bytes a logit on the E4M3 path (chunks of twice the rows),
  *    and half-size chunks where GEMM 1 takes the BF16 path (fp32 logits);
  *  - rows not a multiple of 4 (cuBLASLt's row counts) still on the tensor cores.
@@ -386,6 +387,30 @@ static void check_lmhead(int64_t N, int64_t V, int64_t H, int sm90)
             CHECK_EQ(nch[1], (N + rc4 / 2 - 1) / (rc4 / 2));
         }
         free(dcb);
+    }
+    /* DFLASH_CE_CHUNK_ROWS: chunks of the rows asked for (rounded up to 4) on the E4M3 path,
+     * the same within the sums' order */
+    {
+        df_knob_set(DF_KNOB_CE_CHUNK_ROWS, "73");
+        void *gdr = gh_dev_poisoned(g, N * H, DF_DTYPE_BF16);
+        df_tensor Gr = df_tensor_2d(gdr, DF_DTYPE_BF16, N, H);
+        double lr = 0;
+        CHECK_EQ(df_op_lmhead_ce(g, &Gh, &Gw, glab, NULL, (float)N, &lr, &Gr, NULL, NULL,
+                                 DF_CE_FP8_GRAD), 0);
+        const int64_t nchr = df_cuda_lmhead_ce_last_chunks();
+        df_knob_set(DF_KNOB_CE_CHUNK_ROWS, "0");
+        float *dr = gh_download_bf16(g, gdr, N * H);
+        double er = 0;
+        for (int64_t i = 0; i < N * H; i++)
+            er += (dr[i] - d8[i]) * (double)(dr[i] - d8[i]);
+        printf("  DFLASH_CE_CHUNK_ROWS=73: %lld chunks, loss %.9g, dh rel L2 vs one chunk %.3e\n",
+               (long long)nchr, lr, sqrt(er / r2));
+        if (sm90)
+            CHECK_EQ(nchr, (N + 75) / 76);
+        CHECK(fabs(lr - l8) <= 1e-5 * fabs(l8));
+        CHECK(sqrt(er / r2) < 1e-2);
+        free(dr);
+        df_backend_free(g, gdr);
     }
     printf("lmhead_ce fp8 grad N=%lld V=%lld H=%lld: loss %.9g (flags 0: %.9g, cpu %.9g), dh rel L2 "
            "vs cpu %.3e, moved from flags 0 %.3e\n",

@@ -723,6 +723,10 @@ extern "C" int df_cuda_lmhead_ce(df_backend *be, const df_tensor *h, const df_te
         rows = rows / 256 * 256;
     else
         rows = (N + (N + rows - 1) / rows - 1) / ((N + rows - 1) / rows);
+    /* DFLASH_CE_CHUNK_ROWS: the rows asked for, whatever the memory (a measurement's knob) */
+    const int64_t rows_asked = fast8 ? (int64_t)df_knob_int(DF_KNOB_CE_CHUNK_ROWS) : 0;
+    if (rows_asked > 0)
+        rows = (rows_asked + 3) / 4 * 4 < N ? (rows_asked + 3) / 4 * 4 : N;
     /* the FP8 GEMMs write rows rounded up to 4 (cuBLASLt's row counts) */
     const int64_t rows_c = fast8 ? (rows + 3) / 4 * 4 : rows;
 
