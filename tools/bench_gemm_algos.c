@@ -44,18 +44,10 @@
 #include <string.h>
 
 #include "cuda_check.h"
+#include "lt_check.h"
 
 #define NALGO 16
 #define REPS 9
-
-#define LK(x)                                                                         \
-    do {                                                                              \
-        cublasStatus_t st_ = (x);                                                     \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                           \
-            fprintf(stderr, "%s:%d: cublasLt status %d\n", __FILE__, __LINE__, (int)st_); \
-            exit(1);                                                                  \
-        }                                                                             \
-    } while (0)
 
 typedef struct shape {
     const char *name;

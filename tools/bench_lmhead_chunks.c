@@ -25,15 +25,7 @@
 #include <string.h>
 
 #include "cuda_check.h"
-
-#define LK(x)                                                                             \
-    do {                                                                                  \
-        cublasStatus_t st_ = (x);                                                         \
-        if (st_ != CUBLAS_STATUS_SUCCESS) {                                               \
-            fprintf(stderr, "%s:%d: cublasLt status %d\n", __FILE__, __LINE__, (int)st_); \
-            exit(1);                                                                      \
-        }                                                                                 \
-    } while (0)
+#include "lt_check.h"
 
 enum { NROWS = 7680, H = 5120, V = 248320, MAXR = 16 };
 
